@@ -1,0 +1,36 @@
+# The README's two commands are the contract: `make run` and `make test` set everything up on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DATA_DIR ?= ./var
+
+.PHONY: run test lint typecheck pytest bench clean
+
+# The venv is rebuilt when missing or when the dependency pins change (stale).
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	@touch $(STAMP)
+
+run: $(STAMP)
+	PODCAST_JOB_DATA_DIR=$${PODCAST_JOB_DATA_DIR:-$(DATA_DIR)} $(VENV)/bin/supervisor serve
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check supervisor pipeline_runner tests tools bench
+	$(PY) tools/lint_timeouts.py supervisor pipeline_runner
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+pytest: $(STAMP)
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+test: lint typecheck pytest
+
+bench: $(STAMP)
+	$(PY) bench/run.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,44 @@
+"""The job supervisor: one Trio nursery tree owning the control API, the sweeper and one monitor per job."""
+
+from ._config import Config, load_config
+from ._errors import (
+    ConfigError,
+    Conflict,
+    IllegalTransition,
+    JobNotFound,
+    KindsFileError,
+    RegistryError,
+    RequestError,
+    SpawnError,
+    SupervisorError,
+    Unauthorized,
+    ValidationError,
+)
+from ._identity import Liveness, ProcessIdentity
+from ._kinds import JobKind, KindCatalog, load_kinds
+from ._model import Job, JobStatus
+from ._registry import SqliteRegistry
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "Conflict",
+    "IllegalTransition",
+    "Job",
+    "JobKind",
+    "JobNotFound",
+    "JobStatus",
+    "KindCatalog",
+    "KindsFileError",
+    "Liveness",
+    "ProcessIdentity",
+    "RegistryError",
+    "RequestError",
+    "SpawnError",
+    "SqliteRegistry",
+    "SupervisorError",
+    "Unauthorized",
+    "ValidationError",
+    "load_config",
+    "load_kinds",
+]

@@ -1,0 +1,252 @@
+"""Configuration: one validated, immutable value object built from the environment and an optional TOML file.
+
+Rules (ADR-0002, INV-MALFORMED-NEVER-UNBOUNDED):
+- a malformed number falls back to its default with a WARNING naming the variable, never to "unbounded";
+- a value below its floor is raised to the floor, with a WARNING;
+- a setting with no safe fallback (an unknown exec mode, an unparsable bind address, an unknown key in the
+  TOML file) is collected into one ``ConfigError`` that names every such setting.
+
+Precedence: environment variable > TOML file (``--config``) > default.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+from ._errors import ConfigError
+
+ExecMode = Literal["subprocess", "docker"]
+EXEC_MODES: tuple[ExecMode, ...] = ("subprocess", "docker")
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Config:
+    """The supervisor's effective settings. Durations are seconds (``_s``), sizes bytes (``_bytes``)."""
+
+    data_dir: Path = Path("./var")
+    bind_host: str = "127.0.0.1"
+    bind_port: int = 8000
+    max_concurrent: int = 1
+    sweep_interval_s: float = 30.0
+    # None disables the wall-clock rule (written explicitly as <= 0).
+    stale_after_s: float | None = 86400.0
+    progress_stale_after_s: float | None = 1800.0
+    exec_mode: ExecMode = "subprocess"
+    api_token: str | None = field(default=None, repr=False)
+    kinds_file: Path | None = None
+    webhook_url: str | None = None
+    webhook_timeout_s: float = 5.0
+    log_max_bytes: int = 50 * MIB
+    cancel_grace_s: float = 30.0
+    docker_image: str = "python:3.11-slim"
+
+    # Everything the supervisor writes besides the corpus lives under <data>/.viewer/.
+    @property
+    def viewer_dir(self) -> Path:
+        return self.data_dir / ".viewer"
+
+    @property
+    def registry_path(self) -> Path:
+        return self.viewer_dir / "jobs.sqlite3"
+
+    @property
+    def jobs_log_dir(self) -> Path:
+        return self.viewer_dir / "jobs"
+
+    @property
+    def pause_flag_path(self) -> Path:
+        return self.viewer_dir / "jobs.paused"
+
+    @property
+    def bind(self) -> str:
+        host = f"[{self.bind_host}]" if ":" in self.bind_host else self.bind_host
+        return f"{host}:{self.bind_port}"
+
+    def describe(self) -> dict[str, object]:
+        """The effective configuration for ``check-config``; the API token is never printed."""
+        out: dict[str, object] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "api_token":
+                value = "(set)" if value else None
+            elif isinstance(value, Path):
+                value = str(value)
+            out[f.name] = value
+        return out
+
+
+@dataclass
+class _Loader:
+    """Collects WARNING-level fallbacks and hard errors while settings are parsed."""
+
+    warnings: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def number(
+        self,
+        name: str,
+        raw: object,
+        default: float,
+        *,
+        integer: bool = False,
+        floor: float | None = None,
+        disable_at_or_below_zero: bool = False,
+    ) -> Any:
+        try:
+            if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+                raise ValueError("not a number")
+            value = float(raw)
+            if not math.isfinite(value):
+                raise ValueError("not finite")
+            if integer and value != int(value):
+                raise ValueError("not an integer")
+        except (TypeError, ValueError):
+            # INV-MALFORMED-NEVER-UNBOUNDED: junk means the default, never "no limit".
+            self.warnings.append(f"{name}={raw!r} is not a valid number; using the default {default!r}")
+            return default
+        if disable_at_or_below_zero and value <= 0:
+            return None
+        if floor is not None and value < floor:
+            self.warnings.append(f"{name}={raw!r} is below the floor {floor!r}; using {floor!r}")
+            value = floor
+        return int(value) if integer else float(value)
+
+
+def _str_or_none(raw: object) -> str | None:
+    text = str(raw).strip()
+    return text or None
+
+
+def load_config(
+    env: Mapping[str, str],
+    *,
+    config_file: Path | None = None,
+) -> tuple[Config, list[str]]:
+    """Build the effective ``Config``; return it with the WARNING messages of every fallback taken.
+
+    Raises ``ConfigError`` naming every setting that is invalid and cannot fall back.
+    """
+    loader = _Loader()
+    file_values: dict[str, Any] = {}
+    if config_file is not None:
+        try:
+            with config_file.open("rb") as fh:
+                file_values = tomllib.load(fh)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError([f"--config {config_file}: {exc}"]) from exc
+        if isinstance(file_values.get("supervisor"), dict):
+            file_values = file_values["supervisor"]
+        unknown = sorted(set(file_values) - set(_TOML_KEYS))
+        # Unknown keys are errors: a typo must not silently leave a default in force.
+        loader.problems.extend(f"--config {config_file}: unknown key {k!r}" for k in unknown)
+
+    defaults = Config()
+
+    def raw(env_name: str, toml_key: str) -> tuple[str, object] | None:
+        if env_name in env and env[env_name].strip() != "":
+            return env_name, env[env_name].strip()
+        if toml_key in file_values:
+            return f"{toml_key} (in {config_file})", file_values[toml_key]
+        return None
+
+    values: dict[str, Any] = {}
+
+    def num(attr: str, env_name: str, **kw: Any) -> None:
+        got = raw(env_name, attr)
+        if got is not None:
+            values[attr] = loader.number(got[0], got[1], getattr(defaults, attr), **kw)
+
+    got = raw("PODCAST_JOB_DATA_DIR", "data_dir")
+    if got is not None:
+        values["data_dir"] = Path(str(got[1]))
+    got = raw("PODCAST_JOB_BIND", "bind")
+    if got is not None:
+        try:
+            values["bind_host"], values["bind_port"] = parse_bind(str(got[1]))
+        except ValueError as exc:
+            loader.problems.append(f"{got[0]}={got[1]!r}: {exc}")
+    num("max_concurrent", "PODCAST_JOB_MAX_CONCURRENT", integer=True, floor=1)
+    num("sweep_interval_s", "PODCAST_JOB_SWEEP_SECONDS", floor=1.0)
+    num("stale_after_s", "PODCAST_JOB_STALE_SECONDS", disable_at_or_below_zero=True)
+    num("progress_stale_after_s", "PODCAST_JOB_PROGRESS_STALE_SECONDS", disable_at_or_below_zero=True)
+    num("webhook_timeout_s", "PODCAST_JOB_WEBHOOK_TIMEOUT_SEC", floor=0.5)
+    num("log_max_bytes", "PODCAST_JOB_LOG_MAX_BYTES", integer=True, floor=4096)
+    num("cancel_grace_s", "PODCAST_JOB_CANCEL_GRACE_SECONDS", floor=0.0)
+    got = raw("PODCAST_PIPELINE_EXEC_MODE", "exec_mode")
+    if got is not None:
+        mode = str(got[1]).lower()
+        if mode not in EXEC_MODES:
+            # No fallback: guessing an exec mode would run jobs somewhere the operator did not choose.
+            loader.problems.append(f"{got[0]}={got[1]!r}: must be one of {', '.join(EXEC_MODES)}")
+        else:
+            values["exec_mode"] = mode
+    for attr, env_name in (
+        ("api_token", "PODCAST_JOB_API_TOKEN"),
+        ("webhook_url", "PODCAST_JOB_WEBHOOK_URL"),
+        ("docker_image", "PODCAST_JOB_DOCKER_IMAGE"),
+    ):
+        got = raw(env_name, attr)
+        if got is not None:
+            values[attr] = _str_or_none(got[1])
+    got = raw("PODCAST_JOB_KINDS_FILE", "kinds_file")
+    if got is not None:
+        values["kinds_file"] = Path(str(got[1]))
+    webhook = values.get("webhook_url")
+    if webhook and not str(webhook).startswith(("http://", "https://")):
+        loader.problems.append(f"PODCAST_JOB_WEBHOOK_URL={webhook!r}: must be an http:// or https:// URL")
+
+    if loader.problems:
+        raise ConfigError(loader.problems)
+    return Config(**values), loader.warnings
+
+
+_TOML_KEYS = (
+    "data_dir",
+    "bind",
+    "max_concurrent",
+    "sweep_interval_s",
+    "stale_after_s",
+    "progress_stale_after_s",
+    "exec_mode",
+    "api_token",
+    "kinds_file",
+    "webhook_url",
+    "webhook_timeout_s",
+    "log_max_bytes",
+    "cancel_grace_s",
+    "docker_image",
+)
+
+
+def parse_bind(text: str) -> tuple[str, int]:
+    """Parse ``host:port`` (``[v6]:port`` for IPv6) into its parts."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError("expected HOST:PORT")
+    host = host.removeprefix("[").removesuffix("]")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"port {port_text!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port {port} is out of range")
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    """True when ``host`` can only be reached from this machine."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

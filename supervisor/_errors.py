@@ -1,0 +1,98 @@
+"""The supervisor's one error tree, named by whose fault an error is.
+
+    SupervisorError                 root; never raised itself
+    ├── ConfigError                 the operator's settings are invalid and cannot fall back
+    ├── KindsFileError              the operator's job-kinds file is invalid
+    ├── RequestError                the caller asked for something invalid (maps to HTTP 4xx)
+    │   ├── ValidationError         a field is missing, unknown or mistyped (422; names the field)
+    │   ├── JobNotFound             no job has that id (404)
+    │   ├── Unauthorized            missing or wrong credentials (401)
+    │   └── Conflict                the job's state does not allow it (409)
+    ├── IllegalTransition           a state change the lifecycle forbids: a bug in the caller, not bad input
+    ├── RegistryError               the registry could not be read or written (storage, lock timeout)
+    └── SpawnError                  a job's process could not be started
+
+Errors carry their message built in ``__init__`` so that every raise site reads the same way.
+"""
+
+from __future__ import annotations
+
+
+class SupervisorError(Exception):
+    """Root of every error the supervisor raises on purpose."""
+
+
+class ConfigError(SupervisorError):
+    """One or more settings are invalid and have no safe fallback.
+
+    ``problems`` lists every invalid setting, so an operator fixes them all in one go.
+    """
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("invalid configuration: " + "; ".join(self.problems))
+
+
+class KindsFileError(SupervisorError):
+    """The job-kinds file cannot be used; the message names the kind and the key."""
+
+
+class RequestError(SupervisorError):
+    """The caller's request is invalid. ``code`` is a stable machine-readable name."""
+
+    code = "bad_request"
+    http_status = 400
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        self.field = field
+        super().__init__(message)
+
+
+class ValidationError(RequestError):
+    """A field is missing, unknown or mistyped; ``field`` names it."""
+
+    code = "validation_error"
+    http_status = 422
+
+
+class JobNotFound(RequestError):
+    """No job has the given id."""
+
+    code = "not_found"
+    http_status = 404
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        super().__init__(f"no job with id {job_id!r}", field="job_id")
+
+
+class Unauthorized(RequestError):
+    """Credentials are missing or wrong."""
+
+    code = "unauthorized"
+    http_status = 401
+
+
+class Conflict(RequestError):
+    """The request is well-formed but the job's current state does not allow it."""
+
+    code = "conflict"
+    http_status = 409
+
+
+class IllegalTransition(SupervisorError):
+    """A job state change the lifecycle does not allow (for example ``succeeded -> running``)."""
+
+    def __init__(self, job_id: str, from_status: str, to_status: str) -> None:
+        self.job_id = job_id
+        self.from_status = from_status
+        self.to_status = to_status
+        super().__init__(f"job {job_id}: illegal transition {from_status} -> {to_status}")
+
+
+class RegistryError(SupervisorError):
+    """The registry could not complete an operation (storage error or lock timeout)."""
+
+
+class SpawnError(SupervisorError):
+    """A job's process could not be started; the message is the reason recorded on the row."""

@@ -1,0 +1,264 @@
+"""Job kinds: what may be run. The control API is enqueue-only, so callers name a kind and pass params;
+they never send a command line.
+
+A kind is declared in TOML::
+
+    [kinds.sleep]
+    argv = ["{python}", "-c", "import sys, time; time.sleep(float(sys.argv[1]))", "{seconds}"]
+    params = { seconds = "float" }      # str | int | float | bool
+    coalesce = false                     # identical queued jobs collapse into one
+    then = ""                            # a kind to enqueue when this one succeeds
+    exit_reasons = { 10 = "budget_exhausted" }   # exit codes that are planned outcomes, not crashes
+
+A ``{name}`` placeholder must be a whole argv element and is replaced by the validated value: no shell, no
+splitting. ``{python}`` is the supervisor's own interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._errors import KindsFileError, ValidationError
+
+ParamValue = str | int | float | bool
+PARAM_TYPES = ("str", "int", "float", "bool")
+MAX_STR_PARAM_LEN = 4096
+
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
+# Exit codes of pipeline_runner that are planned outcomes (ADR-0002, INV-BUDGET-IS-AN-OUTCOME).
+PIPELINE_EXIT_REASONS = {10: "budget_exhausted", 11: "time_budget_exhausted"}
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """One runnable kind of job."""
+
+    name: str
+    argv: tuple[str, ...]
+    params: Mapping[str, str] = field(default_factory=dict)
+    coalesce: bool = False
+    then: str | None = None
+    exit_reasons: Mapping[int, str] = field(default_factory=dict)
+
+    def validate_params(self, params: object) -> dict[str, ParamValue]:
+        """Return the params converted to their declared types, or raise ``ValidationError`` naming the field.
+
+        Values may arrive typed (JSON) or as strings (the CLI's ``-p key=value``); a string is accepted for a
+        number or a bool only when it parses exactly.
+        """
+        if not isinstance(params, Mapping):
+            raise ValidationError("params must be an object", field="params")
+        out: dict[str, ParamValue] = {}
+        for name in params:
+            if name not in self.params:
+                raise ValidationError(f"unknown param {name!r} for kind {self.name!r}", field=f"params.{name}")
+        for name, type_name in self.params.items():
+            if name not in params:
+                raise ValidationError(
+                    f"missing param {name!r} ({type_name}) for kind {self.name!r}", field=f"params.{name}"
+                )
+            out[name] = _convert(name, type_name, params[name])
+        return out
+
+    def render_argv(self, params: Mapping[str, ParamValue]) -> list[str]:
+        """The command line for validated ``params``: each placeholder element replaced whole."""
+        argv: list[str] = []
+        for element in self.argv:
+            m = _PLACEHOLDER.fullmatch(element)
+            if m is None:
+                argv.append(element)
+            elif m.group(1) == "python":
+                argv.append(sys.executable)
+            else:
+                argv.append(_to_arg(params[m.group(1)]))
+        return argv
+
+
+def coalesce_key(kind: str, params: Mapping[str, ParamValue]) -> str:
+    """A canonical text of kind + params: equal keys mean interchangeable jobs."""
+    return json.dumps([kind, params], sort_keys=True, separators=(",", ":"))
+
+
+def _to_arg(value: ParamValue) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _convert(name: str, type_name: str, value: object) -> ParamValue:
+    fld = f"params.{name}"
+
+    def bad(why: str) -> ValidationError:
+        return ValidationError(f"param {name!r} must be {type_name}: {why}", field=fld)
+
+    if type_name == "str":
+        if not isinstance(value, str):
+            raise bad(f"got {type(value).__name__}")
+        if len(value) > MAX_STR_PARAM_LEN:
+            raise bad(f"longer than {MAX_STR_PARAM_LEN} characters")
+        if "\x00" in value:
+            raise bad("contains a NUL character")
+        # A whole argv element starting with '-' would be read by the child as an option.
+        if value.startswith("-"):
+            raise bad("must not start with '-'")
+        return value
+    if type_name == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise bad(f"got {value!r}")
+    if type_name == "int":
+        if isinstance(value, bool):
+            raise bad("got a bool")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str) and re.fullmatch(r"[+-]?\d{1,18}", value.strip()):
+            return int(value)
+        raise bad(f"got {value!r}")
+    if type_name == "float":
+        if isinstance(value, bool):
+            raise bad("got a bool")
+        number: float
+        if isinstance(value, int | float):
+            number = float(value)
+        elif isinstance(value, str):
+            try:
+                number = float(value)
+            except ValueError:
+                raise bad(f"got {value!r}") from None
+        else:
+            raise bad(f"got {type(value).__name__}")
+        if not math.isfinite(number):
+            raise bad("not finite")
+        return number
+    raise AssertionError(f"unvalidated param type {type_name!r}")  # kinds are validated at load
+
+
+class KindCatalog:
+    """The kinds this supervisor may run, built-ins first, then the operator's file."""
+
+    def __init__(self, kinds: Mapping[str, JobKind]) -> None:
+        self._kinds = dict(kinds)
+        for kind in self._kinds.values():
+            if kind.then and kind.then not in self._kinds:
+                raise KindsFileError(f"kind {kind.name!r}: then = {kind.then!r} names no known kind")
+
+    def get(self, name: object) -> JobKind:
+        if not isinstance(name, str) or name not in self._kinds:
+            known = ", ".join(sorted(self._kinds))
+            raise ValidationError(f"unknown kind {name!r} (known: {known})", field="kind")
+        return self._kinds[name]
+
+    def names(self) -> list[str]:
+        return sorted(self._kinds)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._kinds
+
+
+def builtin_kinds() -> dict[str, JobKind]:
+    """``pipeline`` and ``enrichment``: the two kinds the product exists for."""
+    return {
+        "pipeline": JobKind(
+            name="pipeline",
+            argv=("{python}", "-m", "pipeline_runner", "run", "--feed", "{feed}", "--max-episodes", "{max_episodes}"),
+            params={"feed": "str", "max_episodes": "int"},
+            then="enrichment",
+            exit_reasons=PIPELINE_EXIT_REASONS,
+        ),
+        "enrichment": JobKind(
+            name="enrichment",
+            argv=("{python}", "-m", "pipeline_runner", "enrich"),
+            coalesce=True,
+            exit_reasons=PIPELINE_EXIT_REASONS,
+        ),
+    }
+
+
+def parse_kind(name: str, spec: object) -> JobKind:
+    """Validate one ``[kinds.NAME]`` table; errors name the kind and the key."""
+    where = f"kind {name!r}"
+    if not _NAME.match(name):
+        raise KindsFileError(f"{where}: a kind name is letters, digits, '_' or '-' (at most 64)")
+    if not isinstance(spec, dict):
+        raise KindsFileError(f"{where}: must be a table")
+    unknown = sorted(set(spec) - {"argv", "params", "coalesce", "then", "exit_reasons"})
+    if unknown:
+        raise KindsFileError(f"{where}: unknown key {unknown[0]!r}")
+    argv = spec.get("argv")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise KindsFileError(f"{where}: argv must be a non-empty list of strings")
+    params = spec.get("params", {})
+    if not isinstance(params, dict):
+        raise KindsFileError(f"{where}: params must be a table of name = type")
+    for pname, ptype in params.items():
+        if not _NAME.match(pname) or pname == "python":
+            raise KindsFileError(f"{where}: param name {pname!r} is not allowed")
+        if ptype not in PARAM_TYPES:
+            raise KindsFileError(f"{where}: param {pname!r} has type {ptype!r}; use one of {PARAM_TYPES}")
+    for element in argv:
+        for m in _PLACEHOLDER.finditer(element):
+            if m.group(0) != element:
+                raise KindsFileError(
+                    f"{where}: placeholder {m.group(0)} must be a whole argv element, not part of {element!r}"
+                )
+            if m.group(1) != "python" and m.group(1) not in params:
+                raise KindsFileError(f"{where}: placeholder {m.group(0)} names no declared param")
+    coalesce = spec.get("coalesce", False)
+    if not isinstance(coalesce, bool):
+        raise KindsFileError(f"{where}: coalesce must be true or false")
+    then = spec.get("then", "")
+    if not isinstance(then, str):
+        raise KindsFileError(f'{where}: then must be a kind name or ""')
+    exit_reasons_raw = spec.get("exit_reasons", {})
+    if not isinstance(exit_reasons_raw, dict):
+        raise KindsFileError(f"{where}: exit_reasons must be a table of code = reason")
+    exit_reasons: dict[int, str] = {}
+    for code, reason in exit_reasons_raw.items():
+        try:
+            exit_reasons[int(code)] = str(reason)
+        except ValueError:
+            raise KindsFileError(f"{where}: exit_reasons key {code!r} is not an exit code") from None
+    return JobKind(
+        name=name,
+        argv=tuple(argv),
+        params=dict(params),
+        coalesce=coalesce,
+        then=then or None,
+        exit_reasons=exit_reasons,
+    )
+
+
+def load_kinds(path: Path | None) -> KindCatalog:
+    """The built-in kinds plus (overridden by) those in the operator's file."""
+    kinds = builtin_kinds()
+    if path is not None:
+        try:
+            with path.open("rb") as fh:
+                data: dict[str, Any] = tomllib.load(fh)
+        except OSError as exc:
+            raise KindsFileError(f"{path}: cannot read: {exc}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise KindsFileError(f"{path}: not valid TOML: {exc}") from exc
+        unknown = sorted(set(data) - {"kinds"})
+        if unknown:
+            raise KindsFileError(f"{path}: unknown top-level key {unknown[0]!r} (expected [kinds.NAME] tables)")
+        table = data.get("kinds", {})
+        if not isinstance(table, dict):
+            raise KindsFileError(f"{path}: kinds must be a table")
+        for name, spec in table.items():
+            try:
+                kinds[name] = parse_kind(name, spec)
+            except KindsFileError as exc:
+                raise KindsFileError(f"{path}: {exc}") from None
+    return KindCatalog(kinds)

@@ -1,0 +1,512 @@
+"""The job registry on SQLite: the single source of truth for every job row.
+
+It is plain blocking code that knows nothing of HTTP or Trio tasks; the supervisor calls it through
+``trio.to_thread.run_sync`` (see ``_store.py``). Every mutation is one transaction opened with
+``BEGIN IMMEDIATE``, which takes SQLite's write lock up front: that lock is the cross-process lock that lets a
+CLI or the pipeline container enqueue safely beside a running supervisor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import sqlite3
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ._errors import Conflict, JobNotFound, RegistryError, Unauthorized, ValidationError
+from ._model import TERMINAL, Job, JobStatus, check_transition
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_MS = 10_000
+MAX_LIST_LIMIT = 1000
+
+# Migrations, in order; MIGRATIONS[n] takes the schema from version n to n + 1.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE jobs (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        job_id TEXT NOT NULL UNIQUE,
+        kind TEXT NOT NULL,
+        params TEXT NOT NULL,
+        argv TEXT NOT NULL,
+        status TEXT NOT NULL,
+        error_reason TEXT,
+        exit_code INTEGER,
+        created_at TEXT NOT NULL,
+        started_at TEXT,
+        ended_at TEXT,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        cancel_requested INTEGER NOT NULL DEFAULT 0,
+        boot_id TEXT,
+        pid INTEGER,
+        pid_start_time INTEGER,
+        kernel_boot_id TEXT,
+        container_id TEXT,
+        token_hash TEXT,
+        completed_units INTEGER NOT NULL DEFAULT 0,
+        total_units INTEGER,
+        stage TEXT,
+        last_heartbeat_at TEXT,
+        last_progress_at TEXT,
+        log_path TEXT,
+        coalesce_key TEXT
+    );
+    -- A sweep reads only running rows and a drain only queued ones: O(active rows), not O(history).
+    CREATE INDEX jobs_status_seq ON jobs (status, seq);
+    CREATE INDEX jobs_kind_seq ON jobs (kind, seq);
+    CREATE INDEX jobs_queued_coalesce ON jobs (coalesce_key) WHERE status = 'queued';
+    """,
+]
+
+_COLUMNS = (
+    "job_id, seq, kind, params, argv, status, error_reason, exit_code, created_at, started_at, ended_at, "
+    "attempts, cancel_requested, boot_id, pid, pid_start_time, kernel_boot_id, container_id, token_hash, "
+    "completed_units, total_units, stage, last_heartbeat_at, last_progress_at, log_path"
+)
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def iso(ts: datetime) -> str:
+    return ts.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    job: Job
+    coalesced: bool
+
+
+@dataclass(frozen=True)
+class FinalizeResult:
+    job: Job
+    changed: bool  # False when the row was already terminal: events fire only on real changes
+
+
+class SqliteRegistry:
+    """Job rows in one SQLite file (WAL mode). Safe to use from many threads and many processes."""
+
+    def __init__(self, path: Path, *, clock: Callable[[], datetime] = utc_now) -> None:
+        self.path = Path(path)
+        self._clock = clock
+        self._local = threading.local()
+        self._all_conns: list[sqlite3.Connection] = []
+        self._conns_lock = threading.Lock()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._tx() as conn:
+            self._migrate(conn)
+
+    # -- connections and transactions -------------------------------------------------------------
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            try:
+                conn = sqlite3.connect(
+                    self.path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False
+                )
+                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = NORMAL")
+            except sqlite3.Error as exc:
+                raise RegistryError(f"cannot open registry {self.path}: {exc}") from exc
+            conn.row_factory = sqlite3.Row
+            self._local.conn = conn
+            with self._conns_lock:
+                self._all_conns.append(conn)
+        return conn
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction under SQLite's cross-process write lock."""
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise RegistryError(f"registry lock not acquired: {exc}") from exc
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        else:
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                conn.execute("ROLLBACK")
+                raise RegistryError(f"registry commit failed: {exc}") from exc
+
+    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        try:
+            return self._conn().execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
+            raise RegistryError(f"registry read failed: {exc}") from exc
+
+    def close(self) -> None:
+        with self._conns_lock:
+            for conn in self._all_conns:
+                conn.close()
+            self._all_conns.clear()
+        self._local = threading.local()
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        row = conn.execute("SELECT version FROM schema_version").fetchone()
+        version = 0 if row is None else int(row[0])
+        if version > SCHEMA_VERSION:
+            raise RegistryError(
+                f"registry {self.path} has schema version {version}, newer than this supervisor ({SCHEMA_VERSION})"
+            )
+        for step in MIGRATIONS[version:]:
+            for statement in step.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+        if row is None:
+            conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+        else:
+            conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
+
+    def schema_version(self) -> int:
+        return int(self._read("SELECT version FROM schema_version")[0][0])
+
+    # -- helpers ------------------------------------------------------------------------------------
+
+    def _now(self) -> str:
+        return iso(self._clock())
+
+    @staticmethod
+    def _row_to_job(row: sqlite3.Row, queue_position: int | None = None) -> Job:
+        return Job(
+            job_id=row["job_id"],
+            seq=row["seq"],
+            kind=row["kind"],
+            params=json.loads(row["params"]),
+            argv=json.loads(row["argv"]),
+            status=JobStatus(row["status"]),
+            error_reason=row["error_reason"],
+            exit_code=row["exit_code"],
+            created_at=row["created_at"],
+            started_at=row["started_at"],
+            ended_at=row["ended_at"],
+            attempts=row["attempts"],
+            cancel_requested=bool(row["cancel_requested"]),
+            boot_id=row["boot_id"],
+            pid=row["pid"],
+            pid_start_time=row["pid_start_time"],
+            kernel_boot_id=row["kernel_boot_id"],
+            container_id=row["container_id"],
+            token_hash=row["token_hash"],
+            completed_units=row["completed_units"],
+            total_units=row["total_units"],
+            stage=row["stage"],
+            last_heartbeat_at=row["last_heartbeat_at"],
+            last_progress_at=row["last_progress_at"],
+            log_path=row["log_path"],
+            queue_position=queue_position,
+        )
+
+    def _get_in(self, conn: sqlite3.Connection, job_id: str) -> Job:
+        row = conn.execute(f"SELECT {_COLUMNS} FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise JobNotFound(job_id)
+        position = None
+        if row["status"] == JobStatus.QUEUED:
+            position = conn.execute(
+                "SELECT COUNT(*) FROM jobs WHERE status = 'queued' AND seq <= ?", (row["seq"],)
+            ).fetchone()[0]
+        return self._row_to_job(row, position)
+
+    def _set_status(
+        self,
+        conn: sqlite3.Connection,
+        job: Job,
+        to_status: JobStatus,
+        **fields: Any,
+    ) -> None:
+        """The one place a row's status changes; an illegal transition raises."""
+        check_transition(job.job_id, job.status, to_status)
+        assignments = ", ".join(f"{name} = ?" for name in ("status", *fields))
+        cur = conn.execute(
+            f"UPDATE jobs SET {assignments} WHERE job_id = ? AND status = ?",
+            (str(to_status), *fields.values(), job.job_id, str(job.status)),
+        )
+        if cur.rowcount != 1:  # the read above and this write are in one transaction: cannot happen
+            raise RegistryError(f"job {job.job_id}: status changed under the registry lock")
+
+    # -- operations ---------------------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        kind: str,
+        params: Mapping[str, Any],
+        argv: Sequence[str],
+        *,
+        coalesce_key: str | None = None,
+    ) -> EnqueueResult:
+        """Add a queued row. With ``coalesce_key``, an identical **queued** row is returned instead.
+
+        A running row never absorbs a new one: it is already reading its inputs, so a follow-up must run after it.
+        Every caller, in any process, enqueues as ``queued``; only a drain makes a row RUNNING.
+        """
+        with self._tx() as conn:
+            if coalesce_key is not None:
+                row = conn.execute(
+                    "SELECT job_id FROM jobs WHERE status = 'queued' AND coalesce_key = ? ORDER BY seq LIMIT 1",
+                    (coalesce_key,),
+                ).fetchone()
+                if row is not None:
+                    return EnqueueResult(self._get_in(conn, row["job_id"]), coalesced=True)
+            job_id = uuid.uuid4().hex
+            conn.execute(
+                "INSERT INTO jobs (job_id, kind, params, argv, status, created_at, coalesce_key) "
+                "VALUES (?, ?, ?, ?, 'queued', ?, ?)",
+                (
+                    job_id,
+                    kind,
+                    json.dumps(dict(params), sort_keys=True),
+                    json.dumps(list(argv)),
+                    self._now(),
+                    coalesce_key,
+                ),
+            )
+            return EnqueueResult(self._get_in(conn, job_id), coalesced=False)
+
+    def promote_queued_if_slot(
+        self,
+        max_concurrent: int,
+        *,
+        boot_id: str,
+        token_hash: str,
+        log_dir: Path | None = None,
+    ) -> Job | None:
+        """Flip the oldest queued row to RUNNING if a slot is free, and return it; else None.
+
+        INV-PROMOTION-NEVER-OVERSHOOTS: the count and the flip happen in one ``BEGIN IMMEDIATE`` transaction,
+        so a concurrent drain (in this or another process) counts the row at once. The row gets this boot's
+        ``boot_id`` and ``started_at`` in the same transaction, so a row promoted but not yet spawned is never
+        mistaken for a prior-boot orphan (INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING).
+        """
+        with self._tx() as conn:
+            running = conn.execute("SELECT COUNT(*) FROM jobs WHERE status = 'running'").fetchone()[0]
+            if running >= max_concurrent:
+                return None
+            row = conn.execute("SELECT job_id FROM jobs WHERE status = 'queued' ORDER BY seq LIMIT 1").fetchone()
+            if row is None:
+                return None
+            job = self._get_in(conn, row["job_id"])
+            log_path = str(log_dir / f"{job.job_id}.log") if log_dir is not None else None
+            self._set_status(
+                conn,
+                job,
+                JobStatus.RUNNING,
+                started_at=self._now(),
+                boot_id=boot_id,
+                token_hash=token_hash,
+                attempts=job.attempts + 1,
+                log_path=log_path,
+                pid=None,
+                pid_start_time=None,
+                kernel_boot_id=None,
+                container_id=None,
+            )
+            return self._get_in(conn, job.job_id)
+
+    def set_job_process(
+        self,
+        job_id: str,
+        *,
+        pid: int | None = None,
+        pid_start_time: int | None = None,
+        kernel_boot_id: str | None = None,
+        container_id: str | None = None,
+    ) -> Job:
+        """Record the spawned process's identity (pid + start time + kernel boot) or its container id."""
+        with self._tx() as conn:
+            job = self._get_in(conn, job_id)
+            if job.status is not JobStatus.RUNNING:
+                return job
+            conn.execute(
+                "UPDATE jobs SET pid = ?, pid_start_time = ?, kernel_boot_id = ?, container_id = ? WHERE job_id = ?",
+                (pid, pid_start_time, kernel_boot_id, container_id, job_id),
+            )
+            return self._get_in(conn, job_id)
+
+    def finalize(
+        self,
+        job_id: str,
+        status: JobStatus,
+        *,
+        reason: str | None = None,
+        exit_code: int | None = None,
+        expect_pid: int | None = None,
+    ) -> FinalizeResult:
+        """End a row. A no-op on a terminal row; ``changed`` says whether anything happened.
+
+        ``expect_pid``: only finalize if the row still records that pid (evidence gathered before the lock
+        must still be about the same process).
+        """
+        if status not in TERMINAL:
+            raise ValueError(f"finalize needs a terminal status, not {status}")
+        with self._tx() as conn:
+            job = self._get_in(conn, job_id)
+            if job.status.is_terminal:
+                return FinalizeResult(job, changed=False)
+            if expect_pid is not None and job.pid != expect_pid:
+                return FinalizeResult(job, changed=False)
+            self._set_status(conn, job, status, error_reason=reason, exit_code=exit_code, ended_at=self._now())
+            return FinalizeResult(self._get_in(conn, job_id), changed=True)
+
+    def request_cancel(self, job_id: str) -> FinalizeResult:
+        """Cancel a queued row at once; mark a running row ``cancel_requested``; leave a terminal row alone.
+
+        ``changed`` is True when the row was modified.
+        """
+        with self._tx() as conn:
+            job = self._get_in(conn, job_id)
+            if job.status is JobStatus.QUEUED:
+                self._set_status(
+                    conn, job, JobStatus.CANCELLED, error_reason="cancelled_before_start", ended_at=self._now()
+                )
+                return FinalizeResult(self._get_in(conn, job_id), changed=True)
+            if job.status is JobStatus.RUNNING and not job.cancel_requested:
+                conn.execute("UPDATE jobs SET cancel_requested = 1 WHERE job_id = ?", (job_id,))
+                return FinalizeResult(self._get_in(conn, job_id), changed=True)
+            return FinalizeResult(job, changed=False)
+
+    def record_heartbeat(
+        self,
+        job_id: str,
+        token: str,
+        *,
+        completed_units: int,
+        total_units: int | None = None,
+        stage: str | None = None,
+    ) -> Job:
+        """Record a child's heartbeat. ``completed_units`` is a watermark: progress moves only when it grows.
+
+        Raises ``JobNotFound`` for an unknown id, ``Unauthorized`` when the token is not this job's, and
+        ``Conflict`` when the job is not running (a stale child must not revive a finished row).
+        """
+        with self._tx() as conn:
+            job = self._get_in(conn, job_id)
+            # Constant-time compare of the hashes; a missing hash never matches.
+            if job.token_hash is None or not hmac.compare_digest(job.token_hash, hash_token(token)):
+                raise Unauthorized("the token is not this job's")
+            if job.status is not JobStatus.RUNNING:
+                raise Conflict(f"job {job_id} is {job.status}, not running", field="job_id")
+            now = self._now()
+            # INV-PROGRESS-NOT-LIVENESS: every beat is liveness; only a higher watermark is progress.
+            progressed = completed_units > job.completed_units
+            conn.execute(
+                "UPDATE jobs SET last_heartbeat_at = ?, completed_units = ?, total_units = COALESCE(?, total_units), "
+                "stage = COALESCE(?, stage), last_progress_at = ? WHERE job_id = ?",
+                (
+                    now,
+                    max(completed_units, job.completed_units),
+                    total_units,
+                    stage,
+                    now if progressed else job.last_progress_at,
+                    job_id,
+                ),
+            )
+            return self._get_in(conn, job_id)
+
+    # -- reads --------------------------------------------------------------------------------------
+
+    def get(self, job_id: str) -> Job:
+        try:
+            with self._read_tx() as conn:
+                return self._get_in(conn, job_id)
+        except sqlite3.Error as exc:
+            raise RegistryError(f"registry read failed: {exc}") from exc
+
+    @contextmanager
+    def _read_tx(self) -> Iterator[sqlite3.Connection]:
+        """A consistent snapshot for reads that take more than one statement."""
+        conn = self._conn()
+        conn.execute("BEGIN")
+        try:
+            yield conn
+        finally:
+            conn.execute("COMMIT")
+
+    def running_jobs(self) -> list[Job]:
+        """Every RUNNING row (uses the status index: O(running rows))."""
+        rows = self._read(f"SELECT {_COLUMNS} FROM jobs WHERE status = 'running' ORDER BY seq")
+        return [self._row_to_job(r) for r in rows]
+
+    def list_jobs(
+        self,
+        *,
+        status: str | None = None,
+        kind: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> tuple[list[Job], str | None]:
+        """Rows newest first, with an opaque cursor for the next page.
+
+        Paging is by the insertion sequence, so rows added while a caller pages never shift or repeat a page.
+        """
+        if status is not None and status not in {s.value for s in JobStatus}:
+            raise ValidationError(f"unknown status {status!r}", field="status")
+        if not 1 <= limit <= MAX_LIST_LIMIT:
+            raise ValidationError(f"limit must be between 1 and {MAX_LIST_LIMIT}", field="limit")
+        before: int | None = None
+        if cursor is not None:
+            try:
+                before = int(cursor)
+            except ValueError:
+                raise ValidationError("cursor is not one this server issued", field="cursor") from None
+        clauses: list[str] = []
+        args: list[object] = []
+        if status is not None:
+            clauses.append("status = ?")
+            args.append(status)
+        if kind is not None:
+            clauses.append("kind = ?")
+            args.append(kind)
+        if before is not None:
+            clauses.append("seq < ?")
+            args.append(before)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        with self._read_tx() as conn:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM jobs {where} ORDER BY seq DESC LIMIT ?", (*args, limit + 1)
+            ).fetchall()
+            page = rows[:limit]
+            positions: dict[int, int] = {}
+            queued_seqs = [r["seq"] for r in page if r["status"] == JobStatus.QUEUED]
+            if queued_seqs:
+                for r in conn.execute(
+                    "SELECT seq, ROW_NUMBER() OVER (ORDER BY seq) AS pos FROM jobs WHERE status = 'queued' "
+                    "AND seq <= ?",
+                    (max(queued_seqs),),
+                ):
+                    positions[r["seq"]] = r["pos"]
+        jobs = [self._row_to_job(r, positions.get(r["seq"])) for r in page]
+        next_cursor = str(page[-1]["seq"]) if len(rows) > limit else None
+        return jobs, next_cursor
+
+    def counts(self) -> dict[str, int]:
+        """Rows per status (every status present, zero when none)."""
+        out = {s.value: 0 for s in JobStatus}
+        for row in self._read("SELECT status, COUNT(*) AS n FROM jobs GROUP BY status"):
+            out[row["status"]] = row["n"]
+        return out
+
+    def count_status(self, status: JobStatus) -> int:
+        return int(self._read("SELECT COUNT(*) FROM jobs WHERE status = ?", (str(status),))[0][0])

@@ -1,0 +1,87 @@
+"""The registry as the Trio side sees it: every call runs in a worker thread, never on the event loop."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import trio
+
+from ._model import Job, JobStatus
+from ._registry import EnqueueResult, FinalizeResult, SqliteRegistry
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class AsyncRegistry:
+    """Awaitable wrappers over ``SqliteRegistry``; each call runs in a thread.
+
+    Calls cannot hang forever: SQLite's busy timeout bounds every wait for the cross-process lock, and the call
+    raises ``RegistryError`` when it runs out.
+    """
+
+    def __init__(self, registry: SqliteRegistry) -> None:
+        self.sync = registry
+
+    async def _run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+
+    async def enqueue(
+        self, kind: str, params: dict[str, Any], argv: list[str], *, coalesce_key: str | None
+    ) -> EnqueueResult:
+        return await self._run(self.sync.enqueue, kind, params, argv, coalesce_key=coalesce_key)
+
+    async def promote_queued_if_slot(
+        self, max_concurrent: int, *, boot_id: str, token_hash: str, log_dir: Path | None
+    ) -> Job | None:
+        return await self._run(
+            self.sync.promote_queued_if_slot, max_concurrent, boot_id=boot_id, token_hash=token_hash, log_dir=log_dir
+        )
+
+    async def set_job_process(self, job_id: str, **identity: Any) -> Job:
+        return await self._run(self.sync.set_job_process, job_id, **identity)
+
+    async def finalize(
+        self,
+        job_id: str,
+        status: JobStatus,
+        *,
+        reason: str | None = None,
+        exit_code: int | None = None,
+        expect_pid: int | None = None,
+    ) -> FinalizeResult:
+        return await self._run(
+            self.sync.finalize, job_id, status, reason=reason, exit_code=exit_code, expect_pid=expect_pid
+        )
+
+    async def request_cancel(self, job_id: str) -> FinalizeResult:
+        return await self._run(self.sync.request_cancel, job_id)
+
+    async def record_heartbeat(
+        self, job_id: str, token: str, *, completed_units: int, total_units: int | None, stage: str | None
+    ) -> Job:
+        return await self._run(
+            self.sync.record_heartbeat,
+            job_id,
+            token,
+            completed_units=completed_units,
+            total_units=total_units,
+            stage=stage,
+        )
+
+    async def get(self, job_id: str) -> Job:
+        return await self._run(self.sync.get, job_id)
+
+    async def running_jobs(self) -> list[Job]:
+        return await self._run(self.sync.running_jobs)
+
+    async def list_jobs(
+        self, *, status: str | None = None, kind: str | None = None, limit: int = 100, cursor: str | None = None
+    ) -> tuple[list[Job], str | None]:
+        return await self._run(self.sync.list_jobs, status=status, kind=kind, limit=limit, cursor=cursor)
+
+    async def counts(self) -> dict[str, int]:
+        return await self._run(self.sync.counts)

@@ -1,0 +1,100 @@
+"""Configuration: INV-MALFORMED-NEVER-UNBOUNDED, floors, and errors that name every bad setting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from supervisor import ConfigError, load_config
+
+
+def test_defaults() -> None:
+    config, warnings = load_config({})
+    assert warnings == []
+    assert config.bind == "127.0.0.1:8000"
+    assert config.max_concurrent == 1
+    assert config.sweep_interval_s == 30.0
+    assert config.stale_after_s == 86400.0
+    assert config.progress_stale_after_s == 1800.0
+    assert config.exec_mode == "subprocess"
+    assert config.webhook_timeout_s == 5.0
+    assert config.log_max_bytes == 50 * 1024 * 1024
+    assert config.registry_path == Path("var/.viewer/jobs.sqlite3")
+    assert config.pause_flag_path == Path("var/.viewer/jobs.paused")
+
+
+@pytest.mark.parametrize(
+    ("var", "attr", "junk"),
+    [
+        ("PODCAST_JOB_MAX_CONCURRENT", "max_concurrent", "lots"),
+        ("PODCAST_JOB_MAX_CONCURRENT", "max_concurrent", "2.5"),
+        ("PODCAST_JOB_SWEEP_SECONDS", "sweep_interval_s", "nan"),
+        ("PODCAST_JOB_STALE_SECONDS", "stale_after_s", "1 day"),
+        ("PODCAST_JOB_STALE_SECONDS", "stale_after_s", "inf"),
+        ("PODCAST_JOB_PROGRESS_STALE_SECONDS", "progress_stale_after_s", "30m"),
+        ("PODCAST_JOB_WEBHOOK_TIMEOUT_SEC", "webhook_timeout_s", "fast"),
+        ("PODCAST_JOB_LOG_MAX_BYTES", "log_max_bytes", "50MiB"),
+    ],
+)
+def test_malformed_number_falls_back_to_default_naming_the_variable_INV_MALFORMED_NEVER_UNBOUNDED(
+    var: str, attr: str, junk: str
+) -> None:
+    config, warnings = load_config({var: junk})
+    assert getattr(config, attr) == getattr(load_config({})[0], attr)
+    assert len(warnings) == 1
+    assert var in warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("var", "attr", "value", "expected"),
+    [
+        ("PODCAST_JOB_WEBHOOK_TIMEOUT_SEC", "webhook_timeout_s", "0.01", 0.5),
+        ("PODCAST_JOB_MAX_CONCURRENT", "max_concurrent", "0", 1),
+        ("PODCAST_JOB_MAX_CONCURRENT", "max_concurrent", "-3", 1),
+        ("PODCAST_JOB_SWEEP_SECONDS", "sweep_interval_s", "0", 1.0),
+        ("PODCAST_JOB_LOG_MAX_BYTES", "log_max_bytes", "10", 4096),
+    ],
+)
+def test_values_below_a_floor_are_raised_to_it(var: str, attr: str, value: str, expected: float) -> None:
+    config, warnings = load_config({var: value})
+    assert getattr(config, attr) == expected
+    assert var in warnings[0]
+
+
+def test_stale_window_is_disabled_only_by_an_explicit_zero_or_negative() -> None:
+    assert load_config({"PODCAST_JOB_STALE_SECONDS": "0"})[0].stale_after_s is None
+    assert load_config({"PODCAST_JOB_STALE_SECONDS": "-1"})[0].stale_after_s is None
+    assert load_config({"PODCAST_JOB_STALE_SECONDS": ""})[0].stale_after_s == 86400.0
+    assert load_config({"PODCAST_JOB_STALE_SECONDS": "600"})[0].stale_after_s == 600.0
+
+
+def test_invalid_settings_without_fallback_are_all_named() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config({"PODCAST_PIPELINE_EXEC_MODE": "kubernetes", "PODCAST_JOB_BIND": "nowhere"})
+    text = str(err.value)
+    assert "PODCAST_PIPELINE_EXEC_MODE" in text
+    assert "PODCAST_JOB_BIND" in text
+    assert len(err.value.problems) == 2
+
+
+def test_toml_file_is_read_and_environment_wins(tmp_path: Path) -> None:
+    path = tmp_path / "supervisor.toml"
+    path.write_text('max_concurrent = 3\nexec_mode = "docker"\nbind = "127.0.0.1:9000"\n')
+    config, _ = load_config({"PODCAST_JOB_MAX_CONCURRENT": "5"}, config_file=path)
+    assert config.max_concurrent == 5
+    assert config.exec_mode == "docker"
+    assert config.bind_port == 9000
+
+
+def test_unknown_toml_key_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "supervisor.toml"
+    path.write_text("max_concurent = 3\n")
+    with pytest.raises(ConfigError, match="max_concurent"):
+        load_config({}, config_file=path)
+
+
+def test_the_api_token_is_never_described() -> None:
+    config, _ = load_config({"PODCAST_JOB_API_TOKEN": "s3cret"})
+    assert "s3cret" not in repr(config)
+    assert "s3cret" not in str(config.describe())
