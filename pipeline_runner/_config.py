@@ -1,0 +1,244 @@
+"""Runner settings as validated value objects, with units in the names.
+
+Precedence for every setting: command-line flag > environment > config file (TOML) > default.
+Only the job budget and the contract's ``PODCAST_JOB_*`` variables are read from the environment.
+
+The job budget (``processing_loop_budget_seconds``) has its own rules, from ADR-150 D1: it is
+disabled only by an explicit ``<= 0``; a malformed value (not a number, NaN, infinite, a boolean)
+falls back to the *default* with a WARNING -- a typo must never be able to make a run unbounded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import tomllib
+from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any, Final
+
+import httpx
+
+from ._errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PROCESSING_LOOP_BUDGET_S: Final = 4 * 60 * 60.0
+"""~2x the longest legitimate run (ADR-150 D1)."""
+PROCESSING_LOOP_BUDGET_ENV: Final = "PODCAST_PROCESSING_LOOP_BUDGET_SECONDS"
+PROCESSING_LOOP_BUDGET_KEY: Final = "processing_loop_budget_seconds"
+
+
+def _require_positive_finite(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def _require_non_negative_finite(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def _require_positive_int(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name} must be an integer > 0, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TransportTimeouts:
+    """The tight deadline (ADR-150 D6): every outbound HTTP call carries all four."""
+
+    connect_s: float = 10.0
+    read_s: float = 30.0
+    write_s: float = 30.0
+    pool_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            _require_positive_finite(field.name, getattr(self, field.name))
+
+    def as_httpx(self) -> httpx.Timeout:
+        return httpx.Timeout(connect=self.connect_s, read=self.read_s, write=self.write_s, pool=self.pool_s)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HeartbeatConfig:
+    """Where and how often to beat. ``url=None`` disables heartbeats (logged once)."""
+
+    url: str | None = None
+    token: str | None = None
+    interval_s: float = 5.0
+    # Short on purpose: a slow heartbeat endpoint must never slow the run, only delay the next beat.
+    timeout_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        _require_positive_finite("heartbeat_interval_s", self.interval_s)
+        _require_positive_finite("heartbeat_timeout_s", self.timeout_s)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunnerConfig:
+    """Everything one ``run`` or ``enrich`` invocation needs. Validated at construction."""
+
+    data_dir: Path
+    job_id: str
+    feeds: tuple[str, ...] = ()
+    max_episodes: int | None = None
+    workers: int = 4
+    # None = disabled (only ever by an explicit <= 0; see resolve_processing_loop_budget_s).
+    processing_loop_budget_s: float | None = DEFAULT_PROCESSING_LOOP_BUDGET_S
+    episode_budget_s: float = 60 * 60.0
+    stop_grace_s: float = 30.0
+    transport: TransportTimeouts = TransportTimeouts()
+    max_enclosure_bytes: int = 1024 * 1024 * 1024
+    max_feed_bytes: int = 20 * 1024 * 1024
+    transcribe_url: str | None = None
+    transcribe_usd_per_audio_minute: Decimal = Decimal("0.0043")
+    cost_cap_usd: Decimal = Decimal("10.00")
+    poison_threshold: int = 3
+    heartbeat: HeartbeatConfig = HeartbeatConfig()
+
+    def __post_init__(self) -> None:
+        if not self.job_id or "/" in self.job_id or self.job_id in {".", ".."}:
+            raise ConfigError(f"job id {self.job_id!r} is not usable as a directory name")
+        for url in (*self.feeds, *([self.transcribe_url] if self.transcribe_url else [])):
+            if not url.startswith(("http://", "https://")):
+                raise ConfigError(f"not an http(s) URL: {url!r}")
+        if self.max_episodes is not None and self.max_episodes < 0:
+            raise ConfigError("max_episodes must be >= 0")
+        _require_positive_int("workers", self.workers)
+        _require_positive_int("max_enclosure_bytes", self.max_enclosure_bytes)
+        _require_positive_int("max_feed_bytes", self.max_feed_bytes)
+        _require_positive_int("poison_threshold", self.poison_threshold)
+        if self.processing_loop_budget_s is not None:
+            _require_positive_finite("processing_loop_budget_s", self.processing_loop_budget_s)
+        _require_positive_finite("episode_budget_s", self.episode_budget_s)
+        _require_non_negative_finite("stop_grace_s", self.stop_grace_s)
+        for name in ("transcribe_usd_per_audio_minute", "cost_cap_usd"):
+            value: Decimal = getattr(self, name)
+            if not value.is_finite() or value < 0:
+                raise ConfigError(f"{name} must be a finite amount >= 0, got {value}")
+
+    @property
+    def corpus_dir(self) -> Path:
+        return self.data_dir / "corpus"
+
+
+def resolve_processing_loop_budget_s(
+    *, flag: str | None, env: str | None, file_value: object = None, file_has_key: bool = False
+) -> float | None:
+    """Pick the job budget by precedence flag > env > file > default and apply ADR-150 D1.
+
+    Returns the budget in seconds, or ``None`` when it was disabled explicitly by a value ``<= 0``.
+    A malformed value at the winning layer falls back to the default with a WARNING, never to
+    unbounded and never silently to a lower-precedence layer.
+    """
+    layers: list[tuple[str, object]] = []
+    if flag is not None:
+        layers.append(("--processing-loop-budget-seconds", flag))
+    if env is not None:
+        layers.append((PROCESSING_LOOP_BUDGET_ENV, env))
+    if file_has_key:
+        layers.append((f"config file key {PROCESSING_LOOP_BUDGET_KEY}", file_value))
+    if not layers:
+        return DEFAULT_PROCESSING_LOOP_BUDGET_S
+    source, raw = layers[0]
+    value = _parse_seconds(raw)
+    if value is None:
+        # ADR-150 D1: a malformed budget falls back to the default, never to unbounded.
+        log.warning(
+            "malformed processing loop budget %r from %s; using the default %.0f s",
+            raw,
+            source,
+            DEFAULT_PROCESSING_LOOP_BUDGET_S,
+        )
+        return DEFAULT_PROCESSING_LOOP_BUDGET_S
+    if value <= 0:
+        # ADR-150 D1: disabled only by an explicit <= 0.
+        log.warning("processing loop budget disabled explicitly by %s=%r", source, raw)
+        return None
+    return value
+
+
+def _parse_seconds(raw: object) -> float | None:
+    """A finite number of seconds, or None when malformed. Booleans are not numbers here."""
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int | float):
+        value = float(raw)
+    elif isinstance(raw, str):
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            return None
+    else:
+        return None
+    return value if math.isfinite(value) else None
+
+
+# The config file's keys and how each is converted; unknown keys are errors (a typo must be loud).
+_FILE_KEYS: Final[Mapping[str, str]] = {
+    PROCESSING_LOOP_BUDGET_KEY: "processing_loop_budget_s",
+    "episode_budget_seconds": "episode_budget_s",
+    "stop_grace_seconds": "stop_grace_s",
+    "workers": "workers",
+    "max_episodes": "max_episodes",
+    "max_enclosure_bytes": "max_enclosure_bytes",
+    "max_feed_bytes": "max_feed_bytes",
+    "transcribe_url": "transcribe_url",
+    "transcribe_usd_per_audio_minute": "transcribe_usd_per_audio_minute",
+    "cost_cap_usd": "cost_cap_usd",
+    "poison_threshold": "poison_threshold",
+    "connect_timeout_seconds": "connect_s",
+    "read_timeout_seconds": "read_s",
+    "write_timeout_seconds": "write_s",
+    "pool_timeout_seconds": "pool_s",
+    "heartbeat_interval_seconds": "heartbeat_interval_s",
+    "heartbeat_timeout_seconds": "heartbeat_timeout_s",
+}
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """Read the TOML config file. Called before the event loop starts, so plain blocking I/O is fine."""
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    unknown = sorted(set(data) - set(_FILE_KEYS))
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown keys {unknown}; known: {sorted(_FILE_KEYS)}")
+    return data
+
+
+def to_decimal(name: str, raw: object) -> Decimal:
+    if isinstance(raw, bool):
+        raise ConfigError(f"{name} must be an amount, got {raw!r}")
+    try:
+        return Decimal(str(raw))
+    except InvalidOperation as exc:
+        raise ConfigError(f"{name} must be an amount, got {raw!r}") from exc
+
+
+def to_float(name: str, raw: object) -> float:
+    value = _parse_seconds(raw)
+    if value is None:
+        raise ConfigError(f"{name} must be a finite number, got {raw!r}")
+    return value
+
+
+def to_int(name: str, raw: object) -> int:
+    if isinstance(raw, bool):
+        raise ConfigError(f"{name} must be an integer, got {raw!r}")
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, str):
+        try:
+            return int(raw.strip())
+        except ValueError:
+            pass
+    raise ConfigError(f"{name} must be an integer, got {raw!r}")

@@ -1,0 +1,207 @@
+"""The corpus on disk. It is the ledger (ADR-150 D4): what is in it, complete, is done.
+
+Layout under ``<data>/corpus/``::
+
+    episodes/<key>/episode.json      metadata (guid, feed_url, title, sizes, cost)
+    episodes/<key>/audio.bin         the enclosure, as downloaded
+    episodes/<key>/transcript.json   only when a transcription provider is configured
+    episodes/<key>/COMPLETE          the completion marker, written last
+    .tmp/<job_id>-<random>/          staging directories (one per episode attempt)
+    .poison.json                     the poison-pill memo: failures per episode key, across runs
+    .runs/<job_id>/run.json          the run manifest
+    index.json                       written by ``enrich``
+
+``<key>`` is the first 32 hex digits of the SHA-256 of the episode GUID, so a GUID with any
+characters in it maps to a safe directory name and the same GUID is the same episode in any feed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import uuid
+from pathlib import Path
+from typing import Any, Final
+
+import trio
+
+from . import _fs
+
+MARKER_NAME: Final = "COMPLETE"
+EPISODE_META_NAME: Final = "episode.json"
+AUDIO_NAME: Final = "audio.bin"
+TRANSCRIPT_NAME: Final = "transcript.json"
+
+
+def episode_key(guid: str) -> str:
+    return hashlib.sha256(guid.encode("utf-8")).hexdigest()[:32]
+
+
+class Corpus:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.episodes_dir = root / "episodes"
+        self.staging_root = root / ".tmp"
+        self.poison_path = root / ".poison.json"
+        self.runs_dir = root / ".runs"
+        self.index_path = root / "index.json"
+
+    async def ensure_layout(self) -> None:
+        def make() -> None:
+            for d in (self.episodes_dir, self.staging_root, self.runs_dir):
+                d.mkdir(parents=True, exist_ok=True)
+
+        await _fs.run_blocking(make)
+
+    def episode_dir(self, key: str) -> Path:
+        return self.episodes_dir / key
+
+    async def is_complete(self, key: str) -> bool:
+        # ADR-150 D4: an episode is present only when its completion marker exists; a directory without
+        # one is a crash mid-write and is redone.
+        return await _fs.run_blocking((self.episode_dir(key) / MARKER_NAME).exists)
+
+    async def new_staging_dir(self, job_id: str) -> Path:
+        path = self.staging_root / f"{job_id}-{uuid.uuid4().hex[:12]}"
+        await _fs.run_blocking(lambda: path.mkdir(parents=True))
+        return path
+
+    async def discard_staging(self, staging: Path) -> None:
+        # Shielded: this runs on the cancellation path and must not itself be cancelled half-way.
+        with trio.CancelScope(shield=True):
+            await _fs.run_blocking(_fs.remove_tree, staging)
+
+    async def commit_episode(self, staging: Path, key: str) -> None:
+        """Move a fully written staging directory into place, then write the marker (ADR-150 D4).
+
+        staging files fsynced -> staging dir fsynced -> any half-written old copy removed ->
+        rename -> parent fsynced -> marker written and fsynced. A crash at any point leaves either
+        no episode directory or one without a marker, and both are redone by the next run.
+        """
+        final = self.episode_dir(key)
+
+        def commit() -> None:
+            for child in staging.iterdir():
+                with child.open("rb") as fh:
+                    os.fsync(fh.fileno())
+            _fs.fsync_dir(staging)
+            if final.exists():
+                # A previous attempt crashed between rename and marker: it is not present, replace it.
+                _fs.remove_tree(final)
+            os.replace(staging, final)
+            _fs.fsync_dir(self.episodes_dir)
+            _fs.write_bytes_durably(final / MARKER_NAME, b"")
+            _fs.fsync_dir(final)
+
+        # Shielded: once started, the commit finishes, so a cancel never leaves a torn rename.
+        with trio.CancelScope(shield=True):
+            await _fs.run_blocking(commit)
+
+    async def complete_episodes(self) -> list[dict[str, Any]]:
+        """Metadata of every complete episode, sorted by key. Incomplete directories are ignored."""
+
+        def scan() -> list[dict[str, Any]]:
+            found: list[dict[str, Any]] = []
+            if not self.episodes_dir.is_dir():
+                return found
+            for d in sorted(self.episodes_dir.iterdir()):
+                if not (d / MARKER_NAME).exists():
+                    continue
+                meta = _fs.read_json(d / EPISODE_META_NAME)
+                if isinstance(meta, dict):
+                    found.append({**meta, "key": d.name, "has_transcript": (d / TRANSCRIPT_NAME).exists()})
+            return found
+
+        return await _fs.run_blocking(scan)
+
+    async def write_manifest(self, job_id: str, payload: dict[str, Any]) -> Path:
+        path = self.runs_dir / job_id / "run.json"
+        with trio.CancelScope(shield=True):
+            await _fs.run_blocking(_fs.write_json_atomic, path, payload)
+        return path
+
+    async def write_index(self, payload: dict[str, Any]) -> None:
+        await _fs.run_blocking(_fs.write_json_atomic, self.index_path, payload)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PoisonEntry:
+    guid: str
+    feed_url: str
+    failures: int
+    last_reason: str
+
+
+class PoisonMemo:
+    """Per-episode failure counts that survive runs and resubmissions (ADR-150 D4 hazard).
+
+    Every update re-reads the file and writes it back atomically under a lock, so concurrent workers
+    in this process never lose a count. Two *processes* updating it at once could lose one count;
+    the supervisor runs one pipeline job per corpus at a time, and the cost is one extra attempt.
+    """
+
+    def __init__(self, path: Path, threshold: int) -> None:
+        self._path = path
+        self.threshold = threshold
+        self._lock = trio.Lock()
+        self._entries: dict[str, PoisonEntry] = {}
+
+    async def load(self) -> None:
+        self._entries = await _fs.run_blocking(self._read)
+
+    def _read(self) -> dict[str, PoisonEntry]:
+        raw = _fs.read_json(self._path)
+        entries: dict[str, PoisonEntry] = {}
+        if isinstance(raw, dict):
+            for key, value in raw.items():
+                try:
+                    entries[key] = PoisonEntry(
+                        guid=str(value["guid"]),
+                        feed_url=str(value["feed_url"]),
+                        failures=int(value["failures"]),
+                        last_reason=str(value["last_reason"]),
+                    )
+                except (KeyError, TypeError, ValueError):
+                    continue
+        return entries
+
+    def _write(self, entries: dict[str, PoisonEntry]) -> None:
+        _fs.write_json_atomic(self._path, {k: dataclasses.asdict(v) for k, v in sorted(entries.items())})
+
+    def failures(self, key: str) -> int:
+        entry = self._entries.get(key)
+        return entry.failures if entry else 0
+
+    def is_poisoned(self, key: str) -> bool:
+        return self.failures(key) >= self.threshold
+
+    async def record_failure(self, key: str, *, guid: str, feed_url: str, reason: str) -> int:
+        """Count one more failure; returns the new count."""
+        async with self._lock:
+            # Shielded so that a failure recorded at the moment a run stops is not lost.
+            with trio.CancelScope(shield=True):
+
+                def update() -> dict[str, PoisonEntry]:
+                    entries = self._read()
+                    old = entries.get(key)
+                    entries[key] = PoisonEntry(guid, feed_url, (old.failures if old else 0) + 1, reason)
+                    self._write(entries)
+                    return entries
+
+                self._entries = await _fs.run_blocking(update)
+        return self._entries[key].failures
+
+    async def clear(self, key: str) -> None:
+        if key not in self._entries:
+            return
+        async with self._lock:
+            with trio.CancelScope(shield=True):
+
+                def update() -> dict[str, PoisonEntry]:
+                    entries = self._read()
+                    entries.pop(key, None)
+                    self._write(entries)
+                    return entries
+
+                self._entries = await _fs.run_blocking(update)
