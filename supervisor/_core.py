@@ -1,0 +1,549 @@
+"""The supervisor core: drain (promotion), one monitor per running job, cancel, and reconcile.
+
+Ownership: every monitor runs in the ``job_nursery`` handed to ``Supervisor.attach`` by the root of the nursery
+tree (see ``_server.py``). Nothing is spawned outside that tree, so no monitor can be lost or outlive the
+supervisor; cancelling the job nursery (shutdown) stops watching jobs but never kills them.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ._config import Config
+from ._errors import SpawnError, SupervisorError, ValidationError
+from ._identity import Liveness, ProcessIdentity, probe
+from ._kinds import KindCatalog, coalesce_key
+from ._logging import get_logger
+from ._model import Job, JobStatus
+from ._registry import EnqueueResult, hash_token
+from ._spawn import SpawnedProcess, job_environment, signal_by_identity, signal_own_child, spawn_subprocess
+from ._store import AsyncRegistry
+
+log = get_logger()
+
+# Environment variables the supervisor itself reads that a job must never inherit.
+_PRIVATE_ENV = ("PODCAST_JOB_API_TOKEN",)
+MAX_STAGE_LEN = 200
+LOG_READER_REAP_S = 5.0
+
+
+@dataclass(frozen=True)
+class QueueState:
+    paused: bool
+    running: int
+    queued: int
+    max_concurrent: int
+
+
+@dataclass(frozen=True)
+class ReconcileDetail:
+    job_id: str
+    action: str  # "failed" | "stale" | "kept" | "untouched"
+    reason: str
+    liveness: str | None
+    prior_boot: bool
+
+
+@dataclass(frozen=True)
+class ReconcileReport:
+    updated: int
+    details: list[ReconcileDetail]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What reconcile does with one RUNNING row."""
+
+    action: str  # "finalize" | "keep" | "untouched"
+    status: JobStatus | None = None
+    reason: str = ""
+    warn: bool = False
+
+
+def judge(
+    job: Job,
+    *,
+    this_boot: bool,
+    monitored: bool,
+    liveness: Liveness | None,
+    past_window: bool,
+    stale_marks_live_processes: bool,
+) -> Decision:
+    """The reconcile rules as one pure function (issue 3's table; ADR-0001)."""
+    if this_boot and not job.spawned:
+        # INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING: this boot promoted it and is spawning it right now.
+        return Decision("untouched", reason="spawn_window")
+    if not this_boot and not job.spawned:
+        return Decision("finalize", JobStatus.FAILED, "orphan_reconciled_spawn_window")
+    # This boot's monitor is the authority on its own child: it finalizes with the real exit code.
+    if liveness is Liveness.DEAD and not monitored:
+        return Decision("finalize", JobStatus.FAILED, "orphan_reconciled_dead_pid")
+    if past_window:
+        if stale_marks_live_processes:
+            # Only an operator evicts a live job: this path is the manual reconcile route.
+            return Decision("finalize", JobStatus.STALE, "wall_clock_stale")
+        # INV-SWEEP-NEVER-EVICTS-LIVE: an unattended sweep only warns.
+        return Decision("keep", reason="wall_clock_exceeded_kept_alive", warn=True)
+    if liveness is Liveness.UNKNOWN and not monitored:
+        # INV-UNKNOWN-KEEPS-SLOT: absence of evidence is not evidence of death.
+        return Decision("keep", reason="liveness_unknown_kept", warn=True)
+    return Decision("keep", reason="alive")
+
+
+def identity_of(job: Job) -> ProcessIdentity | None:
+    """INV-PID-NEEDS-BOOT-AND-IDENTITY: a bare pid is no identity."""
+    if job.pid is None or job.pid_start_time is None or job.kernel_boot_id is None:
+        return None
+    return ProcessIdentity(job.pid, job.pid_start_time, job.kernel_boot_id)
+
+
+def liveness_of(job: Job) -> Liveness | None:
+    """Tri-state evidence for a spawned row; None for a row with no process recorded yet."""
+    if not job.spawned:
+        return None
+    identity = identity_of(job)
+    if identity is None:
+        return Liveness.UNKNOWN  # a pid without its start time, or a container this mode cannot ask about
+    return probe(identity)
+
+
+def outcome(
+    job: Job, returncode: int, *, cancel_requested: bool, exit_reasons: Mapping[int, str]
+) -> tuple[JobStatus, str | None]:
+    if cancel_requested:
+        return JobStatus.CANCELLED, "cancelled"
+    if returncode == 0:
+        return JobStatus.SUCCEEDED, None
+    if returncode in exit_reasons:
+        # INV-BUDGET-IS-AN-OUTCOME: a planned stop (budget spent) is not a crash.
+        return JobStatus.SUCCEEDED, exit_reasons[returncode]
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal_{-returncode}"
+        return JobStatus.FAILED, f"killed_by_{name}"
+    return JobStatus.FAILED, f"exit_code_{returncode}"
+
+
+@dataclass
+class _Running:
+    """This boot's handle on a job it promoted: set ``cancel`` to stop it."""
+
+    job_id: str
+    cancel: trio.Event = field(default_factory=trio.Event)
+    spawned: SpawnedProcess | None = None
+
+
+Spawner = Callable[[Job, str], Awaitable[SpawnedProcess]]
+
+
+class Supervisor:
+    """The rules of job supervision. The HTTP layer and the CLI only translate into calls on this."""
+
+    def __init__(
+        self,
+        config: Config,
+        kinds: KindCatalog,
+        registry: AsyncRegistry,
+        *,
+        boot_id: str | None = None,
+        base_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.config = config
+        self.kinds = kinds
+        self.registry = registry
+        self.boot_id = boot_id or secrets.token_hex(16)
+        self.heartbeat_base_url: str | None = None
+        self._base_env = {k: v for k, v in (base_env if base_env is not None else os.environ).items()}
+        for name in _PRIVATE_ENV:
+            self._base_env.pop(name, None)
+        self._running: dict[str, _Running] = {}
+        self._drain_lock = trio.Lock()
+        self._job_nursery: trio.Nursery | None = None
+        self.data_dir = config.data_dir.resolve()
+
+    def attach(self, job_nursery: trio.Nursery) -> None:
+        """Give the supervisor the nursery that owns every monitor."""
+        self._job_nursery = job_nursery
+
+    # -- logging ------------------------------------------------------------------------------------
+
+    def _log_transition(self, job: Job, from_status: str, to_status: str, reason: str | None, **extra: Any) -> None:
+        log.info(
+            "job_transition",
+            job_id=job.job_id,
+            kind=job.kind,
+            from_status=from_status,
+            to_status=to_status,
+            reason=reason,
+            boot_id=self.boot_id,
+            pid=job.pid,
+            **extra,
+        )
+
+    # -- enqueue and drain --------------------------------------------------------------------------
+
+    async def enqueue(self, kind_name: object, params: object) -> EnqueueResult:
+        kind = self.kinds.get(kind_name)
+        validated = kind.validate_params({} if params is None else params)
+        argv = kind.render_argv(validated)
+        key = coalesce_key(kind.name, validated) if kind.coalesce else None
+        result = await self.registry.enqueue(kind.name, validated, argv, coalesce_key=key)
+        if result.coalesced:
+            log.info("job_coalesced", job_id=result.job.job_id, kind=kind.name)
+            return result
+        self._log_transition(result.job, "-", "queued", "enqueued")
+        if self._job_nursery is not None:
+            await self.drain()
+            result = EnqueueResult(await self.registry.get(result.job.job_id), coalesced=False)
+        return result
+
+    async def is_paused(self) -> bool:
+        return await trio.to_thread.run_sync(self.config.pause_flag_path.exists)
+
+    async def drain(self) -> list[Job]:
+        """Promote and spawn while a slot is free and promotion is not paused.
+
+        Contract: when drain returns, every promotable job has been spawned and its identity recorded, and no
+        job has been waited for (each one's monitor runs in the job nursery).
+        """
+        if self._job_nursery is None:
+            raise SupervisorError("drain needs a job nursery: call attach() first")
+        started: list[Job] = []
+        async with self._drain_lock:
+            while not await self.is_paused():
+                token = secrets.token_urlsafe(32)
+                job = await self.registry.promote_queued_if_slot(
+                    self.config.max_concurrent,
+                    boot_id=self.boot_id,
+                    token_hash=hash_token(token),
+                    log_dir=self.config.jobs_log_dir.resolve(),
+                )
+                if job is None:
+                    break
+                self._log_transition(job, "queued", "running", "promoted")
+                handle = _Running(job.job_id)
+                self._running[job.job_id] = handle
+                try:
+                    handle.spawned = await self._spawn(job, token)
+                except SpawnError as exc:
+                    del self._running[job.job_id]
+                    await self._finalize(job, JobStatus.FAILED, f"spawn_failed: {exc}")
+                    continue  # drain again: the next queued job may spawn fine
+                identity = handle.spawned.identity
+                job = await self.registry.set_job_process(
+                    job.job_id,
+                    pid=handle.spawned.process.pid,
+                    pid_start_time=identity.start_time if identity else None,
+                    kernel_boot_id=identity.kernel_boot_id if identity else None,
+                )
+                if job.cancel_requested:
+                    handle.cancel.set()  # a cancel that arrived in the spawn window is carried out now
+                log.info("job_spawned", job_id=job.job_id, kind=job.kind, pid=job.pid, boot_id=self.boot_id)
+                await self._job_nursery.start(self._monitor, handle, job)
+                started.append(job)
+        return started
+
+    async def _spawn(self, job: Job, token: str) -> SpawnedProcess:
+        assert job.log_path is not None
+        extra = {
+            "PODCAST_JOB_ID": job.job_id,
+            "PODCAST_JOB_TOKEN": token,
+            "PODCAST_JOB_DATA_DIR": str(self.data_dir),
+        }
+        if self.heartbeat_base_url is not None:
+            extra["PODCAST_JOB_HEARTBEAT_URL"] = f"{self.heartbeat_base_url}/api/jobs/{job.job_id}/heartbeat"
+        await trio.to_thread.run_sync(lambda: self.data_dir.mkdir(parents=True, exist_ok=True))
+        return await spawn_subprocess(
+            job.argv,
+            cwd=self.data_dir,
+            env=job_environment(self._base_env, extra),
+            log_path=Path(job.log_path),
+            log_max_bytes=self.config.log_max_bytes,
+        )
+
+    # -- the monitor --------------------------------------------------------------------------------
+
+    async def _monitor(self, handle: _Running, job: Job, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Wait for one job's process to exit, finalize its row, then drain. Owned by the job nursery.
+
+        Cancelling this task (supervisor shutdown) stops the watching, never the job.
+        """
+        assert handle.spawned is not None
+        spawned = handle.spawned
+        task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._carry_out_cancel, handle)
+                returncode = await spawned.process.wait()
+                nursery.cancel_scope.cancel()
+            with trio.move_on_after(LOG_READER_REAP_S):
+                await spawned.log_reader.wait()
+            current = await self.registry.get(job.job_id)
+            kind = self.kinds.get(job.kind) if job.kind in self.kinds else None
+            status, reason = outcome(
+                current,
+                returncode,
+                cancel_requested=handle.cancel.is_set() or current.cancel_requested,
+                exit_reasons=kind.exit_reasons if kind else {},
+            )
+            finalized = await self._finalize(current, status, reason, exit_code=returncode)
+            if finalized and status is JobStatus.SUCCEEDED and kind is not None and kind.then:
+                await self._enqueue_follow_up(current, kind.then)
+        except SupervisorError:
+            # The row stays RUNNING; with no handle left, the sweeper's dead-pid rule finalizes it.
+            log.exception("monitor_failed", job_id=job.job_id)
+        finally:
+            self._running.pop(job.job_id, None)
+        await self._drain_logged()
+
+    async def _carry_out_cancel(self, handle: _Running) -> None:
+        await handle.cancel.wait()
+        assert handle.spawned is not None
+        log.info("job_cancel_signal", job_id=handle.job_id, signal="SIGTERM", pid=handle.spawned.process.pid)
+        signal_own_child(handle.spawned, signal.SIGTERM)
+        await trio.sleep(self.config.cancel_grace_s)
+        log.warning("job_cancel_signal", job_id=handle.job_id, signal="SIGKILL", pid=handle.spawned.process.pid)
+        signal_own_child(handle.spawned, signal.SIGKILL)
+
+    async def _finalize(
+        self,
+        job: Job,
+        status: JobStatus,
+        reason: str | None,
+        *,
+        exit_code: int | None = None,
+        expect_pid: int | None = None,
+    ) -> bool:
+        result = await self.registry.finalize(
+            job.job_id, status, reason=reason, exit_code=exit_code, expect_pid=expect_pid
+        )
+        if result.changed:
+            self._log_transition(result.job, str(job.status), str(status), reason, exit_code=exit_code)
+        return result.changed
+
+    async def _enqueue_follow_up(self, parent: Job, then: str) -> None:
+        kind = self.kinds.get(then)
+        params = {name: parent.params[name] for name in kind.params if name in parent.params}
+        try:
+            result = await self.enqueue(then, params)
+        except ValidationError as exc:
+            log.error("follow_up_not_enqueued", job_id=parent.job_id, then=then, error=str(exc))
+            return
+        log.info(
+            "follow_up_enqueued",
+            job_id=parent.job_id,
+            then=then,
+            follow_up=result.job.job_id,
+            coalesced=result.coalesced,
+        )
+
+    async def _drain_logged(self) -> None:
+        try:
+            await self.drain()
+        except SupervisorError:
+            log.exception("drain_failed")
+
+    # -- cancel -------------------------------------------------------------------------------------
+
+    async def cancel(self, job_id: str) -> Job:
+        """Cancel a job (idempotent). Never sends a blind signal (INV-NEVER-BLIND-SIGNAL)."""
+        result = await self.registry.request_cancel(job_id)
+        job = result.job
+        if job.status is JobStatus.CANCELLED and result.changed:
+            self._log_transition(job, "queued", "cancelled", job.error_reason)
+            return job
+        if job.status is not JobStatus.RUNNING:
+            return job  # terminal: returned unchanged
+        handle = self._running.get(job_id)
+        if handle is not None:
+            handle.cancel.set()  # the monitor signals the group; in the spawn window, as soon as spawn completes
+            return job
+        await self._cancel_unmonitored(job)
+        return await self.registry.get(job_id)
+
+    async def _cancel_unmonitored(self, job: Job) -> None:
+        """A running row with no monitor here: a prior boot's job (or one whose monitor failed)."""
+        identity = identity_of(job)
+        signalled, pidfd = (False, None)
+        if identity is not None:
+            signalled, pidfd = await trio.to_thread.run_sync(signal_by_identity, identity, signal.SIGTERM)
+        if not signalled:
+            liveness = await trio.to_thread.run_sync(liveness_of, job)
+            if job.spawned and liveness is not Liveness.DEAD:
+                log.error(
+                    "cancel_left_process_alone",
+                    job_id=job.job_id,
+                    pid=job.pid,
+                    container_id=job.container_id,
+                    liveness=liveness.value if liveness else None,
+                    why="the recorded process identity could not be verified; stop any surviving work by hand",
+                )
+            await self._finalize(job, JobStatus.CANCELLED, "cancelled_unverified_process_left_alone")
+            await self._drain_logged()
+            return
+        assert pidfd is not None and identity is not None
+        assert self._job_nursery is not None
+        self._job_nursery.start_soon(self._reap_signalled, job, identity, pidfd)
+
+    async def _reap_signalled(self, job: Job, identity: ProcessIdentity, pidfd: int) -> None:
+        """Wait for a prior boot's signalled job to exit (pidfd readable), SIGKILL after the grace period."""
+        try:
+            with trio.move_on_after(self.config.cancel_grace_s) as scope:
+                await trio.lowlevel.wait_readable(pidfd)
+            if scope.cancelled_caught:
+                log.warning("job_cancel_signal", job_id=job.job_id, signal="SIGKILL", pid=identity.pid)
+                try:
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                    os.killpg(identity.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                with trio.move_on_after(5):
+                    await trio.lowlevel.wait_readable(pidfd)
+        finally:
+            trio.lowlevel.notify_closing(pidfd)
+            os.close(pidfd)
+        await self._finalize(job, JobStatus.CANCELLED, "cancelled")
+        await self._drain_logged()
+
+    # -- reconcile ----------------------------------------------------------------------------------
+
+    async def reconcile(self, *, stale_marks_live_processes: bool) -> ReconcileReport:
+        """Bring RUNNING rows in line with the evidence. Probes run before any registry lock is taken."""
+        rows = await self.registry.running_jobs()
+        evidence = await trio.to_thread.run_sync(lambda: [liveness_of(job) for job in rows])
+        now = datetime.now(UTC)
+        details: list[ReconcileDetail] = []
+        updated = 0
+        for job, liveness in zip(rows, evidence, strict=True):
+            this_boot = job.boot_id == self.boot_id
+            decision = judge(
+                job,
+                this_boot=this_boot,
+                monitored=job.job_id in self._running,
+                liveness=liveness,
+                past_window=self._past_window(job, now),
+                stale_marks_live_processes=stale_marks_live_processes,
+            )
+            action = decision.action
+            if decision.action == "finalize":
+                assert decision.status is not None
+                # expect_pid: the evidence was gathered before the lock; only act if the row is still that process.
+                if await self._finalize(job, decision.status, decision.reason, expect_pid=job.pid):
+                    updated += 1
+                    action = str(decision.status)
+                else:
+                    action = "untouched"
+            if decision.warn:
+                log.warning(
+                    "reconcile_kept_slot",
+                    job_id=job.job_id,
+                    reason=decision.reason,
+                    liveness=liveness.value if liveness else None,
+                    pid=job.pid,
+                    prior_boot=not this_boot,
+                    started_at=job.started_at,
+                )
+            details.append(
+                ReconcileDetail(
+                    job.job_id, action, decision.reason, liveness.value if liveness else None, not this_boot
+                )
+            )
+        return ReconcileReport(updated, details)
+
+    def _past_window(self, job: Job, now: datetime) -> bool:
+        if self.config.stale_after_s is None or job.started_at is None:
+            return False
+        return now - datetime.fromisoformat(job.started_at) > timedelta(seconds=self.config.stale_after_s)
+
+    async def sweep(self) -> None:
+        """One sweeper pass: reconcile, then drain. A failing reconcile still lets drain run."""
+        try:
+            await self.reconcile(stale_marks_live_processes=False)
+        except Exception:
+            log.exception("reconcile_failed")
+        await self._drain_logged()
+
+    async def operator_reconcile(self) -> ReconcileReport:
+        """The manual reconcile route: an operator may evict a live job past the wall-clock window."""
+        report = await self.reconcile(stale_marks_live_processes=True)
+        await self._drain_logged()
+        return report
+
+    # -- queue, reads, heartbeats, logs --------------------------------------------------------------
+
+    async def queue_state(self) -> QueueState:
+        counts = await self.registry.counts()
+        return QueueState(await self.is_paused(), counts["running"], counts["queued"], self.config.max_concurrent)
+
+    async def pause(self) -> QueueState:
+        def touch() -> None:
+            self.config.pause_flag_path.parent.mkdir(parents=True, exist_ok=True)
+            self.config.pause_flag_path.touch()
+
+        await trio.to_thread.run_sync(touch)
+        log.warning("queue_paused", flag=str(self.config.pause_flag_path))
+        return await self.queue_state()
+
+    async def resume(self) -> QueueState:
+        await trio.to_thread.run_sync(lambda: self.config.pause_flag_path.unlink(missing_ok=True))
+        log.info("queue_resumed")
+        if self._job_nursery is not None:
+            await self.drain()
+        return await self.queue_state()
+
+    async def get(self, job_id: str) -> Job:
+        return await self.registry.get(job_id)
+
+    async def list_jobs(
+        self, *, status: str | None = None, kind: str | None = None, limit: int = 100, cursor: str | None = None
+    ) -> tuple[list[Job], str | None]:
+        return await self.registry.list_jobs(status=status, kind=kind, limit=limit, cursor=cursor)
+
+    async def heartbeat(self, job_id: str, token: str, body: object) -> Job:
+        """Record a child's heartbeat after validating its body; see ``SqliteRegistry.record_heartbeat``."""
+        if not isinstance(body, Mapping):
+            raise ValidationError("body must be a JSON object", field="body")
+        unknown = sorted(set(body) - {"completed_units", "total_units", "stage"})
+        if unknown:
+            raise ValidationError(f"unknown field {unknown[0]!r}", field=unknown[0])
+        completed = body.get("completed_units")
+        if isinstance(completed, bool) or not isinstance(completed, int) or completed < 0:
+            raise ValidationError("completed_units must be a non-negative integer", field="completed_units")
+        total = body.get("total_units")
+        if total is not None and (isinstance(total, bool) or not isinstance(total, int) or total < 0):
+            raise ValidationError("total_units must be a non-negative integer or null", field="total_units")
+        stage = body.get("stage")
+        if stage is not None and (not isinstance(stage, str) or len(stage) > MAX_STAGE_LEN):
+            raise ValidationError(f"stage must be a string of at most {MAX_STAGE_LEN} characters", field="stage")
+        return await self.registry.record_heartbeat(
+            job_id, token, completed_units=completed, total_units=total, stage=stage
+        )
+
+    async def read_log(self, job_id: str, *, tail_bytes: int | None = None) -> bytes:
+        job = await self.registry.get(job_id)
+        if job.log_path is None:
+            return b""
+        path = Path(job.log_path)
+
+        def read() -> bytes:
+            try:
+                with path.open("rb") as fh:
+                    if tail_bytes is not None:
+                        size = fh.seek(0, os.SEEK_END)
+                        fh.seek(max(0, size - tail_bytes))
+                    return fh.read()
+            except FileNotFoundError:
+                return b""
+
+        return await trio.to_thread.run_sync(read)

@@ -1,0 +1,142 @@
+"""``supervisor serve``: the root of the nursery tree.
+
+    root nursery (run_supervisor)
+    ├── signal watcher          SIGTERM/SIGINT -> shutdown event
+    ├── job nursery             one monitor task per running job (plus prior-boot cancel reapers)
+    ├── sweeper                 startup sweep (before serving), then reconcile -> drain every sweep_interval_s
+    └── HTTP server             hypercorn's trio worker serving the quart-trio app
+
+Every child is started with ``await nursery.start(...)``; nothing is spawned outside this tree. Shutdown stops
+the HTTP server gracefully (a short deadline), then cancels the rest: monitors stop watching, jobs keep running,
+and the next boot reconciles them.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+from typing import Any
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.config import Sockets
+from hypercorn.trio.run import worker_serve
+from hypercorn.utils import wrap_app
+
+from ._app import create_app
+from ._config import Config
+from ._core import Supervisor
+from ._kinds import KindCatalog
+from ._logging import get_logger
+from ._registry import SqliteRegistry
+from ._store import AsyncRegistry
+from ._sweeper import run_sweeper
+
+log = get_logger()
+
+# quart-trio leaves idle keep-alive connections open; a graceful stop must not wait on them for long.
+GRACEFUL_TIMEOUT_S = 1.0
+
+
+async def _watch_signals(shutdown: trio.Event, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()
+        async for signum in signals:
+            log.info("shutdown_requested", signal=signal.Signals(signum).name)
+            shutdown.set()
+
+
+async def _run_job_nursery(*, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """Own every monitor. Cancelled last at shutdown; cancelling a monitor never kills its job."""
+    async with trio.open_nursery() as nursery:
+        task_status.started(nursery)
+        await trio.sleep_forever()
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind and listen before the startup sweep, so the heartbeat URL (and port 0) is known to jobs it starts."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+def public_base_url(host: str, port: int) -> str:
+    reach = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
+    reach = f"[{reach}]" if ":" in reach else reach
+    return f"http://{reach}:{port}"
+
+
+async def _serve_http(
+    supervisor: Supervisor,
+    sock: socket.socket,
+    shutdown: trio.Event,
+    done: trio.Event,
+    *,
+    task_status: Any = trio.TASK_STATUS_IGNORED,
+) -> None:
+    hconfig = HypercornConfig()
+    hconfig.graceful_timeout = GRACEFUL_TIMEOUT_S
+    hconfig.accesslog = None
+    hconfig.errorlog = None
+    app = create_app(supervisor)
+    try:
+        await worker_serve(
+            wrap_app(app, hconfig.wsgi_max_body_size, None),
+            hconfig,
+            sockets=Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[]),
+            shutdown_trigger=shutdown.wait,
+            task_status=task_status,
+        )
+    finally:
+        done.set()
+
+
+async def run_supervisor(
+    config: Config,
+    kinds: KindCatalog,
+    *,
+    shutdown: trio.Event | None = None,
+    task_status: Any = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the supervisor until ``shutdown`` is set (or SIGTERM/SIGINT). ``started()`` gives the base URL."""
+    shutdown = shutdown or trio.Event()
+    registry = SqliteRegistry(config.registry_path)
+    supervisor = Supervisor(config, kinds, AsyncRegistry(registry))
+    sock = bind_socket(config.bind_host, config.bind_port)
+    host, port = sock.getsockname()[:2]
+    supervisor.heartbeat_base_url = public_base_url(host, port)
+    http_done = trio.Event()
+    try:
+        async with trio.open_nursery() as root:
+            await root.start(_watch_signals, shutdown)
+            supervisor.attach(await root.start(_run_job_nursery))
+            # The startup sweep runs before serving; it never waits on a job, so /api/health is not delayed.
+            await root.start(run_sweeper, supervisor, config.sweep_interval_s)
+            await root.start(_serve_http, supervisor, sock, shutdown, http_done)
+            log.info(
+                "supervisor_started",
+                url=supervisor.heartbeat_base_url,
+                boot_id=supervisor.boot_id,
+                exec_mode=config.exec_mode,
+                data_dir=str(supervisor.data_dir),
+                max_concurrent=config.max_concurrent,
+            )
+            task_status.started(supervisor)
+            await shutdown.wait()
+            # Graceful shutdown is a deadline on the owning scope.
+            with trio.move_on_after(GRACEFUL_TIMEOUT_S + 2):
+                await http_done.wait()
+            root.cancel_scope.cancel()
+    finally:
+        sock.close()
+        registry.close()
+        log.info("supervisor_stopped", boot_id=supervisor.boot_id)
