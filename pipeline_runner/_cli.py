@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import trio
 
 from ._config import (
@@ -31,7 +32,7 @@ from ._errors import ConfigError
 from ._events import EventSink
 from ._exit_codes import EXIT_CRASH, EXIT_USAGE
 from ._heartbeat import Heartbeat
-from ._run import REASON_TERMINATED, PipelineRun, StopSignal
+from ._run import REASON_TERMINATED, PipelineRun, RunOutcome, StopSignal
 
 log = logging.getLogger("pipeline_runner")
 
@@ -145,9 +146,16 @@ async def _watch_signals(stop: StopSignal, *, task_status: trio.TaskStatus[None]
             stop.request(REASON_TERMINATED)
 
 
-async def amain(command: str, config: RunnerConfig) -> int:
-    events = EventSink(config.job_id)
-    heartbeat = Heartbeat(config.heartbeat)
+async def amain(
+    command: str,
+    config: RunnerConfig,
+    *,
+    events: EventSink | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> RunOutcome:
+    """The whole process minus argument parsing; tests call it with a fake transport."""
+    events = events or EventSink(config.job_id)
+    heartbeat = Heartbeat(config.heartbeat, transport=transport)
     stop = StopSignal()
     # The services (event writer, heartbeat) outlive the run so the last events and the final beat go
     # out; they are drained rather than cancelled. On an exception they are cancelled with everything.
@@ -158,7 +166,7 @@ async def amain(command: str, config: RunnerConfig) -> int:
             async with trio.open_nursery() as guard:
                 await guard.start(_watch_signals, stop)
                 job = (
-                    PipelineRun(config, events=events, heartbeat=heartbeat, stop=stop)
+                    PipelineRun(config, events=events, heartbeat=heartbeat, stop=stop, transport=transport)
                     if command == "run"
                     else EnrichRun(config, events=events, heartbeat=heartbeat, stop=stop)
                 )
@@ -167,7 +175,7 @@ async def amain(command: str, config: RunnerConfig) -> int:
         finally:
             heartbeat.stop()
             events.close()
-    return outcome.exit_code
+    return outcome
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -181,8 +189,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"pipeline-runner: configuration error: {exc}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
     try:
-        code = trio.run(amain, args.command, config)
+        outcome = trio.run(amain, args.command, config)
     except BaseException:
         log.exception("pipeline-runner crashed")
         sys.exit(EXIT_CRASH)
-    sys.exit(code)
+    sys.exit(outcome.exit_code)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 import uuid
 from pathlib import Path
@@ -27,6 +28,8 @@ from typing import Any, Final
 import trio
 
 from . import _fs
+
+log = logging.getLogger(__name__)
 
 MARKER_NAME: Final = "COMPLETE"
 EPISODE_META_NAME: Final = "episode.json"
@@ -151,7 +154,12 @@ class PoisonMemo:
         self._entries = await _fs.run_blocking(self._read)
 
     def _read(self) -> dict[str, PoisonEntry]:
-        raw = _fs.read_json(self._path)
+        try:
+            raw = _fs.read_json(self._path)
+        except ValueError:
+            # Written atomically, so only a hand edit corrupts it; counting again from zero is bounded.
+            log.error("poison memo %s is not valid JSON; starting from empty counts", self._path)
+            raw = None
         entries: dict[str, PoisonEntry] = {}
         if isinstance(raw, dict):
             for key, value in raw.items():

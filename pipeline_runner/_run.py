@@ -129,6 +129,7 @@ class PipelineRun:
         self.memo = PoisonMemo(self.corpus.poison_path, config.poison_threshold)
         self.ledger = CostLedger(config.cost_cap_usd)
         self.counts = Counts()
+        self.planned = 0
         self.feeds_ok = 0
         self.feeds_failed: list[dict[str, str]] = []
         self.failures: list[dict[str, Any]] = []
@@ -196,6 +197,7 @@ class PipelineRun:
     async def _process(self) -> None:
         self.heartbeat.set_stage("fetching_feeds")
         plan = await self._plan()
+        self.planned = len(plan)
         self.heartbeat.set_total(len(plan))
         self.heartbeat.set_stage("processing")
         send, recv = trio.open_memory_channel[Episode](0)
@@ -394,6 +396,7 @@ class PipelineRun:
             "reason": reason,
             "exit_code": EXIT_CODE_FOR_REASON[reason],
             "counts": dataclasses.asdict(self.counts),
+            "planned": self.planned,
             "feeds": {"ok": self.feeds_ok, "failed": self.feeds_failed},
             "spend_usd": float(self.ledger.spent_usd),
             "cost_cap_usd": float(self.config.cost_cap_usd),
