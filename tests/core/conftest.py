@@ -1,0 +1,84 @@
+"""Fixtures for the supervisor core: a real registry, real kinds, a Supervisor attached to a job nursery."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+import trio
+from core_helpers import KINDS  # type: ignore[import-not-found]
+
+from supervisor import Config, SqliteRegistry, load_kinds
+from supervisor._core import Supervisor
+from supervisor._store import AsyncRegistry
+
+
+@pytest.fixture
+def kinds_file(tmp_path: Path) -> Path:
+    path = tmp_path / "kinds.toml"
+    path.write_text(KINDS)
+    return path
+
+
+@pytest.fixture
+def make_config(tmp_path: Path, kinds_file: Path) -> Callable[..., Config]:
+    def make(**overrides: object) -> Config:
+        values: dict[str, object] = {
+            "data_dir": tmp_path / "data",
+            "bind_port": 0,
+            "kinds_file": kinds_file,
+            "cancel_grace_s": 5.0,
+        }
+        values.update(overrides)
+        return Config(**values)  # type: ignore[arg-type]
+
+    return make
+
+
+@pytest.fixture
+async def make_supervisor(
+    make_config: Callable[..., Config], nursery: trio.Nursery
+) -> AsyncIterator[Callable[..., Supervisor]]:
+    made: list[SqliteRegistry] = []
+    supervisors: list[Supervisor] = []
+
+    def make(*, attach: bool = True, boot_id: str | None = None, **overrides: object) -> Supervisor:
+        config = make_config(**overrides)
+        registry = SqliteRegistry(config.registry_path)
+        made.append(registry)
+        sup = Supervisor(config, load_kinds(config.kinds_file), AsyncRegistry(registry), boot_id=boot_id)
+        if attach:
+            sup.attach(nursery)
+        supervisors.append(sup)
+        return sup
+
+    yield make
+    # A supervisor shutdown never kills jobs (by design); a test must not leave real processes behind.
+    for sup in supervisors:
+        for handle in list(sup._running.values()):
+            if handle.spawned is not None and handle.spawned.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(handle.spawned.process.pid, signal.SIGKILL)
+        # Let the monitors reap what was killed (an unreaped child is a ResourceWarning, an error here).
+        with trio.fail_after(10):
+            while sup._running:  # noqa: ASYNC110 - monitors remove themselves; bounded above
+                await trio.sleep(0.01)
+    for registry in made:
+        registry.close()
+
+
+@pytest.fixture
+def bystander() -> Iterator[subprocess.Popen[bytes]]:
+    """A real process that is not a job of any supervisor here; killed at teardown."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import threading; threading.Event().wait(60)"], start_new_session=True
+    )
+    yield proc
+    proc.kill()
+    proc.wait()

@@ -1,0 +1,98 @@
+"""Helpers for the core tests (a uniquely named module: several test packages have a conftest)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Collection
+from typing import TypeVar
+
+import trio
+
+from supervisor import JobStatus
+from supervisor._core import Supervisor
+from supervisor._identity import ProcessIdentity
+from supervisor._model import Job
+from supervisor._registry import hash_token
+
+T = TypeVar("T")
+
+KINDS = """
+[kinds.sleep]
+argv = ["{python}", "-c", "import sys, threading; threading.Event().wait(float(sys.argv[1]))", "{seconds}"]
+params = { seconds = "float" }
+
+[kinds.exit]
+argv = ["{python}", "-c", "import sys; print('bye'); sys.exit(int(sys.argv[1]))", "{code}"]
+params = { code = "int" }
+
+[kinds.budget]
+argv = ["{python}", "-c", "import sys; sys.exit(10)"]
+exit_reasons = { 10 = "budget_exhausted" }
+
+[kinds.chatty]
+argv = ["{python}", "-c", "import sys; sys.stdout.write('x' * int(sys.argv[1]))", "{n}"]
+params = { n = "int" }
+
+[kinds.first]
+argv = ["{python}", "-c", "import sys; sys.exit(int(sys.argv[1]))", "{code}"]
+params = { code = "int" }
+then = "done"
+
+[kinds.done]
+argv = ["{python}", "-c", "pass"]
+coalesce = true
+
+[kinds.term_ignorer]
+argv = ["{python}", "-c", '''
+import signal, threading
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("ready", flush=True)
+threading.Event().wait(60)
+''']
+"""
+
+TERMINAL = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.STALE}
+
+
+async def poll(check: Callable[[], Awaitable[T | None]], *, timeout_s: float = 20.0) -> T:
+    """Poll state owned by another process (a real job, another supervisor): there is no event to wait on,
+    so poll briefly, always under a ``fail_after`` bound."""
+    with trio.fail_after(timeout_s):
+        while (value := await check()) is None:  # noqa: ASYNC110 - no event exists across processes
+            await trio.sleep(0.01)
+        return value
+
+
+async def wait_status(sup: Supervisor, job_id: str, statuses: Collection[JobStatus], *, timeout_s: float = 20.0) -> Job:
+    async def check() -> Job | None:
+        job = await sup.get(job_id)
+        return job if job.status in statuses else None
+
+    return await poll(check, timeout_s=timeout_s)
+
+
+async def wait_terminal(sup: Supervisor, job_id: str, *, timeout_s: float = 20.0) -> Job:
+    """Poll the registry for a terminal state, bounded (the job is a real process)."""
+    return await wait_status(sup, job_id, TERMINAL, timeout_s=timeout_s)
+
+
+async def insert_running(
+    sup: Supervisor,
+    *,
+    boot_id: str,
+    identity: ProcessIdentity | None = None,
+    pid: int | None = None,
+    spawned: bool = True,
+) -> Job:
+    """A RUNNING row as another boot would have left it (through the registry, as that boot did)."""
+    registry = sup.registry.sync
+    queued = registry.enqueue("sleep", {"seconds": 60.0}, ["true"]).job
+    job = registry.promote_queued_if_slot(1000, boot_id=boot_id, token_hash=hash_token("t"))
+    assert job is not None and job.job_id == queued.job_id
+    if spawned:
+        if identity is not None:
+            job = registry.set_job_process(
+                job.job_id, pid=identity.pid, pid_start_time=identity.start_time, kernel_boot_id=identity.kernel_boot_id
+            )
+        else:
+            job = registry.set_job_process(job.job_id, pid=pid)
+    return job

@@ -1,0 +1,135 @@
+"""Drain, monitors and outcomes with real subprocesses (subprocess exec mode)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+from core_helpers import wait_status, wait_terminal  # type: ignore[import-not-found]
+
+from supervisor import JobStatus
+from supervisor._core import Supervisor
+
+
+async def test_three_jobs_with_max_one_run_strictly_one_after_another_in_fifo_order(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    sup = make_supervisor(max_concurrent=1)
+    ids = [(await sup.enqueue("sleep", {"seconds": 0.2})).job.job_id for _ in range(3)]
+    jobs = [await wait_terminal(sup, job_id) for job_id in ids]
+    assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 3
+    for earlier, later in itertools.pairwise(jobs):
+        assert earlier.ended_at is not None and later.started_at is not None
+        assert earlier.ended_at <= later.started_at  # never overlapping
+        assert earlier.started_at is not None and earlier.started_at < later.started_at
+
+
+async def test_drain_returns_while_its_job_still_runs(make_supervisor: Callable[..., Supervisor]) -> None:
+    sup = make_supervisor()
+    argv = sup.kinds.get("sleep").render_argv({"seconds": 30.0})
+    # Enqueued through the registry, as another process would: the row waits for a drain.
+    queued = await sup.registry.enqueue("sleep", {"seconds": 30.0}, argv, coalesce_key=None)
+    with trio.fail_after(5):
+        started = await sup.drain()
+    assert [j.job_id for j in started] == [queued.job.job_id]
+    job = started[0]
+    # The drain contract: spawned and identity recorded when drain returns, and nobody waited for the job.
+    assert job.status is JobStatus.RUNNING
+    assert job.pid is not None and job.pid_start_time is not None and job.kernel_boot_id is not None
+    await sup.cancel(job.job_id)
+    ended = await wait_terminal(sup, job.job_id)
+    assert (ended.status, ended.error_reason) == (JobStatus.CANCELLED, "cancelled")
+
+
+async def test_exit_codes_become_outcomes(make_supervisor: Callable[..., Supervisor]) -> None:
+    sup = make_supervisor(max_concurrent=3)
+    ok = (await sup.enqueue("exit", {"code": 0})).job.job_id
+    bad = (await sup.enqueue("exit", {"code": 3})).job.job_id
+    budget = (await sup.enqueue("budget", {})).job.job_id
+    assert (await wait_terminal(sup, ok)).status is JobStatus.SUCCEEDED
+    failed = await wait_terminal(sup, bad)
+    assert (failed.status, failed.error_reason, failed.exit_code) == (JobStatus.FAILED, "exit_code_3", 3)
+    planned = await wait_terminal(sup, budget)
+    # INV-BUDGET-IS-AN-OUTCOME: a budget stop is recorded with its reason, not as a crash.
+    assert (planned.status, planned.error_reason, planned.exit_code) == (JobStatus.SUCCEEDED, "budget_exhausted", 10)
+
+
+async def test_a_job_killed_with_sigkill_is_finalized_at_once_and_the_next_starts(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    sup = make_supervisor(max_concurrent=1, sweep_interval_s=3600)
+    first = (await sup.enqueue("sleep", {"seconds": 60})).job
+    second = (await sup.enqueue("sleep", {"seconds": 60})).job
+    assert first.pid is not None
+    os.kill(first.pid, signal.SIGKILL)
+    # No sweeper runs here: the monitor alone must notice, so this is bounded by milliseconds, not a sweep.
+    with trio.fail_after(2):
+        dead = await wait_terminal(sup, first.job_id)
+    assert (dead.status, dead.error_reason) == (JobStatus.FAILED, "killed_by_SIGKILL")
+    await wait_status(sup, second.job_id, {JobStatus.RUNNING}, timeout_s=2)
+    await sup.cancel(second.job_id)
+    assert (await wait_terminal(sup, second.job_id)).status is JobStatus.CANCELLED
+
+
+async def test_spawn_failure_fails_the_row_and_drains_on(
+    make_supervisor: Callable[..., Supervisor], tmp_path: Path
+) -> None:
+    sup = make_supervisor(max_concurrent=1)
+    missing = await sup.registry.enqueue("sleep", {}, [str(tmp_path / "no-such-binary")], coalesce_key=None)
+    good = await sup.registry.enqueue(
+        "exit", {"code": 0}, sup.kinds.get("exit").render_argv({"code": 0}), coalesce_key=None
+    )
+    await sup.drain()
+    failed = await wait_terminal(sup, missing.job.job_id)
+    assert failed.status is JobStatus.FAILED
+    assert failed.error_reason is not None and failed.error_reason.startswith("spawn_failed: FileNotFoundError")
+    assert (await wait_terminal(sup, good.job.job_id)).status is JobStatus.SUCCEEDED
+
+
+async def test_job_gets_its_environment_and_log(make_supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
+    sup = make_supervisor()
+    sup.heartbeat_base_url = "http://127.0.0.1:9"
+    job = (await sup.enqueue("exit", {"code": 0})).job
+    done = await wait_terminal(sup, job.job_id)
+    assert done.log_path == str((sup.config.jobs_log_dir / f"{job.job_id}.log").resolve())
+    assert (await sup.read_log(job.job_id)) == b"bye\n"
+    assert (await sup.read_log(job.job_id, tail_bytes=2)) == b"e\n"
+
+
+async def test_job_log_is_capped(make_supervisor: Callable[..., Supervisor]) -> None:
+    sup = make_supervisor(log_max_bytes=4096)
+    job = (await sup.enqueue("chatty", {"n": 100_000})).job
+    done = await wait_terminal(sup, job.job_id)
+    assert done.status is JobStatus.SUCCEEDED  # the child never blocked or died on its output
+    text = await sup.read_log(job.job_id)
+    assert text.startswith(b"x" * 4096)
+    assert b"log capped at 4096 bytes" in text
+    assert len(text) < 4096 + 200
+
+
+async def test_success_enqueues_the_follow_up_kind_and_failure_does_not(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    sup = make_supervisor()
+    failing = (await sup.enqueue("first", {"code": 1})).job
+    assert (await wait_terminal(sup, failing.job_id)).status is JobStatus.FAILED
+    assert (await sup.list_jobs(kind="done"))[0] == []
+    ok = (await sup.enqueue("first", {"code": 0})).job
+    assert (await wait_terminal(sup, ok.job_id)).status is JobStatus.SUCCEEDED
+    follow_ups, _ = await sup.list_jobs(kind="done")
+    assert len(follow_ups) == 1
+    assert (await wait_terminal(sup, follow_ups[0].job_id)).status is JobStatus.SUCCEEDED
+
+
+async def test_pause_holds_promotion(make_supervisor: Callable[..., Supervisor]) -> None:
+    sup = make_supervisor()
+    await sup.pause()
+    job = (await sup.enqueue("exit", {"code": 0})).job
+    assert (await sup.get(job.job_id)).status is JobStatus.QUEUED
+    assert (await sup.queue_state()).paused
+    await sup.resume()
+    assert (await wait_terminal(sup, job.job_id)).status is JobStatus.SUCCEEDED

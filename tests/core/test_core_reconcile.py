@@ -1,0 +1,215 @@
+"""Reconcile: tri-state evidence and the rules table of issue 3, each row named by the invariant it holds."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from core_helpers import insert_running  # type: ignore[import-not-found]
+from structlog.testing import capture_logs
+
+from supervisor import JobStatus
+from supervisor._core import Decision, Supervisor, judge
+from supervisor._identity import Liveness, ProcessIdentity, identify
+
+
+def _dead_identity() -> ProcessIdentity:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    identity = identify(proc.pid)
+    proc.wait()
+    assert identity is not None
+    return identity
+
+
+def _age(sup: Supervisor, job_id: str, seconds: float) -> None:
+    started = (datetime.now(UTC) - timedelta(seconds=seconds)).isoformat()
+    sup.registry.sync._conn().execute("UPDATE jobs SET started_at = ? WHERE job_id = ?", (started, job_id))
+
+
+async def test_prior_boot_live_identity_keeps_its_slot(
+    make_supervisor: Callable[..., Supervisor], bystander: subprocess.Popen[bytes]
+) -> None:
+    sup = make_supervisor(boot_id="new", attach=False)
+    identity = identify(bystander.pid)
+    job = await insert_running(sup, boot_id="old", identity=identity)
+    report = await sup.reconcile(stale_marks_live_processes=False)
+    assert report.updated == 0
+    assert report.details[0].liveness == "alive"
+    assert (await sup.get(job.job_id)).status is JobStatus.RUNNING
+
+
+async def test_prior_boot_dead_identity_is_failed_dead_pid(make_supervisor: Callable[..., Supervisor]) -> None:
+    sup = make_supervisor(boot_id="new", attach=False)
+    job = await insert_running(sup, boot_id="old", identity=await _to_thread(_dead_identity))
+    report = await sup.reconcile(stale_marks_live_processes=False)
+    assert report.updated == 1
+    row = await sup.get(job.job_id)
+    assert (row.status, row.error_reason) == (JobStatus.FAILED, "orphan_reconciled_dead_pid")
+
+
+async def test_this_boot_dead_identity_without_monitor_is_failed_dead_pid(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    sup = make_supervisor(boot_id="me", attach=False)
+    job = await insert_running(sup, boot_id="me", identity=await _to_thread(_dead_identity))
+    await sup.reconcile(stale_marks_live_processes=False)
+    assert (await sup.get(job.job_id)).error_reason == "orphan_reconciled_dead_pid"
+
+
+async def test_recycled_pid_counts_as_dead_INV_PID_NEEDS_BOOT_AND_IDENTITY(
+    make_supervisor: Callable[..., Supervisor], bystander: subprocess.Popen[bytes]
+) -> None:
+    sup = make_supervisor(boot_id="new", attach=False)
+    real = identify(bystander.pid)
+    assert real is not None
+    for other in (
+        ProcessIdentity(real.pid, real.start_time + 7, real.kernel_boot_id),  # another process, same number
+        ProcessIdentity(real.pid, real.start_time, "another-kernel-boot"),  # recorded before a reboot
+    ):
+        job = await insert_running(sup, boot_id="old", identity=other)
+        await sup.reconcile(stale_marks_live_processes=False)
+        assert (await sup.get(job.job_id)).error_reason == "orphan_reconciled_dead_pid"
+    assert bystander.poll() is None  # reconcile never signals anything
+
+
+async def test_prior_boot_never_spawned_is_failed_spawn_window(make_supervisor: Callable[..., Supervisor]) -> None:
+    sup = make_supervisor(boot_id="new", attach=False)
+    job = await insert_running(sup, boot_id="old", spawned=False)
+    await sup.reconcile(stale_marks_live_processes=False)
+    row = await sup.get(job.job_id)
+    assert (row.status, row.error_reason) == (JobStatus.FAILED, "orphan_reconciled_spawn_window")
+
+
+async def test_this_boot_spawn_window_is_untouched_INV_RUNNING_MEANS_SPAWNED_OR_SPAWNING(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    sup = make_supervisor(boot_id="me", attach=False, stale_after_s=1)
+    job = await insert_running(sup, boot_id="me", spawned=False)
+    _age(sup, job.job_id, 3600)
+    report = await sup.reconcile(stale_marks_live_processes=True)
+    assert report.details[0].action == "untouched"
+    assert (await sup.get(job.job_id)).status is JobStatus.RUNNING
+
+
+async def test_unknown_liveness_keeps_the_slot_and_warns_INV_UNKNOWN_KEEPS_SLOT(
+    make_supervisor: Callable[..., Supervisor], bystander: subprocess.Popen[bytes]
+) -> None:
+    sup = make_supervisor(boot_id="new", attach=False)
+    job = await insert_running(sup, boot_id="old", pid=bystander.pid)  # a bare pid is no evidence either way
+    with capture_logs() as logs:
+        report = await sup.reconcile(stale_marks_live_processes=False)
+    assert report.details[0].liveness == "unknown"
+    assert (await sup.get(job.job_id)).status is JobStatus.RUNNING
+    assert any(e["event"] == "reconcile_kept_slot" and e["log_level"] == "warning" for e in logs)
+
+
+async def test_sweeper_mode_never_evicts_a_live_job_past_the_window_INV_SWEEP_NEVER_EVICTS_LIVE(
+    make_supervisor: Callable[..., Supervisor], bystander: subprocess.Popen[bytes]
+) -> None:
+    sup = make_supervisor(boot_id="new", attach=False, stale_after_s=60)
+    job = await insert_running(sup, boot_id="old", identity=identify(bystander.pid))
+    _age(sup, job.job_id, 3600)
+    with capture_logs() as logs:
+        report = await sup.reconcile(stale_marks_live_processes=False)
+    assert report.updated == 0
+    assert (await sup.get(job.job_id)).status is JobStatus.RUNNING
+    assert any(e.get("reason") == "wall_clock_exceeded_kept_alive" for e in logs)
+
+
+async def test_operator_mode_marks_a_live_job_past_the_window_stale(
+    make_supervisor: Callable[..., Supervisor], bystander: subprocess.Popen[bytes]
+) -> None:
+    sup = make_supervisor(boot_id="new", attach=False, stale_after_s=60)
+    job = await insert_running(sup, boot_id="old", identity=identify(bystander.pid))
+    _age(sup, job.job_id, 3600)
+    report = await sup.reconcile(stale_marks_live_processes=True)
+    assert report.updated == 1
+    row = await sup.get(job.job_id)
+    assert (row.status, row.error_reason) == (JobStatus.STALE, "wall_clock_stale")
+    assert bystander.poll() is None  # freeing the slot is the operator's call; nothing is signalled
+
+
+async def test_a_disabled_window_never_marks_stale(
+    make_supervisor: Callable[..., Supervisor], bystander: subprocess.Popen[bytes]
+) -> None:
+    sup = make_supervisor(boot_id="new", attach=False, stale_after_s=None)
+    job = await insert_running(sup, boot_id="old", identity=identify(bystander.pid))
+    _age(sup, job.job_id, 10 * 86400)
+    assert (await sup.reconcile(stale_marks_live_processes=True)).updated == 0
+    assert (await sup.get(job.job_id)).status is JobStatus.RUNNING
+
+
+@pytest.mark.parametrize(
+    ("this_boot", "monitored", "spawned", "liveness", "past", "operator", "expected"),
+    [
+        (True, False, False, None, True, True, Decision("untouched", reason="spawn_window")),
+        (
+            False,
+            False,
+            False,
+            None,
+            False,
+            False,
+            Decision("finalize", JobStatus.FAILED, "orphan_reconciled_spawn_window"),
+        ),
+        (
+            False,
+            False,
+            True,
+            Liveness.DEAD,
+            True,
+            False,
+            Decision("finalize", JobStatus.FAILED, "orphan_reconciled_dead_pid"),
+        ),
+        (False, False, True, Liveness.ALIVE, False, False, Decision("keep", reason="alive")),
+        (
+            False,
+            False,
+            True,
+            Liveness.UNKNOWN,
+            False,
+            False,
+            Decision("keep", reason="liveness_unknown_kept", warn=True),
+        ),
+        (
+            False,
+            False,
+            True,
+            Liveness.UNKNOWN,
+            True,
+            False,
+            Decision("keep", reason="wall_clock_exceeded_kept_alive", warn=True),
+        ),
+        (False, False, True, Liveness.UNKNOWN, True, True, Decision("finalize", JobStatus.STALE, "wall_clock_stale")),
+        # this boot's monitor finalizes its own child with the real exit code: reconcile leaves it be
+        (True, True, True, Liveness.DEAD, False, False, Decision("keep", reason="alive")),
+    ],
+)
+def test_judge_table(
+    this_boot: bool,
+    monitored: bool,
+    spawned: bool,
+    liveness: Liveness | None,
+    past: bool,
+    operator: bool,
+    expected: Decision,
+) -> None:
+    job = type("J", (), {"spawned": spawned})()
+    got = judge(
+        job,  # type: ignore[arg-type]
+        this_boot=this_boot,
+        monitored=monitored,
+        liveness=liveness,
+        past_window=past,
+        stale_marks_live_processes=operator,
+    )
+    assert got == expected
+
+
+async def _to_thread(fn: Callable[[], ProcessIdentity]) -> ProcessIdentity:
+    import trio
+
+    return await trio.to_thread.run_sync(fn)

@@ -1,0 +1,96 @@
+"""The sweeper on a virtual clock: startup sweep at once, then every interval; failures never end the loop."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+
+import trio
+import trio.testing
+from core_helpers import insert_running, wait_terminal  # type: ignore[import-not-found]
+
+from supervisor import JobStatus
+from supervisor._core import ReconcileReport, Supervisor
+from supervisor._identity import identify
+from supervisor._sweeper import run_sweeper
+
+
+class FakeTarget:
+    def __init__(self, fail_on: set[int] | None = None) -> None:
+        self.times: list[float] = []
+        self.fail_on = fail_on or set()
+
+    async def sweep(self) -> None:
+        self.times.append(trio.current_time())
+        if len(self.times) in self.fail_on:
+            raise RuntimeError("boom")
+
+
+async def test_startup_sweep_runs_before_started_then_every_interval(autojump_clock: trio.testing.MockClock) -> None:
+    target = FakeTarget()
+    async with trio.open_nursery() as nursery:
+        start = trio.current_time()
+        await nursery.start(run_sweeper, target, 30.0)
+        assert target.times == [start]  # the startup sweep is done before start() returns
+        await trio.sleep(95)
+        nursery.cancel_scope.cancel()
+    assert [t - start for t in target.times] == [0, 30, 60, 90]
+
+
+async def test_a_raising_sweep_does_not_stop_the_loop(autojump_clock: trio.testing.MockClock) -> None:
+    target = FakeTarget(fail_on={1, 2})
+    async with trio.open_nursery() as nursery:
+        start = trio.current_time()
+        await nursery.start(run_sweeper, target, 10.0)
+        await trio.sleep(35)
+        nursery.cancel_scope.cancel()
+    assert [t - start for t in target.times] == [0, 10, 20, 30]
+
+
+class RecordingSupervisor(Supervisor):
+    calls: list[str]
+
+    async def reconcile(self, *, stale_marks_live_processes: bool) -> ReconcileReport:
+        self.calls.append(f"reconcile(stale_marks_live_processes={stale_marks_live_processes})")
+        if "fail" in self.calls:
+            raise RuntimeError("probe exploded")
+        return ReconcileReport(0, [])
+
+    async def drain(self) -> list:  # type: ignore[type-arg]
+        self.calls.append("drain")
+        return []
+
+
+async def test_sweep_order_is_reconcile_then_drain_and_reconcile_failure_still_drains(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    sup = make_supervisor()
+    sup.__class__ = RecordingSupervisor
+    sup.calls = []  # type: ignore[attr-defined]
+    await sup.sweep()
+    assert sup.calls == ["reconcile(stale_marks_live_processes=False)", "drain"]  # type: ignore[attr-defined]
+    sup.calls = ["fail"]  # type: ignore[attr-defined]
+    await sup.sweep()
+    assert sup.calls[-1] == "drain"  # type: ignore[attr-defined]
+
+
+async def test_pause_holds_promotion_but_not_reconcile(make_supervisor: Callable[..., Supervisor]) -> None:
+    sup = make_supervisor(boot_id="new")
+    dead = await trio.to_thread.run_sync(_dead_identity)
+    ghost = await insert_running(sup, boot_id="old", identity=dead)
+    await sup.pause()
+    waiting = (await sup.enqueue("exit", {"code": 0})).job
+    await sup.sweep()
+    assert (await sup.get(ghost.job_id)).error_reason == "orphan_reconciled_dead_pid"
+    assert (await sup.get(waiting.job_id)).status is JobStatus.QUEUED
+    await sup.resume()
+    assert (await sup.get(waiting.job_id)).status is not JobStatus.QUEUED
+    assert (await wait_terminal(sup, waiting.job_id)).status is JobStatus.SUCCEEDED
+
+
+def _dead_identity():  # type: ignore[no-untyped-def]
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    identity = identify(proc.pid)
+    proc.wait()
+    return identity
