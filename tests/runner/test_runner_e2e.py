@@ -65,7 +65,7 @@ async def test_happy_run_writes_corpus_manifest_events_and_heartbeats(http_serve
     )
 
     assert result.returncode == EXIT_OK, result.stderr
-    assert [e["event"] for e in result.events][0] == "run_started"
+    assert result.events[0]["event"] == "run_started"
     assert len(result.of("episode_done")) == 3
     assert result.of("run_finished")[0]["reason"] == "completed"
     m = manifest(tmp_path)
@@ -78,3 +78,200 @@ async def test_happy_run_writes_corpus_manifest_events_and_heartbeats(http_serve
     marks = [b.json()["completed_units"] for b in beats]
     assert marks == sorted(marks) and marks[-1] == 3
     assert beats[-1].json() == {"completed_units": 3, "total_units": 3, "stage": "finished"}
+
+
+async def test_misbehaving_servers_fail_only_their_episode_or_feed(http_server: HttpServer, tmp_path: Path) -> None:
+    s = http_server
+    s.routes["/feed"] = respond(
+        200,
+        rss(
+            [
+                ("good", s.url("/good"), None),
+                ("hang", s.url("/hang"), None),  # transport read timeout (0.3 s)
+                ("drip", s.url("/drip"), None),  # beats the read timeout; the episode budget (1.5 s) cuts it
+                ("err", s.url("/err"), None),
+                ("huge", s.url("/huge"), None),  # claims 2 GB
+            ]
+        ),
+    )
+    s.routes["/malformed"] = respond(200, MALFORMED_XML)
+    s.routes["/laughs"] = respond(200, BILLION_LAUGHS)
+    s.routes.update(
+        {
+            "/good": respond(200, b"G" * 1000),
+            "/hang": hang_after_headers(),
+            "/drip": drip(1000, 0.2),
+            "/err": respond(500, b"boom"),
+            "/huge": respond(200, b"x" * 100, content_length=2_000_000_000),
+        }
+    )
+    feeds = ["--feed", s.url("/malformed"), "--feed", s.url("/feed"), "--feed", s.url("/laughs")]
+    with trio.fail_after(15):
+        start = trio.current_time()
+        result = await run_runner(
+            ["run", *feeds, "--workers", "5", "--episode-budget-seconds", "1.5", *FAST],
+            runner_env(tmp_path),
+            cwd=tmp_path,
+        )
+        elapsed = trio.current_time() - start
+
+    assert result.returncode == EXIT_OK, result.stderr
+    assert elapsed < 6
+    reasons = {e["guid"]: e["reason"] for e in result.of("episode_failed")}
+    assert set(reasons) == {"hang", "drip", "err", "huge"}
+    assert "ReadTimeout" in reasons["hang"]
+    assert "budget" in reasons["drip"]
+    assert "HTTP 500" in reasons["err"]
+    assert "2000000000" in reasons["huge"]
+    feed_failures = {e["feed_url"]: e["reason"] for e in result.of("feed_failed")}
+    assert "malformed XML" in feed_failures[s.url("/malformed")]
+    assert "hostile XML" in feed_failures[s.url("/laughs")]
+    m = manifest(tmp_path)
+    assert m["counts"]["done"] == 1 and m["counts"]["failed"] == 4
+    assert len(m["feeds"]["failed"]) == 2
+    assert complete(tmp_path, "good") and not complete(tmp_path, "drip")
+
+
+async def test_job_budget_from_environment_ends_run_with_exit_11(http_server: HttpServer, tmp_path: Path) -> None:
+    s = http_server
+    s.routes["/feed"] = respond(200, rss([("g0", s.url("/hang"), None), ("g1", s.url("/hang"), None)]))
+    s.routes["/hang"] = hang_after_headers()
+    env = runner_env(tmp_path, PODCAST_PROCESSING_LOOP_BUDGET_SECONDS="1")
+    result = await run_runner(["run", "--feed", s.url("/feed"), "--read-timeout-seconds", "60"], env, cwd=tmp_path)
+    assert result.returncode == EXIT_TIME_BUDGET_EXHAUSTED
+    m = manifest(tmp_path)
+    assert m["reason"] == "time_budget_exhausted" and m["processing_loop_budget_s"] == 1.0
+    assert m["counts"]["cancelled"] == 2
+
+
+async def test_job_budget_from_config_file_and_flag(http_server: HttpServer, tmp_path: Path) -> None:
+    s = http_server
+    s.routes["/feed"] = respond(200, rss([("g0", s.url("/hang"), None)]))
+    s.routes["/hang"] = hang_after_headers()
+    cfg = tmp_path / "runner.toml"
+    cfg.write_text("processing_loop_budget_seconds = 0.5\nread_timeout_seconds = 60\n")
+    # env says "disabled", but the flag wins; the file would say 0.5
+    env = runner_env(tmp_path, PODCAST_PROCESSING_LOOP_BUDGET_SECONDS="0")
+    result = await run_runner(
+        ["run", "--feed", s.url("/feed"), "--config", str(cfg), "--processing-loop-budget-seconds", "0.7"],
+        env,
+        cwd=tmp_path,
+    )
+    assert result.returncode == EXIT_TIME_BUDGET_EXHAUSTED
+    assert manifest(tmp_path)["processing_loop_budget_s"] == 0.7
+    result = await run_runner(
+        ["run", "--feed", s.url("/feed"), "--config", str(cfg), "--job-id", "job-2"],
+        runner_env(tmp_path),
+        cwd=tmp_path,
+    )
+    assert result.returncode == EXIT_TIME_BUDGET_EXHAUSTED
+    assert manifest(tmp_path, "job-2")["processing_loop_budget_s"] == 0.5
+
+
+async def test_cost_cap_exit_10(http_server: HttpServer, tmp_path: Path) -> None:
+    s = http_server
+    s.routes["/feed"] = respond(200, rss([(f"g{i}", s.url(f"/a{i}"), "60:00") for i in range(5)]))
+    for i in range(5):
+        s.routes[f"/a{i}"] = respond(200, b"A" * 100)
+    s.routes["/transcribe"] = json_answer({"text": "t"})
+    args = ["run", "--feed", s.url("/feed"), "--transcribe-url", s.url("/transcribe")]
+    args += ["--transcribe-usd-per-audio-minute", "0.05", "--cost-cap-usd", "6.00", "--workers", "1", *FAST]
+    result = await run_runner(args, runner_env(tmp_path), cwd=tmp_path)
+    assert result.returncode == EXIT_BUDGET_EXHAUSTED
+    m = manifest(tmp_path)
+    assert (m["reason"], m["spend_usd"], m["counts"]["done"]) == ("budget_exhausted", 6.0, 2)
+    assert len(s.requests_to("/transcribe")) == 2
+
+
+async def test_killed_mid_write_rerun_redoes_only_the_unfinished(
+    http_server: HttpServer, tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """ADR-150 D4: kill -9 mid-episode, resubmit: finished episodes are skipped, the torn one redone."""
+    s = http_server
+    s.routes["/feed"] = respond(200, rss([(f"g{i}", s.url(f"/a{i}"), None) for i in range(3)]))
+    s.routes["/a0"] = respond(200, b"0" * 1000)
+    s.routes["/a1"] = respond(200, b"1" * 1000)
+    s.routes["/a2"] = drip(1000, 0.05, after=b"2" * 500)  # half an enclosure, then trickles
+    args = ["run", "--feed", s.url("/feed"), "--workers", "1", *FAST]
+    with trio.fail_after(15):
+        live = await spawn_runner(nursery, args, runner_env(tmp_path), cwd=tmp_path)
+        await live.wait_for_event("episode_done", 2)
+        await s.wait_for_requests("/a2")
+        live.process.send_signal(signal.SIGKILL)
+        await live.process.wait()
+    staged = list((tmp_path / "corpus" / ".tmp").iterdir())
+    assert staged  # the torn episode's staging directory, left behind by the kill
+    assert not complete(tmp_path, "g2")
+
+    s.routes["/a2"] = respond(200, b"2" * 1000)
+    result = await run_runner([*args, "--job-id", "job-2"], runner_env(tmp_path), cwd=tmp_path)
+    assert result.returncode == EXIT_OK, result.stderr
+    assert [e["guid"] for e in result.of("episode_skipped")] == ["g0", "g1"]
+    assert [e["guid"] for e in result.of("episode_done")] == ["g2"]
+    assert len(s.requests_to("/a0")) == len(s.requests_to("/a1")) == 1
+    audio = tmp_path / "corpus" / "episodes" / episode_key("g2") / "audio.bin"
+    assert audio.read_bytes() == b"2" * 1000
+
+
+async def test_sigterm_ends_hung_workers_and_process_quickly(
+    http_server: HttpServer, tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """The incident: nothing may keep running after the run is told to stop."""
+    s = http_server
+    s.routes["/feed"] = respond(200, rss([(f"g{i}", s.url("/hang"), None) for i in range(3)]))
+    s.routes["/hang"] = hang_after_headers()
+    args = ["run", "--feed", s.url("/feed"), "--workers", "3", "--read-timeout-seconds", "600"]
+    with trio.fail_after(15):
+        live = await spawn_runner(nursery, args, runner_env(tmp_path), cwd=tmp_path)
+        await s.wait_for_requests("/hang", 3)
+        live.process.send_signal(signal.SIGTERM)
+        with trio.fail_after(5):
+            await live.drain()
+            code = await live.process.wait()
+    assert code == EXIT_CRASH
+    assert live.events[-1]["event"] == "run_finished" and live.events[-1]["reason"] == "terminated"
+    assert manifest(tmp_path)["counts"]["cancelled"] == 3
+
+
+async def test_dead_heartbeat_endpoint_changes_nothing(
+    http_server: HttpServer, tmp_path: Path, closed_port_url: str
+) -> None:
+    s = http_server
+    s.routes["/feed"] = respond(200, rss([(f"g{i}", s.url(f"/a{i}"), None) for i in range(3)]))
+    for i in range(3):
+        s.routes[f"/a{i}"] = respond(200, b"A" * 100)
+    s.routes["/hb-hang"] = hang_after_headers()
+    args = ["run", "--feed", s.url("/feed"), *FAST, "--heartbeat-timeout-seconds", "0.3"]
+    for job, url in (("job-dead", closed_port_url), ("job-hang", s.url("/hb-hang"))):
+        env = runner_env(tmp_path / job, PODCAST_JOB_HEARTBEAT_URL=url, PODCAST_JOB_TOKEN="t")
+        (tmp_path / job).mkdir()
+        result = await run_runner([*args, "--job-id", job], env, cwd=tmp_path / job, limit_s=10)
+        assert result.returncode == EXIT_OK, result.stderr
+        assert len(result.of("episode_done")) == 3
+        assert "heartbeat to" in result.stderr
+
+
+async def test_enrich_indexes_only_complete_episodes(http_server: HttpServer, tmp_path: Path) -> None:
+    s = http_server
+    s.routes["/feed"] = respond(200, rss([("g0", s.url("/a0"), "1:00"), ("g1", s.url("/a1"), None)]))
+    s.routes["/a0"] = respond(200, b"0")
+    s.routes["/a1"] = respond(200, b"1")
+    assert (
+        await run_runner(["run", "--feed", s.url("/feed"), *FAST], runner_env(tmp_path), cwd=tmp_path)
+    ).returncode == 0
+    # a torn episode (renamed, marker never written) must not be indexed
+    (tmp_path / "corpus" / "episodes" / episode_key("g1") / "COMPLETE").unlink()
+    result = await run_runner(["enrich", "--job-id", "enrich-1"], runner_env(tmp_path), cwd=tmp_path)
+    assert result.returncode == EXIT_OK, result.stderr
+    index = json.loads((tmp_path / "corpus" / "index.json").read_text())
+    assert [e["guid"] for e in index["episodes"]] == ["g0"]
+    assert index["feeds"] == [{"feed_url": s.url("/feed"), "episodes": [episode_key("g0")]}]
+    assert manifest(tmp_path, "enrich-1")["kind"] == "enrich"
+
+
+async def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("procesing_loop_budget_seconds = 5\n")  # typo: unknown keys are errors
+    for args in (["run"], ["run", "--feed", "ftp://x"], ["run", "--feed", "http://x", "--config", str(bad)]):
+        result = await run_runner(args, runner_env(tmp_path), cwd=tmp_path)
+        assert result.returncode == EXIT_USAGE, (args, result.stderr)
