@@ -1,22 +1,217 @@
 """The HTTP control API: a quart-trio app that only translates requests into calls on the core.
 
-It holds no rule of supervision; every decision lives in ``_core.Supervisor``.
+It holds no rule of supervision; every decision lives in ``_core.Supervisor``. What lives here is HTTP only:
+authentication, parsing bodies and query strings, and turning the one error tree of ``_errors.py`` into JSON
+answers, generically (``RequestError.http_status``/``code``/``field``), so a new error class needs no code here.
+
+Every answer carries an ``X-Request-Id``; an unexpected error is logged with that id and answered with a bare 500
+that names it, never with a traceback.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hmac
+import json
+import re
+import secrets
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Gauge, generate_latest
+from quart import Response, g, request
 from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
 
 from ._core import Supervisor
+from ._errors import RegistryError, RequestError, Unauthorized, ValidationError
+from ._logging import get_logger
+from ._model import Job
+from ._openapi import openapi_document
+
+log = get_logger()
+
+# A job request is a kind and a few short params; anything near this size is a mistake or an attack.
+MAX_BODY_BYTES = 64 * 1024
+# A client that opens a body and never finishes it must not hold a request task for long.
+BODY_TIMEOUT_S = 10
+DEFAULT_LIST_LIMIT = 100
+
+# Routes reachable without the API token: probes (health, metrics) and the job's own heartbeat, which
+# authenticates with the job token instead. Everything else requires ``Authorization: Bearer <api token>``.
+PUBLIC_ENDPOINTS = frozenset({"health", "metrics", "heartbeat"})
+
+REQUEST_ID_HEADER = "X-Request-Id"
+
+# Names for werkzeug's HTTP errors where the generic snake_case of the class name would read badly.
+_HTTP_CODES = {400: "bad_request", 413: "body_too_large", 415: "unsupported_media_type"}
+
+
+class _MalformedBody(RequestError):
+    """The body is not the JSON the route takes (400). Kept here: only the HTTP layer parses bodies."""
+
+    code = "malformed_json"
+
+
+class _UnsupportedMediaType(RequestError):
+    """A body that is not ``application/json`` (415)."""
+
+    code = "unsupported_media_type"
+    http_status = 415
+
+
+def _bearer_token() -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header, or None."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return None
+    return token
+
+
+def _error_body(code: str, message: str, field: str | None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "field": field, "request_id": g.get("request_id")}}
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+async def _json_body() -> Any:
+    """The request body parsed as JSON; raises the 415/413/400 errors. Its shape is the caller's to check."""
+    mimetype = request.mimetype
+    if mimetype != "application/json":
+        # A JSON content type cannot be sent cross-origin without a CORS preflight this server never answers,
+        # so a web page cannot post to a loopback supervisor that runs without a token.
+        raise _UnsupportedMediaType(f"the body must be application/json, not {mimetype or 'unset'!r}")
+    raw = await request.get_data(cache=False, as_text=False)
+    try:
+        return json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _MalformedBody(f"the body is not valid JSON: {exc}", field="body") from None
+
+
+async def _json_object(allowed: Iterable[str]) -> dict[str, Any]:
+    """The body as a JSON object with only ``allowed`` keys (the envelope of a request, not its params)."""
+    body = await _json_body()
+    if not isinstance(body, dict):
+        raise ValidationError("the body must be a JSON object", field="body")
+    unknown = sorted(set(body) - set(allowed))
+    if unknown:
+        raise ValidationError(f"unknown field {unknown[0]!r}", field=unknown[0])
+    return body
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _query(allowed: Iterable[str]) -> dict[str, str]:
+    """The query string as single values; an unknown or repeated name is a 422 naming it (typos never pass)."""
+    out: dict[str, str] = {}
+    for name in request.args:
+        values = request.args.getlist(name)
+        if name not in allowed:
+            raise ValidationError(f"unknown query parameter {name!r}", field=name)
+        if len(values) != 1:
+            raise ValidationError(f"query parameter {name!r} given {len(values)} times", field=name)
+        out[name] = values[0]
+    return out
+
+
+def _int_query(query: Mapping[str, str], name: str, default: int | None) -> int | None:
+    if name not in query:
+        return default
+    text = query[name].strip()
+    if not re.fullmatch(r"\d{1,12}", text):
+        raise ValidationError(f"{name} must be a non-negative integer, not {query[name]!r}", field=name)
+    return int(text)
+
+
+class _Metrics:
+    """A small Prometheus registry of this app's own (never the process-global one, so apps never collide)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.jobs = Gauge("supervisor_jobs", "Jobs in the registry, by status.", ["status"], registry=self.registry)
+        self.paused = Gauge("supervisor_queue_paused", "1 while promotion is paused.", registry=self.registry)
+        self.max_concurrent = Gauge("supervisor_max_concurrent", "Jobs allowed to run at once.", registry=self.registry)
+
+    async def render(self, supervisor: Supervisor) -> bytes:
+        counts = await supervisor.registry.counts()
+        paused = await supervisor.is_paused()
+        # No await between setting and rendering: one scrape sees one consistent snapshot.
+        for status, n in counts.items():
+            self.jobs.labels(status=status).set(n)
+        self.paused.set(1 if paused else 0)
+        self.max_concurrent.set(supervisor.config.max_concurrent)
+        data: bytes = generate_latest(self.registry)
+        return data
 
 
 def create_app(supervisor: Supervisor) -> QuartTrio:
-    app = QuartTrio(__name__)
+    # No static folder: the route map is exactly the API, which the auth and OpenAPI tests walk.
+    app = QuartTrio(__name__, static_folder=None)
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    app.config["BODY_TIMEOUT"] = BODY_TIMEOUT_S
+    # Errors are answered by our handlers, never re-raised into the server (not even under TESTING).
+    app.config["PROPAGATE_EXCEPTIONS"] = False
+    metrics = _Metrics()
+    # A later issue registers more collectors here.
+    app.extensions["supervisor.metrics_registry"] = metrics.registry
+    api_token = supervisor.config.api_token
+
+    # -- every request ----------------------------------------------------------------------------------
+
+    @app.before_request
+    async def authenticate() -> None:
+        g.request_id = secrets.token_hex(8)
+        if api_token is None or request.routing_exception is not None:
+            return  # an unknown route or method answers 404/405: the route map is public (openapi.json)
+        if request.endpoint in PUBLIC_ENDPOINTS:
+            return
+        given = _bearer_token()
+        # Constant-time: the compare must not reveal how much of a guessed token is right.
+        if given is None or not hmac.compare_digest(given.encode(), api_token.encode()):
+            raise Unauthorized("missing or wrong API token (Authorization: Bearer <PODCAST_JOB_API_TOKEN>)")
+
+    @app.after_request
+    async def tag_response(response: Response) -> Response:
+        if "request_id" in g:
+            response.headers[REQUEST_ID_HEADER] = g.request_id
+        return response
+
+    @app.errorhandler(RequestError)
+    async def request_error(exc: RequestError) -> Any:
+        return _error_body(exc.code, str(exc), exc.field), exc.http_status
+
+    @app.errorhandler(HTTPException)
+    async def http_error(exc: HTTPException) -> Any:
+        status = exc.code or 500
+        code = _HTTP_CODES.get(status, _snake(type(exc).__name__))
+        headers = {}
+        valid = getattr(exc, "valid_methods", None)
+        if valid:
+            headers["Allow"] = ", ".join(valid)
+        message = f"the body is larger than {MAX_BODY_BYTES} bytes" if status == 413 else exc.description or exc.name
+        return _error_body(code, message, None), status, headers
+
+    @app.errorhandler(Exception)
+    async def unexpected(exc: Exception) -> Any:
+        request_id = g.get("request_id") or secrets.token_hex(8)
+        g.request_id = request_id
+        if isinstance(exc, RegistryError):
+            # Storage busy or unreadable: the caller may retry; the detail stays in our log.
+            log.error("request_failed", request_id=request_id, method=request.method, path=request.path, error=str(exc))
+            return _error_body("unavailable", f"the registry is unavailable (request id {request_id})", None), 503
+        log.exception("request_failed", request_id=request_id, method=request.method, path=request.path)
+        return _error_body("internal_error", f"internal server error (request id {request_id})", None), 500
+
+    # -- routes ---------------------------------------------------------------------------------------
 
     @app.get("/api/health")
     async def health() -> Any:
+        """Liveness of the server."""
         return {
             "status": "ok",
             "boot_id": supervisor.boot_id,
@@ -24,4 +219,102 @@ def create_app(supervisor: Supervisor) -> QuartTrio:
             "paused": await supervisor.is_paused(),
         }
 
+    @app.post("/api/jobs")
+    async def enqueue() -> Any:
+        """Enqueue a job of a kind with its params."""
+        body = await _json_object(("kind", "params"))
+        if "kind" not in body:
+            raise ValidationError("missing field 'kind'", field="kind")
+        result = await supervisor.enqueue(body["kind"], body.get("params"))
+        job = result.job
+        return {
+            "job_id": job.job_id,
+            "status": str(job.status),
+            "queue_position": job.queue_position,
+            "coalesced": result.coalesced,
+        }, 202
+
+    @app.get("/api/jobs")
+    async def list_jobs() -> Any:
+        """List jobs, newest first, one page at a time."""
+        query = _query(("status", "kind", "limit", "cursor"))
+        limit = _int_query(query, "limit", DEFAULT_LIST_LIMIT)
+        assert limit is not None
+        jobs, next_cursor = await supervisor.list_jobs(
+            status=query.get("status"), kind=query.get("kind"), limit=limit, cursor=query.get("cursor")
+        )
+        return {"jobs": [_row(job) for job in jobs], "next_cursor": next_cursor}
+
+    @app.get("/api/jobs/<job_id>")
+    async def show_job(job_id: str) -> Any:
+        """One job's row."""
+        _query(())
+        return _row(await supervisor.get(job_id))
+
+    @app.post("/api/jobs/<job_id>/cancel")
+    async def cancel_job(job_id: str) -> Any:
+        """Cancel a job (idempotent)."""
+        return _row(await supervisor.cancel(job_id))
+
+    @app.post("/api/jobs/reconcile")
+    async def reconcile() -> Any:
+        """Operator reconcile: may mark a live job past the wall-clock window stale."""
+        report = await supervisor.operator_reconcile()
+        return {"updated": report.updated, "details": [dataclasses.asdict(d) for d in report.details]}
+
+    @app.get("/api/queue")
+    async def queue() -> Any:
+        """The queue's state."""
+        return dataclasses.asdict(await supervisor.queue_state())
+
+    @app.post("/api/queue/pause")
+    async def pause() -> Any:
+        """Pause promotion (creates the pause flag file)."""
+        return dataclasses.asdict(await supervisor.pause())
+
+    @app.post("/api/queue/resume")
+    async def resume() -> Any:
+        """Resume promotion (removes the pause flag file) and drain."""
+        return dataclasses.asdict(await supervisor.resume())
+
+    @app.get("/api/jobs/<job_id>/log")
+    async def job_log(job_id: str) -> Any:
+        """A job's log, whole, its last ``tail_bytes``, or from byte ``offset`` on."""
+        query = _query(("tail_bytes", "offset"))
+        tail_bytes = _int_query(query, "tail_bytes", None)
+        offset = _int_query(query, "offset", None)
+        if tail_bytes is not None and offset is not None:
+            raise ValidationError("give tail_bytes or offset, not both", field="offset")
+        data = await supervisor.read_log(job_id, tail_bytes=tail_bytes)
+        if offset is not None:
+            # The log file is append-only (capped, never rotated), so a byte offset stays valid while it grows.
+            data = data[offset:]
+        # Bytes as written: a job's output need not be valid UTF-8, and re-encoding would shift offsets.
+        return Response(data, status=200, content_type="text/plain; charset=utf-8")
+
+    @app.post("/api/jobs/<job_id>/heartbeat")
+    async def heartbeat(job_id: str) -> Any:
+        """A running job's heartbeat, authenticated with that job's own token."""
+        token = _bearer_token()
+        if token is None:
+            raise Unauthorized("missing job token (Authorization: Bearer $PODCAST_JOB_TOKEN)")
+        # The core validates the body (and the token, and that the job is running).
+        await supervisor.heartbeat(job_id, token, await _json_body())
+        return "", 204
+
+    @app.get("/api/openapi.json")
+    async def openapi() -> Any:
+        """This API's OpenAPI document."""
+        return openapi_document()
+
+    @app.get("/metrics")
+    async def metrics_text() -> Any:
+        """Prometheus metrics."""
+        return Response(await metrics.render(supervisor), status=200, content_type=CONTENT_TYPE_PLAIN_0_0_4)
+
     return app
+
+
+def _row(job: Job) -> dict[str, Any]:
+    """A row as callers see it: registry fields without the token hash, ``queue_position`` only when queued."""
+    return job.public()
