@@ -33,6 +33,7 @@ class Heartbeat:
         self._stage = "starting"
         self._wake = trio.Event()
         self._stopping = False
+        self._scope: trio.CancelScope | None = None
         self.beats_ok = 0
         self.beats_failed = 0
 
@@ -55,9 +56,15 @@ class Heartbeat:
         self._wake.set()
 
     def stop(self) -> None:
-        """Send one final beat with the final watermark, then end the beat task."""
+        """Send one final beat with the final watermark, then end the beat task.
+
+        Bounded: a beat still in flight plus the final one get 2 x timeout_s together, so a hanging
+        heartbeat endpoint cannot hold the process open after the run is over.
+        """
         self._stopping = True
         self._wake.set()
+        if self._scope is not None:
+            self._scope.deadline = min(self._scope.deadline, trio.current_time() + 2 * self._config.timeout_s)
 
     def body(self) -> dict[str, Any]:
         return {
@@ -74,17 +81,18 @@ class Heartbeat:
             return
         headers = {"Authorization": f"Bearer {self._config.token or ''}"}
         timeout = httpx.Timeout(self._config.timeout_s)
-        async with httpx.AsyncClient(timeout=timeout, transport=self._transport, headers=headers) as client:
-            task_status.started()
-            while True:
-                stopping = self._stopping
-                self._wake = trio.Event()
-                await self._beat(client, url, timeout)
-                if stopping:
-                    return
-                # Liveness: beat at least every interval; progress: beat as soon as we are woken.
-                with trio.move_on_after(self._config.interval_s):
-                    await self._wake.wait()
+        with trio.CancelScope() as self._scope:
+            async with httpx.AsyncClient(timeout=timeout, transport=self._transport, headers=headers) as client:
+                task_status.started()
+                while True:
+                    stopping = self._stopping
+                    self._wake = trio.Event()
+                    await self._beat(client, url, timeout)
+                    if stopping:
+                        return
+                    # Liveness: beat at least every interval; progress: beat as soon as we are woken.
+                    with trio.move_on_after(self._config.interval_s):
+                        await self._wake.wait()
 
     async def _beat(self, client: httpx.AsyncClient, url: str, transport_timeout: httpx.Timeout) -> None:
         body = self.body()
