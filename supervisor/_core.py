@@ -179,15 +179,15 @@ class Supervisor:
     # -- logging ------------------------------------------------------------------------------------
 
     def _log_transition(self, job: Job, from_status: str, to_status: str, reason: str | None, **extra: Any) -> None:
+        fields = {"from": from_status, "to": to_status}  # `from` is a keyword: passed as a mapping
         log.info(
             "job_transition",
             job_id=job.job_id,
             kind=job.kind,
-            from_status=from_status,
-            to_status=to_status,
             reason=reason,
             boot_id=self.boot_id,
             pid=job.pid,
+            **fields,
             **extra,
         )
 

@@ -96,3 +96,12 @@ async def insert_running(
         else:
             job = registry.set_job_process(job.job_id, pid=pid)
     return job
+
+
+async def wait_idle(sup: Supervisor, *, timeout_s: float = 20.0) -> None:
+    """Until no monitor is left: each removes itself only after finalizing and enqueueing any follow-up."""
+
+    async def idle() -> bool | None:
+        return (not sup._running) or None
+
+    await poll(idle, timeout_s=timeout_s)

@@ -9,10 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import trio
-from core_helpers import wait_status, wait_terminal  # type: ignore[import-not-found]
+from core_helpers import poll, wait_idle, wait_status, wait_terminal  # type: ignore[import-not-found]
 
 from supervisor import JobStatus
 from supervisor._core import Supervisor
+from supervisor._model import Job
 
 
 async def test_three_jobs_with_max_one_run_strictly_one_after_another_in_fifo_order(
@@ -117,10 +118,15 @@ async def test_success_enqueues_the_follow_up_kind_and_failure_does_not(
     sup = make_supervisor()
     failing = (await sup.enqueue("first", {"code": 1})).job
     assert (await wait_terminal(sup, failing.job_id)).status is JobStatus.FAILED
+    await wait_idle(sup)  # the monitor has finished everything it does after finalizing
     assert (await sup.list_jobs(kind="done"))[0] == []
     ok = (await sup.enqueue("first", {"code": 0})).job
     assert (await wait_terminal(sup, ok.job_id)).status is JobStatus.SUCCEEDED
-    follow_ups, _ = await sup.list_jobs(kind="done")
+
+    async def follow_up_enqueued() -> list[Job] | None:  # the monitor enqueues it just after finalizing
+        return (await sup.list_jobs(kind="done"))[0] or None
+
+    follow_ups = await poll(follow_up_enqueued)
     assert len(follow_ups) == 1
     assert (await wait_terminal(sup, follow_ups[0].job_id)).status is JobStatus.SUCCEEDED
 
@@ -133,3 +139,17 @@ async def test_pause_holds_promotion(make_supervisor: Callable[..., Supervisor])
     assert (await sup.queue_state()).paused
     await sup.resume()
     assert (await wait_terminal(sup, job.job_id)).status is JobStatus.SUCCEEDED
+
+
+async def test_every_transition_is_one_log_line_with_its_fields(make_supervisor: Callable[..., Supervisor]) -> None:
+    from structlog.testing import capture_logs
+
+    sup = make_supervisor()
+    with capture_logs() as logs:
+        job = (await sup.enqueue("exit", {"code": 0})).job
+        await wait_terminal(sup, job.job_id)
+    transitions = [(e["from"], e["to"]) for e in logs if e["event"] == "job_transition"]
+    assert transitions == [("-", "queued"), ("queued", "running"), ("running", "succeeded")]
+    last = [e for e in logs if e["event"] == "job_transition"][-1]
+    assert {"job_id", "kind", "reason", "boot_id", "pid"} <= set(last)
+    assert last["boot_id"] == sup.boot_id
