@@ -1,5 +1,9 @@
 """``supervisor`` command line: ``serve`` and ``check-config`` run locally; the other commands talk HTTP to a
-running supervisor (``PODCAST_JOB_URL``)."""
+running supervisor (``PODCAST_JOB_URL``, default http://127.0.0.1:8000, with ``PODCAST_JOB_API_TOKEN``).
+
+Exit codes: 0 done; 1 the server answered with an error (its message is printed); 2 usage; 3 configuration
+(including a malformed ``PODCAST_JOB_URL``); 4 the server could not be reached; 130 interrupted.
+"""
 
 from __future__ import annotations
 
@@ -7,20 +11,32 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any, TextIO
 
 import trio
 
+from ._client import DEFAULT_URL, ApiError, Client, Unreachable
 from ._config import Config, is_loopback, load_config
 from ._errors import ConfigError, KindsFileError
 from ._kinds import KindCatalog, load_kinds
 from ._logging import configure_logging, get_logger
+from ._model import JobStatus
 
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_CONFIG = 3
+EXIT_UNREACHABLE = 4
+EXIT_INTERRUPTED = 130
+
+ENV_URL = "PODCAST_JOB_URL"
+ENV_API_TOKEN = "PODCAST_JOB_API_TOKEN"
+# logs --follow: poll quickly while output flows, back off to at most FOLLOW_MAX_INTERVAL_S while it is quiet.
+FOLLOW_MIN_INTERVAL_S = 0.2
+FOLLOW_MAX_INTERVAL_S = 2.0
 
 
 def _load(args: argparse.Namespace) -> tuple[Config, KindCatalog, list[str]]:
@@ -80,6 +96,275 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- client commands: HTTP to a running supervisor ---------------------------------------------------
+
+
+class _Io:
+    """Where a client command writes, and the environment it reads (both injectable for tests)."""
+
+    def __init__(self, environ: Mapping[str, str], out: TextIO, err: TextIO) -> None:
+        self.environ = environ
+        self.out = out
+        self.err = err
+
+    def print(self, *parts: object) -> None:
+        print(*parts, file=self.out)
+
+    def json(self, payload: Any) -> None:
+        print(json.dumps(payload, indent=2, sort_keys=True), file=self.out)
+
+    def write_bytes(self, data: bytes) -> None:
+        buffer = getattr(self.out, "buffer", None)
+        if buffer is not None:
+            self.out.flush()
+            buffer.write(data)
+            buffer.flush()
+        else:
+            self.out.write(data.decode("utf-8", errors="replace"))
+            self.out.flush()
+
+    def error(self, message: str) -> None:
+        print(f"error: {message}", file=self.err)
+
+
+ClientCommand = Callable[[Client, argparse.Namespace, _Io], int]
+
+
+def _run_client(command: ClientCommand) -> Callable[[argparse.Namespace], int]:
+    """Wrap a client command: build the client from the environment, turn failures into messages and exit codes."""
+
+    def run(args: argparse.Namespace) -> int:
+        io: _Io = args.io
+        url = io.environ.get(ENV_URL, "").strip() or DEFAULT_URL
+        token = io.environ.get(ENV_API_TOKEN, "").strip() or None
+        try:
+            client = Client(url, token=token)
+        except ValueError as exc:
+            io.error(f"{ENV_URL}: {exc}")
+            return EXIT_CONFIG
+        try:
+            with client:
+                return command(client, args, io)
+        except ApiError as exc:
+            io.error(exc.describe())
+            if exc.status == 401:
+                io.error(f"set {ENV_API_TOKEN} to the server's API token")
+            return EXIT_ERROR
+        except Unreachable as exc:
+            io.error(f"{exc}; is `supervisor serve` running there? (set {ENV_URL} to its address)")
+            return EXIT_UNREACHABLE
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
+
+    return run
+
+
+def _when(ts: object) -> str:
+    """An ISO-8601 UTC timestamp, to the second, for tables."""
+    if not isinstance(ts, str) or not ts:
+        return "-"
+    return ts[:19].replace("T", " ") + "Z"
+
+
+def _table(io: _Io, headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    cells = [[str(h) for h in headers], *[["-" if c is None or c == "" else str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    for row in cells:
+        io.print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+def _progress(job: Mapping[str, Any]) -> str:
+    done, total = job.get("completed_units") or 0, job.get("total_units")
+    if total is None:
+        return str(done) if done else "-"
+    return f"{done}/{total}"
+
+
+def _param(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    return key, value
+
+
+def cmd_enqueue(client: Client, args: argparse.Namespace, io: _Io) -> int:
+    params: dict[str, str] = {}
+    for key, value in args.param or []:
+        if key in params:
+            io.error(f"-p {key} given twice")
+            return EXIT_USAGE
+        # Sent as a string: the server converts it to the kind's declared int/float/bool, or names the field.
+        params[key] = value
+    answer = client.enqueue(args.kind, params)
+    if args.json:
+        io.json(answer)
+    elif answer["coalesced"]:
+        io.print(f"{answer['job_id']}  coalesced into the identical queued job (position {answer['queue_position']})")
+    elif answer["status"] == "queued":
+        io.print(f"{answer['job_id']}  queued (position {answer['queue_position']})")
+    else:
+        io.print(f"{answer['job_id']}  {answer['status']}")
+    return EXIT_OK
+
+
+def cmd_jobs(client: Client, args: argparse.Namespace, io: _Io) -> int:
+    answer = client.list_jobs(status=args.status, kind=args.kind, limit=args.limit, cursor=args.cursor)
+    if args.json:
+        io.json(answer)
+        return EXIT_OK
+    rows = [
+        (
+            job["job_id"],
+            job["kind"],
+            job["status"],
+            job.get("queue_position"),
+            _when(job["created_at"]),
+            _when(job["ended_at"]),
+            _progress(job),
+            job["error_reason"],
+        )
+        for job in answer["jobs"]
+    ]
+    _table(io, ("JOB_ID", "KIND", "STATUS", "POS", "CREATED", "ENDED", "PROGRESS", "REASON"), rows)
+    if answer["next_cursor"]:
+        io.print(f"(more: supervisor jobs --cursor {answer['next_cursor']})")
+    return EXIT_OK
+
+
+def _show_job(io: _Io, job: Mapping[str, Any]) -> None:
+    for key in sorted(job):
+        value = job[key]
+        if isinstance(value, dict | list):
+            value = json.dumps(value, sort_keys=True)
+        io.print(f"{key:18} {'-' if value is None else value}")
+
+
+def cmd_show(client: Client, args: argparse.Namespace, io: _Io) -> int:
+    job = client.get_job(args.job_id)
+    if args.json:
+        io.json(job)
+    else:
+        _show_job(io, job)
+    return EXIT_OK
+
+
+def cmd_cancel(client: Client, args: argparse.Namespace, io: _Io) -> int:
+    job = client.cancel(args.job_id)
+    if args.json:
+        io.json(job)
+    elif job["status"] == "running":
+        io.print(f"{job['job_id']}  running; cancel requested, stopping")
+    else:
+        io.print(f"{job['job_id']}  {job['status']}")
+    return EXIT_OK
+
+
+def cmd_reconcile(client: Client, args: argparse.Namespace, io: _Io) -> int:
+    report = client.reconcile()
+    if args.json:
+        io.json(report)
+        return EXIT_OK
+    io.print(f"reconciled: {report['updated']} row(s) updated")
+    if report["details"]:
+        rows = [(d["job_id"], d["action"], d["reason"], d["liveness"], d["prior_boot"]) for d in report["details"]]
+        _table(io, ("JOB_ID", "ACTION", "REASON", "LIVENESS", "PRIOR_BOOT"), rows)
+    return EXIT_OK
+
+
+def _show_queue(io: _Io, state: Mapping[str, Any], as_json: bool) -> None:
+    if as_json:
+        io.json(state)
+        return
+    paused = "paused" if state["paused"] else "active"
+    io.print(f"queue {paused}: {state['running']} running (max {state['max_concurrent']}), {state['queued']} queued")
+
+
+def cmd_queue(client: Client, args: argparse.Namespace, io: _Io) -> int:
+    _show_queue(io, client.queue(), args.json)
+    return EXIT_OK
+
+
+def cmd_pause(client: Client, args: argparse.Namespace, io: _Io) -> int:
+    _show_queue(io, client.pause(), args.json)
+    return EXIT_OK
+
+
+def cmd_resume(client: Client, args: argparse.Namespace, io: _Io) -> int:
+    _show_queue(io, client.resume(), args.json)
+    return EXIT_OK
+
+
+def cmd_logs(client: Client, args: argparse.Namespace, io: _Io) -> int:
+    if not args.follow:
+        io.write_bytes(client.log(args.job_id, tail_bytes=args.tail_bytes))
+        return EXIT_OK
+    # Follow by byte offset: the log is append-only, so what was printed never changes under us.
+    offset = 0
+    interval = FOLLOW_MIN_INTERVAL_S
+    while True:
+        # Status before the read: once it is terminal, the job's output is complete and this read is the last.
+        status = JobStatus(client.get_job(args.job_id)["status"])
+        chunk = client.log(args.job_id, offset=offset)
+        shown = chunk[-args.tail_bytes :] if offset == 0 and args.tail_bytes is not None else chunk
+        if shown:
+            io.write_bytes(shown)
+        offset += len(chunk)
+        if status.is_terminal:
+            io.err.write(f"job {args.job_id} is {status}\n")
+            return EXIT_OK
+        interval = FOLLOW_MIN_INTERVAL_S if chunk else min(interval * 2, FOLLOW_MAX_INTERVAL_S)
+        time.sleep(interval)
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = _non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("expected a positive integer, got 0")
+    return value
+
+
+def _add_client_commands(sub: Any) -> None:
+    def add(name: str, command: ClientCommand, help_text: str, *, json_flag: bool = True) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
+        if json_flag:
+            p.add_argument("--json", action="store_true", help="print the server's JSON answer")
+        p.set_defaults(func=_run_client(command))
+        return p
+
+    p = add("enqueue", cmd_enqueue, "enqueue a job of KIND")
+    p.add_argument("kind")
+    p.add_argument(
+        "-p", "--param", type=_param, action="append", metavar="KEY=VALUE", help="a param of the kind (repeatable)"
+    )
+    p = add("jobs", cmd_jobs, "list jobs, newest first")
+    p.add_argument("--status", choices=[s.value for s in JobStatus])
+    p.add_argument("--kind")
+    p.add_argument("--limit", type=_positive, help="rows per page (server default 100, at most 1000)")
+    p.add_argument("--cursor", help="continue after a previous page")
+    p = add("show", cmd_show, "show one job")
+    p.add_argument("job_id")
+    p = add("cancel", cmd_cancel, "cancel a job (idempotent)")
+    p.add_argument("job_id")
+    add("reconcile", cmd_reconcile, "operator reconcile: may mark live jobs past the wall-clock window stale")
+    add("queue", cmd_queue, "show the queue's state")
+    add("pause", cmd_pause, "pause promotion (running jobs continue)")
+    add("resume", cmd_resume, "resume promotion")
+    p = add("logs", cmd_logs, "print a job's log", json_flag=False)
+    p.add_argument("job_id")
+    p.add_argument("--tail-bytes", type=_non_negative, metavar="N", help="only the last N bytes")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the job ends")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="supervisor", description=__doc__)
     parser.add_argument("--config", type=Path, default=None, help="a TOML file of settings (env vars win)")
@@ -89,12 +374,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check-config", help="print the effective configuration, or name every invalid setting")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_check_config)
+    _add_client_commands(sub)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
+    """Run one command. ``environ``/``stdout``/``stderr`` default to the process's (tests pass their own)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.io = _Io(os.environ if environ is None else environ, stdout or sys.stdout, stderr or sys.stderr)
     code: int = args.func(args)
     return code
 

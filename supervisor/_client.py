@@ -1,0 +1,172 @@
+"""A small synchronous client of the control API, for the CLI.
+
+Every request carries an explicit ``timeout=`` (``tools/lint_timeouts.py``): a CLI that hangs on a wedged server
+is worse than one that says so. Failures come out as two errors, by whose fault they are:
+
+    SupervisorError
+    ├── ApiError        the server answered with an error (its code, message and field, and the HTTP status)
+    └── Unreachable     no answer: refused, timed out, or not HTTP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from ._errors import SupervisorError
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+# Connecting to a local server is instant or refused; reconcile probes every running job, so reads get longer.
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 60.0
+
+
+class ApiError(SupervisorError):
+    """The server answered with an error; the message is the server's own."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        field: str | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        self.status = status
+        self.code = code
+        self.field = field
+        self.request_id = request_id
+        super().__init__(message)
+
+    def describe(self) -> str:
+        """One line for a human: the message, then what a script or an operator may need."""
+        extra = [f"HTTP {self.status}", self.code]
+        if self.field:
+            extra.append(f"field {self.field}")
+        if self.request_id:
+            extra.append(f"request id {self.request_id}")
+        return f"{self} ({', '.join(extra)})"
+
+
+class Unreachable(SupervisorError):
+    """No usable answer from the server at all."""
+
+
+class Client:
+    """The control API as method calls; each returns the decoded JSON answer (or the log's bytes)."""
+
+    _http: httpx.Client
+
+    def __init__(self, base_url: str, *, token: str | None = None, timeout: httpx.Timeout | None = None) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"the supervisor URL must start with http:// or https://, not {base_url!r}")
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout or httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=self.timeout)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str | int | None] | None = None,
+        body: Any = None,
+    ) -> httpx.Response:
+        try:
+            response = self._http.request(
+                method,
+                path,
+                params={k: v for k, v in (params or {}).items() if v is not None},
+                json=body,
+                timeout=self.timeout,
+            )
+        except httpx.TimeoutException as exc:
+            raise Unreachable(
+                f"the supervisor at {self.base_url} did not answer in time ({type(exc).__name__})"
+            ) from exc
+        except httpx.TransportError as exc:
+            raise Unreachable(f"cannot reach the supervisor at {self.base_url}: {exc}") from exc
+        if response.is_error:
+            raise _api_error(response)
+        return response
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self._send(method, path, **kwargs)
+        try:
+            return response.json()
+        except ValueError:
+            raise Unreachable(f"{self.base_url} answered {path} with something that is not JSON") from None
+
+    # -- the API ----------------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        return self._json("GET", "/api/health")
+
+    def enqueue(self, kind: str, params: Mapping[str, Any]) -> dict[str, Any]:
+        return self._json("POST", "/api/jobs", body={"kind": kind, "params": dict(params)})
+
+    def list_jobs(
+        self, *, status: str | None = None, kind: str | None = None, limit: int | None = None, cursor: str | None = None
+    ) -> dict[str, Any]:
+        return self._json("GET", "/api/jobs", params={"status": status, "kind": kind, "limit": limit, "cursor": cursor})
+
+    def get_job(self, job_id: str) -> dict[str, Any]:
+        return self._json("GET", f"/api/jobs/{_segment(job_id)}")
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self._json("POST", f"/api/jobs/{_segment(job_id)}/cancel")
+
+    def reconcile(self) -> dict[str, Any]:
+        return self._json("POST", "/api/jobs/reconcile")
+
+    def queue(self) -> dict[str, Any]:
+        return self._json("GET", "/api/queue")
+
+    def pause(self) -> dict[str, Any]:
+        return self._json("POST", "/api/queue/pause")
+
+    def resume(self) -> dict[str, Any]:
+        return self._json("POST", "/api/queue/resume")
+
+    def log(self, job_id: str, *, tail_bytes: int | None = None, offset: int | None = None) -> bytes:
+        query = {"tail_bytes": tail_bytes, "offset": offset}
+        return self._send("GET", f"/api/jobs/{_segment(job_id)}/log", params=query).content
+
+
+def _segment(job_id: str) -> str:
+    """A job id as one path segment: an id with a '/' must not address another route."""
+    return quote(job_id, safe="")
+
+
+def _api_error(response: httpx.Response) -> ApiError:
+    request_id = response.headers.get("X-Request-Id")
+    try:
+        error = response.json()["error"]
+        return ApiError(
+            response.status_code,
+            str(error.get("code", "error")),
+            str(error.get("message", "")),
+            field=error.get("field"),
+            request_id=error.get("request_id") or request_id,
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        # Not our error shape (a proxy in between, say): show the start of what came back.
+        text = response.text.strip().splitlines()[0][:200] if response.text.strip() else response.reason_phrase
+        return ApiError(response.status_code, "http_error", text, request_id=request_id)

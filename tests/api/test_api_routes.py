@@ -1,0 +1,459 @@
+"""Routes through the quart-trio test client (lifespan running), on a supervisor whose jobs really run."""
+
+from __future__ import annotations
+
+import os
+import signal
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+import structlog
+from conftest import (
+    Harness,
+    OpenHarness,
+    poll_until,
+    wait_for_job,
+    wait_log_line,
+    wait_terminal,
+)
+from prometheus_client.parser import text_string_to_metric_families
+
+from supervisor._app import MAX_BODY_BYTES, REQUEST_ID_HEADER
+from supervisor._errors import RegistryError
+
+
+def assert_utc(ts: str) -> None:
+    parsed = datetime.fromisoformat(ts)
+    assert parsed.utcoffset() == timedelta(0), ts
+
+
+def assert_error(body: Any, code: str, field: str | None = None) -> None:
+    assert set(body) == {"error"}
+    assert body["error"]["code"] == code, body
+    assert body["error"]["field"] == field, body
+    assert body["error"]["message"]
+
+
+async def test_health(harness: Harness) -> None:
+    status, body = await harness.json("GET", "/api/health")
+    assert status == 200
+    assert body == {"status": "ok", "boot_id": harness.supervisor.boot_id, "exec_mode": "subprocess", "paused": False}
+
+
+async def test_enqueue_answers_202_with_position_and_coalesces(harness: Harness) -> None:
+    await harness.supervisor.pause()
+    status, first = await harness.json("POST", "/api/jobs", json={"kind": "sleep", "params": {"seconds": 1}})
+    assert status == 202
+    assert set(first) == {"job_id", "status", "queue_position", "coalesced"}
+    assert (first["status"], first["queue_position"], first["coalesced"]) == ("queued", 1, False)
+
+    _, tidy = await harness.json("POST", "/api/jobs", json={"kind": "tidy"})
+    assert (tidy["queue_position"], tidy["coalesced"]) == (2, False)
+    status, again = await harness.json("POST", "/api/jobs", json={"kind": "tidy", "params": {}})
+    assert status == 202
+    assert again == {**tidy, "coalesced": True}
+
+
+async def test_enqueued_job_runs_and_its_row_is_public(harness: Harness) -> None:
+    status, answer = await harness.json("POST", "/api/jobs", json={"kind": "echo", "params": {"text": "hello"}})
+    assert status == 202
+    await wait_terminal(harness.supervisor, answer["job_id"])
+
+    status, row = await harness.json("GET", f"/api/jobs/{answer['job_id']}")
+    assert status == 200
+    assert row["status"] == "succeeded"
+    assert row["exit_code"] == 0
+    assert row["params"] == {"text": "hello"}
+    assert "token_hash" not in row and "token" not in row
+    assert "queue_position" not in row  # only queued rows carry one
+    for key in ("created_at", "started_at", "ended_at"):
+        assert_utc(row[key])
+
+
+async def test_params_arrive_as_strings_and_are_converted_by_the_kind(harness: Harness) -> None:
+    await harness.supervisor.pause()
+    params = {"n": "3", "ratio": "0.5", "flag": "true", "name": "x"}
+    _, answer = await harness.json("POST", "/api/jobs", json={"kind": "typed", "params": params})
+    _, row = await harness.json("GET", f"/api/jobs/{answer['job_id']}")
+    assert row["params"] == {"n": 3, "ratio": 0.5, "flag": True, "name": "x"}
+    assert row["queue_position"] == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"kind": "nope"}, "kind"),
+        ({"kind": 7}, "kind"),
+        ({}, "kind"),
+        ({"kind": "sleep"}, "params.seconds"),
+        ({"kind": "sleep", "params": {}}, "params.seconds"),
+        ({"kind": "sleep", "params": {"seconds": "soon"}}, "params.seconds"),
+        ({"kind": "sleep", "params": {"seconds": True}}, "params.seconds"),
+        ({"kind": "sleep", "params": {"seconds": 1, "extra": 1}}, "params.extra"),
+        ({"kind": "sleep", "params": [1]}, "params"),
+        ({"kind": "typed", "params": {"n": "1.5", "ratio": 1, "flag": True, "name": "x"}}, "params.n"),
+        ({"kind": "typed", "params": {"n": 1, "ratio": 1, "flag": "yes", "name": "x"}}, "params.flag"),
+        ({"kind": "typed", "params": {"n": 1, "ratio": 1, "flag": True, "name": "-rf"}}, "params.name"),
+        ({"kind": "sleep", "params": {"seconds": 1}, "priority": 9}, "priority"),
+        ([{"kind": "sleep"}], "body"),
+    ],
+)
+async def test_invalid_enqueue_is_422_naming_the_field_and_stores_nothing(
+    harness: Harness, body: Any, field: str
+) -> None:
+    status, answer = await harness.json("POST", "/api/jobs", json=body)
+    assert status == 422
+    assert_error(answer, "validation_error", field)
+    assert await harness.supervisor.registry.counts() == {s: 0 for s in await harness.supervisor.registry.counts()}
+
+
+@pytest.mark.parametrize("raw", [b"", b"{", b'{"kind": "sleep"', b"\xff\xfe", b'{"kind": "sleep", "params": NaN}'])
+async def test_malformed_json_is_400(harness: Harness, raw: bytes) -> None:
+    status, body = await harness.json("POST", "/api/jobs", data=raw, headers={"Content-Type": "application/json"})
+    assert status == 400
+    assert_error(body, "malformed_json", "body")
+
+
+async def test_body_must_be_json(harness: Harness) -> None:
+    status, body = await harness.json(
+        "POST", "/api/jobs", data=b'{"kind": "tidy"}', headers={"Content-Type": "text/plain"}
+    )
+    assert status == 415
+    assert_error(body, "unsupported_media_type")
+    assert sum((await harness.supervisor.registry.counts()).values()) == 0
+
+
+async def test_body_too_large_is_413_and_stores_nothing(harness: Harness) -> None:
+    big = {"kind": "echo", "params": {"text": "x" * MAX_BODY_BYTES}}
+    status, body = await harness.json("POST", "/api/jobs", json=big)
+    assert status == 413
+    assert_error(body, "body_too_large")
+    assert sum((await harness.supervisor.registry.counts()).values()) == 0
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ({"limit": "0"}, "limit"),
+        ({"limit": "1001"}, "limit"),
+        ({"limit": "ten"}, "limit"),
+        ({"limit": "-1"}, "limit"),
+        ({"status": "sleeping"}, "status"),
+        ({"cursor": "not-a-cursor"}, "cursor"),
+        ({"colour": "red"}, "colour"),
+    ],
+)
+async def test_bad_list_query_is_422_naming_it(harness: Harness, query: dict[str, str], field: str) -> None:
+    status, body = await harness.json("GET", "/api/jobs", query_string=query)
+    assert status == 422
+    assert_error(body, "validation_error", field)
+
+
+async def test_list_filters_and_limits(harness: Harness) -> None:
+    await harness.supervisor.pause()
+    ids = [
+        (await harness.json("POST", "/api/jobs", json={"kind": "sleep", "params": {"seconds": i}}))[1]["job_id"]
+        for i in range(3)
+    ]
+    await harness.json("POST", "/api/jobs", json={"kind": "tidy"})
+    status, page = await harness.json("GET", "/api/jobs", query_string={"kind": "sleep", "status": "queued"})
+    assert status == 200
+    assert [job["job_id"] for job in page["jobs"]] == ids[::-1]  # newest first
+    assert [job["queue_position"] for job in page["jobs"]] == [3, 2, 1]
+    assert page["next_cursor"] is None
+    _, capped = await harness.json("GET", "/api/jobs", query_string={"limit": "1000"})
+    assert len(capped["jobs"]) == 4
+    _, none = await harness.json("GET", "/api/jobs", query_string={"status": "failed"})
+    assert none == {"jobs": [], "next_cursor": None}
+
+
+async def test_pagination_is_stable_while_rows_are_added(harness: Harness) -> None:
+    await harness.supervisor.pause()
+
+    async def add(n: int) -> list[str]:
+        return [
+            (await harness.json("POST", "/api/jobs", json={"kind": "sleep", "params": {"seconds": i}}))[1]["job_id"]
+            for i in range(n)
+        ]
+
+    first_batch = await add(5)
+    seen: list[str] = []
+    cursor: str | None = None
+    while True:
+        query = {"limit": "2"} | ({"cursor": cursor} if cursor else {})
+        _, page = await harness.json("GET", "/api/jobs", query_string=query)
+        seen.extend(job["job_id"] for job in page["jobs"])
+        await add(1)  # a new row between pages must neither shift nor repeat what follows
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == first_batch[::-1]
+
+
+async def test_unknown_job_is_404_on_every_job_route(harness: Harness) -> None:
+    for method, path in [
+        ("GET", "/api/jobs/nope"),
+        ("POST", "/api/jobs/nope/cancel"),
+        ("GET", "/api/jobs/nope/log"),
+    ]:
+        status, body = await harness.json(method, path)
+        assert status == 404, path
+        assert_error(body, "not_found", "job_id")
+    status, body = await harness.json("GET", "/api/nothing-here")
+    assert status == 404
+    assert_error(body, "not_found")
+
+
+async def test_wrong_method_is_405_with_allow(harness: Harness) -> None:
+    response = await harness.client.delete("/api/queue")
+    assert response.status_code == 405
+    assert "GET" in response.headers["Allow"]
+    assert_error(await response.get_json(), "method_not_allowed")
+
+
+async def test_cancel_queued_then_again_is_idempotent(harness: Harness) -> None:
+    await harness.supervisor.pause()
+    _, answer = await harness.json("POST", "/api/jobs", json={"kind": "sleep", "params": {"seconds": 30}})
+    path = f"/api/jobs/{answer['job_id']}/cancel"
+    status, row = await harness.json("POST", path)
+    assert (status, row["status"]) == (200, "cancelled")
+    status, again = await harness.json("POST", path)
+    assert (status, again) == (200, row)
+
+
+async def test_cancel_running_job_stops_it(harness: Harness) -> None:
+    _, answer = await harness.json("POST", "/api/jobs", json={"kind": "sleep", "params": {"seconds": 30}})
+    assert answer["status"] == "running"
+    status, row = await harness.json("POST", f"/api/jobs/{answer['job_id']}/cancel")
+    assert status == 200
+    assert row["cancel_requested"] is True
+    job = await wait_terminal(harness.supervisor, answer["job_id"])
+    assert job.status == "cancelled"
+
+
+async def test_pause_and_resume_drive_promotion(harness: Harness) -> None:
+    status, state = await harness.json("POST", "/api/queue/pause")
+    assert (status, state) == (200, {"paused": True, "running": 0, "queued": 0, "max_concurrent": 2})
+    assert harness.supervisor.config.pause_flag_path.exists()
+    _, answer = await harness.json("POST", "/api/jobs", json={"kind": "sleep", "params": {"seconds": 30}})
+    assert answer["status"] == "queued"
+    _, health = await harness.json("GET", "/api/health")
+    assert health["paused"] is True
+    assert (await harness.json("GET", "/api/queue"))[1]["queued"] == 1
+
+    status, state = await harness.json("POST", "/api/queue/resume")
+    assert (status, state) == (200, {"paused": False, "running": 1, "queued": 0, "max_concurrent": 2})
+    assert not harness.supervisor.config.pause_flag_path.exists()
+
+
+async def test_reconcile_reports_each_running_row(harness: Harness) -> None:
+    _, answer = await harness.json("POST", "/api/jobs", json={"kind": "sleep", "params": {"seconds": 30}})
+    status, report = await harness.json("POST", "/api/jobs/reconcile")
+    assert status == 200
+    assert report == {
+        "updated": 0,
+        "details": [
+            {"job_id": answer["job_id"], "action": "keep", "reason": "alive", "liveness": "alive", "prior_boot": False}
+        ],
+    }
+
+
+async def test_operator_reconcile_marks_a_live_job_past_the_window_stale(open_harness: OpenHarness) -> None:
+    # Any running job is past a one-microsecond window; only the operator route may evict it (sweeps only warn).
+    async with open_harness(stale_after_s=1e-6) as harness:
+        _, answer = await harness.json("POST", "/api/jobs", json={"kind": "sleep", "params": {"seconds": 30}})
+        status, report = await harness.json("POST", "/api/jobs/reconcile")
+        assert status == 200
+        assert report["updated"] == 1
+        assert report["details"][0]["action"] == "stale"
+        job = await harness.supervisor.get(answer["job_id"])
+        assert (job.status, job.error_reason) == ("stale", "wall_clock_stale")
+        # A stale verdict sends no signal: the process is ours to stop, then its monitor reaps it.
+        assert job.pid is not None
+        os.kill(job.pid, signal.SIGKILL)
+
+        async def monitor_done() -> bool | None:
+            return True if answer["job_id"] not in harness.supervisor._running else None
+
+        await poll_until(monitor_done)
+
+
+async def test_log_whole_tail_and_offset(harness: Harness) -> None:
+    _, answer = await harness.json("POST", "/api/jobs", json={"kind": "echo", "params": {"text": "hello world"}})
+    await wait_terminal(harness.supervisor, answer["job_id"])
+    path = f"/api/jobs/{answer['job_id']}/log"
+
+    response = await harness.client.get(path)
+    assert response.status_code == 200
+    assert response.mimetype == "text/plain"
+    assert await response.get_data() == b"hello world\n"
+    tail = await harness.client.get(path, query_string={"tail_bytes": "6"})
+    assert await tail.get_data() == b"world\n"
+    rest = await harness.client.get(path, query_string={"offset": "6"})
+    assert await rest.get_data() == b"world\n"
+    past = await harness.client.get(path, query_string={"offset": "1000"})
+    assert await past.get_data() == b""
+
+    for query, field in [
+        ({"tail_bytes": "-1"}, "tail_bytes"),
+        ({"offset": "x"}, "offset"),
+        ({"tail_bytes": "1", "offset": "1"}, "offset"),
+    ]:
+        status, body = await harness.json("GET", path, query_string=query)
+        assert status == 422
+        assert_error(body, "validation_error", field)
+
+
+async def test_log_of_a_queued_job_is_empty(harness: Harness) -> None:
+    await harness.supervisor.pause()
+    _, answer = await harness.json("POST", "/api/jobs", json={"kind": "tidy"})
+    response = await harness.client.get(f"/api/jobs/{answer['job_id']}/log")
+    assert (response.status_code, await response.get_data()) == (200, b"")
+
+
+async def start_tokened(harness: Harness) -> tuple[str, str]:
+    """A running job and its token (it prints the token it was given, then sleeps)."""
+    _, answer = await harness.json("POST", "/api/jobs", json={"kind": "tokened", "params": {"seconds": 30}})
+    return answer["job_id"], await wait_log_line(harness.supervisor, answer["job_id"])
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def test_heartbeat_records_progress_as_a_watermark(harness: Harness) -> None:
+    job_id, token = await start_tokened(harness)
+    path = f"/api/jobs/{job_id}/heartbeat"
+
+    response = await harness.client.post(
+        path, json={"completed_units": 3, "total_units": 10, "stage": "fetch"}, headers=bearer(token)
+    )
+    assert response.status_code == 204
+    assert await response.get_data() == b""
+    first = await harness.supervisor.get(job_id)
+    assert (first.completed_units, first.total_units, first.stage) == (3, 10, "fetch")
+    assert first.last_progress_at is not None
+
+    # A lower count is a liveness beat only: the watermark and last_progress_at stay.
+    response = await harness.client.post(path, json={"completed_units": 2}, headers=bearer(token))
+    assert response.status_code == 204
+    second = await harness.supervisor.get(job_id)
+    assert second.completed_units == 3
+    assert second.last_progress_at == first.last_progress_at
+    assert second.last_heartbeat_at is not None and first.last_heartbeat_at is not None
+    assert second.last_heartbeat_at >= first.last_heartbeat_at
+
+
+async def test_heartbeat_rejects_other_tokens_and_bad_bodies(harness: Harness) -> None:
+    job_id, token = await start_tokened(harness)
+    _, other_token = await start_tokened(harness)
+    path = f"/api/jobs/{job_id}/heartbeat"
+
+    for headers in [{}, bearer(other_token), {"Authorization": f"Basic {token}"}, bearer(token + "x")]:
+        status, body = await harness.json("POST", path, json={"completed_units": 1}, headers=headers)
+        assert status == 401, headers
+        assert_error(body, "unauthorized")
+    assert (await harness.supervisor.get(job_id)).last_heartbeat_at is None
+
+    for bad, field in [
+        ({"completed_units": -1}, "completed_units"),
+        ({"completed_units": "1"}, "completed_units"),
+        ({}, "completed_units"),
+        ({"completed_units": 1, "total_units": True}, "total_units"),
+        ({"completed_units": 1, "stage": "x" * 201}, "stage"),
+        ({"completed_units": 1, "eta": 5}, "eta"),
+        ([1], "body"),
+    ]:
+        status, body = await harness.json("POST", path, json=bad, headers=bearer(token))
+        assert status == 422, bad
+        assert_error(body, "validation_error", field)
+    status, body = await harness.json(
+        "POST", "/api/jobs/nope/heartbeat", json={"completed_units": 1}, headers=bearer(token)
+    )
+    assert status == 404
+
+
+async def test_heartbeat_after_the_job_ended_is_409(harness: Harness) -> None:
+    job_id, token = await start_tokened(harness)
+    await harness.json("POST", f"/api/jobs/{job_id}/cancel")
+    await wait_terminal(harness.supervisor, job_id)
+    status, body = await harness.json(
+        "POST", f"/api/jobs/{job_id}/heartbeat", json={"completed_units": 1}, headers=bearer(token)
+    )
+    assert status == 409
+    assert_error(body, "conflict", "job_id")
+
+
+async def test_unexpected_error_is_500_without_traceback_and_logged_with_the_request_id(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken() -> Any:
+        raise RuntimeError("secret internal detail")
+
+    with monkeypatch.context() as patch, structlog.testing.capture_logs() as logs:
+        patch.setattr(harness.supervisor, "queue_state", broken)
+        response = await harness.client.get("/api/queue")
+    assert response.status_code == 500
+    text = (await response.get_data()).decode()
+    assert "secret internal detail" not in text and "Traceback" not in text and "RuntimeError" not in text
+    body = await response.get_json()
+    assert_error(body, "internal_error")
+    request_id = response.headers[REQUEST_ID_HEADER]
+    assert body["error"]["request_id"] == request_id
+    assert request_id in body["error"]["message"]
+    [entry] = [e for e in logs if e["event"] == "request_failed"]
+    assert entry["request_id"] == request_id
+    assert entry["log_level"] == "error"
+    assert entry["exc_info"] is True
+
+
+async def test_registry_unavailable_is_503(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def busy(**kwargs: Any) -> Any:
+        raise RegistryError("registry lock not acquired: database is locked")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(harness.supervisor, "list_jobs", busy)
+        status, body = await harness.json("GET", "/api/jobs")
+    assert status == 503
+    assert_error(body, "unavailable")
+    assert "database is locked" not in body["error"]["message"]
+
+
+async def test_every_answer_carries_a_request_id(harness: Harness) -> None:
+    ids = set()
+    for path in ["/api/health", "/api/jobs", "/api/jobs/nope", "/metrics", "/nowhere"]:
+        response = await harness.client.get(path)
+        ids.add(response.headers[REQUEST_ID_HEADER])
+    assert len(ids) == 5
+
+
+async def test_metrics_count_jobs_by_status_and_the_pause(harness: Harness) -> None:
+    await harness.supervisor.pause()
+    for _ in range(2):
+        await harness.json("POST", "/api/jobs", json={"kind": "sleep", "params": {"seconds": 1}})
+    response = await harness.client.get("/metrics")
+    assert response.status_code == 200
+    assert response.mimetype == "text/plain"
+    families = {f.name: f for f in text_string_to_metric_families((await response.get_data()).decode())}
+    by_status = {s.labels["status"]: s.value for s in families["supervisor_jobs"].samples}
+    assert by_status == {"queued": 2, "running": 0, "succeeded": 0, "failed": 0, "cancelled": 0, "stale": 0}
+    assert families["supervisor_queue_paused"].samples[0].value == 1
+    assert families["supervisor_max_concurrent"].samples[0].value == 2
+
+
+async def test_two_apps_have_separate_metric_registries(open_harness: OpenHarness) -> None:
+    # Building a second app must not collide with the first's metrics (no process-global registry).
+    async with open_harness() as one, open_harness() as two:
+        assert (
+            one.app.extensions["supervisor.metrics_registry"] is not two.app.extensions["supervisor.metrics_registry"]
+        )
+        for h in (one, two):
+            assert (await h.client.get("/metrics")).status_code == 200
+
+
+async def test_failed_job_row_names_the_reason(harness: Harness) -> None:
+    _, answer = await harness.json("POST", "/api/jobs", json={"kind": "fail"})
+    job = await wait_for_job(harness.supervisor, answer["job_id"], lambda j: j.status.is_terminal)
+    _, row = await harness.json("GET", f"/api/jobs/{job.job_id}")
+    assert (row["status"], row["exit_code"], row["error_reason"]) == ("failed", 3, "exit_code_3")
