@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from conftest import FakeNet, fake_hang, fake_json, fake_ok, fake_status, rss
+from runner_helpers import FakeNet, fake_hang, fake_json, fake_ok, fake_status, rss
 from trio.testing import MockClock
 
 from pipeline_runner import (

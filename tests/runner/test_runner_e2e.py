@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from conftest import (
+from runner_helpers import (
     BILLION_LAUGHS,
     MALFORMED_XML,
     HttpServer,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from conftest import BILLION_LAUGHS, MALFORMED_XML, rss
+from runner_helpers import BILLION_LAUGHS, MALFORMED_XML, rss
 
 from pipeline_runner import Corpus, CostLedger, FeedParseError, PoisonMemo, episode_key, parse_feed
 from pipeline_runner import _fs as runner_fs

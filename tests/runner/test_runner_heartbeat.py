@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from conftest import FakeNet, fake_hang, fake_ok, rss
+from runner_helpers import FakeNet, fake_hang, fake_ok, rss
 from trio.testing import MockClock
 
 from pipeline_runner import EventSink, Heartbeat, HeartbeatConfig, RunnerConfig
