@@ -156,9 +156,9 @@ def create_app(supervisor: Supervisor) -> QuartTrio:
     app.config["BODY_TIMEOUT"] = BODY_TIMEOUT_S
     # Errors are answered by our handlers, never re-raised into the server (not even under TESTING).
     app.config["PROPAGATE_EXCEPTIONS"] = False
-    metrics = _Metrics()
+    gauges = _Metrics()
     # A later issue registers more collectors here.
-    app.extensions["supervisor.metrics_registry"] = metrics.registry
+    app.extensions["supervisor.metrics_registry"] = gauges.registry
     api_token = supervisor.config.api_token
 
     # -- every request ----------------------------------------------------------------------------------
@@ -308,9 +308,9 @@ def create_app(supervisor: Supervisor) -> QuartTrio:
         return openapi_document()
 
     @app.get("/metrics")
-    async def metrics_text() -> Any:
+    async def metrics() -> Any:
         """Prometheus metrics."""
-        return Response(await metrics.render(supervisor), status=200, content_type=CONTENT_TYPE_PLAIN_0_0_4)
+        return Response(await gauges.render(supervisor), status=200, content_type=CONTENT_TYPE_PLAIN_0_0_4)
 
     return app
 

@@ -1,0 +1,100 @@
+"""Authentication: with an API token configured, every route but the public ones answers 401 without it.
+
+The protected routes are found by walking the app's route map, so a route added later is covered without editing
+this file.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from conftest import API_TOKEN, Harness, OpenHarness, wait_log_line
+from werkzeug.routing import Rule
+
+from supervisor._app import PUBLIC_ENDPOINTS
+
+IGNORED_METHODS = {"HEAD", "OPTIONS"}  # added by the framework to every route
+
+
+def routes(harness: Harness, job_id: str) -> Iterator[tuple[Rule, str, str]]:
+    """(rule, method, concrete path) for every route of the app, path arguments filled with ``job_id``."""
+    for rule in harness.app.url_map.iter_rules():
+        path = re.sub(r"<[^>]+>", job_id, rule.rule)
+        for method in sorted((rule.methods or set()) - IGNORED_METHODS):
+            yield rule, method, path
+
+
+def test_the_public_routes_are_exactly_the_probes_and_the_heartbeat() -> None:
+    assert {"health", "metrics", "heartbeat"} == PUBLIC_ENDPOINTS
+
+
+async def test_every_protected_route_is_401_without_the_token_and_changes_nothing(open_harness: OpenHarness) -> None:
+    async with open_harness(api_token=API_TOKEN, max_concurrent=1) as authed:
+        # One job holds the only slot, one waits: unpaused, so a leaked pause, cancel or enqueue would show.
+        await authed.supervisor.enqueue("sleep", {"seconds": 30})
+        waiting = (await authed.supervisor.enqueue("tidy", {})).job
+        assert waiting.status == "queued"
+        await check_all_protected_routes_refuse(authed, waiting.job_id)
+        assert await authed.supervisor.get(waiting.job_id) == waiting  # not cancelled
+        assert not await authed.supervisor.is_paused()
+        counts = await authed.supervisor.registry.counts()
+        assert (counts["running"], counts["queued"], sum(counts.values())) == (1, 1, 2)  # nothing enqueued
+
+
+async def check_all_protected_routes_refuse(authed: Harness, job_id: str) -> None:
+    wrong = [
+        {},
+        {"Authorization": "Bearer wrong-token"},
+        {"Authorization": f"Bearer {API_TOKEN}x"},
+        {"Authorization": f"Basic {API_TOKEN}"},
+        {"Authorization": API_TOKEN},
+        {"Authorization": "Bearer"},
+    ]
+    protected = [
+        (rule, method, path) for rule, method, path in routes(authed, job_id) if rule.endpoint not in PUBLIC_ENDPOINTS
+    ]
+    assert len(protected) >= 10
+    for _, method, path in protected:
+        for headers in wrong:
+            status, body = await authed.json(method, path, headers=headers, json={"kind": "tidy"})
+            assert status == 401, (method, path, headers)
+            assert body["error"]["code"] == "unauthorized"
+
+
+async def test_the_right_token_opens_every_protected_route(authed: Harness) -> None:
+    await authed.supervisor.pause()
+    good = {"Authorization": f"bearer {API_TOKEN}"}  # the scheme is case-insensitive
+    _, answer = await authed.json("POST", "/api/jobs", json={"kind": "tidy"}, headers=good)
+    for rule, method, path in routes(authed, answer["job_id"]):
+        if rule.endpoint in PUBLIC_ENDPOINTS:
+            continue
+        response = await authed.client.open(path, method=method, headers=good, json={"kind": "tidy"})
+        assert response.status_code < 400, (method, path, await response.get_data())
+
+
+async def test_public_routes_need_no_api_token(authed: Harness) -> None:
+    for path in ["/api/health", "/metrics"]:
+        assert (await authed.client.get(path)).status_code == 200
+
+
+async def test_heartbeat_takes_the_job_token_not_the_api_token(authed: Harness) -> None:
+    good = {"Authorization": f"Bearer {API_TOKEN}"}
+    _, answer = await authed.json(
+        "POST", "/api/jobs", json={"kind": "tokened", "params": {"seconds": 30}}, headers=good
+    )
+    job_token = await wait_log_line(authed.supervisor, answer["job_id"])
+    path = f"/api/jobs/{answer['job_id']}/heartbeat"
+    status, body = await authed.json("POST", path, json={"completed_units": 1}, headers=good)
+    assert (status, body["error"]["code"]) == (401, "unauthorized")
+    response = await authed.client.post(
+        path, json={"completed_units": 1}, headers={"Authorization": f"Bearer {job_token}"}
+    )
+    assert response.status_code == 204
+
+
+async def test_without_a_token_configured_no_header_is_needed(open_harness: OpenHarness) -> None:
+    async with open_harness(api_token=None) as harness:
+        await harness.supervisor.pause()
+        for path in ["/api/jobs", "/api/queue", "/api/openapi.json"]:
+            assert (await harness.client.get(path)).status_code == 200
