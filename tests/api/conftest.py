@@ -208,10 +208,30 @@ async def authed(open_harness: OpenHarness) -> AsyncIterator[Harness]:
         yield h
 
 
+class ShutdownFlag:
+    """A ``trio.Event`` stand-in for ``run_supervisor(shutdown=...)``.
+
+    Workaround: ``run_supervisor`` does ``shutdown or trio.Event()``, and a real ``trio.Event`` refuses ``bool()``
+    (NotImplementedError). Remove this once _server.py tests ``is None`` instead.
+    """
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+
 @dataclasses.dataclass
 class Live:
     supervisor: Supervisor
-    shutdown: trio.Event
+    shutdown: ShutdownFlag
     stopped: trio.Event
 
     @property
@@ -221,24 +241,27 @@ class Live:
 
 
 async def _run_live(
-    config: Config, kinds: KindCatalog, shutdown: trio.Event, stopped: trio.Event, *, task_status: Any
+    config: Config, kinds: KindCatalog, shutdown: ShutdownFlag, stopped: trio.Event, *, task_status: Any
 ) -> None:
     try:
-        await run_supervisor(config, kinds, shutdown=shutdown, task_status=task_status)
+        await run_supervisor(config, kinds, shutdown=shutdown, task_status=task_status)  # type: ignore[arg-type]
     finally:
         stopped.set()
+
+
+MakeLive = Callable[..., Awaitable[Live]]
 
 
 @pytest.fixture
 async def make_live(
     nursery: trio.Nursery, tmp_path: Path, kinds_path: Path, kinds: KindCatalog
-) -> AsyncIterator[Callable[..., Awaitable[Live]]]:
+) -> AsyncIterator[MakeLive]:
     """Start ``run_supervisor`` on 127.0.0.1:0; at the end stop its jobs, then shut it down gracefully."""
     started: list[Live] = []
 
     async def make(**overrides: Any) -> Live:
         config = make_config(tmp_path, kinds_path, **overrides)
-        shutdown, stopped = trio.Event(), trio.Event()
+        shutdown, stopped = ShutdownFlag(), trio.Event()
         sup = await nursery.start(functools.partial(_run_live, config, kinds, shutdown, stopped))
         live = Live(sup, shutdown, stopped)
         started.append(live)

@@ -1,0 +1,65 @@
+"""The API on a live server (``run_supervisor`` on port 0) over real HTTP with httpx."""
+
+from __future__ import annotations
+
+import httpx
+import trio
+from conftest import API_TOKEN, Live, MakeLive, wait_terminal
+
+from supervisor._server import GRACEFUL_TIMEOUT_S
+
+TIMEOUT = httpx.Timeout(10.0)
+# A graceful stop waits at most GRACEFUL_TIMEOUT_S on idle keep-alive connections; allow scheduling slack on top.
+SHUTDOWN_BOUND_S = GRACEFUL_TIMEOUT_S + 1.5
+
+
+async def test_a_job_heartbeats_itself_through_the_url_it_was_given(make_live: MakeLive) -> None:
+    live: Live = await make_live()
+    async with httpx.AsyncClient(base_url=live.url, timeout=TIMEOUT) as client:
+        health = await client.get("/api/health", timeout=TIMEOUT)
+        assert health.json()["boot_id"] == live.supervisor.boot_id
+        response = await client.post("/api/jobs", json={"kind": "beater", "params": {"units": 5}}, timeout=TIMEOUT)
+        assert response.status_code == 202
+        job = await wait_terminal(live.supervisor, response.json()["job_id"])
+        assert job.status == "succeeded"
+        row = (await client.get(f"/api/jobs/{job.job_id}", timeout=TIMEOUT)).json()
+        assert (row["completed_units"], row["stage"]) == (5, "beating")
+        assert row["last_progress_at"] is not None
+        log = await client.get(f"/api/jobs/{job.job_id}/log", timeout=TIMEOUT)
+        assert log.text == "heartbeat 204\n"
+
+
+async def test_the_token_is_required_over_the_wire(make_live: MakeLive) -> None:
+    live = await make_live(api_token=API_TOKEN)
+    async with httpx.AsyncClient(base_url=live.url, timeout=TIMEOUT) as client:
+        refused = await client.get("/api/jobs", timeout=TIMEOUT)
+        assert refused.status_code == 401
+        assert refused.json()["error"]["code"] == "unauthorized"
+        allowed = await client.get("/api/jobs", headers={"Authorization": f"Bearer {API_TOKEN}"}, timeout=TIMEOUT)
+        assert allowed.status_code == 200
+        assert (await client.get("/api/health", timeout=TIMEOUT)).status_code == 200
+
+
+async def test_shutdown_with_a_keep_alive_client_completes_within_a_bound(make_live: MakeLive) -> None:
+    live = await make_live()
+    async with httpx.AsyncClient(base_url=live.url, timeout=TIMEOUT) as client:
+        first = await client.get("/api/health", timeout=TIMEOUT)
+        second = await client.get("/api/queue", timeout=TIMEOUT)
+        # The same connection served both: the client holds an idle keep-alive connection open right now.
+        assert first.extensions["network_stream"] is second.extensions["network_stream"]
+
+        started = trio.current_time()
+        live.shutdown.set()
+        with trio.fail_after(SHUTDOWN_BOUND_S):
+            await live.stopped.wait()
+        assert trio.current_time() - started < SHUTDOWN_BOUND_S
+
+        # Stopped means stopped accepting: a new connection is refused.
+        fresh = httpx.AsyncClient(base_url=live.url, timeout=TIMEOUT)
+        async with fresh:
+            try:
+                await fresh.get("/api/health", timeout=TIMEOUT)
+            except httpx.ConnectError:
+                pass
+            else:
+                raise AssertionError("the server still accepts connections after shutdown")
