@@ -42,11 +42,33 @@ def make_config(tmp_path: Path, kinds_file: Path) -> Callable[..., Config]:
 
 
 @pytest.fixture
-async def make_supervisor(
-    make_config: Callable[..., Config], nursery: trio.Nursery
-) -> AsyncIterator[Callable[..., Supervisor]]:
+async def make_supervisor(make_config: Callable[..., Config]) -> AsyncIterator[Callable[..., Supervisor]]:
     made: list[SqliteRegistry] = []
     supervisors: list[Supervisor] = []
+    async with trio.open_nursery() as job_nursery:
+        yield _maker(make_config, made, supervisors, job_nursery)
+        # A supervisor shutdown never kills jobs (by design); a test must not leave real processes behind.
+        for sup in supervisors:
+            for handle in list(sup._running.values()):
+                if handle.spawned is not None and handle.spawned.process.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(handle.spawned.process.pid, signal.SIGKILL)
+            # Let the monitors reap what was killed (an unreaped child is a ResourceWarning, an error here).
+            with trio.fail_after(10):
+                while sup._running:  # noqa: ASYNC110 - monitors remove themselves; bounded above
+                    await trio.sleep(0.01)
+        # Stop every task that may still touch a registry before any registry is closed.
+        job_nursery.cancel_scope.cancel()
+    for registry in made:
+        registry.close()
+
+
+def _maker(
+    make_config: Callable[..., Config],
+    made: list[SqliteRegistry],
+    supervisors: list[Supervisor],
+    job_nursery: trio.Nursery,
+) -> Callable[..., Supervisor]:
 
     def make(*, attach: bool = True, boot_id: str | None = None, **overrides: object) -> Supervisor:
         config = make_config(**overrides)
@@ -54,23 +76,11 @@ async def make_supervisor(
         made.append(registry)
         sup = Supervisor(config, load_kinds(config.kinds_file), AsyncRegistry(registry), boot_id=boot_id)
         if attach:
-            sup.attach(nursery)
+            sup.attach(job_nursery)
         supervisors.append(sup)
         return sup
 
-    yield make
-    # A supervisor shutdown never kills jobs (by design); a test must not leave real processes behind.
-    for sup in supervisors:
-        for handle in list(sup._running.values()):
-            if handle.spawned is not None and handle.spawned.process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(handle.spawned.process.pid, signal.SIGKILL)
-        # Let the monitors reap what was killed (an unreaped child is a ResourceWarning, an error here).
-        with trio.fail_after(10):
-            while sup._running:  # noqa: ASYNC110 - monitors remove themselves; bounded above
-                await trio.sleep(0.01)
-    for registry in made:
-        registry.close()
+    return make
 
 
 @pytest.fixture

@@ -51,7 +51,7 @@ async def test_cancel_escalates_to_sigkill_after_the_grace_period(make_superviso
 
 
 async def test_cancel_in_the_spawn_window_is_carried_out_when_spawn_completes(
-    make_supervisor: Callable[..., Supervisor], nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+    make_supervisor: Callable[..., Supervisor], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sup = make_supervisor()
     release = trio.Event()
@@ -66,11 +66,12 @@ async def test_cancel_in_the_spawn_window_is_carried_out_when_spawn_completes(
     monkeypatch.setattr(sup, "_spawn", slow_spawn)
     argv = sup.kinds.get("sleep").render_argv({"seconds": 60.0})
     queued = (await sup.registry.enqueue("sleep", {"seconds": 60.0}, argv, coalesce_key=None)).job
-    nursery.start_soon(sup.drain)
-    await in_spawn.wait()
-    row = await sup.cancel(queued.job_id)
-    assert (row.status, row.cancel_requested, row.pid) == (JobStatus.RUNNING, True, None)
-    release.set()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sup.drain)
+        await in_spawn.wait()
+        row = await sup.cancel(queued.job_id)
+        assert (row.status, row.cancel_requested, row.pid) == (JobStatus.RUNNING, True, None)
+        release.set()
     ended = await wait_terminal(sup, queued.job_id, timeout_s=5)
     assert ended.status is JobStatus.CANCELLED
     assert ended.pid is not None  # it did spawn, and was stopped as soon as it had
