@@ -68,6 +68,16 @@ KINDS: dict[str, dict[str, Any]] = {
         "params": {"n": "int", "ratio": "float", "flag": "bool", "name": "str"},
     },
     "fail": {"argv": ["{python}", "-c", "raise SystemExit(3)"]},
+    # Output spread over time, for following a log while it grows.
+    "chatty": {
+        "argv": [
+            "{python}",
+            "-c",
+            "import sys, time\nfor i in range(int(sys.argv[1])):\n    print('line', i, flush=True); time.sleep(0.3)",
+            "{lines}",
+        ],
+        "params": {"lines": "int"},
+    },
     "tidy": {"argv": ["{python}", "-c", "pass"], "coalesce": True},
 }
 

@@ -1,0 +1,199 @@
+"""The client commands of the CLI against a live server: ``main([...])`` runs in a thread while the server runs on
+the test's event loop."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import io
+import json
+import socket
+from typing import Any
+
+import pytest
+import trio
+from conftest import API_TOKEN, Live, MakeLive, wait_for_job, wait_terminal
+
+from supervisor._cli import EXIT_CONFIG, EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, main
+
+CLI_LIMIT_S = 20.0
+
+
+@dataclasses.dataclass
+class Ran:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+async def cli(url: str, *argv: str, token: str | None = None) -> Ran:
+    environ = {"PODCAST_JOB_URL": url} | ({"PODCAST_JOB_API_TOKEN": token} if token else {})
+    out, err = io.StringIO(), io.StringIO()
+    run = functools.partial(main, list(argv), environ=environ, stdout=out, stderr=err)
+    with trio.fail_after(CLI_LIMIT_S):
+        code = await trio.to_thread.run_sync(run, abandon_on_cancel=True)
+    return Ran(code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+async def live(make_live: MakeLive) -> Live:
+    return await make_live()
+
+
+def closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+async def test_enqueue_list_show_cancel(live: Live) -> None:
+    ran = await cli(live.url, "enqueue", "sleep", "-p", "seconds=30", "--json")
+    assert ran.code == EXIT_OK, ran.err
+    job_id = ran.json()["job_id"]
+    assert ran.json()["status"] == "running"
+
+    table = await cli(live.url, "jobs")
+    assert table.code == EXIT_OK
+    header, row = table.out.splitlines()
+    assert header.split() == ["JOB_ID", "KIND", "STATUS", "POS", "CREATED", "ENDED", "PROGRESS", "REASON"]
+    assert row.split()[:3] == [job_id, "sleep", "running"]
+
+    running = await cli(live.url, "jobs", "--status", "running", "--json")
+    assert [j["job_id"] for j in running.json()["jobs"]] == [job_id]
+    assert (await cli(live.url, "jobs", "--status", "failed", "--json")).json() == {"jobs": [], "next_cursor": None}
+
+    shown = await cli(live.url, "show", job_id)
+    assert shown.code == EXIT_OK
+    lines = dict(line.split(None, 1) for line in shown.out.splitlines())
+    assert (lines["job_id"], lines["status"], lines["params"]) == (job_id, "running", '{"seconds": 30.0}')
+    assert (await cli(live.url, "show", job_id, "--json")).json()["job_id"] == job_id
+
+    cancelled = await cli(live.url, "cancel", job_id)
+    assert cancelled.code == EXIT_OK
+    assert cancelled.out.strip() == f"{job_id}  running; cancel requested, stopping"
+    assert (await wait_terminal(live.supervisor, job_id)).status == "cancelled"
+    again = await cli(live.url, "cancel", job_id, "--json")
+    assert (again.code, again.json()["status"]) == (EXIT_OK, "cancelled")
+
+
+async def test_params_are_sent_as_strings_and_typed_by_the_kind(live: Live) -> None:
+    paused = await cli(live.url, "pause")
+    assert (paused.code, paused.out.strip()) == (EXIT_OK, "queue paused: 0 running (max 2), 0 queued")
+    ran = await cli(live.url, "enqueue", "typed", "-p", "n=3", "-p", "ratio=0.5", "-p", "flag=true", "-p", "name=a=b")
+    assert ran.code == EXIT_OK, ran.err
+    job_id, rest = ran.out.split(None, 1)
+    assert rest.strip() == "queued (position 1)"
+    params = (await cli(live.url, "show", job_id, "--json")).json()["params"]
+    assert params == {"n": 3, "ratio": 0.5, "flag": True, "name": "a=b"}
+
+    queue = await cli(live.url, "queue", "--json")
+    assert queue.json() == {"paused": True, "running": 0, "queued": 1, "max_concurrent": 2}
+    resumed = await cli(live.url, "resume")
+    assert resumed.code == EXIT_OK
+    assert resumed.out.startswith("queue active:")
+    await wait_terminal(live.supervisor, job_id)
+
+
+async def test_coalesced_enqueue_says_so(live: Live) -> None:
+    await cli(live.url, "pause")
+    first = await cli(live.url, "enqueue", "tidy")
+    second = await cli(live.url, "enqueue", "tidy")
+    assert second.out.split()[0] == first.out.split()[0]
+    assert "coalesced" in second.out
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["enqueue", "nope"], "unknown kind 'nope'"),
+        (["enqueue", "sleep"], "field params.seconds"),
+        (["enqueue", "sleep", "-p", "seconds=soon"], "field params.seconds"),
+        (["enqueue", "sleep", "-p", "seconds=1", "-p", "colour=red"], "field params.colour"),
+        (["show", "nope"], "no job with id 'nope'"),
+        (["cancel", "nope"], "HTTP 404"),
+        (["logs", "nope"], "not_found"),
+    ],
+)
+async def test_server_errors_exit_non_zero_with_the_server_message(live: Live, argv: list[str], expected: str) -> None:
+    ran = await cli(live.url, *argv)
+    assert ran.code == EXIT_ERROR
+    assert ran.out == ""
+    assert ran.err.startswith("error: ")
+    assert expected in ran.err
+
+
+async def test_a_repeated_param_is_a_usage_error(live: Live) -> None:
+    ran = await cli(live.url, "enqueue", "sleep", "-p", "seconds=1", "-p", "seconds=2")
+    assert ran.code == 2
+    assert "seconds given twice" in ran.err
+
+
+async def test_a_param_without_equals_is_a_usage_error(live: Live) -> None:
+    with pytest.raises(SystemExit) as exc:
+        await cli(live.url, "enqueue", "sleep", "-p", "seconds")
+    assert exc.value.code == 2
+
+
+async def test_reconcile_prints_each_running_row(live: Live) -> None:
+    job_id = (await cli(live.url, "enqueue", "sleep", "-p", "seconds=30", "--json")).json()["job_id"]
+    ran = await cli(live.url, "reconcile")
+    assert ran.code == EXIT_OK
+    lines = ran.out.splitlines()
+    assert lines[0] == "reconciled: 0 row(s) updated"
+    assert lines[2].split() == [job_id, "keep", "alive", "alive", "False"]
+    report = (await cli(live.url, "reconcile", "--json")).json()
+    assert report["updated"] == 0 and report["details"][0]["job_id"] == job_id
+
+
+async def test_logs_whole_and_tail(live: Live) -> None:
+    job_id = (await cli(live.url, "enqueue", "echo", "-p", "text=hello world", "--json")).json()["job_id"]
+    await wait_terminal(live.supervisor, job_id)
+    assert (await cli(live.url, "logs", job_id)).out == "hello world\n"
+    assert (await cli(live.url, "logs", job_id, "--tail-bytes", "6")).out == "world\n"
+
+
+async def test_logs_follow_prints_everything_once_and_ends_with_the_job(live: Live) -> None:
+    job_id = (await cli(live.url, "enqueue", "chatty", "-p", "lines=3", "--json")).json()["job_id"]
+    # Start following while the job is still writing.
+    await wait_for_job(live.supervisor, job_id, lambda job: job.status == "running")
+    ran = await cli(live.url, "logs", job_id, "--follow")
+    assert ran.code == EXIT_OK
+    assert ran.out == "line 0\nline 1\nline 2\n"
+    assert ran.err.strip() == f"job {job_id} is succeeded"
+    assert (await live.supervisor.get(job_id)).status == "succeeded"
+
+
+async def test_logs_follow_with_tail_starts_at_the_tail(live: Live) -> None:
+    job_id = (await cli(live.url, "enqueue", "echo", "-p", "text=abcdef", "--json")).json()["job_id"]
+    await wait_terminal(live.supervisor, job_id)
+    ran = await cli(live.url, "logs", job_id, "--follow", "--tail-bytes", "3")
+    assert (ran.code, ran.out) == (EXIT_OK, "ef\n")
+
+
+async def test_unreachable_server_is_a_clear_message() -> None:
+    url = closed_port_url()
+    ran = await cli(url, "jobs")
+    assert ran.code == EXIT_UNREACHABLE
+    assert f"cannot reach the supervisor at {url}" in ran.err
+    assert "PODCAST_JOB_URL" in ran.err
+
+
+async def test_a_malformed_url_is_a_config_error() -> None:
+    ran = await cli("localhost:8000", "jobs")
+    assert ran.code == EXIT_CONFIG
+    assert "PODCAST_JOB_URL" in ran.err
+
+
+async def test_the_api_token_comes_from_the_environment(make_live: MakeLive) -> None:
+    live = await make_live(api_token=API_TOKEN)
+    refused = await cli(live.url, "jobs")
+    assert refused.code == EXIT_ERROR
+    assert "HTTP 401" in refused.err and "PODCAST_JOB_API_TOKEN" in refused.err
+    wrong = await cli(live.url, "jobs", token="not-it")
+    assert wrong.code == EXIT_ERROR
+    allowed = await cli(live.url, "jobs", "--json", token=API_TOKEN)
+    assert (allowed.code, allowed.json()) == (EXIT_OK, {"jobs": [], "next_cursor": None})

@@ -1,0 +1,86 @@
+"""``supervisor serve`` and the console entry point as real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import trio
+
+from supervisor._cli import EXIT_CONFIG, EXIT_OK
+from supervisor._server import GRACEFUL_TIMEOUT_S
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+START_LIMIT_S = 20.0
+
+
+def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PODCAST_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PODCAST_JOB_DATA_DIR"] = str(tmp_path / "data")
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+async def run_cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[bytes]:
+    with trio.fail_after(START_LIMIT_S):
+        return await trio.run_process(
+            [sys.executable, "-m", "supervisor", *args],
+            env=env,
+            cwd=cwd,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+
+
+async def test_serve_refuses_a_non_loopback_bind_without_a_token(tmp_path: Path) -> None:
+    done = await run_cli(["serve"], cli_env(tmp_path, PODCAST_JOB_BIND="0.0.0.0:0"), tmp_path)
+    assert done.returncode == EXIT_CONFIG
+    assert b"refusing to serve on 0.0.0.0:0 without PODCAST_JOB_API_TOKEN" in done.stderr
+    assert not (tmp_path / "data" / ".viewer").exists()  # refused before touching anything
+
+
+async def test_serve_answers_the_cli_and_exits_0_on_sigterm(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    env = cli_env(tmp_path, PODCAST_JOB_BIND=url.removeprefix("http://"), PODCAST_JOB_URL=url)
+    with (tmp_path / "serve.log").open("wb") as log:
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "supervisor", "serve"], env=env, cwd=tmp_path, stdout=log, stderr=log
+        )
+    try:
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            with trio.fail_after(START_LIMIT_S):
+                while True:
+                    try:
+                        if (await client.get(f"{url}/api/health", timeout=5.0)).status_code == 200:
+                            break
+                    except httpx.ConnectError:
+                        pass
+                    await trio.sleep(0.05)  # polling for the server to come up, under the deadline above
+
+        listed = await run_cli(["jobs", "--json"], env, tmp_path)
+        assert listed.returncode == EXIT_OK, listed.stderr
+        assert listed.stdout.startswith(b"{")
+
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(GRACEFUL_TIMEOUT_S + 5):
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            with trio.CancelScope(shield=True):
+                await process.wait()
+    assert b"supervisor_stopped" in (tmp_path / "serve.log").read_bytes()
