@@ -179,6 +179,8 @@ def create_app(supervisor: Supervisor) -> QuartTrio:
     async def tag_response(response: Response) -> Response:
         if "request_id" in g:
             response.headers[REQUEST_ID_HEADER] = g.request_id
+        # A job's log is served as text/plain; a browser must never sniff it into HTML.
+        response.headers["X-Content-Type-Options"] = "nosniff"
         return response
 
     @app.errorhandler(RequestError)
@@ -248,7 +250,6 @@ def create_app(supervisor: Supervisor) -> QuartTrio:
     @app.get("/api/jobs/<job_id>")
     async def show_job(job_id: str) -> Any:
         """One job's row."""
-        _query(())
         return _row(await supervisor.get(job_id))
 
     @app.post("/api/jobs/<job_id>/cancel")

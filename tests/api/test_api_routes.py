@@ -287,6 +287,7 @@ async def test_log_whole_tail_and_offset(harness: Harness) -> None:
     response = await harness.client.get(path)
     assert response.status_code == 200
     assert response.mimetype == "text/plain"
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
     assert await response.get_data() == b"hello world\n"
     tail = await harness.client.get(path, query_string={"tail_bytes": "6"})
     assert await tail.get_data() == b"world\n"
