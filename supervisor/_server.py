@@ -108,7 +108,8 @@ async def run_supervisor(
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the supervisor until ``shutdown`` is set (or SIGTERM/SIGINT). ``started()`` gives the base URL."""
-    shutdown = shutdown or trio.Event()
+    if shutdown is None:
+        shutdown = trio.Event()
     registry = SqliteRegistry(config.registry_path)
     supervisor = Supervisor(config, kinds, AsyncRegistry(registry))
     sock = bind_socket(config.bind_host, config.bind_port)
