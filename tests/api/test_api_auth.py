@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from conftest import API_TOKEN, Harness, OpenHarness, wait_log_line
+from api_support import API_TOKEN, Harness, OpenHarness, wait_log_line
 from werkzeug.routing import Rule
 
 from supervisor._app import PUBLIC_ENDPOINTS

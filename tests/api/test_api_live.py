@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 import trio
-from conftest import API_TOKEN, Live, MakeLive, wait_terminal
+from api_support import API_TOKEN, Live, MakeLive, wait_terminal
 
 from supervisor._server import GRACEFUL_TIMEOUT_S
 

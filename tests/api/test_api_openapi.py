@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from conftest import Harness
+from api_support import Harness
 from werkzeug.routing import Rule
 
 from supervisor._app import PUBLIC_ENDPOINTS

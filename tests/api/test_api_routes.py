@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import structlog
-from conftest import (
+from api_support import (
     Harness,
     OpenHarness,
     poll_until,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import trio
-from conftest import API_TOKEN, Live, MakeLive, wait_for_job, wait_terminal
+from api_support import API_TOKEN, Live, MakeLive, wait_for_job, wait_terminal
 
 from supervisor._cli import EXIT_CONFIG, EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, main
 
