@@ -42,6 +42,7 @@ DEFAULT_LIST_LIMIT = 100
 PUBLIC_ENDPOINTS = frozenset({"health", "metrics", "heartbeat"})
 
 REQUEST_ID_HEADER = "X-Request-Id"
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 # Names for werkzeug's HTTP errors where the generic snake_case of the class name would read badly.
 _HTTP_CODES = {400: "bad_request", 413: "body_too_large", 415: "unsupported_media_type"}
@@ -51,6 +52,13 @@ class _MalformedBody(RequestError):
     """The body is not the JSON the route takes (400). Kept here: only the HTTP layer parses bodies."""
 
     code = "malformed_json"
+
+
+class _CrossOrigin(RequestError):
+    """A state-changing request sent by a browser on behalf of some web page (403)."""
+
+    code = "cross_origin"
+    http_status = 403
 
 
 class _UnsupportedMediaType(RequestError):
@@ -166,6 +174,11 @@ def create_app(supervisor: Supervisor) -> QuartTrio:
     @app.before_request
     async def authenticate() -> None:
         g.request_id = secrets.token_hex(8)
+        if request.method not in _SAFE_METHODS and "Origin" in request.headers:
+            # Browsers send Origin on every cross-site POST, and a bodyless POST (pause, reconcile) needs no CORS
+            # preflight: without this, any web page could drive a token-less loopback supervisor. The CLI, the
+            # runner's heartbeats and scripts send no Origin.
+            raise _CrossOrigin("requests from a web page are refused; use the CLI or an HTTP client")
         if api_token is None or request.routing_exception is not None:
             return  # an unknown route or method answers 404/405: the route map is public (openapi.json)
         if request.endpoint in PUBLIC_ENDPOINTS:

@@ -355,7 +355,8 @@ _DOCUMENT: dict[str, Any] = {
         "version": API_VERSION,
         "description": (
             "Enqueue, inspect and cancel supervised pipeline jobs. Timestamps are ISO-8601 UTC. Errors are "
-            '{"error": {"code", "message", "field", "request_id"}}. Every answer carries X-Request-Id.'
+            '{"error": {"code", "message", "field", "request_id"}}. Every answer carries X-Request-Id. '
+            "A POST carrying an Origin header (sent by a browser for a web page) is refused with 403 cross_origin."
         ),
     },
     # With PODCAST_JOB_API_TOKEN set, every operation without its own `security` needs the API token.

@@ -98,3 +98,13 @@ async def test_without_a_token_configured_no_header_is_needed(open_harness: Open
         await harness.supervisor.pause()
         for path in ["/api/jobs", "/api/queue", "/api/openapi.json"]:
             assert (await harness.client.get(path)).status_code == 200
+
+
+async def test_state_changing_requests_from_a_web_page_are_refused(harness: Harness) -> None:
+    # No token configured: a browser's bodyless cross-site POST needs no preflight, so Origin is the only tell.
+    for path in ["/api/queue/pause", "/api/jobs/reconcile"]:
+        status, body = await harness.json("POST", path, headers={"Origin": "https://evil.example"})
+        assert (status, body["error"]["code"]) == (403, "cross_origin")
+    assert not await harness.supervisor.is_paused()
+    # Reads stay open (the browser's same-origin policy keeps their answers from the page).
+    assert (await harness.client.get("/api/health", headers={"Origin": "https://evil.example"})).status_code == 200
