@@ -167,30 +167,10 @@ class Harness:
 OpenHarness = Callable[..., AbstractAsyncContextManager[Harness]]
 
 
-class ShutdownFlag:
-    """A ``trio.Event`` stand-in for ``run_supervisor(shutdown=...)``.
-
-    Workaround: ``run_supervisor`` does ``shutdown or trio.Event()``, and a real ``trio.Event`` refuses ``bool()``
-    (NotImplementedError). Remove this once _server.py tests ``is None`` instead.
-    """
-
-    def __init__(self) -> None:
-        self._event = trio.Event()
-
-    def set(self) -> None:
-        self._event.set()
-
-    def is_set(self) -> bool:
-        return self._event.is_set()
-
-    async def wait(self) -> None:
-        await self._event.wait()
-
-
 @dataclasses.dataclass
 class Live:
     supervisor: Supervisor
-    shutdown: ShutdownFlag
+    shutdown: trio.Event
     stopped: trio.Event
 
     @property
@@ -200,10 +180,10 @@ class Live:
 
 
 async def run_live(
-    config: Config, kinds: KindCatalog, shutdown: ShutdownFlag, stopped: trio.Event, *, task_status: Any
+    config: Config, kinds: KindCatalog, shutdown: trio.Event, stopped: trio.Event, *, task_status: Any
 ) -> None:
     try:
-        await run_supervisor(config, kinds, shutdown=shutdown, task_status=task_status)  # type: ignore[arg-type]
+        await run_supervisor(config, kinds, shutdown=shutdown, task_status=task_status)
     finally:
         stopped.set()
 

@@ -23,7 +23,6 @@ from api_support import (
     Live,
     MakeLive,
     OpenHarness,
-    ShutdownFlag,
     kinds_toml,
     make_config,
     run_live,
@@ -98,7 +97,7 @@ async def make_live(
 
     async def make(**overrides: Any) -> Live:
         config = make_config(tmp_path, kinds_path, **overrides)
-        shutdown, stopped = ShutdownFlag(), trio.Event()
+        shutdown, stopped = trio.Event(), trio.Event()
         sup = await nursery.start(functools.partial(run_live, config, kinds, shutdown, stopped))
         live = Live(sup, shutdown, stopped)
         started.append(live)
