@@ -24,7 +24,15 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from ._core import Supervisor
-from ._errors import RegistryError, RequestError, Unauthorized, ValidationError
+from ._errors import (
+    Forbidden,
+    MalformedRequest,
+    RegistryError,
+    RequestError,
+    Unauthorized,
+    UnsupportedMediaType,
+    ValidationError,
+)
 from ._logging import get_logger
 from ._model import Job
 from ._openapi import openapi_document
@@ -46,26 +54,6 @@ _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 # Names for werkzeug's HTTP errors where the generic snake_case of the class name would read badly.
 _HTTP_CODES = {400: "bad_request", 413: "body_too_large", 415: "unsupported_media_type"}
-
-
-class _MalformedBody(RequestError):
-    """The body is not the JSON the route takes (400). Kept here: only the HTTP layer parses bodies."""
-
-    code = "malformed_json"
-
-
-class _CrossOrigin(RequestError):
-    """A state-changing request sent by a browser on behalf of some web page (403)."""
-
-    code = "cross_origin"
-    http_status = 403
-
-
-class _UnsupportedMediaType(RequestError):
-    """A body that is not ``application/json`` (415)."""
-
-    code = "unsupported_media_type"
-    http_status = 415
 
 
 def _bearer_token() -> str | None:
@@ -91,12 +79,12 @@ async def _json_body() -> Any:
     if mimetype != "application/json":
         # A JSON content type cannot be sent cross-origin without a CORS preflight this server never answers,
         # so a web page cannot post to a loopback supervisor that runs without a token.
-        raise _UnsupportedMediaType(f"the body must be application/json, not {mimetype or 'unset'!r}")
+        raise UnsupportedMediaType(f"the body must be application/json, not {mimetype or 'unset'!r}")
     raw = await request.get_data(cache=False, as_text=False)
     try:
         return json.loads(raw, parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise _MalformedBody(f"the body is not valid JSON: {exc}", field="body") from None
+        raise MalformedRequest(f"the body is not valid JSON: {exc}", field="body") from None
 
 
 async def _json_object(allowed: Iterable[str]) -> dict[str, Any]:
@@ -178,7 +166,7 @@ def create_app(supervisor: Supervisor) -> QuartTrio:
             # Browsers send Origin on every cross-site POST, and a bodyless POST (pause, reconcile) needs no CORS
             # preflight: without this, any web page could drive a token-less loopback supervisor. The CLI, the
             # runner's heartbeats and scripts send no Origin.
-            raise _CrossOrigin("requests from a web page are refused; use the CLI or an HTTP client")
+            raise Forbidden("requests from a web page are refused; use the CLI or an HTTP client")
         if api_token is None or request.routing_exception is not None:
             return  # an unknown route or method answers 404/405: the route map is public (openapi.json)
         if request.endpoint in PUBLIC_ENDPOINTS:
@@ -299,10 +287,7 @@ def create_app(supervisor: Supervisor) -> QuartTrio:
         offset = _int_query(query, "offset", None)
         if tail_bytes is not None and offset is not None:
             raise ValidationError("give tail_bytes or offset, not both", field="offset")
-        data = await supervisor.read_log(job_id, tail_bytes=tail_bytes)
-        if offset is not None:
-            # The log file is append-only (capped, never rotated), so a byte offset stays valid while it grows.
-            data = data[offset:]
+        data = await supervisor.read_log(job_id, tail_bytes=tail_bytes, offset=offset)
         # Bytes as written: a job's output need not be valid UTF-8, and re-encoding would shift offsets.
         return Response(data, status=200, content_type="text/plain; charset=utf-8")
 

@@ -47,7 +47,7 @@ class QueueState:
 @dataclass(frozen=True)
 class ReconcileDetail:
     job_id: str
-    action: str  # "failed" | "stale" | "kept" | "untouched"
+    action: str  # "failed" | "stale" | "keep" | "untouched"
     reason: str
     liveness: str | None
     prior_boot: bool
@@ -511,7 +511,12 @@ class Supervisor:
         return await self.registry.list_jobs(status=status, kind=kind, limit=limit, cursor=cursor)
 
     async def heartbeat(self, job_id: str, token: str, body: object) -> Job:
-        """Record a child's heartbeat after validating its body; see ``SqliteRegistry.record_heartbeat``."""
+        """Record a child's heartbeat; see ``SqliteRegistry.record_heartbeat``.
+
+        The token is checked before the body is looked at, so a caller without it learns nothing (not even
+        whether the job exists).
+        """
+        await self.registry.check_job_token(job_id, token)
         if not isinstance(body, Mapping):
             raise ValidationError("body must be a JSON object", field="body")
         unknown = sorted(set(body) - {"completed_units", "total_units", "stage"})
@@ -530,7 +535,11 @@ class Supervisor:
             job_id, token, completed_units=completed, total_units=total, stage=stage
         )
 
-    async def read_log(self, job_id: str, *, tail_bytes: int | None = None) -> bytes:
+    async def read_log(self, job_id: str, *, tail_bytes: int | None = None, offset: int | None = None) -> bytes:
+        """A job's log: whole, its last ``tail_bytes``, or from byte ``offset`` on.
+
+        The log file is append-only (capped, never rotated), so an offset stays valid while the file grows.
+        """
         job = await self.registry.get(job_id)
         if job.log_path is None:
             return b""
@@ -542,6 +551,8 @@ class Supervisor:
                     if tail_bytes is not None:
                         size = fh.seek(0, os.SEEK_END)
                         fh.seek(max(0, size - tail_bytes))
+                    elif offset is not None:
+                        fh.seek(offset)
                     return fh.read()
             except FileNotFoundError:
                 return b""

@@ -4,6 +4,9 @@
     ├── ConfigError                 the operator's settings are invalid and cannot fall back
     ├── KindsFileError              the operator's job-kinds file is invalid
     ├── RequestError                the caller asked for something invalid (maps to HTTP 4xx)
+    │   ├── MalformedRequest        the body is not the JSON the route takes (400)
+    │   ├── Forbidden               a cross-origin (browser) request to change state (403)
+    │   ├── UnsupportedMediaType    a body that is not application/json (415)
     │   ├── ValidationError         a field is missing, unknown or mistyped (422; names the field)
     │   ├── JobNotFound             no job has that id (404)
     │   ├── Unauthorized            missing or wrong credentials (401)
@@ -46,6 +49,26 @@ class RequestError(SupervisorError):
     def __init__(self, message: str, *, field: str | None = None) -> None:
         self.field = field
         super().__init__(message)
+
+
+class MalformedRequest(RequestError):
+    """The body is not the JSON the route takes."""
+
+    code = "malformed_json"
+
+
+class Forbidden(RequestError):
+    """A state-changing request sent by a browser on behalf of some web page."""
+
+    code = "cross_origin"
+    http_status = 403
+
+
+class UnsupportedMediaType(RequestError):
+    """A body that is not ``application/json``."""
+
+    code = "unsupported_media_type"
+    http_status = 415
 
 
 class ValidationError(RequestError):

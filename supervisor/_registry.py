@@ -398,14 +398,12 @@ class SqliteRegistry:
     ) -> Job:
         """Record a child's heartbeat. ``completed_units`` is a watermark: progress moves only when it grows.
 
-        Raises ``JobNotFound`` for an unknown id, ``Unauthorized`` when the token is not this job's, and
-        ``Conflict`` when the job is not running (a stale child must not revive a finished row).
+        Raises ``Unauthorized`` when the token is not this job's (or there is no such job: a caller without the
+        token must not learn which ids exist), and ``Conflict`` when the job is not running (a stale child must
+        not revive a finished row).
         """
         with self._tx() as conn:
-            job = self._get_in(conn, job_id)
-            # Constant-time compare of the hashes; a missing hash never matches.
-            if job.token_hash is None or not hmac.compare_digest(job.token_hash, hash_token(token)):
-                raise Unauthorized("the token is not this job's")
+            job = self._authenticated(conn, job_id, token)
             if job.status is not JobStatus.RUNNING:
                 raise Conflict(f"job {job_id} is {job.status}, not running", field="job_id")
             now = self._now()
@@ -424,6 +422,21 @@ class SqliteRegistry:
                 ),
             )
             return self._get_in(conn, job_id)
+
+    def _authenticated(self, conn: sqlite3.Connection, job_id: str, token: str) -> Job:
+        try:
+            job = self._get_in(conn, job_id)
+        except JobNotFound:
+            raise Unauthorized("the token is not this job's") from None
+        # Constant-time compare of the hashes; a missing hash never matches.
+        if job.token_hash is None or not hmac.compare_digest(job.token_hash, hash_token(token)):
+            raise Unauthorized("the token is not this job's")
+        return job
+
+    def check_job_token(self, job_id: str, token: str) -> None:
+        """Raise ``Unauthorized`` unless ``token`` is the job's own."""
+        with self._read_tx() as conn:
+            self._authenticated(conn, job_id, token)
 
     # -- reads --------------------------------------------------------------------------------------
 

@@ -72,6 +72,9 @@ class AsyncRegistry:
             stage=stage,
         )
 
+    async def check_job_token(self, job_id: str, token: str) -> None:
+        await self._run(self.sync.check_job_token, job_id, token)
+
     async def get(self, job_id: str) -> Job:
         return await self._run(self.sync.get, job_id)
 

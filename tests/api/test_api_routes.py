@@ -369,10 +369,13 @@ async def test_heartbeat_rejects_other_tokens_and_bad_bodies(harness: Harness) -
         status, body = await harness.json("POST", path, json=bad, headers=bearer(token))
         assert status == 422, bad
         assert_error(body, "validation_error", field)
+    # Without the job's token a caller learns nothing: an unknown id and a bad body are both 401 first.
     status, body = await harness.json(
         "POST", "/api/jobs/nope/heartbeat", json={"completed_units": 1}, headers=bearer(token)
     )
-    assert status == 404
+    assert status == 401
+    status, body = await harness.json("POST", path, json={"completed_units": -1}, headers=bearer(other_token))
+    assert status == 401
 
 
 async def test_heartbeat_after_the_job_ended_is_409(harness: Harness) -> None:
