@@ -314,8 +314,7 @@ _PATHS: dict[str, Any] = {
             "responses": {
                 "204": {"description": "recorded"},
                 "400": _error("the body is not valid JSON"),
-                "401": _error("the token is not this job's"),
-                "404": _NOT_FOUND,
+                "401": _error("the token is not this job's, or no job has this id"),
                 "409": _error("the job is not running"),
                 "413": _error("the body is too large"),
                 "415": _error("the body is not application/json"),
