@@ -121,7 +121,9 @@ class SqliteRegistry:
                 )
                 conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
                 conn.execute("PRAGMA journal_mode = WAL")
-                conn.execute("PRAGMA synchronous = NORMAL")
+                # FULL: an acknowledged enqueue or transition survives a power loss or kernel crash, not only
+                # a process crash (NORMAL in WAL mode may drop the last commits). Jobs are few; fsyncs are cheap.
+                conn.execute("PRAGMA synchronous = FULL")
             except sqlite3.Error as exc:
                 raise RegistryError(f"cannot open registry {self.path}: {exc}") from exc
             conn.row_factory = sqlite3.Row
