@@ -30,6 +30,7 @@ from ._errors import (
 )
 from ._events import EventSink
 from ._exit_codes import (
+    EXIT_ALL_FEEDS_FAILED,
     EXIT_BUDGET_EXHAUSTED,
     EXIT_CRASH,
     EXIT_OK,
@@ -53,6 +54,7 @@ from ._run import (
 
 __all__ = [
     "DEFAULT_PROCESSING_LOOP_BUDGET_S",
+    "EXIT_ALL_FEEDS_FAILED",
     "EXIT_BUDGET_EXHAUSTED",
     "EXIT_CRASH",
     "EXIT_OK",

@@ -183,6 +183,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(
         stream=sys.stderr, level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # httpx logs every request at INFO: a heartbeat every few seconds would bury the job's own log.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         config = build_config(args, os.environ)
     except ConfigError as exc:

@@ -35,7 +35,13 @@ from ._config import RunnerConfig
 from ._corpus import AUDIO_NAME, EPISODE_META_NAME, TRANSCRIPT_NAME, Corpus, PoisonMemo, episode_key
 from ._errors import EpisodeBudgetExceededError, EpisodeError, FeedError, FeedFetchError, TranscriptionError
 from ._events import EventSink, utc_now_iso
-from ._exit_codes import EXIT_BUDGET_EXHAUSTED, EXIT_CRASH, EXIT_OK, EXIT_TIME_BUDGET_EXHAUSTED
+from ._exit_codes import (
+    EXIT_ALL_FEEDS_FAILED,
+    EXIT_BUDGET_EXHAUSTED,
+    EXIT_CRASH,
+    EXIT_OK,
+    EXIT_TIME_BUDGET_EXHAUSTED,
+)
 from ._feed import Episode, parse_feed
 from ._heartbeat import Heartbeat
 from ._http import HttpSources, open_client
@@ -48,6 +54,7 @@ REASON_TIME_BUDGET_EXHAUSTED: Final = "time_budget_exhausted"
 REASON_SCHEDULING_FAILED: Final = "scheduling_failed"
 REASON_TERMINATED: Final = "terminated"
 REASON_CRASHED: Final = "crashed"
+REASON_ALL_FEEDS_FAILED: Final = "all_feeds_failed"
 
 EXIT_CODE_FOR_REASON: Final[dict[str, int]] = {
     REASON_COMPLETED: EXIT_OK,
@@ -56,6 +63,7 @@ EXIT_CODE_FOR_REASON: Final[dict[str, int]] = {
     REASON_SCHEDULING_FAILED: EXIT_CRASH,
     REASON_TERMINATED: EXIT_CRASH,
     REASON_CRASHED: EXIT_CRASH,
+    REASON_ALL_FEEDS_FAILED: EXIT_ALL_FEEDS_FAILED,
 }
 
 # When the feed does not say how long an episode is, model it from its size at 128 kbit/s.
@@ -182,6 +190,9 @@ class PipelineRun:
                 if self._job_scope.cancelled_caught:
                     self.stop.request(REASON_TIME_BUDGET_EXHAUSTED)
             reason = self.stop.reason or REASON_COMPLETED
+            if reason == REASON_COMPLETED and self.feeds_failed and not self.feeds_ok:
+                # Every feed failed: a run that did nothing must not be recorded as a success.
+                reason = REASON_ALL_FEEDS_FAILED
         finally:
             self._sources_obj = None
             self.stop.remove_hook(self._on_stop)

@@ -117,7 +117,11 @@ def liveness_of(job: Job) -> Liveness | None:
 
 
 def outcome(
-    job: Job, returncode: int, *, cancel_requested: bool, exit_reasons: Mapping[int, str]
+    returncode: int,
+    *,
+    cancel_requested: bool,
+    exit_reasons: Mapping[int, str],
+    failure_reasons: Mapping[int, str] | None = None,
 ) -> tuple[JobStatus, str | None]:
     if cancel_requested:
         return JobStatus.CANCELLED, "cancelled"
@@ -126,6 +130,8 @@ def outcome(
     if returncode in exit_reasons:
         # INV-BUDGET-IS-AN-OUTCOME: a planned stop (budget spent) is not a crash.
         return JobStatus.SUCCEEDED, exit_reasons[returncode]
+    if failure_reasons and returncode in failure_reasons:
+        return JobStatus.FAILED, failure_reasons[returncode]
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
@@ -292,10 +298,10 @@ class Supervisor:
             current = await self.registry.get(job.job_id)
             kind = self.kinds.get(job.kind) if job.kind in self.kinds else None
             status, reason = outcome(
-                current,
                 returncode,
                 cancel_requested=handle.cancel.is_set() or current.cancel_requested,
                 exit_reasons=kind.exit_reasons if kind else {},
+                failure_reasons=kind.failure_reasons if kind else {},
             )
             finalized = await self._finalize(current, status, reason, exit_code=returncode)
             if finalized and status is JobStatus.SUCCEEDED and kind is not None and kind.then:

@@ -9,6 +9,7 @@ A kind is declared in TOML::
     coalesce = false                     # identical queued jobs collapse into one
     then = ""                            # a kind to enqueue when this one succeeds
     exit_reasons = { 10 = "budget_exhausted" }   # exit codes that are planned outcomes, not crashes
+    failure_reasons = { 3 = "all_feeds_failed" }  # exit codes that are failures with a name
 
 A ``{name}`` placeholder must be a whole argv element and is replaced by the validated value: no shell, no
 splitting. ``{python}`` is the supervisor's own interpreter.
@@ -34,8 +35,10 @@ MAX_STR_PARAM_LEN = 4096
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
-# Exit codes of pipeline_runner that are planned outcomes (ADR-0002, INV-BUDGET-IS-AN-OUTCOME).
+# Exit codes of pipeline_runner that are planned outcomes (ADR-0002, INV-BUDGET-IS-AN-OUTCOME) ...
 PIPELINE_EXIT_REASONS = {10: "budget_exhausted", 11: "time_budget_exhausted"}
+# ... and those that are failures with a name an operator can act on.
+PIPELINE_FAILURE_REASONS = {3: "all_feeds_failed"}
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,7 @@ class JobKind:
     coalesce: bool = False
     then: str | None = None
     exit_reasons: Mapping[int, str] = field(default_factory=dict)
+    failure_reasons: Mapping[int, str] = field(default_factory=dict)
 
     def validate_params(self, params: object) -> dict[str, ParamValue]:
         """Return the params converted to their declared types, or raise ``ValidationError`` naming the field.
@@ -175,6 +179,7 @@ def builtin_kinds() -> dict[str, JobKind]:
             params={"feed": "str", "max_episodes": "int"},
             then="enrichment",
             exit_reasons=PIPELINE_EXIT_REASONS,
+            failure_reasons=PIPELINE_FAILURE_REASONS,
         ),
         "enrichment": JobKind(
             name="enrichment",
@@ -192,7 +197,7 @@ def parse_kind(name: str, spec: object) -> JobKind:
         raise KindsFileError(f"{where}: a kind name is letters, digits, '_' or '-' (at most 64)")
     if not isinstance(spec, dict):
         raise KindsFileError(f"{where}: must be a table")
-    unknown = sorted(set(spec) - {"argv", "params", "coalesce", "then", "exit_reasons"})
+    unknown = sorted(set(spec) - {"argv", "params", "coalesce", "then", "exit_reasons", "failure_reasons"})
     if unknown:
         raise KindsFileError(f"{where}: unknown key {unknown[0]!r}")
     argv = spec.get("argv")
@@ -220,15 +225,13 @@ def parse_kind(name: str, spec: object) -> JobKind:
     then = spec.get("then", "")
     if not isinstance(then, str):
         raise KindsFileError(f'{where}: then must be a kind name or ""')
-    exit_reasons_raw = spec.get("exit_reasons", {})
-    if not isinstance(exit_reasons_raw, dict):
-        raise KindsFileError(f"{where}: exit_reasons must be a table of code = reason")
-    exit_reasons: dict[int, str] = {}
-    for code, reason in exit_reasons_raw.items():
-        try:
-            exit_reasons[int(code)] = str(reason)
-        except ValueError:
-            raise KindsFileError(f"{where}: exit_reasons key {code!r} is not an exit code") from None
+    exit_reasons = _reason_table(where, "exit_reasons", spec.get("exit_reasons", {}))
+    failure_reasons = _reason_table(where, "failure_reasons", spec.get("failure_reasons", {}))
+    if 0 in failure_reasons:
+        raise KindsFileError(f"{where}: failure_reasons cannot name exit code 0")
+    both = sorted(set(exit_reasons) & set(failure_reasons))
+    if both:
+        raise KindsFileError(f"{where}: exit code {both[0]} is in both exit_reasons and failure_reasons")
     return JobKind(
         name=name,
         argv=tuple(argv),
@@ -236,7 +239,20 @@ def parse_kind(name: str, spec: object) -> JobKind:
         coalesce=coalesce,
         then=then or None,
         exit_reasons=exit_reasons,
+        failure_reasons=failure_reasons,
     )
+
+
+def _reason_table(where: str, key: str, raw: object) -> dict[int, str]:
+    if not isinstance(raw, dict):
+        raise KindsFileError(f"{where}: {key} must be a table of code = reason")
+    table: dict[int, str] = {}
+    for code, reason in raw.items():
+        try:
+            table[int(code)] = str(reason)
+        except ValueError:
+            raise KindsFileError(f"{where}: {key} key {code!r} is not an exit code") from None
+    return table
 
 
 def load_kinds(path: Path | None) -> KindCatalog:

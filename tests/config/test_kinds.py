@@ -28,6 +28,7 @@ def test_builtin_kinds() -> None:
     assert catalog.get("pipeline").then == "enrichment"
     assert catalog.get("enrichment").coalesce
     assert catalog.get("pipeline").exit_reasons[10] == "budget_exhausted"
+    assert catalog.get("pipeline").failure_reasons[3] == "all_feeds_failed"
 
 
 def test_placeholders_are_replaced_whole(tmp_path: Path) -> None:

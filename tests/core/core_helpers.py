@@ -28,6 +28,10 @@ params = { code = "int" }
 argv = ["{python}", "-c", "import sys; sys.exit(10)"]
 exit_reasons = { 10 = "budget_exhausted" }
 
+[kinds.nothing_to_do]
+argv = ["{python}", "-c", "import sys; sys.exit(3)"]
+failure_reasons = { 3 = "all_feeds_failed" }
+
 [kinds.chatty]
 argv = ["{python}", "-c", "import sys; sys.stdout.write('x' * int(sys.argv[1]))", "{n}"]
 params = { n = "int" }

@@ -47,16 +47,19 @@ async def test_drain_returns_while_its_job_still_runs(make_supervisor: Callable[
 
 
 async def test_exit_codes_become_outcomes(make_supervisor: Callable[..., Supervisor]) -> None:
-    sup = make_supervisor(max_concurrent=3)
+    sup = make_supervisor(max_concurrent=4)
     ok = (await sup.enqueue("exit", {"code": 0})).job.job_id
     bad = (await sup.enqueue("exit", {"code": 3})).job.job_id
     budget = (await sup.enqueue("budget", {})).job.job_id
+    named = (await sup.enqueue("nothing_to_do", {})).job
     assert (await wait_terminal(sup, ok)).status is JobStatus.SUCCEEDED
     failed = await wait_terminal(sup, bad)
     assert (failed.status, failed.error_reason, failed.exit_code) == (JobStatus.FAILED, "exit_code_3", 3)
     planned = await wait_terminal(sup, budget)
     # INV-BUDGET-IS-AN-OUTCOME: a budget stop is recorded with its reason, not as a crash.
     assert (planned.status, planned.error_reason, planned.exit_code) == (JobStatus.SUCCEEDED, "budget_exhausted", 10)
+    failed_named = await wait_terminal(sup, named.job_id)
+    assert (failed_named.status, failed_named.error_reason) == (JobStatus.FAILED, "all_feeds_failed")
 
 
 async def test_a_job_killed_with_sigkill_is_finalized_at_once_and_the_next_starts(

@@ -28,6 +28,7 @@ from runner_helpers import (
 )
 
 from pipeline_runner import (
+    EXIT_ALL_FEEDS_FAILED,
     EXIT_BUDGET_EXHAUSTED,
     EXIT_CRASH,
     EXIT_OK,
@@ -275,3 +276,15 @@ async def test_usage_errors_exit_2(tmp_path: Path) -> None:
     for args in (["run"], ["run", "--feed", "ftp://x"], ["run", "--feed", "http://x", "--config", str(bad)]):
         result = await run_runner(args, runner_env(tmp_path), cwd=tmp_path)
         assert result.returncode == EXIT_USAGE, (args, result.stderr)
+
+
+async def test_a_run_whose_every_feed_failed_exits_3_not_0(http_server: HttpServer, tmp_path: Path) -> None:
+    s = http_server
+    s.routes["/malformed"] = respond(200, MALFORMED_XML)
+    s.routes["/err"] = respond(500, b"down")
+    result = await run_runner(
+        ["run", "--feed", s.url("/malformed"), "--feed", s.url("/err"), *FAST], runner_env(tmp_path), cwd=tmp_path
+    )
+    assert result.returncode == EXIT_ALL_FEEDS_FAILED, result.stderr
+    assert manifest(tmp_path)["reason"] == "all_feeds_failed"
+    assert result.of("run_finished")[0]["reason"] == "all_feeds_failed"

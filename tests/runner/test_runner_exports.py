@@ -25,6 +25,7 @@ def test_exit_codes_are_the_contract() -> None:
         "EXIT_OK": 0,
         "EXIT_CRASH": 1,
         "EXIT_USAGE": 2,
+        "EXIT_ALL_FEEDS_FAILED": 3,
         "EXIT_BUDGET_EXHAUSTED": 10,
         "EXIT_TIME_BUDGET_EXHAUSTED": 11,
     }
