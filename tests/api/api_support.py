@@ -45,7 +45,7 @@ _HEARTBEAT_ONCE = (
 
 KINDS: dict[str, dict[str, Any]] = {
     "sleep": {
-        "argv": ["{python}", "-c", "import sys, time; time.sleep(float(sys.argv[1]))", "{seconds}"],
+        "argv": ["{python}", "-c", "import sys, threading; threading.Event().wait(float(sys.argv[1]))", "{seconds}"],
         "params": {"seconds": "float"},
     },
     "echo": {
@@ -57,7 +57,8 @@ KINDS: dict[str, dict[str, Any]] = {
         "argv": [
             "{python}",
             "-c",
-            "import os, sys, time; print(os.environ['PODCAST_JOB_TOKEN'], flush=True); time.sleep(float(sys.argv[1]))",
+            "import os, sys, threading; print(os.environ['PODCAST_JOB_TOKEN'], flush=True); "
+            "threading.Event().wait(float(sys.argv[1]))",
             "{seconds}",
         ],
         "params": {"seconds": "float"},
@@ -74,7 +75,8 @@ KINDS: dict[str, dict[str, Any]] = {
         "argv": [
             "{python}",
             "-c",
-            "import sys, time\nfor i in range(int(sys.argv[1])):\n    print('line', i, flush=True); time.sleep(0.3)",
+            "import sys, threading\nfor i in range(int(sys.argv[1])):\n"
+            "    print('line', i, flush=True); threading.Event().wait(0.3)",
             "{lines}",
         ],
         "params": {"lines": "int"},

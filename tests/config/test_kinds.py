@@ -11,7 +11,7 @@ from supervisor import KindsFileError, ValidationError, load_kinds
 
 SLEEP = """
 [kinds.sleep]
-argv = ["{python}", "-c", "import sys, time; time.sleep(float(sys.argv[1]))", "{seconds}"]
+argv = ["{python}", "-c", "import sys, threading; threading.Event().wait(float(sys.argv[1]))", "{seconds}"]
 params = { seconds = "float" }
 """
 

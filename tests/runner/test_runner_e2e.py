@@ -107,17 +107,15 @@ async def test_misbehaving_servers_fail_only_their_episode_or_feed(http_server: 
         }
     )
     feeds = ["--feed", s.url("/malformed"), "--feed", s.url("/feed"), "--feed", s.url("/laughs")]
+    # Unbounded, /hang and /drip would never end (drip alone: 200 s): the bound is the deadlines' proof.
     with trio.fail_after(15):
-        start = trio.current_time()
         result = await run_runner(
             ["run", *feeds, "--workers", "5", "--episode-budget-seconds", "1.5", *FAST],
             runner_env(tmp_path),
             cwd=tmp_path,
         )
-        elapsed = trio.current_time() - start
 
     assert result.returncode == EXIT_OK, result.stderr
-    assert elapsed < 6
     reasons = {e["guid"]: e["reason"] for e in result.of("episode_failed")}
     assert set(reasons) == {"hang", "drip", "err", "huge"}
     assert "ReadTimeout" in reasons["hang"]
