@@ -13,7 +13,9 @@
     │   └── Conflict                the job's state does not allow it (409)
     ├── IllegalTransition           a state change the lifecycle forbids: a bug in the caller, not bad input
     ├── RegistryError               the registry could not be read or written (storage, lock timeout)
-    └── SpawnError                  a job's process could not be started
+    ├── SpawnError                  a job's process could not be started
+    ├── ApiError                    (CLI client, _client.py) the server answered with an error
+    └── Unreachable                 (CLI client, _client.py) no usable answer from the server
 
 Errors carry their message built in ``__init__`` so that every raise site reads the same way.
 """
