@@ -247,12 +247,16 @@ class Supervisor:
                     await self._finalize(job, JobStatus.FAILED, f"spawn_failed: {exc}")
                     continue  # drain again: the next queued job may spawn fine
                 identity = handle.spawned.identity
-                job = await self.registry.set_job_process(
-                    job.job_id,
-                    pid=handle.spawned.process.pid,
-                    pid_start_time=identity.start_time if identity else None,
-                    kernel_boot_id=identity.kernel_boot_id if identity else None,
-                )
+                try:
+                    job = await self.registry.set_job_process(
+                        job.job_id,
+                        pid=handle.spawned.process.pid,
+                        pid_start_time=identity.start_time if identity else None,
+                        kernel_boot_id=identity.kernel_boot_id if identity else None,
+                    )
+                except SupervisorError:
+                    # The process exists: it must still get its monitor (to be reaped, cancellable, finalized).
+                    log.exception("job_identity_not_recorded", job_id=job.job_id, pid=handle.spawned.process.pid)
                 if job.cancel_requested:
                     handle.cancel.set()  # a cancel that arrived in the spawn window is carried out now
                 log.info("job_spawned", job_id=job.job_id, kind=job.kind, pid=job.pid, boot_id=self.boot_id)
@@ -269,7 +273,10 @@ class Supervisor:
         }
         if self.heartbeat_base_url is not None:
             extra["PODCAST_JOB_HEARTBEAT_URL"] = f"{self.heartbeat_base_url}/api/jobs/{job.job_id}/heartbeat"
-        await trio.to_thread.run_sync(lambda: self.data_dir.mkdir(parents=True, exist_ok=True))
+        try:
+            await trio.to_thread.run_sync(lambda: self.data_dir.mkdir(parents=True, exist_ok=True))
+        except OSError as exc:
+            raise SpawnError(f"cannot create the data directory {self.data_dir}: {exc.strerror or exc}") from exc
         return await spawn_subprocess(
             job.argv,
             cwd=self.data_dir,
@@ -400,10 +407,13 @@ class Supervisor:
             return
         assert pidfd is not None and identity is not None
         assert self._job_nursery is not None
-        self._job_nursery.start_soon(self._reap_signalled, job, identity, pidfd)
+        await self._job_nursery.start(self._reap_signalled, job, identity, pidfd)
 
-    async def _reap_signalled(self, job: Job, identity: ProcessIdentity, pidfd: int) -> None:
+    async def _reap_signalled(
+        self, job: Job, identity: ProcessIdentity, pidfd: int, *, task_status: Any = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Wait for a prior boot's signalled job to exit (pidfd readable), SIGKILL after the grace period."""
+        task_status.started()
         try:
             with trio.move_on_after(self.config.cancel_grace_s) as scope:
                 await trio.lowlevel.wait_readable(pidfd)
