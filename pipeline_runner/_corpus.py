@@ -22,6 +22,7 @@ import hashlib
 import logging
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -128,6 +129,13 @@ class Corpus:
         await _fs.run_blocking(_fs.write_json_atomic, self.index_path, payload)
 
 
+KILLED_MID_ATTEMPT = "attempt reported no outcome (process killed mid-episode?)"
+
+
+def _count(entry: PoisonEntry | None) -> int:
+    return entry.failures if entry else 0
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class PoisonEntry:
     guid: str
@@ -149,6 +157,7 @@ class PoisonMemo:
         self.threshold = threshold
         self._lock = trio.Lock()
         self._entries: dict[str, PoisonEntry] = {}
+        self._open: set[str] = set()  # keys whose attempt this process has begun and not yet reported
 
     async def load(self) -> None:
         self._entries = await _fs.run_blocking(self._read)
@@ -184,32 +193,59 @@ class PoisonMemo:
     def is_poisoned(self, key: str) -> bool:
         return self.failures(key) >= self.threshold
 
+    async def begin(self, key: str, *, guid: str, feed_url: str) -> int:
+        """Count an attempt as a failure *before* it runs; returns the new count.
+
+        An attempt that never reports an outcome (the process was SIGKILLed or OOM-killed mid-episode) therefore
+        stays counted, so an episode that kills the whole process is poisoned too instead of looping forever.
+        ``clear`` (success) or ``abandon`` (a planned stop, not the episode's fault) take it back.
+        """
+        self._open.add(key)
+        return await self._change(key, lambda old: PoisonEntry(guid, feed_url, _count(old) + 1, KILLED_MID_ATTEMPT))
+
     async def record_failure(self, key: str, *, guid: str, feed_url: str, reason: str) -> int:
-        """Count one more failure; returns the new count."""
-        async with self._lock:
-            # Shielded so that a failure recorded at the moment a run stops is not lost.
-            with trio.CancelScope(shield=True):
+        """Record a failed attempt with its reason; an attempt already counted by ``begin`` is not counted twice."""
+        begun = key in self._open
+        self._open.discard(key)
+        return await self._change(
+            key, lambda old: PoisonEntry(guid, feed_url, _count(old) + (0 if begun else 1), reason)
+        )
 
-                def update() -> dict[str, PoisonEntry]:
-                    entries = self._read()
-                    old = entries.get(key)
-                    entries[key] = PoisonEntry(guid, feed_url, (old.failures if old else 0) + 1, reason)
-                    self._write(entries)
-                    return entries
+    async def abandon(self, key: str) -> None:
+        """Take back a begun attempt that was stopped for a reason that is not the episode's (budget, cancel)."""
+        if key not in self._open:
+            return
+        self._open.discard(key)
 
-                self._entries = await _fs.run_blocking(update)
-        return self._entries[key].failures
+        def restore(old: PoisonEntry | None) -> PoisonEntry | None:
+            if old is None or old.failures <= 1:
+                return None
+            return dataclasses.replace(old, failures=old.failures - 1)
+
+        await self._change(key, restore)
 
     async def clear(self, key: str) -> None:
+        """The episode succeeded: forget its failures."""
+        self._open.discard(key)
         if key not in self._entries:
             return
+        await self._change(key, lambda old: None)
+
+    async def _change(self, key: str, change: Callable[[PoisonEntry | None], PoisonEntry | None]) -> int:
+        """Re-read, change one entry (None removes it), write back atomically; returns its failure count."""
         async with self._lock:
+            # Shielded so that an outcome recorded at the moment a run stops is not lost.
             with trio.CancelScope(shield=True):
 
                 def update() -> dict[str, PoisonEntry]:
                     entries = self._read()
-                    entries.pop(key, None)
+                    new = change(entries.get(key))
+                    if new is None:
+                        entries.pop(key, None)
+                    else:
+                        entries[key] = new
                     self._write(entries)
                     return entries
 
                 self._entries = await _fs.run_blocking(update)
+        return self.failures(key)

@@ -297,6 +297,8 @@ class PipelineRun:
     async def _run_episode(self, episode: Episode) -> None:
         key = episode_key(episode.guid)
         self.in_flight[key] = episode
+        # ADR-150 D4: the attempt is counted before it runs, so one that kills the whole process still counts.
+        await self.memo.begin(key, guid=episode.guid, feed_url=episode.feed_url)
         # Whatever happens below, an exception that is not an EpisodeError (a bug) propagates and
         # cancels the whole workers nursery; Cancelled leaves the key in in_flight, counted at the end.
         try:
@@ -316,8 +318,13 @@ class PipelineRun:
             self.events.emit("episode_failed", **_ids(episode, key), reason=exc.reason, failures=failures)
             self.heartbeat.advance()
             return
+        except BaseException:
+            # Stopped from outside (job budget, cost-cap grace, SIGTERM) or a bug: not this episode's failure.
+            await self.memo.abandon(key)
+            raise
         del self.in_flight[key]
         if result == "refused":
+            await self.memo.abandon(key)
             self.counts.cancelled += 1
             self.events.emit("episode_cancelled", **_ids(episode, key), reason=REASON_BUDGET_EXHAUSTED)
             return

@@ -286,3 +286,33 @@ async def test_a_run_whose_every_feed_failed_exits_3_not_0(http_server: HttpServ
     assert result.returncode == EXIT_ALL_FEEDS_FAILED, result.stderr
     assert manifest(tmp_path)["reason"] == "all_feeds_failed"
     assert result.of("run_finished")[0]["reason"] == "all_feeds_failed"
+
+
+async def test_an_episode_that_kills_the_process_is_poisoned_after_n_kills(
+    http_server: HttpServer, tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """ADR-150 D4 hazard: an episode fatal to the whole process must not loop forever across resubmissions.
+
+    The attempt is counted before the work, so a SIGKILL mid-episode (as an OOM kill would be) still counts.
+    """
+    s = http_server
+    s.routes["/feed"] = respond(200, rss([("fatal", s.url("/fatal"), None), ("fine", s.url("/fine"), None)]))
+    s.routes["/fatal"] = hang_after_headers()
+    s.routes["/fine"] = respond(200, b"F" * 100)
+    args = ["run", "--feed", s.url("/feed"), "--workers", "1", "--poison-threshold", "2", *FAST]
+    for attempt in (1, 2):
+        with trio.fail_after(15):
+            live = await spawn_runner(
+                nursery, [*args, "--read-timeout-seconds", "600"], runner_env(tmp_path), cwd=tmp_path
+            )
+            await s.wait_for_requests("/fatal", attempt)
+            live.process.send_signal(signal.SIGKILL)
+            await live.process.wait()
+    memo = json.loads((tmp_path / "corpus" / ".poison.json").read_text())
+    assert memo[episode_key("fatal")]["failures"] == 2
+    result = await run_runner([*args, "--job-id", "job-3"], runner_env(tmp_path), cwd=tmp_path)
+    assert result.returncode == EXIT_OK, result.stderr
+    skipped = {e["guid"]: e["reason"] for e in result.of("episode_skipped")}
+    assert skipped == {"fatal": "poisoned"}
+    assert [e["guid"] for e in result.of("episode_done")] == ["fine"]
+    assert len(s.requests_to("/fatal")) == 2  # never tried a third time

@@ -144,3 +144,24 @@ def test_cost_ledger_exactly_at_cap_and_last_dollar() -> None:
     ledger.commit(first)
     assert (ledger.spent_usd, ledger.reserved_usd) == (Decimal("2.00"), Decimal(0))
     assert ledger.try_reserve(Decimal("1.00")) is not None
+
+
+async def test_poison_memo_counts_an_attempt_before_it_runs(tmp_path: Path) -> None:
+    """An attempt with no outcome stays counted; an outcome is never counted twice; a planned stop is no failure."""
+    path = tmp_path / ".poison.json"
+    memo = PoisonMemo(path, threshold=3)
+    await memo.load()
+    assert await memo.begin("killed", guid="g", feed_url="f") == 1
+    crashed = PoisonMemo(path, threshold=3)  # the process died: a new run reads what was left
+    await crashed.load()
+    assert crashed.failures("killed") == 1
+    assert await memo.begin("failed", guid="g", feed_url="f") == 1
+    assert await memo.record_failure("failed", guid="g", feed_url="f", reason="HTTP 500") == 1
+    await memo.begin("stopped", guid="g", feed_url="f")
+    await memo.abandon("stopped")
+    assert memo.failures("stopped") == 0
+    await memo.begin("killed", guid="g", feed_url="f")
+    await memo.clear("killed")
+    reread = PoisonMemo(path, threshold=3)
+    await reread.load()
+    assert (reread.failures("killed"), reread.failures("failed"), reread.failures("stopped")) == (0, 1, 0)
