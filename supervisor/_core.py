@@ -176,7 +176,9 @@ class Supervisor:
         self._running: dict[str, _Running] = {}
         self._drain_lock = trio.Lock()
         self._job_nursery: trio.Nursery | None = None
+        # Resolved once, so that jobs' cwd and log paths stay put whatever the supervisor's cwd does later.
         self.data_dir = config.data_dir.resolve()
+        self.log_dir = config.jobs_log_dir.resolve()
 
     def attach(self, job_nursery: trio.Nursery) -> None:
         """Give the supervisor the nursery that owns every monitor."""
@@ -233,7 +235,7 @@ class Supervisor:
                     self.config.max_concurrent,
                     boot_id=self.boot_id,
                     token_hash=hash_token(token),
-                    log_dir=self.config.jobs_log_dir.resolve(),
+                    log_dir=self.log_dir,
                 )
                 if job is None:
                     break
@@ -274,9 +276,9 @@ class Supervisor:
         if self.heartbeat_base_url is not None:
             extra["PODCAST_JOB_HEARTBEAT_URL"] = f"{self.heartbeat_base_url}/api/jobs/{job.job_id}/heartbeat"
         try:
-            await trio.to_thread.run_sync(lambda: self.data_dir.mkdir(parents=True, exist_ok=True))
+            await trio.to_thread.run_sync(lambda: self.log_dir.mkdir(parents=True, exist_ok=True))
         except OSError as exc:
-            raise SpawnError(f"cannot create the data directory {self.data_dir}: {exc.strerror or exc}") from exc
+            raise SpawnError(f"cannot create the job log directory {self.log_dir}: {exc.strerror or exc}") from exc
         return await spawn_subprocess(
             job.argv,
             cwd=self.data_dir,

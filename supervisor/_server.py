@@ -110,7 +110,8 @@ async def run_supervisor(
     """Run the supervisor until ``shutdown`` is set (or SIGTERM/SIGINT). ``started()`` gives the base URL."""
     if shutdown is None:
         shutdown = trio.Event()
-    registry = SqliteRegistry(config.registry_path)
+    # Opening the registry runs migrations: blocking work, so it goes to a thread like every registry call.
+    registry = await trio.to_thread.run_sync(SqliteRegistry, config.registry_path)
     supervisor = Supervisor(config, kinds, AsyncRegistry(registry))
     sock = bind_socket(config.bind_host, config.bind_port)
     host, port = sock.getsockname()[:2]
@@ -139,5 +140,6 @@ async def run_supervisor(
             root.cancel_scope.cancel()
     finally:
         sock.close()
-        registry.close()
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(registry.close)
         log.info("supervisor_stopped", boot_id=supervisor.boot_id)

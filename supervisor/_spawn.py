@@ -41,9 +41,11 @@ async def spawn_subprocess(
     log_path: Path,
     log_max_bytes: int,
 ) -> SpawnedProcess:
-    """Start ``argv``; raise ``SpawnError`` with a one-line reason when it cannot start."""
+    """Start ``argv``; raise ``SpawnError`` with a one-line reason when it cannot start.
+
+    ``log_path``'s directory must exist (the caller creates it off the event loop).
+    """
     try:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
         read_fd, write_fd = os.pipe()
     except OSError as exc:
         raise SpawnError(f"cannot prepare the job log: {exc}") from exc
@@ -78,7 +80,7 @@ async def spawn_subprocess(
             os.close(write_fd)
     # The child is not reaped until we wait for it, so its /proc entry (and start time) is still readable
     # even if it has already exited.
-    return SpawnedProcess(process, log_reader, identify(process.pid))
+    return SpawnedProcess(process, log_reader, await trio.to_thread.run_sync(identify, process.pid))
 
 
 def job_environment(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
