@@ -142,6 +142,9 @@ class SqliteRegistry:
             raise RegistryError(f"registry lock not acquired: {exc}") from exc
         try:
             yield conn
+        except sqlite3.Error as exc:
+            conn.execute("ROLLBACK")
+            raise RegistryError(f"registry write failed: {exc}") from exc
         except BaseException:
             conn.execute("ROLLBACK")
             raise
@@ -443,21 +446,21 @@ class SqliteRegistry:
     # -- reads --------------------------------------------------------------------------------------
 
     def get(self, job_id: str) -> Job:
-        try:
-            with self._read_tx() as conn:
-                return self._get_in(conn, job_id)
-        except sqlite3.Error as exc:
-            raise RegistryError(f"registry read failed: {exc}") from exc
+        with self._read_tx() as conn:
+            return self._get_in(conn, job_id)
 
     @contextmanager
     def _read_tx(self) -> Iterator[sqlite3.Connection]:
         """A consistent snapshot for reads that take more than one statement."""
         conn = self._conn()
-        conn.execute("BEGIN")
         try:
-            yield conn
-        finally:
-            conn.execute("COMMIT")
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise RegistryError(f"registry read failed: {exc}") from exc
 
     def running_jobs(self) -> list[Job]:
         """Every RUNNING row (uses the status index: O(running rows))."""

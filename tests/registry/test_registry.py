@@ -222,3 +222,17 @@ def test_a_sweep_reads_running_rows_through_the_status_index(registry: SqliteReg
     plan = registry._conn().execute("EXPLAIN QUERY PLAN SELECT * FROM jobs WHERE status = 'running' ORDER BY seq")
     detail = " ".join(row[3] for row in plan)
     assert "jobs_status_seq" in detail
+
+
+def test_storage_errors_surface_as_registry_errors(tmp_path: Path) -> None:
+    from supervisor import RegistryError
+
+    reg = SqliteRegistry(tmp_path / "r.sqlite3")
+    reg._conn().execute("DROP TABLE jobs")  # storage that no longer holds what the registry expects
+    with pytest.raises(RegistryError):
+        reg.get("x")
+    with pytest.raises(RegistryError):
+        reg.enqueue("k", {}, ["x"])
+    with pytest.raises(RegistryError):
+        reg.list_jobs()
+    reg.close()
