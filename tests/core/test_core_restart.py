@@ -183,3 +183,34 @@ async def test_health_answers_at_boot_while_the_promoted_job_runs_and_shutdown_l
     # A supervisor shutdown never kills a job: the next boot reconciles it.
     assert probe_alive(row)
     assert (await _rows(registry))[job_id].status is JobStatus.RUNNING
+
+
+async def test_cancel_after_a_restart_signals_the_verified_prior_boot_process_INV_NEVER_BLIND_SIGNAL(
+    start_server: Callable[[], trio.Process], registry: SqliteRegistry
+) -> None:
+    job_id = _enqueue(registry, "sleep", {"seconds": 60})
+    first = await start_server()  # type: ignore[misc]
+
+    async def running() -> Job | None:
+        row = (await _rows(registry))[job_id]
+        return row if row.status is JobStatus.RUNNING and row.pid else None
+
+    before = await poll(running)
+    first.proc.kill()
+    await first.proc.wait()
+    second = await start_server()  # type: ignore[misc]
+    async with httpx.AsyncClient(timeout=10) as client:
+        answer = await client.post(f"{second.url}/api/jobs/{job_id}/cancel")
+    assert answer.status_code == 200
+    assert answer.json()["status"] in ("running", "cancelled")  # signalled; cancelled once the process is gone
+
+    async def cancelled() -> Job | None:
+        row = (await _rows(registry))[job_id]
+        return row if row.status.is_terminal else None
+
+    row = await poll(cancelled, timeout_s=10)
+    assert (row.status, row.error_reason) == (JobStatus.CANCELLED, "cancelled")
+    assert not probe_alive(before)  # the prior boot's job, verified by identity, was stopped
+    second.proc.send_signal(signal.SIGTERM)
+    with trio.fail_after(10):
+        assert await second.proc.wait() == 0
