@@ -5,7 +5,6 @@ It runs under the same job budget as ``run`` (ADR-150 D1) and writes the same ki
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import defaultdict
 from decimal import Decimal
@@ -26,7 +25,7 @@ from ._run import (
     Counts,
     RunOutcome,
     StopSignal,
-    _write_manifest_best_effort,
+    publish_outcome,
 )
 
 
@@ -63,28 +62,18 @@ class EnrichRun:
             reason = self.stop.reason or REASON_COMPLETED
         finally:
             self.stop.remove_hook(self._on_stop)
-            manifest = {
-                "job_id": self.config.job_id,
-                "kind": "enrich",
-                "started_at": started_at,
-                "ended_at": utc_now_iso(),
-                "reason": reason,
-                "exit_code": EXIT_CODE_FOR_REASON[reason],
-                "counts": dataclasses.asdict(self.counts),
-                "spend_usd": 0.0,
-                "cost_cap_usd": float(self.config.cost_cap_usd),
-                "processing_loop_budget_s": budget_s,
-            }
-            path = await _write_manifest_best_effort(self.corpus, self.config.job_id, manifest)
-            self.events.emit(
-                "run_finished",
+            path = await publish_outcome(
+                self.corpus,
+                self.events,
+                self.heartbeat,
+                self.config,
                 kind="enrich",
+                started_at=started_at,
                 reason=reason,
-                exit_code=EXIT_CODE_FOR_REASON[reason],
-                counts=dataclasses.asdict(self.counts),
-                manifest=str(path),
+                counts=self.counts,
+                spend_usd=Decimal(0),
+                extra={},
             )
-            self.heartbeat.set_stage("finished")
         return RunOutcome(reason, EXIT_CODE_FOR_REASON[reason], self.counts, Decimal(0), path)
 
     async def _enrich(self) -> None:

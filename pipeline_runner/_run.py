@@ -406,38 +406,69 @@ class PipelineRun:
             self.counts.cancelled += 1
             self.events.emit("episode_cancelled", **_ids(episode, key), reason=reason)
         self.in_flight.clear()
-        manifest: dict[str, Any] = {
-            "job_id": self.config.job_id,
-            "kind": "run",
-            "started_at": started_at,
-            "ended_at": utc_now_iso(),
-            "reason": reason,
-            "exit_code": EXIT_CODE_FOR_REASON[reason],
-            "counts": dataclasses.asdict(self.counts),
-            "planned": self.planned,
-            "feeds": {"ok": self.feeds_ok, "failed": self.feeds_failed},
-            "spend_usd": float(self.ledger.spent_usd),
-            "cost_cap_usd": float(self.config.cost_cap_usd),
-            "processing_loop_budget_s": self.config.processing_loop_budget_s,
-            "failures": self.failures,
-            "poisoned": self.poisoned,
-        }
-        path = await _write_manifest_best_effort(self.corpus, self.config.job_id, manifest)
-        self.events.emit(
-            "run_finished",
+        return await publish_outcome(
+            self.corpus,
+            self.events,
+            self.heartbeat,
+            self.config,
             kind="run",
+            started_at=started_at,
             reason=reason,
-            exit_code=EXIT_CODE_FOR_REASON[reason],
-            counts=dataclasses.asdict(self.counts),
-            spend_usd=float(self.ledger.spent_usd),
-            manifest=str(path),
+            counts=self.counts,
+            spend_usd=self.ledger.spent_usd,
+            extra={
+                "planned": self.planned,
+                "feeds": {"ok": self.feeds_ok, "failed": self.feeds_failed},
+                "failures": self.failures,
+                "poisoned": self.poisoned,
+            },
         )
-        self.heartbeat.set_stage("finished")
-        return path
 
 
 def _ids(episode: Episode, key: str) -> dict[str, str]:
     return {"guid": episode.guid, "key": key, "feed_url": episode.feed_url}
+
+
+async def publish_outcome(
+    corpus: Corpus,
+    events: EventSink,
+    heartbeat: Heartbeat,
+    config: RunnerConfig,
+    *,
+    kind: str,
+    started_at: str,
+    reason: str,
+    counts: Any,
+    spend_usd: Decimal,
+    extra: dict[str, Any],
+) -> Path:
+    """The end of every run, `run` or `enrich`: the manifest (atomic, best effort), `run_finished`, last stage."""
+    exit_code = EXIT_CODE_FOR_REASON[reason]
+    manifest: dict[str, Any] = {
+        "job_id": config.job_id,
+        "kind": kind,
+        "started_at": started_at,
+        "ended_at": utc_now_iso(),
+        "reason": reason,
+        "exit_code": exit_code,
+        "counts": dataclasses.asdict(counts),
+        "spend_usd": float(spend_usd),
+        "cost_cap_usd": float(config.cost_cap_usd),
+        "processing_loop_budget_s": config.processing_loop_budget_s,
+        **extra,
+    }
+    path = await _write_manifest_best_effort(corpus, config.job_id, manifest)
+    events.emit(
+        "run_finished",
+        kind=kind,
+        reason=reason,
+        exit_code=exit_code,
+        counts=dataclasses.asdict(counts),
+        spend_usd=float(spend_usd),
+        manifest=str(path),
+    )
+    heartbeat.set_stage("finished")
+    return path
 
 
 async def _write_manifest_best_effort(corpus: Corpus, job_id: str, manifest: dict[str, Any]) -> Path:
