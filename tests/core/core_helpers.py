@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable, Collection
 from typing import TypeVar
 
@@ -9,7 +11,7 @@ import trio
 
 from supervisor import JobStatus
 from supervisor._core import Supervisor
-from supervisor._identity import ProcessIdentity
+from supervisor._identity import ProcessIdentity, identify
 from supervisor._model import Job
 from supervisor._registry import hash_token
 
@@ -109,3 +111,16 @@ async def wait_idle(sup: Supervisor, *, timeout_s: float = 20.0) -> None:
         return (not sup._running) or None
 
     await poll(idle, timeout_s=timeout_s)
+
+
+async def dead_identity() -> ProcessIdentity:
+    """The identity of a real process that has exited and been reaped: dead by any evidence."""
+
+    def run() -> ProcessIdentity:
+        proc = subprocess.Popen([sys.executable, "-c", "pass"])
+        identity = identify(proc.pid)
+        proc.wait()
+        assert identity is not None
+        return identity
+
+    return await trio.to_thread.run_sync(run)

@@ -3,25 +3,16 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from core_helpers import insert_running  # type: ignore[import-not-found]
+from core_helpers import dead_identity, insert_running  # type: ignore[import-not-found]
 from structlog.testing import capture_logs
 
 from supervisor import JobStatus
 from supervisor._core import Decision, Supervisor, judge
 from supervisor._identity import Liveness, ProcessIdentity, identify
-
-
-def _dead_identity() -> ProcessIdentity:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    identity = identify(proc.pid)
-    proc.wait()
-    assert identity is not None
-    return identity
 
 
 def _age(sup: Supervisor, job_id: str, seconds: float) -> None:
@@ -43,7 +34,7 @@ async def test_prior_boot_live_identity_keeps_its_slot(
 
 async def test_prior_boot_dead_identity_is_failed_dead_pid(make_supervisor: Callable[..., Supervisor]) -> None:
     sup = make_supervisor(boot_id="new", attach=False)
-    job = await insert_running(sup, boot_id="old", identity=await _to_thread(_dead_identity))
+    job = await insert_running(sup, boot_id="old", identity=await dead_identity())
     report = await sup.reconcile(stale_marks_live_processes=False)
     assert report.updated == 1
     row = await sup.get(job.job_id)
@@ -54,7 +45,7 @@ async def test_this_boot_dead_identity_without_monitor_is_failed_dead_pid(
     make_supervisor: Callable[..., Supervisor],
 ) -> None:
     sup = make_supervisor(boot_id="me", attach=False)
-    job = await insert_running(sup, boot_id="me", identity=await _to_thread(_dead_identity))
+    job = await insert_running(sup, boot_id="me", identity=await dead_identity())
     await sup.reconcile(stale_marks_live_processes=False)
     assert (await sup.get(job.job_id)).error_reason == "orphan_reconciled_dead_pid"
 
@@ -207,9 +198,3 @@ def test_judge_table(
         stale_marks_live_processes=operator,
     )
     assert got == expected
-
-
-async def _to_thread(fn: Callable[[], ProcessIdentity]) -> ProcessIdentity:
-    import trio
-
-    return await trio.to_thread.run_sync(fn)

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable
 
 import trio
 import trio.testing
-from core_helpers import insert_running, wait_terminal  # type: ignore[import-not-found]
+from core_helpers import dead_identity, insert_running, wait_terminal  # type: ignore[import-not-found]
 
 from supervisor import JobStatus
 from supervisor._core import ReconcileReport, Supervisor
-from supervisor._identity import identify
 from supervisor._sweeper import run_sweeper
 
 
@@ -77,7 +74,7 @@ async def test_sweep_order_is_reconcile_then_drain_and_reconcile_failure_still_d
 
 async def test_pause_holds_promotion_but_not_reconcile(make_supervisor: Callable[..., Supervisor]) -> None:
     sup = make_supervisor(boot_id="new")
-    dead = await trio.to_thread.run_sync(_dead_identity)
+    dead = await dead_identity()
     ghost = await insert_running(sup, boot_id="old", identity=dead)
     await sup.pause()
     waiting = (await sup.enqueue("exit", {"code": 0})).job
@@ -87,10 +84,3 @@ async def test_pause_holds_promotion_but_not_reconcile(make_supervisor: Callable
     await sup.resume()
     assert (await sup.get(waiting.job_id)).status is not JobStatus.QUEUED
     assert (await wait_terminal(sup, waiting.job_id)).status is JobStatus.SUCCEEDED
-
-
-def _dead_identity():  # type: ignore[no-untyped-def]
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    identity = identify(proc.pid)
-    proc.wait()
-    return identity
