@@ -53,11 +53,6 @@ def _read_stat(pid: int) -> tuple[str, int] | None:
     return rest[0], int(rest[19])
 
 
-def process_start_time(pid: int) -> int | None:
-    stat = _read_stat(pid)
-    return None if stat is None else stat[1]
-
-
 def identify(pid: int) -> ProcessIdentity | None:
     """The identity of a live process, or None when it cannot be read."""
     boot = kernel_boot_id()

@@ -525,6 +525,3 @@ class SqliteRegistry:
         for row in self._read("SELECT status, COUNT(*) AS n FROM jobs GROUP BY status"):
             out[row["status"]] = row["n"]
         return out
-
-    def count_status(self, status: JobStatus) -> int:
-        return int(self._read("SELECT COUNT(*) FROM jobs WHERE status = ?", (str(status),))[0][0])
