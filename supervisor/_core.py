@@ -390,33 +390,39 @@ class Supervisor:
     async def _cancel_unmonitored(self, job: Job) -> None:
         """A running row with no monitor here: a prior boot's job (or one whose monitor failed)."""
         identity = identity_of(job)
-        signalled, pidfd = (False, None)
+        signalled = False
         if identity is not None:
-            signalled, pidfd = await trio.to_thread.run_sync(signal_by_identity, identity, signal.SIGTERM)
-        if not signalled:
-            liveness = await trio.to_thread.run_sync(liveness_of, job)
-            if job.spawned and liveness is not Liveness.DEAD:
-                log.error(
-                    "cancel_left_process_alone",
-                    job_id=job.job_id,
-                    pid=job.pid,
-                    container_id=job.container_id,
-                    liveness=liveness.value if liveness else None,
-                    why="the recorded process identity could not be verified; stop any surviving work by hand",
-                )
-            await self._finalize(job, JobStatus.CANCELLED, "cancelled_unverified_process_left_alone")
-            await self._drain_logged()
-            return
-        assert pidfd is not None and identity is not None
-        assert self._job_nursery is not None
-        await self._job_nursery.start(self._reap_signalled, job, identity, pidfd)
+            assert self._job_nursery is not None
+            signalled = await self._job_nursery.start(self._stop_by_identity, job, identity)
+        if signalled:
+            return  # the reaper finalizes once the process is gone
+        liveness = await trio.to_thread.run_sync(liveness_of, job)
+        if job.spawned and liveness is not Liveness.DEAD:
+            log.error(
+                "cancel_left_process_alone",
+                job_id=job.job_id,
+                pid=job.pid,
+                container_id=job.container_id,
+                liveness=liveness.value if liveness else None,
+                why="the recorded process identity could not be verified; stop any surviving work by hand",
+            )
+        await self._finalize(job, JobStatus.CANCELLED, "cancelled_unverified_process_left_alone")
+        await self._drain_logged()
 
-    async def _reap_signalled(
-        self, job: Job, identity: ProcessIdentity, pidfd: int, *, task_status: Any = trio.TASK_STATUS_IGNORED
+    async def _stop_by_identity(
+        self, job: Job, identity: ProcessIdentity, *, task_status: Any = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Wait for a prior boot's signalled job to exit (pidfd readable), SIGKILL after the grace period."""
-        task_status.started()
+        """SIGTERM a prior boot's job through a verified pidfd, SIGKILL after the grace period, then finalize.
+
+        ``started(True)`` once signalled, ``started(False)`` when the identity could not be verified. This task
+        alone owns the pidfd, from the moment it exists to its close.
+        """
+        signalled, pidfd = await trio.to_thread.run_sync(signal_by_identity, identity, signal.SIGTERM)
+        if not signalled or pidfd is None:
+            task_status.started(False)
+            return
         try:
+            task_status.started(True)
             with trio.move_on_after(self.config.cancel_grace_s) as scope:
                 await trio.lowlevel.wait_readable(pidfd)
             if scope.cancelled_caught:

@@ -27,6 +27,8 @@ from ._model import TERMINAL, Job, JobStatus, check_transition
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_MS = 10_000
 MAX_LIST_LIMIT = 1000
+# WAL lets readers run beside the one writer; a few connections serve every thread that calls the registry.
+DEFAULT_CONNECTIONS = 4
 
 # Migrations, in order; MIGRATIONS[n] takes the schema from version n to n + 1.
 MIGRATIONS: list[str] = [
@@ -85,6 +87,14 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Roll back, best effort: a connection whose rollback fails stays in a transaction and the pool drops it."""
+    try:
+        conn.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass
+
+
 @dataclass(frozen=True)
 class EnqueueResult:
     job: Job
@@ -97,76 +107,170 @@ class FinalizeResult:
     changed: bool  # False when the row was already terminal: events fire only on real changes
 
 
-class SqliteRegistry:
-    """Job rows in one SQLite file (WAL mode). Safe to use from many threads and many processes."""
+class _ConnectionPool:
+    """At most ``size`` SQLite connections, owned by the registry, lent to one thread at a time.
 
-    def __init__(self, path: Path, *, clock: Callable[[], datetime] = utc_now) -> None:
+    Connections belong to the pool, never to a thread: the Trio thread cache retires idle worker threads after
+    about 10 s, and a connection per thread (what this replaced) opened a new connection and WAL descriptor at
+    nearly every sweep and never closed the old ones. A connection that failed is closed and replaced, so an I/O
+    error cannot leave a broken connection in circulation.
+    """
+
+    def __init__(self, path: Path, size: int) -> None:
+        if size < 1:
+            raise ValueError("a connection pool needs at least one connection")
+        self._path = path
+        self.size = size
+        self._cond = threading.Condition()
+        self._idle: list[sqlite3.Connection] = []
+        self._open = 0  # idle + lent
+        self._closed = False
+
+    @property
+    def open_connections(self) -> int:
+        with self._cond:
+            return self._open
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(
+                self._path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise RegistryError(f"cannot open registry {self._path}: {exc}") from exc
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            # FULL: an acknowledged enqueue or transition survives a power loss or kernel crash, not only
+            # a process crash (NORMAL in WAL mode may drop the last commits). Jobs are few; fsyncs are cheap.
+            conn.execute("PRAGMA synchronous = FULL")
+        except sqlite3.Error as exc:
+            conn.close()
+            raise RegistryError(f"cannot open registry {self._path}: {exc}") from exc
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    @contextmanager
+    def borrow(self) -> Iterator[sqlite3.Connection]:
+        """Lend one connection to the calling thread; wait (bounded) when all are lent."""
+        with self._cond:
+            if not self._cond.wait_for(
+                lambda: self._closed or self._idle or self._open < self.size, timeout=BUSY_TIMEOUT_MS / 1000
+            ):
+                raise RegistryError(f"no registry connection free within {BUSY_TIMEOUT_MS} ms")
+            if self._closed:
+                raise RegistryError(f"registry {self._path} is closed")
+            conn = self._idle.pop() if self._idle else None
+            self._open += conn is None  # reserve the slot before connecting outside the lock
+        if conn is None:
+            try:
+                conn = self._connect()
+            except BaseException:
+                self._release(None)
+                raise
+        healthy = False
+        try:
+            yield conn
+            healthy = not conn.in_transaction
+        except BaseException as exc:
+            # A storage error may have left the connection unusable (I/O error, corrupt page): replace it.
+            # A caller's own error (not found, unauthorized) leaves it as good as it was.
+            failed = isinstance(exc, sqlite3.Error) or isinstance(exc.__cause__, sqlite3.Error)
+            healthy = not failed and not conn.in_transaction
+            raise
+        finally:
+            if not healthy:
+                self._discard(conn)
+            self._release(conn if healthy else None)
+
+    @staticmethod
+    def _discard(conn: sqlite3.Connection) -> None:
+        try:
+            conn.close()
+        except sqlite3.Error:
+            pass
+
+    def _release(self, conn: sqlite3.Connection | None) -> None:
+        with self._cond:
+            if conn is None or self._closed:
+                self._open -= 1
+                if conn is not None:
+                    self._discard(conn)
+            else:
+                self._idle.append(conn)
+            self._cond.notify()
+
+    def close(self) -> None:
+        """Close every idle connection now, and each lent one as it comes back."""
+        with self._cond:
+            self._closed = True
+            for conn in self._idle:
+                self._discard(conn)
+            self._open -= len(self._idle)
+            self._idle.clear()
+            self._cond.notify_all()
+
+
+class SqliteRegistry:
+    """Job rows in one SQLite file (WAL mode). Safe to use from many threads and many processes.
+
+    It holds at most ``max_connections`` connections whatever the number of threads that call it (see
+    ``_ConnectionPool``); ``close()`` closes them all.
+    """
+
+    def __init__(
+        self, path: Path, *, clock: Callable[[], datetime] = utc_now, max_connections: int = DEFAULT_CONNECTIONS
+    ) -> None:
         self.path = Path(path)
         self._clock = clock
-        self._local = threading.local()
-        self._all_conns: list[sqlite3.Connection] = []
-        self._conns_lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._pool = _ConnectionPool(self.path, max_connections)
         with self._tx() as conn:
             self._migrate(conn)
 
-    # -- connections and transactions -------------------------------------------------------------
+    @property
+    def max_connections(self) -> int:
+        return self._pool.size
 
-    def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            try:
-                conn = sqlite3.connect(
-                    self.path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False
-                )
-                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-                conn.execute("PRAGMA journal_mode = WAL")
-                # FULL: an acknowledged enqueue or transition survives a power loss or kernel crash, not only
-                # a process crash (NORMAL in WAL mode may drop the last commits). Jobs are few; fsyncs are cheap.
-                conn.execute("PRAGMA synchronous = FULL")
-            except sqlite3.Error as exc:
-                raise RegistryError(f"cannot open registry {self.path}: {exc}") from exc
-            conn.row_factory = sqlite3.Row
-            self._local.conn = conn
-            with self._conns_lock:
-                self._all_conns.append(conn)
-        return conn
+    @property
+    def open_connections(self) -> int:
+        """Connections open right now (idle or lent): never more than ``max_connections``."""
+        return self._pool.open_connections
+
+    # -- connections and transactions -------------------------------------------------------------
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         """One write transaction under SQLite's cross-process write lock."""
-        conn = self._conn()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            raise RegistryError(f"registry lock not acquired: {exc}") from exc
-        try:
-            yield conn
-        except sqlite3.Error as exc:
-            conn.execute("ROLLBACK")
-            raise RegistryError(f"registry write failed: {exc}") from exc
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        else:
+        with self._pool.borrow() as conn:
             try:
-                conn.execute("COMMIT")
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                raise RegistryError(f"registry lock not acquired: {exc}") from exc
+            try:
+                yield conn
             except sqlite3.Error as exc:
-                conn.execute("ROLLBACK")
-                raise RegistryError(f"registry commit failed: {exc}") from exc
+                _rollback(conn)
+                raise RegistryError(f"registry write failed: {exc}") from exc
+            except BaseException:
+                _rollback(conn)
+                raise
+            else:
+                try:
+                    conn.execute("COMMIT")
+                except sqlite3.Error as exc:
+                    _rollback(conn)
+                    raise RegistryError(f"registry commit failed: {exc}") from exc
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        try:
-            return self._conn().execute(sql, args).fetchall()
-        except sqlite3.Error as exc:
-            raise RegistryError(f"registry read failed: {exc}") from exc
+        with self._pool.borrow() as conn:
+            try:
+                return conn.execute(sql, args).fetchall()
+            except sqlite3.Error as exc:
+                raise RegistryError(f"registry read failed: {exc}") from exc
 
     def close(self) -> None:
-        with self._conns_lock:
-            for conn in self._all_conns:
-                conn.close()
-            self._all_conns.clear()
-        self._local = threading.local()
+        self._pool.close()
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
@@ -452,15 +556,15 @@ class SqliteRegistry:
     @contextmanager
     def _read_tx(self) -> Iterator[sqlite3.Connection]:
         """A consistent snapshot for reads that take more than one statement."""
-        conn = self._conn()
-        try:
-            conn.execute("BEGIN")
+        with self._pool.borrow() as conn:
             try:
-                yield conn
-            finally:
-                conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            raise RegistryError(f"registry read failed: {exc}") from exc
+                conn.execute("BEGIN")
+                try:
+                    yield conn
+                finally:
+                    conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise RegistryError(f"registry read failed: {exc}") from exc
 
     def running_jobs(self) -> list[Job]:
         """Every RUNNING row (uses the status index: O(running rows))."""

@@ -116,7 +116,7 @@ def signal_by_identity(identity: ProcessIdentity, signum: int) -> tuple[bool, in
         return False, None
     try:
         signal.pidfd_send_signal(fd, signum)
-    except ProcessLookupError:
+    except OSError:  # gone (ProcessLookupError) or not ours to signal (PermissionError): the fd is ours to close
         os.close(fd)
         return False, None
     # The leader is verified; its group shares its pid as group id while it lives.

@@ -21,13 +21,17 @@ class AsyncRegistry:
 
     Calls cannot hang forever: SQLite's busy timeout bounds every wait for the cross-process lock, and the call
     raises ``RegistryError`` when it runs out.
+
+    At most as many calls run at once as the registry has connections: a further caller waits here, on the event
+    loop, instead of parking a worker thread on the connection pool.
     """
 
     def __init__(self, registry: SqliteRegistry) -> None:
         self.sync = registry
+        self._limiter = trio.CapacityLimiter(registry.max_connections)
 
     async def _run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+        return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), limiter=self._limiter)
 
     async def enqueue(
         self, kind: str, params: dict[str, Any], argv: list[str], *, coalesce_key: str | None

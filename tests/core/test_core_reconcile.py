@@ -17,7 +17,8 @@ from supervisor._identity import Liveness, ProcessIdentity, identify
 
 def _age(sup: Supervisor, job_id: str, seconds: float) -> None:
     started = (datetime.now(UTC) - timedelta(seconds=seconds)).isoformat()
-    sup.registry.sync._conn().execute("UPDATE jobs SET started_at = ? WHERE job_id = ?", (started, job_id))
+    with sup.registry.sync._pool.borrow() as conn:
+        conn.execute("UPDATE jobs SET started_at = ? WHERE job_id = ?", (started, job_id))
 
 
 async def test_prior_boot_live_identity_keeps_its_slot(

@@ -219,7 +219,8 @@ def test_schema_is_versioned_and_wal(tmp_path: Path) -> None:
 
 
 def test_a_sweep_reads_running_rows_through_the_status_index(registry: SqliteRegistry) -> None:
-    plan = registry._conn().execute("EXPLAIN QUERY PLAN SELECT * FROM jobs WHERE status = 'running' ORDER BY seq")
+    with registry._pool.borrow() as conn:
+        plan = conn.execute("EXPLAIN QUERY PLAN SELECT * FROM jobs WHERE status = 'running' ORDER BY seq").fetchall()
     detail = " ".join(row[3] for row in plan)
     assert "jobs_status_seq" in detail
 
@@ -228,7 +229,8 @@ def test_storage_errors_surface_as_registry_errors(tmp_path: Path) -> None:
     from supervisor import RegistryError
 
     reg = SqliteRegistry(tmp_path / "r.sqlite3")
-    reg._conn().execute("DROP TABLE jobs")  # storage that no longer holds what the registry expects
+    with reg._pool.borrow() as conn:
+        conn.execute("DROP TABLE jobs")  # storage that no longer holds what the registry expects
     with pytest.raises(RegistryError):
         reg.get("x")
     with pytest.raises(RegistryError):
