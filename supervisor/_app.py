@@ -23,6 +23,7 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from ._config import ApiToken
 from ._core import Supervisor
 from ._errors import (
     Forbidden,
@@ -85,6 +86,9 @@ async def _json_body() -> Any:
         return json.loads(raw, parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise MalformedRequest(f"the body is not valid JSON: {exc}", field="body") from None
+    except RecursionError:
+        # json's decoder recurses per nesting level: a body of a thousand '[' exhausts the stack.
+        raise MalformedRequest("the body is nested too deeply", field="body") from None
 
 
 async def _json_object(allowed: Iterable[str]) -> dict[str, Any]:
@@ -118,8 +122,9 @@ def _query(allowed: Iterable[str]) -> dict[str, str]:
 def _int_query(query: Mapping[str, str], name: str, default: int | None) -> int | None:
     if name not in query:
         return default
-    text = query[name].strip()
-    if not re.fullmatch(r"\d{1,12}", text):
+    text = query[name]
+    # ASCII digits only: re's \d (and int()) also take other scripts' digits and underscores.
+    if not re.fullmatch(r"[0-9]{1,12}", text):
         raise ValidationError(f"{name} must be a non-negative integer, not {query[name]!r}", field=name)
     return int(text)
 
@@ -145,7 +150,8 @@ class _Metrics:
         return data
 
 
-def create_app(supervisor: Supervisor) -> QuartTrio:
+def create_app(supervisor: Supervisor, api_token: ApiToken | None = None) -> QuartTrio:
+    """The app over ``supervisor``; ``api_token`` is the operator token in force (re-read on SIGHUP by the server)."""
     # No static folder: the route map is exactly the API, which the auth and OpenAPI tests walk.
     app = QuartTrio(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
@@ -155,7 +161,7 @@ def create_app(supervisor: Supervisor) -> QuartTrio:
     gauges = _Metrics()
     # A later issue registers more collectors here.
     app.extensions["supervisor.metrics_registry"] = gauges.registry
-    api_token = supervisor.config.api_token
+    token_source = api_token if api_token is not None else ApiToken.from_config(supervisor.config)
 
     # -- every request ----------------------------------------------------------------------------------
 
@@ -167,13 +173,14 @@ def create_app(supervisor: Supervisor) -> QuartTrio:
             # preflight: without this, any web page could drive a token-less loopback supervisor. The CLI, the
             # runner's heartbeats and scripts send no Origin.
             raise Forbidden("requests from a web page are refused; use the CLI or an HTTP client")
-        if api_token is None or request.routing_exception is not None:
+        expected = token_source.current
+        if expected is None or request.routing_exception is not None:
             return  # an unknown route or method answers 404/405: the route map is public (openapi.json)
         if request.endpoint in PUBLIC_ENDPOINTS:
             return
         given = _bearer_token()
         # Constant-time: the compare must not reveal how much of a guessed token is right.
-        if given is None or not hmac.compare_digest(given.encode(), api_token.encode()):
+        if given is None or not hmac.compare_digest(given.encode(), expected.encode()):
             raise Unauthorized("missing or wrong API token (Authorization: Bearer <PODCAST_JOB_API_TOKEN>)")
 
     @app.after_request
@@ -297,8 +304,8 @@ def create_app(supervisor: Supervisor) -> QuartTrio:
         token = _bearer_token()
         if token is None:
             raise Unauthorized("missing job token (Authorization: Bearer $PODCAST_JOB_TOKEN)")
-        # The core validates the body (and the token, and that the job is running).
-        await supervisor.heartbeat(job_id, token, await _json_body())
+        # The core checks the token before it reads the body, then validates the body and that the job runs.
+        await supervisor.heartbeat(job_id, token, _json_body)
         return "", 204
 
     @app.get("/api/openapi.json")

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 import trio
 
 from ._client import DEFAULT_URL, ApiError, Client, Unreachable
-from ._config import Config, is_loopback, load_config
+from ._config import Config, is_loopback, load_config, read_token_file
 from ._errors import ConfigError, KindsFileError
 from ._kinds import KindCatalog, load_kinds
 from ._logging import configure_logging, get_logger
@@ -37,6 +37,7 @@ EXIT_INTERRUPTED = 130
 
 ENV_URL = "PODCAST_JOB_URL"
 ENV_API_TOKEN = "PODCAST_JOB_API_TOKEN"
+ENV_API_TOKEN_FILE = "PODCAST_JOB_API_TOKEN_FILE"
 # logs --follow: poll quickly while output flows, back off to at most FOLLOW_MAX_INTERVAL_S while it is quiet.
 FOLLOW_MIN_INTERVAL_S = 0.2
 FOLLOW_MAX_INTERVAL_S = 2.0
@@ -86,7 +87,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log.warning("config_fallback", detail=warning)
     if config.api_token is None and not is_loopback(config.bind_host):
         print(
-            f"error: refusing to serve on {config.bind} without PODCAST_JOB_API_TOKEN: "
+            f"error: refusing to serve on {config.bind} without PODCAST_JOB_API_TOKEN(_FILE): "
             "set a token, or bind to a loopback address",
             file=sys.stderr,
         )
@@ -148,6 +149,13 @@ def _run_client(command: ClientCommand) -> Callable[[argparse.Namespace], int]:
         io: _Io = args.io
         url = io.environ.get(ENV_URL, "").strip() or DEFAULT_URL
         token = io.environ.get(ENV_API_TOKEN, "").strip() or None
+        token_file = io.environ.get(ENV_API_TOKEN_FILE, "").strip()
+        if token is None and token_file:
+            try:
+                token = read_token_file(Path(token_file))
+            except ConfigError as exc:
+                io.error(f"{ENV_API_TOKEN_FILE}: {exc}")
+                return EXIT_CONFIG
         try:
             client = Client(url, token=token)
         except ValueError as exc:
@@ -159,7 +167,7 @@ def _run_client(command: ClientCommand) -> Callable[[argparse.Namespace], int]:
         except ApiError as exc:
             io.error(exc.describe())
             if exc.status == 401:
-                io.error(f"set {ENV_API_TOKEN} to the server's API token")
+                io.error(f"set {ENV_API_TOKEN} (or {ENV_API_TOKEN_FILE}) to the server's API token")
             return EXIT_ERROR
         except Unreachable as exc:
             io.error(f"{exc}; is `supervisor serve` running there? (set {ENV_URL} to its address)")

@@ -40,6 +40,8 @@ class Config:
     progress_stale_after_s: float | None = 1800.0
     exec_mode: ExecMode = "subprocess"
     api_token: str | None = field(default=None, repr=False)
+    # Where api_token was read from (re-read on SIGHUP); None when it came from PODCAST_JOB_API_TOKEN or is unset.
+    api_token_file: Path | None = None
     kinds_file: Path | None = None
     webhook_url: str | None = None
     webhook_timeout_s: float = 5.0
@@ -195,6 +197,20 @@ def load_config(
         got = raw(env_name, attr)
         if got is not None:
             values[attr] = _str_or_none(got[1])
+    got = raw("PODCAST_JOB_API_TOKEN_FILE", "api_token_file")
+    if got is not None:
+        if values.get("api_token"):
+            # Two sources would leave an operator guessing which one the server uses.
+            loader.problems.append(
+                f"{got[0]}: set either PODCAST_JOB_API_TOKEN or PODCAST_JOB_API_TOKEN_FILE, not both"
+            )
+        else:
+            token_file = Path(str(got[1]))
+            try:
+                values["api_token"] = read_token_file(token_file)
+                values["api_token_file"] = token_file
+            except ConfigError as exc:
+                loader.problems.extend(f"{got[0]}: {problem}" for problem in exc.problems)
     got = raw("PODCAST_JOB_KINDS_FILE", "kinds_file")
     if got is not None:
         values["kinds_file"] = Path(str(got[1]))
@@ -216,6 +232,7 @@ _TOML_KEYS = (
     "progress_stale_after_s",
     "exec_mode",
     "api_token",
+    "api_token_file",
     "kinds_file",
     "webhook_url",
     "webhook_timeout_s",
@@ -223,6 +240,58 @@ _TOML_KEYS = (
     "cancel_grace_s",
     "docker_image",
 )
+
+
+MAX_TOKEN_FILE_BYTES = 4096
+
+
+def read_token_file(path: Path) -> str:
+    """The operator token held in ``path`` (surrounding white space dropped). Blocking: call it off the loop.
+
+    An unreadable or empty file is a ``ConfigError``: never a silent fallback to "no token" (an open API).
+    """
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(MAX_TOKEN_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError([f"cannot read the API token file {path}: {exc.strerror or exc}"]) from exc
+    if len(data) > MAX_TOKEN_FILE_BYTES:
+        raise ConfigError([f"the API token file {path} is larger than {MAX_TOKEN_FILE_BYTES} bytes"])
+    try:
+        token = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ConfigError([f"the API token file {path} is not UTF-8 text"]) from None
+    if not token:
+        raise ConfigError([f"the API token file {path} is empty"])
+    if any(ch.isspace() or not ch.isprintable() for ch in token):
+        raise ConfigError([f"the API token file {path} holds more than one printable word"])
+    return token
+
+
+class ApiToken:
+    """The operator token the API checks now: fixed, or re-read from its file on SIGHUP (``reload``).
+
+    A reload that fails keeps the token in force: a broken edit must never open the API.
+    """
+
+    def __init__(self, token: str | None, path: Path | None = None) -> None:
+        self._token = token
+        self.path = path
+
+    @classmethod
+    def from_config(cls, config: Config) -> ApiToken:
+        return cls(config.api_token, config.api_token_file)
+
+    @property
+    def current(self) -> str | None:
+        return self._token
+
+    def reload(self) -> bool:
+        """Re-read the token file (blocking). False when the token does not come from a file."""
+        if self.path is None:
+            return False
+        self._token = read_token_file(self.path)
+        return True
 
 
 def parse_bind(text: str) -> tuple[str, int]:

@@ -31,7 +31,7 @@ from ._store import AsyncRegistry
 log = get_logger()
 
 # Environment variables the supervisor itself reads that a job must never inherit.
-_PRIVATE_ENV = ("PODCAST_JOB_API_TOKEN",)
+_PRIVATE_ENV = ("PODCAST_JOB_API_TOKEN", "PODCAST_JOB_API_TOKEN_FILE")
 MAX_STAGE_LEN = 200
 LOG_READER_REAP_S = 5.0
 
@@ -244,9 +244,14 @@ class Supervisor:
                 self._running[job.job_id] = handle
                 try:
                     handle.spawned = await self._spawn(job, token)
-                except SpawnError as exc:
+                except Exception as exc:
+                    # INV-SPAWN-FAILURE-FREES-SLOT: whatever goes wrong in one spawn (a SpawnError, or a defect
+                    # such as an argv the OS cannot take), the promoted row is finalized, never left holding a slot.
                     del self._running[job.job_id]
-                    await self._finalize(job, JobStatus.FAILED, f"spawn_failed: {exc}")
+                    if not isinstance(exc, SpawnError):
+                        log.exception("spawn_crashed", job_id=job.job_id)
+                    reason = str(exc) if isinstance(exc, SpawnError) else f"{type(exc).__name__}: {exc}"
+                    await self._finalize(job, JobStatus.FAILED, f"spawn_failed: {reason}"[:500])
                     continue  # drain again: the next queued job may spawn fine
                 identity = handle.spawned.identity
                 try:
@@ -534,13 +539,14 @@ class Supervisor:
     ) -> tuple[list[Job], str | None]:
         return await self.registry.list_jobs(status=status, kind=kind, limit=limit, cursor=cursor)
 
-    async def heartbeat(self, job_id: str, token: str, body: object) -> Job:
+    async def heartbeat(self, job_id: str, token: str, read_body: Callable[[], Awaitable[object]]) -> Job:
         """Record a child's heartbeat; see ``SqliteRegistry.record_heartbeat``.
 
-        The token is checked before the body is looked at, so a caller without it learns nothing (not even
-        whether the job exists).
+        The token is checked before the body is even read (``read_body`` raises the HTTP layer's 400/413/415), so a
+        caller without it learns nothing: not whether the job exists, nor what body would have been accepted.
         """
         await self.registry.check_job_token(job_id, token)
+        body = await read_body()
         if not isinstance(body, Mapping):
             raise ValidationError("body must be a JSON object", field="body")
         unknown = sorted(set(body) - {"completed_units", "total_units", "stage"})

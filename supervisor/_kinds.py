@@ -35,6 +35,10 @@ MAX_STR_PARAM_LEN = 4096
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
+# Numbers given as strings (the CLI's -p k=v): ASCII digits only. Python's \d, int() and float() also accept
+# other scripts' digits ('\u0661') and underscores ('1_0'), which no caller means.
+_ASCII_INT = re.compile(r"[+-]?[0-9]{1,18}")
+_ASCII_FLOAT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?")
 # Exit codes of pipeline_runner that are planned outcomes (ADR-0002, INV-BUDGET-IS-AN-OUTCOME) ...
 PIPELINE_EXIT_REASONS = {10: "budget_exhausted", 11: "time_budget_exhausted"}
 # ... and those that are failures with a name an operator can act on.
@@ -111,6 +115,12 @@ def _convert(name: str, type_name: str, value: object) -> ParamValue:
             raise bad(f"longer than {MAX_STR_PARAM_LEN} characters")
         if "\x00" in value:
             raise bad("contains a NUL character")
+        # Every value must become an argv element (and may become an environment entry): bytes the OS can take.
+        # A lone surrogate is valid JSON but has no UTF-8 encoding, and would fail only later, inside the spawn.
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise bad("is not valid Unicode text (a lone surrogate)") from None
         # A whole argv element starting with '-' would be read by the child as an option.
         if value.startswith("-"):
             raise bad("must not start with '-'")
@@ -126,7 +136,7 @@ def _convert(name: str, type_name: str, value: object) -> ParamValue:
             raise bad("got a bool")
         if isinstance(value, int):
             return value
-        if isinstance(value, str) and re.fullmatch(r"[+-]?\d{1,18}", value.strip()):
+        if isinstance(value, str) and _ASCII_INT.fullmatch(value):
             return int(value)
         raise bad(f"got {value!r}")
     if type_name == "float":
@@ -136,10 +146,10 @@ def _convert(name: str, type_name: str, value: object) -> ParamValue:
         if isinstance(value, int | float):
             number = float(value)
         elif isinstance(value, str):
-            try:
-                number = float(value)
-            except ValueError:
-                raise bad(f"got {value!r}") from None
+            # float() also takes '1_0', ' 1 ', 'nan' and non-ASCII digits: only a plain ASCII number passes.
+            if not _ASCII_FLOAT.fullmatch(value):
+                raise bad(f"got {value!r}")
+            number = float(value)
         else:
             raise bad(f"got {type(value).__name__}")
         if not math.isfinite(number):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import sqlite3
 import threading
 import uuid
@@ -27,6 +28,7 @@ from ._model import TERMINAL, Job, JobStatus, check_transition
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_MS = 10_000
 MAX_LIST_LIMIT = 1000
+CURSOR_PATTERN = re.compile(r"[0-9]{1,18}")  # what next_cursor ever holds; the OpenAPI document says the same
 # WAL lets readers run beside the one writer; a few connections serve every thread that calls the registry.
 DEFAULT_CONNECTIONS = 4
 
@@ -348,6 +350,10 @@ class SqliteRegistry:
     ) -> None:
         """The one place a row's status changes; an illegal transition raises."""
         check_transition(job.job_id, job.status, to_status)
+        if to_status.is_terminal:
+            # A job's token works only while the job runs: with its hash gone, a late (or stolen) token matches
+            # nothing, and the heartbeat answers 401 exactly as for a job that never existed.
+            fields = {**fields, "token_hash": None}
         assignments = ", ".join(f"{name} = ?" for name in ("status", *fields))
         cur = conn.execute(
             f"UPDATE jobs SET {assignments} WHERE job_id = ? AND status = ?",
@@ -589,10 +595,11 @@ class SqliteRegistry:
             raise ValidationError(f"limit must be between 1 and {MAX_LIST_LIMIT}", field="limit")
         before: int | None = None
         if cursor is not None:
-            try:
-                before = int(cursor)
-            except ValueError:
-                raise ValidationError("cursor is not one this server issued", field="cursor") from None
+            # A cursor is a row sequence number this server issued: ASCII digits that fit SQLite's INTEGER
+            # (a larger number overflows inside sqlite3; int() also takes '1_0', '-3' and non-ASCII digits).
+            if not CURSOR_PATTERN.fullmatch(cursor):
+                raise ValidationError("cursor is not one this server issued", field="cursor")
+            before = int(cursor)
         clauses: list[str] = []
         args: list[object] = []
         if status is not None:

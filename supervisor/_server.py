@@ -1,7 +1,7 @@
 """``supervisor serve``: the root of the nursery tree.
 
     root nursery (run_supervisor)
-    ├── signal watcher          SIGTERM/SIGINT -> shutdown event
+    ├── signal watcher          SIGTERM/SIGINT -> shutdown event; SIGHUP -> re-read the API token file
     ├── job nursery             one monitor task per running job (plus prior-boot cancel reapers)
     ├── sweeper                 startup sweep (before serving), then reconcile -> drain every sweep_interval_s
     └── HTTP server             hypercorn's trio worker serving the quart-trio app
@@ -24,8 +24,9 @@ from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
 from ._app import create_app
-from ._config import Config
+from ._config import ApiToken, Config
 from ._core import Supervisor
+from ._errors import ConfigError
 from ._kinds import KindCatalog
 from ._logging import get_logger
 from ._registry import SqliteRegistry
@@ -38,12 +39,30 @@ log = get_logger()
 GRACEFUL_TIMEOUT_S = 1.0
 
 
-async def _watch_signals(shutdown: trio.Event, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+async def _watch_signals(
+    shutdown: trio.Event, api_token: ApiToken, *, task_status: Any = trio.TASK_STATUS_IGNORED
+) -> None:
+    """SIGTERM/SIGINT: shut down. SIGHUP: re-read the operator token file (a failed read keeps the old token)."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         task_status.started()
         async for signum in signals:
+            if signum == signal.SIGHUP:
+                await _reload_token(api_token)
+                continue
             log.info("shutdown_requested", signal=signal.Signals(signum).name)
             shutdown.set()
+
+
+async def _reload_token(api_token: ApiToken) -> None:
+    try:
+        reloaded = await trio.to_thread.run_sync(api_token.reload)
+    except ConfigError as exc:
+        log.error("api_token_reload_failed", error=str(exc), kept="the token in force")
+        return
+    if reloaded:
+        log.info("api_token_reloaded", path=str(api_token.path))
+    else:
+        log.warning("api_token_reload_ignored", why="the token comes from PODCAST_JOB_API_TOKEN, not a file")
 
 
 async def _run_job_nursery(*, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -77,6 +96,7 @@ def public_base_url(host: str, port: int) -> str:
 
 async def _serve_http(
     supervisor: Supervisor,
+    api_token: ApiToken,
     sock: socket.socket,
     shutdown: trio.Event,
     done: trio.Event,
@@ -87,7 +107,7 @@ async def _serve_http(
     hconfig.graceful_timeout = GRACEFUL_TIMEOUT_S
     hconfig.accesslog = None
     hconfig.errorlog = None
-    app = create_app(supervisor)
+    app = create_app(supervisor, api_token)
     try:
         await worker_serve(
             wrap_app(app, hconfig.wsgi_max_body_size, None),
@@ -113,17 +133,18 @@ async def run_supervisor(
     # Opening the registry runs migrations: blocking work, so it goes to a thread like every registry call.
     registry = await trio.to_thread.run_sync(SqliteRegistry, config.registry_path)
     supervisor = Supervisor(config, kinds, AsyncRegistry(registry))
+    api_token = ApiToken.from_config(config)
     sock = bind_socket(config.bind_host, config.bind_port)
     host, port = sock.getsockname()[:2]
     supervisor.heartbeat_base_url = public_base_url(host, port)
     http_done = trio.Event()
     try:
         async with trio.open_nursery() as root:
-            await root.start(_watch_signals, shutdown)
+            await root.start(_watch_signals, shutdown, api_token)
             supervisor.attach(await root.start(_run_job_nursery))
             # The startup sweep runs before serving; it never waits on a job, so /api/health is not delayed.
             await root.start(run_sweeper, supervisor, config.sweep_interval_s)
-            await root.start(_serve_http, supervisor, sock, shutdown, http_done)
+            await root.start(_serve_http, supervisor, api_token, sock, shutdown, http_done)
             log.info(
                 "supervisor_started",
                 url=supervisor.heartbeat_base_url,

@@ -67,13 +67,14 @@ async def spawn_subprocess(
             env=dict(env),
             start_new_session=True,
         )
-    except OSError as exc:
+    except Exception as exc:  # OSError, and also e.g. an argv or env the OS cannot encode
         if log_reader is not None:
             os.close(write_fd)
             write_fd = -1
             with trio.move_on_after(5):
-                await log_reader.wait()
-        raise SpawnError(f"{type(exc).__name__}: {exc.strerror or exc}") from exc
+                await log_reader.wait()  # EOF on its pipe: it exits at once; reap it, never leave a zombie
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise SpawnError(f"{type(exc).__name__}: {detail}") from exc
     finally:
         os.close(read_fd)
         if write_fd != -1:

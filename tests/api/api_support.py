@@ -191,3 +191,20 @@ async def run_live(
 
 
 MakeLive = Callable[..., Awaitable[Live]]
+
+
+def assert_error(body: Any, code: str, field: str | None = None) -> None:
+    assert set(body) == {"error"}
+    assert body["error"]["code"] == code, body
+    assert body["error"]["field"] == field, body
+    assert body["error"]["message"]
+
+
+async def start_tokened(harness: Harness) -> tuple[str, str]:
+    """A running job and its token (it prints the token it was given, then sleeps)."""
+    _, answer = await harness.json("POST", "/api/jobs", json={"kind": "tokened", "params": {"seconds": 30}})
+    return answer["job_id"], await wait_log_line(harness.supervisor, answer["job_id"])
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}

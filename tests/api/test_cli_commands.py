@@ -8,6 +8,7 @@ import functools
 import io
 import json
 import socket
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,8 +30,8 @@ class Ran:
         return json.loads(self.out)
 
 
-async def cli(url: str, *argv: str, token: str | None = None) -> Ran:
-    environ = {"PODCAST_JOB_URL": url} | ({"PODCAST_JOB_API_TOKEN": token} if token else {})
+async def cli(url: str, *argv: str, token: str | None = None, env: dict[str, str] | None = None) -> Ran:
+    environ = {"PODCAST_JOB_URL": url} | ({"PODCAST_JOB_API_TOKEN": token} if token else {}) | (env or {})
     out, err = io.StringIO(), io.StringIO()
     run = functools.partial(main, list(argv), environ=environ, stdout=out, stderr=err)
     with trio.fail_after(CLI_LIMIT_S):
@@ -197,3 +198,13 @@ async def test_the_api_token_comes_from_the_environment(make_live: MakeLive) -> 
     assert wrong.code == EXIT_ERROR
     allowed = await cli(live.url, "jobs", "--json", token=API_TOKEN)
     assert (allowed.code, allowed.json()) == (EXIT_OK, {"jobs": [], "next_cursor": None})
+
+
+async def test_the_api_token_can_come_from_a_file(make_live: MakeLive, tmp_path: Path) -> None:
+    live = await make_live(api_token=API_TOKEN)
+    token_file = tmp_path / "cli-token"
+    token_file.write_text(API_TOKEN + "\n")
+    allowed = await cli(live.url, "jobs", "--json", env={"PODCAST_JOB_API_TOKEN_FILE": str(token_file)})
+    assert (allowed.code, allowed.json()) == (EXIT_OK, {"jobs": [], "next_cursor": None})
+    missing = await cli(live.url, "jobs", env={"PODCAST_JOB_API_TOKEN_FILE": str(tmp_path / "nope")})
+    assert missing.code == EXIT_CONFIG and "PODCAST_JOB_API_TOKEN_FILE" in missing.err

@@ -98,3 +98,39 @@ def test_the_api_token_is_never_described() -> None:
     config, _ = load_config({"PODCAST_JOB_API_TOKEN": "s3cret"})
     assert "s3cret" not in repr(config)
     assert "s3cret" not in str(config.describe())
+
+
+def test_api_token_from_a_file_stays_out_of_the_environment(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("  s3cret-token \n")
+    config, warnings = load_config({"PODCAST_JOB_API_TOKEN_FILE": str(token_file)})
+    assert warnings == []
+    assert (config.api_token, config.api_token_file) == ("s3cret-token", token_file)
+    described = config.describe()
+    assert described["api_token"] == "(set)" and described["api_token_file"] == str(token_file)
+    assert "s3cret-token" not in repr(config)
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [(None, "cannot read"), ("", "empty"), ("\n  \n", "empty"), ("two words", "more than one"), (b"\xff", "UTF-8")],
+)
+def test_an_unusable_token_file_is_an_error_naming_the_variable_never_an_open_api(
+    tmp_path: Path, content: str | bytes | None, why: str
+) -> None:
+    token_file = tmp_path / "token"
+    if isinstance(content, bytes):
+        token_file.write_bytes(content)
+    elif content is not None:
+        token_file.write_text(content)
+    with pytest.raises(ConfigError) as err:
+        load_config({"PODCAST_JOB_API_TOKEN_FILE": str(token_file)})
+    [problem] = err.value.problems
+    assert problem.startswith("PODCAST_JOB_API_TOKEN_FILE") and why in problem
+
+
+def test_token_and_token_file_together_is_an_error(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("a")
+    with pytest.raises(ConfigError, match="not both"):
+        load_config({"PODCAST_JOB_API_TOKEN_FILE": str(token_file), "PODCAST_JOB_API_TOKEN": "b"})

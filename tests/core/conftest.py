@@ -70,11 +70,15 @@ def _maker(
     job_nursery: trio.Nursery,
 ) -> Callable[..., Supervisor]:
 
-    def make(*, attach: bool = True, boot_id: str | None = None, **overrides: object) -> Supervisor:
+    def make(
+        *, attach: bool = True, boot_id: str | None = None, base_env: dict[str, str] | None = None, **overrides: object
+    ) -> Supervisor:
         config = make_config(**overrides)
         registry = SqliteRegistry(config.registry_path)
         made.append(registry)
-        sup = Supervisor(config, load_kinds(config.kinds_file), AsyncRegistry(registry), boot_id=boot_id)
+        sup = Supervisor(
+            config, load_kinds(config.kinds_file), AsyncRegistry(registry), boot_id=boot_id, base_env=base_env
+        )
         if attach:
             sup.attach(job_nursery)
         supervisors.append(sup)

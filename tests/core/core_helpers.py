@@ -26,6 +26,9 @@ params = { seconds = "float" }
 argv = ["{python}", "-c", "import sys; print('bye'); sys.exit(int(sys.argv[1]))", "{code}"]
 params = { code = "int" }
 
+[kinds.show_env]
+argv = ["{python}", "-c", "import os; print(sorted(os.environ))"]
+
 [kinds.budget]
 argv = ["{python}", "-c", "import sys; sys.exit(10)"]
 exit_reasons = { 10 = "budget_exhausted" }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -156,3 +157,32 @@ async def test_every_transition_is_one_log_line_with_its_fields(make_supervisor:
     last = [e for e in logs if e["event"] == "job_transition"][-1]
     assert {"job_id", "kind", "reason", "boot_id", "pid"} <= set(last)
     assert last["boot_id"] == sup.boot_id
+
+
+async def test_any_spawn_failure_finalizes_the_row_and_the_queue_moves_on_INV_SPAWN_FAILURE_FREES_SLOT(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    """Issue 9 #1: a defect inside one spawn (here an argv the OS cannot encode, enqueued by another process
+    that bypassed validation) once raised out of drain and left the row RUNNING with no process, holding the
+    only slot for ever."""
+    sup = make_supervisor(max_concurrent=1)
+    registry = sup.registry.sync
+    bad = registry.enqueue("exit", {"code": 0}, [sys.executable, "-c", "pass", "\ud800"]).job
+    good = registry.enqueue("exit", {"code": 0}, sup.kinds.get("exit").render_argv({"code": 0})).job
+    with trio.fail_after(10):
+        await sup.drain()
+    failed = await sup.get(bad.job_id)
+    assert failed.status is JobStatus.FAILED
+    assert failed.error_reason is not None and failed.error_reason.startswith("spawn_failed: UnicodeEncodeError")
+    assert (await wait_terminal(sup, good.job_id)).status is JobStatus.SUCCEEDED
+
+
+async def test_a_job_environment_never_holds_the_operator_token(make_supervisor: Callable[..., Supervisor]) -> None:
+    sup = make_supervisor(
+        base_env={"PATH": "/usr/bin", "PODCAST_JOB_API_TOKEN": "operator-secret", "PODCAST_JOB_API_TOKEN_FILE": "/x"}
+    )
+    job = (await sup.enqueue("show_env", {})).job
+    assert (await wait_terminal(sup, job.job_id)).status is JobStatus.SUCCEEDED
+    names = (await sup.read_log(job.job_id)).decode()
+    assert "PODCAST_JOB_TOKEN" in names and "PODCAST_JOB_ID" in names  # its own identity and token: yes
+    assert "PODCAST_JOB_API_TOKEN" not in names  # the operator's (or where to read it): never

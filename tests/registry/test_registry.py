@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from supervisor import (
-    Conflict,
     IllegalTransition,
     JobNotFound,
     JobStatus,
@@ -170,8 +169,9 @@ def test_heartbeat_refuses_another_token_and_a_finished_job(registry: SqliteRegi
     assert job is not None
     with pytest.raises(Unauthorized):
         registry.record_heartbeat(job.job_id, "theirs", completed_units=1)
-    registry.finalize(job.job_id, JobStatus.SUCCEEDED)
-    with pytest.raises(Conflict):
+    ended = registry.finalize(job.job_id, JobStatus.SUCCEEDED).job
+    assert ended.token_hash is None  # the token ends with the job
+    with pytest.raises(Unauthorized):
         registry.record_heartbeat(job.job_id, "mine", completed_units=1)
 
 
