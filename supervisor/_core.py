@@ -1,8 +1,9 @@
 """The supervisor core: drain (promotion), one monitor per running job, cancel, and reconcile.
 
 Ownership: every monitor runs in the ``job_nursery`` handed to ``Supervisor.attach`` by the root of the nursery
-tree (see ``_server.py``). Nothing is spawned outside that tree, so no monitor can be lost or outlive the
-supervisor; cancelling the job nursery (shutdown) stops watching jobs but never kills them.
+tree (see ``_server.py``), and so does the reader of this boot's shepherd. Nothing is spawned outside that tree,
+so no monitor can be lost or outlive the supervisor; cancelling the job nursery (shutdown) stops watching jobs but
+never kills them: the shepherd keeps them, and the next boot adopts them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,18 @@ from ._kinds import KindCatalog, coalesce_key
 from ._logging import get_logger
 from ._model import Job, JobStatus
 from ._registry import EnqueueResult, hash_token
-from ._spawn import SpawnedProcess, job_environment, signal_by_identity, signal_own_child, spawn_subprocess
+from ._spawn import (
+    ExitStatus,
+    JobFiles,
+    Shepherd,
+    ShepherdLost,
+    StartedJob,
+    job_environment,
+    open_verified_pidfd,
+    read_exit_file,
+    read_start_file,
+    signal_by_identity,
+)
 from ._store import AsyncRegistry
 
 log = get_logger()
@@ -33,7 +45,10 @@ log = get_logger()
 # Environment variables the supervisor itself reads that a job must never inherit.
 _PRIVATE_ENV = ("PODCAST_JOB_API_TOKEN", "PODCAST_JOB_API_TOKEN_FILE")
 MAX_STAGE_LEN = 200
-LOG_READER_REAP_S = 5.0
+# Once an adopted job's process is gone, its shepherd records the exit at reap (milliseconds); this bounds the wait
+# for that record while the shepherd is alive.
+EXIT_RECORD_WAIT_S = 10.0
+EXIT_RECORD_POLL_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -63,10 +78,11 @@ class ReconcileReport:
 class Decision:
     """What reconcile does with one RUNNING row."""
 
-    action: str  # "finalize" | "keep" | "untouched"
+    action: str  # "finalize" | "finalize_exit" (the recorded exit status decides) | "keep" | "untouched"
     status: JobStatus | None = None
     reason: str = ""
     warn: bool = False
+    adopt: bool = False  # start a monitor for a live job nobody here watches (a prior boot's, usually)
 
 
 def judge(
@@ -77,25 +93,41 @@ def judge(
     liveness: Liveness | None,
     past_window: bool,
     stale_marks_live_processes: bool,
+    exit_recorded: bool = False,
+    shepherd_alive: bool = False,
 ) -> Decision:
-    """The reconcile rules as one pure function (issue 3's table; ADR-0001)."""
+    """The reconcile rules as one pure function (issue 3's table, issue 10's adoption; ADR-0001, ADR-0003).
+
+    ``exit_recorded``: the job's shepherd wrote its true exit status. ``shepherd_alive``: the shepherd that started
+    it still runs (so a dead job's exit is about to be recorded). A prior boot's row without a process is judged
+    after the shepherd's start file was looked for (and its identity recorded in the row when found).
+    """
     if this_boot and not job.spawned:
         # INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING: this boot promoted it and is spawning it right now.
         return Decision("untouched", reason="spawn_window")
     if not this_boot and not job.spawned:
+        # INV-IDENTITY-BEFORE-PROGRAM: no start file, so the program provably never ran.
         return Decision("finalize", JobStatus.FAILED, "orphan_reconciled_spawn_window")
-    # This boot's monitor is the authority on its own child: it finalizes with the real exit code.
+    # This boot's monitor is the authority on what it watches: it finalizes with the real exit status.
     if liveness is Liveness.DEAD and not monitored:
+        if exit_recorded:
+            # INV-TRUE-OUTCOME: the shepherd reaped it and wrote how it ended; that, not a guess, is the outcome.
+            return Decision("finalize_exit", reason="exit_recorded")
+        if shepherd_alive:
+            return Decision("keep", reason="exit_being_recorded", adopt=True)
         return Decision("finalize", JobStatus.FAILED, "orphan_reconciled_dead_pid")
+    adopt = liveness is Liveness.ALIVE and not monitored
     if past_window:
         if stale_marks_live_processes:
             # Only an operator evicts a live job: this path is the manual reconcile route.
             return Decision("finalize", JobStatus.STALE, "wall_clock_stale")
         # INV-SWEEP-NEVER-EVICTS-LIVE: an unattended sweep only warns.
-        return Decision("keep", reason="wall_clock_exceeded_kept_alive", warn=True)
+        return Decision("keep", reason="wall_clock_exceeded_kept_alive", warn=True, adopt=adopt)
     if liveness is Liveness.UNKNOWN and not monitored:
         # INV-UNKNOWN-KEEPS-SLOT: absence of evidence is not evidence of death.
         return Decision("keep", reason="liveness_unknown_kept", warn=True)
+    if adopt:
+        return Decision("keep", reason="adopted", adopt=True)
     return Decision("keep", reason="alive")
 
 
@@ -116,8 +148,42 @@ def liveness_of(job: Job) -> Liveness | None:
     return probe(identity)
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """What reconcile knows of one RUNNING row, gathered (blocking) before any registry lock."""
+
+    liveness: Liveness | None
+    identity: ProcessIdentity | None
+    exit_status: ExitStatus | None  # the shepherd's record of how the process ended
+    shepherd_alive: bool  # the shepherd that started it still runs
+    from_start_file: bool  # a prior boot's row without a pid, whose process the shepherd's start file names
+
+
+def gather_evidence(job: Job, log_dir: Path, *, this_boot: bool) -> Evidence:
+    files = JobFiles.for_job(job, log_dir)
+    start = read_start_file(files.pid)
+    identity = identity_of(job)
+    from_start_file = False
+    if not job.spawned and not this_boot and start is not None and start.identity is not None:
+        identity, from_start_file = start.identity, True
+    if identity is not None:
+        liveness: Liveness | None = probe(identity)
+    else:
+        liveness = Liveness.UNKNOWN if job.spawned else None
+    exit_status = None
+    if identity is not None and liveness is Liveness.DEAD:
+        exit_status = read_exit_file(files.exit, identity.pid)
+    shepherd_alive = bool(start and start.shepherd and probe(start.shepherd) is Liveness.ALIVE)
+    return Evidence(liveness, identity, exit_status, shepherd_alive, from_start_file)
+
+
+def _shepherd_alive(files: JobFiles) -> bool:
+    start = read_start_file(files.pid)
+    return bool(start and start.shepherd and probe(start.shepherd) is Liveness.ALIVE)
+
+
 def outcome(
-    returncode: int,
+    status: ExitStatus,
     *,
     cancel_requested: bool,
     exit_reasons: Mapping[int, str],
@@ -125,32 +191,41 @@ def outcome(
 ) -> tuple[JobStatus, str | None]:
     if cancel_requested:
         return JobStatus.CANCELLED, "cancelled"
-    if returncode == 0:
-        return JobStatus.SUCCEEDED, None
-    if returncode in exit_reasons:
-        # INV-BUDGET-IS-AN-OUTCOME: a planned stop (budget spent) is not a crash.
-        return JobStatus.SUCCEEDED, exit_reasons[returncode]
-    if failure_reasons and returncode in failure_reasons:
-        return JobStatus.FAILED, failure_reasons[returncode]
-    if returncode < 0:
+    if status.signal is not None:
         try:
-            name = signal.Signals(-returncode).name
+            name = signal.Signals(status.signal).name
         except ValueError:
-            name = f"signal_{-returncode}"
+            name = f"signal_{status.signal}"
         return JobStatus.FAILED, f"killed_by_{name}"
-    return JobStatus.FAILED, f"exit_code_{returncode}"
+    code = status.code
+    assert code is not None
+    if code == 0:
+        return JobStatus.SUCCEEDED, None
+    if code in exit_reasons:
+        # INV-BUDGET-IS-AN-OUTCOME: a planned stop (budget spent) is not a crash.
+        return JobStatus.SUCCEEDED, exit_reasons[code]
+    if failure_reasons and code in failure_reasons:
+        return JobStatus.FAILED, failure_reasons[code]
+    return JobStatus.FAILED, f"exit_code_{code}"
 
 
 @dataclass
 class _Running:
-    """This boot's handle on a job it promoted: set ``cancel`` to stop it."""
+    """A job this boot watches (one it started, or one it adopted): set ``cancel`` to stop it.
+
+    ``adopted``: watched through its identity (pidfd, then the exit file), not through this boot's shepherd: a prior
+    boot's job, or one whose shepherd died.
+    """
 
     job_id: str
     cancel: trio.Event = field(default_factory=trio.Event)
-    spawned: SpawnedProcess | None = None
+    pid: int | None = None
+    identity: ProcessIdentity | None = None
+    adopted: bool = False
 
 
-Spawner = Callable[[Job, str], Awaitable[SpawnedProcess]]
+class _Unwatchable(SupervisorError):
+    """A job whose process can no longer be watched (shepherd gone, identity unknown): the sweeper judges it."""
 
 
 class Supervisor:
@@ -179,10 +254,12 @@ class Supervisor:
         # Resolved once, so that jobs' cwd and log paths stay put whatever the supervisor's cwd does later.
         self.data_dir = config.data_dir.resolve()
         self.log_dir = config.jobs_log_dir.resolve()
+        self.shepherd = Shepherd(stderr_path=config.viewer_dir.resolve() / "shepherd.log")
 
     def attach(self, job_nursery: trio.Nursery) -> None:
-        """Give the supervisor the nursery that owns every monitor."""
+        """Give the supervisor the nursery that owns every monitor (and this boot's shepherd reader)."""
         self._job_nursery = job_nursery
+        self.shepherd.attach(job_nursery)
 
     # -- logging ------------------------------------------------------------------------------------
 
@@ -243,7 +320,7 @@ class Supervisor:
                 handle = _Running(job.job_id)
                 self._running[job.job_id] = handle
                 try:
-                    handle.spawned = await self._spawn(job, token)
+                    started_job = await self._spawn(job, token)
                 except Exception as exc:
                     # INV-SPAWN-FAILURE-FREES-SLOT: whatever goes wrong in one spawn (a SpawnError, or a defect
                     # such as an argv the OS cannot take), the promoted row is finalized, never left holding a slot.
@@ -253,17 +330,19 @@ class Supervisor:
                     reason = str(exc) if isinstance(exc, SpawnError) else f"{type(exc).__name__}: {exc}"
                     await self._finalize(job, JobStatus.FAILED, f"spawn_failed: {reason}"[:500])
                     continue  # drain again: the next queued job may spawn fine
-                identity = handle.spawned.identity
+                handle.pid, handle.identity = started_job.pid, started_job.identity
+                identity = started_job.identity
                 try:
                     job = await self.registry.set_job_process(
                         job.job_id,
-                        pid=handle.spawned.process.pid,
+                        pid=started_job.pid,
                         pid_start_time=identity.start_time if identity else None,
                         kernel_boot_id=identity.kernel_boot_id if identity else None,
                     )
                 except SupervisorError:
-                    # The process exists: it must still get its monitor (to be reaped, cancellable, finalized).
-                    log.exception("job_identity_not_recorded", job_id=job.job_id, pid=handle.spawned.process.pid)
+                    # The process exists: it must still get its monitor (to be finalized, cancellable). Its identity
+                    # is in the shepherd's start file too, where a later boot looks for it.
+                    log.exception("job_identity_not_recorded", job_id=job.job_id, pid=started_job.pid)
                 if job.cancel_requested:
                     handle.cancel.set()  # a cancel that arrived in the spawn window is carried out now
                 log.info("job_spawned", job_id=job.job_id, kind=job.kind, pid=job.pid, boot_id=self.boot_id)
@@ -271,7 +350,7 @@ class Supervisor:
                 started.append(job)
         return started
 
-    async def _spawn(self, job: Job, token: str) -> SpawnedProcess:
+    async def _spawn(self, job: Job, token: str) -> StartedJob:
         assert job.log_path is not None
         extra = {
             "PODCAST_JOB_ID": job.job_id,
@@ -284,57 +363,137 @@ class Supervisor:
             await trio.to_thread.run_sync(lambda: self.log_dir.mkdir(parents=True, exist_ok=True))
         except OSError as exc:
             raise SpawnError(f"cannot create the job log directory {self.log_dir}: {exc.strerror or exc}") from exc
-        return await spawn_subprocess(
+        return await self.shepherd.start_job(
+            job.job_id,
             job.argv,
-            cwd=self.data_dir,
             env=job_environment(self._base_env, extra),
-            log_path=Path(job.log_path),
+            cwd=self.data_dir,
+            files=JobFiles.for_log(Path(job.log_path)),
             log_max_bytes=self.config.log_max_bytes,
         )
 
     # -- the monitor --------------------------------------------------------------------------------
 
     async def _monitor(self, handle: _Running, job: Job, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Wait for one job's process to exit, finalize its row, then drain. Owned by the job nursery.
+        """Wait for one job to end, finalize its row with its true outcome, then drain. Owned by the job nursery.
 
         Cancelling this task (supervisor shutdown) stops the watching, never the job.
         """
-        assert handle.spawned is not None
-        spawned = handle.spawned
         task_status.started()
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._carry_out_cancel, handle)
-                returncode = await spawned.process.wait()
+                status = await self._wait_exit(handle, job)
                 nursery.cancel_scope.cancel()
-            with trio.move_on_after(LOG_READER_REAP_S):
-                await spawned.log_reader.wait()
-            current = await self.registry.get(job.job_id)
-            kind = self.kinds.get(job.kind) if job.kind in self.kinds else None
-            status, reason = outcome(
-                returncode,
-                cancel_requested=handle.cancel.is_set() or current.cancel_requested,
-                exit_reasons=kind.exit_reasons if kind else {},
-                failure_reasons=kind.failure_reasons if kind else {},
-            )
-            finalized = await self._finalize(current, status, reason, exit_code=returncode)
-            if finalized and status is JobStatus.SUCCEEDED and kind is not None and kind.then:
-                await self._enqueue_follow_up(current, kind.then)
+            await self._finish(job, status, cancelled=handle.cancel.is_set())
+        except _Unwatchable as exc:
+            # INV-UNKNOWN-KEEPS-SLOT: the row stays RUNNING; the sweeper judges it on whatever evidence exists.
+            log.warning("job_unwatchable", job_id=job.job_id, why=str(exc))
         except SupervisorError:
-            # The row stays RUNNING; with no handle left, the sweeper's dead-pid rule finalizes it.
+            # The row stays RUNNING; with no monitor left, the sweeper's rules finalize it.
             log.exception("monitor_failed", job_id=job.job_id)
         finally:
             self._running.pop(job.job_id, None)
         await self._drain_logged()
 
+    async def _wait_exit(self, handle: _Running, job: Job) -> ExitStatus | None:
+        """The job's exit status; None when its process is gone and no exit was recorded (its shepherd died)."""
+        if not handle.adopted:
+            try:
+                return await self.shepherd.wait_exit(job.job_id)
+            except ShepherdLost:
+                handle.adopted = True  # from now on, watched and signalled through its identity
+                log.warning("job_watched_by_identity", job_id=job.job_id, pid=handle.pid, why="shepherd lost")
+        if handle.identity is None:
+            raise _Unwatchable("no recorded process identity to watch")
+        return await self._await_exit_by_identity(handle.identity, JobFiles.for_job(job, self.log_dir))
+
+    async def _await_exit_by_identity(self, identity: ProcessIdentity, files: JobFiles) -> ExitStatus | None:
+        """Wait for a process this boot's shepherd does not own to exit (pidfd), then for its recorded exit."""
+        pidfd = await trio.to_thread.run_sync(open_verified_pidfd, identity)
+        if pidfd is not None:
+            try:
+                await trio.lowlevel.wait_readable(pidfd)
+            finally:
+                trio.lowlevel.notify_closing(pidfd)
+                os.close(pidfd)
+        # Gone. Its shepherd (if alive) records the exit at reap, within milliseconds: there is no event to wait on
+        # across processes, so look for the record, bounded, while that shepherd lives.
+        with trio.move_on_after(EXIT_RECORD_WAIT_S):
+            while True:
+                status = await trio.to_thread.run_sync(read_exit_file, files.exit, identity.pid)
+                if status is not None:
+                    return status
+                if not await trio.to_thread.run_sync(_shepherd_alive, files):
+                    # One last look: it may have written the record just before it exited.
+                    return await trio.to_thread.run_sync(read_exit_file, files.exit, identity.pid)
+                await trio.sleep(EXIT_RECORD_POLL_S)
+        return None
+
+    async def _finish(
+        self, job: Job, status: ExitStatus | None, *, cancelled: bool, expect_pid: int | None = None
+    ) -> bool:
+        """Finalize a job whose process has ended: its true outcome, or an orphan when no exit was recorded.
+
+        True when this call changed the row (a terminal row is left alone)."""
+        current = await self.registry.get(job.job_id)
+        kind = self.kinds.get(job.kind) if job.kind in self.kinds else None
+        cancel_requested = cancelled or current.cancel_requested
+        final: JobStatus
+        reason: str | None
+        if status is None:
+            # The process is gone and nobody recorded how it ended (its shepherd was killed): never a guess.
+            if cancel_requested:
+                final, reason = JobStatus.CANCELLED, "cancelled"
+            else:
+                final, reason = JobStatus.FAILED, "orphan_reconciled_dead_pid"
+            return await self._finalize(current, final, reason, expect_pid=expect_pid)
+        final, reason = outcome(
+            status,
+            cancel_requested=cancel_requested,
+            exit_reasons=kind.exit_reasons if kind else {},
+            failure_reasons=kind.failure_reasons if kind else {},
+        )
+        finalized = await self._finalize(
+            current, final, reason, exit_code=status.returncode, expect_pid=expect_pid
+        )
+        if finalized and final is JobStatus.SUCCEEDED and kind is not None and kind.then:
+            await self._enqueue_follow_up(current, kind.then)
+        return finalized
+
     async def _carry_out_cancel(self, handle: _Running) -> None:
         await handle.cancel.wait()
-        assert handle.spawned is not None
-        log.info("job_cancel_signal", job_id=handle.job_id, signal="SIGTERM", pid=handle.spawned.process.pid)
-        signal_own_child(handle.spawned, signal.SIGTERM)
+        log.info("job_cancel_signal", job_id=handle.job_id, signal="SIGTERM", pid=handle.pid)
+        await self._signal(handle, signal.SIGTERM)
         await trio.sleep(self.config.cancel_grace_s)
-        log.warning("job_cancel_signal", job_id=handle.job_id, signal="SIGKILL", pid=handle.spawned.process.pid)
-        signal_own_child(handle.spawned, signal.SIGKILL)
+        log.warning("job_cancel_signal", job_id=handle.job_id, signal="SIGKILL", pid=handle.pid)
+        await self._signal(handle, signal.SIGKILL)
+
+    async def _signal(self, handle: _Running, signum: int) -> None:
+        """Signal a watched job's process group: through its shepherd, else only by verified identity."""
+        if not handle.adopted and await self.shepherd.signal(handle.job_id, signum):
+            return
+        if handle.identity is None:
+            log.error("job_not_signalled", job_id=handle.job_id, pid=handle.pid, why="no verified identity")
+            return
+        # INV-NEVER-BLIND-SIGNAL: pidfd first, identity checked, then the signal.
+        _, pidfd = await trio.to_thread.run_sync(signal_by_identity, handle.identity, signum)
+        if pidfd is not None:
+            os.close(pidfd)
+
+    async def _adopt(self, job: Job, identity: ProcessIdentity, *, cancel: bool = False) -> None:
+        """Watch a job this boot did not start (a prior boot's): its monitor finalizes it with its true outcome."""
+        if job.job_id in self._running:
+            if cancel:
+                self._running[job.job_id].cancel.set()
+            return
+        assert self._job_nursery is not None
+        handle = _Running(job.job_id, pid=identity.pid, identity=identity, adopted=True)
+        if cancel:
+            handle.cancel.set()
+        self._running[job.job_id] = handle
+        log.info("job_adopted", job_id=job.job_id, pid=identity.pid, prior_boot=job.boot_id)
+        await self._job_nursery.start(self._monitor, handle, job)
 
     async def _finalize(
         self,
@@ -393,14 +552,15 @@ class Supervisor:
         return await self.registry.get(job_id)
 
     async def _cancel_unmonitored(self, job: Job) -> None:
-        """A running row with no monitor here: a prior boot's job (or one whose monitor failed)."""
+        """A running row with no monitor here: a prior boot's job (or one whose monitor failed).
+
+        A process whose identity is verified alive is adopted and stopped (SIGTERM, SIGKILL after the grace);
+        its monitor finalizes it ``cancelled`` once it is gone. Anything else is never signalled.
+        """
         identity = identity_of(job)
-        signalled = False
-        if identity is not None:
-            assert self._job_nursery is not None
-            signalled = await self._job_nursery.start(self._stop_by_identity, job, identity)
-        if signalled:
-            return  # the reaper finalizes once the process is gone
+        if identity is not None and await trio.to_thread.run_sync(probe, identity) is Liveness.ALIVE:
+            await self._adopt(job, identity, cancel=True)
+            return
         liveness = await trio.to_thread.run_sync(liveness_of, job)
         if job.spawned and liveness is not Liveness.DEAD:
             log.error(
@@ -414,48 +574,32 @@ class Supervisor:
         await self._finalize(job, JobStatus.CANCELLED, "cancelled_unverified_process_left_alone")
         await self._drain_logged()
 
-    async def _stop_by_identity(
-        self, job: Job, identity: ProcessIdentity, *, task_status: Any = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        """SIGTERM a prior boot's job through a verified pidfd, SIGKILL after the grace period, then finalize.
-
-        ``started(True)`` once signalled, ``started(False)`` when the identity could not be verified. This task
-        alone owns the pidfd, from the moment it exists to its close.
-        """
-        signalled, pidfd = await trio.to_thread.run_sync(signal_by_identity, identity, signal.SIGTERM)
-        if not signalled or pidfd is None:
-            task_status.started(False)
-            return
-        try:
-            task_status.started(True)
-            with trio.move_on_after(self.config.cancel_grace_s) as scope:
-                await trio.lowlevel.wait_readable(pidfd)
-            if scope.cancelled_caught:
-                log.warning("job_cancel_signal", job_id=job.job_id, signal="SIGKILL", pid=identity.pid)
-                try:
-                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                    os.killpg(identity.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                with trio.move_on_after(5):
-                    await trio.lowlevel.wait_readable(pidfd)
-        finally:
-            trio.lowlevel.notify_closing(pidfd)
-            os.close(pidfd)
-        await self._finalize(job, JobStatus.CANCELLED, "cancelled")
-        await self._drain_logged()
-
     # -- reconcile ----------------------------------------------------------------------------------
 
     async def reconcile(self, *, stale_marks_live_processes: bool) -> ReconcileReport:
         """Bring RUNNING rows in line with the evidence. Probes run before any registry lock is taken."""
         rows = await self.registry.running_jobs()
-        evidence = await trio.to_thread.run_sync(lambda: [liveness_of(job) for job in rows])
+        evidence = await trio.to_thread.run_sync(
+            lambda: [gather_evidence(job, self.log_dir, this_boot=job.boot_id == self.boot_id) for job in rows]
+        )
         now = datetime.now(UTC)
         details: list[ReconcileDetail] = []
         updated = 0
-        for job, liveness in zip(rows, evidence, strict=True):
+        for job, found in zip(rows, evidence, strict=True):
             this_boot = job.boot_id == self.boot_id
+            liveness = found.liveness
+            if found.from_start_file and found.identity is not None:
+                # A prior boot died between the spawn and recording the pid: the shepherd's start file names the
+                # process, so it is judged (and adopted) like any recorded one, never freed as a spawn window.
+                identity = found.identity
+                job = await self.registry.set_job_process(
+                    job.job_id,
+                    pid=identity.pid,
+                    pid_start_time=identity.start_time,
+                    kernel_boot_id=identity.kernel_boot_id,
+                )
+                if job.status is not JobStatus.RUNNING:
+                    continue
             decision = judge(
                 job,
                 this_boot=this_boot,
@@ -463,6 +607,8 @@ class Supervisor:
                 liveness=liveness,
                 past_window=self._past_window(job, now),
                 stale_marks_live_processes=stale_marks_live_processes,
+                exit_recorded=found.exit_status is not None,
+                shepherd_alive=found.shepherd_alive,
             )
             action = decision.action
             if decision.action == "finalize":
@@ -473,6 +619,15 @@ class Supervisor:
                     action = str(decision.status)
                 else:
                     action = "untouched"
+            elif decision.action == "finalize_exit":
+                assert found.exit_status is not None
+                if await self._finish(job, found.exit_status, cancelled=False, expect_pid=job.pid):
+                    updated += 1
+                    action = str((await self.registry.get(job.job_id)).status)
+                else:
+                    action = "untouched"
+            if decision.adopt and found.identity is not None and self._job_nursery is not None:
+                await self._adopt(job, found.identity)
             if decision.warn:
                 log.warning(
                     "reconcile_kept_slot",

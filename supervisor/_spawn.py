@@ -1,87 +1,373 @@
-"""Starting a job's process in subprocess mode, and signalling it by identity.
+"""Subprocess mode: the supervisor's side of the job shepherd, the job state files, and signalling by identity.
 
-The job runs in its own session (so its own process group), with cwd = the data directory. Its stdout and stderr
-go through a pipe to a log-capping reader process that is also in its own session: neither is a child of the
-supervisor's terminal or depends on the supervisor staying up, so a supervisor crash or restart leaves the job
-running (jobs outlive supervisor restarts; the next boot reconciles them).
+Jobs are started by this boot's shepherd (``_shepherd.py``, its own process and session): it forks each job into
+its own session, reads its output into the log, reaps it and writes its true exit status to disk. The supervisor
+talks to it over a socket pair (newline-delimited JSON). A supervisor crash never takes the shepherd or the jobs
+down; the next boot starts its own shepherd and adopts the prior boot's jobs by their recorded identity.
+
+Next to each job's log the shepherd keeps two state files (``JobFiles``): ``<id>.pid`` (identity, written before
+the program runs) and ``<id>.exit`` (true exit status, written at reap).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from ._errors import SpawnError
-from ._identity import Liveness, ProcessIdentity, identify, pidfd_open, probe
+from ._identity import Liveness, ProcessIdentity, kernel_boot_id, pidfd_open, probe
+from ._logging import get_logger
+from ._model import Job
 
-LOGCAP = Path(__file__).with_name("_logcap.py")
+log = get_logger()
+
+SHEPHERD = Path(__file__).with_name("_shepherd.py")
+# The shepherd answers a start in milliseconds; these bound a wedged one.
+SHEPHERD_HELLO_TIMEOUT_S = 10.0
+START_TIMEOUT_S = 30.0
+
+
+class ShepherdLost(SpawnError):
+    """This boot's shepherd went away before it reported the job's exit."""
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    """How a job's process ended: an exit code, or the signal that killed it."""
+
+    code: int | None = None
+    signal: int | None = None
+
+    @property
+    def returncode(self) -> int:
+        """The registry's ``exit_code``: the code, or minus the signal (as ``subprocess`` reports it)."""
+        if self.code is not None:
+            return self.code
+        assert self.signal is not None
+        return -self.signal
+
+    @classmethod
+    def from_returncode(cls, returncode: int) -> ExitStatus:
+        return cls(code=returncode) if returncode >= 0 else cls(signal=-returncode)
+
+
+@dataclass(frozen=True)
+class JobFiles:
+    """Where one job's log and state files live (all in the jobs' log directory)."""
+
+    log: Path
+    pid: Path
+    exit: Path
+
+    @classmethod
+    def for_log(cls, log: Path) -> JobFiles:
+        return cls(log, log.with_suffix(".pid"), log.with_suffix(".exit"))
+
+    @classmethod
+    def for_job(cls, job: Job, log_dir: Path) -> JobFiles:
+        """Where the row says its log is (fixed at promotion), else where this boot would put it."""
+        return cls.for_log(Path(job.log_path) if job.log_path else log_dir / f"{job.job_id}.log")
+
+
+@dataclass(frozen=True)
+class RecordedStart:
+    """What the shepherd recorded before the job's program ran: the job's identity and its own."""
+
+    identity: ProcessIdentity | None
+    shepherd: ProcessIdentity | None
+
+
+def _load_json(path: Path) -> dict[str, Any] | None:
+    try:
+        with path.open("rb") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return None  # torn or unreadable: files are replaced atomically, so this is not ours; treat as absent
+    return data if isinstance(data, dict) else None
+
+
+def read_start_file(path: Path) -> RecordedStart | None:
+    """The ``<id>.pid`` file (blocking). None when the shepherd never recorded the job: it never ran."""
+    data = _load_json(path)
+    if data is None:
+        return None
+    identity = None
+    if isinstance(data.get("pid"), int) and isinstance(data.get("start_time"), int) and data.get("kernel_boot_id"):
+        identity = ProcessIdentity(data["pid"], data["start_time"], str(data["kernel_boot_id"]))
+    shepherd = None
+    sh = data.get("shepherd")
+    shepherd_known = isinstance(sh, dict) and isinstance(sh.get("pid"), int) and isinstance(sh.get("start_time"), int)
+    if shepherd_known and identity is not None:
+        assert isinstance(sh, dict)
+        shepherd = ProcessIdentity(sh["pid"], sh["start_time"], identity.kernel_boot_id)
+    return RecordedStart(identity, shepherd)
+
+
+def read_exit_file(path: Path, pid: int | None = None) -> ExitStatus | None:
+    """The ``<id>.exit`` file (blocking): the job's true exit status, or None when none was recorded.
+
+    With ``pid``, only a record of that process counts.
+    """
+    data = _load_json(path)
+    if data is None or (pid is not None and data.get("pid") != pid):
+        return None
+    code, sig = data.get("exit_code"), data.get("signal")
+    if isinstance(code, int) and not isinstance(code, bool):
+        return ExitStatus(code=code)
+    if isinstance(sig, int) and not isinstance(sig, bool):
+        return ExitStatus(signal=sig)
+    return None
 
 
 @dataclass
-class SpawnedProcess:
-    """A job process started by this boot, and its log reader. Only this boot can wait for them."""
+class _Watch:
+    """One job of this boot's shepherd: its start answer and, later, its exit."""
 
-    process: trio.Process
-    log_reader: trio.Process
+    started: trio.Event = field(default_factory=trio.Event)
+    start_error: str | None = None
+    pid: int | None = None
+    start_time: int | None = None
+    exited: trio.Event = field(default_factory=trio.Event)
+    status: ExitStatus | None = None
+    lost: bool = False
+
+
+@dataclass(frozen=True)
+class StartedJob:
+    """A job the shepherd started: its verified identity (None only when /proc could not be read)."""
+
+    pid: int
     identity: ProcessIdentity | None
 
 
-async def spawn_subprocess(
-    argv: Sequence[str],
-    *,
-    cwd: Path,
-    env: Mapping[str, str],
-    log_path: Path,
-    log_max_bytes: int,
-) -> SpawnedProcess:
-    """Start ``argv``; raise ``SpawnError`` with a one-line reason when it cannot start.
+class _Connection:
+    """One shepherd process and its control socket; replaced when the shepherd dies."""
 
-    ``log_path``'s directory must exist (the caller creates it off the event loop).
+    def __init__(self, sock: trio.socket.SocketType, pid: int) -> None:
+        self.sock = sock
+        self.pid = pid
+        self.watches: dict[str, _Watch] = {}
+        self.alive = True
+        self.send_lock = trio.Lock()
+
+
+class Shepherd:
+    """This boot's shepherd, seen from the supervisor. Started on first use in the nursery given to ``attach``.
+
+    ``start_job`` asks it to start a job and returns the job's identity; ``wait_exit`` returns the job's exit status
+    (raising ``ShepherdLost`` if the shepherd died first: the caller then falls back to the job's identity);
+    ``signal`` signals the job's process group.
     """
-    try:
-        read_fd, write_fd = os.pipe()
-    except OSError as exc:
-        raise SpawnError(f"cannot prepare the job log: {exc}") from exc
-    log_reader: trio.Process | None = None
-    try:
-        log_reader = await trio.lowlevel.open_process(
-            [sys.executable, "-I", str(LOGCAP), str(log_path), str(log_max_bytes)],
-            stdin=read_fd,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        process = await trio.lowlevel.open_process(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=write_fd,
-            stderr=write_fd,
-            cwd=str(cwd),
-            env=dict(env),
-            start_new_session=True,
-        )
-    except Exception as exc:  # OSError, and also e.g. an argv or env the OS cannot encode
-        if log_reader is not None:
-            os.close(write_fd)
-            write_fd = -1
-            with trio.move_on_after(5):
-                await log_reader.wait()  # EOF on its pipe: it exits at once; reap it, never leave a zombie
-        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise SpawnError(f"{type(exc).__name__}: {detail}") from exc
-    finally:
-        os.close(read_fd)
-        if write_fd != -1:
-            os.close(write_fd)
-    # The child is not reaped until we wait for it, so its /proc entry (and start time) is still readable
-    # even if it has already exited.
-    return SpawnedProcess(process, log_reader, await trio.to_thread.run_sync(identify, process.pid))
+
+    def __init__(self, stderr_path: Path) -> None:
+        self._stderr_path = stderr_path
+        self._nursery: trio.Nursery | None = None
+        self._conn: _Connection | None = None
+        self._ensure_lock = trio.Lock()
+        self._watches: dict[str, _Watch] = {}  # job id -> watch, across connections
+
+    def attach(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+
+    @property
+    def pid(self) -> int | None:
+        """The current shepherd's pid (None before the first job, or after it died until the next one)."""
+        return self._conn.pid if self._conn is not None and self._conn.alive else None
+
+    async def _ensure(self) -> _Connection:
+        async with self._ensure_lock:
+            if self._conn is not None and self._conn.alive:
+                return self._conn
+            if self._nursery is None:
+                raise SpawnError("the shepherd needs a nursery: call attach() first")
+            conn: _Connection = await self._nursery.start(self._serve)
+            self._conn = conn
+            return conn
+
+    async def _serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Start a shepherd, report its connection, then read its events until it goes away."""
+        ours, theirs = socket.socketpair()
+        try:
+            stderr_fd = await trio.to_thread.run_sync(
+                lambda: os.open(self._stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+            )
+        except OSError as exc:
+            ours.close()
+            theirs.close()
+            raise SpawnError(f"cannot open the shepherd's log {self._stderr_path}: {exc.strerror or exc}") from exc
+        try:
+            launcher = await trio.lowlevel.open_process(
+                [sys.executable, "-I", str(SHEPHERD), "--control-fd", str(theirs.fileno())],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr_fd,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+            )
+            await launcher.wait()  # it double-forks and exits at once: the shepherd is nobody's child
+        except OSError as exc:
+            ours.close()
+            raise SpawnError(f"cannot start the shepherd: {exc.strerror or exc}") from exc
+        finally:
+            theirs.close()
+            os.close(stderr_fd)
+        sock = trio.socket.from_stdlib_socket(ours)
+        with sock:
+            lines = _lines(sock)
+            try:
+                with trio.fail_after(SHEPHERD_HELLO_TIMEOUT_S):
+                    hello = await anext(lines)
+            except (trio.TooSlowError, StopAsyncIteration) as exc:
+                raise SpawnError("the shepherd did not start") from exc
+            conn = _Connection(sock, int(hello["pid"]))
+            log.info("shepherd_started", pid=conn.pid)
+            task_status.started(conn)
+            try:
+                async for event in lines:
+                    self._dispatch(conn, event)
+                # EOF: the shepherd died (it never leaves while we hold the socket). Its jobs live on, unwatched
+                # by it: their monitors fall back to their identities, and the next start brings a new shepherd.
+                log.error("shepherd_lost", pid=conn.pid, jobs=len(conn.watches))
+            finally:
+                conn.alive = False
+                for watch in conn.watches.values():
+                    if not watch.started.is_set():
+                        watch.start_error = "the shepherd went away"
+                        watch.started.set()
+                    if not watch.exited.is_set():
+                        watch.lost = True
+                        watch.exited.set()
+                conn.watches.clear()
+
+    def _dispatch(self, conn: _Connection, event: dict[str, Any]) -> None:
+        watch = conn.watches.get(str(event.get("id")))
+        if watch is None:
+            return
+        kind = event.get("ev")
+        if kind == "started":
+            watch.pid, watch.start_time = int(event["pid"]), event.get("start_time")
+            watch.started.set()
+        elif kind == "start_failed":
+            watch.start_error = str(event.get("error"))
+            watch.started.set()
+            conn.watches.pop(str(event["id"]), None)
+        elif kind == "exited":
+            code, sig = event.get("exit_code"), event.get("signal")
+            watch.status = ExitStatus(code=code) if isinstance(code, int) else ExitStatus(signal=int(sig or 0))
+            watch.exited.set()
+            conn.watches.pop(str(event["id"]), None)
+
+    async def _send(self, conn: _Connection, request: dict[str, Any]) -> None:
+        data = json.dumps(request).encode() + b"\n"
+        async with conn.send_lock:
+            try:
+                view = memoryview(data)
+                while view:
+                    sent = await conn.sock.send(view)
+                    view = view[sent:]
+            except OSError as exc:
+                raise ShepherdLost(f"the shepherd went away: {exc}") from exc
+
+    async def start_job(
+        self,
+        job_id: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: Path,
+        files: JobFiles,
+        log_max_bytes: int,
+    ) -> StartedJob:
+        """Start a job; raise ``SpawnError`` with a one-line reason when it cannot start."""
+        conn = await self._ensure()
+        watch = _Watch()
+        conn.watches[job_id] = watch
+        self._watches[job_id] = watch
+        try:
+            await self._send(
+                conn,
+                {
+                    "op": "start",
+                    "id": job_id,
+                    "argv": list(argv),
+                    "env": dict(env),
+                    "cwd": str(cwd),
+                    "log": str(files.log),
+                    "pid_file": str(files.pid),
+                    "exit_file": str(files.exit),
+                    "cap": log_max_bytes,
+                },
+            )
+            with trio.move_on_after(START_TIMEOUT_S):
+                await watch.started.wait()
+        except BaseException:
+            self._watches.pop(job_id, None)
+            raise
+        if not watch.started.is_set():
+            self._watches.pop(job_id, None)
+            raise SpawnError(f"the shepherd did not answer within {START_TIMEOUT_S:g} s")
+        if watch.start_error is not None or watch.pid is None:
+            self._watches.pop(job_id, None)
+            raise SpawnError(watch.start_error or "the shepherd reported no pid")
+        boot = await trio.to_thread.run_sync(kernel_boot_id)
+        identity = None
+        if isinstance(watch.start_time, int) and boot is not None:
+            identity = ProcessIdentity(watch.pid, watch.start_time, boot)
+        return StartedJob(watch.pid, identity)
+
+    async def wait_exit(self, job_id: str) -> ExitStatus:
+        """The job's exit status as the shepherd reaped it; ``ShepherdLost`` if the shepherd died first."""
+        watch = self._watches.get(job_id)
+        if watch is None:
+            raise ShepherdLost(f"job {job_id} is not one of this shepherd's")
+        try:
+            await watch.exited.wait()
+        finally:
+            if watch.exited.is_set():
+                self._watches.pop(job_id, None)
+        if watch.lost or watch.status is None:
+            raise ShepherdLost("the shepherd went away before the job ended")
+        return watch.status
+
+    async def signal(self, job_id: str, signum: int) -> bool:
+        """Signal the job's process group through the shepherd; False when this shepherd no longer has it."""
+        conn = self._conn
+        if conn is None or not conn.alive or job_id not in conn.watches:
+            return False
+        try:
+            await self._send(conn, {"op": "signal", "id": job_id, "sig": int(signum)})
+        except ShepherdLost:
+            return False
+        return True
+
+
+async def _lines(sock: trio.socket.SocketType) -> Any:
+    """Newline-delimited JSON objects from ``sock`` until EOF."""
+    buffer = b""
+    while True:
+        try:
+            data = await sock.recv(65536)
+        except OSError:
+            return
+        if not data:
+            return
+        buffer += data
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            if line.strip():
+                yield json.loads(line)
 
 
 def job_environment(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
@@ -90,20 +376,8 @@ def job_environment(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[s
     return env
 
 
-def signal_own_child(spawned: SpawnedProcess, signum: int) -> None:
-    """Signal the job's whole process group. Safe: the leader is our unreaped child, so its pid cannot be reused."""
-    if spawned.process.returncode is not None:
-        return
-    try:
-        os.killpg(spawned.process.pid, signum)
-    except ProcessLookupError:
-        pass
-    except PermissionError:
-        spawned.process.send_signal(signum)
-
-
 def signal_by_identity(identity: ProcessIdentity, signum: int) -> tuple[bool, int | None]:
-    """Signal a process this boot did not start, only if it is still exactly the recorded one.
+    """Signal a process this boot's shepherd does not own, only if it is still exactly the recorded one.
 
     INV-NEVER-BLIND-SIGNAL: a pidfd is opened first and the identity checked after, so the signal reaches the
     process that was verified, never one that inherited the number. Returns (signalled, pidfd); the caller owns
@@ -126,3 +400,14 @@ def signal_by_identity(identity: ProcessIdentity, signum: int) -> tuple[bool, in
     except (ProcessLookupError, PermissionError):
         pass
     return True, fd
+
+
+def open_verified_pidfd(identity: ProcessIdentity) -> int | None:
+    """A pidfd for exactly the recorded process (blocking), or None when it is not (or no longer) that process."""
+    fd = pidfd_open(identity.pid)
+    if fd is None:
+        return None
+    if probe(identity) is Liveness.ALIVE:
+        return fd
+    os.close(fd)
+    return None

@@ -50,9 +50,9 @@ async def make_supervisor(make_config: Callable[..., Config]) -> AsyncIterator[C
         # A supervisor shutdown never kills jobs (by design); a test must not leave real processes behind.
         for sup in supervisors:
             for handle in list(sup._running.values()):
-                if handle.spawned is not None and handle.spawned.process.returncode is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(handle.spawned.process.pid, signal.SIGKILL)
+                if handle.pid is not None:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(handle.pid, signal.SIGKILL)  # the shepherd (alive) has not reaped it yet
             # Let the monitors reap what was killed (an unreaped child is a ResourceWarning, an error here).
             with trio.fail_after(10):
                 while sup._running:  # noqa: ASYNC110 - monitors remove themselves; bounded above

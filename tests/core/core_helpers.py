@@ -29,6 +29,42 @@ params = { code = "int" }
 [kinds.show_env]
 argv = ["{python}", "-c", "import os; print(sorted(os.environ))"]
 
+[kinds.daemonizer]
+argv = ["{python}", "-c", '''
+import os, sys, threading
+if os.fork() == 0:
+    threading.Event().wait(8)  # a daemon that keeps the job's stdout open after the job exits
+    os._exit(0)
+print("parent done", flush=True)
+''']
+
+[kinds.gated]
+argv = ["{python}", "-c", '''
+import os, sys, threading
+while not os.path.exists(sys.argv[1]):
+    threading.Event().wait(0.01)
+print("gate open", flush=True)
+sys.exit(int(sys.argv[2]))
+''', "{gate}", "{code}"]
+params = { gate = "str", code = "int" }
+then = "done"
+
+[kinds.steady_beater]
+argv = ["{python}", "-c", '''
+import json, os, threading, urllib.request
+units = 0
+while True:
+    units += 1
+    req = urllib.request.Request(os.environ["PODCAST_JOB_HEARTBEAT_URL"], method="POST",
+        data=json.dumps({"completed_units": units}).encode(),
+        headers={"Authorization": "Bearer " + os.environ["PODCAST_JOB_TOKEN"], "Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(req, timeout=2).read()
+    except Exception:
+        pass  # no supervisor right now: keep beating
+    threading.Event().wait(0.1)
+''']
+
 [kinds.budget]
 argv = ["{python}", "-c", "import sys; sys.exit(10)"]
 exit_reasons = { 10 = "budget_exhausted" }

@@ -152,6 +152,7 @@ async def test_every_transition_is_one_log_line_with_its_fields(make_supervisor:
     with capture_logs() as logs:
         job = (await sup.enqueue("exit", {"code": 0})).job
         await wait_terminal(sup, job.job_id)
+        await wait_idle(sup)  # the monitor logs the transition after the row is committed
     transitions = [(e["from"], e["to"]) for e in logs if e["event"] == "job_transition"]
     assert transitions == [("-", "queued"), ("queued", "running"), ("running", "succeeded")]
     last = [e for e in logs if e["event"] == "job_transition"][-1]

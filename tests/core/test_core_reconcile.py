@@ -156,7 +156,8 @@ async def test_a_disabled_window_never_marks_stale(
             False,
             Decision("finalize", JobStatus.FAILED, "orphan_reconciled_dead_pid"),
         ),
-        (False, False, True, Liveness.ALIVE, False, False, Decision("keep", reason="alive")),
+        # a prior boot's live job nobody here watches is adopted (a monitor in this boot's job nursery)
+        (False, False, True, Liveness.ALIVE, False, False, Decision("keep", reason="adopted", adopt=True)),
         (
             False,
             False,
@@ -197,5 +198,32 @@ def test_judge_table(
         liveness=liveness,
         past_window=past,
         stale_marks_live_processes=operator,
+    )
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("exit_recorded", "shepherd_alive", "expected"),
+    [
+        # INV-TRUE-OUTCOME: the shepherd wrote how it ended: that is the outcome, never a guess
+        (True, False, Decision("finalize_exit", reason="exit_recorded")),
+        (True, True, Decision("finalize_exit", reason="exit_recorded")),
+        # dead, not yet recorded, but its shepherd lives (about to reap it): adopt and wait for the record
+        (False, True, Decision("keep", reason="exit_being_recorded", adopt=True)),
+        # dead, nothing recorded, its shepherd gone too: the old rule
+        (False, False, Decision("finalize", JobStatus.FAILED, "orphan_reconciled_dead_pid")),
+    ],
+)
+def test_judge_uses_the_shepherds_exit_record(exit_recorded: bool, shepherd_alive: bool, expected: Decision) -> None:
+    job = type("J", (), {"spawned": True})()
+    got = judge(
+        job,  # type: ignore[arg-type]
+        this_boot=False,
+        monitored=False,
+        liveness=Liveness.DEAD,
+        past_window=False,
+        stale_marks_live_processes=False,
+        exit_recorded=exit_recorded,
+        shepherd_alive=shepherd_alive,
     )
     assert got == expected

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tomllib
@@ -23,6 +24,7 @@ from supervisor._core import identity_of
 from supervisor._identity import Liveness, probe
 from supervisor._kinds import parse_kind
 from supervisor._model import Job
+from supervisor._spawn import JobFiles, read_start_file
 
 
 class Server:
@@ -135,9 +137,10 @@ async def test_supervisor_sigkilled_and_restarted_keeps_live_jobs_fails_dead_one
 
     await poll(b_gone)
     second = await start_server()  # type: ignore[misc]
-    # The startup sweep ran before serving: by now b is failed and its slot went to c.
+    # The startup sweep ran before serving: by now b is failed and its slot went to c. The first boot's shepherd
+    # (alive: it still has a) reaped b and recorded how it ended: its true outcome, not an orphan guess.
     rows = await _rows(registry)
-    assert (rows[b].status, rows[b].error_reason) == (JobStatus.FAILED, "orphan_reconciled_dead_pid")
+    assert (rows[b].status, rows[b].error_reason, rows[b].exit_code) == (JobStatus.FAILED, "killed_by_SIGKILL", -9)
     assert rows[c].status in (JobStatus.RUNNING, JobStatus.SUCCEEDED)
     # a is alive: it keeps its slot (INV-UNKNOWN-KEEPS-SLOT's sibling: alive is alive) and is not run twice.
     assert rows[a].status is JobStatus.RUNNING
@@ -152,7 +155,8 @@ async def test_supervisor_sigkilled_and_restarted_keeps_live_jobs_fails_dead_one
     async with httpx.AsyncClient(timeout=5) as client:
         assert (await client.get(f"{second.url}/api/health")).json()["status"] == "ok"
 
-    # Now a dies too; the new boot's sweeper (1 s) notices a prior-boot death within a sweep or two.
+    # Now a dies too; the new boot adopted it at startup (its monitor waits on a pidfd), so its end is noticed at
+    # once, with the outcome the first shepherd recorded.
     assert before[a].pid is not None
     os.killpg(before[a].pid, signal.SIGKILL)
 
@@ -161,7 +165,7 @@ async def test_supervisor_sigkilled_and_restarted_keeps_live_jobs_fails_dead_one
         return row if row.status.is_terminal else None
 
     failed = await poll(a_failed, timeout_s=10)
-    assert (failed.status, failed.error_reason) == (JobStatus.FAILED, "orphan_reconciled_dead_pid")
+    assert (failed.status, failed.error_reason) == (JobStatus.FAILED, "killed_by_SIGKILL")
     second.proc.send_signal(signal.SIGTERM)
     with trio.fail_after(10):
         assert await second.proc.wait() == 0
@@ -214,3 +218,97 @@ async def test_cancel_after_a_restart_signals_the_verified_prior_boot_process_IN
     second.proc.send_signal(signal.SIGTERM)
     with trio.fail_after(10):
         assert await second.proc.wait() == 0
+
+
+async def _all_with(registry: SqliteRegistry, ids: tuple[str, ...], status: JobStatus) -> dict[str, Job] | None:
+    rows = await _rows(registry)
+    return rows if all(rows[j].status is status and rows[j].pid for j in ids) else None
+
+
+async def test_jobs_ending_while_no_supervisor_runs_get_their_true_outcome_at_the_next_boot(
+    start_server: Callable[[], trio.Process], registry: SqliteRegistry, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    ok = _enqueue(registry, "gated", {"gate": str(gate), "code": 0})
+    bad = _enqueue(registry, "gated", {"gate": str(gate), "code": 7})
+    first = await start_server()  # type: ignore[misc]
+    before = await poll(lambda: _all_with(registry, (ok, bad), JobStatus.RUNNING))
+    first.proc.kill()  # SIGKILL: the supervisor is gone, its shepherd and jobs are not
+    await first.proc.wait()
+    start = read_start_file(JobFiles.for_job(before[ok], registry.path.parent / "jobs").pid)
+    assert start is not None and start.shepherd is not None
+    shepherd = start.shepherd
+    gate.write_text("open")  # both jobs now end while no supervisor runs
+
+    async def shepherd_gone() -> bool | None:
+        return True if probe(shepherd) is Liveness.DEAD else None
+
+    # The orphaned shepherd reaps both, records their exits, and leaves once it has no job.
+    await poll(shepherd_gone, timeout_s=20)
+    assert (await _rows(registry))[ok].status is JobStatus.RUNNING  # nobody has judged them yet
+
+    await start_server()  # type: ignore[misc]
+    rows = await _rows(registry)
+    # INV-TRUE-OUTCOME: the outcomes the shepherd recorded, not orphan_reconciled_dead_pid; no second run.
+    assert (rows[ok].status, rows[ok].error_reason, rows[ok].exit_code, rows[ok].attempts) == (
+        JobStatus.SUCCEEDED,
+        None,
+        0,
+        1,
+    )
+    assert (rows[bad].status, rows[bad].error_reason, rows[bad].exit_code, rows[bad].attempts) == (
+        JobStatus.FAILED,
+        "exit_code_7",
+        7,
+        1,
+    )
+    # The success's `then` kind fired: exactly one follow-up, and it runs.
+    follow_ups = [j for j in rows.values() if j.kind == "done"]
+    assert len(follow_ups) == 1
+
+    async def follow_up_done() -> Job | None:
+        row = (await _rows(registry))[follow_ups[0].job_id]
+        return row if row.status.is_terminal else None
+
+    assert (await poll(follow_up_done)).status is JobStatus.SUCCEEDED
+
+
+async def test_an_adopted_job_heartbeats_to_the_new_boot_and_can_be_cancelled(
+    start_server: Callable[[], trio.Process], registry: SqliteRegistry, env: dict[str, str]
+) -> None:
+    with socket.socket() as probe_sock:  # one port for both boots: the job keeps the heartbeat URL it was given
+        probe_sock.bind(("127.0.0.1", 0))
+        port = probe_sock.getsockname()[1]
+    env["PODCAST_JOB_BIND"] = f"127.0.0.1:{port}"
+    job_id = _enqueue(registry, "steady_beater", {})
+    first = await start_server()  # type: ignore[misc]
+
+    async def beating(minimum: int) -> Job | None:
+        row = (await _rows(registry))[job_id]
+        return row if row.completed_units >= minimum else None
+
+    before = await poll(lambda: beating(2))
+    first.proc.kill()
+    await first.proc.wait()
+    units_then = (await _rows(registry))[job_id].completed_units
+
+    second = await start_server()  # type: ignore[misc]
+    # Accepted by the new boot: the row's progress moves on with the same job token.
+    after = await poll(lambda: beating(units_then + 3))
+    assert (after.status, after.pid, after.attempts, after.boot_id) == (
+        JobStatus.RUNNING,
+        before.pid,
+        1,
+        before.boot_id,
+    )
+    async with httpx.AsyncClient(base_url=second.url, timeout=5) as client:
+        answer = await client.post(f"/api/jobs/{job_id}/cancel", timeout=5)
+        assert answer.status_code == 200
+
+    async def ended() -> Job | None:
+        row = (await _rows(registry))[job_id]
+        return row if row.status.is_terminal else None
+
+    done = await poll(ended, timeout_s=20)
+    assert (done.status, done.error_reason) == (JobStatus.CANCELLED, "cancelled")
+    assert not probe_alive(before)

@@ -1,0 +1,444 @@
+"""The job shepherd: one small process per supervisor boot that owns the jobs' processes.
+
+Run as a script (``python -I _shepherd.py --control-fd N --boot-id B``) by the supervisor; it imports nothing from the
+package on purpose (it starts in ~20 ms and holds ~10 MB whatever the number of jobs). It daemonizes at once
+(double fork, own session), so a supervisor crash never takes it or the jobs down, and nobody has to reap it.
+
+What it does (ADR 0003):
+
+- **start**: forks the job into its own session with stdout+stderr on a pipe, writes the job's identity
+  (``<id>.pid``: pid, start time, kernel boot id, and the shepherd's own identity) atomically next to the log
+  **before the job's program runs** (the child waits on a gate until the file exists), then lets it exec. A boot that
+  finds a RUNNING row without a pid looks there first: no file means the program provably never ran.
+- **logs**: one epoll loop reads every job's pipe into its log file, capped, and never stops reading, so no job
+  blocks on a full pipe or dies of SIGPIPE while the shepherd lives.
+- **exit**: it reaps its children (SIGCHLD) and writes each job's true exit status atomically (``<id>.exit``: exit code
+  or signal, end time) before telling the supervisor. A job that ends while no supervisor runs still has its outcome
+  on disk for the next boot.
+- **signal**: signals a job's process group on the supervisor's request; the leader is its unreaped child, so the
+  pid cannot have been recycled.
+- It exits by itself once its supervisor is gone (control socket closed) and it has no job left.
+
+The state files are written without fsync on purpose: they must survive a *process* crash (the page cache does);
+a kernel crash ends every job anyway, and the kernel boot id then tells the next boot so.
+
+Control protocol: newline-delimited JSON on the control socket.
+Requests: ``{"op": "start", "id", "argv", "env", "cwd", "log", "cap", "pid_file", "exit_file"}``,
+``{"op": "signal", "id", "sig"}``.
+Events: ``{"ev": "hello", "pid", "start_time"}``, ``{"ev": "started", "id", "pid", "start_time"}``,
+``{"ev": "start_failed", "id", "error"}``, ``{"ev": "exited", "id", "pid", "exit_code", "signal", "ended_at"}``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import resource
+import selectors
+import signal
+import socket
+import sys
+import time
+from datetime import UTC, datetime
+
+# After a job's process exits, how long its output pipe may stay open (a daemon it left holds it) before the exit is
+# reported anyway; the pipe is still drained to the end.
+LOG_LINGER_S = 5.0
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+def _start_time(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            text = fh.read().decode("ascii", "replace")
+        return int(text[text.rindex(")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _kernel_boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip() or None
+    except OSError:
+        return None
+
+
+def write_atomically(path: str, payload: dict[str, object]) -> None:
+    """Write JSON to ``path`` so that a reader sees the old file or the whole new one, never a part."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
+    try:
+        os.write(fd, json.dumps(payload, sort_keys=True).encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+class Job:
+    __slots__ = (
+        "cap", "done_reported", "exit", "exit_file", "id", "linger_until", "log_fd", "pid", "pipe_fd", "written"
+    )
+
+    def __init__(
+        self, job_id: str, pid: int, pipe_fd: int, log_fd: int, cap: int, written: int, exit_file: str
+    ) -> None:
+        self.id = job_id
+        self.exit_file = exit_file
+        self.pid = pid
+        self.pipe_fd: int | None = pipe_fd
+        self.log_fd: int | None = log_fd
+        self.cap = cap
+        self.written = written
+        self.exit: dict[str, object] | None = None
+        self.linger_until: float | None = None
+        self.done_reported = False
+
+    def write_output(self, chunk: bytes) -> None:
+        if self.log_fd is None or self.written >= self.cap:
+            return  # capped: keep reading, write nothing
+        room = self.cap - self.written
+        data = chunk[:room]
+        os.write(self.log_fd, data)
+        self.written += len(data)
+        if self.written >= self.cap:
+            os.write(self.log_fd, f"\n[log capped at {self.cap} bytes; further output discarded]\n".encode())
+
+
+class Shepherd:
+    def __init__(self, control: socket.socket) -> None:
+        self.control: socket.socket | None = control
+        self.control.setblocking(False)
+        self.sel = selectors.DefaultSelector()
+        self.jobs: dict[str, Job] = {}
+        self.by_pid: dict[int, Job] = {}
+        self.by_pipe: dict[int, Job] = {}
+        self.inbuf = b""
+        self.outbuf = b""
+        self.boot_id = _kernel_boot_id()
+        self.identity = {"pid": os.getpid(), "start_time": _start_time(os.getpid())}
+        wake_r, wake_w = socket.socketpair()
+        wake_r.setblocking(False)
+        wake_w.setblocking(False)
+        self.wake_r, self.wake_w = wake_r, wake_w
+        signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler (not SIG_DFL) so the wakeup fd sees it
+        # The supervisor's terminal and its process group are not ours: only an explicit SIGTERM/SIGKILL stops us.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        self.sel.register(wake_r, selectors.EVENT_READ, "wake")
+        self.sel.register(control, selectors.EVENT_READ, "control")
+
+    # -- the control channel ---------------------------------------------------------------------
+
+    def send(self, event: dict[str, object]) -> None:
+        if self.control is None:
+            return  # the supervisor is gone: the state files are the record
+        self.outbuf += json.dumps(event).encode() + b"\n"
+        self.flush()
+
+    def flush(self) -> None:
+        while self.outbuf and self.control is not None:
+            try:
+                sent = self.control.send(self.outbuf)
+            except BlockingIOError:
+                break
+            except OSError:
+                self.lose_control()
+                return
+            self.outbuf = self.outbuf[sent:]
+        if self.control is not None:
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if self.outbuf else 0)
+            self.sel.modify(self.control, events, "control")
+
+    def lose_control(self) -> None:
+        if self.control is None:
+            return
+        self.sel.unregister(self.control)
+        self.control.close()
+        self.control = None
+        self.outbuf = b""
+
+    def read_control(self) -> None:
+        assert self.control is not None
+        try:
+            data = self.control.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.lose_control()
+            return
+        self.inbuf += data
+        while b"\n" in self.inbuf:
+            line, self.inbuf = self.inbuf.split(b"\n", 1)
+            if not line.strip():
+                continue
+            try:
+                request = json.loads(line)
+                self.handle(request)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:  # a bug in the caller: say so, go on
+                print(f"shepherd: bad request {line[:200]!r}: {exc!r}", file=sys.stderr, flush=True)
+
+    def handle(self, request: dict[str, object]) -> None:
+        op = request.get("op")
+        if op == "start":
+            self.start(request)
+        elif op == "signal":
+            self.signal_job(str(request["id"]), int(str(request["sig"])))
+
+    # -- jobs --------------------------------------------------------------------------------------
+
+    def start(self, req: dict[str, object]) -> None:
+        job_id = str(req["id"])
+        log_path = str(req["log"])
+        argv = [str(a) for a in req["argv"]]  # type: ignore[attr-defined]
+        env = {str(k): str(v) for k, v in req["env"].items()}  # type: ignore[attr-defined]
+        pid_path = str(req["pid_file"])
+        try:
+            log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+        except OSError as exc:
+            self.send({"ev": "start_failed", "id": job_id, "error": f"cannot open the job log: {exc}"})
+            return
+        out_r, out_w = os.pipe()
+        gate_r, gate_w = os.pipe()
+        err_r, err_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: become the job once the shepherd has recorded who it is
+            try:
+                os.close(out_r)
+                os.close(gate_w)
+                os.close(err_r)
+                os.setsid()
+                for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGCHLD):
+                    signal.signal(sig, signal.SIG_DFL)
+                signal.set_wakeup_fd(-1)
+                null = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(null, 0)
+                os.dup2(out_w, 1)
+                os.dup2(out_w, 2)
+                os.chdir(str(req["cwd"]))
+                os.read(gate_r, 1)  # INV-IDENTITY-BEFORE-PROGRAM: the .pid file exists before exec
+                os.execvpe(argv[0], argv, env)
+            except BaseException as exc:
+                try:
+                    os.write(err_w, f"{type(exc).__name__}: {exc}".encode()[:1000])
+                finally:
+                    os._exit(127)
+        os.close(out_w)
+        os.close(gate_r)
+        os.close(err_w)
+        start_time = _start_time(pid)
+        try:
+            write_atomically(
+                pid_path,
+                {
+                    "job_id": job_id,
+                    "pid": pid,
+                    "start_time": start_time,
+                    "kernel_boot_id": self.boot_id,
+                    "shepherd": self.identity,
+                    "started_at": _now_iso(),
+                },
+            )
+            os.write(gate_w, b"g")
+        except OSError as exc:
+            os.kill(pid, signal.SIGKILL)  # never let a job run whose identity is not on disk
+            os.close(gate_w)
+            os.close(err_r)
+            os.close(out_r)
+            os.close(log_fd)
+            os.waitpid(pid, 0)
+            self.send({"ev": "start_failed", "id": job_id, "error": f"cannot record the job identity: {exc}"})
+            return
+        os.close(gate_w)
+        error = b""
+        while chunk := os.read(err_r, 1024):  # EOF at a successful exec (close-on-exec), or the child's error
+            error += chunk
+        os.close(err_r)
+        if error:
+            os.close(out_r)
+            os.close(log_fd)
+            os.waitpid(pid, 0)
+            try:
+                os.unlink(pid_path)  # the program never ran: no identity to adopt
+            except OSError:
+                pass
+            self.send({"ev": "start_failed", "id": job_id, "error": error.decode("utf-8", "replace")})
+            return
+        os.set_blocking(out_r, False)
+        job = Job(job_id, pid, out_r, log_fd, int(str(req["cap"])), os.fstat(log_fd).st_size, str(req["exit_file"]))
+        self.jobs[job_id] = job
+        self.by_pid[pid] = job
+        self.by_pipe[out_r] = job
+        self.sel.register(out_r, selectors.EVENT_READ, "pipe")
+        self.send({"ev": "started", "id": job_id, "pid": pid, "start_time": start_time})
+
+    def signal_job(self, job_id: str, signum: int) -> None:
+        job = self.jobs.get(job_id)
+        if job is None or job.exit is not None:
+            return  # already reaped: its pid may belong to someone else now
+        try:
+            os.killpg(job.pid, signum)  # the whole group; the leader is our unreaped child
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            try:
+                os.kill(job.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def read_pipe(self, fd: int) -> None:
+        job = self.by_pipe[fd]
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.close_pipe(job)
+                self.maybe_done(job)
+                return
+            try:
+                job.write_output(chunk)
+            except OSError as exc:  # a full disk must not stop the draining, or the job blocks on its pipe
+                print(f"shepherd: job {job.id}: log write failed: {exc}", file=sys.stderr, flush=True)
+                job.written = job.cap
+
+    def close_pipe(self, job: Job) -> None:
+        if job.pipe_fd is not None:
+            self.sel.unregister(job.pipe_fd)
+            del self.by_pipe[job.pipe_fd]
+            os.close(job.pipe_fd)
+            job.pipe_fd = None
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            job = self.by_pid.pop(pid, None)
+            if job is None:
+                continue  # a job's orphaned descendant (we are their subreaper): nothing to record
+            code = os.waitstatus_to_exitcode(status)
+            job.exit = {
+                "job_id": job.id,
+                "pid": pid,
+                "exit_code": code if code >= 0 else None,
+                "signal": -code if code < 0 else None,
+                "ended_at": _now_iso(),
+            }
+            try:
+                write_atomically(job.exit_file, job.exit)
+            except OSError as exc:
+                print(f"shepherd: job {job.id}: cannot record its exit: {exc}", file=sys.stderr, flush=True)
+            job.linger_until = time.monotonic() + LOG_LINGER_S
+            self.maybe_done(job)
+
+    def maybe_done(self, job: Job) -> None:
+        """Report the exit once it is reaped and its output has ended (or lingered too long)."""
+        if job.exit is None or job.done_reported:
+            return
+        if job.pipe_fd is not None and job.linger_until is not None and time.monotonic() < job.linger_until:
+            return
+        job.done_reported = True
+        self.send({"ev": "exited", "id": job.id, **{k: v for k, v in job.exit.items() if k != "job_id"}})
+        if job.pipe_fd is None:
+            self.forget(job)
+
+    def forget(self, job: Job) -> None:
+        if job.log_fd is not None:
+            os.close(job.log_fd)
+            job.log_fd = None
+        self.jobs.pop(job.id, None)
+
+    def tick(self) -> None:
+        """Lingering pipes: report exits that waited long enough; forget jobs whose pipes have ended."""
+        for job in list(self.jobs.values()):
+            self.maybe_done(job)
+            if job.done_reported and job.pipe_fd is None:
+                self.forget(job)
+
+    def run(self) -> int:
+        self.send({"ev": "hello", **self.identity})
+        while self.control is not None or self.jobs:
+            lingering = any(j.exit is not None and not j.done_reported for j in self.jobs.values())
+            for key, _mask in self.sel.select(timeout=0.2 if lingering else None):
+                if key.data == "wake":
+                    try:
+                        while self.wake_r.recv(4096):
+                            pass
+                    except BlockingIOError:
+                        pass
+                    self.reap()
+                elif key.data == "control":
+                    if _mask & selectors.EVENT_READ:
+                        self.read_control()
+                    if self.control is not None and _mask & selectors.EVENT_WRITE:
+                        self.flush()
+                elif key.data == "pipe":
+                    self.read_pipe(key.fd)
+            self.reap()  # a SIGCHLD that raced the registration of its job
+            self.tick()
+        return 0
+
+
+def _daemonize() -> None:
+    """Double fork: the shepherd is no child of the supervisor (nobody has to reap it) and leads no terminal."""
+    if os.fork() > 0:
+        os._exit(0)
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+
+
+def _become_subreaper() -> None:
+    """Orphaned descendants of jobs are reparented to us, not to init: they stay accounted for (and reaped)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _raise_fd_limit() -> None:
+    """Two descriptors a running job (pipe + log): lift the soft limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65536, hard))
+        except (ValueError, OSError):
+            pass
+
+
+def main(argv: list[str]) -> int:
+    args = dict(zip(argv[1::2], argv[2::2], strict=False))
+    control_fd = int(args["--control-fd"])
+    _daemonize()
+    os.set_inheritable(control_fd, False)
+    control = socket.socket(fileno=control_fd)
+    _become_subreaper()
+    _raise_fd_limit()
+    try:
+        return Shepherd(control).run()
+    except OSError as exc:
+        if exc.errno == errno.EBADF:
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv))

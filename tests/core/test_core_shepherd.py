@@ -1,0 +1,144 @@
+"""The job shepherd (issue 10): true outcomes, adoption, and what happens when the shepherd itself dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from collections.abc import Callable
+
+import pytest
+import trio
+from core_helpers import poll, wait_status, wait_terminal  # type: ignore[import-not-found]
+
+from supervisor import JobStatus, RegistryError
+from supervisor._core import Supervisor
+from supervisor._identity import Liveness, identify, probe
+from supervisor._spawn import JobFiles, read_exit_file, read_start_file
+
+
+async def test_the_shepherd_records_identity_before_the_program_and_the_true_exit_after(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    sup = make_supervisor()
+    job = (await sup.enqueue("exit", {"code": 7})).job
+    ended = await wait_terminal(sup, job.job_id)
+    assert (ended.status, ended.error_reason, ended.exit_code) == (JobStatus.FAILED, "exit_code_7", 7)
+    files = JobFiles.for_job(ended, sup.log_dir)
+    start = read_start_file(files.pid)
+    assert start is not None and start.identity is not None
+    assert (start.identity.pid, start.identity.start_time) == (ended.pid, ended.pid_start_time)
+    assert start.shepherd is not None and start.shepherd.pid == sup.shepherd.pid
+    status = read_exit_file(files.exit, ended.pid)
+    assert status is not None and (status.code, status.signal) == (7, None)
+    assert (await sup.read_log(job.job_id)) == b"bye\n"
+
+
+async def test_one_shepherd_serves_every_job_of_a_boot(make_supervisor: Callable[..., Supervisor]) -> None:
+    sup = make_supervisor(max_concurrent=3)
+    ids = [(await sup.enqueue("exit", {"code": 0})).job.job_id for _ in range(6)]
+    shepherds = set()
+    for job_id in ids:
+        job = await wait_terminal(sup, job_id)
+        start = read_start_file(JobFiles.for_job(job, sup.log_dir).pid)
+        assert start is not None and start.shepherd is not None
+        shepherds.add(start.shepherd.pid)
+    assert shepherds == {sup.shepherd.pid}
+
+
+async def test_shepherd_sigkilled_jobs_end_orphaned_never_guessed_and_a_new_shepherd_serves_new_jobs(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    sup = make_supervisor(max_concurrent=2)
+    jobs = [(await sup.enqueue("sleep", {"seconds": 60})).job for _ in range(2)]
+    running = [await wait_status(sup, j.job_id, {JobStatus.RUNNING}) for j in jobs]
+    old_shepherd = sup.shepherd.pid
+    assert old_shepherd is not None
+    os.kill(old_shepherd, signal.SIGKILL)
+    # The jobs outlive their shepherd; their monitors fall back to pidfds. Now they die, and nobody records how.
+    for job in running:
+        assert job.pid is not None
+        assert probe(identify(job.pid)) is Liveness.ALIVE  # type: ignore[arg-type]
+        os.killpg(job.pid, signal.SIGKILL)
+    for job in running:
+        ended = await wait_terminal(sup, job.job_id)
+        assert (ended.status, ended.error_reason) == (JobStatus.FAILED, "orphan_reconciled_dead_pid")
+        assert ended.exit_code is None
+    # A new shepherd serves the next job, with its true outcome.
+    after = (await sup.enqueue("exit", {"code": 0})).job
+    assert (await wait_terminal(sup, after.job_id)).status is JobStatus.SUCCEEDED
+    assert sup.shepherd.pid not in (None, old_shepherd)
+
+
+async def test_the_shepherd_exits_once_idle_and_orphaned(make_supervisor: Callable[..., Supervisor]) -> None:
+    sup = make_supervisor()
+    job = (await sup.enqueue("sleep", {"seconds": 0.5})).job
+    running = await wait_status(sup, job.job_id, {JobStatus.RUNNING})
+    start = read_start_file(JobFiles.for_job(running, sup.log_dir).pid)
+    assert start is not None and start.shepherd is not None
+    shepherd = start.shepherd
+    # Orphan it: end this boot's side of the control socket, as a supervisor crash would.
+    assert sup.shepherd._conn is not None
+    sup.shepherd._conn.sock.shutdown(socket.SHUT_RDWR)
+
+    async def shepherd_gone() -> bool | None:
+        return True if probe(shepherd) is Liveness.DEAD else None
+
+    # It stays while its job runs (the job ends by itself), then leaves.
+    assert probe(shepherd) is Liveness.ALIVE
+    await poll(shepherd_gone, timeout_s=20)
+    assert read_exit_file(JobFiles.for_job(running, sup.log_dir).exit, running.pid) is not None
+
+
+async def test_a_boot_killed_between_spawn_and_recording_the_pid_is_adopted_not_freed(
+    make_supervisor: Callable[..., Supervisor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """INV-IDENTITY-BEFORE-PROGRAM: the shepherd's start file names the process before it runs, so a next boot
+    that finds a RUNNING row without a pid adopts the live job instead of freeing its slot."""
+    old = make_supervisor(boot_id="old", max_concurrent=1)
+
+    async def lost(*args: object, **kwargs: object) -> None:
+        raise RegistryError("the supervisor died before it recorded the pid")
+
+    monkeypatch.setattr(old.registry, "set_job_process", lost)
+    job = (await old.enqueue("sleep", {"seconds": 60})).job
+    row = await old.get(job.job_id)
+    assert (row.status, row.pid) == (JobStatus.RUNNING, None)
+
+    new = make_supervisor(boot_id="new", max_concurrent=1)
+    report = await new.reconcile(stale_marks_live_processes=False)
+    [detail] = report.details
+    assert (detail.action, detail.reason, detail.liveness) == ("keep", "adopted", "alive")
+    adopted = await new.get(job.job_id)
+    assert adopted.status is JobStatus.RUNNING and adopted.pid is not None and adopted.attempts == 1
+    assert job.job_id in new._running  # the new boot watches it
+    queued = (await new.enqueue("exit", {"code": 0})).job
+    assert (await new.get(queued.job_id)).status is JobStatus.QUEUED  # its slot was not freed: no overshoot
+
+    await new.cancel(job.job_id)
+    ended = await wait_terminal(new, job.job_id)
+    assert (ended.status, ended.error_reason) == (JobStatus.CANCELLED, "cancelled")
+    assert (await wait_terminal(new, queued.job_id)).status is JobStatus.SUCCEEDED
+
+
+async def test_a_prior_boots_job_never_started_is_still_a_spawn_window_orphan(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    from core_helpers import insert_running  # type: ignore[import-not-found]
+
+    sup = make_supervisor(boot_id="new")
+    job = await insert_running(sup, boot_id="old", spawned=False)  # no start file: it never ran
+    await sup.reconcile(stale_marks_live_processes=False)
+    ended = await sup.get(job.job_id)
+    assert (ended.status, ended.error_reason) == (JobStatus.FAILED, "orphan_reconciled_spawn_window")
+
+
+async def test_a_job_leaving_a_daemon_on_its_output_is_still_finalized(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    sup = make_supervisor()
+    with trio.fail_after(30):
+        job = (await sup.enqueue("daemonizer", {})).job
+        ended = await wait_terminal(sup, job.job_id)
+    assert ended.status is JobStatus.SUCCEEDED
+    assert (await sup.read_log(job.job_id)).startswith(b"parent done")
