@@ -25,7 +25,7 @@ from ._identity import Liveness, ProcessIdentity, probe
 from ._kinds import KindCatalog, coalesce_key
 from ._logging import get_logger
 from ._model import Job, JobStatus
-from ._registry import EnqueueResult, hash_token
+from ._registry import EnqueueResult, NewJob, ProcessRecord, hash_token
 from ._spawn import (
     ExitStatus,
     JobFiles,
@@ -45,6 +45,8 @@ log = get_logger()
 # Environment variables the supervisor itself reads that a job must never inherit.
 _PRIVATE_ENV = ("PODCAST_JOB_API_TOKEN", "PODCAST_JOB_API_TOKEN_FILE")
 MAX_STAGE_LEN = 200
+MAX_BATCH = 1000  # jobs in one POST /api/jobs/batch
+PROMOTE_BATCH = 64  # rows promoted in one transaction, at most
 # Once an adopted job's process is gone, its shepherd records the exit at reap (milliseconds); this bounds the wait
 # for that record while the shepherd is alive.
 EXIT_RECORD_WAIT_S = 10.0
@@ -250,6 +252,7 @@ class Supervisor:
             self._base_env.pop(name, None)
         self._running: dict[str, _Running] = {}
         self._drain_lock = trio.Lock()
+        self._drain_wanted = trio.Event()
         self._job_nursery: trio.Nursery | None = None
         # Resolved once, so that jobs' cwd and log paths stay put whatever the supervisor's cwd does later.
         self.data_dir = config.data_dir.resolve()
@@ -278,20 +281,63 @@ class Supervisor:
 
     # -- enqueue and drain --------------------------------------------------------------------------
 
-    async def enqueue(self, kind_name: object, params: object) -> EnqueueResult:
+    def _validate(self, kind_name: object, params: object) -> NewJob:
         kind = self.kinds.get(kind_name)
         validated = kind.validate_params({} if params is None else params)
-        argv = kind.render_argv(validated)
         key = coalesce_key(kind.name, validated) if kind.coalesce else None
-        result = await self.registry.enqueue(kind.name, validated, argv, coalesce_key=key)
-        if result.coalesced:
-            log.info("job_coalesced", job_id=result.job.job_id, kind=kind.name)
-            return result
-        self._log_transition(result.job, "-", "queued", "enqueued")
-        if self._job_nursery is not None:
-            await self.drain()
-            result = EnqueueResult(await self.registry.get(result.job.job_id), coalesced=False)
+        return NewJob(kind.name, validated, kind.render_argv(validated), key)
+
+    async def enqueue(self, kind_name: object, params: object) -> EnqueueResult:
+        """Validate and store a job, wake the drainer, and answer: the spawn never delays the caller."""
+        new = self._validate(kind_name, params)
+        result = await self.registry.enqueue(new.kind, new.params, new.argv, coalesce_key=new.coalesce_key)
+        self._announce_enqueued([result])
         return result
+
+    async def enqueue_many(self, items: object) -> list[EnqueueResult]:
+        """Validate every item first (a ``ValidationError`` names the element, ``jobs[3].params.seconds``), then
+        store them all in one transaction: all or nothing."""
+        if not isinstance(items, list) or not items:
+            raise ValidationError("jobs must be a non-empty list", field="jobs")
+        if len(items) > MAX_BATCH:
+            raise ValidationError(f"at most {MAX_BATCH} jobs in one batch, not {len(items)}", field="jobs")
+        batch: list[NewJob] = []
+        for index, item in enumerate(items):
+            where = f"jobs[{index}]"
+            if not isinstance(item, Mapping):
+                raise ValidationError(f"{where} must be an object with kind and params", field=where)
+            unknown = sorted(set(item) - {"kind", "params"})
+            if unknown:
+                raise ValidationError(f"{where}: unknown field {unknown[0]!r}", field=f"{where}.{unknown[0]}")
+            if "kind" not in item:
+                raise ValidationError(f"{where}: missing field 'kind'", field=f"{where}.kind")
+            try:
+                batch.append(self._validate(item["kind"], item.get("params")))
+            except ValidationError as exc:
+                raise ValidationError(f"{where}: {exc}", field=f"{where}.{exc.field}" if exc.field else where) from None
+        results = await self.registry.enqueue_many(batch)
+        self._announce_enqueued(results)
+        return results
+
+    def _announce_enqueued(self, results: list[EnqueueResult]) -> None:
+        for result in results:
+            if result.coalesced:
+                log.info("job_coalesced", job_id=result.job.job_id, kind=result.job.kind)
+            else:
+                self._log_transition(result.job, "-", "queued", "enqueued")
+        self.wake_drainer()
+
+    def wake_drainer(self) -> None:
+        """Ask the drainer for a drain soon; many wakes before it runs make one drain."""
+        self._drain_wanted.set()
+
+    async def run_drainer(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """The one task that drains on demand (after an enqueue, a job's end, a cancel); owned by the root nursery."""
+        task_status.started()
+        while True:
+            await self._drain_wanted.wait()
+            self._drain_wanted = trio.Event()
+            await self._drain_logged()
 
     async def is_paused(self) -> bool:
         return await trio.to_thread.run_sync(self.config.pause_flag_path.exists)
@@ -300,55 +346,83 @@ class Supervisor:
         """Promote and spawn while a slot is free and promotion is not paused.
 
         Contract: when drain returns, every promotable job has been spawned and its identity recorded, and no
-        job has been waited for (each one's monitor runs in the job nursery).
+        job has been waited for (each one's monitor runs in the job nursery). Free slots are filled in one
+        transaction, and their jobs started together.
         """
         if self._job_nursery is None:
             raise SupervisorError("drain needs a job nursery: call attach() first")
         started: list[Job] = []
         async with self._drain_lock:
             while not await self.is_paused():
-                token = secrets.token_urlsafe(32)
-                job = await self.registry.promote_queued_if_slot(
+                tokens = [secrets.token_urlsafe(32) for _ in range(min(self.config.max_concurrent, PROMOTE_BATCH))]
+                jobs = await self.registry.promote_queued(
                     self.config.max_concurrent,
                     boot_id=self.boot_id,
-                    token_hash=hash_token(token),
+                    token_hashes=[hash_token(token) for token in tokens],
                     log_dir=self.log_dir,
                 )
-                if job is None:
+                if not jobs:
                     break
-                self._log_transition(job, "queued", "running", "promoted")
-                handle = _Running(job.job_id)
-                self._running[job.job_id] = handle
-                try:
-                    started_job = await self._spawn(job, token)
-                except Exception as exc:
-                    # INV-SPAWN-FAILURE-FREES-SLOT: whatever goes wrong in one spawn (a SpawnError, or a defect
-                    # such as an argv the OS cannot take), the promoted row is finalized, never left holding a slot.
-                    del self._running[job.job_id]
-                    if not isinstance(exc, SpawnError):
-                        log.exception("spawn_crashed", job_id=job.job_id)
-                    reason = str(exc) if isinstance(exc, SpawnError) else f"{type(exc).__name__}: {exc}"
-                    await self._finalize(job, JobStatus.FAILED, f"spawn_failed: {reason}"[:500])
-                    continue  # drain again: the next queued job may spawn fine
-                handle.pid, handle.identity = started_job.pid, started_job.identity
-                identity = started_job.identity
-                try:
-                    job = await self.registry.set_job_process(
-                        job.job_id,
-                        pid=started_job.pid,
-                        pid_start_time=identity.start_time if identity else None,
-                        kernel_boot_id=identity.kernel_boot_id if identity else None,
-                    )
-                except SupervisorError:
-                    # The process exists: it must still get its monitor (to be finalized, cancellable). Its identity
-                    # is in the shepherd's start file too, where a later boot looks for it.
-                    log.exception("job_identity_not_recorded", job_id=job.job_id, pid=started_job.pid)
-                if job.cancel_requested:
-                    handle.cancel.set()  # a cancel that arrived in the spawn window is carried out now
-                log.info("job_spawned", job_id=job.job_id, kind=job.kind, pid=job.pid, boot_id=self.boot_id)
-                await self._job_nursery.start(self._monitor, handle, job)
-                started.append(job)
+                started.extend(await self._start_promoted(jobs, tokens))
         return started
+
+    async def _start_promoted(self, jobs: list[Job], tokens: list[str]) -> list[Job]:
+        """Spawn freshly promoted jobs together, record their identities in one transaction, start their monitors."""
+        assert self._job_nursery is not None
+        outcomes: dict[str, StartedJob | Exception] = {}
+
+        async def spawn_one(job: Job, token: str) -> None:
+            try:
+                outcomes[job.job_id] = await self._spawn(job, token)
+            except Exception as exc:  # judged below, job by job
+                outcomes[job.job_id] = exc
+
+        for job in jobs:
+            self._log_transition(job, "queued", "running", "promoted")
+            self._running[job.job_id] = _Running(job.job_id)
+        async with trio.open_nursery() as spawns:
+            for job, token in zip(jobs, tokens, strict=False):
+                spawns.start_soon(spawn_one, job, token)
+
+        spawned: list[Job] = []
+        records: list[ProcessRecord] = []
+        for job in jobs:
+            got = outcomes[job.job_id]
+            if isinstance(got, Exception):
+                # INV-SPAWN-FAILURE-FREES-SLOT: whatever goes wrong in one spawn (a SpawnError, or a defect such as
+                # an argv the OS cannot take), the promoted row is finalized, never left holding a slot.
+                del self._running[job.job_id]
+                if not isinstance(got, SpawnError):
+                    log.error("spawn_crashed", job_id=job.job_id, error=repr(got))
+                reason = str(got) if isinstance(got, SpawnError) else f"{type(got).__name__}: {got}"
+                await self._finalize(job, JobStatus.FAILED, f"spawn_failed: {reason}"[:500])
+                continue
+            handle = self._running[job.job_id]
+            handle.pid, handle.identity = got.pid, got.identity
+            identity = got.identity
+            records.append(
+                ProcessRecord(
+                    job.job_id,
+                    pid=got.pid,
+                    pid_start_time=identity.start_time if identity else None,
+                    kernel_boot_id=identity.kernel_boot_id if identity else None,
+                )
+            )
+            spawned.append(job)
+        if records:
+            try:
+                spawned = await self.registry.set_job_processes(records)
+            except SupervisorError:
+                # The processes exist: they must still get their monitors (to be finalized, cancellable). Their
+                # identities are in the shepherd's start files too, where a later boot looks for them.
+                log.exception("job_identity_not_recorded", job_ids=[r.job_id for r in records])
+        for job in spawned:
+            handle = self._running[job.job_id]
+            if job.cancel_requested:
+                handle.cancel.set()  # a cancel that arrived in the spawn window is carried out now
+            log.info("job_spawned", job_id=job.job_id, kind=job.kind, pid=handle.pid, boot_id=self.boot_id)
+            await self._job_nursery.start(self._monitor, handle, job)
+        return spawned
 
     async def _spawn(self, job: Job, token: str) -> StartedJob:
         assert job.log_path is not None
@@ -394,7 +468,7 @@ class Supervisor:
             log.exception("monitor_failed", job_id=job.job_id)
         finally:
             self._running.pop(job.job_id, None)
-        await self._drain_logged()
+            self.wake_drainer()
 
     async def _wait_exit(self, handle: _Running, job: Job) -> ExitStatus | None:
         """The job's exit status; None when its process is gone and no exit was recorded (its shepherd died)."""
@@ -436,30 +510,35 @@ class Supervisor:
         """Finalize a job whose process has ended: its true outcome, or an orphan when no exit was recorded.
 
         True when this call changed the row (a terminal row is left alone)."""
-        current = await self.registry.get(job.job_id)
         kind = self.kinds.get(job.kind) if job.kind in self.kinds else None
-        cancel_requested = cancelled or current.cancel_requested
-        final: JobStatus
-        reason: str | None
-        if status is None:
-            # The process is gone and nobody recorded how it ended (its shepherd was killed): never a guess.
-            if cancel_requested:
-                final, reason = JobStatus.CANCELLED, "cancelled"
-            else:
-                final, reason = JobStatus.FAILED, "orphan_reconciled_dead_pid"
-            return await self._finalize(current, final, reason, expect_pid=expect_pid)
-        final, reason = outcome(
-            status,
-            cancel_requested=cancel_requested,
-            exit_reasons=kind.exit_reasons if kind else {},
-            failure_reasons=kind.failure_reasons if kind else {},
+
+        def decide(current: Job) -> tuple[JobStatus, str | None]:
+            """Called inside the finalize transaction: a cancel requested until this instant counts."""
+            cancel_requested = cancelled or current.cancel_requested
+            if status is None:
+                # The process is gone and nobody recorded how it ended (its shepherd was killed): never a guess.
+                if cancel_requested:
+                    return JobStatus.CANCELLED, "cancelled"
+                return JobStatus.FAILED, "orphan_reconciled_dead_pid"
+            return outcome(
+                status,
+                cancel_requested=cancel_requested,
+                exit_reasons=kind.exit_reasons if kind else {},
+                failure_reasons=kind.failure_reasons if kind else {},
+            )
+
+        result = await self.registry.finalize(
+            job.job_id, decide, exit_code=status.returncode if status else None, expect_pid=expect_pid
         )
-        finalized = await self._finalize(
-            current, final, reason, exit_code=status.returncode, expect_pid=expect_pid
+        if not result.changed:
+            return False
+        final = result.job
+        self._log_transition(
+            final, str(result.previous), str(final.status), final.error_reason, exit_code=final.exit_code
         )
-        if finalized and final is JobStatus.SUCCEEDED and kind is not None and kind.then:
-            await self._enqueue_follow_up(current, kind.then)
-        return finalized
+        if final.status is JobStatus.SUCCEEDED and kind is not None and kind.then:
+            await self._enqueue_follow_up(final, kind.then)
+        return True
 
     async def _carry_out_cancel(self, handle: _Running) -> None:
         await handle.cancel.wait()
@@ -572,7 +651,7 @@ class Supervisor:
                 why="the recorded process identity could not be verified; stop any surviving work by hand",
             )
         await self._finalize(job, JobStatus.CANCELLED, "cancelled_unverified_process_left_alone")
-        await self._drain_logged()
+        self.wake_drainer()
 
     # -- reconcile ----------------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -107,6 +107,28 @@ class EnqueueResult:
 class FinalizeResult:
     job: Job
     changed: bool  # False when the row was already terminal: events fire only on real changes
+    previous: JobStatus | None = None  # the status it left, when changed
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A row to enqueue: a validated kind, its params and argv, and its coalescing key (None: never coalesced)."""
+
+    kind: str
+    params: Mapping[str, Any]
+    argv: Sequence[str]
+    coalesce_key: str | None = None
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """A spawned job's identity to record: pid + start time + kernel boot id, or a container id."""
+
+    job_id: str
+    pid: int | None = None
+    pid_start_time: int | None = None
+    kernel_boot_id: str | None = None
+    container_id: str | None = None
 
 
 class _ConnectionPool:
@@ -378,27 +400,47 @@ class SqliteRegistry:
         Every caller, in any process, enqueues as ``queued``; only a drain makes a row RUNNING.
         """
         with self._tx() as conn:
-            if coalesce_key is not None:
-                row = conn.execute(
-                    "SELECT job_id FROM jobs WHERE status = 'queued' AND coalesce_key = ? ORDER BY seq LIMIT 1",
-                    (coalesce_key,),
-                ).fetchone()
-                if row is not None:
-                    return EnqueueResult(self._get_in(conn, row["job_id"]), coalesced=True)
-            job_id = uuid.uuid4().hex
-            conn.execute(
-                "INSERT INTO jobs (job_id, kind, params, argv, status, created_at, coalesce_key) "
-                "VALUES (?, ?, ?, ?, 'queued', ?, ?)",
-                (
-                    job_id,
-                    kind,
-                    json.dumps(dict(params), sort_keys=True),
-                    json.dumps(list(argv)),
-                    self._now(),
-                    coalesce_key,
-                ),
-            )
-            return EnqueueResult(self._get_in(conn, job_id), coalesced=False)
+            job_id, coalesced = self._enqueue_in(conn, NewJob(kind, params, argv, coalesce_key))
+            return EnqueueResult(self._get_in(conn, job_id), coalesced=coalesced)
+
+    def enqueue_many(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
+        """Add several queued rows in one transaction (all or nothing), in order; coalescing as ``enqueue``.
+
+        The answers carry no queue position (it would cost a count per row).
+        """
+        with self._tx() as conn:
+            added = [self._enqueue_in(conn, job) for job in jobs]
+            rows = {
+                r["job_id"]: r
+                for r in conn.execute(
+                    f"SELECT {_COLUMNS} FROM jobs WHERE job_id IN ({','.join('?' * len(added))})",
+                    [job_id for job_id, _ in added],
+                )
+            } if added else {}
+            return [EnqueueResult(self._row_to_job(rows[job_id]), coalesced) for job_id, coalesced in added]
+
+    def _enqueue_in(self, conn: sqlite3.Connection, job: NewJob) -> tuple[str, bool]:
+        if job.coalesce_key is not None:
+            row = conn.execute(
+                "SELECT job_id FROM jobs WHERE status = 'queued' AND coalesce_key = ? ORDER BY seq LIMIT 1",
+                (job.coalesce_key,),
+            ).fetchone()
+            if row is not None:
+                return row["job_id"], True
+        job_id = uuid.uuid4().hex
+        conn.execute(
+            "INSERT INTO jobs (job_id, kind, params, argv, status, created_at, coalesce_key) "
+            "VALUES (?, ?, ?, ?, 'queued', ?, ?)",
+            (
+                job_id,
+                job.kind,
+                json.dumps(dict(job.params), sort_keys=True),
+                json.dumps(list(job.argv)),
+                self._now(),
+                job.coalesce_key,
+            ),
+        )
+        return job_id, False
 
     def promote_queued_if_slot(
         self,
@@ -408,37 +450,52 @@ class SqliteRegistry:
         token_hash: str,
         log_dir: Path | None = None,
     ) -> Job | None:
-        """Flip the oldest queued row to RUNNING if a slot is free, and return it; else None.
+        """Flip the oldest queued row to RUNNING if a slot is free, and return it; else None."""
+        promoted = self.promote_queued(max_concurrent, boot_id=boot_id, token_hashes=[token_hash], log_dir=log_dir)
+        return promoted[0] if promoted else None
 
-        INV-PROMOTION-NEVER-OVERSHOOTS: the count and the flip happen in one ``BEGIN IMMEDIATE`` transaction,
-        so a concurrent drain (in this or another process) counts the row at once. The row gets this boot's
+    def promote_queued(
+        self,
+        max_concurrent: int,
+        *,
+        boot_id: str,
+        token_hashes: Sequence[str],
+        log_dir: Path | None = None,
+    ) -> list[Job]:
+        """Flip the oldest queued rows to RUNNING, as many as slots are free (at most one per token), oldest first.
+
+        INV-PROMOTION-NEVER-OVERSHOOTS: the count and the flips happen in one ``BEGIN IMMEDIATE`` transaction,
+        so a concurrent drain (in this or another process) counts the rows at once. Each row gets this boot's
         ``boot_id`` and ``started_at`` in the same transaction, so a row promoted but not yet spawned is never
         mistaken for a prior-boot orphan (INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING).
         """
         with self._tx() as conn:
             running = conn.execute("SELECT COUNT(*) FROM jobs WHERE status = 'running'").fetchone()[0]
-            if running >= max_concurrent:
-                return None
-            row = conn.execute("SELECT job_id FROM jobs WHERE status = 'queued' ORDER BY seq LIMIT 1").fetchone()
-            if row is None:
-                return None
-            job = self._get_in(conn, row["job_id"])
-            log_path = str(log_dir / f"{job.job_id}.log") if log_dir is not None else None
-            self._set_status(
-                conn,
-                job,
-                JobStatus.RUNNING,
-                started_at=self._now(),
-                boot_id=boot_id,
-                token_hash=token_hash,
-                attempts=job.attempts + 1,
-                log_path=log_path,
-                pid=None,
-                pid_start_time=None,
-                kernel_boot_id=None,
-                container_id=None,
-            )
-            return self._get_in(conn, job.job_id)
+            free = min(max_concurrent - running, len(token_hashes))
+            if free <= 0:
+                return []
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM jobs WHERE status = 'queued' ORDER BY seq LIMIT ?", (free,)
+            ).fetchall()
+            now = self._now()
+            promoted: list[Job] = []
+            for row, token_hash in zip(rows, token_hashes, strict=False):
+                job = self._row_to_job(row)
+                log_path = str(log_dir / f"{job.job_id}.log") if log_dir is not None else None
+                fields: dict[str, Any] = {
+                    "started_at": now,
+                    "boot_id": boot_id,
+                    "token_hash": token_hash,
+                    "attempts": job.attempts + 1,
+                    "log_path": log_path,
+                    "pid": None,
+                    "pid_start_time": None,
+                    "kernel_boot_id": None,
+                    "container_id": None,
+                }
+                self._set_status(conn, job, JobStatus.RUNNING, **fields)
+                promoted.append(replace(job, status=JobStatus.RUNNING, **fields))
+            return promoted
 
     def set_job_process(
         self,
@@ -450,20 +507,25 @@ class SqliteRegistry:
         container_id: str | None = None,
     ) -> Job:
         """Record the spawned process's identity (pid + start time + kernel boot) or its container id."""
+        return self.set_job_processes([ProcessRecord(job_id, pid, pid_start_time, kernel_boot_id, container_id)])[0]
+
+    def set_job_processes(self, records: Sequence[ProcessRecord]) -> list[Job]:
+        """Record several spawned processes' identities in one transaction; a row no longer RUNNING is left alone."""
         with self._tx() as conn:
-            job = self._get_in(conn, job_id)
-            if job.status is not JobStatus.RUNNING:
-                return job
-            conn.execute(
-                "UPDATE jobs SET pid = ?, pid_start_time = ?, kernel_boot_id = ?, container_id = ? WHERE job_id = ?",
-                (pid, pid_start_time, kernel_boot_id, container_id, job_id),
-            )
-            return self._get_in(conn, job_id)
+            out: list[Job] = []
+            for rec in records:
+                conn.execute(
+                    "UPDATE jobs SET pid = ?, pid_start_time = ?, kernel_boot_id = ?, container_id = ? "
+                    "WHERE job_id = ? AND status = 'running'",
+                    (rec.pid, rec.pid_start_time, rec.kernel_boot_id, rec.container_id, rec.job_id),
+                )
+                out.append(self._get_in(conn, rec.job_id))
+            return out
 
     def finalize(
         self,
         job_id: str,
-        status: JobStatus,
+        status: JobStatus | Callable[[Job], tuple[JobStatus, str | None]],
         *,
         reason: str | None = None,
         exit_code: int | None = None,
@@ -471,19 +533,35 @@ class SqliteRegistry:
     ) -> FinalizeResult:
         """End a row. A no-op on a terminal row; ``changed`` says whether anything happened.
 
+        ``status`` may be a function of the current row returning (status, reason): it is called inside the
+        transaction, so a decision that depends on the row (a cancel requested meanwhile) needs no separate read.
         ``expect_pid``: only finalize if the row still records that pid (evidence gathered before the lock
         must still be about the same process).
         """
-        if status not in TERMINAL:
-            raise ValueError(f"finalize needs a terminal status, not {status}")
         with self._tx() as conn:
             job = self._get_in(conn, job_id)
             if job.status.is_terminal:
                 return FinalizeResult(job, changed=False)
             if expect_pid is not None and job.pid != expect_pid:
                 return FinalizeResult(job, changed=False)
-            self._set_status(conn, job, status, error_reason=reason, exit_code=exit_code, ended_at=self._now())
-            return FinalizeResult(self._get_in(conn, job_id), changed=True)
+            final, why = status(job) if callable(status) else (status, reason)
+            if final not in TERMINAL:
+                raise ValueError(f"finalize needs a terminal status, not {final}")
+            ended_at = self._now()
+            self._set_status(conn, job, final, error_reason=why, exit_code=exit_code, ended_at=ended_at)
+            return FinalizeResult(
+                replace(
+                    job,
+                    status=final,
+                    error_reason=why,
+                    exit_code=exit_code,
+                    ended_at=ended_at,
+                    token_hash=None,
+                    queue_position=None,
+                ),
+                changed=True,
+                previous=job.status,
+            )
 
     def request_cancel(self, job_id: str) -> FinalizeResult:
         """Cancel a queued row at once; mark a running row ``cancel_requested``; leave a terminal row alone.

@@ -2,7 +2,8 @@
 
     root nursery (run_supervisor)
     ├── signal watcher          SIGTERM/SIGINT -> shutdown event; SIGHUP -> re-read the API token file
-    ├── job nursery             one monitor task per running job (plus prior-boot cancel reapers)
+    ├── job nursery             one monitor task per running job (its own or adopted), and the shepherd's reader
+    ├── drainer                 drains when woken (an enqueue, a job's end, a cancel), many wakes making one drain
     ├── sweeper                 startup sweep (before serving), then reconcile -> drain every sweep_interval_s
     └── HTTP server             hypercorn's trio worker serving the quart-trio app
 
@@ -142,6 +143,7 @@ async def run_supervisor(
         async with trio.open_nursery() as root:
             await root.start(_watch_signals, shutdown, api_token)
             supervisor.attach(await root.start(_run_job_nursery))
+            await root.start(supervisor.run_drainer)
             # The startup sweep runs before serving; it never waits on a job, so /api/health is not delayed.
             await root.start(run_sweeper, supervisor, config.sweep_interval_s)
             await root.start(_serve_http, supervisor, api_token, sock, shutdown, http_done)

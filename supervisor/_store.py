@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 import trio
 
 from ._model import Job, JobStatus
-from ._registry import EnqueueResult, FinalizeResult, SqliteRegistry
+from ._registry import EnqueueResult, FinalizeResult, NewJob, ProcessRecord, SqliteRegistry
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -34,24 +34,30 @@ class AsyncRegistry:
         return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), limiter=self._limiter)
 
     async def enqueue(
-        self, kind: str, params: dict[str, Any], argv: list[str], *, coalesce_key: str | None
+        self, kind: str, params: Mapping[str, Any], argv: Sequence[str], *, coalesce_key: str | None
     ) -> EnqueueResult:
         return await self._run(self.sync.enqueue, kind, params, argv, coalesce_key=coalesce_key)
 
-    async def promote_queued_if_slot(
-        self, max_concurrent: int, *, boot_id: str, token_hash: str, log_dir: Path | None
-    ) -> Job | None:
+    async def enqueue_many(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
+        return await self._run(self.sync.enqueue_many, jobs)
+
+    async def promote_queued(
+        self, max_concurrent: int, *, boot_id: str, token_hashes: Sequence[str], log_dir: Path | None
+    ) -> list[Job]:
         return await self._run(
-            self.sync.promote_queued_if_slot, max_concurrent, boot_id=boot_id, token_hash=token_hash, log_dir=log_dir
+            self.sync.promote_queued, max_concurrent, boot_id=boot_id, token_hashes=token_hashes, log_dir=log_dir
         )
 
     async def set_job_process(self, job_id: str, **identity: Any) -> Job:
         return await self._run(self.sync.set_job_process, job_id, **identity)
 
+    async def set_job_processes(self, records: Sequence[ProcessRecord]) -> list[Job]:
+        return await self._run(self.sync.set_job_processes, records)
+
     async def finalize(
         self,
         job_id: str,
-        status: JobStatus,
+        status: JobStatus | Callable[[Job], tuple[JobStatus, str | None]],
         *,
         reason: str | None = None,
         exit_code: int | None = None,

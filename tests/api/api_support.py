@@ -129,6 +129,11 @@ async def wait_for_job(sup: Supervisor, job_id: str, done: Callable[[Job], bool]
     return await poll_until(check)
 
 
+async def wait_running(sup: Supervisor, job_id: str) -> Job:
+    """Until the drainer has promoted and spawned the job (an enqueue answers 202 before the spawn)."""
+    return await wait_for_job(sup, job_id, lambda job: job.status == "running" and job.pid is not None)
+
+
 async def wait_terminal(sup: Supervisor, job_id: str) -> Job:
     return await wait_for_job(sup, job_id, lambda job: job.status.is_terminal)
 

@@ -63,6 +63,7 @@ def open_harness(nursery: trio.Nursery, tmp_path: Path, kinds_path: Path, kinds:
         try:
             sup = Supervisor(config, kinds, AsyncRegistry(registry))
             sup.attach(nursery)
+            await nursery.start(sup.run_drainer)  # what run_supervisor starts in its root nursery
             app = create_app(sup)
             async with app.test_app() as test_app:
                 try:

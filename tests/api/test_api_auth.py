@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from api_support import API_TOKEN, Harness, OpenHarness, wait_log_line
+from api_support import API_TOKEN, Harness, OpenHarness, wait_for_job, wait_log_line
 from werkzeug.routing import Rule
 
 from supervisor._app import PUBLIC_ENDPOINTS
@@ -32,7 +32,8 @@ def test_the_public_routes_are_exactly_the_probes_and_the_heartbeat() -> None:
 async def test_every_protected_route_is_401_without_the_token_and_changes_nothing(open_harness: OpenHarness) -> None:
     async with open_harness(api_token=API_TOKEN, max_concurrent=1) as authed:
         # One job holds the only slot, one waits: unpaused, so a leaked pause, cancel or enqueue would show.
-        await authed.supervisor.enqueue("sleep", {"seconds": 30})
+        holder = (await authed.supervisor.enqueue("sleep", {"seconds": 30})).job
+        await wait_for_job(authed.supervisor, holder.job_id, lambda job: job.status == "running")
         waiting = (await authed.supervisor.enqueue("tidy", {})).job
         assert waiting.status == "queued"
         await check_all_protected_routes_refuse(authed, waiting.job_id)

@@ -17,6 +17,7 @@ from api_support import (
     poll_until,
     start_tokened,
     wait_for_job,
+    wait_running,
     wait_terminal,
 )
 from prometheus_client.parser import text_string_to_metric_families
@@ -218,8 +219,9 @@ async def test_cancel_queued_then_again_is_idempotent(harness: Harness) -> None:
 
 
 async def test_cancel_running_job_stops_it(harness: Harness) -> None:
-    _, answer = await harness.json("POST", "/api/jobs", json={"kind": "sleep", "params": {"seconds": 30}})
-    assert answer["status"] == "running"
+    status, answer = await harness.json("POST", "/api/jobs", json={"kind": "sleep", "params": {"seconds": 30}})
+    assert (status, answer["status"]) == (202, "queued")  # stored; the drainer spawns it without the caller waiting
+    await wait_running(harness.supervisor, answer["job_id"])
     status, row = await harness.json("POST", f"/api/jobs/{answer['job_id']}/cancel")
     assert status == 200
     assert row["cancel_requested"] is True
@@ -244,6 +246,7 @@ async def test_pause_and_resume_drive_promotion(harness: Harness) -> None:
 
 async def test_reconcile_reports_each_running_row(harness: Harness) -> None:
     _, answer = await harness.json("POST", "/api/jobs", json={"kind": "sleep", "params": {"seconds": 30}})
+    await wait_running(harness.supervisor, answer["job_id"])
     status, report = await harness.json("POST", "/api/jobs/reconcile")
     assert status == 200
     assert report == {
@@ -258,6 +261,7 @@ async def test_operator_reconcile_marks_a_live_job_past_the_window_stale(open_ha
     # Any running job is past a one-microsecond window; only the operator route may evict it (sweeps only warn).
     async with open_harness(stale_after_s=1e-6) as harness:
         _, answer = await harness.json("POST", "/api/jobs", json={"kind": "sleep", "params": {"seconds": 30}})
+        await wait_running(harness.supervisor, answer["job_id"])
         status, report = await harness.json("POST", "/api/jobs/reconcile")
         assert status == 200
         assert report["updated"] == 1

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import trio
-from api_support import API_TOKEN, Live, MakeLive, wait_for_job, wait_terminal
+from api_support import API_TOKEN, Live, MakeLive, wait_for_job, wait_running, wait_terminal
 
 from supervisor._cli import EXIT_CONFIG, EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, main
 
@@ -55,7 +55,8 @@ async def test_enqueue_list_show_cancel(live: Live) -> None:
     ran = await cli(live.url, "enqueue", "sleep", "-p", "seconds=30", "--json")
     assert ran.code == EXIT_OK, ran.err
     job_id = ran.json()["job_id"]
-    assert ran.json()["status"] == "running"
+    assert ran.json()["status"] == "queued"  # answered once stored; the drainer spawns it
+    await wait_running(live.supervisor, job_id)
 
     table = await cli(live.url, "jobs")
     assert table.code == EXIT_OK
@@ -141,6 +142,7 @@ async def test_a_param_without_equals_is_a_usage_error(live: Live) -> None:
 
 async def test_reconcile_prints_each_running_row(live: Live) -> None:
     job_id = (await cli(live.url, "enqueue", "sleep", "-p", "seconds=30", "--json")).json()["job_id"]
+    await wait_running(live.supervisor, job_id)
     ran = await cli(live.url, "reconcile")
     assert ran.code == EXIT_OK
     lines = ran.out.splitlines()

@@ -81,6 +81,7 @@ def _maker(
         )
         if attach:
             sup.attach(job_nursery)
+            job_nursery.start_soon(sup.run_drainer)  # what run_supervisor starts in its root nursery
         supervisors.append(sup)
         return sup
 

@@ -115,6 +115,16 @@ async def wait_status(sup: Supervisor, job_id: str, statuses: Collection[JobStat
     return await poll(check, timeout_s=timeout_s)
 
 
+async def wait_running(sup: Supervisor, job_id: str, *, timeout_s: float = 20.0) -> Job:
+    """Until the drainer has promoted and spawned the job (an enqueue answers before the spawn)."""
+
+    async def check() -> Job | None:
+        job = await sup.get(job_id)
+        return job if job.status is JobStatus.RUNNING and job.pid is not None else None
+
+    return await poll(check, timeout_s=timeout_s)
+
+
 async def wait_terminal(sup: Supervisor, job_id: str, *, timeout_s: float = 20.0) -> Job:
     """Poll the registry for a terminal state, bounded (the job is a real process)."""
     return await wait_status(sup, job_id, TERMINAL, timeout_s=timeout_s)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 import trio
-from core_helpers import insert_running, wait_status, wait_terminal  # type: ignore[import-not-found]
+from core_helpers import insert_running, wait_running, wait_status, wait_terminal  # type: ignore[import-not-found]
 from structlog.testing import capture_logs
 
 from supervisor import JobNotFound, JobStatus
@@ -29,7 +29,7 @@ async def test_cancel_queued_job_ends_it_before_start(make_supervisor: Callable[
 
 async def test_cancel_running_job_sends_sigterm_and_ends_cancelled(make_supervisor: Callable[..., Supervisor]) -> None:
     sup = make_supervisor()
-    job = (await sup.enqueue("sleep", {"seconds": 60})).job
+    job = await wait_running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)
     assert (await sup.cancel(job.job_id)).cancel_requested
     ended = await wait_terminal(sup, job.job_id, timeout_s=5)
     assert (ended.status, ended.error_reason, ended.exit_code) == (JobStatus.CANCELLED, "cancelled", -15)
@@ -137,7 +137,7 @@ async def test_cancel_prior_boot_job_with_unverifiable_identity_logs_the_pid_lef
 
 async def test_a_cancelled_running_job_frees_its_slot_for_the_next(make_supervisor: Callable[..., Supervisor]) -> None:
     sup = make_supervisor(max_concurrent=1)
-    first = (await sup.enqueue("sleep", {"seconds": 60})).job
+    first = await wait_running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)
     second = (await sup.enqueue("exit", {"code": 0})).job
     assert (await sup.get(second.job_id)).status is JobStatus.QUEUED
     await sup.cancel(first.job_id)

@@ -9,8 +9,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import trio
-from core_helpers import poll, wait_idle, wait_status, wait_terminal  # type: ignore[import-not-found]
+from core_helpers import poll, wait_idle, wait_running, wait_status, wait_terminal  # type: ignore[import-not-found]
 
 from supervisor import JobStatus
 from supervisor._core import Supervisor
@@ -67,7 +68,7 @@ async def test_a_job_killed_with_sigkill_is_finalized_at_once_and_the_next_start
     make_supervisor: Callable[..., Supervisor],
 ) -> None:
     sup = make_supervisor(max_concurrent=1, sweep_interval_s=3600)
-    first = (await sup.enqueue("sleep", {"seconds": 60})).job
+    first = await wait_running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)
     second = (await sup.enqueue("sleep", {"seconds": 60})).job
     assert first.pid is not None
     os.kill(first.pid, signal.SIGKILL)
@@ -187,3 +188,62 @@ async def test_a_job_environment_never_holds_the_operator_token(make_supervisor:
     names = (await sup.read_log(job.job_id)).decode()
     assert "PODCAST_JOB_TOKEN" in names and "PODCAST_JOB_ID" in names  # its own identity and token: yes
     assert "PODCAST_JOB_API_TOKEN" not in names  # the operator's (or where to read it): never
+
+
+async def test_the_drainer_never_overshoots_under_20_concurrent_enqueuers_INV_PROMOTION_NEVER_OVERSHOOTS(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    sup = make_supervisor(max_concurrent=3)
+    ids: list[str] = []
+
+    async def enqueuer() -> None:
+        for _ in range(3):
+            ids.append((await sup.enqueue("sleep", {"seconds": 0.05})).job.job_id)
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for _ in range(20):
+                nursery.start_soon(enqueuer)
+        jobs = [await wait_terminal(sup, job_id) for job_id in ids]
+    assert len(jobs) == 60 and all(j.status is JobStatus.SUCCEEDED and j.attempts == 1 for j in jobs)
+    # Every row's [started_at, ended_at] is its slot's tenure: at no instant do more than 3 overlap.
+    edges = sorted(
+        [(j.started_at, 1) for j in jobs if j.started_at] + [(j.ended_at, -1) for j in jobs if j.ended_at],
+        key=lambda edge: (edge[0], edge[1]),  # an end before a start at the same instant
+    )
+    held = peak = 0
+    for _, delta in edges:
+        held += delta
+        peak = max(peak, held)
+    assert peak == 3
+
+
+async def test_batch_enqueue_is_validated_all_or_nothing_naming_the_element(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    from supervisor import ValidationError
+
+    sup = make_supervisor()
+    await sup.pause()
+    good = {"kind": "exit", "params": {"code": 0}}
+    for bad_batch, field in [
+        ([good, good, good, {"kind": "sleep", "params": {"seconds": "soon"}}], "jobs[3].params.seconds"),
+        ([good, {"kind": "nope"}], "jobs[1].kind"),
+        ([good, {"params": {}}], "jobs[1].kind"),
+        ([good, {"kind": "exit", "params": {"code": 0}, "priority": 1}], "jobs[1].priority"),
+        ([good, "exit"], "jobs[1]"),
+        ([], "jobs"),
+        ([good] * 1001, "jobs"),
+    ]:
+        with pytest.raises(ValidationError) as err:
+            await sup.enqueue_many(bad_batch)
+        assert err.value.field == field, bad_batch[-1]
+    assert sum((await sup.registry.counts()).values()) == 0  # nothing stored
+
+    batch = [good, {"kind": "done"}, {"kind": "done"}, {"kind": "sleep", "params": {"seconds": 1}}]
+    results = await sup.enqueue_many(batch)
+    assert [r.coalesced for r in results] == [False, False, True, False]  # the second 'done' joined the first
+    assert results[1].job.job_id == results[2].job.job_id
+    assert [r.job.kind for r in results] == ["exit", "done", "done", "sleep"]
+    jobs, _ = await sup.list_jobs()
+    assert [j.kind for j in reversed(jobs)] == ["exit", "done", "sleep"]  # stored in order

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 import trio
-from core_helpers import poll, wait_status, wait_terminal  # type: ignore[import-not-found]
+from core_helpers import poll, wait_running, wait_terminal  # type: ignore[import-not-found]
 
 from supervisor import JobStatus, RegistryError
 from supervisor._core import Supervisor
@@ -51,7 +51,7 @@ async def test_shepherd_sigkilled_jobs_end_orphaned_never_guessed_and_a_new_shep
 ) -> None:
     sup = make_supervisor(max_concurrent=2)
     jobs = [(await sup.enqueue("sleep", {"seconds": 60})).job for _ in range(2)]
-    running = [await wait_status(sup, j.job_id, {JobStatus.RUNNING}) for j in jobs]
+    running = [await wait_running(sup, j.job_id) for j in jobs]
     old_shepherd = sup.shepherd.pid
     assert old_shepherd is not None
     os.kill(old_shepherd, signal.SIGKILL)
@@ -73,7 +73,7 @@ async def test_shepherd_sigkilled_jobs_end_orphaned_never_guessed_and_a_new_shep
 async def test_the_shepherd_exits_once_idle_and_orphaned(make_supervisor: Callable[..., Supervisor]) -> None:
     sup = make_supervisor()
     job = (await sup.enqueue("sleep", {"seconds": 0.5})).job
-    running = await wait_status(sup, job.job_id, {JobStatus.RUNNING})
+    running = await wait_running(sup, job.job_id)
     start = read_start_file(JobFiles.for_job(running, sup.log_dir).pid)
     assert start is not None and start.shepherd is not None
     shepherd = start.shepherd
@@ -100,8 +100,13 @@ async def test_a_boot_killed_between_spawn_and_recording_the_pid_is_adopted_not_
     async def lost(*args: object, **kwargs: object) -> None:
         raise RegistryError("the supervisor died before it recorded the pid")
 
-    monkeypatch.setattr(old.registry, "set_job_process", lost)
+    monkeypatch.setattr(old.registry, "set_job_processes", lost)
     job = (await old.enqueue("sleep", {"seconds": 60})).job
+
+    async def started() -> bool | None:  # promoted and spawned, its pid never recorded
+        return True if job.job_id in old._running and old._running[job.job_id].pid else None
+
+    await poll(started)
     row = await old.get(job.job_id)
     assert (row.status, row.pid) == (JobStatus.RUNNING, None)
 
