@@ -41,6 +41,7 @@ from ._feed_values import (
     same_location,
 )
 from ._feed_xml import (
+    MAX_ITEMS,
     EncodingError,
     HostileError,
     MalformedError,
@@ -90,13 +91,15 @@ def parse_feed(feed_url: str, document: bytes, *, base_url: str | None = None) -
     except MalformedError as exc:
         raise FeedParseError(feed_url, f"malformed XML: {exc}") from exc
     except EncodingError as exc:
-        raise FeedParseError(feed_url, f"unknown encoding {exc}") from exc
+        raise FeedParseError(feed_url, str(exc)) from exc
     except NotAFeedError as exc:
         raise FeedParseError(feed_url, f"not an RSS or Atom feed (root element <{exc.root}>)") from exc
     return _build(feed_url, base, raw)
 
 
 def _build(feed_url: str, base: str, raw: RawFeed) -> Feed:
+    if raw.truncated:
+        log.warning("feed %s: more than %d items; only the first %d are read", feed_url, MAX_ITEMS, MAX_ITEMS)
     channel_link = raw.text.get("link", "")
     candidates = [_candidate(feed_url, item) for item in raw.items]
     episodes = [c for c in candidates if c is not None]
@@ -175,25 +178,21 @@ def choose_enclosure(enclosures: list[RawEnclosure]) -> tuple[RawEnclosure, str]
 
 def _assign_identities(candidates: list[_Candidate], channel_link: str) -> list[Episode]:
     """Give every guid-less episode its derived identity (see the module docstring)."""
-    guidless = [c for c in candidates if not c.episode.guid]
-    links = Counter(c.link for c in guidless if c.link)
-    with_query: dict[str, set[str]] = {}  # identity without the query -> the identities with it
-    for c in guidless:
-        url = c.episode.enclosure_url
-        with_query.setdefault(enclosure_identity(url, keep_query=False), set()).add(
-            enclosure_identity(url, keep_query=True)
-        )
+    links = Counter(c.link for c in candidates if c.link and not c.episode.guid)
+    split = [None if c.episode.guid else enclosure_identity(c.episode.enclosure_url) for c in candidates]
+    queries: dict[str, set[str]] = {}  # identity without the query -> the queries seen with it
+    for path, query in filter(None, split):
+        queries.setdefault(path, set()).add(query)
     result: list[Episode] = []
-    for c in candidates:
+    for c, identity_parts in zip(candidates, split, strict=True):
         episode = c.episode
-        if episode.guid:
+        if identity_parts is None:
             result.append(episode)
         elif c.link and links[c.link] == 1 and not (channel_link and same_location(c.link, channel_link)):
             result.append(dataclasses.replace(episode, guid=c.link, guid_source="link"))
         else:
-            path = enclosure_identity(episode.enclosure_url, keep_query=False)
+            path, query = identity_parts
             # Two items whose files differ only in the query: then the query is what names the file.
-            keep_query = len(with_query[path]) > 1
-            identity = enclosure_identity(episode.enclosure_url, keep_query=keep_query)
+            identity = f"{path}?{query}" if query and len(queries[path]) > 1 else path
             result.append(dataclasses.replace(episode, guid=identity, guid_source="enclosure"))
     return result

@@ -292,18 +292,19 @@ _NOT_TLDS: Final = frozenset(
 )
 
 
-def enclosure_identity(url: str, *, keep_query: bool) -> str:
-    """The stable part of an enclosure URL: host (without ``www.``) and path, after tracking prefixes.
+def enclosure_identity(url: str) -> tuple[str, str]:
+    """The stable part of an enclosure URL, as (host without ``www.`` + path after tracking prefixes, query).
 
-    Scheme, fragment and (unless ``keep_query``) the query are left out, so a feed that adds a
-    measurement prefix, switches to https or appends a cache-buster keeps its episodes' identity.
-    A new host is a new identity: with nothing else to go on, two hosts may serve different files.
+    Scheme and fragment are left out, and the caller adds the query only when it is needed to tell
+    two files apart, so a feed that adds a measurement prefix, switches to https or appends a
+    cache-buster keeps its episodes' identity. A new host is a new identity: with nothing else to go
+    on, two hosts may serve different files.
     """
     try:
         parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
     except ValueError:
-        return url
-    host = (parts.hostname or "").lower()
+        return url, ""
     segments = parts.path.split("/")
     # Strip nested prefixes: a segment (not the last) that looks like a host starts the real location.
     index = 1
@@ -315,7 +316,4 @@ def enclosure_identity(url: str, *, keep_query: bool) -> str:
             index = 1
             continue
         index += 1
-    identity = host.removeprefix("www.") + "/".join(segments)
-    if keep_query and parts.query:
-        identity += "?" + parts.query
-    return identity
+    return host.removeprefix("www.") + "/".join(segments), parts.query

@@ -66,6 +66,7 @@ class RawFeed:
     root: str  # "rss", "rdf:rdf", "atom:feed" or "redirect"
     text: dict[str, str] = dataclasses.field(default_factory=dict)  # title, link, moved_to
     items: list[RawItem] = dataclasses.field(default_factory=list)
+    truncated: bool = False  # MAX_ITEMS items were read and the rest of the document was not
 
 
 class NotAFeedError(Exception):
@@ -80,12 +81,16 @@ class MalformedError(Exception):
     """The document is not well-formed XML, even after the repair pass."""
 
 
+class _TooDeepError(Exception):
+    """Raised inside the parse at an element nested deeper than MAX_DEPTH."""
+
+
 class HostileError(Exception):
-    """The document carries a DTD, an entity declaration or an external reference (INV-FEED-DEFUSED)."""
+    """A DTD, an entity declaration or an external reference (INV-FEED-DEFUSED), or absurd nesting."""
 
 
 class EncodingError(Exception):
-    """The declared encoding is unknown to Python."""
+    """The declared encoding is unknown to Python (or to expat); the message is the reason."""
 
 
 # -- names ------------------------------------------------------------------------------------------
@@ -137,6 +142,18 @@ _ROOTS: Final = frozenset({"rss", "rdf:rdf", "atom:feed", "redirect"})
 _CHANNELS: Final = frozenset({"channel", "atom:feed"})
 _ITEM_PARENTS: Final = {"item": frozenset({"channel", "rdf:rdf"}), "atom:entry": frozenset({"atom:feed"})}
 
+# Bounds on what one document can make the reader keep (the feed size cap bounds the bytes, these the
+# objects): 20 MB of minimal items would otherwise be ~400,000 episodes and seconds of work. Feeds list
+# newest first, so the first items are the ones kept. A real podcast's media alternatives fit in 32.
+MAX_ITEMS: Final = 25_000
+MAX_ENCLOSURES_PER_ITEM: Final = 32
+# Feeds nest a dozen levels (XHTML content a few more); 20 MB of nested elements would cost seconds.
+MAX_DEPTH: Final = 512
+
+
+class _Enough(Exception):
+    """Raised inside the parse once MAX_ITEMS items are read; the rest of the document is not read."""
+
 
 class _Reader(xml.sax.handler.ContentHandler):
     """SAX handler: keeps a stack of element names, xml:base values and prefix scopes, and the fields."""
@@ -146,8 +163,10 @@ class _Reader(xml.sax.handler.ContentHandler):
         self.feed: RawFeed | None = None
         self._names: list[str] = []
         self._bases: list[str | None] = [base_url]
-        self._scopes: list[dict[str, str]] = [{}]
-        self._scope_depths: list[int] = []
+        # Prefix -> namespace names, innermost last; and per element depth, the prefixes it declared.
+        # Stacks, not a copied dict per scope: deep nesting with declarations stays linear.
+        self._prefixes: dict[str, list[str]] = {}
+        self._declared: list[tuple[int, list[str]]] = []
         self._cache: dict[str, str] = {}
         self._item: RawItem | None = None
         self._item_depth = -1
@@ -159,19 +178,24 @@ class _Reader(xml.sax.handler.ContentHandler):
     # -- names
 
     def _push_scope(self, depth: int, declarations: dict[str, str]) -> None:
-        scope = dict(self._scopes[-1])
         for prefix, uri in declarations.items():
-            scope[prefix] = _namespace_name(uri, prefix)
-        self._scopes.append(scope)
-        self._scope_depths.append(depth)
+            self._prefixes.setdefault(prefix, []).append(_namespace_name(uri, prefix))
+        self._declared.append((depth, list(declarations)))
         self._cache.clear()
+
+    def _pop_scope(self, depth: int) -> None:
+        if self._declared and self._declared[-1][0] == depth:
+            for prefix in self._declared.pop()[1]:
+                self._prefixes[prefix].pop()
+            self._cache.clear()
 
     def _canonical(self, raw: str) -> str:
         name = self._cache.get(raw)
         if name is None:
             prefix, _, local = raw.rpartition(":")
             # An undeclared prefix keeps its own name: that is how "itunes:" without xmlns is read.
-            namespace = self._scopes[-1].get(prefix, prefix)
+            bound = self._prefixes.get(prefix)
+            namespace = bound[-1] if bound else prefix
             name = f"{namespace}:{local}".lower() if namespace else local.lower()
             self._cache[raw] = name
         return name
@@ -180,6 +204,8 @@ class _Reader(xml.sax.handler.ContentHandler):
 
     def startElement(self, name: str, attrs: xml.sax.xmlreader.AttributesImpl) -> None:
         depth = len(self._names)
+        if depth >= MAX_DEPTH:
+            raise _TooDeepError
         if attrs:
             declarations = {
                 key[6:] if key.startswith("xmlns:") else "": value
@@ -205,7 +231,7 @@ class _Reader(xml.sax.handler.ContentHandler):
             if relative == 1:
                 self._item_child(item, canonical, attrs, base, depth)
             elif relative == 2 and canonical == "media:content" and parent == "media:group":
-                item.enclosures.append(_media_content(attrs, base))
+                self._add_enclosure(item, _media_content(attrs, base))
             return
         parents = _ITEM_PARENTS.get(canonical)
         if parents is not None and parent in parents:
@@ -237,17 +263,23 @@ class _Reader(xml.sax.handler.ContentHandler):
         if field is not None:
             self._start_capture(item.text, field, depth)
         elif name == "enclosure":
-            item.enclosures.append(RawEnclosure(url=resolve_url(base, attrs.get("url")), type=attrs.get("type")))
+            self._add_enclosure(item, RawEnclosure(url=resolve_url(base, attrs.get("url")), type=attrs.get("type")))
         elif name == "media:content":
-            item.enclosures.append(_media_content(attrs, base))
+            self._add_enclosure(item, _media_content(attrs, base))
         elif name == "atom:link":
             rel = (attrs.get("rel") or "alternate").strip().lower()
             if rel == "enclosure":
-                item.enclosures.append(RawEnclosure(url=resolve_url(base, attrs.get("href")), type=attrs.get("type")))
+                enclosure = RawEnclosure(url=resolve_url(base, attrs.get("href")), type=attrs.get("type"))
+                self._add_enclosure(item, enclosure)
             elif rel == "alternate" and "link" not in item.text:
                 url = resolve_url(base, attrs.get("href"))
                 if url is not None:
                     item.text["link"] = url
+
+    @staticmethod
+    def _add_enclosure(item: RawItem, enclosure: RawEnclosure) -> None:
+        if len(item.enclosures) < MAX_ENCLOSURES_PER_ITEM:
+            item.enclosures.append(enclosure)
 
     def _start_capture(self, target: dict[str, str], field: str, depth: int) -> None:
         if target.get(field, "").strip():
@@ -273,12 +305,12 @@ class _Reader(xml.sax.handler.ContentHandler):
             assert self.feed is not None
             self.feed.items.append(self._item)
             self._item = None
+            if len(self.feed.items) >= MAX_ITEMS:
+                self.feed.truncated = True
+                raise _Enough
         self._names.pop()
         self._bases.pop()
-        if self._scope_depths and self._scope_depths[-1] == depth:
-            self._scope_depths.pop()
-            self._scopes.pop()
-            self._cache.clear()
+        self._pop_scope(depth)
 
 
 def _media_content(attrs: xml.sax.xmlreader.AttributesImpl, base: str | None) -> RawEnclosure:
@@ -316,7 +348,7 @@ def to_utf8(document: bytes) -> bytes:
     try:
         codecs.lookup(encoding)
     except LookupError as exc:
-        raise EncodingError(declared) from exc
+        raise EncodingError(f"unknown encoding: {declared}") from exc
     return _redeclare(data.decode(encoding, errors="replace"))
 
 
@@ -377,12 +409,24 @@ def _parse_once(data: bytes, base_url: str | None) -> RawFeed:
     source.setByteStream(io.BytesIO(data))
     try:
         parser.parse(source)
+    except _Enough:
+        pass
+    except _TooDeepError as exc:
+        raise HostileError(f"elements nested deeper than {MAX_DEPTH} levels are refused") from exc
     except defusedxml.DTDForbidden as exc:
         raise HostileError("document type declarations are refused") from exc
     except defusedxml.EntitiesForbidden as exc:
         raise HostileError("entity declarations are refused") from exc
     except defusedxml.DefusedXmlException as exc:
         raise HostileError(f"{type(exc).__name__}: {exc}") from exc
+    except LookupError as exc:
+        # A declaration the pre-pass did not recognise (damaged, odd quoting) reaches expat, which asks
+        # Python's codecs and gets "unknown encoding".
+        raise EncodingError(str(exc)) from exc
+    except ValueError as exc:
+        if "encoding" not in str(exc):  # "multi-byte encodings are not supported"; anything else is a bug
+            raise
+        raise EncodingError(str(exc)) from exc
     assert reader.feed is not None  # expat reports a document without a root element as malformed
     return reader.feed
 
