@@ -31,6 +31,7 @@ test: lint typecheck pytest
 
 bench: $(STAMP)
 	$(PY) bench/run.py
+	$(PY) bench/feeds.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,30 +1,72 @@
-"""RSS parsing with defusedxml: malformed or hostile XML fails that feed with a clear reason."""
+"""Feeds to episodes: RSS 2.0, RSS 1.0 and Atom, read as podcast apps read them. See docs/adr/0003-feed-parsing.md.
+
+``parse_feed`` is CPU-bound and runs off the event loop. The XML layer (``_feed_xml``) is defused
+and tolerant; this module decides what is an episode, which of its media is the episode's audio,
+and what identifies it across runs.
+
+Identity (the corpus key is ``sha256(identity)[:32]``), in order, the first that applies:
+
+1. ``guid`` -- the item's ``<guid>`` (Atom: ``<id>``), as written. A GUID is trusted even when the
+   enclosure's host, path or tracking prefix changes.
+2. ``link`` -- for an item without one, its ``<link>``, when no other item of the feed has the same
+   link and it is not the channel's own link (many feeds point every item at the show's homepage).
+3. ``enclosure`` -- else its chosen enclosure URL reduced to host and path: no scheme, no ``www.``,
+   tracking prefixes (``dts.podtrac.com/redirect.mp3/``, ``chtbl.com/track/<id>/``, ...) removed, and
+   the query dropped unless two items of the feed differ only in it (``download?id=1``/``?id=2``).
+
+Title plus date is deliberately not an identity: every episode has an enclosure, so step 3 always
+applies, and titles are edited after publication far more often than files move.
+
+Within one feed, items with the same identity are one episode: the first in document order.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
-from xml.etree.ElementTree import Element, ParseError
-
-import defusedxml
-import defusedxml.ElementTree
+from collections import Counter
+from typing import Final, Literal
 
 from ._errors import FeedParseError
+from ._feed_values import (
+    OCTET_STREAM,
+    clean_title,
+    declared_type,
+    enclosure_identity,
+    file_name,
+    guess_type,
+    media_class,
+    parse_duration_s,
+    parse_published,
+    same_location,
+)
+from ._feed_xml import (
+    MAX_ITEMS,
+    EncodingError,
+    HostileError,
+    MalformedError,
+    NotAFeedError,
+    RawEnclosure,
+    RawFeed,
+    RawItem,
+    read_feed,
+)
 
 log = logging.getLogger(__name__)
 
-_ITUNES_NS = "{http://www.itunes.com/dtds/podcast-1.0.dtd}"
+IdentitySource = Literal["guid", "link", "enclosure"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Episode:
     feed_url: str
-    guid: str
+    guid: str  # the identity: the item's GUID, or the derived identity named by ``guid_source``
     title: str
     enclosure_url: str
-    enclosure_type: str | None
+    enclosure_type: str  # as declared, else guessed from the file extension, else application/octet-stream
     duration_s: float | None
+    guid_source: IdentitySource = "guid"
+    published: str | None = None  # ISO 8601 UTC
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -32,72 +74,125 @@ class Feed:
     url: str
     title: str
     episodes: tuple[Episode, ...]
+    moved_to: str | None = None  # <redirect><newLocation> or itunes:new-feed-url, when it names another URL
 
 
-def parse_feed(feed_url: str, document: bytes) -> Feed:
-    """Parse an RSS 2.0 document. CPU-bound; callers run it off the event loop.
+def parse_feed(feed_url: str, document: bytes, *, base_url: str | None = None) -> Feed:
+    """Parse a feed document fetched from ``feed_url``.
 
-    DTDs are refused outright (``forbid_dtd``): a podcast feed has no use for one and it is the door
-    for entity-expansion and external-entity attacks.
+    ``base_url`` is where the document really came from (the URL after HTTP redirects); relative
+    URLs without an ``xml:base`` resolve against it. Raises ``FeedParseError`` naming what is wrong.
     """
+    base = base_url or feed_url
     try:
-        root = defusedxml.ElementTree.fromstring(document, forbid_dtd=True)
-    except defusedxml.DTDForbidden as exc:
-        raise FeedParseError(feed_url, "hostile XML: document type declarations are refused") from exc
-    except defusedxml.EntitiesForbidden as exc:
-        raise FeedParseError(feed_url, "hostile XML: entity declarations are refused") from exc
-    except defusedxml.DefusedXmlException as exc:
+        raw = read_feed(document, base)
+    except HostileError as exc:
         raise FeedParseError(feed_url, f"hostile XML: {exc}") from exc
-    except ParseError as exc:
+    except MalformedError as exc:
         raise FeedParseError(feed_url, f"malformed XML: {exc}") from exc
-    channel = root.find("channel")
-    if root.tag != "rss" or channel is None:
-        raise FeedParseError(feed_url, f"not an RSS document (root element <{root.tag}>)")
-    episodes: list[Episode] = []
+    except EncodingError as exc:
+        raise FeedParseError(feed_url, str(exc)) from exc
+    except NotAFeedError as exc:
+        raise FeedParseError(feed_url, f"not an RSS or Atom feed (root element <{exc.root}>)") from exc
+    return _build(feed_url, base, raw)
+
+
+def _build(feed_url: str, base: str, raw: RawFeed) -> Feed:
+    if raw.truncated:
+        log.warning("feed %s: more than %d items; only the first %d are read", feed_url, MAX_ITEMS, MAX_ITEMS)
+    channel_link = raw.text.get("link", "")
+    candidates = [_candidate(feed_url, item) for item in raw.items]
+    episodes = [c for c in candidates if c is not None]
+    if len(episodes) < len(raw.items):
+        log.info("feed %s: %d items without usable audio or video", feed_url, len(raw.items) - len(episodes))
+    identified = _assign_identities(episodes, channel_link)
+    unique: list[Episode] = []
     seen: set[str] = set()
-    for item in channel.findall("item"):
-        episode = _parse_item(feed_url, item)
-        if episode is None or episode.guid in seen:
+    for episode in identified:
+        if episode.guid in seen:
+            log.info("feed %s: duplicate item %r (%s); the first one is kept", feed_url, episode.guid, episode.title)
             continue
         seen.add(episode.guid)
-        episodes.append(episode)
-    return Feed(url=feed_url, title=_text(channel, "title") or feed_url, episodes=tuple(episodes))
-
-
-def _parse_item(feed_url: str, item: Element) -> Episode | None:
-    enclosure = item.find("enclosure")
-    url = enclosure.get("url") if enclosure is not None else None
-    if enclosure is None or not url or not url.startswith(("http://", "https://")):
-        log.info("feed %s: item %r has no usable enclosure; not an episode", feed_url, _text(item, "title"))
-        return None
-    # RSS allows items without a GUID; the enclosure URL is then the most stable identity there is.
-    guid = _text(item, "guid") or url
-    return Episode(
-        feed_url=feed_url,
-        guid=guid,
-        title=_text(item, "title") or guid,
-        enclosure_url=url,
-        enclosure_type=enclosure.get("type"),
-        duration_s=parse_duration_s(_text(item, f"{_ITUNES_NS}duration")),
+        unique.append(episode)
+    moved_to = raw.text.get("moved_to") or None
+    if moved_to is not None and (same_location(moved_to, feed_url) or same_location(moved_to, base)):
+        moved_to = None  # many feeds name themselves in itunes:new-feed-url
+    return Feed(
+        url=feed_url,
+        title=clean_title(raw.text.get("title")) or feed_url,
+        episodes=tuple(unique),
+        moved_to=moved_to,
     )
 
 
-def _text(element: Element, tag: str) -> str:
-    found = element.find(tag)
-    return (found.text or "").strip() if found is not None else ""
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Candidate:
+    episode: Episode  # guid is "" until identities are assigned
+    link: str
 
 
-def parse_duration_s(raw: str) -> float | None:
-    """``itunes:duration`` as seconds: ``SS``, ``MM:SS`` or ``HH:MM:SS``; None when absent or garbage."""
-    if not raw:
+def _candidate(feed_url: str, item: RawItem) -> _Candidate | None:
+    chosen = choose_enclosure(item.enclosures)
+    if chosen is None:
         return None
-    try:
-        parts = [float(p) for p in raw.split(":")]
-    except ValueError:
-        return None
-    if not 1 <= len(parts) <= 3 or any(p < 0 or not math.isfinite(p) for p in parts):
-        return None
-    seconds = 0.0
-    for part in parts:
-        seconds = seconds * 60 + part
-    return seconds
+    enclosure, media_type = chosen
+    assert enclosure.url is not None
+    title = clean_title(item.text.get("title")) or file_name(enclosure.url) or enclosure.url
+    duration = parse_duration_s(item.text.get("duration"))
+    if duration is None:
+        duration = parse_duration_s(enclosure.duration)
+    published = parse_published(item.text.get("published")) or parse_published(item.text.get("updated"))
+    episode = Episode(
+        feed_url=feed_url,
+        guid=item.text.get("guid", "").strip(),
+        title=title,
+        enclosure_url=enclosure.url,
+        enclosure_type=media_type,
+        duration_s=duration,
+        published=published,
+    )
+    return _Candidate(episode=episode, link=item.text.get("link", "").strip())
+
+
+# Audio first, then video, then a file of unknown type (a podcast's "download.php?id=3"). Never an image.
+_PREFERENCE: Final = {"audio": 0, "video": 1, "unknown": 2}
+
+
+def choose_enclosure(enclosures: list[RawEnclosure]) -> tuple[RawEnclosure, str] | None:
+    """The item's episode media and its type: the best class, then ``isDefault``, then document order."""
+    best: tuple[int, int, int] | None = None
+    chosen: tuple[RawEnclosure, str] | None = None
+    for position, enclosure in enumerate(enclosures):
+        if enclosure.url is None:
+            continue
+        media_type = declared_type(enclosure.type) or guess_type(enclosure.url)
+        rank = _PREFERENCE.get(media_class(media_type, enclosure.medium))
+        if rank is None:
+            continue
+        key = (rank, 0 if enclosure.is_default else 1, position)
+        if best is None or key < best:
+            best = key
+            chosen = (enclosure, media_type or OCTET_STREAM)
+    return chosen
+
+
+def _assign_identities(candidates: list[_Candidate], channel_link: str) -> list[Episode]:
+    """Give every guid-less episode its derived identity (see the module docstring)."""
+    links = Counter(c.link for c in candidates if c.link and not c.episode.guid)
+    split = [None if c.episode.guid else enclosure_identity(c.episode.enclosure_url) for c in candidates]
+    queries: dict[str, set[str]] = {}  # identity without the query -> the queries seen with it
+    for path, query in filter(None, split):
+        queries.setdefault(path, set()).add(query)
+    result: list[Episode] = []
+    for c, identity_parts in zip(candidates, split, strict=True):
+        episode = c.episode
+        if identity_parts is None:
+            result.append(episode)
+        elif c.link and links[c.link] == 1 and not (channel_link and same_location(c.link, channel_link)):
+            result.append(dataclasses.replace(episode, guid=c.link, guid_source="link"))
+        else:
+            path, query = identity_parts
+            # Two items whose files differ only in the query: then the query is what names the file.
+            identity = f"{path}?{query}" if query and len(queries[path]) > 1 else path
+            result.append(dataclasses.replace(episode, guid=identity, guid_source="enclosure"))
+    return result

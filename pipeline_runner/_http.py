@@ -8,6 +8,7 @@ episode budget (a cancel scope, see ``_run``) is what bounds that.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import AsyncGenerator
@@ -43,6 +44,12 @@ def _declared_length(response: httpx.Response) -> int | None:
         return None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class FeedDocument:
+    body: bytes
+    final_url: str  # relative URLs in the document resolve against this, not the URL asked for
+
+
 class HttpSources:
     """The network side of one run. Each method raises only its own error from ``_errors``."""
 
@@ -50,7 +57,8 @@ class HttpSources:
         self._client = client
         self._timeout = timeouts.as_httpx()
 
-    async def fetch_feed(self, url: str, *, max_bytes: int) -> bytes:
+    async def fetch_feed(self, url: str, *, max_bytes: int) -> FeedDocument:
+        """The feed's bytes, and the URL they finally came from (after HTTP redirects)."""
         try:
             async with self._client.stream("GET", url, timeout=self._timeout) as response:
                 if response.status_code != 200:
@@ -63,7 +71,7 @@ class HttpSources:
                     body += chunk
                     if len(body) > max_bytes:
                         raise FeedFetchError(url, f"body over the {max_bytes}-byte limit")
-                return bytes(body)
+                return FeedDocument(body=bytes(body), final_url=str(response.url))
         except httpx.TimeoutException as exc:
             raise FeedFetchError(url, f"transport timeout ({type(exc).__name__})") from exc
         except (httpx.HTTPError, httpx.InvalidURL) as exc:

@@ -19,6 +19,7 @@ workers nursery -- "graceful shutdown is a deadline on the owning scope".
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -42,7 +43,8 @@ from ._exit_codes import (
     EXIT_OK,
     EXIT_TIME_BUDGET_EXHAUSTED,
 )
-from ._feed import Episode, parse_feed
+from ._feed import Episode, Feed, parse_feed
+from ._feed_values import same_location
 from ._heartbeat import Heartbeat
 from ._http import HttpSources, open_client
 
@@ -69,6 +71,8 @@ EXIT_CODE_FOR_REASON: Final[dict[str, int]] = {
 # When the feed does not say how long an episode is, model it from its size at 128 kbit/s.
 _ASSUMED_BYTES_PER_AUDIO_SECOND: Final = Decimal(16_000)
 _MAX_LISTED_FAILURES: Final = 200
+# A feed that declares a move is followed to its new address this many times per run at most.
+MAX_FEED_MOVES: Final = 3
 
 
 class StopSignal:
@@ -140,6 +144,7 @@ class PipelineRun:
         self.planned = 0
         self.feeds_ok = 0
         self.feeds_failed: list[dict[str, str]] = []
+        self.feeds_moved: list[dict[str, str]] = []
         self.failures: list[dict[str, Any]] = []
         self.poisoned: list[dict[str, Any]] = []
         self.in_flight: dict[str, Episode] = {}
@@ -228,10 +233,10 @@ class PipelineRun:
         keys: set[str] = set()
         for url in self.config.feeds:
             try:
-                # A feed served one byte at a time beats every read timeout; the episode budget bounds it.
+                # A feed served one byte at a time beats every read timeout; the episode budget bounds it
+                # (one budget for the feed, its moves included).
                 with trio.fail_after(self.config.episode_budget_s):
-                    document = await self._sources.fetch_feed(url, max_bytes=self.config.max_feed_bytes)
-                feed = await _fs.run_blocking(parse_feed, url, document)
+                    feed = await self._read_feed(url)
             except trio.TooSlowError:
                 self._feed_failed(FeedFetchError(url, f"over the {self.config.episode_budget_s} s budget"))
                 continue
@@ -247,6 +252,42 @@ class PipelineRun:
         if self.config.max_episodes is not None:
             plan = plan[: self.config.max_episodes]
         return plan
+
+    async def _read_feed(self, url: str) -> Feed:
+        """Fetch and parse one configured feed, following the moves it declares (at most MAX_FEED_MOVES).
+
+        Each move is reported (``feed_moved``) so that an operator can update the job's feed URL. A
+        move back to an address already read this run ends the chain there. When the new address fails,
+        the old document's episodes are used if it has any; otherwise the feed fails, naming the move.
+        """
+        feed = await self._fetch_and_parse(url)
+        visited = [url]
+        while feed.moved_to is not None:
+            target = feed.moved_to
+            if any(same_location(target, seen) for seen in visited):
+                log.warning("feed %s: %s moves back to %s; staying at %s", url, feed.url, target, feed.url)
+                break
+            if len(visited) > MAX_FEED_MOVES:
+                if feed.episodes:
+                    log.warning("feed %s: moved %d times; not following %s this run", url, MAX_FEED_MOVES, target)
+                    break
+                raise FeedFetchError(url, f"moved more than {MAX_FEED_MOVES} times (last to {target})")
+            self.feeds_moved.append({"feed_url": url, "from_url": feed.url, "to_url": target})
+            self.events.emit("feed_moved", feed_url=url, from_url=feed.url, to_url=target)
+            visited.append(target)
+            try:
+                moved = await self._fetch_and_parse(target)
+            except FeedError as exc:
+                if not feed.episodes:
+                    raise type(exc)(url, f"moved to {target}: {exc.reason}") from exc
+                log.warning("feed %s: its new address failed (%s); using the episodes of %s", url, exc, feed.url)
+                break
+            feed = moved
+        return feed
+
+    async def _fetch_and_parse(self, url: str) -> Feed:
+        document = await self._sources.fetch_feed(url, max_bytes=self.config.max_feed_bytes)
+        return await _fs.run_blocking(functools.partial(parse_feed, url, document.body, base_url=document.final_url))
 
     def _feed_failed(self, exc: FeedError) -> None:
         log.warning("%s", exc)
@@ -342,11 +383,13 @@ class PipelineRun:
             )
             meta: dict[str, Any] = {
                 "guid": episode.guid,
+                "guid_source": episode.guid_source,
                 "feed_url": episode.feed_url,
                 "title": episode.title,
                 "enclosure_url": episode.enclosure_url,
                 "enclosure_type": episode.enclosure_type,
                 "duration_s": episode.duration_s,
+                "published": episode.published,
                 "audio_bytes": audio_bytes,
                 "cost_usd": None,
                 "job_id": self.config.job_id,
@@ -418,7 +461,7 @@ class PipelineRun:
             spend_usd=self.ledger.spent_usd,
             extra={
                 "planned": self.planned,
-                "feeds": {"ok": self.feeds_ok, "failed": self.feeds_failed},
+                "feeds": {"ok": self.feeds_ok, "failed": self.feeds_failed, "moved": self.feeds_moved},
                 "failures": self.failures,
                 "poisoned": self.poisoned,
             },

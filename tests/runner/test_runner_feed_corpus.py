@@ -27,13 +27,14 @@ def test_parse_feed_reads_episodes_in_order() -> None:
     assert feed.title == "Test feed"
 
 
-def test_items_without_enclosure_are_not_episodes_and_missing_guid_uses_url() -> None:
+def test_items_without_enclosure_are_not_episodes_and_missing_guid_uses_the_enclosure() -> None:
     doc = (
         b'<rss version="2.0"><channel><title>t</title><item><title>text only</title></item>'
         b'<item><enclosure url="http://h/x.mp3"/></item></channel></rss>'
     )
     [episode] = parse_feed("u", doc).episodes
-    assert episode.guid == "http://h/x.mp3"
+    # The derived identity of a guid-less item (ADR 0003): host and path of the enclosure, no scheme.
+    assert (episode.guid, episode.guid_source) == ("h/x.mp3", "enclosure")
 
 
 @pytest.mark.parametrize(
@@ -42,7 +43,7 @@ def test_items_without_enclosure_are_not_episodes_and_missing_guid_uses_url() ->
         (MALFORMED_XML, "malformed XML"),
         (BILLION_LAUGHS, "hostile XML"),
         (EXTERNAL_ENTITY, "hostile XML"),
-        (b"<feed xmlns='http://www.w3.org/2005/Atom'/>", "not an RSS document"),
+        (b"<html><body>Moved</body></html>", "not an RSS or Atom feed (root element <html>)"),
         (b"", "malformed XML"),
     ],
 )
