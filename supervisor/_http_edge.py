@@ -1,4 +1,5 @@
-"""The HTTP/1.1 edge: how a connection ends. A small subclass of hypercorn's h11 protocol, installed by ``_server``.
+"""The HTTP/1.1 edge: how a connection ends. Subclasses of hypercorn's h11 protocol and trio connection task,
+installed by ``_server``.
 
 Why it exists (hypercorn 0.18, trio worker, with quart-trio). hypercorn does its per-connection bookkeeping inside
 the app's own ``send()`` call: the ASGI message that ends a response makes the protocol close the request stream
@@ -27,11 +28,17 @@ Also here, for the same edge:
 - the cleartext HTTP/2 upgrade (``Upgrade: h2c``, or the HTTP/2 preface) is not taken: every connection stays on
   this protocol, so these rules cover every connection. (No client of this API speaks HTTP/2; TLS is terminated by
   a reverse proxy, if any.)
+- when the client closes, the keep-alive timer stops, so the server closes its side at once (not after
+  ``keep_alive_timeout``, the socket in CLOSE-WAIT meanwhile);
+- in the connection task (``EdgeTCPServer``): a write can be cancelled, and a cut write closes the connection, so a
+  client that reads nothing cannot hold a request, or a graceful stop, forever; closing a socket is shielded.
 
-hypercorn picks its HTTP/1.1 protocol class by name in ``hypercorn.protocol`` for each connection; ``install()``
-points that name at this subclass. It touches private hypercorn methods (``_send_error_response``,
-``_check_protocol``, ``_send_h11_event``); ``constraints.txt`` pins hypercorn and ``tests/api/test_http_edge.py``
-exercises each case over a raw socket, so an upgrade that changes them fails there.
+hypercorn looks both classes up by name (``hypercorn.protocol.H11Protocol`` for each connection,
+``hypercorn.trio.run.TCPServer`` when it starts serving); ``install()`` points those names at the subclasses, for
+the whole process (the asyncio worker, which this project does not use, would break on their trio calls). They
+touch private hypercorn members (``_send_error_response``, ``_check_protocol``, ``_send_h11_event``, ``_close``,
+``stream``, ``send_lock``); ``constraints.txt`` pins hypercorn and ``tests/api/test_http_edge.py`` exercises each
+case over a raw socket, so an upgrade that changes them fails there.
 """
 
 from __future__ import annotations

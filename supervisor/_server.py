@@ -112,7 +112,8 @@ async def _serve_http(
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
     # How connections end (close after Connection: close / HTTP/1.0 / early answers, keep-alive timeout, the error
-    # format of the protocol's own 400/431) is fixed in _http_edge: see its docstring for hypercorn's defect.
+    # format of the protocol's own 400/431/501, writes to clients that stop reading) is fixed in _http_edge: see its
+    # docstring for hypercorn's defects.
     _http_edge.install()
     hconfig = HypercornConfig()
     hconfig.graceful_timeout = GRACEFUL_TIMEOUT_S
