@@ -44,6 +44,8 @@ log = get_logger()
 MAX_BODY_BYTES = 64 * 1024
 # A client that opens a body and never finishes it must not hold a request task for long.
 BODY_TIMEOUT_S = 10
+# Nor one that stops reading an answer: a response not written within this is cut and its connection closed.
+RESPONSE_TIMEOUT_S = 60
 DEFAULT_LIST_LIMIT = 100
 
 # Routes reachable without the API token: probes (health, metrics) and the job's own heartbeat, which
@@ -156,6 +158,7 @@ def create_app(supervisor: Supervisor, api_token: ApiToken | None = None) -> Qua
     app = QuartTrio(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.config["BODY_TIMEOUT"] = BODY_TIMEOUT_S
+    app.config["RESPONSE_TIMEOUT"] = RESPONSE_TIMEOUT_S
     # Errors are answered by our handlers, never re-raised into the server (not even under TESTING).
     app.config["PROPAGATE_EXCEPTIONS"] = False
     gauges = _Metrics()

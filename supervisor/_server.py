@@ -24,6 +24,7 @@ from hypercorn.config import Sockets
 from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
+from . import _http_edge
 from ._app import create_app
 from ._config import ApiToken, Config
 from ._core import Supervisor
@@ -36,8 +37,14 @@ from ._sweeper import run_sweeper
 
 log = get_logger()
 
-# quart-trio leaves idle keep-alive connections open; a graceful stop must not wait on them for long.
+# How long a graceful stop lets requests in flight finish. Idle keep-alive connections close at once on a stop.
 GRACEFUL_TIMEOUT_S = 1.0
+# An idle connection (kept alive after an answer, or opened and not yet sending a complete request head) is closed
+# after this long: it bounds slow request heads too. A request body is bounded by the app (BODY_TIMEOUT_S).
+KEEP_ALIVE_TIMEOUT_S = 5.0
+# A request line plus headers that grow past this without being complete are answered 431 and the connection
+# closed. (h11 checks while a head is incomplete, so a head that arrives in one read may be up to 64 KiB larger.)
+MAX_HEAD_BYTES = 16 * 1024
 
 
 async def _watch_signals(
@@ -104,8 +111,14 @@ async def _serve_http(
     *,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    # How connections end (close after Connection: close / HTTP/1.0 / early answers, keep-alive timeout, the error
+    # format of the protocol's own 400/431/501, writes to clients that stop reading) is fixed in _http_edge: see its
+    # docstring for hypercorn's defects.
+    _http_edge.install()
     hconfig = HypercornConfig()
     hconfig.graceful_timeout = GRACEFUL_TIMEOUT_S
+    hconfig.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_S
+    hconfig.h11_max_incomplete_size = MAX_HEAD_BYTES
     hconfig.accesslog = None
     hconfig.errorlog = None
     app = create_app(supervisor, api_token)

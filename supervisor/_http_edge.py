@@ -1,0 +1,192 @@
+"""The HTTP/1.1 edge: how a connection ends. Subclasses of hypercorn's h11 protocol and trio connection task,
+installed by ``_server``.
+
+Why it exists (hypercorn 0.18, trio worker, with quart-trio). hypercorn does its per-connection bookkeeping inside
+the app's own ``send()`` call: the ASGI message that ends a response makes the protocol close the request stream
+(putting ``http.disconnect`` in the app's receive queue) and then, in the same call and the same task, either
+recycle the connection for the next request (restart the keep-alive timer) or close the socket. quart-trio cancels
+its request nursery as soon as it receives ``http.disconnect`` -- which hypercorn delivered a moment earlier -- so
+that bookkeeping runs in a cancelled task and stops at its first checkpoint:
+
+- a connection that must close (``Connection: close``, HTTP/1.0, an answer sent before the request body was read:
+  401/405/413/415/408) is never closed; bytes that follow are parsed until h11 pauses for a recycle that never comes;
+  the socket then sits in CLOSE-WAIT once the client gives up (issue 9, items 5 and 9);
+- a kept-alive connection never restarts its idle timer, so ``keep_alive_timeout`` never applies after the first
+  request (idle clients hold connections, and a graceful stop waits for ``graceful_timeout``).
+
+The fix here: that bookkeeping runs shielded from the app's cancellation. It is bounded: closing a socket and
+restarting a timer never block, and the one queue put (``http.disconnect``) is read by quart-trio's message task,
+which runs until it gets exactly that message. The upstream report is ``docs/upstream/hypercorn-keepalive.md``.
+
+Also here, for the same edge:
+
+- an answer that starts while the request body is still unread carries ``Connection: close`` (and the connection
+  really closes after it): the unread bytes must never be parsed as a next request;
+- answers produced by the protocol itself (400 for malformed HTTP such as ``Content-Length: abc``, 431 for a head
+  over ``h11_max_incomplete_size``, 501 for an unsupported transfer coding) follow the API's error format: a JSON
+  body, ``X-Request-Id``, ``Connection: close``;
+- the cleartext HTTP/2 upgrade (``Upgrade: h2c``, or the HTTP/2 preface) is not taken: every connection stays on
+  this protocol, so these rules cover every connection. (No client of this API speaks HTTP/2; TLS is terminated by
+  a reverse proxy, if any.)
+- when the client closes, the keep-alive timer stops, so the server closes its side at once (not after
+  ``keep_alive_timeout``, the socket in CLOSE-WAIT meanwhile);
+- in the connection task (``EdgeTCPServer``): a write can be cancelled, and a cut write closes the connection, so a
+  client that reads nothing cannot hold a request, or a graceful stop, forever; closing a socket is shielded.
+
+hypercorn looks both classes up by name (``hypercorn.protocol.H11Protocol`` for each connection,
+``hypercorn.trio.run.TCPServer`` when it starts serving); ``install()`` points those names at the subclasses, for
+the whole process (the asyncio worker, which this project does not use, would break on their trio calls). They
+touch private hypercorn members (``_send_error_response``, ``_check_protocol``, ``_send_h11_event``, ``_close``,
+``stream``, ``send_lock``); ``constraints.txt`` pins hypercorn and ``tests/api/test_http_edge.py`` exercises each
+case over a raw socket, so an upgrade that changes them fails there.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from http import HTTPStatus
+from typing import Any
+
+import h11
+import hypercorn.protocol
+import hypercorn.trio.run
+import trio
+from hypercorn.events import Closed, RawData, Updated
+from hypercorn.protocol.events import Response, StreamClosed
+from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.trio.tcp_server import TCPServer
+
+from ._app import REQUEST_ID_HEADER
+from ._logging import get_logger
+
+log = get_logger()
+
+# What the protocol's own answers say: h11 gives a status hint, not a message fit for a client.
+_PROTOCOL_ERRORS: dict[int, tuple[str, str]] = {
+    400: ("bad_request", "the request is not valid HTTP/1.1"),
+    431: ("request_header_fields_too_large", "the request line and headers are too large"),
+    501: ("not_implemented", "the request's transfer coding is not supported"),
+}
+
+
+def protocol_error_body(status: int, request_id: str) -> bytes:
+    """The API's error format (``{"error": {code, message, field, request_id}}``) for an answer of the protocol."""
+    code, message = _PROTOCOL_ERRORS.get(status, (HTTPStatus(status).phrase.lower().replace(" ", "_"), ""))
+    error = {"code": code, "message": message or HTTPStatus(status).phrase, "field": None, "request_id": request_id}
+    return json.dumps({"error": error}).encode()
+
+
+def _has_connection_close(headers: list[tuple[bytes, bytes]]) -> bool:
+    return any(
+        name.lower() == b"connection" and b"close" in (token.strip() for token in value.lower().split(b","))
+        for name, value in headers
+    )
+
+
+class EdgeH11Protocol(H11Protocol):
+    async def handle(self, event: Any) -> None:
+        await super().handle(event)
+        if isinstance(event, Closed):
+            # The client closed (or the connection is closing). hypercorn's connection task closes the socket only
+            # once its task group is empty, and a running keep-alive timer is in that group: without this, the
+            # socket sits in CLOSE-WAIT for up to keep_alive_timeout after every client that closes an idle
+            # connection. Marking the connection busy stops that timer.
+            await self.send(Updated(idle=False))
+
+    async def stream_send(self, event: Any) -> None:
+        if (
+            isinstance(event, Response)
+            and event.status_code >= 200
+            and self._request_body_unread()
+            and not _has_connection_close(event.headers)
+        ):
+            event = Response(
+                stream_id=event.stream_id,
+                headers=[*event.headers, (b"connection", b"close")],
+                status_code=event.status_code,
+            )
+        if isinstance(event, StreamClosed):
+            # The end of a response: close the stream, then recycle or close the connection. This runs in the app's
+            # task, which quart-trio cancels as soon as the stream's http.disconnect reaches it (see the module
+            # docstring); shielded, it always finishes. Bounded: nothing in it waits on the client.
+            with trio.CancelScope(shield=True):
+                await super().stream_send(event)
+            return
+        await super().stream_send(event)
+
+    def _request_body_unread(self) -> bool:
+        """True while the client may still send body bytes of the current request (h11 has not seen its end)."""
+        return isinstance(self.connection, h11.Connection) and self.connection.their_state is h11.SEND_BODY
+
+    async def _send_error_response(self, status_code: int) -> None:
+        # Called by hypercorn when h11 rejects what the client sent; the connection is closed right after.
+        request_id = secrets.token_hex(8)
+        body = protocol_error_body(status_code, request_id)
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (REQUEST_ID_HEADER.lower().encode(), request_id.encode()),
+            (b"x-content-type-options", b"nosniff"),
+            (b"connection", b"close"),
+            *self.config.response_headers("h11"),
+        ]
+        log.info("http_protocol_error", request_id=request_id, status=status_code, client=_peer(self.client))
+        await self._send_h11_event(h11.Response(status_code=status_code, headers=headers))
+        await self._send_h11_event(h11.Data(data=body))
+        await self._send_h11_event(h11.EndOfMessage())
+
+    async def _check_protocol(self, event: h11.Request) -> None:
+        # Never switch to HTTP/2 (h2c upgrade or prior-knowledge preface): see the module docstring.
+        return None
+
+
+def _peer(client: tuple[str, int] | None) -> str | None:
+    return f"{client[0]}:{client[1]}" if client else None
+
+
+class EdgeTCPServer(TCPServer):
+    """hypercorn's trio connection task, with writes that a cancel can stop and a close that a cancel cannot."""
+
+    async def protocol_send(self, event: Any) -> None:
+        if not isinstance(event, RawData):
+            await super().protocol_send(event)
+            return
+        # hypercorn writes under a shield, so that a cancelled request never leaves half a message on a connection
+        # that goes on. But then a client that stops reading holds the write forever: the request task, the
+        # connection, and a graceful stop, which waits for it (a few thousand pipelined GET /api/health unread are
+        # enough). Here a write can be cancelled -- by the app's response timeout or the graceful stop -- and a cut
+        # write ends the connection instead, which is what the shield was protecting.
+        async with self.send_lock:
+            try:
+                await self.stream.send_all(event.data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                await self.protocol.handle(Closed())
+            except trio.Cancelled:
+                with trio.CancelScope(shield=True):
+                    await self.stream.aclose()
+                raise
+
+    async def _close(self) -> None:
+        # Closing never blocks; shielded, a graceful stop's cancel cannot skip it (the socket would stay open until
+        # garbage collection, its client waiting on it).
+        with trio.CancelScope(shield=True):
+            await super()._close()
+
+
+def install() -> None:
+    """Make hypercorn use ``EdgeTCPServer`` and ``EdgeH11Protocol`` for every connection in this process (idempotent).
+
+    hypercorn looks both names up in its modules each time it starts serving or accepts a connection.
+    """
+    _replace(hypercorn.protocol, "H11Protocol", H11Protocol, EdgeH11Protocol)
+    _replace(hypercorn.trio.run, "TCPServer", TCPServer, EdgeTCPServer)
+
+
+def _replace(module: Any, name: str, original: type, replacement: type) -> None:
+    current = getattr(module, name)
+    if current is replacement:
+        return
+    if current is not original:
+        raise RuntimeError(f"{module.__name__}.{name} was already replaced by {current!r}")
+    setattr(module, name, replacement)
