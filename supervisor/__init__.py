@@ -2,6 +2,7 @@
 
 from ._config import Config, load_config
 from ._errors import (
+    BodyTooLarge,
     ConfigError,
     Conflict,
     Forbidden,
@@ -23,6 +24,7 @@ from ._model import Job, JobStatus
 from ._registry import SqliteRegistry
 
 __all__ = [
+    "BodyTooLarge",
     "Config",
     "ConfigError",
     "Conflict",

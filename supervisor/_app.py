@@ -26,6 +26,7 @@ from werkzeug.exceptions import HTTPException
 from ._config import ApiToken
 from ._core import Supervisor
 from ._errors import (
+    BodyTooLarge,
     Forbidden,
     MalformedRequest,
     RegistryError,
@@ -42,6 +43,8 @@ log = get_logger()
 
 # A job request is a kind and a few short params; anything near this size is a mistake or an attack.
 MAX_BODY_BYTES = 64 * 1024
+# A batch holds up to 1,000 job requests; the stack refuses anything larger before a route sees it.
+MAX_BATCH_BODY_BYTES = 1024 * 1024
 # A client that opens a body and never finishes it must not hold a request task for long.
 BODY_TIMEOUT_S = 10
 # Nor one that stops reading an answer: a response not written within this is cut and its connection closed.
@@ -76,14 +79,18 @@ def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
-async def _json_body() -> Any:
+async def _json_body(max_bytes: int = MAX_BODY_BYTES) -> Any:
     """The request body parsed as JSON; raises the 415/413/400 errors. Its shape is the caller's to check."""
     mimetype = request.mimetype
     if mimetype != "application/json":
         # A JSON content type cannot be sent cross-origin without a CORS preflight this server never answers,
         # so a web page cannot post to a loopback supervisor that runs without a token.
         raise UnsupportedMediaType(f"the body must be application/json, not {mimetype or 'unset'!r}")
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise BodyTooLarge(f"the body is larger than {max_bytes} bytes")
     raw = await request.get_data(cache=False, as_text=False)
+    if len(raw) > max_bytes:  # a chunked body announces no length
+        raise BodyTooLarge(f"the body is larger than {max_bytes} bytes")
     try:
         return json.loads(raw, parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -156,7 +163,8 @@ def create_app(supervisor: Supervisor, api_token: ApiToken | None = None) -> Qua
     """The app over ``supervisor``; ``api_token`` is the operator token in force (re-read on SIGHUP by the server)."""
     # No static folder: the route map is exactly the API, which the auth and OpenAPI tests walk.
     app = QuartTrio(__name__, static_folder=None)
-    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    # The stack's own cap is the largest route's (a batch); _json_body holds every other route to MAX_BODY_BYTES.
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BATCH_BODY_BYTES
     app.config["BODY_TIMEOUT"] = BODY_TIMEOUT_S
     app.config["RESPONSE_TIMEOUT"] = RESPONSE_TIMEOUT_S
     # Errors are answered by our handlers, never re-raised into the server (not even under TESTING).
@@ -206,7 +214,8 @@ def create_app(supervisor: Supervisor, api_token: ApiToken | None = None) -> Qua
         valid = getattr(exc, "valid_methods", None)
         if valid:
             headers["Allow"] = ", ".join(valid)
-        message = f"the body is larger than {MAX_BODY_BYTES} bytes" if status == 413 else exc.description or exc.name
+        too_large = f"the body is larger than {MAX_BATCH_BODY_BYTES} bytes"
+        message = too_large if status == 413 else exc.description or exc.name
         return _error_body(code, message, None), status, headers
 
     @app.errorhandler(Exception)
@@ -245,6 +254,24 @@ def create_app(supervisor: Supervisor, api_token: ApiToken | None = None) -> Qua
             "status": str(job.status),
             "queue_position": job.queue_position,
             "coalesced": result.coalesced,
+        }, 202
+
+    @app.post("/api/jobs/batch")
+    async def enqueue_batch() -> Any:
+        """Enqueue up to 1,000 jobs at once, all or nothing."""
+        body = await _json_body(MAX_BATCH_BODY_BYTES)
+        if not isinstance(body, dict):
+            raise ValidationError("the body must be a JSON object", field="body")
+        unknown = sorted(set(body) - {"jobs"})
+        if unknown:
+            raise ValidationError(f"unknown field {unknown[0]!r}", field=unknown[0])
+        if "jobs" not in body:
+            raise ValidationError("missing field 'jobs'", field="jobs")
+        results = await supervisor.enqueue_many(body["jobs"])
+        return {
+            "jobs": [
+                {"job_id": r.job.job_id, "status": str(r.job.status), "coalesced": r.coalesced} for r in results
+            ]
         }, 202
 
     @app.get("/api/jobs")

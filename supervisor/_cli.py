@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -206,7 +207,73 @@ def _param(text: str) -> tuple[str, str]:
     return key, value
 
 
+BATCH_SIZE = 1000  # the server's limit for one POST /api/jobs/batch
+
+
+def _read_job_lines(source: str, io: _Io) -> list[tuple[int, dict[str, Any]]] | None:
+    """(line number, job) for every non-blank NDJSON line of ``source`` (a path, or - for stdin); None after
+    printing what is wrong with the first bad line."""
+    try:
+        if source == "-":
+            text = sys.stdin.read()
+        else:
+            with open(source, encoding="utf-8") as fh:
+                text = fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        io.error(f"--from-file {source}: {exc}")
+        return None
+    jobs: list[tuple[int, dict[str, Any]]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as exc:
+            io.error(f"--from-file {source}, line {number}: not JSON: {exc}")
+            return None
+        if not isinstance(item, dict) or "kind" not in item:
+            io.error(f'--from-file {source}, line {number}: expected an object {{"kind": ..., "params": {{...}}}}')
+            return None
+        jobs.append((number, item))
+    if not jobs:
+        io.error(f"--from-file {source}: no job in it")
+        return None
+    return jobs
+
+
+def _enqueue_from_file(client: Client, args: argparse.Namespace, io: _Io) -> int:
+    jobs = _read_job_lines(args.from_file, io)
+    if jobs is None:
+        return EXIT_USAGE
+    answers: list[dict[str, Any]] = []
+    for start in range(0, len(jobs), BATCH_SIZE):
+        chunk = jobs[start : start + BATCH_SIZE]
+        try:
+            answer = client.enqueue_batch([item for _, item in chunk])
+        except ApiError as exc:
+            where = re.match(r"jobs\[(\d+)\]", exc.field or "")
+            line = f"line {chunk[int(where.group(1))][0]}: " if where else ""
+            stored = f"; the {len(answers)} job(s) before this batch of {len(chunk)} were stored" if answers else ""
+            io.error(f"{line}{exc.describe()}{stored}")
+            return EXIT_ERROR
+        answers.extend(answer["jobs"])
+    if args.json:
+        io.json({"jobs": answers})
+    else:
+        for answer in answers:
+            io.print(f"{answer['job_id']}  {'coalesced' if answer['coalesced'] else answer['status']}")
+    return EXIT_OK
+
+
 def cmd_enqueue(client: Client, args: argparse.Namespace, io: _Io) -> int:
+    if args.from_file is not None:
+        if args.kind is not None or args.param:
+            io.error("give KIND [-p ...] or --from-file, not both")
+            return EXIT_USAGE
+        return _enqueue_from_file(client, args, io)
+    if args.kind is None:
+        io.error("give a KIND, or --from-file FILE")
+        return EXIT_USAGE
     params: dict[str, str] = {}
     for key, value in args.param or []:
         if key in params:
@@ -360,8 +427,13 @@ def _add_client_commands(sub: Any) -> None:
         p.set_defaults(func=_run_client(command))
         return p
 
-    p = add("enqueue", cmd_enqueue, "enqueue a job of KIND")
-    p.add_argument("kind")
+    p = add("enqueue", cmd_enqueue, "enqueue a job of KIND, or every job of an NDJSON file")
+    p.add_argument("kind", nargs="?")
+    p.add_argument(
+        "--from-file",
+        metavar="FILE",
+        help='one {"kind": ..., "params": {...}} per line (- for stdin); sent in batches of 1000, each all or nothing',
+    )
     p.add_argument(
         "-p", "--param", type=_param, action="append", metavar="KEY=VALUE", help="a param of the kind (repeatable)"
     )

@@ -122,6 +122,9 @@ class Client:
     def enqueue(self, kind: str, params: Mapping[str, Any]) -> dict[str, Any]:
         return self._json("POST", "/api/jobs", body={"kind": kind, "params": dict(params)})
 
+    def enqueue_batch(self, jobs: list[dict[str, Any]]) -> dict[str, Any]:
+        return self._json("POST", "/api/jobs/batch", body={"jobs": jobs})
+
     def list_jobs(
         self, *, status: str | None = None, kind: str | None = None, limit: int | None = None, cursor: str | None = None
     ) -> dict[str, Any]:

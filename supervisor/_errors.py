@@ -7,6 +7,7 @@
     │   ├── MalformedRequest        the body is not the JSON the route takes (400)
     │   ├── Forbidden               a cross-origin (browser) request to change state (403)
     │   ├── UnsupportedMediaType    a body that is not application/json (415)
+    │   ├── BodyTooLarge            a body over the route's limit (413)
     │   ├── ValidationError         a field is missing, unknown or mistyped (422; names the field)
     │   ├── JobNotFound             no job has that id (404)
     │   ├── Unauthorized            missing or wrong credentials (401)
@@ -71,6 +72,13 @@ class UnsupportedMediaType(RequestError):
 
     code = "unsupported_media_type"
     http_status = 415
+
+
+class BodyTooLarge(RequestError):
+    """A body larger than the route takes."""
+
+    code = "body_too_large"
+    http_status = 413
 
 
 class ValidationError(RequestError):

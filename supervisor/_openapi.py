@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from ._core import MAX_BATCH
 from ._kinds import MAX_STR_PARAM_LEN
 from ._model import JobStatus
 from ._registry import MAX_LIST_LIMIT
@@ -79,6 +80,33 @@ _SCHEMAS: dict[str, Any] = {
                     ]
                 },
             },
+        },
+    },
+    "BatchRequest": {
+        "type": "object",
+        "required": ["jobs"],
+        "additionalProperties": False,
+        "properties": {
+            "jobs": {"type": "array", "minItems": 1, "maxItems": MAX_BATCH, "items": _ref("EnqueueRequest")},
+        },
+    },
+    "BatchResponse": {
+        "type": "object",
+        "required": ["jobs"],
+        "properties": {
+            "jobs": {
+                "type": "array",
+                "description": "one entry per request element, in order",
+                "items": {
+                    "type": "object",
+                    "required": ["job_id", "status", "coalesced"],
+                    "properties": {
+                        "job_id": {"type": "string"},
+                        "status": {"enum": _STATUSES},
+                        "coalesced": {"type": "boolean"},
+                    },
+                },
+            }
         },
     },
     "EnqueueResponse": {
@@ -226,6 +254,21 @@ _PATHS: dict[str, Any] = {
                 },
             ],
             "responses": {"200": _json(_ref("JobList"), "one page"), "401": _UNAUTHORIZED, "422": _INVALID},
+        },
+    },
+    "/api/jobs/batch": {
+        "post": {
+            "operationId": "enqueueBatch",
+            "summary": "Enqueue up to 1,000 jobs at once: all validated first, all stored or none.",
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("BatchRequest")}}},
+            "responses": {
+                "202": _json(_ref("BatchResponse"), "every job queued (or coalesced), in request order"),
+                "400": _error("the body is not valid JSON"),
+                "401": _UNAUTHORIZED,
+                "413": _error("the body is larger than 1 MiB"),
+                "415": _error("the body is not application/json"),
+                "422": _error("an element is invalid; error.field names it (jobs[3].params.seconds); nothing stored"),
+            },
         },
     },
     "/api/jobs/{job_id}": {

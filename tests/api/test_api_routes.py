@@ -452,3 +452,40 @@ async def test_failed_job_row_names_the_reason(harness: Harness) -> None:
     job = await wait_for_job(harness.supervisor, answer["job_id"], lambda j: j.status.is_terminal)
     _, row = await harness.json("GET", f"/api/jobs/{job.job_id}")
     assert (row["status"], row["exit_code"], row["error_reason"]) == ("failed", 3, "exit_code_3")
+
+
+async def test_batch_enqueue_answers_in_order_and_a_bad_element_stores_nothing(harness: Harness) -> None:
+    await harness.supervisor.pause()
+    jobs = [{"kind": "sleep", "params": {"seconds": 1}} for _ in range(5)] + [{"kind": "tidy"}, {"kind": "tidy"}]
+    status, body = await harness.json("POST", "/api/jobs/batch", json={"jobs": jobs})
+    assert status == 202
+    assert [(a["status"], a["coalesced"]) for a in body["jobs"]] == [("queued", False)] * 6 + [("queued", True)]
+    listed, _ = await harness.supervisor.list_jobs()
+    assert [j.job_id for j in reversed(listed)] == [a["job_id"] for a in body["jobs"][:6]]
+
+    bad = [*jobs[:3], {"kind": "sleep", "params": {"seconds": "soon"}}]
+    status, body = await harness.json("POST", "/api/jobs/batch", json={"jobs": bad})
+    assert status == 422
+    assert_error(body, "validation_error", "jobs[3].params.seconds")
+    for envelope, field in [({}, "jobs"), ({"jobs": []}, "jobs"), ({"jobs": [{"kind": "tidy"}], "x": 1}, "x")]:
+        status, body = await harness.json("POST", "/api/jobs/batch", json=envelope)
+        assert status == 422
+        assert_error(body, "validation_error", field)
+    assert len((await harness.supervisor.list_jobs())[0]) == 6  # nothing more stored
+
+
+async def test_a_batch_may_be_larger_than_one_job_request_but_not_unbounded(harness: Harness) -> None:
+    from supervisor._app import MAX_BATCH_BODY_BYTES
+
+    await harness.supervisor.pause()
+    # 1,000 jobs with 100-character params: over the 64 KiB of a single request, under the batch's 1 MiB.
+    jobs = [{"kind": "echo", "params": {"text": f"{i:03d}" + "x" * 97}} for i in range(1000)]
+    status, body = await harness.json("POST", "/api/jobs/batch", json={"jobs": jobs})
+    assert status == 202 and len(body["jobs"]) == 1000
+    status, body = await harness.json("POST", "/api/jobs/batch", json={"jobs": [*jobs, jobs[0]]})
+    assert status == 422
+    assert_error(body, "validation_error", "jobs")
+    huge = [{"kind": "echo", "params": {"text": "x" * 4000}} for _ in range(MAX_BATCH_BODY_BYTES // 4000 + 1)]
+    status, body = await harness.json("POST", "/api/jobs/batch", json={"jobs": huge})
+    assert status == 413
+    assert_error(body, "body_too_large")

@@ -15,7 +15,7 @@ import pytest
 import trio
 from api_support import API_TOKEN, Live, MakeLive, wait_for_job, wait_running, wait_terminal
 
-from supervisor._cli import EXIT_CONFIG, EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, main
+from supervisor._cli import EXIT_CONFIG, EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, main
 
 CLI_LIMIT_S = 20.0
 
@@ -210,3 +210,29 @@ async def test_the_api_token_can_come_from_a_file(make_live: MakeLive, tmp_path:
     assert (allowed.code, allowed.json()) == (EXIT_OK, {"jobs": [], "next_cursor": None})
     missing = await cli(live.url, "jobs", env={"PODCAST_JOB_API_TOKEN_FILE": str(tmp_path / "nope")})
     assert missing.code == EXIT_CONFIG and "PODCAST_JOB_API_TOKEN_FILE" in missing.err
+
+
+async def test_enqueue_from_an_ndjson_file_in_batches(live: Live, tmp_path: Path) -> None:
+    await live.supervisor.pause()
+    lines = [json.dumps({"kind": "sleep", "params": {"seconds": 1}}) for _ in range(1001)]
+    source = tmp_path / "jobs.ndjson"
+    source.write_text("\n".join(lines[:500]) + "\n\n" + "\n".join(lines[500:]) + "\n")  # a blank line is skipped
+    ran = await cli(live.url, "enqueue", "--from-file", str(source), "--json")
+    assert ran.code == EXIT_OK, ran.err
+    answers = ran.json()["jobs"]
+    assert len(answers) == 1001 and len({a["job_id"] for a in answers}) == 1001  # two batches: 1000 + 1
+    assert (await live.supervisor.queue_state()).queued == 1001
+
+    bad = tmp_path / "bad.ndjson"
+    bad.write_text(lines[0] + "\n" + json.dumps({"kind": "sleep", "params": {"seconds": "later"}}) + "\n")
+    refused = await cli(live.url, "enqueue", "--from-file", str(bad))
+    assert refused.code == EXIT_ERROR
+    assert "line 2:" in refused.err and "jobs[1].params.seconds" in refused.err
+    assert (await live.supervisor.queue_state()).queued == 1001  # all or nothing
+
+    garbage = tmp_path / "garbage.ndjson"
+    garbage.write_text(lines[0] + "\n{not json\n")
+    usage = await cli(live.url, "enqueue", "--from-file", str(garbage))
+    assert usage.code == EXIT_USAGE and "line 2" in usage.err
+    both = await cli(live.url, "enqueue", "sleep", "--from-file", str(source))
+    assert both.code == EXIT_USAGE
