@@ -35,6 +35,7 @@ SHEPHERD = Path(__file__).with_name("_shepherd.py")
 # The shepherd answers a start in milliseconds; these bound a wedged one.
 SHEPHERD_HELLO_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 30.0
+SHEPHERD_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 
 class ShepherdLost(SpawnError):
@@ -210,6 +211,8 @@ class Shepherd:
         try:
             launcher = await trio.lowlevel.open_process(
                 [sys.executable, "-I", str(SHEPHERD), "--control-fd", str(theirs.fileno())],
+                # Nothing of the supervisor's environment (its API token among it): each job gets its own.
+                env=SHEPHERD_ENV,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr_fd,
@@ -359,7 +362,7 @@ async def _lines(sock: trio.socket.SocketType) -> Any:
     while True:
         try:
             data = await sock.recv(65536)
-        except OSError:
+        except (OSError, trio.ClosedResourceError):
             return
         if not data:
             return

@@ -247,3 +247,19 @@ async def test_batch_enqueue_is_validated_all_or_nothing_naming_the_element(
     assert [r.job.kind for r in results] == ["exit", "done", "done", "sleep"]
     jobs, _ = await sup.list_jobs()
     assert [j.kind for j in reversed(jobs)] == ["exit", "done", "sleep"]  # stored in order
+
+
+async def test_the_shepherd_holds_none_of_the_supervisors_environment(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    os.environ["PODCAST_JOB_API_TOKEN"] = "operator-secret-in-env"
+    try:
+        sup = make_supervisor()
+        job = await wait_running(sup, (await sup.enqueue("sleep", {"seconds": 30})).job.job_id)
+    finally:
+        del os.environ["PODCAST_JOB_API_TOKEN"]
+    assert sup.shepherd.pid is not None
+    environ = Path(f"/proc/{sup.shepherd.pid}/environ").read_bytes()
+    assert b"operator-secret" not in environ and b"PODCAST_JOB" not in environ
+    await sup.cancel(job.job_id)
+    await wait_terminal(sup, job.job_id)
