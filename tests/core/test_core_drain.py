@@ -259,7 +259,7 @@ async def test_the_shepherd_holds_none_of_the_supervisors_environment(
     finally:
         del os.environ["PODCAST_JOB_API_TOKEN"]
     assert sup.shepherd.pid is not None
-    environ = Path(f"/proc/{sup.shepherd.pid}/environ").read_bytes()
+    environ = await trio.to_thread.run_sync(Path(f"/proc/{sup.shepherd.pid}/environ").read_bytes)
     assert b"operator-secret" not in environ and b"PODCAST_JOB" not in environ
     await sup.cancel(job.job_id)
     await wait_terminal(sup, job.job_id)
