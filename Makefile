@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DATA_DIR ?= ./var
 
-.PHONY: run test lint typecheck pytest bench clean
+.PHONY: run test lint typecheck pytest bench clean chaos
 
 # The venv is rebuilt when missing or when the dependency pins change (stale).
 $(STAMP): pyproject.toml constraints.txt
@@ -28,6 +28,10 @@ pytest: $(STAMP)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest
+
+# The long chaos run: 300 jobs while the supervisor is SIGKILLed and restarted 50 times (not in `make test`).
+chaos: $(STAMP)
+	$(PY) bench/chaos.py
 
 bench: $(STAMP)
 	$(PY) bench/run.py

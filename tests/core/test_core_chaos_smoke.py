@@ -1,0 +1,24 @@
+"""The chaos run in miniature (bench/chaos.py --smoke): real supervisors SIGKILLed and restarted while jobs run.
+
+The full run is `make chaos`; this keeps the script from rotting and checks its four promises on a small scale:
+nothing lost, nothing run twice, never more than the slots at once, every exit 0 recorded as success.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CHAOS = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
+
+
+@pytest.mark.e2e
+def test_chaos_smoke_keeps_every_promise() -> None:
+    done = subprocess.run(
+        [sys.executable, str(CHAOS), "--smoke"], capture_output=True, text=True, timeout=240, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("PASS") == 4 and "FAIL" not in done.stdout
