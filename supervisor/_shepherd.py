@@ -83,7 +83,20 @@ def write_atomically(path: str, payload: dict[str, object]) -> None:
 
 class Job:
     __slots__ = (
-        "cap", "done_reported", "exit", "exit_file", "id", "linger_until", "log_fd", "pid", "pipe_fd", "written"
+        "cap",
+        "done_reported",
+        "err_fd",
+        "exec_error",
+        "exit",
+        "exit_file",
+        "id",
+        "linger_until",
+        "log_fd",
+        "pid",
+        "pid_file",
+        "pipe_fd",
+        "start_time",
+        "written",
     )
 
     def __init__(
@@ -91,6 +104,11 @@ class Job:
     ) -> None:
         self.id = job_id
         self.exit_file = exit_file
+        self.pid_file = ""
+        self.start_time: int | None = None
+        # Until the exec is confirmed (EOF on this close-on-exec pipe) or refused (the child's error on it).
+        self.err_fd: int | None = None
+        self.exec_error = b""
         self.pid = pid
         self.pipe_fd: int | None = pipe_fd
         self.log_fd: int | None = log_fd
@@ -119,6 +137,7 @@ class Shepherd:
         self.jobs: dict[str, Job] = {}
         self.by_pid: dict[int, Job] = {}
         self.by_pipe: dict[int, Job] = {}
+        self.by_err: dict[int, Job] = {}
         self.inbuf = b""
         self.outbuf = b""
         self.boot_id = _kernel_boot_id()
@@ -260,27 +279,51 @@ class Shepherd:
             self.send({"ev": "start_failed", "id": job_id, "error": f"cannot record the job identity: {exc}"})
             return
         os.close(gate_w)
-        error = b""
-        while chunk := os.read(err_r, 1024):  # EOF at a successful exec (close-on-exec), or the child's error
-            error += chunk
-        os.close(err_r)
-        if error:
-            os.close(out_r)
-            os.close(log_fd)
-            os.waitpid(pid, 0)
-            try:
-                os.unlink(pid_path)  # the program never ran: no identity to adopt
-            except OSError:
-                pass
-            self.send({"ev": "start_failed", "id": job_id, "error": error.decode("utf-8", "replace")})
-            return
+        # The exec is confirmed in the event loop (EOF on err_r), not waited for here: starts overlap, and the
+        # shepherd keeps reading other jobs' output meanwhile.
         os.set_blocking(out_r, False)
+        os.set_blocking(err_r, False)
         job = Job(job_id, pid, out_r, log_fd, int(str(req["cap"])), os.fstat(log_fd).st_size, str(req["exit_file"]))
+        job.pid_file, job.start_time, job.err_fd = pid_path, start_time, err_r
         self.jobs[job_id] = job
         self.by_pid[pid] = job
         self.by_pipe[out_r] = job
+        self.by_err[err_r] = job
         self.sel.register(out_r, selectors.EVENT_READ, "pipe")
-        self.send({"ev": "started", "id": job_id, "pid": pid, "start_time": start_time})
+        self.sel.register(err_r, selectors.EVENT_READ, "exec")
+
+    def read_exec_result(self, fd: int) -> None:
+        """The child's exec pipe: EOF means the program runs (close-on-exec); bytes are the reason it could not."""
+        job = self.by_err.get(fd)
+        if job is None:
+            return  # settled earlier in this pass (its child was reaped first): a stale readiness event
+        try:
+            chunk = os.read(fd, 1024)
+        except BlockingIOError:
+            return
+        if chunk:
+            job.exec_error += chunk
+            return
+        self.sel.unregister(fd)
+        del self.by_err[fd]
+        os.close(fd)
+        job.err_fd = None
+        if job.exec_error:
+            # The program never ran: no identity to adopt, no exit to record. Its child exits 127 and is reaped.
+            try:
+                os.unlink(job.pid_file)
+            except OSError:
+                pass
+            self.close_pipe(job)
+            if job.log_fd is not None:
+                os.close(job.log_fd)
+                job.log_fd = None
+            job.done_reported = True
+            self.jobs.pop(job.id, None)
+            self.send({"ev": "start_failed", "id": job.id, "error": job.exec_error.decode("utf-8", "replace")})
+            return
+        self.send({"ev": "started", "id": job.id, "pid": job.pid, "start_time": job.start_time})
+        self.maybe_done(job)  # a program that ended before its exec was confirmed here
 
     def signal_job(self, job_id: str, signum: int) -> None:
         job = self.jobs.get(job_id)
@@ -297,7 +340,9 @@ class Shepherd:
                 pass
 
     def read_pipe(self, fd: int) -> None:
-        job = self.by_pipe[fd]
+        job = self.by_pipe.get(fd)
+        if job is None:
+            return  # closed earlier in this pass: a stale readiness event
         while True:
             try:
                 chunk = os.read(fd, 65536)
@@ -333,6 +378,10 @@ class Shepherd:
             job = self.by_pid.pop(pid, None)
             if job is None:
                 continue  # a job's orphaned descendant (we are their subreaper): nothing to record
+            while job.err_fd is not None:  # it exited before its exec was confirmed here: settle that first
+                self.read_exec_result(job.err_fd)
+            if job.exec_error:
+                continue  # it never ran its program (start_failed was sent): nothing to record
             code = os.waitstatus_to_exitcode(status)
             job.exit = {
                 "job_id": job.id,
@@ -350,8 +399,8 @@ class Shepherd:
 
     def maybe_done(self, job: Job) -> None:
         """Report the exit once it is reaped and its output has ended (or lingered too long)."""
-        if job.exit is None or job.done_reported:
-            return
+        if job.exit is None or job.done_reported or job.err_fd is not None:
+            return  # not ended, already told, or its exec not confirmed yet (``started`` goes first)
         if job.pipe_fd is not None and job.linger_until is not None and time.monotonic() < job.linger_until:
             return
         job.done_reported = True
@@ -391,6 +440,8 @@ class Shepherd:
                         self.flush()
                 elif key.data == "pipe":
                     self.read_pipe(key.fd)
+                elif key.data == "exec":
+                    self.read_exec_result(key.fd)
             self.reap()  # a SIGCHLD that raced the registration of its job
             self.tick()
         return 0
