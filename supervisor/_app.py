@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Gauge
 from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
+from werkzeug.routing import BaseConverter
 
 from ._config import ApiToken
 from ._core import Supervisor
@@ -138,6 +139,17 @@ def _int_query(query: Mapping[str, str], name: str, default: int | None) -> int 
     return int(text)
 
 
+class _JobIdConverter(BaseConverter):
+    """The job id of ``/api/jobs/<job_id>``: one path segment, never ``reconcile``.
+
+    ``/api/jobs/reconcile`` is the reconcile route for every method, as a fixed path outranks a template in OpenAPI:
+    without this, ``GET /api/jobs/reconcile`` matched ``GET /api/jobs/<job_id>`` (404, "no such job") and ``OPTIONS``
+    advertised that GET. Now it is a 405 whose ``Allow`` says POST. (Job ids are uuid hex: none is lost.)
+    """
+
+    regex = r"(?!reconcile$)[^/]+"
+
+
 class _Metrics:
     """A small Prometheus registry of this app's own (never the process-global one, so apps never collide)."""
 
@@ -163,6 +175,7 @@ def create_app(supervisor: Supervisor, api_token: ApiToken | None = None) -> Qua
     """The app over ``supervisor``; ``api_token`` is the operator token in force (re-read on SIGHUP by the server)."""
     # No static folder: the route map is exactly the API, which the auth and OpenAPI tests walk.
     app = QuartTrio(__name__, static_folder=None)
+    app.url_map.converters["job_id"] = _JobIdConverter
     # The stack's own cap is the largest route's (a batch); _json_body holds every other route to MAX_BODY_BYTES.
     app.config["MAX_CONTENT_LENGTH"] = MAX_BATCH_BODY_BYTES
     app.config["BODY_TIMEOUT"] = BODY_TIMEOUT_S
@@ -285,7 +298,7 @@ def create_app(supervisor: Supervisor, api_token: ApiToken | None = None) -> Qua
         )
         return {"jobs": [_row(job) for job in jobs], "next_cursor": next_cursor}
 
-    @app.get("/api/jobs/<job_id>")
+    @app.get("/api/jobs/<job_id:job_id>")
     async def show_job(job_id: str) -> Any:
         """One job's row."""
         return _row(await supervisor.get(job_id))
@@ -341,7 +354,7 @@ def create_app(supervisor: Supervisor, api_token: ApiToken | None = None) -> Qua
     @app.get("/api/openapi.json")
     async def openapi() -> Any:
         """This API's OpenAPI document."""
-        return openapi_document()
+        return openapi_document(supervisor.kinds)
 
     @app.get("/metrics")
     async def metrics() -> Any:
