@@ -12,20 +12,14 @@ body is built from the server's own kinds: one schema per kind, with exactly tha
 from __future__ import annotations
 
 import copy
-import re
 from typing import Any
 
 from ._core import MAX_BATCH
-from ._kinds import MAX_STR_PARAM_LEN, JobKind, KindCatalog
+from ._kinds import _ASCII_FLOAT, _ASCII_INT, MAX_STR_PARAM_LEN, JobKind, KindCatalog
 from ._model import JobStatus
-from ._registry import MAX_LIST_LIMIT
+from ._registry import CURSOR_PATTERN, MAX_LIST_LIMIT
 
 API_VERSION = "1"
-
-# Until the server's own patterns are importable (issue 9 item 8 moves them into _kinds and _registry).
-INT_TEXT = re.compile(r"[+-]?[0-9]{1,18}")
-FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?")
-CURSOR_PATTERN = re.compile(r"[0-9]{1,18}")
 
 _STATUSES = [s.value for s in JobStatus]
 
@@ -462,8 +456,8 @@ def _param_schema(type_name: str) -> dict[str, Any]:
             "description": "valid Unicode text (no lone surrogate), without NUL, not starting with '-'",
         }
     typed, spelled = {
-        "int": ({"type": "integer"}, _anchored(INT_TEXT.pattern)),
-        "float": ({"type": "number"}, _anchored(FLOAT_TEXT.pattern)),
+        "int": ({"type": "integer"}, _anchored(_ASCII_INT.pattern)),
+        "float": ({"type": "number"}, _anchored(_ASCII_FLOAT.pattern)),
         "bool": ({"type": "boolean"}, _BOOL_TEXT),
     }[type_name]
     return {"oneOf": [typed, {"type": "string", "pattern": spelled}]}
