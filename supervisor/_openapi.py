@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ._core import MAX_BATCH
+from ._core import MAX_BATCH, MAX_STAGE_LEN, MAX_UNITS
 from ._kinds import _ASCII_FLOAT, _ASCII_INT, MAX_STR_PARAM_LEN, JobKind, KindCatalog
 from ._model import JobStatus
 from ._registry import CURSOR_PATTERN, MAX_LIST_LIMIT
@@ -195,10 +195,15 @@ _SCHEMAS: dict[str, Any] = {
             "completed_units": {
                 "type": "integer",
                 "minimum": 0,
+                "maximum": MAX_UNITS,
                 "description": "a watermark: last_progress_at moves only when it increases",
             },
-            "total_units": {"type": ["integer", "null"], "minimum": 0},
-            "stage": {"type": ["string", "null"], "maxLength": 200},
+            "total_units": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_UNITS},
+            "stage": {
+                "type": ["string", "null"],
+                "maxLength": MAX_STAGE_LEN,
+                "description": "valid Unicode text (no lone surrogate)",
+            },
         },
     },
 }

@@ -11,7 +11,7 @@ from urllib.parse import urlencode
 
 import jsonschema_rs
 import pytest
-from api_support import Harness
+from api_support import Harness, wait_log_line
 from werkzeug.routing import Rule
 
 from supervisor._app import PUBLIC_ENDPOINTS
@@ -236,3 +236,39 @@ async def test_reconcile_is_a_post_only_route_for_every_method(harness: Harness)
     assert status == 405
     assert body["error"]["code"] == "method_not_allowed"
     assert not doc_accepts(parameter_schema(doc, "showJob", "job_id"), "reconcile")
+
+
+# (body, valid?) for a running job's heartbeat with its own token: 204 when valid, 422 when not.
+HEARTBEAT_CASES: list[tuple[dict[str, Any], bool]] = [
+    ({"completed_units": 0}, True),
+    ({"completed_units": 2**63 - 1, "total_units": 2**63 - 1, "stage": "s" * 200}, True),
+    ({"completed_units": 1, "total_units": None, "stage": None}, True),
+    ({"completed_units": 2**63}, False),  # used to overflow inside sqlite3: 500
+    ({"completed_units": 1, "total_units": 10**20}, False),  # likewise
+    ({"completed_units": -1}, False),
+    ({"completed_units": True}, False),
+    ({"completed_units": "1"}, False),
+    ({"completed_units": 1, "stage": "s" * 201}, False),
+    ({"completed_units": 1, "extra": 1}, False),
+    ({"total_units": 1}, False),
+]
+
+
+async def test_a_heartbeat_is_accepted_exactly_when_the_document_says_it_is_valid(harness: Harness) -> None:
+    _, job = await harness.json("POST", "/api/jobs", json={"kind": "tokened", "params": {"seconds": 30}})
+    token = await wait_log_line(harness.supervisor, job["job_id"])
+    schema = openapi_document(harness.supervisor.kinds)["components"]["schemas"]["Heartbeat"]
+    url = f"/api/jobs/{job['job_id']}/heartbeat"
+    for body, valid in HEARTBEAT_CASES:
+        assert doc_accepts(schema, body) is valid, body
+        response = await harness.client.post(url, json=body, headers={"Authorization": f"Bearer {token}"})
+        assert response.status_code == (204 if valid else 422), (body, await response.get_json())
+    # A lone surrogate is valid JSON that JSON Schema cannot tell from text (the document's description says it);
+    # it used to reach sqlite3 and answer 500.
+    response = await harness.client.post(
+        url,
+        data=b'{"completed_units": 1, "stage": "\\ud800"}',
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    assert response.status_code == 422
+    assert (await response.get_json())["error"]["field"] == "stage"
