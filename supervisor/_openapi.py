@@ -15,7 +15,7 @@ import copy
 from typing import Any
 
 from ._core import MAX_BATCH, MAX_STAGE_LEN, MAX_UNITS
-from ._kinds import _ASCII_FLOAT, _ASCII_INT, MAX_STR_PARAM_LEN, JobKind, KindCatalog
+from ._kinds import _ASCII_FLOAT, _ASCII_INT, MAX_FLOAT, MAX_STR_PARAM_LEN, JobKind, KindCatalog
 from ._model import JobStatus
 from ._registry import CURSOR_PATTERN, MAX_LIST_LIMIT
 
@@ -462,7 +462,7 @@ def _param_schema(type_name: str) -> dict[str, Any]:
         }
     typed, spelled = {
         "int": ({"type": "integer"}, _anchored(_ASCII_INT.pattern)),
-        "float": ({"type": "number"}, _anchored(_ASCII_FLOAT.pattern)),
+        "float": ({"type": "number", "minimum": -MAX_FLOAT, "maximum": MAX_FLOAT}, _anchored(_ASCII_FLOAT.pattern)),
         "bool": ({"type": "boolean"}, _BOOL_TEXT),
     }[type_name]
     return {"oneOf": [typed, {"type": "string", "pattern": spelled}]}

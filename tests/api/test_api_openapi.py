@@ -151,6 +151,14 @@ ENQUEUE_CASES: list[tuple[dict[str, Any], bool]] = [
     ({"kind": "sleep", "params": {"seconds": "1_0"}}, False),
     ({"kind": "sleep", "params": {"seconds": "\u0661"}}, False),
     ({"kind": "sleep", "params": {"seconds": True}}, False),
+    # Every float the pattern admits is finite (the fuzzer sent "2717671258812610e880": inf, refused);
+    # a JSON integer past the largest float used to answer 500.
+    ({"kind": "sleep", "params": {"seconds": "1e999"}}, False),
+    ({"kind": "sleep", "params": {"seconds": "2717671258812610e880"}}, False),
+    ({"kind": "sleep", "params": {"seconds": "99999999999999999999.99999999999999999999e99"}}, True),
+    ({"kind": "sleep", "params": {"seconds": 10**400}}, False),
+    ({"kind": "sleep", "params": {"seconds": -(10**400)}}, False),
+    ({"kind": "sleep", "params": {"seconds": 1.7976931348623157e308}}, True),
     ({"kind": "beater", "params": {"units": 3}}, True),
     ({"kind": "beater", "params": {"units": "-3"}}, True),
     ({"kind": "beater", "params": {"units": "3.0"}}, False),
