@@ -211,7 +211,15 @@ _SCHEMAS: dict[str, Any] = {
 # A byte count in a query string: at most 12 ASCII digits (what the server parses).
 _BYTE_COUNT = {"type": "integer", "minimum": 0, "maximum": 10**12 - 1}
 
-_JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
+_JOB_ID: dict[str, Any] = {
+    "name": "job_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "minLength": 1},
+}
+# The fixed routes under /api/jobs/ (a test holds this to the paths below). A fixed path outranks a template, so no
+# job id is one of these names: the app's route converter refuses them, and showJob's parameter says so.
+JOBS_SUBROUTES = ("batch", "reconcile")
 _PUBLIC: list[dict[str, list[str]]] = []  # no API token
 _JOB_TOKEN: list[dict[str, list[str]]] = [{"jobToken": []}]
 
@@ -280,6 +288,7 @@ _PATHS: dict[str, Any] = {
                 "202": _json(_ref("BatchResponse"), "every job queued (or coalesced), in request order"),
                 "400": _error("the body is not valid JSON"),
                 "401": _UNAUTHORIZED,
+                "403": _CROSS_ORIGIN,
                 "413": _error("the body is larger than 1 MiB"),
                 "415": _error("the body is not application/json"),
                 "422": _error("an element is invalid; error.field names it (jobs[3].params.seconds); nothing stored"),
@@ -291,13 +300,13 @@ _PATHS: dict[str, Any] = {
             "operationId": "showJob",
             "summary": "One job's row.",
             # /api/jobs/reconcile is the reconcile route for every method (a fixed path outranks a template): a GET
-            # there is a 405, never a lookup of a job called "reconcile".
-            "parameters": [{**_JOB_ID, "schema": {"type": "string", "minLength": 1, "not": {"const": "reconcile"}}}],
+            # there is a 405, never a lookup of a job called "reconcile". Likewise batch.
+            "parameters": [{**_JOB_ID, "schema": {**_JOB_ID["schema"], "not": {"enum": list(JOBS_SUBROUTES)}}}],
             "responses": {
                 "200": _json(_ref("Job"), "the row"),
                 "401": _UNAUTHORIZED,
                 "404": _NOT_FOUND,
-                "405": _error("job_id is 'reconcile': /api/jobs/reconcile takes only POST"),
+                "405": _error("job_id names a fixed route (reconcile, batch), which takes only POST"),
             },
         }
     },

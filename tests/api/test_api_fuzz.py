@@ -8,7 +8,9 @@ and derandomized, with no example database and no schemathesis cache, so each ru
 it at FUZZ_BUDGET_S should the server stall.
 
 The kinds are harmless stand-ins with the built-ins' names and params (``pipeline``, ``enrichment``) plus one of each
-param type and one that sleeps briefly: a fuzzer enqueues hundreds of jobs, and none may fetch a feed.
+param type and one that sleeps briefly: the fuzzer enqueues thousands of jobs (batches included), and none may fetch
+a feed. Afterwards the test stops promotion, waits for what runs to end, cancels what is still queued, and checks
+that the server is sound: it serves, no slot is held, no connection is left half-closed, no descriptor is leaked.
 """
 
 from __future__ import annotations
@@ -30,8 +32,7 @@ import pytest
 import requests
 import schemathesis
 import trio
-import trio.testing
-from api_support import API_TOKEN, Live, MakeLive, kinds_toml, poll_until
+from api_support import API_TOKEN, Live, MakeLive, kinds_toml, poll_until, wait_terminal
 from schemathesis.engine import events, from_schema
 
 from supervisor._openapi import openapi_document
@@ -54,15 +55,6 @@ FUZZ_KINDS: dict[str, dict[str, Any]] = {
     "nap": {"argv": ["{python}", "-c", "import threading; threading.Event().wait(0.1)"]},
 }
 
-# Issue 9 items 5 and 9, the HTTP edge (fixed in another branch), are open: after an early answer (a 401, 405, 413
-# or 415 sent before the body is read) the server stops answering on that connection, and such a connection stays
-# in CLOSE-WAIT once its client gives up. While True: both tests expect an HttpEdgeDefect, which the deterministic
-# probe early_answer_stalls() shows (strict: they fail once the edge is fixed); and the fuzzer asks for a fresh
-# connection per request (Connection: close), so that a stall, which depends on packet timing, cannot cut its run
-# short or cost it a request timeout. Set to False when items 5 and 9 are fixed: the fuzzer then reuses connections
-# as every HTTP client does, and a stall fails the tests.
-HTTP_EDGE_OPEN = True
-
 SEED = 20261130
 # Examples per operation and phase. With the token this sends well over MIN_REQUESTS; without it, the answers are all
 # 401 and fewer examples suffice.
@@ -71,17 +63,15 @@ MAX_EXAMPLES_WITHOUT_TOKEN = 10
 MIN_REQUESTS = 1000
 # A bound, not a speed target: a run takes a fraction of it; a stalled server is stopped here and the test fails.
 FUZZ_BUDGET_S = 60.0
-# A request unanswered this long is a stall: the run stops there, and the test reports it (an HttpEdgeDefect).
+# A request unanswered this long is a stall (the server stopped answering on a connection): the run stops there.
 REQUEST_TIMEOUT_S = 5.0
-# After the run: every job reaches a terminal state within this bound (the queue drains, no slot is held).
+# After the run, with promotion paused: every running job ends within this bound (none is stuck, no slot is held).
 SETTLE_S = 20.0
 # Descriptors the server may hold after the run beyond those it held before (the registry's pooled connections are
 # not counted): none is expected; a little slack for what the stack may open lazily on first use.
 FD_SLACK = 2
 # How long the server may take to close its ends of connections its clients have closed.
 CLOSE_S = 5.0
-# How long the early-answer probe waits for an answer that a sound server sends at once.
-WAIT_ANSWER_S = 3.0
 AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
 TIMEOUT = httpx.Timeout(10.0)
 
@@ -95,13 +85,6 @@ def kinds_path(tmp_path: Path) -> Path:
 
 
 # -- running the engine (in a worker thread) -----------------------------------------------------------------------
-
-
-class HttpEdgeDefect(AssertionError):
-    """A failure of the HTTP edge itself (issue 9 items 5 and 9), not of the API: a connection the server stops
-    answering on after an early answer, or a server socket left in CLOSE-WAIT. The tests below expect it (strict
-    xfail, this exception only) until those items are fixed, and raise it only after every other check: any other
-    failure fails them as usual."""
 
 
 @dataclasses.dataclass
@@ -142,7 +125,6 @@ def engine_config(base_url: str, *, max_examples: int, token: str | None) -> sch
         "request-timeout": REQUEST_TIMEOUT_S,
         # No state carried between runs: same seed, same requests.
         "cache": {"enabled": False},
-        "headers": {"Connection": "close"} if HTTP_EDGE_OPEN else {},
         "generation": {"mode": "all", "max-examples": max_examples, "deterministic": True, "database": "none"},
         # Every built-in check (max_response_time is a timing check: speed belongs in bench/, not here).
         "checks": {"enabled": True},
@@ -192,8 +174,8 @@ def consume(stream: Any) -> FuzzRun:
                         run.failures.setdefault(key, check.failure_info.code_sample.replace("\n", " ")[:500])
         elif isinstance(event, events.NonFatalError):
             if isinstance(event.value, requests.Timeout):
-                # The server stopped answering on a connection (issue 9 item 5). Each stall costs a request timeout,
-                # so the run stops at the first one: what it covered so far is still checked.
+                # The server stopped answering on a connection (what issue 9 item 5 was). Each stall costs a request
+                # timeout, so the run stops at the first one.
                 if run.stalled is None:
                     run.stalled = f"{event.label}: {event.info.code_sample or event.info.message}"
                 stream.stop()
@@ -290,22 +272,29 @@ def server_port(live: Live) -> int:
     return port
 
 
-async def settle(live: Live) -> None:
-    """Resume the queue (the fuzzer pauses it) and wait until every job is terminal: no slot stays held."""
+async def settle(live: Live) -> int:
+    """Stop promotion and wait until nothing runs: every job that was running had a process, and it ended, so no slot
+    stays held. Then cancel what the fuzzer left queued (batches of up to a thousand jobs: more than the run's time
+    would drain). Returns how many queued jobs were cancelled."""
     sup = live.supervisor
-    await sup.resume()
+    await sup.pause()
 
-    async def all_terminal() -> bool | None:
-        jobs, _ = await sup.list_jobs(limit=1000)
-        return True if all(job.status.is_terminal for job in jobs) else None
+    async def nothing_running() -> bool | None:
+        return True if not await sup.registry.running_jobs() else None
 
     try:
-        await poll_until(all_terminal, limit_s=SETTLE_S)
+        await poll_until(nothing_running, limit_s=SETTLE_S)
     except trio.TooSlowError:
-        jobs, _ = await sup.list_jobs(limit=1000)
-        # A running row without a pid is a job stuck without a process; a queued row behind it, a held slot.
-        stuck = [(j.job_id, str(j.status), j.pid, j.kind, j.params) for j in jobs if not j.status.is_terminal]
-        raise AssertionError(f"jobs still not terminal {SETTLE_S} s after the run: {stuck}") from None
+        # A running row that never ends holds a slot: a job stuck without a process, or one nobody watches.
+        stuck = [(j.job_id, j.pid, j.kind, j.params) for j in await sup.registry.running_jobs()]
+        raise AssertionError(f"jobs still running {SETTLE_S} s after the run: {stuck}") from None
+    cancelled = 0
+    with trio.fail_after(SETTLE_S):
+        while queued := (await sup.list_jobs(status="queued", limit=1000))[0]:
+            for job in queued:
+                await sup.cancel(job.job_id)
+            cancelled += len(queued)
+    return cancelled
 
 
 # schemathesis never sends requests to the operation that serves the document it loaded; the tests ask it directly.
@@ -335,72 +324,6 @@ def operation_of(exchange: Exchange, paths: list[str]) -> str | None:
     return None
 
 
-# -- the HTTP edge (issue 9 items 5 and 9, open) --------------------------------------------------------------------
-
-
-async def early_answer_stalls(live: Live) -> str | None:
-    """Issue 9 item 5's reproduction, with the timing held fixed: on one connection, a POST head without a token,
-    its body sent only once the server has answered 401 and gone quiet, then a GET. None when the GET is answered
-    or the server closed the connection (either fixes item 5); else what it did instead.
-
-    The fuzzer meets this only when a body happens to reach the server after the early answer is complete, which
-    depends on timing; this probe makes the expected failure below deterministic.
-    """
-    host, port = urlsplit(live.url).hostname, server_port(live)
-    assert host is not None
-    body = b'{"kind": ""}'
-    head = b"POST /api/jobs HTTP/1.1\r\nHost: fuzz\r\nContent-Type: application/json\r\n"
-    head += b"Content-Length: %d\r\n\r\n" % len(body)
-    stream = await trio.open_tcp_stream(host, port)
-    async with stream:
-        await stream.send_all(head)
-        received = b""
-        with trio.move_on_after(WAIT_ANSWER_S):
-            while b"\r\n\r\n" not in received:
-                received += await stream.receive_some()
-        if not received:
-            return None  # no early answer: the server waits for the body (a fix too)
-        with trio.fail_after(WAIT_ANSWER_S):
-            while b"\r\n\r\n" not in received:
-                received += await stream.receive_some()
-            answer_head, _, answer_body = received.partition(b"\r\n\r\n")
-            assert answer_head.startswith(b"HTTP/1.1 401"), answer_head
-            length = re.search(rb"(?im)^content-length:\s*(\d+)", answer_head)
-            assert length is not None, answer_head
-            while len(answer_body) < int(length.group(1)):
-                answer_body += await stream.receive_some()
-        # Every task of the server is done with that request (the answer is out, the body not yet sent).
-        await trio.testing.wait_all_tasks_blocked()
-        received = b""
-        with trio.move_on_after(WAIT_ANSWER_S):
-            try:
-                await stream.send_all(body + b"GET /api/health HTTP/1.1\r\nHost: fuzz\r\n\r\n")
-                while b"HTTP/1.1 " not in received:
-                    chunk = await stream.receive_some()
-                    if not chunk:
-                        return None  # closed after the early answer: a fix too (the client opens a new one)
-                    received += chunk
-            except trio.BrokenResourceError:
-                return None  # likewise, closed (reset) after the early answer
-            return None  # the next request was answered
-    return f"no answer and no close within {WAIT_ANSWER_S} s after an early answer on the same connection (item 5)"
-
-
-@dataclasses.dataclass
-class HttpEdge:
-    """What a test saw of the open HTTP-edge defects; raised as one HttpEdgeDefect after every other check."""
-
-    findings: list[str] = dataclasses.field(default_factory=list)
-
-    def add(self, finding: str | None) -> None:
-        if finding is not None:
-            self.findings.append(finding)
-
-    def raise_if_seen(self) -> None:
-        if self.findings:
-            raise HttpEdgeDefect("; ".join(self.findings))
-
-
 # -- the tests ------------------------------------------------------------------------------------------------------
 
 
@@ -409,67 +332,53 @@ class HttpEdge:
 LARGE_REPR = "ignore:Generating overly large repr:hypothesis.errors.HypothesisWarning"
 
 
-# Only an HttpEdgeDefect is expected (pytest-trio hands it over inside an exception group); any other failure fails.
-# Strict: once the edge is fixed, the tests fail until HTTP_EDGE_OPEN is set to False.
-HTTP_EDGE_EXPECTED = pytest.mark.xfail(
-    HTTP_EDGE_OPEN,
-    strict=True,
-    raises=pytest.RaisesGroup(HttpEdgeDefect, allow_unwrapped=True, flatten_subgroups=True),
-    reason="issue 9 items 5 and 9: after an early answer the server stops answering on that connection, and the "
-    "sockets of connections it stopped answering stay in CLOSE-WAIT",
-)
-
-
-@HTTP_EDGE_EXPECTED
 @pytest.mark.filterwarnings(LARGE_REPR)
 async def test_fuzzing_with_the_token_finds_nothing_and_leaves_the_server_sound(make_live: MakeLive) -> None:
     live = await make_live(api_token=API_TOKEN, max_concurrent=1)
     documented = documented_operations(live)
     port = server_port(live)
-    edge = HttpEdge()
-    edge.add(await early_answer_stalls(live))
     async with httpx.AsyncClient(base_url=live.url, timeout=TIMEOUT) as client:
         assert (await client.get("/api/queue", headers=AUTH, timeout=TIMEOUT)).status_code == 200
     fds_before = server_fds(live)  # a server that has served requests, and has no job
 
     run = await fuzz(live, max_examples=MAX_EXAMPLES_WITH_TOKEN, token=API_TOKEN)
     print(run.report())
-    edge.add(run.stalled and f"the server stopped answering the fuzzer: {run.stalled}")
 
-    assert not run.failures and not run.errors, run.report()
+    assert not run.failures and not run.errors and not run.stalled, run.report()
     assert all(e.status is not None and e.status < 500 for e in run.exchanges)
-    if not run.stalled:  # a run stopped at a stall is checked for what it covered
-        assert run.stop_reason == "completed", run.report()
-        assert len(run.exchanges) >= MIN_REQUESTS
-        # Every operation was exercised, with every check.
-        paths = sorted({path for _, path in documented})
-        exercised = {(e.method, operation_of(e, paths)) for e in run.exchanges}
-        assert documented - {SERVES_THE_DOCUMENT} <= exercised, documented - exercised
-        assert {
-            "not_a_server_error",
-            "status_code_conformance",
-            "response_schema_conformance",
-            "content_type_conformance",
-            "negative_data_rejection",
-            "positive_data_acceptance",
-            "unsupported_method",
-            "ignored_auth",
-        } <= run.checks_run, run.checks_run
+    assert run.stop_reason == "completed", run.report()
+    assert len(run.exchanges) >= MIN_REQUESTS
+    # Every operation was exercised, with every check.
+    paths = sorted({path for _, path in documented})
+    exercised = {(e.method, operation_of(e, paths)) for e in run.exchanges}
+    assert documented - {SERVES_THE_DOCUMENT} <= exercised, documented - exercised
+    assert {
+        "not_a_server_error",
+        "status_code_conformance",
+        "response_schema_conformance",
+        "content_type_conformance",
+        "negative_data_rejection",
+        "positive_data_acceptance",
+        "unsupported_method",
+        "ignored_auth",
+    } <= run.checks_run, run.checks_run
 
     # The server is sound afterwards: it serves, no job is stuck, no slot is held, nothing leaked.
     async with httpx.AsyncClient(base_url=live.url, timeout=TIMEOUT) as client:
         health = await client.get("/api/health", timeout=TIMEOUT)
         assert health.status_code == 200
-        await settle(live)
-        accepted = (await client.get("/api/jobs?limit=1000", headers=AUTH, timeout=TIMEOUT)).json()["jobs"]
+        accepted = (await client.get("/api/jobs?limit=1", headers=AUTH, timeout=TIMEOUT)).json()["jobs"]
         assert accepted, "the fuzzer enqueued no job: the kinds in the document are not reaching the server"
+        left_queued = await settle(live)
+        print(f"{left_queued} jobs left queued by the fuzzer, cancelled")
         queue = (await client.get("/api/queue", headers=AUTH, timeout=TIMEOUT)).json()
         assert queue["running"] == 0 and queue["queued"] == 0, queue
-        # A job enqueued now is promoted at once: the one slot is free.
+        # The one slot is free: a job enqueued now is promoted and runs to its end.
+        assert (await client.post("/api/queue/resume", headers=AUTH, timeout=TIMEOUT)).status_code == 200
         response = await client.post("/api/jobs", json={"kind": "enrichment"}, headers=AUTH, timeout=TIMEOUT)
         assert response.status_code == 202
-        assert response.json()["status"] != "queued", response.json()
-        await settle(live)
+        job = await wait_terminal(live.supervisor, response.json()["job_id"])
+        assert job.status == "succeeded", job
 
     # Every client has closed its connections by now (the fuzzer's with its engine): the server closes its ends.
     async def connections_closed() -> bool | None:
@@ -478,31 +387,19 @@ async def test_fuzzing_with_the_token_finds_nothing_and_leaves_the_server_sound(
     with trio.move_on_after(CLOSE_S):
         await poll_until(connections_closed, limit_s=CLOSE_S)
     connections = server_connections(port)
-    if connections["CLOSE_WAIT"]:
-        edge.add(f"{connections['CLOSE_WAIT']} server sockets in CLOSE-WAIT after the run (item 9)")
-    # A socket left in CLOSE-WAIT is the finding above; any other descriptor more than before is a leak.
-    waiting = {inode for inode, (side, state) in tcp_sockets(port).items() if state == "CLOSE_WAIT"}
+    assert connections["CLOSE_WAIT"] == 0, f"server sockets in CLOSE-WAIT after the run: {connections}"
     after = server_fds(live)
-    leaked = {
-        fd: target
-        for fd, target in after.items()
-        if fds_before.get(fd) != target and target[len("socket:[") : -1] not in waiting
-    }
+    leaked = {fd: target for fd, target in after.items() if fds_before.get(fd) != target}
     assert len(leaked) <= FD_SLACK, f"descriptors the server holds beyond those before the run: {leaked}"
-    edge.raise_if_seen()
 
 
-@HTTP_EDGE_EXPECTED
 @pytest.mark.filterwarnings(LARGE_REPR)
 async def test_without_the_token_every_protected_route_answers_401(make_live: MakeLive) -> None:
     live = await make_live(api_token=API_TOKEN)
-    edge = HttpEdge()
-    edge.add(await early_answer_stalls(live))
     run = await fuzz(live, max_examples=MAX_EXAMPLES_WITHOUT_TOKEN, token=None)
     print(run.report())
-    edge.add(run.stalled and f"the server stopped answering the fuzzer: {run.stalled}")
 
-    assert not run.failures and not run.errors, run.report()
+    assert not run.failures and not run.errors and not run.stalled, run.report()
     protected = documented_operations(live, protected_only=True)
     paths = sorted({path for _, path in protected})
     answered: Counter[tuple[str, str]] = Counter()
@@ -511,11 +408,9 @@ async def test_without_the_token_every_protected_route_answers_401(make_live: Ma
         if key in protected:
             assert exchange.status == 401, exchange
             answered[key] += 1
-    if not run.stalled:
-        assert set(answered) == protected - {SERVES_THE_DOCUMENT}, (answered, protected)
+    assert set(answered) == protected - {SERVES_THE_DOCUMENT}, (answered, protected)
     async with httpx.AsyncClient(base_url=live.url, timeout=TIMEOUT) as client:
         assert (await client.get(SERVES_THE_DOCUMENT[1], timeout=TIMEOUT)).status_code == 401
         assert (await client.get(SERVES_THE_DOCUMENT[1], headers=AUTH, timeout=TIMEOUT)).status_code == 200
     jobs, _ = await live.supervisor.list_jobs(limit=10)
     assert jobs == []  # nothing got through
-    edge.raise_if_seen()

@@ -16,7 +16,7 @@ from werkzeug.routing import Rule
 
 from supervisor._app import PUBLIC_ENDPOINTS
 from supervisor._kinds import KindCatalog, load_kinds
-from supervisor._openapi import openapi_document
+from supervisor._openapi import JOBS_SUBROUTES, openapi_document
 
 HTTP_METHODS = {"get", "post", "put", "patch", "delete"}
 
@@ -235,15 +235,21 @@ async def test_a_log_window_is_accepted_exactly_when_the_document_says_it_is_val
     assert response.status_code == (200 if valid else 422)
 
 
-async def test_reconcile_is_a_post_only_route_for_every_method(harness: Harness) -> None:
+async def test_a_fixed_route_under_jobs_is_that_route_for_every_method_never_a_job_id(harness: Harness) -> None:
     doc = openapi_document(harness.supervisor.kinds)
-    assert set(doc["paths"]["/api/jobs/reconcile"]) == {"post"}
-    options = await harness.client.options("/api/jobs/reconcile")
-    assert set(options.headers["Allow"].replace(" ", "").split(",")) == {"OPTIONS", "POST"}
-    status, body = await harness.json("GET", "/api/jobs/reconcile")
-    assert status == 405
-    assert body["error"]["code"] == "method_not_allowed"
-    assert not doc_accepts(parameter_schema(doc, "showJob", "job_id"), "reconcile")
+    fixed = {path.rsplit("/", 1)[1] for path in doc["paths"] if re.fullmatch(r"/api/jobs/[^/{}]+", path)}
+    assert set(JOBS_SUBROUTES) == fixed == {"batch", "reconcile"}
+    for name in sorted(fixed):
+        path = f"/api/jobs/{name}"
+        assert set(doc["paths"][path]) == {"post"}
+        # OPTIONS used to advertise GET here (GET /api/jobs/<job_id> matched), and that GET answered 404.
+        options = await harness.client.options(path)
+        assert set(options.headers["Allow"].replace(" ", "").split(",")) == {"OPTIONS", "POST"}, path
+        status, body = await harness.json("GET", path)
+        assert status == 405, path
+        assert body["error"]["code"] == "method_not_allowed"
+        assert not doc_accepts(parameter_schema(doc, "showJob", "job_id"), name)
+    assert doc_accepts(parameter_schema(doc, "showJob", "job_id"), "4969cb37d2f8447e9734ed35bf48539b")
 
 
 # (body, valid?) for a running job's heartbeat with its own token: 204 when valid, 422 when not.
