@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Gauge
 from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
+from werkzeug.routing import BaseConverter
 
 from ._config import ApiToken
 from ._core import Supervisor
@@ -37,7 +38,7 @@ from ._errors import (
 )
 from ._logging import get_logger
 from ._model import Job
-from ._openapi import openapi_document
+from ._openapi import JOBS_SUBROUTES, openapi_document
 
 log = get_logger()
 
@@ -138,6 +139,18 @@ def _int_query(query: Mapping[str, str], name: str, default: int | None) -> int 
     return int(text)
 
 
+class _JobIdConverter(BaseConverter):
+    """The job id of ``/api/jobs/<job_id>``: one path segment, never a fixed route's name (``reconcile``, ``batch``).
+
+    A fixed path outranks a template, in OpenAPI as in the document: ``/api/jobs/reconcile`` is the reconcile route
+    for every method. Without this, ``GET /api/jobs/reconcile`` matched ``GET /api/jobs/<job_id>`` (404, "no such
+    job") and ``OPTIONS`` advertised that GET; now it is a 405 whose ``Allow`` says POST. The names come from the
+    document, which the tests hold to the route map. (Job ids are uuid hex: none is lost.)
+    """
+
+    regex = rf"(?!(?:{'|'.join(map(re.escape, JOBS_SUBROUTES))})$)[^/]+"
+
+
 class _Metrics:
     """A small Prometheus registry of this app's own (never the process-global one, so apps never collide)."""
 
@@ -163,6 +176,7 @@ def create_app(supervisor: Supervisor, api_token: ApiToken | None = None) -> Qua
     """The app over ``supervisor``; ``api_token`` is the operator token in force (re-read on SIGHUP by the server)."""
     # No static folder: the route map is exactly the API, which the auth and OpenAPI tests walk.
     app = QuartTrio(__name__, static_folder=None)
+    app.url_map.converters["job_id"] = _JobIdConverter
     # The stack's own cap is the largest route's (a batch); _json_body holds every other route to MAX_BODY_BYTES.
     app.config["MAX_CONTENT_LENGTH"] = MAX_BATCH_BODY_BYTES
     app.config["BODY_TIMEOUT"] = BODY_TIMEOUT_S
@@ -269,9 +283,7 @@ def create_app(supervisor: Supervisor, api_token: ApiToken | None = None) -> Qua
             raise ValidationError("missing field 'jobs'", field="jobs")
         results = await supervisor.enqueue_many(body["jobs"])
         return {
-            "jobs": [
-                {"job_id": r.job.job_id, "status": str(r.job.status), "coalesced": r.coalesced} for r in results
-            ]
+            "jobs": [{"job_id": r.job.job_id, "status": str(r.job.status), "coalesced": r.coalesced} for r in results]
         }, 202
 
     @app.get("/api/jobs")
@@ -285,7 +297,7 @@ def create_app(supervisor: Supervisor, api_token: ApiToken | None = None) -> Qua
         )
         return {"jobs": [_row(job) for job in jobs], "next_cursor": next_cursor}
 
-    @app.get("/api/jobs/<job_id>")
+    @app.get("/api/jobs/<job_id:job_id>")
     async def show_job(job_id: str) -> Any:
         """One job's row."""
         return _row(await supervisor.get(job_id))
@@ -341,7 +353,7 @@ def create_app(supervisor: Supervisor, api_token: ApiToken | None = None) -> Qua
     @app.get("/api/openapi.json")
     async def openapi() -> Any:
         """This API's OpenAPI document."""
-        return openapi_document()
+        return openapi_document(supervisor.kinds)
 
     @app.get("/metrics")
     async def metrics() -> Any:

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import trio
 
@@ -51,6 +51,8 @@ PROMOTE_BATCH = 64  # rows promoted in one transaction, at most
 # for that record while the shepherd is alive.
 EXIT_RECORD_WAIT_S = 10.0
 EXIT_RECORD_POLL_S = 0.02
+# A heartbeat's unit counts are stored as SQLite INTEGERs (64-bit signed): a larger number is refused, not a 500.
+MAX_UNITS = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -209,6 +211,20 @@ def outcome(
     if failure_reasons and code in failure_reasons:
         return JobStatus.FAILED, failure_reasons[code]
     return JobStatus.FAILED, f"exit_code_{code}"
+
+
+def _is_unit_count(value: object) -> TypeGuard[int]:
+    """A heartbeat's unit count: a JSON integer (not a bool) from 0 to MAX_UNITS."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_UNITS
+
+
+def _is_utf8(text: str) -> bool:
+    """False for a lone surrogate: valid JSON ("\\ud800"), but no UTF-8 to store (sqlite3 raised: a 500)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass
@@ -787,14 +803,14 @@ class Supervisor:
         if unknown:
             raise ValidationError(f"unknown field {unknown[0]!r}", field=unknown[0])
         completed = body.get("completed_units")
-        if isinstance(completed, bool) or not isinstance(completed, int) or completed < 0:
-            raise ValidationError("completed_units must be a non-negative integer", field="completed_units")
+        if not _is_unit_count(completed):
+            raise ValidationError(f"completed_units must be an integer from 0 to {MAX_UNITS}", field="completed_units")
         total = body.get("total_units")
-        if total is not None and (isinstance(total, bool) or not isinstance(total, int) or total < 0):
-            raise ValidationError("total_units must be a non-negative integer or null", field="total_units")
+        if total is not None and not _is_unit_count(total):
+            raise ValidationError(f"total_units must be an integer from 0 to {MAX_UNITS}, or null", field="total_units")
         stage = body.get("stage")
-        if stage is not None and (not isinstance(stage, str) or len(stage) > MAX_STAGE_LEN):
-            raise ValidationError(f"stage must be a string of at most {MAX_STAGE_LEN} characters", field="stage")
+        if stage is not None and (not isinstance(stage, str) or len(stage) > MAX_STAGE_LEN or not _is_utf8(stage)):
+            raise ValidationError(f"stage must be a text of at most {MAX_STAGE_LEN} characters", field="stage")
         return await self.registry.record_heartbeat(
             job_id, token, completed_units=completed, total_units=total, stage=stage
         )

@@ -38,7 +38,11 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
 # Numbers given as strings (the CLI's -p k=v): ASCII digits only. Python's \d, int() and float() also accept
 # other scripts' digits ('\u0661') and underscores ('1_0'), which no caller means.
 _ASCII_INT = re.compile(r"[+-]?[0-9]{1,18}")
-_ASCII_FLOAT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?")
+# Bounded (20 digits either side of the point, a two-digit exponent) so that every match is a finite float: the
+# OpenAPI document uses this very pattern, and a pattern cannot say "and not too large" ("1e999" is inf).
+_ASCII_FLOAT = re.compile(r"[+-]?(?:[0-9]{1,20}(?:\.[0-9]{0,20})?|\.[0-9]{1,20})(?:[eE][+-]?[0-9]{1,2})?")
+# The largest finite float: a JSON number beyond it is refused (the document states the same bound).
+MAX_FLOAT = sys.float_info.max
 # Exit codes of pipeline_runner that are planned outcomes (ADR-0002, INV-BUDGET-IS-AN-OUTCOME) ...
 PIPELINE_EXIT_REASONS = {10: "budget_exhausted", 11: "time_budget_exhausted"}
 # ... and those that are failures with a name an operator can act on.
@@ -144,6 +148,8 @@ def _convert(name: str, type_name: str, value: object) -> ParamValue:
             raise bad("got a bool")
         number: float
         if isinstance(value, int | float):
+            if not -MAX_FLOAT <= value <= MAX_FLOAT:
+                raise bad("not finite")  # an int past it: float() would raise OverflowError (it answered 500)
             number = float(value)
         elif isinstance(value, str):
             # float() also takes '1_0', ' 1 ', 'nan' and non-ASCII digits: only a plain ASCII number passes.

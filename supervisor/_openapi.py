@@ -2,6 +2,11 @@
 
 Written by hand, as data, rather than generated from the app: the tests walk the app's route map and compare it
 with ``paths`` here, and compare the ``Job`` schema with ``Job.public()``, so the two cannot drift apart silently.
+
+The document is a contract a fuzzer can hold the server to (schemathesis runs in ``make test``): what it calls
+valid the server accepts, and what it calls invalid the server refuses. So the value rules are not restated here
+but taken from the code that enforces them (the cursor and number patterns, the string limits), and the enqueue
+body is built from the server's own kinds: one schema per kind, with exactly that kind's params.
 """
 
 from __future__ import annotations
@@ -9,10 +14,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ._core import MAX_BATCH
-from ._kinds import MAX_STR_PARAM_LEN
+from ._core import MAX_BATCH, MAX_STAGE_LEN, MAX_UNITS
+from ._kinds import _ASCII_FLOAT, _ASCII_INT, MAX_FLOAT, MAX_STR_PARAM_LEN, JobKind, KindCatalog
 from ._model import JobStatus
-from ._registry import MAX_LIST_LIMIT
+from ._registry import CURSOR_PATTERN, MAX_LIST_LIMIT
 
 API_VERSION = "1"
 
@@ -30,6 +35,16 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 def _error(description: str) -> dict[str, Any]:
     return _json(_ref("Error"), description)
 
+
+def _anchored(pattern: str) -> str:
+    """A Python ``fullmatch`` pattern as a JSON Schema pattern (which matches anywhere unless anchored)."""
+    return f"^(?:{pattern})$"
+
+
+# A str param: no NUL, not starting with '-' (the empty string is a value too).
+_STR_PARAM = "^(?:[^\\x00-][^\\x00]*)?$"
+# A bool param given as a string: true or false in any case (JSON Schema patterns have no inline flags).
+_BOOL_TEXT = "^(?:[Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee])$"
 
 _TS = {"type": ["string", "null"], "format": "date-time", "description": "ISO-8601, UTC"}
 _NULLABLE_INT = {"type": ["integer", "null"]}
@@ -60,26 +75,6 @@ _SCHEMAS: dict[str, Any] = {
             "boot_id": {"type": "string"},
             "exec_mode": {"enum": ["subprocess", "docker"]},
             "paused": {"type": "boolean"},
-        },
-    },
-    "EnqueueRequest": {
-        "type": "object",
-        "required": ["kind"],
-        "additionalProperties": False,
-        "properties": {
-            "kind": {"type": "string", "description": "a kind declared by the operator"},
-            "params": {
-                "type": "object",
-                "description": "the kind's declared params; strings are converted to a declared int/float/bool",
-                "additionalProperties": {
-                    "oneOf": [
-                        {"type": "string", "maxLength": MAX_STR_PARAM_LEN},
-                        {"type": "integer"},
-                        {"type": "number"},
-                        {"type": "boolean"},
-                    ]
-                },
-            },
         },
     },
     "BatchRequest": {
@@ -154,7 +149,11 @@ _SCHEMAS: dict[str, Any] = {
         "required": ["jobs", "next_cursor"],
         "properties": {
             "jobs": {"type": "array", "items": _ref("Job")},
-            "next_cursor": {**_NULLABLE_STR, "description": "pass as ?cursor= for the next page; null at the end"},
+            "next_cursor": {
+                "type": ["string", "null"],
+                "pattern": _anchored(CURSOR_PATTERN.pattern),
+                "description": "pass as ?cursor= for the next page; null at the end",
+            },
         },
     },
     "ReconcileReport": {
@@ -196,19 +195,37 @@ _SCHEMAS: dict[str, Any] = {
             "completed_units": {
                 "type": "integer",
                 "minimum": 0,
+                "maximum": MAX_UNITS,
                 "description": "a watermark: last_progress_at moves only when it increases",
             },
-            "total_units": {"type": ["integer", "null"], "minimum": 0},
-            "stage": {"type": ["string", "null"], "maxLength": 200},
+            "total_units": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_UNITS},
+            "stage": {
+                "type": ["string", "null"],
+                "maxLength": MAX_STAGE_LEN,
+                "description": "valid Unicode text (no lone surrogate)",
+            },
         },
     },
 }
 
-_JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+# A byte count in a query string: at most 12 ASCII digits (what the server parses).
+_BYTE_COUNT = {"type": "integer", "minimum": 0, "maximum": 10**12 - 1}
+
+_JOB_ID: dict[str, Any] = {
+    "name": "job_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "minLength": 1},
+}
+# The fixed routes under /api/jobs/ (a test holds this to the paths below). A fixed path outranks a template, so no
+# job id is one of these names: the app's route converter refuses them, and showJob's parameter says so.
+JOBS_SUBROUTES = ("batch", "reconcile")
 _PUBLIC: list[dict[str, list[str]]] = []  # no API token
 _JOB_TOKEN: list[dict[str, list[str]]] = [{"jobToken": []}]
 
 _UNAUTHORIZED = _error("missing or wrong API token")
+# Every POST: the server refuses one that carries an Origin header (see info.description).
+_CROSS_ORIGIN = _error("the request carries an Origin header (a web page sent it)")
 _NOT_FOUND = _error("no job with that id")
 _INVALID = _error("a field or query value is invalid; error.field names it")
 
@@ -230,6 +247,7 @@ _PATHS: dict[str, Any] = {
                 "202": _json(_ref("EnqueueResponse"), "queued (or coalesced into a queued job)"),
                 "400": _error("the body is not valid JSON"),
                 "401": _UNAUTHORIZED,
+                "403": _CROSS_ORIGIN,
                 "413": _error("the body is too large"),
                 "415": _error("the body is not application/json"),
                 "422": _error("unknown kind, or a missing, unknown or mistyped param; error.field names it"),
@@ -240,7 +258,12 @@ _PATHS: dict[str, Any] = {
             "summary": "List jobs, newest first, one page at a time.",
             "parameters": [
                 {"name": "status", "in": "query", "schema": {"enum": _STATUSES}},
-                {"name": "kind", "in": "query", "schema": {"type": "string"}},
+                {
+                    "name": "kind",
+                    "in": "query",
+                    # Any text: rows of a kind since removed from the kinds file can still be listed.
+                    "schema": {"type": "string"},
+                },
                 {
                     "name": "limit",
                     "in": "query",
@@ -249,7 +272,7 @@ _PATHS: dict[str, Any] = {
                 {
                     "name": "cursor",
                     "in": "query",
-                    "schema": {"type": "string"},
+                    "schema": {"type": "string", "pattern": _anchored(CURSOR_PATTERN.pattern)},
                     "description": "next_cursor of the previous page; pages stay stable while jobs are added",
                 },
             ],
@@ -265,6 +288,7 @@ _PATHS: dict[str, Any] = {
                 "202": _json(_ref("BatchResponse"), "every job queued (or coalesced), in request order"),
                 "400": _error("the body is not valid JSON"),
                 "401": _UNAUTHORIZED,
+                "403": _CROSS_ORIGIN,
                 "413": _error("the body is larger than 1 MiB"),
                 "415": _error("the body is not application/json"),
                 "422": _error("an element is invalid; error.field names it (jobs[3].params.seconds); nothing stored"),
@@ -275,8 +299,15 @@ _PATHS: dict[str, Any] = {
         "get": {
             "operationId": "showJob",
             "summary": "One job's row.",
-            "parameters": [_JOB_ID],
-            "responses": {"200": _json(_ref("Job"), "the row"), "401": _UNAUTHORIZED, "404": _NOT_FOUND},
+            # /api/jobs/reconcile is the reconcile route for every method (a fixed path outranks a template): a GET
+            # there is a 405, never a lookup of a job called "reconcile". Likewise batch.
+            "parameters": [{**_JOB_ID, "schema": {**_JOB_ID["schema"], "not": {"enum": list(JOBS_SUBROUTES)}}}],
+            "responses": {
+                "200": _json(_ref("Job"), "the row"),
+                "401": _UNAUTHORIZED,
+                "404": _NOT_FOUND,
+                "405": _error("job_id names a fixed route (reconcile, batch), which takes only POST"),
+            },
         }
     },
     "/api/jobs/{job_id}/cancel": {
@@ -287,6 +318,7 @@ _PATHS: dict[str, Any] = {
             "responses": {
                 "200": _json(_ref("Job"), "the row after the cancel"),
                 "401": _UNAUTHORIZED,
+                "403": _CROSS_ORIGIN,
                 "404": _NOT_FOUND,
             },
         }
@@ -298,6 +330,7 @@ _PATHS: dict[str, Any] = {
             "responses": {
                 "200": _json(_ref("ReconcileReport"), "what was done to each running row"),
                 "401": _UNAUTHORIZED,
+                "403": _CROSS_ORIGIN,
             },
         }
     },
@@ -312,14 +345,14 @@ _PATHS: dict[str, Any] = {
         "post": {
             "operationId": "pauseQueue",
             "summary": "Pause promotion (creates the pause flag file); running jobs continue.",
-            "responses": {"200": _json(_ref("QueueState"), "the queue"), "401": _UNAUTHORIZED},
+            "responses": {"200": _json(_ref("QueueState"), "the queue"), "401": _UNAUTHORIZED, "403": _CROSS_ORIGIN},
         }
     },
     "/api/queue/resume": {
         "post": {
             "operationId": "resumeQueue",
             "summary": "Resume promotion (removes the pause flag file) and drain.",
-            "responses": {"200": _json(_ref("QueueState"), "the queue"), "401": _UNAUTHORIZED},
+            "responses": {"200": _json(_ref("QueueState"), "the queue"), "401": _UNAUTHORIZED, "403": _CROSS_ORIGIN},
         }
     },
     "/api/jobs/{job_id}/log": {
@@ -328,12 +361,23 @@ _PATHS: dict[str, Any] = {
             "summary": "A job's log: whole, its last tail_bytes, or from byte offset on (to follow it).",
             "parameters": [
                 _JOB_ID,
-                {"name": "tail_bytes", "in": "query", "schema": {"type": "integer", "minimum": 0}},
                 {
-                    "name": "offset",
+                    "name": "window",
                     "in": "query",
-                    "schema": {"type": "integer", "minimum": 0},
-                    "description": "bytes already read; the log is append-only. Not with tail_bytes.",
+                    # An exploded form object is sent as its properties, `?tail_bytes=N` or `?offset=N`: the one
+                    # way OpenAPI has to say that two query parameters exclude each other (maxProperties).
+                    "style": "form",
+                    "explode": True,
+                    "description": (
+                        "which bytes: `tail_bytes=N`, the last N; or `offset=N`, from byte N on (the log is "
+                        "append-only, so an offset stays valid while it grows). Not both; neither: the whole log."
+                    ),
+                    "schema": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "maxProperties": 1,
+                        "properties": {"tail_bytes": _BYTE_COUNT, "offset": _BYTE_COUNT},
+                    },
                 },
             ],
             "responses": {
@@ -358,6 +402,7 @@ _PATHS: dict[str, Any] = {
                 "204": {"description": "recorded"},
                 "400": _error("the body is not valid JSON"),
                 "401": _error("the token is not this job's, or no job has this id"),
+                "403": _CROSS_ORIGIN,
                 "409": _error("the job is not running"),
                 "413": _error("the body is too large"),
                 "415": _error("the body is not application/json"),
@@ -414,6 +459,53 @@ _DOCUMENT: dict[str, Any] = {
 }
 
 
-def openapi_document() -> dict[str, Any]:
-    """A fresh copy of the document (callers may change theirs)."""
-    return copy.deepcopy(_DOCUMENT)
+def _param_schema(type_name: str) -> dict[str, Any]:
+    """What ``JobKind.validate_params`` accepts for one param of ``type_name``: a JSON value, or a string in the
+    exact spelling the server converts (the CLI sends every ``-p key=value`` as a string)."""
+    if type_name == "str":
+        return {
+            "type": "string",
+            "maxLength": MAX_STR_PARAM_LEN,
+            "pattern": _STR_PARAM,
+            "description": "valid Unicode text (no lone surrogate), without NUL, not starting with '-'",
+        }
+    typed, spelled = {
+        "int": ({"type": "integer"}, _anchored(_ASCII_INT.pattern)),
+        "float": ({"type": "number", "minimum": -MAX_FLOAT, "maximum": MAX_FLOAT}, _anchored(_ASCII_FLOAT.pattern)),
+        "bool": ({"type": "boolean"}, _BOOL_TEXT),
+    }[type_name]
+    return {"oneOf": [typed, {"type": "string", "pattern": spelled}]}
+
+
+def _enqueue_schema(kind: JobKind) -> dict[str, Any]:
+    """The body that enqueues ``kind``: its name and exactly its declared params."""
+    params = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": sorted(kind.params),
+        "properties": {name: _param_schema(type_name) for name, type_name in sorted(kind.params.items())},
+    }
+    if not kind.params:
+        # A kind without params may omit them, or send null or {}.
+        params["type"] = ["object", "null"]
+    return {
+        "title": kind.name,
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["kind", "params"] if kind.params else ["kind"],
+        "properties": {"kind": {"const": kind.name}, "params": params},
+    }
+
+
+def openapi_document(kinds: KindCatalog) -> dict[str, Any]:
+    """A fresh document for a server running ``kinds`` (callers may change theirs).
+
+    The enqueue body is one schema per kind: a kind the operator did not declare, or a param it does not take,
+    is invalid in the document exactly as the server refuses it (422).
+    """
+    document = copy.deepcopy(_DOCUMENT)
+    document["components"]["schemas"]["EnqueueRequest"] = {
+        "description": "a kind declared by the operator (or built in), with that kind's params",
+        "oneOf": [_enqueue_schema(kinds.get(name)) for name in kinds.names()],
+    }
+    return document
