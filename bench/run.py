@@ -37,9 +37,13 @@ DOC_HEADER = (
 
 
 def git_revision() -> str:
+    """The supervisor code measured: the last commit that touched supervisor/, and whether it is modified."""
     try:
-        rev = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=30
+        last = subprocess.run(
+            ["git", "-C", str(REPO), "log", "-1", "--format=%h %s", "--", "supervisor"],
+            capture_output=True,
+            text=True,
+            timeout=30,
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no", "--", "supervisor"],
@@ -49,7 +53,7 @@ def git_revision() -> str:
         ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return "?"
-    return f"{rev}{' (supervisor/ modified)' if dirty else ''}"
+    return f"supervisor/ at {last[:90] or '?'}{' (modified)' if dirty else ''}"
 
 
 def run(only: list[str], *, smoke: bool, runs: int) -> list[Section]:
