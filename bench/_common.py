@@ -337,6 +337,23 @@ class Supervisor:
             out.append(state)
         return out
 
+    def log_events(self) -> dict[str, dict[str, float]]:
+        """job id -> {event: epoch seconds} from the supervisor's JSON log: ``queued->running`` (promoted),
+        ``running->succeeded`` (finalized), ``job_spawned``... — the supervisor's clock, microseconds."""
+        out: dict[str, dict[str, float]] = {}
+        for line in self.stderr_path.read_text(errors="replace").splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(event, dict) or not event.get("job_id") or "timestamp" not in event:
+                continue
+            name = str(event.get("event"))
+            if name == "job_transition":
+                name = f"{event.get('from')}->{event.get('to')}"
+            out.setdefault(str(event["job_id"]), {})[name] = iso_ts(str(event["timestamp"]).replace("Z", "+00:00"))
+        return out
+
     def registry_query(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Read the supervisor's registry directly (read-only; WAL lets a reader run beside the writer)."""
         conn = sqlite3.connect(f"file:{self.registry_path}?mode=ro", uri=True, timeout=10)

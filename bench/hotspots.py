@@ -64,11 +64,19 @@ def _short(path: str) -> str:
         return path
 
 
+def _package(short_file: str) -> str:
+    """The distribution a file belongs to: its top-level package, or the stdlib for a bare module."""
+    if "/" not in short_file or short_file.startswith(("<", "json/", "asyncio/", "concurrent/", "importlib/")):
+        return "python stdlib"
+    return short_file.split("/", 1)[0]
+
+
 def summarize(raw: Path, top: int) -> str:
     """Shares of samples by file and function, from py-spy's raw (collapsed stack) output."""
     by_self: Counter[str] = Counter()
     by_incl: Counter[str] = Counter()
     by_file: Counter[str] = Counter()
+    by_package: Counter[str] = Counter()
     by_thread: Counter[str] = Counter()
     total = idle = 0
     for line in raw.read_text().splitlines():
@@ -91,7 +99,9 @@ def summarize(raw: Path, top: int) -> str:
             idle += count
             continue
         by_self[names[-1]] += count
-        by_file[names[-1].rsplit(":", 1)[0]] += count
+        leaf_file = names[-1].rsplit(":", 1)[0]
+        by_file[leaf_file] += count
+        by_package[_package(leaf_file)] += count
         for name in set(names):
             by_incl[name] += count
     if total == 0:
@@ -101,6 +111,8 @@ def summarize(raw: Path, top: int) -> str:
     if by_thread:
         out.append("\nby thread:")
         out += [f"  {n / total:6.1%}  {t}" for t, n in by_thread.most_common(top)]
+    out.append("\nself time by package:")
+    out += [f"  {n / total:6.1%}  {f}" for f, n in by_package.most_common(top)]
     out.append("\nself time by file:")
     out += [f"  {n / total:6.1%}  {f}" for f, n in by_file.most_common(top)]
     out.append("\nself time by function:")

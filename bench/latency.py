@@ -56,7 +56,47 @@ NOOP = json.dumps({"kind": "noop", "params": {}}).encode()
 # -- 2. promotion ---------------------------------------------------------------------------------------
 
 
-def promotion_run(n: int, seed: int) -> tuple[list[float], bool]:
+PHASES = (
+    ("exit → row finalized (shepherd's report, monitor, finalize transaction)", "exit", "finalized", False),
+    (
+        "row finalized → next job promoted (drainer wake, pause check, promote transaction)",
+        "finalized",
+        "promoted",
+        True,
+    ),
+    ("promoted → next job's process started (spawn request, shepherd fork)", "promoted", "started", False),
+)
+
+
+def promotion_phases(sup: Supervisor) -> dict[str, list[float]]:
+    """Where a promotion's time goes: the shepherd's records joined with the supervisor's log of the same jobs.
+
+    Per job: its exit → its row finalized; its promotion → its process start. Between jobs (matched in order, as
+    for the latency itself): a slot's row finalized → the next promotion.
+    """
+    states = {s.job_id: s for s in sup.job_states()}
+    events = sup.log_events()
+    rows = []
+    for job_id, state in states.items():
+        ev = events.get(job_id, {})
+        if state.ended_at is None or "queued->running" not in ev or "running->succeeded" not in ev:
+            continue
+        rows.append({"exit": state.ended_at, "started": state.started_at, "promoted": ev["queued->running"],
+                     "finalized": ev["running->succeeded"]})  # fmt: skip
+    # The first SLOTS starts follow the resume, not an exit (and the very first one starts the shepherd).
+    rows.sort(key=lambda r: r["started"])
+    later = rows[SLOTS:]
+    out: dict[str, list[float]] = {}
+    for label, a, b, matched in PHASES:
+        if matched:
+            froms, tos = sorted(r[a] for r in rows), sorted(r[b] for r in rows)
+            out[label] = [tos[SLOTS + i] - froms[i] for i in range(len(tos) - SLOTS)]
+        else:
+            out[label] = [r[b] - r[a] for r in (later if b == "started" else rows)]
+    return out
+
+
+def promotion_run(n: int, seed: int) -> tuple[list[float], dict[str, list[float]], bool]:
     rng = random.Random(seed)
     jobs = [{"kind": "nap", "params": {"seconds": round(rng.uniform(0.05, 0.25), 3)}} for _ in range(n)]
     with scratch("promo") as tmp, Supervisor(tmp, max_concurrent=SLOTS) as sup:
@@ -74,7 +114,7 @@ def promotion_run(n: int, seed: int) -> tuple[list[float], bool]:
         counts = sup.status_counts()
         if counts.get("succeeded") != n:
             raise RuntimeError(f"promotion: expected {n} succeeded jobs, the registry says {counts}")
-        return promotion_latencies(sup.job_states(), SLOTS), batch_route
+        return promotion_latencies(sup.job_states(), SLOTS), promotion_phases(sup), batch_route
 
 
 # -- 3. enqueue latency ----------------------------------------------------------------------------------
@@ -207,13 +247,15 @@ def measure(*, smoke: bool, runs: int) -> list[Section]:
     detect_n = 4 if smoke else 40
 
     promo: list[list[float]] = []
+    phases: list[dict[str, list[float]]] = []
     batch_route = True
     enq: list[dict[str, object]] = []
     detect: list[list[float]] = []
     for run in range(runs):
         progress(f"latency run {run + 1}/{runs}: promotion ({promo_n} jobs)")
-        latencies, batch_route = promotion_run(promo_n, seed=run)
+        latencies, phase, batch_route = promotion_run(promo_n, seed=run)
         promo.append(latencies)
+        phases.append(phase)
         progress(f"latency run {run + 1}/{runs}: enqueue at {', '.join(f'{r:g}/s' for r, _ in rates)}, saturation")
         enq.append(enqueue_run(rates, saturation_n))
         progress(f"latency run {run + 1}/{runs}: detection ({detect_n} kills)")
@@ -224,11 +266,22 @@ def measure(*, smoke: bool, runs: int) -> list[Section]:
     p50 = Figure.of([percentile(x, 50) for x in promo])
     p99 = Figure.of([percentile(x, 99) for x in promo])
     s2.table = [
-        "| jobs | slots | p50 | p99 | max |",
-        "|---:|---:|---:|---:|---:|",
-        f"| {promo_n} x sleep 50-250 ms | {SLOTS} | {p50.fmt(1e3, 'ms')} | {p99.fmt(1e3, 'ms')} | "
+        f"| {promo_n} jobs of sleep 50-250 ms, {SLOTS} slots | p50 | p99 | max |",
+        "|---|---:|---:|---:|",
+        f"| **exit → next job's process start** | {p50.fmt(1e3, 'ms')} | {p99.fmt(1e3, 'ms')} | "
         f"{Figure.of([max(x) for x in promo]).fmt(1e3, 'ms')} |",
     ]
+    for label, *_ in PHASES:
+        got = [p[label] for p in phases if p.get(label)]
+        s2.table.append(
+            f"| of which: {label} | {Figure.of([percentile(x, 50) for x in got]).fmt(1e3, 'ms')} | "
+            f"{Figure.of([percentile(x, 99) for x in got]).fmt(1e3, 'ms')} | "
+            f"{Figure.of([max(x) for x in got]).fmt(1e3, 'ms')} |"
+        )
+    s2.notes.append(
+        "the phases come from the supervisor's own log (its clock) joined with the shepherd's records; each is "
+        "measured on its own, so their percentiles do not add up exactly"
+    )
     if not batch_route:
         s2.notes.append(BATCH_FALLBACK_NOTE)
     s2.target(p99.median <= 0.010, f"promotion p99 {p99.median * 1e3:.2f} ms (target ≤ 10 ms)")
