@@ -53,7 +53,9 @@ def git_revision() -> str:
         ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return "?"
-    return f"supervisor/ at {last[:90] or '?'}{' (modified)' if dirty else ''}"
+    if len(last) > 90:
+        last = last[:90].rsplit(" ", 1)[0] + " …"
+    return f"supervisor/ at {last or '?'}{' (modified)' if dirty else ''}"
 
 
 def run(only: list[str], *, smoke: bool, runs: int) -> list[Section]:
