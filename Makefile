@@ -4,6 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DATA_DIR ?= ./var
+# The benchmarks' own venv (RQ, py-spy): never the project's dependencies.
+BENCH_VENV := .venv-bench
 
 .PHONY: run test lint typecheck pytest bench clean chaos
 
@@ -19,7 +21,7 @@ run: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check supervisor pipeline_runner tests tools bench
-	$(PY) tools/lint_timeouts.py supervisor pipeline_runner
+	$(PY) tools/lint_timeouts.py supervisor pipeline_runner bench
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
@@ -33,9 +35,12 @@ test: lint typecheck pytest
 chaos: $(STAMP)
 	$(PY) bench/chaos.py
 
+# Installs the peers (Debian task-spooler, redis-server, parallel; RQ into $(BENCH_VENV)) when missing, then runs every
+# benchmark and appends a dated section to docs/performance.md. A full run takes several minutes.
 bench: $(STAMP)
-	$(PY) bench/run.py
+	PYTHON=$(PYTHON) BENCH_VENV=$(BENCH_VENV) bash bench/install-peers.sh
+	BENCH_VENV=$(BENCH_VENV) $(PY) bench/run.py
 	$(PY) bench/feeds.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,141 +1,140 @@
-"""Benchmarks of the registry's hot paths; results are appended to docs/performance.md.
+"""``make bench``: every benchmark of issue 10, side by side in one run; results appended to docs/performance.md.
 
-Usage: make bench   (or .venv/bin/python bench/run.py [--quick])
+Usage: .venv/bin/python bench/run.py [--smoke] [--no-write] [--only NAME[,NAME...]] [--runs R]
 
-What is measured, and why:
-- a sweep's registry read (``running_jobs``) with a small and a large history: it must cost O(running rows), not
-  O(history) — the status index makes it so;
-- one job's registry round trip (enqueue → promote → set process → finalize), the cost drain pays per job;
-- ``list_jobs`` first page with a large history (the operator's view).
+NAME is one of: throughput (1: 2,000 x /bin/true against xargs, task-spooler, GNU parallel, RQ), latency
+(2: promotion, 3: enqueue, 4: detection), footprint (5: RSS and process tree with 500 jobs, 6: heartbeats),
+registry (7: sweep read with 100 vs 100,000 terminal rows, list page, job round trip).
+
+Each figure is the median of R runs (default 3) with min-max. Absolute times on a shared 2-core machine are noise;
+the ratios and the targets are the result. Targets are printed as PASS/MISS lines (never timed unit tests);
+``--smoke`` (tiny N, one run, no write) is what ``make test`` runs so the scripts cannot rot.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import statistics
+import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from supervisor import JobStatus, SqliteRegistry  # noqa: E402
-from supervisor._registry import hash_token  # noqa: E402
+import footprint
+import latency
+import registry
+import throughput
+from _common import REPO, Section, machine
 
-
-def timed(fn: Callable[[], object], repeat: int) -> float:
-    """Median seconds of ``repeat`` calls."""
-    samples = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
-
-
-def fill_history(reg: SqliteRegistry, n: int) -> None:
-    """n finished rows, written in one transaction (setup, not measured)."""
-    now = datetime.now(UTC).isoformat()
-    with reg._tx() as conn:
-        conn.executemany(
-            "INSERT INTO jobs (job_id, kind, params, argv, status, created_at, ended_at) "
-            "VALUES (?, 'k', '{}', '[]', 'succeeded', ?, ?)",
-            ((f"h{i}", now, now) for i in range(n)),
-        )
+SCENARIOS = ("throughput", "latency", "footprint", "registry")
+DOC = REPO / "docs" / "performance.md"
+DOC_HEADER = (
+    "# Performance\n\nResults of `make bench` (bench/run.py), newest last. Targets are checked here, never by "
+    "timed assertions in unit tests.\n"
+)
 
 
-def bench(history: int, running: int) -> dict[str, float]:
-    with tempfile.TemporaryDirectory() as tmp:
-        reg = SqliteRegistry(Path(tmp) / "jobs.sqlite3")
-        fill_history(reg, history)
-        for i in range(running):
-            reg.enqueue("k", {"i": i}, ["x"])
-            job = reg.promote_queued_if_slot(running, boot_id="b", token_hash=hash_token("t"))
-            assert job is not None
-            reg.set_job_process(job.job_id, pid=1000 + i, pid_start_time=1, kernel_boot_id="k")
-        sweep = timed(reg.running_jobs, 200)
-        page = timed(lambda: reg.list_jobs(limit=100), 50)
+def git_revision() -> str:
+    """The supervisor code measured: the last commit that touched supervisor/, and whether it is modified."""
+    try:
+        last = subprocess.run(
+            ["git", "-C", str(REPO), "log", "-1", "--format=%h %s", "--", "supervisor"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no", "--", "supervisor"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+    if len(last) > 90:
+        last = last[:90].rsplit(" ", 1)[0] + " …"
+    return f"supervisor/ at {last or '?'}{' (modified)' if dirty else ''}"
 
-        def round_trip() -> None:
-            reg.enqueue("k", {}, ["x"])
-            job = reg.promote_queued_if_slot(running + 1, boot_id="b", token_hash=hash_token("t"))
-            assert job is not None
-            reg.set_job_process(job.job_id, pid=1, pid_start_time=1, kernel_boot_id="k")
-            reg.finalize(job.job_id, JobStatus.SUCCEEDED)
 
-        trip = timed(round_trip, 200)
-        reg.close()
-    return {"sweep_read_s": sweep, "list_page_s": page, "job_round_trip_s": trip}
+def run(only: list[str], *, smoke: bool, runs: int) -> list[Section]:
+    sections: list[Section] = []
+    if "throughput" in only:
+        sections.append(throughput.measure(smoke=smoke, runs=runs, n=16 if smoke else 2000))
+    if "latency" in only:
+        sections.extend(latency.measure(smoke=smoke, runs=runs))
+    if "footprint" in only:
+        sections.extend(footprint.measure(smoke=smoke, runs=runs, n=10 if smoke else 500))
+    if "registry" in only:
+        sections.append(registry.measure(smoke=smoke, runs=runs))
+    return sections
+
+
+def render(sections: list[Section], info: dict[str, str], runs: int, elapsed_s: float) -> str:
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "",
+        f"## {stamp} — make bench: the supervisor against its peers (issue 10)",
+        "",
+        f"Machine: {info['cpu']}, nproc {info['nproc']}, Linux {info['kernel']}, temp dir on {info['tmp filesystem']}"
+        f" (shared with other work). Code: {git_revision()}. Every figure is the median of {runs} runs (min-max);"
+        f" the whole run took {elapsed_s / 60:.1f} min.",
+        "",
+        "Versions: "
+        + "; ".join(f"{k} {v}" for k, v in info.items() if k not in ("cpu", "nproc", "kernel", "tmp filesystem"))
+        + ".",
+        "",
+        "**Targets**",
+        "",
+        "```",
+        *[t for s in sections for t in s.targets],
+        "```",
+    ]
+    for section in sections:
+        lines += ["", f"### {section.title}", "", *section.table]
+        if section.notes:
+            lines.append("")
+            lines += [f"- {note}" for note in section.notes]
+    return "\n".join(lines) + "\n"
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="small history only (a smoke run)")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", "--quick", action="store_true", help="tiny N, one run, nothing written")
     parser.add_argument("--no-write", action="store_true", help="print only; do not append to docs/performance.md")
+    parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios (default: all)")
+    parser.add_argument("--runs", type=int, default=None, help="runs per figure (default 3; 1 with --smoke)")
+    parser.add_argument(
+        "--doc", type=Path, default=None, help=f"append the results here (default {DOC}; --smoke: none)"
+    )
     args = parser.parse_args()
-    histories = [100, 10_000] if args.quick else [100, 10_000, 200_000]
-    rows = []
-    for history in histories:
-        result = bench(history, running=5)
-        rows.append((history, result))
-        print(
-            f"history={history:>7}  sweep read {result['sweep_read_s'] * 1e6:8.1f} µs   "
-            f"list page {result['list_page_s'] * 1e3:7.2f} ms   "
-            f"job round trip {result['job_round_trip_s'] * 1e3:6.2f} ms"
-        )
-    small, large = rows[0][1]["sweep_read_s"], rows[-1][1]["sweep_read_s"]
-    ratio = large / small
-    verdict = "PASS" if ratio < 3 else "FAIL"
-    print(
-        f"sweep read with {rows[-1][0]} vs {rows[0][0]} history rows: x{ratio:.2f} ({verdict}: target < x3, O(running))"
-    )
-    if not args.no_write:
-        write(rows, ratio, verdict)
-    return 0 if verdict == "PASS" else 1
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def write(rows: list[tuple[int, dict[str, float]]], ratio: float, verdict: str) -> None:
-    doc = REPO / "docs" / "performance.md"
-    if not doc.exists():
-        doc.write_text(
-            "# Performance\n\nResults of `make bench` (bench/run.py), newest last. Targets are checked here, never by "
-            "timed assertions in unit tests.\n"
-        )
-    machine = f"{cpu_model()} · {os.cpu_count()} cores · {platform.machine()} · Python {platform.python_version()}"
-    lines = [
-        "",
-        f"## {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')} — {machine}",
-        "",
-        "| history rows | sweep read (running_jobs, 5 running) | list_jobs first page (100) | job round trip |",
-        "|---:|---:|---:|---:|",
-    ]
-    for history, r in rows:
-        lines.append(
-            f"| {history} | {r['sweep_read_s'] * 1e6:.1f} µs | {r['list_page_s'] * 1e3:.2f} ms | "
-            f"{r['job_round_trip_s'] * 1e3:.2f} ms |"
-        )
-    lines.append("")
-    lines.append(
-        f"Sweep read cost grows x{ratio:.2f} from the smallest to the largest history: **{verdict}** (target < x3)."
-    )
-    with doc.open("a") as fh:
-        fh.write("\n".join(lines) + "\n")
+    only = [name.strip() for name in args.only.split(",") if name.strip()]
+    unknown = sorted(set(only) - set(SCENARIOS))
+    if unknown:
+        parser.error(f"unknown scenario {unknown[0]!r} (choose from {', '.join(SCENARIOS)})")
+    runs = args.runs or (1 if args.smoke else 3)
+    info = machine()
+    print("machine: " + "; ".join(f"{k} {v}" for k, v in info.items()), flush=True)
+    t0 = time.monotonic()
+    sections = run(only, smoke=args.smoke, runs=runs)
+    elapsed = time.monotonic() - t0
+    for section in sections:
+        section.print()
+    print("\ntargets:")
+    for section in sections:
+        for line in section.targets:
+            print(f"  {line}")
+    if args.smoke:
+        print("smoke run: tiny N, the figures and targets say nothing about speed")
+    doc = args.doc or (None if args.smoke or args.no_write else DOC)
+    if doc is not None:
+        if not doc.exists():
+            doc.write_text(DOC_HEADER)
+        with doc.open("a") as fh:
+            fh.write(render(sections, info, runs, elapsed))
+        print(f"appended to {doc}")
+    return 0
 
 
 if __name__ == "__main__":

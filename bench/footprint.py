@@ -1,0 +1,225 @@
+"""Scenarios 5-6: what 500 running jobs cost the supervisor, and how many heartbeats/s it ingests with them.
+
+Usage: .venv/bin/python bench/footprint.py [--smoke] [--runs R] [--jobs N]
+
+One server per run with ``PODCAST_JOB_MAX_CONCURRENT=N`` and N jobs of the ``token_nap`` kind (it prints its
+``$PODCAST_JOB_TOKEN`` and then *is* ``/bin/sleep``). With all N running:
+
+5. Footprint: VmRSS of the supervisor and of its shepherd (the pid in every job's ``<id>.pid``, ``shepherd.pid``),
+   and the process tree: the supervisor must have no child process, and the shepherd's descendants must be exactly
+   the N jobs' ``sleep`` processes — no per-job helper of any kind.
+6. Heartbeats: each job's token is read back with ``GET /api/jobs/{id}/log``; then a load generator (a lean raw
+   HTTP/1.1 client, several connections, back to back, round-robin over the N jobs) posts heartbeats for a fixed
+   time. Ingested = answered 204, per second. RSS is read again after the load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (
+    BATCH_FALLBACK_NOTE,
+    HTTP_TIMEOUT,
+    Figure,
+    RawHttp,
+    Section,
+    Supervisor,
+    descendants,
+    enqueue_jobs,
+    has_batch_route,
+    process_table,
+    progress,
+    read_tokens,
+    rss_bytes,
+    scratch,
+    wait_running,
+)
+
+MIB = 1024 * 1024
+CONNECTIONS = 16
+START_TIMEOUT_S = 300.0
+
+
+class Run:
+    def __init__(self) -> None:
+        self.supervisor_rss = 0
+        self.shepherd_rss = 0
+        self.supervisor_rss_after = 0
+        self.shepherd_rss_after = 0
+        self.supervisor_children: list[str] = []
+        self.job_processes = 0
+        self.other_processes: list[str] = []
+        self.heartbeats = 0
+        self.heartbeat_errors = 0
+        self.heartbeat_s = 0.0
+        self.batch_route = True
+
+    @property
+    def heartbeat_rate(self) -> float:
+        return self.heartbeats / self.heartbeat_s if self.heartbeat_s else 0.0
+
+
+async def heartbeat_load(
+    host: str, port: int, jobs: list[tuple[str, str]], duration_s: float
+) -> tuple[int, int, float]:
+    """Back-to-back heartbeats over CONNECTIONS connections for ``duration_s``: (ok, errors, elapsed)."""
+    conns = [await RawHttp.connect(host, port) for _ in range(CONNECTIONS)]
+    ok = errors = 0
+    counter = 0
+    t0 = trio.current_time()
+    stop_at = t0 + duration_s
+
+    async def worker(slot: int) -> None:
+        nonlocal ok, errors, counter
+        while trio.current_time() < stop_at:
+            i = counter
+            counter += 1
+            job_id, token = jobs[i % len(jobs)]
+            body = json.dumps({"completed_units": i // len(jobs)}).encode()
+            try:
+                status, _ = await conns[slot].request("POST", f"/api/jobs/{job_id}/heartbeat", body, token=token)
+            except (ConnectionError, trio.BrokenResourceError):
+                status = 0  # counted as an error; a new connection carries on
+                await conns[slot].aclose()
+                conns[slot] = await RawHttp.connect(host, port)
+            if status == 204:
+                ok += 1
+            else:
+                errors += 1
+
+    async with trio.open_nursery() as nursery:
+        for slot in range(len(conns)):
+            nursery.start_soon(worker, slot)
+    elapsed = trio.current_time() - t0
+    for conn in conns:
+        await conn.aclose()
+    return ok, errors, elapsed
+
+
+def one_run(n: int, heartbeat_s: float) -> Run:
+    run = Run()
+    with scratch("foot") as tmp, Supervisor(tmp, max_concurrent=n) as sup:
+        host, port = sup.host_port
+
+        async def start_jobs() -> list[tuple[str, str]]:
+            async with httpx.AsyncClient(base_url=sup.url, timeout=HTTP_TIMEOUT) as client:
+                run.batch_route = await has_batch_route(client)
+                jobs = [{"kind": "token_nap", "params": {"seconds": 3600}} for _ in range(n)]
+                ids = await enqueue_jobs(client, jobs, batch_size=100, batch_route=run.batch_route)
+                await wait_running(client, n, START_TIMEOUT_S)
+                return await read_tokens(client, ids, START_TIMEOUT_S)
+
+        jobs = trio.run(start_jobs)
+        states = sup.job_states()
+        shepherd_pids = {s.shepherd_pid for s in states}
+        if len(shepherd_pids) != 1 or None in shepherd_pids:
+            raise RuntimeError(f"footprint: expected one shepherd, the jobs name {shepherd_pids}")
+        shepherd = shepherd_pids.pop()
+        assert shepherd is not None and sup.proc is not None
+        job_pids = {s.pid for s in states}
+
+        def measure_tree() -> None:
+            table = process_table()
+            run.supervisor_children = [f"{pid} {table[pid][1]}" for pid in descendants(sup.proc.pid, table)]  # type: ignore[union-attr]
+            under = descendants(shepherd, table)
+            run.job_processes = sum(1 for pid in under if pid in job_pids and table[pid][1] == "sleep")
+            run.other_processes = [f"{pid} {table[pid][1]}" for pid in under if pid not in job_pids]
+            run.other_processes += [f"{pid} {table[pid][1]} (job, not sleep)" for pid in under
+                                    if pid in job_pids and table[pid][1] != "sleep"]  # fmt: skip
+
+        # The shells exec sleep right after printing: give the last few a moment to get there.
+        deadline = time.monotonic() + 10
+        measure_tree()
+        while (run.other_processes or run.job_processes != n) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            measure_tree()
+        run.supervisor_rss = sup.rss() or 0
+        run.shepherd_rss = rss_bytes(shepherd) or 0
+        ok, errors, elapsed = trio.run(heartbeat_load, host, port, jobs, heartbeat_s)
+        run.heartbeats, run.heartbeat_errors, run.heartbeat_s = ok, errors, elapsed
+        run.supervisor_rss_after = sup.rss() or 0
+        run.shepherd_rss_after = rss_bytes(shepherd) or 0
+    return run
+
+
+def measure(*, smoke: bool, runs: int, n: int) -> list[Section]:
+    heartbeat_s = 1.0 if smoke else 5.0
+    results: list[Run] = []
+    for i in range(runs):
+        progress(f"footprint run {i + 1}/{runs}: {n} running jobs, {heartbeat_s:g} s of heartbeats")
+        results.append(one_run(n, heartbeat_s))
+
+    s5 = Section(f"5. Footprint: {n} running sleep jobs ({runs} runs, median (min-max))")
+
+    def mib(values: list[int]) -> Figure:
+        return Figure.of([v / MIB for v in values])
+
+    total = mib([r.supervisor_rss + r.shepherd_rss for r in results])
+    s5.table = [
+        "| process | RSS, jobs running | RSS after the heartbeat load |",
+        "|---|---:|---:|",
+        f"| supervisor | {mib([r.supervisor_rss for r in results]).fmt(unit='MiB', digits=1)} | "
+        f"{mib([r.supervisor_rss_after for r in results]).fmt(unit='MiB', digits=1)} |",
+        f"| shepherd | {mib([r.shepherd_rss for r in results]).fmt(unit='MiB', digits=1)} | "
+        f"{mib([r.shepherd_rss_after for r in results]).fmt(unit='MiB', digits=1)} |",
+        f"| **together** | {total.fmt(unit='MiB', digits=1)} | "
+        f"{mib([r.supervisor_rss_after + r.shepherd_rss_after for r in results]).fmt(unit='MiB', digits=1)} |",
+    ]
+    extra = sorted({p for r in results for p in r.other_processes + r.supervisor_children})
+    jobs_seen = Figure.of([r.job_processes for r in results])
+    s5.notes.append(
+        f"process tree: {jobs_seen.median:.0f} job processes (`sleep`) under the shepherd, "
+        f"{len(extra)} other process(es) under the supervisor or the shepherd"
+        + (f": {', '.join(extra[:10])}" if extra else " — no per-job helper")
+    )
+    if not results[0].batch_route:
+        s5.notes.append(BATCH_FALLBACK_NOTE)
+    worst = max(r.supervisor_rss + r.shepherd_rss for r in results) / MIB
+    total_mb = statistics.median(r.supervisor_rss + r.shepherd_rss for r in results) / 1e6
+    s5.target(
+        total_mb <= 150,
+        f"{n} jobs: supervisor + shepherd RSS {total_mb:.1f} MB = {total.median:.1f} MiB (max {worst:.1f} MiB; "
+        "target ≤ 150 MB)",
+    )
+    s5.target(
+        not extra and jobs_seen.lo == n, f"{n} jobs: nothing per job but the job's own process ({len(extra)} extra)"
+    )
+
+    s6 = Section(f"6. Heartbeats with {n} running jobs, {CONNECTIONS} connections ({runs} runs, median (min-max))")
+    rate = Figure.of([r.heartbeat_rate for r in results])
+    s6.table = [
+        "| ingested heartbeats/s | heartbeats | errors |",
+        "|---:|---:|---:|",
+        f"| {rate.fmt(digits=0)} | {sum(r.heartbeats for r in results)} | {sum(r.heartbeat_errors for r in results)} |",
+    ]
+    s6.target(rate.median >= 3000, f"heartbeats {rate.median:.0f}/s (target ≥ 3,000/s)")
+    if smoke:
+        for section in (s5, s6):
+            section.notes.append("smoke run: tiny N, the figures say nothing about speed")
+    return [s5, s6]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="tiny N, one run: proves the scripts still work")
+    parser.add_argument("--runs", type=int, default=None)
+    parser.add_argument("--jobs", type=int, default=None)
+    args = parser.parse_args()
+    n = args.jobs or (10 if args.smoke else 500)
+    for section in measure(smoke=args.smoke, runs=args.runs or (1 if args.smoke else 3), n=n):
+        section.print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

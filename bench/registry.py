@@ -1,0 +1,123 @@
+"""Scenario 7: the registry's hot paths, in-process (no HTTP): what a sweep, a list page and one job's round trip
+cost as the history grows.
+
+Usage: .venv/bin/python bench/registry.py [--smoke] [--runs R]
+
+What is measured, and why:
+- a sweep's registry read (``running_jobs``) with a small and a large history of terminal rows: it must cost
+  O(running rows), not O(history) — the status index makes it so;
+- one job's registry round trip (enqueue → promote → set process → finalize), the cost drain pays per job;
+- ``list_jobs`` first page with a large history (the operator's view).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _common import Figure, Section, progress
+
+from supervisor import JobStatus, SqliteRegistry
+from supervisor._registry import hash_token
+
+RUNNING = 5
+
+
+def timed(fn: Callable[[], object], repeat: int) -> float:
+    """Median seconds of ``repeat`` calls."""
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def fill_history(reg: SqliteRegistry, n: int) -> None:
+    """n finished rows, written in one transaction (setup, not measured)."""
+    now = datetime.now(UTC).isoformat()
+    with reg._tx() as conn:
+        conn.executemany(
+            "INSERT INTO jobs (job_id, kind, params, argv, status, created_at, ended_at) "
+            "VALUES (?, 'k', '{}', '[]', 'succeeded', ?, ?)",
+            ((f"h{i}", now, now) for i in range(n)),
+        )
+
+
+def bench(history: int, running: int, repeat: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        reg = SqliteRegistry(Path(tmp) / "jobs.sqlite3")
+        fill_history(reg, history)
+        for i in range(running):
+            reg.enqueue("k", {"i": i}, ["x"])
+            job = reg.promote_queued_if_slot(running, boot_id="b", token_hash=hash_token("t"))
+            assert job is not None
+            reg.set_job_process(job.job_id, pid=1000 + i, pid_start_time=1, kernel_boot_id="k")
+        sweep = timed(reg.running_jobs, repeat)
+        page = timed(lambda: reg.list_jobs(limit=100), max(5, repeat // 4))
+
+        def round_trip() -> None:
+            reg.enqueue("k", {}, ["x"])
+            job = reg.promote_queued_if_slot(running + 1, boot_id="b", token_hash=hash_token("t"))
+            assert job is not None
+            reg.set_job_process(job.job_id, pid=1, pid_start_time=1, kernel_boot_id="k")
+            reg.finalize(job.job_id, JobStatus.SUCCEEDED)
+
+        trip = timed(round_trip, repeat)
+        reg.close()
+    return {"sweep_read_s": sweep, "list_page_s": page, "job_round_trip_s": trip}
+
+
+def measure(*, smoke: bool, runs: int) -> Section:
+    histories = [100, 2_000] if smoke else [100, 100_000]
+    repeat = 20 if smoke else 200
+    results: dict[int, list[dict[str, float]]] = {h: [] for h in histories}
+    for run in range(runs):
+        for history in histories:
+            progress(f"registry run {run + 1}/{runs}: history {history}")
+            results[history].append(bench(history, RUNNING, repeat))
+    section = Section(f"7. Registry hot paths, in-process ({runs} runs of {repeat} calls, median (min-max))")
+    section.table = [
+        f"| terminal rows | sweep read (running_jobs, {RUNNING} running) | list_jobs first page (100) "
+        "| job round trip |",
+        "|---:|---:|---:|---:|",
+    ]
+
+    def fig(history: int, key: str) -> Figure:
+        return Figure.of([r[key] for r in results[history]])
+
+    for history in histories:
+        section.table.append(
+            f"| {history:,} | {fig(history, 'sweep_read_s').fmt(1e6, 'µs', 1)} | "
+            f"{fig(history, 'list_page_s').fmt(1e3, 'ms')} | {fig(history, 'job_round_trip_s').fmt(1e3, 'ms')} |"
+        )
+    small, large = histories[0], histories[-1]
+    ratio = fig(large, "sweep_read_s").median / fig(small, "sweep_read_s").median
+    section.target(
+        ratio < 3, f"sweep read with {large:,} vs {small:,} terminal rows: x{ratio:.2f} (target < x3: O(running))"
+    )
+    if smoke:
+        section.notes.append("smoke run: tiny N, the figures say nothing about speed")
+    return section
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="small history, one run: proves the script still works")
+    parser.add_argument("--runs", type=int, default=None)
+    args = parser.parse_args()
+    measure(smoke=args.smoke, runs=args.runs or (1 if args.smoke else 3)).print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
