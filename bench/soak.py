@@ -13,6 +13,7 @@ soak another checkout), with its data directory in a temporary directory, bound 
   (urllib, with a timeout); with 2 slots some of them queue and are promoted when a slot frees;
 - log reads (``tail_bytes`` and ``offset``), listings (jobs, a filtered page, queue, health, metrics);
 - every third round a pause, a job enqueued while paused (it must stay queued), and a resume;
+- a long ``sleep`` job cancelled while it runs (SIGTERM to its process group; it must end ``cancelled``);
 - then an idle gap, cycling through ``--idle-gaps-s`` (default 12, 15 and 31 s): all longer than the 10 s after which
   Trio's thread cache retires an idle worker thread, so the next registry call lands on a fresh thread. That is
   what exposed the leak of issue 8 (a connection, two descriptors, per fresh thread).
@@ -122,7 +123,7 @@ def _status_field(pid: int, name: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(name + ":"):
             return int(line.split()[1])
-    raise RuntimeError(f"no {name} in /proc/{pid}/status")
+    raise ProcessLookupError(f"no {name} in /proc/{pid}/status: the process has exited")  # a zombie has no VmRSS
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -140,7 +141,7 @@ def _size(path: Path) -> int:
 
 
 def take_sample(pid: int, registry: Path, elapsed_s: float, jobs: int, rounds: int) -> Sample:
-    """One reading of the supervisor process. Raises OSError when the process is gone."""
+    """One reading of the supervisor process. Raises OSError when the process is gone (or a zombie)."""
     return Sample(
         elapsed_s=round(elapsed_s, 1),
         fds=len(os.listdir(f"/proc/{pid}/fd")),
@@ -253,6 +254,7 @@ class Counts:
     log_reads: int = 0
     listings: int = 0
     pauses: int = 0
+    cancels: int = 0
     idle_gaps: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -306,8 +308,23 @@ class Workload:
             )
         if status == "succeeded":
             self.counts.succeeded += 1
-        else:
+        elif status == "failed":
             self.counts.failed += 1
+
+    def _cancel_a_running_job(self, client: httpx.Client) -> str:
+        """A job cancelled while it runs: SIGTERM to its group, reaped by its monitor, status cancelled."""
+        job_id = self._enqueue(client, "sleep", {"seconds": 60.0})
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while (row := self._call(client, "GET", f"/api/jobs/{job_id}"))["status"] == "queued":
+            if time.monotonic() > deadline:
+                raise WorkloadError(f"job {job_id} still queued after {JOB_TIMEOUT_S} s")
+            self.stop.wait(0.1)
+        if row["status"] != "running":
+            raise WorkloadError(f"job {job_id} {row['status']} before it was cancelled")
+        self._call(client, "POST", f"/api/jobs/{job_id}/cancel")
+        self._expect(self._wait_terminal(client, job_id), "cancelled", "cancelled")
+        self.counts.cancels += 1
+        return job_id
 
     def one_round(self, number: int) -> None:
         headers = {"Authorization": f"Bearer {self.token}"}
@@ -337,6 +354,7 @@ class Workload:
             self.counts.heartbeats += self.beats_per_job
             if held is not None:
                 self._expect(self._wait_terminal(client, held), "succeeded")
+            long = self._cancel_a_running_job(client)
 
             tail = self._call(client, "GET", f"/api/jobs/{ok}/log?tail_bytes=100")
             whole = self._call(client, "GET", f"/api/jobs/{bad}/log?offset=0")
@@ -346,7 +364,7 @@ class Workload:
                 raise WorkloadError(f"unexpected log contents: {tail[-60:]!r} / {whole[:60]!r} / {beats[-60:]!r}")
 
             listed = self._call(client, "GET", "/api/jobs?limit=100")
-            if not listed["jobs"] or listed["jobs"][0]["job_id"] not in {ok, bad, nap, beat, held}:
+            if not listed["jobs"] or listed["jobs"][0]["job_id"] != long:
                 raise WorkloadError("the newest listed job is not one of this round's")
             self._call(client, "GET", "/api/jobs?status=failed&limit=10")
             queue = self._call(client, "GET", "/api/queue")
@@ -407,7 +425,10 @@ def start_supervisor(work: Path, source: Path | None, sweep_s: float | None) -> 
         argv = [sys.executable, "-m", "supervisor", "serve"]
     log_path = work / "supervisor.log"
     with log_path.open("wb") as log:
-        process = subprocess.Popen(argv, env=env, cwd=work, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        # Its own session: a Ctrl-C meant for the bench must not reach it; the bench stops it with SIGTERM.
+        process = subprocess.Popen(
+            argv, env=env, cwd=work, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+        )
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         for line in log_path.read_text(errors="replace").splitlines():
@@ -583,6 +604,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.from_csv is not None:
@@ -593,6 +618,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\nsoak: {'PASS' if ok else 'FAIL'}")
         return 0 if ok else 1
 
+    # SIGTERM (and SIGINT, which a shell's background job ignores) end the run early through the same clean stop.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     warmup_s = default_warmup_s(args.duration_s) if args.warmup_s is None else args.warmup_s
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     csv_path: Path = args.csv or Path(tempfile.gettempdir()) / f"soak-{stamp}.csv"
@@ -648,8 +676,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     counts = workload.counts
     print(
         f"\nworkload: {counts.rounds} rounds, {counts.jobs} jobs ({counts.succeeded} succeeded, {counts.failed} failed "
-        f"as planned), {counts.heartbeats} heartbeats, {counts.log_reads} log reads, {counts.listings} listings, "
-        f"{counts.pauses} pause/resume, {counts.idle_gaps} idle gaps, {len(counts.errors)} errors"
+        f"as planned), {counts.cancels} cancelled while running, {counts.heartbeats} heartbeats, "
+        f"{counts.log_reads} log reads, {counts.listings} listings, {counts.pauses} pause/resume, "
+        f"{counts.idle_gaps} idle gaps, {len(counts.errors)} errors"
     )
     for error in counts.errors[:10]:
         print(f"  {error}")
