@@ -11,7 +11,8 @@ soak another checkout), with its data directory in a temporary directory, bound 
 - jobs starting and ending: an ``exit`` job that prints and exits 0, one that exits 3 (a failure), a short ``sleep``,
   and a ``beat`` job that POSTs heartbeats with its own ``PODCAST_JOB_TOKEN`` to ``PODCAST_JOB_HEARTBEAT_URL``
   (urllib, with a timeout); with 2 slots some of them queue and are promoted when a slot frees;
-- log reads (``tail_bytes`` and ``offset``), listings (jobs, a filtered page, queue, health, metrics);
+- log reads (``tail_bytes`` and ``offset``), listings (jobs, a filtered page, queue, health, metrics), and a burst of
+  16 concurrent listings (registry calls overlap, so the connection pool reaches its size during warm-up);
 - every third round a pause, a job enqueued while paused (it must stay queued), and a resume;
 - a long ``sleep`` job cancelled while it runs (SIGTERM to its process group; it must end ``cancelled``);
 - then an idle gap, cycling through ``--idle-gaps-s`` (default 12, 15 and 31 s): all longer than the 10 s after which
@@ -22,16 +23,23 @@ Every outcome is checked (statuses, exit reasons, heartbeat units, log contents)
 a 5xx counts as a workload error.
 
 What is sampled every ``--sample-s`` (and written to a CSV as it goes, so a long run can be watched): the
-supervisor process's open descriptors (``/proc/<pid>/fd``), threads (``Threads`` in ``/proc/<pid>/status``), RSS
-(``VmRSS``), CPU seconds, and the registry file and its WAL.
+supervisor process's open descriptors (``/proc/<pid>/fd``; those on the registry file, its WAL and its shared-memory
+index are told apart by their link, and the ones on the file itself count its SQLite connections), threads
+(``Threads`` in ``/proc/<pid>/status``), RSS (``VmRSS``), CPU seconds, and the size of the registry file and its WAL.
 
 The verdict (exit 1 on FAIL): samples taken during the warm-up (``--warmup-s``, default a fifth of the run, at most
 300 s) are ignored; of the rest, the median of the last quarter minus the median of the first quarter is each
-metric's growth. Descriptors, threads and RSS fail when their growth exceeds an absolute slack (``--fd-slack`` 4,
-``--thread-slack`` 3, ``--rss-slack-mib`` 16: the pool's four SQLite page caches may legitimately fill to 2 MiB each
-as the file grows; the rest is allocator noise). A leak of one connection per idle gap grows descriptors by about
-two every 20 s, far past 4 in any run of a few minutes. The registry file grows with its rows, so it is reported
-(bytes per row), not judged. A dead supervisor, too few samples to judge, or any workload error also fail the run.
+metric's growth.
+
+- Descriptors other than the registry's, threads and RSS fail when their growth exceeds an absolute slack
+  (``--fd-slack`` 4, ``--thread-slack`` 3, ``--rss-slack-mib`` 16: the pool's four SQLite page caches may
+  legitimately fill to 2 MiB each as the file grows; the rest is allocator noise).
+- SQLite connections fail when any sample exceeds a bound (``--max-connections`` 4, the registry pool's size), not
+  on growth: the pool opens its connections lazily and keeps them, so a step up to its size is no leak. A leak of
+  one connection per idle gap (issue 8) passes the bound within a few gaps.
+- The registry file grows with its rows, so it is reported (bytes per row), not judged; so is the total of
+  descriptors.
+- A dead supervisor, too few samples to judge, or any workload error also fail the run.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
@@ -63,6 +72,7 @@ START_TIMEOUT_S = 30.0
 JOB_TIMEOUT_S = 60.0  # a round's jobs run for about a second; a minute means something is stuck
 STOP_TIMEOUT_S = 15.0
 TRIO_IDLE_TIMEOUT_S = 10.0  # trio._core._thread_cache.IDLE_TIMEOUT
+BURST = 16  # concurrent listings per round
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "stale"})
 
 # Harmless kinds. The beat job is the job side of the heartbeat contract: its token and URL come from the
@@ -107,6 +117,8 @@ def kinds_toml() -> str:
 class Sample:
     elapsed_s: float
     fds: int
+    registry_fds: int  # on the registry file, its WAL and its shared-memory index
+    registry_conns: int  # on the registry file itself: one per open SQLite connection
     threads: int
     rss_kib: int
     cpu_s: float
@@ -140,11 +152,29 @@ def _size(path: Path) -> int:
         return 0
 
 
+def _descriptors_on(pid: int, paths: Sequence[str]) -> dict[str, int]:
+    """How many of the process's descriptors are open on each of ``paths``. SQLite opens the registry file and
+    its WAL once per connection, and its shared-memory index once per process."""
+    counts = dict.fromkeys(paths, 0)
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:
+            continue  # closed since the listing
+        if target in counts:
+            counts[target] += 1
+    return counts
+
+
 def take_sample(pid: int, registry: Path, elapsed_s: float, jobs: int, rounds: int) -> Sample:
     """One reading of the supervisor process. Raises OSError when the process is gone (or a zombie)."""
+    registry_file = str(registry.resolve())
+    counts = _descriptors_on(pid, [registry_file, registry_file + "-wal", registry_file + "-shm"])
     return Sample(
         elapsed_s=round(elapsed_s, 1),
         fds=len(os.listdir(f"/proc/{pid}/fd")),
+        registry_fds=sum(counts.values()),
+        registry_conns=counts[registry_file],
         threads=_status_field(pid, "Threads"),
         rss_kib=_status_field(pid, "VmRSS"),
         cpu_s=round(_cpu_seconds(pid), 2),
@@ -161,6 +191,8 @@ def read_csv(path: Path) -> list[Sample]:
             Sample(
                 elapsed_s=float(row["elapsed_s"]),
                 fds=int(row["fds"]),
+                registry_fds=int(row["registry_fds"]),
+                registry_conns=int(row["registry_conns"]),
                 threads=int(row["threads"]),
                 rss_kib=int(row["rss_kib"]),
                 cpu_s=float(row["cpu_s"]),
@@ -183,22 +215,27 @@ class Trend:
     last: float  # median of the last quarter
     low: float
     high: float
-    slack: float | None  # None: reported, not judged
+    slack: float | None  # allowed growth; None: growth not judged
     samples: int  # after warm-up
+    limit: float | None = None  # an absolute bound on every sample after warm-up; None: none
 
     @property
     def growth(self) -> float:
         return self.last - self.first
 
     @property
+    def judged(self) -> bool:
+        return self.slack is not None or self.limit is not None
+
+    @property
     def ok(self) -> bool:
-        return self.slack is None or self.growth <= self.slack
+        return (self.slack is None or self.growth <= self.slack) and (self.limit is None or self.high <= self.limit)
 
 
 MIN_JUDGED_SAMPLES = 8
 
 
-def trend(values: Sequence[float], metric: str, slack: float | None) -> Trend:
+def trend(values: Sequence[float], metric: str, slack: float | None, limit: float | None = None) -> Trend:
     """Growth of a metric after warm-up: median of the last quarter minus median of the first quarter."""
     if len(values) < MIN_JUDGED_SAMPLES:
         raise ValueError(f"{len(values)} samples after warm-up: at least {MIN_JUDGED_SAMPLES} are needed to judge")
@@ -211,6 +248,7 @@ def trend(values: Sequence[float], metric: str, slack: float | None) -> Trend:
         high=max(values),
         slack=slack,
         samples=len(values),
+        limit=limit,
     )
 
 
@@ -219,18 +257,23 @@ class Slack:
     fds: float = 4
     threads: float = 3
     rss_mib: float = 16
+    max_connections: float = 4  # supervisor._registry.DEFAULT_CONNECTIONS
 
 
 def judge(samples: Sequence[Sample], warmup_s: float, slack: Slack) -> list[Trend]:
     kept = [s for s in samples if s.elapsed_s >= warmup_s]
-    metrics: list[tuple[str, Callable[[Sample], float], float | None]] = [
-        ("fds", lambda s: s.fds, slack.fds),
-        ("threads", lambda s: s.threads, slack.threads),
-        ("rss_mib", lambda s: s.rss_kib / 1024, slack.rss_mib),
-        ("registry_kib", lambda s: s.registry_bytes / 1024, None),
-        ("wal_kib", lambda s: s.wal_bytes / 1024, None),
+    metrics: list[tuple[str, Callable[[Sample], float], float | None, float | None]] = [
+        # Descriptors other than the registry's must not trend up; the registry's come with its connections, which
+        # the pool opens lazily up to its size and keeps: for them a bound, not a trend.
+        ("other_fds", lambda s: s.fds - s.registry_fds, slack.fds, None),
+        ("registry_conns", lambda s: s.registry_conns, None, slack.max_connections),
+        ("fds", lambda s: s.fds, None, None),
+        ("threads", lambda s: s.threads, slack.threads, None),
+        ("rss_mib", lambda s: s.rss_kib / 1024, slack.rss_mib, None),
+        ("registry_kib", lambda s: s.registry_bytes / 1024, None, None),
+        ("wal_kib", lambda s: s.wal_bytes / 1024, None, None),
     ]
-    return [trend([get(s) for s in kept], name, limit) for name, get, limit in metrics]
+    return [trend([get(s) for s in kept], name, grow, bound) for name, get, grow, bound in metrics]
 
 
 def default_warmup_s(duration_s: float) -> float:
@@ -326,6 +369,15 @@ class Workload:
         self.counts.cancels += 1
         return job_id
 
+    def _burst(self, client: httpx.Client) -> None:
+        """Several clients at once (a dashboard, scripts): registry calls overlap, so the connection pool opens
+        all the connections it may (early, during warm-up) instead of one more whenever two calls first collide."""
+        with ThreadPoolExecutor(max_workers=BURST) as pool:
+            pages = list(pool.map(lambda _: self._call(client, "GET", "/api/jobs?limit=1000"), range(BURST)))
+        if any(not page["jobs"] for page in pages):
+            raise WorkloadError("an empty listing in the burst")
+        self.counts.listings += BURST
+
     def one_round(self, number: int) -> None:
         headers = {"Authorization": f"Bearer {self.token}"}
         with httpx.Client(base_url=self.base_url, headers=headers, timeout=HTTP_TIMEOUT_S) as client:
@@ -373,6 +425,7 @@ class Workload:
             self._call(client, "GET", "/api/health")
             self._call(client, "GET", "/metrics")
             self.counts.listings += 5
+            self._burst(client)
 
     def run(self) -> None:
         number = 0
@@ -475,13 +528,17 @@ def wait_queue_idle(served: Served) -> None:
 
 def print_summary(trends: Sequence[Trend], warmup_s: float, samples: Sequence[Sample]) -> None:
     print(f"\nafter a {warmup_s:.0f} s warm-up: median of the first vs the last quarter of {trends[0].samples} samples")
-    print(f"{'metric':<14}{'first q':>10}{'last q':>10}{'growth':>10}{'slack':>8}{'min':>10}{'max':>10}  verdict")
+    print(
+        f"{'metric':<16}{'first q':>10}{'last q':>10}{'growth':>10}{'slack':>8}{'min':>10}{'max':>10}{'bound':>8}"
+        "  verdict"
+    )
     for t in trends:
         slack = "-" if t.slack is None else f"{t.slack:g}"
-        verdict = "reported" if t.slack is None else ("PASS" if t.ok else "FAIL")
+        bound = "-" if t.limit is None else f"{t.limit:g}"
+        verdict = "reported" if not t.judged else ("PASS" if t.ok else "FAIL")
         print(
-            f"{t.metric:<14}{t.first:>10.1f}{t.last:>10.1f}{t.growth:>+10.1f}{slack:>8}{t.low:>10.1f}{t.high:>10.1f}"
-            f"  {verdict}"
+            f"{t.metric:<16}{t.first:>10.1f}{t.last:>10.1f}{t.growth:>+10.1f}{slack:>8}{t.low:>10.1f}{t.high:>10.1f}"
+            f"{bound:>8}  {verdict}"
         )
     last = samples[-1]
     per_row = f" ({last.registry_bytes / last.jobs:.0f} bytes per row)" if last.jobs else ""
@@ -495,8 +552,8 @@ def print_summary(trends: Sequence[Trend], warmup_s: float, samples: Sequence[Sa
 def markdown_table(samples: Sequence[Sample], step_s: float) -> str:
     """One row per ``step_s`` (the first sample at or after each step), and the last sample."""
     rows = [
-        "| t (min) | fds | threads | RSS MiB | registry KiB | WAL KiB | jobs | CPU s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| t (min) | fds | SQLite conns | threads | RSS MiB | registry KiB | WAL KiB | jobs | CPU s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     picked: list[Sample] = []
     mark = 0.0
@@ -508,7 +565,7 @@ def markdown_table(samples: Sequence[Sample], step_s: float) -> str:
         picked.append(samples[-1])
     for s in picked:
         rows.append(
-            f"| {s.elapsed_s / 60:.1f} | {s.fds} | {s.threads} | {s.rss_kib / 1024:.1f} | "
+            f"| {s.elapsed_s / 60:.1f} | {s.fds} | {s.registry_conns} | {s.threads} | {s.rss_kib / 1024:.1f} | "
             f"{s.registry_bytes / 1024:.0f} | {s.wal_bytes / 1024:.0f} | {s.jobs} | {s.cpu_s:.1f} |"
         )
     return "\n".join(rows)
@@ -523,7 +580,15 @@ def plot(samples: Sequence[Sample], trends: Sequence[Trend], warmup_s: float, ou
     minutes = [s.elapsed_s / 60 for s in samples]
     by_metric = {t.metric: t for t in trends}
     panels: list[tuple[str, list[tuple[str, list[float]]], Trend | None]] = [
-        ("open descriptors", [("fds", [s.fds for s in samples])], by_metric["fds"]),
+        (
+            "open descriptors",
+            [
+                ("all", [s.fds for s in samples]),
+                ("other than the registry's", [s.fds - s.registry_fds for s in samples]),
+                ("SQLite connections", [s.registry_conns for s in samples]),
+            ],
+            by_metric["other_fds"],
+        ),
         ("threads", [("threads", [s.threads for s in samples])], by_metric["threads"]),
         ("RSS (MiB)", [("RSS", [s.rss_kib / 1024 for s in samples])], by_metric["rss_mib"]),
         (
@@ -552,7 +617,9 @@ def plot(samples: Sequence[Sample], trends: Sequence[Trend], warmup_s: float, ou
 
 def report(args: argparse.Namespace, samples: Sequence[Sample], warmup_s: float, title: str) -> bool:
     """Print the verdict (and the plot); True when every judged metric is flat."""
-    slack = Slack(fds=args.fd_slack, threads=args.thread_slack, rss_mib=args.rss_slack_mib)
+    slack = Slack(
+        fds=args.fd_slack, threads=args.thread_slack, rss_mib=args.rss_slack_mib, max_connections=args.max_connections
+    )
     try:
         trends = judge(samples, warmup_s, slack)
     except ValueError as exc:
@@ -585,6 +652,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--fd-slack", type=float, default=Slack.fds, help="allowed growth of open descriptors")
     parser.add_argument("--thread-slack", type=float, default=Slack.threads, help="allowed growth of threads")
     parser.add_argument("--rss-slack-mib", type=float, default=Slack.rss_mib, help="allowed growth of RSS (MiB)")
+    parser.add_argument(
+        "--max-connections", type=float, default=Slack.max_connections, help="bound on open SQLite connections"
+    )
     parser.add_argument("--csv", type=Path, help="samples file (default: soak-<time>.csv in the temp directory)")
     parser.add_argument("--plot", type=Path, help="write a PNG of the samples (needs matplotlib)")
     parser.add_argument("--table-step-s", type=float, default=0, help="also print a markdown table, a row every N s")
