@@ -7,7 +7,7 @@ DATA_DIR ?= ./var
 # The benchmarks' own venv (RQ, py-spy): never the project's dependencies.
 BENCH_VENV := .venv-bench
 
-.PHONY: run test lint typecheck pytest bench clean chaos
+.PHONY: run test lint typecheck pytest bench soak chaos clean
 
 # The venv is rebuilt when missing or when the dependency pins change (stale).
 $(STAMP): pyproject.toml constraints.txt
@@ -41,6 +41,14 @@ bench: $(STAMP)
 	PYTHON=$(PYTHON) BENCH_VENV=$(BENCH_VENV) bash bench/install-peers.sh
 	BENCH_VENV=$(BENCH_VENV) $(PY) bench/run.py
 	$(PY) bench/feeds.py
+
+# An hour of `supervisor serve` under a workload; fails if descriptors, threads or RSS grow (issue 8). Not in `test`.
+# matplotlib (for the plot) goes into the venv only here: it is no dependency of the project.
+SOAK_ARGS ?= --duration-s 3600 --table-step-s 300 --csv $(DATA_DIR)/soak.csv --plot $(DATA_DIR)/soak.png
+soak: $(STAMP)
+	@$(PY) -c 'import matplotlib' 2>/dev/null || $(PY) -m pip install --quiet matplotlib
+	@mkdir -p $(DATA_DIR)
+	$(PY) bench/soak.py $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) .mypy_cache .pytest_cache .ruff_cache
