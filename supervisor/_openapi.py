@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from ._config import EXEC_MODES
 from ._core import MAX_BATCH
 from ._kinds import MAX_STR_PARAM_LEN
 from ._model import JobStatus
@@ -58,7 +59,7 @@ _SCHEMAS: dict[str, Any] = {
         "properties": {
             "status": {"const": "ok"},
             "boot_id": {"type": "string"},
-            "exec_mode": {"enum": ["subprocess", "docker"]},
+            "exec_mode": {"enum": list(EXEC_MODES)},
             "paused": {"type": "boolean"},
         },
     },

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -49,10 +46,9 @@ async def make_supervisor(make_config: Callable[..., Config]) -> AsyncIterator[C
         yield _maker(make_config, made, supervisors, job_nursery)
         # A supervisor shutdown never kills jobs (by design); a test must not leave real processes behind.
         for sup in supervisors:
-            for handle in list(sup._running.values()):
-                if handle.pid is not None:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(handle.pid, signal.SIGKILL)  # the shepherd (alive) has not reaped it yet
+            for running in list(sup._running.values()):
+                if running.handle is not None:
+                    await sup.executor.stop(running.handle, 0)  # SIGKILL at once, through the executor
             # Let the monitors reap what was killed (an unreaped child is a ResourceWarning, an error here).
             with trio.fail_after(10):
                 while sup._running:  # noqa: ASYNC110 - monitors remove themselves; bounded above

@@ -203,7 +203,7 @@ def test_judge_table(
 
 
 @pytest.mark.parametrize(
-    ("exit_recorded", "shepherd_alive", "expected"),
+    ("exit_recorded", "exit_pending", "expected"),
     [
         # INV-TRUE-OUTCOME: the shepherd wrote how it ended: that is the outcome, never a guess
         (True, False, Decision("finalize_exit", reason="exit_recorded")),
@@ -214,7 +214,7 @@ def test_judge_table(
         (False, False, Decision("finalize", JobStatus.FAILED, "orphan_reconciled_dead_pid")),
     ],
 )
-def test_judge_uses_the_shepherds_exit_record(exit_recorded: bool, shepherd_alive: bool, expected: Decision) -> None:
+def test_judge_uses_the_recorded_exit(exit_recorded: bool, exit_pending: bool, expected: Decision) -> None:
     job = type("J", (), {"spawned": True})()
     got = judge(
         job,  # type: ignore[arg-type]
@@ -224,6 +224,6 @@ def test_judge_uses_the_shepherds_exit_record(exit_recorded: bool, shepherd_aliv
         past_window=False,
         stale_marks_live_processes=False,
         exit_recorded=exit_recorded,
-        shepherd_alive=shepherd_alive,
+        exit_pending=exit_pending,
     )
     assert got == expected

@@ -20,11 +20,10 @@ import trio
 from core_helpers import KINDS, poll  # type: ignore[import-not-found]
 
 from supervisor import JobStatus, SqliteRegistry
-from supervisor._core import identity_of
 from supervisor._identity import Liveness, probe
 from supervisor._kinds import parse_kind
 from supervisor._model import Job
-from supervisor._spawn import JobFiles, read_start_file
+from supervisor.execution.subprocess import JobFiles, identity_of, read_start_file
 
 
 class Server:
