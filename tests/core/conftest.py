@@ -14,6 +14,7 @@ from core_helpers import KINDS  # type: ignore[import-not-found]
 from supervisor import Config, SqliteRegistry, load_kinds
 from supervisor._core import Supervisor
 from supervisor._store import AsyncRegistry
+from supervisor.execution import Executor
 
 
 @pytest.fixture
@@ -67,17 +68,30 @@ def _maker(
 ) -> Callable[..., Supervisor]:
 
     def make(
-        *, attach: bool = True, boot_id: str | None = None, base_env: dict[str, str] | None = None, **overrides: object
+        *,
+        attach: bool | trio.Nursery = True,
+        boot_id: str | None = None,
+        base_env: dict[str, str] | None = None,
+        executor: Callable[[Config], Executor] | None = None,
+        **overrides: object,
     ) -> Supervisor:
+        """A supervisor on the shared job nursery (``attach=True``), on a nursery of the test's own (whose cancel
+        is that boot's death), or on none."""
         config = make_config(**overrides)
         registry = SqliteRegistry(config.registry_path)
         made.append(registry)
         sup = Supervisor(
-            config, load_kinds(config.kinds_file), AsyncRegistry(registry), boot_id=boot_id, base_env=base_env
+            config,
+            load_kinds(config.kinds_file),
+            AsyncRegistry(registry),
+            boot_id=boot_id,
+            base_env=base_env,
+            executor=executor(config) if executor is not None else None,
         )
-        if attach:
-            sup.attach(job_nursery)
-            job_nursery.start_soon(sup.run_drainer)  # what run_supervisor starts in its root nursery
+        if attach is not False:
+            nursery = job_nursery if attach is True else attach
+            sup.attach(nursery)
+            nursery.start_soon(sup.run_drainer)  # what run_supervisor starts in its root nursery
         supervisors.append(sup)
         return sup
 
