@@ -195,6 +195,7 @@ class Supervisor:
         self._running: dict[str, _Running] = {}
         self._drain_lock = trio.Lock()
         self._drain_wanted = trio.Event()
+        self._drain_held = False
         self._job_nursery: trio.Nursery | None = None
         # Resolved once, so that jobs' cwd and log paths stay put whatever the supervisor's cwd does later.
         self.data_dir = config.data_dir.resolve()
@@ -297,13 +298,16 @@ class Supervisor:
 
         Contract: when drain returns, every promotable job has been spawned and its identity recorded, and no
         job has been waited for (each one's monitor runs in the job nursery). Free slots are filled in one
-        transaction, and their jobs started together.
+        transaction, and their jobs started together. While the executor cannot start jobs at all (its engine is
+        unreachable), nothing is promoted: the queue waits instead of failing every job it would have started.
         """
         if self._job_nursery is None:
             raise SupervisorError("drain needs a job nursery: call attach() first")
         started: list[Job] = []
         async with self._drain_lock:
             while not await self.is_paused():
+                if not await self._executor_ready():
+                    break
                 tokens = [secrets.token_urlsafe(32) for _ in range(min(self.config.max_concurrent, PROMOTE_BATCH))]
                 jobs = await self.registry.promote_queued(
                     self.config.max_concurrent,
@@ -315,6 +319,15 @@ class Supervisor:
                     break
                 started.extend(await self._start_promoted(jobs, tokens))
         return started
+
+    async def _executor_ready(self) -> bool:
+        why = await self.executor.unavailable()
+        if why is not None and not self._drain_held:
+            log.warning("drain_held", why=why, exec_mode=self.exec_mode)
+        elif why is None and self._drain_held:
+            log.info("drain_resumed", exec_mode=self.exec_mode)
+        self._drain_held = why is not None
+        return why is None
 
     async def _start_promoted(self, jobs: list[Job], tokens: list[str]) -> list[Job]:
         """Start freshly promoted jobs together, record their identities in one transaction, start their monitors."""

@@ -6,6 +6,7 @@ boot's job is adopted. An ``Executor`` holds the mechanics: a process started by
 
 The core speaks to it only in these terms:
 
+- ``unavailable()`` → why no job can start right now (an engine that does not answer), so the queue waits instead.
 - ``start(launch)`` → a ``JobHandle`` whose ``record`` (pid + start time + kernel boot, or container id) goes into the
   row. Whatever the executor writes before the program runs (a start file, a labelled container) is what lets a
   later boot find a job whose record never reached the row (INV-IDENTITY-BEFORE-PROGRAM).
@@ -27,7 +28,7 @@ import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, ClassVar
+from typing import ClassVar
 
 import trio
 
@@ -43,7 +44,6 @@ __all__ = [
     "JobHandle",
     "Launch",
     "Liveness",
-    "LogWriter",
     "Unwatchable",
 ]
 
@@ -146,6 +146,10 @@ class Executor(abc.ABC):
     def attach(self, nursery: trio.Nursery) -> None:  # noqa: B027 - most executors own no task
         """The job nursery: where an executor runs any task it owns (the shepherd's reader)."""
 
+    async def unavailable(self) -> str | None:
+        """Why no job can be started now (its engine does not answer), or None. Asked before jobs are promoted."""
+        return None
+
     @abc.abstractmethod
     async def start(self, launch: Launch) -> JobHandle:
         """Start a job; raise ``SpawnError`` with a one-line reason when it cannot start."""
@@ -170,25 +174,3 @@ class Executor(abc.ABC):
 
     async def aclose(self) -> None:  # noqa: B027 - nothing held open by default
         """The supervisor stops: close whatever the executor holds open (its jobs keep running)."""
-
-
-class LogWriter:
-    """Appends output to a job's log, capped like the shepherd caps it: the first ``cap`` bytes, then one note."""
-
-    def __init__(self, fh: BinaryIO, cap: int) -> None:
-        self._fh = fh
-        self._cap = cap
-        self.written = fh.tell()
-
-    @property
-    def full(self) -> bool:
-        return self.written >= self._cap
-
-    def write(self, chunk: bytes) -> None:
-        if self.full:
-            return
-        data = chunk[: self._cap - self.written]
-        self._fh.write(data)
-        self.written += len(data)
-        if self.written >= self._cap:
-            self._fh.write(f"\n[log capped at {self._cap} bytes; further output discarded]\n".encode())

@@ -7,8 +7,8 @@ pid is ever evidence in this mode.
 
 Containers are not removed automatically: the engine keeps each one's exit code after it ends, which is how a job
 that ends while no supervisor runs is still finalized with its true outcome at the next boot (INV-TRUE-OUTCOME).
-Once the exit code is read, the container's output is copied into the job's log (capped), the row finalized, and
-only then is the container removed.
+Once the exit code is read, the container's output is copied into the job's log (its last ``log_max_bytes``), the
+row finalized, and only then is the container removed.
 
 Liveness is tri-state and comes from the engine: running → ALIVE; exited → DEAD with its exit code; no container →
 DEAD (``orphan_reconciled_no_container``); an engine that is unreachable, errs or times out → UNKNOWN, and the row
@@ -45,7 +45,7 @@ from .._errors import SpawnError
 from .._logging import get_logger
 from .._model import Job
 from .._registry import ProcessRecord
-from .base import Evidence, Executor, ExitStatus, JobHandle, Launch, Liveness, LogWriter
+from .base import Evidence, Executor, ExitStatus, JobHandle, Launch, Liveness
 
 log = get_logger()
 
@@ -214,19 +214,26 @@ class DockerExecutor(Executor):
 
     # -- start ----------------------------------------------------------------------------------------
 
+    async def unavailable(self) -> str | None:
+        try:
+            await self._call(self.client.ping)
+        except ENGINE_ERRORS as exc:
+            return f"the Docker engine does not answer: {describe_error(exc)}"
+        return None
+
     async def start(self, launch: Launch) -> ContainerHandle:
         container_id = await self._call(lambda: self._create_and_start(launch))
         return ContainerHandle(launch.job_id, container_id, launch.log, launch.log_max_bytes)
 
     def _create_and_start(self, launch: Launch) -> str:
         api = self.client
-        # The engine keeps at most about the log cap of output (its json-file log, rotated at the cap), so that
-        # copying it into the job's log at the end costs bounded memory and disk.
+        # The engine's own log of the container is bounded too: a json-file rotated at the cap, two files kept. It
+        # keeps the newest output (a rotation drops the oldest file), so that is what the job's log gets.
         host_config = api.create_host_config(
             init=True,  # docker-init as PID 1: forwards SIGTERM to the job and reaps what it leaves
             binds={self.data_volume: {"bind": str(launch.data_dir), "mode": "rw"}},
             network_mode=self.network,
-            log_config=LogConfig(type="json-file", config={"max-size": str(launch.log_max_bytes), "max-file": "1"}),
+            log_config=LogConfig(type="json-file", config={"max-size": str(launch.log_max_bytes), "max-file": "2"}),
         )
         try:
             created = api.create_container(
@@ -316,11 +323,19 @@ class DockerExecutor(Executor):
         handle.collected = True
 
     def _copy_output(self, handle: ContainerHandle) -> None:
-        """The container's stdout and stderr into the job's log, capped (blocking)."""
+        """The container's stdout and stderr into the job's log, capped (blocking).
+
+        Unlike subprocess mode (the first ``log_max_bytes``), this keeps the *last* ``log_max_bytes``: the engine
+        rotates its own log and keeps the newest output, so the start of a long output is gone already.
+        """
         output = self.client.logs(handle.container_id, stdout=True, stderr=True, stream=False)
+        cap = handle.log_max_bytes
         handle.log.parent.mkdir(parents=True, exist_ok=True)
         with handle.log.open("wb") as fh:  # one container per job id: its output is the whole log
-            LogWriter(fh, handle.log_max_bytes).write(output)
+            if len(output) > cap:
+                fh.write(f"[log capped at {cap} bytes; earlier output discarded]\n".encode())
+                output = output[-cap:]
+            fh.write(output)
 
     async def release(self, handle: JobHandle) -> None:
         assert isinstance(handle, ContainerHandle)

@@ -90,6 +90,9 @@ class MemoryExecutor(Executor):
 
     # -- the executor ---------------------------------------------------------------------------------
 
+    async def unavailable(self) -> str | None:
+        return None if self._reachable.is_set() else "engine unreachable"
+
     async def start(self, launch: Launch) -> MemoryHandle:
         await self._reachable.wait()
         program = self.programs.get(launch.kind)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from core_helpers import KINDS  # type: ignore[import-not-found]
+from core_helpers import KINDS, poll  # type: ignore[import-not-found]
 
 from supervisor import Config, SqliteRegistry, load_kinds
 from supervisor._core import Supervisor
@@ -107,3 +108,42 @@ def bystander() -> Iterator[subprocess.Popen[bytes]]:
     yield proc
     proc.kill()
     proc.wait()
+
+
+class Server:
+    def __init__(self, proc: trio.Process, log: Path) -> None:
+        self.proc = proc
+        self.log = log
+        self.url = ""
+
+
+@pytest.fixture
+async def start_server(tmp_path: Path, env: dict[str, str]) -> AsyncIterator[Callable[[], trio.Process]]:
+    """Start real `supervisor serve` processes with the test module's ``env``; each is killed at the end."""
+    servers: list[Server] = []
+
+    async def start() -> Server:
+        log = tmp_path / f"supervisor-{len(servers)}.log"
+        with log.open("wb") as fh:
+            proc = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "supervisor", "serve"], env=env, stdout=subprocess.DEVNULL, stderr=fh
+            )
+        server = Server(proc, log)
+        servers.append(server)
+
+        async def started() -> str | None:
+            for line in (await trio.to_thread.run_sync(log.read_text)).splitlines():
+                if '"supervisor_started"' in line:
+                    return str(json.loads(line)["url"])
+            if proc.returncode is not None:
+                raise AssertionError(f"supervisor exited {proc.returncode}: {log.read_text()}")
+            return None
+
+        server.url = await poll(started, timeout_s=20)
+        return server
+
+    yield start  # type: ignore[misc]
+    for server in servers:
+        if server.proc.returncode is None:
+            server.proc.kill()
+        await server.proc.wait()

@@ -15,7 +15,7 @@ import trio
 from core_executors import DockerWorld, MemoryWorld, SubprocessWorld, World  # type: ignore[import-not-found]
 from core_helpers import poll, wait_status, wait_terminal  # type: ignore[import-not-found]
 
-from supervisor import JobStatus
+from supervisor import JobStatus, RegistryError
 from supervisor._core import Supervisor
 from supervisor._model import Job
 
@@ -110,9 +110,6 @@ async def _boot_dies_while(sup_factory: Callable[..., Supervisor], kind: str, pa
 async def test_a_prior_boots_running_job_is_adopted_and_finalized_with_its_true_outcome(
     make: Callable[..., Supervisor], world: World
 ) -> None:
-    gate = None
-    sup_new: Supervisor | None = None
-
     def factory(**kwargs: object) -> Supervisor:
         return make(max_concurrent=1, **kwargs)
 
@@ -172,3 +169,39 @@ async def test_cancel_of_a_prior_boots_job_stops_it_and_ends_it_cancelled(
     ended = await wait_terminal(new, job.job_id, timeout_s=15)
     assert (ended.status, ended.error_reason) == (JobStatus.CANCELLED, "cancelled")
     assert await world.agone(ended)
+
+
+async def test_a_boot_killed_between_start_and_recording_the_identity_is_adopted_not_freed(
+    make: Callable[..., Supervisor], world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """INV-IDENTITY-BEFORE-PROGRAM: what the executor writes before the program runs (the shepherd's start file, the
+    container's labels) lets the next boot find a job whose identity never reached the row."""
+    async with trio.open_nursery() as old_boot:
+        old = make(boot_id="old", max_concurrent=1, attach=old_boot)
+
+        async def lost(*args: object, **kwargs: object) -> None:
+            raise RegistryError("the supervisor died before it recorded the identity")
+
+        monkeypatch.setattr(old.registry, "set_job_processes", lost)
+        job = (await old.enqueue("sleep", {"seconds": 60})).job
+
+        async def started() -> bool | None:  # promoted and started, its identity never recorded
+            await trio.lowlevel.checkpoint()
+            return True if job.job_id in old._running and old._running[job.job_id].handle else None
+
+        await poll(started)
+        old_boot.cancel_scope.cancel()
+    row = await old.get(job.job_id)
+    assert (row.status, row.spawned) == (JobStatus.RUNNING, False)
+
+    new = make(boot_id="new", max_concurrent=1)
+    [detail] = (await new.reconcile(stale_marks_live_processes=False)).details
+    assert (detail.action, detail.reason, detail.liveness) == ("keep", "adopted", "alive")
+    adopted = await new.get(job.job_id)
+    assert (adopted.status, adopted.spawned, adopted.attempts) == (JobStatus.RUNNING, True, 1)
+    queued = (await new.enqueue("exit", {"code": 0})).job
+    assert (await new.get(queued.job_id)).status is JobStatus.QUEUED  # its slot was not freed: no overshoot
+    await new.cancel(job.job_id)
+    ended = await wait_terminal(new, job.job_id, timeout_s=15)
+    assert (ended.status, ended.error_reason) == (JobStatus.CANCELLED, "cancelled")
+    assert (await wait_terminal(new, queued.job_id)).status is JobStatus.SUCCEEDED

@@ -156,6 +156,17 @@ async def test_a_disabled_window_never_marks_stale(
             False,
             Decision("finalize", JobStatus.FAILED, "orphan_reconciled_dead_pid"),
         ),
+        # INV-UNKNOWN-KEEPS-SLOT: an engine that cannot be asked whether a container was made keeps even an
+        # unspawned prior-boot row
+        (
+            False,
+            False,
+            False,
+            Liveness.UNKNOWN,
+            False,
+            False,
+            Decision("keep", reason="liveness_unknown_kept", warn=True),
+        ),
         # a prior boot's live job nobody here watches is adopted (a monitor in this boot's job nursery)
         (False, False, True, Liveness.ALIVE, False, False, Decision("keep", reason="adopted", adopt=True)),
         (
@@ -227,3 +238,17 @@ def test_judge_uses_the_recorded_exit(exit_recorded: bool, exit_pending: bool, e
         exit_pending=exit_pending,
     )
     assert got == expected
+
+
+def test_judge_names_a_dead_job_without_record_as_its_mode_does() -> None:
+    job = type("J", (), {"spawned": True})()
+    got = judge(
+        job,  # type: ignore[arg-type]
+        this_boot=False,
+        monitored=False,
+        liveness=Liveness.DEAD,
+        past_window=False,
+        stale_marks_live_processes=False,
+        orphan_reason="orphan_reconciled_no_container",
+    )
+    assert got == Decision("finalize", JobStatus.FAILED, "orphan_reconciled_no_container")
