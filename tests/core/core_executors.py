@@ -20,7 +20,7 @@ from supervisor._model import Job
 from supervisor.execution import Executor, create_executor
 from supervisor.execution.docker import LABEL_JOB, DockerExecutor, make_client
 from supervisor.execution.memory import MemoryExecutor, MemoryJob
-from supervisor.execution.subprocess import JobFiles, identity_of, read_exit_file
+from supervisor.execution.subprocess import JobFiles, identity_of, read_exit_file, read_start_file
 
 IMAGE = "podcast-job-supervisor:local"
 
@@ -41,6 +41,10 @@ class World:
 
     def gone(self, job: Job) -> bool:
         """Nothing of the job runs any more."""
+        raise NotImplementedError
+
+    def started(self, log_dir: Path, job_id: str) -> bool:
+        """The job's program runs (whether or not its identity reached the row)."""
         raise NotImplementedError
 
     # The blocking calls above, from Trio (a thread for real engines; the memory world is Trio itself).
@@ -76,6 +80,9 @@ class SubprocessWorld(World):
     def gone(self, job: Job) -> bool:
         identity = identity_of(job)
         return identity is not None and probe(identity) is Liveness.DEAD
+
+    def started(self, log_dir: Path, job_id: str) -> bool:
+        return read_start_file(log_dir / f"{job_id}.pid") is not None
 
     def clean_up(self, registry: SqliteRegistry) -> None:
         for job in registry.running_jobs():
@@ -149,6 +156,9 @@ class MemoryWorld(World):
     def gone(self, job: Job) -> bool:
         return self.ended(job)
 
+    def started(self, log_dir: Path, job_id: str) -> bool:
+        return job_id in self.machine.jobs
+
     async def akill(self, job: Job) -> None:
         self.kill(job)
 
@@ -192,6 +202,10 @@ class DockerWorld(World):
 
     def gone(self, job: Job) -> bool:
         return self.state(job) in (None, "exited", "removing", "dead")
+
+    def started(self, log_dir: Path, job_id: str) -> bool:
+        found = self.client.containers(filters={"label": f"{LABEL_JOB}={job_id}"})
+        return bool(found) and found[0]["State"] == "running"
 
     def clean_up(self, registry: SqliteRegistry) -> None:
         ids = {job.job_id for job in registry.list_jobs(limit=1000)[0]}

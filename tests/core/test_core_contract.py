@@ -186,8 +186,7 @@ async def test_a_boot_killed_between_start_and_recording_the_identity_is_adopted
         job = (await old.enqueue("sleep", {"seconds": 60})).job
 
         async def started() -> bool | None:  # promoted and started, its identity never recorded
-            await trio.lowlevel.checkpoint()
-            return True if job.job_id in old._running and old._running[job.job_id].handle else None
+            return await trio.to_thread.run_sync(world.started, old.log_dir, job.job_id) or None
 
         await poll(started)
         old_boot.cancel_scope.cancel()

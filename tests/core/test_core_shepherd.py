@@ -7,11 +7,10 @@ import signal
 import socket
 from collections.abc import Callable
 
-import pytest
 import trio
 from core_helpers import poll, wait_running, wait_terminal  # type: ignore[import-not-found]
 
-from supervisor import JobStatus, RegistryError
+from supervisor import JobStatus
 from supervisor._core import Supervisor
 from supervisor._identity import Liveness, identify, probe
 from supervisor.execution.subprocess import JobFiles, Shepherd, SubprocessExecutor, read_exit_file, read_start_file
@@ -93,42 +92,6 @@ async def test_the_shepherd_exits_once_idle_and_orphaned(make_supervisor: Callab
     assert probe(shepherd) is Liveness.ALIVE
     await poll(shepherd_gone, timeout_s=20)
     assert read_exit_file(JobFiles.for_job(running, sup.log_dir).exit, running.pid) is not None
-
-
-async def test_a_boot_killed_between_spawn_and_recording_the_pid_is_adopted_not_freed(
-    make_supervisor: Callable[..., Supervisor], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """INV-IDENTITY-BEFORE-PROGRAM: the shepherd's start file names the process before it runs, so a next boot
-    that finds a RUNNING row without a pid adopts the live job instead of freeing its slot."""
-    old = make_supervisor(boot_id="old", max_concurrent=1)
-
-    async def lost(*args: object, **kwargs: object) -> None:
-        raise RegistryError("the supervisor died before it recorded the pid")
-
-    monkeypatch.setattr(old.registry, "set_job_processes", lost)
-    job = (await old.enqueue("sleep", {"seconds": 60})).job
-
-    async def started() -> bool | None:  # promoted and spawned, its pid never recorded
-        return True if job.job_id in old._running and old._running[job.job_id].handle else None
-
-    await poll(started)
-    row = await old.get(job.job_id)
-    assert (row.status, row.pid) == (JobStatus.RUNNING, None)
-
-    new = make_supervisor(boot_id="new", max_concurrent=1)
-    report = await new.reconcile(stale_marks_live_processes=False)
-    [detail] = report.details
-    assert (detail.action, detail.reason, detail.liveness) == ("keep", "adopted", "alive")
-    adopted = await new.get(job.job_id)
-    assert adopted.status is JobStatus.RUNNING and adopted.pid is not None and adopted.attempts == 1
-    assert job.job_id in new._running  # the new boot watches it
-    queued = (await new.enqueue("exit", {"code": 0})).job
-    assert (await new.get(queued.job_id)).status is JobStatus.QUEUED  # its slot was not freed: no overshoot
-
-    await new.cancel(job.job_id)
-    ended = await wait_terminal(new, job.job_id)
-    assert (ended.status, ended.error_reason) == (JobStatus.CANCELLED, "cancelled")
-    assert (await wait_terminal(new, queued.job_id)).status is JobStatus.SUCCEEDED
 
 
 async def test_a_prior_boots_job_never_started_is_still_a_spawn_window_orphan(
