@@ -25,6 +25,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 W=${ENGINE_WORK:-/tmp/podcast-docker-engine}
 IMG=${ENGINE_IMAGE:-podcast-job-supervisor:local}
 PY_VERSION=3.11
+# The interpreter the image gets (Debian's); its dependencies are installed by it too, so compiled wheels match.
+HOST_PY=/usr/bin/python$PY_VERSION
 mkdir -p "$W"
 
 alive() { [ -e "/proc/$1" ] && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]; }
@@ -58,9 +60,9 @@ start_daemon() {
   return 1
 }
 
-source_hash() {  # what the image was built from: the packages, the pins, the dependency list
+source_hash() {  # what the image was built from: the packages, the pins, the dependency list, this script
   (cd "$ROOT" && find supervisor pipeline_runner -type f \( -name '*.py' -o -name py.typed \) | LC_ALL=C sort |
-    xargs sha256sum && sha256sum pyproject.toml constraints.txt) | sha256sum | cut -c1-16
+    xargs sha256sum && sha256sum pyproject.toml constraints.txt scripts/docker-engine.sh) | sha256sum | cut -c1-16
 }
 
 image_hash() {
@@ -69,7 +71,7 @@ image_hash() {
 }
 
 dependencies() {  # the runtime dependencies named in pyproject.toml, one per line
-  python3 - "$ROOT/pyproject.toml" <<'PY'
+  "$HOST_PY" - "$ROOT/pyproject.toml" <<'PY'
 import sys, tomllib
 with open(sys.argv[1], "rb") as fh:
     print("\n".join(tomllib.load(fh)["project"]["dependencies"]))
@@ -78,16 +80,17 @@ PY
 
 build_deps() {  # pip --target, cached by the pins: a code change rebuilds the image in seconds
   local key dir
-  key=$( (sha256sum "$ROOT/constraints.txt"; dependencies) | sha256sum | cut -c1-16)
+  key=$( (sha256sum "$ROOT/constraints.txt"; dependencies; "$HOST_PY" -VV) | sha256sum | cut -c1-16)
   dir="$W/deps-$key"
   if [ ! -d "$dir" ]; then
-    [ -x "$W/pip-venv/bin/pip" ] || python3 -m venv "$W/pip-venv"
+    [ -x "$W/pip-venv/bin/pip" ] || "$HOST_PY" -m venv "$W/pip-venv"
     rm -rf "$dir.tmp"
     mapfile -t deps < <(dependencies)
     "$W/pip-venv/bin/pip" install --quiet --disable-pip-version-check --no-compile --target "$dir.tmp" \
       -c "$ROOT/constraints.txt" "${deps[@]}" >&2
     rm -rf "$dir.tmp/bin"
     mv "$dir.tmp" "$dir"
+    find "$W" -maxdepth 1 -name 'deps-*' ! -name "deps-$key" -exec rm -rf {} +  # older pins
   fi
   echo "$dir"
 }
@@ -102,10 +105,10 @@ build_image() {
   ln -s bin "$r/usr/sbin"
   cp /bin/busybox "$r/usr/bin/"
   for a in sh ls cat echo env sleep ps id kill true false wget; do ln -s busybox "$r/usr/bin/$a"; done
-  cp "/usr/bin/python$PY_VERSION" "$r/usr/bin/"
+  cp "$HOST_PY" "$r/usr/bin/"
   ln -s "python$PY_VERSION" "$r/usr/bin/python3"
   ln -s python3 "$r/usr/bin/python"
-  for f in "/usr/bin/python$PY_VERSION" "/usr/lib/python$PY_VERSION"/lib-dynload/*.so "$deps"/*/*.so "$deps"/*/*/*.so; do
+  for f in "$HOST_PY" "/usr/lib/python$PY_VERSION"/lib-dynload/*.so "$deps"/*/*.so "$deps"/*/*/*.so; do
     [ -e "$f" ] && { ldd "$f" 2>/dev/null | grep -o '/[^ ]*' || true; }
   done | sort -u | while read -r l; do cp -L --parents "$l" "$r/"; done
   tar -C / --exclude="usr/lib/python$PY_VERSION/test" --exclude=__pycache__ -cf - "usr/lib/python$PY_VERSION" |
@@ -126,7 +129,8 @@ build_image() {
   previous=$(docker image inspect -f '{{.Id}}' "$IMG" 2>/dev/null || true)
   tar -C "$r" -cf - . | docker import \
     -c 'ENV PATH=/usr/local/bin:/usr/bin:/bin' -c 'ENV PYTHONDONTWRITEBYTECODE=1' \
-    -c "ENV PODCAST_IMAGE_SOURCE=$hash" -c 'ENV PODCAST_JOB_DATA_DIR=/data' -c 'WORKDIR /data' \
+    -c "ENV PODCAST_IMAGE_SOURCE=$hash" -c 'ENV PODCAST_JOB_DATA_DIR=/data' -c 'ENV PODCAST_JOB_BIND=0.0.0.0:8000' \
+    -c 'WORKDIR /data' \
     -c 'CMD ["supervisor", "serve"]' - "$IMG" >/dev/null
   rm -rf "$r"
   # The image it replaces is left untagged: remove it unless a container still uses it.
