@@ -200,7 +200,7 @@ class Supervisor:
         # Resolved once, so that jobs' cwd and log paths stay put whatever the supervisor's cwd does later.
         self.data_dir = config.data_dir.resolve()
         self.log_dir = config.jobs_log_dir.resolve()
-        # The exec mode is chosen here, once per boot (INV: nothing else branches on it).
+        # The exec mode is chosen here, once per boot: nothing else branches on it.
         self.executor = executor if executor is not None else create_executor(config, base_env=env)
 
     @property
