@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 import docker
 import requests
 import trio
+import urllib3
 from docker.errors import DockerException, ImageNotFound, NotFound
 from docker.transport.unixconn import UnixHTTPAdapter, UnixHTTPConnection, UnixHTTPConnectionPool
 from docker.types import LogConfig
@@ -297,7 +298,8 @@ class DockerExecutor(Executor):
         except requests.exceptions.ReadTimeout:
             pass  # the slice ended; the state below says whether it is still running
         except requests.exceptions.ConnectionError as exc:
-            if "timed out" not in str(exc).lower():
+            # Over the unix socket a read timeout arrives as a ConnectionError wrapping urllib3's ReadTimeoutError.
+            if not any(isinstance(arg, urllib3.exceptions.ReadTimeoutError) for arg in exc.args):
                 raise
         # The state decides, not the wait's answer: an engine shutting down may answer a wait without an exit.
         return _exit_status(self.client.inspect_container(container_id)["State"])

@@ -24,6 +24,7 @@ from supervisor._identity import Liveness, identify, probe
 from supervisor._kinds import parse_kind
 from supervisor._model import Job
 from supervisor.execution import Executor, create_executor
+from supervisor.execution import docker as docker_execution
 from supervisor.execution.docker import LABEL_BOOT, LABEL_JOB, LABEL_KIND
 
 pytestmark = [pytest.mark.docker, pytest.mark.e2e]
@@ -115,6 +116,27 @@ async def test_output_is_copied_into_the_capped_log_and_a_missing_image_fails_on
     assert failed.status is JobStatus.FAILED
     assert failed.error_reason is not None and "podcast-no-such-image:never" in failed.error_reason
     assert failed.error_reason.startswith("spawn_failed: image")
+
+
+async def test_a_monitor_waits_in_slices_and_a_slice_ending_is_no_engine_trouble(
+    make: Callable[..., Supervisor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(docker_execution, "WAIT_SLICE_S", 0.2)  # a 1 s job outlasts several slices
+    slices: list[object] = []
+    real_slice = docker_execution.DockerExecutor._wait_slice
+
+    def counted(self: docker_execution.DockerExecutor, container_id: str) -> object:
+        slices.append(container_id)
+        return real_slice(self, container_id)
+
+    monkeypatch.setattr(docker_execution.DockerExecutor, "_wait_slice", counted)
+    sup = make()
+    with capture_logs() as logs:
+        job = (await sup.enqueue("sleep", {"seconds": 1.0})).job
+        done = await wait_terminal(sup, job.job_id)
+    assert (done.status, done.exit_code) == (JobStatus.SUCCEEDED, 0)
+    assert len(slices) >= 3
+    assert not [e for e in logs if e["log_level"] in ("warning", "error")]
 
 
 def _engine_script(command: str) -> None:
