@@ -275,6 +275,13 @@ def _check_docker_settings(values: dict[str, Any], loader: _Loader) -> None:
             f"PODCAST_JOB_DOCKER_DATA_VOLUME={volume!r}: must be a volume name or an absolute host path"
         )
     url = values.get("heartbeat_base_url")
+    if values.get("exec_mode") == "docker" and url is None and network != "host":
+        # Not an error (a job need not heartbeat), but the default, the server's bound address, is loopback for a
+        # supervisor on the host, and a container's loopback is its own.
+        loader.warnings.append(
+            "PODCAST_JOB_HEARTBEAT_BASE_URL is unset in docker mode: jobs are told the server's bound address, "
+            "which a container reaches only with PODCAST_JOB_DOCKER_NETWORK=host"
+        )
     if url is not None:
         if not re.fullmatch(r"https?://[^/\s?#]+(/[^\s?#]*)?", url):
             loader.problems.append(

@@ -176,3 +176,9 @@ def test_docker_settings_without_a_safe_fallback_are_errors_naming_each() -> Non
     assert len(err.value.problems) == 4
     for name, problem in zip(names, err.value.problems, strict=True):
         assert name in problem
+
+
+def test_docker_mode_without_a_heartbeat_url_warns_unless_jobs_share_the_hosts_network() -> None:
+    _, warnings = load_config({"PODCAST_PIPELINE_EXEC_MODE": "docker"})
+    assert len(warnings) == 1 and "PODCAST_JOB_HEARTBEAT_BASE_URL" in warnings[0]
+    assert load_config({"PODCAST_PIPELINE_EXEC_MODE": "docker", "PODCAST_JOB_DOCKER_NETWORK": "host"})[1] == []
