@@ -37,6 +37,9 @@ install_packages() {
   command -v dockerd >/dev/null || want+=(docker.io)
   [ -x /bin/busybox ] || want+=(busybox-static)
   command -v docker-compose >/dev/null || want+=(docker-compose)
+  # The image is made of Debian's python3.11, and its dependencies are installed with it (venv + pip).
+  [ -x "$HOST_PY" ] || want+=("python$PY_VERSION")
+  "$HOST_PY" -c 'import ensurepip' 2>/dev/null || want+=("python$PY_VERSION-venv")
   [ ${#want[@]} -eq 0 ] && return 0
   echo "installing ${want[*]}" >&2
   apt-get update -qq >"$W/apt.log" 2>&1
