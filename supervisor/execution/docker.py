@@ -258,7 +258,7 @@ class DockerExecutor(Executor):
         except ENGINE_ERRORS as exc:
             # A start that failed (or timed out, and may yet happen) must not leave a job running without a row.
             try:
-                api.remove_container(container_id, force=True)
+                api.remove_container(container_id, force=True, v=True)
             except ENGINE_ERRORS as cleanup:
                 log.error(
                     "container_left_behind",
@@ -342,7 +342,8 @@ class DockerExecutor(Executor):
     async def release(self, handle: JobHandle) -> None:
         assert isinstance(handle, ContainerHandle)
         try:
-            await self._call(lambda: self.client.remove_container(handle.container_id))
+            # v=True: an anonymous volume the image declares (compose/Dockerfile has VOLUME /data) goes with it.
+            await self._call(lambda: self.client.remove_container(handle.container_id, v=True))
         except NotFound:
             pass
         except ENGINE_ERRORS as exc:
