@@ -24,7 +24,6 @@ The core speaks to it only in these terms:
 from __future__ import annotations
 
 import abc
-import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,14 +76,6 @@ class ExitStatus:
     @classmethod
     def from_returncode(cls, returncode: int) -> ExitStatus:
         return cls(code=returncode) if returncode >= 0 else cls(signal=-returncode)
-
-    def describe(self) -> str:
-        if self.signal is not None:
-            try:
-                return signal.Signals(self.signal).name
-            except ValueError:
-                return f"signal_{self.signal}"
-        return f"exit {self.code}"
 
 
 @dataclass(frozen=True)
