@@ -343,43 +343,52 @@ class Supervisor:
         for job in jobs:
             self._log_transition(job, "queued", "running", "promoted")
             self._running[job.job_id] = _Running(job.job_id)
-        async with trio.open_nursery() as starts:
-            for job, token in zip(jobs, tokens, strict=False):
-                starts.start_soon(start_one, job, token)
+        watched: set[str] = set()
+        try:
+            async with trio.open_nursery() as starts:
+                for job, token in zip(jobs, tokens, strict=False):
+                    starts.start_soon(start_one, job, token)
 
-        spawned: list[Job] = []
-        records: list[ProcessRecord] = []
-        for job in jobs:
-            got = outcomes[job.job_id]
-            if isinstance(got, Exception):
-                # INV-SPAWN-FAILURE-FREES-SLOT: whatever goes wrong in one start (a SpawnError, or a defect such as
-                # an argv the OS cannot take), the promoted row is finalized, never left holding a slot.
-                del self._running[job.job_id]
-                if not isinstance(got, SpawnError):
-                    log.error("spawn_crashed", job_id=job.job_id, error=repr(got))
-                reason = str(got) if isinstance(got, SpawnError) else f"{type(got).__name__}: {got}"
-                await self._finalize(job, JobStatus.FAILED, f"spawn_failed: {reason}"[:500])
-                continue
-            self._running[job.job_id].handle = got
-            records.append(got.record)
-            spawned.append(job)
-        if records:
-            try:
-                spawned = await self.registry.set_job_processes(records)
-            except SupervisorError:
-                # The jobs exist: they must still get their monitors (to be finalized, cancellable). What the
-                # executor wrote before each program ran (a start file, a labelled container) lets a later boot find
-                # them too.
-                log.exception("job_identity_not_recorded", job_ids=[r.job_id for r in records])
-        for job in spawned:
-            running = self._running[job.job_id]
-            assert running.handle is not None
-            if job.cancel_requested:
-                running.cancel.set()  # a cancel that arrived in the spawn window is carried out now
-            fields = running.handle.log_fields()
-            log.info("job_spawned", job_id=job.job_id, kind=job.kind, boot_id=self.boot_id, **fields)
-            await self._job_nursery.start(self._monitor, running, job)
-        return spawned
+            spawned: list[Job] = []
+            records: list[ProcessRecord] = []
+            for job in jobs:
+                got = outcomes[job.job_id]
+                if isinstance(got, Exception):
+                    # INV-SPAWN-FAILURE-FREES-SLOT: whatever goes wrong in one start (a SpawnError, or a defect such as
+                    # an argv the OS cannot take), the promoted row is finalized, never left holding a slot.
+                    del self._running[job.job_id]
+                    if not isinstance(got, SpawnError):
+                        log.error("spawn_crashed", job_id=job.job_id, error=repr(got))
+                    reason = str(got) if isinstance(got, SpawnError) else f"{type(got).__name__}: {got}"
+                    await self._finalize(job, JobStatus.FAILED, f"spawn_failed: {reason}"[:500])
+                    continue
+                self._running[job.job_id].handle = got
+                records.append(got.record)
+                spawned.append(job)
+            if records:
+                try:
+                    spawned = await self.registry.set_job_processes(records)
+                except SupervisorError:
+                    # The jobs exist: they must still get their monitors (to be finalized, cancellable). What the
+                    # executor wrote before each program ran (a start file, a labelled container) lets a later boot find
+                    # them too.
+                    log.exception("job_identity_not_recorded", job_ids=[r.job_id for r in records])
+            for job in spawned:
+                running = self._running[job.job_id]
+                assert running.handle is not None
+                if job.cancel_requested:
+                    running.cancel.set()  # a cancel that arrived in the spawn window is carried out now
+                fields = running.handle.log_fields()
+                log.info("job_spawned", job_id=job.job_id, kind=job.kind, boot_id=self.boot_id, **fields)
+                await self._job_nursery.start(self._monitor, running, job)
+                watched.add(job.job_id)
+            return spawned
+        finally:
+            # Cancelled part way (a shutdown): an entry without a monitor must not look watched. Its job, if it
+            # started, is found again by the next boot (INV-IDENTITY-BEFORE-PROGRAM).
+            for job in jobs:
+                if job.job_id not in watched:
+                    self._running.pop(job.job_id, None)
 
     async def _start(self, job: Job, token: str) -> JobHandle:
         assert job.log_path is not None

@@ -166,3 +166,28 @@ def test_the_exec_mode_is_listed_once_and_every_mode_has_an_executor() -> None:
         executor = create_executor(Config(exec_mode=mode), base_env={})
         assert executor.mode == mode
     assert openapi_document()["components"]["schemas"]["Health"]["properties"]["exec_mode"]["enum"] == list(EXEC_MODES)
+
+
+async def test_a_drain_cancelled_mid_start_leaves_no_job_looking_watched(
+    make: Callable[..., Supervisor], nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shutdown that cancels a drain while it starts a job must not leave the job marked as watched by this boot:
+    a later cancel would wait for a monitor that does not exist, and the row would never end."""
+    sup = make(attach=False)
+    sup.attach(nursery)  # no drainer task: the only drain is the one this test cancels
+    entered = trio.Event()
+
+    async def stuck_start(job: Job, token: str) -> object:
+        entered.set()
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(sup, "_start", stuck_start)
+    job = (await sup.enqueue("sleep", {"seconds": 60})).job
+    async with trio.open_nursery() as shutdown:
+        shutdown.start_soon(sup.drain)
+        await entered.wait()
+        shutdown.cancel_scope.cancel()
+    assert (await sup.get(job.job_id)).status is JobStatus.RUNNING  # promoted, never started
+    row = await sup.cancel(job.job_id)
+    assert (row.status, row.error_reason) == (JobStatus.CANCELLED, "cancelled_unverified_process_left_alone")
