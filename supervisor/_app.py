@@ -251,7 +251,7 @@ def create_app(supervisor: Supervisor, api_token: ApiToken | None = None) -> Qua
         return {
             "status": "ok",
             "boot_id": supervisor.boot_id,
-            "exec_mode": supervisor.config.exec_mode,
+            "exec_mode": supervisor.exec_mode,
             "paused": await supervisor.is_paused(),
         }
 

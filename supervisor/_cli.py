@@ -26,9 +26,6 @@ from ._kinds import KindCatalog, load_kinds
 from ._logging import configure_logging, get_logger
 from ._model import JobStatus
 
-# Docker exec mode is a planned capability; until it lands, choosing it must stop the server, not be ignored.
-SUPPORTED_EXEC_MODES = ("subprocess",)
-
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -90,14 +87,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(
             f"error: refusing to serve on {config.bind} without PODCAST_JOB_API_TOKEN(_FILE): "
             "set a token, or bind to a loopback address",
-            file=sys.stderr,
-        )
-        return EXIT_CONFIG
-    if config.exec_mode not in SUPPORTED_EXEC_MODES:
-        # Never fall back silently: jobs would run somewhere the operator did not choose.
-        print(
-            f"error: PODCAST_PIPELINE_EXEC_MODE={config.exec_mode!r} is not available in this version "
-            f"(supported: {', '.join(SUPPORTED_EXEC_MODES)})",
             file=sys.stderr,
         )
         return EXIT_CONFIG

@@ -12,16 +12,21 @@ Precedence: environment variable > TOML file (``--config``) > default.
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from ._errors import ConfigError
 
+# The one list of exec modes (``execution.create_executor`` builds each; the OpenAPI document enumerates these).
 ExecMode = Literal["subprocess", "docker"]
-EXEC_MODES: tuple[ExecMode, ...] = ("subprocess", "docker")
+EXEC_MODES: tuple[ExecMode, ...] = get_args(ExecMode)
+DEFAULT_DOCKER_IMAGE = "podcast-job-supervisor:local"
+# Docker object names: a network or a named volume.
+_DOCKER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 MIB = 1024 * 1024
 
@@ -47,7 +52,13 @@ class Config:
     webhook_timeout_s: float = 5.0
     log_max_bytes: int = 50 * MIB
     cancel_grace_s: float = 30.0
-    docker_image: str = "python:3.11-slim"
+    docker_image: str = DEFAULT_DOCKER_IMAGE
+    # None: the engine's default bridge network.
+    docker_network: str | None = None
+    # None: the supervisor's data dir, bind-mounted (a supervisor on the host). A volume name or an absolute host path.
+    docker_data_volume: str | None = None
+    # None: the address the server is bound to (see _server.public_base_url).
+    heartbeat_base_url: str | None = None
 
     # Everything the supervisor writes besides the corpus lives under <data>/.viewer/.
     @property
@@ -193,10 +204,14 @@ def load_config(
         ("api_token", "PODCAST_JOB_API_TOKEN"),
         ("webhook_url", "PODCAST_JOB_WEBHOOK_URL"),
         ("docker_image", "PODCAST_JOB_DOCKER_IMAGE"),
+        ("docker_network", "PODCAST_JOB_DOCKER_NETWORK"),
+        ("docker_data_volume", "PODCAST_JOB_DOCKER_DATA_VOLUME"),
+        ("heartbeat_base_url", "PODCAST_JOB_HEARTBEAT_BASE_URL"),
     ):
         got = raw(env_name, attr)
         if got is not None:
             values[attr] = _str_or_none(got[1])
+    _check_docker_settings(values, loader)
     got = raw("PODCAST_JOB_API_TOKEN_FILE", "api_token_file")
     if got is not None:
         if values.get("api_token"):
@@ -239,7 +254,42 @@ _TOML_KEYS = (
     "log_max_bytes",
     "cancel_grace_s",
     "docker_image",
+    "docker_network",
+    "docker_data_volume",
+    "heartbeat_base_url",
 )
+
+
+def _check_docker_settings(values: dict[str, Any], loader: _Loader) -> None:
+    """Settings that say where jobs run and how they reach us: a wrong one has no safe fallback."""
+    image = values.get("docker_image", DEFAULT_DOCKER_IMAGE)
+    if image is None or any(ch.isspace() for ch in image):
+        # An empty image name would make every docker job fail to start; a default image is no better a guess.
+        loader.problems.append(f"PODCAST_JOB_DOCKER_IMAGE={image!r}: must be an image reference, e.g. name:tag")
+    network = values.get("docker_network")
+    if network is not None and not _DOCKER_NAME.fullmatch(network):
+        loader.problems.append(f"PODCAST_JOB_DOCKER_NETWORK={network!r}: must be a Docker network name")
+    volume = values.get("docker_data_volume")
+    if volume is not None and not (volume.startswith("/") or _DOCKER_NAME.fullmatch(volume)):
+        loader.problems.append(
+            f"PODCAST_JOB_DOCKER_DATA_VOLUME={volume!r}: must be a volume name or an absolute host path"
+        )
+    url = values.get("heartbeat_base_url")
+    if values.get("exec_mode") == "docker" and url is None and network != "host":
+        # Not an error (a job need not heartbeat), but the default, the server's bound address, is loopback for a
+        # supervisor on the host, and a container's loopback is its own.
+        loader.warnings.append(
+            "PODCAST_JOB_HEARTBEAT_BASE_URL is unset in docker mode: jobs are told the server's bound address, "
+            "which a container reaches only with PODCAST_JOB_DOCKER_NETWORK=host"
+        )
+    if url is not None:
+        if not re.fullmatch(r"https?://[^/\s?#]+(/[^\s?#]*)?", url):
+            loader.problems.append(
+                f"PODCAST_JOB_HEARTBEAT_BASE_URL={url!r}: must be an http:// or https:// URL with a host, "
+                "e.g. http://supervisor:8000"
+            )
+        else:
+            values["heartbeat_base_url"] = url.rstrip("/")
 
 
 MAX_TOKEN_FILE_BYTES = 4096

@@ -1,9 +1,13 @@
 """The supervisor core: drain (promotion), one monitor per running job, cancel, and reconcile.
 
 Ownership: every monitor runs in the ``job_nursery`` handed to ``Supervisor.attach`` by the root of the nursery
-tree (see ``_server.py``), and so does the reader of this boot's shepherd. Nothing is spawned outside that tree,
-so no monitor can be lost or outlive the supervisor; cancelling the job nursery (shutdown) stops watching jobs but
-never kills them: the shepherd keeps them, and the next boot adopts them.
+tree (see ``_server.py``), and so does any task its executor owns (the shepherd's reader). Nothing is spawned outside
+that tree, so no monitor can be lost or outlive the supervisor; cancelling the job nursery (shutdown) stops watching
+jobs but never kills them: they belong to the shepherd or the engine, and the next boot adopts them.
+
+How a job runs is the executor's business (``execution/``): this module holds the rules and speaks only of a handle
+with an identity, a wait that returns an exit status (or nothing), a stop with a grace period, evidence gathered
+before the lock, and adoption.
 """
 
 from __future__ import annotations
@@ -21,24 +25,14 @@ import trio
 
 from ._config import Config
 from ._errors import SpawnError, SupervisorError, ValidationError
-from ._identity import Liveness, ProcessIdentity, probe
+from ._identity import Liveness
 from ._kinds import KindCatalog, coalesce_key
 from ._logging import get_logger
 from ._model import Job, JobStatus
 from ._registry import EnqueueResult, NewJob, ProcessRecord, hash_token
-from ._spawn import (
-    ExitStatus,
-    JobFiles,
-    Shepherd,
-    ShepherdLost,
-    StartedJob,
-    job_environment,
-    open_verified_pidfd,
-    read_exit_file,
-    read_start_file,
-    signal_by_identity,
-)
 from ._store import AsyncRegistry
+from .execution import Evidence, Executor, ExitStatus, JobHandle, Launch, Unwatchable, create_executor
+from .execution.base import ORPHAN_DEAD_PID
 
 log = get_logger()
 
@@ -47,10 +41,6 @@ _PRIVATE_ENV = ("PODCAST_JOB_API_TOKEN", "PODCAST_JOB_API_TOKEN_FILE")
 MAX_STAGE_LEN = 200
 MAX_BATCH = 1000  # jobs in one POST /api/jobs/batch
 PROMOTE_BATCH = 64  # rows promoted in one transaction, at most
-# Once an adopted job's process is gone, its shepherd records the exit at reap (milliseconds); this bounds the wait
-# for that record while the shepherd is alive.
-EXIT_RECORD_WAIT_S = 10.0
-EXIT_RECORD_POLL_S = 0.02
 # A heartbeat's unit counts are stored as SQLite INTEGERs (64-bit signed): a larger number is refused, not a 500.
 MAX_UNITS = 2**63 - 1
 
@@ -98,28 +88,34 @@ def judge(
     past_window: bool,
     stale_marks_live_processes: bool,
     exit_recorded: bool = False,
-    shepherd_alive: bool = False,
+    exit_pending: bool = False,
+    orphan_reason: str = ORPHAN_DEAD_PID,
 ) -> Decision:
     """The reconcile rules as one pure function (issue 3's table, issue 10's adoption; ADR-0001, ADR-0003).
 
-    ``exit_recorded``: the job's shepherd wrote its true exit status. ``shepherd_alive``: the shepherd that started
-    it still runs (so a dead job's exit is about to be recorded). A prior boot's row without a process is judged
-    after the shepherd's start file was looked for (and its identity recorded in the row when found).
+    ``exit_recorded``: how the job ended is on record (its shepherd's exit file, the engine's exit code).
+    ``exit_pending``: it is gone but that record is about to be written (its shepherd still runs). ``orphan_reason``:
+    what this exec mode calls a dead job with no record. A prior boot's row without a process is judged after the
+    executor looked for one (a start file, a labelled container) and recorded it in the row when found.
     """
     if this_boot and not job.spawned:
         # INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING: this boot promoted it and is spawning it right now.
         return Decision("untouched", reason="spawn_window")
     if not this_boot and not job.spawned:
-        # INV-IDENTITY-BEFORE-PROGRAM: no start file, so the program provably never ran.
+        if liveness is Liveness.UNKNOWN:
+            # INV-UNKNOWN-KEEPS-SLOT: the engine could not be asked whether a container was ever made for it.
+            return Decision("keep", reason="liveness_unknown_kept", warn=True)
+        # INV-IDENTITY-BEFORE-PROGRAM: no start record, so the program provably never ran.
         return Decision("finalize", JobStatus.FAILED, "orphan_reconciled_spawn_window")
     # This boot's monitor is the authority on what it watches: it finalizes with the real exit status.
     if liveness is Liveness.DEAD and not monitored:
         if exit_recorded:
-            # INV-TRUE-OUTCOME: the shepherd reaped it and wrote how it ended; that, not a guess, is the outcome.
+            # INV-TRUE-OUTCOME: how it ended is on record (reaped by its shepherd, kept by the engine): that, not a
+            # guess, is the outcome.
             return Decision("finalize_exit", reason="exit_recorded")
-        if shepherd_alive:
+        if exit_pending:
             return Decision("keep", reason="exit_being_recorded", adopt=True)
-        return Decision("finalize", JobStatus.FAILED, "orphan_reconciled_dead_pid")
+        return Decision("finalize", JobStatus.FAILED, orphan_reason)
     adopt = liveness is Liveness.ALIVE and not monitored
     if past_window:
         if stale_marks_live_processes:
@@ -135,57 +131,6 @@ def judge(
     return Decision("keep", reason="alive")
 
 
-def identity_of(job: Job) -> ProcessIdentity | None:
-    """INV-PID-NEEDS-BOOT-AND-IDENTITY: a bare pid is no identity."""
-    if job.pid is None or job.pid_start_time is None or job.kernel_boot_id is None:
-        return None
-    return ProcessIdentity(job.pid, job.pid_start_time, job.kernel_boot_id)
-
-
-def liveness_of(job: Job) -> Liveness | None:
-    """Tri-state evidence for a spawned row; None for a row with no process recorded yet."""
-    if not job.spawned:
-        return None
-    identity = identity_of(job)
-    if identity is None:
-        return Liveness.UNKNOWN  # a pid without its start time, or a container this mode cannot ask about
-    return probe(identity)
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """What reconcile knows of one RUNNING row, gathered (blocking) before any registry lock."""
-
-    liveness: Liveness | None
-    identity: ProcessIdentity | None
-    exit_status: ExitStatus | None  # the shepherd's record of how the process ended
-    shepherd_alive: bool  # the shepherd that started it still runs
-    from_start_file: bool  # a prior boot's row without a pid, whose process the shepherd's start file names
-
-
-def gather_evidence(job: Job, log_dir: Path, *, this_boot: bool) -> Evidence:
-    files = JobFiles.for_job(job, log_dir)
-    start = read_start_file(files.pid)
-    identity = identity_of(job)
-    from_start_file = False
-    if not job.spawned and not this_boot and start is not None and start.identity is not None:
-        identity, from_start_file = start.identity, True
-    if identity is not None:
-        liveness: Liveness | None = probe(identity)
-    else:
-        liveness = Liveness.UNKNOWN if job.spawned else None
-    exit_status = None
-    if identity is not None and liveness is Liveness.DEAD:
-        exit_status = read_exit_file(files.exit, identity.pid)
-    shepherd_alive = bool(start and start.shepherd and probe(start.shepherd) is Liveness.ALIVE)
-    return Evidence(liveness, identity, exit_status, shepherd_alive, from_start_file)
-
-
-def _shepherd_alive(files: JobFiles) -> bool:
-    start = read_start_file(files.pid)
-    return bool(start and start.shepherd and probe(start.shepherd) is Liveness.ALIVE)
-
-
 def outcome(
     status: ExitStatus,
     *,
@@ -195,6 +140,9 @@ def outcome(
 ) -> tuple[JobStatus, str | None]:
     if cancel_requested:
         return JobStatus.CANCELLED, "cancelled"
+    if status.oom_killed:
+        # The engine names the OOM killer; any other 128 + N is a plain exit code (see execution/docker.py).
+        return JobStatus.FAILED, "killed_out_of_memory"
     if status.signal is not None:
         try:
             name = signal.Signals(status.signal).name
@@ -231,19 +179,12 @@ def _is_utf8(text: str) -> bool:
 class _Running:
     """A job this boot watches (one it started, or one it adopted): set ``cancel`` to stop it.
 
-    ``adopted``: watched through its identity (pidfd, then the exit file), not through this boot's shepherd: a prior
-    boot's job, or one whose shepherd died.
+    ``handle`` is None only while the job is being started (the spawn window).
     """
 
     job_id: str
     cancel: trio.Event = field(default_factory=trio.Event)
-    pid: int | None = None
-    identity: ProcessIdentity | None = None
-    adopted: bool = False
-
-
-class _Unwatchable(SupervisorError):
-    """A job whose process can no longer be watched (shepherd gone, identity unknown): the sweeper judges it."""
+    handle: JobHandle | None = None
 
 
 class Supervisor:
@@ -257,33 +198,42 @@ class Supervisor:
         *,
         boot_id: str | None = None,
         base_env: Mapping[str, str] | None = None,
+        executor: Executor | None = None,
     ) -> None:
         self.config = config
         self.kinds = kinds
         self.registry = registry
         self.boot_id = boot_id or secrets.token_hex(16)
         self.heartbeat_base_url: str | None = None
-        self._base_env = {k: v for k, v in (base_env if base_env is not None else os.environ).items()}
+        env = {k: v for k, v in (base_env if base_env is not None else os.environ).items()}
         for name in _PRIVATE_ENV:
-            self._base_env.pop(name, None)
+            env.pop(name, None)
         self._running: dict[str, _Running] = {}
         self._drain_lock = trio.Lock()
         self._drain_wanted = trio.Event()
+        self._drain_held = False
         self._job_nursery: trio.Nursery | None = None
         # Resolved once, so that jobs' cwd and log paths stay put whatever the supervisor's cwd does later.
         self.data_dir = config.data_dir.resolve()
         self.log_dir = config.jobs_log_dir.resolve()
-        self.shepherd = Shepherd(stderr_path=config.viewer_dir.resolve() / "shepherd.log")
+        # The exec mode is chosen here, once per boot: nothing else branches on it.
+        self.executor = executor if executor is not None else create_executor(config, base_env=env)
+
+    @property
+    def exec_mode(self) -> str:
+        return self.executor.mode
 
     def attach(self, job_nursery: trio.Nursery) -> None:
-        """Give the supervisor the nursery that owns every monitor (and this boot's shepherd reader)."""
+        """Give the supervisor the nursery that owns every monitor (and any task its executor runs)."""
         self._job_nursery = job_nursery
-        self.shepherd.attach(job_nursery)
+        self.executor.attach(job_nursery)
 
     # -- logging ------------------------------------------------------------------------------------
 
     def _log_transition(self, job: Job, from_status: str, to_status: str, reason: str | None, **extra: Any) -> None:
         fields = {"from": from_status, "to": to_status}  # `from` is a keyword: passed as a mapping
+        if job.container_id is not None:
+            fields["container_id"] = job.container_id[:12]
         log.info(
             "job_transition",
             job_id=job.job_id,
@@ -301,7 +251,8 @@ class Supervisor:
         kind = self.kinds.get(kind_name)
         validated = kind.validate_params({} if params is None else params)
         key = coalesce_key(kind.name, validated) if kind.coalesce else None
-        return NewJob(kind.name, validated, kind.render_argv(validated), key)
+        # {python} is the interpreter the job finds where it runs (this one, or the image's).
+        return NewJob(kind.name, validated, kind.render_argv(validated, python=self.executor.python), key)
 
     async def enqueue(self, kind_name: object, params: object) -> EnqueueResult:
         """Validate and store a job, wake the drainer, and answer: the spawn never delays the caller."""
@@ -363,13 +314,16 @@ class Supervisor:
 
         Contract: when drain returns, every promotable job has been spawned and its identity recorded, and no
         job has been waited for (each one's monitor runs in the job nursery). Free slots are filled in one
-        transaction, and their jobs started together.
+        transaction, and their jobs started together. While the executor cannot start jobs at all (its engine is
+        unreachable), nothing is promoted: the queue waits instead of failing every job it would have started.
         """
         if self._job_nursery is None:
             raise SupervisorError("drain needs a job nursery: call attach() first")
         started: list[Job] = []
         async with self._drain_lock:
             while not await self.is_paused():
+                if not await self._executor_ready():
+                    break
                 tokens = [secrets.token_urlsafe(32) for _ in range(min(self.config.max_concurrent, PROMOTE_BATCH))]
                 jobs = await self.registry.promote_queued(
                     self.config.max_concurrent,
@@ -382,101 +336,119 @@ class Supervisor:
                 started.extend(await self._start_promoted(jobs, tokens))
         return started
 
-    async def _start_promoted(self, jobs: list[Job], tokens: list[str]) -> list[Job]:
-        """Spawn freshly promoted jobs together, record their identities in one transaction, start their monitors."""
-        assert self._job_nursery is not None
-        outcomes: dict[str, StartedJob | Exception] = {}
+    async def _executor_ready(self) -> bool:
+        why = await self.executor.unavailable()
+        if why is not None and not self._drain_held:
+            log.warning("drain_held", why=why, exec_mode=self.exec_mode)
+        elif why is None and self._drain_held:
+            log.info("drain_resumed", exec_mode=self.exec_mode)
+        self._drain_held = why is not None
+        return why is None
 
-        async def spawn_one(job: Job, token: str) -> None:
+    async def _start_promoted(self, jobs: list[Job], tokens: list[str]) -> list[Job]:
+        """Start freshly promoted jobs together, record their identities in one transaction, start their monitors."""
+        assert self._job_nursery is not None
+        outcomes: dict[str, JobHandle | Exception] = {}
+
+        async def start_one(job: Job, token: str) -> None:
             try:
-                outcomes[job.job_id] = await self._spawn(job, token)
+                outcomes[job.job_id] = await self._start(job, token)
             except Exception as exc:  # judged below, job by job
                 outcomes[job.job_id] = exc
 
         for job in jobs:
             self._log_transition(job, "queued", "running", "promoted")
             self._running[job.job_id] = _Running(job.job_id)
-        async with trio.open_nursery() as spawns:
-            for job, token in zip(jobs, tokens, strict=False):
-                spawns.start_soon(spawn_one, job, token)
+        watched: set[str] = set()
+        try:
+            async with trio.open_nursery() as starts:
+                for job, token in zip(jobs, tokens, strict=False):
+                    starts.start_soon(start_one, job, token)
 
-        spawned: list[Job] = []
-        records: list[ProcessRecord] = []
-        for job in jobs:
-            got = outcomes[job.job_id]
-            if isinstance(got, Exception):
-                # INV-SPAWN-FAILURE-FREES-SLOT: whatever goes wrong in one spawn (a SpawnError, or a defect such as
-                # an argv the OS cannot take), the promoted row is finalized, never left holding a slot.
-                del self._running[job.job_id]
-                if not isinstance(got, SpawnError):
-                    log.error("spawn_crashed", job_id=job.job_id, error=repr(got))
-                reason = str(got) if isinstance(got, SpawnError) else f"{type(got).__name__}: {got}"
-                await self._finalize(job, JobStatus.FAILED, f"spawn_failed: {reason}"[:500])
-                continue
-            handle = self._running[job.job_id]
-            handle.pid, handle.identity = got.pid, got.identity
-            identity = got.identity
-            records.append(
-                ProcessRecord(
-                    job.job_id,
-                    pid=got.pid,
-                    pid_start_time=identity.start_time if identity else None,
-                    kernel_boot_id=identity.kernel_boot_id if identity else None,
-                )
-            )
-            spawned.append(job)
-        if records:
-            try:
-                spawned = await self.registry.set_job_processes(records)
-            except SupervisorError:
-                # The processes exist: they must still get their monitors (to be finalized, cancellable). Their
-                # identities are in the shepherd's start files too, where a later boot looks for them.
-                log.exception("job_identity_not_recorded", job_ids=[r.job_id for r in records])
-        for job in spawned:
-            handle = self._running[job.job_id]
-            if job.cancel_requested:
-                handle.cancel.set()  # a cancel that arrived in the spawn window is carried out now
-            log.info("job_spawned", job_id=job.job_id, kind=job.kind, pid=handle.pid, boot_id=self.boot_id)
-            await self._job_nursery.start(self._monitor, handle, job)
-        return spawned
+            spawned: list[Job] = []
+            records: list[ProcessRecord] = []
+            for job in jobs:
+                got = outcomes[job.job_id]
+                if isinstance(got, Exception):
+                    # INV-SPAWN-FAILURE-FREES-SLOT: whatever goes wrong in one start (a SpawnError, or a defect such as
+                    # an argv the OS cannot take), the promoted row is finalized, never left holding a slot.
+                    del self._running[job.job_id]
+                    if not isinstance(got, SpawnError):
+                        log.error("spawn_crashed", job_id=job.job_id, error=repr(got))
+                    reason = str(got) if isinstance(got, SpawnError) else f"{type(got).__name__}: {got}"
+                    await self._finalize(job, JobStatus.FAILED, f"spawn_failed: {reason}"[:500])
+                    continue
+                self._running[job.job_id].handle = got
+                records.append(got.record)
+                spawned.append(job)
+            if records:
+                try:
+                    spawned = await self.registry.set_job_processes(records)
+                except SupervisorError:
+                    # The jobs exist: they must still get their monitors (to be finalized, cancellable). What the
+                    # executor wrote before each program ran (a start file, a labelled container) lets a later boot find
+                    # them too.
+                    log.exception("job_identity_not_recorded", job_ids=[r.job_id for r in records])
+            for job in spawned:
+                running = self._running[job.job_id]
+                assert running.handle is not None
+                if job.cancel_requested:
+                    running.cancel.set()  # a cancel that arrived in the spawn window is carried out now
+                fields = running.handle.log_fields()
+                log.info("job_spawned", job_id=job.job_id, kind=job.kind, boot_id=self.boot_id, **fields)
+                await self._job_nursery.start(self._monitor, running, job)
+                watched.add(job.job_id)
+            return spawned
+        finally:
+            # Cancelled part way (a shutdown): an entry without a monitor must not look watched. Its job, if it
+            # started, is found again by the next boot (INV-IDENTITY-BEFORE-PROGRAM).
+            for job in jobs:
+                if job.job_id not in watched:
+                    self._running.pop(job.job_id, None)
 
-    async def _spawn(self, job: Job, token: str) -> StartedJob:
+    async def _start(self, job: Job, token: str) -> JobHandle:
         assert job.log_path is not None
-        extra = {
+        env = {
             "PODCAST_JOB_ID": job.job_id,
             "PODCAST_JOB_TOKEN": token,
             "PODCAST_JOB_DATA_DIR": str(self.data_dir),
         }
         if self.heartbeat_base_url is not None:
-            extra["PODCAST_JOB_HEARTBEAT_URL"] = f"{self.heartbeat_base_url}/api/jobs/{job.job_id}/heartbeat"
+            env["PODCAST_JOB_HEARTBEAT_URL"] = f"{self.heartbeat_base_url}/api/jobs/{job.job_id}/heartbeat"
         try:
             await trio.to_thread.run_sync(lambda: self.log_dir.mkdir(parents=True, exist_ok=True))
         except OSError as exc:
             raise SpawnError(f"cannot create the job log directory {self.log_dir}: {exc.strerror or exc}") from exc
-        return await self.shepherd.start_job(
-            job.job_id,
-            job.argv,
-            env=job_environment(self._base_env, extra),
-            cwd=self.data_dir,
-            files=JobFiles.for_log(Path(job.log_path)),
+        launch = Launch(
+            job_id=job.job_id,
+            kind=job.kind,
+            boot_id=self.boot_id,
+            argv=job.argv,
+            env=env,
+            data_dir=self.data_dir,
+            log=Path(job.log_path),
             log_max_bytes=self.config.log_max_bytes,
         )
+        return await self.executor.start(launch)
 
     # -- the monitor --------------------------------------------------------------------------------
 
-    async def _monitor(self, handle: _Running, job: Job, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def _monitor(self, running: _Running, job: Job, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Wait for one job to end, finalize its row with its true outcome, then drain. Owned by the job nursery.
 
         Cancelling this task (supervisor shutdown) stops the watching, never the job.
         """
         task_status.started()
+        handle = running.handle
+        assert handle is not None
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._carry_out_cancel, handle)
-                status = await self._wait_exit(handle, job)
+                nursery.start_soon(self._carry_out_cancel, running)
+                status = await self.executor.wait(handle)
                 nursery.cancel_scope.cancel()
-            await self._finish(job, status, cancelled=handle.cancel.is_set())
-        except _Unwatchable as exc:
+            await self._finish(job, status, cancelled=running.cancel.is_set())
+            await self.executor.release(handle)
+        except Unwatchable as exc:
             # INV-UNKNOWN-KEEPS-SLOT: the row stays RUNNING; the sweeper judges it on whatever evidence exists.
             log.warning("job_unwatchable", job_id=job.job_id, why=str(exc))
         except SupervisorError:
@@ -486,45 +458,10 @@ class Supervisor:
             self._running.pop(job.job_id, None)
             self.wake_drainer()
 
-    async def _wait_exit(self, handle: _Running, job: Job) -> ExitStatus | None:
-        """The job's exit status; None when its process is gone and no exit was recorded (its shepherd died)."""
-        if not handle.adopted:
-            try:
-                return await self.shepherd.wait_exit(job.job_id)
-            except ShepherdLost:
-                handle.adopted = True  # from now on, watched and signalled through its identity
-                log.warning("job_watched_by_identity", job_id=job.job_id, pid=handle.pid, why="shepherd lost")
-        if handle.identity is None:
-            raise _Unwatchable("no recorded process identity to watch")
-        return await self._await_exit_by_identity(handle.identity, JobFiles.for_job(job, self.log_dir))
-
-    async def _await_exit_by_identity(self, identity: ProcessIdentity, files: JobFiles) -> ExitStatus | None:
-        """Wait for a process this boot's shepherd does not own to exit (pidfd), then for its recorded exit."""
-        pidfd = await trio.to_thread.run_sync(open_verified_pidfd, identity)
-        if pidfd is not None:
-            try:
-                await trio.lowlevel.wait_readable(pidfd)
-            finally:
-                trio.lowlevel.notify_closing(pidfd)
-                os.close(pidfd)
-        # Gone. Its shepherd (if alive) records the exit at reap, within milliseconds: there is no event to wait on
-        # across processes, so look for the record, bounded, while that shepherd lives.
-        with trio.move_on_after(EXIT_RECORD_WAIT_S):
-            while True:
-                status = await trio.to_thread.run_sync(read_exit_file, files.exit, identity.pid)
-                if status is not None:
-                    return status
-                if not await trio.to_thread.run_sync(_shepherd_alive, files):
-                    # One last look: it may have written the record just before it exited.
-                    return await trio.to_thread.run_sync(read_exit_file, files.exit, identity.pid)
-                await trio.sleep(EXIT_RECORD_POLL_S)
-        return None
-
-    async def _finish(
-        self, job: Job, status: ExitStatus | None, *, cancelled: bool, expect_pid: int | None = None
-    ) -> bool:
+    async def _finish(self, job: Job, status: ExitStatus | None, *, cancelled: bool, expect: Job | None = None) -> bool:
         """Finalize a job whose process has ended: its true outcome, or an orphan when no exit was recorded.
 
+        ``expect``: only if the row still records the process of this (earlier) read of it.
         True when this call changed the row (a terminal row is left alone)."""
         kind = self.kinds.get(job.kind) if job.kind in self.kinds else None
 
@@ -532,10 +469,11 @@ class Supervisor:
             """Called inside the finalize transaction: a cancel requested until this instant counts."""
             cancel_requested = cancelled or current.cancel_requested
             if status is None:
-                # The process is gone and nobody recorded how it ended (its shepherd was killed): never a guess.
+                # The process is gone and nobody recorded how it ended (its shepherd was killed, its container
+                # removed): never a guess.
                 if cancel_requested:
                     return JobStatus.CANCELLED, "cancelled"
-                return JobStatus.FAILED, "orphan_reconciled_dead_pid"
+                return JobStatus.FAILED, self.executor.orphan_reason
             return outcome(
                 status,
                 cancel_requested=cancel_requested,
@@ -544,7 +482,7 @@ class Supervisor:
             )
 
         result = await self.registry.finalize(
-            job.job_id, decide, exit_code=status.returncode if status else None, expect_pid=expect_pid
+            job.job_id, decide, exit_code=status.returncode if status else None, **_expecting(expect)
         )
         if not result.changed:
             return False
@@ -556,54 +494,29 @@ class Supervisor:
             await self._enqueue_follow_up(final, kind.then)
         return True
 
-    async def _carry_out_cancel(self, handle: _Running) -> None:
-        await handle.cancel.wait()
-        log.info("job_cancel_signal", job_id=handle.job_id, signal="SIGTERM", pid=handle.pid)
-        await self._signal(handle, signal.SIGTERM)
-        await trio.sleep(self.config.cancel_grace_s)
-        log.warning("job_cancel_signal", job_id=handle.job_id, signal="SIGKILL", pid=handle.pid)
-        await self._signal(handle, signal.SIGKILL)
+    async def _carry_out_cancel(self, running: _Running) -> None:
+        await running.cancel.wait()
+        assert running.handle is not None
+        await self.executor.stop(running.handle, self.config.cancel_grace_s)
 
-    async def _signal(self, handle: _Running, signum: int) -> None:
-        """Signal a watched job's process group: through its shepherd, else only by verified identity."""
-        if not handle.adopted and await self.shepherd.signal(handle.job_id, signum):
-            return
-        if handle.identity is None:
-            log.error("job_not_signalled", job_id=handle.job_id, pid=handle.pid, why="no verified identity")
-            return
-        # INV-NEVER-BLIND-SIGNAL: pidfd first, identity checked, then the signal.
-        _, pidfd = await trio.to_thread.run_sync(signal_by_identity, handle.identity, signum)
-        if pidfd is not None:
-            os.close(pidfd)
-
-    async def _adopt(self, job: Job, identity: ProcessIdentity, *, cancel: bool = False) -> None:
+    async def _adopt(self, job: Job, handle: JobHandle, *, cancel: bool = False) -> None:
         """Watch a job this boot did not start (a prior boot's): its monitor finalizes it with its true outcome."""
         if job.job_id in self._running:
             if cancel:
                 self._running[job.job_id].cancel.set()
             return
         assert self._job_nursery is not None
-        handle = _Running(job.job_id, pid=identity.pid, identity=identity, adopted=True)
+        running = _Running(job.job_id, handle=handle)
         if cancel:
-            handle.cancel.set()
-        self._running[job.job_id] = handle
-        log.info("job_adopted", job_id=job.job_id, pid=identity.pid, prior_boot=job.boot_id)
-        await self._job_nursery.start(self._monitor, handle, job)
+            running.cancel.set()
+        self._running[job.job_id] = running
+        log.info("job_adopted", job_id=job.job_id, prior_boot=job.boot_id, **handle.log_fields())
+        await self._job_nursery.start(self._monitor, running, job)
 
-    async def _finalize(
-        self,
-        job: Job,
-        status: JobStatus,
-        reason: str | None,
-        *,
-        exit_code: int | None = None,
-        expect_pid: int | None = None,
-    ) -> bool:
-        result = await self.registry.finalize(
-            job.job_id, status, reason=reason, exit_code=exit_code, expect_pid=expect_pid
-        )
+    async def _finalize(self, job: Job, status: JobStatus, reason: str | None, *, expect: Job | None = None) -> bool:
+        result = await self.registry.finalize(job.job_id, status, reason=reason, **_expecting(expect))
         if result.changed:
-            self._log_transition(result.job, str(job.status), str(status), reason, exit_code=exit_code)
+            self._log_transition(result.job, str(job.status), str(status), reason)
         return result.changed
 
     async def _enqueue_follow_up(self, parent: Job, then: str) -> None:
@@ -649,50 +562,51 @@ class Supervisor:
     async def _cancel_unmonitored(self, job: Job) -> None:
         """A running row with no monitor here: a prior boot's job (or one whose monitor failed).
 
-        A process whose identity is verified alive is adopted and stopped (SIGTERM, SIGKILL after the grace);
-        its monitor finalizes it ``cancelled`` once it is gone. Anything else is never signalled.
+        A job the executor verified (alive, or ended with its exit on record) is adopted and stopped (SIGTERM, then
+        SIGKILL after the grace; ``docker stop`` in docker mode); its monitor finalizes it ``cancelled`` once it is
+        gone. Anything else is never signalled.
         """
-        identity = identity_of(job)
-        if identity is not None and await trio.to_thread.run_sync(probe, identity) is Liveness.ALIVE:
-            await self._adopt(job, identity, cancel=True)
+        [found] = await self._gather_evidence([job])
+        if found.found is not None:
+            job = await self.registry.set_job_process(**_record_fields(found.found))
+        verified = found.liveness is Liveness.ALIVE or found.exit_status is not None or found.exit_pending
+        if found.handle is not None and verified and self._job_nursery is not None:
+            await self._adopt(job, found.handle, cancel=True)
             return
-        liveness = await trio.to_thread.run_sync(liveness_of, job)
-        if job.spawned and liveness is not Liveness.DEAD:
+        if job.spawned and found.liveness is not Liveness.DEAD:
             log.error(
                 "cancel_left_process_alone",
                 job_id=job.job_id,
                 pid=job.pid,
                 container_id=job.container_id,
-                liveness=liveness.value if liveness else None,
+                liveness=found.liveness.value if found.liveness else None,
+                detail=found.detail,
                 why="the recorded process identity could not be verified; stop any surviving work by hand",
             )
-        await self._finalize(job, JobStatus.CANCELLED, "cancelled_unverified_process_left_alone")
+        await self._finalize(job, JobStatus.CANCELLED, "cancelled_unverified_process_left_alone", expect=job)
         self.wake_drainer()
 
     # -- reconcile ----------------------------------------------------------------------------------
 
+    async def _gather_evidence(self, rows: list[Job]) -> list[Evidence]:
+        """The executor's evidence for ``rows`` (blocking probes: a worker thread, never under a registry lock)."""
+        return await trio.to_thread.run_sync(lambda: self.executor.gather_evidence(rows, boot_id=self.boot_id))
+
     async def reconcile(self, *, stale_marks_live_processes: bool) -> ReconcileReport:
         """Bring RUNNING rows in line with the evidence. Probes run before any registry lock is taken."""
         rows = await self.registry.running_jobs()
-        evidence = await trio.to_thread.run_sync(
-            lambda: [gather_evidence(job, self.log_dir, this_boot=job.boot_id == self.boot_id) for job in rows]
-        )
+        evidence = await self._gather_evidence(rows)
         now = datetime.now(UTC)
         details: list[ReconcileDetail] = []
         updated = 0
         for job, found in zip(rows, evidence, strict=True):
             this_boot = job.boot_id == self.boot_id
             liveness = found.liveness
-            if found.from_start_file and found.identity is not None:
-                # A prior boot died between the spawn and recording the pid: the shepherd's start file names the
-                # process, so it is judged (and adopted) like any recorded one, never freed as a spawn window.
-                identity = found.identity
-                job = await self.registry.set_job_process(
-                    job.job_id,
-                    pid=identity.pid,
-                    pid_start_time=identity.start_time,
-                    kernel_boot_id=identity.kernel_boot_id,
-                )
+            if found.found is not None:
+                # A prior boot died between the start and recording the identity: what the executor wrote before the
+                # program ran (a start file, a labelled container) names it, so it is judged (and adopted) like any
+                # recorded one, never freed as a spawn window.
+                job = await self.registry.set_job_process(**_record_fields(found.found))
                 if job.status is not JobStatus.RUNNING:
                     continue
             decision = judge(
@@ -703,26 +617,31 @@ class Supervisor:
                 past_window=self._past_window(job, now),
                 stale_marks_live_processes=stale_marks_live_processes,
                 exit_recorded=found.exit_status is not None,
-                shepherd_alive=found.shepherd_alive,
+                exit_pending=found.exit_pending,
+                orphan_reason=self.executor.orphan_reason,
             )
             action = decision.action
             if decision.action == "finalize":
                 assert decision.status is not None
-                # expect_pid: the evidence was gathered before the lock; only act if the row is still that process.
-                if await self._finalize(job, decision.status, decision.reason, expect_pid=job.pid):
+                # expect: the evidence was gathered before the lock; only act if the row is still that process.
+                if await self._finalize(job, decision.status, decision.reason, expect=job):
                     updated += 1
                     action = str(decision.status)
+                    if found.handle is not None and liveness is not Liveness.ALIVE:
+                        await self.executor.release(found.handle)  # a never-started container, say
                 else:
                     action = "untouched"
             elif decision.action == "finalize_exit":
-                assert found.exit_status is not None
-                if await self._finish(job, found.exit_status, cancelled=False, expect_pid=job.pid):
+                assert found.exit_status is not None and found.handle is not None
+                await self.executor.collect(found.handle)
+                if await self._finish(job, found.exit_status, cancelled=False, expect=job):
                     updated += 1
                     action = str((await self.registry.get(job.job_id)).status)
+                    await self.executor.release(found.handle)
                 else:
                     action = "untouched"
-            if decision.adopt and found.identity is not None and self._job_nursery is not None:
-                await self._adopt(job, found.identity)
+            if decision.adopt and found.handle is not None and self._job_nursery is not None:
+                await self._adopt(job, found.handle)
             if decision.warn:
                 log.warning(
                     "reconcile_kept_slot",
@@ -730,6 +649,8 @@ class Supervisor:
                     reason=decision.reason,
                     liveness=liveness.value if liveness else None,
                     pid=job.pid,
+                    container_id=job.container_id,
+                    detail=found.detail,
                     prior_boot=not this_boot,
                     started_at=job.started_at,
                 )
@@ -838,3 +759,20 @@ class Supervisor:
                 return b""
 
         return await trio.to_thread.run_sync(read)
+
+
+def _expecting(job: Job | None) -> dict[str, Any]:
+    """The registry's guard for a finalize decided on an earlier read: the row must still record that process."""
+    if job is None:
+        return {}
+    return {"expect_pid": job.pid, "expect_container_id": job.container_id}
+
+
+def _record_fields(record: ProcessRecord) -> dict[str, Any]:
+    return {
+        "job_id": record.job_id,
+        "pid": record.pid,
+        "pid_start_time": record.pid_start_time,
+        "kernel_boot_id": record.kernel_boot_id,
+        "container_id": record.container_id,
+    }

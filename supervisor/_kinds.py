@@ -12,7 +12,8 @@ A kind is declared in TOML::
     failure_reasons = { 3 = "all_feeds_failed" }  # exit codes that are failures with a name
 
 A ``{name}`` placeholder must be a whole argv element and is replaced by the validated value: no shell, no
-splitting. ``{python}`` is the supervisor's own interpreter.
+splitting. ``{python}`` is the interpreter jobs run with: the supervisor's own in subprocess mode, the image's
+``python3`` in docker mode.
 """
 
 from __future__ import annotations
@@ -81,15 +82,18 @@ class JobKind:
             out[name] = _convert(name, type_name, params[name])
         return out
 
-    def render_argv(self, params: Mapping[str, ParamValue]) -> list[str]:
-        """The command line for validated ``params``: each placeholder element replaced whole."""
+    def render_argv(self, params: Mapping[str, ParamValue], *, python: str = sys.executable) -> list[str]:
+        """The command line for validated ``params``: each placeholder element replaced whole.
+
+        ``python``: what ``{python}`` becomes: this interpreter, or the one the job finds where it runs (an image's).
+        """
         argv: list[str] = []
         for element in self.argv:
             m = _PLACEHOLDER.fullmatch(element)
             if m is None:
                 argv.append(element)
             elif m.group(1) == "python":
-                argv.append(sys.executable)
+                argv.append(python)
             else:
                 argv.append(_to_arg(params[m.group(1)]))
         return argv

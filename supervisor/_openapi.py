@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from ._config import EXEC_MODES
 from ._core import MAX_BATCH, MAX_STAGE_LEN, MAX_UNITS
 from ._kinds import _ASCII_FLOAT, _ASCII_INT, MAX_FLOAT, MAX_STR_PARAM_LEN, JobKind, KindCatalog
 from ._model import JobStatus
@@ -73,7 +74,7 @@ _SCHEMAS: dict[str, Any] = {
         "properties": {
             "status": {"const": "ok"},
             "boot_id": {"type": "string"},
-            "exec_mode": {"enum": ["subprocess", "docker"]},
+            "exec_mode": {"enum": list(EXEC_MODES)},
             "paused": {"type": "boolean"},
         },
     },

@@ -530,19 +530,22 @@ class SqliteRegistry:
         reason: str | None = None,
         exit_code: int | None = None,
         expect_pid: int | None = None,
+        expect_container_id: str | None = None,
     ) -> FinalizeResult:
         """End a row. A no-op on a terminal row; ``changed`` says whether anything happened.
 
         ``status`` may be a function of the current row returning (status, reason): it is called inside the
         transaction, so a decision that depends on the row (a cancel requested meanwhile) needs no separate read.
-        ``expect_pid``: only finalize if the row still records that pid (evidence gathered before the lock
-        must still be about the same process).
+        ``expect_pid`` / ``expect_container_id``: only finalize if the row still records that pid / container
+        (evidence gathered before the lock must still be about the same process).
         """
         with self._tx() as conn:
             job = self._get_in(conn, job_id)
             if job.status.is_terminal:
                 return FinalizeResult(job, changed=False)
             if expect_pid is not None and job.pid != expect_pid:
+                return FinalizeResult(job, changed=False)
+            if expect_container_id is not None and job.container_id != expect_container_id:
                 return FinalizeResult(job, changed=False)
             final, why = status(job) if callable(status) else (status, reason)
             if final not in TERMINAL:

@@ -150,7 +150,9 @@ async def run_supervisor(
     api_token = ApiToken.from_config(config)
     sock = bind_socket(config.bind_host, config.bind_port)
     host, port = sock.getsockname()[:2]
-    supervisor.heartbeat_base_url = public_base_url(host, port)
+    url = public_base_url(host, port)
+    # How jobs reach us: from a container, our loopback address is the container's own, so it may be configured.
+    supervisor.heartbeat_base_url = config.heartbeat_base_url or url
     http_done = trio.Event()
     try:
         async with trio.open_nursery() as root:
@@ -162,9 +164,10 @@ async def run_supervisor(
             await root.start(_serve_http, supervisor, api_token, sock, shutdown, http_done)
             log.info(
                 "supervisor_started",
-                url=supervisor.heartbeat_base_url,
+                url=url,
+                heartbeat_base_url=supervisor.heartbeat_base_url,
                 boot_id=supervisor.boot_id,
-                exec_mode=config.exec_mode,
+                exec_mode=supervisor.exec_mode,
                 data_dir=str(supervisor.data_dir),
                 max_concurrent=config.max_concurrent,
             )
@@ -177,5 +180,6 @@ async def run_supervisor(
     finally:
         sock.close()
         with trio.CancelScope(shield=True):
+            await supervisor.executor.aclose()
             await trio.to_thread.run_sync(registry.close)
         log.info("supervisor_stopped", boot_id=supervisor.boot_id)

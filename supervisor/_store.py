@@ -62,9 +62,16 @@ class AsyncRegistry:
         reason: str | None = None,
         exit_code: int | None = None,
         expect_pid: int | None = None,
+        expect_container_id: str | None = None,
     ) -> FinalizeResult:
         return await self._run(
-            self.sync.finalize, job_id, status, reason=reason, exit_code=exit_code, expect_pid=expect_pid
+            self.sync.finalize,
+            job_id,
+            status,
+            reason=reason,
+            exit_code=exit_code,
+            expect_pid=expect_pid,
+            expect_container_id=expect_container_id,
         )
 
     async def request_cancel(self, job_id: str) -> FinalizeResult:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -84,3 +85,45 @@ async def test_serve_answers_the_cli_and_exits_0_on_sigterm(tmp_path: Path) -> N
             with trio.CancelScope(shield=True):
                 await process.wait()
     assert b"supervisor_stopped" in (tmp_path / "serve.log").read_bytes()
+
+
+async def test_serve_runs_docker_mode_and_pins_it_in_its_start_line_and_health(tmp_path: Path) -> None:
+    """Issue 11: serve no longer refuses docker mode. Starting needs no engine: the client does no I/O until a job
+    runs (the engine's absence is then UNKNOWN, never a failed start)."""
+    url = f"http://127.0.0.1:{free_port()}"
+    env = cli_env(
+        tmp_path,
+        PODCAST_JOB_BIND=url.removeprefix("http://"),
+        PODCAST_PIPELINE_EXEC_MODE="docker",
+        PODCAST_JOB_HEARTBEAT_BASE_URL="http://supervisor.example:8000/",
+        DOCKER_HOST="unix:///nonexistent/docker.sock",
+    )
+    with (tmp_path / "serve.log").open("wb") as log:
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "supervisor", "serve"], env=env, cwd=tmp_path, stdout=log, stderr=log
+        )
+    try:
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            with trio.fail_after(START_LIMIT_S):
+                while True:
+                    try:
+                        health = await client.get(f"{url}/api/health", timeout=5.0)
+                        break
+                    except httpx.ConnectError:
+                        await trio.sleep(0.05)  # polling for the server to come up, under the deadline above
+        assert health.json()["exec_mode"] == "docker"
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(GRACEFUL_TIMEOUT_S + 5):
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            with trio.CancelScope(shield=True):
+                await process.wait()
+    lines = [json.loads(line) for line in (tmp_path / "serve.log").read_text().splitlines() if line.startswith("{")]
+    [started] = [line for line in lines if line["event"] == "supervisor_started"]
+    assert (started["exec_mode"], started["url"], started["heartbeat_base_url"]) == (
+        "docker",
+        url,
+        "http://supervisor.example:8000",
+    )

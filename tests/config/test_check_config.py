@@ -68,11 +68,3 @@ def test_serve_refuses_a_non_loopback_bind_without_a_token(env: dict[str, str]) 
     done = _run("serve", env=env)
     assert done.returncode == 3
     assert "PODCAST_JOB_API_TOKEN" in done.stderr
-
-
-def test_serve_refuses_an_exec_mode_it_cannot_honour(env: dict[str, str]) -> None:
-    env["PODCAST_PIPELINE_EXEC_MODE"] = "docker"
-    env["PODCAST_JOB_BIND"] = "127.0.0.1:0"
-    done = _run("serve", env=env)
-    assert done.returncode == 3
-    assert "PODCAST_PIPELINE_EXEC_MODE" in done.stderr and "not available" in done.stderr

@@ -18,6 +18,12 @@ def test_defaults() -> None:
     assert config.stale_after_s == 86400.0
     assert config.progress_stale_after_s == 1800.0
     assert config.exec_mode == "subprocess"
+    assert (config.docker_image, config.docker_network, config.docker_data_volume) == (
+        "podcast-job-supervisor:local",
+        None,
+        None,
+    )
+    assert config.heartbeat_base_url is None
     assert config.webhook_timeout_s == 5.0
     assert config.log_max_bytes == 50 * 1024 * 1024
     assert config.registry_path == Path("var/.viewer/jobs.sqlite3")
@@ -134,3 +140,45 @@ def test_token_and_token_file_together_is_an_error(tmp_path: Path) -> None:
     token_file.write_text("a")
     with pytest.raises(ConfigError, match="not both"):
         load_config({"PODCAST_JOB_API_TOKEN_FILE": str(token_file), "PODCAST_JOB_API_TOKEN": "b"})
+
+
+def test_docker_settings_are_read_and_the_heartbeat_url_loses_its_trailing_slash() -> None:
+    config, warnings = load_config(
+        {
+            "PODCAST_PIPELINE_EXEC_MODE": "docker",
+            "PODCAST_JOB_DOCKER_IMAGE": "registry.example/podcast:1.2",
+            "PODCAST_JOB_DOCKER_NETWORK": "podcast_default",
+            "PODCAST_JOB_DOCKER_DATA_VOLUME": "podcast_corpus",
+            "PODCAST_JOB_HEARTBEAT_BASE_URL": "http://supervisor:8000/",
+        }
+    )
+    assert warnings == []
+    assert (config.exec_mode, config.docker_image, config.docker_network) == (
+        "docker",
+        "registry.example/podcast:1.2",
+        "podcast_default",
+    )
+    assert (config.docker_data_volume, config.heartbeat_base_url) == ("podcast_corpus", "http://supervisor:8000")
+    assert load_config({"PODCAST_JOB_DOCKER_DATA_VOLUME": "/srv/podcast"})[0].docker_data_volume == "/srv/podcast"
+
+
+def test_docker_settings_without_a_safe_fallback_are_errors_naming_each() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(
+            {
+                "PODCAST_JOB_DOCKER_IMAGE": "two words",
+                "PODCAST_JOB_DOCKER_NETWORK": "no/such net",
+                "PODCAST_JOB_DOCKER_DATA_VOLUME": "relative/path",
+                "PODCAST_JOB_HEARTBEAT_BASE_URL": "supervisor:8000",
+            }
+        )
+    names = ["IMAGE", "NETWORK", "DATA_VOLUME", "HEARTBEAT_BASE_URL"]
+    assert len(err.value.problems) == 4
+    for name, problem in zip(names, err.value.problems, strict=True):
+        assert name in problem
+
+
+def test_docker_mode_without_a_heartbeat_url_warns_unless_jobs_share_the_hosts_network() -> None:
+    _, warnings = load_config({"PODCAST_PIPELINE_EXEC_MODE": "docker"})
+    assert len(warnings) == 1 and "PODCAST_JOB_HEARTBEAT_BASE_URL" in warnings[0]
+    assert load_config({"PODCAST_PIPELINE_EXEC_MODE": "docker", "PODCAST_JOB_DOCKER_NETWORK": "host"})[1] == []

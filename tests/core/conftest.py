@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
+import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -12,11 +10,12 @@ from pathlib import Path
 
 import pytest
 import trio
-from core_helpers import KINDS  # type: ignore[import-not-found]
+from core_helpers import KINDS, poll  # type: ignore[import-not-found]
 
 from supervisor import Config, SqliteRegistry, load_kinds
 from supervisor._core import Supervisor
 from supervisor._store import AsyncRegistry
+from supervisor.execution import Executor
 
 
 @pytest.fixture
@@ -49,10 +48,9 @@ async def make_supervisor(make_config: Callable[..., Config]) -> AsyncIterator[C
         yield _maker(make_config, made, supervisors, job_nursery)
         # A supervisor shutdown never kills jobs (by design); a test must not leave real processes behind.
         for sup in supervisors:
-            for handle in list(sup._running.values()):
-                if handle.pid is not None:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(handle.pid, signal.SIGKILL)  # the shepherd (alive) has not reaped it yet
+            for running in list(sup._running.values()):
+                if running.handle is not None:
+                    await sup.executor.stop(running.handle, 0)  # SIGKILL at once, through the executor
             # Let the monitors reap what was killed (an unreaped child is a ResourceWarning, an error here).
             with trio.fail_after(10):
                 while sup._running:  # noqa: ASYNC110 - monitors remove themselves; bounded above
@@ -71,17 +69,30 @@ def _maker(
 ) -> Callable[..., Supervisor]:
 
     def make(
-        *, attach: bool = True, boot_id: str | None = None, base_env: dict[str, str] | None = None, **overrides: object
+        *,
+        attach: bool | trio.Nursery = True,
+        boot_id: str | None = None,
+        base_env: dict[str, str] | None = None,
+        executor: Callable[[Config], Executor] | None = None,
+        **overrides: object,
     ) -> Supervisor:
+        """A supervisor on the shared job nursery (``attach=True``), on a nursery of the test's own (whose cancel
+        is that boot's death), or on none."""
         config = make_config(**overrides)
         registry = SqliteRegistry(config.registry_path)
         made.append(registry)
         sup = Supervisor(
-            config, load_kinds(config.kinds_file), AsyncRegistry(registry), boot_id=boot_id, base_env=base_env
+            config,
+            load_kinds(config.kinds_file),
+            AsyncRegistry(registry),
+            boot_id=boot_id,
+            base_env=base_env,
+            executor=executor(config) if executor is not None else None,
         )
-        if attach:
-            sup.attach(job_nursery)
-            job_nursery.start_soon(sup.run_drainer)  # what run_supervisor starts in its root nursery
+        if attach is not False:
+            nursery = job_nursery if attach is True else attach
+            sup.attach(nursery)
+            nursery.start_soon(sup.run_drainer)  # what run_supervisor starts in its root nursery
         supervisors.append(sup)
         return sup
 
@@ -97,3 +108,42 @@ def bystander() -> Iterator[subprocess.Popen[bytes]]:
     yield proc
     proc.kill()
     proc.wait()
+
+
+class Server:
+    def __init__(self, proc: trio.Process, log: Path) -> None:
+        self.proc = proc
+        self.log = log
+        self.url = ""
+
+
+@pytest.fixture
+async def start_server(tmp_path: Path, env: dict[str, str]) -> AsyncIterator[Callable[[], trio.Process]]:
+    """Start real `supervisor serve` processes with the test module's ``env``; each is killed at the end."""
+    servers: list[Server] = []
+
+    async def start() -> Server:
+        log = tmp_path / f"supervisor-{len(servers)}.log"
+        with log.open("wb") as fh:
+            proc = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "supervisor", "serve"], env=env, stdout=subprocess.DEVNULL, stderr=fh
+            )
+        server = Server(proc, log)
+        servers.append(server)
+
+        async def started() -> str | None:
+            for line in (await trio.to_thread.run_sync(log.read_text)).splitlines():
+                if '"supervisor_started"' in line:
+                    return str(json.loads(line)["url"])
+            if proc.returncode is not None:
+                raise AssertionError(f"supervisor exited {proc.returncode}: {log.read_text()}")
+            return None
+
+        server.url = await poll(started, timeout_s=20)
+        return server
+
+    yield start  # type: ignore[misc]
+    for server in servers:
+        if server.proc.returncode is None:
+            server.proc.kill()
+        await server.proc.wait()

@@ -56,14 +56,14 @@ async def test_cancel_in_the_spawn_window_is_carried_out_when_spawn_completes(
     sup = make_supervisor()
     release = trio.Event()
     in_spawn = trio.Event()
-    real_spawn = sup._spawn
+    real_start = sup._start
 
-    async def slow_spawn(job, token):  # type: ignore[no-untyped-def]
+    async def slow_start(job, token):  # type: ignore[no-untyped-def]
         in_spawn.set()
         await release.wait()
-        return await real_spawn(job, token)
+        return await real_start(job, token)
 
-    monkeypatch.setattr(sup, "_spawn", slow_spawn)
+    monkeypatch.setattr(sup, "_start", slow_start)
     argv = sup.kinds.get("sleep").render_argv({"seconds": 60.0})
     queued = (await sup.registry.enqueue("sleep", {"seconds": 60.0}, argv, coalesce_key=None)).job
     async with trio.open_nursery() as nursery:

@@ -156,6 +156,17 @@ async def test_a_disabled_window_never_marks_stale(
             False,
             Decision("finalize", JobStatus.FAILED, "orphan_reconciled_dead_pid"),
         ),
+        # INV-UNKNOWN-KEEPS-SLOT: an engine that cannot be asked whether a container was made keeps even an
+        # unspawned prior-boot row
+        (
+            False,
+            False,
+            False,
+            Liveness.UNKNOWN,
+            False,
+            False,
+            Decision("keep", reason="liveness_unknown_kept", warn=True),
+        ),
         # a prior boot's live job nobody here watches is adopted (a monitor in this boot's job nursery)
         (False, False, True, Liveness.ALIVE, False, False, Decision("keep", reason="adopted", adopt=True)),
         (
@@ -203,7 +214,7 @@ def test_judge_table(
 
 
 @pytest.mark.parametrize(
-    ("exit_recorded", "shepherd_alive", "expected"),
+    ("exit_recorded", "exit_pending", "expected"),
     [
         # INV-TRUE-OUTCOME: the shepherd wrote how it ended: that is the outcome, never a guess
         (True, False, Decision("finalize_exit", reason="exit_recorded")),
@@ -214,7 +225,7 @@ def test_judge_table(
         (False, False, Decision("finalize", JobStatus.FAILED, "orphan_reconciled_dead_pid")),
     ],
 )
-def test_judge_uses_the_shepherds_exit_record(exit_recorded: bool, shepherd_alive: bool, expected: Decision) -> None:
+def test_judge_uses_the_recorded_exit(exit_recorded: bool, exit_pending: bool, expected: Decision) -> None:
     job = type("J", (), {"spawned": True})()
     got = judge(
         job,  # type: ignore[arg-type]
@@ -224,6 +235,20 @@ def test_judge_uses_the_shepherds_exit_record(exit_recorded: bool, shepherd_aliv
         past_window=False,
         stale_marks_live_processes=False,
         exit_recorded=exit_recorded,
-        shepherd_alive=shepherd_alive,
+        exit_pending=exit_pending,
     )
     assert got == expected
+
+
+def test_judge_names_a_dead_job_without_record_as_its_mode_does() -> None:
+    job = type("J", (), {"spawned": True})()
+    got = judge(
+        job,  # type: ignore[arg-type]
+        this_boot=False,
+        monitored=False,
+        liveness=Liveness.DEAD,
+        past_window=False,
+        stale_marks_live_processes=False,
+        orphan_reason="orphan_reconciled_no_container",
+    )
+    assert got == Decision("finalize", JobStatus.FAILED, "orphan_reconciled_no_container")

@@ -4,12 +4,9 @@ nothing is lost and nothing runs twice. These exercise every reconcile rule acro
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import tomllib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -20,18 +17,10 @@ import trio
 from core_helpers import KINDS, poll  # type: ignore[import-not-found]
 
 from supervisor import JobStatus, SqliteRegistry
-from supervisor._core import identity_of
 from supervisor._identity import Liveness, probe
 from supervisor._kinds import parse_kind
 from supervisor._model import Job
-from supervisor._spawn import JobFiles, read_start_file
-
-
-class Server:
-    def __init__(self, proc: trio.Process, log: Path) -> None:
-        self.proc = proc
-        self.log = log
-        self.url = ""
+from supervisor.execution.subprocess import JobFiles, identity_of, read_start_file
 
 
 @pytest.fixture
@@ -64,37 +53,6 @@ def registry(tmp_path: Path) -> AsyncIterator[SqliteRegistry]:  # type: ignore[m
 def probe_alive(job: Job) -> bool:
     identity = identity_of(job)
     return identity is not None and probe(identity) is Liveness.ALIVE
-
-
-@pytest.fixture
-async def start_server(tmp_path: Path, env: dict[str, str]) -> AsyncIterator[Callable[[], trio.Process]]:
-    servers: list[Server] = []
-
-    async def start() -> Server:
-        log = tmp_path / f"supervisor-{len(servers)}.log"
-        with log.open("wb") as fh:
-            proc = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "supervisor", "serve"], env=env, stdout=subprocess.DEVNULL, stderr=fh
-            )
-        server = Server(proc, log)
-        servers.append(server)
-
-        async def started() -> str | None:
-            for line in (await trio.to_thread.run_sync(log.read_text)).splitlines():
-                if '"supervisor_started"' in line:
-                    return str(json.loads(line)["url"])
-            if proc.returncode is not None:
-                raise AssertionError(f"supervisor exited {proc.returncode}: {log.read_text()}")
-            return None
-
-        server.url = await poll(started, timeout_s=20)
-        return server
-
-    yield start  # type: ignore[misc]
-    for server in servers:
-        if server.proc.returncode is None:
-            server.proc.kill()
-        await server.proc.wait()
 
 
 def _enqueue(registry: SqliteRegistry, kind: str, params: dict[str, object]) -> str:

@@ -7,14 +7,18 @@ import signal
 import socket
 from collections.abc import Callable
 
-import pytest
 import trio
 from core_helpers import poll, wait_running, wait_terminal  # type: ignore[import-not-found]
 
-from supervisor import JobStatus, RegistryError
+from supervisor import JobStatus
 from supervisor._core import Supervisor
 from supervisor._identity import Liveness, identify, probe
-from supervisor._spawn import JobFiles, read_exit_file, read_start_file
+from supervisor.execution.subprocess import JobFiles, Shepherd, SubprocessExecutor, read_exit_file, read_start_file
+
+
+def shepherd_of(sup: Supervisor) -> Shepherd:
+    assert isinstance(sup.executor, SubprocessExecutor)
+    return sup.executor.shepherd
 
 
 async def test_the_shepherd_records_identity_before_the_program_and_the_true_exit_after(
@@ -28,7 +32,7 @@ async def test_the_shepherd_records_identity_before_the_program_and_the_true_exi
     start = read_start_file(files.pid)
     assert start is not None and start.identity is not None
     assert (start.identity.pid, start.identity.start_time) == (ended.pid, ended.pid_start_time)
-    assert start.shepherd is not None and start.shepherd.pid == sup.shepherd.pid
+    assert start.shepherd is not None and start.shepherd.pid == shepherd_of(sup).pid
     status = read_exit_file(files.exit, ended.pid)
     assert status is not None and (status.code, status.signal) == (7, None)
     assert (await sup.read_log(job.job_id)) == b"bye\n"
@@ -43,7 +47,7 @@ async def test_one_shepherd_serves_every_job_of_a_boot(make_supervisor: Callable
         start = read_start_file(JobFiles.for_job(job, sup.log_dir).pid)
         assert start is not None and start.shepherd is not None
         shepherds.add(start.shepherd.pid)
-    assert shepherds == {sup.shepherd.pid}
+    assert shepherds == {shepherd_of(sup).pid}
 
 
 async def test_shepherd_sigkilled_jobs_end_orphaned_never_guessed_and_a_new_shepherd_serves_new_jobs(
@@ -52,7 +56,7 @@ async def test_shepherd_sigkilled_jobs_end_orphaned_never_guessed_and_a_new_shep
     sup = make_supervisor(max_concurrent=2)
     jobs = [(await sup.enqueue("sleep", {"seconds": 60})).job for _ in range(2)]
     running = [await wait_running(sup, j.job_id) for j in jobs]
-    old_shepherd = sup.shepherd.pid
+    old_shepherd = shepherd_of(sup).pid
     assert old_shepherd is not None
     os.kill(old_shepherd, signal.SIGKILL)
     # The jobs outlive their shepherd; their monitors fall back to pidfds. Now they die, and nobody records how.
@@ -67,7 +71,7 @@ async def test_shepherd_sigkilled_jobs_end_orphaned_never_guessed_and_a_new_shep
     # A new shepherd serves the next job, with its true outcome.
     after = (await sup.enqueue("exit", {"code": 0})).job
     assert (await wait_terminal(sup, after.job_id)).status is JobStatus.SUCCEEDED
-    assert sup.shepherd.pid not in (None, old_shepherd)
+    assert shepherd_of(sup).pid not in (None, old_shepherd)
 
 
 async def test_the_shepherd_exits_once_idle_and_orphaned(make_supervisor: Callable[..., Supervisor]) -> None:
@@ -78,8 +82,8 @@ async def test_the_shepherd_exits_once_idle_and_orphaned(make_supervisor: Callab
     assert start is not None and start.shepherd is not None
     shepherd = start.shepherd
     # Orphan it: end this boot's side of the control socket, as a supervisor crash would.
-    assert sup.shepherd._conn is not None
-    sup.shepherd._conn.sock.shutdown(socket.SHUT_RDWR)
+    assert shepherd_of(sup)._conn is not None
+    shepherd_of(sup)._conn.sock.shutdown(socket.SHUT_RDWR)
 
     async def shepherd_gone() -> bool | None:
         return True if probe(shepherd) is Liveness.DEAD else None
@@ -88,42 +92,6 @@ async def test_the_shepherd_exits_once_idle_and_orphaned(make_supervisor: Callab
     assert probe(shepherd) is Liveness.ALIVE
     await poll(shepherd_gone, timeout_s=20)
     assert read_exit_file(JobFiles.for_job(running, sup.log_dir).exit, running.pid) is not None
-
-
-async def test_a_boot_killed_between_spawn_and_recording_the_pid_is_adopted_not_freed(
-    make_supervisor: Callable[..., Supervisor], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """INV-IDENTITY-BEFORE-PROGRAM: the shepherd's start file names the process before it runs, so a next boot
-    that finds a RUNNING row without a pid adopts the live job instead of freeing its slot."""
-    old = make_supervisor(boot_id="old", max_concurrent=1)
-
-    async def lost(*args: object, **kwargs: object) -> None:
-        raise RegistryError("the supervisor died before it recorded the pid")
-
-    monkeypatch.setattr(old.registry, "set_job_processes", lost)
-    job = (await old.enqueue("sleep", {"seconds": 60})).job
-
-    async def started() -> bool | None:  # promoted and spawned, its pid never recorded
-        return True if job.job_id in old._running and old._running[job.job_id].pid else None
-
-    await poll(started)
-    row = await old.get(job.job_id)
-    assert (row.status, row.pid) == (JobStatus.RUNNING, None)
-
-    new = make_supervisor(boot_id="new", max_concurrent=1)
-    report = await new.reconcile(stale_marks_live_processes=False)
-    [detail] = report.details
-    assert (detail.action, detail.reason, detail.liveness) == ("keep", "adopted", "alive")
-    adopted = await new.get(job.job_id)
-    assert adopted.status is JobStatus.RUNNING and adopted.pid is not None and adopted.attempts == 1
-    assert job.job_id in new._running  # the new boot watches it
-    queued = (await new.enqueue("exit", {"code": 0})).job
-    assert (await new.get(queued.job_id)).status is JobStatus.QUEUED  # its slot was not freed: no overshoot
-
-    await new.cancel(job.job_id)
-    ended = await wait_terminal(new, job.job_id)
-    assert (ended.status, ended.error_reason) == (JobStatus.CANCELLED, "cancelled")
-    assert (await wait_terminal(new, queued.job_id)).status is JobStatus.SUCCEEDED
 
 
 async def test_a_prior_boots_job_never_started_is_still_a_spawn_window_orphan(

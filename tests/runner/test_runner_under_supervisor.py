@@ -1,11 +1,12 @@
 """The two programs together: a `pipeline` job enqueued over the real HTTP API, run by the real supervisor as a
-real `pipeline_runner` subprocess, heartbeating back over real HTTP, then chaining the `enrichment` kind."""
+real `pipeline_runner` (a subprocess, or a container of the local image on the real Docker engine), heartbeating back
+over real HTTP with its token, then chaining the `enrichment` kind."""
 
 from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pytest
@@ -27,15 +28,18 @@ async def _poll_job(client: httpx.AsyncClient, url: str, *, timeout_s: float = 3
         return row  # type: ignore[no-any-return]
 
 
+@pytest.mark.parametrize("exec_mode", ["subprocess", pytest.param("docker", marks=pytest.mark.docker)])
 async def test_pipeline_job_runs_under_the_supervisor_reports_progress_and_chains_enrichment(
-    http_server: HttpServer, tmp_path: Path
+    http_server: HttpServer, tmp_path: Path, exec_mode: Literal["subprocess", "docker"]
 ) -> None:
     s = http_server
     s.routes["/feed"] = respond(200, rss([(f"g{i}", s.url(f"/a{i}"), "1:00") for i in range(3)]))
     for i in range(3):
         s.routes[f"/a{i}"] = respond(200, b"A" * 2000)
     data = tmp_path / "data"
-    config = Config(data_dir=data, bind_port=0, max_concurrent=1)
+    # In docker mode the job container shares the host's network: the supervisor (bound to 127.0.0.1) and the feed
+    # server are reachable at the addresses they were given. The data dir is bind-mounted at the same path.
+    config = Config(data_dir=data, bind_port=0, max_concurrent=1, exec_mode=exec_mode, docker_network="host")
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
         sup = await nursery.start(functools.partial(run_supervisor, config, load_kinds(None), shutdown=shutdown))

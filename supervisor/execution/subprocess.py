@@ -1,6 +1,6 @@
-"""Subprocess mode: the supervisor's side of the job shepherd, the job state files, and signalling by identity.
+"""Subprocess mode: the executor whose jobs are processes of this boot's shepherd, on this machine.
 
-Jobs are started by this boot's shepherd (``_shepherd.py``, its own process and session): it forks each job into
+Jobs are started by this boot's shepherd (``shepherd.py``, its own process and session): it forks each job into
 its own session, reads its output into the log, reaps it and writes its true exit status to disk. The supervisor
 talks to it over a socket pair (newline-delimited JSON). A supervisor crash never takes the shepherd or the jobs
 down; the next boot starts its own shepherd and adopts the prior boot's jobs by their recorded identity.
@@ -24,14 +24,16 @@ from typing import Any
 
 import trio
 
-from ._errors import SpawnError
-from ._identity import Liveness, ProcessIdentity, kernel_boot_id, pidfd_open, probe
-from ._logging import get_logger
-from ._model import Job
+from .._errors import SpawnError
+from .._identity import Liveness, ProcessIdentity, kernel_boot_id, pidfd_open, probe
+from .._logging import get_logger
+from .._model import Job
+from .._registry import ProcessRecord
+from .base import Evidence, Executor, ExitStatus, JobHandle, Launch, Unwatchable
 
 log = get_logger()
 
-SHEPHERD = Path(__file__).with_name("_shepherd.py")
+SHEPHERD = Path(__file__).with_name("shepherd.py")
 # The shepherd answers a start in milliseconds; these bound a wedged one.
 SHEPHERD_HELLO_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 30.0
@@ -40,26 +42,6 @@ SHEPHERD_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 class ShepherdLost(SpawnError):
     """This boot's shepherd went away before it reported the job's exit."""
-
-
-@dataclass(frozen=True)
-class ExitStatus:
-    """How a job's process ended: an exit code, or the signal that killed it."""
-
-    code: int | None = None
-    signal: int | None = None
-
-    @property
-    def returncode(self) -> int:
-        """The registry's ``exit_code``: the code, or minus the signal (as ``subprocess`` reports it)."""
-        if self.code is not None:
-            return self.code
-        assert self.signal is not None
-        return -self.signal
-
-    @classmethod
-    def from_returncode(cls, returncode: int) -> ExitStatus:
-        return cls(code=returncode) if returncode >= 0 else cls(signal=-returncode)
 
 
 @dataclass(frozen=True)
@@ -414,3 +396,167 @@ def open_verified_pidfd(identity: ProcessIdentity) -> int | None:
         return fd
     os.close(fd)
     return None
+
+
+# -- the executor -------------------------------------------------------------------------------------
+
+# Once an adopted job's process is gone, its shepherd records the exit at reap (milliseconds); this bounds the wait
+# for that record while the shepherd is alive.
+EXIT_RECORD_WAIT_S = 10.0
+EXIT_RECORD_POLL_S = 0.02
+
+
+def identity_of(job: Job) -> ProcessIdentity | None:
+    """INV-PID-NEEDS-BOOT-AND-IDENTITY: a bare pid is no identity."""
+    if job.pid is None or job.pid_start_time is None or job.kernel_boot_id is None:
+        return None
+    return ProcessIdentity(job.pid, job.pid_start_time, job.kernel_boot_id)
+
+
+def _shepherd_alive(start: RecordedStart | None) -> bool:
+    return bool(start and start.shepherd and probe(start.shepherd) is Liveness.ALIVE)
+
+
+@dataclass
+class ProcessHandle(JobHandle):
+    """A job's process: its pid, its verified identity (None only when /proc could not be read), its state files.
+
+    ``adopted``: watched through its identity (pidfd, then the exit file), not through this boot's shepherd: a prior
+    boot's job, or one whose shepherd died.
+    """
+
+    job_id: str
+    pid: int
+    identity: ProcessIdentity | None
+    files: JobFiles
+    adopted: bool = False
+
+    @property
+    def record(self) -> ProcessRecord:
+        identity = self.identity
+        return ProcessRecord(
+            self.job_id,
+            pid=self.pid,
+            pid_start_time=identity.start_time if identity else None,
+            kernel_boot_id=identity.kernel_boot_id if identity else None,
+        )
+
+    def log_fields(self) -> dict[str, object]:
+        return {"pid": self.pid}
+
+
+class SubprocessExecutor(Executor):
+    """Jobs as processes on this machine, children of this boot's shepherd (ADR 0004).
+
+    ``base_env``: the environment every job inherits (the supervisor's, without its private variables); the
+    launch's own variables are laid over it. ``log_dir``: where a row without a log path has its state files.
+    """
+
+    mode = "subprocess"
+
+    def __init__(self, *, base_env: Mapping[str, str], log_dir: Path, shepherd_log: Path) -> None:
+        self.python = sys.executable
+        self._base_env = dict(base_env)
+        self._log_dir = log_dir
+        self.shepherd = Shepherd(stderr_path=shepherd_log)
+
+    def attach(self, nursery: trio.Nursery) -> None:
+        self.shepherd.attach(nursery)
+
+    async def start(self, launch: Launch) -> ProcessHandle:
+        files = JobFiles.for_log(launch.log)
+        started = await self.shepherd.start_job(
+            launch.job_id,
+            launch.argv,
+            env=job_environment(self._base_env, launch.env),
+            cwd=launch.data_dir,
+            files=files,
+            log_max_bytes=launch.log_max_bytes,
+        )
+        return ProcessHandle(launch.job_id, started.pid, started.identity, files)
+
+    async def wait(self, handle: JobHandle) -> ExitStatus | None:
+        assert isinstance(handle, ProcessHandle)
+        if not handle.adopted:
+            try:
+                return await self.shepherd.wait_exit(handle.job_id)
+            except ShepherdLost:
+                handle.adopted = True  # from now on, watched and signalled through its identity
+                log.warning("job_watched_by_identity", job_id=handle.job_id, pid=handle.pid, why="shepherd lost")
+        if handle.identity is None:
+            raise Unwatchable("no recorded process identity to watch")
+        return await self._await_exit_by_identity(handle.identity, handle.files)
+
+    async def _await_exit_by_identity(self, identity: ProcessIdentity, files: JobFiles) -> ExitStatus | None:
+        """Wait for a process this boot's shepherd does not own to exit (pidfd), then for its recorded exit."""
+        pidfd = await trio.to_thread.run_sync(open_verified_pidfd, identity)
+        if pidfd is not None:
+            try:
+                await trio.lowlevel.wait_readable(pidfd)
+            finally:
+                trio.lowlevel.notify_closing(pidfd)
+                os.close(pidfd)
+        # Gone. Its shepherd (if alive) records the exit at reap, within milliseconds: there is no event to wait on
+        # across processes, so look for the record, bounded, while that shepherd lives.
+        with trio.move_on_after(EXIT_RECORD_WAIT_S):
+            while True:
+                status = await trio.to_thread.run_sync(read_exit_file, files.exit, identity.pid)
+                if status is not None:
+                    return status
+                start = await trio.to_thread.run_sync(read_start_file, files.pid)
+                if not await trio.to_thread.run_sync(_shepherd_alive, start):
+                    # One last look: it may have written the record just before it exited.
+                    return await trio.to_thread.run_sync(read_exit_file, files.exit, identity.pid)
+                await trio.sleep(EXIT_RECORD_POLL_S)
+        return None
+
+    async def stop(self, handle: JobHandle, grace_s: float) -> None:
+        assert isinstance(handle, ProcessHandle)
+        log.info("job_cancel_signal", job_id=handle.job_id, signal="SIGTERM", pid=handle.pid)
+        await self._signal(handle, signal.SIGTERM)
+        await trio.sleep(grace_s)
+        log.warning("job_cancel_signal", job_id=handle.job_id, signal="SIGKILL", pid=handle.pid)
+        await self._signal(handle, signal.SIGKILL)
+
+    async def _signal(self, handle: ProcessHandle, signum: int) -> None:
+        """Signal a job's process group: through its shepherd, else only by verified identity."""
+        if not handle.adopted and await self.shepherd.signal(handle.job_id, signum):
+            return
+        if handle.identity is None:
+            log.error("job_not_signalled", job_id=handle.job_id, pid=handle.pid, why="no verified identity")
+            return
+        # INV-NEVER-BLIND-SIGNAL: pidfd first, identity checked, then the signal.
+        _, pidfd = await trio.to_thread.run_sync(signal_by_identity, handle.identity, signum)
+        if pidfd is not None:
+            os.close(pidfd)
+
+    def gather_evidence(self, jobs: Sequence[Job], *, boot_id: str) -> list[Evidence]:
+        return [self._evidence(job, this_boot=job.boot_id == boot_id) for job in jobs]
+
+    def _evidence(self, job: Job, *, this_boot: bool) -> Evidence:
+        files = JobFiles.for_job(job, self._log_dir)
+        start = read_start_file(files.pid)
+        identity = identity_of(job)
+        found = None
+        if not job.spawned and not this_boot and start is not None and start.identity is not None:
+            # INV-IDENTITY-BEFORE-PROGRAM: a prior boot died between the spawn and recording the pid; the shepherd's
+            # start file names the process.
+            identity = start.identity
+            found = ProcessRecord(
+                job.job_id,
+                pid=identity.pid,
+                pid_start_time=identity.start_time,
+                kernel_boot_id=identity.kernel_boot_id,
+            )
+        if identity is None:
+            # A pid without its start time is no evidence either way (UNKNOWN); no pid at all: it never ran.
+            return Evidence(Liveness.UNKNOWN if job.spawned else None, detail="no verifiable process identity")
+        liveness = probe(identity)
+        exit_status = read_exit_file(files.exit, identity.pid) if liveness is Liveness.DEAD else None
+        return Evidence(
+            liveness,
+            exit_status=exit_status,
+            exit_pending=_shepherd_alive(start),
+            handle=ProcessHandle(job.job_id, identity.pid, identity, files, adopted=True),
+            found=found,
+        )

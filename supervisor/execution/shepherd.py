@@ -1,10 +1,10 @@
 """The job shepherd: one small process per supervisor boot that owns the jobs' processes.
 
-Run as a script (``python -I _shepherd.py --control-fd N --boot-id B``) by the supervisor; it imports nothing from the
+Run as a script (``python -I shepherd.py --control-fd N``) by the subprocess executor; it imports nothing from the
 package on purpose (it starts in ~20 ms and holds ~10 MB whatever the number of jobs). It daemonizes at once
 (double fork, own session), so a supervisor crash never takes it or the jobs down, and nobody has to reap it.
 
-What it does (ADR 0003):
+What it does (ADR 0004):
 
 - **start**: forks the job into its own session with stdout+stderr on a pipe, writes the job's identity
   (``<id>.pid``: pid, start time, kernel boot id, and the shepherd's own identity) atomically next to the log

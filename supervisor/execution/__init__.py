@@ -1,0 +1,36 @@
+"""How jobs run: one executor interface (``base.Executor``) and its members.
+
+- ``subprocess``: processes on this machine, children of this boot's shepherd (``shepherd.py``, run as a script);
+- ``docker``: containers on a Docker engine, found again by their labels;
+- ``memory``: Trio tasks, for tests of the core's rules (not an exec mode).
+
+The exec mode is read once, here, when the supervisor is built; nothing else branches on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import assert_never
+
+from .._config import Config
+from .base import Evidence, Executor, ExitStatus, JobHandle, Launch, Unwatchable
+
+__all__ = ["Evidence", "Executor", "ExitStatus", "JobHandle", "Launch", "Unwatchable", "create_executor"]
+
+
+def create_executor(config: Config, *, base_env: Mapping[str, str]) -> Executor:
+    """The executor of ``config.exec_mode`` (its module is imported only when chosen)."""
+    mode = config.exec_mode
+    if mode == "subprocess":
+        from .subprocess import SubprocessExecutor
+
+        return SubprocessExecutor(
+            base_env=base_env,
+            log_dir=config.jobs_log_dir.resolve(),
+            shepherd_log=config.viewer_dir.resolve() / "shepherd.log",
+        )
+    if mode == "docker":
+        from .docker import DockerExecutor
+
+        return DockerExecutor.from_config(config)
+    assert_never(mode)

@@ -1,0 +1,167 @@
+"""The executor seam: what the core asks of whatever runs a job, and nothing about how.
+
+The core (``_core.py``) holds the rules: when a job starts, what its exit means, when a slot is freed, when a prior
+boot's job is adopted. An ``Executor`` holds the mechanics: a process started by this boot's shepherd
+(``subprocess.py``), a container on a Docker engine (``docker.py``), or a task in memory for tests (``memory.py``).
+
+The core speaks to it only in these terms:
+
+- ``unavailable()`` → why no job can start right now (an engine that does not answer), so the queue waits instead.
+- ``start(launch)`` → a ``JobHandle`` whose ``record`` (pid + start time + kernel boot, or container id) goes into the
+  row. Whatever the executor writes before the program runs (a start file, a labelled container) is what lets a
+  later boot find a job whose record never reached the row (INV-IDENTITY-BEFORE-PROGRAM).
+- ``wait(handle)`` → the job's ``ExitStatus`` once it has ended and its output is in its log; ``None`` when it is
+  gone and nothing recorded how it ended. It raises ``Unwatchable`` when it can no longer be watched at all (the
+  row then keeps its slot, and reconcile judges it).
+- ``stop(handle, grace_s)`` → ask it to end (SIGTERM, or ``docker stop``), and force it after the grace period.
+  Never a blind signal (INV-NEVER-BLIND-SIGNAL): an executor only acts on an identity it verified.
+- ``gather_evidence(jobs, boot_id)`` (blocking: run in a thread, before any registry lock) → one ``Evidence`` per
+  RUNNING row: tri-state liveness, the recorded exit status, a handle to adopt.
+- ``collect(handle)`` → make sure the output of a job that ended is in its log (before a reconcile finalizes it).
+- ``release(handle)`` → once the row is terminal: forget the job (Docker removes the container).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import trio
+
+from .._errors import SupervisorError
+from .._identity import Liveness
+from .._model import Job
+from .._registry import ProcessRecord
+
+__all__ = [
+    "Evidence",
+    "Executor",
+    "ExitStatus",
+    "JobHandle",
+    "Launch",
+    "Liveness",
+    "Unwatchable",
+]
+
+ORPHAN_DEAD_PID = "orphan_reconciled_dead_pid"
+
+
+class Unwatchable(SupervisorError):
+    """A job that can no longer be watched (its identity is unknown): the row keeps its slot; the sweeper judges it."""
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    """How a job ended: an exit code, or the signal that killed it.
+
+    ``oom_killed``: the engine reports that the kernel's OOM killer ended it (Docker's ``State.OOMKilled``); the
+    code is then what the engine reported (137), and the outcome says ``killed_out_of_memory``.
+    """
+
+    code: int | None = None
+    signal: int | None = None
+    oom_killed: bool = False
+
+    @property
+    def returncode(self) -> int:
+        """The registry's ``exit_code``: the code, or minus the signal (as ``subprocess`` reports it)."""
+        if self.code is not None:
+            return self.code
+        assert self.signal is not None
+        return -self.signal
+
+    @classmethod
+    def from_returncode(cls, returncode: int) -> ExitStatus:
+        return cls(code=returncode) if returncode >= 0 else cls(signal=-returncode)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the core asks an executor to run: one promoted job."""
+
+    job_id: str
+    kind: str
+    boot_id: str
+    argv: Sequence[str]
+    env: Mapping[str, str]  # the job's own variables (id, token, heartbeat URL, data dir); never the API token
+    data_dir: Path  # absolute; the job's working directory
+    log: Path  # where its output goes (fixed in the row at promotion)
+    log_max_bytes: int
+
+
+class JobHandle:
+    """A job an executor started or found: what the row records, and what log lines name."""
+
+    job_id: str
+
+    @property
+    @abc.abstractmethod
+    def record(self) -> ProcessRecord:
+        """The identity to record in the row (pid + start time + kernel boot id, or a container id)."""
+
+    @abc.abstractmethod
+    def log_fields(self) -> dict[str, object]:
+        """How log lines name the job's process: ``{"pid": ...}`` or ``{"container_id": ...}``."""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What an executor knows of one RUNNING row, gathered before any registry lock.
+
+    ``liveness`` is None when no process was ever recorded or found for the row (the program never ran).
+    ``exit_pending``: the job is gone but its exit is about to be recorded (its shepherd lives): adopt and wait.
+    ``found``: an identity found outside the row (a start file, a labelled container) for a row that has none.
+    ``detail``: why the liveness is unknown (the engine's error), for the WARNING.
+    """
+
+    liveness: Liveness | None
+    exit_status: ExitStatus | None = None
+    exit_pending: bool = False
+    handle: JobHandle | None = None
+    found: ProcessRecord | None = None
+    detail: str | None = None
+
+
+class Executor(abc.ABC):
+    """Runs jobs for the core. One instance per supervisor boot, chosen once at startup (``create_executor``)."""
+
+    mode: ClassVar[str]
+    #: what a job that is gone with no record of how it ended is called in this mode
+    orphan_reason: ClassVar[str] = ORPHAN_DEAD_PID
+    #: what a kind's ``{python}`` placeholder becomes: the interpreter the job will find where it runs
+    python: str
+
+    def attach(self, nursery: trio.Nursery) -> None:  # noqa: B027 - most executors own no task
+        """The job nursery: where an executor runs any task it owns (the shepherd's reader)."""
+
+    async def unavailable(self) -> str | None:
+        """Why no job can be started now (its engine does not answer), or None. Asked before jobs are promoted."""
+        return None
+
+    @abc.abstractmethod
+    async def start(self, launch: Launch) -> JobHandle:
+        """Start a job; raise ``SpawnError`` with a one-line reason when it cannot start."""
+
+    @abc.abstractmethod
+    async def wait(self, handle: JobHandle) -> ExitStatus | None:
+        """The job's exit status once it ended (its output in its log); None when gone with nothing recorded."""
+
+    @abc.abstractmethod
+    async def stop(self, handle: JobHandle, grace_s: float) -> None:
+        """Ask the job to end, then force it after ``grace_s``. Returns once both were sent (or it is gone)."""
+
+    @abc.abstractmethod
+    def gather_evidence(self, jobs: Sequence[Job], *, boot_id: str) -> list[Evidence]:
+        """Blocking: one ``Evidence`` per row, in order. Never raises for an unreachable engine: UNKNOWN."""
+
+    async def collect(self, handle: JobHandle) -> None:  # noqa: B027 - nothing to do where output is live
+        """Make sure an ended job's output is in its log before the row is finalized."""
+
+    async def release(self, handle: JobHandle) -> None:  # noqa: B027 - nothing to forget by default
+        """The row is terminal: forget the job (nothing by default)."""
+
+    async def aclose(self) -> None:  # noqa: B027 - nothing held open by default
+        """The supervisor stops: close whatever the executor holds open (its jobs keep running)."""

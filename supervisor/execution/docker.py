@@ -1,0 +1,437 @@
+"""Docker mode: each job is a container on a Docker engine, found again by its labels.
+
+A job's container is created (with the labels ``ps.job_id``, ``ps.boot_id``, ``ps.kind``) before it is started, so a
+boot that dies before it records the container id leaves a labelled container behind, never an unknown one
+(INV-IDENTITY-BEFORE-PROGRAM): the next boot finds it by label and adopts it. The row records the container id; no
+pid is ever evidence in this mode.
+
+Containers are not removed automatically: the engine keeps each one's exit code after it ends, which is how a job
+that ends while no supervisor runs is still finalized with its true outcome at the next boot (INV-TRUE-OUTCOME).
+Once the exit code is read, the container's output is copied into the job's log (its last ``log_max_bytes``), the
+row finalized, and only then is the container removed.
+
+Liveness is tri-state and comes from the engine: running → ALIVE; exited → DEAD with its exit code; no container →
+DEAD (``orphan_reconciled_no_container``); an engine that is unreachable, errs or times out → UNKNOWN, and the row
+keeps its slot (INV-UNKNOWN-KEEPS-SLOT).
+
+Exit codes: a container's exit code is what its init process (``init=True``: docker-init) reports, and a job killed
+by signal N is reported as 128 + N, exactly as a program that exits 128 + N. This mode records the number the engine
+gives (``failed/exit_code_137``) and never reads it as a signal: the engine cannot tell the two apart, and a guess
+must not become an outcome. The one signal the engine does name is the kernel's OOM killer (``State.OOMKilled``):
+that job ends ``failed/killed_out_of_memory``.
+
+The SDK is blocking: every call runs in a worker thread (``trio.to_thread.run_sync``) with a client timeout, under a
+capacity limiter; waits for an exit are slices of ``WAIT_SLICE_S``, so no thread is held longer than that.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import docker
+import requests
+import trio
+import urllib3
+from docker.errors import DockerException, ImageNotFound, NotFound
+from docker.transport.unixconn import UnixHTTPAdapter, UnixHTTPConnection, UnixHTTPConnectionPool
+from docker.types import LogConfig
+
+from .._config import Config
+from .._errors import SpawnError
+from .._logging import get_logger
+from .._model import Job
+from .._registry import ProcessRecord
+from .base import Evidence, Executor, ExitStatus, JobHandle, Launch, Liveness
+
+log = get_logger()
+
+T = TypeVar("T")
+
+# The engine API version this mode speaks (Docker 20.10 and later). Pinned, so that creating a client does no I/O:
+# with "auto" the SDK asks the engine at construction, and an unreachable engine would fail the supervisor's start.
+API_VERSION = "1.41"
+API_TIMEOUT_S = 10.0  # every call but a wait slice (and a stop, which adds its grace period)
+WAIT_SLICE_S = 10.0  # one blocking wait for a container's exit; the monitor then asks again
+RETRY_MIN_S = 0.5  # an unreachable engine is asked again after this, doubling up to RETRY_MAX_S
+RETRY_MAX_S = 5.0
+MAX_CALLS = 16  # SDK calls at once (a wait slice holds its own limiter)
+
+LABEL_JOB = "ps.job_id"
+LABEL_BOOT = "ps.boot_id"
+LABEL_KIND = "ps.kind"
+ORPHAN_NO_CONTAINER = "orphan_reconciled_no_container"
+ALIVE_STATES = frozenset({"running", "paused", "restarting"})
+ENDED_STATES = frozenset({"exited", "dead"})
+
+# What an unreachable, failing or slow engine raises: the SDK's own errors, and raw requests errors (with a pinned
+# API version the SDK lets them through unwrapped).
+ENGINE_ERRORS = (DockerException, requests.exceptions.RequestException)
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line naming what went wrong with the engine."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}"[:300]
+
+
+class _ClosingUnixConnection(UnixHTTPConnection):  # type: ignore[misc]
+    """The SDK's unix-socket connection leaves its socket open when ``connect`` fails (the engine is down): it is
+    then closed by the garbage collector, at any time, with a ResourceWarning. This one closes it at once."""
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.unix_socket)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class _ClosingUnixPool(UnixHTTPConnectionPool):  # type: ignore[misc]
+    def _new_conn(self) -> _ClosingUnixConnection:
+        return _ClosingUnixConnection(self.base_url, self.socket_path, self.timeout)
+
+
+class _ClosingUnixAdapter(UnixHTTPAdapter):  # type: ignore[misc]
+    def get_connection(self, url: str, proxies: Any = None) -> _ClosingUnixPool:
+        with self.pools.lock:
+            pool = self.pools.get(url)
+            if pool is None:
+                pool = _ClosingUnixPool(url, self.socket_path, self.timeout, maxsize=self.max_pool_size)
+                self.pools[url] = pool
+            return pool
+
+
+def make_client(*, timeout: float = API_TIMEOUT_S, max_pool_size: int = 64) -> docker.APIClient:
+    """A low-level client for the engine named by ``DOCKER_HOST`` (default: the local unix socket). No I/O."""
+    client = docker.APIClient(
+        version=API_VERSION, timeout=timeout, max_pool_size=max_pool_size, **docker.utils.kwargs_from_env()
+    )
+    current = client.adapters.get("http+docker://")
+    if isinstance(current, UnixHTTPAdapter):
+        client.mount(
+            "http+docker://",
+            _ClosingUnixAdapter(f"http+unix://{current.socket_path}", timeout, max_pool_size=max_pool_size),
+        )
+        current.close()
+    return client
+
+
+@dataclass
+class ContainerHandle(JobHandle):
+    """A job's container: its id, and where its output goes when it ends."""
+
+    job_id: str
+    container_id: str
+    log: Path
+    log_max_bytes: int
+    collected: bool = False
+
+    @property
+    def record(self) -> ProcessRecord:
+        return ProcessRecord(self.job_id, container_id=self.container_id)
+
+    def log_fields(self) -> dict[str, object]:
+        return {"container_id": self.container_id[:12]}
+
+
+class _Outage:
+    """Says once that the engine cannot be reached (WARNING), and once that it can again."""
+
+    def __init__(self, event: str, **fields: object) -> None:
+        self._event = event
+        self._fields = fields
+        self.failing = False
+        self.delay = RETRY_MIN_S
+
+    def failed(self, exc: BaseException) -> float:
+        if not self.failing:
+            log.warning(self._event, **self._fields, error=describe_error(exc), liveness="unknown")
+            self.failing = True
+        delay, self.delay = self.delay, min(self.delay * 2, RETRY_MAX_S)
+        return delay
+
+    def recovered(self) -> None:
+        if self.failing:
+            log.info("docker_engine_reachable", **self._fields)
+        self.failing = False
+        self.delay = RETRY_MIN_S
+
+
+class DockerExecutor(Executor):
+    """Jobs as containers of ``image`` on the engine, with the data volume mounted at the supervisor's data dir."""
+
+    mode = "docker"
+    orphan_reason = ORPHAN_NO_CONTAINER
+
+    def __init__(
+        self,
+        *,
+        image: str,
+        data_volume: str,
+        log_dir: Path,
+        log_max_bytes: int,
+        network: str | None = None,
+        client: docker.APIClient | None = None,
+    ) -> None:
+        self.python = "python3"  # the image's interpreter, on its PATH
+        self.image = image
+        self.network = network
+        self.data_volume = data_volume
+        self._log_dir = log_dir
+        self.log_max_bytes = log_max_bytes
+        self.client = client if client is not None else make_client()
+        self._calls = trio.CapacityLimiter(MAX_CALLS)
+        # One wait slice per watched job at most; slices end every WAIT_SLICE_S, so a job beyond the limit waits its
+        # turn instead of a thread.
+        self._waits = trio.CapacityLimiter(256)
+
+    @classmethod
+    def from_config(cls, config: Config) -> DockerExecutor:
+        data_dir = config.data_dir.resolve()
+        return cls(
+            image=config.docker_image,
+            network=config.docker_network,
+            # Default: the supervisor's own data dir, bind-mounted (a supervisor running on the host). A supervisor
+            # in a container names the volume it has at its data dir instead (compose does).
+            data_volume=config.docker_data_volume or str(data_dir),
+            log_dir=config.jobs_log_dir.resolve(),
+            log_max_bytes=config.log_max_bytes,
+        )
+
+    async def _call(self, fn: Callable[[], T], *, limiter: trio.CapacityLimiter | None = None) -> T:
+        # abandon_on_cancel: a shutdown never waits on the engine; the call ends by its own client timeout.
+        return await trio.to_thread.run_sync(fn, abandon_on_cancel=True, limiter=limiter or self._calls)
+
+    async def aclose(self) -> None:
+        await trio.to_thread.run_sync(self.client.close)
+
+    # -- start ----------------------------------------------------------------------------------------
+
+    async def unavailable(self) -> str | None:
+        try:
+            await self._call(self.client.ping)
+        except ENGINE_ERRORS as exc:
+            return f"the Docker engine does not answer: {describe_error(exc)}"
+        return None
+
+    async def start(self, launch: Launch) -> ContainerHandle:
+        container_id = await self._call(lambda: self._create_and_start(launch))
+        return ContainerHandle(launch.job_id, container_id, launch.log, launch.log_max_bytes)
+
+    def _create_and_start(self, launch: Launch) -> str:
+        api = self.client
+        # The engine's own log of the container is bounded too: a json-file rotated at the cap, two files kept. It
+        # keeps the newest output (a rotation drops the oldest file), so that is what the job's log gets.
+        host_config = api.create_host_config(
+            init=True,  # docker-init as PID 1: forwards SIGTERM to the job and reaps what it leaves
+            binds={self.data_volume: {"bind": str(launch.data_dir), "mode": "rw"}},
+            network_mode=self.network,
+            log_config=LogConfig(type="json-file", config={"max-size": str(launch.log_max_bytes), "max-file": "2"}),
+        )
+        try:
+            created = api.create_container(
+                self.image,
+                command=list(launch.argv),
+                name=f"ps-job-{launch.job_id}",
+                labels={LABEL_JOB: launch.job_id, LABEL_BOOT: launch.boot_id, LABEL_KIND: launch.kind},
+                environment=dict(launch.env),
+                working_dir=str(launch.data_dir),
+                host_config=host_config,
+            )
+        except ImageNotFound as exc:
+            raise SpawnError(
+                f"image {self.image!r} is not on the Docker engine (PODCAST_JOB_DOCKER_IMAGE; build or pull it)"
+            ) from exc
+        except ENGINE_ERRORS as exc:
+            raise SpawnError(f"docker create: {describe_error(exc)}") from exc
+        container_id = str(created["Id"])
+        try:
+            api.start(container_id)
+        except ENGINE_ERRORS as exc:
+            # A start that failed (or timed out, and may yet happen) must not leave a job running without a row.
+            try:
+                api.remove_container(container_id, force=True, v=True)
+            except ENGINE_ERRORS as cleanup:
+                log.error(
+                    "container_left_behind",
+                    job_id=launch.job_id,
+                    container_id=container_id[:12],
+                    error=describe_error(cleanup),
+                    why="its start failed and it could not be removed; remove it by hand",
+                )
+            raise SpawnError(f"docker start: {describe_error(exc)}") from exc
+        return container_id
+
+    # -- wait, collect, release -----------------------------------------------------------------------
+
+    async def wait(self, handle: JobHandle) -> ExitStatus | None:
+        assert isinstance(handle, ContainerHandle)
+        outage = _Outage("job_liveness_unknown", job_id=handle.job_id, container_id=handle.container_id[:12])
+        while True:
+            try:
+                state = await self._call(lambda: self._wait_slice(handle.container_id), limiter=self._waits)
+            except NotFound:
+                outage.recovered()
+                return None  # removed by someone else: nobody has its exit code
+            except ENGINE_ERRORS as exc:
+                # INV-UNKNOWN-KEEPS-SLOT: the engine is unreachable or failing; the job may well be running.
+                await trio.sleep(outage.failed(exc))
+                continue
+            outage.recovered()
+            if state is None:
+                continue  # still running: the slice ended
+            await self.collect(handle)
+            return state
+
+    def _wait_slice(self, container_id: str) -> ExitStatus | None:
+        """Wait up to one slice for the container to stop; its exit status if it has, else None (blocking)."""
+        try:
+            self.client.wait(container_id, timeout=WAIT_SLICE_S)
+        except requests.exceptions.ReadTimeout:
+            pass  # the slice ended; the state below says whether it is still running
+        except requests.exceptions.ConnectionError as exc:
+            # Over the unix socket a read timeout arrives as a ConnectionError wrapping urllib3's ReadTimeoutError.
+            if not any(isinstance(arg, urllib3.exceptions.ReadTimeoutError) for arg in exc.args):
+                raise
+        # The state decides, not the wait's answer: an engine shutting down may answer a wait without an exit.
+        return _exit_status(self.client.inspect_container(container_id)["State"])
+
+    async def collect(self, handle: JobHandle) -> None:
+        assert isinstance(handle, ContainerHandle)
+        if handle.collected:
+            return
+        outage = _Outage("job_output_unavailable", job_id=handle.job_id, container_id=handle.container_id[:12])
+        while True:
+            try:
+                await self._call(lambda: self._copy_output(handle))
+            except NotFound:
+                break  # gone: its output with it
+            except (*ENGINE_ERRORS, OSError) as exc:
+                # The output matters less than the outcome, but is worth a few tries.
+                if outage.delay >= RETRY_MAX_S:
+                    log.warning("job_output_not_copied", job_id=handle.job_id, error=describe_error(exc))
+                    break
+                await trio.sleep(outage.failed(exc))
+                continue
+            break
+        handle.collected = True
+
+    def _copy_output(self, handle: ContainerHandle) -> None:
+        """The container's stdout and stderr into the job's log, capped (blocking).
+
+        Unlike subprocess mode (the first ``log_max_bytes``), this keeps the *last* ``log_max_bytes``: the engine
+        rotates its own log and keeps the newest output, so the start of a long output is gone already.
+        """
+        output = self.client.logs(handle.container_id, stdout=True, stderr=True, stream=False)
+        cap = handle.log_max_bytes
+        handle.log.parent.mkdir(parents=True, exist_ok=True)
+        with handle.log.open("wb") as fh:  # one container per job id: its output is the whole log
+            if len(output) > cap:
+                fh.write(f"[log capped at {cap} bytes; earlier output discarded]\n".encode())
+                output = output[-cap:]
+            fh.write(output)
+
+    async def release(self, handle: JobHandle) -> None:
+        assert isinstance(handle, ContainerHandle)
+        try:
+            # v=True: an anonymous volume the image declares (compose/Dockerfile has VOLUME /data) goes with it.
+            await self._call(lambda: self.client.remove_container(handle.container_id, v=True))
+        except NotFound:
+            pass
+        except ENGINE_ERRORS as exc:
+            # Its row is final: the container is only a leftover now (labelled, stopped). Say so; never retry forever.
+            log.warning(
+                "container_not_removed", job_id=handle.job_id, container_id=handle.container_id[:12],
+                error=describe_error(exc),
+            )
+
+    # -- stop -----------------------------------------------------------------------------------------
+
+    async def stop(self, handle: JobHandle, grace_s: float) -> None:
+        """``docker stop`` by container id: SIGTERM to the job (through its init), SIGKILL after the grace period.
+
+        INV-NEVER-BLIND-SIGNAL: the engine signals the container with this id, never a pid number. An unreachable
+        engine is asked again until it answers or the job's monitor ends.
+        """
+        assert isinstance(handle, ContainerHandle)
+        grace = math.ceil(grace_s)  # the engine takes whole seconds
+        log.info("job_cancel_stop", job_id=handle.job_id, container_id=handle.container_id[:12], grace_s=grace)
+        outage = _Outage("job_stop_unanswered", job_id=handle.job_id, container_id=handle.container_id[:12])
+        while True:
+            try:
+                # The client's timeout grows by the grace period for this call (the SDK adds it).
+                await self._call(lambda: self.client.stop(handle.container_id, timeout=grace))
+            except NotFound:
+                return
+            except ENGINE_ERRORS as exc:
+                await trio.sleep(outage.failed(exc))
+                continue
+            outage.recovered()
+            return
+
+    # -- evidence -------------------------------------------------------------------------------------
+
+    def gather_evidence(self, jobs: Sequence[Job], *, boot_id: str) -> list[Evidence]:
+        if not jobs:
+            return []
+        try:
+            listed = self.client.containers(all=True, filters={"label": LABEL_JOB})
+        except ENGINE_ERRORS as exc:
+            detail = describe_error(exc)
+            return [Evidence(Liveness.UNKNOWN, detail=detail) for _ in jobs]
+        by_job: dict[str, list[Mapping[str, Any]]] = {}
+        for container in listed:
+            labels = container.get("Labels") or {}
+            by_job.setdefault(str(labels.get(LABEL_JOB)), []).append(container)
+        return [self._evidence(job, by_job.get(job.job_id, [])) for job in jobs]
+
+    def _evidence(self, job: Job, containers: list[Mapping[str, Any]]) -> Evidence:
+        if job.container_id is not None:
+            containers = [c for c in containers if c.get("Id") == job.container_id]
+        if not containers:
+            # No container: a spawned job's is gone with its exit code; an unspawned row's never existed.
+            return Evidence(Liveness.DEAD if job.spawned else None)
+        # One container per job id (its name is unique); prefer a running one should there ever be two.
+        container = sorted(containers, key=lambda c: c.get("State") not in ALIVE_STATES)[0]
+        container_id = str(container["Id"])
+        log_path = Path(job.log_path) if job.log_path else self._log_dir / f"{job.job_id}.log"
+        handle = ContainerHandle(job.job_id, container_id, log_path, self.log_max_bytes)
+        # INV-IDENTITY-BEFORE-PROGRAM: a prior boot created it (labelled) and died before recording its id.
+        found = ProcessRecord(job.job_id, container_id=container_id) if job.container_id is None else None
+        state = str(container.get("State"))
+        if state == "created":
+            # Created, never started: its program never ran. Its handle lets a finalize remove it.
+            return Evidence(None if not job.spawned else Liveness.DEAD, handle=handle)
+        if state in ALIVE_STATES:
+            return Evidence(Liveness.ALIVE, handle=handle, found=found)
+        if state == "removing":
+            return Evidence(Liveness.DEAD, found=found)
+        if state not in ENDED_STATES:
+            return Evidence(Liveness.UNKNOWN, detail=f"container state {state!r}")
+        try:
+            status = _exit_status(self.client.inspect_container(container_id)["State"])
+        except NotFound:
+            return Evidence(Liveness.DEAD, found=found)
+        except ENGINE_ERRORS as exc:
+            return Evidence(Liveness.UNKNOWN, detail=describe_error(exc))
+        if status is None:  # it started again meanwhile (nothing here restarts containers)
+            return Evidence(Liveness.ALIVE, handle=handle, found=found)
+        return Evidence(Liveness.DEAD, exit_status=status, handle=handle, found=found)
+
+
+def _exit_status(state: Mapping[str, Any]) -> ExitStatus | None:
+    """A container's exit status from its ``State``; None while it runs."""
+    if state.get("Running") or state.get("Restarting") or state.get("Status") in ALIVE_STATES:
+        return None
+    code = state.get("ExitCode")
+    if not isinstance(code, int) or isinstance(code, bool):
+        raise DockerException(f"container state without an exit code: {dict(state)!r}"[:300])
+    return ExitStatus(code=code, oom_killed=bool(state.get("OOMKilled")))

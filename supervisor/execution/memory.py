@@ -1,0 +1,162 @@
+"""An executor whose jobs are Trio tasks: the core's rules tested in milliseconds, on a virtual clock if need be.
+
+Not an exec mode (``create_executor`` never returns it): tests build one and hand it to ``Supervisor``. It plays the
+part of the machine or engine the jobs run on, so it outlives a supervisor "boot": give the same instance to a second
+``Supervisor`` and it finds the first one's jobs, running or ended, as a real engine would.
+
+A job runs the *program* registered for its kind: ``async def program(job: MemoryJob) -> int`` (its exit code).
+``stop`` delivers SIGTERM: the program's ``terminated`` event is set and, unless the program set
+``ignores_sigterm``, it is killed by that signal at once. The test can ``kill`` a job (as ``kill -9`` would), ``lose``
+one (it vanishes with no record, as a job whose shepherd was killed too), and make the engine ``unreachable``
+(evidence UNKNOWN, waits stall until it is back).
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from .._errors import SpawnError
+from .._model import Job
+from .._registry import ProcessRecord
+from .base import Evidence, Executor, ExitStatus, JobHandle, Launch, Liveness
+
+
+@dataclass
+class MemoryJob:
+    launch: Launch
+    output: bytearray = field(default_factory=bytearray)
+    terminated: trio.Event = field(default_factory=trio.Event)
+    ignores_sigterm: bool = False
+    ended: trio.Event = field(default_factory=trio.Event)
+    status: ExitStatus | None = None
+    lost: bool = False
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    killed_by: int | None = None
+
+    def print(self, text: str) -> None:
+        self.output += text.encode() + b"\n"
+
+
+Program = Callable[[MemoryJob], Awaitable[int]]
+
+
+@dataclass
+class MemoryHandle(JobHandle):
+    job_id: str
+
+    @property
+    def record(self) -> ProcessRecord:
+        return ProcessRecord(self.job_id, container_id=f"memory-{self.job_id}")
+
+    def log_fields(self) -> dict[str, object]:
+        return {"container_id": f"memory-{self.job_id}"}
+
+
+class MemoryExecutor(Executor):
+    mode = "memory"
+
+    def __init__(self, programs: Mapping[str, Program], nursery: trio.Nursery) -> None:
+        self.python = "python"
+        self.programs = dict(programs)
+        self.jobs: dict[str, MemoryJob] = {}
+        self.started: list[str] = []  # job ids, in start order (a job started twice would show)
+        self._nursery = nursery  # the "machine": jobs live here, not in any supervisor's job nursery
+        self._reachable = trio.Event()
+        self._reachable.set()
+
+    # -- what a test does to the world ----------------------------------------------------------------
+
+    def kill(self, job_id: str, signum: int = signal.SIGKILL) -> None:
+        job = self.jobs[job_id]
+        if job.status is None:
+            job.killed_by = signum
+            job.scope.cancel()
+
+    def lose(self, job_id: str) -> None:
+        """The job ends and nothing records how (its record is gone with it)."""
+        self.kill(job_id)
+        self.jobs[job_id].lost = True
+
+    def unreachable(self) -> None:
+        self._reachable = trio.Event()
+
+    def reachable(self) -> None:
+        self._reachable.set()
+
+    # -- the executor ---------------------------------------------------------------------------------
+
+    async def unavailable(self) -> str | None:
+        return None if self._reachable.is_set() else "engine unreachable"
+
+    async def start(self, launch: Launch) -> MemoryHandle:
+        await self._reachable.wait()
+        program = self.programs.get(launch.kind)
+        if program is None:
+            raise SpawnError(f"no program for kind {launch.kind!r}")
+        job = MemoryJob(launch)
+        self.jobs[launch.job_id] = job
+        self.started.append(launch.job_id)
+        self._nursery.start_soon(self._run, job, program)
+        return MemoryHandle(launch.job_id)
+
+    async def _run(self, job: MemoryJob, program: Program) -> None:
+        code: int | None = None
+        with job.scope:
+            code = await program(job)
+        job.status = ExitStatus(code=code) if code is not None else ExitStatus(signal=job.killed_by or signal.SIGKILL)
+        job.ended.set()
+
+    async def wait(self, handle: JobHandle) -> ExitStatus | None:
+        job = self.jobs[handle.job_id]
+        await job.ended.wait()
+        await self._reachable.wait()
+        if job.lost:
+            return None
+        await self.collect(handle)
+        return job.status
+
+    async def collect(self, handle: JobHandle) -> None:
+        job = self.jobs[handle.job_id]
+        path: Path = job.launch.log
+        data = bytes(job.output[: job.launch.log_max_bytes])
+
+        def write() -> None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+
+        await trio.to_thread.run_sync(write)
+
+    async def stop(self, handle: JobHandle, grace_s: float) -> None:
+        job = self.jobs[handle.job_id]
+        await self._reachable.wait()
+        job.terminated.set()
+        if not job.ignores_sigterm:
+            self.kill(handle.job_id, signal.SIGTERM)
+        await trio.sleep(grace_s)
+        self.kill(handle.job_id, signal.SIGKILL)
+
+    def gather_evidence(self, jobs: Sequence[Job], *, boot_id: str) -> list[Evidence]:
+        if not self._reachable.is_set():
+            return [Evidence(Liveness.UNKNOWN, detail="engine unreachable") for _ in jobs]
+        out: list[Evidence] = []
+        for row in jobs:
+            job = self.jobs.get(row.job_id)
+            if job is None:
+                out.append(Evidence(Liveness.DEAD if row.spawned else None))
+                continue
+            handle = MemoryHandle(row.job_id)
+            found = handle.record if not row.spawned else None
+            if job.status is None:
+                out.append(Evidence(Liveness.ALIVE, handle=handle, found=found))
+            elif job.lost:
+                out.append(Evidence(Liveness.DEAD, found=found))
+            else:
+                out.append(
+                    Evidence(Liveness.DEAD, exit_status=job.status, handle=handle, found=found)
+                )
+        return out

@@ -1,0 +1,220 @@
+"""The executors the core's contract suite runs against, each with what a test needs to do to its jobs.
+
+A ``World`` is where jobs run: it outlives a supervisor "boot" (a second ``Supervisor`` built from it finds the
+first one's jobs), and it can do to a job what the outside world does: kill it, or look whether it has ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import trio
+
+from supervisor import Config, SqliteRegistry
+from supervisor._identity import Liveness, probe
+from supervisor._model import Job
+from supervisor.execution import Executor, create_executor
+from supervisor.execution.docker import LABEL_JOB, DockerExecutor, make_client
+from supervisor.execution.memory import MemoryExecutor, MemoryJob
+from supervisor.execution.subprocess import JobFiles, identity_of, read_exit_file, read_start_file
+
+IMAGE = "podcast-job-supervisor:local"
+
+
+class World:
+    name: str
+    killed_reason: str  # how a job killed from outside (SIGKILL) ends: the mode's true outcome of it
+
+    def executor(self, config: Config) -> Executor:
+        raise NotImplementedError
+
+    def kill(self, job: Job) -> None:
+        raise NotImplementedError
+
+    def ended(self, job: Job) -> bool:
+        """The job's process has ended and how it ended is on record."""
+        raise NotImplementedError
+
+    def gone(self, job: Job) -> bool:
+        """Nothing of the job runs any more."""
+        raise NotImplementedError
+
+    def started(self, log_dir: Path, job_id: str) -> bool:
+        """The job's program runs (whether or not its identity reached the row)."""
+        raise NotImplementedError
+
+    # The blocking calls above, from Trio (a thread for real engines; the memory world is Trio itself).
+    async def akill(self, job: Job) -> None:
+        await trio.to_thread.run_sync(self.kill, job)
+
+    async def aended(self, job: Job) -> bool:
+        return await trio.to_thread.run_sync(self.ended, job)
+
+    async def agone(self, job: Job) -> bool:
+        return await trio.to_thread.run_sync(self.gone, job)
+
+    def clean_up(self, registry: SqliteRegistry) -> None:
+        """Stop whatever a failed test left running (jobs outlive supervisors by design)."""
+
+
+class SubprocessWorld(World):
+    name = "subprocess"
+    killed_reason = "killed_by_SIGKILL"
+
+    def executor(self, config: Config) -> Executor:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PODCAST_JOB_API_TOKEN")}
+        return create_executor(config, base_env=env)
+
+    def kill(self, job: Job) -> None:
+        assert job.pid is not None
+        os.killpg(job.pid, signal.SIGKILL)
+
+    def ended(self, job: Job) -> bool:
+        files = JobFiles.for_job(job, Path("."))
+        return read_exit_file(files.exit, job.pid) is not None
+
+    def gone(self, job: Job) -> bool:
+        identity = identity_of(job)
+        return identity is not None and probe(identity) is Liveness.DEAD
+
+    def started(self, log_dir: Path, job_id: str) -> bool:
+        return read_start_file(log_dir / f"{job_id}.pid") is not None
+
+    def clean_up(self, registry: SqliteRegistry) -> None:
+        for job in registry.running_jobs():
+            identity = identity_of(job)
+            if identity is not None and probe(identity) is Liveness.ALIVE:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(identity.pid, signal.SIGKILL)
+
+
+async def _exit(job: MemoryJob) -> int:
+    job.print("bye")
+    return int(job.launch.argv[-1])
+
+
+async def _sleep(job: MemoryJob) -> int:
+    await trio.sleep(float(job.launch.argv[-1]))
+    return 0
+
+
+async def _gated(job: MemoryJob) -> int:
+    gate = Path(job.launch.argv[-2])
+    while not await trio.to_thread.run_sync(gate.exists):  # noqa: ASYNC110 - a file, as the real program
+        await trio.sleep(0.01)  # the simulated program polls its gate file
+    job.print("gate open")
+    return int(job.launch.argv[-1])
+
+
+async def _term_ignorer(job: MemoryJob) -> int:
+    job.ignores_sigterm = True
+    job.print("ready")
+    await trio.sleep_forever()
+    raise AssertionError("unreachable")
+
+
+async def _zero(job: MemoryJob) -> int:
+    return 0
+
+
+PROGRAMS = {
+    "exit": _exit,
+    "sleep": _sleep,
+    "gated": _gated,
+    "done": _zero,
+    "first": _exit,
+    "term_ignorer": _term_ignorer,
+    "budget": lambda job: _const(10),
+    "nothing_to_do": lambda job: _const(3),
+}
+
+
+async def _const(code: int) -> int:
+    return code
+
+
+class MemoryWorld(World):
+    name = "memory"
+    killed_reason = "killed_by_SIGKILL"
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self.machine = MemoryExecutor(PROGRAMS, nursery)
+
+    def executor(self, config: Config) -> Executor:
+        return self.machine  # the same "machine" for every boot
+
+    def kill(self, job: Job) -> None:
+        self.machine.kill(job.job_id)
+
+    def ended(self, job: Job) -> bool:
+        return self.machine.jobs[job.job_id].status is not None
+
+    def gone(self, job: Job) -> bool:
+        return self.ended(job)
+
+    def started(self, log_dir: Path, job_id: str) -> bool:
+        return job_id in self.machine.jobs
+
+    async def akill(self, job: Job) -> None:
+        self.kill(job)
+
+    async def aended(self, job: Job) -> bool:
+        return self.ended(job)
+
+    async def agone(self, job: Job) -> bool:
+        return self.gone(job)
+
+
+class DockerWorld(World):
+    """Job containers on the real engine, the data dir bind-mounted; `docker kill` reports exit 137 (not a signal)."""
+
+    name = "docker"
+    killed_reason = "exit_code_137"
+
+    def __init__(self) -> None:
+        self.client = make_client()
+
+    def executor(self, config: Config) -> Executor:
+        return DockerExecutor(
+            image=IMAGE,
+            data_volume=str(config.data_dir.resolve()),
+            log_dir=config.jobs_log_dir.resolve(),
+            log_max_bytes=config.log_max_bytes,
+        )
+
+    def containers(self, job: Job) -> list[dict[str, object]]:
+        return list(self.client.containers(all=True, filters={"label": f"{LABEL_JOB}={job.job_id}"}))
+
+    def kill(self, job: Job) -> None:
+        assert job.container_id is not None
+        self.client.kill(job.container_id)
+
+    def state(self, job: Job) -> str | None:
+        found = self.containers(job)
+        return str(found[0]["State"]) if found else None
+
+    def ended(self, job: Job) -> bool:
+        return self.state(job) == "exited"
+
+    def gone(self, job: Job) -> bool:
+        return self.state(job) in (None, "exited", "removing", "dead")
+
+    def started(self, log_dir: Path, job_id: str) -> bool:
+        found = self.client.containers(filters={"label": f"{LABEL_JOB}={job_id}"})
+        return bool(found) and found[0]["State"] == "running"
+
+    def clean_up(self, registry: SqliteRegistry) -> None:
+        ids = {job.job_id for job in registry.list_jobs(limit=1000)[0]}
+        for container in self.client.containers(all=True, filters={"label": LABEL_JOB}):
+            if container["Labels"].get(LABEL_JOB) in ids:
+                with contextlib.suppress(Exception):
+                    self.client.remove_container(container["Id"], force=True)
+        self.client.close()
+
+
+def docker_cli(*args: str) -> str:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=60, check=True).stdout

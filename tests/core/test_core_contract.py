@@ -1,0 +1,206 @@
+"""The core's scenarios that hold in every exec mode, run against each executor: the shepherd's processes, the
+in-memory one, and containers on a real Docker engine (marked ``docker``).
+
+Nothing here reaches into an executor's internals: a test enqueues, watches the registry, and does to a job only
+what the outside world can (kill it, let it end while no supervisor runs).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+import trio
+from core_executors import DockerWorld, MemoryWorld, SubprocessWorld, World  # type: ignore[import-not-found]
+from core_helpers import poll, wait_status, wait_terminal  # type: ignore[import-not-found]
+
+from supervisor import JobStatus, RegistryError
+from supervisor._core import Supervisor
+from supervisor._model import Job
+
+
+@pytest.fixture(params=["subprocess", "memory", pytest.param("docker", marks=pytest.mark.docker)])
+async def world(request: pytest.FixtureRequest, nursery: trio.Nursery) -> AsyncIterator[World]:
+    made: World
+    if request.param == "subprocess":
+        made = SubprocessWorld()
+    elif request.param == "memory":
+        made = MemoryWorld(nursery)
+    else:
+        made = DockerWorld()
+    yield made
+
+
+@pytest.fixture
+def make(make_supervisor: Callable[..., Supervisor], world: World) -> AsyncIterator[Callable[..., Supervisor]]:
+    """``make_supervisor`` with the world's executor; leftovers of a failed test are stopped at the end."""
+    made: list[Supervisor] = []
+
+    def make_(**kwargs: object) -> Supervisor:
+        sup = make_supervisor(executor=world.executor, **kwargs)
+        made.append(sup)
+        return sup
+
+    yield make_  # type: ignore[misc]
+    for sup in made:
+        world.clean_up(sup.registry.sync)
+
+
+async def running(sup: Supervisor, job_id: str) -> Job:
+    """Until the job runs with its identity recorded (a pid or a container id)."""
+
+    async def check() -> Job | None:
+        job = await sup.get(job_id)
+        return job if job.status is JobStatus.RUNNING and job.spawned else None
+
+    return await poll(check)
+
+
+async def test_a_job_that_exits_0_succeeds_with_its_output_in_its_log(make: Callable[..., Supervisor]) -> None:
+    sup = make()
+    job = (await sup.enqueue("exit", {"code": 0})).job
+    done = await wait_terminal(sup, job.job_id)
+    assert (done.status, done.error_reason, done.exit_code) == (JobStatus.SUCCEEDED, None, 0)
+    assert (await sup.read_log(job.job_id)) == b"bye\n"
+
+
+async def test_a_job_that_exits_7_fails_exit_code_7(make: Callable[..., Supervisor]) -> None:
+    sup = make()
+    job = (await sup.enqueue("exit", {"code": 7})).job
+    done = await wait_terminal(sup, job.job_id)
+    assert (done.status, done.error_reason, done.exit_code) == (JobStatus.FAILED, "exit_code_7", 7)
+
+
+async def test_a_job_killed_from_outside_is_finalized_by_its_monitor_and_the_next_starts(
+    make: Callable[..., Supervisor], world: World
+) -> None:
+    sup = make(max_concurrent=1, sweep_interval_s=3600)  # no sweeper runs: the monitor alone must notice
+    first = await running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)
+    second = (await sup.enqueue("sleep", {"seconds": 60})).job
+    await world.akill(first)
+    dead = await wait_terminal(sup, first.job_id, timeout_s=10)
+    assert (dead.status, dead.error_reason) == (JobStatus.FAILED, world.killed_reason)
+    await wait_status(sup, second.job_id, {JobStatus.RUNNING}, timeout_s=10)
+    await sup.cancel(second.job_id)
+    assert (await wait_terminal(sup, second.job_id)).status is JobStatus.CANCELLED
+
+
+async def test_cancel_of_a_running_job_ends_it_cancelled_and_stops_it(
+    make: Callable[..., Supervisor], world: World
+) -> None:
+    sup = make()
+    job = await running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)
+    assert (await sup.cancel(job.job_id)).cancel_requested
+    ended = await wait_terminal(sup, job.job_id, timeout_s=10)
+    assert (ended.status, ended.error_reason) == (JobStatus.CANCELLED, "cancelled")
+    assert await world.agone(ended)
+
+
+async def _boot_dies_while(sup_factory: Callable[..., Supervisor], kind: str, params: dict[str, object]) -> Job:
+    """Boot "old" starts one job, then dies (its nursery is cancelled: no monitor, no shepherd reader); the job
+    runs on. Returns its row as the old boot left it."""
+    async with trio.open_nursery() as old_boot:
+        old = sup_factory(boot_id="old", attach=old_boot)
+        job = await running(old, (await old.enqueue(kind, params)).job.job_id)
+        old_boot.cancel_scope.cancel()
+    return job
+
+
+async def test_a_prior_boots_running_job_is_adopted_and_finalized_with_its_true_outcome(
+    make: Callable[..., Supervisor], world: World
+) -> None:
+    def factory(**kwargs: object) -> Supervisor:
+        return make(max_concurrent=1, **kwargs)
+
+    probe = make(boot_id="probe", attach=False)
+    gate = probe.data_dir / "gate"  # in the data dir: a container sees it at the same path
+    job = await _boot_dies_while(factory, "gated", {"gate": str(gate), "code": 7})
+    sup_new = factory(boot_id="new")
+    report = await sup_new.reconcile(stale_marks_live_processes=False)
+    [detail] = report.details
+    assert (detail.action, detail.reason, detail.liveness, detail.prior_boot) == ("keep", "adopted", "alive", True)
+    # Its slot is held: nothing else starts, and it is not started a second time.
+    queued = (await sup_new.enqueue("exit", {"code": 0})).job
+    assert (await sup_new.get(queued.job_id)).status is JobStatus.QUEUED
+    await trio.to_thread.run_sync(functools.partial(gate.write_text, "open"))
+    ended = await wait_terminal(sup_new, job.job_id)
+    assert (ended.status, ended.error_reason, ended.exit_code, ended.attempts) == (
+        JobStatus.FAILED,
+        "exit_code_7",
+        7,
+        1,
+    )
+    assert (await wait_terminal(sup_new, queued.job_id)).status is JobStatus.SUCCEEDED
+
+
+async def test_a_job_that_ended_while_no_supervisor_ran_gets_its_true_outcome_at_the_next_boot(
+    make: Callable[..., Supervisor], world: World
+) -> None:
+    probe = make(boot_id="probe", attach=False)
+    gate = probe.data_dir / "gate"
+    job = await _boot_dies_while(make, "gated", {"gate": str(gate), "code": 0})
+    await trio.to_thread.run_sync(functools.partial(gate.write_text, "open"))
+
+    async def ended() -> bool | None:
+        return await world.aended(job) or None
+
+    await poll(ended)  # it ended, and nobody has judged it yet
+    assert (await probe.get(job.job_id)).status is JobStatus.RUNNING
+    new = make(boot_id="new")
+    report = await new.reconcile(stale_marks_live_processes=False)
+    assert report.updated == 1
+    row = await new.get(job.job_id)
+    # INV-TRUE-OUTCOME: the recorded exit, not an orphan guess; attempts=1: it never ran twice.
+    assert (row.status, row.error_reason, row.exit_code, row.attempts) == (JobStatus.SUCCEEDED, None, 0, 1)
+    assert (await new.read_log(job.job_id)) == b"gate open\n"
+    follow_ups = (await new.list_jobs(kind="done"))[0]
+    assert len(follow_ups) == 1  # the kind's `then` fired, once
+    assert (await wait_terminal(new, follow_ups[0].job_id)).status is JobStatus.SUCCEEDED
+
+
+async def test_cancel_of_a_prior_boots_job_stops_it_and_ends_it_cancelled(
+    make: Callable[..., Supervisor], world: World
+) -> None:
+    job = await _boot_dies_while(make, "sleep", {"seconds": 60})
+    new = make(boot_id="new")
+    row = await new.cancel(job.job_id)
+    assert row.status in (JobStatus.RUNNING, JobStatus.CANCELLED)  # stopped; cancelled once it is gone
+    ended = await wait_terminal(new, job.job_id, timeout_s=15)
+    assert (ended.status, ended.error_reason) == (JobStatus.CANCELLED, "cancelled")
+    assert await world.agone(ended)
+
+
+async def test_a_boot_killed_between_start_and_recording_the_identity_is_adopted_not_freed(
+    make: Callable[..., Supervisor], world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """INV-IDENTITY-BEFORE-PROGRAM: what the executor writes before the program runs (the shepherd's start file, the
+    container's labels) lets the next boot find a job whose identity never reached the row."""
+    async with trio.open_nursery() as old_boot:
+        old = make(boot_id="old", max_concurrent=1, attach=old_boot)
+
+        async def lost(*args: object, **kwargs: object) -> None:
+            raise RegistryError("the supervisor died before it recorded the identity")
+
+        monkeypatch.setattr(old.registry, "set_job_processes", lost)
+        job = (await old.enqueue("sleep", {"seconds": 60})).job
+
+        async def started() -> bool | None:  # promoted and started, its identity never recorded
+            return await trio.to_thread.run_sync(world.started, old.log_dir, job.job_id) or None
+
+        await poll(started)
+        old_boot.cancel_scope.cancel()
+    row = await old.get(job.job_id)
+    assert (row.status, row.spawned) == (JobStatus.RUNNING, False)
+
+    new = make(boot_id="new", max_concurrent=1)
+    [detail] = (await new.reconcile(stale_marks_live_processes=False)).details
+    assert (detail.action, detail.reason, detail.liveness) == ("keep", "adopted", "alive")
+    adopted = await new.get(job.job_id)
+    assert (adopted.status, adopted.spawned, adopted.attempts) == (JobStatus.RUNNING, True, 1)
+    queued = (await new.enqueue("exit", {"code": 0})).job
+    assert (await new.get(queued.job_id)).status is JobStatus.QUEUED  # its slot was not freed: no overshoot
+    await new.cancel(job.job_id)
+    ended = await wait_terminal(new, job.job_id, timeout_s=15)
+    assert (ended.status, ended.error_reason) == (JobStatus.CANCELLED, "cancelled")
+    assert (await wait_terminal(new, queued.job_id)).status is JobStatus.SUCCEEDED

@@ -1,0 +1,298 @@
+"""Docker mode against the real engine: what only containers have (labels, the engine's own restarts, exit codes
+kept across supervisor restarts). The scenarios every mode shares are in test_core_contract.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import tomllib
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from core_executors import DockerWorld  # type: ignore[import-not-found]
+from core_helpers import KINDS, poll, wait_terminal  # type: ignore[import-not-found]
+from structlog.testing import capture_logs
+
+from supervisor import Config, JobStatus, SqliteRegistry
+from supervisor._core import Supervisor
+from supervisor._identity import Liveness, identify, probe
+from supervisor._kinds import parse_kind
+from supervisor._model import Job
+from supervisor.execution import Executor, create_executor
+from supervisor.execution import docker as docker_execution
+from supervisor.execution.docker import LABEL_BOOT, LABEL_JOB, LABEL_KIND
+
+pytestmark = [pytest.mark.docker, pytest.mark.e2e]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ENGINE_SCRIPT = REPO_ROOT / "scripts" / "docker-engine.sh"
+ENGINE_WORK = Path(os.environ.get("ENGINE_WORK", "/tmp/podcast-docker-engine"))
+
+
+def docker_mode(config: Config) -> Executor:
+    """The executor `serve` builds for PODCAST_PIPELINE_EXEC_MODE=docker (default image, data dir bind-mounted)."""
+    return create_executor(dataclasses.replace(config, exec_mode="docker"), base_env={})
+
+
+@pytest.fixture
+def world() -> DockerWorld:
+    return DockerWorld()
+
+
+@pytest.fixture
+def make(make_supervisor: Callable[..., Supervisor], world: DockerWorld) -> Callable[..., Supervisor]:
+    made: list[Supervisor] = []
+
+    def make_(**kwargs: object) -> Supervisor:
+        sup = make_supervisor(executor=docker_mode, **kwargs)
+        made.append(sup)
+        return sup
+
+    yield make_  # type: ignore[misc]
+    for sup in made:
+        world.clean_up(sup.registry.sync)
+
+
+async def running(sup: Supervisor, job_id: str) -> Job:
+    async def check() -> Job | None:
+        job = await sup.get(job_id)
+        return job if job.status is JobStatus.RUNNING and job.container_id else None
+
+    return await poll(check)
+
+
+async def test_a_job_container_is_labelled_runs_with_init_and_gets_the_jobs_environment_only(
+    make: Callable[..., Supervisor], world: DockerWorld
+) -> None:
+    sup = make(base_env={"PODCAST_JOB_API_TOKEN": "operator-secret", "PATH": "/usr/bin"})
+    sup.heartbeat_base_url = "http://127.0.0.1:9"
+    job = await running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)
+    # The label filter finds exactly this job's container, and the row records its id.
+    found = await trio.to_thread.run_sync(world.containers, job)
+    assert [c["Id"] for c in found] == [job.container_id]
+    info = await trio.to_thread.run_sync(world.client.inspect_container, job.container_id)
+    labels = info["Config"]["Labels"]
+    assert (labels[LABEL_JOB], labels[LABEL_BOOT], labels[LABEL_KIND]) == (job.job_id, sup.boot_id, "sleep")
+    assert info["HostConfig"]["Init"] is True
+    assert info["Config"]["Cmd"][0] == "python3"  # {python} is the image's interpreter
+    env = dict(entry.split("=", 1) for entry in info["Config"]["Env"])
+    assert env["PODCAST_JOB_ID"] == job.job_id and env["PODCAST_JOB_TOKEN"]
+    assert env["PODCAST_JOB_DATA_DIR"] == str(sup.data_dir) == info["Config"]["WorkingDir"]
+    assert env["PODCAST_JOB_HEARTBEAT_URL"] == f"http://127.0.0.1:9/api/jobs/{job.job_id}/heartbeat"
+    assert "PODCAST_JOB_API_TOKEN" not in env and "operator-secret" not in str(info)
+    assert [(m["Source"], m["Destination"]) for m in info["Mounts"]] == [(str(sup.data_dir), str(sup.data_dir))]
+    assert job.pid is None  # no pid is evidence in this mode
+
+    await sup.cancel(job.job_id)
+    ended = await wait_terminal(sup, job.job_id)
+    assert (ended.status, ended.error_reason) == (JobStatus.CANCELLED, "cancelled")
+
+    async def removed() -> bool | None:  # finalized first, then the container is removed
+        return not await trio.to_thread.run_sync(world.containers, job) or None
+
+    await poll(removed)
+
+
+async def test_output_is_copied_into_the_capped_log_and_a_missing_image_fails_only_its_job(
+    make: Callable[..., Supervisor], tmp_path: Path
+) -> None:
+    sup = make(log_max_bytes=4096, max_concurrent=1)
+    chatty = (await sup.enqueue("chatty", {"n": 100_000})).job
+    done = await wait_terminal(sup, chatty.job_id)
+    assert done.status is JobStatus.SUCCEEDED
+    text = await sup.read_log(chatty.job_id)
+    # The engine keeps the newest output (its own log rotates at the cap): the job's log is its last 4096 bytes.
+    note = b"[log capped at 4096 bytes; earlier output discarded]\n"
+    assert text == note + b"x" * 4096
+
+    wrong = make(data_dir=tmp_path / "other", docker_image="podcast-no-such-image:never")
+    failing = (await wrong.enqueue("exit", {"code": 0})).job
+    failed = await wait_terminal(wrong, failing.job_id)
+    assert failed.status is JobStatus.FAILED
+    assert failed.error_reason is not None and "podcast-no-such-image:never" in failed.error_reason
+    assert failed.error_reason.startswith("spawn_failed: image")
+
+
+async def test_a_monitor_waits_in_slices_and_a_slice_ending_is_no_engine_trouble(
+    make: Callable[..., Supervisor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(docker_execution, "WAIT_SLICE_S", 0.2)  # a 1 s job outlasts several slices
+    slices: list[object] = []
+    real_slice = docker_execution.DockerExecutor._wait_slice
+
+    def counted(self: docker_execution.DockerExecutor, container_id: str) -> object:
+        slices.append(container_id)
+        return real_slice(self, container_id)
+
+    monkeypatch.setattr(docker_execution.DockerExecutor, "_wait_slice", counted)
+    sup = make()
+    with capture_logs() as logs:
+        job = (await sup.enqueue("sleep", {"seconds": 1.0})).job
+        done = await wait_terminal(sup, job.job_id)
+    assert (done.status, done.exit_code) == (JobStatus.SUCCEEDED, 0)
+    assert len(slices) >= 3
+    assert not [e for e in logs if e["log_level"] in ("warning", "error")]
+
+
+def _engine_script(command: str) -> None:
+    subprocess.run(["bash", str(ENGINE_SCRIPT), command], check=True, timeout=120, capture_output=True)
+
+
+async def test_dockerd_stopped_while_a_job_runs_keeps_its_slot_and_fails_nothing_then_finalizes_it_truly(
+    make: Callable[..., Supervisor], world: DockerWorld
+) -> None:
+    """The engine runs with live-restore (scripts/docker-engine.sh): its job containers outlive a daemon stop."""
+    if not (ENGINE_WORK / "dockerd.pid").exists():
+        message = "the engine was not started by scripts/docker-engine.sh, so this test cannot stop it"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    sup = make(max_concurrent=1, sweep_interval_s=3600)
+    gate = sup.data_dir / "gate"
+    job = await running(sup, (await sup.enqueue("gated", {"gate": str(gate), "code": 4})).job.job_id)
+    queued = (await sup.enqueue("exit", {"code": 0})).job
+    info = await trio.to_thread.run_sync(world.client.inspect_container, job.container_id)
+    init = await trio.to_thread.run_sync(identify, info["State"]["Pid"])  # the container's init, as the host sees it
+    assert init is not None
+    try:
+        await trio.to_thread.run_sync(_engine_script, "down")
+        with capture_logs() as logs:
+            report = await sup.reconcile(stale_marks_live_processes=False)
+            await sup.drain()
+            # A prior boot's view of the same row (nobody watching it): the probe itself says UNKNOWN.
+            other = make(boot_id="other-boot", attach=False, max_concurrent=1)
+            [seen] = (await other.reconcile(stale_marks_live_processes=False)).details
+        [detail] = report.details
+        assert (detail.action, detail.liveness) == ("keep", "unknown")
+        assert (seen.action, seen.reason, seen.liveness) == ("keep", "liveness_unknown_kept", "unknown")
+        kept = [e for e in logs if e["event"] == "reconcile_kept_slot"]
+        assert kept and kept[0]["log_level"] == "warning" and kept[0]["detail"]
+        assert any(e["event"] == "drain_held" for e in logs)
+        assert (await sup.get(job.job_id)).status is JobStatus.RUNNING
+        assert (await sup.get(queued.job_id)).status is JobStatus.QUEUED  # no slot was freed
+
+        await trio.to_thread.run_sync(gate.write_text, "open")  # the job ends while the engine is down
+
+        async def init_gone() -> bool | None:
+            return await trio.to_thread.run_sync(probe, init) is Liveness.DEAD or None
+
+        await poll(init_gone)
+        assert (await sup.get(job.job_id)).status is JobStatus.RUNNING  # nobody could know how it ended
+    finally:
+        await trio.to_thread.run_sync(_engine_script, "up")
+    ended = await wait_terminal(sup, job.job_id, timeout_s=30)
+    # INV-TRUE-OUTCOME: the engine kept the exit code across its own restart.
+    assert (ended.status, ended.error_reason, ended.exit_code, ended.attempts) == (
+        JobStatus.FAILED,
+        "exit_code_4",
+        4,
+        1,
+    )
+    await sup.drain()  # the sweeper's (or the monitor's) next drain
+    assert (await wait_terminal(sup, queued.job_id)).status is JobStatus.SUCCEEDED
+
+
+# -- the real `supervisor serve`, SIGKILLed and restarted ------------------------------------------------------
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    kinds = tmp_path / "kinds.toml"
+    kinds.write_text(KINDS)
+    out = {k: v for k, v in os.environ.items() if not k.startswith("PODCAST_")}
+    out.update(
+        PODCAST_JOB_DATA_DIR=str(tmp_path / "data"),
+        PODCAST_JOB_BIND="127.0.0.1:0",
+        PODCAST_JOB_KINDS_FILE=str(kinds),
+        PODCAST_JOB_MAX_CONCURRENT="2",
+        PODCAST_JOB_SWEEP_SECONDS="1",
+        PODCAST_PIPELINE_EXEC_MODE="docker",
+    )
+    return out
+
+
+@pytest.fixture
+def registry(tmp_path: Path, world: DockerWorld) -> Iterator[SqliteRegistry]:
+    reg = SqliteRegistry(tmp_path / "data" / ".viewer" / "jobs.sqlite3")
+    yield reg
+    world.clean_up(reg)  # containers outlive supervisors by design
+    reg.close()
+
+
+def _enqueue(registry: SqliteRegistry, kind: str, params: dict[str, object]) -> str:
+    """Enqueue as another process would, straight into the registry, with the image's interpreter."""
+    parsed = parse_kind(kind, tomllib.loads(KINDS)["kinds"][kind])
+    validated = parsed.validate_params(params)
+    return registry.enqueue(kind, validated, parsed.render_argv(validated, python="python3")).job.job_id
+
+
+async def _rows(registry: SqliteRegistry) -> dict[str, Job]:
+    jobs, _ = await trio.to_thread.run_sync(lambda: registry.list_jobs(limit=1000))
+    return {j.job_id: j for j in jobs}
+
+
+async def _until(registry: SqliteRegistry, job_id: str, *statuses: JobStatus) -> Job:
+    async def check() -> Job | None:
+        row = (await _rows(registry))[job_id]
+        return row if row.status in statuses else None
+
+    return await poll(check, timeout_s=30)
+
+
+async def test_serve_sigkilled_while_containers_run_keeps_their_slots_runs_nothing_twice_and_finalizes_truly(
+    start_server: Callable[[], Awaitable[Any]], registry: SqliteRegistry, world: DockerWorld, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    gates = {name: data / f"gate-{name}" for name in "abc"}
+    a = _enqueue(registry, "gated", {"gate": str(gates["a"]), "code": 5})
+    b = _enqueue(registry, "gated", {"gate": str(gates["b"]), "code": 7})
+    c = _enqueue(registry, "gated", {"gate": str(gates["c"]), "code": 0})
+    d = _enqueue(registry, "exit", {"code": 0})
+
+    first = await start_server()
+
+    async def both_running() -> dict[str, Job] | None:
+        rows = await _rows(registry)
+        return rows if all(rows[j].status is JobStatus.RUNNING and rows[j].container_id for j in (a, b)) else None
+
+    before = await poll(both_running)
+    first.proc.kill()  # SIGKILL: no shutdown hook runs; the containers are the engine's, and run on
+    await first.proc.wait()
+    assert await trio.to_thread.run_sync(world.state, before[a]) == "running"
+
+    await trio.to_thread.run_sync(gates["b"].write_text, "open")  # b ends while no supervisor runs
+
+    async def b_exited() -> bool | None:
+        return await trio.to_thread.run_sync(world.ended, before[b]) or None
+
+    await poll(b_exited)
+    second = await start_server()
+    # The startup sweep ran before serving: b has its true outcome (the engine kept its exit code), never an orphan.
+    rows = await _rows(registry)
+    assert (rows[b].status, rows[b].error_reason, rows[b].exit_code, rows[b].attempts) == (
+        JobStatus.FAILED,
+        "exit_code_7",
+        7,
+        1,
+    )
+    assert not await trio.to_thread.run_sync(world.containers, before[b])  # removed once finalized
+    # a is alive: it keeps its slot (c took b's; d waits), with its one container, adopted by the new boot.
+    assert (rows[a].status, rows[a].container_id, rows[a].attempts) == (JobStatus.RUNNING, before[a].container_id, 1)
+    await _until(registry, c, JobStatus.RUNNING)
+    assert (await _rows(registry))[d].status is JobStatus.QUEUED
+    assert [x["Id"] for x in await trio.to_thread.run_sync(world.containers, before[a])] == [before[a].container_id]
+
+    await trio.to_thread.run_sync(gates["a"].write_text, "open")
+    ended = await _until(registry, a, JobStatus.FAILED, JobStatus.SUCCEEDED)
+    assert (ended.error_reason, ended.exit_code, ended.attempts) == ("exit_code_5", 5, 1)
+    assert (await _until(registry, d, JobStatus.SUCCEEDED)).attempts == 1
+    await trio.to_thread.run_sync(gates["c"].write_text, "open")
+    assert (await _until(registry, c, JobStatus.SUCCEEDED)).exit_code == 0
+    second.proc.send_signal(signal.SIGTERM)
+    with trio.fail_after(10):
+        assert await second.proc.wait() == 0

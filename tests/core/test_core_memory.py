@@ -1,0 +1,195 @@
+"""The core's rules against the in-memory executor: what an unreachable engine, a lost job or a slow stop mean for
+slots and outcomes, checked in milliseconds (and on a virtual clock where time is the point)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import trio
+import trio.testing
+from core_executors import PROGRAMS  # type: ignore[import-not-found]
+from core_helpers import insert_running, poll, wait_status, wait_terminal  # type: ignore[import-not-found]
+from structlog.testing import capture_logs
+
+from supervisor import Config, JobStatus
+from supervisor._core import Supervisor, outcome
+from supervisor._model import Job
+from supervisor.execution import ExitStatus
+from supervisor.execution.memory import MemoryExecutor
+
+
+@pytest.fixture
+def machine(nursery: trio.Nursery) -> MemoryExecutor:
+    return MemoryExecutor(PROGRAMS, nursery)
+
+
+@pytest.fixture
+def make(make_supervisor: Callable[..., Supervisor], machine: MemoryExecutor) -> Callable[..., Supervisor]:
+    def make_(**kwargs: object) -> Supervisor:
+        return make_supervisor(executor=lambda config: machine, **kwargs)
+
+    return make_
+
+
+async def running(sup: Supervisor, job_id: str) -> Job:
+    async def check() -> Job | None:
+        job = await sup.get(job_id)
+        return job if job.status is JobStatus.RUNNING and job.spawned else None
+
+    return await poll(check)
+
+
+async def test_an_unreachable_engine_keeps_slots_holds_the_queue_and_fails_nothing_INV_UNKNOWN_KEEPS_SLOT(
+    make: Callable[..., Supervisor], machine: MemoryExecutor
+) -> None:
+    sup = make(max_concurrent=1, sweep_interval_s=3600)
+    gate = sup.data_dir / "gate"
+    job = await running(sup, (await sup.enqueue("gated", {"gate": str(gate), "code": 4})).job.job_id)
+    machine.unreachable()
+    queued = (await sup.enqueue("exit", {"code": 0})).job
+    with capture_logs() as logs:
+        report = await sup.reconcile(stale_marks_live_processes=False)
+        for _ in range(3):
+            await sup.drain()
+    [detail] = report.details
+    # This boot's monitor watches it: reconcile leaves it to the monitor (which waits for the engine).
+    assert (detail.action, detail.liveness) == ("keep", "unknown")
+    assert (await sup.get(job.job_id)).status is JobStatus.RUNNING
+    assert (await sup.get(queued.job_id)).status is JobStatus.QUEUED
+    held = [e for e in logs if e["event"] == "drain_held"]
+    assert len(held) == 1 and held[0]["log_level"] == "warning"  # said once, not once per drain
+
+    await trio.to_thread.run_sync(gate.write_text, "open")  # it ends while the engine cannot be asked
+    await poll(lambda: _ended(machine, job.job_id))
+    assert (await sup.get(job.job_id)).status is JobStatus.RUNNING  # nobody can know how yet: still running
+    with capture_logs() as logs:
+        machine.reachable()
+        ended = await wait_terminal(sup, job.job_id)
+        assert (ended.status, ended.error_reason, ended.exit_code) == (JobStatus.FAILED, "exit_code_4", 4)
+        assert (await wait_terminal(sup, queued.job_id)).status is JobStatus.SUCCEEDED
+    assert any(e["event"] == "drain_resumed" for e in logs)
+
+
+async def _ended(machine: MemoryExecutor, job_id: str) -> bool | None:
+    await trio.lowlevel.checkpoint()
+    return machine.jobs[job_id].status is not None or None
+
+
+async def test_a_prior_boots_row_is_kept_while_the_engine_cannot_be_asked(
+    make: Callable[..., Supervisor], machine: MemoryExecutor
+) -> None:
+    sup = make(boot_id="new", attach=False)
+    never_recorded = await insert_running(sup, boot_id="old", spawned=False)
+    recorded = await insert_running(sup, boot_id="old", spawned=False)
+    await trio.to_thread.run_sync(
+        lambda: sup.registry.sync.set_job_process(recorded.job_id, container_id="memory-gone")
+    )
+    machine.unreachable()
+    with capture_logs() as logs:
+        report = await sup.reconcile(stale_marks_live_processes=False)
+    # INV-UNKNOWN-KEEPS-SLOT: not even a row with no container recorded is freed when the engine cannot say
+    # whether one was made for it.
+    kept = ("keep", "liveness_unknown_kept", "unknown")
+    assert [(d.action, d.reason, d.liveness) for d in report.details] == [kept, kept]
+    warnings = [e for e in logs if e["event"] == "reconcile_kept_slot"]
+    assert len(warnings) == 2 and warnings[0]["detail"] == "engine unreachable"
+    machine.reachable()
+    await sup.reconcile(stale_marks_live_processes=False)
+    assert (await sup.get(never_recorded.job_id)).error_reason == "orphan_reconciled_spawn_window"
+    assert (await sup.get(recorded.job_id)).error_reason == "orphan_reconciled_dead_pid"
+
+
+async def test_a_job_gone_with_no_record_is_the_modes_orphan_never_a_guess(
+    make: Callable[..., Supervisor], machine: MemoryExecutor
+) -> None:
+    sup = make()
+    job = await running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)
+    machine.lose(job.job_id)
+    ended = await wait_terminal(sup, job.job_id)
+    assert (ended.status, ended.error_reason, ended.exit_code) == (JobStatus.FAILED, "orphan_reconciled_dead_pid", None)
+
+
+@pytest.fixture
+def inline_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run blocking calls (the registry's) inline: on a virtual clock that jumps whenever every task waits, a call
+    in a worker thread would let the clock run ahead of real work."""
+
+    async def inline(fn: Callable[..., object], *args: object, **_: object) -> object:
+        await trio.lowlevel.checkpoint()
+        return fn(*args)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", inline)
+
+
+async def test_cancel_escalates_to_sigkill_exactly_after_the_grace_period(
+    make: Callable[..., Supervisor],
+    machine: MemoryExecutor,
+    inline_threads: None,
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    sup = make(cancel_grace_s=30.0)
+    job = await running(sup, (await sup.enqueue("term_ignorer", {})).job.job_id)
+    await sup.cancel(job.job_id)
+    cancelled_at = trio.current_time()
+    await trio.sleep(29)
+    assert machine.jobs[job.job_id].terminated.is_set()  # SIGTERM went out at once ...
+    assert machine.jobs[job.job_id].status is None  # ... was ignored, and the grace period is not over
+    await machine.jobs[job.job_id].ended.wait()
+    assert trio.current_time() - cancelled_at == pytest.approx(30)  # SIGKILL at the end of the grace, not before
+    ended = await wait_status(sup, job.job_id, {JobStatus.CANCELLED})
+    assert (ended.error_reason, ended.exit_code) == ("cancelled", -9)
+
+
+def test_dockers_128_plus_n_stays_an_exit_code_and_only_the_oom_killer_is_named() -> None:
+    """Docker reports a job killed by signal N as exit 128 + N, like a program exiting 128 + N: the number is kept
+    as the engine gave it. Only the engine's own OOMKilled flag names a cause."""
+    plain = dict(cancel_requested=False, exit_reasons={}, failure_reasons={})
+    assert outcome(ExitStatus(code=137), **plain) == (JobStatus.FAILED, "exit_code_137")  # type: ignore[arg-type]
+    assert outcome(ExitStatus(code=137, oom_killed=True), **plain) == (  # type: ignore[arg-type]
+        JobStatus.FAILED,
+        "killed_out_of_memory",
+    )
+    assert outcome(ExitStatus(signal=9), **plain) == (JobStatus.FAILED, "killed_by_SIGKILL")  # type: ignore[arg-type]
+    assert outcome(ExitStatus(code=137, oom_killed=True), cancel_requested=True, exit_reasons={}) == (
+        JobStatus.CANCELLED,
+        "cancelled",
+    )
+
+
+def test_the_exec_mode_is_listed_once_and_every_mode_has_an_executor() -> None:
+    from supervisor._config import EXEC_MODES
+    from supervisor._kinds import load_kinds
+    from supervisor._openapi import openapi_document
+    from supervisor.execution import create_executor
+
+    for mode in EXEC_MODES:
+        executor = create_executor(Config(exec_mode=mode), base_env={})
+        assert executor.mode == mode
+    health = openapi_document(load_kinds(None))["components"]["schemas"]["Health"]
+    assert health["properties"]["exec_mode"]["enum"] == list(EXEC_MODES)
+
+
+async def test_a_drain_cancelled_mid_start_leaves_no_job_looking_watched(
+    make: Callable[..., Supervisor], nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shutdown that cancels a drain while it starts a job must not leave the job marked as watched by this boot:
+    a later cancel would wait for a monitor that does not exist, and the row would never end."""
+    sup = make(attach=False)
+    sup.attach(nursery)  # no drainer task: the only drain is the one this test cancels
+    entered = trio.Event()
+
+    async def stuck_start(job: Job, token: str) -> object:
+        entered.set()
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(sup, "_start", stuck_start)
+    job = (await sup.enqueue("sleep", {"seconds": 60})).job
+    async with trio.open_nursery() as shutdown:
+        shutdown.start_soon(sup.drain)
+        await entered.wait()
+        shutdown.cancel_scope.cancel()
+    assert (await sup.get(job.job_id)).status is JobStatus.RUNNING  # promoted, never started
+    row = await sup.cancel(job.job_id)
+    assert (row.status, row.error_reason) == (JobStatus.CANCELLED, "cancelled_unverified_process_left_alone")
