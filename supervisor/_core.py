@@ -19,8 +19,10 @@ from typing import Any
 
 import trio
 
+from ._absence import AbsenceJudge
 from ._config import Config
 from ._errors import SpawnError, SupervisorError, ValidationError
+from ._events import EventBus, EventName, JobEvent, log_event
 from ._identity import Liveness, ProcessIdentity, probe
 from ._kinds import KindCatalog, coalesce_key
 from ._logging import get_logger
@@ -43,7 +45,15 @@ from ._store import AsyncRegistry
 log = get_logger()
 
 # Environment variables the supervisor itself reads that a job must never inherit.
-_PRIVATE_ENV = ("PODCAST_JOB_API_TOKEN", "PODCAST_JOB_API_TOKEN_FILE")
+# (systemd's notify socket too: only the supervisor speaks for itself to its service manager.)
+_PRIVATE_ENV = (
+    "PODCAST_JOB_API_TOKEN",
+    "PODCAST_JOB_API_TOKEN_FILE",
+    "PODCAST_JOB_WEBHOOK_SECRET",
+    "NOTIFY_SOCKET",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+)
 MAX_STAGE_LEN = 200
 MAX_BATCH = 1000  # jobs in one POST /api/jobs/batch
 PROMOTE_BATCH = 64  # rows promoted in one transaction, at most
@@ -258,6 +268,12 @@ class Supervisor:
         self.data_dir = config.data_dir.resolve()
         self.log_dir = config.jobs_log_dir.resolve()
         self.shepherd = Shepherd(stderr_path=config.viewer_dir.resolve() / "shepherd.log")
+        # The event seam: every change to a job is announced here; the log is the first subscriber.
+        self.events = EventBus()
+        self.events.subscribe(log_event)
+        self.absence = AbsenceJudge(config, registry, self.events, self.boot_id, self._stop_stalled)
+        self._stall_stops: set[str] = set()  # jobs being stopped because they stalled (stall_action = terminate)
+        self.last_sweep_done: float | None = None  # trio.current_time() when the last sweep completed
 
     def attach(self, job_nursery: trio.Nursery) -> None:
         """Give the supervisor the nursery that owns every monitor (and this boot's shepherd reader)."""
@@ -267,17 +283,9 @@ class Supervisor:
     # -- logging ------------------------------------------------------------------------------------
 
     def _log_transition(self, job: Job, from_status: str, to_status: str, reason: str | None, **extra: Any) -> None:
-        fields = {"from": from_status, "to": to_status}  # `from` is a keyword: passed as a mapping
-        log.info(
-            "job_transition",
-            job_id=job.job_id,
-            kind=job.kind,
-            reason=reason,
-            boot_id=self.boot_id,
-            pid=job.pid,
-            **fields,
-            **extra,
-        )
+        """Announce a status change on the event bus (``job`` is the row after it): the log line is a subscriber."""
+        previous = None if from_status == "-" else from_status
+        self.events.emit(JobEvent(EventName.TRANSITION, job, previous, reason, self.boot_id, extra))
 
     # -- enqueue and drain --------------------------------------------------------------------------
 
@@ -514,6 +522,8 @@ class Supervisor:
 
         def decide(current: Job) -> tuple[JobStatus, str | None]:
             """Called inside the finalize transaction: a cancel requested until this instant counts."""
+            if job.job_id in self._stall_stops and not current.cancel_requested:
+                return JobStatus.STALE, "progress_stalled"  # stopped by the sweeper (stall_action = terminate)
             cancel_requested = cancelled or current.cancel_requested
             if status is None:
                 # The process is gone and nobody recorded how it ended (its shepherd was killed): never a guess.
@@ -530,6 +540,7 @@ class Supervisor:
         result = await self.registry.finalize(
             job.job_id, decide, exit_code=status.returncode if status else None, expect_pid=expect_pid
         )
+        self._stall_stops.discard(job.job_id)
         if not result.changed:
             return False
         final = result.job
@@ -571,8 +582,13 @@ class Supervisor:
         if cancel:
             handle.cancel.set()
         self._running[job.job_id] = handle
-        log.info("job_adopted", job_id=job.job_id, pid=identity.pid, prior_boot=job.boot_id)
+        self._announce_adopted(job)
         await self._job_nursery.start(self._monitor, handle, job)
+
+    def _announce_adopted(self, job: Job) -> None:
+        self.events.emit(
+            JobEvent(EventName.ADOPTED, job, str(job.status), "adopted", self.boot_id, {"prior_boot": job.boot_id})
+        )
 
     async def _finalize(
         self,
@@ -730,12 +746,44 @@ class Supervisor:
         return now - datetime.fromisoformat(job.started_at) > timedelta(seconds=self.config.stale_after_s)
 
     async def sweep(self) -> None:
-        """One sweeper pass: reconcile, then drain. A failing reconcile still lets drain run."""
+        """One sweeper pass: reconcile, judge absence, then drain. A failing step still lets the next run.
+
+        ``last_sweep_done`` is set only when a pass completes: a wedged sweep stops moving it (the watchdog reads it).
+        """
         try:
-            await self.reconcile(stale_marks_live_processes=False)
+            report = await self.reconcile(stale_marks_live_processes=False)
         except Exception:
             log.exception("reconcile_failed")
+            report = None
+        try:
+            # INV-STALE-SET-BY-SUPERVISOR: progress age is judged here, after reconcile, on this sweep's evidence.
+            await self.absence.judge(
+                {d.job_id: Liveness(d.liveness) if d.liveness else None for d in report.details} if report else {}
+            )
+        except Exception:
+            log.exception("absence_judgement_failed")
         await self._drain_logged()
+        self.last_sweep_done = trio.current_time()
+
+    async def _stop_stalled(self, job: Job) -> None:
+        """stall_action = terminate: stop a stalled job whose process is verified alive, as a cancel does.
+
+        The row stays RUNNING (and holds its slot) until the job's monitor sees the process gone; only then is it
+        finalized ``stale`` / ``progress_stalled``.
+        """
+        if job.job_id in self._stall_stops:
+            return
+        handle = self._running.get(job.job_id)
+        identity = identity_of(job)
+        if handle is None and identity is None:
+            log.warning("stalled_job_not_terminated", job_id=job.job_id, why="no verified process identity")
+            return
+        self._stall_stops.add(job.job_id)
+        log.warning("stalled_job_terminating", job_id=job.job_id, pid=job.pid, grace_s=self.config.cancel_grace_s)
+        if handle is not None:
+            handle.cancel.set()  # its monitor: SIGTERM, SIGKILL after the grace, then finalize once it is gone
+        elif identity is not None:
+            await self._adopt(job, identity, cancel=True)
 
     async def operator_reconcile(self) -> ReconcileReport:
         """The manual reconcile route: an operator may evict a live job past the wall-clock window."""
@@ -795,9 +843,11 @@ class Supervisor:
         stage = body.get("stage")
         if stage is not None and (not isinstance(stage, str) or len(stage) > MAX_STAGE_LEN):
             raise ValidationError(f"stage must be a string of at most {MAX_STAGE_LEN} characters", field="stage")
-        return await self.registry.record_heartbeat(
+        job = await self.registry.record_heartbeat(
             job_id, token, completed_units=completed, total_units=total, stage=stage
         )
+        self.absence.tracker.beat(job)  # the monotonic time of this beat (and of progress, if the watermark rose)
+        return job
 
     async def read_log(self, job_id: str, *, tail_bytes: int | None = None, offset: int | None = None) -> bytes:
         """A job's log: whole, its last ``tail_bytes``, or from byte ``offset`` on.

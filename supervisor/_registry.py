@@ -25,7 +25,7 @@ from typing import Any
 from ._errors import Conflict, JobNotFound, RegistryError, Unauthorized, ValidationError
 from ._model import TERMINAL, Job, JobStatus, check_transition
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_MS = 10_000
 MAX_LIST_LIMIT = 1000
 CURSOR_PATTERN = re.compile(r"[0-9]{1,18}")  # what next_cursor ever holds; the OpenAPI document says the same
@@ -68,12 +68,18 @@ MIGRATIONS: list[str] = [
     CREATE INDEX jobs_kind_seq ON jobs (kind, seq);
     CREATE INDEX jobs_queued_coalesce ON jobs (coalesce_key) WHERE status = 'queued';
     """,
+    # 1 -> 2: the sweeper's absence judgement (ADR 0002 D9), kept on the row so a restart neither repeats nor loses it.
+    """
+    ALTER TABLE jobs ADD COLUMN stalled INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE jobs ADD COLUMN stalled_since TEXT;
+    ALTER TABLE jobs ADD COLUMN silent INTEGER NOT NULL DEFAULT 0;
+    """,
 ]
 
 _COLUMNS = (
     "job_id, seq, kind, params, argv, status, error_reason, exit_code, created_at, started_at, ended_at, "
     "attempts, cancel_requested, boot_id, pid, pid_start_time, kernel_boot_id, container_id, token_hash, "
-    "completed_units, total_units, stage, last_heartbeat_at, last_progress_at, log_path"
+    "completed_units, total_units, stage, last_heartbeat_at, last_progress_at, log_path, stalled, stalled_since, silent"
 )
 
 
@@ -350,6 +356,9 @@ class SqliteRegistry:
             last_progress_at=row["last_progress_at"],
             log_path=row["log_path"],
             queue_position=queue_position,
+            stalled=bool(row["stalled"]),
+            stalled_since=row["stalled_since"],
+            silent=bool(row["silent"]),
         )
 
     def _get_in(self, conn: sqlite3.Connection, job_id: str) -> Job:
@@ -615,6 +624,25 @@ class SqliteRegistry:
                 ),
             )
             return self._get_in(conn, job_id)
+
+    def set_absence(self, job_id: str, *, stalled: bool, silent: bool) -> FinalizeResult:
+        """Record the sweeper's absence judgement of a RUNNING row (``stalled``, ``silent``).
+
+        ``stalled_since`` is set when ``stalled`` turns on and cleared when it turns off. ``changed`` is False when
+        the row is no longer running or already says so: a judgement that changes nothing writes nothing.
+        """
+        with self._tx() as conn:
+            job = self._get_in(conn, job_id)
+            if job.status is not JobStatus.RUNNING or (job.stalled, job.silent) == (stalled, silent):
+                return FinalizeResult(job, changed=False)
+            since = job.stalled_since if job.stalled and stalled else (self._now() if stalled else None)
+            conn.execute(
+                "UPDATE jobs SET stalled = ?, stalled_since = ?, silent = ? WHERE job_id = ? AND status = 'running'",
+                (int(stalled), since, int(silent), job_id),
+            )
+            return FinalizeResult(
+                replace(job, stalled=stalled, stalled_since=since, silent=silent), changed=True, previous=job.status
+            )
 
     def _authenticated(self, conn: sqlite3.Connection, job_id: str, token: str) -> Job:
         try:

@@ -82,6 +82,9 @@ class AsyncRegistry:
             stage=stage,
         )
 
+    async def set_absence(self, job_id: str, *, stalled: bool, silent: bool) -> FinalizeResult:
+        return await self._run(self.sync.set_absence, job_id, stalled=stalled, silent=silent)
+
     async def check_job_token(self, job_id: str, token: str) -> None:
         await self._run(self.sync.check_job_token, job_id, token)
 
