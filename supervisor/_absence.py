@@ -226,7 +226,10 @@ class AbsenceJudge:
     async def _record(self, job: Job, verdict: Verdict, signals: Signals) -> None:
         reasons = {EventName.STALLED: REASON_STALLED, EventName.SILENT: REASON_SILENT}
         named = [(str(name), reasons.get(name, REASON_RECOVERED)) for name in verdict.events]
-        result = await self.registry.set_absence(job.job_id, stalled=verdict.stalled, silent=verdict.silent)
+        # The row's flags and their outbox events commit together.
+        result = await self.registry.set_absence(
+            job.job_id, stalled=verdict.stalled, silent=verdict.silent, events=named
+        )
         if not result.changed:
             return  # ended (or judged by another process) meanwhile
         extra = {

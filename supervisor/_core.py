@@ -41,6 +41,7 @@ from ._spawn import (
     signal_by_identity,
 )
 from ._store import AsyncRegistry
+from ._webhook import WebhookSender
 
 log = get_logger()
 
@@ -271,6 +272,12 @@ class Supervisor:
         # The event seam: every change to a job is announced here; the log is the first subscriber.
         self.events = EventBus()
         self.events.subscribe(log_event)
+        # The durable copy of each event is the registry's outbox row, written in the change's own transaction
+        # (see _events.py); the sender (a root-nursery task) delivers it and is woken by the bus.
+        registry.sync.boot_id = self.boot_id
+        registry.sync.outbox_enabled = config.webhook_url is not None
+        self.webhooks = WebhookSender(config, registry)
+        self.events.subscribe(self.webhooks.wake)
         self.absence = AbsenceJudge(config, registry, self.events, self.boot_id, self._stop_stalled)
         self._stall_stops: set[str] = set()  # jobs being stopped because they stalled (stall_action = terminate)
         self.last_sweep_done: float | None = None  # trio.current_time() when the last sweep completed
@@ -582,10 +589,14 @@ class Supervisor:
         if cancel:
             handle.cancel.set()
         self._running[job.job_id] = handle
-        self._announce_adopted(job)
+        await self._announce_adopted(job)
         await self._job_nursery.start(self._monitor, handle, job)
 
-    def _announce_adopted(self, job: Job) -> None:
+    async def _announce_adopted(self, job: Job) -> None:
+        try:
+            job = await self.registry.record_event(job.job_id, str(EventName.ADOPTED), "adopted")
+        except SupervisorError:
+            log.exception("adoption_event_not_recorded", job_id=job.job_id)  # the adoption itself goes on
         self.events.emit(
             JobEvent(EventName.ADOPTED, job, str(job.status), "adopted", self.boot_id, {"prior_boot": job.boot_id})
         )

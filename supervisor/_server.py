@@ -4,6 +4,7 @@
     ├── signal watcher          SIGTERM/SIGINT -> shutdown event; SIGHUP -> re-read the API token file
     ├── job nursery             one monitor task per running job (its own or adopted), and the shepherd's reader
     ├── drainer                 drains when woken (an enqueue, a job's end, a cancel), many wakes making one drain
+    ├── webhook sender          delivers the registry's outbox to PODCAST_JOB_WEBHOOK_URL, in order, with backoff
     ├── sweeper                 startup sweep (before serving), then reconcile -> drain every sweep_interval_s
     └── HTTP server             hypercorn's trio worker serving the quart-trio app
 
@@ -157,6 +158,8 @@ async def run_supervisor(
             await root.start(_watch_signals, shutdown, api_token)
             supervisor.attach(await root.start(_run_job_nursery))
             await root.start(supervisor.run_drainer)
+            # Started before the first sweep, so that events left undelivered by a previous boot go out first.
+            await root.start(supervisor.webhooks.run)
             # The startup sweep runs before serving; it never waits on a job, so /api/health is not delayed.
             await root.start(run_sweeper, supervisor, config.sweep_interval_s)
             await root.start(_serve_http, supervisor, api_token, sock, shutdown, http_done)
