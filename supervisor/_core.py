@@ -26,6 +26,7 @@ from ._events import EventBus, EventName, JobEvent, log_event
 from ._identity import Liveness, ProcessIdentity, probe
 from ._kinds import KindCatalog, coalesce_key
 from ._logging import get_logger
+from ._metrics import Metrics, Snapshot
 from ._model import Job, JobStatus
 from ._registry import EnqueueResult, NewJob, ProcessRecord, hash_token
 from ._spawn import (
@@ -278,6 +279,8 @@ class Supervisor:
         registry.sync.outbox_enabled = config.webhook_url is not None
         self.webhooks = WebhookSender(config, registry)
         self.events.subscribe(self.webhooks.wake)
+        self.metrics = Metrics()
+        self.events.subscribe(self.metrics.on_event)
         self.absence = AbsenceJudge(config, registry, self.events, self.boot_id, self._stop_stalled)
         self._stall_stops: set[str] = set()  # jobs being stopped because they stalled (stall_action = terminate)
         self.last_sweep_done: float | None = None  # trio.current_time() when the last sweep completed
@@ -761,20 +764,21 @@ class Supervisor:
 
         ``last_sweep_done`` is set only when a pass completes: a wedged sweep stops moving it (the watchdog reads it).
         """
+        started = trio.current_time()
+        details: list[ReconcileDetail] = []
         try:
-            report = await self.reconcile(stale_marks_live_processes=False)
+            details = (await self.reconcile(stale_marks_live_processes=False)).details
         except Exception:
             log.exception("reconcile_failed")
-            report = None
+        self.metrics.liveness_unknown.inc(len([d for d in details if d.liveness == Liveness.UNKNOWN.value]))
         try:
             # INV-STALE-SET-BY-SUPERVISOR: progress age is judged here, after reconcile, on this sweep's evidence.
-            await self.absence.judge(
-                {d.job_id: Liveness(d.liveness) if d.liveness else None for d in report.details} if report else {}
-            )
+            await self.absence.judge({d.job_id: Liveness(d.liveness) if d.liveness else None for d in details})
         except Exception:
             log.exception("absence_judgement_failed")
         await self._drain_logged()
         self.last_sweep_done = trio.current_time()
+        self.metrics.sweep_duration.observe(self.last_sweep_done - started)
 
     async def _stop_stalled(self, job: Job) -> None:
         """stall_action = terminate: stop a stalled job whose process is verified alive, as a cancel does.
@@ -803,6 +807,18 @@ class Supervisor:
         return report
 
     # -- queue, reads, heartbeats, logs --------------------------------------------------------------
+
+    async def render_metrics(self) -> bytes:
+        """``GET /metrics``: the counters as they stand and the registry's state as of now (see ``_metrics.py``)."""
+        snapshot = Snapshot(
+            counts=await self.registry.counts(),
+            paused=await self.is_paused(),
+            max_concurrent=self.config.max_concurrent,
+            running=await self.registry.running_jobs(),
+            outbox_depth=await self.registry.outbox_depth(),
+            deliveries=dict(self.webhooks.outcomes),
+        )
+        return self.metrics.render(snapshot)
 
     async def queue_state(self) -> QueueState:
         counts = await self.registry.counts()

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 from webhook_helpers import KINDS, SECRET, Receiver, statuses
 
 from supervisor import Config, JobStatus, load_kinds
@@ -141,6 +142,8 @@ async def test_a_receiver_that_hangs_fails_or_redirects_never_delays_a_burst_of_
     assert receiver.accepted == []
     assert sup.webhooks.outcomes["delivered"] == 0
     assert await sup.registry.outbox_depth() == 60  # queued, running, succeeded for each: none lost
+    families = {f.name: f for f in text_string_to_metric_families((await sup.render_metrics()).decode())}
+    assert families["podcast_webhook_outbox_depth"].samples[0].value == 60  # what the outbox alert watches
     if behaviour == "hang":
         assert len(receiver.requests) <= 1  # one attempt, stuck; the next comes only after its bound and a backoff
     # The receiver comes back: everything arrives, in the order of each job's changes.
