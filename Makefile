@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DATA_DIR ?= ./var
 
-.PHONY: run test lint typecheck pytest bench clean chaos
+.PHONY: run test lint typecheck pytest bench clean alerts chaos
 
 # The venv is rebuilt when missing or when the dependency pins change (stale).
 $(STAMP): pyproject.toml constraints.txt
@@ -36,6 +36,11 @@ chaos: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/run.py
 	$(PY) bench/feeds.py
+
+# The alert rules and their unit tests (promtool comes with Debian's prometheus package; .ci/run installs it).
+alerts:
+	promtool check rules docs/alerts/podcast-supervisor.rules.yml
+	promtool test rules docs/alerts/podcast-supervisor.rules.test.yml
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
