@@ -37,3 +37,23 @@ async def test_every_transition_reaches_every_subscriber_even_past_a_failing_one
     assert sum(1 for e in logs if e["event"] == "event_subscriber_failed") == 3
     # The log is a subscriber too (before the broken one): one line per transition, as before the bus.
     assert [e["to"] for e in logs if e["event"] == "job_transition"] == ["queued", "running", "failed"]
+
+
+async def test_a_job_never_inherits_the_webhook_secret_nor_the_service_managers_socket(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    sup = make_supervisor(
+        base_env={
+            "PATH": "/usr/bin",
+            "PODCAST_JOB_WEBHOOK_SECRET": "hmac-key",
+            "NOTIFY_SOCKET": "/run/systemd/notify",
+            "WATCHDOG_USEC": "60000000",
+            "WATCHDOG_PID": "1",
+        }
+    )
+    job = (await sup.enqueue("show_env", {})).job
+    assert (await wait_terminal(sup, job.job_id)).status is JobStatus.SUCCEEDED
+    names = (await sup.read_log(job.job_id)).decode()
+    assert "PODCAST_JOB_TOKEN" in names
+    for private in ("PODCAST_JOB_WEBHOOK_SECRET", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
+        assert private not in names
