@@ -36,6 +36,7 @@ chaos: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/run.py
 	$(PY) bench/feeds.py
+	$(PY) bench/outbox.py
 
 # The alert rules and their unit tests (promtool comes with Debian's prometheus package; .ci/run installs it).
 alerts:
