@@ -68,7 +68,7 @@ async def test_every_kind_of_change_reaches_the_receiver_signed_and_in_order_per
     receiver: Receiver, tmp_path: Path, start: Start
 ) -> None:
     sup = await start(
-        webhook_url=receiver.url, sweep_interval_s=0.2, progress_stale_after_s=1.5, silent_after_s=1.5
+        webhook_url=receiver.url, sweep_interval_s=0.2, progress_stale_after_s=2.0, silent_after_s=2.0
     )
     succeeds = (await sup.enqueue("exit", {"code": 0})).job.job_id
     fails = (await sup.enqueue("exit", {"code": 3})).job.job_id
@@ -77,7 +77,7 @@ async def test_every_kind_of_change_reaches_the_receiver_signed_and_in_order_per
     await sup.cancel(cancelled_queued)
     # Another process enqueues straight into the registry, with an argv no OS can take: the spawn fails.
     spawn_fails = sup.registry.sync.enqueue("exit", {"code": 0}, ["python3", "-c", "pass", "\ud800"]).job.job_id
-    quiet = (await sup.enqueue("quiet", {"quiet_s": 4.0})).job.job_id
+    quiet = (await sup.enqueue("quiet", {"quiet_s": 5.0})).job.job_id
     cancelled_running = (await sup.enqueue("sleep", {"seconds": 30})).job.job_id
     await sup.resume()
     with trio.fail_after(WAIT_S):
@@ -94,16 +94,19 @@ async def test_every_kind_of_change_reaches_the_receiver_signed_and_in_order_per
         spawn_fails: ["job.transition:queued", "job.transition:running", "job.transition:failed"],
         cancelled_running: ["job.transition:queued", "job.transition:running", "job.transition:cancelled"],
     }
-    total = sum(map(len, expected.values())) + 6  # quiet: queued, running, stalled, silent, recovered, succeeded
     with trio.fail_after(WAIT_S):
-        await receiver.wait_for(lambda r: len(r.events()) >= total)
+        await receiver.wait_for(lambda r: statuses(r.events(), quiet)[-1:] == ["job.transition:succeeded"])
+        await receiver.wait_for(lambda r: all(statuses(r.events(), j)[-1:] == e[-1:] for j, e in expected.items()))
     events = receiver.events()
+    total = len(events)
     for job_id, sequence in expected.items():
         assert statuses(events, job_id) == sequence, job_id
     quiet_events = statuses(events, quiet)
     assert quiet_events[:2] == ["job.transition:queued", "job.transition:running"]
-    assert sorted(quiet_events[2:4]) == ["job.silent", "job.stalled"]  # the same sweep judged both
-    assert quiet_events[4:] == ["job.recovered", "job.transition:succeeded"]
+    # Quiet for 5 s after its first beat: stalled and silent (usually at the same sweep; a slow start may add an
+    # early stall and its recovery before the first beat), then recovered by its second beat, then done.
+    assert {"job.silent", "job.stalled"} <= set(quiet_events[2:-2])
+    assert quiet_events[-2:] == ["job.recovered", "job.transition:succeeded"]
 
     reasons = {(p["job"]["job_id"], p["job"]["status"]): p["reason"] for p in events if p["event"] == "job.transition"}
     assert reasons[(fails, "failed")] == "exit_code_3"
@@ -122,7 +125,7 @@ async def test_every_kind_of_change_reaches_the_receiver_signed_and_in_order_per
         assert payload["boot_id"] == sup.boot_id
         assert delivery.headers["x-podcast-event-id"] == payload["event_id"]
         assert "token_hash" not in payload["job"]
-    assert len({p["event_id"] for p in events}) == len(events) == total
+    assert len({p["event_id"] for p in events}) == total == sum(map(len, expected.values())) + len(quiet_events)
     with trio.fail_after(WAIT_S):
         while await sup.registry.outbox_depth():  # noqa: ASYNC110 - the sender deletes after the answer
             await trio.sleep(0.05)
