@@ -58,7 +58,7 @@ async def test_a_pipeline_job_whose_feed_server_stops_answering_is_flagged_stall
                     await trio.sleep(0.05)  # a real process in another program: polled
                 return row
 
-        stalled = await until(lambda r: r.stalled or r.status.is_terminal)
+        stalled = await until(lambda r: (r.stalled and r.completed_units == 1) or r.status.is_terminal)
         assert (stalled.status, stalled.stalled, stalled.silent) == (JobStatus.RUNNING, True, False)
         assert stalled.completed_units == 1  # one episode done, then no progress
         assert stalled.stalled_since is not None
