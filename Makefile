@@ -7,7 +7,7 @@ DATA_DIR ?= ./var
 # The benchmarks' own venv (RQ, py-spy): never the project's dependencies.
 BENCH_VENV := .venv-bench
 
-.PHONY: run test lint typecheck pytest bench soak chaos clean
+.PHONY: run test lint typecheck pytest bench soak chaos alerts clean
 
 # The venv is rebuilt when missing or when the dependency pins change (stale).
 $(STAMP): pyproject.toml constraints.txt
@@ -41,6 +41,12 @@ bench: $(STAMP)
 	PYTHON=$(PYTHON) BENCH_VENV=$(BENCH_VENV) bash bench/install-peers.sh
 	BENCH_VENV=$(BENCH_VENV) $(PY) bench/run.py
 	$(PY) bench/feeds.py
+	$(PY) bench/outbox.py
+
+# The alert rules and their unit tests (promtool comes with Debian's prometheus package; .ci/run installs it).
+alerts:
+	promtool check rules docs/alerts/podcast-supervisor.rules.yml
+	promtool test rules docs/alerts/podcast-supervisor.rules.test.yml
 
 # An hour of `supervisor serve` under a workload; fails if descriptors, threads or RSS grow (issue 8). Not in `test`.
 # matplotlib (for the plot) goes into the venv only here: it is no dependency of the project.

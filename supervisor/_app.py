@@ -18,7 +18,7 @@ import secrets
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -151,27 +151,6 @@ class _JobIdConverter(BaseConverter):
     regex = rf"(?!(?:{'|'.join(map(re.escape, JOBS_SUBROUTES))})$)[^/]+"
 
 
-class _Metrics:
-    """A small Prometheus registry of this app's own (never the process-global one, so apps never collide)."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        self.jobs = Gauge("supervisor_jobs", "Jobs in the registry, by status.", ["status"], registry=self.registry)
-        self.paused = Gauge("supervisor_queue_paused", "1 while promotion is paused.", registry=self.registry)
-        self.max_concurrent = Gauge("supervisor_max_concurrent", "Jobs allowed to run at once.", registry=self.registry)
-
-    async def render(self, supervisor: Supervisor) -> bytes:
-        counts = await supervisor.registry.counts()
-        paused = await supervisor.is_paused()
-        # No await between setting and rendering: one scrape sees one consistent snapshot.
-        for status, n in counts.items():
-            self.jobs.labels(status=status).set(n)
-        self.paused.set(1 if paused else 0)
-        self.max_concurrent.set(supervisor.config.max_concurrent)
-        data: bytes = generate_latest(self.registry)
-        return data
-
-
 def create_app(supervisor: Supervisor, api_token: ApiToken | None = None) -> QuartTrio:
     """The app over ``supervisor``; ``api_token`` is the operator token in force (re-read on SIGHUP by the server)."""
     # No static folder: the route map is exactly the API, which the auth and OpenAPI tests walk.
@@ -183,9 +162,7 @@ def create_app(supervisor: Supervisor, api_token: ApiToken | None = None) -> Qua
     app.config["RESPONSE_TIMEOUT"] = RESPONSE_TIMEOUT_S
     # Errors are answered by our handlers, never re-raised into the server (not even under TESTING).
     app.config["PROPAGATE_EXCEPTIONS"] = False
-    gauges = _Metrics()
-    # A later issue registers more collectors here.
-    app.extensions["supervisor.metrics_registry"] = gauges.registry
+    app.extensions["supervisor.metrics_registry"] = supervisor.metrics.registry
     token_source = api_token if api_token is not None else ApiToken.from_config(supervisor.config)
 
     # -- every request ----------------------------------------------------------------------------------
@@ -358,7 +335,7 @@ def create_app(supervisor: Supervisor, api_token: ApiToken | None = None) -> Qua
     @app.get("/metrics")
     async def metrics() -> Any:
         """Prometheus metrics."""
-        return Response(await gauges.render(supervisor), status=200, content_type=CONTENT_TYPE_PLAIN_0_0_4)
+        return Response(await supervisor.render_metrics(), status=200, content_type=CONTENT_TYPE_PLAIN_0_0_4)
 
     return app
 

@@ -27,6 +27,8 @@ EXEC_MODES: tuple[ExecMode, ...] = get_args(ExecMode)
 DEFAULT_DOCKER_IMAGE = "podcast-job-supervisor:local"
 # Docker object names: a network or a named volume.
 _DOCKER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+StallAction = Literal["alert", "terminate"]
+STALL_ACTIONS: tuple[StallAction, ...] = get_args(StallAction)
 
 MIB = 1024 * 1024
 
@@ -43,6 +45,12 @@ class Config:
     # None disables the wall-clock rule (written explicitly as <= 0).
     stale_after_s: float | None = 86400.0
     progress_stale_after_s: float | None = 1800.0
+    # A job that heartbeated and then stopped for this long while its process lives is "silent". The default is
+    # 3 x the runner's heartbeat interval (5 s), but at least 60 s. None disables (written explicitly as <= 0).
+    silent_after_s: float | None = 60.0
+    # What the sweeper does with a stalled job: "alert" flags it; "terminate" also stops it (SIGTERM, SIGKILL after
+    # cancel_grace_s), and the row ends stale / progress_stalled once the process is gone.
+    stall_action: StallAction = "alert"
     exec_mode: ExecMode = "subprocess"
     api_token: str | None = field(default=None, repr=False)
     # Where api_token was read from (re-read on SIGHUP); None when it came from PODCAST_JOB_API_TOKEN or is unset.
@@ -50,6 +58,11 @@ class Config:
     kinds_file: Path | None = None
     webhook_url: str | None = None
     webhook_timeout_s: float = 5.0
+    # HMAC-SHA256 key for X-Podcast-Signature; never printed, never passed to jobs.
+    webhook_secret: str | None = field(default=None, repr=False)
+    # The outbox keeps undelivered events up to this many and this old; what goes past is dropped (counted, logged).
+    webhook_outbox_max_events: int = 10_000
+    webhook_outbox_max_age_s: float = 7 * 86400.0
     log_max_bytes: int = 50 * MIB
     cancel_grace_s: float = 30.0
     docker_image: str = DEFAULT_DOCKER_IMAGE
@@ -87,7 +100,7 @@ class Config:
         out: dict[str, object] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "api_token":
+            if f.name in ("api_token", "webhook_secret"):
                 value = "(set)" if value else None
             elif isinstance(value, Path):
                 value = str(value)
@@ -189,7 +202,10 @@ def load_config(
     num("sweep_interval_s", "PODCAST_JOB_SWEEP_SECONDS", floor=1.0)
     num("stale_after_s", "PODCAST_JOB_STALE_SECONDS", disable_at_or_below_zero=True)
     num("progress_stale_after_s", "PODCAST_JOB_PROGRESS_STALE_SECONDS", disable_at_or_below_zero=True)
+    num("silent_after_s", "PODCAST_JOB_SILENT_SECONDS", floor=1.0, disable_at_or_below_zero=True)
     num("webhook_timeout_s", "PODCAST_JOB_WEBHOOK_TIMEOUT_SEC", floor=0.5)
+    num("webhook_outbox_max_events", "PODCAST_JOB_WEBHOOK_OUTBOX_MAX_EVENTS", integer=True, floor=1)
+    num("webhook_outbox_max_age_s", "PODCAST_JOB_WEBHOOK_OUTBOX_MAX_AGE_SECONDS", floor=60.0)
     num("log_max_bytes", "PODCAST_JOB_LOG_MAX_BYTES", integer=True, floor=4096)
     num("cancel_grace_s", "PODCAST_JOB_CANCEL_GRACE_SECONDS", floor=0.0)
     got = raw("PODCAST_PIPELINE_EXEC_MODE", "exec_mode")
@@ -200,9 +216,18 @@ def load_config(
             loader.problems.append(f"{got[0]}={got[1]!r}: must be one of {', '.join(EXEC_MODES)}")
         else:
             values["exec_mode"] = mode
+    got = raw("PODCAST_JOB_STALL_ACTION", "stall_action")
+    if got is not None:
+        action = str(got[1]).lower()
+        if action not in STALL_ACTIONS:
+            # No fallback: a mistyped "terminate" must not quietly leave stalled jobs running, nor the reverse.
+            loader.problems.append(f"{got[0]}={got[1]!r}: must be one of {', '.join(STALL_ACTIONS)}")
+        else:
+            values["stall_action"] = action
     for attr, env_name in (
         ("api_token", "PODCAST_JOB_API_TOKEN"),
         ("webhook_url", "PODCAST_JOB_WEBHOOK_URL"),
+        ("webhook_secret", "PODCAST_JOB_WEBHOOK_SECRET"),
         ("docker_image", "PODCAST_JOB_DOCKER_IMAGE"),
         ("docker_network", "PODCAST_JOB_DOCKER_NETWORK"),
         ("docker_data_volume", "PODCAST_JOB_DOCKER_DATA_VOLUME"),
@@ -245,12 +270,17 @@ _TOML_KEYS = (
     "sweep_interval_s",
     "stale_after_s",
     "progress_stale_after_s",
+    "silent_after_s",
+    "stall_action",
     "exec_mode",
     "api_token",
     "api_token_file",
     "kinds_file",
     "webhook_url",
     "webhook_timeout_s",
+    "webhook_secret",
+    "webhook_outbox_max_events",
+    "webhook_outbox_max_age_s",
     "log_max_bytes",
     "cancel_grace_s",
     "docker_image",

@@ -23,21 +23,33 @@ from typing import Any, TypeGuard
 
 import trio
 
+from ._absence import AbsenceJudge
 from ._config import Config
 from ._errors import SpawnError, SupervisorError, ValidationError
+from ._events import EventBus, EventName, JobEvent, log_event
 from ._identity import Liveness
 from ._kinds import KindCatalog, coalesce_key
 from ._logging import get_logger
+from ._metrics import Metrics, Snapshot
 from ._model import Job, JobStatus
 from ._registry import EnqueueResult, NewJob, ProcessRecord, hash_token
 from ._store import AsyncRegistry
+from ._webhook import WebhookSender
 from .execution import Evidence, Executor, ExitStatus, JobHandle, Launch, Unwatchable, create_executor
 from .execution.base import ORPHAN_DEAD_PID
 
 log = get_logger()
 
 # Environment variables the supervisor itself reads that a job must never inherit.
-_PRIVATE_ENV = ("PODCAST_JOB_API_TOKEN", "PODCAST_JOB_API_TOKEN_FILE")
+# (systemd's notify socket too: only the supervisor speaks for itself to its service manager.)
+_PRIVATE_ENV = (
+    "PODCAST_JOB_API_TOKEN",
+    "PODCAST_JOB_API_TOKEN_FILE",
+    "PODCAST_JOB_WEBHOOK_SECRET",
+    "NOTIFY_SOCKET",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+)
 MAX_STAGE_LEN = 200
 MAX_BATCH = 1000  # jobs in one POST /api/jobs/batch
 PROMOTE_BATCH = 64  # rows promoted in one transaction, at most
@@ -218,6 +230,20 @@ class Supervisor:
         self.log_dir = config.jobs_log_dir.resolve()
         # The exec mode is chosen here, once per boot: nothing else branches on it.
         self.executor = executor if executor is not None else create_executor(config, base_env=env)
+        # The event seam: every change to a job is announced here; the log is the first subscriber.
+        self.events = EventBus()
+        self.events.subscribe(log_event)
+        # The durable copy of each event is the registry's outbox row, written in the change's own transaction
+        # (see _events.py); the sender (a root-nursery task) delivers it and is woken by the bus.
+        registry.sync.boot_id = self.boot_id
+        registry.sync.outbox_enabled = config.webhook_url is not None
+        self.webhooks = WebhookSender(config, registry)
+        self.events.subscribe(self.webhooks.wake)
+        self.metrics = Metrics()
+        self.events.subscribe(self.metrics.on_event)
+        self.absence = AbsenceJudge(config, registry, self.events, self.boot_id, self._stop_stalled)
+        self._stall_stops: set[str] = set()  # jobs being stopped because they stalled (stall_action = terminate)
+        self.last_sweep_done: float | None = None  # trio.current_time() when the last sweep completed
 
     @property
     def exec_mode(self) -> str:
@@ -231,19 +257,9 @@ class Supervisor:
     # -- logging ------------------------------------------------------------------------------------
 
     def _log_transition(self, job: Job, from_status: str, to_status: str, reason: str | None, **extra: Any) -> None:
-        fields = {"from": from_status, "to": to_status}  # `from` is a keyword: passed as a mapping
-        if job.container_id is not None:
-            fields["container_id"] = job.container_id[:12]
-        log.info(
-            "job_transition",
-            job_id=job.job_id,
-            kind=job.kind,
-            reason=reason,
-            boot_id=self.boot_id,
-            pid=job.pid,
-            **fields,
-            **extra,
-        )
+        """Announce a status change on the event bus (``job`` is the row after it): the log line is a subscriber."""
+        previous = None if from_status == "-" else from_status
+        self.events.emit(JobEvent(EventName.TRANSITION, job, previous, reason, self.boot_id, extra))
 
     # -- enqueue and drain --------------------------------------------------------------------------
 
@@ -467,6 +483,8 @@ class Supervisor:
 
         def decide(current: Job) -> tuple[JobStatus, str | None]:
             """Called inside the finalize transaction: a cancel requested until this instant counts."""
+            if job.job_id in self._stall_stops and not current.cancel_requested:
+                return JobStatus.STALE, "progress_stalled"  # stopped by the sweeper (stall_action = terminate)
             cancel_requested = cancelled or current.cancel_requested
             if status is None:
                 # The process is gone and nobody recorded how it ended (its shepherd was killed, its container
@@ -484,6 +502,7 @@ class Supervisor:
         result = await self.registry.finalize(
             job.job_id, decide, exit_code=status.returncode if status else None, **_expecting(expect)
         )
+        self._stall_stops.discard(job.job_id)
         if not result.changed:
             return False
         final = result.job
@@ -510,8 +529,16 @@ class Supervisor:
         if cancel:
             running.cancel.set()
         self._running[job.job_id] = running
-        log.info("job_adopted", job_id=job.job_id, prior_boot=job.boot_id, **handle.log_fields())
+        await self._announce_adopted(job, handle)
         await self._job_nursery.start(self._monitor, running, job)
+
+    async def _announce_adopted(self, job: Job, handle: JobHandle) -> None:
+        try:
+            job = await self.registry.record_event(job.job_id, str(EventName.ADOPTED), "adopted")
+        except SupervisorError:
+            log.exception("adoption_event_not_recorded", job_id=job.job_id)  # the adoption itself goes on
+        extra = {"prior_boot": job.boot_id, **handle.log_fields()}
+        self.events.emit(JobEvent(EventName.ADOPTED, job, str(job.status), "adopted", self.boot_id, extra))
 
     async def _finalize(self, job: Job, status: JobStatus, reason: str | None, *, expect: Job | None = None) -> bool:
         result = await self.registry.finalize(job.job_id, status, reason=reason, **_expecting(expect))
@@ -667,12 +694,49 @@ class Supervisor:
         return now - datetime.fromisoformat(job.started_at) > timedelta(seconds=self.config.stale_after_s)
 
     async def sweep(self) -> None:
-        """One sweeper pass: reconcile, then drain. A failing reconcile still lets drain run."""
+        """One sweeper pass: reconcile, judge absence, then drain. A failing step still lets the next run.
+
+        ``last_sweep_done`` is set only when a pass completes: a wedged sweep stops moving it (the watchdog reads it).
+        """
+        started = trio.current_time()
+        details: list[ReconcileDetail] = []
         try:
-            await self.reconcile(stale_marks_live_processes=False)
+            details = (await self.reconcile(stale_marks_live_processes=False)).details
         except Exception:
             log.exception("reconcile_failed")
+        self.metrics.liveness_unknown.inc(len([d for d in details if d.liveness == Liveness.UNKNOWN.value]))
+        try:
+            # INV-STALE-SET-BY-SUPERVISOR: progress age is judged here, after reconcile, on this sweep's evidence.
+            await self.absence.judge({d.job_id: Liveness(d.liveness) if d.liveness else None for d in details})
+        except Exception:
+            log.exception("absence_judgement_failed")
         await self._drain_logged()
+        self.last_sweep_done = trio.current_time()
+        self.metrics.sweep_duration.observe(self.last_sweep_done - started)
+
+    async def _stop_stalled(self, job: Job) -> None:
+        """stall_action = terminate: stop a stalled job whose process is verified alive, as a cancel does.
+
+        The row stays RUNNING (and holds its slot) until the job's monitor sees the process gone; only then is it
+        finalized ``stale`` / ``progress_stalled``.
+        """
+        if job.job_id in self._stall_stops:
+            return
+        running = self._running.get(job.job_id)
+        adopt: JobHandle | None = None
+        if running is None:
+            # Not watched by this boot (a prior boot's job): stopped only once the executor verifies it alive now.
+            [found] = await self._gather_evidence([job])
+            if found.handle is None or found.liveness is not Liveness.ALIVE or self._job_nursery is None:
+                log.warning("stalled_job_not_terminated", job_id=job.job_id, why="no verified live process")
+                return
+            adopt = found.handle
+        self._stall_stops.add(job.job_id)
+        log.warning("stalled_job_terminating", job_id=job.job_id, pid=job.pid, grace_s=self.config.cancel_grace_s)
+        if running is not None:
+            running.cancel.set()  # its monitor: SIGTERM, SIGKILL after the grace, then finalize once it is gone
+        elif adopt is not None:
+            await self._adopt(job, adopt, cancel=True)
 
     async def operator_reconcile(self) -> ReconcileReport:
         """The manual reconcile route: an operator may evict a live job past the wall-clock window."""
@@ -681,6 +745,18 @@ class Supervisor:
         return report
 
     # -- queue, reads, heartbeats, logs --------------------------------------------------------------
+
+    async def render_metrics(self) -> bytes:
+        """``GET /metrics``: the counters as they stand and the registry's state as of now (see ``_metrics.py``)."""
+        snapshot = Snapshot(
+            counts=await self.registry.counts(),
+            paused=await self.is_paused(),
+            max_concurrent=self.config.max_concurrent,
+            running=await self.registry.running_jobs(),
+            outbox_depth=await self.registry.outbox_depth(),
+            deliveries=dict(self.webhooks.outcomes),
+        )
+        return self.metrics.render(snapshot)
 
     async def queue_state(self) -> QueueState:
         counts = await self.registry.counts()
@@ -732,9 +808,11 @@ class Supervisor:
         stage = body.get("stage")
         if stage is not None and (not isinstance(stage, str) or len(stage) > MAX_STAGE_LEN or not _is_utf8(stage)):
             raise ValidationError(f"stage must be a text of at most {MAX_STAGE_LEN} characters", field="stage")
-        return await self.registry.record_heartbeat(
+        job = await self.registry.record_heartbeat(
             job_id, token, completed_units=completed, total_units=total, stage=stage
         )
+        self.absence.tracker.beat(job)  # the monotonic time of this beat (and of progress, if the watermark rose)
+        return job
 
     async def read_log(self, job_id: str, *, tail_bytes: int | None = None, offset: int | None = None) -> bytes:
         """A job's log: whole, its last ``tail_bytes``, or from byte ``offset`` on.

@@ -70,6 +70,12 @@ class Job:
     last_progress_at: str | None
     log_path: str | None
     queue_position: int | None = None
+    # Absence flags, set only by the supervisor's sweeper (INV-STALE-SET-BY-SUPERVISOR): the last judgement made
+    # while the job ran. ``stalled``: no progress for PODCAST_JOB_PROGRESS_STALE_SECONDS; ``silent``: heartbeats
+    # stopped while the process lives.
+    stalled: bool = False
+    stalled_since: str | None = None
+    silent: bool = False
 
     @property
     def spawned(self) -> bool:

@@ -143,6 +143,15 @@ _SCHEMAS: dict[str, Any] = {
             "last_progress_at": _TS,
             "log_path": _NULLABLE_STR,
             "queue_position": {"type": "integer", "description": "present only while queued (1-based)"},
+            "stalled": {
+                "type": "boolean",
+                "description": "the sweeper's judgement: no progress for PODCAST_JOB_PROGRESS_STALE_SECONDS",
+            },
+            "stalled_since": {**_TS, "description": "when the sweeper judged it stalled; null when not stalled"},
+            "silent": {
+                "type": "boolean",
+                "description": "the sweeper's judgement: heartbeats stopped while the process lives",
+            },
         },
     },
     "JobList": {

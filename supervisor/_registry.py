@@ -18,14 +18,14 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from ._errors import Conflict, JobNotFound, RegistryError, Unauthorized, ValidationError
 from ._model import TERMINAL, Job, JobStatus, check_transition
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_MS = 10_000
 MAX_LIST_LIMIT = 1000
 CURSOR_PATTERN = re.compile(r"[0-9]{1,18}")  # what next_cursor ever holds; the OpenAPI document says the same
@@ -68,12 +68,31 @@ MIGRATIONS: list[str] = [
     CREATE INDEX jobs_kind_seq ON jobs (kind, seq);
     CREATE INDEX jobs_queued_coalesce ON jobs (coalesce_key) WHERE status = 'queued';
     """,
+    # 1 -> 2: the sweeper's absence judgement (ADR 0002 D9), kept on the row so a restart neither repeats nor loses it.
+    """
+    ALTER TABLE jobs ADD COLUMN stalled INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE jobs ADD COLUMN stalled_since TEXT;
+    ALTER TABLE jobs ADD COLUMN silent INTEGER NOT NULL DEFAULT 0;
+    """,
+    # 2 -> 3: the transactional outbox. Each event is written in the same transaction as the change it reports,
+    # and deleted once delivered; ``body`` is the exact JSON a receiver gets (signed as sent).
+    """
+    CREATE TABLE outbox (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        event_id TEXT NOT NULL UNIQUE,
+        job_id TEXT NOT NULL,
+        event TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        body TEXT NOT NULL
+    );
+    CREATE INDEX outbox_created ON outbox (created_at);
+    """,
 ]
 
 _COLUMNS = (
     "job_id, seq, kind, params, argv, status, error_reason, exit_code, created_at, started_at, ended_at, "
     "attempts, cancel_requested, boot_id, pid, pid_start_time, kernel_boot_id, container_id, token_hash, "
-    "completed_units, total_units, stage, last_heartbeat_at, last_progress_at, log_path"
+    "completed_units, total_units, stage, last_heartbeat_at, last_progress_at, log_path, stalled, stalled_since, silent"
 )
 
 
@@ -108,6 +127,28 @@ class FinalizeResult:
     job: Job
     changed: bool  # False when the row was already terminal: events fire only on real changes
     previous: JobStatus | None = None  # the status it left, when changed
+
+
+@dataclass(frozen=True)
+class OutboxEvent:
+    """One undelivered event: ``body`` is the JSON to POST, exactly as written in the change's transaction."""
+
+    seq: int
+    event_id: str
+    job_id: str
+    event: str
+    created_at: str
+    body: str
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    by_age: int
+    by_count: int
+
+    @property
+    def dropped(self) -> int:
+        return self.by_age + self.by_count
 
 
 @dataclass(frozen=True)
@@ -247,6 +288,12 @@ class SqliteRegistry:
     ) -> None:
         self.path = Path(path)
         self._clock = clock
+        # Who makes the changes this handle records (a supervisor's boot id; None for a CLI or another process):
+        # it goes into each outbox event as its ``boot_id``.
+        self.boot_id: str | None = None
+        # Write an outbox event with each change. A supervisor without a webhook turns this off (nothing would
+        # ever send them); other processes cannot know, so they write them, and that supervisor discards them.
+        self.outbox_enabled = True
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._pool = _ConnectionPool(self.path, max_connections)
         with self._tx() as conn:
@@ -350,6 +397,9 @@ class SqliteRegistry:
             last_progress_at=row["last_progress_at"],
             log_path=row["log_path"],
             queue_position=queue_position,
+            stalled=bool(row["stalled"]),
+            stalled_since=row["stalled_since"],
+            silent=bool(row["silent"]),
         )
 
     def _get_in(self, conn: sqlite3.Connection, job_id: str) -> Job:
@@ -363,6 +413,30 @@ class SqliteRegistry:
             ).fetchone()[0]
         return self._row_to_job(row, position)
 
+    def _record_event(
+        self, conn: sqlite3.Connection, job_id: str, event: str, previous_status: str | None, reason: str | None
+    ) -> None:
+        """Write one outbox event, inside the caller's transaction: it commits (or rolls back) with the change."""
+        if not self.outbox_enabled:
+            return
+        row = conn.execute(f"SELECT {_COLUMNS} FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+        job = self._row_to_job(row)  # the row as of this change (no queue position: it would cost a count)
+        event_id = uuid.uuid4().hex
+        now = self._now()
+        body = {
+            "event_id": event_id,
+            "event": event,
+            "job": job.public(),
+            "previous_status": previous_status,
+            "reason": reason,
+            "boot_id": self.boot_id,
+            "ts": now,
+        }
+        conn.execute(
+            "INSERT INTO outbox (event_id, job_id, event, created_at, body) VALUES (?, ?, ?, ?, ?)",
+            (event_id, job_id, event, now, json.dumps(body, sort_keys=True, separators=(",", ":"))),
+        )
+
     def _set_status(
         self,
         conn: sqlite3.Connection,
@@ -370,7 +444,8 @@ class SqliteRegistry:
         to_status: JobStatus,
         **fields: Any,
     ) -> None:
-        """The one place a row's status changes; an illegal transition raises."""
+        """The one place a row's status changes; an illegal transition raises. The change's outbox event is
+        written here too, in the same transaction."""
         check_transition(job.job_id, job.status, to_status)
         if to_status.is_terminal:
             # A job's token works only while the job runs: with its hash gone, a late (or stolen) token matches
@@ -383,6 +458,8 @@ class SqliteRegistry:
         )
         if cur.rowcount != 1:  # the read above and this write are in one transaction: cannot happen
             raise RegistryError(f"job {job.job_id}: status changed under the registry lock")
+        reason = "promoted" if to_status is JobStatus.RUNNING else fields.get("error_reason")
+        self._record_event(conn, job.job_id, "job.transition", str(job.status), reason)
 
     # -- operations ---------------------------------------------------------------------------------
 
@@ -440,6 +517,7 @@ class SqliteRegistry:
                 job.coalesce_key,
             ),
         )
+        self._record_event(conn, job_id, "job.transition", None, "enqueued")
         return job_id, False
 
     def promote_queued_if_slot(
@@ -618,6 +696,73 @@ class SqliteRegistry:
                 ),
             )
             return self._get_in(conn, job_id)
+
+    def set_absence(
+        self, job_id: str, *, stalled: bool, silent: bool, events: Sequence[tuple[str, str]] = ()
+    ) -> FinalizeResult:
+        """Record the sweeper's absence judgement of a RUNNING row (``stalled``, ``silent``) and its ``events``
+        ((name, reason) pairs, written to the outbox in the same transaction).
+
+        ``stalled_since`` is set when ``stalled`` turns on and cleared when it turns off. ``changed`` is False when
+        the row is no longer running or already says so: a judgement that changes nothing writes nothing.
+        """
+        with self._tx() as conn:
+            job = self._get_in(conn, job_id)
+            if job.status is not JobStatus.RUNNING or (job.stalled, job.silent) == (stalled, silent):
+                return FinalizeResult(job, changed=False)
+            since = job.stalled_since if job.stalled and stalled else (self._now() if stalled else None)
+            conn.execute(
+                "UPDATE jobs SET stalled = ?, stalled_since = ?, silent = ? WHERE job_id = ? AND status = 'running'",
+                (int(stalled), since, int(silent), job_id),
+            )
+            for event, reason in events:
+                self._record_event(conn, job_id, event, str(job.status), reason)
+            return FinalizeResult(
+                replace(job, stalled=stalled, stalled_since=since, silent=silent), changed=True, previous=job.status
+            )
+
+    def record_event(self, job_id: str, event: str, reason: str | None) -> Job:
+        """Write an event about a change the row does not show (this boot adopted the job), with the row as it is."""
+        with self._tx() as conn:
+            job = self._get_in(conn, job_id)
+            self._record_event(conn, job_id, event, str(job.status), reason)
+            return job
+
+    # -- the outbox ---------------------------------------------------------------------------------
+
+    def outbox_pending(self, limit: int) -> list[OutboxEvent]:
+        """The oldest undelivered events, in the order they were written (so, per job, in the order of changes)."""
+        rows = self._read(
+            "SELECT seq, event_id, job_id, event, created_at, body FROM outbox ORDER BY seq LIMIT ?", (limit,)
+        )
+        return [OutboxEvent(**dict(row)) for row in rows]
+
+    def outbox_delete(self, seqs: Sequence[int]) -> None:
+        """Forget delivered events."""
+        if not seqs:
+            return
+        with self._tx() as conn:
+            conn.execute(f"DELETE FROM outbox WHERE seq IN ({','.join('?' * len(seqs))})", list(seqs))
+
+    def outbox_depth(self) -> int:
+        return int(self._read("SELECT COUNT(*) FROM outbox")[0][0])
+
+    def outbox_prune(self, *, max_events: int, max_age_s: float) -> PruneResult:
+        """Drop the events older than ``max_age_s`` and, past ``max_events``, the oldest. Reads first: a prune
+        with nothing to drop takes no write lock."""
+        cutoff = iso(self._clock() - timedelta(seconds=max_age_s))
+        count, oldest = self._read("SELECT COUNT(*), MIN(created_at) FROM outbox")[0]
+        if count <= max_events and (oldest is None or oldest >= cutoff):
+            return PruneResult(0, 0)
+        with self._tx() as conn:
+            by_age = conn.execute("DELETE FROM outbox WHERE created_at < ?", (cutoff,)).rowcount
+            excess = conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0] - max_events
+            by_count = 0
+            if excess > 0:
+                by_count = conn.execute(
+                    "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox ORDER BY seq LIMIT ?)", (excess,)
+                ).rowcount
+            return PruneResult(by_age, by_count)
 
     def _authenticated(self, conn: sqlite3.Connection, job_id: str, token: str) -> Job:
         try:

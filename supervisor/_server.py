@@ -4,8 +4,10 @@
     ├── signal watcher          SIGTERM/SIGINT -> shutdown event; SIGHUP -> re-read the API token file
     ├── job nursery             one monitor task per running job (its own or adopted), and the shepherd's reader
     ├── drainer                 drains when woken (an enqueue, a job's end, a cancel), many wakes making one drain
+    ├── webhook sender          delivers the registry's outbox to PODCAST_JOB_WEBHOOK_URL, in order, with backoff
     ├── sweeper                 startup sweep (before serving), then reconcile -> drain every sweep_interval_s
-    └── HTTP server             hypercorn's trio worker serving the quart-trio app
+    ├── HTTP server             hypercorn's trio worker serving the quart-trio app
+    └── watchdog                (under systemd with WatchdogSec) WATCHDOG=1 while the sweeper keeps sweeping
 
 Every child is started with ``await nursery.start(...)``; nothing is spawned outside this tree. Shutdown stops
 the HTTP server gracefully (a short deadline), then cancels the rest: monitors stop watching, jobs keep running,
@@ -31,6 +33,7 @@ from ._core import Supervisor
 from ._errors import ConfigError
 from ._kinds import KindCatalog
 from ._logging import get_logger
+from ._notify import Notifier, run_watchdog
 from ._registry import SqliteRegistry
 from ._store import AsyncRegistry
 from ._sweeper import run_sweeper
@@ -154,11 +157,14 @@ async def run_supervisor(
     # How jobs reach us: from a container, our loopback address is the container's own, so it may be configured.
     supervisor.heartbeat_base_url = config.heartbeat_base_url or url
     http_done = trio.Event()
+    notifier = Notifier()  # systemd's notify socket, when run by systemd (Type=notify)
     try:
         async with trio.open_nursery() as root:
             await root.start(_watch_signals, shutdown, api_token)
             supervisor.attach(await root.start(_run_job_nursery))
             await root.start(supervisor.run_drainer)
+            # Started before the first sweep, so that events left undelivered by a previous boot go out first.
+            await root.start(supervisor.webhooks.run)
             # The startup sweep runs before serving; it never waits on a job, so /api/health is not delayed.
             await root.start(run_sweeper, supervisor, config.sweep_interval_s)
             await root.start(_serve_http, supervisor, api_token, sock, shutdown, http_done)
@@ -171,8 +177,14 @@ async def run_supervisor(
                 data_dir=str(supervisor.data_dir),
                 max_concurrent=config.max_concurrent,
             )
+            notifier.send(f"READY=1\nSTATUS=serving on {supervisor.heartbeat_base_url}")
+            if notifier.watchdog_interval_s is not None:
+                await root.start(
+                    run_watchdog, notifier, lambda: supervisor.last_sweep_done, config.sweep_interval_s
+                )
             task_status.started(supervisor)
             await shutdown.wait()
+            notifier.send("STOPPING=1")
             # Graceful shutdown is a deadline on the owning scope.
             with trio.move_on_after(GRACEFUL_TIMEOUT_S + 2):
                 await http_done.wait()

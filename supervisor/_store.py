@@ -10,7 +10,15 @@ from typing import Any, ParamSpec, TypeVar
 import trio
 
 from ._model import Job, JobStatus
-from ._registry import EnqueueResult, FinalizeResult, NewJob, ProcessRecord, SqliteRegistry
+from ._registry import (
+    EnqueueResult,
+    FinalizeResult,
+    NewJob,
+    OutboxEvent,
+    ProcessRecord,
+    PruneResult,
+    SqliteRegistry,
+)
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -88,6 +96,26 @@ class AsyncRegistry:
             total_units=total_units,
             stage=stage,
         )
+
+    async def set_absence(
+        self, job_id: str, *, stalled: bool, silent: bool, events: Sequence[tuple[str, str]] = ()
+    ) -> FinalizeResult:
+        return await self._run(self.sync.set_absence, job_id, stalled=stalled, silent=silent, events=events)
+
+    async def record_event(self, job_id: str, event: str, reason: str | None) -> Job:
+        return await self._run(self.sync.record_event, job_id, event, reason)
+
+    async def outbox_pending(self, limit: int) -> list[OutboxEvent]:
+        return await self._run(self.sync.outbox_pending, limit)
+
+    async def outbox_delete(self, seqs: Sequence[int]) -> None:
+        await self._run(self.sync.outbox_delete, seqs)
+
+    async def outbox_depth(self) -> int:
+        return await self._run(self.sync.outbox_depth)
+
+    async def outbox_prune(self, *, max_events: int, max_age_s: float) -> PruneResult:
+        return await self._run(self.sync.outbox_prune, max_events=max_events, max_age_s=max_age_s)
 
     async def check_job_token(self, job_id: str, token: str) -> None:
         await self._run(self.sync.check_job_token, job_id, token)

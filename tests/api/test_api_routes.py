@@ -431,10 +431,75 @@ async def test_metrics_count_jobs_by_status_and_the_pause(harness: Harness) -> N
     assert response.status_code == 200
     assert response.mimetype == "text/plain"
     families = {f.name: f for f in text_string_to_metric_families((await response.get_data()).decode())}
-    by_status = {s.labels["status"]: s.value for s in families["supervisor_jobs"].samples}
+    by_status = {s.labels["status"]: s.value for s in families["podcast_jobs"].samples}
     assert by_status == {"queued": 2, "running": 0, "succeeded": 0, "failed": 0, "cancelled": 0, "stale": 0}
-    assert families["supervisor_queue_paused"].samples[0].value == 1
-    assert families["supervisor_max_concurrent"].samples[0].value == 2
+    assert families["podcast_queue_paused"].samples[0].value == 1
+    assert families["podcast_max_concurrent"].samples[0].value == 2
+    # Every name is under podcast_ (the supervisor_* gauges were renamed).
+    assert all(name.startswith("podcast_") for name in families)
+
+
+async def _scrape(harness: Harness) -> dict[str, Any]:
+    response = await harness.client.get("/metrics")
+    assert response.status_code == 200
+    return {f.name: f for f in text_string_to_metric_families((await response.get_data()).decode())}
+
+
+def _per_job(families: dict[str, Any], job_id: str) -> dict[str, float]:
+    """Every sample that carries this job's id, by sample name."""
+    return {
+        sample.name: sample.value
+        for family in families.values()
+        for sample in family.samples
+        if sample.labels.get("job_id") == job_id
+    }
+
+
+async def test_metrics_carry_per_job_series_while_the_job_runs_and_not_after(harness: Harness) -> None:
+    job_id, token = await start_tokened(harness)
+    code, _ = await harness.json(
+        "POST", f"/api/jobs/{job_id}/heartbeat", json={"completed_units": 4}, headers=bearer(token)
+    )
+    assert code == 204
+    await harness.supervisor.sweep()
+    row = await harness.supervisor.get(job_id)
+    assert row.last_progress_at is not None and row.last_heartbeat_at is not None
+    series = _per_job(await _scrape(harness), job_id)
+    assert series == {
+        "podcast_job_running": 1,
+        "podcast_job_last_progress_timestamp_seconds": datetime.fromisoformat(row.last_progress_at).timestamp(),
+        "podcast_job_last_heartbeat_timestamp_seconds": datetime.fromisoformat(row.last_heartbeat_at).timestamp(),
+        "podcast_job_completed_units": 4,
+        "podcast_job_stalled": 0,
+        "podcast_job_silent": 0,
+    }
+    await harness.supervisor.cancel(job_id)
+    await wait_terminal(harness.supervisor, job_id)
+    families = await _scrape(harness)
+    assert _per_job(families, job_id) == {}  # gone with the job
+    transitions = {
+        (s.labels["to"], s.labels["reason"]): s.value
+        for s in families["podcast_job_transitions"].samples
+        if s.name.endswith("_total")
+    }
+    assert transitions == {("queued", "enqueued"): 1, ("running", "promoted"): 1, ("cancelled", "cancelled"): 1}
+    assert {s.labels["outcome"]: s.value for s in families["podcast_webhook_deliveries"].samples} == {
+        "delivered": 0, "failed": 0, "dropped": 0
+    }
+    assert families["podcast_webhook_outbox_depth"].samples[0].value == 0  # no webhook: no outbox rows
+    sweeps = {s.name: s.value for s in families["podcast_sweep_duration_seconds"].samples}
+    assert sweeps["podcast_sweep_duration_seconds_count"] == 1
+    assert families["podcast_liveness_unknown"].samples[0].value == 0
+
+
+async def test_a_job_that_never_progressed_is_aged_from_its_start(harness: Harness) -> None:
+    job_id, _ = await start_tokened(harness)
+    row = await harness.supervisor.get(job_id)
+    assert row.started_at is not None and row.last_progress_at is None
+    series = _per_job(await _scrape(harness), job_id)
+    # The alert's progress age is time() - this: the start, until the watermark first rises.
+    assert series["podcast_job_last_progress_timestamp_seconds"] == datetime.fromisoformat(row.started_at).timestamp()
+    assert "podcast_job_last_heartbeat_timestamp_seconds" not in series
 
 
 async def test_two_apps_have_separate_metric_registries(open_harness: OpenHarness) -> None:

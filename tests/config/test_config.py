@@ -41,6 +41,9 @@ def test_defaults() -> None:
         ("PODCAST_JOB_PROGRESS_STALE_SECONDS", "progress_stale_after_s", "30m"),
         ("PODCAST_JOB_WEBHOOK_TIMEOUT_SEC", "webhook_timeout_s", "fast"),
         ("PODCAST_JOB_LOG_MAX_BYTES", "log_max_bytes", "50MiB"),
+        ("PODCAST_JOB_SILENT_SECONDS", "silent_after_s", "a minute"),
+        ("PODCAST_JOB_WEBHOOK_OUTBOX_MAX_EVENTS", "webhook_outbox_max_events", "many"),
+        ("PODCAST_JOB_WEBHOOK_OUTBOX_MAX_AGE_SECONDS", "webhook_outbox_max_age_s", "1w"),
     ],
 )
 def test_malformed_number_falls_back_to_default_naming_the_variable_INV_MALFORMED_NEVER_UNBOUNDED(
@@ -60,6 +63,9 @@ def test_malformed_number_falls_back_to_default_naming_the_variable_INV_MALFORME
         ("PODCAST_JOB_MAX_CONCURRENT", "max_concurrent", "-3", 1),
         ("PODCAST_JOB_SWEEP_SECONDS", "sweep_interval_s", "0", 1.0),
         ("PODCAST_JOB_LOG_MAX_BYTES", "log_max_bytes", "10", 4096),
+        ("PODCAST_JOB_SILENT_SECONDS", "silent_after_s", "0.2", 1.0),
+        ("PODCAST_JOB_WEBHOOK_OUTBOX_MAX_EVENTS", "webhook_outbox_max_events", "0", 1),
+        ("PODCAST_JOB_WEBHOOK_OUTBOX_MAX_AGE_SECONDS", "webhook_outbox_max_age_s", "5", 60.0),
     ],
 )
 def test_values_below_a_floor_are_raised_to_it(var: str, attr: str, value: str, expected: float) -> None:
@@ -182,3 +188,21 @@ def test_docker_mode_without_a_heartbeat_url_warns_unless_jobs_share_the_hosts_n
     _, warnings = load_config({"PODCAST_PIPELINE_EXEC_MODE": "docker"})
     assert len(warnings) == 1 and "PODCAST_JOB_HEARTBEAT_BASE_URL" in warnings[0]
     assert load_config({"PODCAST_PIPELINE_EXEC_MODE": "docker", "PODCAST_JOB_DOCKER_NETWORK": "host"})[1] == []
+def test_absence_and_webhook_defaults_and_settings() -> None:
+    config, warnings = load_config({})
+    assert (config.silent_after_s, config.stall_action, config.webhook_secret) == (60.0, "alert", None)
+    assert (config.webhook_outbox_max_events, config.webhook_outbox_max_age_s) == (10_000, 7 * 86400.0)
+    config, warnings = load_config(
+        {"PODCAST_JOB_STALL_ACTION": "Terminate", "PODCAST_JOB_SILENT_SECONDS": "0", "PODCAST_JOB_WEBHOOK_SECRET": "s3"}
+    )
+    assert (config.stall_action, config.silent_after_s, config.webhook_secret) == ("terminate", None, "s3")
+    assert warnings == []
+    # The secret is never printed, like the API token.
+    assert config.describe()["webhook_secret"] == "(set)"
+    assert "s3" not in repr(config)
+
+
+def test_an_unknown_stall_action_is_an_error_not_a_fallback() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config({"PODCAST_JOB_STALL_ACTION": "termiante"})
+    assert "PODCAST_JOB_STALL_ACTION='termiante'" in str(err.value)

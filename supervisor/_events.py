@@ -1,0 +1,96 @@
+"""The one way the core announces what happened to a job: a ``JobEvent`` on an ``EventBus``.
+
+The bus is synchronous and never blocks: ``emit`` calls each subscriber in turn, and a subscriber may only do
+something that cannot wait (write a log line, move a counter, set a ``trio.Event``). Subscribers today: the log
+(``log_event``, below), the metrics (``_metrics.Metrics.on_event``), the webhook sender's wake-up
+(``_webhook.WebhookSender.wake``) and the absence tracker (``_absence.AbsenceTracker.on_event``). A subscriber that
+raises is logged and skipped: announcing a change can never undo it or stop the others hearing of it.
+
+The durable copy of each event is not written here: the registry writes it to its outbox table in the same
+transaction as the change itself (``SqliteRegistry._record_event``), so a crash can neither lose the event of a
+committed change nor send one for a change that was rolled back. The bus is what the running process hears at once;
+the outbox is what a receiver is eventually told.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._logging import get_logger
+from ._model import Job
+
+log = get_logger()
+
+
+class EventName(enum.StrEnum):
+    TRANSITION = "job.transition"  # a status change (enqueue, promotion, every terminal one)
+    ADOPTED = "job.adopted"  # this boot watches a live job it did not start
+    STALLED = "job.stalled"  # no progress for PODCAST_JOB_PROGRESS_STALE_SECONDS
+    SILENT = "job.silent"  # heartbeats stopped while the process lives
+    RECOVERED = "job.recovered"  # progress or heartbeats resumed: a flag cleared
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    event: EventName
+    job: Job  # the row as of the change
+    previous_status: str | None  # None for an enqueue
+    reason: str | None
+    boot_id: str
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+Subscriber = Callable[[JobEvent], None]
+
+
+class EventBus:
+    def __init__(self) -> None:
+        self._subscribers: list[Subscriber] = []
+
+    def subscribe(self, subscriber: Subscriber) -> None:
+        self._subscribers.append(subscriber)
+
+    def emit(self, event: JobEvent) -> None:
+        for subscriber in self._subscribers:
+            try:
+                subscriber(event)
+            except Exception:
+                log.exception("event_subscriber_failed", job_event=str(event.event), job_id=event.job.job_id)
+
+
+def log_event(event: JobEvent) -> None:
+    """The log's subscription: every status change is one ``job_transition`` line, as before the bus existed."""
+    job = event.job
+    if event.event is EventName.TRANSITION:
+        fields = {"from": event.previous_status or "-", "to": str(job.status)}  # `from` is a keyword
+        if job.container_id is not None:
+            fields["container_id"] = job.container_id[:12]
+        log.info(
+            "job_transition",
+            job_id=job.job_id,
+            kind=job.kind,
+            reason=event.reason,
+            boot_id=event.boot_id,
+            pid=job.pid,
+            **fields,
+            **event.extra,
+        )
+        return
+    level = log.warning if event.event in (EventName.STALLED, EventName.SILENT) else log.info
+    level(
+        str(event.event).replace(".", "_"),  # job_stalled, job_silent, job_recovered, job_adopted
+        job_id=job.job_id,
+        kind=job.kind,
+        reason=event.reason,
+        boot_id=event.boot_id,
+        pid=job.pid,
+        stalled=job.stalled,
+        silent=job.silent,
+        completed_units=job.completed_units,
+        last_progress_at=job.last_progress_at,
+        last_heartbeat_at=job.last_heartbeat_at,
+        **event.extra,
+    )

@@ -1,0 +1,143 @@
+"""The supervisor's Prometheus metrics (``GET /metrics``), every name under ``podcast_``.
+
+Two sources, neither of them the HTTP layer:
+
+- counters and the sweep histogram move as things happen: ``on_event`` is an event-bus subscriber (transitions),
+  the sweep observes its own duration and the liveness it could not establish;
+- gauges are a snapshot of the registry taken at scrape time (``Supervisor.render_metrics``): the jobs by status,
+  and one series per *running* job. A job's series are therefore gone from the first scrape after it ends, and a
+  restarted supervisor shows exactly the registry's truth, whoever made the change.
+
+Each ``Metrics`` has its own ``CollectorRegistry`` (never the process-global one), so two supervisors in one
+process never collide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from ._events import EventName, JobEvent
+from ._model import Job
+
+SWEEP_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+DELIVERY_OUTCOMES = ("delivered", "failed", "dropped")
+
+
+def reason_label(reason: str | None) -> str:
+    """A bounded label: ``spawn_failed: <message>`` becomes ``spawn_failed``; none becomes ``""``."""
+    return (reason or "").split(":", 1)[0]
+
+
+def _epoch(ts: str | None) -> float | None:
+    return datetime.fromisoformat(ts).timestamp() if ts else None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a scrape shows, read from the registry just before it is rendered."""
+
+    counts: Mapping[str, int]
+    paused: bool
+    max_concurrent: int
+    running: list[Job]
+    outbox_depth: int
+    deliveries: Mapping[str, int] = field(default_factory=dict)
+
+
+class _SnapshotCollector:
+    def __init__(self) -> None:
+        self.snapshot: Snapshot | None = None
+
+    def describe(self) -> list[Metric]:
+        return []  # the families depend on the snapshot; nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.snapshot
+        if snap is None:
+            return
+        jobs = GaugeMetricFamily("podcast_jobs", "Jobs in the registry, by status.", labels=["status"])
+        for status, n in snap.counts.items():
+            jobs.add_metric([status], n)
+        yield jobs
+        yield GaugeMetricFamily("podcast_queue_paused", "1 while promotion is paused.", value=int(snap.paused))
+        yield GaugeMetricFamily("podcast_max_concurrent", "Jobs allowed to run at once.", value=snap.max_concurrent)
+        yield GaugeMetricFamily(
+            "podcast_webhook_outbox_depth", "Events in the outbox, not yet delivered.", value=snap.outbox_depth
+        )
+        deliveries = CounterMetricFamily(
+            "podcast_webhook_deliveries",
+            "Webhook delivery attempts by outcome since this boot (dropped: removed by the outbox bounds).",
+            labels=["outcome"],
+        )
+        for outcome in DELIVERY_OUTCOMES:
+            deliveries.add_metric([outcome], snap.deliveries.get(outcome, 0))
+        yield deliveries
+        labels = ["job_id", "kind"]
+        running = GaugeMetricFamily("podcast_job_running", "1 while the job runs.", labels=labels)
+        progress = GaugeMetricFamily(
+            "podcast_job_last_progress_timestamp_seconds",
+            "When the job's progress watermark last rose (its start while it has made none), Unix time.",
+            labels=labels,
+        )
+        beat = GaugeMetricFamily(
+            "podcast_job_last_heartbeat_timestamp_seconds",
+            "When the job last sent a heartbeat, Unix time (absent until its first).",
+            labels=labels,
+        )
+        units = GaugeMetricFamily("podcast_job_completed_units", "The job's progress watermark.", labels=labels)
+        stalled = GaugeMetricFamily("podcast_job_stalled", "1 while the sweeper judges the job stalled.", labels=labels)
+        silent = GaugeMetricFamily("podcast_job_silent", "1 while the sweeper judges the job silent.", labels=labels)
+        for job in snap.running:
+            key = [job.job_id, job.kind]
+            running.add_metric(key, 1)
+            progressed = _epoch(job.last_progress_at or job.started_at)
+            if progressed is not None:
+                progress.add_metric(key, progressed)
+            beaten = _epoch(job.last_heartbeat_at)
+            if beaten is not None:
+                beat.add_metric(key, beaten)
+            units.add_metric(key, job.completed_units)
+            stalled.add_metric(key, int(job.stalled))
+            silent.add_metric(key, int(job.silent))
+        yield from (running, progress, beat, units, stalled, silent)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.transitions = Counter(
+            "podcast_job_transitions",
+            "Job status changes made by this boot, by new status and reason.",
+            ["to", "reason"],
+            registry=self.registry,
+        )
+        self.liveness_unknown = Counter(
+            "podcast_liveness_unknown",
+            "Sweeps' judgements of a running job whose liveness could not be established (its slot was kept).",
+            registry=self.registry,
+        )
+        self.sweep_duration = Histogram(
+            "podcast_sweep_duration_seconds",
+            "Duration of each completed sweep (reconcile, absence judgement, drain).",
+            buckets=SWEEP_BUCKETS_S,
+            registry=self.registry,
+        )
+        self._snapshot = _SnapshotCollector()
+        self.registry.register(self._snapshot)
+
+    def on_event(self, event: JobEvent) -> None:
+        """Event-bus subscriber."""
+        if event.event is EventName.TRANSITION:
+            self.transitions.labels(to=str(event.job.status), reason=reason_label(event.reason)).inc()
+
+    def render(self, snapshot: Snapshot) -> bytes:
+        """The text exposition with ``snapshot`` as the gauges' values (synchronous: one consistent scrape)."""
+        self._snapshot.snapshot = snapshot
+        data: Any = generate_latest(self.registry)
+        return bytes(data)

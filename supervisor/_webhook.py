@@ -1,0 +1,163 @@
+"""The webhook sender (ADR 0002 D10): delivers the registry's outbox to ``PODCAST_JOB_WEBHOOK_URL``.
+
+One task in the root nursery. It reads the outbox in the order events were written (so every job's events arrive
+in the order of its changes), POSTs each body as it was stored, and deletes it once the receiver answered 2xx:
+delivery is at least once (a crash between the answer and the delete sends it again; receivers dedupe on
+``event_id``), and survives restarts because the outbox is in the registry.
+
+Nothing here can delay a transition: the events were committed with their changes; this task only reads and
+deletes rows, in short transactions, and never holds one across a request. A receiver that is down, hangs,
+answers 500 or redirects (redirects are not followed) costs one bounded attempt, then a capped exponential
+backoff before the same event is tried again; later events wait behind it, in order.
+
+The outbox is bounded by age and count (``webhook_outbox_max_age_s``, ``webhook_outbox_max_events``): events past
+either bound are dropped, counted (``outcomes["dropped"]``) and logged, never silently.
+
+Signature: with ``PODCAST_JOB_WEBHOOK_SECRET``, ``X-Podcast-Signature: sha256=<hex HMAC-SHA256 of the raw body>``;
+``X-Podcast-Timestamp`` carries the send time (Unix seconds), the body's ``ts`` the time of the change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+from collections import Counter
+from typing import Any
+
+import httpx
+import trio
+
+from ._config import Config
+from ._events import JobEvent
+from ._logging import get_logger
+from ._registry import OutboxEvent
+from ._store import AsyncRegistry
+
+log = get_logger()
+
+SIGNATURE_HEADER = "X-Podcast-Signature"
+TIMESTAMP_HEADER = "X-Podcast-Timestamp"
+EVENT_ID_HEADER = "X-Podcast-Event-Id"
+EVENT_HEADER = "X-Podcast-Event"
+BACKOFF_FIRST_S = 1.0
+BACKOFF_MAX_S = 300.0
+BATCH = 100  # events read from the outbox at once
+
+
+def sign(secret: str, body: bytes) -> str:
+    """The ``X-Podcast-Signature`` value for ``body``."""
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def backoff_s(failures: int, *, first_s: float = BACKOFF_FIRST_S, cap_s: float = BACKOFF_MAX_S) -> float:
+    """Seconds to wait after ``failures`` consecutive failed attempts: 1, 2, 4, ... capped."""
+    return float(min(cap_s, first_s * 2 ** min(64, max(0, failures - 1))))
+
+
+class WebhookSender:
+    """Delivers the outbox. ``outcomes`` counts attempts by outcome: delivered, failed, dropped."""
+
+    def __init__(
+        self,
+        config: Config,
+        registry: AsyncRegistry,
+        *,
+        poll_s: float | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.config = config
+        self.registry = registry
+        # Another process may write events (an enqueue straight into the registry): look at least this often.
+        self.poll_s = poll_s if poll_s is not None else config.sweep_interval_s
+        self._transport = transport
+        self._wake = trio.Event()
+        self.outcomes: Counter[str] = Counter()
+
+    def wake(self, event: JobEvent | None = None) -> None:
+        """Event-bus subscriber: a new event is in the outbox. Never blocks."""
+        self._wake.set()
+
+    async def _wait(self, seconds: float) -> None:
+        with trio.move_on_after(seconds):
+            await self._wake.wait()
+        self._wake = trio.Event()
+
+    async def _prune(self, *, max_events: int | None = None, why: str = "over the outbox bounds") -> None:
+        result = await self.registry.outbox_prune(
+            max_events=self.config.webhook_outbox_max_events if max_events is None else max_events,
+            max_age_s=self.config.webhook_outbox_max_age_s,
+        )
+        if result.dropped:
+            self.outcomes["dropped"] += result.dropped
+            log.warning(
+                "webhook_events_dropped", by_age=result.by_age, by_count=result.by_count, why=why,
+                max_events=self.config.webhook_outbox_max_events, max_age_s=self.config.webhook_outbox_max_age_s,
+            )
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        url = self.config.webhook_url
+        if url is None:
+            task_status.started()
+            # Other processes may still write events: nothing will send them, so they are dropped (counted).
+            while True:
+                await self._prune(max_events=0, why="no PODCAST_JOB_WEBHOOK_URL is set")
+                await self._wait(self.poll_s)
+        timeout = httpx.Timeout(self.config.webhook_timeout_s)
+        async with httpx.AsyncClient(
+            timeout=timeout, transport=self._transport, follow_redirects=False, trust_env=False
+        ) as client:
+            task_status.started()
+            failures = 0
+            while True:
+                await self._prune()
+                batch = await self.registry.outbox_pending(BATCH)
+                if not batch:
+                    await self._wait(self.poll_s)
+                    continue
+                for item in batch:
+                    if await self._deliver(client, url, timeout, item, failures + 1):
+                        failures = 0
+                        self.outcomes["delivered"] += 1
+                        await self.registry.outbox_delete([item.seq])
+                        continue
+                    failures += 1
+                    self.outcomes["failed"] += 1
+                    await trio.sleep(backoff_s(failures))  # the same event again after the backoff, in order
+                    break
+
+    async def _deliver(
+        self, client: httpx.AsyncClient, url: str, transport_timeout: httpx.Timeout, item: OutboxEvent, attempt: int
+    ) -> bool:
+        body = item.body.encode()
+        headers = {
+            "Content-Type": "application/json",
+            EVENT_ID_HEADER: item.event_id,
+            EVENT_HEADER: item.event,
+            TIMESTAMP_HEADER: str(int(time.time())),
+        }
+        if self.config.webhook_secret:
+            headers[SIGNATURE_HEADER] = sign(self.config.webhook_secret, body)
+        problem: str | None = None
+        # The transport timeout bounds each phase; this bounds the whole attempt (a receiver dripping its answer).
+        with trio.move_on_after(2 * self.config.webhook_timeout_s) as scope:
+            try:
+                response = await client.post(url, content=body, headers=headers, timeout=transport_timeout)
+            except httpx.HTTPError as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            else:
+                if 200 <= response.status_code < 300:
+                    return True
+                problem = f"HTTP {response.status_code}"
+        if scope.cancelled_caught:
+            problem = f"no answer within {2 * self.config.webhook_timeout_s} s"
+        log.warning(
+            "webhook_delivery_failed",
+            event_id=item.event_id,
+            job_id=item.job_id,
+            job_event=item.event,
+            attempt=attempt,
+            error=problem,
+            retry_in_s=backoff_s(attempt),
+        )
+        return False
