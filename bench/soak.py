@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import http.server
 import json
 import os
 import secrets
@@ -454,7 +455,39 @@ class Served:
     log_path: Path
 
 
-def start_supervisor(work: Path, source: Path | None, sweep_s: float | None) -> Served:
+class WebhookReceiver:
+    """A loopback webhook receiver (``--webhook``): answers 204 to every POST and counts them, so the soak also
+    holds the supervisor's webhook sender and its HTTP client for the whole run."""
+
+    def __init__(self) -> None:
+        received = self.received = [0]
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                received[0] += 1
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, name="soak-webhook", daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def start_supervisor(
+    work: Path,
+    source: Path | None,
+    sweep_s: float | None,
+    exec_mode: str = "subprocess",
+    webhook_url: str | None = None,
+) -> Served:
     data = work / "data"
     data.mkdir()
     kinds = work / "kinds.toml"
@@ -470,6 +503,11 @@ def start_supervisor(work: Path, source: Path | None, sweep_s: float | None) -> 
     )
     if sweep_s is not None:
         env["PODCAST_JOB_SWEEP_SECONDS"] = str(sweep_s)
+    if exec_mode == "docker":
+        # Jobs in containers on the host network reach the server's loopback address for their heartbeats.
+        env.update(PODCAST_PIPELINE_EXEC_MODE="docker", PODCAST_JOB_DOCKER_NETWORK="host")
+    if webhook_url is not None:
+        env.update(PODCAST_JOB_WEBHOOK_URL=webhook_url, PODCAST_JOB_WEBHOOK_SECRET=secrets.token_hex(16))
     if source is None:
         entry = Path(sys.executable).parent / "supervisor"  # the venv's console script
         argv = [str(entry), "serve"]
@@ -660,6 +698,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--table-step-s", type=float, default=0, help="also print a markdown table, a row every N s")
     parser.add_argument("--source", type=Path, help="run `python -m supervisor` from this checkout instead")
     parser.add_argument("--from-csv", type=Path, help="judge (and plot) a finished run's CSV; run nothing")
+    parser.add_argument(
+        "--exec-mode",
+        choices=("subprocess", "docker"),
+        default="subprocess",
+        help="how jobs run (docker: needs scripts/docker-engine.sh up; jobs use the host network)",
+    )
+    parser.add_argument("--webhook", action="store_true", help="send every job event to a loopback receiver")
     args = parser.parse_args(argv)
     if args.duration_s <= 0 or args.sample_s <= 0:
         parser.error("--duration-s and --sample-s must be positive")
@@ -697,9 +742,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     samples: list[Sample] = []
     problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
-        served = start_supervisor(Path(tmp), args.source, args.sweep_s)
+        receiver = WebhookReceiver() if args.webhook else None
+        served = start_supervisor(
+            Path(tmp), args.source, args.sweep_s, args.exec_mode, receiver.url if receiver else None
+        )
         pid = served.process.pid
-        print(f"soak: supervisor pid {pid} at {served.base_url}, {args.duration_s:g} s, samples -> {csv_path}")
+        print(
+            f"soak: supervisor pid {pid} at {served.base_url}, {args.exec_mode} mode"
+            f"{', webhooks on' if receiver else ''}, {args.duration_s:g} s, samples -> {csv_path}"
+        )
         stop = threading.Event()
         workload = Workload(served.base_url, served.token, args.idle_gaps_s, stop)
         worker = threading.Thread(target=workload.run, name="soak-workload", daemon=True)
@@ -742,6 +793,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if problems:
                 tail = served.log_path.read_text(errors="replace").splitlines()[-20:]
                 print("soak: the supervisor's last log lines:\n" + "\n".join(tail), file=sys.stderr)
+            if receiver is not None:
+                receiver.close()
+                print(f"soak: webhook receiver got {receiver.received[0]} deliveries")
+                if receiver.received[0] == 0 and not problems:
+                    problems.append("webhooks were on and none was delivered")
 
     counts = workload.counts
     print(
