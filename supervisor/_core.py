@@ -118,6 +118,8 @@ def judge(
             # INV-UNKNOWN-KEEPS-SLOT: the engine could not be asked whether a container was ever made for it.
             return Decision("keep", reason="liveness_unknown_kept", warn=True)
         # INV-IDENTITY-BEFORE-PROGRAM: no start record, so the program provably never ran.
+        if job.cancel_requested:
+            return Decision("finalize", JobStatus.CANCELLED, "cancelled_before_start")
         return Decision("finalize", JobStatus.FAILED, "orphan_reconciled_spawn_window")
     # This boot's monitor is the authority on what it watches: it finalizes with the real exit status.
     if liveness is Liveness.DEAD and not monitored:
@@ -127,6 +129,8 @@ def judge(
             return Decision("finalize_exit", reason="exit_recorded")
         if exit_pending:
             return Decision("keep", reason="exit_being_recorded", adopt=True)
+        if job.cancel_requested:
+            return Decision("finalize", JobStatus.CANCELLED, "cancelled")  # asked to stop, and it is gone
         return Decision("finalize", JobStatus.FAILED, orphan_reason)
     adopt = liveness is Liveness.ALIVE and not monitored
     if past_window:
@@ -594,6 +598,11 @@ class Supervisor:
         gone. Anything else is never signalled.
         """
         [found] = await self._gather_evidence([job])
+        if found.liveness is Liveness.UNKNOWN and (why := await self.executor.unavailable()) is not None:
+            # INV-UNKNOWN-KEEPS-SLOT: the engine cannot be asked, so the job may well run on. The cancel stays
+            # requested on the row (and the slot held); the first sweep that reaches the engine adopts and stops it.
+            log.warning("cancel_pending_engine_unreachable", job_id=job.job_id, container_id=job.container_id, why=why)
+            return
         if found.found is not None:
             job = await self.registry.set_job_process(**_record_fields(found.found))
         verified = found.liveness is Liveness.ALIVE or found.exit_status is not None or found.exit_pending
@@ -668,7 +677,7 @@ class Supervisor:
                 else:
                     action = "untouched"
             if decision.adopt and found.handle is not None and self._job_nursery is not None:
-                await self._adopt(job, found.handle)
+                await self._adopt(job, found.handle, cancel=job.cancel_requested)  # a cancel left pending
             if decision.warn:
                 log.warning(
                     "reconcile_kept_slot",

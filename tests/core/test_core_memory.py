@@ -193,3 +193,34 @@ async def test_a_drain_cancelled_mid_start_leaves_no_job_looking_watched(
     assert (await sup.get(job.job_id)).status is JobStatus.RUNNING  # promoted, never started
     row = await sup.cancel(job.job_id)
     assert (row.status, row.error_reason) == (JobStatus.CANCELLED, "cancelled_unverified_process_left_alone")
+
+
+async def test_cancel_of_a_prior_boots_job_waits_for_the_engine_and_never_frees_the_slot_INV_UNKNOWN_KEEPS_SLOT(
+    make: Callable[..., Supervisor], machine: MemoryExecutor
+) -> None:
+    """An operator cancels a previous boot's job while the engine does not answer: nothing can be stopped and the job
+    may run on, so the row keeps its slot with the cancel requested; the sweep that reaches the engine stops it."""
+    async with trio.open_nursery() as old_boot:
+        old = make(boot_id="old", max_concurrent=1, attach=old_boot)
+        job = await running(old, (await old.enqueue("sleep", {"seconds": 60})).job.job_id)
+        old_boot.cancel_scope.cancel()  # the old boot dies; its job runs on
+    new = make(boot_id="new", max_concurrent=1, cancel_grace_s=0.1, sweep_interval_s=3600)
+    machine.unreachable()
+    with capture_logs() as logs:
+        row = await new.cancel(job.job_id)
+    assert (row.status, row.cancel_requested) == (JobStatus.RUNNING, True)
+    assert machine.jobs[job.job_id].status is None  # nothing was (or could be) stopped
+    [warning] = [e for e in logs if e["event"] == "cancel_pending_engine_unreachable"]
+    assert warning["log_level"] == "warning"
+    queued = (await new.enqueue("exit", {"code": 0})).job
+    await new.sweep()
+    # The slot is still the running job's: nothing else was started past max_concurrent.
+    assert (await new.get(queued.job_id)).status is JobStatus.QUEUED
+    assert machine.started == [job.job_id]
+
+    machine.reachable()
+    await new.sweep()  # adopts the job with its pending cancel, and stops it
+    ended = await wait_terminal(new, job.job_id)
+    assert (ended.status, ended.error_reason) == (JobStatus.CANCELLED, "cancelled")
+    assert machine.jobs[job.job_id].terminated.is_set()
+    assert (await wait_terminal(new, queued.job_id)).status is JobStatus.SUCCEEDED

@@ -201,7 +201,7 @@ def test_judge_table(
     operator: bool,
     expected: Decision,
 ) -> None:
-    job = type("J", (), {"spawned": spawned})()
+    job = type("J", (), {"spawned": spawned, "cancel_requested": False})()
     got = judge(
         job,  # type: ignore[arg-type]
         this_boot=this_boot,
@@ -226,7 +226,7 @@ def test_judge_table(
     ],
 )
 def test_judge_uses_the_recorded_exit(exit_recorded: bool, exit_pending: bool, expected: Decision) -> None:
-    job = type("J", (), {"spawned": True})()
+    job = type("J", (), {"spawned": True, "cancel_requested": False})()
     got = judge(
         job,  # type: ignore[arg-type]
         this_boot=False,
@@ -241,7 +241,7 @@ def test_judge_uses_the_recorded_exit(exit_recorded: bool, exit_pending: bool, e
 
 
 def test_judge_names_a_dead_job_without_record_as_its_mode_does() -> None:
-    job = type("J", (), {"spawned": True})()
+    job = type("J", (), {"spawned": True, "cancel_requested": False})()
     got = judge(
         job,  # type: ignore[arg-type]
         this_boot=False,
@@ -252,3 +252,26 @@ def test_judge_names_a_dead_job_without_record_as_its_mode_does() -> None:
         orphan_reason="orphan_reconciled_no_container",
     )
     assert got == Decision("finalize", JobStatus.FAILED, "orphan_reconciled_no_container")
+
+
+@pytest.mark.parametrize(
+    ("spawned", "expected"),
+    [
+        (False, Decision("finalize", JobStatus.CANCELLED, "cancelled_before_start")),
+        (True, Decision("finalize", JobStatus.CANCELLED, "cancelled")),
+    ],
+)
+def test_judge_ends_a_gone_job_whose_cancel_was_pending_cancelled_not_orphaned(
+    spawned: bool, expected: Decision
+) -> None:
+    """A cancel left pending (the engine could not be asked) is honoured once the job is found gone."""
+    job = type("J", (), {"spawned": spawned, "cancel_requested": True})()
+    got = judge(
+        job,  # type: ignore[arg-type]
+        this_boot=False,
+        monitored=False,
+        liveness=Liveness.DEAD,
+        past_window=False,
+        stale_marks_live_processes=False,
+    )
+    assert got == expected
