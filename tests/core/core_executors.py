@@ -28,6 +28,7 @@ IMAGE = "podcast-job-supervisor:local"
 class World:
     name: str
     killed_reason: str  # how a job killed from outside (SIGKILL) ends: the mode's true outcome of it
+    lost_reason: str  # how a job ends whose process went away together with any record of how it ended
 
     def executor(self, config: Config) -> Executor:
         raise NotImplementedError
@@ -47,6 +48,11 @@ class World:
         """The job's program runs (whether or not its identity reached the row)."""
         raise NotImplementedError
 
+    def lose(self, job: Job) -> None:
+        """The job ends and takes any record of how it ended with it (its shepherd killed too; its container
+        removed by someone else)."""
+        raise NotImplementedError
+
     # The blocking calls above, from Trio (a thread for real engines; the memory world is Trio itself).
     async def akill(self, job: Job) -> None:
         await trio.to_thread.run_sync(self.kill, job)
@@ -57,6 +63,9 @@ class World:
     async def agone(self, job: Job) -> bool:
         return await trio.to_thread.run_sync(self.gone, job)
 
+    async def alose(self, job: Job) -> None:
+        await trio.to_thread.run_sync(self.lose, job)
+
     def clean_up(self, registry: SqliteRegistry) -> None:
         """Stop whatever a failed test left running (jobs outlive supervisors by design)."""
 
@@ -64,6 +73,7 @@ class World:
 class SubprocessWorld(World):
     name = "subprocess"
     killed_reason = "killed_by_SIGKILL"
+    lost_reason = "orphan_reconciled_dead_pid"
 
     def executor(self, config: Config) -> Executor:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PODCAST_JOB_API_TOKEN")}
@@ -83,6 +93,13 @@ class SubprocessWorld(World):
 
     def started(self, log_dir: Path, job_id: str) -> bool:
         return read_start_file(log_dir / f"{job_id}.pid") is not None
+
+    def lose(self, job: Job) -> None:
+        start = read_start_file(JobFiles.for_job(job, Path(".")).pid)
+        assert start is not None and start.shepherd is not None and job.pid is not None
+        # The shepherd first: a SIGKILLed process runs no more code, so nobody reaps the job and records its end.
+        os.kill(start.shepherd.pid, signal.SIGKILL)
+        os.killpg(job.pid, signal.SIGKILL)
 
     def clean_up(self, registry: SqliteRegistry) -> None:
         for job in registry.running_jobs():
@@ -140,6 +157,7 @@ async def _const(code: int) -> int:
 class MemoryWorld(World):
     name = "memory"
     killed_reason = "killed_by_SIGKILL"
+    lost_reason = "orphan_reconciled_dead_pid"
 
     def __init__(self, nursery: trio.Nursery) -> None:
         self.machine = MemoryExecutor(PROGRAMS, nursery)
@@ -159,8 +177,14 @@ class MemoryWorld(World):
     def started(self, log_dir: Path, job_id: str) -> bool:
         return job_id in self.machine.jobs
 
+    def lose(self, job: Job) -> None:
+        self.machine.lose(job.job_id)
+
     async def akill(self, job: Job) -> None:
         self.kill(job)
+
+    async def alose(self, job: Job) -> None:
+        self.lose(job)
 
     async def aended(self, job: Job) -> bool:
         return self.ended(job)
@@ -174,6 +198,7 @@ class DockerWorld(World):
 
     name = "docker"
     killed_reason = "exit_code_137"
+    lost_reason = "orphan_reconciled_no_container"
 
     def __init__(self) -> None:
         self.client = make_client()
@@ -206,6 +231,10 @@ class DockerWorld(World):
     def started(self, log_dir: Path, job_id: str) -> bool:
         found = self.client.containers(filters={"label": f"{LABEL_JOB}={job_id}"})
         return bool(found) and found[0]["State"] == "running"
+
+    def lose(self, job: Job) -> None:
+        assert job.container_id is not None
+        self.client.remove_container(job.container_id, force=True)  # with it, the exit code the engine kept
 
     def clean_up(self, registry: SqliteRegistry) -> None:
         ids = {job.job_id for job in registry.list_jobs(limit=1000)[0]}

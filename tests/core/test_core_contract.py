@@ -171,6 +171,26 @@ async def test_cancel_of_a_prior_boots_job_stops_it_and_ends_it_cancelled(
     assert await world.agone(ended)
 
 
+async def test_a_prior_boots_job_lost_with_its_record_is_the_modes_orphan_never_a_guess(
+    make: Callable[..., Supervisor], world: World
+) -> None:
+    """INV-TRUE-OUTCOME's other side: with nothing on record of how it ended (subprocess: its shepherd was killed
+    too; docker: its container was removed), the next boot says so; it never guesses success."""
+    job = await _boot_dies_while(make, "sleep", {"seconds": 60})
+    await world.alose(job)
+    new = make(boot_id="new")
+
+    async def gone() -> bool | None:
+        return await world.agone(job) or None
+
+    await poll(gone)
+    report = await new.reconcile(stale_marks_live_processes=False)
+    [detail] = report.details
+    assert (detail.liveness, detail.prior_boot) == ("dead", True)
+    ended = await new.get(job.job_id)
+    assert (ended.status, ended.error_reason, ended.exit_code) == (JobStatus.FAILED, world.lost_reason, None)
+
+
 async def test_a_boot_killed_between_start_and_recording_the_identity_is_adopted_not_freed(
     make: Callable[..., Supervisor], world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -204,3 +224,21 @@ async def test_a_boot_killed_between_start_and_recording_the_identity_is_adopted
     ended = await wait_terminal(new, job.job_id, timeout_s=15)
     assert (ended.status, ended.error_reason) == (JobStatus.CANCELLED, "cancelled")
     assert (await wait_terminal(new, queued.job_id)).status is JobStatus.SUCCEEDED
+
+
+async def test_stall_action_terminate_stops_a_stalled_job_through_its_executor(
+    make: Callable[..., Supervisor], world: World
+) -> None:
+    """Issue 12's `terminate` in every exec mode: a job that makes no progress is stopped as a cancel would stop it
+    (SIGTERM/SIGKILL through the shepherd, `docker stop`), and its row ends stale/progress_stalled once it is gone."""
+    sup = make(progress_stale_after_s=0.3, stall_action="terminate", cancel_grace_s=1.0, sweep_interval_s=3600)
+    job = await running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)
+
+    async def ended() -> Job | None:
+        await sup.sweep()  # the sweeper's judgement, run by hand: the stall is noticed by a sweep, never by the job
+        row = await sup.get(job.job_id)
+        return row if row.status.is_terminal else None
+
+    final = await poll(ended, timeout_s=30)
+    assert (final.status, final.error_reason, final.stalled) == (JobStatus.STALE, "progress_stalled", True)
+    assert await world.agone(final)
