@@ -42,6 +42,8 @@ bench: $(STAMP)
 	BENCH_VENV=$(BENCH_VENV) $(PY) bench/run.py
 	$(PY) bench/feeds.py
 	$(PY) bench/outbox.py
+	bash scripts/docker-engine.sh up
+	$(PY) bench/exec_modes.py
 
 # The alert rules and their unit tests (promtool comes with Debian's prometheus package; .ci/run installs it).
 alerts:
