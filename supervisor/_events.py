@@ -64,33 +64,39 @@ class EventBus:
 def log_event(event: JobEvent) -> None:
     """The log's subscription: every status change is one ``job_transition`` line, as before the bus existed."""
     job = event.job
+    # The event's extra fields win over the row's: an adoption names the process it found (its handle's pid or
+    # container), which may not have reached the row yet.
     if event.event is EventName.TRANSITION:
-        fields = {"from": event.previous_status or "-", "to": str(job.status)}  # `from` is a keyword
+        fields: dict[str, Any] = {"from": event.previous_status or "-", "to": str(job.status)}  # `from` is a keyword
         if job.container_id is not None:
             fields["container_id"] = job.container_id[:12]
         log.info(
             "job_transition",
-            job_id=job.job_id,
-            kind=job.kind,
-            reason=event.reason,
-            boot_id=event.boot_id,
-            pid=job.pid,
-            **fields,
-            **event.extra,
+            **{
+                "job_id": job.job_id,
+                "kind": job.kind,
+                "reason": event.reason,
+                "boot_id": event.boot_id,
+                "pid": job.pid,
+                **fields,
+                **event.extra,
+            },
         )
         return
     level = log.warning if event.event in (EventName.STALLED, EventName.SILENT) else log.info
     level(
         str(event.event).replace(".", "_"),  # job_stalled, job_silent, job_recovered, job_adopted
-        job_id=job.job_id,
-        kind=job.kind,
-        reason=event.reason,
-        boot_id=event.boot_id,
-        pid=job.pid,
-        stalled=job.stalled,
-        silent=job.silent,
-        completed_units=job.completed_units,
-        last_progress_at=job.last_progress_at,
-        last_heartbeat_at=job.last_heartbeat_at,
-        **event.extra,
+        **{
+            "job_id": job.job_id,
+            "kind": job.kind,
+            "reason": event.reason,
+            "boot_id": event.boot_id,
+            "pid": job.pid,
+            "stalled": job.stalled,
+            "silent": job.silent,
+            "completed_units": job.completed_units,
+            "last_progress_at": job.last_progress_at,
+            "last_heartbeat_at": job.last_heartbeat_at,
+            **event.extra,
+        },
     )

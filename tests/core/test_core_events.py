@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import trio
 from core_helpers import wait_idle, wait_terminal  # type: ignore[import-not-found]
 from structlog.testing import capture_logs
 
@@ -57,3 +58,18 @@ async def test_a_job_never_inherits_the_webhook_secret_nor_the_service_managers_
     assert "PODCAST_JOB_TOKEN" in names
     for private in ("PODCAST_JOB_WEBHOOK_SECRET", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
         assert private not in names
+
+
+async def test_an_adoption_is_logged_once_naming_the_process_found_not_a_subscriber_failure(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    """The adoption event carries the handle's fields (`pid` or `container_id`), which the row may also hold: the
+    log line takes the event's, instead of failing on a keyword given twice."""
+    sup = make_supervisor(attach=False)
+    job = (await sup.enqueue("exit", {"code": 0})).job
+    job = await trio.to_thread.run_sync(lambda: sup.registry.sync.set_job_process(job.job_id, pid=41))
+    with capture_logs() as logs:
+        sup.events.emit(JobEvent(EventName.ADOPTED, job, "running", "adopted", "new", {"prior_boot": "old", "pid": 42}))
+    assert not [e for e in logs if e["event"] == "event_subscriber_failed"]
+    [line] = [e for e in logs if e["event"] == "job_adopted"]
+    assert (line["pid"], line["prior_boot"]) == (42, "old")
