@@ -56,7 +56,7 @@ import trio
 from hypercorn.events import Closed, RawData, Updated
 from hypercorn.protocol.events import Response, StreamClosed
 from hypercorn.protocol.h11 import H11Protocol
-from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 
 from ._app import REQUEST_ID_HEADER
 from ._logging import get_logger
@@ -216,7 +216,20 @@ class EdgeTCPServer(TCPServer):
         # The last thing the connection's task group runs: once it returns the connection is closed or closing, and
         # the group (which waits for its tasks) must not wait for the keep-alive watcher.
         try:
-            await super()._read_data()
+            if self.config.read_timeout is not None:
+                await super()._read_data()
+                return
+            # hypercorn's loop, without the deadline-less cancel scope it enters around every read (no read timeout
+            # is configured: idle connections are bounded by the keep-alive timer, bodies by the app).
+            while True:
+                try:
+                    data = await self.stream.receive_some(MAX_RECV)
+                except (trio.ClosedResourceError, trio.BrokenResourceError):
+                    break
+                await self.protocol.handle(RawData(bytes(data)))
+                if data == b"":
+                    break
+            await self.protocol.handle(Closed())
         finally:
             self.idle_task.close()
 
@@ -229,6 +242,10 @@ class EdgeTCPServer(TCPServer):
         # connection, and a graceful stop, which waits for it (a few thousand pipelined GET /api/health unread are
         # enough). Here a write can be cancelled -- by the app's response timeout or the graceful stop -- and a cut
         # write ends the connection instead, which is what the shield was protecting.
+        if not event.data:
+            # h11 turns the empty body and the end of a Content-Length response into no bytes; writing them would
+            # only yield to the scheduler (twice per 204).
+            return
         async with self.send_lock:
             try:
                 await self.stream.send_all(event.data)
