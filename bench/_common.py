@@ -143,6 +143,15 @@ def rss_bytes(pid: int) -> int | None:
     return None
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time a process has used so far (``/proc/<pid>/stat``)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def process_table() -> dict[int, tuple[int, str]]:
     """pid -> (ppid, comm) for every process visible now."""
     table: dict[int, tuple[int, str]] = {}

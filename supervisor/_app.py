@@ -18,10 +18,12 @@ import secrets
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import trio
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 from quart import Response, g, request
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestTimeout
+from werkzeug.http import parse_options_header
 from werkzeug.routing import BaseConverter
 
 from ._config import ApiToken
@@ -57,6 +59,7 @@ DEFAULT_LIST_LIMIT = 100
 PUBLIC_ENDPOINTS = frozenset({"health", "metrics", "heartbeat"})
 
 REQUEST_ID_HEADER = "X-Request-Id"
+MISSING_JOB_TOKEN = "missing job token (Authorization: Bearer $PODCAST_JOB_TOKEN)"
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 # Names for werkzeug's HTTP errors where the generic snake_case of the class name would read badly.
@@ -65,7 +68,11 @@ _HTTP_CODES = {400: "bad_request", 413: "body_too_large", 415: "unsupported_medi
 
 def _bearer_token() -> str | None:
     """The token of an ``Authorization: Bearer <token>`` header, or None."""
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return _parse_bearer(request.headers.get("Authorization", ""))
+
+
+def _parse_bearer(value: str) -> str | None:
+    scheme, _, token = value.partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         return None
@@ -73,7 +80,11 @@ def _bearer_token() -> str | None:
 
 
 def _error_body(code: str, message: str, field: str | None) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message, "field": field, "request_id": g.get("request_id")}}
+    return _error_payload(code, message, field, g.get("request_id"))
+
+
+def _error_payload(code: str, message: str, field: str | None, request_id: str | None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "field": field, "request_id": request_id}}
 
 
 def _snake(name: str) -> str:
@@ -82,18 +93,29 @@ def _snake(name: str) -> str:
 
 async def _json_body(max_bytes: int = MAX_BODY_BYTES) -> Any:
     """The request body parsed as JSON; raises the 415/413/400 errors. Its shape is the caller's to check."""
-    mimetype = request.mimetype
+    _check_json_head(request.mimetype, request.content_length, max_bytes)
+    raw = await request.get_data(cache=False, as_text=False)
+    assert isinstance(raw, bytes)
+    if len(raw) > max_bytes:  # a chunked body announces no length
+        raise BodyTooLarge(f"the body is larger than {max_bytes} bytes")
+    return _parse_json(raw)
+
+
+def _check_json_head(mimetype: str, content_length: int | None, max_bytes: int) -> None:
+    """What the head of a request with a JSON body must say: the 415 and (for an announced length) 413 errors."""
     if mimetype != "application/json":
         # A JSON content type cannot be sent cross-origin without a CORS preflight this server never answers,
         # so a web page cannot post to a loopback supervisor that runs without a token.
         raise UnsupportedMediaType(f"the body must be application/json, not {mimetype or 'unset'!r}")
-    if request.content_length is not None and request.content_length > max_bytes:
+    if content_length is not None and content_length > max_bytes:
         raise BodyTooLarge(f"the body is larger than {max_bytes} bytes")
-    raw = await request.get_data(cache=False, as_text=False)
-    if len(raw) > max_bytes:  # a chunked body announces no length
-        raise BodyTooLarge(f"the body is larger than {max_bytes} bytes")
+
+
+def _parse_json(raw: bytes) -> Any:
+    """A body's bytes parsed as JSON (no NaN/Infinity); raises the 400 naming ``body``."""
     try:
-        return json.loads(raw, parse_constant=_reject_constant)
+        # json.loads(raw, parse_constant=...) step by step, with one decoder instead of a new one per call.
+        return _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
     except (ValueError, UnicodeDecodeError) as exc:
         raise MalformedRequest(f"the body is not valid JSON: {exc}", field="body") from None
     except RecursionError:
@@ -114,6 +136,9 @@ async def _json_object(allowed: Iterable[str]) -> dict[str, Any]:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
 def _query(allowed: Iterable[str]) -> dict[str, str]:
@@ -151,8 +176,14 @@ class _JobIdConverter(BaseConverter):
     regex = rf"(?!(?:{'|'.join(map(re.escape, JOBS_SUBROUTES))})$)[^/]+"
 
 
-def create_app(supervisor: Supervisor, api_token: ApiToken | None = None) -> QuartTrio:
-    """The app over ``supervisor``; ``api_token`` is the operator token in force (re-read on SIGHUP by the server)."""
+def create_app(
+    supervisor: Supervisor, api_token: ApiToken | None = None, *, heartbeat_route: bool = True
+) -> QuartTrio:
+    """The app over ``supervisor``; ``api_token`` is the operator token in force (re-read on SIGHUP by the server).
+
+    ``heartbeat_route``: answer heartbeats with ``HeartbeatRoute`` ahead of Quart (False: Quart's route only, which
+    the tests compare it with).
+    """
     # No static folder: the route map is exactly the API, which the auth and OpenAPI tests walk.
     app = QuartTrio(__name__, static_folder=None)
     app.url_map.converters["job_id"] = _JobIdConverter
@@ -320,9 +351,10 @@ def create_app(supervisor: Supervisor, api_token: ApiToken | None = None) -> Qua
     @app.post("/api/jobs/<job_id>/heartbeat")
     async def heartbeat(job_id: str) -> Any:
         """A running job's heartbeat, authenticated with that job's own token."""
+        # The common case never gets here: HeartbeatRoute answers it before Quart (same contract, same answers).
         token = _bearer_token()
         if token is None:
-            raise Unauthorized("missing job token (Authorization: Bearer $PODCAST_JOB_TOKEN)")
+            raise Unauthorized(MISSING_JOB_TOKEN)
         # The core checks the token before it reads the body, then validates the body and that the job runs.
         await supervisor.heartbeat(job_id, token, _json_body)
         return "", 204
@@ -337,9 +369,154 @@ def create_app(supervisor: Supervisor, api_token: ApiToken | None = None) -> Qua
         """Prometheus metrics."""
         return Response(await supervisor.render_metrics(), status=200, content_type=CONTENT_TYPE_PLAIN_0_0_4)
 
+    if heartbeat_route:
+        # Quart's own __call__ calls app.asgi_app: the test client and hypercorn both come through here.
+        app.asgi_app = HeartbeatRoute(app, supervisor, app.asgi_app)  # type: ignore[method-assign]
     return app
 
 
 def _row(job: Job) -> dict[str, Any]:
     """A row as callers see it: registry fields without the token hash, ``queue_position`` only when queued."""
     return job.public()
+
+
+# -- the heartbeat route, ahead of Quart ------------------------------------------------------------------
+
+_HEARTBEAT_PATH = re.compile(r"/api/jobs/([^/]+)/heartbeat")
+_DIGITS = re.compile(rb"[0-9]{1,18}")
+# The headers Quart's route answers a heartbeat with (the same for every 204).
+_NO_CONTENT_HEADERS = [(b"content-type", b"text/html; charset=utf-8"), (b"content-length", b"0")]
+
+
+class _ClientGone(Exception):
+    """The client closed the connection before its body was complete: nobody is left to answer."""
+
+
+class HeartbeatRoute:
+    """``POST /api/jobs/<job_id>/heartbeat``, answered at the ASGI level; every other request goes to Quart.
+
+    Why: heartbeats are the one request that comes in thousands per second (one per running job every few
+    seconds), and Quart's machinery per request (a request context, a nursery of two tasks, the before/after hooks,
+    werkzeug's routing and response objects) cost more than half of the CPU of each (issue 10's profile). This is
+    HTTP only, like the rest of this module: it reads the head, hands the core the same call with the same body
+    reader, and turns the same errors into the same answers, byte for byte (``tests/api/test_api_heartbeat_route.py``
+    sends a table of requests to both and compares).
+
+    It takes only the plain case and leaves to Quart, untouched (its body unread), any request it would have to
+    interpret further: one with an ``Origin`` (the 403), a chunked or unannounced body, a repeated or odd
+    ``Content-Length``, a ``root_path``. Quart's route answers those exactly as before.
+    """
+
+    def __init__(self, app: QuartTrio, supervisor: Supervisor, fallback: Any) -> None:
+        self.app = app
+        self.supervisor = supervisor
+        self.fallback = fallback
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
+            return await self.fallback(scope, receive, send)
+        match = _HEARTBEAT_PATH.fullmatch(scope["path"])
+        if match is None:
+            return await self.fallback(scope, receive, send)
+        authorization = content_type = content_length = None
+        lengths = 0
+        for name, value in scope["headers"]:
+            name = name.lower()
+            if name in (b"origin", b"transfer-encoding"):
+                return await self.fallback(scope, receive, send)
+            if name == b"content-length":
+                lengths += 1
+                content_length = value
+            elif name == b"authorization":
+                authorization = value if authorization is None else authorization
+            elif name == b"content-type":
+                content_type = value if content_type is None else content_type
+        if lengths != 1 or content_length is None or not _DIGITS.fullmatch(content_length):
+            return await self.fallback(scope, receive, send)
+        body = _BodyReader(receive, int(content_length), content_type)
+        request_id = secrets.token_hex(8)
+        status, payload = 204, None
+        try:
+            token = _parse_bearer(authorization.decode("latin1")) if authorization is not None else None
+            if token is None:
+                raise Unauthorized(MISSING_JOB_TOKEN)
+            await self.supervisor.heartbeat(match.group(1), token, body.read_json)
+        except _ClientGone:
+            return
+        except RequestError as exc:
+            status, payload = exc.http_status, _error_payload(exc.code, str(exc), exc.field, request_id)
+        except HTTPException as exc:  # the body's timeout (408), as Quart's handler words it
+            status = exc.code or 500
+            code = _HTTP_CODES.get(status, _snake(type(exc).__name__))
+            payload = _error_payload(code, exc.description or exc.name, None, request_id)
+        except Exception as exc:
+            path = scope["path"]
+            if isinstance(exc, RegistryError):
+                log.error("request_failed", request_id=request_id, method="POST", path=path, error=str(exc))
+                message = f"the registry is unavailable (request id {request_id})"
+                status, payload = 503, _error_payload("unavailable", message, None, request_id)
+            else:
+                log.exception("request_failed", request_id=request_id, method="POST", path=path)
+                message = f"internal server error (request id {request_id})"
+                status, payload = 500, _error_payload("internal_error", message, None, request_id)
+        if payload is None:
+            headers, data = list(_NO_CONTENT_HEADERS), b""
+        else:
+            # As Quart's jsonify writes it (the app never runs in debug mode, which would indent).
+            data = f"{self.app.json.dumps(payload, separators=(',', ':'))}\n".encode()
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+        headers += [(REQUEST_ID_HEADER.lower().encode(), request_id.encode()), (b"x-content-type-options", b"nosniff")]
+        await body.answer(send, status, headers, data)
+
+
+class _BodyReader:
+    """A heartbeat's body, read only when the core asks for it (after the token), as ``_json_body`` reads it."""
+
+    def __init__(self, receive: Any, content_length: int, content_type: bytes | None) -> None:
+        self._receive = receive
+        self._content_length = content_length
+        self._content_type = content_type
+        self.complete = False  # the last body message has been received
+
+    def _mimetype(self) -> str:
+        if self._content_type == b"application/json":
+            return "application/json"
+        # werkzeug's reading of the header, as ``request.mimetype`` gives it to Quart's route.
+        return parse_options_header((self._content_type or b"").decode("latin1"))[0].lower()
+
+    async def read_json(self) -> Any:
+        _check_json_head(self._mimetype(), self._content_length, MAX_BODY_BYTES)
+        chunks: list[bytes] = []
+        with trio.move_on_after(BODY_TIMEOUT_S) as scope:
+            while not self.complete:
+                message = await self._receive()
+                if message["type"] == "http.disconnect":
+                    raise _ClientGone
+                if message["type"] == "http.request":
+                    chunks.append(message.get("body", b""))
+                    self.complete = not message.get("more_body", False)
+        if scope.cancelled_caught:
+            raise RequestTimeout()
+        return _parse_json(b"".join(chunks))
+
+    async def answer(self, send: Any, status: int, headers: list[tuple[bytes, bytes]], data: bytes) -> None:
+        """Send the answer, within the response timeout. An answer that comes before the body's end (a 401, 415,
+        413, 408) reads what is left of the request meanwhile, as Quart does: hypercorn hands the app every body
+        message and, once the answer is out, a disconnect, and a queue nobody reads would stall the connection."""
+        with trio.move_on_after(RESPONSE_TIMEOUT_S):
+            if self.complete:
+                await _send_answer(send, status, headers, data)
+                return
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._discard_rest)
+                await _send_answer(send, status, headers, data)
+                nursery.cancel_scope.cancel()
+
+    async def _discard_rest(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+
+
+async def _send_answer(send: Any, status: int, headers: list[tuple[bytes, bytes]], data: bytes) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data, "more_body": False})

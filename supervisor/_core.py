@@ -24,15 +24,16 @@ from typing import Any, TypeGuard
 import trio
 
 from ._absence import AbsenceJudge
+from ._beats import BeatBatcher, JobTokens
 from ._config import Config
-from ._errors import SpawnError, SupervisorError, ValidationError
+from ._errors import Conflict, RequestError, SpawnError, SupervisorError, Unauthorized, ValidationError
 from ._events import EventBus, EventName, JobEvent, log_event
 from ._identity import Liveness
 from ._kinds import KindCatalog, coalesce_key
 from ._logging import get_logger
 from ._metrics import Metrics, Snapshot
 from ._model import Job, JobStatus
-from ._registry import EnqueueResult, NewJob, ProcessRecord, hash_token
+from ._registry import Beat, EnqueueResult, NewJob, ProcessRecord, hash_token
 from ._store import AsyncRegistry
 from ._webhook import WebhookSender
 from .execution import Evidence, Executor, ExitStatus, JobHandle, Launch, Unwatchable, create_executor
@@ -191,6 +192,25 @@ def _is_utf8(text: str) -> bool:
     return True
 
 
+def _parse_beat(job_id: str, token: str, body: object) -> Beat:
+    """A heartbeat's body, validated: unknown fields and out-of-range values are a 422 naming the field."""
+    if not isinstance(body, Mapping):
+        raise ValidationError("body must be a JSON object", field="body")
+    unknown = sorted(set(body) - {"completed_units", "total_units", "stage"})
+    if unknown:
+        raise ValidationError(f"unknown field {unknown[0]!r}", field=unknown[0])
+    completed = body.get("completed_units")
+    if not _is_unit_count(completed):
+        raise ValidationError(f"completed_units must be an integer from 0 to {MAX_UNITS}", field="completed_units")
+    total = body.get("total_units")
+    if total is not None and not _is_unit_count(total):
+        raise ValidationError(f"total_units must be an integer from 0 to {MAX_UNITS}, or null", field="total_units")
+    stage = body.get("stage")
+    if stage is not None and (not isinstance(stage, str) or len(stage) > MAX_STAGE_LEN or not _is_utf8(stage)):
+        raise ValidationError(f"stage must be a text of at most {MAX_STAGE_LEN} characters", field="stage")
+    return Beat(job_id, token, completed, total, stage)
+
+
 @dataclass
 class _Running:
     """A job this boot watches (one it started, or one it adopted): set ``cancel`` to stop it.
@@ -248,6 +268,10 @@ class Supervisor:
         self.absence = AbsenceJudge(config, registry, self.events, self.boot_id, self._stop_stalled)
         self._stall_stops: set[str] = set()  # jobs being stopped because they stalled (stall_action = terminate)
         self.last_sweep_done: float | None = None  # trio.current_time() when the last sweep completed
+        # The heartbeat path (see _beats.py): running jobs' token hashes in memory, and beats written in batches.
+        self._tokens = JobTokens()
+        self.events.subscribe(self._tokens.on_event)
+        self._beats = BeatBatcher(registry.record_heartbeats, self.absence.tracker.beat)
 
     @property
     def exec_mode(self) -> str:
@@ -796,32 +820,31 @@ class Supervisor:
         return await self.registry.list_jobs(status=status, kind=kind, limit=limit, cursor=cursor)
 
     async def heartbeat(self, job_id: str, token: str, read_body: Callable[[], Awaitable[object]]) -> Job:
-        """Record a child's heartbeat; see ``SqliteRegistry.record_heartbeat``.
+        """Record a child's heartbeat; see ``SqliteRegistry.record_heartbeats``.
 
         The token is checked before the body is even read (``read_body`` raises the HTTP layer's 400/413/415), so a
-        caller without it learns nothing: not whether the job exists, nor what body would have been accepted.
+        caller without it learns nothing: not whether the job exists, nor what body would have been accepted. The
+        check is in memory for a job this boot saw running (``JobTokens``), else one registry read; the write checks
+        the token again, in the transaction that records the beat (batched with the beats that arrive meanwhile).
         """
-        await self.registry.check_job_token(job_id, token)
-        body = await read_body()
-        if not isinstance(body, Mapping):
-            raise ValidationError("body must be a JSON object", field="body")
-        unknown = sorted(set(body) - {"completed_units", "total_units", "stage"})
-        if unknown:
-            raise ValidationError(f"unknown field {unknown[0]!r}", field=unknown[0])
-        completed = body.get("completed_units")
-        if not _is_unit_count(completed):
-            raise ValidationError(f"completed_units must be an integer from 0 to {MAX_UNITS}", field="completed_units")
-        total = body.get("total_units")
-        if total is not None and not _is_unit_count(total):
-            raise ValidationError(f"total_units must be an integer from 0 to {MAX_UNITS}, or null", field="total_units")
-        stage = body.get("stage")
-        if stage is not None and (not isinstance(stage, str) or len(stage) > MAX_STAGE_LEN or not _is_utf8(stage)):
-            raise ValidationError(f"stage must be a text of at most {MAX_STAGE_LEN} characters", field="stage")
-        job = await self.registry.record_heartbeat(
-            job_id, token, completed_units=completed, total_units=total, stage=stage
-        )
-        self.absence.tracker.beat(job)  # the monotonic time of this beat (and of progress, if the watermark rose)
-        return job
+        admitted = self._tokens.admits(job_id, token)
+        if not admitted:
+            generation = self._tokens.generation
+            await self.registry.check_job_token(job_id, token)
+            self._tokens.remember(job_id, token, generation)
+        try:
+            beat = _parse_beat(job_id, token, await read_body())
+        except RequestError:
+            if admitted:
+                # Admitted from memory, the job may have ended a moment ago: a token that no longer works is a 401
+                # whatever its body, as if the registry had been asked first.
+                await self.registry.check_job_token(job_id, token)
+            raise
+        try:
+            return await self._beats.record(beat)
+        except (Unauthorized, Conflict):
+            self._tokens.forget(job_id)  # ended (perhaps by another process): the next beat asks the registry
+            raise
 
     async def read_log(self, job_id: str, *, tail_bytes: int | None = None, offset: int | None = None) -> bytes:
         """A job's log: whole, its last ``tail_bytes``, or from byte ``offset`` on.

@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from ._errors import Conflict, JobNotFound, RegistryError, Unauthorized, ValidationError
+from ._errors import Conflict, JobNotFound, RegistryError, RequestError, Unauthorized, ValidationError
 from ._model import TERMINAL, Job, JobStatus, check_transition
 
 SCHEMA_VERSION = 3
@@ -170,6 +170,17 @@ class ProcessRecord:
     pid_start_time: int | None = None
     kernel_boot_id: str | None = None
     container_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One heartbeat to record, already validated: whose it is (job id and token), and what it says."""
+
+    job_id: str
+    token: str
+    completed_units: int
+    total_units: int | None = None
+    stage: str | None = None
 
 
 class _ConnectionPool:
@@ -676,26 +687,53 @@ class SqliteRegistry:
         token must not learn which ids exist), and ``Conflict`` when the job is not running (a stale child must
         not revive a finished row).
         """
+        [result] = self.record_heartbeats([Beat(job_id, token, completed_units, total_units, stage)])
+        if isinstance(result, RequestError):
+            raise result
+        return result
+
+    def record_heartbeats(self, beats: Sequence[Beat]) -> list[Job | RequestError]:
+        """Record several heartbeats in one transaction (one lock, one commit, one fsync), each as
+        ``record_heartbeat`` would: per beat, the row after it, or the ``Unauthorized`` / ``Conflict`` it earned.
+
+        A refused beat writes nothing (the checks come before its update), so it never costs the others theirs. Beats
+        of one job are applied in the order given. A storage failure fails the whole batch (``RegistryError``).
+        """
+        results: list[Job | RequestError] = []
         with self._tx() as conn:
-            job = self._authenticated(conn, job_id, token)
-            if job.status is not JobStatus.RUNNING:
-                raise Conflict(f"job {job_id} is {job.status}, not running", field="job_id")
             now = self._now()
-            # INV-PROGRESS-NOT-LIVENESS: every beat is liveness; only a higher watermark is progress.
-            progressed = completed_units > job.completed_units
-            conn.execute(
-                "UPDATE jobs SET last_heartbeat_at = ?, completed_units = ?, total_units = COALESCE(?, total_units), "
-                "stage = COALESCE(?, stage), last_progress_at = ? WHERE job_id = ?",
-                (
-                    now,
-                    max(completed_units, job.completed_units),
-                    total_units,
-                    stage,
-                    now if progressed else job.last_progress_at,
-                    job_id,
-                ),
-            )
-            return self._get_in(conn, job_id)
+            for beat in beats:
+                try:
+                    job = self._authenticated(conn, beat.job_id, beat.token)
+                    if job.status is not JobStatus.RUNNING:
+                        raise Conflict(f"job {beat.job_id} is {job.status}, not running", field="job_id")
+                except RequestError as exc:
+                    results.append(exc)
+                    continue
+                # INV-PROGRESS-NOT-LIVENESS: every beat is liveness; only a higher watermark is progress.
+                progressed = beat.completed_units > job.completed_units
+                after = replace(
+                    job,
+                    last_heartbeat_at=now,
+                    completed_units=max(beat.completed_units, job.completed_units),
+                    total_units=job.total_units if beat.total_units is None else beat.total_units,
+                    stage=job.stage if beat.stage is None else beat.stage,
+                    last_progress_at=now if progressed else job.last_progress_at,
+                )
+                conn.execute(
+                    "UPDATE jobs SET last_heartbeat_at = ?, completed_units = ?, total_units = ?, stage = ?, "
+                    "last_progress_at = ? WHERE job_id = ?",
+                    (
+                        after.last_heartbeat_at,
+                        after.completed_units,
+                        after.total_units,
+                        after.stage,
+                        after.last_progress_at,
+                        beat.job_id,
+                    ),
+                )
+                results.append(after)
+        return results
 
     def set_absence(
         self, job_id: str, *, stalled: bool, silent: bool, events: Sequence[tuple[str, str]] = ()

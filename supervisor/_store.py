@@ -9,8 +9,10 @@ from typing import Any, ParamSpec, TypeVar
 
 import trio
 
+from ._errors import RequestError
 from ._model import Job, JobStatus
 from ._registry import (
+    Beat,
     EnqueueResult,
     FinalizeResult,
     NewJob,
@@ -85,17 +87,8 @@ class AsyncRegistry:
     async def request_cancel(self, job_id: str) -> FinalizeResult:
         return await self._run(self.sync.request_cancel, job_id)
 
-    async def record_heartbeat(
-        self, job_id: str, token: str, *, completed_units: int, total_units: int | None, stage: str | None
-    ) -> Job:
-        return await self._run(
-            self.sync.record_heartbeat,
-            job_id,
-            token,
-            completed_units=completed_units,
-            total_units=total_units,
-            stage=stage,
-        )
+    async def record_heartbeats(self, beats: Sequence[Beat]) -> list[Job | RequestError]:
+        return await self._run(self.sync.record_heartbeats, beats)
 
     async def set_absence(
         self, job_id: str, *, stalled: bool, silent: bool, events: Sequence[tuple[str, str]] = ()

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import trio
-from api_support import API_TOKEN, Live, MakeLive, poll_until
+from api_support import API_TOKEN, Live, MakeLive, poll_until, wait_log_line
 
 from supervisor import _app, _server
 
@@ -150,6 +150,12 @@ EARLY = {
         401,
         "unauthorized",
     ),
+    "401 on a heartbeat without its job's token (answered ahead of Quart)": (
+        b"POST /api/jobs/some-job/heartbeat HTTP/1.1\r\n" + HOST + JSON + b"Authorization: Bearer nope\r\n"
+        b"Content-Length: 12\r\n\r\n",
+        401,
+        "unauthorized",
+    ),
     "405 on a route without that method": (
         b"PUT /api/health HTTP/1.1\r\n" + HOST + JSON + b"Content-Length: 12\r\n\r\n",
         405,
@@ -252,6 +258,25 @@ async def test_a_stalled_body_is_answered_408_and_the_connection_closed(live: Li
         assert_error_format(answer, 408, "request_timeout")
         assert answer.closes
         await client.send(b'"kind":"x"}' + HEALTH)
+        assert await client.closed_by_server() == b""
+    await assert_healthy(live)
+
+
+async def test_a_stalled_heartbeat_body_is_answered_408_and_the_connection_closed(live: Live) -> None:
+    """The heartbeat's own path (ahead of Quart) bounds a body the same way, once the job's token is known good."""
+    result = await live.supervisor.enqueue("tokened", {"seconds": 30.0})
+    token = await wait_log_line(live.supervisor, result.job.job_id)
+    head = (
+        b"POST /api/jobs/" + result.job.job_id.encode() + b"/heartbeat HTTP/1.1\r\n" + HOST + JSON
+        + b"Authorization: Bearer " + token.encode() + b"\r\nContent-Length: 21\r\n\r\n{"
+    )  # fmt: skip
+    client = await connect(live)
+    async with client.stream:
+        await client.send(head)
+        answer = await client.answer()  # after BODY_TIMEOUT_S
+        assert_error_format(answer, 408, "request_timeout")
+        assert answer.closes
+        await client.send(b'"completed_units":1}' + HEALTH)
         assert await client.closed_by_server() == b""
     await assert_healthy(live)
 

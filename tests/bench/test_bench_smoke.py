@@ -82,7 +82,9 @@ def test_footprint_smoke_finds_no_process_per_job_but_the_job_itself() -> None:
     assert "10 job processes (`sleep`) under the shepherd, 0 other process(es)" in out
     assert "PASS  10 jobs: nothing per job but the job's own process (0 extra)" in out
     assert "== 6. Heartbeats with 10 running jobs" in out
-    assert re.search(r"^\| [0-9]+ \([0-9]+-[0-9]+\) \| [1-9][0-9]* \| 0 \|$", out, re.MULTILINE), out
+    assert re.search(
+        r"^\| [0-9]+ \([0-9]+-[0-9]+\) \| [0-9.]+ ms \([0-9.]+-[0-9.]+\) \| [1-9][0-9]* \| 0 \|$", out, re.MULTILINE
+    ), out
 
 
 def test_make_bench_appends_a_dated_section_with_machine_versions_and_targets(tmp_path: Path) -> None:

@@ -238,3 +238,33 @@ def test_storage_errors_surface_as_registry_errors(tmp_path: Path) -> None:
     with pytest.raises(RegistryError):
         reg.list_jobs()
     reg.close()
+
+
+def test_a_batch_of_heartbeats_records_the_good_rows_whatever_the_bad_ones(registry: SqliteRegistry) -> None:
+    from supervisor._registry import Beat
+
+    jobs = []
+    for token in ("a", "b", "c"):
+        registry.enqueue("k", {}, ["x"])
+        job = registry.promote_queued_if_slot(10, boot_id="b", token_hash=hash_token(token))
+        assert job is not None
+        jobs.append(job)
+    ended = registry.finalize(jobs[2].job_id, JobStatus.SUCCEEDED).job
+    results = registry.record_heartbeats(
+        [
+            Beat(jobs[0].job_id, "a", 5, total_units=9, stage="one"),
+            Beat(jobs[1].job_id, "wrong", 7),  # another token
+            Beat("no-such-job", "a", 1),  # no such job
+            Beat(ended.job_id, "c", 1),  # ended: its token is gone
+            Beat(jobs[1].job_id, "b", 3),
+            Beat(jobs[0].job_id, "a", 4),  # the same job again, in order: a lower count moves no watermark
+        ]
+    )
+    assert [type(r).__name__ for r in results] == ["Job", "Unauthorized", "Unauthorized", "Unauthorized", "Job", "Job"]
+    first, second = registry.get(jobs[0].job_id), registry.get(jobs[1].job_id)
+    assert (first.completed_units, first.total_units, first.stage) == (5, 9, "one")
+    assert first.last_progress_at is not None and first.last_heartbeat_at is not None
+    assert (second.completed_units, second.stage) == (3, None)
+    # Each result is the row as stored after its beat.
+    assert results[5] == first and results[4] == second
+    assert registry.get(ended.job_id).last_heartbeat_at is None

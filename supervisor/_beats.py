@@ -1,0 +1,145 @@
+"""The heartbeat path's two economies, used by ``Supervisor.heartbeat`` (the rules stay there and in the registry).
+
+- ``JobTokens``: the token hashes of the jobs running now, in memory, so that the check that must come before a
+  heartbeat's body is read costs no registry call. Filled from the event bus when this boot promotes a job and, for
+  a job it did not promote (an adopted one), after one registry check; dropped when the job ends. It only ever
+  *admits* a token early: a miss or a mismatch asks the registry, and the write that records the beat checks the
+  token again in its own transaction, so a stale entry can cost a body read, never a beat recorded for a job that
+  ended, nor a 401 turned into another answer (see ``Supervisor.heartbeat``).
+- ``BeatBatcher``: the beats that arrive while one is being written wait and go together in the next transaction
+  (one thread hop, one lock, one commit and fsync for all of them). Each beat is answered only after the commit
+  that holds it: a 204 still means the beat is durable, as with one transaction per beat.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import trio
+
+from ._events import EventName, JobEvent
+from ._model import Job, JobStatus
+from ._registry import Beat, hash_token
+
+# Far more than any max_concurrent: a bound in case entries for jobs ended by another process are never dropped.
+MAX_TOKENS = 100_000
+
+
+class JobTokens:
+    """Token hashes of running jobs by job id; see the module docstring."""
+
+    def __init__(self) -> None:
+        self._hashes: dict[str, str] = {}
+        self._ends = 0  # bumped at every job end: a lookup that raced with one must not re-admit its token
+
+    def admits(self, job_id: str, token: str) -> bool:
+        """True when ``token`` is the token of ``job_id`` as this boot last saw it running (constant-time compare)."""
+        known = self._hashes.get(job_id)
+        return known is not None and hmac.compare_digest(known, hash_token(token))
+
+    @property
+    def generation(self) -> int:
+        return self._ends
+
+    def remember(self, job_id: str, token: str, generation: int) -> None:
+        """After the registry admitted ``token``: keep it, unless a job ended since ``generation`` was read."""
+        if generation != self._ends:
+            return
+        if len(self._hashes) >= MAX_TOKENS:
+            self._hashes.clear()
+        self._hashes[job_id] = hash_token(token)
+
+    def forget(self, job_id: str) -> None:
+        self._hashes.pop(job_id, None)
+        self._ends += 1
+
+    def on_event(self, event: JobEvent) -> None:
+        """The event bus's subscriber: learn a token when this boot promotes its job, forget it when the job ends."""
+        if event.event is not EventName.TRANSITION:
+            return
+        job = event.job
+        if job.status is JobStatus.RUNNING and job.token_hash is not None:
+            self._hashes[job.job_id] = job.token_hash
+        elif job.status.is_terminal:
+            self.forget(job.job_id)
+
+    def __len__(self) -> int:
+        return len(self._hashes)
+
+
+@dataclass
+class _Waiting:
+    beat: Beat
+    woken: trio.Event = field(default_factory=trio.Event)
+    lead: bool = False  # woken to write the next batch, not with a result
+    result: Job | BaseException | None = None
+
+
+class BeatBatcher:
+    """Coalesce concurrent heartbeats into one registry transaction per batch.
+
+    No task of its own: the first beat that finds no write in flight writes (it *leads*); the beats that arrive
+    meanwhile queue, and when the write is done the leader hands the queue to the oldest of them, which writes it as
+    the next batch. So a lone beat is written at once (no timer, no added latency), a beat waits at most for the
+    write in flight, and under load each transaction holds every beat that arrived during the previous one.
+
+    ``write`` records a batch and gives, per beat in order, the row after it or the ``RequestError`` it earned;
+    ``recorded`` is called with each row in commit order (the absence tracker's ``beat``).
+    """
+
+    def __init__(
+        self,
+        write: Callable[[Sequence[Beat]], Awaitable[Sequence[Job | BaseException]]],
+        recorded: Callable[[Job], None],
+    ) -> None:
+        self._write = write
+        self._recorded = recorded
+        self._queue: list[_Waiting] = []
+        self._writing = False
+        self.batches = 0  # transactions written (for tests and the benchmark's curiosity)
+
+    async def record(self, beat: Beat) -> Job:
+        """Record ``beat`` (in this task's batch or a later one) and return the row after it, once committed."""
+        me = _Waiting(beat)
+        self._queue.append(me)
+        # Shielded: a queued beat is someone's batch, and a leader that stopped halfway would strand every beat queued
+        # behind it. Bounded: a batch is one registry call, which SQLite's busy timeout bounds.
+        with trio.CancelScope(shield=True):
+            if self._writing:
+                await me.woken.wait()
+            else:
+                self._writing = True
+                me.lead = True
+            if me.lead:
+                await self._lead()
+        result = me.result
+        if isinstance(result, BaseException):
+            raise result
+        assert result is not None
+        return result
+
+    async def _lead(self) -> None:
+        batch, self._queue = self._queue, []
+        try:
+            results: Sequence[Job | BaseException] = await self._write([w.beat for w in batch])
+            if len(results) != len(batch):
+                raise RuntimeError(f"a batch of {len(batch)} beats was answered with {len(results)} results")
+        except Exception as exc:  # the whole batch failed (the registry is unavailable, say): each beat says so
+            results = [exc] * len(batch)
+        finally:
+            self.batches += 1
+            # Whatever happened, the queue gets a new leader (or the batcher goes idle): no beat is ever stranded.
+            if self._queue:
+                nxt = self._queue[0]
+                nxt.lead = True
+                nxt.woken.set()
+            else:
+                self._writing = False
+        for waiting, result in zip(batch, results, strict=True):
+            waiting.result = result
+            if isinstance(result, Job):
+                self._recorded(result)
+            if not waiting.lead:
+                waiting.woken.set()
