@@ -297,6 +297,10 @@ async def test_terminate_frees_the_slot_only_once_the_process_is_gone(
     while (await sup.get(job.job_id)).status is JobStatus.RUNNING and trio.current_time() - seen.start < 600:
         await sup.sweep()
         await trio.sleep(SWEEP_S)
+    # By now SIGKILL has been sent (a virtual-time timer); the real process dies in real time, which a loaded machine
+    # stretches while the autojumping clock races on. Wait for it on a clock that runs as the wall clock does.
+    autojump_clock.autojump_threshold = math.inf
+    autojump_clock.rate = 1.0
     final = await wait_terminal(sup, job.job_id)
     assert (final.status, final.error_reason) == (JobStatus.STALE, "progress_stalled")
     # It ignored SIGTERM: the row ended only after SIGKILL, a full grace after the stall, with the process gone.
