@@ -287,6 +287,18 @@ class _ConnectionPool:
             self._cond.notify_all()
 
 
+_WRITE_LOCKS: dict[str, threading.Lock] = {}
+_WRITE_LOCKS_GUARD = threading.Lock()
+
+
+def _process_write_lock(path: Path) -> threading.Lock:
+    """The one write lock of this process for the registry file at ``path``, shared by every handle on it (a
+    second handle on the same file, as the CLI and tests open, queues on the same lock instead of busy-sleeping)."""
+    key = str(path.resolve())
+    with _WRITE_LOCKS_GUARD:
+        return _WRITE_LOCKS.setdefault(key, threading.Lock())
+
+
 class SqliteRegistry:
     """Job rows in one SQLite file (WAL mode). Safe to use from many threads and many processes.
 
@@ -307,6 +319,8 @@ class SqliteRegistry:
         self.outbox_enabled = True
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._pool = _ConnectionPool(self.path, max_connections)
+        # One writer of this process at a time (see ``_tx``); readers never take it (WAL).
+        self._write_lock = _process_write_lock(self.path)
         with self._tx() as conn:
             self._migrate(conn)
 
@@ -323,7 +337,24 @@ class SqliteRegistry:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction under SQLite's cross-process write lock."""
+        """One write transaction under SQLite's cross-process write lock.
+
+        This process's writers first queue on ``_write_lock``: its release wakes the next writer at once, where
+        SQLite's busy handler would sleep and poll (1, 2, 5, 10 ms...) and leave the write lock idle between the
+        transactions of concurrent jobs. ``busy_timeout`` still arbitrates with other processes (a CLI, a second
+        supervisor), which never see this lock.
+        """
+        if not self._write_lock.acquire(timeout=BUSY_TIMEOUT_MS / 1000):
+            raise RegistryError(f"registry lock not acquired within {BUSY_TIMEOUT_MS} ms (this process's writers)")
+        try:
+            with self._locked_tx() as conn:
+                yield conn
+        finally:
+            self._write_lock.release()
+
+    @contextmanager
+    def _locked_tx(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT`` on a pooled connection; the caller holds ``_write_lock``."""
         with self._pool.borrow() as conn:
             try:
                 conn.execute("BEGIN IMMEDIATE")
