@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ._errors import Conflict, JobNotFound, RegistryError, RequestError, Unauthorized, ValidationError
 from ._model import TERMINAL, Job, JobStatus, check_transition
@@ -31,6 +31,10 @@ MAX_LIST_LIMIT = 1000
 CURSOR_PATTERN = re.compile(r"[0-9]{1,18}")  # what next_cursor ever holds; the OpenAPI document says the same
 # WAL lets readers run beside the one writer; a few connections serve every thread that calls the registry.
 DEFAULT_CONNECTIONS = 4
+# At most this many concurrent changes share one group commit (bounds one transaction's length).
+MAX_GROUP = 64
+
+T = TypeVar("T")
 
 # Migrations, in order; MIGRATIONS[n] takes the schema from version n to n + 1.
 MIGRATIONS: list[str] = [
@@ -287,6 +291,16 @@ class _ConnectionPool:
             self._cond.notify_all()
 
 
+@dataclass(eq=False)
+class _PendingWrite:
+    """One change waiting for a group commit, and its outcome once the transaction holding it has ended."""
+
+    change: Callable[[sqlite3.Connection], Any]
+    done: bool = False
+    result: Any = None
+    error: BaseException | None = None
+
+
 _WRITE_LOCKS: dict[str, threading.Lock] = {}
 _WRITE_LOCKS_GUARD = threading.Lock()
 
@@ -321,6 +335,8 @@ class SqliteRegistry:
         self._pool = _ConnectionPool(self.path, max_connections)
         # One writer of this process at a time (see ``_tx``); readers never take it (WAL).
         self._write_lock = _process_write_lock(self.path)
+        self._pending_guard = threading.Lock()
+        self._pending: list[_PendingWrite] = []  # changes waiting for the next group commit (see ``_write``)
         with self._tx() as conn:
             self._migrate(conn)
 
@@ -374,6 +390,73 @@ class SqliteRegistry:
                 except sqlite3.Error as exc:
                     _rollback(conn)
                     raise RegistryError(f"registry commit failed: {exc}") from exc
+
+    def _write(self, change: Callable[[sqlite3.Connection], T]) -> T:
+        """Run one change in a write transaction shared with this process's concurrent changes (group commit).
+
+        The change is queued; whichever caller holds ``_write_lock`` next (the leader) runs every queued change in
+        one ``BEGIN IMMEDIATE`` ... ``COMMIT``, each inside its own savepoint, so the jobs that end or start together
+        pay one fsync instead of one each. For each change:
+        - it sees the writes of the changes before it and commits with them: its checks (a promotion's count of
+          running rows, a finalize's ``decide``) run inside the transaction that commits it, as with ``_tx``;
+        - its outbox event is written by the change itself, so it commits or rolls back with its change;
+        - an error rolls back that change alone (to its savepoint) and is raised to its caller only
+          (INV-GROUP-COMMIT-ISOLATES-ERRORS); the others commit;
+        - its caller returns only once the transaction holding it has committed (``synchronous = FULL``): an
+          acknowledged change is durable. A failed COMMIT fails every change of the group.
+        """
+        item = _PendingWrite(change)
+        with self._pending_guard:
+            self._pending.append(item)
+        while not item.done:
+            if not self._write_lock.acquire(timeout=BUSY_TIMEOUT_MS / 1000):
+                with self._pending_guard:
+                    if any(p is item for p in self._pending):  # nobody took it: give up, nothing was written
+                        self._pending.remove(item)
+                        raise RegistryError(
+                            f"registry lock not acquired within {BUSY_TIMEOUT_MS} ms (this process's writers)"
+                        )
+                continue  # a leader is running it: it holds the lock until that transaction ends
+            try:
+                if not item.done:
+                    self._run_group()
+            finally:
+                self._write_lock.release()
+        if item.error is not None:
+            raise item.error
+        return item.result
+
+    def _run_group(self) -> None:
+        """Run the queued changes in one transaction; the caller holds ``_write_lock``."""
+        with self._pending_guard:
+            group, self._pending = self._pending[:MAX_GROUP], self._pending[MAX_GROUP:]
+        results: list[tuple[_PendingWrite, Any, BaseException | None]] = []
+        try:
+            with self._locked_tx() as conn:
+                for item in group:
+                    conn.execute("SAVEPOINT change")
+                    error: BaseException | None = None
+                    try:
+                        result = item.change(conn)
+                    except sqlite3.Error as exc:
+                        result, error = None, RegistryError(f"registry write failed: {exc}")
+                        error.__cause__ = exc
+                    except Exception as exc:  # the change's own verdict (not found, conflict...): its caller's
+                        result, error = None, exc
+                    if error is not None:
+                        conn.execute("ROLLBACK TO change")
+                    conn.execute("RELEASE change")
+                    results.append((item, result, error))
+        except BaseException as exc:
+            why = str(exc) if isinstance(exc, RegistryError) else f"registry write failed: {exc!r}"
+            for item in group:  # each caller gets its own exception object (raised in its own thread)
+                item.error, item.done = RegistryError(why), True
+                item.error.__cause__ = exc
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for item, result, error in results:
+            item.result, item.error, item.done = result, error, True
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._pool.borrow() as conn:
@@ -518,16 +601,18 @@ class SqliteRegistry:
         A running row never absorbs a new one: it is already reading its inputs, so a follow-up must run after it.
         Every caller, in any process, enqueues as ``queued``; only a drain makes a row RUNNING.
         """
-        with self._tx() as conn:
+        def change(conn: sqlite3.Connection) -> EnqueueResult:
             job_id, coalesced = self._enqueue_in(conn, NewJob(kind, params, argv, coalesce_key))
             return EnqueueResult(self._get_in(conn, job_id), coalesced=coalesced)
+
+        return self._write(change)
 
     def enqueue_many(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
         """Add several queued rows in one transaction (all or nothing), in order; coalescing as ``enqueue``.
 
         The answers carry no queue position (it would cost a count per row).
         """
-        with self._tx() as conn:
+        def change(conn: sqlite3.Connection) -> list[EnqueueResult]:
             added = [self._enqueue_in(conn, job) for job in jobs]
             rows = {
                 r["job_id"]: r
@@ -537,6 +622,8 @@ class SqliteRegistry:
                 )
             } if added else {}
             return [EnqueueResult(self._row_to_job(rows[job_id]), coalesced) for job_id, coalesced in added]
+
+        return self._write(change)
 
     def _enqueue_in(self, conn: sqlite3.Connection, job: NewJob) -> tuple[str, bool]:
         if job.coalesce_key is not None:
@@ -589,7 +676,7 @@ class SqliteRegistry:
         ``boot_id`` and ``started_at`` in the same transaction, so a row promoted but not yet spawned is never
         mistaken for a prior-boot orphan (INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING).
         """
-        with self._tx() as conn:
+        def change(conn: sqlite3.Connection) -> list[Job]:
             running = conn.execute("SELECT COUNT(*) FROM jobs WHERE status = 'running'").fetchone()[0]
             free = min(max_concurrent - running, len(token_hashes))
             if free <= 0:
@@ -617,6 +704,8 @@ class SqliteRegistry:
                 promoted.append(replace(job, status=JobStatus.RUNNING, **fields))
             return promoted
 
+        return self._write(change)
+
     def set_job_process(
         self,
         job_id: str,
@@ -631,7 +720,7 @@ class SqliteRegistry:
 
     def set_job_processes(self, records: Sequence[ProcessRecord]) -> list[Job]:
         """Record several spawned processes' identities in one transaction; a row no longer RUNNING is left alone."""
-        with self._tx() as conn:
+        def change(conn: sqlite3.Connection) -> list[Job]:
             out: list[Job] = []
             for rec in records:
                 conn.execute(
@@ -641,6 +730,8 @@ class SqliteRegistry:
                 )
                 out.append(self._get_in(conn, rec.job_id))
             return out
+
+        return self._write(change)
 
     def finalize(
         self,
@@ -659,7 +750,7 @@ class SqliteRegistry:
         ``expect_pid`` / ``expect_container_id``: only finalize if the row still records that pid / container
         (evidence gathered before the lock must still be about the same process).
         """
-        with self._tx() as conn:
+        def change(conn: sqlite3.Connection) -> FinalizeResult:
             job = self._get_in(conn, job_id)
             if job.status.is_terminal:
                 return FinalizeResult(job, changed=False)
@@ -686,12 +777,14 @@ class SqliteRegistry:
                 previous=job.status,
             )
 
+        return self._write(change)
+
     def request_cancel(self, job_id: str) -> FinalizeResult:
         """Cancel a queued row at once; mark a running row ``cancel_requested``; leave a terminal row alone.
 
         ``changed`` is True when the row was modified.
         """
-        with self._tx() as conn:
+        def change(conn: sqlite3.Connection) -> FinalizeResult:
             job = self._get_in(conn, job_id)
             if job.status is JobStatus.QUEUED:
                 self._set_status(
@@ -702,6 +795,8 @@ class SqliteRegistry:
                 conn.execute("UPDATE jobs SET cancel_requested = 1 WHERE job_id = ?", (job_id,))
                 return FinalizeResult(self._get_in(conn, job_id), changed=True)
             return FinalizeResult(job, changed=False)
+
+        return self._write(change)
 
     def record_heartbeat(
         self,
