@@ -248,6 +248,7 @@ class Supervisor:
         self._drain_lock = trio.Lock()
         self._drain_wanted = trio.Event()
         self._drain_held = False
+        self._log_dir_made = False
         self._job_nursery: trio.Nursery | None = None
         # Resolved once, so that jobs' cwd and log paths stay put whatever the supervisor's cwd does later.
         self.data_dir = config.data_dir.resolve()
@@ -377,7 +378,13 @@ class Supervisor:
                 )
                 if not jobs:
                     break
-                started.extend(await self._start_promoted(jobs, tokens))
+                spawned = await self._start_promoted(jobs, tokens)
+                started.extend(spawned)
+                # Fewer rows than asked: the slots are full or the queue is empty, so another round would only
+                # read that again (three more thread hops). Unless a start failed (its slot is free again) or the
+                # batch cap was reached. A job ending meanwhile wakes the drainer itself.
+                if len(jobs) < len(tokens) and len(spawned) == len(jobs):
+                    break
         return started
 
     async def _executor_ready(self) -> bool:
@@ -459,10 +466,12 @@ class Supervisor:
         }
         if self.heartbeat_base_url is not None:
             env["PODCAST_JOB_HEARTBEAT_URL"] = f"{self.heartbeat_base_url}/api/jobs/{job.job_id}/heartbeat"
-        try:
-            await trio.to_thread.run_sync(lambda: self.log_dir.mkdir(parents=True, exist_ok=True))
-        except OSError as exc:
-            raise SpawnError(f"cannot create the job log directory {self.log_dir}: {exc.strerror or exc}") from exc
+        if not self._log_dir_made:  # once, not a thread hop per start; again after any failed start
+            try:
+                await trio.to_thread.run_sync(lambda: self.log_dir.mkdir(parents=True, exist_ok=True))
+            except OSError as exc:
+                raise SpawnError(f"cannot create the job log directory {self.log_dir}: {exc.strerror or exc}") from exc
+            self._log_dir_made = True
         launch = Launch(
             job_id=job.job_id,
             kind=job.kind,
@@ -473,7 +482,11 @@ class Supervisor:
             log=Path(job.log_path),
             log_max_bytes=self.config.log_max_bytes,
         )
-        return await self.executor.start(launch)
+        try:
+            return await self.executor.start(launch)
+        except BaseException:
+            self._log_dir_made = False  # the directory may be what is missing (removed under a running supervisor)
+            raise
 
     # -- the monitor --------------------------------------------------------------------------------
 
