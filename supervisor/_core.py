@@ -380,10 +380,11 @@ class Supervisor:
                     break
                 spawned = await self._start_promoted(jobs, tokens)
                 started.extend(spawned)
-                # Fewer rows than asked: the slots are full or the queue is empty, so another round would only
-                # read that again (three more thread hops). Unless a start failed (its slot is free again) or the
-                # batch cap was reached. A job ending meanwhile wakes the drainer itself.
-                if len(jobs) < len(tokens) and len(spawned) == len(jobs):
+                # Every free slot is now taken, or the queue is empty: another round would only read that again
+                # (three more thread hops and a transaction). Unless a start failed (its slot is free again) or the
+                # batch cap stopped this round short. A job ending meanwhile wakes the drainer itself.
+                capped = len(jobs) == PROMOTE_BATCH < self.config.max_concurrent
+                if not capped and len(spawned) == len(jobs):
                     break
         return started
 

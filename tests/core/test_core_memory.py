@@ -224,3 +224,39 @@ async def test_cancel_of_a_prior_boots_job_waits_for_the_engine_and_never_frees_
     assert (ended.status, ended.error_reason) == (JobStatus.CANCELLED, "cancelled")
     assert machine.jobs[job.job_id].terminated.is_set()
     assert (await wait_terminal(new, queued.job_id)).status is JobStatus.SUCCEEDED
+
+
+async def test_a_drain_that_fills_the_free_slots_reads_the_queue_once(
+    make: Callable[..., Supervisor], nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fewer rows promoted than asked means the slots are full or the queue is empty: no second promote round.
+    A failed start frees its slot, so that drain goes on and fills it."""
+    sup = make(max_concurrent=2, attach=False)
+    sup.attach(nursery)  # no drainer task: only the drains this test runs
+    calls: list[int] = []
+    promote = sup.registry.promote_queued
+
+    async def counted(max_concurrent: int, **kwargs: object) -> list[Job]:
+        got = await promote(max_concurrent, **kwargs)  # type: ignore[arg-type]
+        calls.append(len(got))
+        return got
+
+    monkeypatch.setattr(sup.registry, "promote_queued", counted)
+    sleep_argv = sup.kinds.get("sleep").render_argv({"seconds": 60})
+    ids = [(await sup.registry.enqueue("sleep", {"i": i}, sleep_argv, coalesce_key=None)).job.job_id for i in range(3)]
+    started = await sup.drain()
+    assert [j.job_id for j in started] == ids[:2]
+    assert calls == [2]  # two slots, two rows: full, and no round that only reads that again
+
+    for job_id in ids:
+        await sup.cancel(job_id)
+    for job_id in ids:
+        await wait_terminal(sup, job_id)
+    calls.clear()
+    # A start that fails (no program for the kind) frees its slot at once: the same drain promotes again.
+    broken = await sup.registry.enqueue("no_such_program", {}, ["x"], coalesce_key=None)
+    good = [(await sup.registry.enqueue("sleep", {"j": j}, sleep_argv, coalesce_key=None)).job.job_id for j in (1, 2)]
+    started = await sup.drain()
+    assert [j.job_id for j in started] == good
+    assert (await sup.get(broken.job.job_id)).status is JobStatus.FAILED
+    assert calls == [2, 1]
