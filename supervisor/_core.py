@@ -33,7 +33,7 @@ from ._kinds import KindCatalog, coalesce_key
 from ._logging import get_logger
 from ._metrics import Metrics, Snapshot
 from ._model import Job, JobStatus
-from ._registry import Beat, EnqueueResult, NewJob, ProcessRecord, hash_token
+from ._registry import Beat, EnqueueResult, NewJob, ProcessRecord, PromoteRequest, hash_token
 from ._store import AsyncRegistry
 from ._webhook import WebhookSender
 from .execution import Evidence, Executor, ExitStatus, JobHandle, Launch, Unwatchable, create_executor
@@ -209,6 +209,15 @@ def _parse_beat(job_id: str, token: str, body: object) -> Beat:
     if stage is not None and (not isinstance(stage, str) or len(stage) > MAX_STAGE_LEN or not _is_utf8(stage)):
         raise ValidationError(f"stage must be a text of at most {MAX_STAGE_LEN} characters", field="stage")
     return Beat(job_id, token, completed, total, stage)
+
+
+@dataclass(frozen=True)
+class _Finished:
+    """A job's finalize: whether it changed the row, and the jobs promoted into its slot in the same transaction
+    (None: no promotion was tried, or it failed; [] : nothing to promote, or paused)."""
+
+    changed: bool
+    promoted: list[Job] | None
 
 
 @dataclass
@@ -499,12 +508,21 @@ class Supervisor:
         task_status.started()
         handle = running.handle
         assert handle is not None
+        drain_after = True  # unless this job's end promoted the next jobs itself
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._carry_out_cancel, running)
                 status = await self.executor.wait(handle)
                 nursery.cancel_scope.cancel()
-            await self._finish(job, status, cancelled=running.cancel.is_set())
+            tokens = self._refill_tokens()
+            finished = await self._finish(job, status, cancelled=running.cancel.is_set(), refill=tokens)
+            if finished.promoted:
+                assert tokens is not None
+                spawned = await self._start_promoted(finished.promoted, tokens)
+                capped = len(finished.promoted) == PROMOTE_BATCH < self.config.max_concurrent
+                drain_after = capped or len(spawned) < len(finished.promoted)  # more to promote, or a slot freed
+            else:
+                drain_after = finished.promoted is None  # no refill was tried (or it failed): the drainer's turn
             await self.executor.release(handle)
         except Unwatchable as exc:
             # INV-UNKNOWN-KEEPS-SLOT: the row stays RUNNING; the sweeper judges it on whatever evidence exists.
@@ -514,13 +532,31 @@ class Supervisor:
             log.exception("monitor_failed", job_id=job.job_id)
         finally:
             self._running.pop(job.job_id, None)
-            self.wake_drainer()
+            if drain_after:
+                self.wake_drainer()
 
-    async def _finish(self, job: Job, status: ExitStatus | None, *, cancelled: bool, expect: Job | None = None) -> bool:
+    def _refill_tokens(self) -> list[str] | None:
+        """Tokens for promoting into the slot a job's end frees, in its finalize transaction; None when that step
+        must stay the drainer's: an executor whose engine can be unreachable is asked first (``unavailable``)."""
+        if not self.executor.always_available:
+            return None
+        return [secrets.token_urlsafe(32) for _ in range(min(self.config.max_concurrent, PROMOTE_BATCH))]
+
+    async def _finish(
+        self,
+        job: Job,
+        status: ExitStatus | None,
+        *,
+        cancelled: bool,
+        expect: Job | None = None,
+        refill: list[str] | None = None,
+    ) -> _Finished:
         """Finalize a job whose process has ended: its true outcome, or an orphan when no exit was recorded.
 
-        ``expect``: only if the row still records the process of this (earlier) read of it.
-        True when this call changed the row (a terminal row is left alone)."""
+        ``expect``: only if the row still records the process of this (earlier) read of it. ``refill``: tokens
+        to promote queued jobs into the freed slot in the same transaction (unless paused); they are returned
+        promoted, for the caller to start. ``changed`` is True when this call changed the row (a terminal row is
+        left alone)."""
         kind = self.kinds.get(job.kind) if job.kind in self.kinds else None
 
         def decide(current: Job) -> tuple[JobStatus, str | None]:
@@ -541,19 +577,36 @@ class Supervisor:
                 failure_reasons=kind.failure_reasons if kind else {},
             )
 
-        result = await self.registry.finalize(
-            job.job_id, decide, exit_code=status.returncode if status else None, **_expecting(expect)
-        )
+        exit_code = status.returncode if status else None
+        promoted: list[Job] | None = None
+        if refill is not None and expect is None:
+            # One transaction (and thread hop) for this job's end and the next job's promotion, instead of a
+            # finalize, a drainer wake-up, a pause check and a promote (INV-PROMOTION-NEVER-OVERSHOOTS: the promote
+            # counts the running rows after this finalize, in the same transaction).
+            result, promoted = await self.registry.finalize_then_promote(
+                job.job_id,
+                decide,
+                exit_code=exit_code,
+                promote=PromoteRequest(
+                    self.config.max_concurrent,
+                    self.boot_id,
+                    [hash_token(token) for token in refill],
+                    self.log_dir,
+                ),
+                unless_exists=self.config.pause_flag_path,
+            )
+        else:
+            result = await self.registry.finalize(job.job_id, decide, exit_code=exit_code, **_expecting(expect))
         self._stall_stops.discard(job.job_id)
         if not result.changed:
-            return False
+            return _Finished(False, promoted)
         final = result.job
         self._log_transition(
             final, str(result.previous), str(final.status), final.error_reason, exit_code=final.exit_code
         )
         if final.status is JobStatus.SUCCEEDED and kind is not None and kind.then:
             await self._enqueue_follow_up(final, kind.then)
-        return True
+        return _Finished(True, promoted)
 
     async def _carry_out_cancel(self, running: _Running) -> None:
         await running.cancel.wait()
@@ -708,7 +761,7 @@ class Supervisor:
             elif decision.action == "finalize_exit":
                 assert found.exit_status is not None and found.handle is not None
                 await self.executor.collect(found.handle)
-                if await self._finish(job, found.exit_status, cancelled=False, expect=job):
+                if (await self._finish(job, found.exit_status, cancelled=False, expect=job)).changed:
                     updated += 1
                     action = str((await self.registry.get(job.job_id)).status)
                     await self.executor.release(found.handle)

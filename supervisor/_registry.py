@@ -166,6 +166,16 @@ class NewJob:
 
 
 @dataclass(frozen=True)
+class PromoteRequest:
+    """What ``promote_queued`` needs, for a promotion made in another change's transaction."""
+
+    max_concurrent: int
+    boot_id: str
+    token_hashes: Sequence[str]
+    log_dir: Path | None = None
+
+
+@dataclass(frozen=True)
 class ProcessRecord:
     """A spawned job's identity to record: pid + start time + kernel boot id, or a container id."""
 
@@ -676,35 +686,43 @@ class SqliteRegistry:
         ``boot_id`` and ``started_at`` in the same transaction, so a row promoted but not yet spawned is never
         mistaken for a prior-boot orphan (INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING).
         """
-        def change(conn: sqlite3.Connection) -> list[Job]:
-            running = conn.execute("SELECT COUNT(*) FROM jobs WHERE status = 'running'").fetchone()[0]
-            free = min(max_concurrent - running, len(token_hashes))
-            if free <= 0:
-                return []
-            rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM jobs WHERE status = 'queued' ORDER BY seq LIMIT ?", (free,)
-            ).fetchall()
-            now = self._now()
-            promoted: list[Job] = []
-            for row, token_hash in zip(rows, token_hashes, strict=False):
-                job = self._row_to_job(row)
-                log_path = str(log_dir / f"{job.job_id}.log") if log_dir is not None else None
-                fields: dict[str, Any] = {
-                    "started_at": now,
-                    "boot_id": boot_id,
-                    "token_hash": token_hash,
-                    "attempts": job.attempts + 1,
-                    "log_path": log_path,
-                    "pid": None,
-                    "pid_start_time": None,
-                    "kernel_boot_id": None,
-                    "container_id": None,
-                }
-                self._set_status(conn, job, JobStatus.RUNNING, **fields)
-                promoted.append(replace(job, status=JobStatus.RUNNING, **fields))
-            return promoted
+        return self._write(lambda conn: self._promote_in(conn, max_concurrent, boot_id, token_hashes, log_dir))
 
-        return self._write(change)
+    def _promote_in(
+        self,
+        conn: sqlite3.Connection,
+        max_concurrent: int,
+        boot_id: str,
+        token_hashes: Sequence[str],
+        log_dir: Path | None,
+    ) -> list[Job]:
+        """``promote_queued`` in the caller's transaction (INV-PROMOTION-NEVER-OVERSHOOTS: count and flips in it)."""
+        running = conn.execute("SELECT COUNT(*) FROM jobs WHERE status = 'running'").fetchone()[0]
+        free = min(max_concurrent - running, len(token_hashes))
+        if free <= 0:
+            return []
+        rows = conn.execute(
+            f"SELECT {_COLUMNS} FROM jobs WHERE status = 'queued' ORDER BY seq LIMIT ?", (free,)
+        ).fetchall()
+        now = self._now()
+        promoted: list[Job] = []
+        for row, token_hash in zip(rows, token_hashes, strict=False):
+            job = self._row_to_job(row)
+            log_path = str(log_dir / f"{job.job_id}.log") if log_dir is not None else None
+            fields: dict[str, Any] = {
+                "started_at": now,
+                "boot_id": boot_id,
+                "token_hash": token_hash,
+                "attempts": job.attempts + 1,
+                "log_path": log_path,
+                "pid": None,
+                "pid_start_time": None,
+                "kernel_boot_id": None,
+                "container_id": None,
+            }
+            self._set_status(conn, job, JobStatus.RUNNING, **fields)
+            promoted.append(replace(job, status=JobStatus.RUNNING, **fields))
+        return promoted
 
     def set_job_process(
         self,
@@ -750,34 +768,78 @@ class SqliteRegistry:
         ``expect_pid`` / ``expect_container_id``: only finalize if the row still records that pid / container
         (evidence gathered before the lock must still be about the same process).
         """
-        def change(conn: sqlite3.Connection) -> FinalizeResult:
-            job = self._get_in(conn, job_id)
-            if job.status.is_terminal:
-                return FinalizeResult(job, changed=False)
-            if expect_pid is not None and job.pid != expect_pid:
-                return FinalizeResult(job, changed=False)
-            if expect_container_id is not None and job.container_id != expect_container_id:
-                return FinalizeResult(job, changed=False)
-            final, why = status(job) if callable(status) else (status, reason)
-            if final not in TERMINAL:
-                raise ValueError(f"finalize needs a terminal status, not {final}")
-            ended_at = self._now()
-            self._set_status(conn, job, final, error_reason=why, exit_code=exit_code, ended_at=ended_at)
-            return FinalizeResult(
-                replace(
-                    job,
-                    status=final,
-                    error_reason=why,
-                    exit_code=exit_code,
-                    ended_at=ended_at,
-                    token_hash=None,
-                    queue_position=None,
-                ),
-                changed=True,
-                previous=job.status,
-            )
+        return self._write(
+            lambda conn: self._finalize_in(conn, job_id, status, reason, exit_code, expect_pid, expect_container_id)
+        )
+
+    def finalize_then_promote(
+        self,
+        job_id: str,
+        status: JobStatus | Callable[[Job], tuple[JobStatus, str | None]],
+        *,
+        exit_code: int | None = None,
+        promote: PromoteRequest | None,
+    ) -> tuple[FinalizeResult, list[Job] | None]:
+        """``finalize``, then (with ``promote``) ``promote_queued`` into the slot it freed: one transaction, one fsync.
+
+        The promotion counts the running rows after the finalize, inside the same transaction
+        (INV-PROMOTION-NEVER-OVERSHOOTS). It has its own savepoint: if it fails, only it is rolled back and the
+        answer's promoted list is None (the finalize stands; a drain promotes later).
+        """
+
+        def change(conn: sqlite3.Connection) -> tuple[FinalizeResult, list[Job] | None]:
+            result = self._finalize_in(conn, job_id, status, None, exit_code, None, None)
+            if promote is None:
+                return result, []
+            conn.execute("SAVEPOINT promote")
+            try:
+                promoted: list[Job] | None = self._promote_in(
+                    conn, promote.max_concurrent, promote.boot_id, promote.token_hashes, promote.log_dir
+                )
+            except Exception:  # the finalize must not fail for it: the caller drains instead
+                conn.execute("ROLLBACK TO promote")
+                promoted = None
+            conn.execute("RELEASE promote")
+            return result, promoted
 
         return self._write(change)
+
+    def _finalize_in(
+        self,
+        conn: sqlite3.Connection,
+        job_id: str,
+        status: JobStatus | Callable[[Job], tuple[JobStatus, str | None]],
+        reason: str | None,
+        exit_code: int | None,
+        expect_pid: int | None,
+        expect_container_id: str | None,
+    ) -> FinalizeResult:
+        """``finalize`` inside the caller's transaction: ``status`` (a ``decide``) is called in it."""
+        job = self._get_in(conn, job_id)
+        if job.status.is_terminal:
+            return FinalizeResult(job, changed=False)
+        if expect_pid is not None and job.pid != expect_pid:
+            return FinalizeResult(job, changed=False)
+        if expect_container_id is not None and job.container_id != expect_container_id:
+            return FinalizeResult(job, changed=False)
+        final, why = status(job) if callable(status) else (status, reason)
+        if final not in TERMINAL:
+            raise ValueError(f"finalize needs a terminal status, not {final}")
+        ended_at = self._now()
+        self._set_status(conn, job, final, error_reason=why, exit_code=exit_code, ended_at=ended_at)
+        return FinalizeResult(
+            replace(
+                job,
+                status=final,
+                error_reason=why,
+                exit_code=exit_code,
+                ended_at=ended_at,
+                token_hash=None,
+                queue_position=None,
+            ),
+            changed=True,
+            previous=job.status,
+        )
 
     def request_cancel(self, job_id: str) -> FinalizeResult:
         """Cancel a queued row at once; mark a running row ``cancel_requested``; leave a terminal row alone.

@@ -456,6 +456,7 @@ class SubprocessExecutor(Executor):
     """
 
     mode = "subprocess"
+    always_available = True  # the shepherd is started on demand: there is no engine to wait for
 
     def __init__(self, *, base_env: Mapping[str, str], log_dir: Path, shepherd_log: Path) -> None:
         self.python = sys.executable

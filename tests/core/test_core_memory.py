@@ -260,3 +260,29 @@ async def test_a_drain_that_fills_the_free_slots_reads_the_queue_once(
     assert [j.job_id for j in started] == good
     assert (await sup.get(broken.job.job_id)).status is JobStatus.FAILED
     assert calls == [2, 1]
+
+
+async def test_a_jobs_end_promotes_the_next_job_in_its_own_finalize_without_a_drain(
+    make: Callable[..., Supervisor], machine: MemoryExecutor, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With an executor that cannot be unreachable, a monitor promotes into the slot its job frees, in the finalize's
+    transaction, and starts that job itself; the pause flag still holds the queue (INV-PROMOTION-NEVER-OVERSHOOTS)."""
+    monkeypatch.setattr(machine, "always_available", True, raising=False)
+    sup = make(max_concurrent=1, attach=False)
+    sup.attach(nursery)  # no drainer task: the one drain below starts the first job, and nothing else drains
+    gate = sup.data_dir / "gate"
+    gated = sup.kinds.get("gated").render_argv({"gate": str(gate), "code": 0})
+    first = (await sup.registry.enqueue("gated", {}, gated, coalesce_key=None)).job.job_id
+    second = (await sup.registry.enqueue("gated", {"n": 2}, gated, coalesce_key=None)).job.job_id
+    third = (await sup.registry.enqueue("gated", {"n": 3}, gated, coalesce_key=None)).job.job_id
+    assert [j.job_id for j in await sup.drain()] == [first]
+    assert (await sup.get(second)).status is JobStatus.QUEUED  # one slot
+    await sup.pause()
+    gate.touch()  # every gated job ends as soon as it runs
+    assert (await wait_terminal(sup, first)).status is JobStatus.SUCCEEDED
+    assert (await sup.get(second)).status is JobStatus.QUEUED  # paused: the finalize promoted nothing
+    await sup.resume()  # resume drains once: second starts (one slot)
+    # second's end promotes and starts third, with no drain at all (no drainer task here).
+    assert (await wait_terminal(sup, second)).status is JobStatus.SUCCEEDED
+    assert (await wait_terminal(sup, third)).status is JobStatus.SUCCEEDED
+    assert (await sup.get(third)).attempts == 1

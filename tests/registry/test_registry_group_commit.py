@@ -17,7 +17,7 @@ import pytest
 
 from supervisor import JobNotFound, JobStatus, RegistryError, SqliteRegistry
 from supervisor._model import Job
-from supervisor._registry import _PendingWrite, hash_token
+from supervisor._registry import PromoteRequest, _PendingWrite, hash_token
 
 WAIT_S = 30.0  # a backstop for a broken test, never a timing assertion
 
@@ -236,3 +236,36 @@ def test_concurrent_writers_from_many_threads_all_commit(tmp_path: Path) -> None
     finally:
         for reg in handles:
             reg.close()
+
+
+def test_finalize_then_promote_fills_the_freed_slot_in_one_transaction_INV_PROMOTION_NEVER_OVERSHOOTS(
+    registry: SqliteRegistry,
+) -> None:
+    a, b = _running(registry, 2)
+    waiting = [registry.enqueue("k", {"q": i}, ["true"]).job.job_id for i in range(3)]
+    request = PromoteRequest(2, "b", [hash_token("x"), hash_token("y")])
+    result, promoted = registry.finalize_then_promote(a.job_id, JobStatus.SUCCEEDED, exit_code=0, promote=request)
+    assert result.changed and result.job.status is JobStatus.SUCCEEDED
+    assert promoted is not None and [j.job_id for j in promoted] == waiting[:1]  # one slot freed, one promoted
+    assert registry.counts()["running"] == 2
+    # Paused (no request): the finalize alone.
+    result, promoted = registry.finalize_then_promote(b.job_id, JobStatus.SUCCEEDED, exit_code=0, promote=None)
+    assert result.changed and promoted == []
+    assert registry.counts()["running"] == 1
+
+
+def test_a_failed_promotion_in_a_finalize_leaves_the_finalize_standing(
+    registry: SqliteRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    [job] = _running(registry, 1)
+    queued = registry.enqueue("k", {"q": 1}, ["true"]).job.job_id
+
+    def broken(*args: object) -> list[Job]:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(registry, "_promote_in", broken)
+    request = PromoteRequest(1, "b", [hash_token("x")])
+    result, promoted = registry.finalize_then_promote(job.job_id, JobStatus.FAILED, exit_code=3, promote=request)
+    assert result.changed and promoted is None
+    assert registry.get(job.job_id).status is JobStatus.FAILED
+    assert registry.get(queued).status is JobStatus.QUEUED
