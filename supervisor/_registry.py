@@ -14,6 +14,7 @@ import json
 import re
 import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -311,16 +312,45 @@ class _PendingWrite:
     error: BaseException | None = None
 
 
-_WRITE_LOCKS: dict[str, threading.Lock] = {}
-_WRITE_LOCKS_GUARD = threading.Lock()
+class _WriteQueue:
+    """This process's writers of one registry file: at most one in a transaction at a time (``busy``), and the
+    changes waiting for the next group commit (``pending``).
+
+    A writer waits on ``cond`` and is woken as soon as the transaction before it ends, or as soon as a leader has
+    committed its change for it; SQLite's busy handler would sleep and poll instead (1, 2, 5, 10 ms...) and leave
+    the write lock idle between the transactions of concurrent jobs. Unlike a bare ``threading.Lock``, a waiter
+    whose change is already committed returns at once instead of queueing for the lock behind new writers.
+    """
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.busy = False
+        self.pending: list[_PendingWrite] = []
+
+    def acquire(self, timeout_s: float) -> bool:
+        """Become this process's one writer (False after ``timeout_s``)."""
+        with self.cond:
+            if not self.cond.wait_for(lambda: not self.busy, timeout_s):
+                return False
+            self.busy = True
+            return True
+
+    def release(self) -> None:
+        with self.cond:
+            self.busy = False
+            self.cond.notify_all()
 
 
-def _process_write_lock(path: Path) -> threading.Lock:
-    """The one write lock of this process for the registry file at ``path``, shared by every handle on it (a
-    second handle on the same file, as the CLI and tests open, queues on the same lock instead of busy-sleeping)."""
+_WRITE_QUEUES: dict[str, _WriteQueue] = {}
+_WRITE_QUEUES_GUARD = threading.Lock()
+
+
+def _process_write_queue(path: Path) -> _WriteQueue:
+    """The one write queue of this process for the registry file at ``path``, shared by every handle on it (a
+    second handle on the same file, as the CLI and tests open, waits in the same queue instead of busy-sleeping)."""
     key = str(path.resolve())
-    with _WRITE_LOCKS_GUARD:
-        return _WRITE_LOCKS.setdefault(key, threading.Lock())
+    with _WRITE_QUEUES_GUARD:
+        return _WRITE_QUEUES.setdefault(key, _WriteQueue())
 
 
 class SqliteRegistry:
@@ -344,9 +374,9 @@ class SqliteRegistry:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._pool = _ConnectionPool(self.path, max_connections)
         # One writer of this process at a time (see ``_tx``); readers never take it (WAL).
-        self._write_lock = _process_write_lock(self.path)
-        self._pending_guard = threading.Lock()
-        self._pending: list[_PendingWrite] = []  # changes waiting for the next group commit (see ``_write``)
+        # One writer of this process at a time, and the group commit's queue (see ``_write``); readers never wait
+        # here (WAL).
+        self._writes = _process_write_queue(self.path)
         with self._tx() as conn:
             self._migrate(conn)
 
@@ -365,22 +395,20 @@ class SqliteRegistry:
     def _tx(self) -> Iterator[sqlite3.Connection]:
         """One write transaction under SQLite's cross-process write lock.
 
-        This process's writers first queue on ``_write_lock``: its release wakes the next writer at once, where
-        SQLite's busy handler would sleep and poll (1, 2, 5, 10 ms...) and leave the write lock idle between the
-        transactions of concurrent jobs. ``busy_timeout`` still arbitrates with other processes (a CLI, a second
-        supervisor), which never see this lock.
+        This process's writers first wait in its write queue (``_WriteQueue``), which wakes the next one at once;
+        ``busy_timeout`` still arbitrates with other processes (a CLI, a second supervisor), which never see it.
         """
-        if not self._write_lock.acquire(timeout=BUSY_TIMEOUT_MS / 1000):
+        if not self._writes.acquire(BUSY_TIMEOUT_MS / 1000):
             raise RegistryError(f"registry lock not acquired within {BUSY_TIMEOUT_MS} ms (this process's writers)")
         try:
             with self._locked_tx() as conn:
                 yield conn
         finally:
-            self._write_lock.release()
+            self._writes.release()
 
     @contextmanager
     def _locked_tx(self) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` ... ``COMMIT`` on a pooled connection; the caller holds ``_write_lock``."""
+        """``BEGIN IMMEDIATE`` ... ``COMMIT`` on a pooled connection; the caller is the write queue's writer."""
         with self._pool.borrow() as conn:
             try:
                 conn.execute("BEGIN IMMEDIATE")
@@ -404,8 +432,8 @@ class SqliteRegistry:
     def _write(self, change: Callable[[sqlite3.Connection], T]) -> T:
         """Run one change in a write transaction shared with this process's concurrent changes (group commit).
 
-        The change is queued; whichever caller holds ``_write_lock`` next (the leader) runs every queued change in
-        one ``BEGIN IMMEDIATE`` ... ``COMMIT``, each inside its own savepoint, so the jobs that end or start together
+        The change is queued; the next writer of this process (the leader) runs every queued change in one
+        ``BEGIN IMMEDIATE`` ... ``COMMIT``, each inside its own savepoint, so the jobs that end or start together
         pay one fsync instead of one each. For each change:
         - it sees the writes of the changes before it and commits with them: its checks (a promotion's count of
           running rows, a finalize's ``decide``) run inside the transaction that commits it, as with ``_tx``;
@@ -414,32 +442,42 @@ class SqliteRegistry:
           (INV-GROUP-COMMIT-ISOLATES-ERRORS); the others commit;
         - its caller returns only once the transaction holding it has committed (``synchronous = FULL``): an
           acknowledged change is durable. A failed COMMIT fails every change of the group.
+        A change may run in another caller's thread, on a connection of another handle on the same file.
         """
         item = _PendingWrite(change)
-        with self._pending_guard:
-            self._pending.append(item)
-        while not item.done:
-            if not self._write_lock.acquire(timeout=BUSY_TIMEOUT_MS / 1000):
-                with self._pending_guard:
-                    if any(p is item for p in self._pending):  # nobody took it: give up, nothing was written
-                        self._pending.remove(item)
+        queue = self._writes
+        deadline: float | None = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        with queue.cond:
+            queue.pending.append(item)
+            while not item.done and queue.busy:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    if any(p is item for p in queue.pending):  # nobody took it: give up, nothing was written
+                        queue.pending.remove(item)
                         raise RegistryError(
                             f"registry lock not acquired within {BUSY_TIMEOUT_MS} ms (this process's writers)"
                         )
-                continue  # a leader is running it: it holds the lock until that transaction ends
+                    deadline = None  # a leader is running it: its transaction ends (bounded by busy_timeout)
+                    remaining = None
+                queue.cond.wait(remaining)
+            lead = not item.done
+            if lead:
+                queue.busy = True
+        if lead:
             try:
-                if not item.done:
-                    self._run_group()
+                while not item.done:  # its own change is in the first group unless more than MAX_GROUP were queued
+                    with queue.cond:
+                        group = queue.pending[:MAX_GROUP]
+                        del queue.pending[:MAX_GROUP]
+                    self._run_group(group)
             finally:
-                self._write_lock.release()
+                queue.release()  # wakes the callers whose changes it committed, and the next leader
         if item.error is not None:
             raise item.error
         return item.result
 
-    def _run_group(self) -> None:
-        """Run the queued changes in one transaction; the caller holds ``_write_lock``."""
-        with self._pending_guard:
-            group, self._pending = self._pending[:MAX_GROUP], self._pending[MAX_GROUP:]
+    def _run_group(self, group: list[_PendingWrite]) -> None:
+        """Run ``group`` in one transaction and record each change's outcome; the caller is the queue's writer."""
         results: list[tuple[_PendingWrite, Any, BaseException | None]] = []
         try:
             with self._locked_tx() as conn:

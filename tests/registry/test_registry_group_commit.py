@@ -1,8 +1,9 @@
-"""The registry's write path within one process: the write lock and the group commit (INV-GROUP-COMMIT-ISOLATES-ERRORS).
+"""The registry's write path within one process: the write queue and the group commit
+(INV-GROUP-COMMIT-ISOLATES-ERRORS).
 
-Several changes queued while another writer holds the lock are run by the next leader in one transaction, each in
-its own savepoint. These tests hold the lock themselves to make a group deterministically: they release it only once
-the changes they started are queued (a condition they wait on, never a sleep).
+Several changes queued while another writer is in a transaction are run by the next leader in one transaction,
+each in its own savepoint. These tests take the writer's place themselves to make a group deterministically: they
+leave it only once the changes they started are queued (a condition they wait on, never a sleep).
 """
 
 from __future__ import annotations
@@ -67,23 +68,23 @@ class _Held:
         self.queue = _WatchedQueue()
 
     def hold(self) -> None:
-        self.registry._pending = self.queue
-        self.registry._write_lock.acquire()
+        self.registry._writes.pending = self.queue
+        assert self.registry._writes.acquire(WAIT_S)
 
     def wait_for(self, n: int) -> None:
         self.queue.wait_for(n)
 
     def release(self) -> None:
         """The next writer leads: every queued change, in order, in one transaction."""
-        self.registry._write_lock.release()
+        self.registry._writes.release()
 
 
 @pytest.fixture
 def held(registry: SqliteRegistry) -> Iterator[_Held]:
     h = _Held(registry)
     yield h
-    if registry._write_lock.locked():
-        held.release()
+    if registry._writes.busy:
+        registry._writes.release()
 
 
 def _running(reg: SqliteRegistry, n: int) -> list[Job]:
@@ -269,3 +270,39 @@ def test_a_failed_promotion_in_a_finalize_leaves_the_finalize_standing(
     assert result.changed and promoted is None
     assert registry.get(job.job_id).status is JobStatus.FAILED
     assert registry.get(queued).status is JobStatus.QUEUED
+
+
+def test_a_writer_that_never_gets_its_turn_gives_up_and_writes_nothing(
+    registry: SqliteRegistry, held: _Held, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bounded like SQLite's busy timeout: the change is taken back out of the queue, so no later leader runs it."""
+    [job] = _running(registry, 1)
+    monkeypatch.setattr("supervisor._registry.BUSY_TIMEOUT_MS", 20)
+    held.hold()
+    with pytest.raises(RegistryError, match="not acquired"):
+        registry.finalize(job.job_id, JobStatus.SUCCEEDED)
+    assert list(held.queue) == []
+    held.release()
+    assert registry.get(job.job_id).status is JobStatus.RUNNING
+
+
+def test_changes_of_two_handles_on_one_file_share_a_group(tmp_path: Path) -> None:
+    """Handles on the same file share this process's write queue: one leader commits both handles' changes."""
+    path = tmp_path / "jobs.sqlite3"
+    one, two = SqliteRegistry(path), SqliteRegistry(path)
+    try:
+        assert one._writes is two._writes
+        h = _Held(one)
+        h.hold()
+        first = _Call(lambda: one.enqueue("k", {"a": 1}, ["true"]))
+        h.wait_for(1)
+        second = _Call(lambda: two.enqueue("k", {"b": 2}, ["true"]))
+        h.wait_for(2)
+        h.release()
+        first.join()
+        second.join()
+        assert first.error is None and second.error is None
+        assert one.counts()["queued"] == 2
+    finally:
+        one.close()
+        two.close()
