@@ -438,8 +438,8 @@ class SqliteRegistry:
         - it sees the writes of the changes before it and commits with them: its checks (a promotion's count of
           running rows, a finalize's ``decide``) run inside the transaction that commits it, as with ``_tx``;
         - its outbox event is written by the change itself, so it commits or rolls back with its change;
-        - an error rolls back that change alone (to its savepoint) and is raised to its caller only
-          (INV-GROUP-COMMIT-ISOLATES-ERRORS); the others commit;
+        - an error rolls back that change alone (to its savepoint) and is raised to its caller only; the others
+          commit;
         - its caller returns only once the transaction holding it has committed (``synchronous = FULL``): an
           acknowledged change is durable. A failed COMMIT fails every change of the group.
         A change may run in another caller's thread, on a connection of another handle on the same file.

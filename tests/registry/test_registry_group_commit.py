@@ -1,5 +1,4 @@
-"""The registry's write path within one process: the write queue and the group commit
-(INV-GROUP-COMMIT-ISOLATES-ERRORS).
+"""The registry's write path within one process: the write queue and the group commit.
 
 Several changes queued while another writer is in a transaction are run by the next leader in one transaction,
 each in its own savepoint. These tests take the writer's place themselves to make a group deterministically: they
@@ -110,7 +109,7 @@ def _events(path: Path, job_id: str) -> list[str]:
         conn.close()
 
 
-def test_two_finalizes_share_one_transaction_and_one_failing_does_not_fail_the_other_INV_GROUP_COMMIT_ISOLATES_ERRORS(
+def test_two_finalizes_share_one_transaction_and_one_failing_does_not_fail_the_other(
     registry: SqliteRegistry, held: _Held
 ) -> None:
     ok, bad = _running(registry, 2)
