@@ -138,7 +138,6 @@ class Job:
         self.exit_file = exit_file
         self.pid_file = ""
         self.start_time: int | None = None
-        # Until the exec is confirmed (EOF on this close-on-exec pipe) or refused (the child's error on it).
         self.pid = pid
         self.pipe_fd: int | None = pipe_fd
         self.log_fd: int | None = log_fd
