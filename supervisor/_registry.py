@@ -14,11 +14,10 @@ import json
 import re
 import sqlite3
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -310,35 +309,43 @@ class _PendingWrite:
     done: bool = False
     result: Any = None
     error: BaseException | None = None
+    committed: threading.Event = field(default_factory=threading.Event)  # set once ``done``: wakes its caller only
 
 
 class _WriteQueue:
-    """This process's writers of one registry file: at most one in a transaction at a time (``busy``), and the
-    changes waiting for the next group commit (``pending``).
+    """This process's writers of one registry file: one writer at a time (``lock``), and the changes waiting for
+    the next group commit (``pending``).
 
-    A writer waits on ``cond`` and is woken as soon as the transaction before it ends, or as soon as a leader has
-    committed its change for it; SQLite's busy handler would sleep and poll instead (1, 2, 5, 10 ms...) and leave
-    the write lock idle between the transactions of concurrent jobs. Unlike a bare ``threading.Lock``, a waiter
-    whose change is already committed returns at once instead of queueing for the lock behind new writers.
+    A change's caller never waits for the lock itself: it queues its change and, if another writer holds the lock,
+    waits on its own event, set as soon as a leader has committed the change (one wake-up per change, no herd).
+    Whoever holds the lock runs what is queued before it lets go (``lead``), so a change queued while the lock was
+    held is never left behind. SQLite's busy handler would sleep and poll instead (1, 2, 5, 10 ms...) and leave the
+    write lock idle between the transactions of concurrent jobs.
     """
 
     def __init__(self) -> None:
-        self.cond = threading.Condition()
-        self.busy = False
+        self.lock = threading.Lock()
+        self.guard = threading.Lock()
         self.pending: list[_PendingWrite] = []
 
-    def acquire(self, timeout_s: float) -> bool:
-        """Become this process's one writer (False after ``timeout_s``)."""
-        with self.cond:
-            if not self.cond.wait_for(lambda: not self.busy, timeout_s):
-                return False
-            self.busy = True
-            return True
+    def take(self) -> list[_PendingWrite]:
+        with self.guard:
+            group = self.pending[:MAX_GROUP]
+            del self.pending[:MAX_GROUP]
+            return group
 
-    def release(self) -> None:
-        with self.cond:
-            self.busy = False
-            self.cond.notify_all()
+    def has_pending(self) -> bool:
+        with self.guard:
+            return bool(self.pending)
+
+    def withdraw(self, item: _PendingWrite) -> bool:
+        """Take a change back out of the queue; False when a leader already took it (it is being run)."""
+        with self.guard:
+            for i, queued in enumerate(self.pending):
+                if queued is item:
+                    del self.pending[i]
+                    return True
+            return False
 
 
 _WRITE_QUEUES: dict[str, _WriteQueue] = {}
@@ -395,20 +402,21 @@ class SqliteRegistry:
     def _tx(self) -> Iterator[sqlite3.Connection]:
         """One write transaction under SQLite's cross-process write lock.
 
-        This process's writers first wait in its write queue (``_WriteQueue``), which wakes the next one at once;
+        This process's writers first take its write lock (``_WriteQueue``), which wakes the next one at once;
         ``busy_timeout`` still arbitrates with other processes (a CLI, a second supervisor), which never see it.
         """
-        if not self._writes.acquire(BUSY_TIMEOUT_MS / 1000):
+        if not self._writes.lock.acquire(timeout=BUSY_TIMEOUT_MS / 1000):
             raise RegistryError(f"registry lock not acquired within {BUSY_TIMEOUT_MS} ms (this process's writers)")
         try:
             with self._locked_tx() as conn:
                 yield conn
         finally:
-            self._writes.release()
+            self._writes.lock.release()
+            self._lead()  # group changes queued meanwhile: their callers wait for a leader, not for the lock
 
     @contextmanager
     def _locked_tx(self) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` ... ``COMMIT`` on a pooled connection; the caller is the write queue's writer."""
+        """``BEGIN IMMEDIATE`` ... ``COMMIT`` on a pooled connection; the caller holds the write lock."""
         with self._pool.borrow() as conn:
             try:
                 conn.execute("BEGIN IMMEDIATE")
@@ -446,38 +454,30 @@ class SqliteRegistry:
         """
         item = _PendingWrite(change)
         queue = self._writes
-        deadline: float | None = time.monotonic() + BUSY_TIMEOUT_MS / 1000
-        with queue.cond:
+        with queue.guard:
             queue.pending.append(item)
-            while not item.done and queue.busy:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    if any(p is item for p in queue.pending):  # nobody took it: give up, nothing was written
-                        queue.pending.remove(item)
-                        raise RegistryError(
-                            f"registry lock not acquired within {BUSY_TIMEOUT_MS} ms (this process's writers)"
-                        )
-                    deadline = None  # a leader is running it: its transaction ends (bounded by busy_timeout)
-                    remaining = None
-                queue.cond.wait(remaining)
-            lead = not item.done
-            if lead:
-                queue.busy = True
-        if lead:
-            try:
-                while not item.done:  # its own change is in the first group unless more than MAX_GROUP were queued
-                    with queue.cond:
-                        group = queue.pending[:MAX_GROUP]
-                        del queue.pending[:MAX_GROUP]
-                    self._run_group(group)
-            finally:
-                queue.release()  # wakes the callers whose changes it committed, and the next leader
+        self._lead()
+        if not item.committed.wait(BUSY_TIMEOUT_MS / 1000):
+            if queue.withdraw(item):  # no leader took it in time: give up, nothing was written
+                raise RegistryError(f"registry lock not acquired within {BUSY_TIMEOUT_MS} ms (this process's writers)")
+            item.committed.wait()  # a leader is running it: its transaction ends (bounded by busy_timeout)
         if item.error is not None:
             raise item.error
         return item.result
 
+    def _lead(self) -> None:
+        """If no writer of this process holds the lock, take it and commit every queued change, group by group;
+        look again after letting go (a change queued just before is otherwise left without a leader)."""
+        queue = self._writes
+        while queue.has_pending() and queue.lock.acquire(blocking=False):
+            try:
+                while group := queue.take():
+                    self._run_group(group)
+            finally:
+                queue.lock.release()
+
     def _run_group(self, group: list[_PendingWrite]) -> None:
-        """Run ``group`` in one transaction and record each change's outcome; the caller is the queue's writer."""
+        """Run ``group`` in one transaction and record each change's outcome; the caller holds the write lock."""
         results: list[tuple[_PendingWrite, Any, BaseException | None]] = []
         try:
             with self._locked_tx() as conn:
@@ -500,11 +500,13 @@ class SqliteRegistry:
             for item in group:  # each caller gets its own exception object (raised in its own thread)
                 item.error, item.done = RegistryError(why), True
                 item.error.__cause__ = exc
+                item.committed.set()
             if not isinstance(exc, Exception):
                 raise
             return
         for item, result, error in results:
             item.result, item.error, item.done = result, error, True
+            item.committed.set()
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._pool.borrow() as conn:

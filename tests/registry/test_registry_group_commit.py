@@ -68,22 +68,23 @@ class _Held:
 
     def hold(self) -> None:
         self.registry._writes.pending = self.queue
-        assert self.registry._writes.acquire(WAIT_S)
+        assert self.registry._writes.lock.acquire(timeout=WAIT_S)
 
     def wait_for(self, n: int) -> None:
         self.queue.wait_for(n)
 
     def release(self) -> None:
-        """The next writer leads: every queued change, in order, in one transaction."""
-        self.registry._writes.release()
+        """Let go of the lock and lead, as every writer does: every queued change, in order, in one transaction."""
+        self.registry._writes.lock.release()
+        self.registry._lead()
 
 
 @pytest.fixture
 def held(registry: SqliteRegistry) -> Iterator[_Held]:
     h = _Held(registry)
     yield h
-    if registry._writes.busy:
-        registry._writes.release()
+    if registry._writes.lock.locked():
+        registry._writes.lock.release()
 
 
 def _running(reg: SqliteRegistry, n: int) -> list[Job]:
