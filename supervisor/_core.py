@@ -256,6 +256,8 @@ class Supervisor:
         self._running: dict[str, _Running] = {}
         self._drain_lock = trio.Lock()
         self._drain_wanted = trio.Event()
+        self._full_drain_wanted = False  # a wake that needs a promote round, not only the start of handed-off jobs
+        self._handed_off: list[tuple[Job, str]] = []  # promoted by a job's finalize, for the drainer to start
         self._drain_held = False
         self._log_dir_made = False
         self._job_nursery: trio.Nursery | None = None
@@ -350,6 +352,7 @@ class Supervisor:
 
     def wake_drainer(self) -> None:
         """Ask the drainer for a drain soon; many wakes before it runs make one drain."""
+        self._full_drain_wanted = True
         self._drain_wanted.set()
 
     async def run_drainer(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -358,24 +361,33 @@ class Supervisor:
         while True:
             await self._drain_wanted.wait()
             self._drain_wanted = trio.Event()
-            await self._drain_logged()
+            full, self._full_drain_wanted = self._full_drain_wanted, False
+            await self._drain_logged(full=full)
 
     async def is_paused(self) -> bool:
         return await trio.to_thread.run_sync(self.config.pause_flag_path.exists)
 
-    async def drain(self) -> list[Job]:
+    async def drain(self, *, full: bool = True) -> list[Job]:
         """Promote and spawn while a slot is free and promotion is not paused.
 
         Contract: when drain returns, every promotable job has been spawned and its identity recorded, and no
         job has been waited for (each one's monitor runs in the job nursery). Free slots are filled in one
         transaction, and their jobs started together. While the executor cannot start jobs at all (its engine is
         unreachable), nothing is promoted: the queue waits instead of failing every job it would have started.
+        Jobs that a job's end promoted in its own finalize (handed off by its monitor) are started first, together;
+        ``full=False`` (the drainer woken only for those) skips the promote round unless a start failed.
         """
         if self._job_nursery is None:
             raise SupervisorError("drain needs a job nursery: call attach() first")
         started: list[Job] = []
         async with self._drain_lock:
-            while not await self.is_paused():
+            if self._handed_off:
+                handed, self._handed_off = self._handed_off, []
+                jobs = [job for job, _ in handed]
+                spawned = await self._start_promoted(jobs, [token for _, token in handed])
+                started.extend(spawned)
+                full = full or len(spawned) < len(jobs)  # a failed start freed its slot
+            while full and not await self.is_paused():
                 if not await self._executor_ready():
                     break
                 tokens = [secrets.token_urlsafe(32) for _ in range(min(self.config.max_concurrent, PROMOTE_BATCH))]
@@ -419,7 +431,7 @@ class Supervisor:
 
         for job in jobs:
             self._log_transition(job, "queued", "running", "promoted")
-            self._running[job.job_id] = _Running(job.job_id)
+            self._running.setdefault(job.job_id, _Running(job.job_id))  # a handed-off job's entry may hold a cancel
         watched: set[str] = set()
         try:
             async with trio.open_nursery() as starts:
@@ -518,9 +530,13 @@ class Supervisor:
             finished = await self._finish(job, status, cancelled=running.cancel.is_set(), refill=tokens)
             if finished.promoted:
                 assert tokens is not None
-                spawned = await self._start_promoted(finished.promoted, tokens)
-                capped = len(finished.promoted) == PROMOTE_BATCH < self.config.max_concurrent
-                drain_after = capped or len(spawned) < len(finished.promoted)  # more to promote, or a slot freed
+                # Promoted in this job's finalize; started by the drainer, which starts every job handed to it since
+                # its last pass together (one identity transaction for all) and skips its own promote round.
+                for promoted, token in zip(finished.promoted, tokens, strict=False):
+                    self._running.setdefault(promoted.job_id, _Running(promoted.job_id))  # a cancel finds it now
+                    self._handed_off.append((promoted, token))
+                drain_after = len(finished.promoted) == PROMOTE_BATCH < self.config.max_concurrent  # more may wait
+                self._drain_wanted.set()
             else:
                 drain_after = finished.promoted is None  # no refill was tried (or it failed): the drainer's turn
             await self.executor.release(handle)
@@ -657,9 +673,9 @@ class Supervisor:
             coalesced=result.coalesced,
         )
 
-    async def _drain_logged(self) -> None:
+    async def _drain_logged(self, *, full: bool = True) -> None:
         try:
-            await self.drain()
+            await (self.drain() if full else self.drain(full=False))
         except SupervisorError:
             log.exception("drain_failed")
 

@@ -262,11 +262,12 @@ async def test_a_drain_that_fills_the_free_slots_reads_the_queue_once(
     assert calls == [2, 1]
 
 
-async def test_a_jobs_end_promotes_the_next_job_in_its_own_finalize_without_a_drain(
+async def test_a_jobs_end_promotes_the_next_job_in_its_own_finalize_and_the_drainer_only_starts_it(
     make: Callable[..., Supervisor], machine: MemoryExecutor, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With an executor that cannot be unreachable, a monitor promotes into the slot its job frees, in the finalize's
-    transaction, and starts that job itself; the pause flag still holds the queue (INV-PROMOTION-NEVER-OVERSHOOTS)."""
+    transaction, and hands the job to the drainer to start; the pause flag still holds the queue
+    (INV-PROMOTION-NEVER-OVERSHOOTS)."""
     monkeypatch.setattr(machine, "always_available", True, raising=False)
     sup = make(max_concurrent=1, attach=False)
     sup.attach(nursery)  # no drainer task: the one drain below starts the first job, and nothing else drains
@@ -282,7 +283,33 @@ async def test_a_jobs_end_promotes_the_next_job_in_its_own_finalize_without_a_dr
     assert (await wait_terminal(sup, first)).status is JobStatus.SUCCEEDED
     assert (await sup.get(second)).status is JobStatus.QUEUED  # paused: the finalize promoted nothing
     await sup.resume()  # resume drains once: second starts (one slot)
-    # second's end promotes and starts third, with no drain at all (no drainer task here).
-    assert (await wait_terminal(sup, second)).status is JobStatus.SUCCEEDED
+    rounds: list[int] = []
+    promote = sup.registry.promote_queued
+
+    async def counted(max_concurrent: int, **kwargs: object) -> list[Job]:
+        got = await promote(max_concurrent, **kwargs)  # type: ignore[arg-type]
+        rounds.append(len(got))
+        return got
+
+    monkeypatch.setattr(sup.registry, "promote_queued", counted)
+
+    async def handed_off() -> list[tuple[Job, str]] | None:
+        return sup._handed_off or None
+
+    # second's end promotes third in its finalize and hands it to the drainer (there is none here: nothing starts it).
+    [(promoted, _)] = await poll(handed_off)
+    assert promoted.job_id == third
+    row = await sup.get(third)
+    assert row.status is JobStatus.RUNNING and not row.spawned and row.attempts == 1
+    assert (await sup.get(second)).status is JobStatus.SUCCEEDED
+    started = await sup.drain(full=False)  # what the drainer does when only woken for handed-off jobs
+    assert [j.job_id for j in started] == [third]
+    assert rounds == []  # no promote round: the finalize did it
     assert (await wait_terminal(sup, third)).status is JobStatus.SUCCEEDED
-    assert (await sup.get(third)).attempts == 1
+    # third's end promoted the follow-up its kind enqueued earlier (``then``); pause so that its own end hands off
+    # nothing more, and start it the same way.
+    await sup.pause()
+    [(follow_up, _)] = await poll(handed_off)
+    assert [j.job_id for j in await sup.drain(full=False)] == [follow_up.job_id]
+    assert (await wait_terminal(sup, follow_up.job_id)).status is JobStatus.SUCCEEDED
+    assert rounds == []
