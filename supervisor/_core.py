@@ -526,17 +526,11 @@ class Supervisor:
                 nursery.start_soon(self._carry_out_cancel, running)
                 status = await self.executor.wait(handle)
                 nursery.cancel_scope.cancel()
-            tokens = self._refill_tokens()
-            finished = await self._finish(job, status, cancelled=running.cancel.is_set(), refill=tokens)
-            if finished.promoted:
-                assert tokens is not None
-                # Promoted in this job's finalize; started by the drainer, which starts every job handed to it since
-                # its last pass together (one identity transaction for all) and skips its own promote round.
-                for promoted, token in zip(finished.promoted, tokens, strict=False):
-                    self._running.setdefault(promoted.job_id, _Running(promoted.job_id))  # a cancel finds it now
-                    self._handed_off.append((promoted, token))
-                drain_after = len(finished.promoted) == PROMOTE_BATCH < self.config.max_concurrent  # more may wait
-                self._drain_wanted.set()
+            finished = await self._finish(
+                job, status, cancelled=running.cancel.is_set(), refill=self._refill_tokens()
+            )
+            if finished.promoted:  # handed to the drainer by _finish; a full drain only if the batch cap bound
+                drain_after = len(finished.promoted) == PROMOTE_BATCH < self.config.max_concurrent
             else:
                 drain_after = finished.promoted is None  # no refill was tried (or it failed): the drainer's turn
             await self.executor.release(handle)
@@ -570,9 +564,9 @@ class Supervisor:
         """Finalize a job whose process has ended: its true outcome, or an orphan when no exit was recorded.
 
         ``expect``: only if the row still records the process of this (earlier) read of it. ``refill``: tokens
-        to promote queued jobs into the freed slot in the same transaction (unless paused); they are returned
-        promoted, for the caller to start. ``changed`` is True when this call changed the row (a terminal row is
-        left alone)."""
+        to promote queued jobs into the freed slot in the same transaction (unless paused); the promoted jobs are
+        handed to the drainer to start, and returned. ``changed`` is True when this call changed the row (a
+        terminal row is left alone)."""
         kind = self.kinds.get(job.kind) if job.kind in self.kinds else None
 
         def decide(current: Job) -> tuple[JobStatus, str | None]:
@@ -611,6 +605,14 @@ class Supervisor:
                 ),
                 unless_exists=self.config.pause_flag_path,
             )
+            # Hand what it promoted to the drainer before any other await: from now on a cancel finds the job's
+            # entry (as in the drain's own spawn window), and the drainer starts every job handed to it since its
+            # last pass together (one identity transaction for all), skipping its own promote round.
+            for promoted_job, token in zip(promoted or [], refill, strict=False):
+                self._running.setdefault(promoted_job.job_id, _Running(promoted_job.job_id))
+                self._handed_off.append((promoted_job, token))
+            if promoted:
+                self._drain_wanted.set()
         else:
             result = await self.registry.finalize(job.job_id, decide, exit_code=exit_code, **_expecting(expect))
         self._stall_stops.discard(job.job_id)
