@@ -270,8 +270,8 @@ class Shepherd:
         try:
             # posix_spawn (vfork + exec in glibc): no copy of this process's page tables and no copy-on-write
             # faults, where fork() was most of the shepherd's time per job. The child is a POSIX shell that waits
-            # on the gate, then becomes the job's program by exec (same pid, same start time): INV-IDENTITY-BEFORE-
-            # PROGRAM, the .pid file exists before the program runs.
+            # on the gate, then becomes the job's program by exec (same pid, same start time).
+            # INV-IDENTITY-BEFORE-PROGRAM: the .pid file exists before the program runs.
             pid = os.posix_spawn(
                 GATE_SHELL,
                 [GATE_SHELL, "-c", GATE_SCRIPT, "podcast-job-gate", cwd, *argv],
