@@ -33,7 +33,7 @@ from ._kinds import KindCatalog, coalesce_key
 from ._logging import get_logger
 from ._metrics import Metrics, Snapshot
 from ._model import Job, JobStatus
-from ._registry import Beat, EnqueueResult, NewJob, ProcessRecord, hash_token
+from ._registry import Beat, EnqueueResult, NewJob, ProcessRecord, PromoteRequest, hash_token
 from ._store import AsyncRegistry
 from ._webhook import WebhookSender
 from .execution import Evidence, Executor, ExitStatus, JobHandle, Launch, Unwatchable, create_executor
@@ -211,6 +211,15 @@ def _parse_beat(job_id: str, token: str, body: object) -> Beat:
     return Beat(job_id, token, completed, total, stage)
 
 
+@dataclass(frozen=True)
+class _Finished:
+    """A job's finalize: whether it changed the row, and the jobs promoted into its slot in the same transaction
+    (None: no promotion was tried, or it failed; [] : nothing to promote, or paused)."""
+
+    changed: bool
+    promoted: list[Job] | None
+
+
 @dataclass
 class _Running:
     """A job this boot watches (one it started, or one it adopted): set ``cancel`` to stop it.
@@ -247,7 +256,10 @@ class Supervisor:
         self._running: dict[str, _Running] = {}
         self._drain_lock = trio.Lock()
         self._drain_wanted = trio.Event()
+        self._full_drain_wanted = False  # a wake that needs a promote round, not only the start of handed-off jobs
+        self._handed_off: list[tuple[Job, str]] = []  # promoted by a job's finalize, for the drainer to start
         self._drain_held = False
+        self._log_dir_made = False
         self._job_nursery: trio.Nursery | None = None
         # Resolved once, so that jobs' cwd and log paths stay put whatever the supervisor's cwd does later.
         self.data_dir = config.data_dir.resolve()
@@ -340,6 +352,7 @@ class Supervisor:
 
     def wake_drainer(self) -> None:
         """Ask the drainer for a drain soon; many wakes before it runs make one drain."""
+        self._full_drain_wanted = True
         self._drain_wanted.set()
 
     async def run_drainer(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -348,24 +361,33 @@ class Supervisor:
         while True:
             await self._drain_wanted.wait()
             self._drain_wanted = trio.Event()
-            await self._drain_logged()
+            full, self._full_drain_wanted = self._full_drain_wanted, False
+            await self._drain_logged(full=full)
 
     async def is_paused(self) -> bool:
         return await trio.to_thread.run_sync(self.config.pause_flag_path.exists)
 
-    async def drain(self) -> list[Job]:
+    async def drain(self, *, full: bool = True) -> list[Job]:
         """Promote and spawn while a slot is free and promotion is not paused.
 
         Contract: when drain returns, every promotable job has been spawned and its identity recorded, and no
         job has been waited for (each one's monitor runs in the job nursery). Free slots are filled in one
         transaction, and their jobs started together. While the executor cannot start jobs at all (its engine is
         unreachable), nothing is promoted: the queue waits instead of failing every job it would have started.
+        Jobs that a job's end promoted in its own finalize (handed off by its monitor) are started first, together;
+        ``full=False`` (the drainer woken only for those) skips the promote round unless a start failed.
         """
         if self._job_nursery is None:
             raise SupervisorError("drain needs a job nursery: call attach() first")
         started: list[Job] = []
         async with self._drain_lock:
-            while not await self.is_paused():
+            if self._handed_off:
+                handed, self._handed_off = self._handed_off, []
+                jobs = [job for job, _ in handed]
+                spawned = await self._start_promoted(jobs, [token for _, token in handed])
+                started.extend(spawned)
+                full = full or len(spawned) < len(jobs)  # a failed start freed its slot
+            while full and not await self.is_paused():
                 if not await self._executor_ready():
                     break
                 tokens = [secrets.token_urlsafe(32) for _ in range(min(self.config.max_concurrent, PROMOTE_BATCH))]
@@ -377,7 +399,14 @@ class Supervisor:
                 )
                 if not jobs:
                     break
-                started.extend(await self._start_promoted(jobs, tokens))
+                spawned = await self._start_promoted(jobs, tokens)
+                started.extend(spawned)
+                # Every free slot is now taken, or the queue is empty: another round would only read that again
+                # (three more thread hops and a transaction). Unless a start failed (its slot is free again) or the
+                # batch cap stopped this round short. A job ending meanwhile wakes the drainer itself.
+                capped = len(jobs) == PROMOTE_BATCH < self.config.max_concurrent
+                if not capped and len(spawned) == len(jobs):
+                    break
         return started
 
     async def _executor_ready(self) -> bool:
@@ -402,7 +431,7 @@ class Supervisor:
 
         for job in jobs:
             self._log_transition(job, "queued", "running", "promoted")
-            self._running[job.job_id] = _Running(job.job_id)
+            self._running.setdefault(job.job_id, _Running(job.job_id))  # a handed-off job's entry may hold a cancel
         watched: set[str] = set()
         try:
             async with trio.open_nursery() as starts:
@@ -459,10 +488,12 @@ class Supervisor:
         }
         if self.heartbeat_base_url is not None:
             env["PODCAST_JOB_HEARTBEAT_URL"] = f"{self.heartbeat_base_url}/api/jobs/{job.job_id}/heartbeat"
-        try:
-            await trio.to_thread.run_sync(lambda: self.log_dir.mkdir(parents=True, exist_ok=True))
-        except OSError as exc:
-            raise SpawnError(f"cannot create the job log directory {self.log_dir}: {exc.strerror or exc}") from exc
+        if not self._log_dir_made:  # once, not a thread hop per start; again after any failed start
+            try:
+                await trio.to_thread.run_sync(lambda: self.log_dir.mkdir(parents=True, exist_ok=True))
+            except OSError as exc:
+                raise SpawnError(f"cannot create the job log directory {self.log_dir}: {exc.strerror or exc}") from exc
+            self._log_dir_made = True
         launch = Launch(
             job_id=job.job_id,
             kind=job.kind,
@@ -473,7 +504,11 @@ class Supervisor:
             log=Path(job.log_path),
             log_max_bytes=self.config.log_max_bytes,
         )
-        return await self.executor.start(launch)
+        try:
+            return await self.executor.start(launch)
+        except BaseException:
+            self._log_dir_made = False  # the directory may be what is missing (removed under a running supervisor)
+            raise
 
     # -- the monitor --------------------------------------------------------------------------------
 
@@ -485,12 +520,19 @@ class Supervisor:
         task_status.started()
         handle = running.handle
         assert handle is not None
+        drain_after = True  # unless this job's end promoted the next jobs itself
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._carry_out_cancel, running)
                 status = await self.executor.wait(handle)
                 nursery.cancel_scope.cancel()
-            await self._finish(job, status, cancelled=running.cancel.is_set())
+            finished = await self._finish(
+                job, status, cancelled=running.cancel.is_set(), refill=self._refill_tokens()
+            )
+            if finished.promoted:  # handed to the drainer by _finish; a full drain only if the batch cap bound
+                drain_after = len(finished.promoted) == PROMOTE_BATCH < self.config.max_concurrent
+            else:
+                drain_after = finished.promoted is None  # no refill was tried (or it failed): the drainer's turn
             await self.executor.release(handle)
         except Unwatchable as exc:
             # INV-UNKNOWN-KEEPS-SLOT: the row stays RUNNING; the sweeper judges it on whatever evidence exists.
@@ -500,13 +542,31 @@ class Supervisor:
             log.exception("monitor_failed", job_id=job.job_id)
         finally:
             self._running.pop(job.job_id, None)
-            self.wake_drainer()
+            if drain_after:
+                self.wake_drainer()
 
-    async def _finish(self, job: Job, status: ExitStatus | None, *, cancelled: bool, expect: Job | None = None) -> bool:
+    def _refill_tokens(self) -> list[str] | None:
+        """Tokens for promoting into the slot a job's end frees, in its finalize transaction; None when that step
+        must stay the drainer's: an executor whose engine can be unreachable is asked first (``unavailable``)."""
+        if not self.executor.always_available:
+            return None
+        return [secrets.token_urlsafe(32) for _ in range(min(self.config.max_concurrent, PROMOTE_BATCH))]
+
+    async def _finish(
+        self,
+        job: Job,
+        status: ExitStatus | None,
+        *,
+        cancelled: bool,
+        expect: Job | None = None,
+        refill: list[str] | None = None,
+    ) -> _Finished:
         """Finalize a job whose process has ended: its true outcome, or an orphan when no exit was recorded.
 
-        ``expect``: only if the row still records the process of this (earlier) read of it.
-        True when this call changed the row (a terminal row is left alone)."""
+        ``expect``: only if the row still records the process of this (earlier) read of it. ``refill``: tokens
+        to promote queued jobs into the freed slot in the same transaction (unless paused); the promoted jobs are
+        handed to the drainer to start, and returned. ``changed`` is True when this call changed the row (a
+        terminal row is left alone)."""
         kind = self.kinds.get(job.kind) if job.kind in self.kinds else None
 
         def decide(current: Job) -> tuple[JobStatus, str | None]:
@@ -527,19 +587,44 @@ class Supervisor:
                 failure_reasons=kind.failure_reasons if kind else {},
             )
 
-        result = await self.registry.finalize(
-            job.job_id, decide, exit_code=status.returncode if status else None, **_expecting(expect)
-        )
+        exit_code = status.returncode if status else None
+        promoted: list[Job] | None = None
+        if refill is not None and expect is None:
+            # One transaction (and thread hop) for this job's end and the next job's promotion, instead of a
+            # finalize, a drainer wake-up, a pause check and a promote (INV-PROMOTION-NEVER-OVERSHOOTS: the promote
+            # counts the running rows after this finalize, in the same transaction).
+            result, promoted = await self.registry.finalize_then_promote(
+                job.job_id,
+                decide,
+                exit_code=exit_code,
+                promote=PromoteRequest(
+                    self.config.max_concurrent,
+                    self.boot_id,
+                    [hash_token(token) for token in refill],
+                    self.log_dir,
+                ),
+                unless_exists=self.config.pause_flag_path,
+            )
+            # Hand what it promoted to the drainer before any other await: from now on a cancel finds the job's
+            # entry (as in the drain's own spawn window), and the drainer starts every job handed to it since its
+            # last pass together (one identity transaction for all), skipping its own promote round.
+            for promoted_job, token in zip(promoted or [], refill, strict=False):
+                self._running.setdefault(promoted_job.job_id, _Running(promoted_job.job_id))
+                self._handed_off.append((promoted_job, token))
+            if promoted:
+                self._drain_wanted.set()
+        else:
+            result = await self.registry.finalize(job.job_id, decide, exit_code=exit_code, **_expecting(expect))
         self._stall_stops.discard(job.job_id)
         if not result.changed:
-            return False
+            return _Finished(False, promoted)
         final = result.job
         self._log_transition(
             final, str(result.previous), str(final.status), final.error_reason, exit_code=final.exit_code
         )
         if final.status is JobStatus.SUCCEEDED and kind is not None and kind.then:
             await self._enqueue_follow_up(final, kind.then)
-        return True
+        return _Finished(True, promoted)
 
     async def _carry_out_cancel(self, running: _Running) -> None:
         await running.cancel.wait()
@@ -590,9 +675,9 @@ class Supervisor:
             coalesced=result.coalesced,
         )
 
-    async def _drain_logged(self) -> None:
+    async def _drain_logged(self, *, full: bool = True) -> None:
         try:
-            await self.drain()
+            await (self.drain() if full else self.drain(full=False))
         except SupervisorError:
             log.exception("drain_failed")
 
@@ -694,7 +779,7 @@ class Supervisor:
             elif decision.action == "finalize_exit":
                 assert found.exit_status is not None and found.handle is not None
                 await self.executor.collect(found.handle)
-                if await self._finish(job, found.exit_status, cancelled=False, expect=job):
+                if (await self._finish(job, found.exit_status, cancelled=False, expect=job)).changed:
                     updated += 1
                     action = str((await self.registry.get(job.job_id)).status)
                     await self.executor.release(found.handle)

@@ -17,10 +17,10 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ._errors import Conflict, JobNotFound, RegistryError, RequestError, Unauthorized, ValidationError
 from ._model import TERMINAL, Job, JobStatus, check_transition
@@ -31,6 +31,10 @@ MAX_LIST_LIMIT = 1000
 CURSOR_PATTERN = re.compile(r"[0-9]{1,18}")  # what next_cursor ever holds; the OpenAPI document says the same
 # WAL lets readers run beside the one writer; a few connections serve every thread that calls the registry.
 DEFAULT_CONNECTIONS = 4
+# At most this many concurrent changes share one group commit (bounds one transaction's length).
+MAX_GROUP = 64
+
+T = TypeVar("T")
 
 # Migrations, in order; MIGRATIONS[n] takes the schema from version n to n + 1.
 MIGRATIONS: list[str] = [
@@ -162,6 +166,16 @@ class NewJob:
 
 
 @dataclass(frozen=True)
+class PromoteRequest:
+    """What ``promote_queued`` needs, for a promotion made in another change's transaction."""
+
+    max_concurrent: int
+    boot_id: str
+    token_hashes: Sequence[str]
+    log_dir: Path | None = None
+
+
+@dataclass(frozen=True)
 class ProcessRecord:
     """A spawned job's identity to record: pid + start time + kernel boot id, or a container id."""
 
@@ -287,6 +301,65 @@ class _ConnectionPool:
             self._cond.notify_all()
 
 
+@dataclass(eq=False)
+class _PendingWrite:
+    """One change waiting for a group commit, and its outcome once the transaction holding it has ended."""
+
+    change: Callable[[sqlite3.Connection], Any]
+    done: bool = False
+    result: Any = None
+    error: BaseException | None = None
+    committed: threading.Event = field(default_factory=threading.Event)  # set once ``done``: wakes its caller only
+
+
+class _WriteQueue:
+    """This process's writers of one registry file: one writer at a time (``lock``), and the changes waiting for
+    the next group commit (``pending``).
+
+    A change's caller never waits for the lock itself: it queues its change and, if another writer holds the lock,
+    waits on its own event, set as soon as a leader has committed the change (one wake-up per change, no herd).
+    Whoever holds the lock runs what is queued before it lets go (``lead``), so a change queued while the lock was
+    held is never left behind. SQLite's busy handler would sleep and poll instead (1, 2, 5, 10 ms...) and leave the
+    write lock idle between the transactions of concurrent jobs.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.guard = threading.Lock()
+        self.pending: list[_PendingWrite] = []
+
+    def take(self) -> list[_PendingWrite]:
+        with self.guard:
+            group = self.pending[:MAX_GROUP]
+            del self.pending[:MAX_GROUP]
+            return group
+
+    def has_pending(self) -> bool:
+        with self.guard:
+            return bool(self.pending)
+
+    def withdraw(self, item: _PendingWrite) -> bool:
+        """Take a change back out of the queue; False when a leader already took it (it is being run)."""
+        with self.guard:
+            for i, queued in enumerate(self.pending):
+                if queued is item:
+                    del self.pending[i]
+                    return True
+            return False
+
+
+_WRITE_QUEUES: dict[str, _WriteQueue] = {}
+_WRITE_QUEUES_GUARD = threading.Lock()
+
+
+def _process_write_queue(path: Path) -> _WriteQueue:
+    """The one write queue of this process for the registry file at ``path``, shared by every handle on it (a
+    second handle on the same file, as the CLI and tests open, waits in the same queue instead of busy-sleeping)."""
+    key = str(path.resolve())
+    with _WRITE_QUEUES_GUARD:
+        return _WRITE_QUEUES.setdefault(key, _WriteQueue())
+
+
 class SqliteRegistry:
     """Job rows in one SQLite file (WAL mode). Safe to use from many threads and many processes.
 
@@ -307,6 +380,10 @@ class SqliteRegistry:
         self.outbox_enabled = True
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._pool = _ConnectionPool(self.path, max_connections)
+        # One writer of this process at a time (see ``_tx``); readers never take it (WAL).
+        # One writer of this process at a time, and the group commit's queue (see ``_write``); readers never wait
+        # here (WAL).
+        self._writes = _process_write_queue(self.path)
         with self._tx() as conn:
             self._migrate(conn)
 
@@ -323,7 +400,23 @@ class SqliteRegistry:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction under SQLite's cross-process write lock."""
+        """One write transaction under SQLite's cross-process write lock.
+
+        This process's writers first take its write lock (``_WriteQueue``), which wakes the next one at once;
+        ``busy_timeout`` still arbitrates with other processes (a CLI, a second supervisor), which never see it.
+        """
+        if not self._writes.lock.acquire(timeout=BUSY_TIMEOUT_MS / 1000):
+            raise RegistryError(f"registry lock not acquired within {BUSY_TIMEOUT_MS} ms (this process's writers)")
+        try:
+            with self._locked_tx() as conn:
+                yield conn
+        finally:
+            self._writes.lock.release()
+            self._lead()  # group changes queued meanwhile: their callers wait for a leader, not for the lock
+
+    @contextmanager
+    def _locked_tx(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT`` on a pooled connection; the caller holds the write lock."""
         with self._pool.borrow() as conn:
             try:
                 conn.execute("BEGIN IMMEDIATE")
@@ -343,6 +436,77 @@ class SqliteRegistry:
                 except sqlite3.Error as exc:
                     _rollback(conn)
                     raise RegistryError(f"registry commit failed: {exc}") from exc
+
+    def _write(self, change: Callable[[sqlite3.Connection], T]) -> T:
+        """Run one change in a write transaction shared with this process's concurrent changes (group commit).
+
+        The change is queued; the next writer of this process (the leader) runs every queued change in one
+        ``BEGIN IMMEDIATE`` ... ``COMMIT``, each inside its own savepoint, so the jobs that end or start together
+        pay one fsync instead of one each. For each change:
+        - it sees the writes of the changes before it and commits with them: its checks (a promotion's count of
+          running rows, a finalize's ``decide``) run inside the transaction that commits it, as with ``_tx``;
+        - its outbox event is written by the change itself, so it commits or rolls back with its change;
+        - an error rolls back that change alone (to its savepoint) and is raised to its caller only; the others
+          commit;
+        - its caller returns only once the transaction holding it has committed (``synchronous = FULL``): an
+          acknowledged change is durable. A failed COMMIT fails every change of the group.
+        A change may run in another caller's thread, on a connection of another handle on the same file.
+        """
+        item = _PendingWrite(change)
+        queue = self._writes
+        with queue.guard:
+            queue.pending.append(item)
+        self._lead()
+        if not item.committed.wait(BUSY_TIMEOUT_MS / 1000):
+            if queue.withdraw(item):  # no leader took it in time: give up, nothing was written
+                raise RegistryError(f"registry lock not acquired within {BUSY_TIMEOUT_MS} ms (this process's writers)")
+            item.committed.wait()  # a leader is running it: its transaction ends (bounded by busy_timeout)
+        if item.error is not None:
+            raise item.error
+        return item.result
+
+    def _lead(self) -> None:
+        """If no writer of this process holds the lock, take it and commit every queued change, group by group;
+        look again after letting go (a change queued just before is otherwise left without a leader)."""
+        queue = self._writes
+        while queue.has_pending() and queue.lock.acquire(blocking=False):
+            try:
+                while group := queue.take():
+                    self._run_group(group)
+            finally:
+                queue.lock.release()
+
+    def _run_group(self, group: list[_PendingWrite]) -> None:
+        """Run ``group`` in one transaction and record each change's outcome; the caller holds the write lock."""
+        results: list[tuple[_PendingWrite, Any, BaseException | None]] = []
+        try:
+            with self._locked_tx() as conn:
+                for item in group:
+                    conn.execute("SAVEPOINT change")
+                    error: BaseException | None = None
+                    try:
+                        result = item.change(conn)
+                    except sqlite3.Error as exc:
+                        result, error = None, RegistryError(f"registry write failed: {exc}")
+                        error.__cause__ = exc
+                    except Exception as exc:  # the change's own verdict (not found, conflict...): its caller's
+                        result, error = None, exc
+                    if error is not None:
+                        conn.execute("ROLLBACK TO change")
+                    conn.execute("RELEASE change")
+                    results.append((item, result, error))
+        except BaseException as exc:
+            why = str(exc) if isinstance(exc, RegistryError) else f"registry write failed: {exc!r}"
+            for item in group:  # each caller gets its own exception object (raised in its own thread)
+                item.error, item.done = RegistryError(why), True
+                item.error.__cause__ = exc
+                item.committed.set()
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for item, result, error in results:
+            item.result, item.error, item.done = result, error, True
+            item.committed.set()
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._pool.borrow() as conn:
@@ -487,16 +651,18 @@ class SqliteRegistry:
         A running row never absorbs a new one: it is already reading its inputs, so a follow-up must run after it.
         Every caller, in any process, enqueues as ``queued``; only a drain makes a row RUNNING.
         """
-        with self._tx() as conn:
+        def change(conn: sqlite3.Connection) -> EnqueueResult:
             job_id, coalesced = self._enqueue_in(conn, NewJob(kind, params, argv, coalesce_key))
             return EnqueueResult(self._get_in(conn, job_id), coalesced=coalesced)
+
+        return self._write(change)
 
     def enqueue_many(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
         """Add several queued rows in one transaction (all or nothing), in order; coalescing as ``enqueue``.
 
         The answers carry no queue position (it would cost a count per row).
         """
-        with self._tx() as conn:
+        def change(conn: sqlite3.Connection) -> list[EnqueueResult]:
             added = [self._enqueue_in(conn, job) for job in jobs]
             rows = {
                 r["job_id"]: r
@@ -506,6 +672,8 @@ class SqliteRegistry:
                 )
             } if added else {}
             return [EnqueueResult(self._row_to_job(rows[job_id]), coalesced) for job_id, coalesced in added]
+
+        return self._write(change)
 
     def _enqueue_in(self, conn: sqlite3.Connection, job: NewJob) -> tuple[str, bool]:
         if job.coalesce_key is not None:
@@ -558,33 +726,43 @@ class SqliteRegistry:
         ``boot_id`` and ``started_at`` in the same transaction, so a row promoted but not yet spawned is never
         mistaken for a prior-boot orphan (INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING).
         """
-        with self._tx() as conn:
-            running = conn.execute("SELECT COUNT(*) FROM jobs WHERE status = 'running'").fetchone()[0]
-            free = min(max_concurrent - running, len(token_hashes))
-            if free <= 0:
-                return []
-            rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM jobs WHERE status = 'queued' ORDER BY seq LIMIT ?", (free,)
-            ).fetchall()
-            now = self._now()
-            promoted: list[Job] = []
-            for row, token_hash in zip(rows, token_hashes, strict=False):
-                job = self._row_to_job(row)
-                log_path = str(log_dir / f"{job.job_id}.log") if log_dir is not None else None
-                fields: dict[str, Any] = {
-                    "started_at": now,
-                    "boot_id": boot_id,
-                    "token_hash": token_hash,
-                    "attempts": job.attempts + 1,
-                    "log_path": log_path,
-                    "pid": None,
-                    "pid_start_time": None,
-                    "kernel_boot_id": None,
-                    "container_id": None,
-                }
-                self._set_status(conn, job, JobStatus.RUNNING, **fields)
-                promoted.append(replace(job, status=JobStatus.RUNNING, **fields))
-            return promoted
+        return self._write(lambda conn: self._promote_in(conn, max_concurrent, boot_id, token_hashes, log_dir))
+
+    def _promote_in(
+        self,
+        conn: sqlite3.Connection,
+        max_concurrent: int,
+        boot_id: str,
+        token_hashes: Sequence[str],
+        log_dir: Path | None,
+    ) -> list[Job]:
+        """``promote_queued`` in the caller's transaction (INV-PROMOTION-NEVER-OVERSHOOTS: count and flips in it)."""
+        running = conn.execute("SELECT COUNT(*) FROM jobs WHERE status = 'running'").fetchone()[0]
+        free = min(max_concurrent - running, len(token_hashes))
+        if free <= 0:
+            return []
+        rows = conn.execute(
+            f"SELECT {_COLUMNS} FROM jobs WHERE status = 'queued' ORDER BY seq LIMIT ?", (free,)
+        ).fetchall()
+        now = self._now()
+        promoted: list[Job] = []
+        for row, token_hash in zip(rows, token_hashes, strict=False):
+            job = self._row_to_job(row)
+            log_path = str(log_dir / f"{job.job_id}.log") if log_dir is not None else None
+            fields: dict[str, Any] = {
+                "started_at": now,
+                "boot_id": boot_id,
+                "token_hash": token_hash,
+                "attempts": job.attempts + 1,
+                "log_path": log_path,
+                "pid": None,
+                "pid_start_time": None,
+                "kernel_boot_id": None,
+                "container_id": None,
+            }
+            self._set_status(conn, job, JobStatus.RUNNING, **fields)
+            promoted.append(replace(job, status=JobStatus.RUNNING, **fields))
+        return promoted
 
     def set_job_process(
         self,
@@ -600,7 +778,7 @@ class SqliteRegistry:
 
     def set_job_processes(self, records: Sequence[ProcessRecord]) -> list[Job]:
         """Record several spawned processes' identities in one transaction; a row no longer RUNNING is left alone."""
-        with self._tx() as conn:
+        def change(conn: sqlite3.Connection) -> list[Job]:
             out: list[Job] = []
             for rec in records:
                 conn.execute(
@@ -610,6 +788,8 @@ class SqliteRegistry:
                 )
                 out.append(self._get_in(conn, rec.job_id))
             return out
+
+        return self._write(change)
 
     def finalize(
         self,
@@ -628,39 +808,85 @@ class SqliteRegistry:
         ``expect_pid`` / ``expect_container_id``: only finalize if the row still records that pid / container
         (evidence gathered before the lock must still be about the same process).
         """
-        with self._tx() as conn:
-            job = self._get_in(conn, job_id)
-            if job.status.is_terminal:
-                return FinalizeResult(job, changed=False)
-            if expect_pid is not None and job.pid != expect_pid:
-                return FinalizeResult(job, changed=False)
-            if expect_container_id is not None and job.container_id != expect_container_id:
-                return FinalizeResult(job, changed=False)
-            final, why = status(job) if callable(status) else (status, reason)
-            if final not in TERMINAL:
-                raise ValueError(f"finalize needs a terminal status, not {final}")
-            ended_at = self._now()
-            self._set_status(conn, job, final, error_reason=why, exit_code=exit_code, ended_at=ended_at)
-            return FinalizeResult(
-                replace(
-                    job,
-                    status=final,
-                    error_reason=why,
-                    exit_code=exit_code,
-                    ended_at=ended_at,
-                    token_hash=None,
-                    queue_position=None,
-                ),
-                changed=True,
-                previous=job.status,
-            )
+        return self._write(
+            lambda conn: self._finalize_in(conn, job_id, status, reason, exit_code, expect_pid, expect_container_id)
+        )
+
+    def finalize_then_promote(
+        self,
+        job_id: str,
+        status: JobStatus | Callable[[Job], tuple[JobStatus, str | None]],
+        *,
+        exit_code: int | None = None,
+        promote: PromoteRequest | None,
+    ) -> tuple[FinalizeResult, list[Job] | None]:
+        """``finalize``, then (with ``promote``) ``promote_queued`` into the slot it freed: one transaction, one fsync.
+
+        The promotion counts the running rows after the finalize, inside the same transaction
+        (INV-PROMOTION-NEVER-OVERSHOOTS). It has its own savepoint: if it fails, only it is rolled back and the
+        answer's promoted list is None (the finalize stands; a drain promotes later).
+        """
+
+        def change(conn: sqlite3.Connection) -> tuple[FinalizeResult, list[Job] | None]:
+            result = self._finalize_in(conn, job_id, status, None, exit_code, None, None)
+            if promote is None:
+                return result, []
+            conn.execute("SAVEPOINT promote")
+            try:
+                promoted: list[Job] | None = self._promote_in(
+                    conn, promote.max_concurrent, promote.boot_id, promote.token_hashes, promote.log_dir
+                )
+            except Exception:  # the finalize must not fail for it: the caller drains instead
+                conn.execute("ROLLBACK TO promote")
+                promoted = None
+            conn.execute("RELEASE promote")
+            return result, promoted
+
+        return self._write(change)
+
+    def _finalize_in(
+        self,
+        conn: sqlite3.Connection,
+        job_id: str,
+        status: JobStatus | Callable[[Job], tuple[JobStatus, str | None]],
+        reason: str | None,
+        exit_code: int | None,
+        expect_pid: int | None,
+        expect_container_id: str | None,
+    ) -> FinalizeResult:
+        """``finalize`` inside the caller's transaction: ``status`` (a ``decide``) is called in it."""
+        job = self._get_in(conn, job_id)
+        if job.status.is_terminal:
+            return FinalizeResult(job, changed=False)
+        if expect_pid is not None and job.pid != expect_pid:
+            return FinalizeResult(job, changed=False)
+        if expect_container_id is not None and job.container_id != expect_container_id:
+            return FinalizeResult(job, changed=False)
+        final, why = status(job) if callable(status) else (status, reason)
+        if final not in TERMINAL:
+            raise ValueError(f"finalize needs a terminal status, not {final}")
+        ended_at = self._now()
+        self._set_status(conn, job, final, error_reason=why, exit_code=exit_code, ended_at=ended_at)
+        return FinalizeResult(
+            replace(
+                job,
+                status=final,
+                error_reason=why,
+                exit_code=exit_code,
+                ended_at=ended_at,
+                token_hash=None,
+                queue_position=None,
+            ),
+            changed=True,
+            previous=job.status,
+        )
 
     def request_cancel(self, job_id: str) -> FinalizeResult:
         """Cancel a queued row at once; mark a running row ``cancel_requested``; leave a terminal row alone.
 
         ``changed`` is True when the row was modified.
         """
-        with self._tx() as conn:
+        def change(conn: sqlite3.Connection) -> FinalizeResult:
             job = self._get_in(conn, job_id)
             if job.status is JobStatus.QUEUED:
                 self._set_status(
@@ -671,6 +897,8 @@ class SqliteRegistry:
                 conn.execute("UPDATE jobs SET cancel_requested = 1 WHERE job_id = ?", (job_id,))
                 return FinalizeResult(self._get_in(conn, job_id), changed=True)
             return FinalizeResult(job, changed=False)
+
+        return self._write(change)
 
     def record_heartbeat(
         self,

@@ -18,6 +18,7 @@ from ._registry import (
     NewJob,
     OutboxEvent,
     ProcessRecord,
+    PromoteRequest,
     PruneResult,
     SqliteRegistry,
 )
@@ -83,6 +84,26 @@ class AsyncRegistry:
             expect_pid=expect_pid,
             expect_container_id=expect_container_id,
         )
+
+    async def finalize_then_promote(
+        self,
+        job_id: str,
+        status: JobStatus | Callable[[Job], tuple[JobStatus, str | None]],
+        *,
+        exit_code: int | None,
+        promote: PromoteRequest,
+        unless_exists: Path,
+    ) -> tuple[FinalizeResult, list[Job] | None]:
+        """Finalize, then promote into the freed slot in the same transaction, unless ``unless_exists`` (the pause
+        flag) exists: that check runs in the same worker thread, so the whole step is one thread hop."""
+
+        def step() -> tuple[FinalizeResult, list[Job] | None]:
+            paused = unless_exists.exists()
+            return self.sync.finalize_then_promote(
+                job_id, status, exit_code=exit_code, promote=None if paused else promote
+            )
+
+        return await self._run(step)
 
     async def request_cancel(self, job_id: str) -> FinalizeResult:
         return await self._run(self.sync.request_cancel, job_id)

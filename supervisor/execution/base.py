@@ -133,6 +133,9 @@ class Executor(abc.ABC):
     orphan_reason: ClassVar[str] = ORPHAN_DEAD_PID
     #: what a kind's ``{python}`` placeholder becomes: the interpreter the job will find where it runs
     python: str
+    #: True when ``unavailable`` can never say no (no engine to lose): a job's end may then promote the next job in
+    #: its own finalize, without the drainer's check first
+    always_available: ClassVar[bool] = False
 
     def attach(self, nursery: trio.Nursery) -> None:  # noqa: B027 - most executors own no task
         """The job nursery: where an executor runs any task it owns (the shepherd's reader)."""

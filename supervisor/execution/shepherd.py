@@ -6,10 +6,13 @@ package on purpose (it starts in ~20 ms and holds ~10 MB whatever the number of 
 
 What it does (ADR 0004):
 
-- **start**: forks the job into its own session with stdout+stderr on a pipe, writes the job's identity
-  (``<id>.pid``: pid, start time, kernel boot id, and the shepherd's own identity) atomically next to the log
-  **before the job's program runs** (the child waits on a gate until the file exists), then lets it exec. A boot that
-  finds a RUNNING row without a pid looks there first: no file means the program provably never ran.
+- **start**: spawns the job (``posix_spawn``: vfork + exec, no copy of this process) into its own session with
+  stdout+stderr on a pipe, writes the job's identity (``<id>.pid``: pid, start time, kernel boot id, and the
+  shepherd's own identity) atomically next to the log **before the job's program runs** (the child is a POSIX shell
+  that waits on a gate until the file exists, then execs the program: same pid, same start time), then opens the
+  gate. A boot that finds a RUNNING row without a pid looks there first: no file means the program provably never
+  ran. A program that cannot run (missing, not executable, no such directory) is refused before the spawn with the
+  reason exec would give (``start_failed``).
 - **logs**: one epoll loop reads every job's pipe into its log file, capped, and never stops reading, so no job
   blocks on a full pipe or dies of SIGPIPE while the shepherd lives.
 - **exit**: it reaps its children (SIGCHLD) and writes each job's true exit status atomically (``<id>.exit``: exit code
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import json
 import os
 import resource
@@ -70,6 +74,36 @@ def _kernel_boot_id() -> str | None:
         return None
 
 
+# The job's first program: a POSIX shell that waits on the gate (fd 3) until the shepherd has recorded its identity,
+# closes it, enters the job's directory and execs the job's program (PATH from the job's environment, as execvpe).
+GATE_SHELL = "/bin/sh"
+GATE_FD = 3
+GATE_SCRIPT = 'IFS= read -r gate <&3; exec 3<&-; [ "$gate" = g ] || exit 125; cd -- "$1" || exit 126; shift; exec "$@"'
+# Dispositions the shepherd changes for itself that a job must not inherit (an ignored signal survives exec).
+JOB_DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGCHLD)
+
+
+def _check_runnable(program: str, cwd: str, env: dict[str, str]) -> None:
+    """Raise what exec (or chdir) would raise for this job, so that a start fails with its reason (``spawn_failed``)
+    instead of a job that exits 127: the directory must exist, the program must be an executable file."""
+    if not os.path.isdir(cwd):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), cwd)
+    if "/" in program:
+        candidates = [os.path.join(cwd, program)]
+    else:
+        path = env.get("PATH", os.defpath)
+        candidates = [os.path.join(os.path.join(cwd, d) if d else cwd, program) for d in path.split(os.pathsep)]
+    denied = None
+    for candidate in candidates:
+        if os.path.isfile(candidate):
+            if os.access(candidate, os.X_OK):
+                return
+            denied = candidate
+    if denied is not None:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), denied)
+    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+
+
 def write_atomically(path: str, payload: dict[str, object]) -> None:
     """Write JSON to ``path`` so that a reader sees the old file or the whole new one, never a part."""
     tmp = f"{path}.tmp{os.getpid()}"
@@ -85,8 +119,6 @@ class Job:
     __slots__ = (
         "cap",
         "done_reported",
-        "err_fd",
-        "exec_error",
         "exit",
         "exit_file",
         "id",
@@ -106,9 +138,6 @@ class Job:
         self.exit_file = exit_file
         self.pid_file = ""
         self.start_time: int | None = None
-        # Until the exec is confirmed (EOF on this close-on-exec pipe) or refused (the child's error on it).
-        self.err_fd: int | None = None
-        self.exec_error = b""
         self.pid = pid
         self.pipe_fd: int | None = pipe_fd
         self.log_fd: int | None = log_fd
@@ -137,7 +166,6 @@ class Shepherd:
         self.jobs: dict[str, Job] = {}
         self.by_pid: dict[int, Job] = {}
         self.by_pipe: dict[int, Job] = {}
-        self.by_err: dict[int, Job] = {}
         self.inbuf = b""
         self.outbuf = b""
         self.boot_id = _kernel_boot_id()
@@ -227,34 +255,43 @@ class Shepherd:
         except OSError as exc:
             self.send({"ev": "start_failed", "id": job_id, "error": f"cannot open the job log: {exc}"})
             return
+        cwd = str(req["cwd"])
+        try:
+            _check_runnable(argv[0], cwd, env)
+        except Exception as exc:  # the program cannot be run: say why, as its exec would have
+            os.close(log_fd)
+            self.send({"ev": "start_failed", "id": job_id, "error": f"{type(exc).__name__}: {exc}"[:1000]})
+            return
         out_r, out_w = os.pipe()
         gate_r, gate_w = os.pipe()
-        err_r, err_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: become the job once the shepherd has recorded who it is
-            try:
-                os.close(out_r)
-                os.close(gate_w)
-                os.close(err_r)
-                os.setsid()
-                for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGCHLD):
-                    signal.signal(sig, signal.SIG_DFL)
-                signal.set_wakeup_fd(-1)
-                null = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(null, 0)
-                os.dup2(out_w, 1)
-                os.dup2(out_w, 2)
-                os.chdir(str(req["cwd"]))
-                os.read(gate_r, 1)  # INV-IDENTITY-BEFORE-PROGRAM: the .pid file exists before exec
-                os.execvpe(argv[0], argv, env)
-            except BaseException as exc:
-                try:
-                    os.write(err_w, f"{type(exc).__name__}: {exc}".encode()[:1000])
-                finally:
-                    os._exit(127)
+        if gate_r <= GATE_FD:  # file actions dup2 it onto GATE_FD: never onto itself (that would keep close-on-exec)
+            gate_r, low = fcntl.fcntl(gate_r, fcntl.F_DUPFD_CLOEXEC, GATE_FD + 1), gate_r
+            os.close(low)
+        try:
+            # posix_spawn (vfork + exec in glibc): no copy of this process's page tables and no copy-on-write
+            # faults, where fork() was most of the shepherd's time per job. The child is a POSIX shell that waits
+            # on the gate, then becomes the job's program by exec (same pid, same start time).
+            # INV-IDENTITY-BEFORE-PROGRAM: the .pid file exists before the program runs.
+            pid = os.posix_spawn(
+                GATE_SHELL,
+                [GATE_SHELL, "-c", GATE_SCRIPT, "podcast-job-gate", cwd, *argv],
+                env,
+                file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_DUP2, out_w, 1),
+                    (os.POSIX_SPAWN_DUP2, out_w, 2),
+                    (os.POSIX_SPAWN_DUP2, gate_r, GATE_FD),
+                ],
+                setsid=True,
+                setsigdef=JOB_DEFAULT_SIGNALS,
+            )
+        except Exception as exc:  # cannot start the gate at all (or an argv/env the OS cannot take)
+            for fd in (out_r, out_w, gate_r, gate_w, log_fd):
+                os.close(fd)
+            self.send({"ev": "start_failed", "id": job_id, "error": f"{type(exc).__name__}: {exc}"[:1000]})
+            return
         os.close(out_w)
         os.close(gate_r)
-        os.close(err_w)
         start_time = _start_time(pid)
         try:
             write_atomically(
@@ -268,62 +305,26 @@ class Shepherd:
                     "started_at": _now_iso(),
                 },
             )
-            os.write(gate_w, b"g")
+            os.write(gate_w, b"g\n")
         except OSError as exc:
             os.kill(pid, signal.SIGKILL)  # never let a job run whose identity is not on disk
             os.close(gate_w)
-            os.close(err_r)
             os.close(out_r)
             os.close(log_fd)
             os.waitpid(pid, 0)
             self.send({"ev": "start_failed", "id": job_id, "error": f"cannot record the job identity: {exc}"})
             return
         os.close(gate_w)
-        # The exec is confirmed in the event loop (EOF on err_r), not waited for here: starts overlap, and the
-        # shepherd keeps reading other jobs' output meanwhile.
         os.set_blocking(out_r, False)
-        os.set_blocking(err_r, False)
         job = Job(job_id, pid, out_r, log_fd, int(str(req["cap"])), os.fstat(log_fd).st_size, str(req["exit_file"]))
-        job.pid_file, job.start_time, job.err_fd = pid_path, start_time, err_r
+        job.pid_file, job.start_time = pid_path, start_time
         self.jobs[job_id] = job
         self.by_pid[pid] = job
         self.by_pipe[out_r] = job
-        self.by_err[err_r] = job
         self.sel.register(out_r, selectors.EVENT_READ, "pipe")
-        self.sel.register(err_r, selectors.EVENT_READ, "exec")
-
-    def read_exec_result(self, fd: int) -> None:
-        """The child's exec pipe: EOF means the program runs (close-on-exec); bytes are the reason it could not."""
-        job = self.by_err.get(fd)
-        if job is None:
-            return  # settled earlier in this pass (its child was reaped first): a stale readiness event
-        try:
-            chunk = os.read(fd, 1024)
-        except BlockingIOError:
-            return
-        if chunk:
-            job.exec_error += chunk
-            return
-        self.sel.unregister(fd)
-        del self.by_err[fd]
-        os.close(fd)
-        job.err_fd = None
-        if job.exec_error:
-            # The program never ran: no identity to adopt, no exit to record. Its child exits 127 and is reaped.
-            try:
-                os.unlink(job.pid_file)
-            except OSError:
-                pass
-            self.close_pipe(job)
-            if job.log_fd is not None:
-                os.close(job.log_fd)
-                job.log_fd = None
-            job.done_reported = True
-            self.jobs.pop(job.id, None)
-            self.send({"ev": "start_failed", "id": job.id, "error": job.exec_error.decode("utf-8", "replace")})
-            return
-        self.send({"ev": "started", "id": job.id, "pid": job.pid, "start_time": job.start_time})
-        self.maybe_done(job)  # a program that ended before its exec was confirmed here
+        # The gate shell runs (posix_spawn returned after its exec), and its program was checked above; the exec
+        # into the program is not waited for: a program removed in between ends the job with the shell's 127.
+        self.send({"ev": "started", "id": job_id, "pid": pid, "start_time": start_time})
 
     def signal_job(self, job_id: str, signum: int) -> None:
         job = self.jobs.get(job_id)
@@ -378,10 +379,6 @@ class Shepherd:
             job = self.by_pid.pop(pid, None)
             if job is None:
                 continue  # a job's orphaned descendant (we are their subreaper): nothing to record
-            while job.err_fd is not None:  # it exited before its exec was confirmed here: settle that first
-                self.read_exec_result(job.err_fd)
-            if job.exec_error:
-                continue  # it never ran its program (start_failed was sent): nothing to record
             code = os.waitstatus_to_exitcode(status)
             job.exit = {
                 "job_id": job.id,
@@ -399,8 +396,8 @@ class Shepherd:
 
     def maybe_done(self, job: Job) -> None:
         """Report the exit once it is reaped and its output has ended (or lingered too long)."""
-        if job.exit is None or job.done_reported or job.err_fd is not None:
-            return  # not ended, already told, or its exec not confirmed yet (``started`` goes first)
+        if job.exit is None or job.done_reported:
+            return  # not ended, or already told
         if job.pipe_fd is not None and job.linger_until is not None and time.monotonic() < job.linger_until:
             return
         job.done_reported = True
@@ -440,8 +437,6 @@ class Shepherd:
                         self.flush()
                 elif key.data == "pipe":
                     self.read_pipe(key.fd)
-                elif key.data == "exec":
-                    self.read_exec_result(key.fd)
             self.reap()  # a SIGCHLD that raced the registration of its job
             self.tick()
         return 0

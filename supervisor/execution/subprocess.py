@@ -160,6 +160,7 @@ class Shepherd:
         self._conn: _Connection | None = None
         self._ensure_lock = trio.Lock()
         self._watches: dict[str, _Watch] = {}  # job id -> watch, across connections
+        self._kernel_boot_id: str | None = None
 
     def attach(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
@@ -306,7 +307,9 @@ class Shepherd:
         if watch.start_error is not None or watch.pid is None:
             self._watches.pop(job_id, None)
             raise SpawnError(watch.start_error or "the shepherd reported no pid")
-        boot = await trio.to_thread.run_sync(kernel_boot_id)
+        if self._kernel_boot_id is None:  # constant for the machine's boot: read once, not a thread hop per start
+            self._kernel_boot_id = await trio.to_thread.run_sync(kernel_boot_id)
+        boot = self._kernel_boot_id
         identity = None
         if isinstance(watch.start_time, int) and boot is not None:
             identity = ProcessIdentity(watch.pid, watch.start_time, boot)
@@ -453,6 +456,7 @@ class SubprocessExecutor(Executor):
     """
 
     mode = "subprocess"
+    always_available = True  # the shepherd is started on demand: there is no engine to wait for
 
     def __init__(self, *, base_env: Mapping[str, str], log_dir: Path, shepherd_log: Path) -> None:
         self.python = sys.executable

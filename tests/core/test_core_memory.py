@@ -224,3 +224,92 @@ async def test_cancel_of_a_prior_boots_job_waits_for_the_engine_and_never_frees_
     assert (ended.status, ended.error_reason) == (JobStatus.CANCELLED, "cancelled")
     assert machine.jobs[job.job_id].terminated.is_set()
     assert (await wait_terminal(new, queued.job_id)).status is JobStatus.SUCCEEDED
+
+
+async def test_a_drain_that_fills_the_free_slots_reads_the_queue_once(
+    make: Callable[..., Supervisor], nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fewer rows promoted than asked means the slots are full or the queue is empty: no second promote round.
+    A failed start frees its slot, so that drain goes on and fills it."""
+    sup = make(max_concurrent=2, attach=False)
+    sup.attach(nursery)  # no drainer task: only the drains this test runs
+    calls: list[int] = []
+    promote = sup.registry.promote_queued
+
+    async def counted(max_concurrent: int, **kwargs: object) -> list[Job]:
+        got = await promote(max_concurrent, **kwargs)  # type: ignore[arg-type]
+        calls.append(len(got))
+        return got
+
+    monkeypatch.setattr(sup.registry, "promote_queued", counted)
+    sleep_argv = sup.kinds.get("sleep").render_argv({"seconds": 60})
+    ids = [(await sup.registry.enqueue("sleep", {"i": i}, sleep_argv, coalesce_key=None)).job.job_id for i in range(3)]
+    started = await sup.drain()
+    assert [j.job_id for j in started] == ids[:2]
+    assert calls == [2]  # two slots, two rows: full, and no round that only reads that again
+
+    for job_id in ids:
+        await sup.cancel(job_id)
+    for job_id in ids:
+        await wait_terminal(sup, job_id)
+    calls.clear()
+    # A start that fails (no program for the kind) frees its slot at once: the same drain promotes again.
+    broken = await sup.registry.enqueue("no_such_program", {}, ["x"], coalesce_key=None)
+    good = [(await sup.registry.enqueue("sleep", {"j": j}, sleep_argv, coalesce_key=None)).job.job_id for j in (1, 2)]
+    started = await sup.drain()
+    assert [j.job_id for j in started] == good
+    assert (await sup.get(broken.job.job_id)).status is JobStatus.FAILED
+    assert calls == [2, 1]
+
+
+async def test_a_jobs_end_promotes_the_next_job_in_its_own_finalize_and_the_drainer_only_starts_it(
+    make: Callable[..., Supervisor], machine: MemoryExecutor, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With an executor that cannot be unreachable, a monitor promotes into the slot its job frees, in the finalize's
+    transaction, and hands the job to the drainer to start; the pause flag still holds the queue
+    (INV-PROMOTION-NEVER-OVERSHOOTS)."""
+    monkeypatch.setattr(machine, "always_available", True, raising=False)
+    sup = make(max_concurrent=1, attach=False)
+    sup.attach(nursery)  # no drainer task: the one drain below starts the first job, and nothing else drains
+    gate = sup.data_dir / "gate"
+    gated = sup.kinds.get("gated").render_argv({"gate": str(gate), "code": 0})
+    first = (await sup.registry.enqueue("gated", {}, gated, coalesce_key=None)).job.job_id
+    second = (await sup.registry.enqueue("gated", {"n": 2}, gated, coalesce_key=None)).job.job_id
+    third = (await sup.registry.enqueue("gated", {"n": 3}, gated, coalesce_key=None)).job.job_id
+    assert [j.job_id for j in await sup.drain()] == [first]
+    assert (await sup.get(second)).status is JobStatus.QUEUED  # one slot
+    await sup.pause()
+    gate.touch()  # every gated job ends as soon as it runs
+    assert (await wait_terminal(sup, first)).status is JobStatus.SUCCEEDED
+    assert (await sup.get(second)).status is JobStatus.QUEUED  # paused: the finalize promoted nothing
+    await sup.resume()  # resume drains once: second starts (one slot)
+    rounds: list[int] = []
+    promote = sup.registry.promote_queued
+
+    async def counted(max_concurrent: int, **kwargs: object) -> list[Job]:
+        got = await promote(max_concurrent, **kwargs)  # type: ignore[arg-type]
+        rounds.append(len(got))
+        return got
+
+    monkeypatch.setattr(sup.registry, "promote_queued", counted)
+
+    async def handed_off() -> list[tuple[Job, str]] | None:
+        return sup._handed_off or None
+
+    # second's end promotes third in its finalize and hands it to the drainer (there is none here: nothing starts it).
+    [(promoted, _)] = await poll(handed_off)
+    assert promoted.job_id == third
+    row = await sup.get(third)
+    assert row.status is JobStatus.RUNNING and not row.spawned and row.attempts == 1
+    assert (await sup.get(second)).status is JobStatus.SUCCEEDED
+    started = await sup.drain(full=False)  # what the drainer does when only woken for handed-off jobs
+    assert [j.job_id for j in started] == [third]
+    assert rounds == []  # no promote round: the finalize did it
+    assert (await wait_terminal(sup, third)).status is JobStatus.SUCCEEDED
+    # third's end promoted the follow-up its kind enqueued earlier (``then``); pause so that its own end hands off
+    # nothing more, and start it the same way.
+    await sup.pause()
+    [(follow_up, _)] = await poll(handed_off)
+    assert [j.job_id for j in await sup.drain(full=False)] == [follow_up.job_id]
+    assert (await wait_terminal(sup, follow_up.job_id)).status is JobStatus.SUCCEEDED
+    assert rounds == []

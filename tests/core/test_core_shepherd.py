@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 from collections.abc import Callable
+from pathlib import Path
 
 import trio
 from core_helpers import poll, wait_running, wait_terminal  # type: ignore[import-not-found]
@@ -115,3 +116,46 @@ async def test_a_job_leaving_a_daemon_on_its_output_is_still_finalized(
         ended = await wait_terminal(sup, job.job_id)
     assert ended.status is JobStatus.SUCCEEDED
     assert (await sup.read_log(job.job_id)).startswith(b"parent done")
+
+
+async def test_the_program_finds_its_identity_on_disk_when_it_starts_INV_IDENTITY_BEFORE_PROGRAM(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    """The job's first instruction already sees its ``<id>.pid`` (the gate shell waits for it), naming its own pid."""
+    sup = make_supervisor()
+    check = 'cat "$1/$PODCAST_JOB_ID.pid"; echo; echo "self $$"'
+    argv = ["/bin/sh", "-c", check, "check", str(sup.log_dir)]
+    job = (await sup.registry.enqueue("exit", {}, argv, coalesce_key=None)).job
+    await sup.drain()
+    ended = await wait_terminal(sup, job.job_id)
+    assert ended.status is JobStatus.SUCCEEDED
+    recorded, own = (await sup.read_log(job.job_id)).decode().strip().splitlines()
+    assert f'"pid": {ended.pid}' in recorded
+    assert own == f"self {ended.pid}"  # the program is the very process whose identity was recorded
+
+
+async def test_a_program_that_cannot_run_fails_its_start_with_execs_reason(
+    make_supervisor: Callable[..., Supervisor], tmp_path: Path
+) -> None:
+    sup = make_supervisor(max_concurrent=2)
+    not_executable = tmp_path / "script"
+    not_executable.write_text("#!/bin/sh\nexit 0\n")
+    denied = await sup.registry.enqueue("exit", {}, [str(not_executable)], coalesce_key=None)
+    unknown = await sup.registry.enqueue("exit", {}, ["no-such-program-anywhere"], coalesce_key=None)
+    await sup.drain()
+    reasons = [(await wait_terminal(sup, r.job.job_id)).error_reason or "" for r in (denied, unknown)]
+    assert reasons[0].startswith("spawn_failed: PermissionError")
+    assert reasons[1].startswith("spawn_failed: FileNotFoundError") and "no-such-program-anywhere" in reasons[1]
+
+
+async def test_a_job_does_not_inherit_the_signals_the_shepherd_ignores(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    """The shepherd ignores SIGINT and SIGHUP for itself; an ignored signal would survive exec into every job."""
+    sup = make_supervisor()
+    job = (await sup.registry.enqueue("exit", {}, ["grep", "^SigIgn", "/proc/self/status"], coalesce_key=None)).job
+    await sup.drain()
+    assert (await wait_terminal(sup, job.job_id)).status is JobStatus.SUCCEEDED
+    mask = int((await sup.read_log(job.job_id)).decode().split()[-1], 16)
+    for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+        assert not mask & (1 << (signum - 1)), signum
