@@ -380,7 +380,6 @@ class SqliteRegistry:
         self.outbox_enabled = True
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._pool = _ConnectionPool(self.path, max_connections)
-        # One writer of this process at a time (see ``_tx``); readers never take it (WAL).
         # One writer of this process at a time, and the group commit's queue (see ``_write``); readers never wait
         # here (WAL).
         self._writes = _process_write_queue(self.path)
