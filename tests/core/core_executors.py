@@ -10,11 +10,13 @@ import contextlib
 import os
 import signal
 import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import trio
 
 from supervisor import Config, SqliteRegistry
+from supervisor._core import Supervisor
 from supervisor._identity import Liveness, probe
 from supervisor._model import Job
 from supervisor.execution import Executor, create_executor
@@ -247,3 +249,21 @@ class DockerWorld(World):
 
 def docker_cli(*args: str) -> str:
     return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=60, check=True).stdout
+
+
+@contextlib.contextmanager
+def supervisors_in(
+    world: World, make_supervisor: Callable[..., Supervisor], executor: Callable[[Config], Executor] | None = None
+) -> Iterator[Callable[..., Supervisor]]:
+    """``make_supervisor`` with ``executor`` (the world's by default); whatever a failed test left running in the
+    world is stopped at the end (jobs outlive supervisors by design)."""
+    made: list[Supervisor] = []
+
+    def make_(**kwargs: object) -> Supervisor:
+        sup = make_supervisor(executor=executor or world.executor, **kwargs)
+        made.append(sup)
+        return sup
+
+    yield make_
+    for sup in made:
+        world.clean_up(sup.registry.sync)

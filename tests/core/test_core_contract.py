@@ -8,11 +8,17 @@ what the outside world can (kill it, let it end while no supervisor runs).
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 import trio
-from core_executors import DockerWorld, MemoryWorld, SubprocessWorld, World  # type: ignore[import-not-found]
+from core_executors import (  # type: ignore[import-not-found]
+    DockerWorld,
+    MemoryWorld,
+    SubprocessWorld,
+    World,
+    supervisors_in,
+)
 from core_helpers import poll, wait_status, wait_terminal  # type: ignore[import-not-found]
 
 from supervisor import JobStatus, RegistryError
@@ -33,18 +39,10 @@ async def world(request: pytest.FixtureRequest, nursery: trio.Nursery) -> AsyncI
 
 
 @pytest.fixture
-def make(make_supervisor: Callable[..., Supervisor], world: World) -> AsyncIterator[Callable[..., Supervisor]]:
+def make(make_supervisor: Callable[..., Supervisor], world: World) -> Iterator[Callable[..., Supervisor]]:
     """``make_supervisor`` with the world's executor; leftovers of a failed test are stopped at the end."""
-    made: list[Supervisor] = []
-
-    def make_(**kwargs: object) -> Supervisor:
-        sup = make_supervisor(executor=world.executor, **kwargs)
-        made.append(sup)
-        return sup
-
-    yield make_  # type: ignore[misc]
-    for sup in made:
-        world.clean_up(sup.registry.sync)
+    with supervisors_in(world, make_supervisor) as make_:
+        yield make_
 
 
 async def running(sup: Supervisor, job_id: str) -> Job:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import trio
-from core_executors import DockerWorld  # type: ignore[import-not-found]
+from core_executors import DockerWorld, supervisors_in  # type: ignore[import-not-found]
 from core_helpers import KINDS, poll, wait_terminal  # type: ignore[import-not-found]
 from structlog.testing import capture_logs
 
@@ -45,17 +45,9 @@ def world() -> DockerWorld:
 
 
 @pytest.fixture
-def make(make_supervisor: Callable[..., Supervisor], world: DockerWorld) -> Callable[..., Supervisor]:
-    made: list[Supervisor] = []
-
-    def make_(**kwargs: object) -> Supervisor:
-        sup = make_supervisor(executor=docker_mode, **kwargs)
-        made.append(sup)
-        return sup
-
-    yield make_  # type: ignore[misc]
-    for sup in made:
-        world.clean_up(sup.registry.sync)
+def make(make_supervisor: Callable[..., Supervisor], world: DockerWorld) -> Iterator[Callable[..., Supervisor]]:
+    with supervisors_in(world, make_supervisor, docker_mode) as make_:
+        yield make_
 
 
 async def running(sup: Supervisor, job_id: str) -> Job:
