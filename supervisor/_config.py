@@ -208,22 +208,20 @@ def load_config(
     num("webhook_outbox_max_age_s", "PODCAST_JOB_WEBHOOK_OUTBOX_MAX_AGE_SECONDS", floor=60.0)
     num("log_max_bytes", "PODCAST_JOB_LOG_MAX_BYTES", integer=True, floor=4096)
     num("cancel_grace_s", "PODCAST_JOB_CANCEL_GRACE_SECONDS", floor=0.0)
-    got = raw("PODCAST_PIPELINE_EXEC_MODE", "exec_mode")
-    if got is not None:
-        mode = str(got[1]).lower()
-        if mode not in EXEC_MODES:
-            # No fallback: guessing an exec mode would run jobs somewhere the operator did not choose.
-            loader.problems.append(f"{got[0]}={got[1]!r}: must be one of {', '.join(EXEC_MODES)}")
+    def choice(attr: str, env_name: str, allowed: tuple[str, ...]) -> None:
+        """One of a fixed set of words, case-insensitive. No fallback: guessing an exec mode would run jobs where the
+        operator did not choose, and a mistyped stall action must not quietly leave stalled jobs running."""
+        got = raw(env_name, attr)
+        if got is None:
+            return
+        word = str(got[1]).lower()
+        if word in allowed:
+            values[attr] = word
         else:
-            values["exec_mode"] = mode
-    got = raw("PODCAST_JOB_STALL_ACTION", "stall_action")
-    if got is not None:
-        action = str(got[1]).lower()
-        if action not in STALL_ACTIONS:
-            # No fallback: a mistyped "terminate" must not quietly leave stalled jobs running, nor the reverse.
-            loader.problems.append(f"{got[0]}={got[1]!r}: must be one of {', '.join(STALL_ACTIONS)}")
-        else:
-            values["stall_action"] = action
+            loader.problems.append(f"{got[0]}={got[1]!r}: must be one of {', '.join(allowed)}")
+
+    choice("exec_mode", "PODCAST_PIPELINE_EXEC_MODE", EXEC_MODES)
+    choice("stall_action", "PODCAST_JOB_STALL_ACTION", STALL_ACTIONS)
     for attr, env_name in (
         ("api_token", "PODCAST_JOB_API_TOKEN"),
         ("webhook_url", "PODCAST_JOB_WEBHOOK_URL"),
