@@ -116,11 +116,12 @@ async def wait_status(sup: Supervisor, job_id: str, statuses: Collection[JobStat
 
 
 async def wait_running(sup: Supervisor, job_id: str, *, timeout_s: float = 20.0) -> Job:
-    """Until the drainer has promoted and spawned the job (an enqueue answers before the spawn)."""
+    """Until the drainer has promoted and started the job, its identity recorded (a pid or a container id): an
+    enqueue answers before the start."""
 
     async def check() -> Job | None:
         job = await sup.get(job_id)
-        return job if job.status is JobStatus.RUNNING and job.pid is not None else None
+        return job if job.status is JobStatus.RUNNING and job.spawned else None
 
     return await poll(check, timeout_s=timeout_s)
 

@@ -19,7 +19,7 @@ from core_executors import (  # type: ignore[import-not-found]
     World,
     supervisors_in,
 )
-from core_helpers import poll, wait_status, wait_terminal  # type: ignore[import-not-found]
+from core_helpers import poll, wait_running, wait_status, wait_terminal  # type: ignore[import-not-found]
 
 from supervisor import JobStatus, RegistryError
 from supervisor._core import Supervisor
@@ -45,16 +45,6 @@ def make(make_supervisor: Callable[..., Supervisor], world: World) -> Iterator[C
         yield make_
 
 
-async def running(sup: Supervisor, job_id: str) -> Job:
-    """Until the job runs with its identity recorded (a pid or a container id)."""
-
-    async def check() -> Job | None:
-        job = await sup.get(job_id)
-        return job if job.status is JobStatus.RUNNING and job.spawned else None
-
-    return await poll(check)
-
-
 async def test_a_job_that_exits_0_succeeds_with_its_output_in_its_log(make: Callable[..., Supervisor]) -> None:
     sup = make()
     job = (await sup.enqueue("exit", {"code": 0})).job
@@ -74,7 +64,7 @@ async def test_a_job_killed_from_outside_is_finalized_by_its_monitor_and_the_nex
     make: Callable[..., Supervisor], world: World
 ) -> None:
     sup = make(max_concurrent=1, sweep_interval_s=3600)  # no sweeper runs: the monitor alone must notice
-    first = await running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)
+    first = await wait_running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)
     second = (await sup.enqueue("sleep", {"seconds": 60})).job
     await world.akill(first)
     dead = await wait_terminal(sup, first.job_id, timeout_s=10)
@@ -88,7 +78,7 @@ async def test_cancel_of_a_running_job_ends_it_cancelled_and_stops_it(
     make: Callable[..., Supervisor], world: World
 ) -> None:
     sup = make()
-    job = await running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)
+    job = await wait_running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)
     assert (await sup.cancel(job.job_id)).cancel_requested
     ended = await wait_terminal(sup, job.job_id, timeout_s=10)
     assert (ended.status, ended.error_reason) == (JobStatus.CANCELLED, "cancelled")
@@ -100,7 +90,7 @@ async def _boot_dies_while(sup_factory: Callable[..., Supervisor], kind: str, pa
     runs on. Returns its row as the old boot left it."""
     async with trio.open_nursery() as old_boot:
         old = sup_factory(boot_id="old", attach=old_boot)
-        job = await running(old, (await old.enqueue(kind, params)).job.job_id)
+        job = await wait_running(old, (await old.enqueue(kind, params)).job.job_id)
         old_boot.cancel_scope.cancel()
     return job
 
@@ -230,7 +220,7 @@ async def test_stall_action_terminate_stops_a_stalled_job_through_its_executor(
     """Issue 12's `terminate` in every exec mode: a job that makes no progress is stopped as a cancel would stop it
     (SIGTERM/SIGKILL through the shepherd, `docker stop`), and its row ends stale/progress_stalled once it is gone."""
     sup = make(progress_stale_after_s=0.3, stall_action="terminate", cancel_grace_s=1.0, sweep_interval_s=3600)
-    job = await running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)
+    job = await wait_running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)
 
     async def ended() -> Job | None:
         await sup.sweep()  # the sweeper's judgement, run by hand: the stall is noticed by a sweep, never by the job

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 from core_executors import DockerWorld, supervisors_in  # type: ignore[import-not-found]
-from core_helpers import KINDS, poll, wait_terminal  # type: ignore[import-not-found]
+from core_helpers import KINDS, poll, wait_running, wait_terminal  # type: ignore[import-not-found]
 from structlog.testing import capture_logs
 
 from supervisor import Config, JobStatus, SqliteRegistry
@@ -50,20 +50,12 @@ def make(make_supervisor: Callable[..., Supervisor], world: DockerWorld) -> Iter
         yield make_
 
 
-async def running(sup: Supervisor, job_id: str) -> Job:
-    async def check() -> Job | None:
-        job = await sup.get(job_id)
-        return job if job.status is JobStatus.RUNNING and job.container_id else None
-
-    return await poll(check)
-
-
 async def test_a_job_container_is_labelled_runs_with_init_and_gets_the_jobs_environment_only(
     make: Callable[..., Supervisor], world: DockerWorld
 ) -> None:
     sup = make(base_env={"PODCAST_JOB_API_TOKEN": "operator-secret", "PATH": "/usr/bin"})
     sup.heartbeat_base_url = "http://127.0.0.1:9"
-    job = await running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)
+    job = await wait_running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)
     # The label filter finds exactly this job's container, and the row records its id.
     found = await trio.to_thread.run_sync(world.containers, job)
     assert [c["Id"] for c in found] == [job.container_id]
@@ -146,7 +138,7 @@ async def test_dockerd_stopped_while_a_job_runs_keeps_its_slot_and_fails_nothing
         pytest.skip(message)
     sup = make(max_concurrent=1, sweep_interval_s=3600)
     gate = sup.data_dir / "gate"
-    job = await running(sup, (await sup.enqueue("gated", {"gate": str(gate), "code": 4})).job.job_id)
+    job = await wait_running(sup, (await sup.enqueue("gated", {"gate": str(gate), "code": 4})).job.job_id)
     queued = (await sup.enqueue("exit", {"code": 0})).job
     info = await trio.to_thread.run_sync(world.client.inspect_container, job.container_id)
     init = await trio.to_thread.run_sync(identify, info["State"]["Pid"])  # the container's init, as the host sees it

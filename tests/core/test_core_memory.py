@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 from core_executors import PROGRAMS  # type: ignore[import-not-found]
-from core_helpers import insert_running, poll, wait_status, wait_terminal  # type: ignore[import-not-found]
+from core_helpers import insert_running, poll, wait_running, wait_status, wait_terminal  # type: ignore[import-not-found]
 from structlog.testing import capture_logs
 
 from supervisor import Config, JobStatus
@@ -32,20 +32,12 @@ def make(make_supervisor: Callable[..., Supervisor], machine: MemoryExecutor) ->
     return make_
 
 
-async def running(sup: Supervisor, job_id: str) -> Job:
-    async def check() -> Job | None:
-        job = await sup.get(job_id)
-        return job if job.status is JobStatus.RUNNING and job.spawned else None
-
-    return await poll(check)
-
-
 async def test_an_unreachable_engine_keeps_slots_holds_the_queue_and_fails_nothing_INV_UNKNOWN_KEEPS_SLOT(
     make: Callable[..., Supervisor], machine: MemoryExecutor
 ) -> None:
     sup = make(max_concurrent=1, sweep_interval_s=3600)
     gate = sup.data_dir / "gate"
-    job = await running(sup, (await sup.enqueue("gated", {"gate": str(gate), "code": 4})).job.job_id)
+    job = await wait_running(sup, (await sup.enqueue("gated", {"gate": str(gate), "code": 4})).job.job_id)
     machine.unreachable()
     queued = (await sup.enqueue("exit", {"code": 0})).job
     with capture_logs() as logs:
@@ -104,7 +96,7 @@ async def test_a_job_gone_with_no_record_is_the_modes_orphan_never_a_guess(
     make: Callable[..., Supervisor], machine: MemoryExecutor
 ) -> None:
     sup = make()
-    job = await running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)
+    job = await wait_running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)
     machine.lose(job.job_id)
     ended = await wait_terminal(sup, job.job_id)
     assert (ended.status, ended.error_reason, ended.exit_code) == (JobStatus.FAILED, "orphan_reconciled_dead_pid", None)
@@ -129,7 +121,7 @@ async def test_cancel_escalates_to_sigkill_exactly_after_the_grace_period(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     sup = make(cancel_grace_s=30.0)
-    job = await running(sup, (await sup.enqueue("term_ignorer", {})).job.job_id)
+    job = await wait_running(sup, (await sup.enqueue("term_ignorer", {})).job.job_id)
     await sup.cancel(job.job_id)
     cancelled_at = trio.current_time()
     await trio.sleep(29)
@@ -202,7 +194,7 @@ async def test_cancel_of_a_prior_boots_job_waits_for_the_engine_and_never_frees_
     may run on, so the row keeps its slot with the cancel requested; the sweep that reaches the engine stops it."""
     async with trio.open_nursery() as old_boot:
         old = make(boot_id="old", max_concurrent=1, attach=old_boot)
-        job = await running(old, (await old.enqueue("sleep", {"seconds": 60})).job.job_id)
+        job = await wait_running(old, (await old.enqueue("sleep", {"seconds": 60})).job.job_id)
         old_boot.cancel_scope.cancel()  # the old boot dies; its job runs on
     new = make(boot_id="new", max_concurrent=1, cancel_grace_s=0.1, sweep_interval_s=3600)
     machine.unreachable()
