@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import time
 from collections import Counter
 from typing import Any
@@ -43,6 +44,7 @@ EVENT_HEADER = "X-Podcast-Event"
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 300.0
 BATCH = 100  # events read from the outbox at once
+PRUNE_EVERY_S = 1.0  # how often the sender applies the outbox bounds, at most
 
 
 def sign(secret: str, body: bytes) -> str:
@@ -99,18 +101,24 @@ class WebhookSender:
         url = self.config.webhook_url
         if url is None:
             task_status.started()
-            # Other processes may still write events: nothing will send them, so they are dropped (counted).
+            # Other processes may still write events: nothing will send them, so they are dropped (counted). This
+            # process writes none (its outbox is off), so the bus's wakes are no reason to look: only the clock is.
+            # (Looking at every wake cost a registry call per job change: 6 % of the CPU under issue 10's load.)
             while True:
                 await self._prune(max_events=0, why="no PODCAST_JOB_WEBHOOK_URL is set")
-                await self._wait(self.poll_s)
+                await trio.sleep(self.poll_s)
         timeout = httpx.Timeout(self.config.webhook_timeout_s)
         async with httpx.AsyncClient(
             timeout=timeout, transport=self._transport, follow_redirects=False, trust_env=False
         ) as client:
             task_status.started()
             failures = 0
+            next_prune = -math.inf
             while True:
-                await self._prune()
+                # The bounds are checked at most once a second, not at every wake (a registry call per job change).
+                if trio.current_time() >= next_prune:
+                    await self._prune()
+                    next_prune = trio.current_time() + PRUNE_EVERY_S
                 batch = await self.registry.outbox_pending(BATCH)
                 if not batch:
                     await self._wait(self.poll_s)

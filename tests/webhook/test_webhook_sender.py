@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -125,3 +126,75 @@ async def test_without_a_webhook_url_stray_events_are_dropped_and_counted(
         nursery.cancel_scope.cancel()
     assert sender.outcomes == {"dropped": 1}
     assert reg.outbox_depth() == 0
+
+
+class _CountingRegistry(AsyncRegistry):
+    """The real registry, recording when the sender applies the outbox bounds (a registry call in a worker thread).
+
+    The virtual clock jumps while a worker thread runs, so a test waits for each call to end (``pruned``) instead of
+    sleeping past it."""
+
+    def __init__(self, registry: SqliteRegistry) -> None:
+        super().__init__(registry)
+        self.prunes: list[float] = []
+        self.pruned = trio.Event()
+
+    async def outbox_prune(self, *, max_events: int, max_age_s: float) -> Any:
+        self.prunes.append(trio.current_time())
+        try:
+            return await super().outbox_prune(max_events=max_events, max_age_s=max_age_s)
+        finally:
+            self.pruned.set()
+            self.pruned = trio.Event()
+
+
+async def test_without_a_webhook_url_the_buses_wakes_cost_no_registry_call(
+    autojump_clock: trio.testing.MockClock, reg: SqliteRegistry
+) -> None:
+    # Every job change wakes the sender; with no URL this process writes no event, so only the clock makes it look
+    # (for events other processes wrote). Issue 10: a prune per job change was 6 % of the CPU under load.
+    registry = _CountingRegistry(reg)
+    sender = WebhookSender(Config(), registry, poll_s=10)
+    async with trio.open_nursery() as nursery:
+        first = registry.pruned
+        await nursery.start(sender.run)
+        await first.wait()
+        for _ in range(50):
+            sender.wake()
+            await trio.sleep(0.1)
+        assert len(registry.prunes) == 1  # 5 s of wakes: only the look at startup
+        reg.enqueue("k", {}, ["x"])  # another process's event
+        second = registry.pruned
+        await second.wait()
+        nursery.cancel_scope.cancel()
+    assert registry.prunes[1] - registry.prunes[0] >= 10  # the clock's look, not a wake's
+    assert sender.outcomes == {"dropped": 1}
+
+
+async def test_with_a_webhook_url_the_bounds_are_applied_at_most_once_a_second(
+    autojump_clock: trio.testing.MockClock, reg: SqliteRegistry
+) -> None:
+    delivered = 0
+    all_delivered = trio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal delivered
+        delivered += 1
+        if delivered == 30:
+            all_delivered.set()
+        return httpx.Response(200)
+
+    registry = _CountingRegistry(reg)
+    config = Config(webhook_url="http://receiver.invalid/hook")
+    sender = WebhookSender(config, registry, poll_s=3600, transport=httpx.MockTransport(handler))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        for _ in range(30):  # a job change at a time: each wakes the sender, and each is delivered
+            reg.enqueue("k", {}, ["x"])
+            sender.wake()
+            await trio.sleep(0.1)
+        await all_delivered.wait()
+        nursery.cancel_scope.cancel()
+    gaps = [b - a for a, b in zip(registry.prunes, registry.prunes[1:], strict=False)]
+    assert registry.prunes and all(gap >= 1.0 for gap in gaps)
+    assert len(registry.prunes) <= 1 + (trio.current_time() - registry.prunes[0])
