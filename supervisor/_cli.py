@@ -8,6 +8,7 @@ Exit codes: 0 done; 1 the server answered with an error (its message is printed)
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -32,6 +33,7 @@ EXIT_USAGE = 2
 EXIT_CONFIG = 3
 EXIT_UNREACHABLE = 4
 EXIT_INTERRUPTED = 130
+SWITCH_INTERVAL_S = 0.0005  # `serve` only: see cmd_serve
 
 ENV_URL = "PODCAST_JOB_URL"
 ENV_API_TOKEN = "PODCAST_JOB_API_TOKEN"
@@ -90,8 +92,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_CONFIG
+    # Threads hand the GIL over within this interval, not the default 5 ms: a worker thread that finished its
+    # registry call waited up to that long behind a busy event loop before it could hand the result back (issue
+    # 10: enqueue and promotion tails).
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
-        trio.run(run_supervisor, config, kinds)
+        trio.run(functools.partial(run_supervisor, config, kinds, freeze_heap=True))
     except OSError as exc:
         print(f"error: cannot serve on {config.bind}: {exc}", file=sys.stderr)
         return EXIT_ERROR

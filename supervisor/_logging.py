@@ -26,7 +26,7 @@ def configure_logging(level: int = logging.INFO) -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        cache_logger_on_first_use=False,
+        cache_logger_on_first_use=True,  # the server process only (tests never call this): no bind per line
     )
 
 
