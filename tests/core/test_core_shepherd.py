@@ -14,6 +14,7 @@ from core_helpers import poll, wait_running, wait_terminal  # type: ignore[impor
 from supervisor import JobStatus
 from supervisor._core import Supervisor
 from supervisor._identity import Liveness, identify, probe
+from supervisor.execution.shepherd import Spares
 from supervisor.execution.subprocess import JobFiles, Shepherd, SubprocessExecutor, read_exit_file, read_start_file
 
 
@@ -93,6 +94,7 @@ async def test_the_shepherd_exits_once_idle_and_orphaned(make_supervisor: Callab
     assert probe(shepherd) is Liveness.ALIVE
     await poll(shepherd_gone, timeout_s=20)
     assert read_exit_file(JobFiles.for_job(running, sup.log_dir).exit, running.pid) is not None
+    assert spares_of(sup.log_dir, shepherd.pid) == []  # it removes its spares as it leaves
 
 
 async def test_a_prior_boots_job_never_started_is_still_a_spawn_window_orphan(
@@ -159,3 +161,55 @@ async def test_a_job_does_not_inherit_the_signals_the_shepherd_ignores(
     mask = int((await sup.read_log(job.job_id)).decode().split()[-1], 16)
     for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
         assert not mask & (1 << (signum - 1)), signum
+
+
+def spares_of(log_dir: Path, shepherd_pid: int | None) -> list[str]:
+    """The spare files of one shepherd, oldest first (by their sequence number)."""
+    names = [n for n in os.listdir(log_dir) if n.startswith(f"{Spares.PREFIX}{shepherd_pid}-")]
+    return sorted(names, key=lambda n: int(n.rsplit("-", 1)[1]))
+
+
+async def test_state_files_are_renamed_from_spares_made_while_idle_and_a_dead_shepherds_are_swept(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    # Issue 10 (promotion latency): making a file is a metadata change that cost up to a millisecond here; spares
+    # made while the shepherd idles leave one rename on the way from a job's exit to the next job's start.
+    sup = make_supervisor()
+    sup.log_dir.mkdir(parents=True)
+    proc = await trio.lowlevel.open_process(["true"])  # a pid that no longer runs: a killed shepherd's leftover
+    await proc.wait()
+    leftover = sup.log_dir / f"{Spares.PREFIX}{proc.pid}-1"
+    leftover.touch()
+    first = await wait_terminal(sup, (await sup.enqueue("exit", {"code": 0})).job.job_id)
+    shepherd = shepherd_of(sup).pid
+    assert not leftover.exists()  # swept at the shepherd's first write in the directory
+
+    async def spares_ready() -> bool | None:
+        return True if len(spares_of(sup.log_dir, shepherd)) == Spares.PER_DIRECTORY else None
+
+    await poll(spares_ready, timeout_s=10)
+    before = spares_of(sup.log_dir, shepherd)
+    inodes = {(sup.log_dir / name).stat().st_ino for name in before}
+    second = await wait_terminal(sup, (await sup.enqueue("exit", {"code": 3})).job.job_id)
+    # Its two state files are two of the spares, renamed (the oldest first), holding the whole records.
+    files = JobFiles.for_job(second, sup.log_dir)
+    assert set(before) - set(spares_of(sup.log_dir, shepherd)) == set(before[:2])
+    assert {files.pid.stat().st_ino, files.exit.stat().st_ino} <= inodes
+    start = read_start_file(files.pid)
+    assert start is not None and start.identity is not None and start.identity.pid == second.pid
+    status = read_exit_file(files.exit, second.pid)
+    assert status is not None and status.code == 3
+    assert first.status is JobStatus.SUCCEEDED
+    await poll(spares_ready, timeout_s=10)  # made again, while idle
+
+
+async def test_a_silent_jobs_log_file_is_made_only_at_its_first_output(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    sup = make_supervisor()
+    silent = await wait_terminal(sup, (await sup.enqueue("sleep", {"seconds": 0.05})).job.job_id)
+    assert silent.status is JobStatus.SUCCEEDED and silent.log_path is not None
+    assert not await trio.Path(silent.log_path).exists()  # no file made on the way to its start
+    assert await sup.read_log(silent.job_id) == b""
+    talking = await wait_terminal(sup, (await sup.enqueue("exit", {"code": 0})).job.job_id)
+    assert talking.log_path is not None and await trio.Path(talking.log_path).read_bytes() == b"bye\n"
