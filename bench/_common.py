@@ -469,21 +469,28 @@ class RawHttp:
     """One keep-alive HTTP/1.1 connection, hand-formatted requests: a load generator that costs the shared CPU far
     less per request than a full client, so the figure is the server's, not the generator's."""
 
-    def __init__(self, stream: trio.SocketStream, host: str) -> None:
+    def __init__(self, stream: trio.SocketStream, host: str, port: int) -> None:
         self._stream = stream
-        self._host = host
+        self._address = (host, port)
+        self._host = f"{host}:{port}"
         self._buf = b""
+        self._must_reconnect = False  # the last answer said Connection: close (hypercorn: every 1,000th request)
 
     @classmethod
     async def connect(cls, host: str, port: int) -> RawHttp:
         with trio.fail_after(RAW_REQUEST_TIMEOUT_S):
             stream = await trio.open_tcp_stream(host, port)
-        return cls(stream, f"{host}:{port}")
+        return cls(stream, host, port)
 
     async def aclose(self) -> None:
         await self._stream.aclose()
 
     async def request(self, method: str, path: str, body: bytes = b"", token: str | None = None) -> tuple[int, bytes]:
+        if self._must_reconnect:  # as any HTTP/1.1 client does after a Connection: close answer
+            await self._stream.aclose()
+            with trio.fail_after(RAW_REQUEST_TIMEOUT_S):
+                self._stream = await trio.open_tcp_stream(*self._address)
+            self._buf, self._must_reconnect = b"", False
         head = f"{method} {path} HTTP/1.1\r\nHost: {self._host}\r\nContent-Length: {len(body)}\r\n"
         if body:
             head += "Content-Type: application/json\r\n"
@@ -502,6 +509,8 @@ class RawHttp:
                 name = name.strip().lower()
                 if name == b"content-length":
                     length = int(value.strip())
+                elif name == b"connection" and b"close" in value.lower():
+                    self._must_reconnect = True
                 elif name == b"transfer-encoding":
                     raise RuntimeError("chunked responses are not supported by this load client")
             self._buf = rest

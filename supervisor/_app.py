@@ -15,7 +15,7 @@ import hmac
 import json
 import re
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import trio
@@ -405,6 +405,9 @@ class HeartbeatRoute:
     It takes only the plain case and leaves to Quart, untouched (its body unread), any request it would have to
     interpret further: one with an ``Origin`` (the 403), a chunked or unannounced body, a repeated or odd
     ``Content-Length``, a ``root_path``. Quart's route answers those exactly as before.
+
+    The server's HTTP/1.1 protocol (``_http_edge``) also asks ``plain_case`` of each request head and, for a
+    heartbeat, calls ``respond`` itself, without an ASGI app around it (``DirectStream``): the same answers again.
     """
 
     def __init__(self, app: QuartTrio, supervisor: Supervisor, fallback: Any) -> None:
@@ -412,18 +415,23 @@ class HeartbeatRoute:
         self.supervisor = supervisor
         self.fallback = fallback
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
-            return await self.fallback(scope, receive, send)
-        match = _HEARTBEAT_PATH.fullmatch(scope["path"])
+    @staticmethod
+    def plain_case(
+        method: bytes | str, path: str, headers: Iterable[tuple[bytes, bytes]]
+    ) -> tuple[str, bytes | None, int, bytes | None] | None:
+        """The heartbeat this request head is, in the plain case this route takes: ``(job_id, authorization,
+        content_length, content_type)``; None for anything else (header names as the server gives them, lowered)."""
+        if method not in ("POST", b"POST"):
+            return None
+        match = _HEARTBEAT_PATH.fullmatch(path)
         if match is None:
-            return await self.fallback(scope, receive, send)
+            return None
         authorization = content_type = content_length = None
         lengths = 0
-        for name, value in scope["headers"]:
+        for name, value in headers:
             name = name.lower()
             if name in (b"origin", b"transfer-encoding"):
-                return await self.fallback(scope, receive, send)
+                return None
             if name == b"content-length":
                 lengths += 1
                 content_length = value
@@ -432,17 +440,37 @@ class HeartbeatRoute:
             elif name == b"content-type":
                 content_type = value if content_type is None else content_type
         if lengths != 1 or content_length is None or not _DIGITS.fullmatch(content_length):
+            return None
+        return match.group(1), authorization, int(content_length), content_type
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("root_path"):
             return await self.fallback(scope, receive, send)
-        body = _BodyReader(receive, int(content_length), content_type)
+        plain = self.plain_case(scope["method"], scope["path"], scope["headers"])
+        if plain is None:
+            return await self.fallback(scope, receive, send)
+        job_id, authorization, content_length, content_type = plain
+        body = _BodyReader(receive, content_length, content_type)
+        try:
+            status, headers, data = await self.respond(job_id, authorization, body.read_json, scope["path"])
+        except _ClientGone:
+            return
+        await body.answer(send, status, headers, data)
+
+    async def respond(
+        self, job_id: str, authorization: bytes | None, read_json: Callable[[], Awaitable[Any]], path: str
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """The answer to a heartbeat (status, headers, body), as Quart's route gives it. ``read_json`` reads the
+        body (raising the 415/413/408/400 errors, or ``_ClientGone``), and is called only after the token check."""
         request_id = secrets.token_hex(8)
         status, payload = 204, None
         try:
             token = _parse_bearer(authorization.decode("latin1")) if authorization is not None else None
             if token is None:
                 raise Unauthorized(MISSING_JOB_TOKEN)
-            await self.supervisor.heartbeat(match.group(1), token, body.read_json)
+            await self.supervisor.heartbeat(job_id, token, read_json)
         except _ClientGone:
-            return
+            raise
         except RequestError as exc:
             status, payload = exc.http_status, _error_payload(exc.code, str(exc), exc.field, request_id)
         except HTTPException as exc:  # the body's timeout (408), as Quart's handler words it
@@ -450,7 +478,6 @@ class HeartbeatRoute:
             code = _HTTP_CODES.get(status, _snake(type(exc).__name__))
             payload = _error_payload(code, exc.description or exc.name, None, request_id)
         except Exception as exc:
-            path = scope["path"]
             if isinstance(exc, RegistryError):
                 log.error("request_failed", request_id=request_id, method="POST", path=path, error=str(exc))
                 message = f"the registry is unavailable (request id {request_id})"
@@ -466,7 +493,14 @@ class HeartbeatRoute:
             data = f"{self.app.json.dumps(payload, separators=(',', ':'))}\n".encode()
             headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
         headers += [(REQUEST_ID_HEADER.lower().encode(), request_id.encode()), (b"x-content-type-options", b"nosniff")]
-        await body.answer(send, status, headers, data)
+        return status, headers, data
+
+
+def _mimetype(content_type: bytes | None) -> str:
+    if content_type == b"application/json":
+        return "application/json"
+    # werkzeug's reading of the header, as ``request.mimetype`` gives it to Quart's route.
+    return parse_options_header((content_type or b"").decode("latin1"))[0].lower()
 
 
 class _BodyReader:
@@ -478,14 +512,8 @@ class _BodyReader:
         self._content_type = content_type
         self.complete = False  # the last body message has been received
 
-    def _mimetype(self) -> str:
-        if self._content_type == b"application/json":
-            return "application/json"
-        # werkzeug's reading of the header, as ``request.mimetype`` gives it to Quart's route.
-        return parse_options_header((self._content_type or b"").decode("latin1"))[0].lower()
-
     async def read_json(self) -> Any:
-        _check_json_head(self._mimetype(), self._content_length, MAX_BODY_BYTES)
+        _check_json_head(_mimetype(self._content_type), self._content_length, MAX_BODY_BYTES)
         chunks: list[bytes] = []
         with trio.move_on_after(BODY_TIMEOUT_S) as scope:
             while not self.complete:
@@ -515,6 +543,31 @@ class _BodyReader:
     async def _discard_rest(self) -> None:
         while (await self._receive())["type"] != "http.disconnect":
             pass
+
+
+class BufferedBody:
+    """A heartbeat's body as the server's protocol hands it over (``_http_edge.DirectStream``): fed chunk by chunk,
+    read as ``_BodyReader.read_json`` reads it, with the same errors and the same timeout."""
+
+    def __init__(self, content_length: int, content_type: bytes | None) -> None:
+        self._content_length = content_length
+        self._content_type = content_type
+        self._chunks: list[bytes] = []
+        self._kept = 0
+        self.complete = trio.Event()
+
+    def feed(self, data: bytes) -> None:
+        if self._kept <= MAX_BODY_BYTES:  # past that it is refused (413) unread: keep nothing more
+            self._chunks.append(data)
+            self._kept += len(data)
+
+    async def read_json(self) -> Any:
+        _check_json_head(_mimetype(self._content_type), self._content_length, MAX_BODY_BYTES)
+        with trio.move_on_after(BODY_TIMEOUT_S) as scope:
+            await self.complete.wait()
+        if scope.cancelled_caught:
+            raise RequestTimeout()
+        return _parse_json(b"".join(self._chunks))
 
 
 async def _send_answer(send: Any, status: int, headers: list[tuple[bytes, bytes]], data: bytes) -> None:
