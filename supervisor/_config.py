@@ -11,6 +11,7 @@ Precedence: environment variable > TOML file (``--config``) > default.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import tomllib
@@ -86,8 +87,9 @@ class Config:
     def jobs_log_dir(self) -> Path:
         return self.viewer_dir / "jobs"
 
-    @property
+    @functools.cached_property
     def pause_flag_path(self) -> Path:
+        # Looked at on every job's end (the promotion it makes is skipped while paused): built once.
         return self.viewer_dir / "jobs.paused"
 
     @property

@@ -130,11 +130,18 @@ class Metrics:
         )
         self._snapshot = _SnapshotCollector()
         self.registry.register(self._snapshot)
+        # The counter's children by label values: looked up by the client library on every change otherwise (a
+        # lock, a tuple, validation), and there are few of them (statuses x reasons).
+        self._transition_children: dict[tuple[str, str], Any] = {}
 
     def on_event(self, event: JobEvent) -> None:
         """Event-bus subscriber."""
         if event.event is EventName.TRANSITION:
-            self.transitions.labels(to=str(event.job.status), reason=reason_label(event.reason)).inc()
+            key = (str(event.job.status), reason_label(event.reason))
+            child = self._transition_children.get(key)
+            if child is None:
+                child = self._transition_children[key] = self.transitions.labels(to=key[0], reason=key[1])
+            child.inc()
 
     def render(self, snapshot: Snapshot) -> bytes:
         """The text exposition with ``snapshot`` as the gauges' values (synchronous: one consistent scrape)."""

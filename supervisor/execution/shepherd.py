@@ -29,7 +29,8 @@ The state files are written without fsync on purpose: they must survive a *proce
 a kernel crash ends every job anyway, and the kernel boot id then tells the next boot so.
 
 Control protocol: newline-delimited JSON on the control socket.
-Requests: ``{"op": "start", "id", "argv", "env", "cwd", "log", "cap", "pid_file", "exit_file"}``,
+Requests: ``{"op": "env", "env"}`` (the base environment of every job, sent once), ``{"op": "start", "id", "argv",
+"env", "cwd", "log", "cap", "pid_file", "exit_file"}`` (``env``: the job's own variables, over the base),
 ``{"op": "signal", "id", "sig"}``.
 Events: ``{"ev": "hello", "pid", "start_time"}``, ``{"ev": "started", "id", "pid", "start_time"}``,
 ``{"ev": "start_failed", "id", "error"}``, ``{"ev": "exited", "id", "pid", "exit_code", "signal", "ended_at"}``.
@@ -258,6 +259,7 @@ class Shepherd:
         self.outbuf = b""
         self.boot_id = _kernel_boot_id()
         self.spares = Spares()
+        self.base_env: dict[str, str] = {}  # what every job's environment starts from (the "env" request)
         self.identity = {"pid": os.getpid(), "start_time": _start_time(os.getpid())}
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
@@ -326,7 +328,9 @@ class Shepherd:
 
     def handle(self, request: dict[str, object]) -> None:
         op = request.get("op")
-        if op == "start":
+        if op == "env":
+            self.base_env = {str(k): str(v) for k, v in request["env"].items()}  # type: ignore[attr-defined]
+        elif op == "start":
             self.start(request)
         elif op == "signal":
             self.signal_job(str(request["id"]), int(str(request["sig"])))
@@ -337,7 +341,7 @@ class Shepherd:
         job_id = str(req["id"])
         log_path = str(req["log"])
         argv = [str(a) for a in req["argv"]]  # type: ignore[attr-defined]
-        env = {str(k): str(v) for k, v in req["env"].items()}  # type: ignore[attr-defined]
+        env = {**self.base_env, **{str(k): str(v) for k, v in req["env"].items()}}  # type: ignore[attr-defined]
         pid_path = str(req["pid_file"])
         cwd = str(req["cwd"])
         try:

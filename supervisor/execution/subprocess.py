@@ -154,8 +154,9 @@ class Shepherd:
     ``signal`` signals the job's process group.
     """
 
-    def __init__(self, stderr_path: Path) -> None:
+    def __init__(self, stderr_path: Path, base_env: Mapping[str, str] | None = None) -> None:
         self._stderr_path = stderr_path
+        self._base_env = dict(base_env or {})  # sent once per shepherd; each start sends only its job's own
         self._nursery: trio.Nursery | None = None
         self._conn: _Connection | None = None
         self._ensure_lock = trio.Lock()
@@ -219,6 +220,9 @@ class Shepherd:
                 raise SpawnError("the shepherd did not start") from exc
             conn = _Connection(sock, int(hello["pid"]))
             log.info("shepherd_started", pid=conn.pid)
+            # Every job's environment starts from this one: sent once, not in each start request (it was most of
+            # each request's JSON, encoded here and decoded there, at every job start).
+            await self._send(conn, {"op": "env", "env": self._base_env})
             task_status.started(conn)
             try:
                 async for event in lines:
@@ -276,7 +280,8 @@ class Shepherd:
         files: JobFiles,
         log_max_bytes: int,
     ) -> StartedJob:
-        """Start a job; raise ``SpawnError`` with a one-line reason when it cannot start."""
+        """Start a job; raise ``SpawnError`` with a one-line reason when it cannot start. ``env``: the job's own
+        variables, laid over the base environment given at construction."""
         conn = await self._ensure()
         watch = _Watch()
         conn.watches[job_id] = watch
@@ -356,12 +361,6 @@ async def _lines(sock: trio.socket.SocketType) -> Any:
             line, buffer = buffer.split(b"\n", 1)
             if line.strip():
                 yield json.loads(line)
-
-
-def job_environment(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
-    env = dict(base)
-    env.update(extra)
-    return env
 
 
 def signal_by_identity(identity: ProcessIdentity, signum: int) -> tuple[bool, int | None]:
@@ -462,7 +461,7 @@ class SubprocessExecutor(Executor):
         self.python = sys.executable
         self._base_env = dict(base_env)
         self._log_dir = log_dir
-        self.shepherd = Shepherd(stderr_path=shepherd_log)
+        self.shepherd = Shepherd(stderr_path=shepherd_log, base_env=self._base_env)
 
     def attach(self, nursery: trio.Nursery) -> None:
         self.shepherd.attach(nursery)
@@ -472,7 +471,7 @@ class SubprocessExecutor(Executor):
         started = await self.shepherd.start_job(
             launch.job_id,
             launch.argv,
-            env=job_environment(self._base_env, launch.env),
+            env=launch.env,
             cwd=launch.data_dir,
             files=files,
             log_max_bytes=launch.log_max_bytes,
