@@ -362,7 +362,20 @@ class Supervisor:
             await self._drain_wanted.wait()
             self._drain_wanted = trio.Event()
             full, self._full_drain_wanted = self._full_drain_wanted, False
+            if not full and self._handed_off and self._job_nursery is not None:
+                # Only jobs a job's end promoted (in its finalize): they are RUNNING rows already, so starting them
+                # decides nothing. Started in a task of their own, so that the next job's end is not kept waiting
+                # behind this start's round trip to the executor (issue 10: promotion latency).
+                handed, self._handed_off = self._handed_off, []
+                self._job_nursery.start_soon(self._start_handed_off, handed)
+                continue
             await self._drain_logged(full=full)
+
+    async def _start_handed_off(self, handed: list[tuple[Job, str]]) -> None:
+        jobs = [job for job, _ in handed]
+        spawned = await self._start_promoted(jobs, [token for _, token in handed])
+        if len(spawned) < len(jobs):
+            self.wake_drainer()  # a failed start freed its slot: a promote round fills it
 
     async def is_paused(self) -> bool:
         return await trio.to_thread.run_sync(self.config.pause_flag_path.exists)

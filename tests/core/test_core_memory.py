@@ -16,7 +16,8 @@ from supervisor import Config, JobStatus
 from supervisor._core import Supervisor, outcome
 from supervisor._model import Job
 from supervisor.execution import ExitStatus
-from supervisor.execution.memory import MemoryExecutor
+from supervisor.execution.base import Launch
+from supervisor.execution.memory import MemoryExecutor, MemoryHandle
 
 
 @pytest.fixture
@@ -305,3 +306,45 @@ async def test_a_jobs_end_promotes_the_next_job_in_its_own_finalize_and_the_drai
     assert [j.job_id for j in await sup.drain(full=False)] == [follow_up.job_id]
     assert (await wait_terminal(sup, follow_up.job_id)).status is JobStatus.SUCCEEDED
     assert rounds == []
+
+
+class _SlowStarts(MemoryExecutor):
+    """A machine without an engine to wait for (a job's end promotes the next one in its finalize, as in subprocess
+    mode), whose start of the jobs in ``held`` waits until ``go`` is set."""
+
+    always_available = True
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        super().__init__(PROGRAMS, nursery)
+        self.held: set[str] = set()
+        self.go = trio.Event()
+
+    async def start(self, launch: Launch) -> MemoryHandle:
+        if launch.job_id in self.held:
+            await self.go.wait()
+        return await super().start(launch)
+
+
+async def test_a_slow_start_never_holds_back_the_next_jobs_start(
+    make_supervisor: Callable[..., Supervisor], nursery: trio.Nursery
+) -> None:
+    # Issue 10 (promotion latency): jobs a job's end promoted are started by the drainer; one start waiting on its
+    # executor must not keep the next ending job's successor waiting behind it.
+    machine = _SlowStarts(nursery)
+    sup = make_supervisor(executor=lambda config: machine, max_concurrent=2, sweep_interval_s=3600)
+    gates = [sup.data_dir / "gate-1", sup.data_dir / "gate-2"]
+    first, second = [
+        await wait_running(sup, (await sup.enqueue("gated", {"gate": str(g), "code": 0})).job.job_id) for g in gates
+    ]
+    slow = (await sup.enqueue("exit", {"code": 0})).job
+    fast = (await sup.enqueue("exit", {"code": 0})).job
+    machine.held.add(slow.job_id)
+    await trio.to_thread.run_sync(gates[0].write_text, "open")  # first ends: slow is promoted, its start waits
+    await wait_terminal(sup, first.job_id)
+    await trio.to_thread.run_sync(gates[1].write_text, "open")  # second ends: fast is promoted and starts
+    assert (await wait_terminal(sup, fast.job_id, timeout_s=10)).status is JobStatus.SUCCEEDED
+    assert (await wait_terminal(sup, second.job_id)).status is JobStatus.SUCCEEDED
+    assert (await sup.get(slow.job_id)).status is JobStatus.RUNNING and slow.job_id not in machine.started
+    machine.go.set()
+    assert (await wait_terminal(sup, slow.job_id)).status is JobStatus.SUCCEEDED
+    assert machine.started.count(slow.job_id) == 1  # started once
