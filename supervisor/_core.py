@@ -373,7 +373,11 @@ class Supervisor:
 
     async def _start_handed_off(self, handed: list[tuple[Job, str]]) -> None:
         jobs = [job for job, _ in handed]
-        spawned = await self._start_promoted(jobs, [token for _, token in handed])
+        try:
+            spawned = await self._start_promoted(jobs, [token for _, token in handed])
+        except SupervisorError:
+            log.exception("drain_failed")  # as a drain's: the rows stay RUNNING, and the sweeper judges them
+            return
         if len(spawned) < len(jobs):
             self.wake_drainer()  # a failed start freed its slot: a promote round fills it
 

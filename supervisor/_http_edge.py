@@ -220,12 +220,17 @@ class DirectStream:
                 return
             with trio.move_on_after(RESPONSE_TIMEOUT_S):
                 send = self._protocol.stream_send
-                await send(Response(stream_id=STREAM_ID, headers=headers, status_code=status))
-                if data:
-                    await send(Body(stream_id=STREAM_ID, data=data))
-                await send(EndBody(stream_id=STREAM_ID))
-                self._closing = True
-                await send(StreamClosed(stream_id=STREAM_ID))
+                try:
+                    await send(Response(stream_id=STREAM_ID, headers=headers, status_code=status))
+                    if data:
+                        await send(Body(stream_id=STREAM_ID, data=data))
+                    await send(EndBody(stream_id=STREAM_ID))
+                    self._closing = True
+                    await send(StreamClosed(stream_id=STREAM_ID))
+                except Exception:
+                    # A defect, as hypercorn treats an app's: logged, and this connection ends (never the server).
+                    log.exception("heartbeat_answer_failed", path=self._path)
+                    await self._protocol.send(Closed())
 
 
 def _peer(client: tuple[str, int] | None) -> str | None:

@@ -15,12 +15,14 @@ from typing import Any
 import pytest
 import trio
 from api_support import Live, MakeLive, wait_log_line
+from hypercorn.protocol.events import Response
+from structlog.testing import capture_logs
 from test_api_heartbeat_route import CASES, Case, asgi_post, body
 from test_http_edge import EXCHANGE_S, HOST, Answer, Raw, connect
 
 from supervisor import _app
 from supervisor._app import create_app
-from supervisor._http_edge import DirectStream
+from supervisor._http_edge import DirectStream, EdgeH11Protocol
 
 # Added by the HTTP stack to every answer, whichever path made it.
 _STACK_HEADERS = {"date", "server", "connection"}
@@ -138,3 +140,31 @@ async def test_a_client_gone_in_the_middle_of_a_body_leaves_the_server_serving(
         with trio.fail_after(EXCHANGE_S):
             assert (await fresh.answer()).status == 204
     assert (await live.supervisor.get(job_id)).completed_units == 2
+
+
+async def test_a_defect_while_answering_ends_that_connection_never_the_server(
+    make_live: MakeLive, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    live = await make_live()
+    job_id, token = await running_job(live)
+    headers = [("Authorization", f"Bearer {token}"), ("Content-Type", "application/json")]
+    path = f"/api/jobs/{job_id}/heartbeat"
+    original = EdgeH11Protocol.stream_send
+
+    async def broken(protocol: EdgeH11Protocol, event: Any) -> None:
+        if isinstance(event, Response):
+            raise RuntimeError("a defect in the answer path")
+        await original(protocol, event)
+
+    monkeypatch.setattr(EdgeH11Protocol, "stream_send", broken)
+    with capture_logs() as logs:
+        client = await connect(live)
+        async with client.stream:
+            await client.send(request_bytes(path, headers, body({"completed_units": 3}), chunked=False))
+            assert await client.closed_by_server() == b""  # no answer: the connection is ended
+    assert [e["event"] for e in logs if e["log_level"] == "error"] == ["heartbeat_answer_failed"]
+    monkeypatch.setattr(EdgeH11Protocol, "stream_send", original)
+    fresh = await connect(live)
+    async with fresh.stream:
+        await fresh.send(request_bytes(path, headers, body({"completed_units": 4}), chunked=False))
+        assert (await fresh.answer()).status == 204
