@@ -451,18 +451,32 @@ class SqliteRegistry:
           acknowledged change is durable. A failed COMMIT fails every change of the group.
         A change may run in another caller's thread, on a connection of another handle on the same file.
         """
-        item = _PendingWrite(change)
+        [(result, error)] = self.write_group([change])
+        if error is not None:
+            raise error
+        return result
+
+    def write_group(
+        self, changes: Sequence[Callable[[sqlite3.Connection], Any]]
+    ) -> list[tuple[Any, BaseException | None]]:
+        """Run several changes as ``_write`` runs one, queued together (so one leader commits them together, with
+        whatever else is queued): each change's (result, error), in order. For a caller that collects the changes of
+        several tasks and hands them over in one thread hop (``AsyncRegistry``)."""
+        items = [_PendingWrite(change) for change in changes]
         queue = self._writes
         with queue.guard:
-            queue.pending.append(item)
+            queue.pending.extend(items)
         self._lead()
-        if not item.committed.wait(BUSY_TIMEOUT_MS / 1000):
-            if queue.withdraw(item):  # no leader took it in time: give up, nothing was written
-                raise RegistryError(f"registry lock not acquired within {BUSY_TIMEOUT_MS} ms (this process's writers)")
-            item.committed.wait()  # a leader is running it: its transaction ends (bounded by busy_timeout)
-        if item.error is not None:
-            raise item.error
-        return item.result
+        out: list[tuple[Any, BaseException | None]] = []
+        for item in items:
+            if not item.committed.wait(BUSY_TIMEOUT_MS / 1000):
+                if queue.withdraw(item):  # no leader took it in time: give up, nothing was written
+                    why = f"registry lock not acquired within {BUSY_TIMEOUT_MS} ms (this process's writers)"
+                    out.append((None, RegistryError(why)))
+                    continue
+                item.committed.wait()  # a leader is running it: its transaction ends (bounded by busy_timeout)
+            out.append((item.result, item.error))
+        return out
 
     def _lead(self) -> None:
         """If no writer of this process holds the lock, take it and commit every queued change, group by group;
@@ -650,17 +664,27 @@ class SqliteRegistry:
         A running row never absorbs a new one: it is already reading its inputs, so a follow-up must run after it.
         Every caller, in any process, enqueues as ``queued``; only a drain makes a row RUNNING.
         """
+        return self._write(self.enqueue_change(NewJob(kind, params, argv, coalesce_key)))
+
+    def enqueue_change(self, job: NewJob) -> Callable[[sqlite3.Connection], EnqueueResult]:
+        """``enqueue`` as a change, for ``write_group``."""
+
         def change(conn: sqlite3.Connection) -> EnqueueResult:
-            job_id, coalesced = self._enqueue_in(conn, NewJob(kind, params, argv, coalesce_key))
+            job_id, coalesced = self._enqueue_in(conn, job)
             return EnqueueResult(self._get_in(conn, job_id), coalesced=coalesced)
 
-        return self._write(change)
+        return change
 
     def enqueue_many(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
         """Add several queued rows in one transaction (all or nothing), in order; coalescing as ``enqueue``.
 
         The answers carry no queue position (it would cost a count per row).
         """
+        return self._write(self.enqueue_many_change(jobs))
+
+    def enqueue_many_change(self, jobs: Sequence[NewJob]) -> Callable[[sqlite3.Connection], list[EnqueueResult]]:
+        """``enqueue_many`` as a change, for ``write_group``."""
+
         def change(conn: sqlite3.Connection) -> list[EnqueueResult]:
             added = [self._enqueue_in(conn, job) for job in jobs]
             rows = {
@@ -672,7 +696,7 @@ class SqliteRegistry:
             } if added else {}
             return [EnqueueResult(self._row_to_job(rows[job_id]), coalesced) for job_id, coalesced in added]
 
-        return self._write(change)
+        return change
 
     def _enqueue_in(self, conn: sqlite3.Connection, job: NewJob) -> tuple[str, bool]:
         if job.coalesce_key is not None:
@@ -777,6 +801,11 @@ class SqliteRegistry:
 
     def set_job_processes(self, records: Sequence[ProcessRecord]) -> list[Job]:
         """Record several spawned processes' identities in one transaction; a row no longer RUNNING is left alone."""
+        return self._write(self.set_job_processes_change(records))
+
+    def set_job_processes_change(self, records: Sequence[ProcessRecord]) -> Callable[[sqlite3.Connection], list[Job]]:
+        """``set_job_processes`` as a change, for ``write_group``."""
+
         def change(conn: sqlite3.Connection) -> list[Job]:
             out: list[Job] = []
             for rec in records:
@@ -788,7 +817,7 @@ class SqliteRegistry:
                 out.append(self._get_in(conn, rec.job_id))
             return out
 
-        return self._write(change)
+        return change
 
     def finalize(
         self,
@@ -825,10 +854,23 @@ class SqliteRegistry:
         (INV-PROMOTION-NEVER-OVERSHOOTS). It has its own savepoint: if it fails, only it is rolled back and the
         answer's promoted list is None (the finalize stands; a drain promotes later).
         """
+        return self._write(self.finalize_then_promote_change(job_id, status, exit_code=exit_code, promote=promote))
+
+    def finalize_then_promote_change(
+        self,
+        job_id: str,
+        status: JobStatus | Callable[[Job], tuple[JobStatus, str | None]],
+        *,
+        exit_code: int | None = None,
+        promote: PromoteRequest | None,
+        unless_exists: Path | None = None,
+    ) -> Callable[[sqlite3.Connection], tuple[FinalizeResult, list[Job] | None]]:
+        """``finalize_then_promote`` as a change, for ``write_group``; ``unless_exists`` (the pause flag): no
+        promotion while that file exists, looked at inside the transaction."""
 
         def change(conn: sqlite3.Connection) -> tuple[FinalizeResult, list[Job] | None]:
             result = self._finalize_in(conn, job_id, status, None, exit_code, None, None)
-            if promote is None:
+            if promote is None or (unless_exists is not None and unless_exists.exists()):
                 return result, []
             conn.execute("SAVEPOINT promote")
             try:
@@ -841,7 +883,7 @@ class SqliteRegistry:
             conn.execute("RELEASE promote")
             return result, promoted
 
-        return self._write(change)
+        return change
 
     def _finalize_in(
         self,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -27,6 +28,17 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
+@dataclass
+class _Queued:
+    """A change waiting for ``AsyncRegistry._write``'s next hop, then its outcome."""
+
+    change: Callable[[Any], Any]
+    woken: trio.Event = field(default_factory=trio.Event)
+    lead: bool = False  # woken to take the next hop, not with a result
+    result: Any = None
+    error: BaseException | None = None
+
+
 class AsyncRegistry:
     """Awaitable wrappers over ``SqliteRegistry``; each call runs in a thread.
 
@@ -40,17 +52,68 @@ class AsyncRegistry:
     def __init__(self, registry: SqliteRegistry) -> None:
         self.sync = registry
         self._limiter = trio.CapacityLimiter(registry.max_connections)
+        self._changes: list[_Queued] = []  # the hot writes waiting for the next hop (see _write)
+        self._writing = False
 
     async def _run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), limiter=self._limiter)
 
+    async def _write(self, change: Callable[[Any], T]) -> T:
+        """One of the per-job writes (a job's end, the identities of started jobs), in a thread hop shared with the
+        others queued meanwhile.
+
+        A thread hop (trio's worker thread woken, the result handed back) was the largest single cost per job under
+        load (issue 10's batch profile). No task of its own: the first change that finds no hop in flight takes one
+        (it *leads*) with every change queued so far, handed to the registry's group commit together
+        (``SqliteRegistry.write_group``: the same transaction rules, each change in its own savepoint); the changes
+        queued meanwhile go with the next hop, which the leader hands to the oldest of them. Each caller gets its own
+        result or error once the transaction holding its change has committed. Shielded once queued: a change is
+        someone's hop, and a leader that stopped halfway would strand the ones behind it; bounded by SQLite's busy
+        timeout, as every registry call.
+        """
+        me = _Queued(change)
+        self._changes.append(me)
+        with trio.CancelScope(shield=True):
+            if self._writing:
+                await me.woken.wait()
+            else:
+                self._writing = True
+                me.lead = True
+            if me.lead:
+                await self._lead()
+        if me.error is not None:
+            raise me.error
+        result: T = me.result
+        return result
+
+    async def _lead(self) -> None:
+        batch, self._changes = self._changes, []
+        try:
+            outcomes = await trio.to_thread.run_sync(
+                self.sync.write_group, [q.change for q in batch], limiter=self._limiter
+            )
+        except Exception as exc:  # the hop itself failed: each change says so
+            outcomes = [(None, exc)] * len(batch)
+        finally:
+            # Whatever happened, the queue gets a new leader (or the writer goes idle): nothing is ever stranded.
+            if self._changes:
+                nxt = self._changes[0]
+                nxt.lead = True
+                nxt.woken.set()
+            else:
+                self._writing = False
+        for queued, (result, error) in zip(batch, outcomes, strict=True):
+            queued.result, queued.error = result, error
+            if not queued.lead:
+                queued.woken.set()
+
     async def enqueue(
         self, kind: str, params: Mapping[str, Any], argv: Sequence[str], *, coalesce_key: str | None
     ) -> EnqueueResult:
-        return await self._run(self.sync.enqueue, kind, params, argv, coalesce_key=coalesce_key)
+        return await self._write(self.sync.enqueue_change(NewJob(kind, params, argv, coalesce_key)))
 
     async def enqueue_many(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
-        return await self._run(self.sync.enqueue_many, jobs)
+        return await self._write(self.sync.enqueue_many_change(jobs))
 
     async def promote_queued(
         self, max_concurrent: int, *, boot_id: str, token_hashes: Sequence[str], log_dir: Path | None
@@ -63,7 +126,7 @@ class AsyncRegistry:
         return await self._run(self.sync.set_job_process, job_id, **identity)
 
     async def set_job_processes(self, records: Sequence[ProcessRecord]) -> list[Job]:
-        return await self._run(self.sync.set_job_processes, records)
+        return await self._write(self.sync.set_job_processes_change(records))
 
     async def finalize(
         self,
@@ -97,13 +160,11 @@ class AsyncRegistry:
         """Finalize, then promote into the freed slot in the same transaction, unless ``unless_exists`` (the pause
         flag) exists: that check runs in the same worker thread, so the whole step is one thread hop."""
 
-        def step() -> tuple[FinalizeResult, list[Job] | None]:
-            paused = unless_exists.exists()
-            return self.sync.finalize_then_promote(
-                job_id, status, exit_code=exit_code, promote=None if paused else promote
+        return await self._write(
+            self.sync.finalize_then_promote_change(
+                job_id, status, exit_code=exit_code, promote=promote, unless_exists=unless_exists
             )
-
-        return await self._run(step)
+        )
 
     async def request_cancel(self, job_id: str) -> FinalizeResult:
         return await self._run(self.sync.request_cancel, job_id)
