@@ -114,8 +114,19 @@ def write_atomically(path: str, payload: dict[str, object], spare: str | None = 
     ``spare``: an empty file of this shepherd's, made beforehand in the same directory, written and renamed instead of
     a new temporary file (one metadata change on the way instead of two; see ``Spares``).
     """
-    tmp = spare or f"{path}.tmp{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
+    if spare is not None:
+        # Made empty (O_EXCL) by this shepherd and never written but here: no O_TRUNC, which on ext4 marks the file
+        # for a data flush at close (the replace-by-truncate heuristic), three times slower here.
+        tmp, flags = spare, os.O_WRONLY | os.O_CLOEXEC
+    else:
+        tmp, flags = f"{path}.tmp{os.getpid()}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+    try:
+        fd = os.open(tmp, flags, 0o640)
+    except FileNotFoundError:
+        if spare is None:
+            raise
+        tmp = f"{path}.tmp{os.getpid()}"  # the spare is gone (removed by hand): make the temporary file after all
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
     try:
         os.write(fd, json.dumps(payload, sort_keys=True).encode())
     finally:
