@@ -729,6 +729,12 @@ class Supervisor:
             # requested on the row (and the slot held); the first sweep that reaches the engine adopts and stops it.
             log.warning("cancel_pending_engine_unreachable", job_id=job.job_id, container_id=job.container_id, why=why)
             return
+        if found.liveness is Liveness.UNKNOWN and not job.spawned and found.handle is None:
+            # INV-UNKNOWN-KEEPS-SLOT: a prior boot's start may still be under way (its record not written yet). The
+            # cancel stays requested on the row: a sweep adopts and stops the job once its record is there, or ends
+            # the row cancelled_before_start once it provably never started.
+            log.warning("cancel_pending_start_unconfirmed", job_id=job.job_id, detail=found.detail)
+            return
         if found.found is not None:
             job = await self.registry.set_job_process(**_record_fields(found.found))
         verified = found.liveness is Liveness.ALIVE or found.exit_status is not None or found.exit_pending

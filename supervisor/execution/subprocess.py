@@ -19,6 +19,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -415,6 +416,19 @@ def identity_of(job: Job) -> ProcessIdentity | None:
     return ProcessIdentity(job.pid, job.pid_start_time, job.kernel_boot_id)
 
 
+# How long after its promotion a prior boot's job without a start record may still be being started by that boot's
+# shepherd: a supervisor gives up on a start after START_TIMEOUT_S, and the shepherd handles a request in milliseconds.
+START_RECORD_GRACE_S = START_TIMEOUT_S
+
+
+def _start_may_be_in_flight(job: Job, now: datetime | None = None) -> bool:
+    """True while a prior boot's promoted row is young enough for its start request to be still under way."""
+    if job.started_at is None:
+        return False
+    age_s = ((now or datetime.now(UTC)) - datetime.fromisoformat(job.started_at)).total_seconds()
+    return -START_RECORD_GRACE_S < age_s < START_RECORD_GRACE_S  # a clock stepped back must not hold it for long
+
+
 def _shepherd_alive(start: RecordedStart | None) -> bool:
     return bool(start and start.shepherd and probe(start.shepherd) is Liveness.ALIVE)
 
@@ -552,6 +566,11 @@ class SubprocessExecutor(Executor):
                 kernel_boot_id=identity.kernel_boot_id,
             )
         if identity is None:
+            if not job.spawned and not this_boot and _start_may_be_in_flight(job):
+                # INV-UNKNOWN-KEEPS-SLOT: a start that boot sent just before it died may still be in its shepherd's
+                # hands (it reads what is on its socket after the supervisor is gone): the record, and the program,
+                # may come a moment later. Absence of the record proves nothing yet; past the grace, it does.
+                return Evidence(Liveness.UNKNOWN, detail="no start record yet: its start may still be under way")
             # A pid without its start time is no evidence either way (UNKNOWN); no pid at all: it never ran.
             return Evidence(Liveness.UNKNOWN if job.spawned else None, detail="no verifiable process identity")
         liveness = probe(identity)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Collection
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 import trio
@@ -152,6 +153,13 @@ async def insert_running(
         else:
             job = registry.set_job_process(job.job_id, pid=pid)
     return job
+
+
+def age_started(sup: Supervisor, job_id: str, seconds: float) -> None:
+    """Make a row look promoted ``seconds`` ago (its ``started_at``), as a test of age-dependent rules needs."""
+    started = (datetime.now(UTC) - timedelta(seconds=seconds)).isoformat()
+    with sup.registry.sync._pool.borrow() as conn:
+        conn.execute("UPDATE jobs SET started_at = ? WHERE job_id = ?", (started, job_id))
 
 
 async def wait_idle(sup: Supervisor, *, timeout_s: float = 20.0) -> None:

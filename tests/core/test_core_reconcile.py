@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 
 import pytest
-from core_helpers import dead_identity, insert_running  # type: ignore[import-not-found]
+import trio
+from core_helpers import age_started, dead_identity, insert_running  # type: ignore[import-not-found]
 from structlog.testing import capture_logs
 
 from supervisor import JobStatus
 from supervisor._core import Decision, Supervisor, judge
 from supervisor._identity import Liveness, ProcessIdentity, identify
+from supervisor.execution.subprocess import START_RECORD_GRACE_S, JobFiles
 
-
-def _age(sup: Supervisor, job_id: str, seconds: float) -> None:
-    started = (datetime.now(UTC) - timedelta(seconds=seconds)).isoformat()
-    with sup.registry.sync._pool.borrow() as conn:
-        conn.execute("UPDATE jobs SET started_at = ? WHERE job_id = ?", (started, job_id))
+_age = age_started
 
 
 async def test_prior_boot_live_identity_keeps_its_slot(
@@ -70,9 +68,53 @@ async def test_recycled_pid_counts_as_dead_INV_PID_NEEDS_BOOT_AND_IDENTITY(
 async def test_prior_boot_never_spawned_is_failed_spawn_window(make_supervisor: Callable[..., Supervisor]) -> None:
     sup = make_supervisor(boot_id="new", attach=False)
     job = await insert_running(sup, boot_id="old", spawned=False)
+    _age(sup, job.job_id, START_RECORD_GRACE_S + 5)  # long enough ago that its start cannot still be under way
     await sup.reconcile(stale_marks_live_processes=False)
     row = await sup.get(job.job_id)
     assert (row.status, row.error_reason) == (JobStatus.FAILED, "orphan_reconciled_spawn_window")
+
+
+async def test_a_prior_boots_start_that_may_still_be_under_way_keeps_its_slot_INV_UNKNOWN_KEEPS_SLOT(
+    make_supervisor: Callable[..., Supervisor], bystander: subprocess.Popen[bytes]
+) -> None:
+    # That boot died just after sending the start: its shepherd reads the request after the supervisor is gone and
+    # writes the job's record (then runs the program) a moment later. No record yet is no proof it never started.
+    sup = make_supervisor(boot_id="new", attach=False)
+    job = await insert_running(sup, boot_id="old", spawned=False)
+    with capture_logs() as logs:
+        report = await sup.reconcile(stale_marks_live_processes=False)
+    assert (report.details[0].action, report.details[0].liveness) == ("keep", "unknown")
+    assert (await sup.get(job.job_id)).status is JobStatus.RUNNING
+    assert any(e["event"] == "reconcile_kept_slot" for e in logs)
+    # The record appears (the shepherd started it): the next look finds the process and records it.
+    identity = identify(bystander.pid)
+    assert identity is not None
+    files = JobFiles.for_job(job, sup.log_dir)
+    record = {"pid": identity.pid, "start_time": identity.start_time, "kernel_boot_id": identity.kernel_boot_id}
+
+    def write_record() -> None:
+        files.pid.parent.mkdir(parents=True, exist_ok=True)
+        files.pid.write_text(json.dumps(record))
+
+    await trio.to_thread.run_sync(write_record)
+    await sup.reconcile(stale_marks_live_processes=False)
+    row = await sup.get(job.job_id)
+    assert (row.status, row.pid, row.pid_start_time) == (JobStatus.RUNNING, identity.pid, identity.start_time)
+
+
+async def test_a_cancel_of_a_start_that_may_be_under_way_waits_then_ends_cancelled_before_start(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    sup = make_supervisor(boot_id="new", attach=False)
+    job = await insert_running(sup, boot_id="old", spawned=False)
+    with capture_logs() as logs:
+        after = await sup.cancel(job.job_id)
+    assert (after.status, after.cancel_requested) == (JobStatus.RUNNING, True)  # nothing to stop yet: it waits
+    assert any(e["event"] == "cancel_pending_start_unconfirmed" for e in logs)
+    _age(sup, job.job_id, START_RECORD_GRACE_S + 5)  # no record came: it provably never started
+    await sup.reconcile(stale_marks_live_processes=False)
+    row = await sup.get(job.job_id)
+    assert (row.status, row.error_reason) == (JobStatus.CANCELLED, "cancelled_before_start")
 
 
 async def test_this_boot_spawn_window_is_untouched_INV_RUNNING_MEANS_SPAWNED_OR_SPAWNING(

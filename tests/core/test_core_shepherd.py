@@ -15,7 +15,14 @@ from supervisor import JobStatus
 from supervisor._core import Supervisor
 from supervisor._identity import Liveness, identify, probe
 from supervisor.execution.shepherd import Spares
-from supervisor.execution.subprocess import JobFiles, Shepherd, SubprocessExecutor, read_exit_file, read_start_file
+from supervisor.execution.subprocess import (
+    START_RECORD_GRACE_S,
+    JobFiles,
+    Shepherd,
+    SubprocessExecutor,
+    read_exit_file,
+    read_start_file,
+)
 
 
 def shepherd_of(sup: Supervisor) -> Shepherd:
@@ -100,10 +107,11 @@ async def test_the_shepherd_exits_once_idle_and_orphaned(make_supervisor: Callab
 async def test_a_prior_boots_job_never_started_is_still_a_spawn_window_orphan(
     make_supervisor: Callable[..., Supervisor],
 ) -> None:
-    from core_helpers import insert_running  # type: ignore[import-not-found]
+    from core_helpers import age_started, insert_running  # type: ignore[import-not-found]
 
     sup = make_supervisor(boot_id="new")
     job = await insert_running(sup, boot_id="old", spawned=False)  # no start file: it never ran
+    age_started(sup, job.job_id, START_RECORD_GRACE_S + 5)  # and long enough ago that no start is under way
     await sup.reconcile(stale_marks_live_processes=False)
     ended = await sup.get(job.job_id)
     assert (ended.status, ended.error_reason) == (JobStatus.FAILED, "orphan_reconciled_spawn_window")
