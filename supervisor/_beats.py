@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 
-import trio
-
+from ._coalesce import Coalescer
 from ._events import EventName, JobEvent
 from ._model import Job, JobStatus
 from ._registry import Beat, hash_token
@@ -69,21 +67,11 @@ class JobTokens:
         return len(self._hashes)
 
 
-@dataclass
-class _Waiting:
-    beat: Beat
-    woken: trio.Event = field(default_factory=trio.Event)
-    lead: bool = False  # woken to write the next batch, not with a result
-    result: Job | BaseException | None = None
-
-
 class BeatBatcher:
-    """Coalesce concurrent heartbeats into one registry transaction per batch.
+    """Coalesce concurrent heartbeats into one registry transaction per batch (a ``Coalescer`` of beats).
 
-    No task of its own: the first beat that finds no write in flight writes (it *leads*); the beats that arrive
-    meanwhile queue, and when the write is done the leader hands the queue to the oldest of them, which writes it as
-    the next batch. So a lone beat is written at once (no timer, no added latency), a beat waits at most for the
-    write in flight, and under load each transaction holds every beat that arrived during the previous one.
+    A lone beat is written at once (no timer, no added latency), a beat waits at most for the write in flight, and
+    under load each transaction holds every beat that arrived during the previous one.
 
     ``write`` records a batch and gives, per beat in order, the row after it or the ``RequestError`` it earned;
     ``recorded`` is called with each row in commit order (the absence tracker's ``beat``).
@@ -94,52 +82,13 @@ class BeatBatcher:
         write: Callable[[Sequence[Beat]], Awaitable[Sequence[Job | BaseException]]],
         recorded: Callable[[Job], None],
     ) -> None:
-        self._write = write
-        self._recorded = recorded
-        self._queue: list[_Waiting] = []
-        self._writing = False
-        self.batches = 0  # transactions written (for tests and the benchmark's curiosity)
+        self._coalescer: Coalescer[Beat, Job] = Coalescer(write, recorded)
+
+    @property
+    def batches(self) -> int:
+        """Transactions written (for tests and the benchmark's curiosity)."""
+        return self._coalescer.calls
 
     async def record(self, beat: Beat) -> Job:
         """Record ``beat`` (in this task's batch or a later one) and return the row after it, once committed."""
-        me = _Waiting(beat)
-        self._queue.append(me)
-        # Shielded: a queued beat is someone's batch, and a leader that stopped halfway would strand every beat queued
-        # behind it. Bounded: a batch is one registry call, which SQLite's busy timeout bounds.
-        with trio.CancelScope(shield=True):
-            if self._writing:
-                await me.woken.wait()
-            else:
-                self._writing = True
-                me.lead = True
-            if me.lead:
-                await self._lead()
-        result = me.result
-        if isinstance(result, BaseException):
-            raise result
-        assert result is not None
-        return result
-
-    async def _lead(self) -> None:
-        batch, self._queue = self._queue, []
-        try:
-            results: Sequence[Job | BaseException] = await self._write([w.beat for w in batch])
-            if len(results) != len(batch):
-                raise RuntimeError(f"a batch of {len(batch)} beats was answered with {len(results)} results")
-        except Exception as exc:  # the whole batch failed (the registry is unavailable, say): each beat says so
-            results = [exc] * len(batch)
-        finally:
-            self.batches += 1
-            # Whatever happened, the queue gets a new leader (or the batcher goes idle): no beat is ever stranded.
-            if self._queue:
-                nxt = self._queue[0]
-                nxt.lead = True
-                nxt.woken.set()
-            else:
-                self._writing = False
-        for waiting, result in zip(batch, results, strict=True):
-            waiting.result = result
-            if isinstance(result, Job):
-                self._recorded(result)
-            if not waiting.lead:
-                waiting.woken.set()
+        return await self._coalescer.submit(beat)

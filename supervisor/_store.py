@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 import trio
 
+from ._coalesce import Coalescer
 from ._errors import RequestError
 from ._model import Job, JobStatus
 from ._registry import (
@@ -28,17 +28,6 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-@dataclass
-class _Queued:
-    """A change waiting for ``AsyncRegistry._write``'s next hop, then its outcome."""
-
-    change: Callable[[Any], Any]
-    woken: trio.Event = field(default_factory=trio.Event)
-    lead: bool = False  # woken to take the next hop, not with a result
-    result: Any = None
-    error: BaseException | None = None
-
-
 class AsyncRegistry:
     """Awaitable wrappers over ``SqliteRegistry``; each call runs in a thread.
 
@@ -52,60 +41,27 @@ class AsyncRegistry:
     def __init__(self, registry: SqliteRegistry) -> None:
         self.sync = registry
         self._limiter = trio.CapacityLimiter(registry.max_connections)
-        self._changes: list[_Queued] = []  # the hot writes waiting for the next hop (see _write)
-        self._writing = False
+        self._writes: Coalescer[Callable[[Any], Any], Any] = Coalescer(self._write_group)  # see _write
 
     async def _run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), limiter=self._limiter)
 
     async def _write(self, change: Callable[[Any], T]) -> T:
-        """One of the per-job writes (a job's end, the identities of started jobs), in a thread hop shared with the
-        others queued meanwhile.
+        """One of the per-job writes (a job's end, the identities of started jobs, an enqueue), in a thread hop
+        shared with the others queued meanwhile.
 
         A thread hop (trio's worker thread woken, the result handed back) was the largest single cost per job under
-        load (issue 10's batch profile). No task of its own: the first change that finds no hop in flight takes one
-        (it *leads*) with every change queued so far, handed to the registry's group commit together
-        (``SqliteRegistry.write_group``: the same transaction rules, each change in its own savepoint); the changes
-        queued meanwhile go with the next hop, which the leader hands to the oldest of them. Each caller gets its own
-        result or error once the transaction holding its change has committed. Shielded once queued: a change is
-        someone's hop, and a leader that stopped halfway would strand the ones behind it; bounded by SQLite's busy
-        timeout, as every registry call.
+        load (issue 10's batch profile). The changes are coalesced (``Coalescer``): the first with no hop in flight
+        takes one with every change queued so far, handed to the registry's group commit together
+        (``SqliteRegistry.write_group``: the same transaction rules, each change in its own savepoint); each caller
+        gets its own result or error once the transaction holding its change has committed.
         """
-        me = _Queued(change)
-        self._changes.append(me)
-        with trio.CancelScope(shield=True):
-            if self._writing:
-                await me.woken.wait()
-            else:
-                self._writing = True
-                me.lead = True
-            if me.lead:
-                await self._lead()
-        if me.error is not None:
-            raise me.error
-        result: T = me.result
+        result: T = await self._writes.submit(change)
         return result
 
-    async def _lead(self) -> None:
-        batch, self._changes = self._changes, []
-        try:
-            outcomes = await trio.to_thread.run_sync(
-                self.sync.write_group, [q.change for q in batch], limiter=self._limiter
-            )
-        except Exception as exc:  # the hop itself failed: each change says so
-            outcomes = [(None, exc)] * len(batch)
-        finally:
-            # Whatever happened, the queue gets a new leader (or the writer goes idle): nothing is ever stranded.
-            if self._changes:
-                nxt = self._changes[0]
-                nxt.lead = True
-                nxt.woken.set()
-            else:
-                self._writing = False
-        for queued, (result, error) in zip(batch, outcomes, strict=True):
-            queued.result, queued.error = result, error
-            if not queued.lead:
-                queued.woken.set()
+    async def _write_group(self, changes: Sequence[Callable[[Any], Any]]) -> list[Any]:
+        outcomes = await trio.to_thread.run_sync(self.sync.write_group, changes, limiter=self._limiter)
+        return [error if error is not None else result for result, error in outcomes]
 
     async def enqueue(
         self, kind: str, params: Mapping[str, Any], argv: Sequence[str], *, coalesce_key: str | None
