@@ -114,7 +114,8 @@ class AsyncRegistry:
         unless_exists: Path,
     ) -> tuple[FinalizeResult, list[Job] | None]:
         """Finalize, then promote into the freed slot in the same transaction, unless ``unless_exists`` (the pause
-        flag) exists: that check runs in the same worker thread, so the whole step is one thread hop."""
+        flag) exists: that file is looked at inside the transaction, so the whole step is one change (in a hop shared
+        with the others queued meanwhile, see ``_write``)."""
 
         return await self._write(
             self.sync.finalize_then_promote_change(
