@@ -114,18 +114,16 @@ def write_atomically(path: str, payload: dict[str, object], spare: str | None = 
     ``spare``: an empty file of this shepherd's, made beforehand in the same directory, written and renamed instead of
     a new temporary file (one metadata change on the way instead of two; see ``Spares``).
     """
+    fd = None
     if spare is not None:
         # Made empty (O_EXCL) by this shepherd and never written but here: no O_TRUNC, which on ext4 marks the file
         # for a data flush at close (the replace-by-truncate heuristic), three times slower here.
-        tmp, flags = spare, os.O_WRONLY | os.O_CLOEXEC
-    else:
-        tmp, flags = f"{path}.tmp{os.getpid()}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-    try:
-        fd = os.open(tmp, flags, 0o640)
-    except FileNotFoundError:
-        if spare is None:
-            raise
-        tmp = f"{path}.tmp{os.getpid()}"  # the spare is gone (removed by hand): make the temporary file after all
+        try:
+            tmp, fd = spare, os.open(spare, os.O_WRONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            pass  # removed by hand: make the temporary file after all
+    if fd is None:
+        tmp = f"{path}.tmp{os.getpid()}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
     try:
         os.write(fd, json.dumps(payload, sort_keys=True).encode())
@@ -142,7 +140,7 @@ class Spares:
     when the journal is busy), and both sat on the way from a job's exit to the next job's start (issue 10:
     promotion latency). A spare is made while nothing else waits; taking one costs nothing. When none is left (a
     burst), the temporary file is made as before. A shepherd removes its spares when it exits; a killed one's are
-    removed by the next shepherd that writes in the same directory.
+    removed, while idle, by the next shepherd that writes in the same directory.
     """
 
     PER_DIRECTORY = 4
@@ -151,21 +149,28 @@ class Spares:
     def __init__(self) -> None:
         self._ready: dict[str, list[str]] = {}
         self._broken: set[str] = set()
+        self._unswept: set[str] = set()  # directories whose dead shepherds' spares are still to be removed
         self._seq = 0
 
     def take(self, path: str) -> str | None:
         directory = os.path.dirname(path)
         if directory not in self._ready:
             self._ready[directory] = []
-            self._sweep_dead(directory)
+            self._unswept.add(directory)  # swept while idle: the jobs' directory holds every past job's files
         ready = self._ready[directory]
         return ready.pop(0) if ready else None  # the oldest first
 
     def wanted(self) -> bool:
-        return any(len(r) < self.PER_DIRECTORY and d not in self._broken for d, r in self._ready.items())
+        return bool(self._unswept) or any(
+            len(r) < self.PER_DIRECTORY and d not in self._broken for d, r in self._ready.items()
+        )
 
     def make_one(self) -> None:
-        """Make one missing spare (a failure is left for the write that would have used it to meet)."""
+        """One step of idle work: sweep a directory, or make one missing spare (a failure is left for the write that
+        would have used it to meet)."""
+        if self._unswept:
+            self._sweep_dead(self._unswept.pop())
+            return
         for directory, ready in self._ready.items():
             if len(ready) < self.PER_DIRECTORY and directory not in self._broken:
                 self._seq += 1

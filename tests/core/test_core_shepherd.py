@@ -190,7 +190,11 @@ async def test_state_files_are_renamed_from_spares_made_while_idle_and_a_dead_sh
     leftover.touch()
     first = await wait_terminal(sup, (await sup.enqueue("exit", {"code": 0})).job.job_id)
     shepherd = shepherd_of(sup).pid
-    assert not leftover.exists()  # swept at the shepherd's first write in the directory
+
+    async def leftover_swept() -> bool | None:
+        return True if not await trio.Path(leftover).exists() else None
+
+    await poll(leftover_swept, timeout_s=10)  # swept while idle, after its first write in the directory
 
     async def spares_ready() -> bool | None:
         return True if len(spares_of(sup.log_dir, shepherd)) == Spares.PER_DIRECTORY else None
