@@ -54,6 +54,7 @@ _PRIVATE_ENV = (
 MAX_STAGE_LEN = 200
 MAX_BATCH = 1000  # jobs in one POST /api/jobs/batch
 PROMOTE_BATCH = 64  # rows promoted in one transaction, at most
+REFILL_SLOTS = 2  # rows a job's end promotes in its own finalize, at most (see _refill_tokens)
 # A heartbeat's unit counts are stored as SQLite INTEGERs (64-bit signed): a larger number is refused, not a 500.
 MAX_UNITS = 2**63 - 1
 
@@ -543,11 +544,10 @@ class Supervisor:
                 nursery.start_soon(self._carry_out_cancel, running)
                 status = await self.executor.wait(handle)
                 nursery.cancel_scope.cancel()
-            finished = await self._finish(
-                job, status, cancelled=running.cancel.is_set(), refill=self._refill_tokens()
-            )
-            if finished.promoted:  # handed to the drainer by _finish; a full drain only if the batch cap bound
-                drain_after = len(finished.promoted) == PROMOTE_BATCH < self.config.max_concurrent
+            refill = self._refill_tokens()
+            finished = await self._finish(job, status, cancelled=running.cancel.is_set(), refill=refill)
+            if finished.promoted:  # handed to the drainer by _finish; a full drain only if its tokens ran out
+                drain_after = refill is not None and len(finished.promoted) == len(refill)
             else:
                 drain_after = finished.promoted is None  # no refill was tried (or it failed): the drainer's turn
             await self.executor.release(handle)
@@ -567,7 +567,10 @@ class Supervisor:
         must stay the drainer's: an executor whose engine can be unreachable is asked first (``unavailable``)."""
         if not self.executor.always_available:
             return None
-        return [secrets.token_urlsafe(32) for _ in range(min(self.config.max_concurrent, PROMOTE_BATCH))]
+        # A job's end frees one slot: the tokens (each a random token and its hash, on the event loop, at every job's
+        # end) are for that slot and one more; a job's end that finds more free slots than that (a resume, a raised
+        # limit) leaves the rest to the drainer's full round.
+        return [secrets.token_urlsafe(32) for _ in range(min(self.config.max_concurrent, REFILL_SLOTS))]
 
     async def _finish(
         self,
