@@ -12,7 +12,9 @@ Precedence: environment variable > TOML file (``--config``) > default.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
+import os
 import re
 import tomllib
 from collections.abc import Mapping
@@ -73,6 +75,12 @@ class Config:
     docker_data_volume: str | None = None
     # None: the address the server is bound to (see _server.public_base_url).
     heartbeat_base_url: str | None = None
+    # Where the shepherd writes jobs' state records while this supervisor is connected (ADR 0004): "auto" is
+    # /dev/shm/podcast-supervisor-<uid>/<hash of the data dir> where /dev/shm is a directory, else none; "off" is
+    # none (records next to the logs at once); or an absolute path. See run_dirs().
+    run_dir: str = "auto"
+    # Diagnostics: a file the shepherd appends one JSON line to at every job's start and exit (its clock). None: off.
+    shepherd_trace_file: Path | None = None
 
     # Everything the supervisor writes besides the corpus lives under <data>/.viewer/.
     @property
@@ -91,6 +99,24 @@ class Config:
     def pause_flag_path(self) -> Path:
         # Looked at on every job's end (the promotion it makes is skipped while paused): built once.
         return self.viewer_dir / "jobs.paused"
+
+    def run_dirs(self) -> tuple[Path, Path] | None:
+        """The run directory and the directory from which down it must be private to this user; None for none.
+
+        Blocking (it resolves the data dir and looks at /dev/shm): called once, when the executor is built.
+        """
+        if self.run_dir == "off":
+            return None
+        if self.run_dir != "auto":
+            path = Path(self.run_dir)
+            return path, path
+        shm = Path("/dev/shm")
+        if not shm.is_dir():
+            return None
+        # One directory per data dir: two supervisors on one machine never read each other's records.
+        digest = hashlib.sha256(str(self.data_dir.resolve()).encode()).hexdigest()[:16]
+        mine = shm / f"podcast-supervisor-{os.geteuid()}"
+        return mine / digest, mine
 
     @property
     def bind(self) -> str:
@@ -251,6 +277,18 @@ def load_config(
                 values["api_token_file"] = token_file
             except ConfigError as exc:
                 loader.problems.extend(f"{got[0]}: {problem}" for problem in exc.problems)
+    got = raw("PODCAST_JOB_RUN_DIR", "run_dir")
+    if got is not None:
+        word = str(got[1])
+        if word.lower() in ("auto", "off"):
+            values["run_dir"] = word.lower()
+        elif Path(word).is_absolute():
+            values["run_dir"] = word
+        else:
+            loader.problems.append(f"{got[0]}={got[1]!r}: must be auto, off or an absolute path")
+    got = raw("PODCAST_JOB_SHEPHERD_TRACE_FILE", "shepherd_trace_file")
+    if got is not None:
+        values["shepherd_trace_file"] = Path(str(got[1]))
     got = raw("PODCAST_JOB_KINDS_FILE", "kinds_file")
     if got is not None:
         values["kinds_file"] = Path(str(got[1]))
@@ -287,6 +325,8 @@ _TOML_KEYS = (
     "docker_network",
     "docker_data_volume",
     "heartbeat_base_url",
+    "run_dir",
+    "shepherd_trace_file",
 )
 
 

@@ -24,10 +24,15 @@ def create_executor(config: Config, *, base_env: Mapping[str, str]) -> Executor:
     if mode == "subprocess":
         from .subprocess import SubprocessExecutor
 
+        run_dirs = config.run_dirs()
+        trace = config.shepherd_trace_file
         return SubprocessExecutor(
             base_env=base_env,
             log_dir=config.jobs_log_dir.resolve(),
             shepherd_log=config.viewer_dir.resolve() / "shepherd.log",
+            run_dir=run_dirs[0] if run_dirs else None,
+            run_dir_private_from=run_dirs[1] if run_dirs else None,
+            trace=trace.resolve() if trace is not None else None,
         )
     if mode == "docker":
         from .docker import DockerExecutor

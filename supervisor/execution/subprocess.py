@@ -5,8 +5,10 @@ its own session, reads its output into the log, reaps it and writes its true exi
 talks to it over a socket pair (newline-delimited JSON). A supervisor crash never takes the shepherd or the jobs
 down; the next boot starts its own shepherd and adopts the prior boot's jobs by their recorded identity.
 
-Next to each job's log the shepherd keeps two state files (``JobFiles``): ``<id>.pid`` (identity, written before
-the program runs) and ``<id>.exit`` (true exit status, written at reap).
+The shepherd keeps two state records per job (``JobFiles``): ``<id>.pid`` (identity, written before the program
+runs) and ``<id>.exit`` (true exit status, written at reap). While this supervisor is connected they are written to
+the run directory (tmpfs) and dropped once the job's row is final (``release``); when the supervisor goes away the
+shepherd writes whatever is left there next to the job's log, where they otherwise are. Readers look in both.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -47,20 +50,34 @@ class ShepherdLost(SpawnError):
 
 @dataclass(frozen=True)
 class JobFiles:
-    """Where one job's log and state files live (all in the jobs' log directory)."""
+    """Where one job's log and state records live: next to the log (``pid``, ``exit``), and in the run directory
+    while a connected supervisor may still need them (``run_pid``, ``run_exit``; None without a run directory)."""
 
     log: Path
     pid: Path
     exit: Path
+    run_pid: Path | None = None
+    run_exit: Path | None = None
 
     @classmethod
-    def for_log(cls, log: Path) -> JobFiles:
-        return cls(log, log.with_suffix(".pid"), log.with_suffix(".exit"))
+    def for_log(cls, log: Path, run_dir: Path | None = None) -> JobFiles:
+        stem = log.name.removesuffix(".log")
+        return cls(
+            log,
+            log.with_suffix(".pid"),
+            log.with_suffix(".exit"),
+            run_dir / f"{stem}.pid" if run_dir is not None else None,
+            run_dir / f"{stem}.exit" if run_dir is not None else None,
+        )
 
     @classmethod
-    def for_job(cls, job: Job, log_dir: Path) -> JobFiles:
+    def for_job(cls, job: Job, log_dir: Path, run_dir: Path | None = None) -> JobFiles:
         """Where the row says its log is (fixed at promotion), else where this boot would put it."""
-        return cls.for_log(Path(job.log_path) if job.log_path else log_dir / f"{job.job_id}.log")
+        return cls.for_log(Path(job.log_path) if job.log_path else log_dir / f"{job.job_id}.log", run_dir)
+
+    @property
+    def run_records(self) -> tuple[Path, ...]:
+        return tuple(p for p in (self.run_pid, self.run_exit) if p is not None)
 
 
 @dataclass(frozen=True)
@@ -115,6 +132,43 @@ def read_exit_file(path: Path, pid: int | None = None) -> ExitStatus | None:
     return None
 
 
+def read_start(files: JobFiles) -> RecordedStart | None:
+    """The job's start record (blocking): in the run directory first, then next to the log.
+
+    In that order: the shepherd writes a record next to the log before it removes the run copy, never after.
+    """
+    if files.run_pid is not None and (found := read_start_file(files.run_pid)) is not None:
+        return found
+    return read_start_file(files.pid)
+
+
+def read_exit(files: JobFiles, pid: int | None = None) -> ExitStatus | None:
+    """The job's exit record (blocking): in the run directory first, then next to the log (see ``read_start``)."""
+    if files.run_exit is not None and (found := read_exit_file(files.run_exit, pid)) is not None:
+        return found
+    return read_exit_file(files.exit, pid)
+
+
+def prepare_run_dir(run_dir: Path, private_from: Path) -> None:
+    """Make the run directory (blocking), and refuse one that others could write to.
+
+    Every directory from ``private_from`` down to ``run_dir`` must be a real directory (no symlink) owned by this
+    user and writable by nobody else: the default lives on a shared tmpfs (/dev/shm), where another user could have
+    made the name first, and a record planted there would be read as a job's identity.
+    """
+    chain = [run_dir, *(p for p in run_dir.parents if p.is_relative_to(private_from))]
+    private_from.parent.mkdir(parents=True, exist_ok=True)
+    for directory in reversed(chain):  # the private ones made private: nobody else lists its jobs
+        directory.mkdir(mode=0o700, exist_ok=True)
+    for directory in chain:
+        st = os.lstat(directory)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise PermissionError(
+                f"{directory} must be a directory of this user's that nobody else can write to "
+                f"(owner uid {st.st_uid}, mode {stat.filemode(st.st_mode)})"
+            )
+
+
 @dataclass
 class _Watch:
     """One job of this boot's shepherd: its start answer and, later, its exit."""
@@ -155,9 +209,20 @@ class Shepherd:
     ``signal`` signals the job's process group.
     """
 
-    def __init__(self, stderr_path: Path, base_env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        stderr_path: Path,
+        base_env: Mapping[str, str] | None = None,
+        *,
+        run_dir: Path | None = None,
+        run_dir_private_from: Path | None = None,
+        trace: Path | None = None,
+    ) -> None:
         self._stderr_path = stderr_path
         self._base_env = dict(base_env or {})  # sent once per shepherd; each start sends only its job's own
+        self.run_dir = run_dir
+        self._run_dir_private_from = run_dir_private_from or run_dir
+        self._trace = trace
         self._nursery: trio.Nursery | None = None
         self._conn: _Connection | None = None
         self._ensure_lock = trio.Lock()
@@ -185,6 +250,16 @@ class Shepherd:
     async def _serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Start a shepherd, report its connection, then read its events until it goes away."""
         ours, theirs = socket.socketpair()
+        if self.run_dir is not None:
+            run_dir, private_from = self.run_dir, self._run_dir_private_from or self.run_dir
+            try:
+                await trio.to_thread.run_sync(prepare_run_dir, run_dir, private_from)
+            except OSError as exc:
+                ours.close()
+                theirs.close()
+                raise SpawnError(
+                    f"cannot use the run directory {run_dir} (PODCAST_JOB_RUN_DIR): {exc.strerror or exc}"
+                ) from exc
         try:
             stderr_fd = await trio.to_thread.run_sync(
                 lambda: os.open(self._stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
@@ -223,7 +298,9 @@ class Shepherd:
             log.info("shepherd_started", pid=conn.pid)
             # Every job's environment starts from this one: sent once, not in each start request (it was most of
             # each request's JSON, encoded here and decoded there, at every job start).
-            await self._send(conn, {"op": "env", "env": self._base_env})
+            await self._send(
+                conn, {"op": "env", "env": self._base_env, "trace": str(self._trace) if self._trace else None}
+            )
             task_status.started(conn)
             try:
                 async for event in lines:
@@ -299,6 +376,8 @@ class Shepherd:
                     "log": str(files.log),
                     "pid_file": str(files.pid),
                     "exit_file": str(files.exit),
+                    "run_pid_file": str(files.run_pid) if files.run_pid else None,
+                    "run_exit_file": str(files.run_exit) if files.run_exit else None,
                     "cap": log_max_bytes,
                 },
             )
@@ -334,6 +413,17 @@ class Shepherd:
         if watch.lost or watch.status is None:
             raise ShepherdLost("the shepherd went away before the job ended")
         return watch.status
+
+    async def forget(self, job_id: str) -> None:
+        """The job's row is final: the shepherd may drop its run-directory records. Nothing to do when this shepherd
+        is gone: it wrote them next to the log as it left (or, killed, left them for the run directory's end)."""
+        conn = self._conn
+        if conn is None or not conn.alive:
+            return
+        try:
+            await self._send(conn, {"op": "forget", "id": job_id})
+        except ShepherdLost:
+            pass
 
     async def signal(self, job_id: str, signum: int) -> bool:
         """Signal the job's process group through the shepherd; False when this shepherd no longer has it."""
@@ -429,6 +519,14 @@ def _start_may_be_in_flight(job: Job, now: datetime | None = None) -> bool:
     return -START_RECORD_GRACE_S < age_s < START_RECORD_GRACE_S  # a clock stepped back must not hold it for long
 
 
+def _remove_files(paths: Sequence[Path]) -> None:
+    for path in paths:
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
 def _shepherd_alive(start: RecordedStart | None) -> bool:
     return bool(start and start.shepherd and probe(start.shepherd) is Liveness.ALIVE)
 
@@ -471,17 +569,33 @@ class SubprocessExecutor(Executor):
     mode = "subprocess"
     always_available = True  # the shepherd is started on demand: there is no engine to wait for
 
-    def __init__(self, *, base_env: Mapping[str, str], log_dir: Path, shepherd_log: Path) -> None:
+    def __init__(
+        self,
+        *,
+        base_env: Mapping[str, str],
+        log_dir: Path,
+        shepherd_log: Path,
+        run_dir: Path | None = None,
+        run_dir_private_from: Path | None = None,
+        trace: Path | None = None,
+    ) -> None:
         self.python = sys.executable
         self._base_env = dict(base_env)
         self._log_dir = log_dir
-        self.shepherd = Shepherd(stderr_path=shepherd_log, base_env=self._base_env)
+        self._run_dir = run_dir
+        self.shepherd = Shepherd(
+            stderr_path=shepherd_log,
+            base_env=self._base_env,
+            run_dir=run_dir,
+            run_dir_private_from=run_dir_private_from,
+            trace=trace,
+        )
 
     def attach(self, nursery: trio.Nursery) -> None:
         self.shepherd.attach(nursery)
 
     async def start(self, launch: Launch) -> ProcessHandle:
-        files = JobFiles.for_log(launch.log)
+        files = JobFiles.for_log(launch.log, self._run_dir)
         started = await self.shepherd.start_job(
             launch.job_id,
             launch.argv,
@@ -517,15 +631,24 @@ class SubprocessExecutor(Executor):
         # across processes, so look for the record, bounded, while that shepherd lives.
         with trio.move_on_after(EXIT_RECORD_WAIT_S):
             while True:
-                status = await trio.to_thread.run_sync(read_exit_file, files.exit, identity.pid)
+                status = await trio.to_thread.run_sync(read_exit, files, identity.pid)
                 if status is not None:
                     return status
-                start = await trio.to_thread.run_sync(read_start_file, files.pid)
+                start = await trio.to_thread.run_sync(read_start, files)
                 if not await trio.to_thread.run_sync(_shepherd_alive, start):
                     # One last look: it may have written the record just before it exited.
-                    return await trio.to_thread.run_sync(read_exit_file, files.exit, identity.pid)
+                    return await trio.to_thread.run_sync(read_exit, files, identity.pid)
                 await trio.sleep(EXIT_RECORD_POLL_S)
         return None
+
+    async def release(self, handle: JobHandle) -> None:
+        """The row is final: its state records say nothing the registry does not (their run copies go)."""
+        assert isinstance(handle, ProcessHandle)
+        await self.shepherd.forget(handle.job_id)  # this shepherd's job or not: it drops only what it holds
+        if handle.adopted and handle.files.run_records:
+            # Another shepherd's job (a prior boot's, or ours that died): it left its run copies behind only if it
+            # was killed; drop them. What is next to the log stays, as for any job whose supervisor went away.
+            await trio.to_thread.run_sync(_remove_files, handle.files.run_records)
 
     async def stop(self, handle: JobHandle, grace_s: float) -> None:
         assert isinstance(handle, ProcessHandle)
@@ -551,8 +674,8 @@ class SubprocessExecutor(Executor):
         return [self._evidence(job, this_boot=job.boot_id == boot_id) for job in jobs]
 
     def _evidence(self, job: Job, *, this_boot: bool) -> Evidence:
-        files = JobFiles.for_job(job, self._log_dir)
-        start = read_start_file(files.pid)
+        files = JobFiles.for_job(job, self._log_dir, self._run_dir)
+        start = read_start(files)
         identity = identity_of(job)
         found = None
         if not job.spawned and not this_boot and start is not None and start.identity is not None:
@@ -574,7 +697,7 @@ class SubprocessExecutor(Executor):
             # A pid without its start time is no evidence either way (UNKNOWN); no pid at all: it never ran.
             return Evidence(Liveness.UNKNOWN if job.spawned else None, detail="no verifiable process identity")
         liveness = probe(identity)
-        exit_status = read_exit_file(files.exit, identity.pid) if liveness is Liveness.DEAD else None
+        exit_status = read_exit(files, identity.pid) if liveness is Liveness.DEAD else None
         return Evidence(
             liveness,
             exit_status=exit_status,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -206,3 +207,22 @@ def test_an_unknown_stall_action_is_an_error_not_a_fallback() -> None:
     with pytest.raises(ConfigError) as err:
         load_config({"PODCAST_JOB_STALL_ACTION": "termiante"})
     assert "PODCAST_JOB_STALL_ACTION='termiante'" in str(err.value)
+
+
+def test_the_run_directory_is_auto_off_or_an_absolute_path_and_nothing_else(tmp_path: Path) -> None:
+    config, _ = load_config({"PODCAST_JOB_DATA_DIR": str(tmp_path / "a")})
+    assert config.run_dir == "auto"
+    dirs = config.run_dirs()
+    assert dirs is not None  # this machine has /dev/shm
+    run, private = dirs
+    assert private == Path(f"/dev/shm/podcast-supervisor-{os.geteuid()}") and run.parent == private
+    other, _ = load_config({"PODCAST_JOB_DATA_DIR": str(tmp_path / "b")})
+    assert other.run_dirs() != dirs  # one run directory per data dir
+    assert load_config({"PODCAST_JOB_RUN_DIR": "OFF"})[0].run_dirs() is None
+    explicit, _ = load_config({"PODCAST_JOB_RUN_DIR": "/run/podcast"})
+    assert explicit.run_dirs() == (Path("/run/podcast"), Path("/run/podcast"))
+    with pytest.raises(ConfigError) as err:
+        load_config({"PODCAST_JOB_RUN_DIR": "run/here"})
+    assert "PODCAST_JOB_RUN_DIR='run/here': must be auto, off or an absolute path" in str(err.value)
+    traced, _ = load_config({"PODCAST_JOB_SHEPHERD_TRACE_FILE": "/tmp/trace.ndjson"})
+    assert traced.shepherd_trace_file == Path("/tmp/trace.ndjson")

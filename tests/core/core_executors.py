@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 from collections.abc import Callable, Iterator
@@ -22,7 +23,7 @@ from supervisor._model import Job
 from supervisor.execution import Executor, create_executor
 from supervisor.execution.docker import LABEL_JOB, DockerExecutor, make_client
 from supervisor.execution.memory import MemoryExecutor, MemoryJob
-from supervisor.execution.subprocess import JobFiles, identity_of, read_exit_file, read_start_file
+from supervisor.execution.subprocess import JobFiles, identity_of, read_exit, read_start
 
 IMAGE = "podcast-job-supervisor:local"
 
@@ -77,31 +78,45 @@ class SubprocessWorld(World):
     killed_reason = "killed_by_SIGKILL"
     lost_reason = "orphan_reconciled_dead_pid"
 
+    run_dir: Path | None = None  # the shepherd's run directory (every boot here shares one data dir)
+
     def executor(self, config: Config) -> Executor:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PODCAST_JOB_API_TOKEN")}
+        run_dirs = config.run_dirs()
+        self.run_dir = run_dirs[0] if run_dirs else None
         return create_executor(config, base_env=env)
+
+    def files(self, job: Job) -> JobFiles:
+        return JobFiles.for_job(job, Path("."), self.run_dir)
 
     def kill(self, job: Job) -> None:
         assert job.pid is not None
         os.killpg(job.pid, signal.SIGKILL)
 
     def ended(self, job: Job) -> bool:
-        files = JobFiles.for_job(job, Path("."))
-        return read_exit_file(files.exit, job.pid) is not None
+        return read_exit(self.files(job), job.pid) is not None
 
     def gone(self, job: Job) -> bool:
         identity = identity_of(job)
         return identity is not None and probe(identity) is Liveness.DEAD
 
     def started(self, log_dir: Path, job_id: str) -> bool:
-        return read_start_file(log_dir / f"{job_id}.pid") is not None
+        return read_start(JobFiles.for_log(log_dir / f"{job_id}.log", self.run_dir)) is not None
 
     def lose(self, job: Job) -> None:
-        start = read_start_file(JobFiles.for_job(job, Path(".")).pid)
+        start = read_start(self.files(job))
         assert start is not None and start.shepherd is not None and job.pid is not None
-        # The shepherd first: a SIGKILLed process runs no more code, so nobody reaps the job and records its end.
-        os.kill(start.shepherd.pid, signal.SIGKILL)
-        os.killpg(job.pid, signal.SIGKILL)
+        pidfd = os.pidfd_open(start.shepherd.pid)
+        try:
+            # The shepherd first: a SIGKILLed process runs no more code, so nobody reaps the job and records its end.
+            os.kill(start.shepherd.pid, signal.SIGKILL)
+            os.killpg(job.pid, signal.SIGKILL)
+            # Lost means gone: a process dies only once the system call it was in returns (a record being written).
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)
+            assert poller.poll(10_000), "the SIGKILLed shepherd did not die within 10 s"
+        finally:
+            os.close(pidfd)
 
     def clean_up(self, registry: SqliteRegistry) -> None:
         for job in registry.running_jobs():

@@ -17,10 +17,11 @@ import trio
 from core_helpers import KINDS, poll  # type: ignore[import-not-found]
 
 from supervisor import JobStatus, SqliteRegistry
+from supervisor._config import Config
 from supervisor._identity import Liveness, probe
 from supervisor._kinds import parse_kind
 from supervisor._model import Job
-from supervisor.execution.subprocess import JobFiles, identity_of, read_start_file
+from supervisor.execution.subprocess import JobFiles, identity_of, read_start
 
 
 @pytest.fixture
@@ -193,7 +194,8 @@ async def test_jobs_ending_while_no_supervisor_runs_get_their_true_outcome_at_th
     before = await poll(lambda: _all_with(registry, (ok, bad), JobStatus.RUNNING))
     first.proc.kill()  # SIGKILL: the supervisor is gone, its shepherd and jobs are not
     await first.proc.wait()
-    start = read_start_file(JobFiles.for_job(before[ok], registry.path.parent / "jobs").pid)
+    run_dirs = Config(data_dir=registry.path.parent.parent).run_dirs()
+    start = read_start(JobFiles.for_job(before[ok], registry.path.parent / "jobs", run_dirs[0] if run_dirs else None))
     assert start is not None and start.shepherd is not None
     shepherd = start.shepherd
     gate.write_text("open")  # both jobs now end while no supervisor runs
