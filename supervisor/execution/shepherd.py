@@ -15,7 +15,7 @@ What it does (ADR 0004):
   reason exec would give (``start_failed``).
 - **logs**: one epoll loop reads every job's pipe into its log file (made at the job's first output), capped, and
   never stops reading, so no job blocks on a full pipe or dies of SIGPIPE while the shepherd lives.
-- **spares**: while it has nothing else to do, it makes a few empty files in the jobs' directory; the ``.pid`` and
+- **spares**: while it has nothing else to do, it makes a few empty files where it writes records; the ``.pid`` and
   ``.exit`` records are written into one and renamed into place (``Spares``), so that no file is made between a
   job's exit and the next job's start.
 - **exit**: it reaps its children (SIGCHLD) and writes each job's true exit status atomically (``<id>.exit``: exit code
@@ -28,10 +28,15 @@ What it does (ADR 0004):
 The state files are written without fsync on purpose: they must survive a *process* crash (the page cache does);
 a kernel crash ends every job anyway, and the kernel boot id then tells the next boot so.
 
+Where they are written (``Records``): to the run directory (tmpfs) while the supervisor is connected, dropped on its
+``forget`` once the row is final; when it goes away (or on SIGTERM) the shepherd first writes whatever is left there
+next to the logs, and later records go there directly.
+
 Control protocol: newline-delimited JSON on the control socket.
-Requests: ``{"op": "env", "env"}`` (the base environment of every job, sent once), ``{"op": "start", "id", "argv",
-"env", "cwd", "log", "cap", "pid_file", "exit_file"}`` (``env``: the job's own variables, over the base),
-``{"op": "signal", "id", "sig"}``.
+Requests: ``{"op": "env", "env", "trace"}`` (the base environment of every job, sent once; ``trace``: an optional
+file to append a line to at each start and exit), ``{"op": "start", "id", "argv", "env", "cwd", "log", "cap",
+"pid_file", "exit_file", "run_pid_file", "run_exit_file"}`` (``env``: the job's own variables, over the base; the
+``run_`` paths may be null), ``{"op": "signal", "id", "sig"}``, ``{"op": "forget", "id"}``.
 Events: ``{"ev": "hello", "pid", "start_time"}``, ``{"ev": "started", "id", "pid", "start_time"}``,
 ``{"ev": "start_failed", "id", "error"}``, ``{"ev": "exited", "id", "pid", "exit_code", "signal", "ended_at"}``.
 """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -59,6 +60,11 @@ async def make_supervisor(make_config: Callable[..., Config]) -> AsyncIterator[C
         job_nursery.cancel_scope.cancel()
     for registry in made:
         registry.close()
+    # A shepherd a test killed leaves its run directory (tmpfs, outside tmp_path) behind: no next boot will sweep it.
+    for sup in supervisors:
+        run_dirs = sup.config.run_dirs()
+        if run_dirs is not None:
+            shutil.rmtree(run_dirs[0], ignore_errors=True)
 
 
 def _maker(
