@@ -5,7 +5,7 @@ Usage: .venv/bin/python bench/footprint.py [--smoke] [--runs R] [--jobs N]
 One server per run with ``PODCAST_JOB_MAX_CONCURRENT=N`` and N jobs of the ``token_nap`` kind (it prints its
 ``$PODCAST_JOB_TOKEN`` and then *is* ``/bin/sleep``). With all N running:
 
-5. Footprint: VmRSS of the supervisor and of its shepherd (the pid in every job's ``<id>.pid``, ``shepherd.pid``),
+5. Footprint: VmRSS of the supervisor and of its shepherd (named in every job's start, in its trace),
    and the process tree: the supervisor must have no child process, and the shepherd's descendants must be exactly
    the N jobs' ``sleep`` processes — no per-job helper of any kind.
 6. Heartbeats: each job's token is read back with ``GET /api/jobs/{id}/log``; then a load generator (a lean raw

@@ -2,10 +2,11 @@
 
 Usage: .venv/bin/python bench/latency.py [--smoke] [--runs R]
 
-2. Promotion: a job's exit → the next queued job's process start, from the shepherd's own records (``<id>.exit``
-   ``ended_at``, ``<id>.pid`` ``started_at``: one clock). 8 slots; jobs sleep 50-250 ms (a fixed seed), so exits are
-   spread as in real work and the figure is the promote path, not a queue of exits. The queue is paused while the
-   jobs are enqueued and resumed after, so a job waits at every exit.
+2. Promotion: a job's exit → the next queued job's process start, from the shepherd's own trace
+   (``PODCAST_JOB_SHEPHERD_TRACE_FILE``: ``exited`` ``ended_at``, ``started`` ``started_at``: one clock).
+   8 slots; jobs sleep 50-250 ms (a fixed seed), so exits are spread as in real work and the figure is the promote
+   path, not a queue of exits. The queue is paused while the jobs are enqueued and resumed after, so a job waits at
+   every exit.
 3. Enqueue: ``POST /api/jobs`` (kind ``noop``, the jobs really run on 8 slots) at a fixed 200 and 500 requests/s,
    open loop: request i is due at t0 + i/rate and its latency counts from then, so a slow server cannot slow the
    load down and hide its own delay. Several concurrent connections (a lean raw HTTP/1.1 client, so the shared CPU
@@ -69,7 +70,7 @@ PHASES = (
 
 
 def promotion_phases(sup: Supervisor) -> dict[str, list[float]]:
-    """Where a promotion's time goes: the shepherd's records joined with the supervisor's log of the same jobs.
+    """Where a promotion's time goes: the shepherd's trace joined with the supervisor's log of the same jobs.
 
     Per job: its exit → its row finalized; its promotion → its process start. Between jobs (matched in order, as
     for the latency itself): a slot's row finalized → the next promotion.
@@ -279,7 +280,7 @@ def measure(*, smoke: bool, runs: int) -> list[Section]:
             f"{Figure.of([max(x) for x in got]).fmt(1e3, 'ms')} |"
         )
     s2.notes.append(
-        "the phases come from the supervisor's own log (its clock) joined with the shepherd's records; each is "
+        "the phases come from the supervisor's own log (its clock) joined with the shepherd's trace; each is "
         "measured on its own, so their percentiles do not add up exactly"
     )
     if not batch_route:
