@@ -65,6 +65,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     effective = config.describe()
     effective["kinds"] = kinds.names()
+    if config.exec_mode == "subprocess":  # where "auto" lands on this machine, for this data dir
+        run_dirs = config.run_dirs()
+        effective["run_dir_path"] = str(run_dirs[0]) if run_dirs else None
     if args.json:
         print(json.dumps(effective, indent=2, sort_keys=True))
     else:

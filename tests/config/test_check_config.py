@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,8 @@ def test_prints_the_effective_configuration(env: dict[str, str]) -> None:
     assert effective["kinds"] == ["enrichment", "pipeline"]
     assert effective["api_token"] == "(set)"
     assert "hunter2" not in done.stdout + done.stderr
+    assert effective["run_dir"] == "auto"
+    assert effective["run_dir_path"].startswith(f"/dev/shm/podcast-supervisor-{os.geteuid()}/")
 
 
 def test_a_fallback_is_a_warning_naming_the_variable_and_still_exits_0(env: dict[str, str]) -> None:
