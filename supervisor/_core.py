@@ -312,11 +312,30 @@ class Supervisor:
         return NewJob(kind.name, validated, kind.render_argv(validated, python=self.executor.python), key)
 
     async def enqueue(self, kind_name: object, params: object) -> EnqueueResult:
-        """Validate and store a job, wake the drainer, and answer: the spawn never delays the caller."""
+        """Validate and store a job, have it started if a slot is free, and answer: the spawn never delays the
+        caller."""
         new = self._validate(kind_name, params)
-        result = await self.registry.enqueue(new.kind, new.params, new.argv, coalesce_key=new.coalesce_key)
-        self._announce_enqueued([result])
+        # Promoted jobs are started by the drainer in the job nursery: none to hand them to before attach().
+        refill = self._refill_tokens() if self._job_nursery is not None else None
+        if refill is None:
+            result = await self.registry.enqueue(new.kind, new.params, new.argv, coalesce_key=new.coalesce_key)
+            self._announce_enqueued([result])
+            return result
+        # One transaction (one thread hop) for the row and, while a slot is free, its promotion, instead of an
+        # enqueue, a drainer wake-up, a pause check and a promote (issue 10: one POST per job).
+        # INV-PROMOTION-NEVER-OVERSHOOTS: the free slots are counted inside that transaction.
+        result, promoted = await self.registry.enqueue_then_promote(
+            new, promote=self._promote_request(refill), unless_exists=self.config.pause_flag_path
+        )
+        self._hand_off(promoted, refill)
+        # A full drain only if this promotion failed or its tokens ran out (more slots may be free than it filled).
+        self._announce_enqueued([result], drain=promoted is None or self._tokens_ran_out(promoted, refill))
         return result
+
+    def _tokens_ran_out(self, promoted: list[Job], tokens: list[str]) -> bool:
+        """A promotion with these tokens filled as many slots as it had tokens, fewer than there are slots: more may
+        be free. (With a token per slot, it filled every free one.)"""
+        return len(promoted) == len(tokens) < self.config.max_concurrent
 
     async def enqueue_many(self, items: object) -> list[EnqueueResult]:
         """Validate every item first (a ``ValidationError`` names the element, ``jobs[3].params.seconds``), then
@@ -343,13 +362,29 @@ class Supervisor:
         self._announce_enqueued(results)
         return results
 
-    def _announce_enqueued(self, results: list[EnqueueResult]) -> None:
+    def _announce_enqueued(self, results: list[EnqueueResult], *, drain: bool = True) -> None:
         for result in results:
             if result.coalesced:
                 log.info("job_coalesced", job_id=result.job.job_id, kind=result.job.kind)
             else:
                 self._log_transition(result.job, "-", "queued", "enqueued")
-        self.wake_drainer()
+        if drain:
+            self.wake_drainer()
+
+    def _promote_request(self, tokens: list[str]) -> PromoteRequest:
+        return PromoteRequest(
+            self.config.max_concurrent, self.boot_id, [hash_token(token) for token in tokens], self.log_dir
+        )
+
+    def _hand_off(self, promoted: list[Job] | None, tokens: list[str]) -> None:
+        """Hand jobs promoted in another change's transaction to the drainer, before any other await: from now on a
+        cancel finds the job's entry (as in the drain's own spawn window), and the drainer starts every job handed
+        to it since its last pass together (one identity transaction for all), skipping its own promote round."""
+        for promoted_job, token in zip(promoted or [], tokens, strict=False):
+            self._running.setdefault(promoted_job.job_id, _Running(promoted_job.job_id))
+            self._handed_off.append((promoted_job, token))
+        if promoted:
+            self._drain_wanted.set()
 
     def wake_drainer(self) -> None:
         """Ask the drainer for a drain soon; many wakes before it runs make one drain."""
@@ -547,7 +582,7 @@ class Supervisor:
             refill = self._refill_tokens()
             finished = await self._finish(job, status, cancelled=running.cancel.is_set(), refill=refill)
             if finished.promoted:  # handed to the drainer by _finish; a full drain only if its tokens ran out
-                drain_after = refill is not None and len(finished.promoted) == len(refill)
+                drain_after = refill is not None and self._tokens_ran_out(finished.promoted, refill)
             else:
                 drain_after = finished.promoted is None  # no refill was tried (or it failed): the drainer's turn
             await self.executor.release(handle)
@@ -617,22 +652,10 @@ class Supervisor:
                 job.job_id,
                 decide,
                 exit_code=exit_code,
-                promote=PromoteRequest(
-                    self.config.max_concurrent,
-                    self.boot_id,
-                    [hash_token(token) for token in refill],
-                    self.log_dir,
-                ),
+                promote=self._promote_request(refill),
                 unless_exists=self.config.pause_flag_path,
             )
-            # Hand what it promoted to the drainer before any other await: from now on a cancel finds the job's
-            # entry (as in the drain's own spawn window), and the drainer starts every job handed to it since its
-            # last pass together (one identity transaction for all), skipping its own promote round.
-            for promoted_job, token in zip(promoted or [], refill, strict=False):
-                self._running.setdefault(promoted_job.job_id, _Running(promoted_job.job_id))
-                self._handed_off.append((promoted_job, token))
-            if promoted:
-                self._drain_wanted.set()
+            self._hand_off(promoted, refill)
         else:
             result = await self.registry.finalize(job.job_id, decide, exit_code=exit_code, **_expecting(expect))
         self._stall_stops.discard(job.job_id)

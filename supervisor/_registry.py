@@ -870,20 +870,41 @@ class SqliteRegistry:
 
         def change(conn: sqlite3.Connection) -> tuple[FinalizeResult, list[Job] | None]:
             result = self._finalize_in(conn, job_id, status, None, exit_code, None, None)
-            if promote is None or (unless_exists is not None and unless_exists.exists()):
-                return result, []
-            conn.execute("SAVEPOINT promote")
-            try:
-                promoted: list[Job] | None = self._promote_in(
-                    conn, promote.max_concurrent, promote.boot_id, promote.token_hashes, promote.log_dir
-                )
-            except Exception:  # the finalize must not fail for it: the caller drains instead
-                conn.execute("ROLLBACK TO promote")
-                promoted = None
-            conn.execute("RELEASE promote")
-            return result, promoted
+            return result, self._promote_after(conn, promote, unless_exists)
 
         return change
+
+    def enqueue_then_promote_change(
+        self, job: NewJob, *, promote: PromoteRequest, unless_exists: Path | None = None
+    ) -> Callable[[sqlite3.Connection], tuple[EnqueueResult, list[Job] | None]]:
+        """``enqueue``, then promote the oldest queued rows into free slots in the same transaction (as
+        ``finalize_then_promote_change``): a job enqueued while a slot is free is RUNNING when the commit is."""
+        enqueue = self.enqueue_change(job)
+
+        def change(conn: sqlite3.Connection) -> tuple[EnqueueResult, list[Job] | None]:
+            result = enqueue(conn)
+            return result, self._promote_after(conn, promote, unless_exists)
+
+        return change
+
+    def _promote_after(
+        self, conn: sqlite3.Connection, promote: PromoteRequest | None, unless_exists: Path | None
+    ) -> list[Job] | None:
+        """A promotion made in another change's transaction; [] when none was asked for or promotion is paused
+        (``unless_exists``, looked at inside the transaction), None when it failed (the caller drains instead: the
+        change it follows must not fail for it)."""
+        if promote is None or (unless_exists is not None and unless_exists.exists()):
+            return []
+        conn.execute("SAVEPOINT promote")
+        try:
+            promoted: list[Job] | None = self._promote_in(
+                conn, promote.max_concurrent, promote.boot_id, promote.token_hashes, promote.log_dir
+            )
+        except Exception:
+            conn.execute("ROLLBACK TO promote")
+            promoted = None
+        conn.execute("RELEASE promote")
+        return promoted
 
     def _finalize_in(
         self,

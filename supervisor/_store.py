@@ -68,6 +68,14 @@ class AsyncRegistry:
     ) -> EnqueueResult:
         return await self._write(self.sync.enqueue_change(NewJob(kind, params, argv, coalesce_key)))
 
+    async def enqueue_then_promote(
+        self, job: NewJob, *, promote: PromoteRequest, unless_exists: Path
+    ) -> tuple[EnqueueResult, list[Job] | None]:
+        """Enqueue, then promote into free slots in the same transaction unless ``unless_exists`` (the pause flag)
+        exists (see ``finalize_then_promote``)."""
+        change = self.sync.enqueue_then_promote_change(job, promote=promote, unless_exists=unless_exists)
+        return await self._write(change)
+
     async def enqueue_many(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
         return await self._write(self.sync.enqueue_many_change(jobs))
 

@@ -246,3 +246,56 @@ async def test_the_shepherd_holds_none_of_the_supervisors_environment(
     assert b"operator-secret" not in environ and b"PODCAST_JOB" not in environ
     await sup.cancel(job.job_id)
     await wait_terminal(sup, job.job_id)
+
+
+async def test_a_job_enqueued_while_a_slot_is_free_is_promoted_in_its_enqueue_transaction(
+    make_supervisor: Callable[..., Supervisor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 10 (one POST per job): the row and its promotion are one transaction; the drainer only starts it."""
+    sup = make_supervisor(max_concurrent=1)
+
+    async def no_promote_round(*args: object, **kwargs: object) -> list[Job]:
+        raise AssertionError("the drainer's promote round ran: the enqueue did not promote")
+
+    monkeypatch.setattr(sup.registry, "promote_queued", no_promote_round)
+    first = (await sup.enqueue("sleep", {"seconds": 30})).job
+    assert first.status is JobStatus.QUEUED  # the answer: the row as stored, before its promotion in the same commit
+    assert (await sup.get(first.job_id)).status is JobStatus.RUNNING
+    # INV-PROMOTION-NEVER-OVERSHOOTS: the one slot is taken (counted in the next enqueue's transaction).
+    second = (await sup.enqueue("exit", {"code": 0})).job
+    assert (await sup.get(second.job_id)).status is JobStatus.QUEUED
+    running = await wait_running(sup, first.job_id)  # started by the drainer, handed over by the enqueue
+    assert running.pid is not None and running.attempts == 1
+    assert (await sup.get(second.job_id)).status is JobStatus.QUEUED
+    await sup.cancel(first.job_id)
+    assert (await wait_terminal(sup, first.job_id)).status is JobStatus.CANCELLED
+    # The end of the first promotes the second in its own finalize: still no promote round.
+    assert (await wait_terminal(sup, second.job_id)).status is JobStatus.SUCCEEDED
+
+
+async def test_an_enqueue_that_fills_its_two_slots_leaves_the_other_free_ones_to_a_full_drain(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    """A promotion in the enqueue's transaction fills at most two slots (its tokens); with more free, the drainer's
+    full round fills the rest at once, not at the next job's end."""
+    sup = make_supervisor(max_concurrent=4)
+    await sup.pause()
+    waiting = [(await sup.enqueue("sleep", {"seconds": 30})).job.job_id for _ in range(3)]
+    await trio.to_thread.run_sync(sup.config.pause_flag_path.unlink)  # resumed behind the supervisor's back
+    last = (await sup.enqueue("sleep", {"seconds": 30})).job.job_id
+    for job_id in [*waiting, last]:
+        await wait_running(sup, job_id)
+    for job_id in [*waiting, last]:
+        await sup.cancel(job_id)
+
+
+async def test_a_job_enqueued_while_paused_stays_queued_and_wakes_nothing(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    sup = make_supervisor(max_concurrent=2)
+    await sup.pause()
+    job = (await sup.enqueue("exit", {"code": 0})).job
+    assert (await sup.get(job.job_id)).status is JobStatus.QUEUED  # the flag is looked at inside the transaction
+    assert not sup._handed_off
+    await sup.resume()
+    assert (await wait_terminal(sup, job.job_id)).status is JobStatus.SUCCEEDED
