@@ -221,7 +221,7 @@ class Shepherd:
         self._stderr_path = stderr_path
         self._base_env = dict(base_env or {})  # sent once per shepherd; each start sends only its job's own
         self.run_dir = run_dir
-        self._run_dir_private_from = run_dir_private_from or run_dir
+        self._run_dir_private_from = run_dir_private_from or run_dir  # None exactly when run_dir is
         self._trace = trace
         self._nursery: trio.Nursery | None = None
         self._conn: _Connection | None = None
@@ -251,7 +251,8 @@ class Shepherd:
         """Start a shepherd, report its connection, then read its events until it goes away."""
         ours, theirs = socket.socketpair()
         if self.run_dir is not None:
-            run_dir, private_from = self.run_dir, self._run_dir_private_from or self.run_dir
+            run_dir, private_from = self.run_dir, self._run_dir_private_from
+            assert private_from is not None
             try:
                 await trio.to_thread.run_sync(prepare_run_dir, run_dir, private_from)
             except OSError as exc:
@@ -582,7 +583,6 @@ class SubprocessExecutor(Executor):
         self.python = sys.executable
         self._base_env = dict(base_env)
         self._log_dir = log_dir
-        self._run_dir = run_dir
         self.shepherd = Shepherd(
             stderr_path=shepherd_log,
             base_env=self._base_env,
@@ -595,7 +595,7 @@ class SubprocessExecutor(Executor):
         self.shepherd.attach(nursery)
 
     async def start(self, launch: Launch) -> ProcessHandle:
-        files = JobFiles.for_log(launch.log, self._run_dir)
+        files = JobFiles.for_log(launch.log, self.shepherd.run_dir)
         started = await self.shepherd.start_job(
             launch.job_id,
             launch.argv,
@@ -674,7 +674,7 @@ class SubprocessExecutor(Executor):
         return [self._evidence(job, this_boot=job.boot_id == boot_id) for job in jobs]
 
     def _evidence(self, job: Job, *, this_boot: bool) -> Evidence:
-        files = JobFiles.for_job(job, self._log_dir, self._run_dir)
+        files = JobFiles.for_job(job, self._log_dir, self.shepherd.run_dir)
         start = read_start(files)
         identity = identity_of(job)
         found = None

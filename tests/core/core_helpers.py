@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Collection
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
+import pytest
 import trio
 
 from supervisor import JobStatus
@@ -182,3 +183,17 @@ async def dead_identity() -> ProcessIdentity:
         return identity
 
     return await trio.to_thread.run_sync(run)
+
+
+def count_promote_rounds(sup: Supervisor, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """From now on, each promote round the drainer runs appends how many rows it promoted to the list returned."""
+    rounds: list[int] = []
+    promote = sup.registry.promote_queued
+
+    async def counted(max_concurrent: int, **kwargs: object) -> list[Job]:
+        got = await promote(max_concurrent, **kwargs)  # type: ignore[arg-type]
+        rounds.append(len(got))
+        return got
+
+    monkeypatch.setattr(sup.registry, "promote_queued", counted)
+    return rounds

@@ -9,7 +9,14 @@ import pytest
 import trio
 import trio.testing
 from core_executors import PROGRAMS  # type: ignore[import-not-found]
-from core_helpers import insert_running, poll, wait_running, wait_status, wait_terminal  # type: ignore[import-not-found]
+from core_helpers import (  # type: ignore[import-not-found]
+    count_promote_rounds,
+    insert_running,
+    poll,
+    wait_running,
+    wait_status,
+    wait_terminal,
+)
 from structlog.testing import capture_logs
 
 from supervisor import Config, JobStatus
@@ -226,15 +233,7 @@ async def test_a_drain_that_fills_the_free_slots_reads_the_queue_once(
     A failed start frees its slot, so that drain goes on and fills it."""
     sup = make(max_concurrent=2, attach=False)
     sup.attach(nursery)  # no drainer task: only the drains this test runs
-    calls: list[int] = []
-    promote = sup.registry.promote_queued
-
-    async def counted(max_concurrent: int, **kwargs: object) -> list[Job]:
-        got = await promote(max_concurrent, **kwargs)  # type: ignore[arg-type]
-        calls.append(len(got))
-        return got
-
-    monkeypatch.setattr(sup.registry, "promote_queued", counted)
+    calls = count_promote_rounds(sup, monkeypatch)
     sleep_argv = sup.kinds.get("sleep").render_argv({"seconds": 60})
     ids = [(await sup.registry.enqueue("sleep", {"i": i}, sleep_argv, coalesce_key=None)).job.job_id for i in range(3)]
     started = await sup.drain()
@@ -276,15 +275,7 @@ async def test_a_jobs_end_promotes_the_next_job_in_its_own_finalize_and_the_drai
     assert (await wait_terminal(sup, first)).status is JobStatus.SUCCEEDED
     assert (await sup.get(second)).status is JobStatus.QUEUED  # paused: the finalize promoted nothing
     await sup.resume()  # resume drains once: second starts (one slot)
-    rounds: list[int] = []
-    promote = sup.registry.promote_queued
-
-    async def counted(max_concurrent: int, **kwargs: object) -> list[Job]:
-        got = await promote(max_concurrent, **kwargs)  # type: ignore[arg-type]
-        rounds.append(len(got))
-        return got
-
-    monkeypatch.setattr(sup.registry, "promote_queued", counted)
+    rounds = count_promote_rounds(sup, monkeypatch)
 
     async def handed_off() -> list[tuple[Job, str]] | None:
         return sup._handed_off or None
