@@ -123,15 +123,39 @@ def _parse_json(raw: bytes) -> Any:
         raise MalformedRequest("the body is nested too deeply", field="body") from None
 
 
-async def _json_object(allowed: Iterable[str]) -> dict[str, Any]:
-    """The body as a JSON object with only ``allowed`` keys (the envelope of a request, not its params)."""
-    body = await _json_body()
+def _envelope(body: Any, allowed: Iterable[str]) -> dict[str, Any]:
+    """A parsed body that must be a JSON object with only ``allowed`` keys; raises the 422 naming the field."""
     if not isinstance(body, dict):
         raise ValidationError("the body must be a JSON object", field="body")
     unknown = sorted(set(body) - set(allowed))
     if unknown:
         raise ValidationError(f"unknown field {unknown[0]!r}", field=unknown[0])
     return body
+
+
+def _check_api_token(given: str | None, expected: str | None) -> None:
+    """The operator token check of every non-public route (``expected`` None: the server runs without one)."""
+    if expected is None:
+        return
+    # Constant-time: the compare must not reveal how much of a guessed token is right.
+    if given is None or not hmac.compare_digest(given.encode(), expected.encode()):
+        raise Unauthorized("missing or wrong API token (Authorization: Bearer <PODCAST_JOB_API_TOKEN>)")
+
+
+async def _enqueue_answer(supervisor: Supervisor, body: Any) -> dict[str, Any]:
+    """``POST /api/jobs``: the body (parsed JSON) checked and enqueued; the 202's payload. Shared by Quart's route
+    and ``FastRoutes``, so that both answer alike."""
+    envelope = _envelope(body, ("kind", "params"))
+    if "kind" not in envelope:
+        raise ValidationError("missing field 'kind'", field="kind")
+    result = await supervisor.enqueue(envelope["kind"], envelope.get("params"))
+    job = result.job
+    return {
+        "job_id": job.job_id,
+        "status": str(job.status),
+        "queue_position": job.queue_position,
+        "coalesced": result.coalesced,
+    }
 
 
 def _reject_constant(name: str) -> Any:
@@ -176,13 +200,11 @@ class _JobIdConverter(BaseConverter):
     regex = rf"(?!(?:{'|'.join(map(re.escape, JOBS_SUBROUTES))})$)[^/]+"
 
 
-def create_app(
-    supervisor: Supervisor, api_token: ApiToken | None = None, *, heartbeat_route: bool = True
-) -> QuartTrio:
+def create_app(supervisor: Supervisor, api_token: ApiToken | None = None, *, fast_routes: bool = True) -> QuartTrio:
     """The app over ``supervisor``; ``api_token`` is the operator token in force (re-read on SIGHUP by the server).
 
-    ``heartbeat_route``: answer heartbeats with ``HeartbeatRoute`` ahead of Quart (False: Quart's route only, which
-    the tests compare it with).
+    ``fast_routes``: answer heartbeats and single enqueues with ``FastRoutes`` ahead of Quart (False: Quart's
+    routes only, which the tests compare them with).
     """
     # No static folder: the route map is exactly the API, which the auth and OpenAPI tests walk.
     app = QuartTrio(__name__, static_folder=None)
@@ -211,10 +233,7 @@ def create_app(
             return  # an unknown route or method answers 404/405: the route map is public (openapi.json)
         if request.endpoint in PUBLIC_ENDPOINTS:
             return
-        given = _bearer_token()
-        # Constant-time: the compare must not reveal how much of a guessed token is right.
-        if given is None or not hmac.compare_digest(given.encode(), expected.encode()):
-            raise Unauthorized("missing or wrong API token (Authorization: Bearer <PODCAST_JOB_API_TOKEN>)")
+        _check_api_token(_bearer_token(), expected)
 
     @app.after_request
     async def tag_response(response: Response) -> Response:
@@ -266,17 +285,8 @@ def create_app(
     @app.post("/api/jobs")
     async def enqueue() -> Any:
         """Enqueue a job of a kind with its params."""
-        body = await _json_object(("kind", "params"))
-        if "kind" not in body:
-            raise ValidationError("missing field 'kind'", field="kind")
-        result = await supervisor.enqueue(body["kind"], body.get("params"))
-        job = result.job
-        return {
-            "job_id": job.job_id,
-            "status": str(job.status),
-            "queue_position": job.queue_position,
-            "coalesced": result.coalesced,
-        }, 202
+        # The common case never gets here: FastRoutes answers it before Quart (same contract, same answers).
+        return await _enqueue_answer(supervisor, await _json_body()), 202
 
     @app.post("/api/jobs/batch")
     async def enqueue_batch() -> Any:
@@ -351,7 +361,7 @@ def create_app(
     @app.post("/api/jobs/<job_id>/heartbeat")
     async def heartbeat(job_id: str) -> Any:
         """A running job's heartbeat, authenticated with that job's own token."""
-        # The common case never gets here: HeartbeatRoute answers it before Quart (same contract, same answers).
+        # The common case never gets here: FastRoutes answers it before Quart (same contract, same answers).
         token = _bearer_token()
         if token is None:
             raise Unauthorized(MISSING_JOB_TOKEN)
@@ -369,9 +379,9 @@ def create_app(
         """Prometheus metrics."""
         return Response(await supervisor.render_metrics(), status=200, content_type=CONTENT_TYPE_PLAIN_0_0_4)
 
-    if heartbeat_route:
+    if fast_routes:
         # Quart's own __call__ calls app.asgi_app: the test client and hypercorn both come through here.
-        app.asgi_app = HeartbeatRoute(app, supervisor, app.asgi_app)  # type: ignore[method-assign]
+        app.asgi_app = FastRoutes(app, supervisor, token_source, app.asgi_app)  # type: ignore[method-assign]
     return app
 
 
@@ -380,9 +390,10 @@ def _row(job: Job) -> dict[str, Any]:
     return job.public()
 
 
-# -- the heartbeat route, ahead of Quart ------------------------------------------------------------------
+# -- the fast routes, ahead of Quart --------------------------------------------------------------------
 
 _HEARTBEAT_PATH = re.compile(r"/api/jobs/([^/]+)/heartbeat")
+_ENQUEUE_PATH = "/api/jobs"
 _DIGITS = re.compile(rb"[0-9]{1,18}")
 # The headers Quart's route answers a heartbeat with (the same for every 204).
 _NO_CONTENT_HEADERS = [(b"content-type", b"text/html; charset=utf-8"), (b"content-length", b"0")]
@@ -392,40 +403,54 @@ class _ClientGone(Exception):
     """The client closed the connection before its body was complete: nobody is left to answer."""
 
 
-class HeartbeatRoute:
-    """``POST /api/jobs/<job_id>/heartbeat``, answered at the ASGI level; every other request goes to Quart.
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlainRequest:
+    """A request head in the plain case ``FastRoutes`` takes: which route, and what of the head it reads."""
 
-    Why: heartbeats are the one request that comes in thousands per second (one per running job every few
-    seconds), and Quart's machinery per request (a request context, a nursery of two tasks, the before/after hooks,
-    werkzeug's routing and response objects) cost more than half of the CPU of each (issue 10's profile). This is
-    HTTP only, like the rest of this module: it reads the head, hands the core the same call with the same body
-    reader, and turns the same errors into the same answers, byte for byte (``tests/api/test_api_heartbeat_route.py``
-    sends a table of requests to both and compares).
+    job_id: str | None  # a heartbeat's job; None: ``POST /api/jobs``
+    authorization: bytes | None
+    content_length: int
+    content_type: bytes | None
+
+
+class FastRoutes:
+    """``POST /api/jobs/<job_id>/heartbeat`` and ``POST /api/jobs``, answered at the ASGI level; every other request
+    goes to Quart.
+
+    Why: these are the requests that come by thousands: a heartbeat per running job every few seconds, and an
+    enqueue per job from a client that does not batch. Quart's machinery per request (a request context, a nursery
+    of two tasks, the before/after hooks, werkzeug's routing and response objects) cost more than half of a
+    heartbeat's CPU and about a third of an enqueue's (issue 10's profiles). This is HTTP only, like the rest of
+    this module: it reads the head, makes the same call on the core with the same body, and turns the same errors
+    into the same answers, byte for byte (``tests/api/test_api_heartbeat_route.py`` and
+    ``tests/api/test_api_enqueue_route.py`` send a table of requests to both and compare).
 
     It takes only the plain case and leaves to Quart, untouched (its body unread), any request it would have to
     interpret further: one with an ``Origin`` (the 403), a chunked or unannounced body, a repeated or odd
     ``Content-Length``, a ``root_path``. Quart's route answers those exactly as before.
 
-    The server's HTTP/1.1 protocol (``_http_edge``) also asks ``plain_case`` of each request head and, for a
-    heartbeat, calls ``respond`` itself, without an ASGI app around it (``DirectStream``): the same answers again.
+    The server's HTTP/1.1 protocol (``_http_edge``) also asks ``plain_case`` of each request head and, for these
+    routes, calls ``respond`` itself, without an ASGI app around it (``DirectStream``): the same answers again.
     """
 
-    def __init__(self, app: QuartTrio, supervisor: Supervisor, fallback: Any) -> None:
+    def __init__(self, app: QuartTrio, supervisor: Supervisor, token_source: ApiToken, fallback: Any) -> None:
         self.app = app
         self.supervisor = supervisor
+        self.token_source = token_source
         self.fallback = fallback
 
     @staticmethod
-    def plain_case(
-        method: bytes | str, path: str, headers: Iterable[tuple[bytes, bytes]]
-    ) -> tuple[str, bytes | None, int, bytes | None] | None:
-        """The heartbeat this request head is, in the plain case this route takes: ``(job_id, authorization,
-        content_length, content_type)``; None for anything else (header names as the server gives them, lowered)."""
+    def plain_case(method: bytes | str, path: str, headers: Iterable[tuple[bytes, bytes]]) -> PlainRequest | None:
+        """The request this head is, in the plain case these routes take; None for anything else (header names as
+        the server gives them, lowered)."""
         if method not in ("POST", b"POST"):
             return None
-        match = _HEARTBEAT_PATH.fullmatch(path)
-        if match is None:
-            return None
+        job_id: str | None = None
+        if path != _ENQUEUE_PATH:
+            match = _HEARTBEAT_PATH.fullmatch(path)
+            if match is None:
+                return None
+            job_id = match.group(1)
         authorization = content_type = content_length = None
         lengths = 0
         for name, value in headers:
@@ -441,7 +466,7 @@ class HeartbeatRoute:
                 content_type = value if content_type is None else content_type
         if lengths != 1 or content_length is None or not _DIGITS.fullmatch(content_length):
             return None
-        return match.group(1), authorization, int(content_length), content_type
+        return PlainRequest(job_id, authorization, int(content_length), content_type)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope.get("root_path"):
@@ -449,26 +474,29 @@ class HeartbeatRoute:
         plain = self.plain_case(scope["method"], scope["path"], scope["headers"])
         if plain is None:
             return await self.fallback(scope, receive, send)
-        job_id, authorization, content_length, content_type = plain
-        body = _BodyReader(receive, content_length, content_type)
+        body = _BodyReader(receive, plain.content_length, plain.content_type)
         try:
-            status, headers, data = await self.respond(job_id, authorization, body.read_json, scope["path"])
+            status, headers, data = await self.respond(plain, body.read_json, scope["path"])
         except _ClientGone:
             return
         await body.answer(send, status, headers, data)
 
     async def respond(
-        self, job_id: str, authorization: bytes | None, read_json: Callable[[], Awaitable[Any]], path: str
+        self, plain: PlainRequest, read_json: Callable[[], Awaitable[Any]], path: str
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        """The answer to a heartbeat (status, headers, body), as Quart's route gives it. ``read_json`` reads the
+        """The answer to the request (status, headers, body), as Quart's route gives it. ``read_json`` reads the
         body (raising the 415/413/408/400 errors, or ``_ClientGone``), and is called only after the token check."""
         request_id = secrets.token_hex(8)
         status, payload = 204, None
         try:
-            token = _parse_bearer(authorization.decode("latin1")) if authorization is not None else None
-            if token is None:
-                raise Unauthorized(MISSING_JOB_TOKEN)
-            await self.supervisor.heartbeat(job_id, token, read_json)
+            bearer = _parse_bearer(plain.authorization.decode("latin1")) if plain.authorization is not None else None
+            if plain.job_id is None:
+                _check_api_token(bearer, self.token_source.current)
+                status, payload = 202, await _enqueue_answer(self.supervisor, await read_json())
+            else:
+                if bearer is None:
+                    raise Unauthorized(MISSING_JOB_TOKEN)
+                await self.supervisor.heartbeat(plain.job_id, bearer, read_json)
         except _ClientGone:
             raise
         except RequestError as exc:
@@ -504,7 +532,7 @@ def _mimetype(content_type: bytes | None) -> str:
 
 
 class _BodyReader:
-    """A heartbeat's body, read only when the core asks for it (after the token), as ``_json_body`` reads it."""
+    """A fast route's body, read only when the core asks for it (after the token), as ``_json_body`` reads it."""
 
     def __init__(self, receive: Any, content_length: int, content_type: bytes | None) -> None:
         self._receive = receive
@@ -546,7 +574,7 @@ class _BodyReader:
 
 
 class BufferedBody:
-    """A heartbeat's body as the server's protocol hands it over (``_http_edge.DirectStream``): fed chunk by chunk,
+    """A fast route's body as the server's protocol hands it over (``_http_edge.DirectStream``): fed chunk by chunk,
     read as ``_BodyReader.read_json`` reads it, with the same errors and the same timeout."""
 
     def __init__(self, content_length: int, content_type: bytes | None) -> None:

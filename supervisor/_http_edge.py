@@ -59,7 +59,7 @@ from hypercorn.protocol.events import Body, EndBody, Response, StreamClosed
 from hypercorn.protocol.h11 import STREAM_ID, H11Protocol
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 
-from ._app import REQUEST_ID_HEADER, RESPONSE_TIMEOUT_S, BufferedBody, HeartbeatRoute, _ClientGone
+from ._app import REQUEST_ID_HEADER, RESPONSE_TIMEOUT_S, BufferedBody, FastRoutes, PlainRequest, _ClientGone
 from ._logging import get_logger
 
 log = get_logger()
@@ -153,9 +153,10 @@ class EdgeH11Protocol(H11Protocol):
         await self.context.mark_request()
 
     def _direct_stream(self, request: h11.Request) -> DirectStream | None:
-        """A heartbeat in the plain case, answered without an ASGI app around it; None for anything else."""
+        """A heartbeat or an enqueue in the plain case, answered without an ASGI app around it; None for anything
+        else."""
         route = getattr(getattr(self.app, "app", None), "asgi_app", None)
-        if not isinstance(route, HeartbeatRoute) or self.config.root_path or self.config.server_names:
+        if not isinstance(route, FastRoutes) or self.config.root_path or self.config.server_names:
             return None
         path = request.target.partition(b"?")[0]
         try:
@@ -165,12 +166,11 @@ class EdgeH11Protocol(H11Protocol):
         plain = route.plain_case(request.method, decoded, request.headers)
         if plain is None:
             return None
-        job_id, authorization, content_length, content_type = plain
-        return DirectStream(self, route, job_id, authorization, BufferedBody(content_length, content_type), decoded)
+        return DirectStream(self, route, plain, BufferedBody(plain.content_length, plain.content_type), decoded)
 
 
 class DirectStream:
-    """One heartbeat, answered by ``HeartbeatRoute.respond`` in a task of its connection.
+    """One heartbeat or enqueue, answered by ``FastRoutes.respond`` in a task of its connection.
 
     What hypercorn does per request around an ASGI app -- the scope, a task with its memory channel, the message
     dicts, the send state machine -- was a third of a heartbeat's CPU (issue 10: at least 3,000 a second). This
@@ -182,18 +182,11 @@ class DirectStream:
     idle = False
 
     def __init__(
-        self,
-        protocol: EdgeH11Protocol,
-        route: HeartbeatRoute,
-        job_id: str,
-        authorization: bytes | None,
-        body: BufferedBody,
-        path: str,
+        self, protocol: EdgeH11Protocol, route: FastRoutes, plain: PlainRequest, body: BufferedBody, path: str
     ) -> None:
         self._protocol = protocol
         self._route = route
-        self._job_id = job_id
-        self._authorization = authorization
+        self._plain = plain
         self._body = body
         self._path = path
         self._scope = trio.CancelScope()
@@ -213,9 +206,7 @@ class DirectStream:
     async def _run(self) -> None:
         with self._scope:
             try:
-                status, headers, data = await self._route.respond(
-                    self._job_id, self._authorization, self._body.read_json, self._path
-                )
+                status, headers, data = await self._route.respond(self._plain, self._body.read_json, self._path)
             except _ClientGone:
                 return
             with trio.move_on_after(RESPONSE_TIMEOUT_S):
@@ -229,7 +220,7 @@ class DirectStream:
                     await send(StreamClosed(stream_id=STREAM_ID))
                 except Exception:
                     # A defect, as hypercorn treats an app's: logged, and this connection ends (never the server).
-                    log.exception("heartbeat_answer_failed", path=self._path)
+                    log.exception("direct_answer_failed", path=self._path)
                     await self._protocol.send(Closed())
 
 

@@ -73,7 +73,7 @@ async def test_the_protocols_own_answer_is_quarts_route_answer(
     spy = DirectSpy(monkeypatch)
     path = f"/api/jobs/{job_id}/heartbeat"
     chunked = name == "chunked"
-    quart_only = create_app(live.supervisor, heartbeat_route=False)
+    quart_only = create_app(live.supervisor, fast_routes=False)
     async with quart_only.test_app():
         by_quart = await asgi_post(quart_only, path, make_headers(token), data, with_length=not chunked)
     client = await connect(live)
@@ -162,7 +162,7 @@ async def test_a_defect_while_answering_ends_that_connection_never_the_server(
         async with client.stream:
             await client.send(request_bytes(path, headers, body({"completed_units": 3}), chunked=False))
             assert await client.closed_by_server() == b""  # no answer: the connection is ended
-    assert [e["event"] for e in logs if e["log_level"] == "error"] == ["heartbeat_answer_failed"]
+    assert [e["event"] for e in logs if e["log_level"] == "error"] == ["direct_answer_failed"]
     monkeypatch.setattr(EdgeH11Protocol, "stream_send", original)
     fresh = await connect(live)
     async with fresh.stream:

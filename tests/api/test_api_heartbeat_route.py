@@ -1,4 +1,4 @@
-"""``HeartbeatRoute`` (the heartbeat answered ahead of Quart) against Quart's own heartbeat route.
+"""``FastRoutes`` (the heartbeat answered ahead of Quart) against Quart's own heartbeat route.
 
 Both apps run over the same supervisor; each request of a table goes to both as the same raw ASGI call, and the answers
 must be the same: status, headers and body, the request id aside (each answer has its own). The table covers the
@@ -19,7 +19,7 @@ import trio
 from api_support import Harness, start_tokened, wait_terminal
 from quart_trio import QuartTrio
 
-from supervisor._app import HeartbeatRoute, create_app
+from supervisor._app import FastRoutes, create_app
 from supervisor._model import JobStatus
 
 NESTED = b"[" * 2000
@@ -145,7 +145,7 @@ CASES: list[Case] = [
 class Spy:
     """Counts the requests the fast path hands to Quart."""
 
-    def __init__(self, route: HeartbeatRoute) -> None:
+    def __init__(self, route: FastRoutes) -> None:
         self.calls = 0
         self._fallback = route.fallback
         route.fallback = self
@@ -155,9 +155,9 @@ class Spy:
         await self._fallback(scope, receive, send)
 
 
-def fast_route(app: QuartTrio) -> HeartbeatRoute:
+def fast_route(app: QuartTrio) -> FastRoutes:
     route = app.asgi_app
-    assert isinstance(route, HeartbeatRoute)
+    assert isinstance(route, FastRoutes)
     return route
 
 
@@ -167,8 +167,8 @@ async def test_the_fast_path_answers_exactly_as_quarts_route(harness: Harness, c
     job_id, token = await start_tokened(harness)
     fast = harness.app
     spy = Spy(fast_route(fast))
-    quart_only = create_app(harness.supervisor, heartbeat_route=False)
-    assert not isinstance(quart_only.asgi_app, HeartbeatRoute)
+    quart_only = create_app(harness.supervisor, fast_routes=False)
+    assert not isinstance(quart_only.asgi_app, FastRoutes)
     path = f"/api/jobs/{job_id}/heartbeat"
     chunked = name == "chunked"
     async with quart_only.test_app():
@@ -186,7 +186,7 @@ async def test_the_fast_path_answers_exactly_as_quarts_route(harness: Harness, c
 
 async def test_an_unknown_job_and_an_ended_job_are_401_like_a_wrong_token(harness: Harness) -> None:
     job_id, token = await start_tokened(harness)
-    quart_only = create_app(harness.supervisor, heartbeat_route=False)
+    quart_only = create_app(harness.supervisor, fast_routes=False)
     async with quart_only.test_app():
         for data in (body({"completed_units": 1}), b"{"):
             unknown = "/api/jobs/no-such-job/heartbeat"
