@@ -87,6 +87,8 @@ def _has_connection_close(headers: list[tuple[bytes, bytes]]) -> bool:
 
 
 class EdgeH11Protocol(H11Protocol):
+    _corked: list[bytes] | None = None  # set while send_answer gathers an answer's bytes
+
     async def handle(self, event: Any) -> None:
         await super().handle(event)
         if isinstance(event, Closed):
@@ -116,6 +118,30 @@ class EdgeH11Protocol(H11Protocol):
                 await super().stream_send(event)
             return
         await super().stream_send(event)
+
+    async def send_answer(self, status: int, headers: list[tuple[bytes, bytes]], data: bytes) -> None:
+        """A whole answer -- its head, body and end -- in one write: what ``stream_send`` does with the three
+        events, the bytes h11 makes for them joined (one send and one checkpoint per answer instead of two; the
+        direct answers are small and come by thousands a second)."""
+        self._corked = []
+        try:
+            await self.stream_send(Response(stream_id=STREAM_ID, headers=headers, status_code=status))
+            if data:
+                await self.stream_send(Body(stream_id=STREAM_ID, data=data))
+            await self.stream_send(EndBody(stream_id=STREAM_ID))
+        finally:
+            corked, self._corked = self._corked, None
+        await self.send(RawData(data=b"".join(corked)))
+
+    async def _send_h11_event(self, event: Any) -> None:
+        if self._corked is None:
+            await super()._send_h11_event(event)
+            return
+        try:  # as hypercorn's, with the bytes kept for send_answer's one write
+            self._corked.append(self.connection.send(event))
+        except h11.LocalProtocolError:
+            if self.connection.their_state != h11.ERROR:
+                raise
 
     def _request_body_unread(self) -> bool:
         """True while the client may still send body bytes of the current request (h11 has not seen its end)."""
@@ -210,14 +236,10 @@ class DirectStream:
             except _ClientGone:
                 return
             with trio.move_on_after(RESPONSE_TIMEOUT_S):
-                send = self._protocol.stream_send
                 try:
-                    await send(Response(stream_id=STREAM_ID, headers=headers, status_code=status))
-                    if data:
-                        await send(Body(stream_id=STREAM_ID, data=data))
-                    await send(EndBody(stream_id=STREAM_ID))
+                    await self._protocol.send_answer(status, headers, data)
                     self._closing = True
-                    await send(StreamClosed(stream_id=STREAM_ID))
+                    await self._protocol.stream_send(StreamClosed(stream_id=STREAM_ID))
                 except Exception:
                     # A defect, as hypercorn treats an app's: logged, and this connection ends (never the server).
                     log.exception("direct_answer_failed", path=self._path)
