@@ -487,9 +487,12 @@ class Supervisor:
             self._running.setdefault(job.job_id, _Running(job.job_id))  # a handed-off job's entry may hold a cancel
         watched: set[str] = set()
         try:
-            async with trio.open_nursery() as starts:
-                for job, token in zip(jobs, tokens, strict=False):
-                    starts.start_soon(start_one, job, token)
+            if len(jobs) == 1:
+                await start_one(jobs[0], tokens[0])  # a lone start (the common case) needs no nursery of its own
+            else:
+                async with trio.open_nursery() as starts:
+                    for job, token in zip(jobs, tokens, strict=False):
+                        starts.start_soon(start_one, job, token)
 
             spawned: list[Job] = []
             records: list[ProcessRecord] = []
