@@ -59,7 +59,7 @@ from hypercorn.protocol.events import Body, EndBody, Response, StreamClosed
 from hypercorn.protocol.h11 import STREAM_ID, H11Protocol
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 
-from ._app import REQUEST_ID_HEADER, RESPONSE_TIMEOUT_S, BufferedBody, FastRoutes, PlainRequest, _ClientGone
+from ._app import REQUEST_ID_HEADER, RESPONSE_TIMEOUT_S, BufferedBody, FastRoutes, PlainRequest
 from ._logging import get_logger
 
 log = get_logger()
@@ -192,7 +192,7 @@ class EdgeH11Protocol(H11Protocol):
         plain = route.plain_case(request.method, decoded, request.headers)
         if plain is None:
             return None
-        return DirectStream(self, route, plain, BufferedBody(plain.content_length, plain.content_type), decoded)
+        return DirectStream(self, route, plain, decoded)
 
 
 class DirectStream:
@@ -207,13 +207,11 @@ class DirectStream:
 
     idle = False
 
-    def __init__(
-        self, protocol: EdgeH11Protocol, route: FastRoutes, plain: PlainRequest, body: BufferedBody, path: str
-    ) -> None:
+    def __init__(self, protocol: EdgeH11Protocol, route: FastRoutes, plain: PlainRequest, path: str) -> None:
         self._protocol = protocol
         self._route = route
         self._plain = plain
-        self._body = body
+        self._body = BufferedBody(plain.content_length, plain.content_type)
         self._path = path
         self._scope = trio.CancelScope()
         self._closing = False  # the answer is out: its own close must not cancel it
@@ -231,10 +229,9 @@ class DirectStream:
 
     async def _run(self) -> None:
         with self._scope:
-            try:
-                status, headers, data = await self._route.respond(self._plain, self._body.read_json, self._path)
-            except _ClientGone:
-                return
+            # A client that goes away is the stream's close, which cancels this scope (``handle``): the buffered body
+            # never raises _ClientGone, as the ASGI path's reader does.
+            status, headers, data = await self._route.respond(self._plain, self._body.read_json, self._path)
             with trio.move_on_after(RESPONSE_TIMEOUT_S):
                 try:
                     await self._protocol.send_answer(status, headers, data)
