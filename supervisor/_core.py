@@ -16,7 +16,7 @@ import os
 import secrets
 import signal
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -223,14 +223,24 @@ class _Finished:
 
 @dataclass
 class _Running:
-    """A job this boot watches (one it started, or one it adopted): set ``cancel`` to stop it.
+    """A job this boot watches (one it started, or one it adopted): ``request_cancel`` stops it.
 
-    ``handle`` is None only while the job is being started (the spawn window).
+    ``handle`` is None only while the job is being started (the spawn window). ``on_cancel`` is set by the job's
+    monitor while it waits for the job's end: it starts the stop then (a cancel in the spawn window is carried out
+    as soon as the monitor starts).
     """
 
     job_id: str
-    cancel: trio.Event = field(default_factory=trio.Event)
     handle: JobHandle | None = None
+    cancel_requested: bool = False
+    on_cancel: Callable[[], None] | None = None
+
+    def request_cancel(self) -> None:
+        if self.cancel_requested:
+            return
+        self.cancel_requested = True
+        if self.on_cancel is not None:
+            self.on_cancel()
 
 
 class Supervisor:
@@ -522,7 +532,7 @@ class Supervisor:
                 running = self._running[job.job_id]
                 assert running.handle is not None
                 if job.cancel_requested:
-                    running.cancel.set()  # a cancel that arrived in the spawn window is carried out now
+                    running.request_cancel()  # a cancel that arrived in the spawn window is carried out now
                 fields = running.handle.log_fields()
                 log.info("job_spawned", job_id=job.job_id, kind=job.kind, boot_id=self.boot_id, **fields)
                 await self._job_nursery.start(self._monitor, running, job)
@@ -577,13 +587,26 @@ class Supervisor:
         handle = running.handle
         assert handle is not None
         drain_after = True  # unless this job's end promoted the next jobs itself
+        # The stop (SIGTERM, SIGKILL after the grace) runs only once a cancel is asked for, in a task of its own
+        # that ends with the job: no waiting task per job for a cancel that almost never comes (issue 10).
+        stopping = trio.CancelScope()
+        job_nursery = self._job_nursery
+        assert job_nursery is not None
+
+        def start_stop() -> None:
+            job_nursery.start_soon(self._carry_out_cancel, running, stopping)
+
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._carry_out_cancel, running)
+            running.on_cancel = start_stop
+            if running.cancel_requested:
+                start_stop()
+            try:
                 status = await self.executor.wait(handle)
-                nursery.cancel_scope.cancel()
+            finally:
+                running.on_cancel = None
+                stopping.cancel()
             refill = self._refill_tokens()
-            finished = await self._finish(job, status, cancelled=running.cancel.is_set(), refill=refill)
+            finished = await self._finish(job, status, cancelled=running.cancel_requested, refill=refill)
             if finished.promoted:  # handed to the drainer by _finish; a full drain only if its tokens ran out
                 drain_after = refill is not None and self._tokens_ran_out(finished.promoted, refill)
             else:
@@ -672,21 +695,26 @@ class Supervisor:
             await self._enqueue_follow_up(final, kind.then)
         return _Finished(True, promoted)
 
-    async def _carry_out_cancel(self, running: _Running) -> None:
-        await running.cancel.wait()
+    async def _carry_out_cancel(self, running: _Running, scope: trio.CancelScope) -> None:
+        """Stop a job whose cancel was requested; ``scope`` is cancelled by its monitor once the job has ended."""
         assert running.handle is not None
-        await self.executor.stop(running.handle, self.config.cancel_grace_s)
+        with scope:
+            try:
+                await self.executor.stop(running.handle, self.config.cancel_grace_s)
+            except SupervisorError:
+                # The monitor goes on waiting for the job's end; the cancel stays requested on the row.
+                log.exception("job_stop_failed", job_id=running.job_id)
 
     async def _adopt(self, job: Job, handle: JobHandle, *, cancel: bool = False) -> None:
         """Watch a job this boot did not start (a prior boot's): its monitor finalizes it with its true outcome."""
         if job.job_id in self._running:
             if cancel:
-                self._running[job.job_id].cancel.set()
+                self._running[job.job_id].request_cancel()
             return
         assert self._job_nursery is not None
         running = _Running(job.job_id, handle=handle)
         if cancel:
-            running.cancel.set()
+            running.request_cancel()
         self._running[job.job_id] = running
         await self._announce_adopted(job, handle)
         await self._job_nursery.start(self._monitor, running, job)
@@ -740,7 +768,7 @@ class Supervisor:
             return job  # terminal: returned unchanged
         handle = self._running.get(job_id)
         if handle is not None:
-            handle.cancel.set()  # the monitor signals the group; in the spawn window, as soon as spawn completes
+            handle.request_cancel()  # the monitor signals the group; in the spawn window, as soon as spawn completes
             return job
         await self._cancel_unmonitored(job)
         return await self.registry.get(job_id)
@@ -904,7 +932,7 @@ class Supervisor:
         self._stall_stops.add(job.job_id)
         log.warning("stalled_job_terminating", job_id=job.job_id, pid=job.pid, grace_s=self.config.cancel_grace_s)
         if running is not None:
-            running.cancel.set()  # its monitor: SIGTERM, SIGKILL after the grace, then finalize once it is gone
+            running.request_cancel()  # its monitor: SIGTERM, SIGKILL after the grace, then finalize once it is gone
         elif adopt is not None:
             await self._adopt(job, adopt, cancel=True)
 

@@ -3,6 +3,7 @@ slots and outcomes, checked in milliseconds (and on a virtual clock where time i
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 
 import pytest
@@ -19,7 +20,7 @@ from core_helpers import (  # type: ignore[import-not-found]
 )
 from structlog.testing import capture_logs
 
-from supervisor import Config, JobStatus
+from supervisor import Config, JobStatus, SpawnError
 from supervisor._core import Supervisor, outcome
 from supervisor._model import Job
 from supervisor.execution import ExitStatus
@@ -339,3 +340,56 @@ async def test_a_slow_start_never_holds_back_the_next_jobs_start(
     machine.go.set()
     assert (await wait_terminal(sup, slow.job_id)).status is JobStatus.SUCCEEDED
     assert machine.started.count(slow.job_id) == 1  # started once
+
+
+async def test_a_stop_that_fails_is_logged_and_the_monitor_still_finalizes_the_job_when_it_ends(
+    make: Callable[..., Supervisor],
+    machine: MemoryExecutor,
+    inline_threads: None,
+    autojump_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stop runs in a task of its own, started by the cancel: its failure must neither end the monitor (the
+    job would be left unwatched) nor reach the job nursery (it would take the supervisor down)."""
+    sup = make(max_concurrent=1)
+    job = await wait_running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)
+    queued = (await sup.enqueue("exit", {"code": 0})).job
+
+    async def broken_stop(handle: MemoryHandle, grace_s: float) -> None:
+        raise SpawnError("the engine refused the stop")
+
+    monkeypatch.setattr(machine, "stop", broken_stop)
+    with capture_logs() as logs:
+        assert (await sup.cancel(job.job_id)).cancel_requested
+        await trio.sleep(1)
+    assert [e["job_id"] for e in logs if e["event"] == "job_stop_failed"] == [job.job_id]
+    assert (await sup.get(job.job_id)).status is JobStatus.RUNNING  # still watched, slot still held
+    assert (await sup.get(queued.job_id)).status is JobStatus.QUEUED
+    machine.kill(job.job_id, signal.SIGTERM)  # the job ends by other means: its monitor finalizes it
+    ended = await wait_status(sup, job.job_id, {JobStatus.CANCELLED})
+    assert (ended.error_reason, ended.exit_code) == ("cancelled", -15)
+    assert (await wait_terminal(sup, queued.job_id)).status is JobStatus.SUCCEEDED
+
+
+async def test_a_job_that_ends_on_sigterm_gets_no_sigkill_after_the_grace(
+    make: Callable[..., Supervisor],
+    machine: MemoryExecutor,
+    inline_threads: None,
+    autojump_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The job's end cancels its stop: no signal goes out after the job is gone."""
+    sup = make(cancel_grace_s=30.0)
+    job = await wait_running(sup, (await sup.enqueue("sleep", {"seconds": 600})).job.job_id)
+    kills: list[int] = []
+    real_kill = machine.kill
+
+    def kill(job_id: str, signum: int = signal.SIGKILL) -> None:
+        kills.append(signum)
+        real_kill(job_id, signum)
+
+    monkeypatch.setattr(machine, "kill", kill)
+    await sup.cancel(job.job_id)
+    ended = await wait_status(sup, job.job_id, {JobStatus.CANCELLED})
+    await trio.sleep(60)  # well past the grace
+    assert (ended.exit_code, kills) == (-15, [signal.SIGTERM])
