@@ -152,6 +152,69 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_cpu_seconds() -> float:
+    """CPU time every core of the machine has spent busy so far (``/proc/stat``: user, nice, system, irq, softirq;
+    not idle, I/O wait, or steal, which is time the hypervisor gave to someone else)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq = fields[:7]
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def speed_probe() -> dict[str, float]:
+    """Three small timings that tell two machines apart where it matters here, each the median of several tries:
+
+    - ``python_ms``: a fixed piece of pure-Python work (what the supervisor, its shepherd and RQ's workers mostly do);
+    - ``spawn_us``: start ``/bin/true`` and wait for it (what ``xargs`` mostly does);
+    - ``handoff_us``: hand a value to another thread and get it back (a context switch each way: what a worker
+      thread's hop and a woken process cost).
+
+    A ratio against ``xargs`` or RQ moves from one machine to another when these move apart: a machine slow at
+    Python and quick at spawning makes every Python tool look worse against ``xargs``.
+    """
+    import queue
+    import threading
+
+    def python_work() -> float:
+        t0 = time.perf_counter()
+        total, table = 0, {}
+        for i in range(200_000):
+            total += i * i % 7
+            table[i % 1000] = i
+        return (time.perf_counter() - t0) * 1e3
+
+    def spawn() -> float:
+        t0 = time.perf_counter()
+        subprocess.run(["/bin/true"], check=True, timeout=30)
+        return (time.perf_counter() - t0) * 1e6
+
+    requests: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+    answers: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+    def echo() -> None:
+        while (item := requests.get()) is not None:
+            answers.put(item)
+
+    worker = threading.Thread(target=echo, daemon=True)
+    worker.start()
+
+    def handoff() -> float:
+        t0 = time.perf_counter()
+        for i in range(200):
+            requests.put(i)
+            answers.get(timeout=30)
+        return (time.perf_counter() - t0) / 200 * 1e6
+
+    try:
+        return {
+            "python_ms": statistics.median(python_work() for _ in range(7)),
+            "spawn_us": statistics.median(spawn() for _ in range(101)),
+            "handoff_us": statistics.median(handoff() for _ in range(7)),
+        }
+    finally:
+        requests.put(None)
+        worker.join(timeout=30)
+
+
 def process_table() -> dict[int, tuple[int, str]]:
     """pid -> (ppid, comm) for every process visible now."""
     table: dict[int, tuple[int, str]] = {}

@@ -26,7 +26,7 @@ import footprint
 import latency
 import registry
 import throughput
-from _common import REPO, Section, machine
+from _common import REPO, Section, machine, speed_probe
 
 SCENARIOS = ("throughput", "latency", "footprint", "registry")
 DOC = REPO / "docs" / "performance.md"
@@ -71,7 +71,7 @@ def run(only: list[str], *, smoke: bool, runs: int) -> list[Section]:
     return sections
 
 
-def render(sections: list[Section], info: dict[str, str], runs: int, elapsed_s: float) -> str:
+def render(sections: list[Section], info: dict[str, str], speed: dict[str, float], runs: int, elapsed_s: float) -> str:
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "",
@@ -80,6 +80,10 @@ def render(sections: list[Section], info: dict[str, str], runs: int, elapsed_s: 
         f"Machine: {info['cpu']}, nproc {info['nproc']}, Linux {info['kernel']}, temp dir on {info['tmp filesystem']}"
         f" (shared with other work). Code: {git_revision()}. Every figure is the median of {runs} runs (min-max);"
         f" the whole run took {elapsed_s / 60:.1f} min.",
+        "",
+        f"Speed probe at the start of the run (medians; see `_common.speed_probe`): pure-Python work"
+        f" {speed['python_ms']:.1f} ms, start and reap `/bin/true` {speed['spawn_us']:.0f} µs, a thread hand-off"
+        f" and back {speed['handoff_us']:.1f} µs. Compare these before comparing two runs' figures.",
         "",
         "Versions: "
         + "; ".join(f"{k} {v}" for k, v in info.items() if k not in ("cpu", "nproc", "kernel", "tmp filesystem"))
@@ -116,6 +120,8 @@ def main() -> int:
     runs = args.runs or (1 if args.smoke else 3)
     info = machine()
     print("machine: " + "; ".join(f"{k} {v}" for k, v in info.items()), flush=True)
+    speed = speed_probe()
+    print("speed probe: " + "; ".join(f"{k} {v:.1f}" for k, v in speed.items()), flush=True)
     t0 = time.monotonic()
     sections = run(only, smoke=args.smoke, runs=runs)
     elapsed = time.monotonic() - t0
@@ -132,7 +138,7 @@ def main() -> int:
         if not doc.exists():
             doc.write_text(DOC_HEADER)
         with doc.open("a") as fh:
-            fh.write(render(sections, info, runs, elapsed))
+            fh.write(render(sections, info, speed, runs, elapsed))
         print(f"appended to {doc}")
     return 0
 

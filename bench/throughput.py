@@ -40,10 +40,12 @@ from _common import (
     Section,
     Supervisor,
     bench_python,
+    cpu_seconds,
     enqueue_jobs,
     free_port,
     has_batch_route,
     iso_ts,
+    machine_cpu_seconds,
     percentile,
     progress,
     scratch,
@@ -239,13 +241,24 @@ def run_rq(n: int, worker_class: str, workers_n: int = SLOTS) -> float:
 
 
 class SupervisorRun:
-    """One supervisor measurement: wall, time to acknowledge every enqueue, and (batches) promotion under load."""
+    """One supervisor measurement: wall, time to acknowledge every enqueue, (batches) promotion under load, and the
+    CPU each process used per job (``cpu_ms``: see ``CPU_PARTS``)."""
 
-    def __init__(self, wall_s: float, enqueue_s: float, promotion: list[float], batch_route: bool) -> None:
+    def __init__(
+        self, wall_s: float, enqueue_s: float, promotion: list[float], batch_route: bool, cpu_ms: dict[str, float]
+    ) -> None:
         self.wall_s = wall_s
         self.enqueue_s = enqueue_s
         self.promotion = promotion
         self.batch_route = batch_route
+        self.cpu_ms = cpu_ms
+
+
+# Where the machine's CPU went during a supervisor run, per job: the supervisor process (every thread), its shepherd,
+# this benchmark's own HTTP client, and the rest (the jobs themselves, the kernel's work for all, anything else
+# running), from the machine's busy time. On two cores, the whole machine's CPU per job over 2 is a floor for the
+# wall time per job; the supervisor's alone is the floor for its one event loop.
+CPU_PARTS = ("supervisor", "shepherd", "client", "rest", "machine")
 
 
 def promotion_latencies(states: list, slots: int) -> list[float]:
@@ -262,24 +275,40 @@ def promotion_latencies(states: list, slots: int) -> list[float]:
 def run_supervisor(n: int, *, batch_size: int | None) -> SupervisorRun:
     with scratch("sup") as tmp, Supervisor(tmp, max_concurrent=SLOTS) as sup:
 
-        async def drive() -> tuple[float, float, bool]:
+        async def drive() -> tuple[float, float, bool, float]:
             async with httpx.AsyncClient(base_url=sup.url, timeout=HTTP_TIMEOUT) as client:
                 batch_route = await has_batch_route(client)
                 jobs = [{"kind": "noop", "params": {}} for _ in range(n)]
                 t0 = time.time()
                 p0 = time.perf_counter()
+                c0 = time.process_time()
                 await enqueue_jobs(client, jobs, batch_size=batch_size, batch_route=batch_route)
                 enqueue_s = time.perf_counter() - p0
                 await wait_idle(client, RUN_TIMEOUT_S)
-            return t0, enqueue_s, batch_route
+                client_cpu_s = time.process_time() - c0
+            return t0, enqueue_s, batch_route, client_cpu_s
 
-        t0, enqueue_s, batch_route = trio.run(drive)
+        assert sup.proc is not None
+        sup_cpu0, machine_cpu0 = cpu_seconds(sup.proc.pid) or 0.0, machine_cpu_seconds()
+        t0, enqueue_s, batch_route, client_cpu_s = trio.run(drive)
+        sup_cpu, machine_cpu = (cpu_seconds(sup.proc.pid) or 0.0) - sup_cpu0, machine_cpu_seconds() - machine_cpu0
+        states = sup.job_states()
+        # The shepherd starts with the first job: all of its CPU is this run's (its start-up included).
+        shepherd_pids = {s.shepherd_pid for s in states if s.shepherd_pid is not None}
+        shepherd_cpu = sum(cpu_seconds(pid) or 0.0 for pid in shepherd_pids)
         counts = sup.status_counts()
         if counts.get("succeeded") != n:
             raise RuntimeError(f"supervisor: expected {n} succeeded jobs, the registry says {counts}")
         [(last_end,)] = sup.registry_query("SELECT max(ended_at) FROM jobs")
-        states = sup.job_states()
-    return SupervisorRun(iso_ts(last_end) - t0, enqueue_s, promotion_latencies(states, SLOTS), batch_route)
+    per_job = 1e3 / n
+    cpu_ms = {
+        "supervisor": sup_cpu * per_job,
+        "shepherd": shepherd_cpu * per_job,
+        "client": client_cpu_s * per_job,
+        "rest": max(0.0, machine_cpu - sup_cpu - shepherd_cpu - client_cpu_s) * per_job,
+        "machine": machine_cpu * per_job,
+    }
+    return SupervisorRun(iso_ts(last_end) - t0, enqueue_s, promotion_latencies(states, SLOTS), batch_route, cpu_ms)
 
 
 # -- the comparison ------------------------------------------------------------------------------------
@@ -289,6 +318,7 @@ def measure(*, smoke: bool, runs: int, n: int) -> Section:
     walls: dict[str, list[float]] = {tool: [] for tool in TOOLS}
     skipped: dict[str, str] = {}
     enqueue: dict[str, list[float]] = {SUP_BATCH: [], SUP_POST: []}
+    cpu: dict[str, dict[str, list[float]]] = {tool: {part: [] for part in CPU_PARTS} for tool in (SUP_BATCH, SUP_POST)}
     promotion_p50: list[float] = []
     promotion_p99: list[float] = []
     batch_route = True
@@ -310,6 +340,8 @@ def measure(*, smoke: bool, runs: int, n: int) -> Section:
                 result = run_supervisor(n, batch_size=BATCH if tool == SUP_BATCH else None)
                 walls[tool].append(result.wall_s)
                 enqueue[tool].append(result.enqueue_s)
+                for part in CPU_PARTS:
+                    cpu[tool][part].append(result.cpu_ms[part])
                 if tool == SUP_BATCH:
                     batch_route = result.batch_route
                     if result.promotion:
@@ -341,6 +373,14 @@ def measure(*, smoke: bool, runs: int, n: int) -> Section:
         )
     for tool in (SUP_BATCH, SUP_POST):
         section.notes.append(f"{tool}: every enqueue acknowledged after {Figure.of(enqueue[tool]).fmt(unit='s')}")
+    section.table += [
+        "",
+        "| CPU per job, ms | supervisor | shepherd | this HTTP client | the rest (jobs, kernel) | whole machine |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for tool in (SUP_BATCH, SUP_POST):
+        cells = " | ".join(Figure.of(cpu[tool][part]).fmt(digits=2) for part in CPU_PARTS)
+        section.table.append(f"| {tool} | {cells} |")
     if promotion_p99:
         section.notes.append(
             f"promotion latency under saturation (batches, /bin/true, exits faster than promotions): p50 "

@@ -61,6 +61,13 @@ def test_throughput_smoke_measures_the_supervisor_both_ways_and_each_peer_or_say
     for mode in ("supervisor, batches of 100", "supervisor, one POST per job"):
         assert re.search(r"\| [0-9.]+ s \(", table_row(out, f"**{mode}**"))
     assert "jobs in batches: x" in out
+    # Where the CPU went, per job and per process.
+    for mode in ("supervisor, batches of 100", "supervisor, one POST per job"):
+        cells = [cell.strip() for cell in table_row(out, mode).strip("|").split("|")[1:]]
+        assert len(cells) == 5, cells  # supervisor, shepherd, client, the rest, the whole machine
+        medians = [float(cell.split()[0]) for cell in cells]
+        # /proc counts in clock ticks (10 ms): only the supervisor surely used several in a smoke run's few jobs.
+        assert medians[0] > 0 and medians[4] >= medians[0], cells
     assert len(TARGET_LINE.findall(out)) == 3  # batches vs xargs, and one POST per job vs each RQ mode
 
 
@@ -96,4 +103,6 @@ def test_make_bench_appends_a_dated_section_with_machine_versions_and_targets(tm
     assert text.startswith("# Performance\n\nan earlier section\n")  # earlier sections are kept
     assert re.search(r"^## \d{4}-\d\d-\d\d \d\d:\d\d UTC — make bench", text, re.MULTILINE)
     assert "nproc " in text and "Versions: " in text and "supervisor 0." in text
+    # The speed probe, so that two runs on different machines are compared knowingly.
+    assert re.search(r"pure-Python work [0-9.]+ ms, start and reap `/bin/true` [0-9]+ µs, a thread hand-off", text)
     assert "**Targets**" in text and "### 7. Registry hot paths" in text
