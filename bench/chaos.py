@@ -11,7 +11,9 @@ until every row is terminal. It then checks, and prints:
 - nothing ran twice: every job id starts once in the journal, and every row has attempts == 1;
 - never more than ``--slots`` jobs ran at once (the journal's start/end intervals);
 - how many jobs that exited 0 are recorded ``succeeded`` (before the job shepherd, 44-49 % of them were recorded
-  ``failed/orphan_reconciled_dead_pid``).
+  ``failed/orphan_reconciled_dead_pid``);
+- every job recorded as never started (``orphan_reconciled_spawn_window``, ``cancelled_before_start``) has no
+  "start" line in the journal, read once no job process of the run is left (INV-IDENTITY-BEFORE-PROGRAM).
 Exit status 1 when any check fails.
 """
 
@@ -56,6 +58,31 @@ def start_supervisor(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             [sys.executable, "-m", "supervisor", "serve"], env=env, stdout=subprocess.DEVNULL, stderr=fh
         )
+
+
+# The outcomes that say a job's program never ran (the spawn window closed on a start that never happened).
+NEVER_STARTED = ("orphan_reconciled_spawn_window", "cancelled_before_start")
+
+
+def wait_for_jobs_gone(journal: Path, timeout_s: float) -> bool:
+    """Until no process runs a job of this run (each names the journal in its argv); False on timeout."""
+    needle = str(journal).encode()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        running = False
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if needle in (entry / "cmdline").read_bytes():
+                    running = True
+                    break
+            except OSError:
+                continue
+        if not running:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def max_overlap(journal: Path) -> int:
@@ -118,6 +145,10 @@ def run(jobs: int, slots: int, kills: int, seed: int) -> int:
         elapsed = time.monotonic() - started
         rows = [registry.get(job_id) for job_id in ids]
         registry.close()
+        # A job wrongly judged never-started would still be running now: read the journal once every job is gone.
+        if not wait_for_jobs_gone(journal, timeout_s=60):
+            print("some job processes were still running after 60 s")
+            return 1
 
         starts = collections.Counter(
             line.split()[1] for line in journal.read_text().splitlines() if line.startswith("start ")
@@ -127,6 +158,9 @@ def run(jobs: int, slots: int, kills: int, seed: int) -> int:
         lost = [r.job_id for r in rows if not r.status.is_terminal]
         twice = [job_id for job_id, n in starts.items() if n > 1] + [r.job_id for r in rows if r.attempts > 1]
         exited_zero = [r for r in rows if r.job_id in ends]
+        # INV-IDENTITY-BEFORE-PROGRAM: a row ended as never started must be a job whose program never ran.
+        never_started = [r.job_id for r in rows if r.error_reason in NEVER_STARTED]
+        started_anyway = [job_id for job_id in never_started if job_id in starts]
         recorded_ok = [r for r in exited_zero if str(r.status) == "succeeded"]
         peak = max_overlap(journal)
 
@@ -140,6 +174,7 @@ def run(jobs: int, slots: int, kills: int, seed: int) -> int:
             "nothing ran twice": not twice,
             f"never more than {slots} at once (peak {peak})": peak <= slots,
             "every job that exited 0 is recorded succeeded": len(recorded_ok) == len(exited_zero),
+            f"every job recorded as never started never ran ({len(never_started)} such)": not started_anyway,
         }
         for name, ok in checks.items():
             print(f"  {'PASS' if ok else 'FAIL'}  {name}")

@@ -1,7 +1,8 @@
 """The chaos run in miniature (bench/chaos.py --smoke): real supervisors SIGKILLed and restarted while jobs run.
 
-The full run is `make chaos`; this keeps the script from rotting and checks its four promises on a small scale:
-nothing lost, nothing run twice, never more than the slots at once, every exit 0 recorded as success.
+The full run is `make chaos`; this keeps the script from rotting and checks its five promises on a small scale:
+nothing lost, nothing run twice, never more than the slots at once, every exit 0 recorded as success, and every job
+recorded as never started never ran (INV-IDENTITY-BEFORE-PROGRAM).
 """
 
 from __future__ import annotations
@@ -21,4 +22,4 @@ def test_chaos_smoke_keeps_every_promise() -> None:
         [sys.executable, str(CHAOS), "--smoke"], capture_output=True, text=True, timeout=240, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("PASS") == 4 and "FAIL" not in done.stdout
+    assert done.stdout.count("PASS") == 5 and "FAIL" not in done.stdout
