@@ -698,6 +698,8 @@ class Supervisor:
     async def _carry_out_cancel(self, running: _Running, scope: trio.CancelScope) -> None:
         """Stop a job whose cancel was requested; ``scope`` is cancelled by its monitor once the job has ended."""
         assert running.handle is not None
+        if scope.cancel_called:
+            return  # the job ended before this task first ran: nothing to stop, and nothing to log
         with scope:
             try:
                 await self.executor.stop(running.handle, self.config.cancel_grace_s)
