@@ -10,14 +10,19 @@ One server per run with ``PODCAST_JOB_MAX_CONCURRENT=N`` and N jobs of the ``tok
    the N jobs' ``sleep`` processes — no per-job helper of any kind.
 6. Heartbeats: each job's token is read back with ``GET /api/jobs/{id}/log``; then a load generator (a lean raw
    HTTP/1.1 client, several connections, back to back, round-robin over the N jobs) posts heartbeats for a fixed
-   time. Ingested = answered 204, per second. RSS is read again after the load.
+   time. Ingested = answered 204, per second. RSS is read again after the load. The same load then runs, in the
+   same run, against ``http_floor.py``: hypercorn serving an empty app, and trio's sockets with no HTTP library. Their
+   CPU per request is the floor under a heartbeat on this machine, and hypercorn's rate is the most requests a
+   second that one event loop on hypercorn takes here: the heartbeat target is read against both.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import select
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -65,6 +70,8 @@ class Run:
         self.heartbeat_s = 0.0
         self.heartbeat_cpu_s = 0.0  # the supervisor's CPU time (user + system) during the load
         self.batch_route = True
+        # The same load against http_floor.py's servers: kind -> (answered, seconds, server CPU seconds).
+        self.floor: dict[str, tuple[int, float, float]] = {}
 
     @property
     def heartbeat_rate(self) -> float:
@@ -73,6 +80,14 @@ class Run:
     @property
     def cpu_per_heartbeat_ms(self) -> float:
         return 1000 * self.heartbeat_cpu_s / self.heartbeats if self.heartbeats else 0.0
+
+    def floor_rate(self, kind: str) -> float:
+        answered, seconds, _ = self.floor[kind]
+        return answered / seconds if seconds else 0.0
+
+    def floor_cpu_ms(self, kind: str) -> float:
+        answered, _, cpu = self.floor[kind]
+        return 1000 * cpu / answered if answered else 0.0
 
 
 async def heartbeat_load(
@@ -110,6 +125,32 @@ async def heartbeat_load(
     for conn in conns:
         await conn.aclose()
     return ok, errors, elapsed
+
+
+FLOOR_KINDS = ("hypercorn", "trio")  # http_floor.py's servers
+FLOOR_START_TIMEOUT_S = 30.0
+
+
+def floor_load(kind: str, jobs: list[tuple[str, str]], heartbeat_s: float) -> tuple[int, float, float]:
+    """The heartbeat load against ``http_floor.py KIND``: (answered, seconds, the server's CPU seconds)."""
+    script = Path(__file__).resolve().parent / "http_floor.py"
+    server = subprocess.Popen([sys.executable, str(script), kind], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        ready, _, _ = select.select([server.stdout], [], [], FLOOR_START_TIMEOUT_S)
+        line = server.stdout.readline() if ready else ""  # "PORT <n>" once it listens ("" if it died)
+        if not line.startswith("PORT "):
+            raise RuntimeError(f"http_floor.py {kind} did not start (exit {server.poll()})")
+        port = int(line.split()[1])
+        cpu_before = cpu_seconds(server.pid) or 0.0
+        ok, errors, elapsed = trio.run(heartbeat_load, "127.0.0.1", port, jobs, heartbeat_s)
+        cpu = (cpu_seconds(server.pid) or 0.0) - cpu_before
+        if errors:
+            raise RuntimeError(f"http_floor.py {kind}: {errors} requests not answered 204")
+        return ok, elapsed, cpu
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def one_run(n: int, heartbeat_s: float) -> Run:
@@ -157,6 +198,8 @@ def one_run(n: int, heartbeat_s: float) -> Run:
         run.heartbeats, run.heartbeat_errors, run.heartbeat_s = ok, errors, elapsed
         run.supervisor_rss_after = sup.rss() or 0
         run.shepherd_rss_after = rss_bytes(shepherd) or 0
+    for kind in FLOOR_KINDS:
+        run.floor[kind] = floor_load(kind, jobs, heartbeat_s)
     return run
 
 
@@ -214,6 +257,33 @@ def measure(*, smoke: bool, runs: int, n: int) -> list[Section]:
         f"| {rate.fmt(digits=0)} | {cpu.fmt(unit='ms', digits=3)} | {sum(r.heartbeats for r in results)} | "
         f"{sum(r.heartbeat_errors for r in results)} |",
     ]
+    # The floor: the same load, in the same run, against servers with nothing behind them (http_floor.py). A ratio
+    # to it moves far less between machines than the rate does.
+    floor_names = {"hypercorn": "hypercorn, an empty ASGI app", "trio": "trio's sockets, no HTTP library"}
+    s6.table += [
+        "",
+        "The same load against servers with nothing behind them (`bench/http_floor.py`), in the same runs:",
+        "",
+        "| server | requests/s | server CPU per request | supervisor's CPU per heartbeat ÷ this |",
+        "|---|---:|---:|---:|",
+        f"| supervisor, heartbeats | {rate.fmt(digits=0)} | {cpu.fmt(unit='ms', digits=3)} | 1 |",
+    ]
+    for kind in FLOOR_KINDS:
+        kind_rate = Figure.of([r.floor_rate(kind) for r in results])
+        kind_cpu = Figure.of([r.floor_cpu_ms(kind) for r in results])
+        ratio = Figure.of([r.cpu_per_heartbeat_ms / r.floor_cpu_ms(kind) for r in results if r.floor_cpu_ms(kind)])
+        s6.table.append(
+            f"| {floor_names[kind]} | {kind_rate.fmt(digits=0)} | {kind_cpu.fmt(unit='ms', digits=3)} | "
+            f"{ratio.fmt(digits=2)} |"
+        )
+    hypercorn_rate = Figure.of([r.floor_rate("hypercorn") for r in results])
+    s6.notes.append(
+        f"3,000 heartbeats/s leave one event loop at most 0.333 ms per request; here hypercorn with an empty app "
+        f"answers {hypercorn_rate.median:.0f} requests/s, and the supervisor ingests "
+        f"{100 * rate.median / hypercorn_rate.median:.0f} % of that rate"
+        if hypercorn_rate.median
+        else "hypercorn's floor answered nothing"
+    )
     s6.target(rate.median >= 3000, f"heartbeats {rate.median:.0f}/s (target ≥ 3,000/s)")
     if smoke:
         for section in (s5, s6):

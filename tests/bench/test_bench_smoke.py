@@ -92,6 +92,13 @@ def test_footprint_smoke_finds_no_process_per_job_but_the_job_itself() -> None:
     assert re.search(
         r"^\| [0-9]+ \([0-9]+-[0-9]+\) \| [0-9.]+ ms \([0-9.]+-[0-9.]+\) \| [1-9][0-9]* \| 0 \|$", out, re.MULTILINE
     ), out
+    # The floor under a heartbeat, measured with the same load in the same run: both servers answered, so each has
+    # a rate and a CPU per request, and the supervisor's CPU is read against each.
+    for server in ("hypercorn, an empty ASGI app", "trio's sockets, no HTTP library"):
+        row = re.search(rf"^\| {re.escape(server)} \| ([0-9]+) \(.*\) \| ([0-9.]+) ms \(.*\) \| [0-9.]+ \(", out, re.M)
+        assert row, out
+        assert int(row[1]) > 0 and float(row[2]) > 0
+    assert re.search(r"here hypercorn with an empty app answers [1-9][0-9]* requests/s", out), out
 
 
 def test_make_bench_appends_a_dated_section_with_machine_versions_and_targets(tmp_path: Path) -> None:
