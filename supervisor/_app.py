@@ -430,7 +430,9 @@ class FastRoutes:
     ``Content-Length``, a ``root_path``. Quart's route answers those exactly as before.
 
     The server's HTTP/1.1 protocol (``_http_edge``) also asks ``plain_case`` of each request head and, for these
-    routes, calls ``respond`` itself, without an ASGI app around it (``DirectStream``): the same answers again.
+    routes, calls ``respond`` itself, without an ASGI app around it: for a plain head read ahead of h11
+    (``EdgeH11Protocol.answer_plain``, the body read with ``StreamBody``), else after h11 (``DirectStream``, the body
+    in a ``BufferedBody``). The same answers again.
     """
 
     def __init__(self, app: QuartTrio, supervisor: Supervisor, token_source: ApiToken, fallback: Any) -> None:
@@ -596,6 +598,46 @@ class BufferedBody:
         if scope.cancelled_caught:
             raise RequestTimeout()
         return _parse_json(b"".join(self._chunks))
+
+
+class ClientGone(_ClientGone):
+    """The client closed the connection before its body was complete (``StreamBody``): nobody is left to answer."""
+
+
+class StreamBody:
+    """A fast route's body read straight from the connection (``_http_edge.EdgeH11Protocol.answer_plain``): the
+    bytes that came with the head, then ``receive`` until ``content_length`` are in; read as ``_BodyReader.read_json``
+    reads it, with the same errors and the same timeout. ``complete`` says whether every byte of it has been read, and
+    ``rest`` holds what came after it (the next request's first bytes)."""
+
+    def __init__(
+        self, have: bytes, content_length: int, content_type: bytes | None, receive: Callable[[], Awaitable[bytes]]
+    ) -> None:
+        self._data = have
+        self._content_length = content_length
+        self._content_type = content_type
+        self._receive = receive
+
+    @property
+    def complete(self) -> bool:
+        return len(self._data) >= self._content_length
+
+    @property
+    def rest(self) -> bytes:
+        return self._data[self._content_length :]
+
+    async def read_json(self) -> Any:
+        _check_json_head(_mimetype(self._content_type), self._content_length, MAX_BODY_BYTES)
+        if not self.complete:  # most bodies came with their head: no timeout to set up for them
+            with trio.move_on_after(BODY_TIMEOUT_S) as scope:
+                while not self.complete:
+                    chunk = await self._receive()
+                    if not chunk:
+                        raise ClientGone
+                    self._data += chunk
+            if scope.cancelled_caught:
+                raise RequestTimeout()
+        return _parse_json(self._data[: self._content_length])
 
 
 async def _send_answer(send: Any, status: int, headers: list[tuple[bytes, bytes]], data: bytes) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from api_support import API_TOKEN, Harness, Live, MakeLive, OpenHarness, wait_terminal
-from test_api_heartbeat_direct import DirectSpy, request_bytes
+from test_api_heartbeat_direct import THROUGH_H11, WAYS, DirectSpy, request_bytes
 from test_api_heartbeat_route import NESTED, PLAIN, Exchange, Spy, asgi_post, body, fast_route, json_headers
 from test_http_edge import Answer, connect
 
@@ -170,9 +170,10 @@ async def live_exchange(live: Live, headers: list[tuple[str, str]], data: bytes,
     return answer
 
 
+@pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 async def test_the_protocols_own_answer_is_quarts_route_answer(
-    make_live: MakeLive, monkeypatch: pytest.MonkeyPatch, case: Case
+    make_live: MakeLive, monkeypatch: pytest.MonkeyPatch, case: Case, way: str
 ) -> None:
     name, make_headers, data, status, handled = case
     live = await make_live(api_token=API_TOKEN)
@@ -182,7 +183,8 @@ async def test_the_protocols_own_answer_is_quarts_route_answer(
     quart_only = create_app(live.supervisor, fast_routes=False)
     async with quart_only.test_app():
         by_quart = await asgi_post(quart_only, PATH, make_headers(API_TOKEN), data, with_length=not chunked)
-    answer = await live_exchange(live, make_headers(API_TOKEN), data, chunked=chunked)
+    extra = [THROUGH_H11] if way == WAYS[1] else []
+    answer = await live_exchange(live, make_headers(API_TOKEN) + extra, data, chunked=chunked)
     assert by_quart.status == status
     quart_status, quart_headers, quart_payload = of_exchange(by_quart)
     got_status, got_headers, got_payload = of_answer(answer)
@@ -192,7 +194,7 @@ async def test_the_protocols_own_answer_is_quarts_route_answer(
         got_headers = [(k, v) for k, v in got_headers if k != b"content-length"]
     assert (got_status, got_payload) == (quart_status, quart_payload)
     assert sorted(got_headers) == sorted(quart_headers)
-    assert spy.calls == (1 if handled else 0)
+    assert (spy.ahead, spy.direct) == (spy.took(way) if handled else (0, 0))
 
 
 async def test_enqueues_back_to_back_on_one_connection_run_in_order(
@@ -213,7 +215,7 @@ async def test_enqueues_back_to_back_on_one_connection_run_in_order(
         answers = [await client.answer() for _ in range(20)]
     assert [a.status for a in answers] == [202] * 20
     assert not any(a.closes for a in answers)
-    assert spy.calls == 20
+    assert (spy.ahead, spy.direct) == (20, 0)  # whole requests in one read: each read ahead of h11, in turn
     jobs = [await wait_terminal(live.supervisor, json.loads(a.body)["job_id"]) for a in answers]
     assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 20
     assert [j.params for j in jobs] == [{"text": f"n{n}"} for n in range(20)]
