@@ -463,6 +463,8 @@ class EdgeTCPServer(TCPServer):
                     data = await self.stream.receive_some(MAX_RECV)
                 except (trio.ClosedResourceError, trio.BrokenResourceError):
                     break
+                # Plain heartbeats and enqueues first (only in this loop: a server with a read timeout reads through
+                # hypercorn's, and h11 takes everything).
                 protocol = self.protocol.protocol
                 if data and isinstance(protocol, EdgeH11Protocol):
                     rest = await protocol.answer_plain(bytes(data), self._receive_body)
