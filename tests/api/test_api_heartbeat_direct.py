@@ -182,15 +182,15 @@ async def test_a_defect_while_answering_ends_that_connection_never_the_server(
     headers = [("Authorization", f"Bearer {token}"), ("Content-Type", "application/json")]
     path = f"/api/jobs/{job_id}/heartbeat"
     if way == WAYS[0]:
-        original: Any = EdgeH11Protocol._plain_answer
+        patched, original = "_plain_answer", EdgeH11Protocol._plain_answer
 
         def broken_plain(*args: Any) -> bytes:
             raise RuntimeError("a defect in the answer path")
 
-        monkeypatch.setattr(EdgeH11Protocol, "_plain_answer", broken_plain)
+        monkeypatch.setattr(EdgeH11Protocol, patched, broken_plain)
     else:
         headers.append(THROUGH_H11)
-        original = EdgeH11Protocol.stream_send
+        patched, original = "stream_send", EdgeH11Protocol.stream_send
 
         async def broken(protocol: EdgeH11Protocol, event: Any) -> None:
             if isinstance(event, Response):
@@ -204,7 +204,7 @@ async def test_a_defect_while_answering_ends_that_connection_never_the_server(
             await client.send(request_bytes(path, headers, body({"completed_units": 3}), chunked=False))
             assert await client.closed_by_server() == b""  # no answer: the connection is ended
     assert [e["event"] for e in logs if e["log_level"] == "error"] == ["direct_answer_failed"]
-    monkeypatch.undo()
+    monkeypatch.setattr(EdgeH11Protocol, patched, original)
     fresh = await connect(live)
     async with fresh.stream:
         await fresh.send(request_bytes(path, headers, body({"completed_units": 4}), chunked=False))
