@@ -399,7 +399,7 @@ _DIGITS = re.compile(rb"[0-9]{1,18}")
 _NO_CONTENT_HEADERS = [(b"content-type", b"text/html; charset=utf-8"), (b"content-length", b"0")]
 
 
-class _ClientGone(Exception):
+class ClientGone(Exception):
     """The client closed the connection before its body was complete: nobody is left to answer."""
 
 
@@ -479,7 +479,7 @@ class FastRoutes:
         body = _BodyReader(receive, plain.content_length, plain.content_type)
         try:
             status, headers, data = await self.respond(plain, body.read_json, scope["path"])
-        except _ClientGone:
+        except ClientGone:
             return
         await body.answer(send, status, headers, data)
 
@@ -487,7 +487,7 @@ class FastRoutes:
         self, plain: PlainRequest, read_json: Callable[[], Awaitable[Any]], path: str
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """The answer to the request (status, headers, body), as Quart's route gives it. ``read_json`` reads the
-        body (raising the 415/413/408/400 errors, or ``_ClientGone``), and is called only after the token check."""
+        body (raising the 415/413/408/400 errors, or ``ClientGone``), and is called only after the token check."""
         request_id = secrets.token_hex(8)
         status, payload = 204, None
         try:
@@ -499,7 +499,7 @@ class FastRoutes:
                 if bearer is None:
                     raise Unauthorized(MISSING_JOB_TOKEN)
                 await self.supervisor.heartbeat(plain.job_id, bearer, read_json)
-        except _ClientGone:
+        except ClientGone:
             raise
         except RequestError as exc:
             status, payload = exc.http_status, _error_payload(exc.code, str(exc), exc.field, request_id)
@@ -549,7 +549,7 @@ class _BodyReader:
             while not self.complete:
                 message = await self._receive()
                 if message["type"] == "http.disconnect":
-                    raise _ClientGone
+                    raise ClientGone
                 if message["type"] == "http.request":
                     chunks.append(message.get("body", b""))
                     self.complete = not message.get("more_body", False)
@@ -598,10 +598,6 @@ class BufferedBody:
         if scope.cancelled_caught:
             raise RequestTimeout()
         return _parse_json(b"".join(self._chunks))
-
-
-class ClientGone(_ClientGone):
-    """The client closed the connection before its body was complete (``StreamBody``): nobody is left to answer."""
 
 
 class StreamBody:

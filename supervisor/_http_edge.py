@@ -272,6 +272,7 @@ class EdgeH11Protocol(H11Protocol):
         return b"HTTP/1.1 %d \r\n%s\r\n%s" % (status, head, data)
 
     def _fast_routes(self) -> FastRoutes | None:
+        """The app's fast routes, if the app has them and the server's config lets them answer by path alone."""
         route = getattr(getattr(self.app, "app", None), "asgi_app", None)
         if not isinstance(route, FastRoutes) or self.config.root_path or self.config.server_names:
             return None
@@ -317,8 +318,8 @@ class EdgeH11Protocol(H11Protocol):
     def _direct_stream(self, request: h11.Request) -> DirectStream | None:
         """A heartbeat or an enqueue in the plain case, answered without an ASGI app around it; None for anything
         else."""
-        route = getattr(getattr(self.app, "app", None), "asgi_app", None)
-        if not isinstance(route, FastRoutes) or self.config.root_path or self.config.server_names:
+        route = self._fast_routes()
+        if route is None:
             return None
         path = request.target.partition(b"?")[0]
         try:
@@ -366,7 +367,7 @@ class DirectStream:
     async def _run(self) -> None:
         with self._scope:
             # A client that goes away is the stream's close, which cancels this scope (``handle``): the buffered body
-            # never raises _ClientGone, as the ASGI path's reader does.
+            # never raises ClientGone, as the ASGI path's reader does.
             status, headers, data = await self._route.respond(self._plain, self._body.read_json, self._path)
             with trio.move_on_after(RESPONSE_TIMEOUT_S):
                 try:
