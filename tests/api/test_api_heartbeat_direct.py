@@ -21,8 +21,8 @@ import trio
 from api_support import Live, MakeLive, wait_log_line
 from hypercorn.protocol.events import Response
 from structlog.testing import capture_logs
-from test_api_heartbeat_route import CASES, Case, asgi_post, body
-from test_http_edge import EXCHANGE_S, HOST, Answer, Raw, connect
+from test_api_heartbeat_route import CASES, Case, asgi_post, body, json_headers
+from test_http_edge import EXCHANGE_S, HEALTH, HOST, Answer, Raw, connect
 
 from supervisor import _app
 from supervisor._app import StreamBody, create_app
@@ -132,7 +132,7 @@ async def test_beats_back_to_back_on_one_connection_are_recorded_in_order(
     job_id, token = await running_job(live)
     spy = DirectSpy(monkeypatch)
     client = await connect(live)
-    headers = [("Authorization", f"Bearer {token}"), ("Content-Type", "application/json")]
+    headers = json_headers(token)
     path = f"/api/jobs/{job_id}/heartbeat"
     async with client.stream:
         # Pipelined: every request is on the wire before the first answer is read.
@@ -154,7 +154,7 @@ async def test_a_client_gone_in_the_middle_of_a_body_leaves_the_server_serving(
     live = await make_live()
     job_id, token = await running_job(live)
     spy = DirectSpy(monkeypatch)
-    headers = [("Authorization", f"Bearer {token}"), ("Content-Type", "application/json")]
+    headers = json_headers(token)
     headers += [THROUGH_H11] if way == WAYS[1] else []
     path = f"/api/jobs/{job_id}/heartbeat"
     for _ in range(3):
@@ -179,7 +179,7 @@ async def test_a_defect_while_answering_ends_that_connection_never_the_server(
 ) -> None:
     live = await make_live()
     job_id, token = await running_job(live)
-    headers = [("Authorization", f"Bearer {token}"), ("Content-Type", "application/json")]
+    headers = json_headers(token)
     path = f"/api/jobs/{job_id}/heartbeat"
     if way == WAYS[0]:
         patched, original = "_plain_answer", EdgeH11Protocol._plain_answer
@@ -228,7 +228,7 @@ async def test_a_body_that_comes_after_its_head_is_read_ahead_of_h11(
         return await original(stream_body)
 
     monkeypatch.setattr(StreamBody, "read_json", read_json)
-    headers = [("Authorization", f"Bearer {token}"), ("Content-Type", "application/json")]
+    headers = json_headers(token)
     path = f"/api/jobs/{job_id}/heartbeat"
     data = body({"completed_units": 5})
     sent = request_bytes(path, headers, data, chunked=False)
@@ -252,10 +252,9 @@ async def test_an_answer_before_the_body_closes_the_connection(
     live = await make_live()
     job_id, token = await running_job(live)
     spy = DirectSpy(monkeypatch)
-    headers = [("Authorization", f"Bearer {token}x"), ("Content-Type", "application/json")]
+    headers = json_headers(token + "x")
     path = f"/api/jobs/{job_id}/heartbeat"
-    smuggled = request_bytes(path, [("Authorization", f"Bearer {token}"), ("Content-Type", "application/json")],
-                             body({"completed_units": 9}), chunked=False)  # fmt: skip
+    smuggled = request_bytes(path, json_headers(token), body({"completed_units": 9}), chunked=False)
     head = request_bytes(path, headers, b"x" * len(smuggled), chunked=False)[: -len(smuggled)]
     client = await connect(live)
     async with client.stream:
@@ -275,12 +274,11 @@ async def test_a_plain_request_and_another_in_one_read_are_answered_in_order(
     live = await make_live()
     job_id, token = await running_job(live)
     spy = DirectSpy(monkeypatch)
-    headers = [("Authorization", f"Bearer {token}"), ("Content-Type", "application/json")]
+    headers = json_headers(token)
     beat = request_bytes(f"/api/jobs/{job_id}/heartbeat", headers, body({"completed_units": 1}), chunked=False)
-    health = b"GET /api/health HTTP/1.1\r\n" + HOST + b"\r\n"
     client = await connect(live)
     async with client.stream:
-        await client.send(beat + health + beat)
+        await client.send(beat + HEALTH + beat)
         answers = [await client.answer() for _ in range(3)]
     assert [a.status for a in answers] == [204, 200, 204]
     assert json.loads(answers[1].body)["status"] == "ok"
@@ -364,7 +362,7 @@ async def test_a_connections_last_request_by_hypercorns_count_is_answered_with_c
     live = await make_live()
     job_id, token = await running_job(live)
     spy = DirectSpy(monkeypatch)
-    headers = [("Authorization", f"Bearer {token}"), ("Content-Type", "application/json")]
+    headers = json_headers(token)
     path = f"/api/jobs/{job_id}/heartbeat"
     client = await connect(live)
     async with client.stream:
