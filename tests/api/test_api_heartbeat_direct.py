@@ -244,6 +244,33 @@ async def test_a_body_that_comes_after_its_head_is_read_ahead_of_h11(
     assert (await live.supervisor.get(job_id)).completed_units == 5
 
 
+async def test_a_body_sent_a_few_bytes_at_a_time_is_read_whole_and_what_follows_it_is_the_next_request(
+    make_live: MakeLive, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The reader ahead of h11 gathers a body's pieces as they come, and the bytes after the body (here the next
+    # request, in the same write as the body's last piece) are the next request, read ahead of h11 too.
+    live = await make_live()
+    job_id, token = await running_job(live)
+    spy = DirectSpy(monkeypatch)
+    headers = json_headers(token)
+    path = f"/api/jobs/{job_id}/heartbeat"
+    data = body({"completed_units": 5, "stage": "s" * 100})
+    sent = request_bytes(path, headers, data, chunked=False)
+    follow = request_bytes(path, headers, body({"completed_units": 6}), chunked=False)
+    head, pieces = sent[: -len(data)], [data[i : i + 7] for i in range(0, len(data), 7)]
+    client = await connect(live)
+    async with client.stream:
+        await client.send(head)
+        for piece in pieces[:-1]:
+            await client.send(piece)
+            await trio.lowlevel.checkpoint()  # the server may read this piece on its own (order, not time)
+        await client.send(pieces[-1] + follow)
+        answers = [await client.answer() for _ in range(2)]
+    assert [(a.status, a.closes) for a in answers] == [(204, False), (204, False)]
+    assert (spy.ahead, spy.direct) == (2, 0)
+    assert (await live.supervisor.get(job_id)).completed_units == 6
+
+
 async def test_an_answer_before_the_body_closes_the_connection(
     make_live: MakeLive, monkeypatch: pytest.MonkeyPatch
 ) -> None:
