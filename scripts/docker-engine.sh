@@ -120,8 +120,9 @@ build_image() {
   mkdir -p "$site"
   cp -a "$deps/." "$site/"
   (cd "$ROOT" && tar --exclude=__pycache__ -cf - supervisor pipeline_runner) | tar -C "$site" -xf -
-  for cmd in supervisor:supervisor pipeline-runner:pipeline_runner; do
-    printf '#!/usr/bin/python3\nimport sys\nfrom %s._cli import main\nsys.exit(main())\n' "${cmd#*:}" \
+  # The console scripts of pyproject.toml's [project.scripts], as pip would write them.
+  for cmd in supervisor:supervisor.cli pipeline-runner:pipeline_runner._cli; do
+    printf '#!/usr/bin/python3\nimport sys\nfrom %s import main\nsys.exit(main())\n' "${cmd#*:}" \
       >"$r/usr/local/bin/${cmd%%:*}"
     chmod 755 "$r/usr/local/bin/${cmd%%:*}"
   done

@@ -1,7 +1,8 @@
 """The job supervisor: one Trio nursery tree owning the control API, the sweeper and one monitor per job."""
 
-from ._config import Config, load_config
-from ._errors import (
+from ._registry import SqliteRegistry
+from .domain._config import Config, load_config
+from .domain._errors import (
     BodyTooLarge,
     ConfigError,
     Conflict,
@@ -18,10 +19,9 @@ from ._errors import (
     UnsupportedMediaType,
     ValidationError,
 )
-from ._identity import Liveness, ProcessIdentity
-from ._kinds import JobKind, KindCatalog, load_kinds
-from ._model import Job, JobStatus
-from ._registry import SqliteRegistry
+from .domain._kinds import JobKind, KindCatalog, load_kinds
+from .domain._model import Job, JobStatus
+from .execution._identity import Liveness, ProcessIdentity
 
 __all__ = [
     "BodyTooLarge",

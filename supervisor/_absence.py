@@ -19,12 +19,12 @@ from datetime import UTC, datetime
 
 import trio
 
-from ._config import Config, StallAction
-from ._events import EventBus, EventName, JobEvent
-from ._identity import Liveness
-from ._logging import get_logger
-from ._model import Job, JobStatus
 from ._store import AsyncRegistry
+from .domain._config import Config, StallAction
+from .domain._model import Job, JobStatus
+from .execution._identity import Liveness
+from .observe._events import EventBus, EventName, JobEvent
+from .observe._logging import get_logger
 
 log = get_logger()
 

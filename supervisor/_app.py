@@ -26,9 +26,10 @@ from werkzeug.exceptions import HTTPException, RequestTimeout
 from werkzeug.http import parse_options_header
 from werkzeug.routing import BaseConverter
 
-from ._config import ApiToken
 from ._core import Supervisor
-from ._errors import (
+from .api._openapi import JOBS_SUBROUTES, openapi_document
+from .domain._config import ApiToken
+from .domain._errors import (
     BodyTooLarge,
     Forbidden,
     MalformedRequest,
@@ -38,9 +39,8 @@ from ._errors import (
     UnsupportedMediaType,
     ValidationError,
 )
-from ._logging import get_logger
-from ._model import Job
-from ._openapi import JOBS_SUBROUTES, openapi_document
+from .domain._model import Job
+from .observe._logging import get_logger
 
 log = get_logger()
 

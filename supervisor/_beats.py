@@ -16,10 +16,10 @@ from __future__ import annotations
 import hmac
 from collections.abc import Awaitable, Callable, Sequence
 
-from ._coalesce import Coalescer
-from ._events import EventName, JobEvent
-from ._model import Job, JobStatus
 from ._registry import Beat, hash_token
+from .domain._model import Job, JobStatus
+from .observe._events import EventName, JobEvent
+from .registry._coalesce import Coalescer
 
 # Far more than any max_concurrent: a bound in case entries for jobs ended by another process are never dropped.
 MAX_TOKENS = 100_000

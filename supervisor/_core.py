@@ -25,19 +25,19 @@ import trio
 
 from ._absence import AbsenceJudge
 from ._beats import BeatBatcher, JobTokens
-from ._config import Config
-from ._errors import Conflict, RequestError, SpawnError, SupervisorError, Unauthorized, ValidationError
-from ._events import EventBus, EventName, JobEvent, log_event
-from ._identity import Liveness
-from ._kinds import KindCatalog, coalesce_key
-from ._logging import get_logger
-from ._metrics import Metrics, Snapshot
-from ._model import Job, JobStatus
 from ._registry import Beat, EnqueueResult, NewJob, ProcessRecord, PromoteRequest, hash_token
 from ._store import AsyncRegistry
-from ._webhook import WebhookSender
+from .domain._config import Config
+from .domain._errors import Conflict, RequestError, SpawnError, SupervisorError, Unauthorized, ValidationError
+from .domain._kinds import KindCatalog, coalesce_key
+from .domain._model import Job, JobStatus
 from .execution import Evidence, Executor, ExitStatus, JobHandle, Launch, Unwatchable, create_executor
+from .execution._identity import Liveness
 from .execution.base import ORPHAN_DEAD_PID
+from .observe._events import EventBus, EventName, JobEvent, log_event
+from .observe._logging import get_logger
+from .observe._metrics import Metrics, Snapshot
+from .observe._webhook import WebhookSender
 
 log = get_logger()
 

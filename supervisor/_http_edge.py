@@ -75,7 +75,7 @@ from ._app import (
     PlainRequest,
     StreamBody,
 )
-from ._logging import get_logger
+from .observe._logging import get_logger
 
 log = get_logger()
 

@@ -22,8 +22,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ._errors import Conflict, JobNotFound, RegistryError, RequestError, Unauthorized, ValidationError
-from ._model import TERMINAL, Job, JobStatus, check_transition
+from .domain._errors import Conflict, JobNotFound, RegistryError, RequestError, Unauthorized, ValidationError
+from .domain._model import TERMINAL, Job, JobStatus, check_transition
 
 SCHEMA_VERSION = 3
 BUSY_TIMEOUT_MS = 10_000

@@ -29,15 +29,15 @@ from hypercorn.utils import wrap_app
 
 from . import _http_edge
 from ._app import create_app
-from ._config import ApiToken, Config
 from ._core import Supervisor
-from ._errors import ConfigError
-from ._kinds import KindCatalog
-from ._logging import get_logger
-from ._notify import Notifier, run_watchdog
 from ._registry import SqliteRegistry
 from ._store import AsyncRegistry
 from ._sweeper import run_sweeper
+from .domain._config import ApiToken, Config
+from .domain._errors import ConfigError
+from .domain._kinds import KindCatalog
+from .observe._logging import get_logger
+from .observe._notify import Notifier, run_watchdog
 
 log = get_logger()
 

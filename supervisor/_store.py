@@ -9,9 +9,6 @@ from typing import Any, ParamSpec, TypeVar
 
 import trio
 
-from ._coalesce import Coalescer
-from ._errors import RequestError
-from ._model import Job, JobStatus
 from ._registry import (
     Beat,
     EnqueueResult,
@@ -23,6 +20,9 @@ from ._registry import (
     PruneResult,
     SqliteRegistry,
 )
+from .domain._errors import RequestError
+from .domain._model import Job, JobStatus
+from .registry._coalesce import Coalescer
 
 P = ParamSpec("P")
 T = TypeVar("T")

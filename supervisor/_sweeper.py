@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import trio
 
-from ._logging import get_logger
+from .observe._logging import get_logger
 
 log = get_logger()
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import assert_never
 
-from .._config import Config
+from ..domain._config import Config
 from .base import Evidence, Executor, ExitStatus, JobHandle, Launch, Unwatchable
 
 __all__ = ["Evidence", "Executor", "ExitStatus", "JobHandle", "Launch", "Unwatchable", "create_executor"]

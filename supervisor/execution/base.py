@@ -31,10 +31,10 @@ from typing import ClassVar
 
 import trio
 
-from .._errors import SupervisorError
-from .._identity import Liveness
-from .._model import Job
 from .._registry import ProcessRecord
+from ..domain._errors import SupervisorError
+from ..domain._model import Job
+from ._identity import Liveness
 
 __all__ = [
     "Evidence",

@@ -41,11 +41,11 @@ from docker.errors import DockerException, ImageNotFound, NotFound
 from docker.transport.unixconn import UnixHTTPAdapter, UnixHTTPConnection, UnixHTTPConnectionPool
 from docker.types import LogConfig
 
-from .._config import Config
-from .._errors import SpawnError
-from .._logging import get_logger
-from .._model import Job
 from .._registry import ProcessRecord
+from ..domain._config import Config
+from ..domain._errors import SpawnError
+from ..domain._model import Job
+from ..observe._logging import get_logger
 from .base import Evidence, Executor, ExitStatus, JobHandle, Launch, Liveness
 
 log = get_logger()

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import trio
 
-from .._errors import SpawnError
-from .._model import Job
 from .._registry import ProcessRecord
+from ..domain._errors import SpawnError
+from ..domain._model import Job
 from .base import Evidence, Executor, ExitStatus, JobHandle, Launch, Liveness
 
 

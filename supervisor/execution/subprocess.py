@@ -28,11 +28,11 @@ from typing import Any
 
 import trio
 
-from .._errors import SpawnError
-from .._identity import Liveness, ProcessIdentity, kernel_boot_id, pidfd_open, probe
-from .._logging import get_logger
-from .._model import Job
 from .._registry import ProcessRecord
+from ..domain._errors import SpawnError
+from ..domain._model import Job
+from ..observe._logging import get_logger
+from ._identity import Liveness, ProcessIdentity, kernel_boot_id, pidfd_open, probe
 from .base import Evidence, Executor, ExitStatus, JobHandle, Launch, Unwatchable
 
 log = get_logger()

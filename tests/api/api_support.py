@@ -16,11 +16,11 @@ from typing import Any, TypeVar
 import trio
 from quart_trio import QuartTrio
 
-from supervisor._config import Config
 from supervisor._core import Supervisor
-from supervisor._kinds import KindCatalog
-from supervisor._model import Job
 from supervisor._server import run_supervisor
+from supervisor.domain._config import Config
+from supervisor.domain._kinds import KindCatalog
+from supervisor.domain._model import Job
 
 T = TypeVar("T")
 

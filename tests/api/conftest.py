@@ -31,9 +31,9 @@ from api_support import (
 
 from supervisor._app import create_app
 from supervisor._core import Supervisor
-from supervisor._kinds import KindCatalog, load_kinds
 from supervisor._registry import SqliteRegistry
 from supervisor._store import AsyncRegistry
+from supervisor.domain._kinds import KindCatalog, load_kinds
 
 
 @pytest.fixture

@@ -24,8 +24,8 @@ from test_http_edge import Answer, connect
 
 from supervisor import _app
 from supervisor._app import create_app
-from supervisor._config import ApiToken
-from supervisor._model import JobStatus
+from supervisor.domain._config import ApiToken
+from supervisor.domain._model import JobStatus
 
 PATH = "/api/jobs"
 SLEEP = body({"kind": "sleep", "params": {"seconds": 5}})

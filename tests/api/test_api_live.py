@@ -11,8 +11,8 @@ import httpx
 import trio
 from api_support import API_TOKEN, Live, MakeLive, make_config, wait_terminal
 
-from supervisor._kinds import KindCatalog
 from supervisor._server import GRACEFUL_TIMEOUT_S, run_supervisor
+from supervisor.domain._kinds import KindCatalog
 
 TIMEOUT = httpx.Timeout(10.0)
 # A graceful stop waits at most GRACEFUL_TIMEOUT_S on idle keep-alive connections; allow scheduling slack on top.

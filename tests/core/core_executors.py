@@ -18,9 +18,9 @@ import trio
 
 from supervisor import Config, SqliteRegistry
 from supervisor._core import Supervisor
-from supervisor._identity import Liveness, probe
-from supervisor._model import Job
+from supervisor.domain._model import Job
 from supervisor.execution import Executor, create_executor
+from supervisor.execution._identity import Liveness, probe
 from supervisor.execution.docker import LABEL_JOB, DockerExecutor, make_client
 from supervisor.execution.memory import MemoryExecutor, MemoryJob
 from supervisor.execution.subprocess import JobFiles, identity_of, read_exit, read_start

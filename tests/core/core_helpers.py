@@ -13,9 +13,9 @@ import trio
 
 from supervisor import JobStatus
 from supervisor._core import Supervisor
-from supervisor._identity import ProcessIdentity, identify
-from supervisor._model import Job
 from supervisor._registry import hash_token
+from supervisor.domain._model import Job
+from supervisor.execution._identity import ProcessIdentity, identify
 
 T = TypeVar("T")
 

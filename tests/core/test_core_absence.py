@@ -23,9 +23,9 @@ import supervisor._absence as absence
 from supervisor import JobStatus
 from supervisor._absence import AbsenceTracker, Signals, judge_absence
 from supervisor._core import Supervisor
-from supervisor._events import EventName, JobEvent
-from supervisor._identity import Liveness, identify, probe
-from supervisor._model import Job
+from supervisor.domain._model import Job
+from supervisor.execution._identity import Liveness, identify, probe
+from supervisor.observe._events import EventName, JobEvent
 
 ALIVE, DEAD, UNKNOWN = Liveness.ALIVE, Liveness.DEAD, Liveness.UNKNOWN
 S, Q, R = EventName.STALLED, EventName.SILENT, EventName.RECOVERED

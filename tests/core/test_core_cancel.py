@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 
 from supervisor import JobNotFound, JobStatus
 from supervisor._core import Supervisor
-from supervisor._identity import Liveness, identify, probe
+from supervisor.execution._identity import Liveness, identify, probe
 
 
 async def test_cancel_queued_job_ends_it_before_start(make_supervisor: Callable[..., Supervisor]) -> None:

@@ -23,7 +23,7 @@ from core_helpers import poll, wait_running, wait_status, wait_terminal  # type:
 
 from supervisor import JobStatus, RegistryError
 from supervisor._core import Supervisor
-from supervisor._model import Job
+from supervisor.domain._model import Job
 
 
 @pytest.fixture(params=["subprocess", "memory", pytest.param("docker", marks=pytest.mark.docker)])

@@ -20,11 +20,11 @@ from structlog.testing import capture_logs
 
 from supervisor import Config, JobStatus, SqliteRegistry
 from supervisor._core import Supervisor
-from supervisor._identity import Liveness, identify, probe
-from supervisor._kinds import parse_kind
-from supervisor._model import Job
+from supervisor.domain._kinds import parse_kind
+from supervisor.domain._model import Job
 from supervisor.execution import Executor, create_executor
 from supervisor.execution import docker as docker_execution
+from supervisor.execution._identity import Liveness, identify, probe
 from supervisor.execution.docker import LABEL_BOOT, LABEL_JOB, LABEL_KIND
 
 pytestmark = [pytest.mark.docker, pytest.mark.e2e]

@@ -14,7 +14,7 @@ from core_helpers import poll, wait_idle, wait_running, wait_terminal  # type: i
 
 from supervisor import JobStatus
 from supervisor._core import Supervisor
-from supervisor._model import Job
+from supervisor.domain._model import Job
 
 
 async def test_three_jobs_with_max_one_run_strictly_one_after_another_in_fifo_order(

@@ -10,7 +10,7 @@ from structlog.testing import capture_logs
 
 from supervisor import JobStatus
 from supervisor._core import Supervisor
-from supervisor._events import EventName, JobEvent
+from supervisor.observe._events import EventName, JobEvent
 
 
 async def test_every_transition_reaches_every_subscriber_even_past_a_failing_one(

@@ -14,10 +14,10 @@ from core_helpers import insert_running  # type: ignore[import-not-found]
 
 from supervisor._beats import BeatBatcher, JobTokens
 from supervisor._core import Supervisor
-from supervisor._errors import RegistryError, Unauthorized, ValidationError
-from supervisor._events import EventName, JobEvent
-from supervisor._model import Job, JobStatus
 from supervisor._registry import Beat, hash_token
+from supervisor.domain._errors import RegistryError, Unauthorized, ValidationError
+from supervisor.domain._model import Job, JobStatus
+from supervisor.observe._events import EventName, JobEvent
 
 
 def _job(job_id: str, status: JobStatus = JobStatus.RUNNING, token_hash: str | None = None) -> Job:

@@ -22,7 +22,7 @@ from structlog.testing import capture_logs
 
 from supervisor import Config, JobStatus, SpawnError
 from supervisor._core import Supervisor, outcome
-from supervisor._model import Job
+from supervisor.domain._model import Job
 from supervisor.execution import ExitStatus
 from supervisor.execution.base import Launch
 from supervisor.execution.memory import MemoryExecutor, MemoryHandle
@@ -159,9 +159,9 @@ def test_dockers_128_plus_n_stays_an_exit_code_and_only_the_oom_killer_is_named(
 
 
 def test_the_exec_mode_is_listed_once_and_every_mode_has_an_executor() -> None:
-    from supervisor._config import EXEC_MODES
-    from supervisor._kinds import load_kinds
-    from supervisor._openapi import openapi_document
+    from supervisor.api._openapi import openapi_document
+    from supervisor.domain._config import EXEC_MODES
+    from supervisor.domain._kinds import load_kinds
     from supervisor.execution import create_executor
 
     for mode in EXEC_MODES:

@@ -15,9 +15,9 @@ from core_helpers import KINDS  # type: ignore[import-not-found]
 from structlog.testing import capture_logs
 
 from supervisor import Config, load_kinds
-from supervisor._notify import Notifier, run_watchdog
 from supervisor._server import run_supervisor
 from supervisor._sweeper import run_sweeper
+from supervisor.observe._notify import Notifier, run_watchdog
 
 
 @pytest.fixture

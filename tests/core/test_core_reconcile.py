@@ -13,7 +13,7 @@ from structlog.testing import capture_logs
 
 from supervisor import JobStatus
 from supervisor._core import Decision, Supervisor, judge
-from supervisor._identity import Liveness, ProcessIdentity, identify
+from supervisor.execution._identity import Liveness, ProcessIdentity, identify
 from supervisor.execution.subprocess import START_RECORD_GRACE_S, JobFiles
 
 _age = age_started

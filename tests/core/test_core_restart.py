@@ -17,10 +17,10 @@ import trio
 from core_helpers import KINDS, poll  # type: ignore[import-not-found]
 
 from supervisor import JobStatus, SqliteRegistry
-from supervisor._config import Config
-from supervisor._identity import Liveness, probe
-from supervisor._kinds import parse_kind
-from supervisor._model import Job
+from supervisor.domain._config import Config
+from supervisor.domain._kinds import parse_kind
+from supervisor.domain._model import Job
+from supervisor.execution._identity import Liveness, probe
 from supervisor.execution.subprocess import JobFiles, identity_of, read_start
 
 

@@ -15,9 +15,9 @@ from core_helpers import poll, wait_running, wait_terminal  # type: ignore[impor
 
 from supervisor import JobStatus
 from supervisor._core import Supervisor
-from supervisor._errors import RegistryError
-from supervisor._identity import Liveness, identify, probe
-from supervisor._model import Job
+from supervisor.domain._errors import RegistryError
+from supervisor.domain._model import Job
+from supervisor.execution._identity import Liveness, identify, probe
 from supervisor.execution.shepherd import Spares
 from supervisor.execution.subprocess import (
     START_RECORD_GRACE_S,

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from supervisor import JobNotFound, JobStatus, RegistryError, SqliteRegistry
-from supervisor._model import Job
 from supervisor._registry import PromoteRequest, _PendingWrite, hash_token
+from supervisor.domain._model import Job
 
 WAIT_S = 30.0  # a backstop for a broken test, never a timing assertion
 

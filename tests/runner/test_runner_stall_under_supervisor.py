@@ -11,9 +11,9 @@ import trio
 from runner_helpers import HttpServer, hang_after_headers, respond, rss
 
 from supervisor import Config, JobStatus, load_kinds
-from supervisor._identity import Liveness, probe
-from supervisor._model import Job
 from supervisor._server import run_supervisor
+from supervisor.domain._model import Job
+from supervisor.execution._identity import Liveness, probe
 from supervisor.execution.subprocess import identity_of
 
 pytestmark = pytest.mark.e2e

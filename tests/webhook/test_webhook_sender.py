@@ -16,9 +16,9 @@ import trio.testing
 from structlog.testing import capture_logs
 
 from supervisor import Config, SqliteRegistry
-from supervisor._model import JobStatus
 from supervisor._store import AsyncRegistry
-from supervisor._webhook import BACKOFF_MAX_S, WebhookSender, backoff_s, sign
+from supervisor.domain._model import JobStatus
+from supervisor.observe._webhook import BACKOFF_MAX_S, WebhookSender, backoff_s, sign
 
 
 @pytest.fixture

@@ -20,12 +20,12 @@ from typing import Any, TextIO
 
 import trio
 
+from ..domain._config import Config, is_loopback, load_config, read_token_file
+from ..domain._errors import ConfigError, KindsFileError
+from ..domain._kinds import KindCatalog, load_kinds
+from ..domain._model import JobStatus
+from ..observe._logging import configure_logging, get_logger
 from ._client import DEFAULT_URL, ApiError, Client, Unreachable
-from ._config import Config, is_loopback, load_config, read_token_file
-from ._errors import ConfigError, KindsFileError
-from ._kinds import KindCatalog, load_kinds
-from ._logging import configure_logging, get_logger
-from ._model import JobStatus
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -77,7 +77,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from ._server import run_supervisor
+    from .._server import run_supervisor
 
     configure_logging()
     log = get_logger()

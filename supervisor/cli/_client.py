@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import httpx
 
-from ._errors import SupervisorError
+from ..domain._errors import SupervisorError
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 # Connecting to a local server is instant or refused; reconcile probes every running job, so reads get longer.

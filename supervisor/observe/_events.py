@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..domain._model import Job
 from ._logging import get_logger
-from ._model import Job
 
 log = get_logger()
 

@@ -29,11 +29,11 @@ from typing import Any
 import httpx
 import trio
 
-from ._config import Config
+from .._registry import OutboxEvent
+from .._store import AsyncRegistry
+from ..domain._config import Config
 from ._events import JobEvent
 from ._logging import get_logger
-from ._registry import OutboxEvent
-from ._store import AsyncRegistry
 
 log = get_logger()
 

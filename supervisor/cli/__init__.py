@@ -1,0 +1,9 @@
+"""The operator's terminal: the ``supervisor`` command line and the HTTP client it talks to a server with.
+
+``serve`` and ``check-config`` run locally; every other verb is a client of the control API (``_client.Client``).
+"""
+
+from ._cli import main
+from ._client import ApiError, Client, Unreachable
+
+__all__ = ["ApiError", "Client", "Unreachable", "main"]

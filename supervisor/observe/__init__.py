@@ -1,0 +1,26 @@
+"""What the supervisor tells the world: the event bus and its log lines, the webhook sender, the metrics, systemd.
+
+Nothing here decides anything about a job: the core announces (``EventBus.emit``), these parts report.
+"""
+
+from ._events import EventBus, EventName, JobEvent, log_event
+from ._logging import configure_logging, get_logger
+from ._metrics import Metrics, Snapshot
+from ._notify import Notifier, run_watchdog
+from ._webhook import WebhookSender, backoff_s, sign
+
+__all__ = [
+    "EventBus",
+    "EventName",
+    "JobEvent",
+    "Metrics",
+    "Notifier",
+    "Snapshot",
+    "WebhookSender",
+    "backoff_s",
+    "configure_logging",
+    "get_logger",
+    "log_event",
+    "run_watchdog",
+    "sign",
+]

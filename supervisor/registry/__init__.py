@@ -1,0 +1,1 @@
+"""The registry: the single source of truth for every job row."""
