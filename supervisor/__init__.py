@@ -1,14 +1,36 @@
-"""The job supervisor: one Trio nursery tree owning the control API, the sweeper and one monitor per job."""
+"""The job supervisor: one Trio nursery tree owning the control API, the sweeper and one monitor per job.
 
-from ._registry import SqliteRegistry
-from .domain._config import Config, load_config
-from .domain._errors import (
+What an embedder needs, from one place:
+
+- ``run_supervisor(config, kinds)``: the whole server, the root of the nursery tree (``supervisor serve``);
+- ``Supervisor``: the core over a ``Registry`` and an ``Executor``, for a nursery of your own;
+- ``create_app(supervisor)``: the HTTP control API (a quart-trio app) over a ``Supervisor``;
+- ``Config`` / ``load_config``, ``KindCatalog`` / ``load_kinds``: validated settings and job kinds;
+- ``Job``, ``JobStatus`` and the error tree (``SupervisorError`` and below).
+
+The parts, one package each, mirror the nursery tree: ``domain`` (the vocabulary), ``registry`` (the single source
+of truth), ``execution`` (how jobs run), ``core`` (the rules and their tasks), ``observe`` (events, webhook,
+metrics, logs, systemd), ``api`` (HTTP), ``cli`` (the terminal). ``run_supervisor`` and ``create_app`` are imported
+on first use: a CLI client never loads the HTTP server.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .core import Supervisor
+from .domain import (
     BodyTooLarge,
+    Config,
     ConfigError,
     Conflict,
     Forbidden,
     IllegalTransition,
+    Job,
+    JobKind,
     JobNotFound,
+    JobStatus,
+    KindCatalog,
     KindsFileError,
     MalformedRequest,
     RegistryError,
@@ -18,17 +40,26 @@ from .domain._errors import (
     Unauthorized,
     UnsupportedMediaType,
     ValidationError,
+    load_config,
+    load_kinds,
 )
-from .domain._kinds import JobKind, KindCatalog, load_kinds
-from .domain._model import Job, JobStatus
-from .execution._identity import Liveness, ProcessIdentity
+from .domain._model import ExitStatus, IdentityRecord, Liveness
+from .execution import Executor
+from .registry import MemoryRegistry, Registry, SqliteRegistry, open_registry
+
+if TYPE_CHECKING:
+    from ._app import create_app
+    from ._server import run_supervisor
 
 __all__ = [
     "BodyTooLarge",
     "Config",
     "ConfigError",
     "Conflict",
+    "Executor",
+    "ExitStatus",
     "Forbidden",
+    "IdentityRecord",
     "IllegalTransition",
     "Job",
     "JobKind",
@@ -38,15 +69,32 @@ __all__ = [
     "KindsFileError",
     "Liveness",
     "MalformedRequest",
-    "ProcessIdentity",
+    "MemoryRegistry",
+    "Registry",
     "RegistryError",
     "RequestError",
     "SpawnError",
     "SqliteRegistry",
+    "Supervisor",
     "SupervisorError",
     "Unauthorized",
     "UnsupportedMediaType",
     "ValidationError",
+    "create_app",
     "load_config",
     "load_kinds",
+    "open_registry",
+    "run_supervisor",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "run_supervisor":
+        from ._server import run_supervisor
+
+        return run_supervisor
+    if name == "create_app":
+        from ._app import create_app
+
+        return create_app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

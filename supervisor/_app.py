@@ -1,6 +1,6 @@
 """The HTTP control API: a quart-trio app that only translates requests into calls on the core.
 
-It holds no rule of supervision; every decision lives in ``_core.Supervisor``. What lives here is HTTP only:
+It holds no rule of supervision; every decision lives in the core (``core.Supervisor``). What lives here is HTTP only:
 authentication, parsing bodies and query strings, and turning the one error tree of ``_errors.py`` into JSON
 answers, generically (``RequestError.http_status``/``code``/``field``), so a new error class needs no code here.
 
@@ -26,8 +26,8 @@ from werkzeug.exceptions import HTTPException, RequestTimeout
 from werkzeug.http import parse_options_header
 from werkzeug.routing import BaseConverter
 
-from ._core import Supervisor
 from .api._openapi import JOBS_SUBROUTES, openapi_document
+from .core import Supervisor
 from .domain._config import ApiToken
 from .domain._errors import (
     BodyTooLarge,

@@ -17,6 +17,7 @@ and the next boot reconciles them.
 from __future__ import annotations
 
 import gc
+import secrets
 import signal
 import socket
 from typing import Any
@@ -29,15 +30,13 @@ from hypercorn.utils import wrap_app
 
 from . import _http_edge
 from ._app import create_app
-from ._core import Supervisor
-from ._registry import SqliteRegistry
-from ._store import AsyncRegistry
-from ._sweeper import run_sweeper
+from .core import Supervisor
 from .domain._config import ApiToken, Config
 from .domain._errors import ConfigError
 from .domain._kinds import KindCatalog
 from .observe._logging import get_logger
 from .observe._notify import Notifier, run_watchdog
+from .registry import open_registry
 
 log = get_logger()
 
@@ -153,9 +152,10 @@ async def run_supervisor(
     """
     if shutdown is None:
         shutdown = trio.Event()
-    # Opening the registry runs migrations: blocking work, so it goes to a thread like every registry call.
-    registry = await trio.to_thread.run_sync(SqliteRegistry, config.registry_path)
-    supervisor = Supervisor(config, kinds, AsyncRegistry(registry))
+    boot_id = secrets.token_hex(16)
+    # Events are written with each change only when something will send them (a webhook).
+    registry = await open_registry(config, boot_id=boot_id, outbox=config.webhook_url is not None)
+    supervisor = Supervisor(config, kinds, registry, boot_id=boot_id)
     api_token = ApiToken.from_config(config)
     sock = bind_socket(config.bind_host, config.bind_port)
     host, port = sock.getsockname()[:2]
@@ -172,7 +172,7 @@ async def run_supervisor(
             # Started before the first sweep, so that events left undelivered by a previous boot go out first.
             await root.start(supervisor.webhooks.run)
             # The startup sweep runs before serving; it never waits on a job, so /api/health is not delayed.
-            await root.start(run_sweeper, supervisor, config.sweep_interval_s)
+            await root.start(supervisor.run_sweeper)
             await root.start(_serve_http, supervisor, api_token, sock, shutdown, http_done)
             log.info(
                 "supervisor_started",
@@ -206,5 +206,5 @@ async def run_supervisor(
         sock.close()
         with trio.CancelScope(shield=True):
             await supervisor.executor.aclose()
-            await trio.to_thread.run_sync(registry.close)
+            await registry.aclose()
         log.info("supervisor_stopped", boot_id=supervisor.boot_id)

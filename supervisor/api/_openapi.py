@@ -14,11 +14,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from .._core import MAX_BATCH, MAX_STAGE_LEN, MAX_UNITS
-from .._registry import CURSOR_PATTERN, MAX_LIST_LIMIT
+from ..core import MAX_BATCH, MAX_STAGE_LEN, MAX_UNITS
 from ..domain._config import EXEC_MODES
 from ..domain._kinds import _ASCII_FLOAT, _ASCII_INT, MAX_FLOAT, MAX_STR_PARAM_LEN, JobKind, KindCatalog
 from ..domain._model import JobStatus
+from ..registry import CURSOR_PATTERN, MAX_LIST_LIMIT
 
 API_VERSION = "1"
 

@@ -31,7 +31,20 @@ from ._errors import (
     ValidationError,
 )
 from ._kinds import JobKind, KindCatalog, builtin_kinds, coalesce_key, load_kinds, parse_kind
-from ._model import TERMINAL, TRANSITIONS, Job, JobStatus, check_transition
+from ._model import (
+    TERMINAL,
+    TRANSITIONS,
+    ExitStatus,
+    IdentityRecord,
+    Job,
+    JobStatus,
+    Liveness,
+    check_transition,
+    from_iso,
+    hash_token,
+    to_iso,
+    utc_now,
+)
 
 __all__ = [
     "EXEC_MODES",
@@ -44,7 +57,9 @@ __all__ = [
     "ConfigError",
     "Conflict",
     "ExecMode",
+    "ExitStatus",
     "Forbidden",
+    "IdentityRecord",
     "IllegalTransition",
     "Job",
     "JobKind",
@@ -52,6 +67,7 @@ __all__ = [
     "JobStatus",
     "KindCatalog",
     "KindsFileError",
+    "Liveness",
     "MalformedRequest",
     "RegistryError",
     "RequestError",
@@ -64,10 +80,14 @@ __all__ = [
     "builtin_kinds",
     "check_transition",
     "coalesce_key",
+    "from_iso",
+    "hash_token",
     "is_loopback",
     "load_config",
     "load_kinds",
     "parse_bind",
     "parse_kind",
     "read_token_file",
+    "to_iso",
+    "utc_now",
 ]

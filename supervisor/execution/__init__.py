@@ -4,6 +4,9 @@
 - ``docker``: containers on a Docker engine, found again by their labels;
 - ``memory``: Trio tasks, for tests of the core's rules (not an exec mode).
 
+Each executor owns the identity record it writes into a job's row (``JobHandle.record``): a process's pid,
+start time and kernel boot, a container's id. The core stores and passes it, and never reads inside it.
+
 The exec mode is read once, here, when the supervisor is built; nothing else branches on it.
 """
 
@@ -13,9 +16,14 @@ from collections.abc import Mapping
 from typing import assert_never
 
 from ..domain._config import Config
-from .base import Evidence, Executor, ExitStatus, JobHandle, Launch, Unwatchable
+from ._base import ORPHAN_DEAD_PID, Evidence, Executor, ExitStatus, JobHandle, Launch, Unwatchable
 
-__all__ = ["Evidence", "Executor", "ExitStatus", "JobHandle", "Launch", "Unwatchable", "create_executor"]
+__all__ = [
+    "ORPHAN_DEAD_PID",
+    "Evidence", "Executor", "ExitStatus", "JobHandle", "Launch",
+    "Unwatchable",
+    "create_executor",
+]
 
 
 def create_executor(config: Config, *, base_env: Mapping[str, str]) -> Executor:

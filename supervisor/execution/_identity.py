@@ -8,20 +8,14 @@ a different process: for us, the one we recorded is dead.
 
 from __future__ import annotations
 
-import enum
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..domain._model import IdentityRecord, Liveness
+
 PROC = Path("/proc")
-
-
-class Liveness(enum.Enum):
-    """INV-UNKNOWN-KEEPS-SLOT: UNKNOWN is not DEAD. Only DEAD may free a slot."""
-
-    ALIVE = "alive"
-    DEAD = "dead"
-    UNKNOWN = "unknown"
+RECORD_KIND = "process"
 
 
 @dataclass(frozen=True)
@@ -29,6 +23,22 @@ class ProcessIdentity:
     pid: int
     start_time: int
     kernel_boot_id: str
+
+    def to_record(self) -> IdentityRecord:
+        """The row's identity record (its fields are what the API shows as pid, pid_start_time, kernel_boot_id)."""
+        return IdentityRecord(
+            RECORD_KIND, {"pid": self.pid, "pid_start_time": self.start_time, "kernel_boot_id": self.kernel_boot_id}
+        )
+
+    @classmethod
+    def from_record(cls, record: IdentityRecord | None) -> ProcessIdentity | None:
+        """INV-PID-NEEDS-BOOT-AND-IDENTITY: a record without all three (a bare pid) is no identity."""
+        if record is None or record.kind != RECORD_KIND:
+            return None
+        pid, start, boot = (record.fields.get(k) for k in ("pid", "pid_start_time", "kernel_boot_id"))
+        if not isinstance(pid, int) or not isinstance(start, int) or not isinstance(boot, str) or not boot:
+            return None
+        return cls(pid, start, boot)
 
 
 def kernel_boot_id() -> str | None:

@@ -41,12 +41,11 @@ from docker.errors import DockerException, ImageNotFound, NotFound
 from docker.transport.unixconn import UnixHTTPAdapter, UnixHTTPConnection, UnixHTTPConnectionPool
 from docker.types import LogConfig
 
-from .._registry import ProcessRecord
 from ..domain._config import Config
 from ..domain._errors import SpawnError
-from ..domain._model import Job
+from ..domain._model import IdentityRecord, Job
 from ..observe._logging import get_logger
-from .base import Evidence, Executor, ExitStatus, JobHandle, Launch, Liveness
+from ._base import Evidence, Executor, ExitStatus, JobHandle, Launch, Liveness
 
 log = get_logger()
 
@@ -124,6 +123,23 @@ def make_client(*, timeout: float = API_TIMEOUT_S, max_pool_size: int = 64) -> d
     return client
 
 
+RECORD_KIND = "container"
+
+
+def container_record(container_id: str) -> IdentityRecord:
+    """A row's identity in this mode: the container's id (what the API shows as ``container_id``)."""
+    return IdentityRecord(RECORD_KIND, {"container_id": container_id})
+
+
+def container_id_of(job: Job) -> str | None:
+    """The container id the row records; None when it records none (or another executor's identity)."""
+    record = job.identity
+    if record is None or record.kind != RECORD_KIND:
+        return None
+    value = record.fields.get("container_id")
+    return value if isinstance(value, str) else None
+
+
 @dataclass
 class ContainerHandle(JobHandle):
     """A job's container: its id, and where its output goes when it ends."""
@@ -135,8 +151,8 @@ class ContainerHandle(JobHandle):
     collected: bool = False
 
     @property
-    def record(self) -> ProcessRecord:
-        return ProcessRecord(self.job_id, container_id=self.container_id)
+    def record(self) -> IdentityRecord:
+        return container_record(self.container_id)
 
     def log_fields(self) -> dict[str, object]:
         return {"container_id": self.container_id[:12]}
@@ -394,8 +410,9 @@ class DockerExecutor(Executor):
         return [self._evidence(job, by_job.get(job.job_id, [])) for job in jobs]
 
     def _evidence(self, job: Job, containers: list[Mapping[str, Any]]) -> Evidence:
-        if job.container_id is not None:
-            containers = [c for c in containers if c.get("Id") == job.container_id]
+        recorded = container_id_of(job)
+        if recorded is not None:
+            containers = [c for c in containers if c.get("Id") == recorded]
         if not containers:
             # No container: a spawned job's is gone with its exit code; an unspawned row's never existed.
             return Evidence(Liveness.DEAD if job.spawned else None)
@@ -405,7 +422,7 @@ class DockerExecutor(Executor):
         log_path = Path(job.log_path) if job.log_path else self._log_dir / f"{job.job_id}.log"
         handle = ContainerHandle(job.job_id, container_id, log_path, self.log_max_bytes)
         # INV-IDENTITY-BEFORE-PROGRAM: a prior boot created it (labelled) and died before recording its id.
-        found = ProcessRecord(job.job_id, container_id=container_id) if job.container_id is None else None
+        found = container_record(container_id) if recorded is None else None
         state = str(container.get("State"))
         if state == "created":
             # Created, never started: its program never ran. Its handle lets a finalize remove it.

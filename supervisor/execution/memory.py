@@ -20,10 +20,9 @@ from pathlib import Path
 
 import trio
 
-from .._registry import ProcessRecord
 from ..domain._errors import SpawnError
-from ..domain._model import Job
-from .base import Evidence, Executor, ExitStatus, JobHandle, Launch, Liveness
+from ..domain._model import IdentityRecord, Job
+from ._base import Evidence, Executor, ExitStatus, JobHandle, Launch, Liveness
 
 
 @dataclass
@@ -50,8 +49,8 @@ class MemoryHandle(JobHandle):
     job_id: str
 
     @property
-    def record(self) -> ProcessRecord:
-        return ProcessRecord(self.job_id, container_id=f"memory-{self.job_id}")
+    def record(self) -> IdentityRecord:
+        return IdentityRecord("memory", {"container_id": f"memory-{self.job_id}"})
 
     def log_fields(self) -> dict[str, object]:
         return {"container_id": f"memory-{self.job_id}"}

@@ -22,18 +22,36 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from .._registry import ProcessRecord
 from ..domain._errors import SpawnError
-from ..domain._model import Job
+from ..domain._model import IdentityRecord, Job, Liveness, utc_now
 from ..observe._logging import get_logger
-from ._identity import Liveness, ProcessIdentity, kernel_boot_id, pidfd_open, probe
-from .base import Evidence, Executor, ExitStatus, JobHandle, Launch, Unwatchable
+from ._base import Evidence, Executor, ExitStatus, JobHandle, Launch, Unwatchable
+from ._identity import ProcessIdentity, identify, kernel_boot_id, pidfd_open, probe
+
+__all__ = [
+    "JobFiles",
+    "ProcessHandle",
+    "ProcessIdentity",
+    "RecordedStart",
+    "Shepherd",
+    "ShepherdLost",
+    "SubprocessExecutor",
+    "identify",
+    "identity_of",
+    "kernel_boot_id",
+    "probe",
+    "read_exit",
+    "read_exit_file",
+    "read_start",
+    "read_start_file",
+    "signal_by_identity",
+]
 
 log = get_logger()
 
@@ -502,9 +520,7 @@ EXIT_RECORD_POLL_S = 0.02
 
 def identity_of(job: Job) -> ProcessIdentity | None:
     """INV-PID-NEEDS-BOOT-AND-IDENTITY: a bare pid is no identity."""
-    if job.pid is None or job.pid_start_time is None or job.kernel_boot_id is None:
-        return None
-    return ProcessIdentity(job.pid, job.pid_start_time, job.kernel_boot_id)
+    return ProcessIdentity.from_record(job.identity)
 
 
 # How long after its promotion a prior boot's job without a start record may still be being started by that boot's
@@ -516,7 +532,7 @@ def _start_may_be_in_flight(job: Job, now: datetime | None = None) -> bool:
     """True while a prior boot's promoted row is young enough for its start request to be still under way."""
     if job.started_at is None:
         return False
-    age_s = ((now or datetime.now(UTC)) - datetime.fromisoformat(job.started_at)).total_seconds()
+    age_s = ((now or utc_now()) - job.started_at).total_seconds()
     return -START_RECORD_GRACE_S < age_s < START_RECORD_GRACE_S  # a clock stepped back must not hold it for long
 
 
@@ -547,14 +563,11 @@ class ProcessHandle(JobHandle):
     adopted: bool = False
 
     @property
-    def record(self) -> ProcessRecord:
-        identity = self.identity
-        return ProcessRecord(
-            self.job_id,
-            pid=self.pid,
-            pid_start_time=identity.start_time if identity else None,
-            kernel_boot_id=identity.kernel_boot_id if identity else None,
-        )
+    def record(self) -> IdentityRecord:
+        if self.identity is not None:
+            return self.identity.to_record()
+        # /proc could not be read at the start: the pid alone is recorded, which is no identity (judged UNKNOWN).
+        return IdentityRecord("process", {"pid": self.pid, "pid_start_time": None, "kernel_boot_id": None})
 
     def log_fields(self) -> dict[str, object]:
         return {"pid": self.pid}
@@ -568,7 +581,6 @@ class SubprocessExecutor(Executor):
     """
 
     mode = "subprocess"
-    always_available = True  # the shepherd is started on demand: there is no engine to wait for
 
     def __init__(
         self,
@@ -682,12 +694,7 @@ class SubprocessExecutor(Executor):
             # INV-IDENTITY-BEFORE-PROGRAM: a prior boot died between the spawn and recording the pid; the shepherd's
             # start file names the process.
             identity = start.identity
-            found = ProcessRecord(
-                job.job_id,
-                pid=identity.pid,
-                pid_start_time=identity.start_time,
-                kernel_boot_id=identity.kernel_boot_id,
-            )
+            found = identity.to_record()
         if identity is None:
             if not job.spawned and not this_boot and _start_may_be_in_flight(job):
                 # INV-UNKNOWN-KEEPS-SLOT: a start that boot sent just before it died may still be in its shepherd's

@@ -7,9 +7,10 @@ from ._events import EventBus, EventName, JobEvent, log_event
 from ._logging import configure_logging, get_logger
 from ._metrics import Metrics, Snapshot
 from ._notify import Notifier, run_watchdog
-from ._webhook import WebhookSender, backoff_s, sign
+from ._webhook import BACKOFF_MAX_S, WebhookSender, backoff_s, render_event, sign
 
 __all__ = [
+    "BACKOFF_MAX_S",
     "EventBus",
     "EventName",
     "JobEvent",
@@ -21,6 +22,7 @@ __all__ = [
     "configure_logging",
     "get_logger",
     "log_event",
+    "render_event",
     "run_watchdog",
     "sign",
 ]

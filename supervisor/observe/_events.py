@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..domain._model import Job
+from ..domain._model import Job, to_iso
 from ._logging import get_logger
 
 log = get_logger()
@@ -68,8 +68,6 @@ def log_event(event: JobEvent) -> None:
     # container), which may not have reached the row yet.
     if event.event is EventName.TRANSITION:
         fields: dict[str, Any] = {"from": event.previous_status or "-", "to": str(job.status)}  # `from` is a keyword
-        if job.container_id is not None:
-            fields["container_id"] = job.container_id[:12]
         log.info(
             "job_transition",
             **{
@@ -77,7 +75,7 @@ def log_event(event: JobEvent) -> None:
                 "kind": job.kind,
                 "reason": event.reason,
                 "boot_id": event.boot_id,
-                "pid": job.pid,
+                **_identity(job),
                 **fields,
                 **event.extra,
             },
@@ -91,12 +89,17 @@ def log_event(event: JobEvent) -> None:
             "kind": job.kind,
             "reason": event.reason,
             "boot_id": event.boot_id,
-            "pid": job.pid,
+            **_identity(job),
             "stalled": job.stalled,
             "silent": job.silent,
             "completed_units": job.completed_units,
-            "last_progress_at": job.last_progress_at,
-            "last_heartbeat_at": job.last_heartbeat_at,
+            "last_progress_at": to_iso(job.last_progress_at) if job.last_progress_at else None,
+            "last_heartbeat_at": to_iso(job.last_heartbeat_at) if job.last_heartbeat_at else None,
             **event.extra,
         },
     )
+
+
+def _identity(job: Job) -> dict[str, Any]:
+    """The process the row records, as its executor named it (pid and start time, or container id)."""
+    return dict(job.identity.fields) if job.identity is not None else {}

@@ -34,8 +34,8 @@ def reason_label(reason: str | None) -> str:
     return (reason or "").split(":", 1)[0]
 
 
-def _epoch(ts: str | None) -> float | None:
-    return datetime.fromisoformat(ts).timestamp() if ts else None
+def _epoch(ts: datetime | None) -> float | None:
+    return ts.timestamp() if ts else None
 
 
 @dataclass(frozen=True)

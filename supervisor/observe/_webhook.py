@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import math
 import time
 from collections import Counter
@@ -29,9 +30,9 @@ from typing import Any
 import httpx
 import trio
 
-from .._registry import OutboxEvent
-from .._store import AsyncRegistry
-from ..domain._config import Config
+from ..domain import Config
+from ..domain._model import to_iso
+from ..registry import OutboxEvent, Registry
 from ._events import JobEvent
 from ._logging import get_logger
 
@@ -52,6 +53,21 @@ def sign(secret: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
+def render_event(item: OutboxEvent) -> bytes:
+    """The JSON a receiver gets for an event: the same bytes at every attempt (keys sorted, no spaces), so a
+    signature and a receiver's dedupe on ``event_id`` hold across retries and restarts."""
+    body = {
+        "event_id": item.event_id,
+        "event": item.event,
+        "job": dict(item.job),
+        "previous_status": item.previous_status,
+        "reason": item.reason,
+        "boot_id": item.boot_id,
+        "ts": to_iso(item.created_at),
+    }
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
 def backoff_s(failures: int, *, first_s: float = BACKOFF_FIRST_S, cap_s: float = BACKOFF_MAX_S) -> float:
     """Seconds to wait after ``failures`` consecutive failed attempts: 1, 2, 4, ... capped."""
     return float(min(cap_s, first_s * 2 ** min(64, max(0, failures - 1))))
@@ -63,7 +79,7 @@ class WebhookSender:
     def __init__(
         self,
         config: Config,
-        registry: AsyncRegistry,
+        registry: Registry,
         *,
         poll_s: float | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -137,7 +153,7 @@ class WebhookSender:
     async def _deliver(
         self, client: httpx.AsyncClient, url: str, transport_timeout: httpx.Timeout, item: OutboxEvent, attempt: int
     ) -> bool:
-        body = item.body.encode()
+        body = render_event(item)
         headers = {
             "Content-Type": "application/json",
             EVENT_ID_HEADER: item.event_id,

@@ -15,12 +15,10 @@ from typing import Any, TypeVar
 
 import trio
 from quart_trio import QuartTrio
-
 from supervisor._core import Supervisor
+
 from supervisor._server import run_supervisor
-from supervisor.domain._config import Config
-from supervisor.domain._kinds import KindCatalog
-from supervisor.domain._model import Job
+from supervisor.domain import Config, Job, KindCatalog
 
 T = TypeVar("T")
 

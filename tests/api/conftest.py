@@ -28,12 +28,12 @@ from api_support import (
     run_live,
     stop_all_jobs,
 )
-
-from supervisor._app import create_app
 from supervisor._core import Supervisor
 from supervisor._registry import SqliteRegistry
 from supervisor._store import AsyncRegistry
-from supervisor.domain._kinds import KindCatalog, load_kinds
+
+from supervisor._app import create_app
+from supervisor.domain import KindCatalog, load_kinds
 
 
 @pytest.fixture

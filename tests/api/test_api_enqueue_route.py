@@ -24,8 +24,7 @@ from test_http_edge import Answer, connect
 
 from supervisor import _app
 from supervisor._app import create_app
-from supervisor.domain._config import ApiToken
-from supervisor.domain._model import JobStatus
+from supervisor.domain import ApiToken, JobStatus
 
 PATH = "/api/jobs"
 SLEEP = body({"kind": "sleep", "params": {"seconds": 5}})

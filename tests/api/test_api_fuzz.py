@@ -35,7 +35,7 @@ import trio
 from api_support import API_TOKEN, Live, MakeLive, kinds_toml, poll_until, wait_terminal
 from schemathesis.engine import events, from_schema
 
-from supervisor.api._openapi import openapi_document
+from supervisor.api import openapi_document
 
 pytestmark = pytest.mark.e2e
 

@@ -20,7 +20,7 @@ from api_support import Harness, start_tokened, wait_terminal
 from quart_trio import QuartTrio
 
 from supervisor._app import FastRoutes, create_app
-from supervisor.domain._model import JobStatus
+from supervisor.domain import JobStatus
 
 NESTED = b"[" * 2000
 

@@ -12,7 +12,7 @@ import trio
 from api_support import API_TOKEN, Live, MakeLive, make_config, wait_terminal
 
 from supervisor._server import GRACEFUL_TIMEOUT_S, run_supervisor
-from supervisor.domain._kinds import KindCatalog
+from supervisor.domain import KindCatalog
 
 TIMEOUT = httpx.Timeout(10.0)
 # A graceful stop waits at most GRACEFUL_TIMEOUT_S on idle keep-alive connections; allow scheduling slack on top.

@@ -15,8 +15,8 @@ from api_support import Harness, wait_log_line
 from werkzeug.routing import Rule
 
 from supervisor._app import PUBLIC_ENDPOINTS
-from supervisor.api._openapi import JOBS_SUBROUTES, openapi_document
-from supervisor.domain._kinds import KindCatalog, load_kinds
+from supervisor.api import JOBS_SUBROUTES, openapi_document
+from supervisor.domain import KindCatalog, load_kinds
 
 HTTP_METHODS = {"get", "post", "put", "patch", "delete"}
 

@@ -23,7 +23,7 @@ from api_support import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor._app import MAX_BODY_BYTES, REQUEST_ID_HEADER
-from supervisor.domain._errors import RegistryError
+from supervisor.domain import RegistryError
 
 
 def assert_utc(ts: str) -> None:

@@ -15,7 +15,7 @@ import pytest
 import trio
 from api_support import API_TOKEN, Live, MakeLive, wait_for_job, wait_running, wait_terminal
 
-from supervisor.cli._cli import EXIT_CONFIG, EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, main
+from supervisor.cli import EXIT_CONFIG, EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, main
 
 CLI_LIMIT_S = 20.0
 

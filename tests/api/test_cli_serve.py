@@ -14,7 +14,7 @@ import httpx
 import trio
 
 from supervisor._server import GRACEFUL_TIMEOUT_S
-from supervisor.cli._cli import EXIT_CONFIG, EXIT_OK
+from supervisor.cli import EXIT_CONFIG, EXIT_OK
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_LIMIT_S = 20.0

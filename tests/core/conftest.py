@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
 import subprocess
 import sys
@@ -13,10 +14,7 @@ import pytest
 import trio
 from core_helpers import KINDS, poll  # type: ignore[import-not-found]
 
-from supervisor import Config, SqliteRegistry, load_kinds
-from supervisor._core import Supervisor
-from supervisor._store import AsyncRegistry
-from supervisor.execution import Executor
+from supervisor import Config, Executor, SqliteRegistry, Supervisor, load_kinds
 
 
 @pytest.fixture
@@ -49,12 +47,12 @@ async def make_supervisor(make_config: Callable[..., Config]) -> AsyncIterator[C
         yield _maker(make_config, made, supervisors, job_nursery)
         # A supervisor shutdown never kills jobs (by design); a test must not leave real processes behind.
         for sup in supervisors:
-            for running in list(sup._running.values()):
+            for running in list(sup.boot.watched.values()):
                 if running.handle is not None:
                     await sup.executor.stop(running.handle, 0)  # SIGKILL at once, through the executor
             # Let the monitors reap what was killed (an unreaped child is a ResourceWarning, an error here).
             with trio.fail_after(10):
-                while sup._running:  # noqa: ASYNC110 - monitors remove themselves; bounded above
+                while sup.boot.watched:  # noqa: ASYNC110 - monitors remove themselves; bounded above
                     await trio.sleep(0.01)
         # Stop every task that may still touch a registry before any registry is closed.
         job_nursery.cancel_scope.cancel()
@@ -85,12 +83,13 @@ def _maker(
         """A supervisor on the shared job nursery (``attach=True``), on a nursery of the test's own (whose cancel
         is that boot's death), or on none."""
         config = make_config(**overrides)
-        registry = SqliteRegistry(config.registry_path)
+        boot_id = boot_id or secrets.token_hex(16)
+        registry = SqliteRegistry(config.registry_path, boot_id=boot_id)
         made.append(registry)
         sup = Supervisor(
             config,
             load_kinds(config.kinds_file),
-            AsyncRegistry(registry),
+            registry,
             boot_id=boot_id,
             base_env=base_env,
             executor=executor(config) if executor is not None else None,

@@ -11,19 +11,16 @@ import os
 import select
 import signal
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import trio
 
-from supervisor import Config, SqliteRegistry
-from supervisor._core import Supervisor
-from supervisor.domain._model import Job
-from supervisor.execution import Executor, create_executor
-from supervisor.execution._identity import Liveness, probe
-from supervisor.execution.docker import LABEL_JOB, DockerExecutor, make_client
+from supervisor import Config, Executor, Job, Liveness, Supervisor
+from supervisor.execution import create_executor
+from supervisor.execution.docker import LABEL_JOB, DockerExecutor, container_id_of, make_client
 from supervisor.execution.memory import MemoryExecutor, MemoryJob
-from supervisor.execution.subprocess import JobFiles, identity_of, read_exit, read_start
+from supervisor.execution.subprocess import JobFiles, identity_of, probe, read_exit, read_start
 
 IMAGE = "podcast-job-supervisor:local"
 
@@ -69,8 +66,8 @@ class World:
     async def alose(self, job: Job) -> None:
         await trio.to_thread.run_sync(self.lose, job)
 
-    def clean_up(self, registry: SqliteRegistry) -> None:
-        """Stop whatever a failed test left running (jobs outlive supervisors by design)."""
+    def clean_up(self, jobs: list[Job]) -> None:
+        """Stop whatever a failed test left running of ``jobs`` (jobs outlive supervisors by design)."""
 
 
 class SubprocessWorld(World):
@@ -89,12 +86,17 @@ class SubprocessWorld(World):
     def files(self, job: Job) -> JobFiles:
         return JobFiles.for_job(job, Path("."), self.run_dir)
 
+    @staticmethod
+    def pid(job: Job) -> int:
+        identity = identity_of(job)
+        assert identity is not None
+        return identity.pid
+
     def kill(self, job: Job) -> None:
-        assert job.pid is not None
-        os.killpg(job.pid, signal.SIGKILL)
+        os.killpg(self.pid(job), signal.SIGKILL)
 
     def ended(self, job: Job) -> bool:
-        return read_exit(self.files(job), job.pid) is not None
+        return read_exit(self.files(job), self.pid(job)) is not None
 
     def gone(self, job: Job) -> bool:
         identity = identity_of(job)
@@ -105,12 +107,12 @@ class SubprocessWorld(World):
 
     def lose(self, job: Job) -> None:
         start = read_start(self.files(job))
-        assert start is not None and start.shepherd is not None and job.pid is not None
+        assert start is not None and start.shepherd is not None
         pidfd = os.pidfd_open(start.shepherd.pid)
         try:
             # The shepherd first: a SIGKILLed process runs no more code, so nobody reaps the job and records its end.
             os.kill(start.shepherd.pid, signal.SIGKILL)
-            os.killpg(job.pid, signal.SIGKILL)
+            os.killpg(self.pid(job), signal.SIGKILL)
             # Lost means gone: a process dies only once the system call it was in returns (a record being written).
             poller = select.poll()
             poller.register(pidfd, select.POLLIN)
@@ -118,8 +120,10 @@ class SubprocessWorld(World):
         finally:
             os.close(pidfd)
 
-    def clean_up(self, registry: SqliteRegistry) -> None:
-        for job in registry.running_jobs():
+    def clean_up(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            if job.status.is_terminal:
+                continue
             identity = identity_of(job)
             if identity is not None and probe(identity) is Liveness.ALIVE:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -231,9 +235,14 @@ class DockerWorld(World):
     def containers(self, job: Job) -> list[dict[str, object]]:
         return list(self.client.containers(all=True, filters={"label": f"{LABEL_JOB}={job.job_id}"}))
 
+    @staticmethod
+    def container(job: Job) -> str:
+        container_id = container_id_of(job)
+        assert container_id is not None
+        return container_id
+
     def kill(self, job: Job) -> None:
-        assert job.container_id is not None
-        self.client.kill(job.container_id)
+        self.client.kill(self.container(job))
 
     def state(self, job: Job) -> str | None:
         found = self.containers(job)
@@ -250,11 +259,10 @@ class DockerWorld(World):
         return bool(found) and found[0]["State"] == "running"
 
     def lose(self, job: Job) -> None:
-        assert job.container_id is not None
-        self.client.remove_container(job.container_id, force=True)  # with it, the exit code the engine kept
+        self.client.remove_container(self.container(job), force=True)  # with it, the exit code the engine kept
 
-    def clean_up(self, registry: SqliteRegistry) -> None:
-        ids = {job.job_id for job in registry.list_jobs(limit=1000)[0]}
+    def clean_up(self, jobs: list[Job]) -> None:
+        ids = {job.job_id for job in jobs}
         for container in self.client.containers(all=True, filters={"label": LABEL_JOB}):
             if container["Labels"].get(LABEL_JOB) in ids:
                 with contextlib.suppress(Exception):
@@ -266,10 +274,10 @@ def docker_cli(*args: str) -> str:
     return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=60, check=True).stdout
 
 
-@contextlib.contextmanager
-def supervisors_in(
+@contextlib.asynccontextmanager
+async def supervisors_in(
     world: World, make_supervisor: Callable[..., Supervisor], executor: Callable[[Config], Executor] | None = None
-) -> Iterator[Callable[..., Supervisor]]:
+) -> AsyncIterator[Callable[..., Supervisor]]:
     """``make_supervisor`` with ``executor`` (the world's by default); whatever a failed test left running in the
     world is stopped at the end (jobs outlive supervisors by design)."""
     made: list[Supervisor] = []
@@ -281,4 +289,5 @@ def supervisors_in(
 
     yield make_
     for sup in made:
-        world.clean_up(sup.registry.sync)
+        jobs, _ = await sup.registry.list_jobs(limit=1000)
+        await trio.to_thread.run_sync(world.clean_up, jobs)

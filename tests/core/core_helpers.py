@@ -5,17 +5,16 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Collection
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import TypeVar
 
 import pytest
 import trio
 
-from supervisor import JobStatus
-from supervisor._core import Supervisor
-from supervisor._registry import hash_token
-from supervisor.domain._model import Job
-from supervisor.execution._identity import ProcessIdentity, identify
+from supervisor import Job, JobStatus, SqliteRegistry, Supervisor
+from supervisor.domain import IdentityRecord, hash_token, to_iso, utc_now
+from supervisor.execution.subprocess import ProcessIdentity, identify
+from supervisor.registry import IdentityClaim, NewJob, PromoteRequest, Promotion
 
 T = TypeVar("T")
 
@@ -141,25 +140,29 @@ async def insert_running(
     pid: int | None = None,
     spawned: bool = True,
 ) -> Job:
-    """A RUNNING row as another boot would have left it (through the registry, as that boot did)."""
-    registry = sup.registry.sync
-    queued = registry.enqueue("sleep", {"seconds": 60.0}, ["true"]).job
-    job = registry.promote_queued_if_slot(1000, boot_id=boot_id, token_hash=hash_token("t"))
-    assert job is not None and job.job_id == queued.job_id
+    """A RUNNING row as another boot would have left it (through the registry, as that boot did). ``pid`` alone: a
+    record with a bare pid, as a boot that could not read /proc would have written (no identity)."""
+    registry = sup.registry
+    queued, _ = await registry.enqueue(NewJob("sleep", {"seconds": 60.0}, ["true"]))
+    promotion = await registry.promote(PromoteRequest(1000, boot_id, [hash_token("t")]))
+    [job] = promotion.jobs
+    assert job.job_id == queued.job.job_id
     if spawned:
         if identity is not None:
-            job = registry.set_job_process(
-                job.job_id, pid=identity.pid, pid_start_time=identity.start_time, kernel_boot_id=identity.kernel_boot_id
-            )
+            record = identity.to_record()
         else:
-            job = registry.set_job_process(job.job_id, pid=pid)
+            record = IdentityRecord("process", {"pid": pid, "pid_start_time": None, "kernel_boot_id": None})
+        [job] = await registry.record_identities([IdentityClaim(job.job_id, record)])
     return job
 
 
 def age_started(sup: Supervisor, job_id: str, seconds: float) -> None:
-    """Make a row look promoted ``seconds`` ago (its ``started_at``), as a test of age-dependent rules needs."""
-    started = (datetime.now(UTC) - timedelta(seconds=seconds)).isoformat()
-    with sup.registry.sync._pool.borrow() as conn:
+    """Make a row look promoted ``seconds`` ago (its ``started_at``), as a test of age-dependent rules needs: written
+    straight into the SQLite file (no registry operation rewrites history)."""
+    registry = sup.registry
+    assert isinstance(registry, SqliteRegistry)
+    started = to_iso(utc_now() - timedelta(seconds=seconds))
+    with registry.store.tx() as conn:
         conn.execute("UPDATE jobs SET started_at = ? WHERE job_id = ?", (started, job_id))
 
 
@@ -167,7 +170,7 @@ async def wait_idle(sup: Supervisor, *, timeout_s: float = 20.0) -> None:
     """Until no monitor is left: each removes itself only after finalizing and enqueueing any follow-up."""
 
     async def idle() -> bool | None:
-        return (not sup._running) or None
+        return (not sup.boot.watched) or None
 
     await poll(idle, timeout_s=timeout_s)
 
@@ -188,12 +191,30 @@ async def dead_identity() -> ProcessIdentity:
 def count_promote_rounds(sup: Supervisor, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """From now on, each promote round the drainer runs appends how many rows it promoted to the list returned."""
     rounds: list[int] = []
-    promote = sup.registry.promote_queued
+    promote = sup.registry.promote
 
-    async def counted(max_concurrent: int, **kwargs: object) -> list[Job]:
-        got = await promote(max_concurrent, **kwargs)  # type: ignore[arg-type]
-        rounds.append(len(got))
+    async def counted(request: PromoteRequest) -> Promotion:
+        got = await promote(request)
+        rounds.append(len(got.jobs))
         return got
 
-    monkeypatch.setattr(sup.registry, "promote_queued", counted)
+    monkeypatch.setattr(sup.registry, "promote", counted)
     return rounds
+
+
+def pid_of(job: Job) -> int | None:
+    """The pid a process identity record holds (subprocess mode), None when the row records none."""
+    value = job.identity.fields.get("pid") if job.identity is not None else None
+    return value if isinstance(value, int) else None
+
+
+def container_of(job: Job) -> str | None:
+    """The container id a container identity record holds (docker mode), None when the row records none."""
+    value = job.identity.fields.get("container_id") if job.identity is not None else None
+    return value if isinstance(value, str) else None
+
+
+async def enqueue_raw(sup: Supervisor, kind: str, params: dict[str, object], argv: list[str]) -> Job:
+    """A row enqueued through the registry as another process would (no validation, no drainer wake-up)."""
+    result, _ = await sup.registry.enqueue(NewJob(kind, params, argv))
+    return result.job

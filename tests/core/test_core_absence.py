@@ -19,13 +19,11 @@ import trio
 import trio.testing
 from core_helpers import insert_running, wait_terminal  # type: ignore[import-not-found]
 
-import supervisor._absence as absence
-from supervisor import JobStatus
-from supervisor._absence import AbsenceTracker, Signals, judge_absence
-from supervisor._core import Supervisor
-from supervisor.domain._model import Job
-from supervisor.execution._identity import Liveness, identify, probe
-from supervisor.observe._events import EventName, JobEvent
+from supervisor import Job, JobStatus, Liveness, Supervisor
+from supervisor.core import AbsenceTracker, Signals, judge_absence
+from supervisor.domain import from_iso
+from supervisor.execution.subprocess import identify, probe
+from supervisor.observe import EventName, JobEvent
 
 ALIVE, DEAD, UNKNOWN = Liveness.ALIVE, Liveness.DEAD, Liveness.UNKNOWN
 S, Q, R = EventName.STALLED, EventName.SILENT, EventName.RECOVERED
@@ -85,11 +83,14 @@ def _row(**fields: object) -> Job:
     base: dict[str, object] = dict(
         job_id="j", seq=1, kind="k", params={}, argv=[], status=JobStatus.RUNNING, error_reason=None, exit_code=None,
         created_at="2026-01-01T00:00:00+00:00", started_at="2026-01-01T00:00:00+00:00", ended_at=None, attempts=1,
-        cancel_requested=False, boot_id="b", pid=None, pid_start_time=None, kernel_boot_id=None, container_id=None,
+        cancel_requested=False, boot_id="b", identity=None,
         token_hash=None, completed_units=0, total_units=None, stage=None, last_heartbeat_at=None,
         last_progress_at=None, log_path=None,
     )
     base.update(fields)
+    for name in ("created_at", "started_at", "last_heartbeat_at", "last_progress_at"):
+        if isinstance(base[name], str):
+            base[name] = from_iso(str(base[name]))
     return Job(**base)  # type: ignore[arg-type]
 
 
@@ -151,14 +152,14 @@ def term_ignorer() -> Iterator[subprocess.Popen[bytes]]:
 
 
 @pytest.fixture
-def frozen_wall(monkeypatch: pytest.MonkeyPatch) -> Callable[[Job], None]:
+def frozen_wall() -> Callable[[Supervisor, Job], None]:
     """Age first-seen rows from their own start: the real milliseconds between insert and first sweep are not
     virtual time, and would move the boundary the tests assert."""
 
-    def freeze(job: Job) -> None:
-        assert job.started_at is not None
-        started = datetime.fromisoformat(job.started_at)
-        monkeypatch.setattr(absence, "wall_now", lambda: started)
+    def freeze(sup: Supervisor, job: Job) -> None:
+        started = job.started_at
+        assert started is not None
+        sup.absence.tracker.wall_clock = lambda: started
 
     return freeze
 
@@ -199,12 +200,12 @@ async def test_stalled_at_the_first_sweep_past_the_threshold_and_not_one_before(
     autojump_clock: trio.testing.MockClock,  # pytest-trio runs the test on a clock the test itself requests
     make_sup: Callable[..., Supervisor],
     bystander: subprocess.Popen[bytes],
-    frozen_wall: Callable[[Job], None],
+    frozen_wall: Callable[[Supervisor, Job], None],
 ) -> None:
     sup = make_sup(boot_id="now", progress_stale_after_s=1800.0, sweep_interval_s=SWEEP_S)
     identity = identify(bystander.pid)
     job = await insert_running(sup, boot_id="before", identity=identity)
-    frozen_wall(job)
+    frozen_wall(sup, job)
     seen = Recorder(sup)
     flags: dict[float, bool] = {}
     for _ in range(63):
@@ -225,11 +226,11 @@ async def test_rising_progress_clears_a_stall_and_a_beat_without_progress_does_n
     autojump_clock: trio.testing.MockClock,  # pytest-trio runs the test on a clock the test itself requests
     make_sup: Callable[..., Supervisor],
     bystander: subprocess.Popen[bytes],
-    frozen_wall: Callable[[Job], None],
+    frozen_wall: Callable[[Supervisor, Job], None],
 ) -> None:
     sup = make_sup(boot_id="now", progress_stale_after_s=300.0, silent_after_s=None, sweep_interval_s=SWEEP_S)
     job = await insert_running(sup, boot_id="before", identity=identify(bystander.pid))
-    frozen_wall(job)
+    frozen_wall(sup, job)
     seen = Recorder(sup)
     for t in range(0, 600, 10):
         assert trio.current_time() - seen.start == t
@@ -252,11 +253,11 @@ async def test_heartbeats_that_stop_while_the_process_lives_are_silent_not_stall
     autojump_clock: trio.testing.MockClock,  # pytest-trio runs the test on a clock the test itself requests
     make_sup: Callable[..., Supervisor],
     bystander: subprocess.Popen[bytes],
-    frozen_wall: Callable[[Job], None],
+    frozen_wall: Callable[[Supervisor, Job], None],
 ) -> None:
     sup = make_sup(boot_id="now", progress_stale_after_s=1800.0, silent_after_s=60.0, sweep_interval_s=SWEEP_S)
     job = await insert_running(sup, boot_id="before", identity=identify(bystander.pid))
-    frozen_wall(job)
+    frozen_wall(sup, job)
     seen = Recorder(sup)
     for t in range(0, 300, 10):
         if t <= 100 or t >= 200:
@@ -276,7 +277,7 @@ async def test_terminate_frees_the_slot_only_once_the_process_is_gone(
     autojump_clock: trio.testing.MockClock,  # pytest-trio runs the test on a clock the test itself requests
     make_sup: Callable[..., Supervisor],
     term_ignorer: subprocess.Popen[bytes],
-    frozen_wall: Callable[[Job], None],
+    frozen_wall: Callable[[Supervisor, Job], None],
 ) -> None:
     sup = make_sup(
         boot_id="now", progress_stale_after_s=300.0, stall_action="terminate", cancel_grace_s=20.0,
@@ -285,7 +286,7 @@ async def test_terminate_frees_the_slot_only_once_the_process_is_gone(
     identity = identify(term_ignorer.pid)
     assert identity is not None
     job = await insert_running(sup, boot_id="before", identity=identity)
-    frozen_wall(job)
+    frozen_wall(sup, job)
     seen = Recorder(sup)
     liveness_when_ended: list[Liveness] = []
 
@@ -316,14 +317,14 @@ async def test_terminate_never_stops_a_job_whose_liveness_is_unknown(
     autojump_clock: trio.testing.MockClock,  # pytest-trio runs the test on a clock the test itself requests
     make_sup: Callable[..., Supervisor],
     bystander: subprocess.Popen[bytes],
-    frozen_wall: Callable[[Job], None],
+    frozen_wall: Callable[[Supervisor, Job], None],
 ) -> None:
     sup = make_sup(
         boot_id="now", progress_stale_after_s=300.0, stall_action="terminate", sweep_interval_s=SWEEP_S
     )
     # A pid without its start time: the process cannot be verified, so its liveness is unknown.
     job = await insert_running(sup, boot_id="before", pid=bystander.pid)
-    frozen_wall(job)
+    frozen_wall(sup, job)
     seen = Recorder(sup)
     for _ in range(20):
         await sup.sweep()

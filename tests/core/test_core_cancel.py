@@ -7,12 +7,11 @@ from collections.abc import Callable
 
 import pytest
 import trio
-from core_helpers import insert_running, wait_running, wait_status, wait_terminal  # type: ignore[import-not-found]
+from core_helpers import enqueue_raw, insert_running, pid_of, wait_running, wait_status, wait_terminal  # type: ignore[import-not-found]
 from structlog.testing import capture_logs
 
-from supervisor import JobNotFound, JobStatus
-from supervisor._core import Supervisor
-from supervisor.execution._identity import Liveness, identify, probe
+from supervisor import JobNotFound, JobStatus, Liveness, Supervisor
+from supervisor.execution.subprocess import identify, probe
 
 
 async def test_cancel_queued_job_ends_it_before_start(make_supervisor: Callable[..., Supervisor]) -> None:
@@ -20,7 +19,7 @@ async def test_cancel_queued_job_ends_it_before_start(make_supervisor: Callable[
     await sup.pause()
     job = (await sup.enqueue("sleep", {"seconds": 30})).job
     cancelled = await sup.cancel(job.job_id)
-    assert (cancelled.status, cancelled.error_reason, cancelled.pid) == (
+    assert (cancelled.status, cancelled.error_reason, pid_of(cancelled)) == (
         JobStatus.CANCELLED,
         "cancelled_before_start",
         None,
@@ -56,25 +55,25 @@ async def test_cancel_in_the_spawn_window_is_carried_out_when_spawn_completes(
     sup = make_supervisor()
     release = trio.Event()
     in_spawn = trio.Event()
-    real_start = sup._start
+    real_start = sup.drainer._start
 
     async def slow_start(job, token):  # type: ignore[no-untyped-def]
         in_spawn.set()
         await release.wait()
         return await real_start(job, token)
 
-    monkeypatch.setattr(sup, "_start", slow_start)
+    monkeypatch.setattr(sup.drainer, "_start", slow_start)
     argv = sup.kinds.get("sleep").render_argv({"seconds": 60.0})
-    queued = (await sup.registry.enqueue("sleep", {"seconds": 60.0}, argv, coalesce_key=None)).job
+    queued = (await enqueue_raw(sup, "sleep", {"seconds": 60.0}, argv))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(sup.drain)
         await in_spawn.wait()
         row = await sup.cancel(queued.job_id)
-        assert (row.status, row.cancel_requested, row.pid) == (JobStatus.RUNNING, True, None)
+        assert (row.status, row.cancel_requested, pid_of(row)) == (JobStatus.RUNNING, True, None)
         release.set()
     ended = await wait_terminal(sup, queued.job_id, timeout_s=5)
     assert ended.status is JobStatus.CANCELLED
-    assert ended.pid is not None  # it did spawn, and was stopped as soon as it had
+    assert pid_of(ended) is not None  # it did spawn, and was stopped as soon as it had
 
 
 async def test_cancel_terminal_job_is_a_noop_and_unknown_is_not_found(

@@ -8,7 +8,7 @@ what the outside world can (kill it, let it end while no supervisor runs).
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 import trio
@@ -21,9 +21,8 @@ from core_executors import (  # type: ignore[import-not-found]
 )
 from core_helpers import poll, wait_running, wait_status, wait_terminal  # type: ignore[import-not-found]
 
-from supervisor import JobStatus, RegistryError
-from supervisor._core import Supervisor
-from supervisor.domain._model import Job
+from supervisor import JobStatus, RegistryError, Supervisor
+from supervisor.domain import Job
 
 
 @pytest.fixture(params=["subprocess", "memory", pytest.param("docker", marks=pytest.mark.docker)])
@@ -39,9 +38,9 @@ async def world(request: pytest.FixtureRequest, nursery: trio.Nursery) -> AsyncI
 
 
 @pytest.fixture
-def make(make_supervisor: Callable[..., Supervisor], world: World) -> Iterator[Callable[..., Supervisor]]:
+async def make(make_supervisor: Callable[..., Supervisor], world: World) -> AsyncIterator[Callable[..., Supervisor]]:
     """``make_supervisor`` with the world's executor; leftovers of a failed test are stopped at the end."""
-    with supervisors_in(world, make_supervisor) as make_:
+    async with supervisors_in(world, make_supervisor) as make_:
         yield make_
 
 
@@ -190,7 +189,7 @@ async def test_a_boot_killed_between_start_and_recording_the_identity_is_adopted
         async def lost(*args: object, **kwargs: object) -> None:
             raise RegistryError("the supervisor died before it recorded the identity")
 
-        monkeypatch.setattr(old.registry, "set_job_processes", lost)
+        monkeypatch.setattr(old.registry, "record_identities", lost)
         job = (await old.enqueue("sleep", {"seconds": 60})).job
 
         async def started() -> bool | None:  # promoted and started, its identity never recorded

@@ -8,24 +8,22 @@ import os
 import signal
 import subprocess
 import tomllib
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 from core_executors import DockerWorld, supervisors_in  # type: ignore[import-not-found]
-from core_helpers import KINDS, poll, wait_running, wait_terminal  # type: ignore[import-not-found]
+from core_helpers import KINDS, container_of, pid_of, poll, wait_running, wait_terminal  # type: ignore[import-not-found]
 from structlog.testing import capture_logs
 
-from supervisor import Config, JobStatus, SqliteRegistry
-from supervisor._core import Supervisor
-from supervisor.domain._kinds import parse_kind
-from supervisor.domain._model import Job
+from supervisor import Config, JobStatus, Liveness, SqliteRegistry, Supervisor
+from supervisor.domain import Job, parse_kind
 from supervisor.execution import Executor, create_executor
 from supervisor.execution import docker as docker_execution
-from supervisor.execution._identity import Liveness, identify, probe
 from supervisor.execution.docker import LABEL_BOOT, LABEL_JOB, LABEL_KIND
+from supervisor.execution.subprocess import identify, probe
 
 pytestmark = [pytest.mark.docker, pytest.mark.e2e]
 
@@ -45,8 +43,10 @@ def world() -> DockerWorld:
 
 
 @pytest.fixture
-def make(make_supervisor: Callable[..., Supervisor], world: DockerWorld) -> Iterator[Callable[..., Supervisor]]:
-    with supervisors_in(world, make_supervisor, docker_mode) as make_:
+async def make(
+    make_supervisor: Callable[..., Supervisor], world: DockerWorld
+) -> AsyncIterator[Callable[..., Supervisor]]:
+    async with supervisors_in(world, make_supervisor, docker_mode) as make_:
         yield make_
 
 
@@ -58,8 +58,8 @@ async def test_a_job_container_is_labelled_runs_with_init_and_gets_the_jobs_envi
     job = await wait_running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)
     # The label filter finds exactly this job's container, and the row records its id.
     found = await trio.to_thread.run_sync(world.containers, job)
-    assert [c["Id"] for c in found] == [job.container_id]
-    info = await trio.to_thread.run_sync(world.client.inspect_container, job.container_id)
+    assert [c["Id"] for c in found] == [container_of(job)]
+    info = await trio.to_thread.run_sync(world.client.inspect_container, container_of(job))
     labels = info["Config"]["Labels"]
     assert (labels[LABEL_JOB], labels[LABEL_BOOT], labels[LABEL_KIND]) == (job.job_id, sup.boot_id, "sleep")
     assert info["HostConfig"]["Init"] is True
@@ -70,7 +70,7 @@ async def test_a_job_container_is_labelled_runs_with_init_and_gets_the_jobs_envi
     assert env["PODCAST_JOB_HEARTBEAT_URL"] == f"http://127.0.0.1:9/api/jobs/{job.job_id}/heartbeat"
     assert "PODCAST_JOB_API_TOKEN" not in env and "operator-secret" not in str(info)
     assert [(m["Source"], m["Destination"]) for m in info["Mounts"]] == [(str(sup.data_dir), str(sup.data_dir))]
-    assert job.pid is None  # no pid is evidence in this mode
+    assert pid_of(job) is None  # no pid is evidence in this mode
 
     await sup.cancel(job.job_id)
     ended = await wait_terminal(sup, job.job_id)
@@ -140,7 +140,7 @@ async def test_dockerd_stopped_while_a_job_runs_keeps_its_slot_and_fails_nothing
     gate = sup.data_dir / "gate"
     job = await wait_running(sup, (await sup.enqueue("gated", {"gate": str(gate), "code": 4})).job.job_id)
     queued = (await sup.enqueue("exit", {"code": 0})).job
-    info = await trio.to_thread.run_sync(world.client.inspect_container, job.container_id)
+    info = await trio.to_thread.run_sync(world.client.inspect_container, container_of(job))
     init = await trio.to_thread.run_sync(identify, info["State"]["Pid"])  # the container's init, as the host sees it
     assert init is not None
     try:

@@ -10,11 +10,18 @@ from pathlib import Path
 
 import pytest
 import trio
-from core_helpers import poll, wait_idle, wait_running, wait_terminal  # type: ignore[import-not-found]
+from core_helpers import (  # type: ignore[import-not-found]
+    count_promote_rounds,
+    enqueue_raw,
+    pid_of,
+    poll,
+    wait_idle,
+    wait_running,
+    wait_terminal,
+)
 
-from supervisor import JobStatus
-from supervisor._core import Supervisor
-from supervisor.domain._model import Job
+from supervisor import JobStatus, Supervisor
+from supervisor.domain import Job
 
 
 async def test_three_jobs_with_max_one_run_strictly_one_after_another_in_fifo_order(
@@ -34,14 +41,14 @@ async def test_drain_returns_while_its_job_still_runs(make_supervisor: Callable[
     sup = make_supervisor()
     argv = sup.kinds.get("sleep").render_argv({"seconds": 30.0})
     # Enqueued through the registry, as another process would: the row waits for a drain.
-    queued = await sup.registry.enqueue("sleep", {"seconds": 30.0}, argv, coalesce_key=None)
+    queued = await enqueue_raw(sup, "sleep", {"seconds": 30.0}, argv)
     with trio.fail_after(5):
         started = await sup.drain()
-    assert [j.job_id for j in started] == [queued.job.job_id]
+    assert [j.job_id for j in started] == [queued.job_id]
     job = started[0]
     # The drain contract: spawned and identity recorded when drain returns, and nobody waited for the job.
     assert job.status is JobStatus.RUNNING
-    assert job.pid is not None and job.pid_start_time is not None and job.kernel_boot_id is not None
+    assert job.identity is not None and job.identity.kind == 'process'
     await sup.cancel(job.job_id)
     ended = await wait_terminal(sup, job.job_id)
     assert (ended.status, ended.error_reason) == (JobStatus.CANCELLED, "cancelled")
@@ -67,15 +74,13 @@ async def test_spawn_failure_fails_the_row_and_drains_on(
     make_supervisor: Callable[..., Supervisor], tmp_path: Path
 ) -> None:
     sup = make_supervisor(max_concurrent=1)
-    missing = await sup.registry.enqueue("sleep", {}, [str(tmp_path / "no-such-binary")], coalesce_key=None)
-    good = await sup.registry.enqueue(
-        "exit", {"code": 0}, sup.kinds.get("exit").render_argv({"code": 0}), coalesce_key=None
-    )
+    missing = await enqueue_raw(sup, "sleep", {}, [str(tmp_path / "no-such-binary")])
+    good = await enqueue_raw(sup, "exit", {"code": 0}, sup.kinds.get("exit").render_argv({"code": 0}))
     await sup.drain()
-    failed = await wait_terminal(sup, missing.job.job_id)
+    failed = await wait_terminal(sup, missing.job_id)
     assert failed.status is JobStatus.FAILED
     assert failed.error_reason is not None and failed.error_reason.startswith("spawn_failed: FileNotFoundError")
-    assert (await wait_terminal(sup, good.job.job_id)).status is JobStatus.SUCCEEDED
+    assert (await wait_terminal(sup, good.job_id)).status is JobStatus.SUCCEEDED
 
 
 async def test_job_gets_its_environment_and_log(make_supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
@@ -150,9 +155,8 @@ async def test_any_spawn_failure_finalizes_the_row_and_the_queue_moves_on_INV_SP
     that bypassed validation) once raised out of drain and left the row RUNNING with no process, holding the
     only slot for ever."""
     sup = make_supervisor(max_concurrent=1)
-    registry = sup.registry.sync
-    bad = registry.enqueue("exit", {"code": 0}, [sys.executable, "-c", "pass", "\ud800"]).job
-    good = registry.enqueue("exit", {"code": 0}, sup.kinds.get("exit").render_argv({"code": 0})).job
+    bad = await enqueue_raw(sup, "exit", {"code": 0}, [sys.executable, "-c", "pass", "\ud800"])
+    good = await enqueue_raw(sup, "exit", {"code": 0}, sup.kinds.get("exit").render_argv({"code": 0}))
     with trio.fail_after(10):
         await sup.drain()
     failed = await sup.get(bad.job_id)
@@ -248,54 +252,87 @@ async def test_the_shepherd_holds_none_of_the_supervisors_environment(
     await wait_terminal(sup, job.job_id)
 
 
-async def test_a_job_enqueued_while_a_slot_is_free_is_promoted_in_its_enqueue_transaction(
+async def test_every_promotion_is_the_drainers_one_round_for_every_trigger(
     make_supervisor: Callable[..., Supervisor], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 10 (one POST per job): the row and its promotion are one transaction; the drainer only starts it."""
+    """One promotion path: an enqueue, a job's end and a resume only wake the drainer; its round asks the executor,
+    then promotes (INV-PROMOTION-NEVER-OVERSHOOTS: counted and flipped in one registry step) and starts."""
     sup = make_supervisor(max_concurrent=1)
-
-    async def no_promote_round(*args: object, **kwargs: object) -> list[Job]:
-        raise AssertionError("the drainer's promote round ran: the enqueue did not promote")
-
-    monkeypatch.setattr(sup.registry, "promote_queued", no_promote_round)
+    rounds = count_promote_rounds(sup, monkeypatch)
     first = (await sup.enqueue("sleep", {"seconds": 30})).job
-    assert first.status is JobStatus.QUEUED  # the answer: the row as stored, before its promotion in the same commit
-    assert (await sup.get(first.job_id)).status is JobStatus.RUNNING
-    # INV-PROMOTION-NEVER-OVERSHOOTS: the one slot is taken (counted in the next enqueue's transaction).
+    assert first.status is JobStatus.QUEUED  # the enqueue's answer: the row as stored; the drainer starts it
     second = (await sup.enqueue("exit", {"code": 0})).job
-    assert (await sup.get(second.job_id)).status is JobStatus.QUEUED
-    running = await wait_running(sup, first.job_id)  # started by the drainer, handed over by the enqueue
-    assert running.pid is not None and running.attempts == 1
-    assert (await sup.get(second.job_id)).status is JobStatus.QUEUED
+    running = await wait_running(sup, first.job_id)
+    assert pid_of(running) is not None and running.attempts == 1
+    assert (await sup.get(second.job_id)).status is JobStatus.QUEUED  # the one slot is taken
+    assert sum(rounds) == 1
     await sup.cancel(first.job_id)
     assert (await wait_terminal(sup, first.job_id)).status is JobStatus.CANCELLED
-    # The end of the first promotes the second in its own finalize: still no promote round.
+    # The first job's end woke the drainer, whose round promoted the second.
     assert (await wait_terminal(sup, second.job_id)).status is JobStatus.SUCCEEDED
+    assert sum(rounds) == 2
 
 
-async def test_an_enqueue_that_fills_its_two_slots_leaves_the_other_free_ones_to_a_full_drain(
-    make_supervisor: Callable[..., Supervisor],
+async def test_a_drain_fills_every_free_slot_in_one_round(
+    make_supervisor: Callable[..., Supervisor], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A promotion in the enqueue's transaction fills at most two slots (its tokens); with more free, the drainer's
-    full round fills the rest at once, not at the next job's end."""
     sup = make_supervisor(max_concurrent=4)
     await sup.pause()
-    waiting = [(await sup.enqueue("sleep", {"seconds": 30})).job.job_id for _ in range(3)]
-    await trio.to_thread.run_sync(sup.config.pause_flag_path.unlink)  # resumed behind the supervisor's back
-    last = (await sup.enqueue("sleep", {"seconds": 30})).job.job_id
-    for job_id in [*waiting, last]:
+    waiting = [(await sup.enqueue("sleep", {"seconds": 30})).job.job_id for _ in range(5)]
+    rounds = count_promote_rounds(sup, monkeypatch)
+    await sup.resume()
+    for job_id in waiting[:4]:
         await wait_running(sup, job_id)
-    for job_id in [*waiting, last]:
+    assert [n for n in rounds if n] == [4]  # one round filled the four free slots (rounds while paused promote 0)
+    assert (await sup.get(waiting[4])).status is JobStatus.QUEUED
+    for job_id in waiting:
         await sup.cancel(job_id)
 
 
-async def test_a_job_enqueued_while_paused_stays_queued_and_wakes_nothing(
-    make_supervisor: Callable[..., Supervisor],
+async def test_a_job_enqueued_while_paused_stays_queued(
+    make_supervisor: Callable[..., Supervisor], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sup = make_supervisor(max_concurrent=2)
     await sup.pause()
+    rounds = count_promote_rounds(sup, monkeypatch)
     job = (await sup.enqueue("exit", {"code": 0})).job
-    assert (await sup.get(job.job_id)).status is JobStatus.QUEUED  # the flag is looked at inside the transaction
-    assert not sup._handed_off
+    assert await sup.drain() == []  # the pause is read inside the promotion's own registry step
+    assert (await sup.get(job.job_id)).status is JobStatus.QUEUED
+    assert rounds == [0]
     await sup.resume()
     assert (await wait_terminal(sup, job.job_id)).status is JobStatus.SUCCEEDED
+
+
+async def test_the_pause_file_pauses_at_the_next_sweep_and_its_removal_resumes(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    """ADR 0001 §7: the operator's switch; the sweeper mirrors it into the registry's pause."""
+    sup = make_supervisor(max_concurrent=2)
+    flag = sup.config.pause_flag_path
+    await trio.to_thread.run_sync(lambda: flag.parent.mkdir(parents=True, exist_ok=True))
+    await trio.to_thread.run_sync(flag.touch)
+    await sup.sweep()
+    state = await sup.registry.pause_state()
+    assert (state.paused, state.by) == (True, "pause_file")
+    job = (await sup.enqueue("exit", {"code": 0})).job
+    await sup.drain()
+    assert (await sup.get(job.job_id)).status is JobStatus.QUEUED
+    await trio.to_thread.run_sync(flag.unlink)
+    await sup.sweep()
+    assert not (await sup.registry.pause_state()).paused
+    assert (await wait_terminal(sup, job.job_id)).status is JobStatus.SUCCEEDED
+
+
+async def test_removing_the_pause_file_never_ends_a_pause_made_through_the_api(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    sup = make_supervisor()
+    await sup.pause()
+    flag = sup.config.pause_flag_path
+    await trio.to_thread.run_sync(lambda: flag.parent.mkdir(parents=True, exist_ok=True))
+    await trio.to_thread.run_sync(flag.touch)
+    await sup.sweep()
+    await trio.to_thread.run_sync(flag.unlink)
+    await sup.sweep()
+    state = await sup.registry.pause_state()
+    assert (state.paused, state.by) == (True, "operator")

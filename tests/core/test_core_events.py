@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import trio
 from core_helpers import wait_idle, wait_terminal  # type: ignore[import-not-found]
 from structlog.testing import capture_logs
 
-from supervisor import JobStatus
-from supervisor._core import Supervisor
-from supervisor.observe._events import EventName, JobEvent
+from supervisor import JobStatus, Supervisor
+from supervisor.domain import IdentityRecord, hash_token
+from supervisor.observe import EventName, JobEvent
+from supervisor.registry import IdentityClaim, PromoteRequest
 
 
 async def test_every_transition_reaches_every_subscriber_even_past_a_failing_one(
@@ -67,7 +67,9 @@ async def test_an_adoption_is_logged_once_naming_the_process_found_not_a_subscri
     log line takes the event's, instead of failing on a keyword given twice."""
     sup = make_supervisor(attach=False)
     job = (await sup.enqueue("exit", {"code": 0})).job
-    job = await trio.to_thread.run_sync(lambda: sup.registry.sync.set_job_process(job.job_id, pid=41))
+    await sup.registry.promote(PromoteRequest(1, "old", [hash_token("t")]))
+    record = IdentityRecord("process", {"pid": 41, "pid_start_time": 7, "kernel_boot_id": "k"})
+    [job] = await sup.registry.record_identities([IdentityClaim(job.job_id, record)])
     with capture_logs() as logs:
         sup.events.emit(JobEvent(EventName.ADOPTED, job, "running", "adopted", "new", {"prior_boot": "old", "pid": 42}))
     assert not [e for e in logs if e["event"] == "event_subscriber_failed"]

@@ -12,6 +12,7 @@ import trio.testing
 from core_executors import PROGRAMS  # type: ignore[import-not-found]
 from core_helpers import (  # type: ignore[import-not-found]
     count_promote_rounds,
+    enqueue_raw,
     insert_running,
     poll,
     wait_running,
@@ -20,12 +21,12 @@ from core_helpers import (  # type: ignore[import-not-found]
 )
 from structlog.testing import capture_logs
 
-from supervisor import Config, JobStatus, SpawnError
-from supervisor._core import Supervisor, outcome
-from supervisor.domain._model import Job
-from supervisor.execution import ExitStatus
-from supervisor.execution.base import Launch
+from supervisor import Config, ExitStatus, Job, JobStatus, SpawnError, Supervisor
+from supervisor.core import ending, outcome
+from supervisor.domain import IdentityRecord
+from supervisor.execution import Launch
 from supervisor.execution.memory import MemoryExecutor, MemoryHandle
+from supervisor.registry import IdentityClaim, Outcome
 
 
 @pytest.fixture
@@ -83,9 +84,8 @@ async def test_a_prior_boots_row_is_kept_while_the_engine_cannot_be_asked(
     sup = make(boot_id="new", attach=False)
     never_recorded = await insert_running(sup, boot_id="old", spawned=False)
     recorded = await insert_running(sup, boot_id="old", spawned=False)
-    await trio.to_thread.run_sync(
-        lambda: sup.registry.sync.set_job_process(recorded.job_id, container_id="memory-gone")
-    )
+    record = IdentityRecord("memory", {"container_id": "memory-gone"})
+    await sup.registry.record_identities([IdentityClaim(recorded.job_id, record)])
     machine.unreachable()
     with capture_logs() as logs:
         report = await sup.reconcile(stale_marks_live_processes=False)
@@ -145,17 +145,15 @@ async def test_cancel_escalates_to_sigkill_exactly_after_the_grace_period(
 def test_dockers_128_plus_n_stays_an_exit_code_and_only_the_oom_killer_is_named() -> None:
     """Docker reports a job killed by signal N as exit 128 + N, like a program exiting 128 + N: the number is kept
     as the engine gave it. Only the engine's own OOMKilled flag names a cause."""
-    plain = dict(cancel_requested=False, exit_reasons={}, failure_reasons={})
-    assert outcome(ExitStatus(code=137), **plain) == (JobStatus.FAILED, "exit_code_137")  # type: ignore[arg-type]
-    assert outcome(ExitStatus(code=137, oom_killed=True), **plain) == (  # type: ignore[arg-type]
-        JobStatus.FAILED,
-        "killed_out_of_memory",
+    assert outcome(ExitStatus(code=137), exit_reasons={}) == Outcome(JobStatus.FAILED, "exit_code_137")
+    assert outcome(ExitStatus(code=137, oom_killed=True), exit_reasons={}) == Outcome(
+        JobStatus.FAILED, "killed_out_of_memory"
     )
-    assert outcome(ExitStatus(signal=9), **plain) == (JobStatus.FAILED, "killed_by_SIGKILL")  # type: ignore[arg-type]
-    assert outcome(ExitStatus(code=137, oom_killed=True), cancel_requested=True, exit_reasons={}) == (
-        JobStatus.CANCELLED,
-        "cancelled",
-    )
+    assert outcome(ExitStatus(signal=9), exit_reasons={}) == Outcome(JobStatus.FAILED, "killed_by_SIGKILL")
+    # A cancel wins over how the stopped job ended.
+    cancelled = ending(ExitStatus(code=137, oom_killed=True), kind=None, cancel_asked=True, stall_stop=False,
+                       orphan_reason="orphan_reconciled_no_container")
+    assert cancelled.chosen(cancel_requested=False) == Outcome(JobStatus.CANCELLED, "cancelled")
 
 
 def test_the_exec_mode_is_listed_once_and_every_mode_has_an_executor() -> None:
@@ -185,7 +183,7 @@ async def test_a_drain_cancelled_mid_start_leaves_no_job_looking_watched(
         await trio.sleep_forever()
         raise AssertionError("unreachable")
 
-    monkeypatch.setattr(sup, "_start", stuck_start)
+    monkeypatch.setattr(sup.drainer, "_start", stuck_start)
     job = (await sup.enqueue("sleep", {"seconds": 60})).job
     async with trio.open_nursery() as shutdown:
         shutdown.start_soon(sup.drain)
@@ -236,7 +234,7 @@ async def test_a_drain_that_fills_the_free_slots_reads_the_queue_once(
     sup.attach(nursery)  # no drainer task: only the drains this test runs
     calls = count_promote_rounds(sup, monkeypatch)
     sleep_argv = sup.kinds.get("sleep").render_argv({"seconds": 60})
-    ids = [(await sup.registry.enqueue("sleep", {"i": i}, sleep_argv, coalesce_key=None)).job.job_id for i in range(3)]
+    ids = [(await enqueue_raw(sup, "sleep", {"i": i}, sleep_argv)).job_id for i in range(3)]
     started = await sup.drain()
     assert [j.job_id for j in started] == ids[:2]
     assert calls == [2]  # two slots, two rows: full, and no round that only reads that again
@@ -247,64 +245,16 @@ async def test_a_drain_that_fills_the_free_slots_reads_the_queue_once(
         await wait_terminal(sup, job_id)
     calls.clear()
     # A start that fails (no program for the kind) frees its slot at once: the same drain promotes again.
-    broken = await sup.registry.enqueue("no_such_program", {}, ["x"], coalesce_key=None)
-    good = [(await sup.registry.enqueue("sleep", {"j": j}, sleep_argv, coalesce_key=None)).job.job_id for j in (1, 2)]
+    broken = await enqueue_raw(sup, "no_such_program", {}, ["x"])
+    good = [(await enqueue_raw(sup, "sleep", {"j": j}, sleep_argv)).job_id for j in (1, 2)]
     started = await sup.drain()
     assert [j.job_id for j in started] == good
-    assert (await sup.get(broken.job.job_id)).status is JobStatus.FAILED
+    assert (await sup.get(broken.job_id)).status is JobStatus.FAILED
     assert calls == [2, 1]
 
 
-async def test_a_jobs_end_promotes_the_next_job_in_its_own_finalize_and_the_drainer_only_starts_it(
-    make: Callable[..., Supervisor], machine: MemoryExecutor, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With an executor that cannot be unreachable, a monitor promotes into the slot its job frees, in the finalize's
-    transaction, and hands the job to the drainer to start; the pause flag still holds the queue
-    (INV-PROMOTION-NEVER-OVERSHOOTS)."""
-    monkeypatch.setattr(machine, "always_available", True, raising=False)
-    sup = make(max_concurrent=1, attach=False)
-    sup.attach(nursery)  # no drainer task: the one drain below starts the first job, and nothing else drains
-    gate = sup.data_dir / "gate"
-    gated = sup.kinds.get("gated").render_argv({"gate": str(gate), "code": 0})
-    first = (await sup.registry.enqueue("gated", {}, gated, coalesce_key=None)).job.job_id
-    second = (await sup.registry.enqueue("gated", {"n": 2}, gated, coalesce_key=None)).job.job_id
-    third = (await sup.registry.enqueue("gated", {"n": 3}, gated, coalesce_key=None)).job.job_id
-    assert [j.job_id for j in await sup.drain()] == [first]
-    assert (await sup.get(second)).status is JobStatus.QUEUED  # one slot
-    await sup.pause()
-    gate.touch()  # every gated job ends as soon as it runs
-    assert (await wait_terminal(sup, first)).status is JobStatus.SUCCEEDED
-    assert (await sup.get(second)).status is JobStatus.QUEUED  # paused: the finalize promoted nothing
-    await sup.resume()  # resume drains once: second starts (one slot)
-    rounds = count_promote_rounds(sup, monkeypatch)
-
-    async def handed_off() -> list[tuple[Job, str]] | None:
-        return sup._handed_off or None
-
-    # second's end promotes third in its finalize and hands it to the drainer (there is none here: nothing starts it).
-    [(promoted, _)] = await poll(handed_off)
-    assert promoted.job_id == third
-    row = await sup.get(third)
-    assert row.status is JobStatus.RUNNING and not row.spawned and row.attempts == 1
-    assert (await sup.get(second)).status is JobStatus.SUCCEEDED
-    started = await sup.drain(full=False)  # what the drainer does when only woken for handed-off jobs
-    assert [j.job_id for j in started] == [third]
-    assert rounds == []  # no promote round: the finalize did it
-    assert (await wait_terminal(sup, third)).status is JobStatus.SUCCEEDED
-    # third's end promoted the follow-up its kind enqueued earlier (``then``); pause so that its own end hands off
-    # nothing more, and start it the same way.
-    await sup.pause()
-    [(follow_up, _)] = await poll(handed_off)
-    assert [j.job_id for j in await sup.drain(full=False)] == [follow_up.job_id]
-    assert (await wait_terminal(sup, follow_up.job_id)).status is JobStatus.SUCCEEDED
-    assert rounds == []
-
-
 class _SlowStarts(MemoryExecutor):
-    """A machine without an engine to wait for (a job's end promotes the next one in its finalize, as in subprocess
-    mode), whose start of the jobs in ``held`` waits until ``go`` is set."""
-
-    always_available = True
+    """A machine whose start of the jobs in ``held`` waits until ``go`` is set."""
 
     def __init__(self, nursery: trio.Nursery) -> None:
         super().__init__(PROGRAMS, nursery)

@@ -14,10 +14,9 @@ import trio.testing
 from core_helpers import KINDS  # type: ignore[import-not-found]
 from structlog.testing import capture_logs
 
-from supervisor import Config, load_kinds
-from supervisor._server import run_supervisor
-from supervisor._sweeper import run_sweeper
-from supervisor.observe._notify import Notifier, run_watchdog
+from supervisor import Config, load_kinds, run_supervisor
+from supervisor.core import run_sweeper
+from supervisor.observe import Notifier, run_watchdog
 
 
 @pytest.fixture

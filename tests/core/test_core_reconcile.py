@@ -11,10 +11,10 @@ import trio
 from core_helpers import age_started, dead_identity, insert_running  # type: ignore[import-not-found]
 from structlog.testing import capture_logs
 
-from supervisor import JobStatus
-from supervisor._core import Decision, Supervisor, judge
-from supervisor.execution._identity import Liveness, ProcessIdentity, identify
-from supervisor.execution.subprocess import START_RECORD_GRACE_S, JobFiles
+from supervisor import JobStatus, Liveness, Supervisor
+from supervisor.core import Decision, judge
+from supervisor.execution import ORPHAN_DEAD_PID
+from supervisor.execution.subprocess import START_RECORD_GRACE_S, JobFiles, ProcessIdentity, identify
 
 _age = age_started
 
@@ -99,7 +99,7 @@ async def test_a_prior_boots_start_that_may_still_be_under_way_keeps_its_slot_IN
     await trio.to_thread.run_sync(write_record)
     await sup.reconcile(stale_marks_live_processes=False)
     row = await sup.get(job.job_id)
-    assert (row.status, row.pid, row.pid_start_time) == (JobStatus.RUNNING, identity.pid, identity.start_time)
+    assert (row.status, row.identity) == (JobStatus.RUNNING, identity.to_record())
 
 
 async def test_a_cancel_of_a_start_that_may_be_under_way_waits_then_ends_cancelled_before_start(
@@ -251,6 +251,7 @@ def test_judge_table(
         liveness=liveness,
         past_window=past,
         stale_marks_live_processes=operator,
+        orphan_reason=ORPHAN_DEAD_PID,
     )
     assert got == expected
 
@@ -278,6 +279,7 @@ def test_judge_uses_the_recorded_exit(exit_recorded: bool, exit_pending: bool, e
         stale_marks_live_processes=False,
         exit_recorded=exit_recorded,
         exit_pending=exit_pending,
+        orphan_reason=ORPHAN_DEAD_PID,
     )
     assert got == expected
 
@@ -315,5 +317,6 @@ def test_judge_ends_a_gone_job_whose_cancel_was_pending_cancelled_not_orphaned(
         liveness=Liveness.DEAD,
         past_window=False,
         stale_marks_live_processes=False,
+        orphan_reason=ORPHAN_DEAD_PID,
     )
     assert got == expected

@@ -14,14 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
-from core_helpers import KINDS, poll  # type: ignore[import-not-found]
+from core_helpers import KINDS, pid_of, poll  # type: ignore[import-not-found]
 
-from supervisor import JobStatus, SqliteRegistry
-from supervisor.domain._config import Config
-from supervisor.domain._kinds import parse_kind
-from supervisor.domain._model import Job
-from supervisor.execution._identity import Liveness, probe
-from supervisor.execution.subprocess import JobFiles, identity_of, read_start
+from supervisor import Config, Job, JobStatus, Liveness, SqliteRegistry
+from supervisor.domain import parse_kind
+from supervisor.execution.subprocess import JobFiles, identity_of, probe, read_start
+from supervisor.registry import NewJob
 
 
 @pytest.fixture
@@ -40,15 +38,15 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def registry(tmp_path: Path) -> AsyncIterator[SqliteRegistry]:  # type: ignore[misc]
+async def registry(tmp_path: Path) -> AsyncIterator[SqliteRegistry]:
     reg = SqliteRegistry(tmp_path / "data" / ".viewer" / "jobs.sqlite3")
     yield reg
     # Jobs outlive supervisors by design: whatever a test left running is stopped here.
-    for job in reg.running_jobs():
-        if job.pid is not None and probe_alive(job):
+    for job in await reg.running_jobs():
+        if pid_of(job) is not None and probe_alive(job):
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(job.pid, signal.SIGKILL)
-    reg.close()
+                os.killpg(pid_of(job), signal.SIGKILL)
+    await reg.aclose()
 
 
 def probe_alive(job: Job) -> bool:
@@ -56,30 +54,31 @@ def probe_alive(job: Job) -> bool:
     return identity is not None and probe(identity) is Liveness.ALIVE
 
 
-def _enqueue(registry: SqliteRegistry, kind: str, params: dict[str, object]) -> str:
+async def _enqueue(registry: SqliteRegistry, kind: str, params: dict[str, object]) -> str:
     """Enqueue as another process would (a CLI, the pipeline container): straight into the registry."""
     parsed = parse_kind(kind, tomllib.loads(KINDS)["kinds"][kind])
     validated = parsed.validate_params(params)
-    return registry.enqueue(kind, validated, parsed.render_argv(validated)).job.job_id
+    result, _ = await registry.enqueue(NewJob(kind, validated, parsed.render_argv(validated)))
+    return result.job.job_id
 
 
 async def _rows(registry: SqliteRegistry) -> dict[str, Job]:
-    jobs, _ = await trio.to_thread.run_sync(lambda: registry.list_jobs(limit=1000))
+    jobs, _ = await registry.list_jobs(limit=1000)
     return {j.job_id: j for j in jobs}
 
 
 async def test_supervisor_sigkilled_and_restarted_keeps_live_jobs_fails_dead_ones_and_continues_the_queue(
     start_server: Callable[[], trio.Process], registry: SqliteRegistry
 ) -> None:
-    a = _enqueue(registry, "sleep", {"seconds": 60})
-    b = _enqueue(registry, "sleep", {"seconds": 60})
-    c = _enqueue(registry, "exit", {"code": 0})
+    a = await _enqueue(registry, "sleep", {"seconds": 60})
+    b = await _enqueue(registry, "sleep", {"seconds": 60})
+    c = await _enqueue(registry, "exit", {"code": 0})
 
     first = await start_server()  # type: ignore[misc]
 
     async def both_running() -> dict[str, Job] | None:
         rows = await _rows(registry)
-        return rows if all(rows[j].status is JobStatus.RUNNING and rows[j].pid for j in (a, b)) else None
+        return rows if all(rows[j].status is JobStatus.RUNNING and pid_of(rows[j]) for j in (a, b)) else None
 
     before = await poll(both_running)
     assert before[c].status is JobStatus.QUEUED  # max_concurrent = 2
@@ -88,8 +87,8 @@ async def test_supervisor_sigkilled_and_restarted_keeps_live_jobs_fails_dead_one
 
     # Jobs outlive a supervisor crash: both are still alive, and their log readers with them.
     assert probe_alive(before[a]) and probe_alive(before[b])
-    assert before[b].pid is not None
-    os.kill(before[b].pid, signal.SIGKILL)  # b dies while no supervisor is watching
+    assert pid_of(before[b]) is not None
+    os.kill(pid_of(before[b]), signal.SIGKILL)  # b dies while no supervisor is watching
 
     async def b_gone() -> bool | None:
         return (not probe_alive(before[b])) or None
@@ -103,7 +102,7 @@ async def test_supervisor_sigkilled_and_restarted_keeps_live_jobs_fails_dead_one
     assert rows[c].status in (JobStatus.RUNNING, JobStatus.SUCCEEDED)
     # a is alive: it keeps its slot (INV-UNKNOWN-KEEPS-SLOT's sibling: alive is alive) and is not run twice.
     assert rows[a].status is JobStatus.RUNNING
-    assert (rows[a].pid, rows[a].attempts, rows[a].boot_id) == (before[a].pid, 1, before[a].boot_id)
+    assert (pid_of(rows[a]), rows[a].attempts, rows[a].boot_id) == (pid_of(before[a]), 1, before[a].boot_id)
     assert len(rows) == 3
 
     async def c_done() -> Job | None:
@@ -116,8 +115,8 @@ async def test_supervisor_sigkilled_and_restarted_keeps_live_jobs_fails_dead_one
 
     # Now a dies too; the new boot adopted it at startup (its monitor waits on a pidfd), so its end is noticed at
     # once, with the outcome the first shepherd recorded.
-    assert before[a].pid is not None
-    os.killpg(before[a].pid, signal.SIGKILL)
+    assert pid_of(before[a]) is not None
+    os.killpg(pid_of(before[a]), signal.SIGKILL)
 
     async def a_failed() -> Job | None:
         row = (await _rows(registry))[a]
@@ -133,7 +132,7 @@ async def test_supervisor_sigkilled_and_restarted_keeps_live_jobs_fails_dead_one
 async def test_health_answers_at_boot_while_the_promoted_job_runs_and_shutdown_leaves_it_running(
     start_server: Callable[[], trio.Process], registry: SqliteRegistry
 ) -> None:
-    job_id = _enqueue(registry, "sleep", {"seconds": 60})
+    job_id = await _enqueue(registry, "sleep", {"seconds": 60})
     server = await start_server()  # type: ignore[misc]
     async with httpx.AsyncClient(timeout=5) as client:
         health = await client.get(f"{server.url}/api/health")
@@ -151,12 +150,12 @@ async def test_health_answers_at_boot_while_the_promoted_job_runs_and_shutdown_l
 async def test_cancel_after_a_restart_signals_the_verified_prior_boot_process_INV_NEVER_BLIND_SIGNAL(
     start_server: Callable[[], trio.Process], registry: SqliteRegistry
 ) -> None:
-    job_id = _enqueue(registry, "sleep", {"seconds": 60})
+    job_id = await _enqueue(registry, "sleep", {"seconds": 60})
     first = await start_server()  # type: ignore[misc]
 
     async def running() -> Job | None:
         row = (await _rows(registry))[job_id]
-        return row if row.status is JobStatus.RUNNING and row.pid else None
+        return row if row.status is JobStatus.RUNNING and pid_of(row) else None
 
     before = await poll(running)
     first.proc.kill()
@@ -181,15 +180,15 @@ async def test_cancel_after_a_restart_signals_the_verified_prior_boot_process_IN
 
 async def _all_with(registry: SqliteRegistry, ids: tuple[str, ...], status: JobStatus) -> dict[str, Job] | None:
     rows = await _rows(registry)
-    return rows if all(rows[j].status is status and rows[j].pid for j in ids) else None
+    return rows if all(rows[j].status is status and pid_of(rows[j]) for j in ids) else None
 
 
 async def test_jobs_ending_while_no_supervisor_runs_get_their_true_outcome_at_the_next_boot(
     start_server: Callable[[], trio.Process], registry: SqliteRegistry, tmp_path: Path
 ) -> None:
     gate = tmp_path / "gate"
-    ok = _enqueue(registry, "gated", {"gate": str(gate), "code": 0})
-    bad = _enqueue(registry, "gated", {"gate": str(gate), "code": 7})
+    ok = await _enqueue(registry, "gated", {"gate": str(gate), "code": 0})
+    bad = await _enqueue(registry, "gated", {"gate": str(gate), "code": 7})
     first = await start_server()  # type: ignore[misc]
     before = await poll(lambda: _all_with(registry, (ok, bad), JobStatus.RUNNING))
     first.proc.kill()  # SIGKILL: the supervisor is gone, its shepherd and jobs are not
@@ -240,7 +239,7 @@ async def test_an_adopted_job_heartbeats_to_the_new_boot_and_can_be_cancelled(
         probe_sock.bind(("127.0.0.1", 0))
         port = probe_sock.getsockname()[1]
     env["PODCAST_JOB_BIND"] = f"127.0.0.1:{port}"
-    job_id = _enqueue(registry, "steady_beater", {})
+    job_id = await _enqueue(registry, "steady_beater", {})
     first = await start_server()  # type: ignore[misc]
 
     async def beating(minimum: int) -> Job | None:
@@ -255,9 +254,9 @@ async def test_an_adopted_job_heartbeats_to_the_new_boot_and_can_be_cancelled(
     second = await start_server()  # type: ignore[misc]
     # Accepted by the new boot: the row's progress moves on with the same job token.
     after = await poll(lambda: beating(units_then + 3))
-    assert (after.status, after.pid, after.attempts, after.boot_id) == (
+    assert (after.status, pid_of(after), after.attempts, after.boot_id) == (
         JobStatus.RUNNING,
-        before.pid,
+        pid_of(before),
         1,
         before.boot_id,
     )

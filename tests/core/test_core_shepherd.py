@@ -11,13 +11,10 @@ from pathlib import Path
 
 import pytest
 import trio
-from core_helpers import poll, wait_running, wait_terminal  # type: ignore[import-not-found]
+from core_helpers import enqueue_raw, pid_of, poll, wait_running, wait_terminal  # type: ignore[import-not-found]
 
-from supervisor import JobStatus
-from supervisor._core import Supervisor
-from supervisor.domain._errors import RegistryError
-from supervisor.domain._model import Job
-from supervisor.execution._identity import Liveness, identify, probe
+from supervisor import JobStatus, Liveness, Supervisor
+from supervisor.domain import Job, RegistryError
 from supervisor.execution.shepherd import Spares
 from supervisor.execution.subprocess import (
     START_RECORD_GRACE_S,
@@ -25,7 +22,10 @@ from supervisor.execution.subprocess import (
     RecordedStart,
     Shepherd,
     SubprocessExecutor,
+    identify,
+    identity_of,
     prepare_run_dir,
+    probe,
     read_exit_file,
     read_start,
     read_start_file,
@@ -58,7 +58,7 @@ async def test_the_shepherd_records_identity_before_the_program_and_the_true_exi
     files = files_of(sup, running)
     start = read_start_file(files.run_pid)  # type: ignore[arg-type]
     assert start is not None and start.identity is not None
-    assert (start.identity.pid, start.identity.start_time) == (running.pid, running.pid_start_time)
+    assert start.identity.to_record() == running.identity
     assert start.shepherd is not None and start.shepherd.pid == shepherd_of(sup).pid
     assert not await trio.Path(files.pid).exists()  # nothing next to the log while a supervisor is connected
     await trio.Path(gate).write_text("open")
@@ -84,7 +84,10 @@ async def test_the_trace_has_every_start_and_exit_on_the_shepherds_clock(
     assert set(by_job) == set(ids) and len(lines) == 2 * len(ids)
     for job_id, job in ended.items():
         started, exited = by_job[job_id]["started"], by_job[job_id]["exited"]
-        assert (started["pid"], started["start_time"], exited["pid"]) == (job.pid, job.pid_start_time, job.pid)
+        identity = identity_of(job)
+        assert identity is not None
+        assert (started["pid"], started["start_time"]) == (identity.pid, identity.start_time)
+        assert exited["pid"] == identity.pid
         assert exited["exit_code"] == job.exit_code and str(exited["ended_at"]) >= str(started["started_at"])
         assert started["shepherd"] == {"pid": shepherd_of(sup).pid, "start_time": started["shepherd"]["start_time"]}  # type: ignore[index]
 
@@ -112,9 +115,9 @@ async def test_shepherd_sigkilled_jobs_end_orphaned_never_guessed_and_a_new_shep
     os.kill(old_shepherd, signal.SIGKILL)
     # The jobs outlive their shepherd; their monitors fall back to pidfds. Now they die, and nobody records how.
     for job in running:
-        assert job.pid is not None
-        assert probe(identify(job.pid)) is Liveness.ALIVE  # type: ignore[arg-type]
-        os.killpg(job.pid, signal.SIGKILL)
+        assert pid_of(job) is not None
+        assert probe(identify(pid_of(job))) is Liveness.ALIVE  # type: ignore[arg-type]
+        os.killpg(pid_of(job), signal.SIGKILL)
     for job in running:
         ended = await wait_terminal(sup, job.job_id)
         assert (ended.status, ended.error_reason) == (JobStatus.FAILED, "orphan_reconciled_dead_pid")
@@ -148,7 +151,7 @@ async def test_the_shepherd_exits_once_idle_and_orphaned_its_records_next_to_the
     assert moved is not None and moved.identity == start.identity
     assert probe(shepherd) is Liveness.ALIVE  # it stays while its job runs (the job ends by itself), then leaves
     await poll(shepherd_gone, timeout_s=20)
-    status = read_exit_file(files.exit, running.pid)  # written next to the log: no supervisor to tell
+    status = read_exit_file(files.exit, pid_of(running))  # written next to the log: no supervisor to tell
     assert status is not None and status.code == 0
     assert not await trio.Path(files.run_exit).exists()  # type: ignore[arg-type]
     assert spares_of(sup.log_dir, shepherd.pid) == []  # it removes its spares as it leaves
@@ -175,7 +178,7 @@ async def test_a_shepherd_told_to_stop_moves_its_records_next_to_the_logs_first(
     assert await run_copies_gone(files)
     moved = read_start_file(files.pid)
     assert moved is not None and moved.identity == start.identity
-    assert running.pid is not None and probe(identify(running.pid)) is Liveness.ALIVE  # type: ignore[arg-type]
+    assert pid_of(running) is not None and probe(identify(pid_of(running))) is Liveness.ALIVE  # type: ignore[arg-type]
 
 
 async def test_a_prior_boots_job_never_started_is_still_a_spawn_window_orphan(
@@ -209,13 +212,13 @@ async def test_the_program_finds_its_identity_on_disk_when_it_starts_INV_IDENTIT
     sup = make_supervisor()
     check = 'cat "$1/$PODCAST_JOB_ID.pid"; echo; echo "self $$"'
     argv = ["/bin/sh", "-c", check, "check", str(shepherd_of(sup).run_dir)]
-    job = (await sup.registry.enqueue("exit", {}, argv, coalesce_key=None)).job
+    job = (await enqueue_raw(sup, "exit", {}, argv))
     await sup.drain()
     ended = await wait_terminal(sup, job.job_id)
     assert ended.status is JobStatus.SUCCEEDED
     recorded, own = (await sup.read_log(job.job_id)).decode().strip().splitlines()
-    assert f'"pid": {ended.pid}' in recorded
-    assert own == f"self {ended.pid}"  # the program is the very process whose identity was recorded
+    assert f'"pid": {pid_of(ended)}' in recorded
+    assert own == f"self {pid_of(ended)}"  # the program is the very process whose identity was recorded
 
 
 async def test_a_program_that_cannot_run_fails_its_start_with_execs_reason(
@@ -224,10 +227,10 @@ async def test_a_program_that_cannot_run_fails_its_start_with_execs_reason(
     sup = make_supervisor(max_concurrent=2)
     not_executable = tmp_path / "script"
     not_executable.write_text("#!/bin/sh\nexit 0\n")
-    denied = await sup.registry.enqueue("exit", {}, [str(not_executable)], coalesce_key=None)
-    unknown = await sup.registry.enqueue("exit", {}, ["no-such-program-anywhere"], coalesce_key=None)
+    denied = await enqueue_raw(sup, "exit", {}, [str(not_executable)])
+    unknown = await enqueue_raw(sup, "exit", {}, ["no-such-program-anywhere"])
     await sup.drain()
-    reasons = [(await wait_terminal(sup, r.job.job_id)).error_reason or "" for r in (denied, unknown)]
+    reasons = [(await wait_terminal(sup, r.job_id)).error_reason or "" for r in (denied, unknown)]
     assert reasons[0].startswith("spawn_failed: PermissionError")
     assert reasons[1].startswith("spawn_failed: FileNotFoundError") and "no-such-program-anywhere" in reasons[1]
 
@@ -237,7 +240,7 @@ async def test_a_job_does_not_inherit_the_signals_the_shepherd_ignores(
 ) -> None:
     """The shepherd ignores SIGINT and SIGHUP for itself; an ignored signal would survive exec into every job."""
     sup = make_supervisor()
-    job = (await sup.registry.enqueue("exit", {}, ["grep", "^SigIgn", "/proc/self/status"], coalesce_key=None)).job
+    job = (await enqueue_raw(sup, "exit", {}, ["grep", "^SigIgn", "/proc/self/status"]))
     await sup.drain()
     assert (await wait_terminal(sup, job.job_id)).status is JobStatus.SUCCEEDED
     mask = int((await sup.read_log(job.job_id)).decode().split()[-1], 16)
@@ -285,7 +288,7 @@ async def test_records_are_renamed_from_spares_made_while_idle_and_a_dead_shephe
     assert files.run_pid is not None and files.run_pid.stat().st_ino in inodes
     assert before[0] not in spares_of(run_dir, shepherd)
     start = read_start_file(files.run_pid)
-    assert start is not None and start.identity is not None and start.identity.pid == second.pid
+    assert start is not None and start.identity is not None and start.identity.pid == pid_of(second)
     await trio.Path(gate).write_text("open")
     assert (await wait_terminal(sup, second.job_id)).exit_code == 3
     assert first.status is JobStatus.SUCCEEDED
@@ -316,7 +319,7 @@ async def test_a_killed_shepherds_records_are_read_from_the_run_directory_by_the
         async def lost(*args: object, **kwargs: object) -> None:
             raise RegistryError("the supervisor died before it recorded the identity")
 
-        monkeypatch.setattr(old.registry, "set_job_processes", lost)
+        monkeypatch.setattr(old.registry, "record_identities", lost)
         job = (await old.enqueue("sleep", {"seconds": 60})).job
         files = JobFiles.for_job(await old.get(job.job_id), old.log_dir, shepherd_of(old).run_dir)
 
@@ -336,7 +339,7 @@ async def test_a_killed_shepherds_records_are_read_from_the_run_directory_by_the
     [detail] = (await new.reconcile(stale_marks_live_processes=False)).details
     assert (detail.action, detail.reason, detail.liveness) == ("keep", "adopted", "alive")
     adopted = await new.get(job.job_id)
-    assert (adopted.pid, adopted.pid_start_time) == (start.identity.pid, start.identity.start_time)
+    assert adopted.identity == start.identity.to_record()
     await new.cancel(job.job_id)
     ended = await wait_terminal(new, job.job_id, timeout_s=15)
     assert (ended.status, ended.error_reason) == (JobStatus.CANCELLED, "cancelled")
@@ -352,8 +355,8 @@ async def test_without_a_run_directory_the_records_are_written_next_to_the_log(
     files = JobFiles.for_job(ended, sup.log_dir)
     assert files.run_records == ()
     start = read_start_file(files.pid)
-    assert start is not None and start.identity is not None and start.identity.pid == ended.pid
-    status = read_exit_file(files.exit, ended.pid)
+    assert start is not None and start.identity is not None and start.identity.pid == pid_of(ended)
+    status = read_exit_file(files.exit, pid_of(ended))
     assert status is not None and status.code == 4
 
 
@@ -368,7 +371,7 @@ async def test_a_run_directory_others_can_write_to_is_refused_naming_the_setting
     (shared / "run").mkdir()
     (shared / "run").chmod(0o777)
     ended = await wait_terminal(sup, (await sup.enqueue("exit", {"code": 0})).job.job_id)
-    assert ended.status is JobStatus.FAILED and ended.pid is None
+    assert ended.status is JobStatus.FAILED and pid_of(ended) is None
     assert ended.error_reason is not None and "PODCAST_JOB_RUN_DIR" in ended.error_reason
     assert "nobody else can write to" in ended.error_reason
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 import trio
 import trio.testing
 from core_helpers import dead_identity, insert_running, wait_terminal  # type: ignore[import-not-found]
 
-from supervisor import JobStatus
-from supervisor._core import ReconcileReport, Supervisor
-from supervisor._sweeper import run_sweeper
+from supervisor import JobStatus, Supervisor
+from supervisor.core import ReconcileReport, run_sweeper
 
 
 class FakeTarget:
@@ -45,31 +45,29 @@ async def test_a_raising_sweep_does_not_stop_the_loop(autojump_clock: trio.testi
     assert [t - start for t in target.times] == [0, 10, 20, 30]
 
 
-class RecordingSupervisor(Supervisor):
-    calls: list[str]
+async def test_sweep_order_is_reconcile_then_drain_and_reconcile_failure_still_drains(
+    make_supervisor: Callable[..., Supervisor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sup = make_supervisor()
+    calls: list[str] = []
 
-    async def reconcile(self, *, stale_marks_live_processes: bool) -> ReconcileReport:
-        self.calls.append(f"reconcile(stale_marks_live_processes={stale_marks_live_processes})")
-        if "fail" in self.calls:
+    async def reconcile(*, stale_marks_live_processes: bool) -> ReconcileReport:
+        calls.append(f"reconcile(stale_marks_live_processes={stale_marks_live_processes})")
+        if "fail" in calls:
             raise RuntimeError("probe exploded")
         return ReconcileReport(0, [])
 
-    async def drain(self) -> list:  # type: ignore[type-arg]
-        self.calls.append("drain")
+    async def drain() -> list[object]:
+        calls.append("drain")
         return []
 
-
-async def test_sweep_order_is_reconcile_then_drain_and_reconcile_failure_still_drains(
-    make_supervisor: Callable[..., Supervisor],
-) -> None:
-    sup = make_supervisor()
-    sup.__class__ = RecordingSupervisor
-    sup.calls = []  # type: ignore[attr-defined]
+    monkeypatch.setattr(sup.reconciler, "reconcile", reconcile)
+    monkeypatch.setattr(sup.drainer, "drain", drain)
     await sup.sweep()
-    assert sup.calls == ["reconcile(stale_marks_live_processes=False)", "drain"]  # type: ignore[attr-defined]
-    sup.calls = ["fail"]  # type: ignore[attr-defined]
+    assert calls == ["reconcile(stale_marks_live_processes=False)", "drain"]
+    calls[:] = ["fail"]
     await sup.sweep()
-    assert sup.calls[-1] == "drain"  # type: ignore[attr-defined]
+    assert calls[-1] == "drain"
 
 
 async def test_pause_holds_promotion_but_not_reconcile(make_supervisor: Callable[..., Supervisor]) -> None:

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from supervisor._registry import PromoteRequest, _PendingWrite, hash_token
 
 from supervisor import JobNotFound, JobStatus, RegistryError, SqliteRegistry
-from supervisor._registry import PromoteRequest, _PendingWrite, hash_token
-from supervisor.domain._model import Job
+from supervisor.domain import Job
 
 WAIT_S = 30.0  # a backstop for a broken test, never a timing assertion
 

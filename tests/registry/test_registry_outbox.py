@@ -7,7 +7,7 @@ import json
 import pytest
 
 from supervisor import SqliteRegistry
-from supervisor.domain._model import Job, JobStatus
+from supervisor.domain import Job, JobStatus
 
 
 def _events(registry: SqliteRegistry) -> list[tuple[str, str, str | None, str | None]]:

@@ -8,10 +8,10 @@ from pathlib import Path
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from supervisor._registry import hash_token
 
 from supervisor import IllegalTransition, JobStatus, SqliteRegistry
-from supervisor._registry import hash_token
-from supervisor.domain._model import TERMINAL, TRANSITIONS
+from supervisor.domain import TERMINAL, TRANSITIONS
 
 MAX = 2
 

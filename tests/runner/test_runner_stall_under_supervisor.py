@@ -10,11 +10,9 @@ import pytest
 import trio
 from runner_helpers import HttpServer, hang_after_headers, respond, rss
 
-from supervisor import Config, JobStatus, load_kinds
-from supervisor._server import run_supervisor
-from supervisor.domain._model import Job
-from supervisor.execution._identity import Liveness, probe
-from supervisor.execution.subprocess import identity_of
+from supervisor import Config, JobStatus, Liveness, load_kinds, run_supervisor
+from supervisor.domain import Job
+from supervisor.execution.subprocess import identity_of, probe
 
 pytestmark = pytest.mark.e2e
 

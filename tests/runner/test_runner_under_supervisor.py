@@ -14,8 +14,7 @@ import trio
 from runner_helpers import HttpServer, respond, rss
 
 from pipeline_runner import episode_key
-from supervisor import Config, load_kinds
-from supervisor._server import run_supervisor
+from supervisor import Config, load_kinds, run_supervisor
 
 pytestmark = pytest.mark.e2e
 

@@ -12,9 +12,8 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 from webhook_helpers import KINDS, SECRET, Receiver, statuses
 
-from supervisor import Config, JobStatus, load_kinds
-from supervisor._core import Supervisor
-from supervisor._server import run_supervisor
+from supervisor import Config, JobStatus, Supervisor, load_kinds, run_supervisor
+from supervisor.registry import NewJob
 
 pytestmark = pytest.mark.e2e
 
@@ -76,7 +75,8 @@ async def test_every_kind_of_change_reaches_the_receiver_signed_and_in_order_per
     cancelled_queued = (await sup.enqueue("sleep", {"seconds": 30})).job.job_id
     await sup.cancel(cancelled_queued)
     # Another process enqueues straight into the registry, with an argv no OS can take: the spawn fails.
-    spawn_fails = sup.registry.sync.enqueue("exit", {"code": 0}, ["python3", "-c", "pass", "\ud800"]).job.job_id
+    queued, _ = await sup.registry.enqueue(NewJob("exit", {"code": 0}, ["python3", "-c", "pass", "\ud800"]))
+    spawn_fails = queued.job.job_id
     quiet = (await sup.enqueue("quiet", {"quiet_s": 5.0})).job.job_id
     cancelled_running = (await sup.enqueue("sleep", {"seconds": 30})).job.job_id
     await sup.resume()

@@ -57,10 +57,10 @@ def env(tmp_path: Path, receiver: Receiver) -> dict[str, str]:
 
 
 @pytest.fixture
-def registry(tmp_path: Path) -> AsyncIterator[SqliteRegistry]:  # type: ignore[misc]
+async def registry(tmp_path: Path) -> AsyncIterator[SqliteRegistry]:
     reg = SqliteRegistry(tmp_path / "data" / ".viewer" / "jobs.sqlite3")
     yield reg
-    reg.close()
+    await reg.aclose()
 
 
 @pytest.fixture
@@ -96,7 +96,7 @@ async def start_server(tmp_path: Path, env: dict[str, str]) -> AsyncIterator[Sta
 
 async def _row_where(registry: SqliteRegistry, job_id: str, check: Callable[[Any], bool]) -> Any:
     with trio.fail_after(WAIT_S):
-        while not check(row := await trio.to_thread.run_sync(registry.get, job_id)):  # noqa: ASYNC110
+        while not check(row := await registry.get(job_id)):  # noqa: ASYNC110
             await trio.sleep(0.05)  # another process's job: polled, under the deadline above
         return row
 
@@ -117,10 +117,10 @@ async def test_reconcile_and_adoption_events_after_a_sigkilled_supervisor_restar
             answer = await client.post(f"{first.url}/api/jobs", json={"kind": "sleep", "params": {"seconds": 60}})
             ids.append(answer.json()["job_id"])
     killed, kept = ids
-    rows = [await _row_where(registry, job_id, lambda r: r.pid is not None) for job_id in ids]
+    rows = [await _row_where(registry, job_id, lambda r: r.identity is not None) for job_id in ids]
     try:
         await _sigkill(first)
-        os.kill(rows[0].pid, signal.SIGKILL)  # dies while no supervisor runs: its shepherd records how
+        os.kill(rows[0].identity.fields['pid'], signal.SIGKILL)  # dies while no supervisor runs: its shepherd records how
         second = await start_server()
         # The startup sweep finalized the dead job with its true outcome and adopted the live one.
         await _row_where(registry, killed, lambda r: r.status is JobStatus.FAILED)
@@ -134,7 +134,7 @@ async def test_reconcile_and_adoption_events_after_a_sigkilled_supervisor_restar
             await receiver.wait_for(lambda r: statuses(r.events(), killed)[-1:] == ["job.transition:failed"])
     finally:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(rows[1].pid, signal.SIGKILL)  # a stale job's process is left alone by design
+            os.killpg(rows[1].identity.fields['pid'], signal.SIGKILL)  # a stale job's process is left alone by design
     events = receiver.events()
     assert statuses(events, killed) == ["job.transition:queued", "job.transition:running", "job.transition:failed"]
     assert statuses(events, kept) == [
@@ -162,7 +162,7 @@ async def test_events_undelivered_when_the_supervisor_is_sigkilled_are_delivered
         await receiver.wait_for(lambda r: len(r.requests) >= 1)  # tried, and refused
     await _sigkill(first)
     assert receiver.accepted == []
-    assert len(await trio.to_thread.run_sync(registry.outbox_pending, 100)) == 3
+    assert len(await registry.outbox_pending(100)) == 3
     receiver.behaviour = "ok"
     await start_server()
     with trio.fail_after(WAIT_S):
@@ -172,5 +172,5 @@ async def test_events_undelivered_when_the_supervisor_is_sigkilled_are_delivered
     ]
     assert {p["boot_id"] for p in receiver.events()} == {first.boot_id}  # written by the boot that made the change
     with trio.fail_after(WAIT_S):
-        while await trio.to_thread.run_sync(registry.outbox_depth):  # noqa: ASYNC110 - another process deletes
+        while await registry.outbox_depth():  # noqa: ASYNC110 - another process deletes
             await trio.sleep(0.05)

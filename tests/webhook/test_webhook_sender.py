@@ -4,7 +4,7 @@ enforced with drops counted and logged. The transport is httpx's MockTransport (
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,16 +16,21 @@ import trio.testing
 from structlog.testing import capture_logs
 
 from supervisor import Config, SqliteRegistry
-from supervisor._store import AsyncRegistry
-from supervisor.domain._model import JobStatus
-from supervisor.observe._webhook import BACKOFF_MAX_S, WebhookSender, backoff_s, sign
+from supervisor.domain import JobStatus
+from supervisor.observe import BACKOFF_MAX_S, WebhookSender, backoff_s, sign
+from supervisor.registry import Ending, NewJob, Outcome, PromoteRequest
 
 
 @pytest.fixture
-def reg(tmp_path: Path) -> Iterator[SqliteRegistry]:
-    registry = SqliteRegistry(tmp_path / "jobs.sqlite3")
+async def reg(tmp_path: Path) -> AsyncIterator[_CountingRegistry]:
+    registry = _CountingRegistry(tmp_path / "jobs.sqlite3")
     yield registry
-    registry.close()
+    await registry.aclose()
+
+
+async def _enqueue(reg: SqliteRegistry, argv: str) -> str:
+    result, _ = await reg.enqueue(NewJob("k", {}, [argv]))
+    return result.job.job_id
 
 
 def test_backoff_doubles_from_one_second_and_is_capped() -> None:
@@ -39,12 +44,12 @@ def test_the_signature_is_an_hmac_sha256_of_the_raw_body() -> None:
 
 
 async def test_failures_back_off_exponentially_and_events_go_out_in_order(
-    autojump_clock: trio.testing.MockClock, reg: SqliteRegistry
+    autojump_clock: trio.testing.MockClock, reg: _CountingRegistry
 ) -> None:
-    first = reg.enqueue("k", {}, ["x"]).job
-    reg.promote_queued(5, boot_id="b", token_hashes=["h"])
-    reg.finalize(first.job_id, JobStatus.SUCCEEDED)
-    second = reg.enqueue("k", {}, ["y"]).job
+    first = await _enqueue(reg, "x")
+    await reg.promote(PromoteRequest(5, "b", ["h"]))
+    await reg.finalize(first, Ending(Outcome(JobStatus.SUCCEEDED)))
+    second = await _enqueue(reg, "y")
     attempts: list[tuple[float, str]] = []
     answers = iter(["500", "307", "hang", "500"])
     start = trio.current_time()
@@ -61,7 +66,7 @@ async def test_failures_back_off_exponentially_and_events_go_out_in_order(
         return httpx.Response({"500": 500, "307": 307, "ok": 204}[answer], headers={"Location": "http://x/"})
 
     config = Config(webhook_url="http://receiver.invalid/hook", webhook_timeout_s=0.5, webhook_secret="s")
-    sender = WebhookSender(config, AsyncRegistry(reg), poll_s=3600, transport=httpx.MockTransport(handler))
+    sender = WebhookSender(config, reg, poll_s=3600, transport=httpx.MockTransport(handler))
     async with trio.open_nursery() as nursery:
         await nursery.start(sender.run)
         await done.wait()
@@ -71,14 +76,14 @@ async def test_failures_back_off_exponentially_and_events_go_out_in_order(
     # a 500 at 8, wait 8; then the same first event is delivered at 16 and the rest follow at once.
     assert times == [0, 1, 3, 8, 16, 16, 16, 16]
     assert sender.outcomes == {"failed": 4, "delivered": 4}
-    pending = reg.outbox_pending(10)
+    pending = await reg.outbox_pending(10)
     assert pending == []
     # In the order written (the head was tried five times before it went through): first's three changes, then
     # second's enqueue.
     assert [what for _, what in attempts[4:]] == [
-        f"{first.job_id}:queued", f"{first.job_id}:running", f"{first.job_id}:succeeded", f"{second.job_id}:queued"
+        f"{first}:queued", f"{first}:running", f"{first}:succeeded", f"{second}:queued"
     ]
-    assert {what for _, what in attempts[:5]} == {f"{first.job_id}:queued"}
+    assert {what for _, what in attempts[:5]} == {f"{first}:queued"}
 
 
 async def test_the_outbox_is_bounded_and_what_is_dropped_is_counted_and_logged(
@@ -88,10 +93,10 @@ async def test_the_outbox_is_bounded_and_what_is_dropped_is_counted_and_logged(
     reg = SqliteRegistry(tmp_path / "jobs.sqlite3", clock=lambda: now[0])
     try:
         for _ in range(3):
-            reg.enqueue("k", {}, ["old"])
+            await _enqueue(reg, "old")
         now[0] += timedelta(days=8)  # those three are now past the 7-day bound
         for _ in range(5):
-            reg.enqueue("k", {}, ["new"])
+            await _enqueue(reg, "new")
         delivered: list[str] = []
         done = trio.Event()
 
@@ -102,7 +107,7 @@ async def test_the_outbox_is_bounded_and_what_is_dropped_is_counted_and_logged(
             return httpx.Response(200)
 
         config = Config(webhook_url="http://receiver.invalid/hook", webhook_outbox_max_events=3)
-        sender = WebhookSender(config, AsyncRegistry(reg), poll_s=3600, transport=httpx.MockTransport(handler))
+        sender = WebhookSender(config, reg, poll_s=3600, transport=httpx.MockTransport(handler))
         with capture_logs() as logs:
             async with trio.open_nursery() as nursery:
                 await nursery.start(sender.run)
@@ -113,29 +118,29 @@ async def test_the_outbox_is_bounded_and_what_is_dropped_is_counted_and_logged(
         dropped = [e for e in logs if e["event"] == "webhook_events_dropped"]
         assert [(e["by_age"], e["by_count"]) for e in dropped] == [(3, 2)]
     finally:
-        reg.close()
+        await reg.aclose()
 
 
 async def test_without_a_webhook_url_stray_events_are_dropped_and_counted(
-    autojump_clock: trio.testing.MockClock, reg: SqliteRegistry
+    autojump_clock: trio.testing.MockClock, reg: _CountingRegistry
 ) -> None:
-    reg.enqueue("k", {}, ["x"])  # another process cannot know that no webhook is configured
-    sender = WebhookSender(Config(), AsyncRegistry(reg), poll_s=10)
+    await _enqueue(reg, "x")  # another process cannot know that no webhook is configured
+    sender = WebhookSender(Config(), reg, poll_s=10)
     async with trio.open_nursery() as nursery:
         await nursery.start(sender.run)
         nursery.cancel_scope.cancel()
     assert sender.outcomes == {"dropped": 1}
-    assert reg.outbox_depth() == 0
+    assert await reg.outbox_depth() == 0
 
 
-class _CountingRegistry(AsyncRegistry):
+class _CountingRegistry(SqliteRegistry):
     """The real registry, recording when the sender applies the outbox bounds (a registry call in a worker thread).
 
     The virtual clock jumps while a worker thread runs, so a test waits for each call to end (``pruned``) instead of
     sleeping past it."""
 
-    def __init__(self, registry: SqliteRegistry) -> None:
-        super().__init__(registry)
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
         self.prunes: list[float] = []
         self.pruned = trio.Event()
 
@@ -149,11 +154,11 @@ class _CountingRegistry(AsyncRegistry):
 
 
 async def test_without_a_webhook_url_the_buses_wakes_cost_no_registry_call(
-    autojump_clock: trio.testing.MockClock, reg: SqliteRegistry
+    autojump_clock: trio.testing.MockClock, reg: _CountingRegistry
 ) -> None:
     # Every job change wakes the sender; with no URL this process writes no event, so only the clock makes it look
     # (for events other processes wrote). Issue 10: a prune per job change was 6 % of the CPU under load.
-    registry = _CountingRegistry(reg)
+    registry = reg
     sender = WebhookSender(Config(), registry, poll_s=10)
     async with trio.open_nursery() as nursery:
         first = registry.pruned
@@ -163,7 +168,7 @@ async def test_without_a_webhook_url_the_buses_wakes_cost_no_registry_call(
             sender.wake()
             await trio.sleep(0.1)
         assert len(registry.prunes) == 1  # 5 s of wakes: only the look at startup
-        reg.enqueue("k", {}, ["x"])  # another process's event
+        await _enqueue(reg, "x")  # another process's event
         second = registry.pruned
         await second.wait()
         nursery.cancel_scope.cancel()
@@ -172,7 +177,7 @@ async def test_without_a_webhook_url_the_buses_wakes_cost_no_registry_call(
 
 
 async def test_with_a_webhook_url_the_bounds_are_applied_at_most_once_a_second(
-    autojump_clock: trio.testing.MockClock, reg: SqliteRegistry
+    autojump_clock: trio.testing.MockClock, reg: _CountingRegistry
 ) -> None:
     delivered = 0
     all_delivered = trio.Event()
@@ -184,13 +189,13 @@ async def test_with_a_webhook_url_the_bounds_are_applied_at_most_once_a_second(
             all_delivered.set()
         return httpx.Response(200)
 
-    registry = _CountingRegistry(reg)
+    registry = reg
     config = Config(webhook_url="http://receiver.invalid/hook")
     sender = WebhookSender(config, registry, poll_s=3600, transport=httpx.MockTransport(handler))
     async with trio.open_nursery() as nursery:
         await nursery.start(sender.run)
         for _ in range(30):  # a job change at a time: each wakes the sender, and each is delivered
-            reg.enqueue("k", {}, ["x"])
+            await _enqueue(reg, "x")
             sender.wake()
             await trio.sleep(0.1)
         await all_delivered.wait()

@@ -15,94 +15,24 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 import trio
 
-from ._store import AsyncRegistry
-from .domain._config import Config, StallAction
-from .domain._model import Job, JobStatus
-from .execution._identity import Liveness
-from .observe._events import EventBus, EventName, JobEvent
-from .observe._logging import get_logger
+from ..domain import Config, Job, JobStatus
+from ..domain._model import Liveness, utc_now
+from ..observe import EventBus, EventName, JobEvent, get_logger
+from ..registry import Registry
+from ._rules import REASON_RECOVERED, REASON_SILENT, REASON_STALLED, Signals, Verdict, judge_absence
 
 log = get_logger()
-
-# Reasons carried by the absence events.
-REASON_STALLED = "progress_stalled"
-REASON_SILENT = "heartbeat_silent"
-REASON_RECOVERED = "absence_cleared"
-
-
-@dataclass(frozen=True)
-class Signals:
-    """What the sweeper knows of one running job's signals, now."""
-
-    progress_age_s: float  # since the watermark last rose, or since the job started
-    heartbeat_age_s: float | None  # since the last heartbeat; None: the job never sent one
-    liveness: Liveness | None  # this sweep's evidence (None: not probed this sweep)
-    stalled: bool  # the row's flags as they stand
-    silent: bool
-
-
-@dataclass(frozen=True)
-class Verdict:
-    stalled: bool
-    silent: bool
-    events: tuple[EventName, ...]  # in the order they are announced
-    terminate: bool  # stop the job now (stall_action = terminate)
-
-
-def judge_absence(
-    signals: Signals,
-    *,
-    stale_after_s: float | None,
-    silent_after_s: float | None,
-    action: StallAction,
-) -> Verdict:
-    """The absence rules as one pure function (ADR 0002 D8-D9; issue 12). ``None`` thresholds are disabled."""
-    # INV-PROGRESS-NOT-LIVENESS: stalled depends on the progress watermark alone; a beat without progress is no
-    # progress. Strictly past the threshold: judged at the first sweep after it, never at or before it.
-    stalled = stale_after_s is not None and signals.progress_age_s > stale_after_s
-    beats_stopped = (
-        silent_after_s is not None
-        and signals.heartbeat_age_s is not None  # a job that never beat is judged on progress age alone
-        and signals.heartbeat_age_s > silent_after_s
-    )
-    if not beats_stopped:
-        silent = False  # beats resumed (or the rule is off): the flag clears
-    elif signals.liveness is Liveness.ALIVE:
-        # INV-SILENT-NEEDS-A-LIVE-PROCESS: silence is news only while the process is verified alive; a dead one
-        # is reconcile's to finalize.
-        silent = True
-    else:
-        silent = signals.silent  # no evidence either way this sweep: the flag stays as it was
-    events: list[EventName] = []
-    if (signals.stalled and not stalled) or (signals.silent and not silent):
-        events.append(EventName.RECOVERED)
-    if stalled and not signals.stalled:
-        events.append(EventName.STALLED)
-    if silent and not signals.silent:
-        events.append(EventName.SILENT)
-    # INV-UNKNOWN-KEEPS-SLOT: only a process verified alive is ever stopped; absence of evidence never frees a slot.
-    terminate = stalled and action == "terminate" and signals.liveness is Liveness.ALIVE
-    return Verdict(stalled, silent, tuple(events), terminate)
-
-
-def wall_now() -> datetime:
-    """The wall clock, read only to age a job first seen by this boot from its stored stamps."""
-    return datetime.now(UTC)
-
-
-def _parse(ts: str | None) -> datetime | None:
-    return datetime.fromisoformat(ts) if ts else None
 
 
 @dataclass
 class _Seen:
-    progress_stamp: str | None  # last_progress_at as last seen (None: no progress yet)
+    progress_stamp: datetime | None  # last_progress_at as last seen (None: no progress yet)
     progress_at: float  # monotonic time of the last progress (or of the start)
-    beat_stamp: str | None  # last_heartbeat_at as last seen
+    beat_stamp: datetime | None  # last_heartbeat_at as last seen
     beat_at: float | None  # monotonic time of the last heartbeat; None: none yet
 
 
@@ -115,7 +45,8 @@ class AbsenceTracker:
         wall_clock: Callable[[], datetime] | None = None,
     ) -> None:
         self._clock = clock
-        self._wall = wall_clock or (lambda: wall_now())
+        # The wall clock, read only to age a job first seen by this boot from its stored stamps (a test seam).
+        self.wall_clock = wall_clock or utc_now
         self._seen: dict[str, _Seen] = {}
 
     def on_event(self, event: JobEvent) -> None:
@@ -164,10 +95,9 @@ class AbsenceTracker:
 
     def _first_sight(self, job: Job, now: float) -> _Seen:
         """A job this boot has not seen start (a prior boot's): its ages come from the stored wall-clock stamps."""
-        wall = self._wall()
+        wall = self.wall_clock()
 
-        def mono(stamp: str | None) -> float | None:
-            at = _parse(stamp)
+        def mono(at: datetime | None) -> float | None:
             # max(0, ...): a stamp "in the future" (the wall clock stepped back) counts as now, never as younger.
             return None if at is None else now - max(0.0, (wall - at).total_seconds())
 
@@ -185,7 +115,7 @@ class AbsenceJudge:
     def __init__(
         self,
         config: Config,
-        registry: AsyncRegistry,
+        registry: Registry,
         events: EventBus,
         boot_id: str,
         stop_stalled: StopStalled,
@@ -224,8 +154,8 @@ class AbsenceJudge:
                 )
 
     async def _record(self, job: Job, verdict: Verdict, signals: Signals) -> None:
-        reasons = {EventName.STALLED: REASON_STALLED, EventName.SILENT: REASON_SILENT}
-        named = [(str(name), reasons.get(name, REASON_RECOVERED)) for name in verdict.events]
+        reasons = {str(EventName.STALLED): REASON_STALLED, str(EventName.SILENT): REASON_SILENT}
+        named = [(name, reasons.get(name, REASON_RECOVERED)) for name in verdict.events]
         # The row's flags and their outbox events commit together.
         result = await self.registry.set_absence(
             job.job_id, stalled=verdict.stalled, silent=verdict.silent, events=named

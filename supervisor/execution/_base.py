@@ -31,10 +31,8 @@ from typing import ClassVar
 
 import trio
 
-from .._registry import ProcessRecord
-from ..domain._errors import SupervisorError
-from ..domain._model import Job
-from ._identity import Liveness
+from ..domain import Job, SupervisorError
+from ..domain._model import ExitStatus, IdentityRecord, Liveness
 
 __all__ = [
     "Evidence",
@@ -51,31 +49,6 @@ ORPHAN_DEAD_PID = "orphan_reconciled_dead_pid"
 
 class Unwatchable(SupervisorError):
     """A job that can no longer be watched (its identity is unknown): the row keeps its slot; the sweeper judges it."""
-
-
-@dataclass(frozen=True)
-class ExitStatus:
-    """How a job ended: an exit code, or the signal that killed it.
-
-    ``oom_killed``: the engine reports that the kernel's OOM killer ended it (Docker's ``State.OOMKilled``); the
-    code is then what the engine reported (137), and the outcome says ``killed_out_of_memory``.
-    """
-
-    code: int | None = None
-    signal: int | None = None
-    oom_killed: bool = False
-
-    @property
-    def returncode(self) -> int:
-        """The registry's ``exit_code``: the code, or minus the signal (as ``subprocess`` reports it)."""
-        if self.code is not None:
-            return self.code
-        assert self.signal is not None
-        return -self.signal
-
-    @classmethod
-    def from_returncode(cls, returncode: int) -> ExitStatus:
-        return cls(code=returncode) if returncode >= 0 else cls(signal=-returncode)
 
 
 @dataclass(frozen=True)
@@ -99,8 +72,9 @@ class JobHandle:
 
     @property
     @abc.abstractmethod
-    def record(self) -> ProcessRecord:
-        """The identity to record in the row (pid + start time + kernel boot id, or a container id)."""
+    def record(self) -> IdentityRecord:
+        """The identity to record in the row (pid + start time + kernel boot id, or a container id): this executor's
+        record, which only it reads back (``gather_evidence``, adoption)."""
 
     @abc.abstractmethod
     def log_fields(self) -> dict[str, object]:
@@ -121,7 +95,7 @@ class Evidence:
     exit_status: ExitStatus | None = None
     exit_pending: bool = False
     handle: JobHandle | None = None
-    found: ProcessRecord | None = None
+    found: IdentityRecord | None = None
     detail: str | None = None
 
 
@@ -133,9 +107,6 @@ class Executor(abc.ABC):
     orphan_reason: ClassVar[str] = ORPHAN_DEAD_PID
     #: what a kind's ``{python}`` placeholder becomes: the interpreter the job will find where it runs
     python: str
-    #: True when ``unavailable`` can never say no (no engine to lose): a job's end may then promote the next job in
-    #: its own finalize, without the drainer's check first
-    always_available: ClassVar[bool] = False
 
     def attach(self, nursery: trio.Nursery) -> None:  # noqa: B027 - most executors own no task
         """The job nursery: where an executor runs any task it owns (the shepherd's reader)."""

@@ -1,8 +1,8 @@
 """One call at a time for many concurrent callers: what arrives during a call goes together in the next.
 
-Used where each call costs far more than each item in it: the heartbeat batches (``_beats.BeatBatcher``: one
-transaction for the beats that arrived during the previous one) and the per-job registry writes
-(``_store.AsyncRegistry``: one thread hop for the changes queued during the previous one).
+Used where each call costs far more than each item in it: the registry's writes (``SqliteRegistry._write``: one
+thread hop, and one group commit, for the changes queued during the previous one: an enqueue, a job's start and
+end, a heartbeat).
 """
 
 from __future__ import annotations

@@ -1,0 +1,67 @@
+"""The core: the rules of supervision and the tasks that carry them out, one module per branch of the nursery tree.
+
+    _rules        pure: judge (reconcile), outcome and ending (a job's end), judge_absence (stalled / silent)
+    _drain        the drainer task: promote and start, the one way a job starts
+    _monitor      one monitor per running job; cancel
+    _reconcile    reconcile: RUNNING rows against the executor's evidence
+    _absence      the absence tracker (monotonic ages) and judge
+    _sweeper      the sweeper task: pause file -> reconcile -> absence -> drain
+    _heartbeats   a job's heartbeats: token check, body, watermark
+    _supervisor   Supervisor: the front door the HTTP layer and the CLI call; wires the above
+"""
+
+from ._absence import AbsenceJudge, AbsenceTracker
+from ._boot import Boot, Watched
+from ._drain import PROMOTE_BATCH, Drainer
+from ._heartbeats import MAX_STAGE_LEN, MAX_UNITS, JobTokens, parse_beat
+from ._reconcile import ReconcileDetail, ReconcileReport
+from ._rules import (
+    CANCELLED,
+    REASON_RECOVERED,
+    REASON_SILENT,
+    REASON_STALLED,
+    STALLED_STOP,
+    Decision,
+    Signals,
+    Verdict,
+    ending,
+    judge,
+    judge_absence,
+    outcome,
+    past_window,
+)
+from ._supervisor import MAX_BATCH, QueueState, Supervisor
+from ._sweeper import Sweeper, run_sweeper
+
+__all__ = [
+    "CANCELLED",
+    "MAX_BATCH",
+    "MAX_STAGE_LEN",
+    "MAX_UNITS",
+    "PROMOTE_BATCH",
+    "REASON_RECOVERED",
+    "REASON_SILENT",
+    "REASON_STALLED",
+    "STALLED_STOP",
+    "AbsenceJudge",
+    "AbsenceTracker",
+    "Boot",
+    "Decision",
+    "Drainer",
+    "JobTokens",
+    "QueueState",
+    "ReconcileDetail",
+    "ReconcileReport",
+    "Signals",
+    "Supervisor",
+    "Sweeper",
+    "Verdict",
+    "Watched",
+    "ending",
+    "judge",
+    "judge_absence",
+    "outcome",
+    "parse_beat",
+    "past_window",
+    "run_sweeper",
+]

@@ -1,0 +1,71 @@
+"""What every part of the core shares for one boot of the supervisor: the settings, the registry, the executor, the
+event bus, this boot's id, and the jobs this boot watches (``Watched``).
+
+The parts (``_drain``, ``_monitor``, ``_reconcile``, ``_absence``, ``_sweeper``, ``_heartbeats``) each hold a
+``Boot`` and nothing of each other but what they are handed; ``_supervisor.Supervisor`` wires them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ..domain import Config, Job, JobStatus, KindCatalog, SupervisorError
+from ..execution import Executor, JobHandle
+from ..observe import EventBus, EventName, JobEvent
+from ..registry import Registry
+
+
+@dataclass
+class Watched:
+    """A job this boot watches (one it started, or one it adopted): ``request_cancel`` stops it.
+
+    ``handle`` is None only while the job is being started (the spawn window). ``on_cancel`` is set by the job's
+    monitor while it waits for the job's end: it starts the stop then (a cancel in the spawn window is carried out
+    as soon as the monitor starts).
+    """
+
+    job_id: str
+    handle: JobHandle | None = None
+    cancel_requested: bool = False
+    on_cancel: Callable[[], None] | None = None
+
+    def request_cancel(self) -> None:
+        if self.cancel_requested:
+            return
+        self.cancel_requested = True
+        if self.on_cancel is not None:
+            self.on_cancel()
+
+
+@dataclass
+class Boot:
+    config: Config
+    kinds: KindCatalog
+    registry: Registry
+    executor: Executor
+    events: EventBus
+    boot_id: str
+    # Resolved once, so that jobs' cwd and log paths stay put whatever the supervisor's cwd does later.
+    data_dir: Path
+    log_dir: Path
+    watched: dict[str, Watched] = field(default_factory=dict)
+    # Jobs being stopped because they stalled (stall_action = terminate): they end stale, not cancelled.
+    stall_stops: set[str] = field(default_factory=set)
+    job_nursery: trio.Nursery | None = None
+
+    def nursery(self) -> trio.Nursery:
+        if self.job_nursery is None:
+            raise SupervisorError("the supervisor has no job nursery: call attach() first")
+        return self.job_nursery
+
+    def announce(self, job: Job, previous: str | None, reason: str | None, **extra: Any) -> None:
+        """A status change, on the event bus (``job`` is the row after it): the log line is one subscriber."""
+        self.events.emit(JobEvent(EventName.TRANSITION, job, previous, reason, self.boot_id, extra))
+
+    def announce_end(self, job: Job, previous: JobStatus | None) -> None:
+        self.announce(job, str(previous) if previous else None, job.error_reason, exit_code=job.exit_code)

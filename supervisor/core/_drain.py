@@ -1,0 +1,212 @@
+"""The drainer: the one task that promotes queued jobs and starts them, and the one way a job is started.
+
+Every promotion goes through it, for every executor: an enqueue, a job's end, a cancel, a resume and the sweeper
+only wake it (many wakes make one drain). A round asks the executor whether it can start jobs at all (an engine
+that does not answer holds the queue instead of failing every job it would start), promotes as many queued rows
+as slots are free in one registry step (INV-PROMOTION-NEVER-OVERSHOOTS; none while paused), starts them together,
+records their identities in one write, and hands each to its monitor in the job nursery.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ..domain import Job, JobStatus, SpawnError, SupervisorError
+from ..domain._model import hash_token
+from ..execution import JobHandle, Launch
+from ..observe import get_logger
+from ..registry import Ending, IdentityClaim, Outcome, PromoteRequest
+from ._boot import Boot, Watched
+
+log = get_logger()
+
+PROMOTE_BATCH = 64  # rows promoted in one registry step, at most
+
+StartMonitor = Callable[[Watched, Job], Awaitable[None]]
+
+
+class Drainer:
+    """See the module docstring. ``start_monitor`` hands a started job to its monitor (``Monitors.start``)."""
+
+    def __init__(self, boot: Boot, start_monitor: StartMonitor) -> None:
+        self.boot = boot
+        self._start_monitor = start_monitor
+        self._lock = trio.Lock()
+        self._wanted = trio.Event()
+        self._held = False  # the executor said at the last round that it cannot start jobs
+        self._log_dir_made = False
+        # How jobs reach the HTTP API for their heartbeats (set by the root once the socket is bound).
+        self.heartbeat_base_url: str | None = None
+
+    def wake(self) -> None:
+        """Ask for a drain soon; many wakes before it runs make one drain. Never blocks."""
+        self._wanted.set()
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """The drainer task, owned by the root nursery. Its rounds start their jobs in tasks of the job nursery, so
+        that a start waiting on its executor never keeps the next round (the next job's start) waiting behind it."""
+        task_status.started()
+        while True:
+            await self._wanted.wait()
+            self._wanted = trio.Event()
+            try:
+                await self._drain(self._start_in_background)
+            except SupervisorError:
+                log.exception("drain_failed")  # the rows stay as they are; the next wake or sweep drains again
+
+    async def drain(self) -> list[Job]:
+        """Promote and start while a slot is free and promotion is not paused.
+
+        Contract: when drain returns, every promotable job has been started and its identity recorded, and no job
+        has been waited for (each one's monitor runs in the job nursery).
+        """
+        return await self._drain(self.start_promoted)
+
+    async def _drain(self, start: Callable[[list[Job], list[str]], Awaitable[list[Job]]]) -> list[Job]:
+        self.boot.nursery()  # no drain without a job nursery to hand the jobs to
+        started: list[Job] = []
+        async with self._lock:
+            while await self._executor_ready():
+                tokens = [secrets.token_urlsafe(32) for _ in range(min(self.boot.config.max_concurrent, PROMOTE_BATCH))]
+                request = PromoteRequest(
+                    self.boot.config.max_concurrent,
+                    self.boot.boot_id,
+                    [hash_token(token) for token in tokens],
+                    self.boot.log_dir,
+                )
+                # INV-PROMOTION-NEVER-OVERSHOOTS: the registry counts and flips in one step; none while paused.
+                promotion = await self.boot.registry.promote(request)
+                jobs = list(promotion.jobs)
+                if not jobs:
+                    break
+                spawned = await start(jobs, tokens)
+                started.extend(spawned)
+                # Every free slot is now taken, or the queue is empty: another round would only read that again.
+                # Unless a start failed (its slot is free again) or the batch cap stopped this round short. A job
+                # ending meanwhile wakes the drainer itself.
+                capped = len(jobs) == PROMOTE_BATCH < self.boot.config.max_concurrent
+                if not capped and len(spawned) == len(jobs):
+                    break
+        return started
+
+    async def _start_in_background(self, jobs: list[Job], tokens: list[str]) -> list[Job]:
+        """Start the jobs in a task of their own (a failed start wakes the drainer: its slot is free again)."""
+        for job in jobs:
+            self.boot.watched.setdefault(job.job_id, Watched(job.job_id))  # a cancel from now on finds its entry
+        self.boot.nursery().start_soon(self.start_promoted, jobs, tokens)
+        return jobs
+
+    async def _executor_ready(self) -> bool:
+        why = await self.boot.executor.unavailable()
+        if why is not None and not self._held:
+            log.warning("drain_held", why=why, exec_mode=self.boot.executor.mode)
+        elif why is None and self._held:
+            log.info("drain_resumed", exec_mode=self.boot.executor.mode)
+        self._held = why is not None
+        return why is None
+
+    async def start_promoted(self, jobs: list[Job], tokens: list[str]) -> list[Job]:
+        """Start freshly promoted jobs together, record their identities in one write, start their monitors."""
+        outcomes: dict[str, JobHandle | Exception] = {}
+        watched = self.boot.watched
+
+        async def start_one(job: Job, token: str) -> None:
+            try:
+                outcomes[job.job_id] = await self._start(job, token)
+            except Exception as exc:  # judged below, job by job
+                outcomes[job.job_id] = exc
+
+        for job in jobs:
+            self.boot.announce(job, "queued", "promoted")
+            watched.setdefault(job.job_id, Watched(job.job_id))
+        handed: set[str] = set()
+        try:
+            if len(jobs) == 1:
+                await start_one(jobs[0], tokens[0])  # a lone start (the common case) needs no nursery of its own
+            else:
+                async with trio.open_nursery() as starts:
+                    for job, token in zip(jobs, tokens, strict=False):
+                        starts.start_soon(start_one, job, token)
+            spawned: list[Job] = []
+            for job in jobs:
+                got = outcomes[job.job_id]
+                if isinstance(got, Exception):
+                    # INV-SPAWN-FAILURE-FREES-SLOT: whatever goes wrong in one start (a SpawnError, or a defect such as
+                    # an argv the OS cannot take), the promoted row is finalized, never left holding a slot.
+                    del watched[job.job_id]
+                    if not isinstance(got, SpawnError):
+                        log.error("spawn_crashed", job_id=job.job_id, error=repr(got))
+                    reason = str(got) if isinstance(got, SpawnError) else f"{type(got).__name__}: {got}"
+                    await self._spawn_failed(job, f"spawn_failed: {reason}"[:500])
+                    continue
+                watched[job.job_id].handle = got
+                spawned.append(job)
+            if spawned:
+                claims = [IdentityClaim(job.job_id, self._handle(job).record) for job in spawned]
+                try:
+                    spawned = await self.boot.registry.record_identities(claims)
+                except SupervisorError:
+                    # The jobs exist: they must still get their monitors (to be finalized, cancellable). What the
+                    # executor wrote before each program ran (a start file, a labelled container) lets a later boot
+                    # find them too.
+                    log.exception("job_identity_not_recorded", job_ids=[c.job_id for c in claims])
+            for job in spawned:
+                entry = watched[job.job_id]
+                if job.cancel_requested:
+                    entry.request_cancel()  # a cancel that arrived in the spawn window is carried out now
+                fields = self._handle(job).log_fields()
+                log.info("job_spawned", job_id=job.job_id, kind=job.kind, boot_id=self.boot.boot_id, **fields)
+                await self._start_monitor(entry, job)
+                handed.add(job.job_id)
+            if len(spawned) < len(jobs):
+                self.wake()  # a failed start freed its slot
+            return spawned
+        finally:
+            # Cancelled part way (a shutdown): an entry without a monitor must not look watched. Its job, if it
+            # started, is found again by the next boot (INV-IDENTITY-BEFORE-PROGRAM).
+            for job in jobs:
+                if job.job_id not in handed:
+                    watched.pop(job.job_id, None)
+
+    def _handle(self, job: Job) -> JobHandle:
+        handle = self.boot.watched[job.job_id].handle
+        assert handle is not None
+        return handle
+
+    async def _spawn_failed(self, job: Job, reason: str) -> None:
+        change, _ = await self.boot.registry.finalize(job.job_id, Ending(Outcome(JobStatus.FAILED, reason)))
+        if change.changed:
+            self.boot.announce_end(change.job, change.previous)
+
+    async def _start(self, job: Job, token: str) -> JobHandle:
+        assert job.log_path is not None
+        boot = self.boot
+        env = {"PODCAST_JOB_ID": job.job_id, "PODCAST_JOB_TOKEN": token, "PODCAST_JOB_DATA_DIR": str(boot.data_dir)}
+        if self.heartbeat_base_url is not None:
+            env["PODCAST_JOB_HEARTBEAT_URL"] = f"{self.heartbeat_base_url}/api/jobs/{job.job_id}/heartbeat"
+        if not self._log_dir_made:  # once, not a thread hop per start; again after any failed start
+            try:
+                await trio.to_thread.run_sync(lambda: boot.log_dir.mkdir(parents=True, exist_ok=True))
+            except OSError as exc:
+                raise SpawnError(f"cannot create the job log directory {boot.log_dir}: {exc.strerror or exc}") from exc
+            self._log_dir_made = True
+        launch = Launch(
+            job_id=job.job_id,
+            kind=job.kind,
+            boot_id=boot.boot_id,
+            argv=job.argv,
+            env=env,
+            data_dir=boot.data_dir,
+            log=Path(job.log_path),
+            log_max_bytes=boot.config.log_max_bytes,
+        )
+        try:
+            return await boot.executor.start(launch)
+        except BaseException:
+            self._log_dir_made = False  # the directory may be what is missing (removed under a running supervisor)
+            raise

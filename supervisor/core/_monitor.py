@@ -1,0 +1,206 @@
+"""One monitor task per running job, and cancel.
+
+A monitor waits for its job's end (``Executor.wait``), finalizes the row with the job's true outcome
+(INV-TRUE-OUTCOME), lets the executor forget the job, and wakes the drainer for the slot it freed. It runs in the
+job nursery; cancelling it (a shutdown) stops the watching, never the job: the job belongs to the shepherd or the
+engine, and the next boot adopts it.
+
+A cancel of a job this boot watches is carried out by a short task (``_carry_out_cancel``: SIGTERM, the grace
+period, SIGKILL; ``docker stop`` in docker mode) that its monitor ends when the job ends. A cancel never sends a
+blind signal (INV-NEVER-BLIND-SIGNAL): a job nobody here watches is adopted first, and only once the executor has
+verified its identity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from ..domain import Job, JobStatus, SupervisorError
+from ..domain._model import ExitStatus, Liveness
+from ..execution import Evidence, JobHandle, Unwatchable
+from ..observe import EventName, JobEvent, get_logger
+from ..registry import Ending, Expect, IdentityClaim, Outcome
+from ._boot import Boot, Watched
+from ._rules import ending
+
+log = get_logger()
+
+FollowUp = Callable[[Job, str], Awaitable[None]]
+
+
+class Monitors:
+    """The monitors of the jobs this boot watches, and cancel. ``wake_drainer``: a slot was freed; ``follow_up``:
+    enqueue a kind's ``then`` after a success."""
+
+    def __init__(self, boot: Boot, wake_drainer: Callable[[], None], follow_up: FollowUp) -> None:
+        self.boot = boot
+        self._wake_drainer = wake_drainer
+        self._follow_up = follow_up
+
+    async def evidence(self, rows: list[Job]) -> list[Evidence]:
+        """The executor's evidence for ``rows`` (blocking probes: a worker thread, never during a registry write)."""
+        boot = self.boot
+        return await trio.to_thread.run_sync(lambda: boot.executor.gather_evidence(rows, boot_id=boot.boot_id))
+
+    async def start(self, watched: Watched, job: Job) -> None:
+        """Start ``job``'s monitor in the job nursery; returns once it watches."""
+        await self.boot.nursery().start(self._monitor, watched, job)
+
+    async def _monitor(self, watched: Watched, job: Job, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        handle = watched.handle
+        assert handle is not None
+        # The stop runs only once a cancel is asked for, in a task of its own that ends with the job: no waiting
+        # task per job for a cancel that almost never comes.
+        stopping = trio.CancelScope()
+        nursery = self.boot.nursery()
+
+        def start_stop() -> None:
+            nursery.start_soon(self._carry_out_cancel, watched, stopping)
+
+        try:
+            watched.on_cancel = start_stop
+            if watched.cancel_requested:
+                start_stop()
+            try:
+                status = await self.boot.executor.wait(handle)
+            finally:
+                watched.on_cancel = None
+                stopping.cancel()
+            await self.finish(job, status, cancel_asked=watched.cancel_requested)
+            await self.boot.executor.release(handle)
+        except Unwatchable as exc:
+            # INV-UNKNOWN-KEEPS-SLOT: the row stays RUNNING; the sweeper judges it on whatever evidence exists.
+            log.warning("job_unwatchable", job_id=job.job_id, why=str(exc))
+        except SupervisorError:
+            # The row stays RUNNING; with no monitor left, the sweeper's rules finalize it.
+            log.exception("monitor_failed", job_id=job.job_id)
+        finally:
+            self.boot.watched.pop(job.job_id, None)
+            self._wake_drainer()
+
+    async def finish(
+        self, job: Job, status: ExitStatus | None, *, cancel_asked: bool, expect: Job | None = None
+    ) -> bool:
+        """Finalize a job whose process has ended: its true outcome, or an orphan when no exit was recorded.
+        ``expect``: only if the row still records the process of this (earlier) read of it. True when this call
+        changed the row (a terminal row is left alone)."""
+        boot = self.boot
+        kind = boot.kinds.get(job.kind) if job.kind in boot.kinds else None
+        decided = ending(
+            status,
+            kind=kind,
+            cancel_asked=cancel_asked,
+            stall_stop=job.job_id in boot.stall_stops,
+            orphan_reason=boot.executor.orphan_reason,
+        )
+        guard = Expect(expect.identity) if expect is not None else None
+        change, _ = await boot.registry.finalize(job.job_id, decided, expect=guard)
+        boot.stall_stops.discard(job.job_id)
+        if not change.changed:
+            return False
+        final = change.job
+        boot.announce_end(final, change.previous)
+        if final.status is JobStatus.SUCCEEDED and kind is not None and kind.then:
+            await self._follow_up(final, kind.then)
+        return True
+
+    async def finalize(self, job: Job, outcome: Outcome, *, expect: Job | None = None) -> bool:
+        """End a RUNNING row with a decided outcome (reconcile's verdicts, a cancel of a job left alone)."""
+        guard = Expect(expect.identity) if expect is not None else None
+        change, _ = await self.boot.registry.finalize(job.job_id, Ending(outcome), expect=guard)
+        if change.changed:
+            self.boot.announce_end(change.job, change.previous)
+        return change.changed
+
+    async def _carry_out_cancel(self, watched: Watched, scope: trio.CancelScope) -> None:
+        """Stop a job whose cancel was requested; ``scope`` is cancelled by its monitor once the job has ended."""
+        assert watched.handle is not None
+        if scope.cancel_called:
+            return  # the job ended before this task first ran: nothing to stop, and nothing to log
+        with scope:
+            try:
+                await self.boot.executor.stop(watched.handle, self.boot.config.cancel_grace_s)
+            except SupervisorError:
+                # The monitor goes on waiting for the job's end; the cancel stays requested on the row.
+                log.exception("job_stop_failed", job_id=watched.job_id)
+
+    async def adopt(self, job: Job, handle: JobHandle, *, cancel: bool = False) -> None:
+        """Watch a job this boot did not start (a prior boot's): its monitor finalizes it with its true outcome."""
+        watched = self.boot.watched
+        if job.job_id in watched:
+            if cancel:
+                watched[job.job_id].request_cancel()
+            return
+        entry = Watched(job.job_id, handle=handle)
+        if cancel:
+            entry.request_cancel()
+        watched[job.job_id] = entry
+        await self._announce_adopted(job, handle)
+        await self.start(entry, job)
+
+    async def _announce_adopted(self, job: Job, handle: JobHandle) -> None:
+        try:
+            job = await self.boot.registry.record_event(job.job_id, str(EventName.ADOPTED), "adopted")
+        except SupervisorError:
+            log.exception("adoption_event_not_recorded", job_id=job.job_id)  # the adoption itself goes on
+        extra = {"prior_boot": job.boot_id, **handle.log_fields()}
+        self.boot.events.emit(JobEvent(EventName.ADOPTED, job, str(job.status), "adopted", self.boot.boot_id, extra))
+
+    # -- cancel -------------------------------------------------------------------------------------------
+
+    async def cancel(self, job_id: str) -> Job:
+        """Cancel a job (idempotent). Never sends a blind signal (INV-NEVER-BLIND-SIGNAL)."""
+        change = await self.boot.registry.request_cancel(job_id)
+        job = change.job
+        if job.status is JobStatus.CANCELLED and change.changed:
+            self.boot.announce(job, "queued", job.error_reason)
+            return job
+        if job.status is not JobStatus.RUNNING:
+            return job  # terminal: returned unchanged
+        watched = self.boot.watched.get(job_id)
+        if watched is not None:
+            watched.request_cancel()  # the monitor stops it; in the spawn window, as soon as the start completes
+            return job
+        await self._cancel_unmonitored(job)
+        return await self.boot.registry.get(job_id)
+
+    async def _cancel_unmonitored(self, job: Job) -> None:
+        """A running row with no monitor here: a prior boot's job (or one whose monitor failed).
+
+        A job the executor verified (alive, or ended with its exit on record) is adopted and stopped; its monitor
+        finalizes it ``cancelled`` once it is gone. Anything else is never signalled.
+        """
+        [found] = await self.evidence([job])
+        if found.liveness is Liveness.UNKNOWN and (why := await self.boot.executor.unavailable()) is not None:
+            # INV-UNKNOWN-KEEPS-SLOT: the engine cannot be asked, so the job may well run on. The cancel stays
+            # requested on the row (and the slot held); the first sweep that reaches the engine adopts and stops it.
+            log.warning("cancel_pending_engine_unreachable", job_id=job.job_id, why=why)
+            return
+        if found.liveness is Liveness.UNKNOWN and not job.spawned and found.handle is None:
+            # INV-UNKNOWN-KEEPS-SLOT: a prior boot's start may still be under way (its record not written yet). The
+            # cancel stays requested on the row: a sweep adopts and stops the job once its record is there, or ends
+            # the row cancelled_before_start once it provably never started.
+            log.warning("cancel_pending_start_unconfirmed", job_id=job.job_id, detail=found.detail)
+            return
+        if found.found is not None:
+            [job] = await self.boot.registry.record_identities([IdentityClaim(job.job_id, found.found)])
+        verified = found.liveness is Liveness.ALIVE or found.exit_status is not None or found.exit_pending
+        if found.handle is not None and verified:
+            await self.adopt(job, found.handle, cancel=True)
+            return
+        if job.spawned and found.liveness is not Liveness.DEAD:
+            log.error(
+                "cancel_left_process_alone",
+                job_id=job.job_id,
+                **(dict(job.identity.fields) if job.identity else {}),
+                liveness=found.liveness.value if found.liveness else None,
+                detail=found.detail,
+                why="the recorded process identity could not be verified; stop any surviving work by hand",
+            )
+        outcome = Outcome(JobStatus.CANCELLED, "cancelled_unverified_process_left_alone")
+        await self.finalize(job, outcome, expect=job)
+        self._wake_drainer()

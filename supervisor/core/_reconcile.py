@@ -1,0 +1,137 @@
+"""Reconcile: bring every RUNNING row in line with the evidence (ADR 0001 §3-§6).
+
+The executor's evidence is gathered before any registry write (a probe may block, and the write lock is shared
+with every other process); each verdict is then applied only if the row still records the process the evidence was
+about (``Expect``). The verdicts come from ``_rules.judge``; this module carries them out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..domain import Job, JobStatus
+from ..domain._model import Liveness, utc_now
+from ..execution import JobHandle
+from ..observe import get_logger
+from ..registry import IdentityClaim, Outcome
+from ._boot import Boot
+from ._monitor import Monitors
+from ._rules import judge, past_window
+
+log = get_logger()
+
+
+@dataclass(frozen=True)
+class ReconcileDetail:
+    job_id: str
+    action: str  # "failed" | "stale" | "cancelled" | "succeeded" | "keep" | "untouched"
+    reason: str
+    liveness: str | None
+    prior_boot: bool
+
+
+@dataclass(frozen=True)
+class ReconcileReport:
+    updated: int
+    details: list[ReconcileDetail]
+
+
+class Reconciler:
+    def __init__(self, boot: Boot, monitors: Monitors, wake_drainer: Callable[[], None]) -> None:
+        self.boot = boot
+        self.monitors = monitors
+        self._wake_drainer = wake_drainer
+        self.clock = utc_now  # the wall clock of the wall-clock rule (a seam for tests)
+
+    async def reconcile(self, *, stale_marks_live_processes: bool) -> ReconcileReport:
+        boot = self.boot
+        rows = await boot.registry.running_jobs()
+        evidence = await self.monitors.evidence(rows)
+        now = self.clock()
+        details: list[ReconcileDetail] = []
+        updated = 0
+        for job, found in zip(rows, evidence, strict=True):
+            this_boot = job.boot_id == boot.boot_id
+            liveness = found.liveness
+            if found.found is not None:
+                # A prior boot died between the start and recording the identity: what the executor wrote before the
+                # program ran (a start file, a labelled container) names it, so it is judged (and adopted) like any
+                # recorded one, never freed as a spawn window.
+                [job] = await boot.registry.record_identities([IdentityClaim(job.job_id, found.found)])
+                if job.status is not JobStatus.RUNNING:
+                    continue
+            decision = judge(
+                job,
+                this_boot=this_boot,
+                monitored=job.job_id in boot.watched,
+                liveness=liveness,
+                past_window=past_window(job.started_at, now, boot.config.stale_after_s),
+                stale_marks_live_processes=stale_marks_live_processes,
+                exit_recorded=found.exit_status is not None,
+                exit_pending=found.exit_pending,
+                orphan_reason=boot.executor.orphan_reason,
+            )
+            action: str = decision.action
+            if decision.action == "finalize":
+                assert decision.status is not None
+                # expect: the evidence was gathered before the write; only act if the row is still that process.
+                if await self.monitors.finalize(job, Outcome(decision.status, decision.reason), expect=job):
+                    updated += 1
+                    action = str(decision.status)
+                    if found.handle is not None and liveness is not Liveness.ALIVE:
+                        await boot.executor.release(found.handle)  # a never-started container, say
+                else:
+                    action = "untouched"
+            elif decision.action == "finalize_exit":
+                assert found.exit_status is not None and found.handle is not None
+                await boot.executor.collect(found.handle)
+                if await self.monitors.finish(job, found.exit_status, cancel_asked=False, expect=job):
+                    updated += 1
+                    action = str((await boot.registry.get(job.job_id)).status)
+                    await boot.executor.release(found.handle)
+                else:
+                    action = "untouched"
+            if decision.adopt and found.handle is not None and boot.job_nursery is not None:
+                await self.monitors.adopt(job, found.handle, cancel=job.cancel_requested)  # a cancel left pending
+            if decision.warn:
+                log.warning(
+                    "reconcile_kept_slot",
+                    job_id=job.job_id,
+                    reason=decision.reason,
+                    liveness=liveness.value if liveness else None,
+                    **(dict(job.identity.fields) if job.identity else {}),
+                    detail=found.detail,
+                    prior_boot=not this_boot,
+                    started_at=str(job.started_at),
+                )
+            seen = liveness.value if liveness else None
+            details.append(ReconcileDetail(job.job_id, action, decision.reason, seen, not this_boot))
+        if updated:
+            self._wake_drainer()
+        return ReconcileReport(updated, details)
+
+    async def stop_stalled(self, job: Job) -> None:
+        """stall_action = terminate: stop a stalled job whose process is verified alive, as a cancel does.
+
+        The row stays RUNNING (and holds its slot) until the job's monitor sees the process gone; only then is it
+        finalized ``stale`` / ``progress_stalled``.
+        """
+        boot = self.boot
+        if job.job_id in boot.stall_stops:
+            return
+        watched = boot.watched.get(job.job_id)
+        adopt: JobHandle | None = None
+        if watched is None:
+            # Not watched by this boot (a prior boot's job): stopped only once the executor verifies it alive now.
+            [found] = await self.monitors.evidence([job])
+            if found.handle is None or found.liveness is not Liveness.ALIVE or boot.job_nursery is None:
+                log.warning("stalled_job_not_terminated", job_id=job.job_id, why="no verified live process")
+                return
+            adopt = found.handle
+        boot.stall_stops.add(job.job_id)
+        log.warning("stalled_job_terminating", job_id=job.job_id, grace_s=boot.config.cancel_grace_s)
+        if watched is not None:
+            watched.request_cancel()  # its monitor: SIGTERM, SIGKILL after the grace, then finalize once it is gone
+        elif adopt is not None:
+            await self.monitors.adopt(job, adopt, cancel=True)

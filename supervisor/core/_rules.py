@@ -1,0 +1,221 @@
+"""The rules of supervision as pure functions: no I/O, no clock, no task; each a table that the tests read as one.
+
+- ``judge``: what reconcile does with one RUNNING row, given the evidence (ADR 0001 §3-§6, ADR 0004, ADR 0005);
+- ``outcome``: what an exit status means for a kind (ADR 0002 D5);
+- ``ending``: how a job whose process ended is finalized: the outcome, a stall stop, a cancel, given as data to
+  the registry (which picks the cancel's outcome if the row says a cancel was requested by the time it commits);
+- ``judge_absence``: stalled / silent (ADR 0002 D8-D9).
+
+Invariant names (``INV-...``) are the decision records'; the comments say where each is upheld.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from ..domain import Job, JobKind, JobStatus, StallAction
+from ..domain._model import ExitStatus, Liveness
+from ..registry import Ending, Outcome
+
+CANCELLED = Outcome(JobStatus.CANCELLED, "cancelled")
+STALLED_STOP = Outcome(JobStatus.STALE, "progress_stalled")
+
+Action = Literal["finalize", "finalize_exit", "keep", "untouched"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What reconcile does with one RUNNING row."""
+
+    action: Action  # finalize_exit: the recorded exit status decides (``ending``)
+    status: JobStatus | None = None
+    reason: str = ""
+    warn: bool = False
+    adopt: bool = False  # start a monitor for a live job nobody here watches (a prior boot's, usually)
+
+
+def judge(
+    job: Job,
+    *,
+    this_boot: bool,
+    monitored: bool,
+    liveness: Liveness | None,
+    past_window: bool,
+    stale_marks_live_processes: bool,
+    exit_recorded: bool = False,
+    exit_pending: bool = False,
+    orphan_reason: str,
+) -> Decision:
+    """The reconcile rules as one pure function.
+
+    ``exit_recorded``: how the job ended is on record (its shepherd's exit file, the engine's exit code).
+    ``exit_pending``: it is gone but that record is about to be written (its shepherd still runs). ``orphan_reason``:
+    what the exec mode calls a dead job with no record. A prior boot's row without a process is judged after the
+    executor looked for one (a start file, a labelled container) and recorded it in the row when found.
+    """
+    if this_boot and not job.spawned:
+        # INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING: this boot promoted it and is spawning it right now.
+        return Decision("untouched", reason="spawn_window")
+    if not this_boot and not job.spawned:
+        if liveness is Liveness.UNKNOWN:
+            # INV-UNKNOWN-KEEPS-SLOT: the engine could not be asked whether a container was ever made for it.
+            return Decision("keep", reason="liveness_unknown_kept", warn=True)
+        # INV-IDENTITY-BEFORE-PROGRAM: no start record, so the program provably never ran.
+        if job.cancel_requested:
+            return Decision("finalize", JobStatus.CANCELLED, "cancelled_before_start")
+        return Decision("finalize", JobStatus.FAILED, "orphan_reconciled_spawn_window")
+    # This boot's monitor is the authority on what it watches: it finalizes with the real exit status.
+    if liveness is Liveness.DEAD and not monitored:
+        if exit_recorded:
+            # INV-TRUE-OUTCOME: how it ended is on record (reaped by its shepherd, kept by the engine): that, not a
+            # guess, is the outcome.
+            return Decision("finalize_exit", reason="exit_recorded")
+        if exit_pending:
+            return Decision("keep", reason="exit_being_recorded", adopt=True)
+        if job.cancel_requested:
+            return Decision("finalize", JobStatus.CANCELLED, "cancelled")  # asked to stop, and it is gone
+        return Decision("finalize", JobStatus.FAILED, orphan_reason)
+    adopt = liveness is Liveness.ALIVE and not monitored
+    if past_window:
+        if stale_marks_live_processes:
+            # Only an operator evicts a live job: this path is the manual reconcile route.
+            return Decision("finalize", JobStatus.STALE, "wall_clock_stale")
+        # INV-SWEEP-NEVER-EVICTS-LIVE: an unattended sweep only warns.
+        return Decision("keep", reason="wall_clock_exceeded_kept_alive", warn=True, adopt=adopt)
+    if liveness is Liveness.UNKNOWN and not monitored:
+        # INV-UNKNOWN-KEEPS-SLOT: absence of evidence is not evidence of death.
+        return Decision("keep", reason="liveness_unknown_kept", warn=True)
+    if adopt:
+        return Decision("keep", reason="adopted", adopt=True)
+    return Decision("keep", reason="alive")
+
+
+def outcome(
+    status: ExitStatus,
+    *,
+    exit_reasons: Mapping[int, str],
+    failure_reasons: Mapping[int, str] | None = None,
+) -> Outcome:
+    """What an exit means, for a kind that names some exit codes."""
+    if status.oom_killed:
+        # The engine names the OOM killer; any other 128 + N is a plain exit code (see execution/docker.py).
+        return Outcome(JobStatus.FAILED, "killed_out_of_memory")
+    if status.signal is not None:
+        try:
+            name = signal.Signals(status.signal).name
+        except ValueError:
+            name = f"signal_{status.signal}"
+        return Outcome(JobStatus.FAILED, f"killed_by_{name}")
+    code = status.code
+    assert code is not None
+    if code == 0:
+        return Outcome(JobStatus.SUCCEEDED)
+    if code in exit_reasons:
+        # INV-BUDGET-IS-AN-OUTCOME: a planned stop (budget spent) is not a crash.
+        return Outcome(JobStatus.SUCCEEDED, exit_reasons[code])
+    if failure_reasons and code in failure_reasons:
+        return Outcome(JobStatus.FAILED, failure_reasons[code])
+    return Outcome(JobStatus.FAILED, f"exit_code_{code}")
+
+
+def ending(
+    status: ExitStatus | None,
+    *,
+    kind: JobKind | None,
+    cancel_asked: bool,
+    stall_stop: bool,
+    orphan_reason: str,
+) -> Ending:
+    """How a job whose process ended is finalized.
+
+    ``status`` None: gone, and nothing recorded how it ended (its shepherd was killed, its container removed): never
+    a guess, an orphan. ``cancel_asked``: this boot stopped it for a cancel. ``stall_stop``: the sweeper stopped it
+    for a stall (``stall_action = terminate``): it ends stale, unless a cancel reached the row first. In every case a
+    cancel on the row by the time the end commits makes it ``cancelled``.
+    """
+    exit_code = status.returncode if status is not None else None
+    if stall_stop:
+        return Ending(STALLED_STOP, if_cancel_requested=CANCELLED, exit_code=exit_code)
+    if cancel_asked:
+        return Ending(CANCELLED, exit_code=exit_code)
+    if status is None:
+        return Ending(Outcome(JobStatus.FAILED, orphan_reason), if_cancel_requested=CANCELLED)
+    exited = outcome(
+        status,
+        exit_reasons=kind.exit_reasons if kind else {},
+        failure_reasons=kind.failure_reasons if kind else {},
+    )
+    return Ending(exited, if_cancel_requested=CANCELLED, exit_code=exit_code)
+
+
+def past_window(started_at: datetime | None, now: datetime, stale_after_s: float | None) -> bool:
+    """The wall-clock rule (ADR 0001 §6): has the job run longer than ``stale_after_s``? (None: never.)"""
+    if stale_after_s is None or started_at is None:
+        return False
+    return now - started_at > timedelta(seconds=stale_after_s)
+
+
+# -- absence (ADR 0002 D8-D9) ---------------------------------------------------------------------------
+
+REASON_STALLED = "progress_stalled"
+REASON_SILENT = "heartbeat_silent"
+REASON_RECOVERED = "absence_cleared"
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What the sweeper knows of one running job's signals, now."""
+
+    progress_age_s: float  # since the watermark last rose, or since the job started
+    heartbeat_age_s: float | None  # since the last heartbeat; None: the job never sent one
+    liveness: Liveness | None  # this sweep's evidence (None: not probed this sweep)
+    stalled: bool  # the row's flags as they stand
+    silent: bool
+
+
+@dataclass(frozen=True)
+class Verdict:
+    stalled: bool
+    silent: bool
+    events: tuple[str, ...]  # event names, in the order they are announced (see ``observe.EventName``)
+    terminate: bool  # stop the job now (stall_action = terminate)
+
+
+def judge_absence(
+    signals: Signals,
+    *,
+    stale_after_s: float | None,
+    silent_after_s: float | None,
+    action: StallAction,
+) -> Verdict:
+    """The absence rules as one pure function. ``None`` thresholds are disabled."""
+    # INV-PROGRESS-NOT-LIVENESS: stalled depends on the progress watermark alone; a beat without progress is no
+    # progress. Strictly past the threshold: judged at the first sweep after it, never at or before it.
+    stalled = stale_after_s is not None and signals.progress_age_s > stale_after_s
+    beats_stopped = (
+        silent_after_s is not None
+        and signals.heartbeat_age_s is not None  # a job that never beat is judged on progress age alone
+        and signals.heartbeat_age_s > silent_after_s
+    )
+    if not beats_stopped:
+        silent = False  # beats resumed (or the rule is off): the flag clears
+    elif signals.liveness is Liveness.ALIVE:
+        # INV-SILENT-NEEDS-A-LIVE-PROCESS: silence is news only while the process is verified alive; a dead one
+        # is reconcile's to finalize.
+        silent = True
+    else:
+        silent = signals.silent  # no evidence either way this sweep: the flag stays as it was
+    events: list[str] = []
+    if (signals.stalled and not stalled) or (signals.silent and not silent):
+        events.append("job.recovered")
+    if stalled and not signals.stalled:
+        events.append("job.stalled")
+    if silent and not signals.silent:
+        events.append("job.silent")
+    # INV-UNKNOWN-KEEPS-SLOT: only a process verified alive is ever stopped; absence of evidence never frees a slot.
+    terminate = stalled and action == "terminate" and signals.liveness is Liveness.ALIVE
+    return Verdict(stalled, silent, tuple(events), terminate)

@@ -1,0 +1,317 @@
+"""``Supervisor``: the core's one front door. The HTTP layer and the CLI only translate into calls on it.
+
+It holds no rule itself (``_rules`` does) and runs no task itself: it wires one boot's parts and hands the root of
+the nursery tree the tasks to start:
+
+    Supervisor
+    ├── drainer        (root nursery)  promotes and starts jobs when woken                  _drain.Drainer
+    ├── sweeper        (root nursery)  reconcile -> absence -> drain, at startup and on a timer  _sweeper.Sweeper
+    ├── webhook sender (root nursery)  delivers the registry's outbox                       observe.WebhookSender
+    └── job nursery    (handed in by ``attach``)
+        ├── one monitor per running job, and each cancel's stop task                     _monitor.Monitors
+        └── whatever the executor runs there (the shepherd's reader)                      execution/
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ..domain import Config, Job, KindCatalog, ValidationError, coalesce_key
+from ..execution import Executor, create_executor
+from ..observe import EventBus, Metrics, Snapshot, WebhookSender, get_logger, log_event
+from ..registry import PAUSED_BY_OPERATOR, EnqueueResult, NewJob, Registry
+from ._absence import AbsenceJudge
+from ._boot import Boot
+from ._drain import Drainer
+from ._heartbeats import Heartbeats
+from ._monitor import Monitors
+from ._reconcile import Reconciler, ReconcileReport
+from ._sweeper import Sweeper, run_sweeper
+
+log = get_logger()
+
+# Environment variables the supervisor itself reads that a job must never inherit.
+# (systemd's notify socket too: only the supervisor speaks for itself to its service manager.)
+_PRIVATE_ENV = (
+    "PODCAST_JOB_API_TOKEN",
+    "PODCAST_JOB_API_TOKEN_FILE",
+    "PODCAST_JOB_WEBHOOK_SECRET",
+    "NOTIFY_SOCKET",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+)
+MAX_BATCH = 1000  # jobs in one POST /api/jobs/batch
+
+
+@dataclass(frozen=True)
+class QueueState:
+    paused: bool
+    running: int
+    queued: int
+    max_concurrent: int
+
+
+class Supervisor:
+    """One boot of the supervisor over ``registry``. ``executor``: how jobs run (default: the exec mode's)."""
+
+    def __init__(
+        self,
+        config: Config,
+        kinds: KindCatalog,
+        registry: Registry,
+        *,
+        boot_id: str | None = None,
+        base_env: Mapping[str, str] | None = None,
+        executor: Executor | None = None,
+    ) -> None:
+        env = dict(base_env if base_env is not None else os.environ)
+        for name in _PRIVATE_ENV:
+            env.pop(name, None)
+        self.events = EventBus()
+        self.events.subscribe(log_event)
+        # The exec mode is chosen here, once per boot: nothing else branches on it.
+        self.boot = Boot(
+            config=config,
+            kinds=kinds,
+            registry=registry,
+            executor=executor if executor is not None else create_executor(config, base_env=env),
+            events=self.events,
+            boot_id=boot_id or secrets.token_hex(16),
+            data_dir=config.data_dir.resolve(),
+            log_dir=config.jobs_log_dir.resolve(),
+        )
+        self.monitors = Monitors(self.boot, self.wake_drainer, self._enqueue_follow_up)
+        self.drainer = Drainer(self.boot, self.monitors.start)
+        self.reconciler = Reconciler(self.boot, self.monitors, self.wake_drainer)
+        self.metrics = Metrics()
+        self.events.subscribe(self.metrics.on_event)
+        # The durable copy of each event is the registry's outbox row, written in the change's own transaction; the
+        # sender (a root-nursery task) delivers it and is woken by the bus.
+        self.webhooks = WebhookSender(config, registry)
+        self.events.subscribe(self.webhooks.wake)
+        self.absence = AbsenceJudge(config, registry, self.events, self.boot.boot_id, self.reconciler.stop_stalled)
+        self.sweeper = Sweeper(
+            registry, self.reconciler, self.absence, self.drainer, self.metrics, config.pause_flag_path
+        )
+        self.heartbeats = Heartbeats(registry, self.absence.tracker.beat)
+        self.events.subscribe(self.heartbeats.tokens.on_event)
+
+    # -- what the root of the nursery tree and the HTTP layer read -------------------------------------------
+
+    @property
+    def config(self) -> Config:
+        return self.boot.config
+
+    @property
+    def kinds(self) -> KindCatalog:
+        return self.boot.kinds
+
+    @property
+    def registry(self) -> Registry:
+        return self.boot.registry
+
+    @property
+    def executor(self) -> Executor:
+        return self.boot.executor
+
+    @property
+    def boot_id(self) -> str:
+        return self.boot.boot_id
+
+    @property
+    def exec_mode(self) -> str:
+        return self.boot.executor.mode
+
+    @property
+    def data_dir(self) -> Path:
+        return self.boot.data_dir
+
+    @property
+    def log_dir(self) -> Path:
+        return self.boot.log_dir
+
+    @property
+    def heartbeat_base_url(self) -> str | None:
+        return self.drainer.heartbeat_base_url
+
+    @heartbeat_base_url.setter
+    def heartbeat_base_url(self, url: str | None) -> None:
+        self.drainer.heartbeat_base_url = url
+
+    @property
+    def last_sweep_done(self) -> float | None:
+        return self.sweeper.last_sweep_done
+
+    def attach(self, job_nursery: trio.Nursery) -> None:
+        """Give the supervisor the nursery that owns every monitor (and any task its executor runs)."""
+        self.boot.job_nursery = job_nursery
+        self.boot.executor.attach(job_nursery)
+
+    async def run_drainer(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        await self.drainer.run(task_status=task_status)
+
+    async def run_sweeper(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        await run_sweeper(self.sweeper, self.boot.config.sweep_interval_s, task_status=task_status)
+
+    # -- enqueue ------------------------------------------------------------------------------------------
+
+    def _validate(self, kind_name: object, params: object) -> NewJob:
+        kind = self.boot.kinds.get(kind_name)
+        validated = kind.validate_params({} if params is None else params)
+        key = coalesce_key(kind.name, validated) if kind.coalesce else None
+        # {python} is the interpreter the job finds where it runs (this one, or the image's).
+        return NewJob(kind.name, validated, kind.render_argv(validated, python=self.boot.executor.python), key)
+
+    async def enqueue(self, kind_name: object, params: object) -> EnqueueResult:
+        """Validate and store a job, and have the drainer start it when a slot is free: never waits for a spawn."""
+        result, _ = await self.boot.registry.enqueue(self._validate(kind_name, params))
+        self._announce_enqueued([result])
+        return result
+
+    async def enqueue_many(self, items: object) -> list[EnqueueResult]:
+        """Validate every item first (a ``ValidationError`` names the element, ``jobs[3].params.seconds``), then
+        store them all at once: all or nothing."""
+        if not isinstance(items, list) or not items:
+            raise ValidationError("jobs must be a non-empty list", field="jobs")
+        if len(items) > MAX_BATCH:
+            raise ValidationError(f"at most {MAX_BATCH} jobs in one batch, not {len(items)}", field="jobs")
+        batch: list[NewJob] = []
+        for index, item in enumerate(items):
+            where = f"jobs[{index}]"
+            if not isinstance(item, Mapping):
+                raise ValidationError(f"{where} must be an object with kind and params", field=where)
+            unknown = sorted(set(item) - {"kind", "params"})
+            if unknown:
+                raise ValidationError(f"{where}: unknown field {unknown[0]!r}", field=f"{where}.{unknown[0]}")
+            if "kind" not in item:
+                raise ValidationError(f"{where}: missing field 'kind'", field=f"{where}.kind")
+            try:
+                batch.append(self._validate(item["kind"], item.get("params")))
+            except ValidationError as exc:
+                raise ValidationError(f"{where}: {exc}", field=f"{where}.{exc.field}" if exc.field else where) from None
+        results = await self.boot.registry.enqueue_many(batch)
+        self._announce_enqueued(results)
+        return results
+
+    def _announce_enqueued(self, results: list[EnqueueResult]) -> None:
+        for result in results:
+            if result.coalesced:
+                log.info("job_coalesced", job_id=result.job.job_id, kind=result.job.kind)
+            else:
+                self.boot.announce(result.job, None, "enqueued")
+        self.wake_drainer()
+
+    async def _enqueue_follow_up(self, parent: Job, then: str) -> None:
+        kind = self.boot.kinds.get(then)
+        params = {name: parent.params[name] for name in kind.params if name in parent.params}
+        try:
+            result = await self.enqueue(then, params)
+        except ValidationError as exc:
+            log.error("follow_up_not_enqueued", job_id=parent.job_id, then=then, error=str(exc))
+            return
+        follow_up = result.job.job_id
+        log.info("follow_up_enqueued", job_id=parent.job_id, then=then, follow_up=follow_up, coalesced=result.coalesced)
+
+    # -- the queue ----------------------------------------------------------------------------------------
+
+    def wake_drainer(self) -> None:
+        self.drainer.wake()
+
+    async def drain(self) -> list[Job]:
+        return await self.drainer.drain()
+
+    async def is_paused(self) -> bool:
+        return (await self.boot.registry.pause_state()).paused
+
+    async def queue_state(self) -> QueueState:
+        counts = await self.boot.registry.counts()
+        paused = await self.is_paused()
+        return QueueState(paused, counts["running"], counts["queued"], self.boot.config.max_concurrent)
+
+    async def pause(self) -> QueueState:
+        await self.boot.registry.set_paused(True, by=PAUSED_BY_OPERATOR)
+        log.warning("queue_paused", by=PAUSED_BY_OPERATOR)
+        return await self.queue_state()
+
+    async def resume(self) -> QueueState:
+        """Resume promotion, whoever paused it: the operator's pause file goes too (it would pause again)."""
+        flag = self.boot.config.pause_flag_path
+        await trio.to_thread.run_sync(lambda: flag.unlink(missing_ok=True))
+        await self.boot.registry.set_paused(False, by=PAUSED_BY_OPERATOR)
+        log.info("queue_resumed", by=PAUSED_BY_OPERATOR)
+        if self.boot.job_nursery is not None:
+            await self.drain()
+        return await self.queue_state()
+
+    # -- cancel, reconcile, sweep ------------------------------------------------------------------------------
+
+    async def cancel(self, job_id: str) -> Job:
+        return await self.monitors.cancel(job_id)
+
+    async def reconcile(self, *, stale_marks_live_processes: bool) -> ReconcileReport:
+        return await self.reconciler.reconcile(stale_marks_live_processes=stale_marks_live_processes)
+
+    async def operator_reconcile(self) -> ReconcileReport:
+        """The manual reconcile route: an operator may evict a live job past the wall-clock window."""
+        report = await self.reconcile(stale_marks_live_processes=True)
+        await self.drain()
+        return report
+
+    async def sweep(self) -> None:
+        await self.sweeper.sweep()
+
+    # -- reads, heartbeats, logs, metrics -------------------------------------------------------------------
+
+    async def get(self, job_id: str) -> Job:
+        return await self.boot.registry.get(job_id)
+
+    async def list_jobs(
+        self, *, status: str | None = None, kind: str | None = None, limit: int = 100, cursor: str | None = None
+    ) -> tuple[list[Job], str | None]:
+        return await self.boot.registry.list_jobs(status=status, kind=kind, limit=limit, cursor=cursor)
+
+    async def heartbeat(self, job_id: str, token: str, read_body: Callable[[], Awaitable[object]]) -> Job:
+        """Record a child's heartbeat (see ``_heartbeats``); ``read_body`` is called after the token check."""
+        return await self.heartbeats.record(job_id, token, read_body)
+
+    async def read_log(self, job_id: str, *, tail_bytes: int | None = None, offset: int | None = None) -> bytes:
+        """A job's log: whole, its last ``tail_bytes``, or from byte ``offset`` on. The log file is append-only
+        (capped, never rotated), so an offset stays valid while the file grows."""
+        job = await self.boot.registry.get(job_id)
+        if job.log_path is None:
+            return b""
+        path = Path(job.log_path)
+
+        def read() -> bytes:
+            try:
+                with path.open("rb") as fh:
+                    if tail_bytes is not None:
+                        size = fh.seek(0, os.SEEK_END)
+                        fh.seek(max(0, size - tail_bytes))
+                    elif offset is not None:
+                        fh.seek(offset)
+                    return fh.read()
+            except FileNotFoundError:
+                return b""
+
+        return await trio.to_thread.run_sync(read)
+
+    async def render_metrics(self) -> bytes:
+        """``GET /metrics``: the counters as they stand and the registry's state as of now."""
+        registry = self.boot.registry
+        snapshot = Snapshot(
+            counts=await registry.counts(),
+            paused=await self.is_paused(),
+            max_concurrent=self.boot.config.max_concurrent,
+            running=await registry.running_jobs(),
+            outbox_depth=await registry.outbox_depth(),
+            deliveries=dict(self.webhooks.outcomes),
+        )
+        return self.metrics.render(snapshot)

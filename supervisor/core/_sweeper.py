@@ -1,0 +1,102 @@
+"""The sweeper: reconcile -> absence -> drain every ``sweep_interval_s``, and once at startup (ADR 0001 §1).
+
+Order matters: freeing a ghost slot (reconcile) is what makes a promotion (drain) possible in the wedged case, and
+progress age is judged on this sweep's evidence. The startup sweep matters as much as the loop: a restart is
+precisely when ghost rows exist. Each sweep also mirrors the operator's pause file into the registry (ADR 0001 §7):
+the file pauses promotion while it exists; removing it resumes a pause that it made, never one made through the API.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import trio
+
+from ..domain._model import Liveness
+from ..observe import Metrics, get_logger
+from ..registry import PAUSED_BY_FILE, Registry
+from ._absence import AbsenceJudge
+from ._drain import Drainer
+from ._reconcile import ReconcileDetail, Reconciler
+
+log = get_logger()
+
+
+class Sweepable(Protocol):
+    async def sweep(self) -> None: ...
+
+
+async def run_sweeper(target: Sweepable, interval_s: float, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """The sweeper task: sweep once, report started, then sweep every ``interval_s``. A sweep that raises never ends
+    the loop."""
+    await _sweep_logged(target)
+    task_status.started()
+    while True:
+        await trio.sleep(interval_s)
+        await _sweep_logged(target)
+
+
+async def _sweep_logged(target: Sweepable) -> None:
+    try:
+        await target.sweep()
+    except Exception:
+        log.exception("sweep_failed")
+
+
+class Sweeper:
+    """``last_sweep_done``: ``trio.current_time()`` when the last sweep completed (the watchdog reads it); a wedged
+    sweep stops moving it."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        reconciler: Reconciler,
+        absence: AbsenceJudge,
+        drainer: Drainer,
+        metrics: Metrics,
+        pause_file: Path,
+    ) -> None:
+        self.registry = registry
+        self.reconciler = reconciler
+        self.absence = absence
+        self.drainer = drainer
+        self.metrics = metrics
+        self.pause_file = pause_file
+        self.last_sweep_done: float | None = None
+
+    async def sweep(self) -> None:
+        """One pass. A failing step still lets the next run."""
+        started = trio.current_time()
+        try:
+            await self.mirror_pause_file()
+        except Exception:
+            log.exception("pause_file_not_mirrored", path=str(self.pause_file))
+        details: list[ReconcileDetail] = []
+        try:
+            details = (await self.reconciler.reconcile(stale_marks_live_processes=False)).details
+        except Exception:
+            log.exception("reconcile_failed")
+        self.metrics.liveness_unknown.inc(len([d for d in details if d.liveness == Liveness.UNKNOWN.value]))
+        try:
+            # INV-STALE-SET-BY-SUPERVISOR: progress age is judged here, after reconcile, on this sweep's evidence.
+            await self.absence.judge({d.job_id: Liveness(d.liveness) if d.liveness else None for d in details})
+        except Exception:
+            log.exception("absence_judgement_failed")
+        try:
+            await self.drainer.drain()
+        except Exception:
+            log.exception("drain_failed")
+        self.last_sweep_done = trio.current_time()
+        self.metrics.sweep_duration.observe(self.last_sweep_done - started)
+
+    async def mirror_pause_file(self) -> None:
+        """The pause file exists: promotion is paused (by the file). It is gone: a pause the file made ends."""
+        exists = await trio.to_thread.run_sync(self.pause_file.exists)
+        state = await self.registry.pause_state()
+        if exists and not state.paused:
+            await self.registry.set_paused(True, by=PAUSED_BY_FILE)
+            log.warning("queue_paused", by=PAUSED_BY_FILE, flag=str(self.pause_file))
+        elif not exists and state.paused and state.by == PAUSED_BY_FILE:
+            await self.registry.set_paused(False, by=PAUSED_BY_FILE)
+            log.info("queue_resumed", by=PAUSED_BY_FILE, flag=str(self.pause_file))
