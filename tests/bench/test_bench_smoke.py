@@ -8,6 +8,7 @@ bench venv) is skipped by the script with its reason printed, so nothing here ne
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -101,15 +102,46 @@ def test_footprint_smoke_finds_no_process_per_job_but_the_job_itself() -> None:
     assert re.search(r"here hypercorn with an empty app answers [1-9][0-9]* requests/s", out), out
 
 
-def test_make_bench_appends_a_dated_section_with_machine_versions_and_targets(tmp_path: Path) -> None:
-    doc = tmp_path / "performance.md"
-    doc.write_text("# Performance\n\nan earlier section\n")
-    out = run_bench("run.py", "--only", "registry", "--doc", str(doc))
+def repository_outputs() -> dict[str, float]:
+    """What a smoke run must never touch: the repository's page, its images and its results files."""
+    paths = [
+        REPO / "docs" / "performance.md",
+        *(REPO / "docs" / "img").glob("*"),
+        *(REPO / "bench" / "results").glob("*"),
+    ]
+    return {str(p): p.stat().st_mtime for p in paths if p.exists()}
+
+
+def test_make_bench_writes_one_results_file(tmp_path: Path) -> None:
+    """`make bench` in miniature, into a temp dir: run.py, feeds.py, outbox.py and exec_modes.py add their scenarios
+    to one results file."""
+    untouched = repository_outputs()
+    results = tmp_path / "results" / "2026-12-02T0130Z-make-bench.json"
+    out = run_bench("run.py", "--only", "registry", "--results", str(results), "--label", "smoke-before")
     assert "PASS  sweep read with 2,000 vs 100 terminal rows" in out or "MISS  sweep read" in out
-    text = doc.read_text()
-    assert text.startswith("# Performance\n\nan earlier section\n")  # earlier sections are kept
-    assert re.search(r"^## \d{4}-\d\d-\d\d \d\d:\d\d UTC — make bench", text, re.MULTILINE)
-    assert "nproc " in text and "Versions: " in text and "supervisor 0." in text
-    # The speed probe, so that two runs on different machines are compared knowingly.
-    assert re.search(r"pure-Python work [0-9.]+ ms, start and reap `/bin/true` [0-9]+ µs, a thread hand-off", text)
-    assert "**Targets**" in text and "### 7. Registry hot paths" in text
+    run_bench("feeds.py", "--results", str(results))
+    run_bench("outbox.py", "--results", str(results))
+    run_bench("exec_modes.py", "--results", str(results))
+
+    data = json.loads(results.read_text())
+    assert (data["schema"], data["kind"], data["label"], data["smoke"]) == (1, "make-bench", "smoke-before", True)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", data["date"])
+    machine = data["machine"]
+    assert machine["nproc"] >= 1 and machine["cpu"] and machine["kernel"] and machine["tmp_filesystem"]
+    assert machine["memory_gib"] > 0 and set(machine["speed_probe"]) == {"python_ms", "spawn_us", "handoff_us"}
+    assert {"python", "trio", "hypercorn", "quart", "h11", "httpx", "docker", "sqlite"} <= set(data["versions"])
+    assert {"xargs", "task-spooler", "parallel", "rq"} <= set(data["peers"])
+    assert data["revision"]["commit"] and data["revision"]["supervisor"]
+    assert [s["key"] for s in data["scenarios"]] == ["registry", "feeds", "outbox", "exec_modes"]
+    registry = data["scenarios"][0]
+    [table] = registry["tables"]
+    sweep = table["rows"][0]["cells"]["sweep_read"]
+    # Raw runs, their median, min and max, in the unit shown.
+    assert sweep["unit"] == "µs" and len(sweep["runs"]) == 1 and sweep["median"] == sweep["min"] == sweep["runs"][0]
+    [target] = registry["targets"]
+    assert target["verdict"] in ("PASS", "MISS") and target["threshold"] == 3.0 and target["op"] == "<"
+    feeds = data["scenarios"][1]
+    assert len(feeds["tables"][0]["rows"][0]["cells"]["time"]["runs"]) == feeds["params"]["runs"] == 5
+    assert {t["key"] for t in feeds["targets"]} == {"big_feed_time", "big_feed_memory"}
+
+    assert repository_outputs() == untouched  # nothing written into the repository's docs/ or bench/results/
