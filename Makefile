@@ -35,15 +35,19 @@ test: lint typecheck pytest
 chaos: $(STAMP)
 	$(PY) bench/chaos.py
 
-# Installs the peers (Debian task-spooler, redis-server, parallel; RQ into $(BENCH_VENV)) when missing, then runs every
-# benchmark and appends a dated section to docs/performance.md. A full run takes several minutes.
+# Installs the peers (Debian task-spooler, redis-server, parallel; RQ, py-spy and matplotlib into $(BENCH_VENV)) when
+# missing, runs every benchmark into one dated results file (bench/results/, committed: the history lives there), then
+# renders docs/performance.md and its plot from the latest results. A full run takes several minutes; it needs a quiet
+# machine. `make bench LABEL=before-issue-24` names the run in its results file.
+BENCH_RESULTS := bench/results/$(shell date -u +%Y-%m-%dT%H%MZ)-make-bench.json
 bench: $(STAMP)
 	PYTHON=$(PYTHON) BENCH_VENV=$(BENCH_VENV) bash bench/install-peers.sh
-	BENCH_VENV=$(BENCH_VENV) $(PY) bench/run.py
-	$(PY) bench/feeds.py
-	$(PY) bench/outbox.py
+	BENCH_VENV=$(BENCH_VENV) $(PY) bench/run.py --results $(BENCH_RESULTS) $(if $(LABEL),--label "$(LABEL)")
+	$(PY) bench/feeds.py --results $(BENCH_RESULTS)
+	$(PY) bench/outbox.py --results $(BENCH_RESULTS)
 	bash scripts/docker-engine.sh up
-	$(PY) bench/exec_modes.py
+	$(PY) bench/exec_modes.py --results $(BENCH_RESULTS)
+	py=$(BENCH_VENV)/bin/python; [ -x "$$py" ] || py=$(PY); "$$py" bench/report.py
 
 # The alert rules and their unit tests (promtool comes with Debian's prometheus package; .ci/run installs it).
 alerts:
