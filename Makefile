@@ -31,7 +31,8 @@ pytest: $(STAMP)
 
 test: lint typecheck pytest
 
-# The long chaos run: 300 jobs while the supervisor is SIGKILLed and restarted 50 times (not in `make test`).
+# The long chaos run: 300 jobs while the supervisor is SIGKILLed and restarted 50 times (not in `make test`); its
+# results go to bench/results/<date>-chaos.json.
 chaos: $(STAMP)
 	$(PY) bench/chaos.py
 
@@ -55,6 +56,7 @@ alerts:
 	promtool test rules docs/alerts/podcast-supervisor.rules.test.yml
 
 # An hour of `supervisor serve` under a workload; fails if descriptors, threads or RSS grow (issue 8). Not in `test`.
+# Its results go to bench/results/<date>-soak.json; pass --plot docs/img/soak-<date>.png to show its plot on the page.
 # matplotlib (for the plot) goes into the venv only here: it is no dependency of the project.
 SOAK_ARGS ?= --duration-s 3600 --table-step-s 300 --csv $(DATA_DIR)/soak.csv --plot $(DATA_DIR)/soak.png
 soak: $(STAMP)
