@@ -530,6 +530,15 @@ def compare_block(before: Loaded, after: Loaded) -> list[str]:
             if key in old.figures:
                 o = old.figures[key][1]
                 lines.append(f"| {section.key} | {label} | {o.fmt()} | {m.fmt()} | {_ratio(o, m)} |")
+    differ = []
+    for section in sections_of(a):
+        old = before_sections.get(section.key)
+        if old is not None:
+            keys = sorted(k for k in {*old.params, *section.params} if old.params.get(k) != section.params.get(k))
+            if keys:
+                differ.append(f"{section.key} ({', '.join(keys)})")
+    if differ:
+        lines += ["", f"_Measured with other parameters in the two runs, so compare with care: {'; '.join(differ)}._"]
     targets_b = {(s.key, t.key): t for s in sections_of(b) for t in s.targets}
     rows = []
     for s in sections_of(a):
