@@ -31,19 +31,24 @@ pytest: $(STAMP)
 
 test: lint typecheck pytest
 
-# The long chaos run: 300 jobs while the supervisor is SIGKILLed and restarted 50 times (not in `make test`).
+# The long chaos run: 300 jobs while the supervisor is SIGKILLed and restarted 50 times (not in `make test`); its
+# results go to bench/results/<date>-chaos.json.
 chaos: $(STAMP)
 	$(PY) bench/chaos.py
 
-# Installs the peers (Debian task-spooler, redis-server, parallel; RQ into $(BENCH_VENV)) when missing, then runs every
-# benchmark and appends a dated section to docs/performance.md. A full run takes several minutes.
+# Installs the peers (Debian task-spooler, redis-server, parallel; RQ, py-spy and matplotlib into $(BENCH_VENV)) when
+# missing, runs every benchmark into one dated results file (bench/results/, committed: the history lives there), then
+# renders docs/performance.md and its plot from the latest results. A full run takes several minutes; it needs a quiet
+# machine. `make bench LABEL=before-issue-24` names the run in its results file.
+BENCH_RESULTS := bench/results/$(shell date -u +%Y-%m-%dT%H%MZ)-make-bench.json
 bench: $(STAMP)
 	PYTHON=$(PYTHON) BENCH_VENV=$(BENCH_VENV) bash bench/install-peers.sh
-	BENCH_VENV=$(BENCH_VENV) $(PY) bench/run.py
-	$(PY) bench/feeds.py
-	$(PY) bench/outbox.py
+	BENCH_VENV=$(BENCH_VENV) $(PY) bench/run.py --results $(BENCH_RESULTS) $(if $(LABEL),--label "$(LABEL)")
+	$(PY) bench/feeds.py --results $(BENCH_RESULTS)
+	$(PY) bench/outbox.py --results $(BENCH_RESULTS)
 	bash scripts/docker-engine.sh up
-	$(PY) bench/exec_modes.py
+	$(PY) bench/exec_modes.py --results $(BENCH_RESULTS)
+	py=$(BENCH_VENV)/bin/python; [ -x "$$py" ] || py=$(PY); "$$py" bench/report.py
 
 # The alert rules and their unit tests (promtool comes with Debian's prometheus package; .ci/run installs it).
 alerts:
@@ -51,6 +56,7 @@ alerts:
 	promtool test rules docs/alerts/podcast-supervisor.rules.test.yml
 
 # An hour of `supervisor serve` under a workload; fails if descriptors, threads or RSS grow (issue 8). Not in `test`.
+# Its results go to bench/results/<date>-soak.json; pass --plot docs/img/soak-<date>.png to show its plot on the page.
 # matplotlib (for the plot) goes into the venv only here: it is no dependency of the project.
 SOAK_ARGS ?= --duration-s 3600 --table-step-s 300 --csv $(DATA_DIR)/soak.csv --plot $(DATA_DIR)/soak.png
 soak: $(STAMP)

@@ -1,7 +1,8 @@
 """What every benchmark script shares: a real ``supervisor serve`` in a temp dir, a lean HTTP load client, statistics,
 the peers' binaries, and the machine's description.
 
-Nothing here is a test: figures are printed and written to docs/performance.md; targets are PASS/MISS lines.
+Nothing here is a test: figures are printed, and kept as structured results (bench/results.py: figures with their
+runs and units, tables, targets) in a results JSON file that bench/report.py renders; targets are PASS/MISS lines.
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ from typing import Any
 
 import httpx
 import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# The structured results: the scenarios build these, the results file holds them, the markdown derives from them.
+from results import Column, Figure, Measure, Section, Table, Target, verdict
+
+__all__ = ["Column", "Figure", "Measure", "Section", "Table", "Target", "verdict"]
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_DIR = REPO / "bench"
@@ -66,41 +74,6 @@ def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     rank = max(1, math.ceil(q / 100 * len(ordered)))
     return ordered[rank - 1]
-
-
-@dataclass(frozen=True)
-class Figure:
-    """One figure over repeated runs: its median with min and max."""
-
-    samples: tuple[float, ...]
-
-    @classmethod
-    def of(cls, samples: Sequence[float]) -> Figure:
-        return cls(tuple(samples))
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.samples) if self.samples else math.nan
-
-    @property
-    def lo(self) -> float:
-        return min(self.samples) if self.samples else math.nan
-
-    @property
-    def hi(self) -> float:
-        return max(self.samples) if self.samples else math.nan
-
-    def fmt(self, scale: float = 1.0, unit: str = "", digits: int = 2) -> str:
-        """``median (min-max) unit``, values multiplied by ``scale``."""
-        if not self.samples:
-            return "n/a"
-        m, lo, hi = (f"{v * scale:.{digits}f}" for v in (self.median, self.lo, self.hi))
-        sep = " " if unit else ""
-        return f"{m}{sep}{unit} ({lo}-{hi})"
-
-
-def verdict(ok: bool) -> str:
-    return "PASS" if ok else "MISS"
 
 
 # -- processes and files ------------------------------------------------------------------------------
@@ -661,8 +634,31 @@ def filesystem_of(path: Path) -> str:
         return "?"
 
 
-def machine() -> dict[str, str]:
-    """nproc, the CPU model, the kernel and the versions of everything measured."""
+def memory_gib() -> float | None:
+    """MemTotal of /proc/meminfo, GiB."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 1024**2, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on: the CPU, nproc, the kernel, the memory and the temp dir's filesystem."""
+    nproc = _first_line(["nproc"])
+    return {
+        "cpu": cpu_model(),
+        "nproc": int(nproc) if nproc.isdigit() else nproc,
+        "kernel": platform.release(),
+        "memory_gib": memory_gib(),
+        "tmp_filesystem": filesystem_of(Path(tempfile.gettempdir())),
+    }
+
+
+def versions() -> dict[str, str]:
+    """Python, the supervisor and the libraries whose code is on the measured paths (installed versions)."""
     from importlib.metadata import PackageNotFoundError, version
 
     def pkg(name: str) -> str:
@@ -671,20 +667,16 @@ def machine() -> dict[str, str]:
         except PackageNotFoundError:
             return "absent"
 
-    info = {
-        "nproc": _first_line(["nproc"]),
-        "cpu": cpu_model(),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "supervisor": pkg("podcast-job-supervisor"),
-        "trio": pkg("trio"),
-        "hypercorn": pkg("hypercorn"),
-        "quart-trio": pkg("quart-trio"),
-        "httpx": pkg("httpx"),
-        "sqlite": sqlite3.sqlite_version,
-        "tmp filesystem": filesystem_of(Path(tempfile.gettempdir())),
-        "xargs": _first_line(["xargs", "--version"]),
-    }
+    out = {"python": platform.python_version(), "supervisor": pkg("podcast-job-supervisor")}
+    for name in ("trio", "hypercorn", "quart", "quart-trio", "h11", "httpx", "docker"):
+        out[name] = pkg(name)
+    out["sqlite"] = sqlite3.sqlite_version
+    return out
+
+
+def peers() -> dict[str, str]:
+    """The versions of the tools the supervisor is measured against ("absent" when not installed)."""
+    info = {"xargs": _first_line(["xargs", "--version"])}
     tsp = task_spooler()
     info["task-spooler"] = _first_line([tsp, "-V"]) if tsp else "absent"
     parallel = which("parallel")
@@ -700,30 +692,25 @@ def machine() -> dict[str, str]:
     return info
 
 
-# -- what a scenario hands to the report --------------------------------------------------------------
+def git_revision() -> dict[str, Any]:
+    """The code measured: the checkout's commit, the last commit that touched supervisor/, and whether supervisor/
+    has changes not committed (then the figures are of no commit)."""
 
+    def git(*args: str) -> str:
+        try:
+            done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return done.stdout.strip()
 
-@dataclass
-class Section:
-    """One scenario's results: a markdown table, its PASS/MISS target lines, and notes (skips, fallbacks)."""
-
-    title: str
-    table: list[str] = field(default_factory=list)
-    targets: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def target(self, ok: bool, text: str) -> None:
-        self.targets.append(f"{verdict(ok)}  {text}")
-
-    def print(self) -> None:
-        print(f"\n== {self.title}")
-        for line in self.table:
-            print(line)
-        for note in self.notes:
-            print(f"note: {note}")
-        for line in self.targets:
-            print(line)
-        sys.stdout.flush()
+    last = git("log", "-1", "--format=%h %s", "--", "supervisor")
+    if len(last) > 90:
+        last = last[:90].rsplit(" ", 1)[0] + " …"
+    return {
+        "commit": git("rev-parse", "--short", "HEAD") or "?",
+        "supervisor": last or "?",
+        "modified": bool(git("status", "--porcelain", "--untracked-files=no", "--", "supervisor")),
+    }
 
 
 def progress(text: str) -> None:

@@ -1,6 +1,7 @@
 """Chaos run: an operator's worst day. Jobs run while the supervisor is SIGKILLed and restarted, again and again.
 
-Usage: make chaos   (or .venv/bin/python bench/chaos.py [--jobs 300] [--slots 3] [--kills 50] [--smoke])
+Usage: make chaos   (or .venv/bin/python bench/chaos.py [--jobs 300] [--slots 3] [--kills 50] [--smoke]
+                     [--results-dir DIR] [--no-write])
 
 Each job sleeps 0.05-1.5 s, then exits 0, and appends "start"/"end" lines (its job id, wall time) to a shared
 journal. The bench enqueues every job straight into the registry (as a CLI in another process would), then starts
@@ -14,7 +15,9 @@ until every row is terminal. It then checks, and prints:
   ``failed/orphan_reconciled_dead_pid``);
 - every job recorded as never started (``orphan_reconciled_spawn_window``, ``cancelled_before_start``) has no
   "start" line in the journal, read once no job process of the run is left (INV-IDENTITY-BEFORE-PROGRAM).
-Exit status 1 when any check fails.
+Exit status 1 when any check fails. The results (the run's parameters, its outcomes and each check's verdict) are
+written to ``bench/results/<UTC date>-chaos.json`` (``--results-dir``; ``--smoke`` writes only where
+``--results-dir`` says; ``--no-write`` nowhere); bench/report.py shows the latest in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from _common import git_revision, machine, versions  # noqa: E402
+from results import default_path, run_header, write_json  # noqa: E402
 
 from supervisor import SqliteRegistry  # noqa: E402
 
@@ -50,7 +57,7 @@ note("end")
 
 def kinds_toml(journal: Path) -> str:
     argv = ["{python}", "-c", JOB, "{seconds}", str(journal)]
-    return f"[kinds.work]\nargv = {json.dumps(argv)}\nparams = {{ seconds = \"float\" }}\n"
+    return f'[kinds.work]\nargv = {json.dumps(argv)}\nparams = {{ seconds = "float" }}\n'
 
 
 def start_supervisor(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -97,7 +104,7 @@ def max_overlap(journal: Path) -> int:
     return peak
 
 
-def run(jobs: int, slots: int, kills: int, seed: int) -> int:
+def run(jobs: int, slots: int, kills: int, seed: int, results_dir: Path | None = None) -> int:
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
         root = Path(tmp)
@@ -178,6 +185,26 @@ def run(jobs: int, slots: int, kills: int, seed: int) -> int:
         }
         for name, ok in checks.items():
             print(f"  {'PASS' if ok else 'FAIL'}  {name}")
+        if results_dir is not None:
+            data = run_header("chaos", label=None)
+            data.update(machine=machine(), versions=versions(), revision=git_revision())
+            data.update(
+                args={"jobs": jobs, "slots": slots, "kills": kills, "seed": seed},
+                elapsed_s=round(elapsed, 1),
+                outcomes=[
+                    {"status": status, "reason": reason, "count": n}
+                    for (status, reason), n in sorted(outcomes.items(), key=lambda kv: -kv[1])
+                ],
+                exited_zero=len(exited_zero),
+                recorded_succeeded=len(recorded_ok),
+                never_started=len(never_started),
+                peak=peak,
+                checks=[{"name": name, "verdict": "PASS" if ok else "FAIL"} for name, ok in checks.items()],
+                verdict="PASS" if all(checks.values()) else "FAIL",
+            )
+            path = default_path("chaos", results_dir)
+            write_json(path, data)
+            print(f"  results: {path}")
         return 0 if all(checks.values()) else 1
 
 
@@ -188,10 +215,18 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=50)
     parser.add_argument("--seed", type=int, default=152)
     parser.add_argument("--smoke", action="store_true", help="a few jobs and kills: that the script still works")
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=None,
+        help="where the results JSON goes (default bench/results; --smoke: none)",
+    )
+    parser.add_argument("--no-write", action="store_true", help="write no results file")
     args = parser.parse_args()
+    results_dir = None if args.no_write else args.results_dir or (None if args.smoke else REPO / "bench" / "results")
     if args.smoke:
-        return run(jobs=12, slots=3, kills=3, seed=args.seed)
-    return run(args.jobs, args.slots, args.kills, args.seed)
+        return run(jobs=12, slots=3, kills=3, seed=args.seed, results_dir=results_dir)
+    return run(args.jobs, args.slots, args.kills, args.seed, results_dir)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,18 @@
 """What a job costs in each exec mode: the same trivial job (`exit 0`), run by a supervisor in this process.
 
-Usage: .venv/bin/python bench/exec_modes.py [--jobs 20] [--slots 10]   (docker mode needs scripts/docker-engine.sh up)
+Usage: .venv/bin/python bench/exec_modes.py [--jobs 20] [--slots 10] [--results FILE] [--no-write] [--smoke]
+       (docker mode needs scripts/docker-engine.sh up)
 
 For each mode it enqueues one job alone, then ``--jobs`` at once with ``--slots`` slots, and prints the wall time until
-every row is terminal and the median / max of each job's started_at -> ended_at (promotion to finalized row).
+every row is terminal and the median (min-max) of each job's started_at -> ended_at (promotion to finalized row).
+
+The results are added to ``--results`` (``make bench`` names its run's file; alone: bench/results/<UTC date>-exec-modes
+.json) unless ``--no-write``. ``--smoke``: subprocess mode only, 4 jobs on 2 slots, written only to ``--results``.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -20,6 +23,10 @@ import trio
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from _common import git_revision, machine, versions  # noqa: E402
+from results import Column, Measure, Section, Value, add_sections, default_path, run_header  # noqa: E402
 
 from supervisor import Config, SqliteRegistry, load_kinds  # noqa: E402
 from supervisor._core import Supervisor  # noqa: E402
@@ -33,7 +40,8 @@ params = { code = "int" }
 LIMIT_S = 300
 
 
-async def run(mode: str, jobs: int, slots: int) -> str:
+async def run(mode: str, jobs: int, slots: int) -> tuple[float, list[float], int]:
+    """(wall seconds, each job's started -> ended seconds, jobs succeeded)."""
     work = Path(tempfile.mkdtemp(prefix=f"bench-{mode}-"))
     (work / "kinds.toml").write_text(KINDS)
     config = Config(
@@ -69,22 +77,57 @@ async def run(mode: str, jobs: int, slots: int) -> str:
         for r in rows
         if r.started_at and r.ended_at
     ]
-    return (
-        f"| {mode} | {jobs} | {slots} | {wall:.2f} s | {statistics.median(spans):.3f} s | {max(spans):.3f} s "
-        f"| {counts['succeeded']} of {jobs} |"
-    )
+    return wall, spans, counts["succeeded"]
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=20)
     parser.add_argument("--slots", type=int, default=10)
+    parser.add_argument("--results", type=Path, help="add the results to this file")
+    parser.add_argument("--no-write", action="store_true", help="print only; write no results file")
+    parser.add_argument("--smoke", action="store_true", help="subprocess mode, 4 jobs on 2 slots")
     args = parser.parse_args()
-    print("| mode | jobs | slots | wall | started→ended median | max | succeeded |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for mode in ("subprocess", "docker"):
-        for jobs, slots in ((1, 1), (args.jobs, args.slots)):
-            print(trio.run(run, mode, jobs, slots), flush=True)
+    modes = ("subprocess",) if args.smoke else ("subprocess", "docker")
+    jobs_n, slots_n = (4, 2) if args.smoke else (args.jobs, args.slots)
+    section = Section(
+        "Exec modes: a trivial job (`exit 0`) in each mode, run by a supervisor in the bench's process",
+        key="exec_modes",
+        script="bench/exec_modes.py",
+        params={"modes": list(modes), "jobs": jobs_n, "slots": slots_n, "smoke": args.smoke},
+    )
+    table = section.table(
+        "exec_modes",
+        [
+            Column("mode", "mode", "left"),
+            Column("jobs", "jobs"),
+            Column("slots", "slots"),
+            Column("wall", "wall"),
+            Column("span", "started→ended, median (min-max)"),
+            Column("succeeded", "succeeded"),
+        ],
+    )
+    print("\n".join(table.markdown()), flush=True)  # the header; a row as each mode's figures come
+    for mode in modes:
+        for jobs, slots in ((1, 1), (jobs_n, slots_n)):
+            wall, spans, succeeded = trio.run(run, mode, jobs, slots)
+            table.add(
+                f"{mode}:{jobs}",
+                mode,
+                jobs,
+                slots,
+                Value(wall, "s"),
+                Measure.of(spans, "s", 3),
+                f"{succeeded} of {jobs}",
+            )
+            print(table.markdown()[-1], flush=True)
+    section.notes.append("wall: enqueue until every row is terminal; started→ended: a row's promotion to its finalize")
+    path = args.results or (None if args.smoke or args.no_write else default_path("exec-modes"))
+    if path is not None:
+        header = run_header("exec-modes", label=None, smoke=args.smoke, runs=1)
+        header.update(machine=machine(), versions=versions(), revision=git_revision())
+        add_sections(path, [section], header)
+        print(f"results: {path}")
     return 0
 
 

@@ -10,10 +10,11 @@ What is measured, and how:
   cannot hide a peak; and, in another child, the tracemalloc peak of Python allocations (tracemalloc
   slows the parse, so it is never timed).
 
-Target (issue 13): the 20 MB feed parsed in under 2 s with under 200 MB extra memory. The results are
-appended to docs/performance.md under "Feed parsing" unless ``--no-write``. ``--smoke`` runs tiny data
-sets without targets or writing (the test suite runs it so this script cannot rot). ``--compare`` also
-measures podcastparser and feedparser when they are importable (they are not dependencies: install
+Target (issue 13): the 20 MB feed parsed in under 2 s with under 200 MB extra memory. The results are added to
+the results file named by ``--results`` (``make bench`` names its run's; alone: bench/results/<UTC date>-feeds.json)
+unless ``--no-write``; bench/report.py renders them. ``--smoke`` runs tiny data sets and writes nothing unless
+``--results`` names a file (the test suite runs it so this script cannot rot). ``--compare`` also measures
+podcastparser and feedparser when they are importable (they are not dependencies: install
 them into a scratch venv) and checks them against tests/runner/feeds/expected.json; see
 docs/adr/0003-feed-parsing.md.
 """
@@ -24,10 +25,7 @@ import argparse
 import io
 import json
 import logging
-import os
-import platform
 import random
-import shutil
 import statistics
 import subprocess
 import sys
@@ -52,7 +50,6 @@ _WORDS = [
     *("all", "were", "we", "when", "your", "can", "said", "there", "use", "an", "each", "which", "she", "do", "how"),
     *("their", "if", "will", "up", "other", "about", "out", "many", "then", "them", "these", "so", "some", "her"),
 ]
-EN_DASH = "\u2013"
 
 
 # -- the data sets ----------------------------------------------------------------------------------
@@ -217,43 +214,80 @@ def verdict(big: dict[str, Any]) -> str:
     return "PASS" if ok else "FAIL"
 
 
-def machine() -> str:
-    model = ""
-    if shutil.which("lscpu"):
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False, timeout=10).stdout
-        model = next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "")
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{model or platform.processor() or 'unknown CPU'} · nproc {cpus} · Python {platform.python_version()}"
+Results = dict[str, dict[str, Any]]
 
 
-def write(results: dict[str, dict[str, Any]], others: dict[str, dict[str, dict[str, Any]]], runs: int) -> None:
-    doc = REPO / "docs" / "performance.md"
-    lines = [
-        "",
-        f"## Feed parsing — {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')} — {machine()}",
-        "",
-        f"`bench/feeds.py`: `parse_feed` on documents in memory; median of {runs} runs (min{EN_DASH}max); "
-        "extra RSS = peak resident size during the parses minus the size before them, in a fresh process.",
-        "",
-        f"| data set | parser | median (min{EN_DASH}max) | extra RSS | tracemalloc peak |",
-        "|---|---|---:|---:|---:|",
-    ]
+def section(results: Results, others: dict[str, Results], runs: int, smoke: bool = False) -> Any:
+    """The results as a scenario of the results file (bench/results.py), the table derived from it."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from results import Column, Measure, Section, Value  # only here: the --child processes import nothing more
+
+    out = Section(
+        "Feed parsing: parse_feed on documents in memory",
+        key="feeds",
+        script="bench/feeds.py",
+        params={"runs": runs, "parsers": ["pipeline_runner", *others], "smoke": smoke},
+    )
+    table = out.table(
+        "feeds",
+        [
+            Column("data_set", "data set", "left"),
+            Column("parser", "parser", "left"),
+            Column("time", "median (min-max)"),
+            Column("extra_rss", "extra RSS"),
+            Column("traced_peak", "tracemalloc peak"),
+        ],
+    )
     for parser, per_set in {"pipeline_runner": results, **others}.items():
         for name, r in per_set.items():
             label = _LABELS.get(name, f"{r['feeds']} small feeds ({r['bytes'] / 1e6:.1f} MB)")
-            t = r["times_s"]
-            traced = f"{r['traced_peak_mb']:.1f} MB" if "traced_peak_mb" in r else "—"
-            lines.append(
-                f"| {label} | {parser} | {statistics.median(t):.2f} s ({min(t):.2f}{EN_DASH}{max(t):.2f}) "
-                f"| {r['extra_rss_mb']:.1f} MB | {traced} |"
+            if smoke:
+                label = f"{name}: {r['feeds']} feed(s) ({r['bytes'] / 1e6:.1f} MB)"
+            table.add(
+                f"{name}:{parser}",
+                label,
+                parser,
+                Measure.of(r["times_s"], "s"),
+                Value(r["extra_rss_mb"], "MB", 1),
+                Value(r["traced_peak_mb"], "MB", 1) if "traced_peak_mb" in r else "—",
             )
-    lines += [
-        "",
-        f"20 MB feed: **{verdict(results['big'])}** (target: under {TARGET_S:.0f} s and under "
-        f"{TARGET_EXTRA_MB:.0f} MB extra).",
-    ]
-    with doc.open("a") as fh:
-        fh.write("\n".join(lines) + "\n")
+    big = results["big"]
+    median_s = statistics.median(big["times_s"])
+    out.target(
+        median_s < TARGET_S,
+        f"{_LABELS['big']} feed parsed in {median_s:.2f} s (target < {TARGET_S:.0f} s)",
+        key="big_feed_time",
+        value=median_s,
+        op="<",
+        threshold=TARGET_S,
+        unit="s",
+    )
+    out.target(
+        big["extra_rss_mb"] < TARGET_EXTRA_MB,
+        f"{_LABELS['big']} feed: {big['extra_rss_mb']:.1f} MB extra memory (target < {TARGET_EXTRA_MB:.0f} MB)",
+        key="big_feed_memory",
+        value=big["extra_rss_mb"],
+        op="<",
+        threshold=TARGET_EXTRA_MB,
+        unit="MB",
+    )
+    out.notes.append(
+        "extra RSS = peak resident size during the parses minus the size before them, in a fresh process; the "
+        "tracemalloc peak is Python's allocations, in another (never timed)"
+    )
+    return out
+
+
+def write(results: Results, others: dict[str, Results], runs: int, path: Path, smoke: bool = False) -> None:
+    """Add the scenario to the results file at ``path`` (made, with the machine and versions, when missing)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from _common import git_revision, machine, versions
+    from results import add_sections, run_header
+
+    header = run_header("feeds", label=None, smoke=smoke, runs=runs)
+    header.update(machine=machine(), versions=versions(), revision=git_revision())
+    add_sections(path, [section(results, others, runs, smoke)], header)
+    print(f"results: {path}")
 
 
 # -- the fixture comparison (--compare) -------------------------------------------------------------
@@ -339,7 +373,12 @@ def compare_fixtures(parser: str) -> dict[str, int]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="timed runs per data set (at least 3)")
-    parser.add_argument("--no-write", action="store_true", help="print only; do not append to docs/performance.md")
+    parser.add_argument("--no-write", action="store_true", help="print only; write no results file")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        help="add the results to this file (`make bench`: its run's file; default bench/results/<UTC date>-feeds.json)",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny data sets, no targets, no writing (for tests)")
     parser.add_argument("--compare", action="store_true", help="also podcastparser and feedparser, if importable")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -368,10 +407,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{library:16} {name:5}  {summary(result)}")
             print(f"{library:16} fixtures  {compare_fixtures(library)}")
     if args.smoke:
+        if args.results is not None and not args.no_write:  # the smoke test of `make bench`'s results file
+            write(results, others, runs, args.results, smoke=True)
         return 0
     print(f"20 MB feed: {verdict(results['big'])} (target < {TARGET_S} s, < {TARGET_EXTRA_MB:.0f} MB extra)")
     if not args.no_write:
-        write(results, others, runs)
+        sys.path.insert(0, str(REPO / "bench"))
+        from results import default_path
+
+        write(results, others, runs, args.results or default_path("feeds"))
     return 0 if verdict(results["big"]) == "PASS" else 1
 
 

@@ -35,7 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
     BATCH_FALLBACK_NOTE,
     HTTP_TIMEOUT,
+    Column,
     Figure,
+    Measure,
     RawHttp,
     Section,
     Supervisor,
@@ -210,24 +212,43 @@ def measure(*, smoke: bool, runs: int, n: int) -> list[Section]:
         progress(f"footprint run {i + 1}/{runs}: {n} running jobs, {heartbeat_s:g} s of heartbeats")
         results.append(one_run(n, heartbeat_s))
 
-    s5 = Section(f"5. Footprint: {n} running sleep jobs ({runs} runs, median (min-max))")
+    s5 = Section(
+        f"5. Footprint: {n} running sleep jobs ({runs} runs, median (min-max))",
+        key="footprint",
+        script="bench/footprint.py",
+        params={"jobs": n, "runs": runs, "smoke": smoke},
+    )
 
-    def mib(values: list[int]) -> Figure:
-        return Figure.of([v / MIB for v in values])
+    def mib(values: list[int]) -> Measure:
+        return Figure.of([v / MIB for v in values]).measure(unit="MiB", digits=1)
 
     total = mib([r.supervisor_rss + r.shepherd_rss for r in results])
-    s5.table = [
-        "| process | RSS, jobs running | RSS after the heartbeat load |",
-        "|---|---:|---:|",
-        f"| supervisor | {mib([r.supervisor_rss for r in results]).fmt(unit='MiB', digits=1)} | "
-        f"{mib([r.supervisor_rss_after for r in results]).fmt(unit='MiB', digits=1)} |",
-        f"| shepherd | {mib([r.shepherd_rss for r in results]).fmt(unit='MiB', digits=1)} | "
-        f"{mib([r.shepherd_rss_after for r in results]).fmt(unit='MiB', digits=1)} |",
-        f"| **together** | {total.fmt(unit='MiB', digits=1)} | "
-        f"{mib([r.supervisor_rss_after + r.shepherd_rss_after for r in results]).fmt(unit='MiB', digits=1)} |",
-    ]
+    t5 = s5.table(
+        "rss",
+        [
+            Column("process", "process", "left"),
+            Column("running", "RSS, jobs running"),
+            Column("after_load", "RSS after the heartbeat load"),
+        ],
+    )
+    t5.add(
+        "supervisor",
+        "supervisor",
+        mib([r.supervisor_rss for r in results]),
+        mib([r.supervisor_rss_after for r in results]),
+    )
+    t5.add("shepherd", "shepherd", mib([r.shepherd_rss for r in results]), mib([r.shepherd_rss_after for r in results]))
+    t5.add(
+        "together",
+        "together",
+        total,
+        mib([r.supervisor_rss_after + r.shepherd_rss_after for r in results]),
+        bold=True,
+    )
     extra = sorted({p for r in results for p in r.other_processes + r.supervisor_children})
     jobs_seen = Figure.of([r.job_processes for r in results])
+    s5.params["job_processes_seen"] = list(jobs_seen.samples)
+    s5.params["other_processes"] = extra
     s5.notes.append(
         f"process tree: {jobs_seen.median:.0f} job processes (`sleep`) under the shepherd, "
         f"{len(extra)} other process(es) under the supervisor or the shepherd"
@@ -241,40 +262,70 @@ def measure(*, smoke: bool, runs: int, n: int) -> list[Section]:
         total_mb <= 150,
         f"{n} jobs: supervisor + shepherd RSS {total_mb:.1f} MB = {total.median:.1f} MiB (max {worst:.1f} MiB; "
         "target ≤ 150 MB)",
+        key="rss",
+        value=total_mb,
+        op="<=",
+        threshold=150.0,
+        unit="MB",
     )
     s5.target(
-        not extra and jobs_seen.lo == n, f"{n} jobs: nothing per job but the job's own process ({len(extra)} extra)"
+        not extra and jobs_seen.lo == n,
+        f"{n} jobs: nothing per job but the job's own process ({len(extra)} extra)",
+        key="nothing_per_job",
+        value=len(extra),
+        op="==",
+        threshold=0,
+        unit="processes",
     )
 
-    s6 = Section(f"6. Heartbeats with {n} running jobs, {CONNECTIONS} connections ({runs} runs, median (min-max))")
-    rate = Figure.of([r.heartbeat_rate for r in results])
+    s6 = Section(
+        f"6. Heartbeats with {n} running jobs, {CONNECTIONS} connections ({runs} runs, median (min-max))",
+        key="heartbeats",
+        script="bench/footprint.py",
+        params={"jobs": n, "connections": CONNECTIONS, "seconds": heartbeat_s, "runs": runs, "smoke": smoke},
+    )
+    rate = Figure.of([r.heartbeat_rate for r in results]).measure(unit="/s", digits=0)
     # The supervisor's CPU per heartbeat: what a shared machine disturbs least (the rate also depends on the cores
     # that the load generator and everything else leave to the supervisor).
-    cpu = Figure.of([r.cpu_per_heartbeat_ms for r in results])
-    s6.table = [
-        "| ingested heartbeats/s | supervisor CPU per heartbeat | heartbeats | errors |",
-        "|---:|---:|---:|---:|",
-        f"| {rate.fmt(digits=0)} | {cpu.fmt(unit='ms', digits=3)} | {sum(r.heartbeats for r in results)} | "
-        f"{sum(r.heartbeat_errors for r in results)} |",
-    ]
+    cpu = Figure.of([r.cpu_per_heartbeat_ms for r in results]).measure(unit="ms", digits=3)
+    t6 = s6.table(
+        "heartbeats",
+        [
+            Column("rate", "ingested heartbeats/s", unit_in_header=True),
+            Column("cpu", "supervisor CPU per heartbeat"),
+            Column("heartbeats", "heartbeats"),
+            Column("errors", "errors"),
+        ],
+    )
+    t6.add(
+        "supervisor",
+        rate,
+        cpu,
+        sum(r.heartbeats for r in results),
+        sum(r.heartbeat_errors for r in results),
+    )
     # The floor: the same load, in the same run, against servers with nothing behind them (http_floor.py). A ratio
     # to it moves far less between machines than the rate does.
     floor_names = {"hypercorn": "hypercorn, an empty ASGI app", "trio": "trio's sockets, no HTTP library"}
-    s6.table += [
-        "",
-        "The same load against servers with nothing behind them (`bench/http_floor.py`), in the same runs:",
-        "",
-        "| server | requests/s | server CPU per request | supervisor's CPU per heartbeat ÷ this |",
-        "|---|---:|---:|---:|",
-        f"| supervisor, heartbeats | {rate.fmt(digits=0)} | {cpu.fmt(unit='ms', digits=3)} | 1 |",
-    ]
+    floor = s6.table(
+        "floor",
+        [
+            Column("server", "server", "left"),
+            Column("rate", "requests/s", unit_in_header=True),
+            Column("cpu", "server CPU per request"),
+            Column("ratio", "supervisor's CPU per heartbeat ÷ this", unit_in_header=True),
+        ],
+        intro="The same load against servers with nothing behind them (`bench/http_floor.py`), in the same runs:",
+    )
+    floor.add("supervisor", "supervisor, heartbeats", rate, cpu, 1)
     for kind in FLOOR_KINDS:
-        kind_rate = Figure.of([r.floor_rate(kind) for r in results])
-        kind_cpu = Figure.of([r.floor_cpu_ms(kind) for r in results])
         ratio = Figure.of([r.cpu_per_heartbeat_ms / r.floor_cpu_ms(kind) for r in results if r.floor_cpu_ms(kind)])
-        s6.table.append(
-            f"| {floor_names[kind]} | {kind_rate.fmt(digits=0)} | {kind_cpu.fmt(unit='ms', digits=3)} | "
-            f"{ratio.fmt(digits=2)} |"
+        floor.add(
+            kind,
+            floor_names[kind],
+            Figure.of([r.floor_rate(kind) for r in results]).measure(unit="/s", digits=0),
+            Figure.of([r.floor_cpu_ms(kind) for r in results]).measure(unit="ms", digits=3),
+            ratio.measure(unit="x"),
         )
     hypercorn_rate = Figure.of([r.floor_rate("hypercorn") for r in results])
     s6.notes.append(
@@ -284,7 +335,15 @@ def measure(*, smoke: bool, runs: int, n: int) -> list[Section]:
         if hypercorn_rate.median
         else "hypercorn's floor answered nothing"
     )
-    s6.target(rate.median >= 3000, f"heartbeats {rate.median:.0f}/s (target ≥ 3,000/s)")
+    s6.target(
+        rate.median >= 3000,
+        f"heartbeats {rate.median:.0f}/s (target ≥ 3,000/s)",
+        key="heartbeats",
+        value=rate.median,
+        op=">=",
+        threshold=3000.0,
+        unit="/s",
+    )
     if smoke:
         for section in (s5, s6):
             section.notes.append("smoke run: tiny N, the figures say nothing about speed")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What `make bench` needs besides the project's venv: Debian's task-spooler, redis-server and GNU parallel (apt-get,
-# only when a binary is missing; we run as root) and RQ + py-spy in the bench venv (bench/requirements.txt).
+# only when a binary is missing; we run as root) and RQ, py-spy and matplotlib (the plot of docs/performance.md) in the
+# bench venv (bench/requirements.txt).
 # A peer that cannot be installed is not fatal: the benchmark skips it and prints why.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
     BATCH_FALLBACK_NOTE,
     HTTP_TIMEOUT,
+    Column,
     Figure,
     RawHttp,
     Section,
@@ -263,21 +264,39 @@ def measure(*, smoke: bool, runs: int) -> list[Section]:
         detect.append(detection_run(detect_n))
 
     sections = []
-    s2 = Section(f"2. Promotion latency: exit → next start ({runs} runs, median (min-max))")
+    s2 = Section(
+        f"2. Promotion latency: exit → next start ({runs} runs, median (min-max))",
+        key="promotion",
+        script="bench/latency.py",
+        params={"jobs": promo_n, "slots": SLOTS, "sleep_ms": [50, 250], "runs": runs, "smoke": smoke},
+    )
     p50 = Figure.of([percentile(x, 50) for x in promo])
     p99 = Figure.of([percentile(x, 99) for x in promo])
-    s2.table = [
-        f"| {promo_n} jobs of sleep 50-250 ms, {SLOTS} slots | p50 | p99 | max |",
-        "|---|---:|---:|---:|",
-        f"| **exit → next job's process start** | {p50.fmt(1e3, 'ms')} | {p99.fmt(1e3, 'ms')} | "
-        f"{Figure.of([max(x) for x in promo]).fmt(1e3, 'ms')} |",
-    ]
-    for label, *_ in PHASES:
+    t2 = s2.table(
+        "promotion",
+        [
+            Column("what", f"{promo_n} jobs of sleep 50-250 ms, {SLOTS} slots", "left"),
+            Column("p50", "p50"),
+            Column("p99", "p99"),
+            Column("max", "max"),
+        ],
+    )
+    t2.add(
+        "exit_to_next_start",
+        "exit → next job's process start",
+        p50.measure(1e3, "ms"),
+        p99.measure(1e3, "ms"),
+        Figure.of([max(x) for x in promo]).measure(1e3, "ms"),
+        bold=True,
+    )
+    for label, a, b, _ in PHASES:
         got = [p[label] for p in phases if p.get(label)]
-        s2.table.append(
-            f"| of which: {label} | {Figure.of([percentile(x, 50) for x in got]).fmt(1e3, 'ms')} | "
-            f"{Figure.of([percentile(x, 99) for x in got]).fmt(1e3, 'ms')} | "
-            f"{Figure.of([max(x) for x in got]).fmt(1e3, 'ms')} |"
+        t2.add(
+            f"{a}_to_{b}",
+            f"of which: {label}",
+            Figure.of([percentile(x, 50) for x in got]).measure(1e3, "ms"),
+            Figure.of([percentile(x, 99) for x in got]).measure(1e3, "ms"),
+            Figure.of([max(x) for x in got]).measure(1e3, "ms"),
         )
     s2.notes.append(
         "the phases come from the supervisor's own log (its clock) joined with the shepherd's trace; each is "
@@ -285,45 +304,103 @@ def measure(*, smoke: bool, runs: int) -> list[Section]:
     )
     if not batch_route:
         s2.notes.append(BATCH_FALLBACK_NOTE)
-    s2.target(p99.median <= 0.010, f"promotion p99 {p99.median * 1e3:.2f} ms (target ≤ 10 ms)")
+    s2.target(
+        p99.median <= 0.010,
+        f"promotion p99 {p99.median * 1e3:.2f} ms (target ≤ 10 ms)",
+        key="promotion_p99",
+        value=p99.median * 1e3,
+        op="<=",
+        threshold=10.0,
+        unit="ms",
+    )
     sections.append(s2)
 
-    s3 = Section(f"3. Enqueue latency, POST /api/jobs, {CONNECTIONS} connections ({runs} runs, median (min-max))")
-    s3.table = ["| load | requests | p50 | p99 | errors |", "|---|---:|---:|---:|---:|"]
+    s3 = Section(
+        f"3. Enqueue latency, POST /api/jobs, {CONNECTIONS} connections ({runs} runs, median (min-max))",
+        key="enqueue",
+        script="bench/latency.py",
+        params={
+            "connections": CONNECTIONS,
+            "rates": [{"per_s": rate, "requests": n} for rate, n in rates],
+            "saturation_requests": saturation_n,
+            "runs": runs,
+            "smoke": smoke,
+        },
+    )
+    t3 = s3.table(
+        "enqueue",
+        [
+            Column("load", "load", "left"),
+            Column("requests", "requests"),
+            Column("p50", "p50"),
+            Column("p99", "p99"),
+            Column("errors", "errors"),
+        ],
+    )
     p99_at: dict[float, Figure] = {}
     for rate, n in rates:
         runs_at = [r[f"rate{rate:g}"] for r in enq]
         lat = [x[0] for x in runs_at]  # type: ignore[index]
         errors = sum(x[1] for x in runs_at)  # type: ignore[index]
         p99_at[rate] = Figure.of([percentile(x, 99) for x in lat])
-        s3.table.append(
-            f"| open loop {rate:g}/s | {n} | {Figure.of([percentile(x, 50) for x in lat]).fmt(1e3, 'ms')} | "
-            f"{p99_at[rate].fmt(1e3, 'ms')} | {errors} |"
+        t3.add(
+            f"open_loop_{rate:g}",
+            f"open loop {rate:g}/s",
+            n,
+            Figure.of([percentile(x, 50) for x in lat]).measure(1e3, "ms"),
+            p99_at[rate].measure(1e3, "ms"),
+            errors,
         )
     sat = [r["saturation"] for r in enq]
-    s3.table.append(
-        f"| saturation (closed loop) | {saturation_n} | "
-        f"{Figure.of([percentile(x[1], 50) for x in sat]).fmt(1e3, 'ms')} | "  # type: ignore[index]
-        f"{Figure.of([percentile(x[1], 99) for x in sat]).fmt(1e3, 'ms')} | "  # type: ignore[index]
-        f"{sum(x[2] for x in sat)} |"  # type: ignore[index]
+    t3.add(
+        "saturation",
+        "saturation (closed loop)",
+        saturation_n,
+        Figure.of([percentile(x[1], 50) for x in sat]).measure(1e3, "ms"),  # type: ignore[index]
+        Figure.of([percentile(x[1], 99) for x in sat]).measure(1e3, "ms"),  # type: ignore[index]
+        sum(x[2] for x in sat),  # type: ignore[index]
     )
     throughput = Figure.of([x[0] for x in sat])  # type: ignore[index]
-    s3.notes.append(f"saturation throughput: {throughput.fmt(unit='requests/s', digits=0)}")
+    s3.figure("saturation_throughput", "saturation throughput", throughput.measure(unit="requests/s", digits=0))
     s3.target(
-        p99_at[200.0].median <= 0.020, f"enqueue p99 at 200/s {p99_at[200.0].median * 1e3:.2f} ms (target ≤ 20 ms)"
+        p99_at[200.0].median <= 0.020,
+        f"enqueue p99 at 200/s {p99_at[200.0].median * 1e3:.2f} ms (target ≤ 20 ms)",
+        key="enqueue_p99_200",
+        value=p99_at[200.0].median * 1e3,
+        op="<=",
+        threshold=20.0,
+        unit="ms",
     )
     sections.append(s3)
 
-    s4 = Section(f"4. Detection: SIGKILL a running job → row terminal ({runs} runs, median (min-max))")
+    s4 = Section(
+        f"4. Detection: SIGKILL a running job → row terminal ({runs} runs, median (min-max))",
+        key="detection",
+        script="bench/latency.py",
+        params={"kills": detect_n, "runs": runs, "smoke": smoke},
+    )
     d50 = Figure.of([percentile(x, 50) for x in detect])
     d99 = Figure.of([percentile(x, 99) for x in detect])
-    s4.table = [
-        "| kills | p50 | p99 | max |",
-        "|---:|---:|---:|---:|",
-        f"| {detect_n} | {d50.fmt(1e3, 'ms')} | {d99.fmt(1e3, 'ms')} | "
-        f"{Figure.of([max(x) for x in detect]).fmt(1e3, 'ms')} |",
-    ]
-    s4.target(d99.median <= 0.050, f"detection p99 {d99.median * 1e3:.2f} ms (target ≤ 50 ms)")
+    t4 = s4.table(
+        "detection",
+        [Column("kills", "kills"), Column("p50", "p50"), Column("p99", "p99"), Column("max", "max")],
+    )
+    t4.add(
+        "kill",
+        detect_n,
+        d50.measure(1e3, "ms"),
+        d99.measure(1e3, "ms"),
+        Figure.of([max(x) for x in detect]).measure(1e3, "ms"),
+    )
+    s4.target(
+        d99.median <= 0.050,
+        f"detection p99 {d99.median * 1e3:.2f} ms (target ≤ 50 ms)",
+        key="detection_p99",
+        value=d99.median * 1e3,
+        op="<=",
+        threshold=50.0,
+        unit="ms",
+    )
     sections.append(s4)
     if smoke:
         for section in sections:

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import Figure, Section, progress
+from _common import Column, Figure, Section, progress
 
 from supervisor import JobStatus, SqliteRegistry
 from supervisor._registry import hash_token
@@ -85,25 +85,43 @@ def measure(*, smoke: bool, runs: int) -> Section:
         for history in histories:
             progress(f"registry run {run + 1}/{runs}: history {history}")
             results[history].append(bench(history, RUNNING, repeat))
-    section = Section(f"7. Registry hot paths, in-process ({runs} runs of {repeat} calls, median (min-max))")
-    section.table = [
-        f"| terminal rows | sweep read (running_jobs, {RUNNING} running) | list_jobs first page (100) "
-        "| job round trip |",
-        "|---:|---:|---:|---:|",
-    ]
+    section = Section(
+        f"7. Registry hot paths, in-process ({runs} runs of {repeat} calls, median (min-max))",
+        key="registry",
+        script="bench/registry.py",
+        params={"histories": histories, "running": RUNNING, "calls": repeat, "runs": runs, "smoke": smoke},
+    )
+    table = section.table(
+        "registry",
+        [
+            Column("history", "terminal rows"),
+            Column("sweep_read", f"sweep read (running_jobs, {RUNNING} running)"),
+            Column("list_page", "list_jobs first page (100)"),
+            Column("round_trip", "job round trip"),
+        ],
+    )
 
     def fig(history: int, key: str) -> Figure:
         return Figure.of([r[key] for r in results[history]])
 
     for history in histories:
-        section.table.append(
-            f"| {history:,} | {fig(history, 'sweep_read_s').fmt(1e6, 'µs', 1)} | "
-            f"{fig(history, 'list_page_s').fmt(1e3, 'ms')} | {fig(history, 'job_round_trip_s').fmt(1e3, 'ms')} |"
+        table.add(
+            str(history),
+            f"{history:,}",
+            fig(history, "sweep_read_s").measure(1e6, "µs", 1),
+            fig(history, "list_page_s").measure(1e3, "ms"),
+            fig(history, "job_round_trip_s").measure(1e3, "ms"),
         )
     small, large = histories[0], histories[-1]
     ratio = fig(large, "sweep_read_s").median / fig(small, "sweep_read_s").median
     section.target(
-        ratio < 3, f"sweep read with {large:,} vs {small:,} terminal rows: x{ratio:.2f} (target < x3: O(running))"
+        ratio < 3,
+        f"sweep read with {large:,} vs {small:,} terminal rows: x{ratio:.2f} (target < x3: O(running))",
+        key="sweep_o_running",
+        value=ratio,
+        op="<",
+        threshold=3.0,
+        unit="x",
     )
     if smoke:
         section.notes.append("smoke run: tiny N, the figures say nothing about speed")

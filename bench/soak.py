@@ -1,7 +1,8 @@
 """Soak benchmark (issue 8): a real ``supervisor serve`` under a light workload for a long time; its resources must
 stay flat.
 
-Usage: make soak   (or .venv/bin/python bench/soak.py [--duration-s 3600] [--sample-s 5] [--plot soak.png])
+Usage: make soak   (or .venv/bin/python bench/soak.py [--duration-s 3600] [--sample-s 5] [--plot soak.png]
+                    [--results-dir DIR] [--no-write])
        .venv/bin/python bench/soak.py --from-csv soak.csv [--plot soak.png]   (judge and plot a finished run again)
 
 What runs: the venv's ``supervisor serve`` entry point (or ``python -m supervisor serve`` from ``--source DIR``, to
@@ -40,6 +41,11 @@ metric's growth.
 - The registry file grows with its rows, so it is reported (bytes per row), not judged; so is the total of
   descriptors.
 - A dead supervisor, too few samples to judge, or any workload error also fail the run.
+
+The results (the options, the workload's counts, each metric's trend and verdict, the samples) are written to
+``bench/results/<UTC date of the start>-soak.json`` (``--results-dir``; ``--no-write``: none; a ``--from-csv`` run
+writes nothing); bench/report.py shows the latest soaks in docs/performance.md, with the plot when ``--plot`` put it
+under docs/.
 """
 
 from __future__ import annotations
@@ -67,6 +73,10 @@ from typing import Any
 import httpx
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+
+from _common import git_revision, machine, versions  # noqa: E402
+from results import RESULTS_DIR, SCHEMA, results_name, write_json  # noqa: E402
 
 HTTP_TIMEOUT_S = 10.0  # every call the workload makes; the supervisor answers in milliseconds
 START_TIMEOUT_S = 30.0
@@ -705,6 +715,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="how jobs run (docker: needs scripts/docker-engine.sh up; jobs use the host network)",
     )
     parser.add_argument("--webhook", action="store_true", help="send every job event to a loopback receiver")
+    parser.add_argument(
+        "--results-dir", type=Path, default=RESULTS_DIR, help="where the results JSON goes (default bench/results)"
+    )
+    parser.add_argument("--no-write", action="store_true", help="write no results file")
     args = parser.parse_args(argv)
     if args.duration_s <= 0 or args.sample_s <= 0:
         parser.error("--duration-s and --sample-s must be positive")
@@ -717,6 +731,85 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             file=sys.stderr,
         )
     return args
+
+
+def results(
+    args: argparse.Namespace,
+    started: datetime,
+    samples: Sequence[Sample],
+    warmup_s: float,
+    counts: Counts,
+    deliveries: int | None,
+    problems: Sequence[str],
+    ok: bool,
+    csv_path: Path,
+) -> dict[str, Any]:
+    """The run as a results file: what ran, the workload's counts, each metric's trend and verdict, the samples."""
+    slack = Slack(
+        fds=args.fd_slack, threads=args.thread_slack, rss_mib=args.rss_slack_mib, max_connections=args.max_connections
+    )
+    try:
+        trends = judge(samples, warmup_s, slack)
+    except ValueError:
+        trends = []
+    last = samples[-1] if samples else None
+
+    def rel(path: Path | None) -> str | None:
+        if path is None:
+            return None
+        path = path.resolve()
+        return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+    return {
+        "schema": SCHEMA,
+        "kind": "soak",
+        "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "ended": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "source": "measured",
+        "label": None,
+        "machine": machine(),
+        "versions": versions(),
+        "revision": git_revision() if args.source is None else {"commit": "?", "supervisor": f"from {args.source}"},
+        "args": {
+            "duration_s": args.duration_s,
+            "sample_s": args.sample_s,
+            "warmup_s": warmup_s,
+            "idle_gaps_s": args.idle_gaps_s,
+            "sweep_s": args.sweep_s,
+            "exec_mode": args.exec_mode,
+            "webhook": args.webhook,
+            "slack": asdict(slack),
+        },
+        "workload": {**{k: v for k, v in asdict(counts).items() if k != "errors"}, "errors": len(counts.errors)},
+        "workload_errors": counts.errors[:10],
+        "webhook_deliveries": deliveries,
+        "trends": [
+            {
+                "metric": t.metric,
+                "first": round(t.first, 3),
+                "last": round(t.last, 3),
+                "growth": round(t.growth, 3),
+                "slack": t.slack,
+                "limit": t.limit,
+                "min": round(t.low, 3),
+                "max": round(t.high, 3),
+                "samples": t.samples,
+                "verdict": "reported" if not t.judged else ("PASS" if t.ok else "FAIL"),
+            }
+            for t in trends
+        ],
+        "registry": {
+            "bytes": last.registry_bytes if last else None,
+            "rows": last.jobs if last else None,
+            "wal_max_bytes": max((s.wal_bytes for s in samples), default=None),
+        },
+        "cpu_s": last.cpu_s if last else None,
+        "problems": list(problems),
+        "verdict": "PASS" if ok else "FAIL",
+        "csv": rel(csv_path),
+        "plot": rel(args.plot),
+        "samples": {"columns": CSV_FIELDS, "rows": [list(asdict(s).values()) for s in samples]},
+    }
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -737,7 +830,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     warmup_s = default_warmup_s(args.duration_s) if args.warmup_s is None else args.warmup_s
-    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    started = datetime.now(UTC)
+    stamp = started.strftime("%Y%m%d-%H%M%S")
+    deliveries: int | None = None
     csv_path: Path = args.csv or Path(tempfile.gettempdir()) / f"soak-{stamp}.csv"
     samples: list[Sample] = []
     problems: list[str] = []
@@ -795,6 +890,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print("soak: the supervisor's last log lines:\n" + "\n".join(tail), file=sys.stderr)
             if receiver is not None:
                 receiver.close()
+                deliveries = receiver.received[0]
                 print(f"soak: webhook receiver got {receiver.received[0]} deliveries")
                 if receiver.received[0] == 0 and not problems:
                     problems.append("webhooks were on and none was delivered")
@@ -814,6 +910,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for problem in problems:
         print(f"soak: FAIL: {problem}")
     ok = ok and not problems
+    if not args.no_write:
+        path = args.results_dir / results_name("soak", started)
+        write_json(path, results(args, started, samples, warmup_s, counts, deliveries, problems, ok, csv_path))
+        print(f"soak: results {path}")
     print(f"\nsoak: {'PASS' if ok else 'FAIL'} (samples: {csv_path})")
     return 0 if ok else 1
 

@@ -36,6 +36,7 @@ from _common import (
     BATCH_FALLBACK_NOTE,
     BENCH_DIR,
     HTTP_TIMEOUT,
+    Column,
     Figure,
     Section,
     Supervisor,
@@ -259,6 +260,7 @@ class SupervisorRun:
 # running), from the machine's busy time. On two cores, the whole machine's CPU per job over 2 is a floor for the
 # wall time per job; the supervisor's alone is the floor for its one event loop.
 CPU_PARTS = ("supervisor", "shepherd", "client", "rest", "machine")
+CPU_LABELS = ("supervisor", "shepherd", "this HTTP client", "the rest (jobs, kernel)", "whole machine")
 
 
 def promotion_latencies(states: list, slots: int) -> list[float]:
@@ -354,38 +356,55 @@ def measure(*, smoke: bool, runs: int, n: int) -> Section:
                 skipped[tool] = str(exc)
                 print(f"skip {tool}: {exc}", flush=True)
 
-    section = Section(f"1. {n} x /bin/true on {SLOTS} slots ({runs} runs, median (min-max))")
+    section = Section(
+        f"1. {n} x /bin/true on {SLOTS} slots ({runs} runs, median (min-max))",
+        key="throughput",
+        script="bench/throughput.py",
+        params={"jobs": n, "slots": SLOTS, "batch": BATCH, "runs": runs, "rq_workers": rq_workers, "smoke": smoke},
+    )
 
     def ratios_of(tool: str) -> Figure:
         """Each run's wall over the same run's xargs: the tools of one run share one background load."""
         return Figure.of([w / x for w, x in zip(walls[tool], walls[XARGS], strict=False)])
 
-    section.table = ["| tool | wall | x xargs -P8 (same run) |", "|---|---:|---:|"]
+    wall_table = section.table(
+        "wall",
+        [
+            Column("tool", "tool", "left"),
+            Column("wall", "wall"),
+            Column("x_xargs", "x xargs -P8 (same run)", unit_in_header=True),
+        ],
+    )
     for tool in TOOLS:
         if tool in skipped:
-            section.table.append(f"| {tool} | skipped: {skipped[tool]} | |")
+            wall_table.add(tool, tool, f"skipped: {skipped[tool]}", None, skipped=skipped[tool])
             continue
-        fig = Figure.of(walls[tool])
-        ratios = ratios_of(tool)
-        name = f"**{tool}**" if tool.startswith("supervisor") else tool
-        section.table.append(
-            f"| {name} | {fig.fmt(unit='s')} | {ratios.median:.2f} ({ratios.lo:.2f}-{ratios.hi:.2f}) |"
+        wall_table.add(
+            tool,
+            tool,
+            Figure.of(walls[tool]).measure(unit="s"),
+            ratios_of(tool).measure(unit="x"),
+            bold=tool.startswith("supervisor"),
         )
     for tool in (SUP_BATCH, SUP_POST):
-        section.notes.append(f"{tool}: every enqueue acknowledged after {Figure.of(enqueue[tool]).fmt(unit='s')}")
-    section.table += [
-        "",
-        "| CPU per job, ms | supervisor | shepherd | this HTTP client | the rest (jobs, kernel) | whole machine |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
+        section.figure(
+            f"enqueue_acknowledged:{tool}",
+            f"{tool}, every enqueue acknowledged after",
+            Figure.of(enqueue[tool]).measure(unit="s"),
+        )
+    cpu_table = section.table(
+        "cpu_per_job",
+        [
+            Column("mode", "CPU per job, ms", "left"),
+            *(Column(part, label, unit_in_header=True) for part, label in zip(CPU_PARTS, CPU_LABELS, strict=True)),
+        ],
+    )
     for tool in (SUP_BATCH, SUP_POST):
-        cells = " | ".join(Figure.of(cpu[tool][part]).fmt(digits=2) for part in CPU_PARTS)
-        section.table.append(f"| {tool} | {cells} |")
+        cpu_table.add(tool, tool, *(Figure.of(cpu[tool][part]).measure(unit="ms") for part in CPU_PARTS))
     if promotion_p99:
-        section.notes.append(
-            f"promotion latency under saturation (batches, /bin/true, exits faster than promotions): p50 "
-            f"{Figure.of(promotion_p50).fmt(1e3, 'ms')}, p99 {Figure.of(promotion_p99).fmt(1e3, 'ms')}"
-        )
+        what = "promotion latency under saturation (batches, /bin/true, exits faster than promotions)"
+        section.figure("saturated_promotion_p50", f"{what}, p50", Figure.of(promotion_p50).measure(1e3, "ms"))
+        section.figure("saturated_promotion_p99", f"{what}, p99", Figure.of(promotion_p99).measure(1e3, "ms"))
     if not batch_route:
         section.notes.append(BATCH_FALLBACK_NOTE)
     ratio_batch = ratios_of(SUP_BATCH).median
@@ -393,14 +412,27 @@ def measure(*, smoke: bool, runs: int, n: int) -> Section:
         ratio_batch <= 3.0,
         f"{n} jobs in batches: x{ratio_batch:.2f} xargs (target ≤ x3; aim < x2.5: "
         f"{'met' if ratio_batch < 2.5 else 'not met'})",
+        key="batches_vs_xargs",
+        value=ratio_batch,
+        op="<=",
+        threshold=3.0,
+        unit="x xargs",
     )
     post = Figure.of(walls[SUP_POST]).median
-    for rq_tool in (RQ_SIMPLE, RQ_FORK):
+    for rq_tool, key in ((RQ_SIMPLE, "post_vs_rq_simple"), (RQ_FORK, "post_vs_rq_fork")):
         if rq_tool in skipped:
-            section.targets.append(f"SKIP  one POST per job ahead of {rq_tool}: {skipped[rq_tool]}")
+            section.skip(f"one POST per job ahead of {rq_tool}: {skipped[rq_tool]}", key=key)
             continue
         rq_wall = Figure.of(walls[rq_tool]).median
-        section.target(post < rq_wall, f"one POST per job {post:.2f} s vs {rq_tool} {rq_wall:.2f} s (target: ahead)")
+        section.target(
+            post < rq_wall,
+            f"one POST per job {post:.2f} s vs {rq_tool} {rq_wall:.2f} s (target: ahead)",
+            key=key,
+            value=post,
+            op="<",
+            threshold=rq_wall,
+            unit="s",
+        )
     if smoke:
         section.notes.append(f"smoke run: tiny N, {rq_workers} RQ workers; the figures say nothing about speed")
     return section

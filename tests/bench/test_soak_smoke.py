@@ -1,11 +1,13 @@
 """bench/soak.py cannot rot: its verdict rule, its CSV round trip, and a short real run against `supervisor serve`.
 
-The hour-long soak itself is `make soak` (results in docs/performance.md); here the script runs for seconds.
+The hour-long soak itself is `make soak` (results in bench/results/, shown in docs/performance.md); here the script
+runs for seconds and writes its results file into a temp dir, never into the repository.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import sys
 from pathlib import Path
 
@@ -111,6 +113,8 @@ async def test_a_short_real_soak_passes(tmp_path: Path) -> None:
                 "64",
                 "--csv",
                 str(samples_csv),
+                "--results-dir",
+                str(tmp_path / "results"),
             ],
             cwd=tmp_path,
             capture_stdout=True,
@@ -125,3 +129,10 @@ async def test_a_short_real_soak_passes(tmp_path: Path) -> None:
     assert all(r.fds > r.registry_fds > 0 and r.threads > 0 and r.rss_kib > 0 for r in rows)
     assert 1 <= max(r.registry_conns for r in rows) <= soak.Slack().max_connections
     assert rows[-1].jobs >= 4 and rows[-1].registry_bytes > 0  # a round ran and the registry was written
+    # The raw results as a dated JSON file: the options, the verdict per metric, the samples.
+    [written] = (tmp_path / "results").glob("*-soak.json")
+    data = json.loads(written.read_text())
+    assert data["kind"] == "soak" and data["verdict"] == "PASS" and data["args"]["duration_s"] == 15
+    assert {t["metric"] for t in data["trends"]} >= {"other_fds", "registry_conns", "threads", "rss_mib"}
+    assert data["machine"]["nproc"] and data["versions"]["trio"] and data["revision"]["commit"]
+    assert len(data["samples"]["rows"]) == len(rows) and data["samples"]["columns"] == soak.CSV_FIELDS

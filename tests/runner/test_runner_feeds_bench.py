@@ -1,5 +1,5 @@
-"""The feed benchmark's smoke run: bench/feeds.py must keep working (the figures themselves live in
-docs/performance.md; nothing here is timed)."""
+"""The feed benchmark's smoke run: bench/feeds.py must keep working (the figures themselves live in the results files
+of bench/results/ and in docs/performance.md; nothing here is timed)."""
 
 from __future__ import annotations
 
