@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import os
 import random
@@ -33,6 +34,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+import trio
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -42,6 +46,7 @@ from _common import git_revision, machine, versions  # noqa: E402
 from results import default_path, run_header, write_json  # noqa: E402
 
 from supervisor import SqliteRegistry  # noqa: E402
+from supervisor.registry import NewJob  # noqa: E402
 
 JOB = """
 import os, sys, time
@@ -122,12 +127,18 @@ def run(jobs: int, slots: int, kills: int, seed: int, results_dir: Path | None =
             PODCAST_JOB_SWEEP_SECONDS="1",
         )
         registry = SqliteRegistry(data / ".viewer" / "jobs.sqlite3")
+
+        def call(method: Any, *args: Any, **kwargs: Any) -> Any:
+            """A registry call from this blocking script: each in a Trio run of its own."""
+            return trio.run(functools.partial(method, *args, **kwargs))
+
         argv_of = json.loads(json.dumps(["{python}", "-c", JOB, "{seconds}", str(journal)]))
         ids = []
         for _ in range(jobs):
             seconds = round(rng.uniform(0.05, 1.5), 3)
             argv = [sys.executable if a == "{python}" else (str(seconds) if a == "{seconds}" else a) for a in argv_of]
-            ids.append(registry.enqueue("work", {"seconds": seconds}, argv).job.job_id)
+            enqueued, _ = call(registry.enqueue, NewJob("work", {"seconds": seconds}, argv))
+            ids.append(enqueued.job.job_id)
         log = root / "supervisor.log"
         started = time.monotonic()
         for _ in range(kills):
@@ -142,7 +153,7 @@ def run(jobs: int, slots: int, kills: int, seed: int, results_dir: Path | None =
         deadline = time.monotonic() + 600
         try:
             while time.monotonic() < deadline:
-                counts = registry.counts()
+                counts = call(registry.counts)
                 if counts["queued"] == 0 and counts["running"] == 0:
                     break
                 time.sleep(0.2)
@@ -150,7 +161,7 @@ def run(jobs: int, slots: int, kills: int, seed: int, results_dir: Path | None =
             last.send_signal(signal.SIGTERM)
             last.wait(timeout=30)
         elapsed = time.monotonic() - started
-        rows = [registry.get(job_id) for job_id in ids]
+        rows = [call(registry.get, job_id) for job_id in ids]
         registry.close()
         # A job wrongly judged never-started would still be running now: read the journal once every job is gone.
         if not wait_for_jobs_gone(journal, timeout_s=60):

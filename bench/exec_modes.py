@@ -16,7 +16,6 @@ import argparse
 import sys
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 
 import trio
@@ -28,9 +27,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from _common import git_revision, machine, versions  # noqa: E402
 from results import Column, Measure, Section, Value, add_sections, default_path, run_header  # noqa: E402
 
-from supervisor import Config, SqliteRegistry, load_kinds  # noqa: E402
-from supervisor._core import Supervisor  # noqa: E402
-from supervisor._store import AsyncRegistry  # noqa: E402
+from supervisor import Config, SqliteRegistry, Supervisor, load_kinds  # noqa: E402
 
 KINDS = """
 [kinds.exit]
@@ -51,7 +48,7 @@ async def run(mode: str, jobs: int, slots: int) -> tuple[float, list[float], int
         kinds_file=work / "kinds.toml",
     )
     registry = SqliteRegistry(config.registry_path)
-    sup = Supervisor(config, load_kinds(config.kinds_file), AsyncRegistry(registry), base_env={"PATH": "/usr/bin:/bin"})
+    sup = Supervisor(config, load_kinds(config.kinds_file), registry, base_env={"PATH": "/usr/bin:/bin"})
     try:
         with trio.fail_after(LIMIT_S):
             async with trio.open_nursery() as nursery:
@@ -66,14 +63,14 @@ async def run(mode: str, jobs: int, slots: int) -> tuple[float, list[float], int
                     await trio.sleep(0.02)  # the rows are the measurement: poll them
                 wall = time.monotonic() - started
                 rows = [await sup.get(result.job.job_id) for result in batch]
-                while sup._running:  # noqa: ASYNC110 - monitors remove themselves after releasing the job
+                while sup.boot.watched:  # noqa: ASYNC110 - monitors remove themselves after releasing the job
                     await trio.sleep(0.02)
                 nursery.cancel_scope.cancel()
     finally:
         await sup.executor.aclose()
         registry.close()
     spans = [
-        (datetime.fromisoformat(r.ended_at) - datetime.fromisoformat(r.started_at)).total_seconds()
+        (r.ended_at - r.started_at).total_seconds()
         for r in rows
         if r.started_at and r.ended_at
     ]

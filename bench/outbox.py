@@ -17,8 +17,10 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+import trio
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -28,32 +30,34 @@ from _common import git_revision, machine, versions  # noqa: E402
 from results import Column, Measure, Section, add_sections, default_path, run_header  # noqa: E402
 
 from supervisor import JobStatus, SqliteRegistry  # noqa: E402
-from supervisor._registry import NewJob  # noqa: E402
+from supervisor.registry import Ending, NewJob, Outcome, PromoteRequest  # noqa: E402
 
 
-def samples_s(fn: Callable[[SqliteRegistry], object], *, outbox: bool, repeat: int) -> list[float]:
-    samples = []
-    with tempfile.TemporaryDirectory() as tmp:
-        registry = SqliteRegistry(Path(tmp) / "jobs.sqlite3")
-        registry.outbox_enabled = outbox
-        try:
-            for _ in range(repeat):
-                t0 = time.perf_counter()
-                fn(registry)
-                samples.append(time.perf_counter() - t0)
-        finally:
-            registry.close()
-    return samples
+def samples_s(fn: Callable[[SqliteRegistry], Awaitable[object]], *, outbox: bool, repeat: int) -> list[float]:
+    async def run() -> list[float]:
+        samples = []
+        with tempfile.TemporaryDirectory() as tmp:
+            registry = SqliteRegistry(Path(tmp) / "jobs.sqlite3", outbox=outbox)
+            try:
+                for _ in range(repeat):
+                    t0 = time.perf_counter()
+                    await fn(registry)
+                    samples.append(time.perf_counter() - t0)
+            finally:
+                await registry.aclose()
+        return samples
+
+    return trio.run(run)
 
 
-def round_trip(registry: SqliteRegistry) -> None:
-    job = registry.enqueue("k", {"n": 1}, ["x"]).job
-    registry.promote_queued(10_000, boot_id="b", token_hashes=["h"])
-    registry.finalize(job.job_id, JobStatus.SUCCEEDED)
+async def round_trip(registry: SqliteRegistry) -> None:
+    enqueued, _ = await registry.enqueue(NewJob("k", {"n": 1}, ["x"]))
+    await registry.promote(PromoteRequest(10_000, "b", ["h"]))
+    await registry.finalize(enqueued.job.job_id, Ending(Outcome(JobStatus.SUCCEEDED)))
 
 
-def batch(registry: SqliteRegistry) -> None:
-    registry.enqueue_many([NewJob("k", {"n": i}, ["x"]) for i in range(1000)])
+async def batch(registry: SqliteRegistry) -> None:
+    await registry.enqueue_many([NewJob("k", {"n": i}, ["x"]) for i in range(1000)])
 
 
 def main() -> int:

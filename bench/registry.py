@@ -17,9 +17,10 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -27,25 +28,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import Column, Figure, Section, progress
 
 from supervisor import JobStatus, SqliteRegistry
-from supervisor._registry import hash_token
+from supervisor.domain import IdentityRecord, hash_token, to_iso, utc_now
+from supervisor.registry import Ending, IdentityClaim, NewJob, Outcome, PromoteRequest
 
 RUNNING = 5
 
 
-def timed(fn: Callable[[], object], repeat: int) -> float:
+async def timed(fn: Callable[[], Awaitable[object]], repeat: int) -> float:
     """Median seconds of ``repeat`` calls."""
     samples = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        fn()
+        await fn()
         samples.append(time.perf_counter() - t0)
     return statistics.median(samples)
 
 
 def fill_history(reg: SqliteRegistry, n: int) -> None:
-    """n finished rows, written in one transaction (setup, not measured)."""
-    now = datetime.now(UTC).isoformat()
-    with reg._tx() as conn:
+    """n finished rows, written in one transaction straight into the file (setup, not measured)."""
+    now = to_iso(utc_now())
+    with reg.store.tx() as conn:
         conn.executemany(
             "INSERT INTO jobs (job_id, kind, params, argv, status, created_at, ended_at) "
             "VALUES (?, 'k', '{}', '[]', 'succeeded', ?, ?)",
@@ -53,28 +55,39 @@ def fill_history(reg: SqliteRegistry, n: int) -> None:
         )
 
 
-def bench(history: int, running: int, repeat: int) -> dict[str, float]:
+IDENTITY = IdentityRecord("process", {"pid": 1, "pid_start_time": 1, "kernel_boot_id": "k"})
+
+
+async def _promote_one(reg: SqliteRegistry, max_concurrent: int) -> str:
+    promotion = await reg.promote(PromoteRequest(max_concurrent, "b", [hash_token("t")]))
+    [job] = promotion.jobs
+    await reg.record_identities([IdentityClaim(job.job_id, IDENTITY)])
+    return job.job_id
+
+
+async def _bench(history: int, running: int, repeat: int) -> dict[str, float]:
+    """Each call as the supervisor makes it: through the ``Registry`` interface (a worker thread per call)."""
     with tempfile.TemporaryDirectory() as tmp:
         reg = SqliteRegistry(Path(tmp) / "jobs.sqlite3")
         fill_history(reg, history)
         for i in range(running):
-            reg.enqueue("k", {"i": i}, ["x"])
-            job = reg.promote_queued_if_slot(running, boot_id="b", token_hash=hash_token("t"))
-            assert job is not None
-            reg.set_job_process(job.job_id, pid=1000 + i, pid_start_time=1, kernel_boot_id="k")
-        sweep = timed(reg.running_jobs, repeat)
-        page = timed(lambda: reg.list_jobs(limit=100), max(5, repeat // 4))
+            await reg.enqueue(NewJob("k", {"i": i}, ["x"]))
+            await _promote_one(reg, running)
+        sweep = await timed(reg.running_jobs, repeat)
+        page = await timed(lambda: reg.list_jobs(limit=100), max(5, repeat // 4))
 
-        def round_trip() -> None:
-            reg.enqueue("k", {}, ["x"])
-            job = reg.promote_queued_if_slot(running + 1, boot_id="b", token_hash=hash_token("t"))
-            assert job is not None
-            reg.set_job_process(job.job_id, pid=1, pid_start_time=1, kernel_boot_id="k")
-            reg.finalize(job.job_id, JobStatus.SUCCEEDED)
+        async def round_trip() -> None:
+            await reg.enqueue(NewJob("k", {}, ["x"]))
+            job_id = await _promote_one(reg, running + 1)
+            await reg.finalize(job_id, Ending(Outcome(JobStatus.SUCCEEDED)))
 
-        trip = timed(round_trip, repeat)
-        reg.close()
+        trip = await timed(round_trip, repeat)
+        await reg.aclose()
     return {"sweep_read_s": sweep, "list_page_s": page, "job_round_trip_s": trip}
+
+
+def bench(history: int, running: int, repeat: int) -> dict[str, float]:
+    return trio.run(_bench, history, running, repeat)
 
 
 def measure(*, smoke: bool, runs: int) -> Section:

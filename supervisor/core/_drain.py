@@ -81,6 +81,10 @@ class Drainer:
                 )
                 # INV-PROMOTION-NEVER-OVERSHOOTS: the registry counts and flips in one step; none while paused.
                 promotion = await self.boot.registry.promote(request)
+                # A registry write completes even when cancelled meanwhile (its commit is someone's answer): take a
+                # shutdown here, before touching the job nursery, which may be closed by now. The rows promoted but
+                # not started are a prior boot's to the next one (INV-IDENTITY-BEFORE-PROGRAM: no start record).
+                await trio.lowlevel.checkpoint()
                 jobs = list(promotion.jobs)
                 if not jobs:
                     break
@@ -150,6 +154,7 @@ class Drainer:
                 claims = [IdentityClaim(job.job_id, self._handle(job).record) for job in spawned]
                 try:
                     spawned = await self.boot.registry.record_identities(claims)
+                    await trio.lowlevel.checkpoint()  # a shutdown meanwhile: see _drain
                 except SupervisorError:
                     # The jobs exist: they must still get their monitors (to be finalized, cancellable). What the
                     # executor wrote before each program ran (a start file, a labelled container) lets a later boot

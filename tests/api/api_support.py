@@ -15,9 +15,8 @@ from typing import Any, TypeVar
 
 import trio
 from quart_trio import QuartTrio
-from supervisor._core import Supervisor
 
-from supervisor._server import run_supervisor
+from supervisor import Supervisor, run_supervisor
 from supervisor.domain import Config, Job, KindCatalog
 
 T = TypeVar("T")
@@ -129,7 +128,7 @@ async def wait_for_job(sup: Supervisor, job_id: str, done: Callable[[Job], bool]
 
 async def wait_running(sup: Supervisor, job_id: str) -> Job:
     """Until the drainer has promoted and spawned the job (an enqueue answers 202 before the spawn)."""
-    return await wait_for_job(sup, job_id, lambda job: job.status == "running" and job.pid is not None)
+    return await wait_for_job(sup, job_id, lambda job: job.status == "running" and job.identity is not None)
 
 
 async def wait_terminal(sup: Supervisor, job_id: str) -> Job:

@@ -28,10 +28,8 @@ from api_support import (
     run_live,
     stop_all_jobs,
 )
-from supervisor._core import Supervisor
-from supervisor._registry import SqliteRegistry
-from supervisor._store import AsyncRegistry
 
+from supervisor import SqliteRegistry, Supervisor
 from supervisor._app import create_app
 from supervisor.domain import KindCatalog, load_kinds
 
@@ -59,9 +57,10 @@ def open_harness(nursery: trio.Nursery, tmp_path: Path, kinds_path: Path, kinds:
     @asynccontextmanager
     async def open_(**overrides: Any) -> AsyncIterator[Harness]:
         config = make_config(tmp_path, kinds_path, **overrides)
-        registry = SqliteRegistry(config.registry_path)
+        # As run_supervisor opens it: events are written only when a webhook will send them.
+        registry = SqliteRegistry(config.registry_path, outbox=config.webhook_url is not None)
         try:
-            sup = Supervisor(config, kinds, AsyncRegistry(registry))
+            sup = Supervisor(config, kinds, registry)
             sup.attach(nursery)
             await nursery.start(sup.run_drainer)  # what run_supervisor starts in its root nursery
             app = create_app(sup)

@@ -21,6 +21,7 @@ from quart_trio import QuartTrio
 
 from supervisor._app import FastRoutes, create_app
 from supervisor.domain import JobStatus
+from supervisor.registry import Ending, Outcome
 
 NESTED = b"[" * 2000
 
@@ -226,9 +227,8 @@ async def test_a_token_of_a_job_ended_behind_the_supervisors_back_is_401_whateve
     path = f"/api/jobs/{job_id}/heartbeat"
     answer = await asgi_post(harness.app, path, json_headers(token), body({"completed_units": 1}))
     assert answer.status == 204
-    assert harness.supervisor._tokens.admits(job_id, token)  # the path under test: admitted from memory
-    sync = harness.supervisor.registry.sync
-    await trio.to_thread.run_sync(lambda: sync.finalize(job_id, JobStatus.FAILED, reason="ended_elsewhere"))
+    assert harness.supervisor.heartbeats.tokens.admits(job_id, token)  # the path under test: admitted from memory
+    await harness.supervisor.registry.finalize(job_id, Ending(Outcome(JobStatus.FAILED, "ended_elsewhere")))
     for data in (b"{", body({"completed_units": -1}), body({"completed_units": 2})):
         answer = await asgi_post(harness.app, path, json_headers(token), data)
         assert answer.status == 401, data

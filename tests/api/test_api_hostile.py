@@ -25,7 +25,7 @@ from api_support import (
     wait_terminal,
 )
 
-import supervisor._registry as registry_module
+from supervisor.domain import hash_token
 
 # -- 1. one request must never wedge the queue ------------------------------------------------------
 
@@ -161,7 +161,7 @@ async def test_job_tokens_are_stored_hashed_and_never_returned(harness: Harness)
         dump = "\n".join(conn.iterdump())
     finally:
         conn.close()
-    assert stored == registry_module.hash_token(token) != token
+    assert stored == hash_token(token) != token
     assert token not in dump
 
 
@@ -235,7 +235,7 @@ async def test_the_job_token_compare_is_constant_time(harness: Harness, compares
     )
     assert status == 401
     stored = (await harness.supervisor.get(job_id)).token_hash
-    assert (stored, registry_module.hash_token("guess")) in compares
+    assert (stored, hash_token("guess")) in compares
 
 
 # -- the operator token from a file, re-read on SIGHUP ------------------------------------------------------

@@ -232,7 +232,7 @@ async def test_cancel_running_job_stops_it(harness: Harness) -> None:
 async def test_pause_and_resume_drive_promotion(harness: Harness) -> None:
     status, state = await harness.json("POST", "/api/queue/pause")
     assert (status, state) == (200, {"paused": True, "running": 0, "queued": 0, "max_concurrent": 2})
-    assert harness.supervisor.config.pause_flag_path.exists()
+    assert (await harness.supervisor.registry.pause_state()).by == "operator"  # registry state, not a file
     _, answer = await harness.json("POST", "/api/jobs", json={"kind": "sleep", "params": {"seconds": 30}})
     assert answer["status"] == "queued"
     _, health = await harness.json("GET", "/api/health")
@@ -241,7 +241,7 @@ async def test_pause_and_resume_drive_promotion(harness: Harness) -> None:
 
     status, state = await harness.json("POST", "/api/queue/resume")
     assert (status, state) == (200, {"paused": False, "running": 1, "queued": 0, "max_concurrent": 2})
-    assert not harness.supervisor.config.pause_flag_path.exists()
+    assert not (await harness.supervisor.registry.pause_state()).paused
 
 
 async def test_reconcile_reports_each_running_row(harness: Harness) -> None:
@@ -269,11 +269,11 @@ async def test_operator_reconcile_marks_a_live_job_past_the_window_stale(open_ha
         job = await harness.supervisor.get(answer["job_id"])
         assert (job.status, job.error_reason) == ("stale", "wall_clock_stale")
         # A stale verdict sends no signal: the process is ours to stop, then its monitor reaps it.
-        assert job.pid is not None
-        os.kill(job.pid, signal.SIGKILL)
+        assert job.identity is not None
+        os.kill(job.identity.fields["pid"], signal.SIGKILL)  # type: ignore[arg-type]
 
         async def monitor_done() -> bool | None:
-            return True if answer["job_id"] not in harness.supervisor._running else None
+            return True if answer["job_id"] not in harness.supervisor.boot.watched else None
 
         await poll_until(monitor_done)
 
@@ -467,8 +467,8 @@ async def test_metrics_carry_per_job_series_while_the_job_runs_and_not_after(har
     series = _per_job(await _scrape(harness), job_id)
     assert series == {
         "podcast_job_running": 1,
-        "podcast_job_last_progress_timestamp_seconds": datetime.fromisoformat(row.last_progress_at).timestamp(),
-        "podcast_job_last_heartbeat_timestamp_seconds": datetime.fromisoformat(row.last_heartbeat_at).timestamp(),
+        "podcast_job_last_progress_timestamp_seconds": row.last_progress_at.timestamp(),
+        "podcast_job_last_heartbeat_timestamp_seconds": row.last_heartbeat_at.timestamp(),
         "podcast_job_completed_units": 4,
         "podcast_job_stalled": 0,
         "podcast_job_silent": 0,
@@ -498,7 +498,7 @@ async def test_a_job_that_never_progressed_is_aged_from_its_start(harness: Harne
     assert row.started_at is not None and row.last_progress_at is None
     series = _per_job(await _scrape(harness), job_id)
     # The alert's progress age is time() - this: the start, until the watermark first rises.
-    assert series["podcast_job_last_progress_timestamp_seconds"] == datetime.fromisoformat(row.started_at).timestamp()
+    assert series["podcast_job_last_progress_timestamp_seconds"] == row.started_at.timestamp()
     assert "podcast_job_last_heartbeat_timestamp_seconds" not in series
 
 

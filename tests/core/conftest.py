@@ -84,7 +84,8 @@ def _maker(
         is that boot's death), or on none."""
         config = make_config(**overrides)
         boot_id = boot_id or secrets.token_hex(16)
-        registry = SqliteRegistry(config.registry_path, boot_id=boot_id)
+        # As run_supervisor opens it: events are written only when a webhook will send them.
+        registry = SqliteRegistry(config.registry_path, boot_id=boot_id, outbox=config.webhook_url is not None)
         made.append(registry)
         sup = Supervisor(
             config,

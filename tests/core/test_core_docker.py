@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import tomllib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from supervisor.execution import Executor, create_executor
 from supervisor.execution import docker as docker_execution
 from supervisor.execution.docker import LABEL_BOOT, LABEL_JOB, LABEL_KIND
 from supervisor.execution.subprocess import identify, probe
+from supervisor.registry import NewJob
 
 pytestmark = [pytest.mark.docker, pytest.mark.e2e]
 
@@ -201,22 +202,24 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def registry(tmp_path: Path, world: DockerWorld) -> Iterator[SqliteRegistry]:
+async def registry(tmp_path: Path, world: DockerWorld) -> AsyncIterator[SqliteRegistry]:
     reg = SqliteRegistry(tmp_path / "data" / ".viewer" / "jobs.sqlite3")
     yield reg
-    world.clean_up(reg)  # containers outlive supervisors by design
-    reg.close()
+    jobs, _ = await reg.list_jobs(limit=1000)
+    await trio.to_thread.run_sync(world.clean_up, jobs)  # containers outlive supervisors by design
+    await reg.aclose()
 
 
-def _enqueue(registry: SqliteRegistry, kind: str, params: dict[str, object]) -> str:
+async def _enqueue(registry: SqliteRegistry, kind: str, params: dict[str, object]) -> str:
     """Enqueue as another process would, straight into the registry, with the image's interpreter."""
     parsed = parse_kind(kind, tomllib.loads(KINDS)["kinds"][kind])
     validated = parsed.validate_params(params)
-    return registry.enqueue(kind, validated, parsed.render_argv(validated, python="python3")).job.job_id
+    result, _ = await registry.enqueue(NewJob(kind, validated, parsed.render_argv(validated, python="python3")))
+    return result.job.job_id
 
 
 async def _rows(registry: SqliteRegistry) -> dict[str, Job]:
-    jobs, _ = await trio.to_thread.run_sync(lambda: registry.list_jobs(limit=1000))
+    jobs, _ = await registry.list_jobs(limit=1000)
     return {j.job_id: j for j in jobs}
 
 
@@ -233,16 +236,16 @@ async def test_serve_sigkilled_while_containers_run_keeps_their_slots_runs_nothi
 ) -> None:
     data = tmp_path / "data"
     gates = {name: data / f"gate-{name}" for name in "abc"}
-    a = _enqueue(registry, "gated", {"gate": str(gates["a"]), "code": 5})
-    b = _enqueue(registry, "gated", {"gate": str(gates["b"]), "code": 7})
-    c = _enqueue(registry, "gated", {"gate": str(gates["c"]), "code": 0})
-    d = _enqueue(registry, "exit", {"code": 0})
+    a = await _enqueue(registry, "gated", {"gate": str(gates["a"]), "code": 5})
+    b = await _enqueue(registry, "gated", {"gate": str(gates["b"]), "code": 7})
+    c = await _enqueue(registry, "gated", {"gate": str(gates["c"]), "code": 0})
+    d = await _enqueue(registry, "exit", {"code": 0})
 
     first = await start_server()
 
     async def both_running() -> dict[str, Job] | None:
         rows = await _rows(registry)
-        return rows if all(rows[j].status is JobStatus.RUNNING and rows[j].container_id for j in (a, b)) else None
+        return rows if all(rows[j].status is JobStatus.RUNNING and container_of(rows[j]) for j in (a, b)) else None
 
     before = await poll(both_running)
     first.proc.kill()  # SIGKILL: no shutdown hook runs; the containers are the engine's, and run on
@@ -266,10 +269,10 @@ async def test_serve_sigkilled_while_containers_run_keeps_their_slots_runs_nothi
     )
     assert not await trio.to_thread.run_sync(world.containers, before[b])  # removed once finalized
     # a is alive: it keeps its slot (c took b's; d waits), with its one container, adopted by the new boot.
-    assert (rows[a].status, rows[a].container_id, rows[a].attempts) == (JobStatus.RUNNING, before[a].container_id, 1)
+    assert (rows[a].status, container_of(rows[a]), rows[a].attempts) == (JobStatus.RUNNING, container_of(before[a]), 1)
     await _until(registry, c, JobStatus.RUNNING)
     assert (await _rows(registry))[d].status is JobStatus.QUEUED
-    assert [x["Id"] for x in await trio.to_thread.run_sync(world.containers, before[a])] == [before[a].container_id]
+    assert [x["Id"] for x in await trio.to_thread.run_sync(world.containers, before[a])] == [container_of(before[a])]
 
     await trio.to_thread.run_sync(gates["a"].write_text, "open")
     ended = await _until(registry, a, JobStatus.FAILED, JobStatus.SUCCEEDED)

@@ -81,7 +81,7 @@ async def test_every_kind_of_change_reaches_the_receiver_signed_and_in_order_per
     cancelled_running = (await sup.enqueue("sleep", {"seconds": 30})).job.job_id
     await sup.resume()
     with trio.fail_after(WAIT_S):
-        while (await sup.get(cancelled_running)).pid is None:  # noqa: ASYNC110 - a real spawn, polled
+        while (await sup.get(cancelled_running)).identity is None:  # noqa: ASYNC110 - a real spawn, polled
             await trio.sleep(0.05)
     await sup.cancel(cancelled_running)
     jobs = [succeeds, fails, cancelled_queued, spawn_fails, quiet, cancelled_running]

@@ -120,7 +120,8 @@ async def test_reconcile_and_adoption_events_after_a_sigkilled_supervisor_restar
     rows = [await _row_where(registry, job_id, lambda r: r.identity is not None) for job_id in ids]
     try:
         await _sigkill(first)
-        os.kill(rows[0].identity.fields['pid'], signal.SIGKILL)  # dies while no supervisor runs: its shepherd records how
+        killed_pid = rows[0].identity.fields['pid']
+        os.kill(killed_pid, signal.SIGKILL)  # dies while no supervisor runs: its shepherd records how
         second = await start_server()
         # The startup sweep finalized the dead job with its true outcome and adopted the live one.
         await _row_where(registry, killed, lambda r: r.status is JobStatus.FAILED)
