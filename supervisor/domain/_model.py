@@ -1,9 +1,19 @@
-"""The job row and its lifecycle: the states, and the one table of legal transitions."""
+"""The job row and its lifecycle: the states, the one table of legal transitions, and what a row says about the
+process that runs it (an identity record, an exit status, a liveness).
+
+Timestamps are aware ``datetime``s in UTC everywhere in the code; only a storage or a wire format turns them into
+text (``to_iso`` / ``from_iso``: ISO 8601 with microseconds and ``+00:00``, the API's format).
+"""
 
 from __future__ import annotations
 
+import copy
 import enum
-from dataclasses import asdict, dataclass
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Any
 
 from ._errors import IllegalTransition
@@ -40,6 +50,109 @@ def check_transition(job_id: str, from_status: JobStatus, to_status: JobStatus) 
         raise IllegalTransition(job_id, from_status, to_status)
 
 
+# -- time ---------------------------------------------------------------------------------------------
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def to_iso(ts: datetime) -> str:
+    """The one text form of a timestamp (storage and the API): UTC, microseconds, ``+00:00``."""
+    if ts.tzinfo is None:
+        raise ValueError(f"a naive datetime has no place in a job row: {ts!r}")
+    return ts.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def from_iso(text: str) -> datetime:
+    ts = datetime.fromisoformat(text)
+    if ts.tzinfo is None:
+        raise ValueError(f"a timestamp without its offset: {text!r}")
+    return ts.astimezone(UTC)
+
+
+def hash_token(token: str) -> str:
+    """What the registry keeps of a job's token: its SHA-256, never the token."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+# -- what a row says about the process that runs the job ------------------------------------------------
+
+
+class Liveness(enum.Enum):
+    """INV-UNKNOWN-KEEPS-SLOT: UNKNOWN is not DEAD. Only DEAD may free a slot."""
+
+    ALIVE = "alive"
+    DEAD = "dead"
+    UNKNOWN = "unknown"
+
+
+IdentityValue = str | int | None
+
+
+@dataclass(frozen=True)
+class IdentityRecord:
+    """What an executor recorded about the process (or container) that runs a job.
+
+    The executor that wrote it is the only reader of its ``fields`` (INV-PID-NEEDS-BOOT-AND-IDENTITY is its
+    business: a process record holds pid, start time and kernel boot; a container record its id). The registry
+    stores it as it is and compares it as a whole; the core passes it between the two without looking inside.
+    """
+
+    kind: str  # which executor wrote it: "process", "container", ...
+    fields: Mapping[str, IdentityValue] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fields", MappingProxyType(dict(self.fields)))
+
+    def __hash__(self) -> int:
+        return hash((self.kind, tuple(sorted(self.fields.items()))))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, IdentityRecord):
+            return NotImplemented
+        return self.kind == other.kind and dict(self.fields) == dict(other.fields)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "fields": dict(self.fields)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> IdentityRecord:
+        return cls(str(data["kind"]), dict(data.get("fields") or {}))
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    """How a job ended: an exit code, or the signal that killed it.
+
+    ``oom_killed``: the engine reports that the kernel's OOM killer ended it (Docker's ``State.OOMKilled``); the
+    code is then what the engine reported (137), and the outcome says ``killed_out_of_memory``.
+    """
+
+    code: int | None = None
+    signal: int | None = None
+    oom_killed: bool = False
+
+    @property
+    def returncode(self) -> int:
+        """The row's ``exit_code``: the code, or minus the signal (as ``subprocess`` reports it)."""
+        if self.code is not None:
+            return self.code
+        assert self.signal is not None
+        return -self.signal
+
+    @classmethod
+    def from_returncode(cls, returncode: int) -> ExitStatus:
+        return cls(code=returncode) if returncode >= 0 else cls(signal=-returncode)
+
+
+# The identity fields the API has always shown at the top level of a row (null when the record has none):
+# operators read ``pid`` and ``container_id`` there.
+PUBLIC_IDENTITY_KEYS = ("pid", "pid_start_time", "kernel_boot_id", "container_id")
+_PRIVATE = frozenset({"token_hash", "seq", "identity"})
+_TIMESTAMPS = ("created_at", "started_at", "ended_at", "last_heartbeat_at", "last_progress_at", "stalled_since")
+
+
 @dataclass(frozen=True)
 class Job:
     """One registry row. ``token_hash`` never leaves the supervisor; ``public()`` drops it."""
@@ -52,42 +165,46 @@ class Job:
     status: JobStatus
     error_reason: str | None
     exit_code: int | None
-    created_at: str
-    started_at: str | None
-    ended_at: str | None
+    created_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
     attempts: int
     cancel_requested: bool
     boot_id: str | None
-    pid: int | None
-    pid_start_time: int | None
-    kernel_boot_id: str | None
-    container_id: str | None
+    identity: IdentityRecord | None
     token_hash: str | None
     completed_units: int
     total_units: int | None
     stage: str | None
-    last_heartbeat_at: str | None
-    last_progress_at: str | None
+    last_heartbeat_at: datetime | None
+    last_progress_at: datetime | None
     log_path: str | None
     queue_position: int | None = None
     # Absence flags, set only by the supervisor's sweeper (INV-STALE-SET-BY-SUPERVISOR): the last judgement made
     # while the job ran. ``stalled``: no progress for PODCAST_JOB_PROGRESS_STALE_SECONDS; ``silent``: heartbeats
     # stopped while the process lives.
     stalled: bool = False
-    stalled_since: str | None = None
+    stalled_since: datetime | None = None
     silent: bool = False
 
     @property
     def spawned(self) -> bool:
         """A process identity (pid or container) has been recorded."""
-        return self.pid is not None or self.container_id is not None
+        return self.identity is not None
 
     def public(self) -> dict[str, Any]:
-        """The row as callers see it: every registry field but the job token."""
-        out = asdict(self)
-        out.pop("token_hash")
-        out.pop("seq")
+        """The row as callers see it (the API, the webhook): every field but the job token, timestamps as ISO 8601
+        text, the identity record's fields at the top level."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _PRIVATE}
+        out["params"] = copy.deepcopy(self.params)
+        out["argv"] = list(self.argv)
         out["status"] = str(self.status)
+        for name in _TIMESTAMPS:
+            value = getattr(self, name)
+            out[name] = to_iso(value) if value is not None else None
+        out.update(dict.fromkeys(PUBLIC_IDENTITY_KEYS))
+        if self.identity is not None:
+            out.update(self.identity.fields)
         if self.status is not JobStatus.QUEUED:
             out.pop("queue_position")
         return out

@@ -1,1 +1,61 @@
-"""The registry: the single source of truth for every job row."""
+"""The registry: the single source of truth for every job row, behind one interface (``Registry``).
+
+- ``sqlite``: one SQLite file, the embedded default (``SqliteRegistry``);
+- ``memory``: a process's memory, for fast tests of the core (``MemoryRegistry``).
+
+Both pass one contract suite (``tests/registry/``). The backend is chosen once, here (``open_registry``); nothing
+else knows which one it talks to.
+"""
+
+from __future__ import annotations
+
+from ..domain import Config
+from ._protocol import (
+    MAX_LIST_LIMIT,
+    PAUSED_BY_FILE,
+    PAUSED_BY_OPERATOR,
+    Beat,
+    Change,
+    Ending,
+    EnqueueResult,
+    Expect,
+    IdentityClaim,
+    NewJob,
+    OutboxEvent,
+    Outcome,
+    PauseState,
+    PromoteRequest,
+    Promotion,
+    PruneResult,
+    Registry,
+)
+from .memory import MemoryRegistry
+from .sqlite import SqliteRegistry
+
+__all__ = [
+    "MAX_LIST_LIMIT",
+    "PAUSED_BY_FILE",
+    "PAUSED_BY_OPERATOR",
+    "Beat",
+    "Change",
+    "Ending",
+    "EnqueueResult",
+    "Expect",
+    "IdentityClaim",
+    "MemoryRegistry",
+    "NewJob",
+    "OutboxEvent",
+    "Outcome",
+    "PauseState",
+    "PromoteRequest",
+    "Promotion",
+    "PruneResult",
+    "Registry",
+    "SqliteRegistry",
+    "open_registry",
+]
+
+
+async def open_registry(config: Config, *, boot_id: str | None, outbox: bool) -> Registry:
+    """The registry ``config`` names (today: the SQLite file under the data dir), opened and migrated."""
+    return await SqliteRegistry.open(config.registry_path, boot_id=boot_id, outbox=outbox)

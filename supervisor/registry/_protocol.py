@@ -1,0 +1,289 @@
+"""The registry's interface: the domain operations the core asks of the single source of truth, in domain types.
+
+Every implementation (``sqlite.SqliteRegistry``, the embedded default; ``memory.MemoryRegistry``, for fast tests;
+PostgreSQL next) passes one contract suite (``tests/registry/``), so the core never learns which one it talks to:
+no connection, no SQL, no storage format crosses this line, and every timestamp is an aware ``datetime``.
+
+The rules every implementation keeps (named in the decision records; the contract suite tests each):
+
+- INV-PROMOTION-NEVER-OVERSHOOTS: a promotion counts the RUNNING rows and flips queued rows to RUNNING in one
+  atomic step (a transaction under the registry's write lock): concurrent promotions, in any process, can never
+  make more rows RUNNING than ``max_concurrent``.
+- One place changes a status (``TRANSITIONS``); a terminal row never changes again, and a change that finds the
+  row already terminal reports ``changed=False``.
+- FIFO: the oldest queued row (by insertion) is promoted first; only a *queued* row absorbs an identical one
+  (coalescing).
+- Each change's events are written with the change, atomically (the transactional outbox): a committed change
+  always has its events, a rolled-back one never; undelivered events are read back in the order written.
+- A job's token is checked against the hash the row holds while the job runs; a terminal row holds none.
+- An acknowledged write is durable when its call returns.
+- Every call is bounded: a registry that cannot answer raises ``RegistryError``, never hangs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from ..domain import Job, JobStatus, RequestError
+from ..domain._model import IdentityRecord
+
+MAX_LIST_LIMIT = 1000
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A row to enqueue: a validated kind, its params and argv, and its coalescing key (None: never coalesced)."""
+
+    kind: str
+    params: Mapping[str, Any]
+    argv: Sequence[str]
+    coalesce_key: str | None = None
+
+
+@dataclass(frozen=True)
+class PromoteRequest:
+    """Promote the oldest queued rows into the free slots, at most one per token hash (each promoted row gets one,
+    its job's token), recording this boot and the job's log path (``log_dir / <job_id>.log``)."""
+
+    max_concurrent: int
+    boot_id: str
+    token_hashes: Sequence[str]
+    log_dir: Path | None = None
+
+
+@dataclass(frozen=True)
+class Promotion:
+    """What a promotion did. ``paused``: nothing was promoted because promotion is paused. ``failed``: a promotion
+    made in another change's transaction failed and was rolled back alone (that change stands; drain again)."""
+
+    jobs: tuple[Job, ...] = ()
+    paused: bool = False
+    failed: bool = False
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    job: Job
+    coalesced: bool  # an identical queued row was returned instead of a new one
+
+
+@dataclass(frozen=True)
+class Change:
+    """A write's answer: the row after it, and whether the call changed it (events fire only on real changes)."""
+
+    job: Job
+    changed: bool
+    previous: JobStatus | None = None  # the status it left, when the status changed
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A terminal status and its reason."""
+
+    status: JobStatus
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a RUNNING row ends, decided before the write and handed to it as data.
+
+    ``outcome`` is recorded, unless the row says a cancel was requested by the time the write commits: then
+    ``if_cancel_requested`` (when given). So a cancel requested until that very instant counts, with no read before
+    the write and no callback inside it.
+    """
+
+    outcome: Outcome
+    if_cancel_requested: Outcome | None = None
+    exit_code: int | None = None
+
+    def __post_init__(self) -> None:
+        for chosen in (self.outcome, self.if_cancel_requested):
+            if chosen is not None and not chosen.status.is_terminal:
+                raise ValueError(f"an ending needs a terminal status, not {chosen.status}")
+
+    def chosen(self, cancel_requested: bool) -> Outcome:
+        if cancel_requested and self.if_cancel_requested is not None:
+            return self.if_cancel_requested
+        return self.outcome
+
+
+@dataclass(frozen=True)
+class Expect:
+    """Only act if the row still records exactly this identity (None: no identity at all). Evidence gathered before
+    the write must still be about the same process when the write happens."""
+
+    identity: IdentityRecord | None
+
+
+@dataclass(frozen=True)
+class IdentityClaim:
+    """A started job's identity, to record in its row (a row no longer RUNNING is left alone)."""
+
+    job_id: str
+    identity: IdentityRecord
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One heartbeat to record, already validated: whose it is (job id and token), and what it says."""
+
+    job_id: str
+    token: str
+    completed_units: int
+    total_units: int | None = None
+    stage: str | None = None
+
+
+@dataclass(frozen=True)
+class OutboxEvent:
+    """One undelivered event, as written in its change's transaction: ``job`` is the public row as of the change.
+    A receiver's body is rendered from these fields (``observe.render_event``), the same bytes at every attempt."""
+
+    seq: int
+    event_id: str
+    job_id: str
+    event: str
+    created_at: datetime
+    previous_status: str | None
+    reason: str | None
+    boot_id: str | None
+    job: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    by_age: int
+    by_count: int
+
+    @property
+    def dropped(self) -> int:
+        return self.by_age + self.by_count
+
+
+PAUSED_BY_OPERATOR = "operator"  # POST /api/queue/pause
+PAUSED_BY_FILE = "pause_file"  # the .viewer/jobs.paused file, mirrored by the sweeper
+
+
+@dataclass(frozen=True)
+class PauseState:
+    paused: bool
+    by: str | None = None  # PAUSED_BY_OPERATOR or PAUSED_BY_FILE while paused
+    since: datetime | None = None
+
+
+@runtime_checkable
+class Registry(Protocol):
+    """The single source of truth for every job row. See the module docstring for the rules every implementation
+    keeps; every method may raise ``RegistryError`` (storage unavailable, lock not acquired in time)."""
+
+    # -- enqueue and promotion (claim before run) ----------------------------------------------------------
+
+    async def enqueue(self, job: NewJob, *, promote: PromoteRequest | None = None) -> tuple[EnqueueResult, Promotion]:
+        """Add a queued row (or, with a coalescing key, return the identical queued one); with ``promote``, then
+        promote into free slots in the same atomic step (unless paused): a job enqueued while a slot is free is
+        RUNNING when the call returns. A failed promotion never fails the enqueue (``Promotion.failed``)."""
+        ...
+
+    async def enqueue_many(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
+        """Add several rows at once, all or nothing, in order (answers carry no queue position)."""
+        ...
+
+    async def promote(self, request: PromoteRequest) -> Promotion:
+        """Flip the oldest queued rows to RUNNING, as many as slots are free (INV-PROMOTION-NEVER-OVERSHOOTS), each
+        with this boot's id, ``started_at``, a token hash, ``attempts + 1`` and its log path; none while paused."""
+        ...
+
+    async def record_identities(self, claims: Sequence[IdentityClaim]) -> list[Job]:
+        """Record started jobs' identities; the rows after it, in order."""
+        ...
+
+    # -- ends --------------------------------------------------------------------------------------------
+
+    async def finalize(
+        self, job_id: str, ending: Ending, *, expect: Expect | None = None, promote: PromoteRequest | None = None
+    ) -> tuple[Change, Promotion]:
+        """End a RUNNING row as ``ending`` says (a terminal row is left alone: ``changed=False``; so is a row whose
+        identity is not ``expect``'s). With ``promote``, promote into the freed slot in the same atomic step."""
+        ...
+
+    async def request_cancel(self, job_id: str) -> Change:
+        """A queued row ends ``cancelled/cancelled_before_start`` at once; a running row is marked
+        ``cancel_requested`` (its process is stopped by whoever watches it); a terminal row is left alone."""
+        ...
+
+    # -- what a running job says, and what the sweeper judges -----------------------------------------------
+
+    async def record_heartbeats(self, beats: Sequence[Beat]) -> list[Job | RequestError]:
+        """Record beats (per beat: the row after it, or the ``Unauthorized``/``Conflict`` it earned; a refused beat
+        writes nothing). ``completed_units`` is a watermark (INV-PROGRESS-NOT-LIVENESS): every beat moves
+        ``last_heartbeat_at``, only a higher count moves ``last_progress_at``."""
+        ...
+
+    async def check_job_token(self, job_id: str, token: str) -> None:
+        """Raise ``Unauthorized`` unless ``token`` is the running job's own (a missing job looks the same)."""
+        ...
+
+    async def set_absence(
+        self, job_id: str, *, stalled: bool, silent: bool, events: Sequence[tuple[str, str]] = ()
+    ) -> Change:
+        """Record the sweeper's absence flags on a RUNNING row with ``events`` ((name, reason) pairs); ``stalled_since``
+        is set when ``stalled`` turns on. A judgement that changes nothing writes nothing."""
+        ...
+
+    async def record_event(self, job_id: str, event: str, reason: str | None) -> Job:
+        """Write an event about a change the row does not show (this boot adopted the job)."""
+        ...
+
+    # -- the outbox ---------------------------------------------------------------------------------------
+
+    async def outbox_pending(self, limit: int) -> list[OutboxEvent]:
+        """The oldest undelivered events, in the order they were written."""
+        ...
+
+    async def outbox_delete(self, seqs: Sequence[int]) -> None:
+        """Forget delivered events."""
+        ...
+
+    async def outbox_depth(self) -> int: ...
+
+    async def outbox_prune(self, *, max_events: int, max_age_s: float) -> PruneResult:
+        """Drop events older than ``max_age_s`` and, past ``max_events``, the oldest."""
+        ...
+
+    # -- the queue's pause ----------------------------------------------------------------------------------
+
+    async def set_paused(self, paused: bool, *, by: str) -> PauseState:
+        """Pause or resume promotion (``by``: who asked); the state after it."""
+        ...
+
+    async def pause_state(self) -> PauseState: ...
+
+    # -- reads --------------------------------------------------------------------------------------------
+
+    async def get(self, job_id: str) -> Job:
+        """One row (``JobNotFound``); a queued row carries its queue position."""
+        ...
+
+    async def running_jobs(self) -> list[Job]:
+        """Every RUNNING row, oldest first: O(running rows), whatever the history."""
+        ...
+
+    async def list_jobs(
+        self, *, status: str | None = None, kind: str | None = None, limit: int = 100, cursor: str | None = None
+    ) -> tuple[list[Job], str | None]:
+        """Rows newest first and an opaque cursor for the next page (None at the end); rows added meanwhile never
+        shift a page. A bad status, limit or cursor is a ``ValidationError`` naming it."""
+        ...
+
+    async def counts(self) -> dict[str, int]:
+        """Rows per status (every status present)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release what the registry holds (connections); later calls raise ``RegistryError``."""
+        ...

@@ -1,0 +1,375 @@
+"""``MemoryRegistry``: the registry in a process's memory, for fast tests of the core (the fake beside the real
+thing, never instead of it: it passes the same contract suite as SQLite).
+
+Atomic by construction: an operation never awaits between its reads and its writes (its only checkpoint comes
+first), so on one Trio loop no other task sees it half done, which is what the other registries' transactions give.
+Nothing survives the process, and nothing here is shared with another one.
+"""
+
+from __future__ import annotations
+
+import copy
+import hmac
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+import trio
+
+from ..domain import (
+    Conflict,
+    IllegalTransition,
+    Job,
+    JobNotFound,
+    JobStatus,
+    RegistryError,
+    RequestError,
+    Unauthorized,
+    ValidationError,
+    check_transition,
+)
+from ..domain._model import hash_token, utc_now
+from ._protocol import (
+    MAX_LIST_LIMIT,
+    Beat,
+    Change,
+    Ending,
+    EnqueueResult,
+    Expect,
+    IdentityClaim,
+    NewJob,
+    OutboxEvent,
+    Outcome,
+    PauseState,
+    PromoteRequest,
+    Promotion,
+    PruneResult,
+)
+
+
+@dataclass
+class _Row:
+    job: Job
+    coalesce_key: str | None
+
+
+class MemoryRegistry:
+    """See the module docstring; the constructor takes what ``SqliteRegistry``'s does, but the path."""
+
+    def __init__(
+        self, *, boot_id: str | None = None, outbox: bool = True, clock: Callable[[], datetime] = utc_now
+    ) -> None:
+        self.boot_id = boot_id
+        self.outbox = outbox
+        self._clock = clock
+        self._rows: dict[str, _Row] = {}  # insertion order is seq order
+        self._seq = 0
+        self._events: list[OutboxEvent] = []
+        self._event_seq = 0
+        self._pause = PauseState(False)
+        self._closed = False
+
+    async def _enter(self) -> None:
+        await trio.lowlevel.checkpoint()
+        if self._closed:
+            raise RegistryError("the registry is closed")
+
+    # -- rows -----------------------------------------------------------------------------------------------
+
+    def _get(self, job_id: str) -> Job:
+        row = self._rows.get(job_id)
+        if row is None:
+            raise JobNotFound(job_id)
+        job = row.job
+        if job.status is JobStatus.QUEUED:
+            return replace(job, queue_position=self._position(job))
+        return job
+
+    def _position(self, job: Job) -> int:
+        return sum(1 for r in self._rows.values() if r.job.status is JobStatus.QUEUED and r.job.seq <= job.seq)
+
+    def _put(self, job: Job) -> None:
+        self._rows[job.job_id].job = replace(job, queue_position=None)
+
+    def _event(self, job_id: str, event: str, previous: str | None, reason: str | None) -> None:
+        if not self.outbox:
+            return
+        self._event_seq += 1
+        self._events.append(
+            OutboxEvent(
+                seq=self._event_seq,
+                event_id=uuid.uuid4().hex,
+                job_id=job_id,
+                event=event,
+                created_at=self._clock(),
+                previous_status=previous,
+                reason=reason,
+                boot_id=self.boot_id,
+                job=self._rows[job_id].job.public(),
+            )
+        )
+
+    def _set_status(self, job: Job, to_status: JobStatus, **fields: object) -> Job:
+        check_transition(job.job_id, job.status, to_status)
+        if to_status.is_terminal:
+            fields["token_hash"] = None
+        after = replace(job, status=to_status, queue_position=None, **fields)  # type: ignore[arg-type]
+        self._put(after)
+        reason = "promoted" if to_status is JobStatus.RUNNING else fields.get("error_reason")
+        self._event(job.job_id, "job.transition", str(job.status), reason if isinstance(reason, str) else None)
+        return after
+
+    # -- enqueue and promotion ------------------------------------------------------------------------------
+
+    def _enqueue(self, new: NewJob) -> EnqueueResult:
+        if new.coalesce_key is not None:
+            for row in self._rows.values():
+                if row.job.status is JobStatus.QUEUED and row.coalesce_key == new.coalesce_key:
+                    return EnqueueResult(self._get(row.job.job_id), coalesced=True)
+        self._seq += 1
+        job = Job(
+            job_id=uuid.uuid4().hex,
+            seq=self._seq,
+            kind=new.kind,
+            params=copy.deepcopy(dict(new.params)),
+            argv=list(new.argv),
+            status=JobStatus.QUEUED,
+            error_reason=None,
+            exit_code=None,
+            created_at=self._clock(),
+            started_at=None,
+            ended_at=None,
+            attempts=0,
+            cancel_requested=False,
+            boot_id=None,
+            identity=None,
+            token_hash=None,
+            completed_units=0,
+            total_units=None,
+            stage=None,
+            last_heartbeat_at=None,
+            last_progress_at=None,
+            log_path=None,
+        )
+        self._rows[job.job_id] = _Row(job, new.coalesce_key)
+        self._event(job.job_id, "job.transition", None, "enqueued")
+        return EnqueueResult(self._get(job.job_id), coalesced=False)
+
+    def _promote(self, request: PromoteRequest | None) -> Promotion:
+        if request is None:
+            return Promotion()
+        if self._pause.paused:
+            return Promotion(paused=True)
+        # INV-PROMOTION-NEVER-OVERSHOOTS: counted and flipped with no await in between.
+        running = sum(1 for r in self._rows.values() if r.job.status is JobStatus.RUNNING)
+        free = min(request.max_concurrent - running, len(request.token_hashes))
+        queued = [r.job for r in self._rows.values() if r.job.status is JobStatus.QUEUED][: max(0, free)]
+        now = self._clock()
+        promoted = []
+        for job, token_hash in zip(queued, request.token_hashes, strict=False):
+            log_path = str(request.log_dir / f"{job.job_id}.log") if request.log_dir is not None else None
+            promoted.append(
+                self._set_status(
+                    job,
+                    JobStatus.RUNNING,
+                    started_at=now,
+                    boot_id=request.boot_id,
+                    token_hash=token_hash,
+                    attempts=job.attempts + 1,
+                    log_path=log_path,
+                    identity=None,
+                )
+            )
+        return Promotion(tuple(promoted))
+
+    async def enqueue(self, job: NewJob, *, promote: PromoteRequest | None = None) -> tuple[EnqueueResult, Promotion]:
+        await self._enter()
+        result = self._enqueue(job)
+        return result, self._promote(promote)
+
+    async def enqueue_many(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
+        await self._enter()
+        return [replace(r, job=replace(r.job, queue_position=None)) for r in map(self._enqueue, jobs)]
+
+    async def promote(self, request: PromoteRequest) -> Promotion:
+        await self._enter()
+        return self._promote(request)
+
+    async def record_identities(self, claims: Sequence[IdentityClaim]) -> list[Job]:
+        await self._enter()
+        out = []
+        for claim in claims:
+            job = self._get(claim.job_id)
+            if job.status is JobStatus.RUNNING:
+                self._put(replace(job, identity=claim.identity))
+            out.append(self._get(claim.job_id))
+        return out
+
+    # -- ends ---------------------------------------------------------------------------------------------
+
+    async def finalize(
+        self, job_id: str, ending: Ending, *, expect: Expect | None = None, promote: PromoteRequest | None = None
+    ) -> tuple[Change, Promotion]:
+        await self._enter()
+        job = self._get(job_id)
+        if job.status.is_terminal or (expect is not None and job.identity != expect.identity):
+            return Change(job, changed=False), Promotion()
+        chosen = ending.chosen(job.cancel_requested)
+        if job.status is not JobStatus.RUNNING:
+            raise IllegalTransition(job_id, job.status, chosen.status)
+        after = self._set_status(
+            job, chosen.status, error_reason=chosen.reason, exit_code=ending.exit_code, ended_at=self._clock()
+        )
+        return Change(after, changed=True, previous=job.status), self._promote(promote)
+
+    async def request_cancel(self, job_id: str) -> Change:
+        await self._enter()
+        job = self._get(job_id)
+        if job.status is JobStatus.QUEUED:
+            outcome = Outcome(JobStatus.CANCELLED, "cancelled_before_start")
+            after = self._set_status(job, outcome.status, error_reason=outcome.reason, ended_at=self._clock())
+            return Change(after, changed=True, previous=job.status)
+        if job.status is JobStatus.RUNNING and not job.cancel_requested:
+            self._put(replace(job, cancel_requested=True))
+            return Change(self._get(job_id), changed=True)
+        return Change(job, changed=False)
+
+    # -- heartbeats, tokens, absence, events --------------------------------------------------------------
+
+    def _authenticated(self, job_id: str, token: str) -> Job:
+        try:
+            job = self._get(job_id)
+        except JobNotFound:
+            raise Unauthorized("the token is not this job's") from None
+        if job.token_hash is None or not hmac.compare_digest(job.token_hash, hash_token(token)):
+            raise Unauthorized("the token is not this job's")
+        return job
+
+    async def record_heartbeats(self, beats: Sequence[Beat]) -> list[Job | RequestError]:
+        await self._enter()
+        now = self._clock()
+        results: list[Job | RequestError] = []
+        for beat in beats:
+            try:
+                job = self._authenticated(beat.job_id, beat.token)
+                if job.status is not JobStatus.RUNNING:
+                    raise Conflict(f"job {beat.job_id} is {job.status}, not running", field="job_id")
+            except RequestError as exc:
+                results.append(exc)
+                continue
+            # INV-PROGRESS-NOT-LIVENESS: every beat is liveness; only a higher watermark is progress.
+            after = replace(
+                job,
+                last_heartbeat_at=now,
+                completed_units=max(beat.completed_units, job.completed_units),
+                total_units=job.total_units if beat.total_units is None else beat.total_units,
+                stage=job.stage if beat.stage is None else beat.stage,
+                last_progress_at=now if beat.completed_units > job.completed_units else job.last_progress_at,
+            )
+            self._put(after)
+            results.append(after)
+        return results
+
+    async def check_job_token(self, job_id: str, token: str) -> None:
+        await self._enter()
+        self._authenticated(job_id, token)
+
+    async def set_absence(
+        self, job_id: str, *, stalled: bool, silent: bool, events: Sequence[tuple[str, str]] = ()
+    ) -> Change:
+        await self._enter()
+        job = self._get(job_id)
+        if job.status is not JobStatus.RUNNING or (job.stalled, job.silent) == (stalled, silent):
+            return Change(job, changed=False)
+        since = job.stalled_since if job.stalled and stalled else (self._clock() if stalled else None)
+        after = replace(job, stalled=stalled, stalled_since=since, silent=silent)
+        self._put(after)
+        for event, reason in events:
+            self._event(job_id, event, str(job.status), reason)
+        return Change(after, changed=True)
+
+    async def record_event(self, job_id: str, event: str, reason: str | None) -> Job:
+        await self._enter()
+        job = self._get(job_id)
+        self._event(job_id, event, str(job.status), reason)
+        return job
+
+    # -- the outbox ---------------------------------------------------------------------------------------
+
+    async def outbox_pending(self, limit: int) -> list[OutboxEvent]:
+        await self._enter()
+        return self._events[:limit]
+
+    async def outbox_delete(self, seqs: Sequence[int]) -> None:
+        await self._enter()
+        gone = set(seqs)
+        self._events = [e for e in self._events if e.seq not in gone]
+
+    async def outbox_depth(self) -> int:
+        await self._enter()
+        return len(self._events)
+
+    async def outbox_prune(self, *, max_events: int, max_age_s: float) -> PruneResult:
+        await self._enter()
+        cutoff = self._clock() - timedelta(seconds=max_age_s)
+        kept = [e for e in self._events if e.created_at >= cutoff]
+        by_age = len(self._events) - len(kept)
+        by_count = max(0, len(kept) - max_events)
+        self._events = kept[by_count:]
+        return PruneResult(by_age, by_count)
+
+    # -- the pause ----------------------------------------------------------------------------------------
+
+    async def set_paused(self, paused: bool, *, by: str) -> PauseState:
+        await self._enter()
+        if self._pause.paused != paused:
+            self._pause = PauseState(True, by, self._clock()) if paused else PauseState(False)
+        return self._pause
+
+    async def pause_state(self) -> PauseState:
+        await self._enter()
+        return self._pause
+
+    # -- reads --------------------------------------------------------------------------------------------
+
+    async def get(self, job_id: str) -> Job:
+        await self._enter()
+        return self._get(job_id)
+
+    async def running_jobs(self) -> list[Job]:
+        await self._enter()
+        return [r.job for r in self._rows.values() if r.job.status is JobStatus.RUNNING]
+
+    async def list_jobs(
+        self, *, status: str | None = None, kind: str | None = None, limit: int = 100, cursor: str | None = None
+    ) -> tuple[list[Job], str | None]:
+        await self._enter()
+        if status is not None and status not in {s.value for s in JobStatus}:
+            raise ValidationError(f"unknown status {status!r}", field="status")
+        if not 1 <= limit <= MAX_LIST_LIMIT:
+            raise ValidationError(f"limit must be between 1 and {MAX_LIST_LIMIT}", field="limit")
+        before: int | None = None
+        if cursor is not None:
+            if not (cursor.isascii() and cursor.isdigit() and len(cursor) <= 18):
+                raise ValidationError("cursor is not one this server issued", field="cursor")
+            before = int(cursor)
+        rows = [
+            r.job
+            for r in reversed(self._rows.values())
+            if (status is None or r.job.status == status)
+            and (kind is None or r.job.kind == kind)
+            and (before is None or r.job.seq < before)
+        ]
+        page = [self._get(job.job_id) for job in rows[:limit]]
+        return page, (str(page[-1].seq) if len(rows) > limit else None)
+
+    async def counts(self) -> dict[str, int]:
+        await self._enter()
+        out = {s.value: 0 for s in JobStatus}
+        for row in self._rows.values():
+            out[row.job.status.value] += 1
+        return out
+
+    async def aclose(self) -> None:
+        self._closed = True

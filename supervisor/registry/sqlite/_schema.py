@@ -1,0 +1,94 @@
+"""The registry's schema: migrations as SQL files (``migrations/NNNN_name.sql``), applied in order at open.
+
+Each migration runs in its own ``BEGIN IMMEDIATE`` transaction together with the new ``schema_version``, so a
+crash or an error leaves the file at the version before it, never half-migrated; two processes opening the same
+file at once take turns (the version is read again under the write lock). A script is cut into statements by
+SQLite's own tokenizer (``sqlite3.complete_statement``), never by splitting its text on ``;``.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from ...domain import RegistryError
+
+_NAME = re.compile(r"(\d{4})_[a-z0-9_]+\.sql")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int  # the schema version after it
+    name: str
+    script: str
+
+
+def migrations() -> list[Migration]:
+    """Every migration shipped with this package, in order (versions 1, 2, 3... with no gap)."""
+    found: list[Migration] = []
+    for entry in resources.files(__package__).joinpath("migrations").iterdir():
+        match = _NAME.fullmatch(entry.name)
+        if match is not None:
+            found.append(Migration(int(match.group(1)), entry.name, entry.read_text(encoding="utf-8")))
+    found.sort(key=lambda m: m.version)
+    if [m.version for m in found] != list(range(1, len(found) + 1)):
+        raise RegistryError(f"the registry's migrations are not numbered 1..n: {[m.name for m in found]}")
+    return found
+
+
+SCHEMA_VERSION = len(migrations())
+
+
+def statements(script: str) -> Iterator[str]:
+    """The statements of ``script``, each ending at a ``;`` that SQLite says completes one (not one inside a
+    string, a comment or a trigger's body)."""
+    start = 0
+    for end in (i + 1 for i, ch in enumerate(script) if ch == ";"):
+        piece = script[start:end]
+        if sqlite3.complete_statement(piece):
+            if piece.strip(" \t\r\n;"):
+                yield piece
+            start = end
+    if script[start:].strip() and not _only_comments(script[start:]):
+        raise RegistryError(f"a migration ends with an incomplete statement: {script[start:].strip()[:80]!r}")
+
+
+def _only_comments(text: str) -> bool:
+    return all(not line.strip() or line.strip().startswith("--") for line in text.splitlines())
+
+
+def migrate(conn: sqlite3.Connection, path: Path) -> int:
+    """Bring the file to ``SCHEMA_VERSION``; its version after. Refuses a file newer than this code."""
+    conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+    for migration in migrations():
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = _version(conn)
+            if version > SCHEMA_VERSION:
+                raise RegistryError(
+                    f"registry {path} has schema version {version}, newer than this supervisor ({SCHEMA_VERSION})"
+                )
+            if version < migration.version:
+                for statement in statements(migration.script):
+                    conn.execute(statement)
+                conn.execute("DELETE FROM schema_version")
+                conn.execute("INSERT INTO schema_version (version) VALUES (?)", (migration.version,))
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            if isinstance(exc, sqlite3.Error):
+                raise RegistryError(f"registry {path}: migration {migration.name} failed: {exc}") from exc
+            raise
+    return _version(conn)
+
+
+def _version(conn: sqlite3.Connection) -> int:
+    row = conn.execute("SELECT version FROM schema_version").fetchone()
+    return 0 if row is None else int(row[0])

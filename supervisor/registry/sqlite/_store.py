@@ -1,0 +1,378 @@
+"""The SQLite registry's transaction layer: a bounded connection pool, one writer at a time per process, and group
+commit. Blocking code, called from worker threads (``_registry.SqliteRegistry`` hops there); it knows nothing of
+jobs: the operations (``_operations.py``) are changes handed to it.
+
+Every write is one ``BEGIN IMMEDIATE`` transaction, which takes SQLite's write lock up front: that lock is the
+cross-process lock that lets a CLI or a second process enqueue safely beside a running supervisor, and the lock
+under which a promotion counts and flips (INV-PROMOTION-NEVER-OVERSHOOTS). ``synchronous = FULL`` in WAL mode: a
+write is durable when its caller returns.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ...domain import RegistryError
+from ._schema import migrate
+
+BUSY_TIMEOUT_MS = 10_000
+# WAL lets readers run beside the one writer; a few connections serve every thread that calls the registry.
+DEFAULT_CONNECTIONS = 4
+# At most this many concurrent changes share one group commit (bounds one transaction's length).
+MAX_GROUP = 64
+
+T = TypeVar("T")
+
+Change = Callable[[sqlite3.Connection], Any]
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Roll back, best effort: a connection whose rollback fails stays in a transaction and the pool drops it."""
+    try:
+        conn.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass
+
+
+
+class _ConnectionPool:
+    """At most ``size`` SQLite connections, owned by the registry, lent to one thread at a time.
+
+    Connections belong to the pool, never to a thread: the Trio thread cache retires idle worker threads after
+    about 10 s, and a connection per thread (what this replaced) opened a new connection and WAL descriptor at
+    nearly every sweep and never closed the old ones. A connection that failed is closed and replaced, so an I/O
+    error cannot leave a broken connection in circulation.
+    """
+
+    def __init__(self, path: Path, size: int) -> None:
+        if size < 1:
+            raise ValueError("a connection pool needs at least one connection")
+        self._path = path
+        self.size = size
+        self._cond = threading.Condition()
+        self._idle: list[sqlite3.Connection] = []
+        self._open = 0  # idle + lent
+        self._closed = False
+
+    @property
+    def open_connections(self) -> int:
+        with self._cond:
+            return self._open
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(
+                self._path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise RegistryError(f"cannot open registry {self._path}: {exc}") from exc
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            # FULL: an acknowledged enqueue or transition survives a power loss or kernel crash, not only
+            # a process crash (NORMAL in WAL mode may drop the last commits). Jobs are few; fsyncs are cheap.
+            conn.execute("PRAGMA synchronous = FULL")
+        except sqlite3.Error as exc:
+            conn.close()
+            raise RegistryError(f"cannot open registry {self._path}: {exc}") from exc
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    @contextmanager
+    def borrow(self) -> Iterator[sqlite3.Connection]:
+        """Lend one connection to the calling thread; wait (bounded) when all are lent."""
+        with self._cond:
+            if not self._cond.wait_for(
+                lambda: self._closed or self._idle or self._open < self.size, timeout=BUSY_TIMEOUT_MS / 1000
+            ):
+                raise RegistryError(f"no registry connection free within {BUSY_TIMEOUT_MS} ms")
+            if self._closed:
+                raise RegistryError(f"registry {self._path} is closed")
+            conn = self._idle.pop() if self._idle else None
+            self._open += conn is None  # reserve the slot before connecting outside the lock
+        if conn is None:
+            try:
+                conn = self._connect()
+            except BaseException:
+                self._release(None)
+                raise
+        healthy = False
+        try:
+            yield conn
+            healthy = not conn.in_transaction
+        except BaseException as exc:
+            # A storage error may have left the connection unusable (I/O error, corrupt page): replace it.
+            # A caller's own error (not found, unauthorized) leaves it as good as it was.
+            failed = isinstance(exc, sqlite3.Error) or isinstance(exc.__cause__, sqlite3.Error)
+            healthy = not failed and not conn.in_transaction
+            raise
+        finally:
+            if not healthy:
+                self._discard(conn)
+            self._release(conn if healthy else None)
+
+    @staticmethod
+    def _discard(conn: sqlite3.Connection) -> None:
+        try:
+            conn.close()
+        except sqlite3.Error:
+            pass
+
+    def _release(self, conn: sqlite3.Connection | None) -> None:
+        with self._cond:
+            if conn is None or self._closed:
+                self._open -= 1
+                if conn is not None:
+                    self._discard(conn)
+            else:
+                self._idle.append(conn)
+            self._cond.notify()
+
+    def close(self) -> None:
+        """Close every idle connection now, and each lent one as it comes back."""
+        with self._cond:
+            self._closed = True
+            for conn in self._idle:
+                self._discard(conn)
+            self._open -= len(self._idle)
+            self._idle.clear()
+            self._cond.notify_all()
+
+
+@dataclass(eq=False)
+class _PendingWrite:
+    """One change waiting for a group commit, and its outcome once the transaction holding it has ended."""
+
+    change: Callable[[sqlite3.Connection], Any]
+    done: bool = False
+    result: Any = None
+    error: BaseException | None = None
+    committed: threading.Event = field(default_factory=threading.Event)  # set once ``done``: wakes its caller only
+
+
+class _WriteQueue:
+    """This process's writers of one registry file: one writer at a time (``lock``), and the changes waiting for
+    the next group commit (``pending``).
+
+    A change's caller never waits for the lock itself: it queues its change and, if another writer holds the lock,
+    waits on its own event, set as soon as a leader has committed the change (one wake-up per change, no herd).
+    Whoever holds the lock runs what is queued before it lets go (``lead``), so a change queued while the lock was
+    held is never left behind. SQLite's busy handler would sleep and poll instead (1, 2, 5, 10 ms...) and leave the
+    write lock idle between the transactions of concurrent jobs.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.guard = threading.Lock()
+        self.pending: list[_PendingWrite] = []
+
+    def take(self) -> list[_PendingWrite]:
+        with self.guard:
+            group = self.pending[:MAX_GROUP]
+            del self.pending[:MAX_GROUP]
+            return group
+
+    def has_pending(self) -> bool:
+        with self.guard:
+            return bool(self.pending)
+
+    def withdraw(self, item: _PendingWrite) -> bool:
+        """Take a change back out of the queue; False when a leader already took it (it is being run)."""
+        with self.guard:
+            for i, queued in enumerate(self.pending):
+                if queued is item:
+                    del self.pending[i]
+                    return True
+            return False
+
+
+_WRITE_QUEUES: dict[str, _WriteQueue] = {}
+_WRITE_QUEUES_GUARD = threading.Lock()
+
+
+def _process_write_queue(path: Path) -> _WriteQueue:
+    """The one write queue of this process for the registry file at ``path``, shared by every handle on it (a
+    second handle on the same file, as the CLI and tests open, waits in the same queue instead of busy-sleeping)."""
+    key = str(path.resolve())
+    with _WRITE_QUEUES_GUARD:
+        return _WRITE_QUEUES.setdefault(key, _WriteQueue())
+
+
+class SqliteStore:
+    """One SQLite file (WAL mode): its pool of connections, its schema brought up to date at open, and the
+    transactions every operation runs in. Safe to use from many threads and many processes."""
+
+    def __init__(self, path: Path, *, max_connections: int = DEFAULT_CONNECTIONS) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._pool = _ConnectionPool(self.path, max_connections)
+        # One writer of this process at a time, and the group commit's queue (see ``write``); readers never wait
+        # here (WAL).
+        self._writes = _process_write_queue(self.path)
+        with self._writes.lock, self._pool.borrow() as conn:
+            try:
+                self.schema_version = migrate(conn, self.path)
+            except sqlite3.Error as exc:
+                raise RegistryError(f"cannot open registry {self.path}: {exc}") from exc
+
+    @property
+    def max_connections(self) -> int:
+        return self._pool.size
+
+    @property
+    def open_connections(self) -> int:
+        """Connections open right now (idle or lent): never more than ``max_connections``."""
+        return self._pool.open_connections
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction under SQLite's cross-process write lock.
+
+        This process's writers first take its write lock (``_WriteQueue``), which wakes the next one at once;
+        ``busy_timeout`` still arbitrates with other processes (a CLI, a second supervisor), which never see it.
+        """
+        if not self._writes.lock.acquire(timeout=BUSY_TIMEOUT_MS / 1000):
+            raise RegistryError(f"registry lock not acquired within {BUSY_TIMEOUT_MS} ms (this process's writers)")
+        try:
+            with self.locked_tx() as conn:
+                yield conn
+        finally:
+            self._writes.lock.release()
+            self._lead()  # group changes queued meanwhile: their callers wait for a leader, not for the lock
+
+    @contextmanager
+    def locked_tx(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT`` on a pooled connection; the caller holds the write lock."""
+        with self._pool.borrow() as conn:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                raise RegistryError(f"registry lock not acquired: {exc}") from exc
+            try:
+                yield conn
+            except sqlite3.Error as exc:
+                _rollback(conn)
+                raise RegistryError(f"registry write failed: {exc}") from exc
+            except BaseException:
+                _rollback(conn)
+                raise
+            else:
+                try:
+                    conn.execute("COMMIT")
+                except sqlite3.Error as exc:
+                    _rollback(conn)
+                    raise RegistryError(f"registry commit failed: {exc}") from exc
+
+    def write(self, change: Callable[[sqlite3.Connection], T]) -> T:
+        """Run one change in a write transaction shared with this process's concurrent changes (group commit).
+
+        The change is queued; the next writer of this process (the leader) runs every queued change in one
+        ``BEGIN IMMEDIATE`` ... ``COMMIT``, each inside its own savepoint, so the jobs that end or start together
+        pay one fsync instead of one each. For each change:
+        - it sees the writes of the changes before it and commits with them: its checks (a promotion's count of
+          running rows, a finalize's ``decide``) run inside the transaction that commits it, as with ``_tx``;
+        - its outbox event is written by the change itself, so it commits or rolls back with its change;
+        - an error rolls back that change alone (to its savepoint) and is raised to its caller only; the others
+          commit;
+        - its caller returns only once the transaction holding it has committed (``synchronous = FULL``): an
+          acknowledged change is durable. A failed COMMIT fails every change of the group.
+        A change may run in another caller's thread, on a connection of another handle on the same file.
+        """
+        [(result, error)] = self.write_group([change])
+        if error is not None:
+            raise error
+        return result
+
+    def write_group(
+        self, changes: Sequence[Callable[[sqlite3.Connection], Any]]
+    ) -> list[tuple[Any, BaseException | None]]:
+        """Run several changes as ``_write`` runs one, queued together (so one leader commits them together, with
+        whatever else is queued): each change's (result, error), in order. For a caller that collects the changes of
+        several tasks and hands them over in one thread hop (``AsyncRegistry``)."""
+        items = [_PendingWrite(change) for change in changes]
+        queue = self._writes
+        with queue.guard:
+            queue.pending.extend(items)
+        self._lead()
+        out: list[tuple[Any, BaseException | None]] = []
+        for item in items:
+            if not item.committed.wait(BUSY_TIMEOUT_MS / 1000):
+                if queue.withdraw(item):  # no leader took it in time: give up, nothing was written
+                    why = f"registry lock not acquired within {BUSY_TIMEOUT_MS} ms (this process's writers)"
+                    out.append((None, RegistryError(why)))
+                    continue
+                item.committed.wait()  # a leader is running it: its transaction ends (bounded by busy_timeout)
+            out.append((item.result, item.error))
+        return out
+
+    def _lead(self) -> None:
+        """If no writer of this process holds the lock, take it and commit every queued change, group by group;
+        look again after letting go (a change queued just before is otherwise left without a leader)."""
+        queue = self._writes
+        while queue.has_pending() and queue.lock.acquire(blocking=False):
+            try:
+                while group := queue.take():
+                    self._run_group(group)
+            finally:
+                queue.lock.release()
+
+    def _run_group(self, group: list[_PendingWrite]) -> None:
+        """Run ``group`` in one transaction and record each change's outcome; the caller holds the write lock."""
+        results: list[tuple[_PendingWrite, Any, BaseException | None]] = []
+        try:
+            with self.locked_tx() as conn:
+                for item in group:
+                    conn.execute("SAVEPOINT change")
+                    error: BaseException | None = None
+                    try:
+                        result = item.change(conn)
+                    except sqlite3.Error as exc:
+                        result, error = None, RegistryError(f"registry write failed: {exc}")
+                        error.__cause__ = exc
+                    except Exception as exc:  # the change's own verdict (not found, conflict...): its caller's
+                        result, error = None, exc
+                    if error is not None:
+                        conn.execute("ROLLBACK TO change")
+                    conn.execute("RELEASE change")
+                    results.append((item, result, error))
+        except BaseException as exc:
+            why = str(exc) if isinstance(exc, RegistryError) else f"registry write failed: {exc!r}"
+            for item in group:  # each caller gets its own exception object (raised in its own thread)
+                item.error, item.done = RegistryError(why), True
+                item.error.__cause__ = exc
+                item.committed.set()
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for item, result, error in results:
+            item.result, item.error, item.done = result, error, True
+            item.committed.set()
+
+    def read(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        with self._pool.borrow() as conn:
+            try:
+                return conn.execute(sql, args).fetchall()
+            except sqlite3.Error as exc:
+                raise RegistryError(f"registry read failed: {exc}") from exc
+
+    def close(self) -> None:
+        self._pool.close()
+
+    @contextmanager
+    def read_tx(self) -> Iterator[sqlite3.Connection]:
+        """A consistent snapshot for reads that take more than one statement."""
+        with self._pool.borrow() as conn:
+            try:
+                conn.execute("BEGIN")
+                try:
+                    yield conn
+                finally:
+                    conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise RegistryError(f"registry read failed: {exc}") from exc
