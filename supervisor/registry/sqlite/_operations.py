@@ -509,7 +509,8 @@ class Operations:
     @staticmethod
     def running_in(conn: sqlite3.Connection) -> list[Job]:
         """Every RUNNING row (the status index: O(running rows))."""
-        return [row_to_job(r) for r in conn.execute(f"SELECT {COLUMNS} FROM jobs WHERE status = 'running' ORDER BY seq")]
+        rows = conn.execute(f"SELECT {COLUMNS} FROM jobs WHERE status = 'running' ORDER BY seq")
+        return [row_to_job(r) for r in rows]
 
     @staticmethod
     def counts_in(conn: sqlite3.Connection) -> dict[str, int]:
@@ -548,7 +549,8 @@ class Operations:
     def list_page(
         conn: sqlite3.Connection, where: str, args: list[object], limit: int
     ) -> tuple[list[Job], str | None]:
-        rows = conn.execute(f"SELECT {COLUMNS} FROM jobs {where} ORDER BY seq DESC LIMIT ?", (*args, limit + 1)).fetchall()
+        sql = f"SELECT {COLUMNS} FROM jobs {where} ORDER BY seq DESC LIMIT ?"
+        rows = conn.execute(sql, (*args, limit + 1)).fetchall()
         page = rows[:limit]
         positions: dict[int, int] = {}
         queued_seqs = [r["seq"] for r in page if r["status"] == JobStatus.QUEUED]
