@@ -3,6 +3,8 @@ thing, never instead of it: it passes the same contract suite as SQLite).
 
 Atomic by construction: an operation never awaits between its reads and its writes (its only checkpoint comes
 first), so on one Trio loop no other task sees it half done, which is what the other registries' transactions give.
+An operation that raises halfway is undone (``_atomic``: an undo log, as a transaction's rollback), and a promotion
+made after another change is undone alone (a savepoint), so a failure leaves nothing half written either.
 Nothing survives the process, and nothing here is shared with another one.
 """
 
@@ -11,8 +13,9 @@ from __future__ import annotations
 import copy
 import hmac
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 import trio
@@ -48,10 +51,21 @@ from ._protocol import (
 )
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Row:
     job: Job
     coalesce_key: str | None
+
+
+@dataclass
+class _Undo:
+    """What one atomic step changed, to put back if it fails: each row as it was before its first change (None: the
+    row is new), and the counters and the outbox's length."""
+
+    rows: dict[str, _Row | None] = field(default_factory=dict)
+    seq: int = 0
+    event_seq: int = 0
+    events: int = 0
 
 
 class MemoryRegistry:
@@ -69,6 +83,7 @@ class MemoryRegistry:
         self._event_seq = 0
         self._pause = PauseState(False)
         self._closed = False
+        self._undo: list[_Undo] = []  # the atomic steps under way, innermost last
 
     async def _enter(self) -> None:
         await trio.lowlevel.checkpoint()
@@ -89,8 +104,35 @@ class MemoryRegistry:
     def _position(self, job: Job) -> int:
         return sum(1 for r in self._rows.values() if r.job.status is JobStatus.QUEUED and r.job.seq <= job.seq)
 
-    def _put(self, job: Job) -> None:
-        self._rows[job.job_id].job = replace(job, queue_position=None)
+    def _put(self, job: Job, coalesce_key: str | None = None, *, new: bool = False) -> None:
+        row = self._rows.get(job.job_id)
+        if self._undo and job.job_id not in self._undo[-1].rows:
+            self._undo[-1].rows[job.job_id] = row
+        key = coalesce_key if new or row is None else row.coalesce_key
+        self._rows[job.job_id] = _Row(replace(job, queue_position=None), key)
+
+    @contextmanager
+    def _atomic(self) -> Iterator[None]:
+        """All of what the block writes, or none of it: an exception puts every row, counter and event back as
+        they were (nested: a savepoint, undone alone)."""
+        undo = _Undo(seq=self._seq, event_seq=self._event_seq, events=len(self._events))
+        self._undo.append(undo)
+        try:
+            yield
+        except BaseException:
+            for job_id, row in undo.rows.items():
+                if row is None:
+                    del self._rows[job_id]
+                else:
+                    self._rows[job_id] = row
+            self._seq, self._event_seq = undo.seq, undo.event_seq
+            del self._events[undo.events :]
+            raise
+        finally:
+            self._undo.pop()
+        if self._undo:  # a savepoint released: its changes are the enclosing step's to undo
+            for job_id, row in undo.rows.items():
+                self._undo[-1].rows.setdefault(job_id, row)
 
     def _event(self, job_id: str, event: str, previous: str | None, reason: str | None) -> None:
         if not self.outbox:
@@ -152,7 +194,7 @@ class MemoryRegistry:
             last_progress_at=None,
             log_path=None,
         )
-        self._rows[job.job_id] = _Row(job, new.coalesce_key)
+        self._put(job, new.coalesce_key, new=True)
         self._event(job.job_id, "job.transition", None, "enqueued")
         return EnqueueResult(self._get(job.job_id), coalesced=False)
 
@@ -183,27 +225,40 @@ class MemoryRegistry:
             )
         return Promotion(tuple(promoted))
 
+    def _promote_after(self, request: PromoteRequest | None) -> Promotion:
+        """A promotion made in another change's step, undone alone if it fails (``failed``): the change it follows
+        must not fail for it."""
+        try:
+            with self._atomic():
+                return self._promote(request)
+        except Exception:
+            return Promotion(failed=True)
+
     async def enqueue(self, job: NewJob, *, promote: PromoteRequest | None = None) -> tuple[EnqueueResult, Promotion]:
         await self._enter()
-        result = self._enqueue(job)
-        return result, self._promote(promote)
+        with self._atomic():
+            result = self._enqueue(job)
+            return result, self._promote_after(promote)
 
     async def enqueue_many(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
         await self._enter()
-        return [replace(r, job=replace(r.job, queue_position=None)) for r in map(self._enqueue, jobs)]
+        with self._atomic():
+            return [replace(r, job=replace(r.job, queue_position=None)) for r in map(self._enqueue, jobs)]
 
     async def promote(self, request: PromoteRequest) -> Promotion:
         await self._enter()
-        return self._promote(request)
+        with self._atomic():
+            return self._promote(request)
 
     async def record_identities(self, claims: Sequence[IdentityClaim]) -> list[Job]:
         await self._enter()
         out = []
-        for claim in claims:
-            job = self._get(claim.job_id)
-            if job.status is JobStatus.RUNNING:
-                self._put(replace(job, identity=claim.identity))
-            out.append(self._get(claim.job_id))
+        with self._atomic():
+            for claim in claims:
+                job = self._get(claim.job_id)
+                if job.status is JobStatus.RUNNING:
+                    self._put(replace(job, identity=claim.identity))
+                out.append(self._get(claim.job_id))
         return out
 
     # -- ends ---------------------------------------------------------------------------------------------
@@ -218,10 +273,11 @@ class MemoryRegistry:
         chosen = ending.chosen(job.cancel_requested)
         if job.status is not JobStatus.RUNNING:
             raise IllegalTransition(job_id, job.status, chosen.status)
-        after = self._set_status(
-            job, chosen.status, error_reason=chosen.reason, exit_code=ending.exit_code, ended_at=self._clock()
-        )
-        return Change(after, changed=True, previous=job.status), self._promote(promote)
+        with self._atomic():
+            after = self._set_status(
+                job, chosen.status, error_reason=chosen.reason, exit_code=ending.exit_code, ended_at=self._clock()
+            )
+            return Change(after, changed=True, previous=job.status), self._promote_after(promote)
 
     async def request_cancel(self, job_id: str) -> Change:
         await self._enter()
