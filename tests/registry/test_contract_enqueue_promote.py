@@ -66,7 +66,7 @@ async def test_each_row_gets_its_own_id_and_a_place_at_the_back_of_the_queue(reg
     assert seqs == sorted(seqs) and len(set(seqs)) == 3
 
 
-async def test_the_row_is_the_registrys_own_copy(registry: Registry) -> None:
+async def test_a_row_handed_in_or_out_is_a_copy(registry: Registry) -> None:
     params = {"feed": {"url": "u"}}
     argv = ["fetch"]
     result, _ = await registry.enqueue(NewJob("k", params, argv))
@@ -74,8 +74,17 @@ async def test_the_row_is_the_registrys_own_copy(registry: Registry) -> None:
     argv.append("changed by the caller")
     result.job.params["feed"] = "changed by the reader"
     result.job.argv.clear()
+    (await registry.get(result.job.job_id)).params.clear()
+    [promoted] = (await registry.promote(request(1))).jobs
+    promoted.params["feed"]["url"] = "changed by the promoter"
+    [listed] = await registry.running_jobs()
+    listed.argv.append("changed by the sweeper")
+    [event, *_] = await registry.outbox_pending(10)
+    event.job["params"]["feed"] = "changed by the sender"
     row = await registry.get(result.job.job_id)
     assert (row.params, row.argv) == ({"feed": {"url": "u"}}, ["fetch"])
+    [event, *_] = await registry.outbox_pending(10)
+    assert event.job["params"] == {"feed": {"url": "u"}}
 
 
 # -- coalescing ---------------------------------------------------------------------------------------------
