@@ -93,13 +93,14 @@ class MemoryRegistry:
     # -- rows -----------------------------------------------------------------------------------------------
 
     def _get(self, job_id: str) -> Job:
+        """The row as a caller may have it: its own copy (its params and argv are mutable, and a row handed out
+        must not change the registry's, as no row read from a database could), with its queue position."""
         row = self._rows.get(job_id)
         if row is None:
             raise JobNotFound(job_id)
         job = row.job
-        if job.status is JobStatus.QUEUED:
-            return replace(job, queue_position=self._position(job))
-        return job
+        position = self._position(job) if job.status is JobStatus.QUEUED else None
+        return replace(job, params=copy.deepcopy(job.params), argv=list(job.argv), queue_position=position)
 
     def _position(self, job: Job) -> int:
         return sum(1 for r in self._rows.values() if r.job.status is JobStatus.QUEUED and r.job.seq <= job.seq)
@@ -160,7 +161,7 @@ class MemoryRegistry:
         self._put(after)
         reason = "promoted" if to_status is JobStatus.RUNNING else fields.get("error_reason")
         self._event(job.job_id, "job.transition", str(job.status), reason if isinstance(reason, str) else None)
-        return after
+        return self._get(job.job_id)
 
     # -- enqueue and promotion ------------------------------------------------------------------------------
 
@@ -324,7 +325,7 @@ class MemoryRegistry:
                 last_progress_at=now if beat.completed_units > job.completed_units else job.last_progress_at,
             )
             self._put(after)
-            results.append(after)
+            results.append(self._get(beat.job_id))
         return results
 
     async def check_job_token(self, job_id: str, token: str) -> None:
@@ -343,7 +344,7 @@ class MemoryRegistry:
         self._put(after)
         for event, reason in events:
             self._event(job_id, event, str(job.status), reason)
-        return Change(after, changed=True)
+        return Change(self._get(job_id), changed=True)
 
     async def record_event(self, job_id: str, event: str, reason: str | None) -> Job:
         await self._enter()
@@ -355,7 +356,7 @@ class MemoryRegistry:
 
     async def outbox_pending(self, limit: int) -> list[OutboxEvent]:
         await self._enter()
-        return self._events[:limit]
+        return [replace(e, job=copy.deepcopy(dict(e.job))) for e in self._events[:limit]]
 
     async def outbox_delete(self, seqs: Sequence[int]) -> None:
         await self._enter()
@@ -395,7 +396,7 @@ class MemoryRegistry:
 
     async def running_jobs(self) -> list[Job]:
         await self._enter()
-        return [r.job for r in self._rows.values() if r.job.status is JobStatus.RUNNING]
+        return [self._get(r.job.job_id) for r in self._rows.values() if r.job.status is JobStatus.RUNNING]
 
     async def list_jobs(
         self, *, status: str | None = None, kind: str | None = None, limit: int = 100, cursor: str | None = None
