@@ -232,6 +232,14 @@ async def test_every_timestamp_is_an_aware_utc_datetime_from_the_registrys_clock
     assert max(seen) == clock.now
 
 
+async def test_a_clock_without_a_zone_is_refused_and_nothing_is_written(open_registry: Any) -> None:
+    registry: Registry = await open_registry(clock=lambda: datetime(2031, 3, 4, 5, 6, 7))
+    with pytest.raises(ValueError, match="naive"):
+        await registry.enqueue(new_job())
+    assert await registry.counts() == {s.value: 0 for s in JobStatus}
+    assert await registry.outbox_depth() == 0
+
+
 # -- a closed registry -------------------------------------------------------------------------------------
 
 CALLS: dict[str, Callable[[Registry], Awaitable[object]]] = {
