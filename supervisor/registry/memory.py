@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import trio
 
@@ -85,6 +85,14 @@ class MemoryRegistry:
         self._closed = False
         self._undo: list[_Undo] = []  # the atomic steps under way, innermost last
 
+    def _now(self) -> datetime:
+        """The clock's time in UTC, as every timestamp is kept (a naive time is refused, as SQLite's ``to_iso``
+        refuses it)."""
+        now = self._clock()
+        if now.tzinfo is None:
+            raise ValueError(f"the registry's clock gave a naive datetime: {now!r}")
+        return now.astimezone(UTC)
+
     async def _enter(self) -> None:
         await trio.lowlevel.checkpoint()
         if self._closed:
@@ -145,7 +153,7 @@ class MemoryRegistry:
                 event_id=uuid.uuid4().hex,
                 job_id=job_id,
                 event=event,
-                created_at=self._clock(),
+                created_at=self._now(),
                 previous_status=previous,
                 reason=reason,
                 boot_id=self.boot_id,
@@ -180,7 +188,7 @@ class MemoryRegistry:
             status=JobStatus.QUEUED,
             error_reason=None,
             exit_code=None,
-            created_at=self._clock(),
+            created_at=self._now(),
             started_at=None,
             ended_at=None,
             attempts=0,
@@ -208,7 +216,7 @@ class MemoryRegistry:
         running = sum(1 for r in self._rows.values() if r.job.status is JobStatus.RUNNING)
         free = min(request.max_concurrent - running, len(request.token_hashes))
         queued = [r.job for r in self._rows.values() if r.job.status is JobStatus.QUEUED][: max(0, free)]
-        now = self._clock()
+        now = self._now()
         promoted = []
         for job, token_hash in zip(queued, request.token_hashes, strict=False):
             log_path = str(request.log_dir / f"{job.job_id}.log") if request.log_dir is not None else None
@@ -276,7 +284,7 @@ class MemoryRegistry:
             raise IllegalTransition(job_id, job.status, chosen.status)
         with self._atomic():
             after = self._set_status(
-                job, chosen.status, error_reason=chosen.reason, exit_code=ending.exit_code, ended_at=self._clock()
+                job, chosen.status, error_reason=chosen.reason, exit_code=ending.exit_code, ended_at=self._now()
             )
             return Change(after, changed=True, previous=job.status), self._promote_after(promote)
 
@@ -285,7 +293,7 @@ class MemoryRegistry:
         job = self._get(job_id)
         if job.status is JobStatus.QUEUED:
             outcome = Outcome(JobStatus.CANCELLED, "cancelled_before_start")
-            after = self._set_status(job, outcome.status, error_reason=outcome.reason, ended_at=self._clock())
+            after = self._set_status(job, outcome.status, error_reason=outcome.reason, ended_at=self._now())
             return Change(after, changed=True, previous=job.status)
         if job.status is JobStatus.RUNNING and not job.cancel_requested:
             self._put(replace(job, cancel_requested=True))
@@ -305,7 +313,7 @@ class MemoryRegistry:
 
     async def record_heartbeats(self, beats: Sequence[Beat]) -> list[Job | RequestError]:
         await self._enter()
-        now = self._clock()
+        now = self._now()
         results: list[Job | RequestError] = []
         for beat in beats:
             try:
@@ -339,7 +347,7 @@ class MemoryRegistry:
         job = self._get(job_id)
         if job.status is not JobStatus.RUNNING or (job.stalled, job.silent) == (stalled, silent):
             return Change(job, changed=False)
-        since = job.stalled_since if job.stalled and stalled else (self._clock() if stalled else None)
+        since = job.stalled_since if job.stalled and stalled else (self._now() if stalled else None)
         after = replace(job, stalled=stalled, stalled_since=since, silent=silent)
         self._put(after)
         for event, reason in events:
@@ -369,7 +377,7 @@ class MemoryRegistry:
 
     async def outbox_prune(self, *, max_events: int, max_age_s: float) -> PruneResult:
         await self._enter()
-        cutoff = self._clock() - timedelta(seconds=max_age_s)
+        cutoff = self._now() - timedelta(seconds=max_age_s)
         kept = [e for e in self._events if e.created_at >= cutoff]
         by_age = len(self._events) - len(kept)
         by_count = max(0, len(kept) - max_events)
@@ -381,7 +389,7 @@ class MemoryRegistry:
     async def set_paused(self, paused: bool, *, by: str) -> PauseState:
         await self._enter()
         if self._pause.paused != paused:
-            self._pause = PauseState(True, by, self._clock()) if paused else PauseState(False)
+            self._pause = PauseState(True, by, self._now()) if paused else PauseState(False)
         return self._pause
 
     async def pause_state(self) -> PauseState:
