@@ -4,16 +4,14 @@ the file as it was; scripts are cut into statements by SQLite's tokenizer; the m
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import tomllib
-from datetime import UTC, datetime
 from fnmatch import fnmatch
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import pytest
+from registry_v3 import CONTAINER, MIGRATIONS, PROCESS, ROW, V3_EVENTS, at, build_v3, old_public, sql, ts
 
 from supervisor.domain import Job, JobStatus, RegistryError
 from supervisor.registry import (
@@ -29,130 +27,14 @@ from supervisor.registry import (
 from supervisor.registry.sqlite import SCHEMA_VERSION
 from supervisor.registry.sqlite._schema import statements
 
-MIGRATIONS = resources.files("supervisor.registry.sqlite").joinpath("migrations")
 REPO = Path(__file__).resolve().parents[3]
 SUCCEEDED = Ending(Outcome(JobStatus.SUCCEEDED), exit_code=0)
 
 
-def _sql(name: str) -> str:
-    return MIGRATIONS.joinpath(name).read_text(encoding="utf-8")
-
-
-def _ts(minute: int) -> str:
-    """A timestamp as version 3 wrote it (ISO 8601, microseconds, +00:00)."""
-    return datetime(2026, 5, 1, 12, minute, 0, 250_000, tzinfo=UTC).isoformat(timespec="microseconds")
-
-
-def _at(minute: int) -> datetime:
-    return datetime(2026, 5, 1, 12, minute, 0, 250_000, tzinfo=UTC)
-
-
-# The rows a version-3 registry held: every status, and each way it recorded a process.
-V3_ROWS: list[dict[str, Any]] = [
-    {
-        "job_id": "done", "kind": "feeds", "params": '{"feed": "a"}', "argv": '["fetch", "a"]', "status": "succeeded",
-        "exit_code": 0, "created_at": _ts(0), "started_at": _ts(1), "ended_at": _ts(2), "attempts": 1,
-        "boot_id": "boot-old", "pid": 100, "pid_start_time": 5000, "kernel_boot_id": "kb-1", "completed_units": 4,
-        "total_units": 4, "last_heartbeat_at": _ts(2), "last_progress_at": _ts(2), "log_path": "/logs/done.log",
-    },
-    {
-        "job_id": "proc", "kind": "episodes", "params": '{"n": 3}', "argv": '["run"]', "status": "running",
-        "created_at": _ts(3), "started_at": _ts(4), "attempts": 2, "cancel_requested": 1, "boot_id": "boot-old",
-        "pid": 4242, "pid_start_time": 123456, "kernel_boot_id": "kb-1", "token_hash": hash_token("proc-token"),
-        "completed_units": 3, "total_units": 10, "stage": "episodes", "last_heartbeat_at": _ts(9),
-        "last_progress_at": _ts(8), "log_path": "/logs/proc.log", "stalled": 1, "stalled_since": _ts(8), "silent": 1,
-    },
-    {
-        "job_id": "box", "kind": "enrichment", "params": "{}", "argv": '["enrich"]', "status": "running",
-        "created_at": _ts(5), "started_at": _ts(6), "attempts": 1, "boot_id": "boot-old", "container_id": "c0ffee",
-        "token_hash": hash_token("box-token"),
-    },
-    {
-        "job_id": "spawning", "kind": "feeds", "params": "{}", "argv": '["fetch"]', "status": "running",
-        "created_at": _ts(7), "started_at": _ts(8), "attempts": 1, "boot_id": "boot-old",
-        "token_hash": hash_token("spawning-token"),
-    },
-    {
-        "job_id": "waiting", "kind": "enrichment", "params": '{"x": 1}', "argv": '["enrich", "x"]',
-        "status": "queued", "created_at": _ts(10), "coalesce_key": "K",
-    },
-    {
-        "job_id": "later", "kind": "feeds", "params": "{}", "argv": '["fetch"]', "status": "queued",
-        "created_at": _ts(11),
-    },
-]  # fmt: skip
-
-PROCESS = IdentityRecord("process", {"pid": 4242, "pid_start_time": 123456, "kernel_boot_id": "kb-1"})
-CONTAINER = IdentityRecord("container", {"container_id": "c0ffee"})
-
-
-def _old_public(row: dict[str, Any]) -> dict[str, Any]:
-    """The public row as version 3 put it in an event's body (the identity columns at the top level)."""
-    out = {
-        "job_id": row["job_id"], "kind": row["kind"], "params": json.loads(row["params"]),
-        "argv": json.loads(row["argv"]), "status": row["status"], "error_reason": row.get("error_reason"),
-        "exit_code": row.get("exit_code"), "created_at": row["created_at"], "started_at": row.get("started_at"),
-        "ended_at": row.get("ended_at"), "attempts": row.get("attempts", 0),
-        "cancel_requested": bool(row.get("cancel_requested")), "boot_id": row.get("boot_id"),
-        "completed_units": row.get("completed_units", 0), "total_units": row.get("total_units"),
-        "stage": row.get("stage"), "last_heartbeat_at": row.get("last_heartbeat_at"),
-        "last_progress_at": row.get("last_progress_at"), "log_path": row.get("log_path"),
-        "stalled": bool(row.get("stalled")), "stalled_since": row.get("stalled_since"),
-        "silent": bool(row.get("silent")),
-    }  # fmt: skip
-    for key in ("pid", "pid_start_time", "kernel_boot_id", "container_id"):
-        out[key] = row.get(key)
-    if row["status"] == "queued":
-        out["queue_position"] = None
-    return out
-
-
-def _body(event_id: str, event: str, row: dict[str, Any], previous: str | None, reason: str | None, ts: str) -> str:
-    body = {
-        "event_id": event_id, "event": event, "job": _old_public(row), "previous_status": previous,
-        "reason": reason, "boot_id": "boot-old", "ts": ts,
-    }  # fmt: skip
-    return json.dumps(body, sort_keys=True, separators=(",", ":"))
-
-
-ROW = {r["job_id"]: r for r in V3_ROWS}
-# Undelivered events, as version 3 wrote them: the whole body a receiver gets, as one text.
-V3_EVENTS = [
-    (event_id, job_id, event, _ts(minute), _body(event_id, event, ROW[job_id], previous, reason, _ts(minute)))
-    for event_id, job_id, event, minute, previous, reason in [
-        ("e-proc-promoted", "proc", "job.transition", 4, "queued", "promoted"),
-        ("e-proc-stalled", "proc", "job.stalled", 8, "running", "progress_stalled"),
-        ("e-later-enqueued", "later", "job.transition", 11, None, "enqueued"),
-    ]
-]
-
-
-def build_v3(path: Path, *, events: list[tuple[str, str, str, str, str]] = V3_EVENTS) -> None:
-    """A registry file as version 3 left it: its own migrations (SQLite's own script runner, not the code under
-    test), its rows and its undelivered events."""
+def raw(path: Path, query: str) -> list[tuple[Any, ...]]:
     conn = sqlite3.connect(path)
     try:
-        for name in ("0001_jobs.sql", "0002_absence.sql", "0003_outbox.sql"):
-            conn.executescript(_sql(name))
-        conn.executescript(
-            "CREATE TABLE schema_version (version INTEGER NOT NULL); INSERT INTO schema_version VALUES (3);"
-        )
-        for row in V3_ROWS:
-            conn.execute(
-                f"INSERT INTO jobs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
-            )
-        conn.executemany(
-            "INSERT INTO outbox (event_id, job_id, event, created_at, body) VALUES (?, ?, ?, ?, ?)", events
-        )
-        conn.commit()
-    finally:
-        conn.close()
-
-
-def raw(path: Path, sql: str) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(path)
-    try:
-        return conn.execute(sql).fetchall()
+        return conn.execute(query).fetchall()
     finally:
         conn.close()
 
@@ -178,10 +60,10 @@ async def test_a_version_3_file_is_migrated_with_its_rows_intact(path: Path) -> 
         proc = await reg.get("proc")
         assert proc == Job(
             job_id="proc", seq=2, kind="episodes", params={"n": 3}, argv=["run"], status=JobStatus.RUNNING,
-            error_reason=None, exit_code=None, created_at=_at(3), started_at=_at(4), ended_at=None, attempts=2,
+            error_reason=None, exit_code=None, created_at=at(3), started_at=at(4), ended_at=None, attempts=2,
             cancel_requested=True, boot_id="boot-old", identity=PROCESS, token_hash=hash_token("proc-token"),
-            completed_units=3, total_units=10, stage="episodes", last_heartbeat_at=_at(9), last_progress_at=_at(8),
-            log_path="/logs/proc.log", queue_position=None, stalled=True, stalled_since=_at(8), silent=True,
+            completed_units=3, total_units=10, stage="episodes", last_heartbeat_at=at(9), last_progress_at=at(8),
+            log_path="/logs/proc.log", queue_position=None, stalled=True, stalled_since=at(8), silent=True,
         )  # fmt: skip
         assert (await reg.get("box")).identity == CONTAINER
         assert (await reg.get("spawning")).identity is None  # promoted, never spawned: nothing recorded
@@ -189,7 +71,7 @@ async def test_a_version_3_file_is_migrated_with_its_rows_intact(path: Path) -> 
         assert done.identity == IdentityRecord(
             "process", {"pid": 100, "pid_start_time": 5000, "kernel_boot_id": "kb-1"}
         )
-        assert (done.status, done.ended_at, done.exit_code, done.token_hash) == (JobStatus.SUCCEEDED, _at(2), 0, None)
+        assert (done.status, done.ended_at, done.exit_code, done.token_hash) == (JobStatus.SUCCEEDED, at(2), 0, None)
         assert [(await reg.get(j)).queue_position for j in ("waiting", "later")] == [1, 2]
         assert await reg.counts() == {
             "queued": 2,
@@ -218,12 +100,12 @@ async def test_a_version_3_files_undelivered_events_are_taken_apart_into_fields(
             ("e-proc-stalled", "proc", "job.stalled", "running", "progress_stalled", "boot-old"),
             ("e-later-enqueued", "later", "job.transition", None, "enqueued", "boot-old"),
         ]
-        assert [e.created_at for e in events] == [_at(4), _at(8), _at(11)]
+        assert [e.created_at for e in events] == [at(4), at(8), at(11)]
         # The row as of the change, exactly as the old body carried it (what its receiver would have got).
         assert [dict(e.job) for e in events] == [
-            _old_public(ROW["proc"]),
-            _old_public(ROW["proc"]),
-            _old_public(ROW["later"]),
+            old_public(ROW["proc"]),
+            old_public(ROW["proc"]),
+            old_public(ROW["later"]),
         ]
         assert events[0].job["pid"] == 4242
         seqs = [e.seq for e in events]
@@ -284,7 +166,7 @@ async def test_a_file_newer_than_the_code_is_refused_and_left_alone(path: Path) 
 
 async def test_a_failed_migration_leaves_the_file_at_its_previous_version(path: Path) -> None:
     # An event whose body is not JSON: migration 4 cannot take it apart.
-    broken = ("e-broken", "later", "job.transition", _ts(12), "{not json")
+    broken = ("e-broken", "later", "job.transition", ts(12), "{not json")
     build_v3(path, events=[*V3_EVENTS, broken])
     before = {table: raw(path, f"SELECT * FROM {table} ORDER BY seq") for table in ("jobs", "outbox")}
     with pytest.raises(RegistryError, match="0004"):
@@ -360,7 +242,7 @@ def test_every_shipped_migration_runs_statement_by_statement(tmp_path: Path) -> 
     conn = sqlite3.connect(tmp_path / "scratch.sqlite3")
     try:
         for name in sorted(p.name for p in MIGRATIONS.iterdir() if p.name.endswith(".sql")):
-            for statement in statements(_sql(name)):
+            for statement in statements(sql(name)):
                 conn.execute(statement)
         assert "identity" in [r[1] for r in conn.execute("PRAGMA table_info(jobs)")]
     finally:
@@ -375,3 +257,13 @@ def test_the_migrations_ship_with_the_package() -> None:
     shipped = [p.name for p in MIGRATIONS.iterdir() if p.name.endswith(".sql")]
     assert len(shipped) == SCHEMA_VERSION
     assert all(any(fnmatch(f"migrations/{name}", pattern) for pattern in patterns) for name in shipped)
+
+
+async def test_running_rows_are_read_through_the_status_index(path: Path) -> None:
+    """A sweep reads the running rows: O(running rows), not O(history), by the (status, seq) index."""
+    reg = await SqliteRegistry.open(path)
+    try:
+        plan = reg.store.read("EXPLAIN QUERY PLAN SELECT * FROM jobs WHERE status = 'running' ORDER BY seq")
+        assert "jobs_status_seq" in " ".join(str(row[3]) for row in plan)
+    finally:
+        await reg.aclose()
