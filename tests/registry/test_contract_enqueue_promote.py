@@ -3,7 +3,7 @@ pause, in the enqueue's own step) and record_identities, on every backend."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +150,40 @@ async def test_enqueue_many_coalesces_with_queued_rows_and_within_the_batch(regi
     assert results[0].job.job_id == old.job.job_id
     assert results[3].job.job_id == results[2].job.job_id
     assert (await registry.counts())["queued"] == 3
+
+
+class UnreadableParams(Mapping[str, Any]):
+    """Params that fail when the registry reads them: a row that cannot be written (validating params is the
+    core's job; this stands for whatever makes one row of a batch fail)."""
+
+    def __getitem__(self, key: str) -> Any:
+        raise RuntimeError("unreadable params")
+
+    def __iter__(self) -> Iterator[str]:
+        raise RuntimeError("unreadable params")
+
+    def __len__(self) -> int:
+        return 1
+
+
+async def test_enqueue_many_is_all_or_nothing(registry: Registry) -> None:
+    [before] = await enqueue(registry, 1)
+    depth = await registry.outbox_depth()
+    batch = [new_job(1), new_job(2, key="K"), NewJob("k", UnreadableParams(), ["x"])]
+    with pytest.raises(RuntimeError, match="unreadable"):
+        await registry.enqueue_many(batch)
+    assert [j.job_id for j in (await registry.list_jobs())[0]] == [before]
+    assert await registry.outbox_depth() == depth
+    results = await registry.enqueue_many(batch[:2])  # the same rows, without the bad one: nothing was left over
+    assert [r.coalesced for r in results] == [False, False]
+    assert (await registry.counts())["queued"] == 3
+
+
+async def test_an_enqueue_that_fails_writes_nothing(registry: Registry) -> None:
+    with pytest.raises(RuntimeError, match="unreadable"):
+        await registry.enqueue(NewJob("k", UnreadableParams(), ["x"]), promote=request(1))
+    assert await registry.counts() == {s.value: 0 for s in JobStatus}
+    assert await registry.outbox_depth() == 0
 
 
 async def test_enqueue_many_of_nothing_adds_nothing(registry: Registry) -> None:
