@@ -43,13 +43,16 @@ async def open_registry(backend: str, tmp_path: Path, clock: WallClock) -> Async
     ) -> Registry:
         where = tmp_path / f"{backend}-{next(places)}"
         where.mkdir()
-        reg = await BACKENDS[backend](where, clock=clock, boot_id=boot_id, outbox=outbox)
+        reg = await BACKENDS[backend].open(where, clock=clock, boot_id=boot_id, outbox=outbox)
         opened.append(reg)
         return reg
 
-    yield open_
-    for reg in opened:
-        await reg.aclose()
+    # pytest-trio runs the fixtures and the test in one contextvars context: what ``around`` opens here (an asyncio
+    # loop under trio-asyncio) is the test's too.
+    async with BACKENDS[backend].around():
+        yield open_
+        for reg in opened:
+            await reg.aclose()
 
 
 @pytest.fixture

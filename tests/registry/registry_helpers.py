@@ -1,14 +1,18 @@
 """What the registry's contract suite needs beside its fixtures: one factory per backend, a wall clock the test
 moves, and the few steps most tests start with (rows enqueued, rows running).
 
-Everything here speaks the ``Registry`` interface only. A new backend is one more entry in ``BACKENDS``: an async
-function that opens a fresh, empty registry with the given clock, boot id and outbox setting (its storage under
-``where``, a directory of its own) and returns it; ``conftest.py`` and the state machine pick it up from there.
+Everything here speaks the ``Registry`` interface only. A new backend is one more entry in ``BACKENDS``: a
+``Backend`` whose ``open`` gives a fresh, empty registry with the given clock, boot id and outbox setting (its
+storage under ``where``, a directory of its own), and whose ``around`` is what must stay open on the Trio loop
+while its registries are used (PostgreSQL: ``trio_asyncio.open_loop()``, under which asyncpg runs).
+``conftest.py`` (once per test) and the state machine (once per machine, on its portal's loop) pick it up there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Protocol
@@ -57,7 +61,18 @@ async def open_memory(where: Path, *, clock: Callable[[], datetime], boot_id: st
     return MemoryRegistry(clock=clock, boot_id=boot_id, outbox=outbox)
 
 
-BACKENDS: dict[str, Opener] = {"sqlite": open_sqlite, "memory": open_memory}
+@asynccontextmanager
+async def nothing_around() -> AsyncIterator[None]:
+    yield
+
+
+@dataclass(frozen=True)
+class Backend:
+    open: Opener
+    around: Callable[[], AbstractAsyncContextManager[object]] = nothing_around
+
+
+BACKENDS: dict[str, Backend] = {"sqlite": Backend(open_sqlite), "memory": Backend(open_memory)}
 
 
 # -- the steps most tests start with ----------------------------------------------------------------------

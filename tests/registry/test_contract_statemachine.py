@@ -58,11 +58,11 @@ class RegistryMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = tempfile.TemporaryDirectory()
-        self.portal = Portal().__enter__()
+        backend = BACKENDS[self.backend]
+        self.portal = Portal(around=backend.around).__enter__()
         self.clock = WallClock()
-        opener = BACKENDS[self.backend]
         self.reg = self.portal.run(
-            functools.partial(opener, Path(self.dir.name), clock=self.clock, boot_id=BOOT, outbox=True)
+            functools.partial(backend.open, Path(self.dir.name), clock=self.clock, boot_id=BOOT, outbox=True)
         )
         # The model: every row's status, in insertion order (the queue's order).
         self.model: dict[str, JobStatus] = {}
