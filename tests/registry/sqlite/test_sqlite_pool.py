@@ -10,6 +10,7 @@ with a pool of one it shows whether the connection was kept or replaced.
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -148,5 +149,22 @@ async def test_storage_errors_surface_as_registry_errors(path: Path) -> None:
             await reg.list_jobs()
         with pytest.raises(RegistryError):
             await reg.running_jobs()
+    finally:
+        await reg.aclose()
+
+
+async def test_an_acknowledged_write_is_committed_and_synced_when_its_call_returns(path: Path) -> None:
+    reg = await SqliteRegistry.open(path)
+    try:
+        result, _ = await reg.enqueue(new_job())
+        other = sqlite3.connect(path)  # another connection sees only what is committed
+        try:
+            assert other.execute("SELECT status FROM jobs WHERE job_id = ?", (result.job.job_id,)).fetchall() == [
+                ("queued",)
+            ]
+        finally:
+            other.close()
+        # FULL: the commit is on disk (not only in the WAL's page cache) before the call returns.
+        assert [tuple(row) for row in reg.store.read("PRAGMA synchronous")] == [(2,)]
     finally:
         await reg.aclose()
