@@ -319,6 +319,7 @@ async def test_a_row_enqueued_while_a_slot_is_free_is_running_when_the_call_retu
     assert not promotion.paused and not promotion.failed
     [job] = promotion.jobs
     assert job.job_id == result.job.job_id
+    assert (result.job.status, result.job.queue_position) == (JobStatus.QUEUED, 1)  # the row as enqueued
     assert (job.status, job.token_hash, job.boot_id) == (JobStatus.RUNNING, hash_token("mine"), BOOT)
     assert await registry.get(job.job_id) == job
 
