@@ -23,7 +23,7 @@ from supervisor.registry import Registry
 OpenRegistry = Callable[..., Awaitable[Registry]]
 
 
-@pytest.fixture(params=sorted(BACKENDS))
+@pytest.fixture(params=[pytest.param(name, marks=BACKENDS[name].marks) for name in sorted(BACKENDS)])
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

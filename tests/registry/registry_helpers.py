@@ -17,6 +17,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Protocol
 
+import pytest
+
 from supervisor.domain import Job, JobStatus
 from supervisor.registry import (
     MemoryRegistry,
@@ -70,6 +72,7 @@ async def nothing_around() -> AsyncIterator[None]:
 class Backend:
     open: Opener
     around: Callable[[], AbstractAsyncContextManager[object]] = nothing_around
+    marks: tuple[pytest.MarkDecorator, ...] = ()  # e.g. a marker that skips it where its server is missing
 
 
 BACKENDS: dict[str, Backend] = {"sqlite": Backend(open_sqlite), "memory": Backend(open_memory)}

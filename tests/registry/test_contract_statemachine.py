@@ -265,6 +265,7 @@ def _machine_test(backend: str) -> Any:
     machine: type[RegistryMachine] = type(f"RegistryMachine_{backend}", (RegistryMachine,), {"backend": backend})
     case = machine.TestCase
     case.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+    case.pytestmark = list(BACKENDS[backend].marks)  # type: ignore[attr-defined]
     return case
 
 

@@ -9,6 +9,7 @@ with a pool of one it shows whether the connection was kept or replaced.
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import threading
@@ -47,6 +48,10 @@ def on_fresh_thread(fn: Callable[[], object]) -> None:
         raise errors[0]
 
 
+def set_stage(stage: str) -> Callable[[sqlite3.Connection], object]:
+    return lambda conn: conn.execute("UPDATE jobs SET stage = ?", (stage,))
+
+
 async def test_calls_from_ever_new_threads_reuse_a_bounded_set_of_connections(path: Path) -> None:
     reg = await SqliteRegistry.open(path, max_connections=2)
     try:
@@ -56,7 +61,7 @@ async def test_calls_from_ever_new_threads_reuse_a_bounded_set_of_connections(pa
         fds_before = open_fds()
         for i in range(100):
             on_fresh_thread(lambda: store.read("SELECT * FROM jobs WHERE status = 'running'"))
-            on_fresh_thread(lambda i=i: store.write(lambda conn: conn.execute("UPDATE jobs SET stage = ?", (str(i),))))
+            on_fresh_thread(functools.partial(store.write, set_stage(str(i))))
         assert reg.store.open_connections <= reg.store.max_connections == 2
         assert open_fds() <= fds_before
         assert (await reg.list_jobs())[0][0].stage == "99"
