@@ -4,12 +4,14 @@
 - ``memory``: a process's memory, for fast tests of the core (``MemoryRegistry``).
 
 Both pass one contract suite (``tests/registry/``). The backend is chosen once, here (``open_registry``); nothing
-else knows which one it talks to.
+else knows which one it talks to. ``IdentityRecord`` (what ``Expect`` and ``IdentityClaim`` carry) and ``hash_token``
+(how a ``PromoteRequest``'s token hashes are made from the tokens a job presents) are part of this interface too.
 """
 
 from __future__ import annotations
 
 from ..domain import Config
+from ..domain._model import IdentityRecord, hash_token
 from ._protocol import (
     CURSOR_PATTERN,
     MAX_LIST_LIMIT,
@@ -44,6 +46,7 @@ __all__ = [
     "EnqueueResult",
     "Expect",
     "IdentityClaim",
+    "IdentityRecord",
     "MemoryRegistry",
     "NewJob",
     "OutboxEvent",
@@ -54,6 +57,7 @@ __all__ = [
     "PruneResult",
     "Registry",
     "SqliteRegistry",
+    "hash_token",
     "open_registry",
 ]
 

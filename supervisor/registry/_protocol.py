@@ -39,7 +39,10 @@ CURSOR_PATTERN = re.compile(r"[0-9]{1,18}")
 
 @dataclass(frozen=True)
 class NewJob:
-    """A row to enqueue: a validated kind, its params and argv, and its coalescing key (None: never coalesced)."""
+    """A row to enqueue: a validated kind, its params and argv, and its coalescing key (None: never coalesced).
+
+    ``params`` and ``argv`` are JSON values (the core validated them): a registry may store them as JSON, so a tuple
+    may come back a list and a value JSON cannot hold may be refused. The contract says nothing of other values."""
 
     kind: str
     params: Mapping[str, Any]
@@ -189,7 +192,9 @@ class Registry(Protocol):
     async def enqueue(self, job: NewJob, *, promote: PromoteRequest | None = None) -> tuple[EnqueueResult, Promotion]:
         """Add a queued row (or, with a coalescing key, return the identical queued one); with ``promote``, then
         promote into free slots in the same atomic step (unless paused): a job enqueued while a slot is free is
-        RUNNING when the call returns. A failed promotion never fails the enqueue (``Promotion.failed``)."""
+        RUNNING when the call returns. A failed promotion never fails the enqueue (``Promotion.failed``).
+        ``EnqueueResult.job`` is the row as enqueued (queued, with its position); a row promoted in the same step
+        is in ``Promotion.jobs`` as it is after it."""
         ...
 
     async def enqueue_many(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
@@ -211,7 +216,9 @@ class Registry(Protocol):
         self, job_id: str, ending: Ending, *, expect: Expect | None = None, promote: PromoteRequest | None = None
     ) -> tuple[Change, Promotion]:
         """End a RUNNING row as ``ending`` says (a terminal row is left alone: ``changed=False``; so is a row whose
-        identity is not ``expect``'s). With ``promote``, promote into the freed slot in the same atomic step."""
+        identity is not ``expect``'s). With ``promote``, promote into the freed slot in the same atomic step (a
+        finalize that changed nothing freed none, and promotes nothing). Ending a queued row raises
+        ``IllegalTransition``."""
         ...
 
     async def request_cancel(self, job_id: str) -> Change:
@@ -223,8 +230,10 @@ class Registry(Protocol):
 
     async def record_heartbeats(self, beats: Sequence[Beat]) -> list[Job | RequestError]:
         """Record beats (per beat: the row after it, or the ``Unauthorized``/``Conflict`` it earned; a refused beat
-        writes nothing). ``completed_units`` is a watermark (INV-PROGRESS-NOT-LIVENESS): every beat moves
-        ``last_heartbeat_at``, only a higher count moves ``last_progress_at``."""
+        writes nothing; a row holds a token hash only while it runs, so a beat for a row that does not run finds
+        no token and earns ``Unauthorized``, as one for an unknown job). ``completed_units`` is a watermark
+        (INV-PROGRESS-NOT-LIVENESS): every beat moves ``last_heartbeat_at``, only a higher count moves
+        ``last_progress_at``."""
         ...
 
     async def check_job_token(self, job_id: str, token: str) -> None:
@@ -245,7 +254,7 @@ class Registry(Protocol):
     # -- the outbox ---------------------------------------------------------------------------------------
 
     async def outbox_pending(self, limit: int) -> list[OutboxEvent]:
-        """The oldest undelivered events, in the order they were written."""
+        """The oldest undelivered events, in the order they were written (``limit``: at least 1)."""
         ...
 
     async def outbox_delete(self, seqs: Sequence[int]) -> None:
@@ -255,7 +264,8 @@ class Registry(Protocol):
     async def outbox_depth(self) -> int: ...
 
     async def outbox_prune(self, *, max_events: int, max_age_s: float) -> PruneResult:
-        """Drop events older than ``max_age_s`` and, past ``max_events``, the oldest."""
+        """Drop events older than ``max_age_s`` (one exactly that old is kept) and, past ``max_events``, the oldest
+        (both limits at least 0)."""
         ...
 
     # -- the queue's pause ----------------------------------------------------------------------------------

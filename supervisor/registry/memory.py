@@ -3,6 +3,8 @@ thing, never instead of it: it passes the same contract suite as SQLite).
 
 Atomic by construction: an operation never awaits between its reads and its writes (its only checkpoint comes
 first), so on one Trio loop no other task sees it half done, which is what the other registries' transactions give.
+An operation that raises halfway is undone (``_atomic``: an undo log, as a transaction's rollback), and a promotion
+made after another change is undone alone (a savepoint), so a failure leaves nothing half written either.
 Nothing survives the process, and nothing here is shared with another one.
 """
 
@@ -11,9 +13,10 @@ from __future__ import annotations
 import copy
 import hmac
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 
 import trio
 
@@ -49,10 +52,21 @@ from ._protocol import (
 )
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Row:
     job: Job
     coalesce_key: str | None
+
+
+@dataclass
+class _Undo:
+    """What one atomic step changed, to put back if it fails: each row as it was before its first change (None: the
+    row is new), and the counters and the outbox's length."""
+
+    rows: dict[str, _Row | None] = field(default_factory=dict)
+    seq: int = 0
+    event_seq: int = 0
+    events: int = 0
 
 
 class MemoryRegistry:
@@ -70,6 +84,15 @@ class MemoryRegistry:
         self._event_seq = 0
         self._pause = PauseState(False)
         self._closed = False
+        self._undo: list[_Undo] = []  # the atomic steps under way, innermost last
+
+    def _now(self) -> datetime:
+        """The clock's time in UTC, as every timestamp is kept (a naive time is refused, as SQLite's ``to_iso``
+        refuses it)."""
+        now = self._clock()
+        if now.tzinfo is None:
+            raise ValueError(f"the registry's clock gave a naive datetime: {now!r}")
+        return now.astimezone(UTC)
 
     async def _enter(self) -> None:
         await trio.lowlevel.checkpoint()
@@ -79,19 +102,47 @@ class MemoryRegistry:
     # -- rows -----------------------------------------------------------------------------------------------
 
     def _get(self, job_id: str) -> Job:
+        """The row as a caller may have it: its own copy (its params and argv are mutable, and a row handed out
+        must not change the registry's, as no row read from a database could), with its queue position."""
         row = self._rows.get(job_id)
         if row is None:
             raise JobNotFound(job_id)
         job = row.job
-        if job.status is JobStatus.QUEUED:
-            return replace(job, queue_position=self._position(job))
-        return job
+        position = self._position(job) if job.status is JobStatus.QUEUED else None
+        return replace(job, params=copy.deepcopy(job.params), argv=list(job.argv), queue_position=position)
 
     def _position(self, job: Job) -> int:
         return sum(1 for r in self._rows.values() if r.job.status is JobStatus.QUEUED and r.job.seq <= job.seq)
 
-    def _put(self, job: Job) -> None:
-        self._rows[job.job_id].job = replace(job, queue_position=None)
+    def _put(self, job: Job, coalesce_key: str | None = None, *, new: bool = False) -> None:
+        row = self._rows.get(job.job_id)
+        if self._undo and job.job_id not in self._undo[-1].rows:
+            self._undo[-1].rows[job.job_id] = row
+        key = coalesce_key if new or row is None else row.coalesce_key
+        self._rows[job.job_id] = _Row(replace(job, queue_position=None), key)
+
+    @contextmanager
+    def _atomic(self) -> Iterator[None]:
+        """All of what the block writes, or none of it: an exception puts every row, counter and event back as
+        they were (nested: a savepoint, undone alone)."""
+        undo = _Undo(seq=self._seq, event_seq=self._event_seq, events=len(self._events))
+        self._undo.append(undo)
+        try:
+            yield
+        except BaseException:
+            for job_id, row in undo.rows.items():
+                if row is None:
+                    del self._rows[job_id]
+                else:
+                    self._rows[job_id] = row
+            self._seq, self._event_seq = undo.seq, undo.event_seq
+            del self._events[undo.events :]
+            raise
+        finally:
+            self._undo.pop()
+        if self._undo:  # a savepoint released: its changes are the enclosing step's to undo
+            for job_id, row in undo.rows.items():
+                self._undo[-1].rows.setdefault(job_id, row)
 
     def _event(self, job_id: str, event: str, previous: str | None, reason: str | None) -> None:
         if not self.outbox:
@@ -103,7 +154,7 @@ class MemoryRegistry:
                 event_id=uuid.uuid4().hex,
                 job_id=job_id,
                 event=event,
-                created_at=self._clock(),
+                created_at=self._now(),
                 previous_status=previous,
                 reason=reason,
                 boot_id=self.boot_id,
@@ -119,7 +170,7 @@ class MemoryRegistry:
         self._put(after)
         reason = "promoted" if to_status is JobStatus.RUNNING else fields.get("error_reason")
         self._event(job.job_id, "job.transition", str(job.status), reason if isinstance(reason, str) else None)
-        return after
+        return self._get(job.job_id)
 
     # -- enqueue and promotion ------------------------------------------------------------------------------
 
@@ -138,7 +189,7 @@ class MemoryRegistry:
             status=JobStatus.QUEUED,
             error_reason=None,
             exit_code=None,
-            created_at=self._clock(),
+            created_at=self._now(),
             started_at=None,
             ended_at=None,
             attempts=0,
@@ -153,7 +204,7 @@ class MemoryRegistry:
             last_progress_at=None,
             log_path=None,
         )
-        self._rows[job.job_id] = _Row(job, new.coalesce_key)
+        self._put(job, new.coalesce_key, new=True)
         self._event(job.job_id, "job.transition", None, "enqueued")
         return EnqueueResult(self._get(job.job_id), coalesced=False)
 
@@ -166,7 +217,7 @@ class MemoryRegistry:
         running = sum(1 for r in self._rows.values() if r.job.status is JobStatus.RUNNING)
         free = min(request.max_concurrent - running, len(request.token_hashes))
         queued = [r.job for r in self._rows.values() if r.job.status is JobStatus.QUEUED][: max(0, free)]
-        now = self._clock()
+        now = self._now()
         promoted = []
         for job, token_hash in zip(queued, request.token_hashes, strict=False):
             log_path = str(request.log_dir / f"{job.job_id}.log") if request.log_dir is not None else None
@@ -184,27 +235,40 @@ class MemoryRegistry:
             )
         return Promotion(tuple(promoted))
 
+    def _promote_after(self, request: PromoteRequest | None) -> Promotion:
+        """A promotion made in another change's step, undone alone if it fails (``failed``): the change it follows
+        must not fail for it."""
+        try:
+            with self._atomic():
+                return self._promote(request)
+        except Exception:
+            return Promotion(failed=True)
+
     async def enqueue(self, job: NewJob, *, promote: PromoteRequest | None = None) -> tuple[EnqueueResult, Promotion]:
         await self._enter()
-        result = self._enqueue(job)
-        return result, self._promote(promote)
+        with self._atomic():
+            result = self._enqueue(job)
+            return result, self._promote_after(promote)
 
     async def enqueue_many(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
         await self._enter()
-        return [replace(r, job=replace(r.job, queue_position=None)) for r in map(self._enqueue, jobs)]
+        with self._atomic():
+            return [replace(r, job=replace(r.job, queue_position=None)) for r in map(self._enqueue, jobs)]
 
     async def promote(self, request: PromoteRequest) -> Promotion:
         await self._enter()
-        return self._promote(request)
+        with self._atomic():
+            return self._promote(request)
 
     async def record_identities(self, claims: Sequence[IdentityClaim]) -> list[Job]:
         await self._enter()
         out = []
-        for claim in claims:
-            job = self._get(claim.job_id)
-            if job.status is JobStatus.RUNNING:
-                self._put(replace(job, identity=claim.identity))
-            out.append(self._get(claim.job_id))
+        with self._atomic():
+            for claim in claims:
+                job = self._get(claim.job_id)
+                if job.status is JobStatus.RUNNING:
+                    self._put(replace(job, identity=claim.identity))
+                out.append(self._get(claim.job_id))
         return out
 
     # -- ends ---------------------------------------------------------------------------------------------
@@ -219,17 +283,18 @@ class MemoryRegistry:
         chosen = ending.chosen(job.cancel_requested)
         if job.status is not JobStatus.RUNNING:
             raise IllegalTransition(job_id, job.status, chosen.status)
-        after = self._set_status(
-            job, chosen.status, error_reason=chosen.reason, exit_code=ending.exit_code, ended_at=self._clock()
-        )
-        return Change(after, changed=True, previous=job.status), self._promote(promote)
+        with self._atomic():
+            after = self._set_status(
+                job, chosen.status, error_reason=chosen.reason, exit_code=ending.exit_code, ended_at=self._now()
+            )
+            return Change(after, changed=True, previous=job.status), self._promote_after(promote)
 
     async def request_cancel(self, job_id: str) -> Change:
         await self._enter()
         job = self._get(job_id)
         if job.status is JobStatus.QUEUED:
             outcome = Outcome(JobStatus.CANCELLED, "cancelled_before_start")
-            after = self._set_status(job, outcome.status, error_reason=outcome.reason, ended_at=self._clock())
+            after = self._set_status(job, outcome.status, error_reason=outcome.reason, ended_at=self._now())
             return Change(after, changed=True, previous=job.status)
         if job.status is JobStatus.RUNNING and not job.cancel_requested:
             self._put(replace(job, cancel_requested=True))
@@ -249,7 +314,7 @@ class MemoryRegistry:
 
     async def record_heartbeats(self, beats: Sequence[Beat]) -> list[Job | RequestError]:
         await self._enter()
-        now = self._clock()
+        now = self._now()
         results: list[Job | RequestError] = []
         for beat in beats:
             try:
@@ -269,7 +334,7 @@ class MemoryRegistry:
                 last_progress_at=now if beat.completed_units > job.completed_units else job.last_progress_at,
             )
             self._put(after)
-            results.append(after)
+            results.append(self._get(beat.job_id))
         return results
 
     async def check_job_token(self, job_id: str, token: str) -> None:
@@ -283,12 +348,12 @@ class MemoryRegistry:
         job = self._get(job_id)
         if job.status is not JobStatus.RUNNING or (job.stalled, job.silent) == (stalled, silent):
             return Change(job, changed=False)
-        since = job.stalled_since if job.stalled and stalled else (self._clock() if stalled else None)
+        since = job.stalled_since if job.stalled and stalled else (self._now() if stalled else None)
         after = replace(job, stalled=stalled, stalled_since=since, silent=silent)
         self._put(after)
         for event, reason in events:
             self._event(job_id, event, str(job.status), reason)
-        return Change(after, changed=True)
+        return Change(self._get(job_id), changed=True)
 
     async def record_event(self, job_id: str, event: str, reason: str | None) -> Job:
         await self._enter()
@@ -300,7 +365,7 @@ class MemoryRegistry:
 
     async def outbox_pending(self, limit: int) -> list[OutboxEvent]:
         await self._enter()
-        return self._events[:limit]
+        return [replace(e, job=copy.deepcopy(dict(e.job))) for e in self._events[:limit]]
 
     async def outbox_delete(self, seqs: Sequence[int]) -> None:
         await self._enter()
@@ -313,7 +378,7 @@ class MemoryRegistry:
 
     async def outbox_prune(self, *, max_events: int, max_age_s: float) -> PruneResult:
         await self._enter()
-        cutoff = self._clock() - timedelta(seconds=max_age_s)
+        cutoff = self._now() - timedelta(seconds=max_age_s)
         kept = [e for e in self._events if e.created_at >= cutoff]
         by_age = len(self._events) - len(kept)
         by_count = max(0, len(kept) - max_events)
@@ -325,7 +390,7 @@ class MemoryRegistry:
     async def set_paused(self, paused: bool, *, by: str) -> PauseState:
         await self._enter()
         if self._pause.paused != paused:
-            self._pause = PauseState(True, by, self._clock()) if paused else PauseState(False)
+            self._pause = PauseState(True, by, self._now()) if paused else PauseState(False)
         return self._pause
 
     async def pause_state(self) -> PauseState:
@@ -340,7 +405,7 @@ class MemoryRegistry:
 
     async def running_jobs(self) -> list[Job]:
         await self._enter()
-        return [r.job for r in self._rows.values() if r.job.status is JobStatus.RUNNING]
+        return [self._get(r.job.job_id) for r in self._rows.values() if r.job.status is JobStatus.RUNNING]
 
     async def list_jobs(
         self, *, status: str | None = None, kind: str | None = None, limit: int = 100, cursor: str | None = None

@@ -13,7 +13,7 @@ import sqlite3
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ...domain import (
@@ -110,7 +110,12 @@ class Operations:
         self.outbox = outbox
 
     def now(self) -> datetime:
-        return self.clock()
+        """The clock's time in UTC: what a row stores, and so what a write answers (the same instant as a later read
+        of the row, in the same form)."""
+        now = self.clock()
+        if now.tzinfo is None:
+            raise ValueError(f"the registry's clock gave a naive datetime: {now!r}")
+        return now.astimezone(UTC)
 
     # -- rows ---------------------------------------------------------------------------------------------
 

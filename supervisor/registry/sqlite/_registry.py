@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from ...domain import Job, RequestError
+from ...domain import Job, RegistryError, RequestError
 from ...domain._model import utc_now
 from .._protocol import (
     Beat,
@@ -64,6 +64,7 @@ class SqliteRegistry:
         self.ops = Operations(clock=clock, boot_id=boot_id, outbox=outbox)
         self._limiter = trio.CapacityLimiter(self.store.max_connections)
         self._writes: Coalescer[Callable[[Any], Any], Any] = Coalescer(self._write_group)
+        self._closed = False
 
     @classmethod
     async def open(cls, path: Path, **kwargs: Any) -> SqliteRegistry:
@@ -72,11 +73,18 @@ class SqliteRegistry:
 
     # -- the two ways to the store ----------------------------------------------------------------------
 
+    def _check_open(self) -> None:
+        """A closed registry refuses every call, also one with nothing to do (the pool refuses the others anyway)."""
+        if self._closed:
+            raise RegistryError(f"registry {self.path} is closed")
+
     async def _run(self, fn: Callable[[], T]) -> T:
+        self._check_open()
         return await trio.to_thread.run_sync(fn, limiter=self._limiter)
 
     async def _write(self, change: Callable[[Any], T]) -> T:
         """One change, in a thread hop and a transaction shared with the changes queued meanwhile."""
+        self._check_open()
         result: T = await self._writes.submit(change)
         return result
 
@@ -133,6 +141,7 @@ class SqliteRegistry:
         return await self._read(lambda conn: self.ops.outbox_pending(conn, limit))
 
     async def outbox_delete(self, seqs: Sequence[int]) -> None:
+        self._check_open()
         if seqs:
             await self._write(self.ops.outbox_delete(seqs))
 
@@ -173,8 +182,10 @@ class SqliteRegistry:
         return await self._read(self.ops.counts_in)
 
     async def aclose(self) -> None:
+        self._closed = True
         await trio.to_thread.run_sync(self.store.close)
 
     def close(self) -> None:
         """Close from blocking code (a test's teardown, a script)."""
+        self._closed = True
         self.store.close()

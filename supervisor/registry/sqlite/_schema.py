@@ -45,20 +45,27 @@ SCHEMA_VERSION = len(migrations())
 
 def statements(script: str) -> Iterator[str]:
     """The statements of ``script``, each ending at a ``;`` that SQLite says completes one (not one inside a
-    string, a comment or a trigger's body)."""
+    string, a comment or a trigger's body). Comments and empty statements between them are no statements."""
     start = 0
     for end in (i + 1 for i, ch in enumerate(script) if ch == ";"):
         piece = script[start:end]
         if sqlite3.complete_statement(piece):
-            if piece.strip(" \t\r\n;"):
+            if not _blank(piece[:-1]):
                 yield piece
             start = end
-    if script[start:].strip() and not _only_comments(script[start:]):
+    if not _blank(script[start:]):
         raise RegistryError(f"a migration ends with an incomplete statement: {script[start:].strip()[:80]!r}")
 
 
-def _only_comments(text: str) -> bool:
-    return all(not line.strip() or line.strip().startswith("--") for line in text.splitlines())
+# Whitespace, ``;`` and comments (``--`` to the end of the line, ``/* */``, which an unterminated one ends at the end
+# of the text, as SQLite reads it): what may stand between statements.
+_BLANK = re.compile(r"(?:\s|;|--[^\n]*(?:\n|\Z)|/\*.*?(?:\*/|\Z))*", re.DOTALL)
+
+
+def _blank(text: str) -> bool:
+    """``text`` holds no statement. Read from its start, so a ``--`` or ``/*`` inside a string never counts: the
+    string itself is not blank."""
+    return _BLANK.fullmatch(text) is not None
 
 
 def migrate(conn: sqlite3.Connection, path: Path) -> int:

@@ -1,0 +1,269 @@
+"""The SQLite registry's schema: a file written by the previous version (3) is migrated to the current one with its
+rows, identities and undelivered events intact; a file newer than the code is refused; a failed migration leaves
+the file as it was; scripts are cut into statements by SQLite's tokenizer; the migrations ship with the package."""
+
+from __future__ import annotations
+
+import sqlite3
+import tomllib
+from fnmatch import fnmatch
+from pathlib import Path
+from typing import Any
+
+import pytest
+from registry_v3 import CONTAINER, MIGRATIONS, PROCESS, ROW, V3_EVENTS, at, build_v3, old_public, sql, ts
+
+from supervisor.domain import Job, JobStatus, RegistryError
+from supervisor.registry import (
+    Ending,
+    IdentityRecord,
+    NewJob,
+    Outcome,
+    PauseState,
+    PromoteRequest,
+    SqliteRegistry,
+    hash_token,
+)
+from supervisor.registry.sqlite import SCHEMA_VERSION
+from supervisor.registry.sqlite._schema import statements
+
+REPO = Path(__file__).resolve().parents[3]
+SUCCEEDED = Ending(Outcome(JobStatus.SUCCEEDED), exit_code=0)
+
+
+def raw(path: Path, query: str) -> list[tuple[Any, ...]]:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute(query).fetchall()
+    finally:
+        conn.close()
+
+
+def columns(path: Path, table: str) -> list[str]:
+    return [r[1] for r in raw(path, f"PRAGMA table_info({table})")]
+
+
+# -- from version 3 -----------------------------------------------------------------------------------------
+
+
+def test_this_code_is_schema_version_4() -> None:
+    """The migration tests below are from 3 to 4: a new migration needs its own test of the file before it."""
+    assert SCHEMA_VERSION == 4
+
+
+async def test_a_version_3_file_is_migrated_with_its_rows_intact(path: Path) -> None:
+    build_v3(path)
+    reg = await SqliteRegistry.open(path)
+    try:
+        assert reg.store.schema_version == SCHEMA_VERSION
+        assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+        proc = await reg.get("proc")
+        assert proc == Job(
+            job_id="proc", seq=2, kind="episodes", params={"n": 3}, argv=["run"], status=JobStatus.RUNNING,
+            error_reason=None, exit_code=None, created_at=at(3), started_at=at(4), ended_at=None, attempts=2,
+            cancel_requested=True, boot_id="boot-old", identity=PROCESS, token_hash=hash_token("proc-token"),
+            completed_units=3, total_units=10, stage="episodes", last_heartbeat_at=at(9), last_progress_at=at(8),
+            log_path="/logs/proc.log", queue_position=None, stalled=True, stalled_since=at(8), silent=True,
+        )  # fmt: skip
+        assert (await reg.get("box")).identity == CONTAINER
+        assert (await reg.get("spawning")).identity is None  # promoted, never spawned: nothing recorded
+        done = await reg.get("done")
+        assert done.identity == IdentityRecord(
+            "process", {"pid": 100, "pid_start_time": 5000, "kernel_boot_id": "kb-1"}
+        )
+        assert (done.status, done.ended_at, done.exit_code, done.token_hash) == (JobStatus.SUCCEEDED, at(2), 0, None)
+        assert [(await reg.get(j)).queue_position for j in ("waiting", "later")] == [1, 2]
+        assert await reg.counts() == {
+            "queued": 2,
+            "running": 3,
+            "succeeded": 1,
+            "failed": 0,
+            "cancelled": 0,
+            "stale": 0,
+        }
+        assert await reg.pause_state() == PauseState(False)  # the pause is new in version 4: not paused
+        await reg.check_job_token("proc", "proc-token")  # its token still works
+        # The identity columns are gone: the record is the only place the identity is.
+        assert not {"pid", "pid_start_time", "kernel_boot_id", "container_id"} & set(columns(path, "jobs"))
+        assert "identity" in columns(path, "jobs")
+    finally:
+        await reg.aclose()
+
+
+async def test_a_version_3_files_undelivered_events_are_taken_apart_into_fields(path: Path) -> None:
+    build_v3(path)
+    reg = await SqliteRegistry.open(path)
+    try:
+        events = await reg.outbox_pending(10)
+        assert [(e.event_id, e.job_id, e.event, e.previous_status, e.reason, e.boot_id) for e in events] == [
+            ("e-proc-promoted", "proc", "job.transition", "queued", "promoted", "boot-old"),
+            ("e-proc-stalled", "proc", "job.stalled", "running", "progress_stalled", "boot-old"),
+            ("e-later-enqueued", "later", "job.transition", None, "enqueued", "boot-old"),
+        ]
+        assert [e.created_at for e in events] == [at(4), at(8), at(11)]
+        # The row as of the change, exactly as the old body carried it (what its receiver would have got).
+        assert [dict(e.job) for e in events] == [
+            old_public(ROW["proc"]),
+            old_public(ROW["proc"]),
+            old_public(ROW["later"]),
+        ]
+        assert events[0].job["pid"] == 4242
+        seqs = [e.seq for e in events]
+        assert seqs == sorted(seqs)
+        assert "body" not in columns(path, "outbox")
+        # Delivered, they go as any other event does.
+        await reg.outbox_delete(seqs[:2])
+        assert [e.event_id for e in await reg.outbox_pending(10)] == ["e-later-enqueued"]
+    finally:
+        await reg.aclose()
+
+
+async def test_a_migrated_file_keeps_its_queue_order_and_coalescing(path: Path) -> None:
+    build_v3(path)
+    reg = await SqliteRegistry.open(path)
+    try:
+        coalesced, _ = await reg.enqueue(NewJob("enrichment", {"x": 1}, ["enrich", "x"], coalesce_key="K"))
+        assert coalesced.coalesced and coalesced.job.job_id == "waiting"
+        new, _ = await reg.enqueue(NewJob("feeds", {}, ["fetch"]))
+        assert new.job.seq > max(r.seq for r in (await reg.list_jobs())[0] if r.job_id != new.job.job_id)
+        assert new.job.queue_position == 3
+        await reg.finalize("proc", SUCCEEDED)
+        await reg.finalize("box", SUCCEEDED)
+        promotion = await reg.promote(PromoteRequest(3, "boot-new", [hash_token("a"), hash_token("b")]))
+        assert [j.job_id for j in promotion.jobs] == ["waiting", "later"]  # the old rows first, in their order
+    finally:
+        await reg.aclose()
+
+
+async def test_reopening_a_migrated_file_migrates_nothing_again(path: Path) -> None:
+    build_v3(path)
+    first = await SqliteRegistry.open(path)
+    rows = (await first.list_jobs())[0]
+    events = await first.outbox_pending(10)
+    await first.aclose()
+    again = await SqliteRegistry.open(path)
+    try:
+        assert again.store.schema_version == SCHEMA_VERSION
+        assert (await again.list_jobs())[0] == rows
+        assert await again.outbox_pending(10) == events
+    finally:
+        await again.aclose()
+
+
+# -- refusals and failures ----------------------------------------------------------------------------------
+
+
+async def test_a_file_newer_than_the_code_is_refused_and_left_alone(path: Path) -> None:
+    await (await SqliteRegistry.open(path)).aclose()
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
+    conn.commit()
+    conn.close()
+    with pytest.raises(RegistryError, match="newer"):
+        await SqliteRegistry.open(path)
+    assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION + 1,)]
+
+
+async def test_a_failed_migration_leaves_the_file_at_its_previous_version(path: Path) -> None:
+    # An event whose body is not JSON: migration 4 cannot take it apart.
+    broken = ("e-broken", "later", "job.transition", ts(12), "{not json")
+    build_v3(path, events=[*V3_EVENTS, broken])
+    before = {table: raw(path, f"SELECT * FROM {table} ORDER BY seq") for table in ("jobs", "outbox")}
+    with pytest.raises(RegistryError, match="0004"):
+        await SqliteRegistry.open(path)
+    assert raw(path, "SELECT version FROM schema_version") == [(3,)]
+    assert "pid" in columns(path, "jobs") and "identity" not in columns(path, "jobs")
+    assert "body" in columns(path, "outbox")
+    assert raw(path, "SELECT name FROM sqlite_master WHERE name = 'queue_state'") == []
+    assert {table: raw(path, f"SELECT * FROM {table} ORDER BY seq") for table in ("jobs", "outbox")} == before
+    # Once the operator removes what it could not read, the same file migrates.
+    conn = sqlite3.connect(path)
+    conn.execute("DELETE FROM outbox WHERE event_id = 'e-broken'")
+    conn.commit()
+    conn.close()
+    reg = await SqliteRegistry.open(path)
+    try:
+        assert (await reg.get("proc")).identity == PROCESS
+    finally:
+        await reg.aclose()
+
+
+async def test_a_new_file_is_at_the_current_version_in_wal_mode(path: Path) -> None:
+    reg = await SqliteRegistry.open(path)
+    await reg.aclose()
+    assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+    assert raw(path, "PRAGMA journal_mode") == [("wal",)]
+
+
+# -- statements() ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        ("SELECT 1; SELECT 2;", ["SELECT 1;", "SELECT 2;"]),
+        ("INSERT INTO t VALUES ('a;b'); SELECT 2;", ["INSERT INTO t VALUES ('a;b');", "SELECT 2;"]),
+        ('SELECT "odd;name" FROM t;', ['SELECT "odd;name" FROM t;']),
+        ("SELECT 'it''s; here';", ["SELECT 'it''s; here';"]),
+        ("SELECT '-- not a comment;'; SELECT '/*';", ["SELECT '-- not a comment;';", "SELECT '/*';"]),
+        (
+            "-- a comment; with a semicolon\nCREATE TABLE t (x);",
+            ["-- a comment; with a semicolon\nCREATE TABLE t (x);"],
+        ),
+        ("CREATE TABLE t (x /* a; b */);", ["CREATE TABLE t (x /* a; b */);"]),
+        (
+            "CREATE TRIGGER tr AFTER INSERT ON t BEGIN UPDATE t SET x = 1; DELETE FROM t; END;",
+            ["CREATE TRIGGER tr AFTER INSERT ON t BEGIN UPDATE t SET x = 1; DELETE FROM t; END;"],
+        ),
+        ("CREATE TABLE t (x);\n-- the end; really", ["CREATE TABLE t (x);"]),
+        ("CREATE TABLE t (x);\n/* the end; really */\n", ["CREATE TABLE t (x);"]),
+        ("CREATE TABLE t (x); /* trailing */", ["CREATE TABLE t (x);"]),
+        ("SELECT 1;;\n;  ", ["SELECT 1;"]),
+        ("-- only a comment\n;\n/* another */;", []),
+        ("", []),
+    ],
+)
+def test_statements_split_only_where_sqlite_says_a_statement_ends(script: str, expected: list[str]) -> None:
+    got = list(statements(script))
+    assert [s.strip() for s in got] == expected
+    for statement in got:
+        assert sqlite3.complete_statement(statement)
+
+
+def test_a_script_that_ends_inside_a_statement_is_refused() -> None:
+    with pytest.raises(RegistryError, match="incomplete"):
+        list(statements("CREATE TABLE t (x);\nSELECT 'unfinished"))
+    with pytest.raises(RegistryError, match="incomplete"):
+        list(statements("CREATE TABLE t (x);\nSELECT 1"))
+
+
+def test_every_shipped_migration_runs_statement_by_statement(tmp_path: Path) -> None:
+    """What migrate() does, on an empty file: each statement of each migration is one SQLite accepts."""
+    conn = sqlite3.connect(tmp_path / "scratch.sqlite3")
+    try:
+        for name in sorted(p.name for p in MIGRATIONS.iterdir() if p.name.endswith(".sql")):
+            for statement in statements(sql(name)):
+                conn.execute(statement)
+        assert "identity" in [r[1] for r in conn.execute("PRAGMA table_info(jobs)")]
+    finally:
+        conn.close()
+
+
+def test_the_migrations_ship_with_the_package() -> None:
+    """A wheel (the Docker image installs one) holds only the package data pyproject declares: without the SQL
+    files no registry opens."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"].get("supervisor.registry.sqlite", [])
+    shipped = [p.name for p in MIGRATIONS.iterdir() if p.name.endswith(".sql")]
+    assert len(shipped) == SCHEMA_VERSION
+    assert all(any(fnmatch(f"migrations/{name}", pattern) for pattern in patterns) for name in shipped)
+
+
+async def test_running_rows_are_read_through_the_status_index(path: Path) -> None:
+    """A sweep reads the running rows: O(running rows), not O(history), by the (status, seq) index."""
+    reg = await SqliteRegistry.open(path)
+    try:
+        plan = reg.store.read("EXPLAIN QUERY PLAN SELECT * FROM jobs WHERE status = 'running' ORDER BY seq")
+        assert "jobs_status_seq" in " ".join(str(row[3]) for row in plan)
+    finally:
+        await reg.aclose()
