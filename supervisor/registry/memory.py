@@ -69,8 +69,9 @@ class _Undo:
     events: int = 0
 
 
-class MemoryRegistry:
-    """See the module docstring; the constructor takes what ``SqliteRegistry``'s does, but the path."""
+class _MemoryRows:
+    """The rows, the events and the pause in memory, and the primitives every operation builds on (each leaves the
+    state as it was when it raises: ``_atomic``)."""
 
     def __init__(
         self, *, boot_id: str | None = None, outbox: bool = True, clock: Callable[[], datetime] = utc_now
@@ -98,8 +99,6 @@ class MemoryRegistry:
         await trio.lowlevel.checkpoint()
         if self._closed:
             raise RegistryError("the registry is closed")
-
-    # -- rows -----------------------------------------------------------------------------------------------
 
     def _get(self, job_id: str) -> Job:
         """The row as a caller may have it: its own copy (its params and argv are mutable, and a row handed out
@@ -172,8 +171,6 @@ class MemoryRegistry:
         self._event(job.job_id, "job.transition", str(job.status), reason if isinstance(reason, str) else None)
         return self._get(job.job_id)
 
-    # -- enqueue and promotion ------------------------------------------------------------------------------
-
     def _enqueue(self, new: NewJob) -> EnqueueResult:
         if new.coalesce_key is not None:
             for row in self._rows.values():
@@ -244,6 +241,20 @@ class MemoryRegistry:
         except Exception:
             return Promotion(failed=True)
 
+    def _authenticated(self, job_id: str, token: str) -> Job:
+        try:
+            job = self._get(job_id)
+        except JobNotFound:
+            raise Unauthorized("the token is not this job's") from None
+        if job.token_hash is None or not hmac.compare_digest(job.token_hash, hash_token(token)):
+            raise Unauthorized("the token is not this job's")
+        return job
+
+
+
+class MemoryRegistry(_MemoryRows):
+    """See the module docstring; the constructor takes what ``SqliteRegistry``'s does, but the path."""
+
     async def enqueue(self, job: NewJob, *, promote: PromoteRequest | None = None) -> tuple[EnqueueResult, Promotion]:
         await self._enter()
         with self._atomic():
@@ -270,8 +281,6 @@ class MemoryRegistry:
                     self._put(replace(job, identity=claim.identity))
                 out.append(self._get(claim.job_id))
         return out
-
-    # -- ends ---------------------------------------------------------------------------------------------
 
     async def finalize(
         self, job_id: str, ending: Ending, *, expect: Expect | None = None, promote: PromoteRequest | None = None
@@ -300,17 +309,6 @@ class MemoryRegistry:
             self._put(replace(job, cancel_requested=True))
             return Change(self._get(job_id), changed=True)
         return Change(job, changed=False)
-
-    # -- heartbeats, tokens, absence, events --------------------------------------------------------------
-
-    def _authenticated(self, job_id: str, token: str) -> Job:
-        try:
-            job = self._get(job_id)
-        except JobNotFound:
-            raise Unauthorized("the token is not this job's") from None
-        if job.token_hash is None or not hmac.compare_digest(job.token_hash, hash_token(token)):
-            raise Unauthorized("the token is not this job's")
-        return job
 
     async def record_heartbeats(self, beats: Sequence[Beat]) -> list[Job | RequestError]:
         await self._enter()
@@ -361,8 +359,6 @@ class MemoryRegistry:
         self._event(job_id, event, str(job.status), reason)
         return job
 
-    # -- the outbox ---------------------------------------------------------------------------------------
-
     async def outbox_pending(self, limit: int) -> list[OutboxEvent]:
         await self._enter()
         return [replace(e, job=copy.deepcopy(dict(e.job))) for e in self._events[:limit]]
@@ -385,8 +381,6 @@ class MemoryRegistry:
         self._events = kept[by_count:]
         return PruneResult(by_age, by_count)
 
-    # -- the pause ----------------------------------------------------------------------------------------
-
     async def set_paused(self, paused: bool, *, by: str) -> PauseState:
         await self._enter()
         if self._pause.paused != paused:
@@ -396,8 +390,6 @@ class MemoryRegistry:
     async def pause_state(self) -> PauseState:
         await self._enter()
         return self._pause
-
-    # -- reads --------------------------------------------------------------------------------------------
 
     async def get(self, job_id: str) -> Job:
         await self._enter()
@@ -439,3 +431,4 @@ class MemoryRegistry:
 
     async def aclose(self) -> None:
         self._closed = True
+

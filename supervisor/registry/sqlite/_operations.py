@@ -1,38 +1,20 @@
 """The registry's operations in SQL: each one a change of a connection, run by the transaction layer
-(``_store.SqliteStore``) inside its transaction. Blocking code, in worker threads only.
-
-The row's text forms live here and nowhere else: timestamps as ISO 8601 text (``to_iso``), params, argv and the
-identity record as JSON.
+(``_store.SqliteStore``) inside its transaction (group committed with the changes queued beside it). Blocking code,
+in worker threads only.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import sqlite3
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from datetime import timedelta
 
-from ...domain import (
-    TERMINAL,
-    Conflict,
-    IllegalTransition,
-    Job,
-    JobNotFound,
-    JobStatus,
-    RegistryError,
-    RequestError,
-    Unauthorized,
-    ValidationError,
-    check_transition,
-)
-from ...domain._model import IdentityRecord, from_iso, hash_token, to_iso
+from ...domain import TERMINAL, Conflict, IllegalTransition, Job, JobStatus, RequestError
+from ...domain._model import to_iso
 from .._protocol import (
-    CURSOR_PATTERN,
-    MAX_LIST_LIMIT,
     Beat,
     Change,
     Ending,
@@ -40,136 +22,17 @@ from .._protocol import (
     Expect,
     IdentityClaim,
     NewJob,
-    OutboxEvent,
     Outcome,
     PauseState,
     PromoteRequest,
     Promotion,
-    PruneResult,
 )
-
-COLUMNS = (
-    "job_id, seq, kind, params, argv, status, error_reason, exit_code, created_at, started_at, ended_at, "
-    "attempts, cancel_requested, boot_id, identity, token_hash, completed_units, total_units, stage, "
-    "last_heartbeat_at, last_progress_at, log_path, stalled, stalled_since, silent"
-)
-_OUTBOX_COLUMNS = "seq, event_id, job_id, event, created_at, previous_status, reason, boot_id, job"
+from ._reads import pause_state_in, paused_in
+from ._rows import COLUMNS, Rows, _identity_text, _text, row_to_job
 
 
-def _ts(text: str | None) -> datetime | None:
-    return from_iso(text) if text is not None else None
-
-
-def _text(ts: datetime | None) -> str | None:
-    return to_iso(ts) if ts is not None else None
-
-
-def row_to_job(row: sqlite3.Row, queue_position: int | None = None) -> Job:
-    identity = row["identity"]
-    return Job(
-        job_id=row["job_id"],
-        seq=row["seq"],
-        kind=row["kind"],
-        params=json.loads(row["params"]),
-        argv=json.loads(row["argv"]),
-        status=JobStatus(row["status"]),
-        error_reason=row["error_reason"],
-        exit_code=row["exit_code"],
-        created_at=from_iso(row["created_at"]),
-        started_at=_ts(row["started_at"]),
-        ended_at=_ts(row["ended_at"]),
-        attempts=row["attempts"],
-        cancel_requested=bool(row["cancel_requested"]),
-        boot_id=row["boot_id"],
-        identity=IdentityRecord.from_json(json.loads(identity)) if identity is not None else None,
-        token_hash=row["token_hash"],
-        completed_units=row["completed_units"],
-        total_units=row["total_units"],
-        stage=row["stage"],
-        last_heartbeat_at=_ts(row["last_heartbeat_at"]),
-        last_progress_at=_ts(row["last_progress_at"]),
-        log_path=row["log_path"],
-        queue_position=queue_position,
-        stalled=bool(row["stalled"]),
-        stalled_since=_ts(row["stalled_since"]),
-        silent=bool(row["silent"]),
-    )
-
-
-def _identity_text(identity: IdentityRecord | None) -> str | None:
-    return json.dumps(identity.to_json(), sort_keys=True) if identity is not None else None
-
-
-class Operations:
-    """The SQL of every operation. ``boot_id``: who makes the changes (goes into each event); ``outbox``: write
-    events at all (a supervisor without a webhook turns it off); ``clock``: the wall clock of every timestamp."""
-
-    def __init__(self, *, clock: Callable[[], datetime], boot_id: str | None, outbox: bool) -> None:
-        self.clock = clock
-        self.boot_id = boot_id
-        self.outbox = outbox
-
-    def now(self) -> datetime:
-        """The clock's time in UTC: what a row stores, and so what a write answers (the same instant as a later read
-        of the row, in the same form)."""
-        now = self.clock()
-        if now.tzinfo is None:
-            raise ValueError(f"the registry's clock gave a naive datetime: {now!r}")
-        return now.astimezone(UTC)
-
-    # -- rows ---------------------------------------------------------------------------------------------
-
-    def get_in(self, conn: sqlite3.Connection, job_id: str) -> Job:
-        row = conn.execute(f"SELECT {COLUMNS} FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
-        if row is None:
-            raise JobNotFound(job_id)
-        position = None
-        if row["status"] == JobStatus.QUEUED:
-            position = conn.execute(
-                "SELECT COUNT(*) FROM jobs WHERE status = 'queued' AND seq <= ?", (row["seq"],)
-            ).fetchone()[0]
-        return row_to_job(row, position)
-
-    def record_event_in(
-        self, conn: sqlite3.Connection, job_id: str, event: str, previous_status: str | None, reason: str | None
-    ) -> None:
-        """Write one outbox event, inside the caller's transaction: it commits (or rolls back) with the change."""
-        if not self.outbox:
-            return
-        row = conn.execute(f"SELECT {COLUMNS} FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
-        job = row_to_job(row)  # the row as of this change (no queue position: it would cost a count)
-        conn.execute(
-            "INSERT INTO outbox (event_id, job_id, event, created_at, previous_status, reason, boot_id, job) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                uuid.uuid4().hex,
-                job_id,
-                event,
-                to_iso(self.now()),
-                previous_status,
-                reason,
-                self.boot_id,
-                json.dumps(job.public(), sort_keys=True, separators=(",", ":")),
-            ),
-        )
-
-    def set_status(self, conn: sqlite3.Connection, job: Job, to_status: JobStatus, **fields: Any) -> None:
-        """The one place a row's status changes; an illegal transition raises. The change's outbox event is
-        written here too, in the same transaction. ``fields`` are column values in their stored form."""
-        check_transition(job.job_id, job.status, to_status)
-        if to_status.is_terminal:
-            # A job's token works only while the job runs: with its hash gone, a late (or stolen) token matches
-            # nothing, and the heartbeat answers 401 exactly as for a job that never existed.
-            fields = {**fields, "token_hash": None}
-        assignments = ", ".join(f"{name} = ?" for name in ("status", *fields))
-        cur = conn.execute(
-            f"UPDATE jobs SET {assignments} WHERE job_id = ? AND status = ?",
-            (str(to_status), *fields.values(), job.job_id, str(job.status)),
-        )
-        if cur.rowcount != 1:  # the read above and this write are in one transaction: cannot happen
-            raise RegistryError(f"job {job.job_id}: status changed under the registry lock")
-        reason = "promoted" if to_status is JobStatus.RUNNING else fields.get("error_reason")
-        self.record_event_in(conn, job.job_id, "job.transition", str(job.status), reason)
+class Operations(Rows):
+    """The SQL of every write, each a change (a function of a connection) for the store's group commit."""
 
     # -- enqueue and promotion ------------------------------------------------------------------------------
 
@@ -265,12 +128,9 @@ class Operations:
             )
         return promoted
 
-    def paused_in(self, conn: sqlite3.Connection) -> bool:
-        return bool(conn.execute("SELECT paused FROM queue_state").fetchone()[0])
-
     def promote(self, request: PromoteRequest) -> Callable[[sqlite3.Connection], Promotion]:
         def change(conn: sqlite3.Connection) -> Promotion:
-            if self.paused_in(conn):
+            if paused_in(conn):
                 return Promotion(paused=True)
             return Promotion(tuple(self.promote_in(conn, request)))
 
@@ -283,10 +143,8 @@ class Operations:
             return Promotion()
         conn.execute("SAVEPOINT promote")
         try:
-            if self.paused_in(conn):
-                promotion = Promotion(paused=True)
-            else:
-                promotion = Promotion(tuple(self.promote_in(conn, request)))
+            paused = paused_in(conn)
+            promotion = Promotion(paused=True) if paused else Promotion(tuple(self.promote_in(conn, request)))
         except Exception:
             conn.execute("ROLLBACK TO promote")
             promotion = Promotion(failed=True)
@@ -365,16 +223,6 @@ class Operations:
 
     # -- heartbeats, tokens, absence, events --------------------------------------------------------------
 
-    def authenticated(self, conn: sqlite3.Connection, job_id: str, token: str) -> Job:
-        try:
-            job = self.get_in(conn, job_id)
-        except JobNotFound:
-            raise Unauthorized("the token is not this job's") from None
-        # Constant-time compare of the hashes; a missing hash never matches.
-        if job.token_hash is None or not hmac.compare_digest(job.token_hash, hash_token(token)):
-            raise Unauthorized("the token is not this job's")
-        return job
-
     def record_heartbeats(self, beats: Sequence[Beat]) -> Callable[[sqlite3.Connection], list[Job | RequestError]]:
         def change(conn: sqlite3.Connection) -> list[Job | RequestError]:
             results: list[Job | RequestError] = []
@@ -440,62 +288,14 @@ class Operations:
 
         return change
 
-    # -- the outbox ---------------------------------------------------------------------------------------
-
-    @staticmethod
-    def outbox_pending(conn: sqlite3.Connection, limit: int) -> list[OutboxEvent]:
-        rows = conn.execute(f"SELECT {_OUTBOX_COLUMNS} FROM outbox ORDER BY seq LIMIT ?", (limit,)).fetchall()
-        return [
-            OutboxEvent(
-                seq=row["seq"],
-                event_id=row["event_id"],
-                job_id=row["job_id"],
-                event=row["event"],
-                created_at=from_iso(row["created_at"]),
-                previous_status=row["previous_status"],
-                reason=row["reason"],
-                boot_id=row["boot_id"],
-                job=json.loads(row["job"]),
-            )
-            for row in rows
-        ]
-
-    @staticmethod
-    def outbox_delete(seqs: Sequence[int]) -> Callable[[sqlite3.Connection], None]:
-        def change(conn: sqlite3.Connection) -> None:
-            conn.execute(f"DELETE FROM outbox WHERE seq IN ({','.join('?' * len(seqs))})", list(seqs))
-
-        return change
+    # -- the outbox and the pause -------------------------------------------------------------------------
 
     def prune_cutoff(self, max_age_s: float) -> str:
         return to_iso(self.now() - timedelta(seconds=max_age_s))
 
-    @staticmethod
-    def outbox_prune(cutoff: str, max_events: int) -> Callable[[sqlite3.Connection], PruneResult]:
-        def change(conn: sqlite3.Connection) -> PruneResult:
-            by_age = conn.execute("DELETE FROM outbox WHERE created_at < ?", (cutoff,)).rowcount
-            excess = conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0] - max_events
-            by_count = 0
-            if excess > 0:
-                by_count = conn.execute(
-                    "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox ORDER BY seq LIMIT ?)", (excess,)
-                ).rowcount
-            return PruneResult(by_age, by_count)
-
-        return change
-
-    # -- the pause ----------------------------------------------------------------------------------------
-
-    @staticmethod
-    def pause_state_in(conn: sqlite3.Connection) -> PauseState:
-        row = conn.execute("SELECT paused, paused_by, paused_at FROM queue_state").fetchone()
-        if not row["paused"]:
-            return PauseState(False)
-        return PauseState(True, row["paused_by"], _ts(row["paused_at"]))
-
     def set_paused(self, paused: bool, by: str) -> Callable[[sqlite3.Connection], PauseState]:
         def change(conn: sqlite3.Connection) -> PauseState:
-            current = self.pause_state_in(conn)
+            current = pause_state_in(conn)
             if current.paused == paused:
                 return current
             at = _text(self.now()) if paused else None
@@ -503,65 +303,7 @@ class Operations:
                 "UPDATE queue_state SET paused = ?, paused_by = ?, paused_at = ?",
                 (int(paused), by if paused else None, at),
             )
-            return self.pause_state_in(conn)
+            return pause_state_in(conn)
 
         return change
 
-    # -- reads --------------------------------------------------------------------------------------------
-
-    @staticmethod
-    def running_in(conn: sqlite3.Connection) -> list[Job]:
-        """Every RUNNING row (the status index: O(running rows))."""
-        rows = conn.execute(f"SELECT {COLUMNS} FROM jobs WHERE status = 'running' ORDER BY seq")
-        return [row_to_job(r) for r in rows]
-
-    @staticmethod
-    def counts_in(conn: sqlite3.Connection) -> dict[str, int]:
-        out = {s.value: 0 for s in JobStatus}
-        for row in conn.execute("SELECT status, COUNT(*) AS n FROM jobs GROUP BY status"):
-            out[row["status"]] = row["n"]
-        return out
-
-    @staticmethod
-    def list_query(
-        status: str | None, kind: str | None, limit: int, cursor: str | None
-    ) -> tuple[str, list[object]]:
-        """The page's WHERE clause and arguments; a bad status, limit or cursor is a ``ValidationError``."""
-        if status is not None and status not in {s.value for s in JobStatus}:
-            raise ValidationError(f"unknown status {status!r}", field="status")
-        if not 1 <= limit <= MAX_LIST_LIMIT:
-            raise ValidationError(f"limit must be between 1 and {MAX_LIST_LIMIT}", field="limit")
-        clauses: list[str] = []
-        args: list[object] = []
-        if cursor is not None:
-            # A cursor is a row sequence number this server issued: ASCII digits that fit SQLite's INTEGER
-            # (a larger number overflows inside sqlite3; int() also takes '1_0', '-3' and non-ASCII digits).
-            if not CURSOR_PATTERN.fullmatch(cursor):
-                raise ValidationError("cursor is not one this server issued", field="cursor")
-            clauses.append("seq < ?")
-            args.append(int(cursor))
-        if status is not None:
-            clauses.append("status = ?")
-            args.append(status)
-        if kind is not None:
-            clauses.append("kind = ?")
-            args.append(kind)
-        return (f"WHERE {' AND '.join(clauses)}" if clauses else ""), args
-
-    @staticmethod
-    def list_page(
-        conn: sqlite3.Connection, where: str, args: list[object], limit: int
-    ) -> tuple[list[Job], str | None]:
-        query = f"SELECT {COLUMNS} FROM jobs {where} ORDER BY seq DESC LIMIT ?"
-        rows = conn.execute(query, (*args, limit + 1)).fetchall()
-        page = rows[:limit]
-        positions: dict[int, int] = {}
-        queued_seqs = [r["seq"] for r in page if r["status"] == JobStatus.QUEUED]
-        if queued_seqs:
-            for r in conn.execute(
-                "SELECT seq, ROW_NUMBER() OVER (ORDER BY seq) AS pos FROM jobs WHERE status = 'queued' AND seq <= ?",
-                (max(queued_seqs),),
-            ):
-                positions[r["seq"]] = r["pos"]
-        jobs = [row_to_job(r, positions.get(r["seq"])) for r in page]
-        return jobs, (str(page[-1]["seq"]) if len(rows) > limit else None)

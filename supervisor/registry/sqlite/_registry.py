@@ -38,6 +38,7 @@ from .._protocol import (
     Promotion,
     PruneResult,
 )
+from . import _reads as reads
 from ._coalesce import Coalescer
 from ._operations import Operations
 from ._store import DEFAULT_CONNECTIONS, SqliteStore
@@ -138,12 +139,12 @@ class SqliteRegistry:
         return await self._write(self.ops.record_event(job_id, event, reason))
 
     async def outbox_pending(self, limit: int) -> list[OutboxEvent]:
-        return await self._read(lambda conn: self.ops.outbox_pending(conn, limit))
+        return await self._read(lambda conn: reads.outbox_pending(conn, limit))
 
     async def outbox_delete(self, seqs: Sequence[int]) -> None:
         self._check_open()
         if seqs:
-            await self._write(self.ops.outbox_delete(seqs))
+            await self._write(reads.outbox_delete(seqs))
 
     async def outbox_depth(self) -> int:
         return await self._read(lambda conn: int(conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0]))
@@ -158,28 +159,28 @@ class SqliteRegistry:
         # Read first: a prune with nothing to drop takes no write lock.
         if not await self._read(over):
             return PruneResult(0, 0)
-        return await self._write(self.ops.outbox_prune(cutoff, max_events))
+        return await self._write(reads.outbox_prune(cutoff, max_events))
 
     async def set_paused(self, paused: bool, *, by: str) -> PauseState:
         return await self._write(self.ops.set_paused(paused, by))
 
     async def pause_state(self) -> PauseState:
-        return await self._read(self.ops.pause_state_in)
+        return await self._read(reads.pause_state_in)
 
     async def get(self, job_id: str) -> Job:
         return await self._read(lambda conn: self.ops.get_in(conn, job_id))
 
     async def running_jobs(self) -> list[Job]:
-        return await self._read(self.ops.running_in)
+        return await self._read(reads.running_in)
 
     async def list_jobs(
         self, *, status: str | None = None, kind: str | None = None, limit: int = 100, cursor: str | None = None
     ) -> tuple[list[Job], str | None]:
-        where, args = self.ops.list_query(status, kind, limit, cursor)
-        return await self._read(lambda conn: self.ops.list_page(conn, where, args, limit))
+        where, args = reads.list_query(status, kind, limit, cursor)
+        return await self._read(lambda conn: reads.list_page(conn, where, args, limit))
 
     async def counts(self) -> dict[str, int]:
-        return await self._read(self.ops.counts_in)
+        return await self._read(reads.counts_in)
 
     async def aclose(self) -> None:
         self._closed = True

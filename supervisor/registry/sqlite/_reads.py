@@ -1,0 +1,118 @@
+"""The SQLite registry's reads, and the outbox's reads and deletes: functions of a connection, in worker threads."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable, Sequence
+
+from ...domain import Job, JobStatus, ValidationError
+from ...domain._model import from_iso
+from .._protocol import CURSOR_PATTERN, MAX_LIST_LIMIT, OutboxEvent, PauseState, PruneResult
+from ._rows import _OUTBOX_COLUMNS, COLUMNS, _ts, row_to_job
+
+
+def paused_in(conn: sqlite3.Connection) -> bool:
+    return bool(conn.execute("SELECT paused FROM queue_state").fetchone()[0])
+
+
+def pause_state_in(conn: sqlite3.Connection) -> PauseState:
+    row = conn.execute("SELECT paused, paused_by, paused_at FROM queue_state").fetchone()
+    if not row["paused"]:
+        return PauseState(False)
+    return PauseState(True, row["paused_by"], _ts(row["paused_at"]))
+
+
+# -- reads --------------------------------------------------------------------------------------------
+
+def running_in(conn: sqlite3.Connection) -> list[Job]:
+    """Every RUNNING row (the status index: O(running rows))."""
+    rows = conn.execute(f"SELECT {COLUMNS} FROM jobs WHERE status = 'running' ORDER BY seq")
+    return [row_to_job(r) for r in rows]
+
+def counts_in(conn: sqlite3.Connection) -> dict[str, int]:
+    out = {s.value: 0 for s in JobStatus}
+    for row in conn.execute("SELECT status, COUNT(*) AS n FROM jobs GROUP BY status"):
+        out[row["status"]] = row["n"]
+    return out
+
+def list_query(
+    status: str | None, kind: str | None, limit: int, cursor: str | None
+) -> tuple[str, list[object]]:
+    """The page's WHERE clause and arguments; a bad status, limit or cursor is a ``ValidationError``."""
+    if status is not None and status not in {s.value for s in JobStatus}:
+        raise ValidationError(f"unknown status {status!r}", field="status")
+    if not 1 <= limit <= MAX_LIST_LIMIT:
+        raise ValidationError(f"limit must be between 1 and {MAX_LIST_LIMIT}", field="limit")
+    clauses: list[str] = []
+    args: list[object] = []
+    if cursor is not None:
+        # A cursor is a row sequence number this server issued: ASCII digits that fit SQLite's INTEGER
+        # (a larger number overflows inside sqlite3; int() also takes '1_0', '-3' and non-ASCII digits).
+        if not CURSOR_PATTERN.fullmatch(cursor):
+            raise ValidationError("cursor is not one this server issued", field="cursor")
+        clauses.append("seq < ?")
+        args.append(int(cursor))
+    if status is not None:
+        clauses.append("status = ?")
+        args.append(status)
+    if kind is not None:
+        clauses.append("kind = ?")
+        args.append(kind)
+    return (f"WHERE {' AND '.join(clauses)}" if clauses else ""), args
+
+def list_page(
+    conn: sqlite3.Connection, where: str, args: list[object], limit: int
+) -> tuple[list[Job], str | None]:
+    query = f"SELECT {COLUMNS} FROM jobs {where} ORDER BY seq DESC LIMIT ?"
+    rows = conn.execute(query, (*args, limit + 1)).fetchall()
+    page = rows[:limit]
+    positions: dict[int, int] = {}
+    queued_seqs = [r["seq"] for r in page if r["status"] == JobStatus.QUEUED]
+    if queued_seqs:
+        for r in conn.execute(
+            "SELECT seq, ROW_NUMBER() OVER (ORDER BY seq) AS pos FROM jobs WHERE status = 'queued' AND seq <= ?",
+            (max(queued_seqs),),
+        ):
+            positions[r["seq"]] = r["pos"]
+    jobs = [row_to_job(r, positions.get(r["seq"])) for r in page]
+    return jobs, (str(page[-1]["seq"]) if len(rows) > limit else None)
+
+# -- the outbox ---------------------------------------------------------------------------------------
+
+def outbox_pending(conn: sqlite3.Connection, limit: int) -> list[OutboxEvent]:
+    rows = conn.execute(f"SELECT {_OUTBOX_COLUMNS} FROM outbox ORDER BY seq LIMIT ?", (limit,)).fetchall()
+    return [
+        OutboxEvent(
+            seq=row["seq"],
+            event_id=row["event_id"],
+            job_id=row["job_id"],
+            event=row["event"],
+            created_at=from_iso(row["created_at"]),
+            previous_status=row["previous_status"],
+            reason=row["reason"],
+            boot_id=row["boot_id"],
+            job=json.loads(row["job"]),
+        )
+        for row in rows
+    ]
+
+def outbox_delete(seqs: Sequence[int]) -> Callable[[sqlite3.Connection], None]:
+    def change(conn: sqlite3.Connection) -> None:
+        conn.execute(f"DELETE FROM outbox WHERE seq IN ({','.join('?' * len(seqs))})", list(seqs))
+
+    return change
+
+def outbox_prune(cutoff: str, max_events: int) -> Callable[[sqlite3.Connection], PruneResult]:
+    def change(conn: sqlite3.Connection) -> PruneResult:
+        by_age = conn.execute("DELETE FROM outbox WHERE created_at < ?", (cutoff,)).rowcount
+        excess = conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0] - max_events
+        by_count = 0
+        if excess > 0:
+            by_count = conn.execute(
+                "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox ORDER BY seq LIMIT ?)", (excess,)
+            ).rowcount
+        return PruneResult(by_age, by_count)
+
+    return change
+
