@@ -22,6 +22,7 @@ from ..execution import JobHandle, Launch
 from ..observe import get_logger
 from ..registry import Ending, IdentityClaim, Outcome, PromoteRequest
 from ._boot import Boot, Watched
+from ._pause import PauseFile
 
 log = get_logger()
 
@@ -33,8 +34,9 @@ StartMonitor = Callable[[Watched, Job], Awaitable[None]]
 class Drainer:
     """See the module docstring. ``start_monitor`` hands a started job to its monitor (``Monitors.start``)."""
 
-    def __init__(self, boot: Boot, start_monitor: StartMonitor) -> None:
+    def __init__(self, boot: Boot, start_monitor: StartMonitor, pause_file: PauseFile) -> None:
         self.boot = boot
+        self.pause_file = pause_file
         self._start_monitor = start_monitor
         self._lock = trio.Lock()
         self._wanted = trio.Event()
@@ -71,6 +73,10 @@ class Drainer:
         self.boot.nursery()  # no drain without a job nursery to hand the jobs to
         started: list[Job] = []
         async with self._lock:
+            try:
+                await self.pause_file.mirror()  # the operator's switch holds this very round
+            except SupervisorError:
+                log.exception("pause_file_not_mirrored", path=str(self.pause_file.path))
             while await self._executor_ready():
                 tokens = [secrets.token_urlsafe(32) for _ in range(min(self.boot.config.max_concurrent, PROMOTE_BATCH))]
                 request = PromoteRequest(

@@ -32,6 +32,7 @@ from ._boot import Boot
 from ._drain import Drainer
 from ._heartbeats import Heartbeats
 from ._monitor import Monitors
+from ._pause import PauseFile
 from ._reconcile import Reconciler, ReconcileReport
 from ._sweeper import Sweeper, run_sweeper
 
@@ -88,7 +89,8 @@ class Supervisor:
             log_dir=config.jobs_log_dir.resolve(),
         )
         self.monitors = Monitors(self.boot, self.wake_drainer, self._enqueue_follow_up)
-        self.drainer = Drainer(self.boot, self.monitors.start)
+        self.pause_file = PauseFile(config.pause_flag_path, registry)
+        self.drainer = Drainer(self.boot, self.monitors.start, self.pause_file)
         self.reconciler = Reconciler(self.boot, self.monitors, self.wake_drainer)
         self.metrics = Metrics()
         self.events.subscribe(self.metrics.on_event)
@@ -97,9 +99,7 @@ class Supervisor:
         self.webhooks = WebhookSender(config, registry)
         self.events.subscribe(self.webhooks.wake)
         self.absence = AbsenceJudge(config, registry, self.events, self.boot.boot_id, self.reconciler.stop_stalled)
-        self.sweeper = Sweeper(
-            registry, self.reconciler, self.absence, self.drainer, self.metrics, config.pause_flag_path
-        )
+        self.sweeper = Sweeper(registry, self.reconciler, self.absence, self.drainer, self.metrics, self.pause_file)
         self.heartbeats = Heartbeats(registry, self.absence.tracker.beat)
         self.events.subscribe(self.heartbeats.tokens.on_event)
 
@@ -244,6 +244,7 @@ class Supervisor:
         """Resume promotion, whoever paused it: the operator's pause file goes too (it would pause again)."""
         flag = self.boot.config.pause_flag_path
         await trio.to_thread.run_sync(lambda: flag.unlink(missing_ok=True))
+        self.pause_file.forget()
         await self.boot.registry.set_paused(False, by=PAUSED_BY_OPERATOR)
         log.info("queue_resumed", by=PAUSED_BY_OPERATOR)
         if self.boot.job_nursery is not None:

@@ -2,22 +2,21 @@
 
 Order matters: freeing a ghost slot (reconcile) is what makes a promotion (drain) possible in the wedged case, and
 progress age is judged on this sweep's evidence. The startup sweep matters as much as the loop: a restart is
-precisely when ghost rows exist. Each sweep also mirrors the operator's pause file into the registry (ADR 0001 §7):
-the file pauses promotion while it exists; removing it resumes a pause that it made, never one made through the API.
+precisely when ghost rows exist. Each sweep also mirrors the operator's pause file into the registry (``_pause``).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Protocol
 
 import trio
 
 from ..domain._model import Liveness
 from ..observe import Metrics, get_logger
-from ..registry import PAUSED_BY_FILE, Registry
+from ..registry import Registry
 from ._absence import AbsenceJudge
 from ._drain import Drainer
+from ._pause import PauseFile
 from ._reconcile import ReconcileDetail, Reconciler
 
 log = get_logger()
@@ -55,7 +54,7 @@ class Sweeper:
         absence: AbsenceJudge,
         drainer: Drainer,
         metrics: Metrics,
-        pause_file: Path,
+        pause_file: PauseFile,
     ) -> None:
         self.registry = registry
         self.reconciler = reconciler
@@ -69,9 +68,9 @@ class Sweeper:
         """One pass. A failing step still lets the next run."""
         started = trio.current_time()
         try:
-            await self.mirror_pause_file()
+            await self.pause_file.mirror()
         except Exception:
-            log.exception("pause_file_not_mirrored", path=str(self.pause_file))
+            log.exception("pause_file_not_mirrored", path=str(self.pause_file.path))
         details: list[ReconcileDetail] = []
         try:
             details = (await self.reconciler.reconcile(stale_marks_live_processes=False)).details
@@ -89,14 +88,3 @@ class Sweeper:
             log.exception("drain_failed")
         self.last_sweep_done = trio.current_time()
         self.metrics.sweep_duration.observe(self.last_sweep_done - started)
-
-    async def mirror_pause_file(self) -> None:
-        """The pause file exists: promotion is paused (by the file). It is gone: a pause the file made ends."""
-        exists = await trio.to_thread.run_sync(self.pause_file.exists)
-        state = await self.registry.pause_state()
-        if exists and not state.paused:
-            await self.registry.set_paused(True, by=PAUSED_BY_FILE)
-            log.warning("queue_paused", by=PAUSED_BY_FILE, flag=str(self.pause_file))
-        elif not exists and state.paused and state.by == PAUSED_BY_FILE:
-            await self.registry.set_paused(False, by=PAUSED_BY_FILE)
-            log.info("queue_resumed", by=PAUSED_BY_FILE, flag=str(self.pause_file))

@@ -303,22 +303,22 @@ async def test_a_job_enqueued_while_paused_stays_queued(
     assert (await wait_terminal(sup, job.job_id)).status is JobStatus.SUCCEEDED
 
 
-async def test_the_pause_file_pauses_at_the_next_sweep_and_its_removal_resumes(
+async def test_the_pause_file_holds_the_very_next_promotion_and_its_removal_resumes(
     make_supervisor: Callable[..., Supervisor],
 ) -> None:
-    """ADR 0001 §7: the operator's switch; the sweeper mirrors it into the registry's pause."""
+    """ADR 0001 §7: the operator's switch, mirrored into the registry's pause before each promotion round."""
     sup = make_supervisor(max_concurrent=2)
     flag = sup.config.pause_flag_path
     await trio.to_thread.run_sync(lambda: flag.parent.mkdir(parents=True, exist_ok=True))
     await trio.to_thread.run_sync(flag.touch)
-    await sup.sweep()
+    job = (await sup.enqueue("exit", {"code": 0})).job  # wakes the drainer: its round looks at the file first
+    assert await sup.drain() == []
+    assert (await sup.get(job.job_id)).status is JobStatus.QUEUED
     state = await sup.registry.pause_state()
     assert (state.paused, state.by) == (True, "pause_file")
-    job = (await sup.enqueue("exit", {"code": 0})).job
-    await sup.drain()
-    assert (await sup.get(job.job_id)).status is JobStatus.QUEUED
+    assert (await sup.queue_state()).paused
     await trio.to_thread.run_sync(flag.unlink)
-    await sup.sweep()
+    await sup.sweep()  # the sweeper mirrors too (and drains)
     assert not (await sup.registry.pause_state()).paused
     assert (await wait_terminal(sup, job.job_id)).status is JobStatus.SUCCEEDED
 

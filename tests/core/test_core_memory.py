@@ -157,9 +157,8 @@ def test_dockers_128_plus_n_stays_an_exit_code_and_only_the_oom_killer_is_named(
 
 
 def test_the_exec_mode_is_listed_once_and_every_mode_has_an_executor() -> None:
-    from supervisor.api._openapi import openapi_document
-    from supervisor.domain._config import EXEC_MODES
-    from supervisor.domain._kinds import load_kinds
+    from supervisor.api import openapi_document
+    from supervisor.domain import EXEC_MODES, load_kinds
     from supervisor.execution import create_executor
 
     for mode in EXEC_MODES:

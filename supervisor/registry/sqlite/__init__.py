@@ -8,7 +8,15 @@ Split by concern: ``_schema`` (migrations as SQL files), ``_store`` (connections
 
 from ._coalesce import Coalescer
 from ._registry import SqliteRegistry
-from ._schema import SCHEMA_VERSION
+from ._schema import SCHEMA_VERSION, migrations, statements
 from ._store import BUSY_TIMEOUT_MS, SqliteStore
 
-__all__ = ["BUSY_TIMEOUT_MS", "SCHEMA_VERSION", "Coalescer", "SqliteRegistry", "SqliteStore"]
+__all__ = [
+    "BUSY_TIMEOUT_MS",
+    "SCHEMA_VERSION",
+    "Coalescer",
+    "SqliteRegistry",
+    "SqliteStore",
+    "migrations",
+    "statements",
+]

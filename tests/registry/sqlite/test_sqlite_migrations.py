@@ -24,8 +24,7 @@ from supervisor.registry import (
     SqliteRegistry,
     hash_token,
 )
-from supervisor.registry.sqlite import SCHEMA_VERSION
-from supervisor.registry.sqlite._schema import statements
+from supervisor.registry.sqlite import SCHEMA_VERSION, statements
 
 REPO = Path(__file__).resolve().parents[3]
 SUCCEEDED = Ending(Outcome(JobStatus.SUCCEEDED), exit_code=0)

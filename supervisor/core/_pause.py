@@ -1,0 +1,50 @@
+"""The operator's pause file (ADR 0001 §7), mirrored into the registry's pause.
+
+The registry holds the pause (``Registry.set_paused``): the API pauses and resumes there, and a promotion reads it in
+its own atomic step. The file ``<data>/.viewer/jobs.paused`` stays what it always was, an operator's switch that needs
+no API: while it exists, promotion is paused (by the file); once it is removed, a pause that the file made ends. A
+pause made through the API is never ended by the file's removal.
+
+The drainer looks before each promotion round and the sweeper at each sweep, so touching the file holds the very
+next promotion. A look is one ``stat`` in a worker thread; the registry is written only when the file appeared or
+went since the last look.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from ..observe import get_logger
+from ..registry import PAUSED_BY_FILE, Registry
+
+log = get_logger()
+
+
+class PauseFile:
+    def __init__(self, path: Path, registry: Registry) -> None:
+        self.path = path
+        self._registry = registry
+        self._seen: bool | None = None  # whether the file existed at the last look (None: not looked yet)
+        self._lock = trio.Lock()
+
+    async def mirror(self) -> None:
+        async with self._lock:  # the drainer and the sweeper may look at once: one of them writes
+            exists = await trio.to_thread.run_sync(self.path.exists)
+            if exists == self._seen:
+                return
+            if exists:
+                state = await self._registry.set_paused(True, by=PAUSED_BY_FILE)
+                if state.by == PAUSED_BY_FILE:
+                    log.warning("queue_paused", by=PAUSED_BY_FILE, flag=str(self.path))
+            else:
+                state = await self._registry.pause_state()
+                if state.paused and state.by == PAUSED_BY_FILE:
+                    await self._registry.set_paused(False, by=PAUSED_BY_FILE)
+                    log.info("queue_resumed", by=PAUSED_BY_FILE, flag=str(self.path))
+            self._seen = exists
+
+    def forget(self) -> None:
+        """Look again at the next mirror (after an API resume removed the file, or a pause made through it)."""
+        self._seen = None
