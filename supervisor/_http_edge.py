@@ -151,6 +151,12 @@ class EdgeH11Protocol(H11Protocol):
             await self.send(Updated(idle=False))
 
     async def stream_send(self, event: Any) -> None:
+        if isinstance(event, Response) and event.status_code >= 200 and self._request_body_unread():
+            # The rest of the body may be received already and not yet through h11: hypercorn's reading task hands
+            # h11's events to the app one per scheduling turn (each put in the app's queue is a checkpoint), and an
+            # app may answer without a turn (a 401 before reading the body). One turn lets the reader reach the end
+            # of a body that is already here; one still on the wire stays unread.
+            await trio.lowlevel.checkpoint()
         if (
             isinstance(event, Response)
             and event.status_code >= 200
