@@ -189,11 +189,12 @@ async def test_an_early_answer_closes_the_connection(live: Live, case: str) -> N
     await assert_healthy(live)
 
 
-async def test_an_answer_after_the_whole_body_keeps_the_connection(live: Live) -> None:
+@pytest.mark.parametrize("path", [b"/api/jobs", b"/api/jobs/some-job/heartbeat"])
+async def test_an_answer_after_the_whole_body_keeps_the_connection(live: Live, path: bytes) -> None:
     """The same 401 with the body already sent: nothing is left unread, so the connection serves the next request."""
     client = await connect(live)
     async with client.stream:
-        await client.send(b"POST /api/jobs HTTP/1.1\r\n" + HOST + JSON + b"Content-Length: 12\r\n\r\n" + _BODY)
+        await client.send(b"POST " + path + b" HTTP/1.1\r\n" + HOST + JSON + b"Content-Length: 12\r\n\r\n" + _BODY)
         first = await client.answer()
         assert (first.status, first.closes) == (401, False)
         await client.send(HEALTH)
