@@ -44,7 +44,6 @@ case over a raw socket, so an upgrade that changes them fails there.
 from __future__ import annotations
 
 import json
-import math
 import secrets
 from http import HTTPStatus
 from typing import Any
@@ -56,7 +55,7 @@ import trio
 from hypercorn.events import Closed, RawData, Updated
 from hypercorn.protocol.events import Response, StreamClosed
 from hypercorn.protocol.h11 import H11Protocol
-from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
+from hypercorn.trio.tcp_server import TCPServer
 
 from ._app import REQUEST_ID_HEADER
 from ._logging import get_logger
@@ -152,92 +151,8 @@ def _peer(client: tuple[str, int] | None) -> str | None:
     return f"{client[0]}:{client[1]}" if client else None
 
 
-class _IdleTimer:
-    """hypercorn's keep-alive timer (its ``SingleTask`` interface), as one task per connection whose deadline moves.
-
-    hypercorn stops its timer when a request starts and restarts it when the answer is out, and a restart spawns a
-    new task (``nursery.start``) behind a lock: with small requests back to back on a kept-alive connection that was
-    a fifth of the server's CPU (issue 10's heartbeat profile). Here one watcher task per connection waits for the
-    server's stop with a deadline: a restart moves the deadline to ``keep_alive_timeout`` from now, a stop to never;
-    neither spawns anything. What it does is hypercorn's ``_idle_timeout``: an idle connection is closed when its
-    deadline passes or, at once, when the server stops; a busy one is left to finish its request, and closed as soon
-    as it is idle again if the server stopped meanwhile. ``close()`` ends the watcher with the connection.
-    """
-
-    def __init__(self, server: EdgeTCPServer) -> None:
-        self._server = server
-        self._deadline = math.inf  # busy until the first restart
-        self._scope: trio.CancelScope | None = None  # the watcher's current wait
-        self._life = trio.CancelScope()  # the watcher's whole life
-        self._started = False
-
-    async def restart(self, task_group: Any, action: Any) -> None:
-        terminated = self._server.context.terminated
-        self._move(trio.current_time() if terminated.is_set() else trio.current_time() + self._keep_alive())
-        if not self._started:
-            self._started = True
-            task_group._nursery.start_soon(self._watch)
-
-    async def stop(self) -> None:
-        self._move(math.inf)
-
-    def close(self) -> None:
-        self._life.cancel()
-
-    def _keep_alive(self) -> float:
-        return float(self._server.config.keep_alive_timeout)
-
-    def _move(self, deadline: float) -> None:
-        self._deadline = deadline
-        if self._scope is not None:
-            self._scope.deadline = deadline
-
-    async def _watch(self) -> None:
-        terminated = self._server.context.terminated
-        with self._life:
-            while True:
-                with trio.CancelScope(deadline=self._deadline) as self._scope:
-                    if terminated.is_set():
-                        await trio.sleep_forever()  # busy at a stop: wait until idle (the deadline becomes now)
-                    else:
-                        await terminated.wait()
-                self._scope = None
-                if self._deadline == math.inf:
-                    continue  # busy: the stop (or nothing) woke it; a busy connection is never closed here
-                if terminated.is_set() or trio.current_time() >= self._deadline:
-                    with trio.CancelScope(shield=True):
-                        await self._server._initiate_server_close()
-                    return
-
-
 class EdgeTCPServer(TCPServer):
-    """hypercorn's trio connection task, with writes that a cancel can stop, a close that a cancel cannot, and a
-    keep-alive timer that costs no task per request (``_IdleTimer``)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.idle_task: Any = _IdleTimer(self)
-
-    async def _read_data(self) -> None:
-        # The last thing the connection's task group runs: once it returns the connection is closed or closing, and
-        # the group (which waits for its tasks) must not wait for the keep-alive watcher.
-        try:
-            if self.config.read_timeout is not None:
-                await super()._read_data()
-                return
-            # hypercorn's loop, without the deadline-less cancel scope it enters around every read (no read timeout
-            # is configured: idle connections are bounded by the keep-alive timer, bodies by the app).
-            while True:
-                try:
-                    data = await self.stream.receive_some(MAX_RECV)
-                except (trio.ClosedResourceError, trio.BrokenResourceError):
-                    break
-                await self.protocol.handle(RawData(bytes(data)))
-                if data == b"":
-                    break
-            await self.protocol.handle(Closed())
-        finally:
-            self.idle_task.close()
+    """hypercorn's trio connection task, with writes that a cancel can stop and a close that a cancel cannot."""
 
     async def protocol_send(self, event: Any) -> None:
         if not isinstance(event, RawData):
@@ -248,10 +163,6 @@ class EdgeTCPServer(TCPServer):
         # connection, and a graceful stop, which waits for it (a few thousand pipelined GET /api/health unread are
         # enough). Here a write can be cancelled -- by the app's response timeout or the graceful stop -- and a cut
         # write ends the connection instead, which is what the shield was protecting.
-        if not event.data:
-            # h11 turns the empty body and the end of a Content-Length response into no bytes; writing them would
-            # only yield to the scheduler (twice per 204).
-            return
         async with self.send_lock:
             try:
                 await self.stream.send_all(event.data)
