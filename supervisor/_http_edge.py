@@ -31,14 +31,21 @@ Also here, for the same edge:
 - when the client closes, the keep-alive timer stops, so the server closes its side at once (not after
   ``keep_alive_timeout``, the socket in CLOSE-WAIT meanwhile);
 - in the connection task (``EdgeTCPServer``): a write can be cancelled, and a cut write closes the connection, so a
-  client that reads nothing cannot hold a request, or a graceful stop, forever; closing a socket is shielded.
+  client that reads nothing cannot hold a request, or a graceful stop, forever.
+
+Nothing here parses a request or answers one that h11 accepted: h11 is the server's only parser of request bytes, and
+every request reaches the app through hypercorn's own stream.
 
 hypercorn looks both classes up by name (``hypercorn.protocol.H11Protocol`` for each connection,
 ``hypercorn.trio.run.TCPServer`` when it starts serving); ``install()`` points those names at the subclasses, for
 the whole process (the asyncio worker, which this project does not use, would break on their trio calls). They
-touch private hypercorn members (``_send_error_response``, ``_check_protocol``, ``_send_h11_event``, ``_close``,
-``stream``, ``send_lock``); ``constraints.txt`` pins hypercorn and ``tests/api/test_http_edge.py`` exercises each
-case over a raw socket, so an upgrade that changes them fails there.
+override and call hypercorn internals, private or undocumented: the methods ``H11Protocol.handle``, ``stream_send``,
+``_send_error_response``, ``_check_protocol`` and ``_send_h11_event`` and its attributes ``connection``, ``config``,
+``client`` and ``send``; the method ``TCPServer.protocol_send`` and its attributes ``stream``, ``send_lock`` and
+``protocol``; the events of ``hypercorn.events`` and ``hypercorn.protocol.events``. Of h11 they use only its public
+API. ``pyproject.toml`` caps hypercorn below 0.19 and ``constraints.txt`` pins it; ``tests/api/test_http_edge.py``
+exercises each case over a raw socket (most of them fail without ``install()``), so an upgrade that changes these
+internals fails there.
 """
 
 from __future__ import annotations
@@ -152,7 +159,7 @@ def _peer(client: tuple[str, int] | None) -> str | None:
 
 
 class EdgeTCPServer(TCPServer):
-    """hypercorn's trio connection task, with writes that a cancel can stop and a close that a cancel cannot."""
+    """hypercorn's trio connection task, with writes that a cancel can stop."""
 
     async def protocol_send(self, event: Any) -> None:
         if not isinstance(event, RawData):
@@ -172,12 +179,6 @@ class EdgeTCPServer(TCPServer):
                 with trio.CancelScope(shield=True):
                     await self.stream.aclose()
                 raise
-
-    async def _close(self) -> None:
-        # Closing never blocks; shielded, a graceful stop's cancel cannot skip it (the socket would stay open until
-        # garbage collection, its client waiting on it).
-        with trio.CancelScope(shield=True):
-            await super()._close()
 
 
 def install() -> None:
