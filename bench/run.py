@@ -50,6 +50,12 @@ def run(only: list[str], *, smoke: bool, runs: int) -> list[Section]:
         sections.extend(latency.measure(smoke=smoke, runs=runs))
     if "footprint" in only:
         sections.extend(footprint.measure(smoke=smoke, runs=runs, n=10 if smoke else 500))
+        # Issue 24's figure: 4 jobs beating back to back, each over its own keep-alive connection.
+        sections.extend(
+            footprint.measure(
+                smoke=smoke, runs=runs, n=4, connections=4, heartbeats_only=True, heartbeat_target_per_s=1000.0
+            )
+        )
     if "registry" in only:
         sections.append(registry.measure(smoke=smoke, runs=runs))
     return sections

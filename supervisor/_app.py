@@ -399,12 +399,12 @@ _DIGITS = re.compile(rb"[0-9]{1,18}")
 _NO_CONTENT_HEADERS = [(b"content-type", b"text/html; charset=utf-8"), (b"content-length", b"0")]
 
 
-class ClientGone(Exception):
+class _ClientGone(Exception):
     """The client closed the connection before its body was complete: nobody is left to answer."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class PlainRequest:
+class _PlainRequest:
     """A request head in the plain case ``FastRoutes`` takes: which route, and what of the head it reads."""
 
     job_id: str | None  # a heartbeat's job; None: ``POST /api/jobs``
@@ -429,10 +429,8 @@ class FastRoutes:
     interpret further: one with an ``Origin`` (the 403), a chunked or unannounced body, a repeated or odd
     ``Content-Length``, a ``root_path``. Quart's route answers those exactly as before.
 
-    The server's HTTP/1.1 protocol (``_http_edge``) also asks ``plain_case`` of each request head and, for these
-    routes, calls ``respond`` itself, without an ASGI app around it: for a plain head read ahead of h11
-    (``EdgeH11Protocol.answer_plain``, the body read with ``StreamBody``), else after h11 (``DirectStream``, the body
-    in a ``BufferedBody``). The same answers again.
+    It parses no HTTP: the request comes as the ASGI scope and body messages hypercorn makes of what h11 read, like
+    every other request; what it reads is the headers h11 parsed and the body's JSON.
     """
 
     def __init__(self, app: QuartTrio, supervisor: Supervisor, token_source: ApiToken, fallback: Any) -> None:
@@ -442,7 +440,7 @@ class FastRoutes:
         self.fallback = fallback
 
     @staticmethod
-    def plain_case(method: bytes | str, path: str, headers: Iterable[tuple[bytes, bytes]]) -> PlainRequest | None:
+    def _plain_case(method: bytes | str, path: str, headers: Iterable[tuple[bytes, bytes]]) -> _PlainRequest | None:
         """The request this head is, in the plain case these routes take; None for anything else (header names as
         the server gives them, lowered)."""
         if method not in ("POST", b"POST"):
@@ -468,26 +466,26 @@ class FastRoutes:
                 content_type = value if content_type is None else content_type
         if lengths != 1 or content_length is None or not _DIGITS.fullmatch(content_length):
             return None
-        return PlainRequest(job_id, authorization, int(content_length), content_type)
+        return _PlainRequest(job_id, authorization, int(content_length), content_type)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope.get("root_path"):
             return await self.fallback(scope, receive, send)
-        plain = self.plain_case(scope["method"], scope["path"], scope["headers"])
+        plain = self._plain_case(scope["method"], scope["path"], scope["headers"])
         if plain is None:
             return await self.fallback(scope, receive, send)
         body = _BodyReader(receive, plain.content_length, plain.content_type)
         try:
-            status, headers, data = await self.respond(plain, body.read_json, scope["path"])
-        except ClientGone:
+            status, headers, data = await self._respond(plain, body.read_json, scope["path"])
+        except _ClientGone:
             return
         await body.answer(send, status, headers, data)
 
-    async def respond(
-        self, plain: PlainRequest, read_json: Callable[[], Awaitable[Any]], path: str
+    async def _respond(
+        self, plain: _PlainRequest, read_json: Callable[[], Awaitable[Any]], path: str
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """The answer to the request (status, headers, body), as Quart's route gives it. ``read_json`` reads the
-        body (raising the 415/413/408/400 errors, or ``ClientGone``), and is called only after the token check."""
+        body (raising the 415/413/408/400 errors, or ``_ClientGone``), and is called only after the token check."""
         request_id = secrets.token_hex(8)
         status, payload = 204, None
         try:
@@ -499,7 +497,7 @@ class FastRoutes:
                 if bearer is None:
                     raise Unauthorized(MISSING_JOB_TOKEN)
                 await self.supervisor.heartbeat(plain.job_id, bearer, read_json)
-        except ClientGone:
+        except _ClientGone:
             raise
         except RequestError as exc:
             status, payload = exc.http_status, _error_payload(exc.code, str(exc), exc.field, request_id)
@@ -549,7 +547,7 @@ class _BodyReader:
             while not self.complete:
                 message = await self._receive()
                 if message["type"] == "http.disconnect":
-                    raise ClientGone
+                    raise _ClientGone
                 if message["type"] == "http.request":
                     chunks.append(message.get("body", b""))
                     self.complete = not message.get("more_body", False)
@@ -573,74 +571,6 @@ class _BodyReader:
     async def _discard_rest(self) -> None:
         while (await self._receive())["type"] != "http.disconnect":
             pass
-
-
-class BufferedBody:
-    """A fast route's body as the server's protocol hands it over (``_http_edge.DirectStream``): fed chunk by chunk,
-    read as ``_BodyReader.read_json`` reads it, with the same errors and the same timeout."""
-
-    def __init__(self, content_length: int, content_type: bytes | None) -> None:
-        self._content_length = content_length
-        self._content_type = content_type
-        self._chunks: list[bytes] = []
-        self._kept = 0
-        self.complete = trio.Event()
-
-    def feed(self, data: bytes) -> None:
-        if self._kept <= MAX_BODY_BYTES:  # past that it is refused (413) unread: keep nothing more
-            self._chunks.append(data)
-            self._kept += len(data)
-
-    async def read_json(self) -> Any:
-        _check_json_head(_mimetype(self._content_type), self._content_length, MAX_BODY_BYTES)
-        with trio.move_on_after(BODY_TIMEOUT_S) as scope:
-            await self.complete.wait()
-        if scope.cancelled_caught:
-            raise RequestTimeout()
-        return _parse_json(b"".join(self._chunks))
-
-
-class StreamBody:
-    """A fast route's body read straight from the connection (``_http_edge.EdgeH11Protocol.answer_plain``): the
-    bytes that came with the head, then ``receive`` until ``content_length`` are in; read as ``_BodyReader.read_json``
-    reads it, with the same errors and the same timeout. ``complete`` says whether every byte of it has been read, and
-    ``rest`` holds what came after it (the next request's first bytes)."""
-
-    def __init__(
-        self, have: bytes, content_length: int, content_type: bytes | None, receive: Callable[[], Awaitable[bytes]]
-    ) -> None:
-        self._data = have
-        self._content_length = content_length
-        self._content_type = content_type
-        self._receive = receive
-
-    @property
-    def complete(self) -> bool:
-        return len(self._data) >= self._content_length
-
-    @property
-    def rest(self) -> bytes:
-        return self._data[self._content_length :]
-
-    async def read_json(self) -> Any:
-        _check_json_head(_mimetype(self._content_type), self._content_length, MAX_BODY_BYTES)
-        if not self.complete:  # most bodies came with their head: no timeout to set up for them
-            # Gathered and joined once, as _BodyReader does: a body sent a few bytes at a time must not be copied
-            # again at every chunk.
-            chunks, have = [self._data], len(self._data)
-            try:
-                with trio.move_on_after(BODY_TIMEOUT_S) as scope:
-                    while have < self._content_length:
-                        chunk = await self._receive()
-                        if not chunk:
-                            raise ClientGone
-                        chunks.append(chunk)
-                        have += len(chunk)
-            finally:
-                self._data = b"".join(chunks)
-            if scope.cancelled_caught:
-                raise RequestTimeout()
-        return _parse_json(self._data[: self._content_length])
 
 
 async def _send_answer(send: Any, status: int, headers: list[tuple[bytes, bytes]], data: bytes) -> None:

@@ -4,10 +4,15 @@ Both apps run over the same supervisor; each request of a table goes to both as 
 must be the same: status, headers and body, the request id aside (each answer has its own). The table covers the
 contract: the token before the body, the body's limits and validation, a token that stopped working. A spy on the
 fallback shows which requests the fast path really answered itself and which it left to Quart.
+
+The same table goes, as raw bytes, to a live server (hypercorn + quart-trio on port 0, as in production): what the
+wire adds (``date``, ``server``, and ``Connection: close`` on an answer sent before the body's end, which the
+connection then honours) aside, the answer is Quart's route's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -16,9 +21,11 @@ from typing import Any
 
 import pytest
 import trio
-from api_support import Harness, start_tokened, wait_terminal
+from api_support import Harness, Live, MakeLive, poll_until, start_tokened, wait_log_line, wait_terminal
 from quart_trio import QuartTrio
+from test_http_edge import EXCHANGE_S, HOST, Answer, connect
 
+from supervisor import _app
 from supervisor._app import FastRoutes, create_app
 from supervisor.domain import JobStatus
 from supervisor.registry import Ending, Outcome
@@ -162,6 +169,35 @@ def fast_route(app: QuartTrio) -> FastRoutes:
     return route
 
 
+class LiveSpy:
+    """Counts the requests ``FastRoutes`` took itself in a live server (whose app the test does not hold), and those
+    of them whose client left before its body was complete (``gone``: nothing answered)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        self.gone = 0
+        original = FastRoutes._respond
+
+        async def respond(route: FastRoutes, *args: Any) -> Any:
+            self.calls += 1
+            try:
+                return await original(route, *args)
+            except _app._ClientGone:
+                self.gone += 1
+                raise
+
+        monkeypatch.setattr(FastRoutes, "_respond", respond)
+
+
+def request_bytes(path: str, headers: list[tuple[str, str]], data: bytes, *, chunked: bool) -> bytes:
+    head = f"POST {path} HTTP/1.1\r\n".encode() + HOST
+    for name, value in headers:
+        head += f"{name}: {value}\r\n".encode("latin-1")
+    if chunked:
+        return head + b"\r\n" + f"{len(data):x}\r\n".encode() + data + b"\r\n0\r\n\r\n"
+    return head + f"Content-Length: {len(data)}\r\n\r\n".encode() + data
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 async def test_the_fast_path_answers_exactly_as_quarts_route(harness: Harness, case: Case) -> None:
     name, make_headers, data, status, handled = case
@@ -234,3 +270,100 @@ async def test_a_token_of_a_job_ended_behind_the_supervisors_back_is_401_whateve
         assert answer.status == 401, data
         assert json.loads(answer.body)["error"]["code"] == "unauthorized"
     assert (await harness.supervisor.get(job_id)).completed_units == 1
+
+
+# -- over a live server's socket ----------------------------------------------------------------------------------
+
+# Added by the HTTP stack to every answer, whichever route made it.
+_STACK_HEADERS = {"date", "server", "connection"}
+
+
+def _wire_normalized(answer: Answer) -> tuple[int, dict[str, str], bytes]:
+    request_id = answer.headers.get("x-request-id", "")
+    headers = {k: ("<id>" if k == "x-request-id" else v) for k, v in answer.headers.items() if k not in _STACK_HEADERS}
+    data = answer.body.replace(request_id.encode(), b"<id>") if request_id else answer.body
+    return answer.status, headers, data
+
+
+async def running_job(live: Live) -> tuple[str, str]:
+    result = await live.supervisor.enqueue("tokened", {"seconds": 30.0})
+    return result.job.job_id, await wait_log_line(live.supervisor, result.job.job_id)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+async def test_a_live_servers_answer_is_quarts_route_answer(
+    make_live: MakeLive, monkeypatch: pytest.MonkeyPatch, case: Case
+) -> None:
+    name, make_headers, data, status, handled = case
+    live = await make_live()
+    job_id, token = await running_job(live)
+    spy = LiveSpy(monkeypatch)
+    path = f"/api/jobs/{job_id}/heartbeat"
+    chunked = name == "chunked"
+    quart_only = create_app(live.supervisor, fast_routes=False)
+    async with quart_only.test_app():
+        by_quart = await asgi_post(quart_only, path, make_headers(token), data, with_length=not chunked)
+    client = await connect(live)
+    async with client.stream:
+        sent = request_bytes(path, make_headers(token), data, chunked=chunked)
+        # A body the server refuses unread is not sent whole: the answer comes before its end, so it closes the
+        # connection. Any other request arrives whole, and its connection is kept.
+        cut = len(data) > _app.MAX_BODY_BYTES
+        await client.send(sent[: len(sent) - len(data) + 1024] if cut else sent)
+        answer = await client.answer()
+        assert answer.closes == cut, (name, answer.headers)
+        if cut:
+            await client.closed_by_server()
+    assert by_quart.status == status
+    by_quart_answer = Answer(by_quart.status, {k.decode(): v.decode() for k, v in by_quart.headers}, by_quart.body)
+    assert _wire_normalized(answer) == _wire_normalized(by_quart_answer)
+    assert spy.calls == (1 if handled else 0)
+    if status != 204:
+        assert json.loads(answer.body)["error"]["request_id"] == answer.headers["x-request-id"]
+
+
+async def test_a_client_gone_in_the_middle_of_a_body_leaves_the_server_serving(
+    make_live: MakeLive, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_app, "BODY_TIMEOUT_S", 30)  # far beyond this test: only the client's leaving ends it
+    live = await make_live()
+    job_id, token = await running_job(live)
+    spy = LiveSpy(monkeypatch)
+    headers = json_headers(token)
+    path = f"/api/jobs/{job_id}/heartbeat"
+    for _ in range(3):
+        client = await connect(live)
+        async with client.stream:
+            await client.send(request_bytes(path, headers, body({"completed_units": 7}), chunked=False)[:-3])
+        # The client is gone: the body's reader gets http.disconnect, and nothing is recorded or answered.
+
+    async def all_gone() -> bool | None:
+        return True if spy.gone == 3 else None
+
+    await poll_until(all_gone, limit_s=EXCHANGE_S)  # the server meets each client's leaving in its own time
+    assert spy.calls == 3
+    fresh = await connect(live)
+    async with fresh.stream:
+        await fresh.send(request_bytes(path, headers, body({"completed_units": 2}), chunked=False))
+        with trio.fail_after(EXCHANGE_S):
+            assert (await fresh.answer()).status == 204
+    assert (await live.supervisor.get(job_id)).completed_units == 2
+
+
+async def test_an_answer_before_the_body_closes_the_connection(make_live: MakeLive) -> None:
+    # A wrong token is answered at once (401), the body unread: what follows on the connection could be that body,
+    # so it must never be read as a next request. The answer says Connection: close, and the server closes.
+    live = await make_live()
+    job_id, token = await running_job(live)
+    path = f"/api/jobs/{job_id}/heartbeat"
+    smuggled = request_bytes(path, json_headers(token), body({"completed_units": 9}), chunked=False)
+    head = request_bytes(path, json_headers(token + "x"), b"x" * len(smuggled), chunked=False)[: -len(smuggled)]
+    client = await connect(live)
+    async with client.stream:
+        await client.send(head)
+        answer = await client.answer()
+        assert (answer.status, answer.closes) == (401, True)
+        with contextlib.suppress(trio.BrokenResourceError):
+            await client.send(smuggled)  # the "body": a whole heartbeat, which must not be taken as one
+        assert await client.closed_by_server() == b""
+    assert (await live.supervisor.get(job_id)).completed_units == 0

@@ -24,8 +24,9 @@ from typing import Any
 import pytest
 import trio
 from api_support import API_TOKEN, Live, MakeLive, poll_until, wait_log_line
+from hypercorn.events import Updated
 
-from supervisor import _app, _server
+from supervisor import _app, _http_edge, _server
 
 # Every exchange (an answer, or the end of a connection) must come within this.
 EXCHANGE_S = 5.0
@@ -189,11 +190,12 @@ async def test_an_early_answer_closes_the_connection(live: Live, case: str) -> N
     await assert_healthy(live)
 
 
-async def test_an_answer_after_the_whole_body_keeps_the_connection(live: Live) -> None:
+@pytest.mark.parametrize("path", [b"/api/jobs", b"/api/jobs/some-job/heartbeat"])
+async def test_an_answer_after_the_whole_body_keeps_the_connection(live: Live, path: bytes) -> None:
     """The same 401 with the body already sent: nothing is left unread, so the connection serves the next request."""
     client = await connect(live)
     async with client.stream:
-        await client.send(b"POST /api/jobs HTTP/1.1\r\n" + HOST + JSON + b"Content-Length: 12\r\n\r\n" + _BODY)
+        await client.send(b"POST " + path + b" HTTP/1.1\r\n" + HOST + JSON + b"Content-Length: 12\r\n\r\n" + _BODY)
         first = await client.answer()
         assert (first.status, first.closes) == (401, False)
         await client.send(HEALTH)
@@ -411,9 +413,44 @@ async def test_abusive_clients_leave_no_socket_in_close_wait_and_no_descriptor_o
     await _poll(lambda: _open_sockets() <= sockets_before)
 
 
+ESTABLISHED = 0x01
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the kernel's TCP table (Linux)")
+async def test_a_client_that_closes_an_idle_connection_is_met_at_once(
+    make_live: MakeLive, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server closes its side as soon as the client closes an idle kept-alive connection, not when the keep-alive
+    timeout (here far longer than this test waits) ends it: no socket sits in CLOSE-WAIT meanwhile."""
+    monkeypatch.setattr(_server, "KEEP_ALIVE_TIMEOUT_S", 60)
+    idle = trio.Event()  # the connection is idle: its keep-alive timer runs (nothing on the wire says so)
+    original_send = _http_edge.EdgeTCPServer.protocol_send
+
+    async def protocol_send(server: _http_edge.EdgeTCPServer, event: Any) -> None:
+        await original_send(server, event)
+        if isinstance(event, Updated) and event.idle:
+            idle.set()
+
+    monkeypatch.setattr(_http_edge.EdgeTCPServer, "protocol_send", protocol_send)
+    live = await make_live(api_token=API_TOKEN)
+    port = port_of(live)
+    client = await connect(live)
+    client_port = client.stream.socket.getsockname()[1]
+    async with client.stream:
+        await client.send(HEALTH)
+        assert (await client.answer()).status == 200
+        with trio.fail_after(EXCHANGE_S):
+            await idle.wait()
+
+    def server_closed() -> bool:
+        # ESTABLISHED until the client's FIN arrives, CLOSE-WAIT until the server closes, then gone (or LAST-ACK).
+        return all(peer != client_port or state not in (ESTABLISHED, CLOSE_WAIT) for state, peer, _ in _tcp_table(port))
+
+    await _poll(server_closed)
+
+
 # -- a client that stops reading ----------------------------------------------------------------------------------
 
-ESTABLISHED = 0x01
 UNREAD_ANSWERS = 1000  # ~13 MB of OpenAPI documents: far more than the kernel buffers between the two ends hold
 
 
