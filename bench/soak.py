@@ -268,7 +268,7 @@ class Slack:
     fds: float = 4
     threads: float = 3
     rss_mib: float = 16
-    max_connections: float = 4  # supervisor._registry.DEFAULT_CONNECTIONS
+    max_connections: float = 4  # supervisor.registry.sqlite's default pool size
 
 
 def judge(samples: Sequence[Sample], warmup_s: float, slack: Slack) -> list[Trend]:

@@ -48,8 +48,8 @@ from .execution import Executor
 from .registry import MemoryRegistry, Registry, SqliteRegistry, open_registry
 
 if TYPE_CHECKING:
-    from ._app import create_app
-    from ._server import run_supervisor
+    from ._root import run_supervisor
+    from .api._app import create_app
 
 __all__ = [
     "BodyTooLarge",
@@ -90,11 +90,11 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "run_supervisor":
-        from ._server import run_supervisor
+        from ._root import run_supervisor
 
         return run_supervisor
     if name == "create_app":
-        from ._app import create_app
+        from .api._app import create_app
 
         return create_app
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

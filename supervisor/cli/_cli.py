@@ -77,7 +77,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .._server import run_supervisor
+    from .._root import run_supervisor
 
     configure_logging()
     log = get_logger()

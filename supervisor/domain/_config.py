@@ -73,7 +73,7 @@ class Config:
     docker_network: str | None = None
     # None: the supervisor's data dir, bind-mounted (a supervisor on the host). A volume name or an absolute host path.
     docker_data_volume: str | None = None
-    # None: the address the server is bound to (see _server.public_base_url).
+    # None: the address the server is bound to (see api.public_base_url).
     heartbeat_base_url: str | None = None
     # Where the shepherd writes jobs' state records while this supervisor is connected (ADR 0004): "auto" is
     # /dev/shm/podcast-supervisor-<uid>/<hash of the data dir> where /dev/shm is a directory, else none; "off" is

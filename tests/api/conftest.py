@@ -30,7 +30,7 @@ from api_support import (
 )
 
 from supervisor import SqliteRegistry, Supervisor
-from supervisor._app import create_app
+from supervisor.api import create_app
 from supervisor.domain import KindCatalog, load_kinds
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from api_support import API_TOKEN, Harness, OpenHarness, wait_for_job, wait_log_line
 from werkzeug.routing import Rule
 
-from supervisor._app import PUBLIC_ENDPOINTS
+from supervisor.api import PUBLIC_ENDPOINTS
 
 IGNORED_METHODS = {"HEAD", "OPTIONS"}  # added by the framework to every route
 

@@ -32,7 +32,7 @@ from test_api_heartbeat_route import (
 from test_http_edge import Answer, connect
 
 from supervisor import _app
-from supervisor._app import create_app
+from supervisor.api import create_app
 from supervisor.domain import ApiToken, JobStatus
 
 PATH = "/api/jobs"

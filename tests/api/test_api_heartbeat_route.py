@@ -26,7 +26,7 @@ from quart_trio import QuartTrio
 from test_http_edge import EXCHANGE_S, HOST, Answer, connect
 
 from supervisor import _app
-from supervisor._app import FastRoutes, create_app
+from supervisor.api import FastRoutes, create_app
 from supervisor.domain import JobStatus
 from supervisor.registry import Ending, Outcome
 

@@ -11,7 +11,8 @@ import httpx
 import trio
 from api_support import API_TOKEN, Live, MakeLive, make_config, wait_terminal
 
-from supervisor._server import GRACEFUL_TIMEOUT_S, run_supervisor
+from supervisor import run_supervisor
+from supervisor.api import GRACEFUL_TIMEOUT_S
 from supervisor.domain import KindCatalog
 
 TIMEOUT = httpx.Timeout(10.0)

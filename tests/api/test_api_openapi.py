@@ -14,8 +14,7 @@ import pytest
 from api_support import Harness, wait_log_line
 from werkzeug.routing import Rule
 
-from supervisor._app import PUBLIC_ENDPOINTS
-from supervisor.api import JOBS_SUBROUTES, openapi_document
+from supervisor.api import JOBS_SUBROUTES, PUBLIC_ENDPOINTS, openapi_document
 from supervisor.domain import KindCatalog, load_kinds
 
 HTTP_METHODS = {"get", "post", "put", "patch", "delete"}

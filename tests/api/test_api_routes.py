@@ -22,7 +22,7 @@ from api_support import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor._app import MAX_BODY_BYTES, REQUEST_ID_HEADER
+from supervisor.api import MAX_BODY_BYTES, REQUEST_ID_HEADER
 from supervisor.domain import RegistryError
 
 
@@ -540,7 +540,7 @@ async def test_batch_enqueue_answers_in_order_and_a_bad_element_stores_nothing(h
 
 
 async def test_a_batch_may_be_larger_than_one_job_request_but_not_unbounded(harness: Harness) -> None:
-    from supervisor._app import MAX_BATCH_BODY_BYTES
+    from supervisor.api import MAX_BATCH_BODY_BYTES
 
     await harness.supervisor.pause()
     # 1,000 jobs with 100-character params: over the 64 KiB of a single request, under the batch's 1 MiB.

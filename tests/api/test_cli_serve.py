@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import trio
 
-from supervisor._server import GRACEFUL_TIMEOUT_S
+from supervisor.api import GRACEFUL_TIMEOUT_S
 from supervisor.cli import EXIT_CONFIG, EXIT_OK
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
 """The HTTP/1.1 edge: how a connection ends. Subclasses of hypercorn's h11 protocol and trio connection task,
-installed by ``_server``.
+installed by ``_serve.serve_http``.
 
 Why it exists (hypercorn 0.18, trio worker, with quart-trio). hypercorn does its per-connection bookkeeping inside
 the app's own ``send()`` call: the ASGI message that ends a response makes the protocol close the request stream
@@ -64,8 +64,8 @@ from hypercorn.protocol.events import Response, StreamClosed
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import TCPServer
 
+from ..observe._logging import get_logger
 from ._app import REQUEST_ID_HEADER
-from .observe._logging import get_logger
 
 log = get_logger()
 

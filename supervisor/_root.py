@@ -19,17 +19,11 @@ from __future__ import annotations
 import gc
 import secrets
 import signal
-import socket
 from typing import Any
 
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.config import Sockets
-from hypercorn.trio.run import worker_serve
-from hypercorn.utils import wrap_app
 
-from . import _http_edge
-from ._app import create_app
+from .api import GRACEFUL_TIMEOUT_S, bind_socket, public_base_url, serve_http
 from .core import Supervisor
 from .domain._config import ApiToken, Config
 from .domain._errors import ConfigError
@@ -39,16 +33,6 @@ from .observe._notify import Notifier, run_watchdog
 from .registry import open_registry
 
 log = get_logger()
-
-# How long a graceful stop lets requests in flight finish. Idle keep-alive connections close at once on a stop.
-GRACEFUL_TIMEOUT_S = 1.0
-# An idle connection (kept alive after an answer, or opened and not yet sending a complete request head) is closed
-# after this long: it bounds slow request heads too. A request body is bounded by the app (BODY_TIMEOUT_S).
-KEEP_ALIVE_TIMEOUT_S = 5.0
-# A request line plus headers that grow past this without being complete are answered 431 and the connection
-# closed. (h11 checks while a head is incomplete, so a head that arrives in one read may be up to 64 KiB larger.)
-MAX_HEAD_BYTES = 16 * 1024
-
 
 async def _watch_signals(
     shutdown: trio.Event, api_token: ApiToken, *, task_status: Any = trio.TASK_STATUS_IGNORED
@@ -81,60 +65,6 @@ async def _run_job_nursery(*, task_status: Any = trio.TASK_STATUS_IGNORED) -> No
     async with trio.open_nursery() as nursery:
         task_status.started(nursery)
         await trio.sleep_forever()
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """Bind and listen before the startup sweep, so the heartbeat URL (and port 0) is known to jobs it starts."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    try:
-        sock.bind((host, port))
-        sock.listen(128)
-    except OSError:
-        sock.close()
-        raise
-    sock.setblocking(False)
-    return sock
-
-
-def public_base_url(host: str, port: int) -> str:
-    reach = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
-    reach = f"[{reach}]" if ":" in reach else reach
-    return f"http://{reach}:{port}"
-
-
-async def _serve_http(
-    supervisor: Supervisor,
-    api_token: ApiToken,
-    sock: socket.socket,
-    shutdown: trio.Event,
-    done: trio.Event,
-    *,
-    task_status: Any = trio.TASK_STATUS_IGNORED,
-) -> None:
-    # How connections end (close after Connection: close / HTTP/1.0 / early answers, keep-alive timeout, the error
-    # format of the protocol's own 400/431/501, writes to clients that stop reading) is fixed in _http_edge: see its
-    # docstring for hypercorn's defects.
-    _http_edge.install()
-    hconfig = HypercornConfig()
-    hconfig.graceful_timeout = GRACEFUL_TIMEOUT_S
-    hconfig.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_S
-    hconfig.h11_max_incomplete_size = MAX_HEAD_BYTES
-    hconfig.accesslog = None
-    hconfig.errorlog = None
-    app = create_app(supervisor, api_token)
-    try:
-        await worker_serve(
-            wrap_app(app, hconfig.wsgi_max_body_size, None),
-            hconfig,
-            sockets=Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[]),
-            shutdown_trigger=shutdown.wait,
-            task_status=task_status,
-        )
-    finally:
-        done.set()
 
 
 async def run_supervisor(
@@ -173,7 +103,7 @@ async def run_supervisor(
             await root.start(supervisor.webhooks.run)
             # The startup sweep runs before serving; it never waits on a job, so /api/health is not delayed.
             await root.start(supervisor.run_sweeper)
-            await root.start(_serve_http, supervisor, api_token, sock, shutdown, http_done)
+            await root.start(serve_http, supervisor, api_token, sock, shutdown, http_done)
             log.info(
                 "supervisor_started",
                 url=url,

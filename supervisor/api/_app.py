@@ -26,10 +26,9 @@ from werkzeug.exceptions import HTTPException, RequestTimeout
 from werkzeug.http import parse_options_header
 from werkzeug.routing import BaseConverter
 
-from .api._openapi import JOBS_SUBROUTES, openapi_document
-from .core import Supervisor
-from .domain._config import ApiToken
-from .domain._errors import (
+from ..core import Supervisor
+from ..domain._config import ApiToken
+from ..domain._errors import (
     BodyTooLarge,
     Forbidden,
     MalformedRequest,
@@ -39,8 +38,9 @@ from .domain._errors import (
     UnsupportedMediaType,
     ValidationError,
 )
-from .domain._model import Job
-from .observe._logging import get_logger
+from ..domain._model import Job
+from ..observe._logging import get_logger
+from ._openapi import JOBS_SUBROUTES, openapi_document
 
 log = get_logger()
 
