@@ -16,6 +16,7 @@ and the next boot reconciles them.
 
 from __future__ import annotations
 
+import functools
 import gc
 import secrets
 import signal
@@ -23,7 +24,7 @@ from typing import Any
 
 import trio
 
-from .api import GRACEFUL_TIMEOUT_S, bind_socket, public_base_url, serve_http
+from .api import HttpLimits, bind_socket, public_base_url, serve_http
 from .core import Supervisor
 from .domain._config import ApiToken, Config
 from .domain._errors import ConfigError
@@ -73,15 +74,18 @@ async def run_supervisor(
     *,
     shutdown: trio.Event | None = None,
     freeze_heap: bool = False,
+    http_limits: HttpLimits | None = None,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the supervisor until ``shutdown`` is set (or SIGTERM/SIGINT). ``started()`` gives the base URL.
+    """Run the supervisor until ``shutdown`` is set (or SIGTERM/SIGINT). ``started()`` gives the ``Supervisor``.
 
     ``freeze_heap`` (``supervisor serve``, which owns its process): once serving, what startup built is moved out
-    of the garbage collector's sight (``gc.freeze``).
+    of the garbage collector's sight (``gc.freeze``). ``http_limits``: the HTTP server's timeouts (defaults unless
+    given).
     """
     if shutdown is None:
         shutdown = trio.Event()
+    limits = http_limits if http_limits is not None else HttpLimits()
     boot_id = secrets.token_hex(16)
     # Events are written with each change only when something will send them (a webhook).
     registry = await open_registry(config, boot_id=boot_id, outbox=config.webhook_url is not None)
@@ -103,7 +107,8 @@ async def run_supervisor(
             await root.start(supervisor.webhooks.run)
             # The startup sweep runs before serving; it never waits on a job, so /api/health is not delayed.
             await root.start(supervisor.run_sweeper)
-            await root.start(serve_http, supervisor, api_token, sock, shutdown, http_done)
+            serve = functools.partial(serve_http, limits=limits)
+            await root.start(serve, supervisor, api_token, sock, shutdown, http_done)
             log.info(
                 "supervisor_started",
                 url=url,
@@ -129,7 +134,7 @@ async def run_supervisor(
             await shutdown.wait()
             notifier.send("STOPPING=1")
             # Graceful shutdown is a deadline on the owning scope.
-            with trio.move_on_after(GRACEFUL_TIMEOUT_S + 2):
+            with trio.move_on_after(limits.graceful_timeout_s + 2):
                 await http_done.wait()
             root.cancel_scope.cancel()
     finally:

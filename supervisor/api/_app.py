@@ -40,6 +40,7 @@ from ..domain._errors import (
 )
 from ..domain._model import Job
 from ..observe._logging import get_logger
+from ._limits import HttpLimits
 from ._openapi import JOBS_SUBROUTES, openapi_document
 
 log = get_logger()
@@ -48,10 +49,6 @@ log = get_logger()
 MAX_BODY_BYTES = 64 * 1024
 # A batch holds up to 1,000 job requests; the stack refuses anything larger before a route sees it.
 MAX_BATCH_BODY_BYTES = 1024 * 1024
-# A client that opens a body and never finishes it must not hold a request task for long.
-BODY_TIMEOUT_S = 10
-# Nor one that stops reading an answer: a response not written within this is cut and its connection closed.
-RESPONSE_TIMEOUT_S = 60
 DEFAULT_LIST_LIMIT = 100
 
 # Routes reachable without the API token: probes (health, metrics) and the job's own heartbeat, which
@@ -200,8 +197,15 @@ class _JobIdConverter(BaseConverter):
     regex = rf"(?!(?:{'|'.join(map(re.escape, JOBS_SUBROUTES))})$)[^/]+"
 
 
-def create_app(supervisor: Supervisor, api_token: ApiToken | None = None, *, fast_routes: bool = True) -> QuartTrio:
-    """The app over ``supervisor``; ``api_token`` is the operator token in force (re-read on SIGHUP by the server).
+def create_app(
+    supervisor: Supervisor,
+    api_token: ApiToken | None = None,
+    *,
+    fast_routes: bool = True,
+    limits: HttpLimits | None = None,
+) -> QuartTrio:
+    """The app over ``supervisor``; ``api_token`` is the operator token in force (re-read on SIGHUP by the server);
+    ``limits``: the body and response timeouts (``HttpLimits``' defaults unless given).
 
     ``fast_routes``: answer heartbeats and single enqueues with ``FastRoutes`` ahead of Quart (False: Quart's
     routes only, which the tests compare them with).
@@ -211,8 +215,9 @@ def create_app(supervisor: Supervisor, api_token: ApiToken | None = None, *, fas
     app.url_map.converters["job_id"] = _JobIdConverter
     # The stack's own cap is the largest route's (a batch); _json_body holds every other route to MAX_BODY_BYTES.
     app.config["MAX_CONTENT_LENGTH"] = MAX_BATCH_BODY_BYTES
-    app.config["BODY_TIMEOUT"] = BODY_TIMEOUT_S
-    app.config["RESPONSE_TIMEOUT"] = RESPONSE_TIMEOUT_S
+    limits = limits if limits is not None else HttpLimits()
+    app.config["BODY_TIMEOUT"] = limits.body_timeout_s
+    app.config["RESPONSE_TIMEOUT"] = limits.response_timeout_s
     # Errors are answered by our handlers, never re-raised into the server (not even under TESTING).
     app.config["PROPAGATE_EXCEPTIONS"] = False
     app.extensions["supervisor.metrics_registry"] = supervisor.metrics.registry
@@ -381,7 +386,7 @@ def create_app(supervisor: Supervisor, api_token: ApiToken | None = None, *, fas
 
     if fast_routes:
         # Quart's own __call__ calls app.asgi_app: the test client and hypercorn both come through here.
-        app.asgi_app = FastRoutes(app, supervisor, token_source, app.asgi_app)  # type: ignore[method-assign]
+        app.asgi_app = FastRoutes(app, supervisor, token_source, app.asgi_app, limits)  # type: ignore[method-assign]
     return app
 
 
@@ -399,7 +404,7 @@ _DIGITS = re.compile(rb"[0-9]{1,18}")
 _NO_CONTENT_HEADERS = [(b"content-type", b"text/html; charset=utf-8"), (b"content-length", b"0")]
 
 
-class _ClientGone(Exception):
+class ClientGone(Exception):
     """The client closed the connection before its body was complete: nobody is left to answer."""
 
 
@@ -433,11 +438,14 @@ class FastRoutes:
     every other request; what it reads is the headers h11 parsed and the body's JSON.
     """
 
-    def __init__(self, app: QuartTrio, supervisor: Supervisor, token_source: ApiToken, fallback: Any) -> None:
+    def __init__(
+        self, app: QuartTrio, supervisor: Supervisor, token_source: ApiToken, fallback: Any, limits: HttpLimits
+    ) -> None:
         self.app = app
         self.supervisor = supervisor
         self.token_source = token_source
         self.fallback = fallback
+        self.limits = limits
 
     @staticmethod
     def _plain_case(method: bytes | str, path: str, headers: Iterable[tuple[bytes, bytes]]) -> _PlainRequest | None:
@@ -474,10 +482,10 @@ class FastRoutes:
         plain = self._plain_case(scope["method"], scope["path"], scope["headers"])
         if plain is None:
             return await self.fallback(scope, receive, send)
-        body = _BodyReader(receive, plain.content_length, plain.content_type)
+        body = _BodyReader(receive, plain.content_length, plain.content_type, self.limits)
         try:
             status, headers, data = await self._respond(plain, body.read_json, scope["path"])
-        except _ClientGone:
+        except ClientGone:
             return
         await body.answer(send, status, headers, data)
 
@@ -485,7 +493,7 @@ class FastRoutes:
         self, plain: _PlainRequest, read_json: Callable[[], Awaitable[Any]], path: str
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """The answer to the request (status, headers, body), as Quart's route gives it. ``read_json`` reads the
-        body (raising the 415/413/408/400 errors, or ``_ClientGone``), and is called only after the token check."""
+        body (raising the 415/413/408/400 errors, or ``ClientGone``), and is called only after the token check."""
         request_id = secrets.token_hex(8)
         status, payload = 204, None
         try:
@@ -497,7 +505,7 @@ class FastRoutes:
                 if bearer is None:
                     raise Unauthorized(MISSING_JOB_TOKEN)
                 await self.supervisor.heartbeat(plain.job_id, bearer, read_json)
-        except _ClientGone:
+        except ClientGone:
             raise
         except RequestError as exc:
             status, payload = exc.http_status, _error_payload(exc.code, str(exc), exc.field, request_id)
@@ -534,7 +542,8 @@ def _mimetype(content_type: bytes | None) -> str:
 class _BodyReader:
     """A fast route's body, read only when the core asks for it (after the token), as ``_json_body`` reads it."""
 
-    def __init__(self, receive: Any, content_length: int, content_type: bytes | None) -> None:
+    def __init__(self, receive: Any, content_length: int, content_type: bytes | None, limits: HttpLimits) -> None:
+        self._limits = limits
         self._receive = receive
         self._content_length = content_length
         self._content_type = content_type
@@ -543,11 +552,11 @@ class _BodyReader:
     async def read_json(self) -> Any:
         _check_json_head(_mimetype(self._content_type), self._content_length, MAX_BODY_BYTES)
         chunks: list[bytes] = []
-        with trio.move_on_after(BODY_TIMEOUT_S) as scope:
+        with trio.move_on_after(self._limits.body_timeout_s) as scope:
             while not self.complete:
                 message = await self._receive()
                 if message["type"] == "http.disconnect":
-                    raise _ClientGone
+                    raise ClientGone
                 if message["type"] == "http.request":
                     chunks.append(message.get("body", b""))
                     self.complete = not message.get("more_body", False)
@@ -559,7 +568,7 @@ class _BodyReader:
         """Send the answer, within the response timeout. An answer that comes before the body's end (a 401, 415,
         413, 408) reads what is left of the request meanwhile, as Quart does: hypercorn hands the app every body
         message and, once the answer is out, a disconnect, and a queue nobody reads would stall the connection."""
-        with trio.move_on_after(RESPONSE_TIMEOUT_S):
+        with trio.move_on_after(self._limits.response_timeout_s):
             if self.complete:
                 await _send_answer(send, status, headers, data)
                 return

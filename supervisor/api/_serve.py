@@ -16,16 +16,7 @@ from ..core import Supervisor
 from ..domain import ApiToken
 from . import _edge
 from ._app import create_app
-
-# How long a graceful stop lets requests in flight finish. Idle keep-alive connections close at once on a stop.
-GRACEFUL_TIMEOUT_S = 1.0
-# An idle connection (kept alive after an answer, or opened and not yet sending a complete request head) is closed
-# after this long: it bounds slow request heads too. A request body is bounded by the app (BODY_TIMEOUT_S).
-KEEP_ALIVE_TIMEOUT_S = 5.0
-# A request line plus headers that grow past this without being complete are answered 431 and the connection
-# closed. (h11 checks while a head is incomplete, so a head that arrives in one read may be up to 64 KiB larger.)
-MAX_HEAD_BYTES = 16 * 1024
-
+from ._limits import HttpLimits
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -57,21 +48,24 @@ async def serve_http(
     shutdown: trio.Event,
     done: trio.Event,
     *,
+    limits: HttpLimits | None = None,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the control API on ``sock`` with hypercorn's trio worker until ``shutdown``; ``done`` is set once the
-    server has stopped (its graceful deadline included). ``started()`` once it listens."""
+    server has stopped (its graceful deadline included). ``started()`` once it listens. ``limits``: the timeouts
+    and the head size (``HttpLimits``' defaults unless given)."""
     # How connections end (close after Connection: close / HTTP/1.0 / early answers, keep-alive timeout, the error
     # format of the protocol's own 400/431/501, writes to clients that stop reading) is fixed in _edge: see its
     # docstring for hypercorn's defects.
     _edge.install()
+    limits = limits if limits is not None else HttpLimits()
     hconfig = HypercornConfig()
-    hconfig.graceful_timeout = GRACEFUL_TIMEOUT_S
-    hconfig.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_S
-    hconfig.h11_max_incomplete_size = MAX_HEAD_BYTES
+    hconfig.graceful_timeout = limits.graceful_timeout_s
+    hconfig.keep_alive_timeout = limits.keep_alive_timeout_s
+    hconfig.h11_max_incomplete_size = limits.max_head_bytes
     hconfig.accesslog = None
     hconfig.errorlog = None
-    app = create_app(supervisor, api_token)
+    app = create_app(supervisor, api_token, limits=limits)
     try:
         await worker_serve(
             wrap_app(app, hconfig.wsgi_max_body_size, None),

@@ -17,6 +17,7 @@ import trio
 from quart_trio import QuartTrio
 
 from supervisor import Supervisor, run_supervisor
+from supervisor.api import HttpLimits
 from supervisor.domain import Config, Job, KindCatalog
 
 T = TypeVar("T")
@@ -184,10 +185,16 @@ class Live:
 
 
 async def run_live(
-    config: Config, kinds: KindCatalog, shutdown: trio.Event, stopped: trio.Event, *, task_status: Any
+    config: Config,
+    kinds: KindCatalog,
+    shutdown: trio.Event,
+    stopped: trio.Event,
+    *,
+    limits: HttpLimits | None = None,
+    task_status: Any,
 ) -> None:
     try:
-        await run_supervisor(config, kinds, shutdown=shutdown, task_status=task_status)
+        await run_supervisor(config, kinds, shutdown=shutdown, http_limits=limits, task_status=task_status)
     finally:
         stopped.set()
 

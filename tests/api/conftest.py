@@ -30,7 +30,7 @@ from api_support import (
 )
 
 from supervisor import SqliteRegistry, Supervisor
-from supervisor.api import create_app
+from supervisor.api import HttpLimits, create_app
 from supervisor.domain import KindCatalog, load_kinds
 
 
@@ -95,10 +95,11 @@ async def make_live(
     """Start ``run_supervisor`` on 127.0.0.1:0; at the end stop its jobs, then shut it down gracefully."""
     started: list[Live] = []
 
-    async def make(**overrides: Any) -> Live:
+    async def make(*, limits: HttpLimits | None = None, **overrides: Any) -> Live:
+        """``limits``: the HTTP server's timeouts; ``overrides``: the supervisor's settings."""
         config = make_config(tmp_path, kinds_path, **overrides)
         shutdown, stopped = trio.Event(), trio.Event()
-        sup = await nursery.start(functools.partial(run_live, config, kinds, shutdown, stopped))
+        sup = await nursery.start(functools.partial(run_live, config, kinds, shutdown, stopped, limits=limits))
         live = Live(sup, shutdown, stopped)
         started.append(live)
         return live

@@ -31,8 +31,7 @@ from test_api_heartbeat_route import (
 )
 from test_http_edge import Answer, connect
 
-from supervisor import _app
-from supervisor.api import create_app
+from supervisor.api import MAX_BODY_BYTES, create_app
 from supervisor.domain import ApiToken, JobStatus
 
 PATH = "/api/jobs"
@@ -169,7 +168,7 @@ async def live_exchange(live: Live, headers: list[tuple[str, str]], data: bytes,
         sent = request_bytes(PATH, headers, data, chunked=chunked)
         # A body the server refuses unread is not sent whole: the answer comes before its end, so it closes the
         # connection. Any other request arrives whole, and its connection is kept.
-        cut = len(data) > _app.MAX_BODY_BYTES
+        cut = len(data) > MAX_BODY_BYTES
         await client.send(sent[: len(sent) - len(data) + 1024] if cut else sent)
         answer = await client.answer()
         assert answer.closes == cut, answer.headers

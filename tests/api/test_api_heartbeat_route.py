@@ -25,8 +25,7 @@ from api_support import Harness, Live, MakeLive, poll_until, start_tokened, wait
 from quart_trio import QuartTrio
 from test_http_edge import EXCHANGE_S, HOST, Answer, connect
 
-from supervisor import _app
-from supervisor.api import FastRoutes, create_app
+from supervisor.api import MAX_BODY_BYTES, ClientGone, FastRoutes, HttpLimits, create_app
 from supervisor.domain import JobStatus
 from supervisor.registry import Ending, Outcome
 
@@ -182,7 +181,7 @@ class LiveSpy:
             self.calls += 1
             try:
                 return await original(route, *args)
-            except _app._ClientGone:
+            except ClientGone:
                 self.gone += 1
                 raise
 
@@ -308,7 +307,7 @@ async def test_a_live_servers_answer_is_quarts_route_answer(
         sent = request_bytes(path, make_headers(token), data, chunked=chunked)
         # A body the server refuses unread is not sent whole: the answer comes before its end, so it closes the
         # connection. Any other request arrives whole, and its connection is kept.
-        cut = len(data) > _app.MAX_BODY_BYTES
+        cut = len(data) > MAX_BODY_BYTES
         await client.send(sent[: len(sent) - len(data) + 1024] if cut else sent)
         answer = await client.answer()
         assert answer.closes == cut, (name, answer.headers)
@@ -325,8 +324,8 @@ async def test_a_live_servers_answer_is_quarts_route_answer(
 async def test_a_client_gone_in_the_middle_of_a_body_leaves_the_server_serving(
     make_live: MakeLive, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_app, "BODY_TIMEOUT_S", 30)  # far beyond this test: only the client's leaving ends it
-    live = await make_live()
+    # A body timeout far beyond this test: only the client's leaving ends the request.
+    live = await make_live(limits=HttpLimits(body_timeout_s=30))
     job_id, token = await running_job(live)
     spy = LiveSpy(monkeypatch)
     headers = json_headers(token)

@@ -12,7 +12,9 @@ import trio
 from api_support import API_TOKEN, Live, MakeLive, make_config, wait_terminal
 
 from supervisor import run_supervisor
-from supervisor.api import GRACEFUL_TIMEOUT_S
+from supervisor.api import HttpLimits
+
+GRACEFUL_TIMEOUT_S = HttpLimits().graceful_timeout_s
 from supervisor.domain import KindCatalog
 
 TIMEOUT = httpx.Timeout(10.0)

@@ -13,7 +13,9 @@ from pathlib import Path
 import httpx
 import trio
 
-from supervisor.api import GRACEFUL_TIMEOUT_S
+from supervisor.api import HttpLimits
+
+GRACEFUL_TIMEOUT_S = HttpLimits().graceful_timeout_s
 from supervisor.cli import EXIT_CONFIG, EXIT_OK
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

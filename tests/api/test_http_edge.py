@@ -9,7 +9,7 @@ fixture, so that a case that waits for one finishes quickly; the shutdown tests 
 kernel's view of a connection (CLOSE-WAIT, bytes queued) is read from ``/proc/net/tcp`` and polled under a deadline,
 since nothing signals it.
 
-Why hypercorn needs help with all this: ``supervisor/_http_edge.py``.
+Why hypercorn needs help with all this: ``supervisor/api/_edge.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import trio
 from api_support import API_TOKEN, Live, MakeLive, poll_until, wait_log_line
 from hypercorn.events import Updated
 
-from supervisor import _app, _http_edge, _server
+from supervisor.api import EdgeTCPServer, HttpLimits
 
 # Every exchange (an answer, or the end of a connection) must come within this.
 EXCHANGE_S = 5.0
@@ -113,16 +113,14 @@ def port_of(live: Live) -> int:
     return int(live.url.rsplit(":", 1)[1])
 
 
-@pytest.fixture
-def short_timeouts(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_server, "KEEP_ALIVE_TIMEOUT_S", KEEP_ALIVE_S)
-    monkeypatch.setattr(_app, "BODY_TIMEOUT_S", BODY_TIMEOUT_S)
-    monkeypatch.setattr(_app, "RESPONSE_TIMEOUT_S", RESPONSE_TIMEOUT_S)
+SHORT = HttpLimits(
+    keep_alive_timeout_s=KEEP_ALIVE_S, body_timeout_s=BODY_TIMEOUT_S, response_timeout_s=RESPONSE_TIMEOUT_S
+)
 
 
 @pytest.fixture
-async def live(short_timeouts: None, make_live: MakeLive) -> Live:
-    return await make_live(api_token=API_TOKEN)
+async def live(make_live: MakeLive) -> Live:
+    return await make_live(api_token=API_TOKEN, limits=SHORT)
 
 
 async def assert_healthy(live: Live) -> None:
@@ -422,17 +420,16 @@ async def test_a_client_that_closes_an_idle_connection_is_met_at_once(
 ) -> None:
     """The server closes its side as soon as the client closes an idle kept-alive connection, not when the keep-alive
     timeout (here far longer than this test waits) ends it: no socket sits in CLOSE-WAIT meanwhile."""
-    monkeypatch.setattr(_server, "KEEP_ALIVE_TIMEOUT_S", 60)
     idle = trio.Event()  # the connection is idle: its keep-alive timer runs (nothing on the wire says so)
-    original_send = _http_edge.EdgeTCPServer.protocol_send
+    original_send = EdgeTCPServer.protocol_send
 
-    async def protocol_send(server: _http_edge.EdgeTCPServer, event: Any) -> None:
+    async def protocol_send(server: EdgeTCPServer, event: Any) -> None:
         await original_send(server, event)
         if isinstance(event, Updated) and event.idle:
             idle.set()
 
-    monkeypatch.setattr(_http_edge.EdgeTCPServer, "protocol_send", protocol_send)
-    live = await make_live(api_token=API_TOKEN)
+    monkeypatch.setattr(EdgeTCPServer, "protocol_send", protocol_send)
+    live = await make_live(api_token=API_TOKEN, limits=HttpLimits(keep_alive_timeout_s=60))
     port = port_of(live)
     client = await connect(live)
     client_port = client.stream.socket.getsockname()[1]
@@ -521,7 +518,7 @@ async def test_shutdown_is_bounded_with_a_client_that_stops_reading(make_live: M
         async with client.stream:
             started = trio.current_time()
             live.shutdown.set()
-            bound = _server.GRACEFUL_TIMEOUT_S + 1.5
+            bound = HttpLimits().graceful_timeout_s + 1.5
             with trio.fail_after(bound):
                 await live.stopped.wait()
             assert trio.current_time() - started < bound
@@ -540,7 +537,7 @@ async def test_shutdown_is_bounded_with_slow_and_stalled_clients_held(make_live:
 
         started = trio.current_time()
         live.shutdown.set()
-        bound = _server.GRACEFUL_TIMEOUT_S + 1.5
+        bound = HttpLimits().graceful_timeout_s + 1.5
         with trio.fail_after(bound):
             await live.stopped.wait()
         assert trio.current_time() - started < bound
