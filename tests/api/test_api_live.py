@@ -13,9 +13,9 @@ from api_support import API_TOKEN, Live, MakeLive, make_config, wait_terminal
 
 from supervisor import run_supervisor
 from supervisor.api import HttpLimits
+from supervisor.domain import KindCatalog
 
 GRACEFUL_TIMEOUT_S = HttpLimits().graceful_timeout_s
-from supervisor.domain import KindCatalog
 
 TIMEOUT = httpx.Timeout(10.0)
 # A graceful stop waits at most GRACEFUL_TIMEOUT_S on idle keep-alive connections; allow scheduling slack on top.

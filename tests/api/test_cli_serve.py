@@ -14,9 +14,9 @@ import httpx
 import trio
 
 from supervisor.api import HttpLimits
+from supervisor.cli import EXIT_CONFIG, EXIT_OK
 
 GRACEFUL_TIMEOUT_S = HttpLimits().graceful_timeout_s
-from supervisor.cli import EXIT_CONFIG, EXIT_OK
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_LIMIT_S = 20.0
