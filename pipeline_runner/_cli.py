@@ -57,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--pool-timeout-seconds", dest="pool_s", metavar="S")
     common.add_argument("--heartbeat-interval-seconds", dest="heartbeat_interval_s", metavar="S")
     common.add_argument("--heartbeat-timeout-seconds", dest="heartbeat_timeout_s", metavar="S")
+    common.add_argument("--heartbeat-min-gap-seconds", dest="heartbeat_min_gap_s", metavar="S")
     common.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
     parser = argparse.ArgumentParser(prog="pipeline-runner", description=__doc__)
@@ -85,6 +86,7 @@ _SETTINGS: dict[str, tuple[str, Any]] = {
     "pool_s": ("pool_timeout_seconds", to_float),
     "heartbeat_interval_s": ("heartbeat_interval_seconds", to_float),
     "heartbeat_timeout_s": ("heartbeat_timeout_seconds", to_float),
+    "heartbeat_min_gap_s": ("heartbeat_min_gap_seconds", to_float),
     "max_episodes": ("max_episodes", to_int),
     "workers": ("workers", to_int),
     "transcribe_url": ("transcribe_url", lambda _name, raw: str(raw)),

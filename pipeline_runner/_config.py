@@ -72,10 +72,18 @@ class HeartbeatConfig:
     interval_s: float = 5.0
     # Short on purpose: a slow heartbeat endpoint must never slow the run, only delay the next beat.
     timeout_s: float = 2.0
+    # Progress is reported at once, but at most once per gap: a burst of episodes ending together is one beat (a job
+    # beats at most 1/min_gap_s times a second, every interval_s when idle).
+    min_gap_s: float = 1.0
 
     def __post_init__(self) -> None:
         _require_positive_finite("heartbeat_interval_s", self.interval_s)
         _require_positive_finite("heartbeat_timeout_s", self.timeout_s)
+        _require_positive_finite("heartbeat_min_gap_s", self.min_gap_s)
+        if self.min_gap_s > self.interval_s:
+            raise ConfigError(
+                f"heartbeat_min_gap_s ({self.min_gap_s}) must not exceed heartbeat_interval_s ({self.interval_s})"
+            )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -196,6 +204,7 @@ _FILE_KEYS: Final[Mapping[str, str]] = {
     "write_timeout_seconds": "write_s",
     "pool_timeout_seconds": "pool_s",
     "heartbeat_interval_seconds": "heartbeat_interval_s",
+    "heartbeat_min_gap_seconds": "heartbeat_min_gap_s",
     "heartbeat_timeout_seconds": "heartbeat_timeout_s",
 }
 

@@ -3,7 +3,10 @@
 One task in the run's service nursery owns all beating. Workers only call :meth:`Heartbeat.advance`,
 which is synchronous: it raises the watermark and wakes the beat task, so a slow or dead heartbeat
 endpoint can delay the next beat but never a worker. Beats coalesce: if three episodes complete
-while one POST is in flight, the next beat carries the watermark after all three.
+while one POST is in flight, or within ``min_gap_s`` of the last beat, the next beat carries the
+watermark after all three. So a job sends at most one beat per ``min_gap_s`` while it progresses,
+and one every ``interval_s`` while it does not (liveness): the supervisor's heartbeat load is
+bounded by the number of jobs, not by how fast their episodes end.
 
 Body: ``{"completed_units": int, "total_units": int | null, "stage": str}`` with
 ``Authorization: Bearer <token>``. ``completed_units`` is the progress watermark: the number of
@@ -33,6 +36,7 @@ class Heartbeat:
         self._stage = "starting"
         self._wake = trio.Event()
         self._stopping = False
+        self._stopped = trio.Event()
         self._scope: trio.CancelScope | None = None
         self.beats_ok = 0
         self.beats_failed = 0
@@ -62,6 +66,7 @@ class Heartbeat:
         heartbeat endpoint cannot hold the process open after the run is over.
         """
         self._stopping = True
+        self._stopped.set()
         self._wake.set()
         if self._scope is not None:
             self._scope.deadline = min(self._scope.deadline, trio.current_time() + 2 * self._config.timeout_s)
@@ -87,12 +92,17 @@ class Heartbeat:
                 while True:
                     stopping = self._stopping
                     self._wake = trio.Event()
+                    last = trio.current_time()
                     await self._beat(client, url, timeout)
                     if stopping:
                         return
-                    # Liveness: beat at least every interval; progress: beat as soon as we are woken.
+                    # Liveness: beat at least every interval; progress: beat as soon as we are woken, but not
+                    # before the gap since the last beat has passed (what comes meanwhile goes in that beat). A
+                    # stop never waits for the gap: the final beat goes at once.
                     with trio.move_on_after(self._config.interval_s):
                         await self._wake.wait()
+                    with trio.move_on_at(last + self._config.min_gap_s):
+                        await self._stopped.wait()
 
     async def _beat(self, client: httpx.AsyncClient, url: str, transport_timeout: httpx.Timeout) -> None:
         body = self.body()

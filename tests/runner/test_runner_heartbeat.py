@@ -13,7 +13,7 @@ import trio
 from runner_helpers import FakeNet, fake_hang, fake_ok, rss
 from trio.testing import MockClock
 
-from pipeline_runner import EventSink, Heartbeat, HeartbeatConfig, RunnerConfig
+from pipeline_runner import ConfigError, EventSink, Heartbeat, HeartbeatConfig, RunnerConfig
 from pipeline_runner._cli import amain
 
 pytestmark = pytest.mark.usefixtures("inline_blocking")
@@ -52,6 +52,36 @@ async def test_liveness_every_interval_and_progress_at_once(autojump_clock: Mock
     assert marks == sorted(marks) and marks[-1] == 3  # the watermark never decreases
     assert all(auth == "Bearer tok" for _, _, auth in beats)
     assert set(beats[-1][1]) == {"completed_units", "total_units", "stage"}
+
+
+async def test_a_burst_of_progress_is_one_beat_per_gap_and_a_stop_never_waits_for_it(autojump_clock: MockClock) -> None:
+    """The supervisor's load is bounded by the number of jobs: a job beats at most once per ``min_gap_s`` however fast
+    its episodes end, and its final beat (stop) goes at once."""
+    beats: list[tuple[float, dict[str, Any], str]] = []
+    config = HeartbeatConfig(url=HB, token="tok", interval_s=5.0, min_gap_s=1.0)
+    hb = Heartbeat(config, transport=httpx.MockTransport(recording(beats)))
+    async with trio.open_nursery() as nursery:
+        t0 = trio.current_time()
+        await nursery.start(hb.run)
+        for _ in range(30):  # 30 episodes over 3 s: one every 0.1 s
+            await trio.sleep(0.1)
+            hb.advance()
+        await trio.sleep(0.05)
+        hb.stop()
+    times = [round(t - t0, 6) for t, _, _ in beats]
+    marks = [body["completed_units"] for _, body, _ in beats]
+    assert times == [0.0, 1.0, 2.0, 3.0, 3.05]  # start, one per gap while progressing, the final one at once
+    # Each carries the watermark as it stands (an advance due at the very instant of a beat may fall either side).
+    assert marks[0] == 0 and marks[-1] == 30 and marks == sorted(marks)
+    assert all(marks[i] in (10 * i - 1, 10 * i) for i in (1, 2, 3)), marks
+    assert all(b - a >= 1.0 for a, b in zip(times[:-1], times[1:-1], strict=False))
+
+
+def test_min_gap_must_not_exceed_the_interval() -> None:
+    with pytest.raises(ConfigError, match="heartbeat_min_gap_s"):
+        HeartbeatConfig(interval_s=2.0, min_gap_s=3.0)
+    with pytest.raises(ConfigError, match="heartbeat_min_gap_s"):
+        HeartbeatConfig(min_gap_s=0)
 
 
 def test_watermark_never_decreases() -> None:
