@@ -63,6 +63,9 @@ class TransportTimeouts:
         return httpx.Timeout(connect=self.connect_s, read=self.read_s, write=self.write_s, pool=self.pool_s)
 
 
+DEFAULT_HEARTBEAT_MIN_GAP_S = 1.0
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class HeartbeatConfig:
     """Where and how often to beat. ``url=None`` disables heartbeats (logged once)."""
@@ -73,12 +76,15 @@ class HeartbeatConfig:
     # Short on purpose: a slow heartbeat endpoint must never slow the run, only delay the next beat.
     timeout_s: float = 2.0
     # Progress is reported at once, but at most once per gap: a burst of episodes ending together is one beat (a job
-    # beats at most 1/min_gap_s times a second, every interval_s when idle).
-    min_gap_s: float = 1.0
+    # beats at most 1/min_gap_s times a second, every interval_s when idle). None: 1 s, or the interval if shorter.
+    min_gap_s: float | None = None
 
     def __post_init__(self) -> None:
         _require_positive_finite("heartbeat_interval_s", self.interval_s)
         _require_positive_finite("heartbeat_timeout_s", self.timeout_s)
+        if self.min_gap_s is None:
+            object.__setattr__(self, "min_gap_s", min(DEFAULT_HEARTBEAT_MIN_GAP_S, self.interval_s))
+        assert self.min_gap_s is not None
         _require_positive_finite("heartbeat_min_gap_s", self.min_gap_s)
         if self.min_gap_s > self.interval_s:
             raise ConfigError(

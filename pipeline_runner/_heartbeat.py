@@ -101,7 +101,7 @@ class Heartbeat:
                     # stop never waits for the gap: the final beat goes at once.
                     with trio.move_on_after(self._config.interval_s):
                         await self._wake.wait()
-                    with trio.move_on_at(last + self._config.min_gap_s):
+                    with trio.move_on_at(last + (self._config.min_gap_s or 0.0)):
                         await self._stopped.wait()
 
     async def _beat(self, client: httpx.AsyncClient, url: str, transport_timeout: httpx.Timeout) -> None:
