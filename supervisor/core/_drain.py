@@ -22,7 +22,7 @@ from ..execution import JobHandle, Launch
 from ..observe import get_logger
 from ..registry import Ending, IdentityClaim, Outcome, PromoteRequest
 from ._boot import Boot, Watched
-from ._pause import PauseFile
+from ._pause import LOOK_EVERY_S, PauseFile
 
 log = get_logger()
 
@@ -74,7 +74,8 @@ class Drainer:
         started: list[Job] = []
         async with self._lock:
             try:
-                await self.pause_file.mirror()  # the operator's switch holds this very round
+                # The operator's switch: looked at once a second at most (the sweeper looks at every sweep).
+                await self.pause_file.mirror(at_most_every_s=LOOK_EVERY_S)
             except SupervisorError:
                 log.exception("pause_file_not_mirrored", path=str(self.pause_file.path))
             while await self._executor_ready():

@@ -5,13 +5,15 @@ its own atomic step. The file ``<data>/.viewer/jobs.paused`` stays what it alway
 no API: while it exists, promotion is paused (by the file); once it is removed, a pause that the file made ends. A
 pause made through the API is never ended by the file's removal.
 
-The drainer looks before each promotion round and the sweeper at each sweep, so touching the file holds the very
-next promotion. A look is one ``stat`` in a worker thread; the registry is written only when the file appeared or
-went since the last look.
+The drainer looks before a promotion round (at most once per ``LOOK_EVERY_S``: under load rounds come by hundreds a
+second, and each look is a thread hop) and the sweeper at every sweep, so touching the file holds promotion within a
+second. A look is one ``stat`` in a worker thread; the registry is written only when the file appeared or went since
+the last look.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import trio
@@ -21,16 +23,23 @@ from ..registry import PAUSED_BY_FILE, Registry
 
 log = get_logger()
 
+LOOK_EVERY_S = 1.0  # the drainer's looks, at most: the file holds promotion within this
+
 
 class PauseFile:
     def __init__(self, path: Path, registry: Registry) -> None:
         self.path = path
         self._registry = registry
         self._seen: bool | None = None  # whether the file existed at the last look (None: not looked yet)
+        self._looked_at = -math.inf  # trio.current_time() of the last look
         self._lock = trio.Lock()
 
-    async def mirror(self) -> None:
+    async def mirror(self, *, at_most_every_s: float = 0.0) -> None:
+        """Look at the file and mirror it; with ``at_most_every_s``, not if the last look is more recent."""
+        if trio.current_time() - self._looked_at < at_most_every_s:
+            return
         async with self._lock:  # the drainer and the sweeper may look at once: one of them writes
+            self._looked_at = trio.current_time()
             exists = await trio.to_thread.run_sync(self.path.exists)
             if exists == self._seen:
                 return
@@ -48,3 +57,4 @@ class PauseFile:
     def forget(self) -> None:
         """Look again at the next mirror (after an API resume removed the file, or a pause made through it)."""
         self._seen = None
+        self._looked_at = -math.inf

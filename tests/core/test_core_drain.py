@@ -303,10 +303,10 @@ async def test_a_job_enqueued_while_paused_stays_queued(
     assert (await wait_terminal(sup, job.job_id)).status is JobStatus.SUCCEEDED
 
 
-async def test_the_pause_file_holds_the_very_next_promotion_and_its_removal_resumes(
+async def test_the_pause_file_holds_promotion_and_its_removal_resumes(
     make_supervisor: Callable[..., Supervisor],
 ) -> None:
-    """ADR 0001 §7: the operator's switch, mirrored into the registry's pause before each promotion round."""
+    """ADR 0001 §7: the operator's switch, mirrored into the registry's pause by the drainer and the sweeper."""
     sup = make_supervisor(max_concurrent=2)
     flag = sup.config.pause_flag_path
     await trio.to_thread.run_sync(lambda: flag.parent.mkdir(parents=True, exist_ok=True))

@@ -342,3 +342,21 @@ async def test_a_job_that_ends_on_sigterm_gets_no_sigkill_after_the_grace(
     ended = await wait_status(sup, job.job_id, {JobStatus.CANCELLED})
     await trio.sleep(60)  # well past the grace
     assert (ended.exit_code, kills) == (-15, [signal.SIGTERM])
+
+
+async def test_the_pause_file_holds_promotion_within_a_second_of_its_creation(
+    autojump_clock: trio.testing.MockClock, make: Callable[..., Supervisor], nursery: trio.Nursery
+) -> None:
+    """The drainer looks at the operator's pause file once a second at most (each look is a thread hop); a file made
+    a second ago holds every promotion after it. Virtual time: the look's timing is exact."""
+    sup = make(max_concurrent=2, attach=False)
+    sup.attach(nursery)  # no drainer task: only the drains below
+    assert await sup.drain() == []  # a first look: no file
+    flag = sup.config.pause_flag_path
+    await trio.to_thread.run_sync(lambda: flag.parent.mkdir(parents=True, exist_ok=True))
+    await trio.to_thread.run_sync(flag.touch)
+    await trio.sleep(1.0)
+    job = (await sup.enqueue("exit", {"code": 0})).job
+    assert await sup.drain() == []
+    assert (await sup.get(job.job_id)).status is JobStatus.QUEUED
+    assert (await sup.registry.pause_state()).by == "pause_file"
