@@ -33,7 +33,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # The structured results: the scenarios build these, the results file holds them, the markdown derives from them.
-from results import Column, Figure, Measure, Section, Table, Target, verdict
+from results import Column, Figure, Measure, Section, Table, Target, add_sections, default_path, run_header, verdict
 
 __all__ = ["Column", "Figure", "Measure", "Section", "Table", "Target", "verdict"]
 
@@ -715,3 +715,18 @@ def git_revision() -> dict[str, Any]:
 
 def progress(text: str) -> None:
     print(f"  … {text}", file=sys.stderr, flush=True)
+
+
+def save_sections(
+    kind: str, sections: Sequence[Section], *, results: Path | None, smoke: bool, no_write: bool
+) -> Path | None:
+    """Add a script's scenarios to ``results`` (``make bench`` names one file for every script), else to a new dated
+    file of their own; none for a smoke run or ``--no-write``. The path written, printed too."""
+    path = results or (None if smoke or no_write else default_path(kind))
+    if path is None:
+        return None
+    header = run_header(kind, label=None, smoke=smoke, runs=1)
+    header.update(machine=machine(), versions=versions(), revision=git_revision())
+    add_sections(path, sections, header)
+    print(f"results: {path}")
+    return path

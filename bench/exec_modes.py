@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from _common import git_revision, machine, versions  # noqa: E402
-from results import Column, Measure, Section, Value, add_sections, default_path, run_header  # noqa: E402
+from _common import save_sections  # noqa: E402
+from results import Column, Measure, Section, Value  # noqa: E402
 
 from supervisor import Config, SqliteRegistry, Supervisor, load_kinds  # noqa: E402
 
@@ -119,12 +119,7 @@ def main() -> int:
             )
             print(table.markdown()[-1], flush=True)
     section.notes.append("wall: enqueue until every row is terminal; started→ended: a row's promotion to its finalize")
-    path = args.results or (None if args.smoke or args.no_write else default_path("exec-modes"))
-    if path is not None:
-        header = run_header("exec-modes", label=None, smoke=args.smoke, runs=1)
-        header.update(machine=machine(), versions=versions(), revision=git_revision())
-        add_sections(path, [section], header)
-        print(f"results: {path}")
+    save_sections("exec-modes", [section], results=args.results, smoke=args.smoke, no_write=args.no_write)
     return 0
 
 

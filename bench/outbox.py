@@ -26,8 +26,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from _common import git_revision, machine, versions  # noqa: E402
-from results import Column, Measure, Section, add_sections, default_path, run_header  # noqa: E402
+from _common import save_sections  # noqa: E402
+from results import Column, Measure, Section  # noqa: E402
 
 from supervisor import JobStatus, SqliteRegistry  # noqa: E402
 from supervisor.registry import Ending, NewJob, Outcome, PromoteRequest  # noqa: E402
@@ -86,12 +86,7 @@ def main() -> int:
         print(f"{name}: outbox off {off.median:.2f} ms, on {on.median:.2f} ms (+{extra:.0f} %)")
         table.add(key, name, off, on)
     section.notes.append("each figure is the median of every call (min-max), on a fresh registry per case")
-    path = args.results or (None if args.smoke or args.no_write else default_path("outbox"))
-    if path is not None:
-        header = run_header("outbox", label=None, smoke=args.smoke, runs=1)
-        header.update(machine=machine(), versions=versions(), revision=git_revision())
-        add_sections(path, [section], header)
-        print(f"results: {path}")
+    save_sections("outbox", [section], results=args.results, smoke=args.smoke, no_write=args.no_write)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""How jobs run: one executor interface (``base.Executor``) and its members.
+"""How jobs run: one executor interface (``Executor``, in ``_base``) and its members.
 
 - ``subprocess``: processes on this machine, children of this boot's shepherd (``shepherd.py``, run as a script);
 - ``docker``: containers on a Docker engine, found again by their labels;
