@@ -599,6 +599,14 @@ def history_block(directory: Path) -> list[str]:
     return lines
 
 
+def _results_file(name: str, results_dir: Path) -> Path:
+    """``name`` in ``results_dir``, else in the repository's ``bench/results/``; a missing one is an error."""
+    for directory in (results_dir, RESULTS_DIR):
+        if (directory / name).is_file():
+            return directory / name
+    raise FileNotFoundError(f"results file {name} is in neither {results_dir} nor {RESULTS_DIR}")
+
+
 def render(
     inputs: Inputs,
     template: str,
@@ -636,7 +644,9 @@ def render(
         elif name == "soak":
             out += soak_block(inputs, page)
         elif name == "compare":
-            before, after = (results_dir / part.strip() for part in arg.split(":"))
+            # Names in the results directory; the repository's own results files too, so that a page rendered from
+            # other results (a smoke run's) keeps the before/after table the template holds.
+            before, after = (_results_file(part.strip(), results_dir) for part in arg.split(":"))
             out += compare_block(Loaded(before, read_json(before)), Loaded(after, read_json(after)))
         elif name == "history":
             out += history_block(results_dir)
