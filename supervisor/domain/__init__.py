@@ -34,6 +34,7 @@ from ._kinds import JobKind, KindCatalog, builtin_kinds, coalesce_key, load_kind
 from ._model import (
     TERMINAL,
     TRANSITIONS,
+    Attempt,
     ExitStatus,
     IdentityRecord,
     Job,
@@ -52,6 +53,7 @@ __all__ = [
     "TERMINAL",
     "TRANSITIONS",
     "ApiToken",
+    "Attempt",
     "BodyTooLarge",
     "Config",
     "ConfigError",

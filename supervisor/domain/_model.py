@@ -37,7 +37,10 @@ TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED
 # Every state change goes through check_transition(); a terminal row never moves again.
 TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     JobStatus.QUEUED: frozenset({JobStatus.RUNNING, JobStatus.CANCELLED}),
-    JobStatus.RUNNING: frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.STALE}),
+    # RUNNING -> QUEUED: a crashed attempt resubmitted (ADR-150 D4), or a start that provably never happened.
+    JobStatus.RUNNING: frozenset(
+        {JobStatus.QUEUED, JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.STALE}
+    ),
     JobStatus.SUCCEEDED: frozenset(),
     JobStatus.FAILED: frozenset(),
     JobStatus.CANCELLED: frozenset(),
@@ -146,11 +149,54 @@ class ExitStatus:
         return cls(code=returncode) if returncode >= 0 else cls(signal=-returncode)
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """One start of a job that was resubmitted after it: when it ran and how it ended (the row's own fields say how
+    the last attempt ended)."""
+
+    attempt: int  # 1 for the first start
+    started_at: datetime | None
+    ended_at: datetime
+    status: JobStatus  # how this attempt ended (failed, stale)
+    reason: str | None
+    exit_code: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "started_at": to_iso(self.started_at) if self.started_at else None,
+            "ended_at": to_iso(self.ended_at),
+            "status": str(self.status),
+            "reason": self.reason,
+            "exit_code": self.exit_code,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Attempt:
+        started = data.get("started_at")
+        return cls(
+            attempt=int(data["attempt"]),
+            started_at=from_iso(started) if started else None,
+            ended_at=from_iso(data["ended_at"]),
+            status=JobStatus(data["status"]),
+            reason=data.get("reason"),
+            exit_code=data.get("exit_code"),
+        )
+
+
 # The identity fields the API has always shown at the top level of a row (null when the record has none):
 # operators read ``pid`` and ``container_id`` there.
 PUBLIC_IDENTITY_KEYS = ("pid", "pid_start_time", "kernel_boot_id", "container_id")
 _PRIVATE = frozenset({"token_hash", "seq", "identity"})
-_TIMESTAMPS = ("created_at", "started_at", "ended_at", "last_heartbeat_at", "last_progress_at", "stalled_since")
+_TIMESTAMPS = (
+    "created_at",
+    "started_at",
+    "ended_at",
+    "last_heartbeat_at",
+    "last_progress_at",
+    "stalled_since",
+    "next_attempt_at",
+)
 
 
 @dataclass(frozen=True)
@@ -186,6 +232,11 @@ class Job:
     stalled: bool = False
     stalled_since: datetime | None = None
     silent: bool = False
+    # Crash-only recovery (ADR-150 D4): how many starts the job may have (its kind's, when it was enqueued), when a
+    # resubmitted job may run again (None: at once), and each earlier attempt that was resubmitted.
+    max_attempts: int = 1
+    next_attempt_at: datetime | None = None
+    history: tuple[Attempt, ...] = ()
 
     @property
     def spawned(self) -> bool:
@@ -202,6 +253,7 @@ class Job:
         for name in _TIMESTAMPS:
             value = getattr(self, name)
             out[name] = to_iso(value) if value is not None else None
+        out["history"] = [attempt.to_json() for attempt in self.history]
         out.update(dict.fromkeys(PUBLIC_IDENTITY_KEYS))
         if self.identity is not None:
             out.update(self.identity.fields)

@@ -31,6 +31,7 @@ from ._protocol import (
     Promotion,
     PruneResult,
     Registry,
+    Retry,
 )
 from .memory import MemoryRegistry
 from .sqlite import SqliteRegistry
@@ -56,6 +57,7 @@ __all__ = [
     "Promotion",
     "PruneResult",
     "Registry",
+    "Retry",
     "SqliteRegistry",
     "hash_token",
     "open_registry",

@@ -37,6 +37,12 @@ MAX_LIST_LIMIT = 1000
 CURSOR_PATTERN = re.compile(r"[0-9]{1,18}")
 
 
+def log_name(job_id: str, attempt: int) -> str:
+    """A job's log file under ``PromoteRequest.log_dir``: ``<id>.log`` for its first attempt, ``<id>.<n>.log`` for a
+    later one (each attempt's output, and its process's state records beside it, apart from the others')."""
+    return f"{job_id}.log" if attempt <= 1 else f"{job_id}.{attempt}.log"
+
+
 @dataclass(frozen=True)
 class NewJob:
     """A row to enqueue: a validated kind, its params and argv, and its coalescing key (None: never coalesced).
@@ -48,6 +54,7 @@ class NewJob:
     params: Mapping[str, Any]
     argv: Sequence[str]
     coalesce_key: str | None = None
+    max_attempts: int = 1  # the starts it may have: its kind's max_attempts when it was enqueued
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,8 @@ class Promotion:
     jobs: tuple[Job, ...] = ()
     paused: bool = False
     failed: bool = False
+    # The earliest moment a queued job now waiting out its backoff may run (None: none waits): the drainer's next wake.
+    next_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -95,17 +104,29 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class Retry:
+    """Resubmit instead of ending (ADR-150 D4): the row goes back to ``queued`` with its job id, in the same atomic
+    step as the attempt's outcome (kept in its history), not promoted before ``not_before``. ``why`` says what it
+    follows (the attempt's reason)."""
+
+    not_before: datetime
+    why: str
+
+
+@dataclass(frozen=True)
 class Ending:
     """How a RUNNING row ends, decided before the write and handed to it as data.
 
     ``outcome`` is recorded, unless the row says a cancel was requested by the time the write commits: then
     ``if_cancel_requested`` (when given). So a cancel requested until that very instant counts, with no read before
-    the write and no callback inside it.
+    the write and no callback inside it. With ``retry``, the ``outcome`` is not final: it goes into the row's
+    history and the row is resubmitted (never when the cancel's outcome is chosen).
     """
 
     outcome: Outcome
     if_cancel_requested: Outcome | None = None
     exit_code: int | None = None
+    retry: Retry | None = None
 
     def __post_init__(self) -> None:
         for chosen in (self.outcome, self.if_cancel_requested):
@@ -202,8 +223,9 @@ class Registry(Protocol):
         ...
 
     async def promote(self, request: PromoteRequest) -> Promotion:
-        """Flip the oldest queued rows to RUNNING, as many as slots are free (INV-PROMOTION-NEVER-OVERSHOOTS), each
-        with this boot's id, ``started_at``, a token hash, ``attempts + 1`` and its log path; none while paused."""
+        """Flip the oldest queued rows whose backoff has passed to RUNNING, as many as slots are free
+        (INV-PROMOTION-NEVER-OVERSHOOTS), each with this boot's id, ``started_at``, a token hash, ``attempts + 1`` and
+        its log path; none while paused. ``Promotion.next_at``: when a row still waiting out its backoff may run."""
         ...
 
     async def record_identities(self, claims: Sequence[IdentityClaim]) -> list[Job]:
@@ -219,6 +241,12 @@ class Registry(Protocol):
         identity is not ``expect``'s). With ``promote``, promote into the freed slot in the same atomic step (a
         finalize that changed nothing freed none, and promotes nothing). Ending a queued row raises
         ``IllegalTransition``."""
+        ...
+
+    async def requeue(self, job_id: str, *, expect: Expect, reason: str) -> Change:
+        """A RUNNING row whose start provably never happened goes back to the head of the queue: ``queued`` again
+        with its job id and its place (its insertion order), the start not counted in ``attempts``. Only if the row
+        still records ``expect``'s identity (changed=False otherwise, or when it is not running)."""
         ...
 
     async def request_cancel(self, job_id: str) -> Change:

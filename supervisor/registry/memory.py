@@ -32,7 +32,7 @@ from ..domain import (
     ValidationError,
     check_transition,
 )
-from ..domain._model import hash_token, utc_now
+from ..domain._model import Attempt, hash_token, utc_now
 from ._protocol import (
     CURSOR_PATTERN,
     MAX_LIST_LIMIT,
@@ -49,6 +49,7 @@ from ._protocol import (
     PromoteRequest,
     Promotion,
     PruneResult,
+    log_name,
 )
 
 
@@ -161,15 +162,41 @@ class _MemoryRows:
             )
         )
 
-    def _set_status(self, job: Job, to_status: JobStatus, **fields: object) -> Job:
+    def _set_status(self, job: Job, to_status: JobStatus, *, reason: str | None = None, **fields: object) -> Job:
         check_transition(job.job_id, job.status, to_status)
-        if to_status.is_terminal:
+        if to_status.is_terminal or to_status is JobStatus.QUEUED:
             fields["token_hash"] = None
         after = replace(job, status=to_status, queue_position=None, **fields)  # type: ignore[arg-type]
         self._put(after)
-        reason = "promoted" if to_status is JobStatus.RUNNING else fields.get("error_reason")
-        self._event(job.job_id, "job.transition", str(job.status), reason if isinstance(reason, str) else None)
+        if reason is None:
+            named = "promoted" if to_status is JobStatus.RUNNING else fields.get("error_reason")
+            reason = named if isinstance(named, str) else None
+        self._event(job.job_id, "job.transition", str(job.status), reason)
         return self._get(job.job_id)
+
+    def _back_in_queue(self, job: Job, reason: str, **fields: object) -> Job:
+        """What a row that goes back to the queue forgets: the attempt's process, token, progress and judgement."""
+        return self._set_status(
+            job,
+            JobStatus.QUEUED,
+            reason=reason,
+            boot_id=None,
+            identity=None,
+            started_at=None,
+            ended_at=None,
+            error_reason=None,
+            exit_code=None,
+            completed_units=0,
+            total_units=None,
+            stage=None,
+            last_heartbeat_at=None,
+            last_progress_at=None,
+            stalled=False,
+            stalled_since=None,
+            silent=False,
+            cancel_requested=False,
+            **fields,
+        )
 
     def _enqueue(self, new: NewJob) -> EnqueueResult:
         if new.coalesce_key is not None:
@@ -200,6 +227,7 @@ class _MemoryRows:
             last_heartbeat_at=None,
             last_progress_at=None,
             log_path=None,
+            max_attempts=new.max_attempts,
         )
         self._put(job, new.coalesce_key, new=True)
         self._event(job.job_id, "job.transition", None, "enqueued")
@@ -213,11 +241,17 @@ class _MemoryRows:
         # INV-PROMOTION-NEVER-OVERSHOOTS: counted and flipped with no await in between.
         running = sum(1 for r in self._rows.values() if r.job.status is JobStatus.RUNNING)
         free = min(request.max_concurrent - running, len(request.token_hashes))
-        queued = [r.job for r in self._rows.values() if r.job.status is JobStatus.QUEUED][: max(0, free)]
         now = self._now()
+        # FIFO among the rows whose backoff has passed (a resubmitted row keeps its place).
+        queued = [
+            r.job
+            for r in self._rows.values()
+            if r.job.status is JobStatus.QUEUED and (r.job.next_attempt_at is None or r.job.next_attempt_at <= now)
+        ][: max(0, free)]
         promoted = []
         for job, token_hash in zip(queued, request.token_hashes, strict=False):
-            log_path = str(request.log_dir / f"{job.job_id}.log") if request.log_dir is not None else None
+            attempt = job.attempts + 1
+            log_path = str(request.log_dir / log_name(job.job_id, attempt)) if request.log_dir is not None else None
             promoted.append(
                 self._set_status(
                     job,
@@ -225,12 +259,18 @@ class _MemoryRows:
                     started_at=now,
                     boot_id=request.boot_id,
                     token_hash=token_hash,
-                    attempts=job.attempts + 1,
+                    attempts=attempt,
                     log_path=log_path,
                     identity=None,
+                    next_attempt_at=None,
                 )
             )
-        return Promotion(tuple(promoted))
+        waiting = [
+            r.job.next_attempt_at
+            for r in self._rows.values()
+            if r.job.status is JobStatus.QUEUED and r.job.next_attempt_at is not None and r.job.next_attempt_at > now
+        ]
+        return Promotion(tuple(promoted), next_at=min(waiting, default=None))
 
     def _promote_after(self, request: PromoteRequest | None) -> Promotion:
         """A promotion made in another change's step, undone alone if it fails (``failed``): the change it follows
@@ -293,16 +333,38 @@ class MemoryRegistry(_MemoryRows):
         if job.status is not JobStatus.RUNNING:
             raise IllegalTransition(job_id, job.status, chosen.status)
         with self._atomic():
-            after = self._set_status(
-                job, chosen.status, error_reason=chosen.reason, exit_code=ending.exit_code, ended_at=self._now()
-            )
+            ended_at = self._now()
+            if ending.retry is not None and chosen is ending.outcome:
+                # Resubmitted (ADR-150 D4): the attempt's outcome into the history, the row back to the queue.
+                status, reason, code = chosen.status, chosen.reason, ending.exit_code
+                attempt = Attempt(job.attempts, job.started_at, ended_at, status, reason, code)
+                after = self._back_in_queue(
+                    job,
+                    f"resubmitted: {ending.retry.why}",
+                    next_attempt_at=ending.retry.not_before.astimezone(UTC),
+                    history=(*job.history, attempt),
+                )
+            else:
+                after = self._set_status(
+                    job, chosen.status, error_reason=chosen.reason, exit_code=ending.exit_code, ended_at=ended_at
+                )
             return Change(after, changed=True, previous=job.status), self._promote_after(promote)
+
+    async def requeue(self, job_id: str, *, expect: Expect, reason: str) -> Change:
+        await self._enter()
+        job = self._get(job_id)
+        if job.status is not JobStatus.RUNNING or job.identity != expect.identity:
+            return Change(job, changed=False)
+        with self._atomic():
+            after = self._back_in_queue(job, reason, attempts=max(0, job.attempts - 1))
+            return Change(after, changed=True, previous=job.status)
 
     async def request_cancel(self, job_id: str) -> Change:
         await self._enter()
         job = self._get(job_id)
         if job.status is JobStatus.QUEUED:
-            outcome = Outcome(JobStatus.CANCELLED, "cancelled_before_start")
+            # A job waiting out its backoff has run before: it is simply cancelled.
+            outcome = Outcome(JobStatus.CANCELLED, "cancelled_before_start" if job.attempts == 0 else "cancelled")
             after = self._set_status(job, outcome.status, error_reason=outcome.reason, ended_at=self._now())
             return Change(after, changed=True, previous=job.status)
         if job.status is JobStatus.RUNNING and not job.cancel_requested:

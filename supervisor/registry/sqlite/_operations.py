@@ -10,10 +10,10 @@ import sqlite3
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from ...domain import TERMINAL, Conflict, IllegalTransition, Job, JobStatus, RequestError
-from ...domain._model import to_iso
+from ...domain._model import Attempt, from_iso, to_iso
 from .._protocol import (
     Beat,
     Change,
@@ -26,9 +26,31 @@ from .._protocol import (
     PauseState,
     PromoteRequest,
     Promotion,
+    log_name,
 )
 from ._reads import pause_state_in, paused_in
 from ._rows import COLUMNS, Rows, _identity_text, _text, row_to_job
+
+
+def _back_in_queue() -> dict[str, object]:
+    """What a row that goes back to the queue forgets: the attempt's process, token, progress and judgement."""
+    return {
+        "boot_id": None,
+        "identity": None,
+        "started_at": None,
+        "ended_at": None,
+        "error_reason": None,
+        "exit_code": None,
+        "completed_units": 0,
+        "total_units": None,
+        "stage": None,
+        "last_heartbeat_at": None,
+        "last_progress_at": None,
+        "stalled": 0,
+        "stalled_since": None,
+        "silent": 0,
+        "cancel_requested": 0,
+    }
 
 
 class Operations(Rows):
@@ -46,8 +68,8 @@ class Operations(Rows):
                 return row["job_id"], True
         job_id = uuid.uuid4().hex
         conn.execute(
-            "INSERT INTO jobs (job_id, kind, params, argv, status, created_at, coalesce_key) "
-            "VALUES (?, ?, ?, ?, 'queued', ?, ?)",
+            "INSERT INTO jobs (job_id, kind, params, argv, status, created_at, coalesce_key, max_attempts) "
+            "VALUES (?, ?, ?, ?, 'queued', ?, ?, ?)",
             (
                 job_id,
                 job.kind,
@@ -55,6 +77,7 @@ class Operations(Rows):
                 json.dumps(list(job.argv)),
                 to_iso(self.now()),
                 job.coalesce_key,
+                job.max_attempts,
             ),
         )
         self.record_event_in(conn, job_id, "job.transition", None, "enqueued")
@@ -95,14 +118,18 @@ class Operations(Rows):
         free = min(request.max_concurrent - running, len(request.token_hashes))
         if free <= 0:
             return []
-        rows = conn.execute(
-            f"SELECT {COLUMNS} FROM jobs WHERE status = 'queued' ORDER BY seq LIMIT ?", (free,)
-        ).fetchall()
         now = self.now()
+        # FIFO among the rows whose backoff has passed (a resubmitted row keeps its place: its insertion order).
+        rows = conn.execute(
+            f"SELECT {COLUMNS} FROM jobs WHERE status = 'queued' AND (not_before IS NULL OR not_before <= ?) "
+            "ORDER BY seq LIMIT ?",
+            (to_iso(now), free),
+        ).fetchall()
         promoted: list[Job] = []
         for row, token_hash in zip(rows, request.token_hashes, strict=False):
             job = row_to_job(row)
-            log_path = str(request.log_dir / f"{job.job_id}.log") if request.log_dir is not None else None
+            attempt = job.attempts + 1
+            log_path = str(request.log_dir / log_name(job.job_id, attempt)) if request.log_dir is not None else None
             self.set_status(
                 conn,
                 job,
@@ -110,9 +137,10 @@ class Operations(Rows):
                 started_at=to_iso(now),
                 boot_id=request.boot_id,
                 token_hash=token_hash,
-                attempts=job.attempts + 1,
+                attempts=attempt,
                 log_path=log_path,
                 identity=None,
+                not_before=None,
             )
             promoted.append(
                 replace(
@@ -121,18 +149,27 @@ class Operations(Rows):
                     started_at=now,
                     boot_id=request.boot_id,
                     token_hash=token_hash,
-                    attempts=job.attempts + 1,
+                    attempts=attempt,
                     log_path=log_path,
                     identity=None,
+                    next_attempt_at=None,
+                    queue_position=None,
                 )
             )
         return promoted
+
+    def next_at_in(self, conn: sqlite3.Connection) -> datetime | None:
+        """The earliest moment a queued row still waiting out its backoff may run."""
+        row = conn.execute(
+            "SELECT MIN(not_before) FROM jobs WHERE status = 'queued' AND not_before > ?", (to_iso(self.now()),)
+        ).fetchone()
+        return from_iso(row[0]) if row[0] is not None else None
 
     def promote(self, request: PromoteRequest) -> Callable[[sqlite3.Connection], Promotion]:
         def change(conn: sqlite3.Connection) -> Promotion:
             if paused_in(conn):
                 return Promotion(paused=True)
-            return Promotion(tuple(self.promote_in(conn, request)))
+            return Promotion(tuple(self.promote_in(conn, request)), next_at=self.next_at_in(conn))
 
         return change
 
@@ -144,7 +181,11 @@ class Operations(Rows):
         conn.execute("SAVEPOINT promote")
         try:
             paused = paused_in(conn)
-            promotion = Promotion(paused=True) if paused else Promotion(tuple(self.promote_in(conn, request)))
+            promotion = (
+                Promotion(paused=True)
+                if paused
+                else Promotion(tuple(self.promote_in(conn, request)), next_at=self.next_at_in(conn))
+            )
         except Exception:
             conn.execute("ROLLBACK TO promote")
             promotion = Promotion(failed=True)
@@ -177,6 +218,21 @@ class Operations(Rows):
             raise IllegalTransition(job_id, job.status, chosen.status)  # only a running job ends this way
         assert chosen.status in TERMINAL
         ended_at = self.now()
+        if ending.retry is not None and chosen is ending.outcome:
+            # Resubmitted (ADR-150 D4): the attempt's outcome goes into the history and the row back to the queue,
+            # in this one transaction, so a crash between them can neither lose the job nor make it twice.
+            attempt = Attempt(job.attempts, job.started_at, ended_at, chosen.status, chosen.reason, ending.exit_code)
+            history = (*job.history, attempt)
+            self.set_status(
+                conn,
+                job,
+                JobStatus.QUEUED,
+                reason=f"resubmitted: {ending.retry.why}",
+                not_before=to_iso(ending.retry.not_before),
+                history=json.dumps([a.to_json() for a in history]),
+                **_back_in_queue(),
+            )
+            return Change(self.get_in(conn, job_id), changed=True, previous=job.status)
         self.set_status(
             conn,
             job,
@@ -205,11 +261,27 @@ class Operations(Rows):
 
         return change
 
+    def requeue(self, job_id: str, expect: Expect, reason: str) -> Callable[[sqlite3.Connection], Change]:
+        def change(conn: sqlite3.Connection) -> Change:
+            job = self.get_in(conn, job_id)
+            if job.status is not JobStatus.RUNNING or job.identity != expect.identity:
+                return Change(job, changed=False)
+            # Its start never happened: it does not count, and it keeps its place (the head of the queue: every row
+            # still queued was enqueued after it, or it would have been promoted first).
+            self.set_status(
+                conn, job, JobStatus.QUEUED, reason=reason, attempts=max(0, job.attempts - 1), **_back_in_queue()
+            )
+            return Change(self.get_in(conn, job_id), changed=True, previous=job.status)
+
+        return change
+
     def request_cancel(self, job_id: str) -> Callable[[sqlite3.Connection], Change]:
         def change(conn: sqlite3.Connection) -> Change:
             job = self.get_in(conn, job_id)
             if job.status is JobStatus.QUEUED:
-                outcome = Outcome(JobStatus.CANCELLED, "cancelled_before_start")
+                # A job waiting out its backoff has run before: it is simply cancelled.
+                why = "cancelled_before_start" if job.attempts == 0 else "cancelled"
+                outcome = Outcome(JobStatus.CANCELLED, why)
                 self.set_status(
                     conn, job, outcome.status, error_reason=outcome.reason, ended_at=to_iso(self.now())
                 )

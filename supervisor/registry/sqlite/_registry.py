@@ -121,6 +121,9 @@ class SqliteRegistry:
     ) -> tuple[Change, Promotion]:
         return await self._write(self.ops.finalize(job_id, ending, expect, promote))
 
+    async def requeue(self, job_id: str, *, expect: Expect, reason: str) -> Change:
+        return await self._write(self.ops.requeue(job_id, expect, reason))
+
     async def request_cancel(self, job_id: str) -> Change:
         return await self._write(self.ops.request_cancel(job_id))
 

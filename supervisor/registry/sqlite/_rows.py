@@ -17,12 +17,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ...domain import Job, JobNotFound, JobStatus, RegistryError, Unauthorized, check_transition
-from ...domain._model import IdentityRecord, from_iso, hash_token, to_iso
+from ...domain._model import Attempt, IdentityRecord, from_iso, hash_token, to_iso
 
 COLUMNS = (
     "job_id, seq, kind, params, argv, status, error_reason, exit_code, created_at, started_at, ended_at, "
     "attempts, cancel_requested, boot_id, identity, token_hash, completed_units, total_units, stage, "
-    "last_heartbeat_at, last_progress_at, log_path, stalled, stalled_since, silent"
+    "last_heartbeat_at, last_progress_at, log_path, stalled, stalled_since, silent, max_attempts, not_before, history"
 )
 _OUTBOX_COLUMNS = "seq, event_id, job_id, event, created_at, previous_status, reason, boot_id, job"
 
@@ -64,6 +64,9 @@ def row_to_job(row: sqlite3.Row, queue_position: int | None = None) -> Job:
         stalled=bool(row["stalled"]),
         stalled_since=_ts(row["stalled_since"]),
         silent=bool(row["silent"]),
+        max_attempts=row["max_attempts"],
+        next_attempt_at=_ts(row["not_before"]),
+        history=tuple(Attempt.from_json(a) for a in json.loads(row["history"])),
     )
 
 
@@ -125,11 +128,14 @@ class Rows:
             ),
         )
 
-    def set_status(self, conn: sqlite3.Connection, job: Job, to_status: JobStatus, **fields: Any) -> None:
+    def set_status(
+        self, conn: sqlite3.Connection, job: Job, to_status: JobStatus, *, reason: str | None = None, **fields: Any
+    ) -> None:
         """The one place a row's status changes; an illegal transition raises. The change's outbox event is
-        written here too, in the same transaction. ``fields`` are column values in their stored form."""
+        written here too, in the same transaction, with ``reason`` (by default: ``promoted``, or the row's new
+        ``error_reason``). ``fields`` are column values in their stored form."""
         check_transition(job.job_id, job.status, to_status)
-        if to_status.is_terminal:
+        if to_status.is_terminal or to_status is JobStatus.QUEUED:
             # A job's token works only while the job runs: with its hash gone, a late (or stolen) token matches
             # nothing, and the heartbeat answers 401 exactly as for a job that never existed.
             fields = {**fields, "token_hash": None}
@@ -140,7 +146,8 @@ class Rows:
         )
         if cur.rowcount != 1:  # the read above and this write are in one transaction: cannot happen
             raise RegistryError(f"job {job.job_id}: status changed under the registry lock")
-        reason = "promoted" if to_status is JobStatus.RUNNING else fields.get("error_reason")
+        if reason is None:
+            reason = "promoted" if to_status is JobStatus.RUNNING else fields.get("error_reason")
         self.record_event_in(conn, job.job_id, "job.transition", str(job.status), reason)
 
     def authenticated(self, conn: sqlite3.Connection, job_id: str, token: str) -> Job:

@@ -45,9 +45,36 @@ def columns(path: Path, table: str) -> list[str]:
 # -- from version 3 -----------------------------------------------------------------------------------------
 
 
-def test_this_code_is_schema_version_4() -> None:
-    """The migration tests below are from 3 to 4: a new migration needs its own test of the file before it."""
-    assert SCHEMA_VERSION == 4
+def test_this_code_is_schema_version_5() -> None:
+    """The migration tests below are from 3 and from 4: a new migration needs its own test of the file before it."""
+    assert SCHEMA_VERSION == 5
+
+
+async def test_a_version_4_file_gets_the_attempt_columns_with_nothing_to_retry(path: Path) -> None:
+    """Version 5 (issue 25): rows written before resubmission existed may have one start, are due now, and have no
+    earlier attempt."""
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        for name in ("0001_jobs.sql", "0002_absence.sql", "0003_outbox.sql", "0004_identity_pause_events.sql"):
+            conn.executescript(sql(name))
+        conn.executescript(
+            "CREATE TABLE schema_version (version INTEGER NOT NULL); INSERT INTO schema_version VALUES (4);"
+        )
+        conn.execute(
+            "INSERT INTO jobs (job_id, kind, params, argv, status, created_at) "
+            "VALUES ('q', 'k', '{}', '[]', 'queued', '2026-05-01T12:00:00.000000+00:00')"
+        )
+        conn.commit()
+    finally:
+        conn.close()
+    reg = await SqliteRegistry.open(path)
+    try:
+        job = await reg.get("q")
+        assert (job.max_attempts, job.next_attempt_at, job.history, job.queue_position) == (1, None, (), 1)
+        assert raw(path, "SELECT version FROM schema_version") == [(5,)]
+    finally:
+        await reg.aclose()
 
 
 async def test_a_version_3_file_is_migrated_with_its_rows_intact(path: Path) -> None:
