@@ -35,6 +35,7 @@ from .registry import open_registry
 
 log = get_logger()
 
+
 async def _watch_signals(
     shutdown: trio.Event, api_token: ApiToken, *, task_status: Any = trio.TASK_STATUS_IGNORED
 ) -> None:
@@ -127,9 +128,7 @@ async def run_supervisor(
                 gc.freeze()
             notifier.send(f"READY=1\nSTATUS=serving on {supervisor.heartbeat_base_url}")
             if notifier.watchdog_interval_s is not None:
-                await root.start(
-                    run_watchdog, notifier, lambda: supervisor.last_sweep_done, config.sweep_interval_s
-                )
+                await root.start(run_watchdog, notifier, lambda: supervisor.last_sweep_done, config.sweep_interval_s)
             task_status.started(supervisor)
             await shutdown.wait()
             notifier.send("STOPPING=1")

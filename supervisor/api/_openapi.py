@@ -129,7 +129,17 @@ _SCHEMAS: dict[str, Any] = {
             "created_at": {"type": "string", "format": "date-time"},
             "started_at": _TS,
             "ended_at": _TS,
-            "attempts": {"type": "integer"},
+            "attempts": {"type": "integer", "description": "its starts so far (one that never happened is none)"},
+            "max_attempts": {"type": "integer", "description": "the starts its kind allowed when it was enqueued"},
+            "next_attempt_at": {
+                **_TS,
+                "description": "a resubmitted job waiting out its backoff: when it may run; null: at once",
+            },
+            "history": {
+                "type": "array",
+                "description": "each earlier attempt it was resubmitted after, oldest first",
+                "items": _ref("Attempt"),
+            },
             "cancel_requested": {"type": "boolean"},
             "boot_id": _NULLABLE_STR,
             "pid": _NULLABLE_INT,
@@ -152,6 +162,18 @@ _SCHEMAS: dict[str, Any] = {
                 "type": "boolean",
                 "description": "the sweeper's judgement: heartbeats stopped while the process lives",
             },
+        },
+    },
+    "Attempt": {
+        "type": "object",
+        "required": ["attempt", "started_at", "ended_at", "status", "reason", "exit_code"],
+        "properties": {
+            "attempt": {"type": "integer", "description": "1 for the first start"},
+            "started_at": _TS,
+            "ended_at": {"type": "string", "format": "date-time"},
+            "status": {"enum": _STATUSES, "description": "how this attempt ended"},
+            "reason": _NULLABLE_STR,
+            "exit_code": _NULLABLE_INT,
         },
     },
     "JobList": {
@@ -178,7 +200,13 @@ _SCHEMAS: dict[str, Any] = {
                     "required": ["job_id", "action", "reason", "liveness", "prior_boot"],
                     "properties": {
                         "job_id": {"type": "string"},
-                        "action": {"type": "string", "description": "failed | stale (finalized now), keep, untouched"},
+                        "action": {
+                            "type": "string",
+                            "description": (
+                                "failed | stale | cancelled | succeeded (finalized now), queued (resubmitted), "
+                                "requeued (it never started), keep, untouched"
+                            ),
+                        },
                         "reason": {"type": "string"},
                         "liveness": {"type": ["string", "null"], "enum": ["alive", "dead", "unknown", None]},
                         "prior_boot": {"type": "boolean"},

@@ -76,5 +76,3 @@ async def serve_http(
         )
     finally:
         done.set()
-
-

@@ -318,9 +318,21 @@ def cmd_jobs(client: Client, args: argparse.Namespace, io: _Io) -> int:
 def _show_job(io: _Io, job: Mapping[str, Any]) -> None:
     for key in sorted(job):
         value = job[key]
+        if key == "history" and isinstance(value, list):
+            # One line per earlier attempt: how each one the job was resubmitted after ended.
+            io.print(f"{key:18} {len(value)} earlier attempt(s)" if value else f"{key:18} -")
+            for attempt in value:
+                io.print(f"  #{attempt.get('attempt')}  {_attempt_line(attempt)}")
+            continue
         if isinstance(value, dict | list):
             value = json.dumps(value, sort_keys=True)
         io.print(f"{key:18} {'-' if value is None else value}")
+
+
+def _attempt_line(attempt: Mapping[str, Any]) -> str:
+    code = attempt.get("exit_code")
+    ended = f"{attempt.get('status')}/{attempt.get('reason') or '-'}" + ("" if code is None else f" (exit {code})")
+    return f"{attempt.get('started_at') or '-'} .. {attempt.get('ended_at') or '-'}  {ended}"
 
 
 def cmd_show(client: Client, args: argparse.Namespace, io: _Io) -> int:

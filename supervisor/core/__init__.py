@@ -1,13 +1,13 @@
 """The core: the rules of supervision and the tasks that carry them out, one module per branch of the nursery tree.
 
-    _rules        pure: judge (reconcile), outcome and ending (a job's end), judge_absence (stalled / silent)
-    _drain        the drainer task: promote and start, the one way a job starts
-    _monitor      one monitor per running job; cancel
-    _reconcile    reconcile: RUNNING rows against the executor's evidence
-    _absence      the absence tracker (monotonic ages) and judge
-    _sweeper      the sweeper task: pause file -> reconcile -> absence -> drain
-    _heartbeats   a job's heartbeats: token check, body, watermark
-    _supervisor   Supervisor: the front door the HTTP layer and the CLI call; wires the above
+_rules        pure: judge (reconcile), outcome and ending (a job's end), judge_absence (stalled / silent)
+_drain        the drainer task: promote and start, the one way a job starts
+_monitor      one monitor per running job; cancel
+_reconcile    reconcile: RUNNING rows against the executor's evidence
+_absence      the absence tracker (monotonic ages) and judge
+_sweeper      the sweeper task: pause file -> reconcile -> absence -> drain
+_heartbeats   a job's heartbeats: token check, body, watermark
+_supervisor   Supervisor: the front door the HTTP layer and the CLI call; wires the above
 """
 
 from ._absence import AbsenceJudge, AbsenceTracker
@@ -17,13 +17,18 @@ from ._heartbeats import MAX_STAGE_LEN, MAX_UNITS, JobTokens, parse_beat
 from ._reconcile import ReconcileDetail, ReconcileReport
 from ._rules import (
     CANCELLED,
+    JITTER,
+    NEVER_STARTED,
+    NO_RETRY,
     REASON_RECOVERED,
     REASON_SILENT,
     REASON_STALLED,
     STALLED_STOP,
     Decision,
+    RetryPolicy,
     Signals,
     Verdict,
+    backoff_s,
     ending,
     judge,
     judge_absence,
@@ -35,9 +40,12 @@ from ._sweeper import Sweeper, run_sweeper
 
 __all__ = [
     "CANCELLED",
+    "JITTER",
     "MAX_BATCH",
     "MAX_STAGE_LEN",
     "MAX_UNITS",
+    "NEVER_STARTED",
+    "NO_RETRY",
     "PROMOTE_BATCH",
     "REASON_RECOVERED",
     "REASON_SILENT",
@@ -52,11 +60,13 @@ __all__ = [
     "QueueState",
     "ReconcileDetail",
     "ReconcileReport",
+    "RetryPolicy",
     "Signals",
     "Supervisor",
     "Sweeper",
     "Verdict",
     "Watched",
+    "backoff_s",
     "ending",
     "judge",
     "judge_absence",

@@ -50,11 +50,11 @@ class AbsenceTracker:
         self._seen: dict[str, _Seen] = {}
 
     def on_event(self, event: JobEvent) -> None:
-        """Bus subscriber: a promotion starts the job's clocks now; an ended job is forgotten."""
+        """Bus subscriber: a promotion starts the job's clocks now; an ended (or resubmitted) job is forgotten."""
         job = event.job
         if event.event is EventName.TRANSITION and job.status is JobStatus.RUNNING:
             self._seen[job.job_id] = _Seen(job.last_progress_at, self._clock(), job.last_heartbeat_at, None)
-        elif job.status.is_terminal:
+        elif job.status is not JobStatus.RUNNING:
             self._seen.pop(job.job_id, None)
 
     def beat(self, job: Job) -> None:
@@ -102,8 +102,12 @@ class AbsenceTracker:
             return None if at is None else now - max(0.0, (wall - at).total_seconds())
 
         progress_at = mono(job.last_progress_at or job.started_at)
-        return _Seen(job.last_progress_at, now if progress_at is None else progress_at, job.last_heartbeat_at,
-                     mono(job.last_heartbeat_at))
+        return _Seen(
+            job.last_progress_at,
+            now if progress_at is None else progress_at,
+            job.last_heartbeat_at,
+            mono(job.last_heartbeat_at),
+        )
 
 
 StopStalled = Callable[[Job], Awaitable[None]]

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from ..domain import Config, Job, JobStatus, KindCatalog, SupervisorError
+from ..domain._model import utc_now
 from ..execution import Executor, JobHandle
 from ..observe import EventBus, EventName, JobEvent
 from ..registry import Registry
@@ -57,6 +59,9 @@ class Boot:
     # Jobs being stopped because they stalled (stall_action = terminate): they end stale, not cancelled.
     stall_stops: set[str] = field(default_factory=set)
     job_nursery: trio.Nursery | None = None
+    # The wall clock of every stamp the core decides with (a resubmission's not-before, the wall-clock window): one
+    # seam for tests. Waits and ages are on the event loop's clock.
+    wall_clock: Callable[[], datetime] = utc_now
 
     def nursery(self) -> trio.Nursery:
         if self.job_nursery is None:

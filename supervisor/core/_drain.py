@@ -9,8 +9,10 @@ records their identities in one write, and hands each to its monitor in the job 
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,7 @@ class Drainer:
         self._wanted = trio.Event()
         self._held = False  # the executor said at the last round that it cannot start jobs
         self._log_dir_made = False
+        self._next_at: datetime | None = None  # the earliest end of a queued row's backoff, at the last promotion
         # How jobs reach the HTTP API for their heartbeats (set by the root once the socket is bound).
         self.heartbeat_base_url: str | None = None
 
@@ -54,7 +57,9 @@ class Drainer:
         that a start waiting on its executor never keeps the next round (the next job's start) waiting behind it."""
         task_status.started()
         while True:
-            await self._wanted.wait()
+            # A resubmitted job waiting out its backoff is started when it may be, not at the next wake by chance.
+            with trio.move_on_at(self._next_round_at()):
+                await self._wanted.wait()
             self._wanted = trio.Event()
             try:
                 await self._drain(self._start_in_background)
@@ -88,6 +93,7 @@ class Drainer:
                 )
                 # INV-PROMOTION-NEVER-OVERSHOOTS: the registry counts and flips in one step; none while paused.
                 promotion = await self.boot.registry.promote(request)
+                self._next_at = promotion.next_at
                 # A registry write completes even when cancelled meanwhile (its commit is someone's answer): take a
                 # shutdown here, before touching the job nursery, which may be closed by now. The rows promoted but
                 # not started are a prior boot's to the next one (INV-IDENTITY-BEFORE-PROGRAM: no start record).
@@ -111,6 +117,13 @@ class Drainer:
             self.boot.watched.setdefault(job.job_id, Watched(job.job_id))  # a cancel from now on finds its entry
         self.boot.nursery().start_soon(self.start_promoted, jobs, tokens)
         return jobs
+
+    def _next_round_at(self) -> float:
+        """When the earliest backoff the last promotion reported ends, on the event loop's clock (inf: none)."""
+        if self._next_at is None:
+            return math.inf
+        wait_s = (self._next_at - self.boot.wall_clock()).total_seconds()
+        return trio.current_time() + max(0.0, wait_s)
 
     async def _executor_ready(self) -> bool:
         why = await self.boot.executor.unavailable()
@@ -216,6 +229,7 @@ class Drainer:
             data_dir=boot.data_dir,
             log=Path(job.log_path),
             log_max_bytes=boot.config.log_max_bytes,
+            attempt=max(1, job.attempts),
         )
         try:
             return await boot.executor.start(launch)

@@ -58,13 +58,14 @@ class JobTokens:
         self._ends += 1
 
     def on_event(self, event: JobEvent) -> None:
-        """The event bus's subscriber: learn a token when this boot promotes its job, forget it when the job ends."""
+        """The event bus's subscriber: learn a token when this boot promotes its job, forget it when the job ends or
+        goes back to the queue (a resubmitted attempt's token dies with it: the next attempt gets a new one)."""
         if event.event is not EventName.TRANSITION:
             return
         job = event.job
         if job.status is JobStatus.RUNNING and job.token_hash is not None:
             self._hashes[job.job_id] = job.token_hash
-        elif job.status.is_terminal:
+        elif job.status is not JobStatus.RUNNING:
             self.forget(job.job_id)
 
     def __len__(self) -> int:

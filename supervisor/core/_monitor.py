@@ -13,18 +13,19 @@ verified its identity.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
-from ..domain import Job, JobStatus, SupervisorError
+from ..domain import RESUBMITTED, Job, JobStatus, SupervisorError
 from ..domain._model import ExitStatus, Liveness
 from ..execution import Evidence, JobHandle, Unwatchable
 from ..observe import EventName, JobEvent, get_logger
 from ..registry import Ending, Expect, IdentityClaim, Outcome
 from ._boot import Boot, Watched
-from ._rules import ending
+from ._rules import JITTER, RetryPolicy, ending
 
 log = get_logger()
 
@@ -85,9 +86,10 @@ class Monitors:
     async def finish(
         self, job: Job, status: ExitStatus | None, *, cancel_asked: bool, expect: Job | None = None
     ) -> bool:
-        """Finalize a job whose process has ended: its true outcome, or an orphan when no exit was recorded.
-        ``expect``: only if the row still records the process of this (earlier) read of it. True when this call
-        changed the row (a terminal row is left alone)."""
+        """Finalize a job whose process has ended: its true outcome, or an orphan when no exit was recorded; a crash
+        is resubmitted while its kind allows more attempts (ADR-150 D4). ``expect``: only if the row still records
+        the process of this (earlier) read of it. True when this call changed the row (a terminal row is left
+        alone)."""
         boot = self.boot
         kind = boot.kinds.get(job.kind) if job.kind in boot.kinds else None
         decided = ending(
@@ -96,6 +98,10 @@ class Monitors:
             cancel_asked=cancel_asked,
             stall_stop=job.job_id in boot.stall_stops,
             orphan_reason=boot.executor.orphan_reason,
+            attempts=job.attempts,
+            policy=RetryPolicy.of(kind, job.max_attempts),
+            now=boot.wall_clock(),
+            jitter=random.uniform(*JITTER),  # spreads retries of jobs that crashed together apart
         )
         guard = Expect(expect.identity) if expect is not None else None
         change, _ = await boot.registry.finalize(job.job_id, decided, expect=guard)
@@ -103,6 +109,12 @@ class Monitors:
         if not change.changed:
             return False
         final = change.job
+        if final.status is JobStatus.QUEUED:
+            # Resubmitted: the attempt's outcome is in the row's history; the drainer starts it once its backoff
+            # has passed (woken by the monitor's end, it learns when from the promotion).
+            assert decided.retry is not None
+            boot.announce(final, str(change.previous), RESUBMITTED + decided.retry.why, exit_code=decided.exit_code)
+            return True
         boot.announce_end(final, change.previous)
         if final.status is JobStatus.SUCCEEDED and kind is not None and kind.then:
             await self._follow_up(final, kind.then)

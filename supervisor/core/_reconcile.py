@@ -11,10 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..domain import Job, JobStatus
-from ..domain._model import Liveness, utc_now
+from ..domain._model import Liveness
 from ..execution import JobHandle
 from ..observe import get_logger
-from ..registry import IdentityClaim, Outcome
+from ..registry import Expect, IdentityClaim, Outcome
 from ._boot import Boot
 from ._monitor import Monitors
 from ._rules import judge, past_window
@@ -25,7 +25,7 @@ log = get_logger()
 @dataclass(frozen=True)
 class ReconcileDetail:
     job_id: str
-    action: str  # "failed" | "stale" | "cancelled" | "succeeded" | "keep" | "untouched"
+    action: str  # "failed" | "stale" | "cancelled" | "succeeded" | "queued" (resubmitted) | "requeued" | "keep" | ...
     reason: str
     liveness: str | None
     prior_boot: bool
@@ -42,13 +42,12 @@ class Reconciler:
         self.boot = boot
         self.monitors = monitors
         self._wake_drainer = wake_drainer
-        self.clock = utc_now  # the wall clock of the wall-clock rule (a seam for tests)
 
     async def reconcile(self, *, stale_marks_live_processes: bool) -> ReconcileReport:
         boot = self.boot
         rows = await boot.registry.running_jobs()
         evidence = await self.monitors.evidence(rows)
-        now = self.clock()
+        now = boot.wall_clock()
         details: list[ReconcileDetail] = []
         updated = 0
         for job, found in zip(rows, evidence, strict=True):
@@ -81,6 +80,27 @@ class Reconciler:
                     action = str(decision.status)
                     if found.handle is not None and liveness is not Liveness.ALIVE:
                         await boot.executor.release(found.handle)  # a never-started container, say
+                else:
+                    action = "untouched"
+            elif decision.action == "finalize_lost":
+                # Gone with nothing recorded: an orphan, resubmitted while its kind allows more attempts.
+                if await self.monitors.finish(job, None, cancel_asked=False, expect=job):
+                    updated += 1
+                    action = str((await boot.registry.get(job.job_id)).status)
+                    if found.handle is not None:
+                        await boot.executor.release(found.handle)
+                else:
+                    action = "untouched"
+            elif decision.action == "requeue":
+                # INV-IDENTITY-BEFORE-PROGRAM: it provably never started; back to the head of the queue, the start
+                # not counted (issue 25), only if the row is still that unstarted attempt.
+                change = await boot.registry.requeue(job.job_id, expect=Expect(job.identity), reason=decision.reason)
+                if change.changed:
+                    updated += 1
+                    action = "requeued"
+                    boot.announce(change.job, str(change.previous), decision.reason)
+                    if found.handle is not None:
+                        await boot.executor.release(found.handle)  # a container created and never started, say
                 else:
                     action = "untouched"
             elif decision.action == "finalize_exit":

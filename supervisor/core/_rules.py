@@ -2,8 +2,9 @@
 
 - ``judge``: what reconcile does with one RUNNING row, given the evidence (ADR 0001 §3-§6, ADR 0004, ADR 0005);
 - ``outcome``: what an exit status means for a kind (ADR 0002 D5);
-- ``ending``: how a job whose process ended is finalized: the outcome, a stall stop, a cancel, given as data to
-  the registry (which picks the cancel's outcome if the row says a cancel was requested by the time it commits);
+- ``ending``: how a job whose process ended is finalized: the outcome, a stall stop, a cancel, and whether a crash
+  is resubmitted (ADR-150 D4), given as data to the registry (which picks the cancel's outcome, never resubmitted,
+  if the row says a cancel was requested by the time it commits);
 - ``judge_absence``: stalled / silent (ADR 0002 D8-D9).
 
 Invariant names (``INV-...``) are the decision records'; the comments say where each is upheld.
@@ -19,19 +20,22 @@ from typing import Literal
 
 from ..domain import Job, JobKind, JobStatus, StallAction
 from ..domain._model import ExitStatus, Liveness
-from ..registry import Ending, Outcome
+from ..registry import Ending, Outcome, Retry
 
 CANCELLED = Outcome(JobStatus.CANCELLED, "cancelled")
 STALLED_STOP = Outcome(JobStatus.STALE, "progress_stalled")
 
-Action = Literal["finalize", "finalize_exit", "keep", "untouched"]
+Action = Literal["finalize", "finalize_exit", "finalize_lost", "requeue", "keep", "untouched"]
+NEVER_STARTED = "never_started"
 
 
 @dataclass(frozen=True)
 class Decision:
     """What reconcile does with one RUNNING row."""
 
-    action: Action  # finalize_exit: the recorded exit status decides (``ending``)
+    # finalize_exit: the recorded exit status decides (``ending``); finalize_lost: gone with nothing recorded
+    # (``ending`` with no exit status: an orphan, resubmitted while attempts remain); requeue: it never started
+    action: Action
     status: JobStatus | None = None
     reason: str = ""
     warn: bool = False
@@ -64,10 +68,11 @@ def judge(
         if liveness is Liveness.UNKNOWN:
             # INV-UNKNOWN-KEEPS-SLOT: the engine could not be asked whether a container was ever made for it.
             return Decision("keep", reason="liveness_unknown_kept", warn=True)
-        # INV-IDENTITY-BEFORE-PROGRAM: no start record, so the program provably never ran.
+        # INV-IDENTITY-BEFORE-PROGRAM: no start record, and no start still in flight, so the program provably never
+        # ran: it goes back to the head of the queue, its start not counted (issue 25).
         if job.cancel_requested:
             return Decision("finalize", JobStatus.CANCELLED, "cancelled_before_start")
-        return Decision("finalize", JobStatus.FAILED, "orphan_reconciled_spawn_window")
+        return Decision("requeue", reason=NEVER_STARTED)
     # This boot's monitor is the authority on what it watches: it finalizes with the real exit status.
     if liveness is Liveness.DEAD and not monitored:
         if exit_recorded:
@@ -78,7 +83,7 @@ def judge(
             return Decision("keep", reason="exit_being_recorded", adopt=True)
         if job.cancel_requested:
             return Decision("finalize", JobStatus.CANCELLED, "cancelled")  # asked to stop, and it is gone
-        return Decision("finalize", JobStatus.FAILED, orphan_reason)
+        return Decision("finalize_lost", JobStatus.FAILED, orphan_reason)
     adopt = liveness is Liveness.ALIVE and not monitored
     if past_window:
         if stale_marks_live_processes:
@@ -122,6 +127,36 @@ def outcome(
     return Outcome(JobStatus.FAILED, f"exit_code_{code}")
 
 
+@dataclass(frozen=True)
+class RetryPolicy:
+    """When a crashed job is resubmitted (its kind's settings, ADR-150 D4): at most ``max_attempts`` starts in all;
+    the n-th resubmission waits ``backoff_s`` * 2^(n-1), at most ``backoff_max_s``, times a jitter near 1; an exit
+    code in ``retry_on_exit_codes`` means "try again" too."""
+
+    max_attempts: int = 1
+    backoff_s: float = 60.0
+    backoff_max_s: float = 3600.0
+    retry_on_exit_codes: frozenset[int] = frozenset()
+
+    @classmethod
+    def of(cls, kind: JobKind | None, max_attempts: int) -> RetryPolicy:
+        """The policy of a row: the starts its kind allowed when it was enqueued (``max_attempts``, on the row), the
+        backoff and exit codes its kind declares now."""
+        if kind is None:
+            return cls(max_attempts=max_attempts)
+        return cls(max_attempts, kind.retry_backoff_s, kind.retry_backoff_max_s, frozenset(kind.retry_on_exit_codes))
+
+
+NO_RETRY = RetryPolicy()
+JITTER = (0.9, 1.1)  # the factor a backoff is multiplied by: a random draw within this, made by the caller
+
+
+def backoff_s(attempts: int, policy: RetryPolicy, jitter: float) -> float:
+    """The wait before the next start of a job that has had ``attempts`` starts (1 after its first)."""
+    base = policy.backoff_s * 2 ** min(64, max(0, attempts - 1))
+    return min(policy.backoff_max_s, base) * jitter
+
+
 def ending(
     status: ExitStatus | None,
     *,
@@ -129,6 +164,10 @@ def ending(
     cancel_asked: bool,
     stall_stop: bool,
     orphan_reason: str,
+    attempts: int = 1,
+    policy: RetryPolicy = NO_RETRY,
+    now: datetime | None = None,
+    jitter: float = 1.0,
 ) -> Ending:
     """How a job whose process ended is finalized.
 
@@ -136,20 +175,31 @@ def ending(
     a guess, an orphan. ``cancel_asked``: this boot stopped it for a cancel. ``stall_stop``: the sweeper stopped it
     for a stall (``stall_action = terminate``): it ends stale, unless a cancel reached the row first. In every case a
     cancel on the row by the time the end commits makes it ``cancelled``.
+
+    Resubmitted (while ``attempts`` < ``policy.max_attempts``), ``now`` + the backoff: a crash (gone with nothing
+    recorded, killed by a signal the supervisor did not send, the OOM killer), a stall stop, and an exit code the
+    kind lists as "try again". Never: a cancel, a planned outcome (a budget), any other exit code. Not decided here:
+    a spawn failure and an operator's stale mark end the row with their own outcome, never resubmitted.
     """
     exit_code = status.returncode if status is not None else None
-    if stall_stop:
-        return Ending(STALLED_STOP, if_cancel_requested=CANCELLED, exit_code=exit_code)
-    if cancel_asked:
+    if cancel_asked and not stall_stop:
         return Ending(CANCELLED, exit_code=exit_code)
-    if status is None:
-        return Ending(Outcome(JobStatus.FAILED, orphan_reason), if_cancel_requested=CANCELLED)
-    exited = outcome(
-        status,
-        exit_reasons=kind.exit_reasons if kind else {},
-        failure_reasons=kind.failure_reasons if kind else {},
-    )
-    return Ending(exited, if_cancel_requested=CANCELLED, exit_code=exit_code)
+    if stall_stop:
+        chosen, crash = STALLED_STOP, True
+    elif status is None:
+        chosen, crash = Outcome(JobStatus.FAILED, orphan_reason), True
+    else:
+        chosen = outcome(
+            status,
+            exit_reasons=kind.exit_reasons if kind else {},
+            failure_reasons=kind.failure_reasons if kind else {},
+        )
+        crash = status.oom_killed or status.signal is not None or status.code in policy.retry_on_exit_codes
+    retry = None
+    if crash and attempts < policy.max_attempts and now is not None:
+        # ADR-150 D4: kill and resubmit, bounded by the attempt count (the poison-pill memo makes it safe).
+        retry = Retry(now + timedelta(seconds=backoff_s(attempts, policy, jitter)), chosen.reason or str(chosen.status))
+    return Ending(chosen, if_cancel_requested=CANCELLED, exit_code=exit_code, retry=retry)
 
 
 def past_window(started_at: datetime | None, now: datetime, stale_after_s: float | None) -> bool:

@@ -167,7 +167,8 @@ class Supervisor:
         validated = kind.validate_params({} if params is None else params)
         key = coalesce_key(kind.name, validated) if kind.coalesce else None
         # {python} is the interpreter the job finds where it runs (this one, or the image's).
-        return NewJob(kind.name, validated, kind.render_argv(validated, python=self.boot.executor.python), key)
+        argv = kind.render_argv(validated, python=self.boot.executor.python)
+        return NewJob(kind.name, validated, argv, key, max_attempts=kind.max_attempts)
 
     async def enqueue(self, kind_name: object, params: object) -> EnqueueResult:
         """Validate and store a job, and have the drainer start it when a slot is free: never waits for a spawn."""

@@ -32,6 +32,7 @@ from ._errors import (
 )
 from ._kinds import JobKind, KindCatalog, builtin_kinds, coalesce_key, load_kinds, parse_kind
 from ._model import (
+    RESUBMITTED,
     TERMINAL,
     TRANSITIONS,
     Attempt,
@@ -49,6 +50,7 @@ from ._model import (
 
 __all__ = [
     "EXEC_MODES",
+    "RESUBMITTED",
     "STALL_ACTIONS",
     "TERMINAL",
     "TRANSITIONS",

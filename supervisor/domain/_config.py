@@ -236,6 +236,7 @@ def load_config(
     num("webhook_outbox_max_age_s", "PODCAST_JOB_WEBHOOK_OUTBOX_MAX_AGE_SECONDS", floor=60.0)
     num("log_max_bytes", "PODCAST_JOB_LOG_MAX_BYTES", integer=True, floor=4096)
     num("cancel_grace_s", "PODCAST_JOB_CANCEL_GRACE_SECONDS", floor=0.0)
+
     def choice(attr: str, env_name: str, allowed: tuple[str, ...]) -> None:
         """One of a fixed set of words, case-insensitive. No fallback: guessing an exec mode would run jobs where the
         operator did not choose, and a mistyped stall action must not quietly leave stalled jobs running."""

@@ -61,6 +61,10 @@ class JobKind:
     then: str | None = None
     exit_reasons: Mapping[int, str] = field(default_factory=dict)
     failure_reasons: Mapping[int, str] = field(default_factory=dict)
+    max_attempts: int = 1
+    retry_backoff_s: float = 60.0
+    retry_backoff_max_s: float = 3600.0
+    retry_on_exit_codes: frozenset[int] = frozenset()
 
     def validate_params(self, params: object) -> dict[str, ParamValue]:
         """Return the params converted to their declared types, or raise ``ValidationError`` naming the field.

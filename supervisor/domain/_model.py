@@ -149,6 +149,10 @@ class ExitStatus:
         return cls(code=returncode) if returncode >= 0 else cls(signal=-returncode)
 
 
+# A resubmission's transition reason: "resubmitted: <what the attempt ended with>" (the event log, the metrics).
+RESUBMITTED = "resubmitted: "
+
+
 @dataclass(frozen=True)
 class Attempt:
     """One start of a job that was resubmitted after it: when it ran and how it ended (the row's own fields say how

@@ -20,7 +20,11 @@ from ._base import ORPHAN_DEAD_PID, Evidence, Executor, ExitStatus, JobHandle, L
 
 __all__ = [
     "ORPHAN_DEAD_PID",
-    "Evidence", "Executor", "ExitStatus", "JobHandle", "Launch",
+    "Evidence",
+    "Executor",
+    "ExitStatus",
+    "JobHandle",
+    "Launch",
     "Unwatchable",
     "create_executor",
 ]

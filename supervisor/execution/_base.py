@@ -63,6 +63,7 @@ class Launch:
     data_dir: Path  # absolute; the job's working directory
     log: Path  # where its output goes (fixed in the row at promotion)
     log_max_bytes: int
+    attempt: int = 1  # which start of the job this is (a resubmitted job's later attempts: 2, 3, ...)
 
 
 class JobHandle:

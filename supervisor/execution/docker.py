@@ -1,9 +1,10 @@
 """Docker mode: each job is a container on a Docker engine, found again by its labels.
 
-A job's container is created (with the labels ``ps.job_id``, ``ps.boot_id``, ``ps.kind``) before it is started, so a
-boot that dies before it records the container id leaves a labelled container behind, never an unknown one
-(INV-IDENTITY-BEFORE-PROGRAM): the next boot finds it by label and adopts it. The row records the container id; no
-pid is ever evidence in this mode.
+A job's container is created (with the labels ``ps.job_id``, ``ps.boot_id``, ``ps.kind``, ``ps.attempt``) before it
+is started, so a boot that dies before it records the container id leaves a labelled container behind, never an
+unknown one (INV-IDENTITY-BEFORE-PROGRAM): the next boot finds it by label and adopts it. The row records the
+container id; no pid is ever evidence in this mode. No container of the row's attempt, or one only created (never
+started): the job never ran, and goes back to the queue.
 
 Containers are not removed automatically: the engine keeps each one's exit code after it ends, which is how a job
 that ends while no supervisor runs is still finalized with its true outcome at the next boot (INV-TRUE-OUTCOME).
@@ -37,7 +38,7 @@ import docker
 import requests
 import trio
 import urllib3
-from docker.errors import DockerException, ImageNotFound, NotFound
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.transport.unixconn import UnixHTTPAdapter, UnixHTTPConnection, UnixHTTPConnectionPool
 from docker.types import LogConfig
 
@@ -63,6 +64,7 @@ MAX_CALLS = 16  # SDK calls at once (a wait slice holds its own limiter)
 LABEL_JOB = "ps.job_id"
 LABEL_BOOT = "ps.boot_id"
 LABEL_KIND = "ps.kind"
+LABEL_ATTEMPT = "ps.attempt"  # which start of the job (none on containers made before resubmission: the first)
 ORPHAN_NO_CONTAINER = "orphan_reconciled_no_container"
 ALIVE_STATES = frozenset({"running", "paused", "restarting"})
 ENDED_STATES = frozenset({"exited", "dead"})
@@ -124,6 +126,13 @@ def make_client(*, timeout: float = API_TIMEOUT_S, max_pool_size: int = 64) -> d
 
 
 RECORD_KIND = "container"
+HTTP_CONFLICT = 409
+
+
+def container_name(job_id: str, attempt: int) -> str:
+    """A job's container name: ``ps-job-<id>`` for its first attempt, ``ps-job-<id>-<n>`` for a resubmission's
+    (the earlier one may not be removed yet, and a name is unique on the engine)."""
+    return f"ps-job-{job_id}" if attempt <= 1 else f"ps-job-{job_id}-{attempt}"
 
 
 def container_record(container_id: str) -> IdentityRecord:
@@ -252,16 +261,30 @@ class DockerExecutor(Executor):
             network_mode=self.network,
             log_config=LogConfig(type="json-file", config={"max-size": str(launch.log_max_bytes), "max-file": "2"}),
         )
-        try:
-            created = api.create_container(
+        labels = {LABEL_JOB: launch.job_id, LABEL_BOOT: launch.boot_id, LABEL_KIND: launch.kind}
+        labels[LABEL_ATTEMPT] = str(launch.attempt)
+        name = container_name(launch.job_id, launch.attempt)
+
+        def create() -> Any:
+            return api.create_container(
                 self.image,
                 command=list(launch.argv),
-                name=f"ps-job-{launch.job_id}",
-                labels={LABEL_JOB: launch.job_id, LABEL_BOOT: launch.boot_id, LABEL_KIND: launch.kind},
+                name=name,
+                labels=labels,
                 environment=dict(launch.env),
                 working_dir=str(launch.data_dir),
                 host_config=host_config,
             )
+
+        try:
+            try:
+                created = create()
+            except APIError as exc:
+                # A container of this attempt that was created and never started (a boot that died in between, its
+                # create reaching the engine after the job was found unstarted): its program never ran, so it goes.
+                if exc.status_code != HTTP_CONFLICT or not self._remove_if_never_started(name, launch.job_id):
+                    raise
+                created = create()
         except ImageNotFound as exc:
             raise SpawnError(
                 f"image {self.image!r} is not on the Docker engine (PODCAST_JOB_DOCKER_IMAGE; build or pull it)"
@@ -285,6 +308,16 @@ class DockerExecutor(Executor):
                 )
             raise SpawnError(f"docker start: {describe_error(exc)}") from exc
         return container_id
+
+    def _remove_if_never_started(self, name: str, job_id: str) -> bool:
+        """Remove the container called ``name`` if it is this job's and was never started (blocking)."""
+        state = self.client.inspect_container(name)
+        labels = (state.get("Config") or {}).get("Labels") or {}
+        if labels.get(LABEL_JOB) != job_id or (state.get("State") or {}).get("Status") != "created":
+            return False
+        log.warning("container_never_started_removed", job_id=job_id, container_id=str(state.get("Id"))[:12])
+        self.client.remove_container(name, force=True, v=True)
+        return True
 
     # -- wait, collect, release -----------------------------------------------------------------------
 
@@ -365,7 +398,9 @@ class DockerExecutor(Executor):
         except ENGINE_ERRORS as exc:
             # Its row is final: the container is only a leftover now (labelled, stopped). Say so; never retry forever.
             log.warning(
-                "container_not_removed", job_id=handle.job_id, container_id=handle.container_id[:12],
+                "container_not_removed",
+                job_id=handle.job_id,
+                container_id=handle.container_id[:12],
                 error=describe_error(exc),
             )
 
@@ -413,6 +448,10 @@ class DockerExecutor(Executor):
         recorded = container_id_of(job)
         if recorded is not None:
             containers = [c for c in containers if c.get("Id") == recorded]
+        else:
+            # An earlier attempt's container (left behind by a failed removal) is not this attempt's evidence.
+            attempt = str(max(1, job.attempts))
+            containers = [c for c in containers if (c.get("Labels") or {}).get(LABEL_ATTEMPT, "1") == attempt]
         if not containers:
             # No container: a spawned job's is gone with its exit code; an unspawned row's never existed.
             return Evidence(Liveness.DEAD if job.spawned else None)

@@ -155,7 +155,5 @@ class MemoryExecutor(Executor):
             elif job.lost:
                 out.append(Evidence(Liveness.DEAD, found=found))
             else:
-                out.append(
-                    Evidence(Liveness.DEAD, exit_status=job.status, handle=handle, found=found)
-                )
+                out.append(Evidence(Liveness.DEAD, exit_status=job.status, handle=handle, found=found))
         return out

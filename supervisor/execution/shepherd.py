@@ -23,6 +23,11 @@ What it does (ADR 0004):
   on disk for the next boot.
 - **signal**: signals a job's process group on the supervisor's request; the leader is its unreaped child, so the
   pid cannot have been recycled.
+- **marker**: it keeps ``.shepherd-<boot>.json`` next to the logs (the path comes with ``env``, before any start):
+  its identity, and whether its supervisor is still ``connected`` or ``closed`` (written once the control socket
+  has ended: every start it was sent has been handled by then). A later boot reads it for a row the dead boot
+  promoted with no start record: a shepherd still connected (and alive) may yet start it; one closed or dead never
+  will, so the job provably never ran. Removed when the shepherd exits.
 - It exits by itself once its supervisor is gone (control socket closed) and it has no job left.
 
 The state files are written without fsync on purpose: they must survive a *process* crash (the page cache does);
@@ -33,10 +38,11 @@ Where they are written (``Records``): to the run directory (tmpfs) while the sup
 next to the logs, and later records go there directly.
 
 Control protocol: newline-delimited JSON on the control socket.
-Requests: ``{"op": "env", "env", "trace"}`` (the base environment of every job, sent once; ``trace``: an optional
-file to append a line to at each start and exit), ``{"op": "start", "id", "argv", "env", "cwd", "log", "cap",
-"pid_file", "exit_file", "run_pid_file", "run_exit_file"}`` (``env``: the job's own variables, over the base; the
-``run_`` paths may be null), ``{"op": "signal", "id", "sig"}``, ``{"op": "forget", "id"}``.
+Requests: ``{"op": "env", "env", "trace", "marker"}`` (the base environment of every job, sent once; ``trace``: an
+optional file to append a line to at each start and exit; ``marker``: where to keep the marker),
+``{"op": "start", "id", "argv", "env", "cwd", "log", "cap", "pid_file", "exit_file", "run_pid_file",
+"run_exit_file"}`` (``env``: the job's own variables, over the base; the ``run_`` paths may be null),
+``{"op": "signal", "id", "sig"}``, ``{"op": "forget", "id"}``.
 Events: ``{"ev": "hello", "pid", "start_time"}``, ``{"ev": "started", "id", "pid", "start_time"}``,
 ``{"ev": "start_failed", "id", "error"}``, ``{"ev": "exited", "id", "pid", "exit_code", "signal", "ended_at"}``.
 """
@@ -304,6 +310,8 @@ class Shepherd:
         self.run_dirs: set[str] = set()  # removed when this shepherd leaves, if empty
         self.trace_fd: int | None = None  # the optional trace: one line per start and per exit
         self.identity = {"pid": os.getpid(), "start_time": _start_time(os.getpid())}
+        self.marker: str | None = None  # the marker's path (the "env" request)
+        self.marker_error: str | None = None  # why it could not be written: no job starts without it
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
         wake_w.setblocking(False)
@@ -349,6 +357,8 @@ class Shepherd:
         self.control = None
         self.outbuf = b""
         self.persist()  # nobody will say "forget" now: what only the run directory holds goes next to the logs
+        # Every request the supervisor sent has been read and handled: no start of its can come after this.
+        self.write_marker("closed")
 
     def read_control(self) -> None:
         assert self.control is not None
@@ -378,6 +388,9 @@ class Shepherd:
             self.base_env = {str(k): str(v) for k, v in request["env"].items()}  # type: ignore[attr-defined]
             if request.get("trace"):
                 self.open_trace(str(request["trace"]))
+            if request.get("marker"):
+                self.marker = str(request["marker"])
+                self.write_marker("connected")
         elif op == "start":
             self.start(request)
         elif op == "signal":
@@ -449,6 +462,27 @@ class Shepherd:
                 del self.records[job_id]
         sys.stderr.flush()
 
+    def write_marker(self, control: str) -> None:
+        """The marker (see the module docstring): who this shepherd is, and whether its supervisor is connected."""
+        if self.marker is None:
+            return
+        payload: dict[str, object] = {**self.identity, "kernel_boot_id": self.boot_id, "control": control}
+        try:
+            write_atomically(self.marker, payload)
+        except OSError as exc:
+            self.marker_error = f"cannot write the shepherd's marker {self.marker}: {exc}"
+            print(f"shepherd: {self.marker_error}", file=sys.stderr, flush=True)
+        else:
+            self.marker_error = None
+
+    def remove_marker(self) -> None:
+        if self.marker is None:
+            return
+        try:
+            os.unlink(self.marker)
+        except OSError:
+            pass  # a marker left behind names a dead shepherd: read the same as none
+
     def open_trace(self, path: str) -> None:
         try:
             self.trace_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
@@ -478,6 +512,12 @@ class Shepherd:
             {"pid": str(req.get("run_pid_file") or ""), "exit": str(req.get("run_exit_file") or "")},
         )
         cwd = str(req["cwd"])
+        if self.marker_error is not None:
+            self.write_marker("connected")  # a full disk may have room again
+        if self.marker_error is not None:
+            # Without its marker a later boot could not tell this start from one that never happened.
+            self.send({"ev": "start_failed", "id": job_id, "error": self.marker_error[:1000]})
+            return
         try:
             _check_runnable(argv[0], cwd, env)
         except Exception as exc:  # the program cannot be run: say why, as its exec would have
@@ -645,6 +685,7 @@ class Shepherd:
             while self.control is not None or self.jobs:
                 self.step()
         finally:
+            self.remove_marker()
             self.spares.remove_all()
             for directory in self.run_dirs:
                 try:

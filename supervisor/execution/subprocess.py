@@ -22,14 +22,13 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from ..domain._errors import SpawnError
-from ..domain._model import IdentityRecord, Job, Liveness, utc_now
+from ..domain._model import IdentityRecord, Job, Liveness
 from ..observe._logging import get_logger
 from ._base import Evidence, Executor, ExitStatus, JobHandle, Launch, Unwatchable
 from ._identity import ProcessIdentity, identify, kernel_boot_id, pidfd_open, probe
@@ -41,13 +40,16 @@ __all__ = [
     "RecordedStart",
     "Shepherd",
     "ShepherdLost",
+    "ShepherdMarker",
     "SubprocessExecutor",
     "identify",
     "identity_of",
     "kernel_boot_id",
+    "marker_path",
     "probe",
     "read_exit",
     "read_exit_file",
+    "read_marker",
     "read_start",
     "read_start_file",
     "signal_by_identity",
@@ -160,6 +162,57 @@ def read_start(files: JobFiles) -> RecordedStart | None:
     return read_start_file(files.pid)
 
 
+MARKER_PREFIX = ".shepherd-"
+
+
+def marker_path(log_dir: Path, boot_id: str) -> Path:
+    """Where the shepherd of supervisor boot ``boot_id`` keeps its marker: next to that boot's job logs."""
+    return log_dir / f"{MARKER_PREFIX}{boot_id}.json"
+
+
+@dataclass(frozen=True)
+class ShepherdMarker:
+    """A shepherd's marker (``shepherd.py``): who it is, and whether its supervisor was still connected."""
+
+    identity: ProcessIdentity | None
+    connected: bool
+
+
+def read_marker(path: Path) -> ShepherdMarker | None:
+    """The marker at ``path`` (blocking); None when there is none (its shepherd has exited, or never started)."""
+    data = _load_json(path)
+    if data is None:
+        return None
+    identity = None
+    if isinstance(data.get("pid"), int) and isinstance(data.get("start_time"), int) and data.get("kernel_boot_id"):
+        identity = ProcessIdentity(data["pid"], data["start_time"], str(data["kernel_boot_id"]))
+    return ShepherdMarker(identity, data.get("control") == "connected")
+
+
+def may_still_start(marker: ShepherdMarker | None) -> bool:
+    """Whether that shepherd may yet start a job its (dead) supervisor asked for: it is alive and has not read the
+    end of its control socket. An unverifiable identity counts as alive (INV-UNKNOWN-KEEPS-SLOT)."""
+    if marker is None or not marker.connected:
+        return False
+    return marker.identity is None or probe(marker.identity) is not Liveness.DEAD
+
+
+def prune_markers(log_dir: Path) -> None:
+    """Remove the markers of shepherds that are gone (blocking): a killed one cannot remove its own, and a marker
+    naming a dead shepherd says no more than no marker at all."""
+    try:
+        paths = list(log_dir.glob(f"{MARKER_PREFIX}*.json"))
+    except OSError:
+        return
+    for path in paths:
+        marker = read_marker(path)
+        if marker is not None and marker.identity is not None and probe(marker.identity) is Liveness.DEAD:
+            try:
+                path.unlink()
+            except OSError:
+                pass
+
+
 def read_exit(files: JobFiles, pid: int | None = None) -> ExitStatus | None:
     """The job's exit record (blocking): in the run directory first, then next to the log (see ``read_start``)."""
     if files.run_exit is not None and (found := read_exit_file(files.run_exit, pid)) is not None:
@@ -255,18 +308,21 @@ class Shepherd:
         """The current shepherd's pid (None before the first job, or after it died until the next one)."""
         return self._conn.pid if self._conn is not None and self._conn.alive else None
 
-    async def _ensure(self) -> _Connection:
+    async def _ensure(self, marker: Path | None) -> _Connection:
         async with self._ensure_lock:
             if self._conn is not None and self._conn.alive:
                 return self._conn
             if self._nursery is None:
                 raise SpawnError("the shepherd needs a nursery: call attach() first")
-            conn: _Connection = await self._nursery.start(self._serve)
+            conn: _Connection = await self._nursery.start(self._serve, marker)
             self._conn = conn
             return conn
 
-    async def _serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Start a shepherd, report its connection, then read its events until it goes away."""
+    async def _serve(self, marker: Path | None, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Start a shepherd, report its connection, then read its events until it goes away. ``marker``: where it
+        keeps its marker (see ``shepherd.py``)."""
+        if marker is not None:
+            await trio.to_thread.run_sync(prune_markers, marker.parent)
         ours, theirs = socket.socketpair()
         if self.run_dir is not None:
             run_dir, private_from = self.run_dir, self._run_dir_private_from
@@ -318,7 +374,13 @@ class Shepherd:
             # Every job's environment starts from this one: sent once, not in each start request (it was most of
             # each request's JSON, encoded here and decoded there, at every job start).
             await self._send(
-                conn, {"op": "env", "env": self._base_env, "trace": str(self._trace) if self._trace else None}
+                conn,
+                {
+                    "op": "env",
+                    "env": self._base_env,
+                    "trace": str(self._trace) if self._trace else None,
+                    "marker": str(marker) if marker is not None else None,
+                },
             )
             task_status.started(conn)
             try:
@@ -376,10 +438,12 @@ class Shepherd:
         cwd: Path,
         files: JobFiles,
         log_max_bytes: int,
+        marker: Path | None = None,
     ) -> StartedJob:
         """Start a job; raise ``SpawnError`` with a one-line reason when it cannot start. ``env``: the job's own
-        variables, laid over the base environment given at construction."""
-        conn = await self._ensure()
+        variables, laid over the base environment given at construction. ``marker``: where a shepherd started for
+        it keeps its marker (``marker_path``)."""
+        conn = await self._ensure(marker)
         watch = _Watch()
         conn.watches[job_id] = watch
         self._watches[job_id] = watch
@@ -523,19 +587,6 @@ def identity_of(job: Job) -> ProcessIdentity | None:
     return ProcessIdentity.from_record(job.identity)
 
 
-# How long after its promotion a prior boot's job without a start record may still be being started by that boot's
-# shepherd: a supervisor gives up on a start after START_TIMEOUT_S, and the shepherd handles a request in milliseconds.
-START_RECORD_GRACE_S = START_TIMEOUT_S
-
-
-def _start_may_be_in_flight(job: Job, now: datetime | None = None) -> bool:
-    """True while a prior boot's promoted row is young enough for its start request to be still under way."""
-    if job.started_at is None:
-        return False
-    age_s = ((now or utc_now()) - job.started_at).total_seconds()
-    return -START_RECORD_GRACE_S < age_s < START_RECORD_GRACE_S  # a clock stepped back must not hold it for long
-
-
 def _remove_files(paths: Sequence[Path]) -> None:
     for path in paths:
         try:
@@ -615,6 +666,7 @@ class SubprocessExecutor(Executor):
             cwd=launch.data_dir,
             files=files,
             log_max_bytes=launch.log_max_bytes,
+            marker=marker_path(launch.log.parent, launch.boot_id),
         )
         return ProcessHandle(launch.job_id, started.pid, started.identity, files)
 
@@ -690,17 +742,22 @@ class SubprocessExecutor(Executor):
         start = read_start(files)
         identity = identity_of(job)
         found = None
+        if not job.spawned and not this_boot and (start is None or start.identity is None):
+            if job.log_path is not None and job.boot_id is not None:
+                marker = read_marker(marker_path(Path(job.log_path).parent, job.boot_id))
+                if may_still_start(marker):
+                    # INV-UNKNOWN-KEEPS-SLOT: a start that boot sent just before it died may still be in its
+                    # shepherd's hands (it reads what is on its socket after the supervisor is gone).
+                    return Evidence(Liveness.UNKNOWN, detail="no start record yet: its shepherd may still start it")
+            # That shepherd has handled every request it was sent (or is gone): a record written meanwhile is
+            # there now, and none means the start never happened.
+            start = read_start(files)
         if not job.spawned and not this_boot and start is not None and start.identity is not None:
             # INV-IDENTITY-BEFORE-PROGRAM: a prior boot died between the spawn and recording the pid; the shepherd's
             # start file names the process.
             identity = start.identity
             found = identity.to_record()
         if identity is None:
-            if not job.spawned and not this_boot and _start_may_be_in_flight(job):
-                # INV-UNKNOWN-KEEPS-SLOT: a start that boot sent just before it died may still be in its shepherd's
-                # hands (it reads what is on its socket after the supervisor is gone): the record, and the program,
-                # may come a moment later. Absence of the record proves nothing yet; past the grace, it does.
-                return Evidence(Liveness.UNKNOWN, detail="no start record yet: its start may still be under way")
             # A pid without its start time is no evidence either way (UNKNOWN); no pid at all: it never ran.
             return Evidence(Liveness.UNKNOWN if job.spawned else None, detail="no verifiable process identity")
         liveness = probe(identity)

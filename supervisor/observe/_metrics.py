@@ -22,7 +22,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ..domain._model import Job
+from ..domain._model import RESUBMITTED, Job, JobStatus
 from ._events import EventName, JobEvent
 
 SWEEP_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -117,6 +117,12 @@ class Metrics:
             ["to", "reason"],
             registry=self.registry,
         )
+        self.resubmits = Counter(
+            "podcast_job_resubmits",
+            "Crashed attempts this boot resubmitted (ADR-150 D4), by what the attempt ended with.",
+            ["why"],
+            registry=self.registry,
+        )
         self.liveness_unknown = Counter(
             "podcast_liveness_unknown",
             "Sweeps' judgements of a running job whose liveness could not be established (its slot was kept).",
@@ -142,6 +148,9 @@ class Metrics:
             if child is None:
                 child = self._transition_children[key] = self.transitions.labels(to=key[0], reason=key[1])
             child.inc()
+            reason = event.reason or ""
+            if event.job.status is JobStatus.QUEUED and reason.startswith(RESUBMITTED):
+                self.resubmits.labels(why=reason_label(reason.removeprefix(RESUBMITTED))).inc()
 
     def render(self, snapshot: Snapshot) -> bytes:
         """The text exposition with ``snapshot`` as the gauges' values (synchronous: one consistent scrape)."""

@@ -109,8 +109,12 @@ class WebhookSender:
         if result.dropped:
             self.outcomes["dropped"] += result.dropped
             log.warning(
-                "webhook_events_dropped", by_age=result.by_age, by_count=result.by_count, why=why,
-                max_events=self.config.webhook_outbox_max_events, max_age_s=self.config.webhook_outbox_max_age_s,
+                "webhook_events_dropped",
+                by_age=result.by_age,
+                by_count=result.by_count,
+                why=why,
+                max_events=self.config.webhook_outbox_max_events,
+                max_age_s=self.config.webhook_outbox_max_age_s,
             )
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:

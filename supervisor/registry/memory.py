@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 import trio
 
 from ..domain import (
+    RESUBMITTED,
     Conflict,
     IllegalTransition,
     Job,
@@ -291,7 +292,6 @@ class _MemoryRows:
         return job
 
 
-
 class MemoryRegistry(_MemoryRows):
     """See the module docstring; the constructor takes what ``SqliteRegistry``'s does, but the path."""
 
@@ -340,7 +340,7 @@ class MemoryRegistry(_MemoryRows):
                 attempt = Attempt(job.attempts, job.started_at, ended_at, status, reason, code)
                 after = self._back_in_queue(
                     job,
-                    f"resubmitted: {ending.retry.why}",
+                    RESUBMITTED + ending.retry.why,
                     next_attempt_at=ending.retry.not_before.astimezone(UTC),
                     history=(*job.history, attempt),
                 )
@@ -493,4 +493,3 @@ class MemoryRegistry(_MemoryRows):
 
     async def aclose(self) -> None:
         self._closed = True
-

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Collection
@@ -13,7 +14,7 @@ import trio
 
 from supervisor import Job, JobStatus, SqliteRegistry, Supervisor
 from supervisor.domain import IdentityRecord, hash_token, to_iso, utc_now
-from supervisor.execution.subprocess import ProcessIdentity, identify
+from supervisor.execution.subprocess import ProcessIdentity, identify, marker_path
 from supervisor.registry import IdentityClaim, NewJob, PromoteRequest, Promotion
 
 T = TypeVar("T")
@@ -144,7 +145,7 @@ async def insert_running(
     record with a bare pid, as a boot that could not read /proc would have written (no identity)."""
     registry = sup.registry
     queued, _ = await registry.enqueue(NewJob("sleep", {"seconds": 60.0}, ["true"]))
-    promotion = await registry.promote(PromoteRequest(1000, boot_id, [hash_token("t")]))
+    promotion = await registry.promote(PromoteRequest(1000, boot_id, [hash_token("t")], sup.log_dir))
     [job] = promotion.jobs
     assert job.job_id == queued.job.job_id
     if spawned:
@@ -154,6 +155,14 @@ async def insert_running(
             record = IdentityRecord("process", {"pid": pid, "pid_start_time": None, "kernel_boot_id": None})
         [job] = await registry.record_identities([IdentityClaim(job.job_id, record)])
     return job
+
+
+def write_shepherd_marker(sup: Supervisor, boot_id: str, identity: ProcessIdentity, *, connected: bool) -> None:
+    """The marker boot ``boot_id``'s shepherd would keep (``shepherd.py``): ``identity`` as its process."""
+    path = marker_path(sup.log_dir, boot_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fields = {"pid": identity.pid, "start_time": identity.start_time, "kernel_boot_id": identity.kernel_boot_id}
+    path.write_text(json.dumps({**fields, "control": "connected" if connected else "closed"}))
 
 
 def age_started(sup: Supervisor, job_id: str, seconds: float) -> None:

@@ -97,7 +97,7 @@ async def test_a_prior_boots_row_is_kept_while_the_engine_cannot_be_asked(
     assert len(warnings) == 2 and warnings[0]["detail"] == "engine unreachable"
     machine.reachable()
     await sup.reconcile(stale_marks_live_processes=False)
-    assert (await sup.get(never_recorded.job_id)).error_reason == "orphan_reconciled_spawn_window"
+    assert (await sup.get(never_recorded.job_id)).status is JobStatus.QUEUED  # it never started: queued again
     assert (await sup.get(recorded.job_id)).error_reason == "orphan_reconciled_dead_pid"
 
 

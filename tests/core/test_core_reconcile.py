@@ -8,13 +8,18 @@ from collections.abc import Callable
 
 import pytest
 import trio
-from core_helpers import age_started, dead_identity, insert_running  # type: ignore[import-not-found]
+from core_helpers import (  # type: ignore[import-not-found]
+    age_started,
+    dead_identity,
+    insert_running,
+    write_shepherd_marker,
+)
 from structlog.testing import capture_logs
 
 from supervisor import JobStatus, Liveness, Supervisor
-from supervisor.core import Decision, judge
+from supervisor.core import NEVER_STARTED, Decision, judge
 from supervisor.execution import ORPHAN_DEAD_PID
-from supervisor.execution.subprocess import START_RECORD_GRACE_S, JobFiles, ProcessIdentity, identify
+from supervisor.execution.subprocess import JobFiles, ProcessIdentity, identify
 
 _age = age_started
 
@@ -65,30 +70,60 @@ async def test_recycled_pid_counts_as_dead_INV_PID_NEEDS_BOOT_AND_IDENTITY(
     assert bystander.poll() is None  # reconcile never signals anything
 
 
-async def test_prior_boot_never_spawned_is_failed_spawn_window(make_supervisor: Callable[..., Supervisor]) -> None:
+async def test_a_prior_boots_start_that_never_happened_goes_back_to_the_queue_at_once_INV_IDENTITY_BEFORE_PROGRAM(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    # That boot died between the promotion and the start: no start record, and no shepherd of its that could still
+    # start it (none ever ran, so no marker). The job provably never ran: back to the queue, the start not counted.
     sup = make_supervisor(boot_id="new", attach=False)
     job = await insert_running(sup, boot_id="old", spawned=False)
-    _age(sup, job.job_id, START_RECORD_GRACE_S + 5)  # long enough ago that its start cannot still be under way
-    await sup.reconcile(stale_marks_live_processes=False)
+    report = await sup.reconcile(stale_marks_live_processes=False)
+    assert (report.updated, report.details[0].action, report.details[0].reason) == (1, "requeued", NEVER_STARTED)
     row = await sup.get(job.job_id)
-    assert (row.status, row.error_reason) == (JobStatus.FAILED, "orphan_reconciled_spawn_window")
+    assert (row.status, row.attempts, row.boot_id, row.history) == (JobStatus.QUEUED, 0, None, ())
+    assert row.next_attempt_at is None  # no backoff: it never ran
+
+
+async def test_a_prior_boots_shepherd_that_closed_its_control_has_started_all_it_ever_will(
+    make_supervisor: Callable[..., Supervisor], bystander: subprocess.Popen[bytes]
+) -> None:
+    # Its shepherd lives on (jobs of its own), but has read the end of its socket: every start sent was handled.
+    sup = make_supervisor(boot_id="new", attach=False)
+    job = await insert_running(sup, boot_id="old", spawned=False)
+    shepherd = identify(bystander.pid)
+    assert shepherd is not None
+    await trio.to_thread.run_sync(lambda: write_shepherd_marker(sup, "old", shepherd, connected=False))
+    await sup.reconcile(stale_marks_live_processes=False)
+    assert (await sup.get(job.job_id)).status is JobStatus.QUEUED
+
+
+async def test_a_prior_boots_dead_shepherd_can_start_nothing(make_supervisor: Callable[..., Supervisor]) -> None:
+    # Killed while its supervisor was connected (its marker says so): dead, it starts nothing more.
+    sup = make_supervisor(boot_id="new", attach=False)
+    job = await insert_running(sup, boot_id="old", spawned=False)
+    gone = await dead_identity()
+    await trio.to_thread.run_sync(lambda: write_shepherd_marker(sup, "old", gone, connected=True))
+    await sup.reconcile(stale_marks_live_processes=False)
+    assert (await sup.get(job.job_id)).status is JobStatus.QUEUED
 
 
 async def test_a_prior_boots_start_that_may_still_be_under_way_keeps_its_slot_INV_UNKNOWN_KEEPS_SLOT(
     make_supervisor: Callable[..., Supervisor], bystander: subprocess.Popen[bytes]
 ) -> None:
-    # That boot died just after sending the start: its shepherd reads the request after the supervisor is gone and
-    # writes the job's record (then runs the program) a moment later. No record yet is no proof it never started.
+    # That boot died just after sending the start: its shepherd (alive, its supervisor's socket not yet read to the
+    # end) may read the request after the supervisor is gone and write the job's record (then run the program) a
+    # moment later. No record yet is no proof it never started.
     sup = make_supervisor(boot_id="new", attach=False)
     job = await insert_running(sup, boot_id="old", spawned=False)
+    identity = identify(bystander.pid)
+    assert identity is not None
+    await trio.to_thread.run_sync(lambda: write_shepherd_marker(sup, "old", identity, connected=True))
     with capture_logs() as logs:
         report = await sup.reconcile(stale_marks_live_processes=False)
     assert (report.details[0].action, report.details[0].liveness) == ("keep", "unknown")
     assert (await sup.get(job.job_id)).status is JobStatus.RUNNING
     assert any(e["event"] == "reconcile_kept_slot" for e in logs)
     # The record appears (the shepherd started it): the next look finds the process and records it.
-    identity = identify(bystander.pid)
-    assert identity is not None
     files = JobFiles.for_job(job, sup.log_dir)
     record = {"pid": identity.pid, "start_time": identity.start_time, "kernel_boot_id": identity.kernel_boot_id}
 
@@ -103,15 +138,19 @@ async def test_a_prior_boots_start_that_may_still_be_under_way_keeps_its_slot_IN
 
 
 async def test_a_cancel_of_a_start_that_may_be_under_way_waits_then_ends_cancelled_before_start(
-    make_supervisor: Callable[..., Supervisor],
+    make_supervisor: Callable[..., Supervisor], bystander: subprocess.Popen[bytes]
 ) -> None:
     sup = make_supervisor(boot_id="new", attach=False)
     job = await insert_running(sup, boot_id="old", spawned=False)
+    shepherd = identify(bystander.pid)
+    assert shepherd is not None
+    await trio.to_thread.run_sync(lambda: write_shepherd_marker(sup, "old", shepherd, connected=True))
     with capture_logs() as logs:
         after = await sup.cancel(job.job_id)
     assert (after.status, after.cancel_requested) == (JobStatus.RUNNING, True)  # nothing to stop yet: it waits
     assert any(e["event"] == "cancel_pending_start_unconfirmed" for e in logs)
-    _age(sup, job.job_id, START_RECORD_GRACE_S + 5)  # no record came: it provably never started
+    # The shepherd reads its socket to the end with no start in it: the job provably never started.
+    await trio.to_thread.run_sync(lambda: write_shepherd_marker(sup, "old", shepherd, connected=False))
     await sup.reconcile(stale_marks_live_processes=False)
     row = await sup.get(job.job_id)
     assert (row.status, row.error_reason) == (JobStatus.CANCELLED, "cancelled_before_start")
@@ -180,15 +219,9 @@ async def test_a_disabled_window_never_marks_stale(
     ("this_boot", "monitored", "spawned", "liveness", "past", "operator", "expected"),
     [
         (True, False, False, None, True, True, Decision("untouched", reason="spawn_window")),
-        (
-            False,
-            False,
-            False,
-            None,
-            False,
-            False,
-            Decision("finalize", JobStatus.FAILED, "orphan_reconciled_spawn_window"),
-        ),
+        # INV-IDENTITY-BEFORE-PROGRAM: a prior boot's row with no process, none still coming: back to the queue
+        (False, False, False, None, False, False, Decision("requeue", reason=NEVER_STARTED)),
+        # gone with nothing recorded: the ending decides (an orphan, resubmitted while attempts remain)
         (
             False,
             False,
@@ -196,7 +229,7 @@ async def test_a_disabled_window_never_marks_stale(
             Liveness.DEAD,
             True,
             False,
-            Decision("finalize", JobStatus.FAILED, "orphan_reconciled_dead_pid"),
+            Decision("finalize_lost", JobStatus.FAILED, "orphan_reconciled_dead_pid"),
         ),
         # INV-UNKNOWN-KEEPS-SLOT: an engine that cannot be asked whether a container was made keeps even an
         # unspawned prior-boot row
@@ -264,8 +297,8 @@ def test_judge_table(
         (True, True, Decision("finalize_exit", reason="exit_recorded")),
         # dead, not yet recorded, but its shepherd lives (about to reap it): adopt and wait for the record
         (False, True, Decision("keep", reason="exit_being_recorded", adopt=True)),
-        # dead, nothing recorded, its shepherd gone too: the old rule
-        (False, False, Decision("finalize", JobStatus.FAILED, "orphan_reconciled_dead_pid")),
+        # dead, nothing recorded, its shepherd gone too: an orphan (resubmitted while attempts remain)
+        (False, False, Decision("finalize_lost", JobStatus.FAILED, "orphan_reconciled_dead_pid")),
     ],
 )
 def test_judge_uses_the_recorded_exit(exit_recorded: bool, exit_pending: bool, expected: Decision) -> None:
@@ -295,7 +328,7 @@ def test_judge_names_a_dead_job_without_record_as_its_mode_does() -> None:
         stale_marks_live_processes=False,
         orphan_reason="orphan_reconciled_no_container",
     )
-    assert got == Decision("finalize", JobStatus.FAILED, "orphan_reconciled_no_container")
+    assert got == Decision("finalize_lost", JobStatus.FAILED, "orphan_reconciled_no_container")
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,6 @@ from supervisor import JobStatus, Liveness, Supervisor
 from supervisor.domain import Job, RegistryError
 from supervisor.execution.shepherd import Spares
 from supervisor.execution.subprocess import (
-    START_RECORD_GRACE_S,
     JobFiles,
     RecordedStart,
     Shepherd,
@@ -181,17 +180,16 @@ async def test_a_shepherd_told_to_stop_moves_its_records_next_to_the_logs_first(
     assert pid_of(running) is not None and probe(identify(pid_of(running))) is Liveness.ALIVE  # type: ignore[arg-type]
 
 
-async def test_a_prior_boots_job_never_started_is_still_a_spawn_window_orphan(
+async def test_a_prior_boots_job_never_started_goes_back_to_the_queue(
     make_supervisor: Callable[..., Supervisor],
 ) -> None:
-    from core_helpers import age_started, insert_running  # type: ignore[import-not-found]
+    from core_helpers import insert_running  # type: ignore[import-not-found]
 
-    sup = make_supervisor(boot_id="new")
-    job = await insert_running(sup, boot_id="old", spawned=False)  # no start file: it never ran
-    age_started(sup, job.job_id, START_RECORD_GRACE_S + 5)  # and long enough ago that no start is under way
-    await sup.reconcile(stale_marks_live_processes=False)
-    ended = await sup.get(job.job_id)
-    assert (ended.status, ended.error_reason) == (JobStatus.FAILED, "orphan_reconciled_spawn_window")
+    sup = make_supervisor(boot_id="new", attach=False)
+    job = await insert_running(sup, boot_id="old", spawned=False)  # no start file, no shepherd: it never ran
+    report = await sup.reconcile(stale_marks_live_processes=False)
+    assert report.details[0].action == "requeued"
+    assert (await sup.get(job.job_id)).status is JobStatus.QUEUED
 
 
 async def test_a_job_leaving_a_daemon_on_its_output_is_still_finalized(

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from ...domain import TERMINAL, Conflict, IllegalTransition, Job, JobStatus, RequestError
+from ...domain import RESUBMITTED, TERMINAL, Conflict, IllegalTransition, Job, JobStatus, RequestError
 from ...domain._model import Attempt, from_iso, to_iso
 from .._protocol import (
     Beat,
@@ -227,7 +227,7 @@ class Operations(Rows):
                 conn,
                 job,
                 JobStatus.QUEUED,
-                reason=f"resubmitted: {ending.retry.why}",
+                reason=RESUBMITTED + ending.retry.why,
                 not_before=to_iso(ending.retry.not_before),
                 history=json.dumps([a.to_json() for a in history]),
                 **_back_in_queue(),
@@ -282,9 +282,7 @@ class Operations(Rows):
                 # A job waiting out its backoff has run before: it is simply cancelled.
                 why = "cancelled_before_start" if job.attempts == 0 else "cancelled"
                 outcome = Outcome(JobStatus.CANCELLED, why)
-                self.set_status(
-                    conn, job, outcome.status, error_reason=outcome.reason, ended_at=to_iso(self.now())
-                )
+                self.set_status(conn, job, outcome.status, error_reason=outcome.reason, ended_at=to_iso(self.now()))
                 return Change(self.get_in(conn, job_id), changed=True, previous=job.status)
             if job.status is JobStatus.RUNNING and not job.cancel_requested:
                 conn.execute("UPDATE jobs SET cancel_requested = 1 WHERE job_id = ?", (job_id,))
@@ -378,4 +376,3 @@ class Operations(Rows):
             return pause_state_in(conn)
 
         return change
-

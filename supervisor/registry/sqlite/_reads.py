@@ -25,10 +25,12 @@ def pause_state_in(conn: sqlite3.Connection) -> PauseState:
 
 # -- reads --------------------------------------------------------------------------------------------
 
+
 def running_in(conn: sqlite3.Connection) -> list[Job]:
     """Every RUNNING row (the status index: O(running rows))."""
     rows = conn.execute(f"SELECT {COLUMNS} FROM jobs WHERE status = 'running' ORDER BY seq")
     return [row_to_job(r) for r in rows]
+
 
 def counts_in(conn: sqlite3.Connection) -> dict[str, int]:
     out = {s.value: 0 for s in JobStatus}
@@ -36,9 +38,8 @@ def counts_in(conn: sqlite3.Connection) -> dict[str, int]:
         out[row["status"]] = row["n"]
     return out
 
-def list_query(
-    status: str | None, kind: str | None, limit: int, cursor: str | None
-) -> tuple[str, list[object]]:
+
+def list_query(status: str | None, kind: str | None, limit: int, cursor: str | None) -> tuple[str, list[object]]:
     """The page's WHERE clause and arguments; a bad status, limit or cursor is a ``ValidationError``."""
     if status is not None and status not in {s.value for s in JobStatus}:
         raise ValidationError(f"unknown status {status!r}", field="status")
@@ -61,9 +62,8 @@ def list_query(
         args.append(kind)
     return (f"WHERE {' AND '.join(clauses)}" if clauses else ""), args
 
-def list_page(
-    conn: sqlite3.Connection, where: str, args: list[object], limit: int
-) -> tuple[list[Job], str | None]:
+
+def list_page(conn: sqlite3.Connection, where: str, args: list[object], limit: int) -> tuple[list[Job], str | None]:
     query = f"SELECT {COLUMNS} FROM jobs {where} ORDER BY seq DESC LIMIT ?"
     rows = conn.execute(query, (*args, limit + 1)).fetchall()
     page = rows[:limit]
@@ -78,7 +78,9 @@ def list_page(
     jobs = [row_to_job(r, positions.get(r["seq"])) for r in page]
     return jobs, (str(page[-1]["seq"]) if len(rows) > limit else None)
 
+
 # -- the outbox ---------------------------------------------------------------------------------------
+
 
 def outbox_pending(conn: sqlite3.Connection, limit: int) -> list[OutboxEvent]:
     rows = conn.execute(f"SELECT {_OUTBOX_COLUMNS} FROM outbox ORDER BY seq LIMIT ?", (limit,)).fetchall()
@@ -97,11 +99,13 @@ def outbox_pending(conn: sqlite3.Connection, limit: int) -> list[OutboxEvent]:
         for row in rows
     ]
 
+
 def outbox_delete(seqs: Sequence[int]) -> Callable[[sqlite3.Connection], None]:
     def change(conn: sqlite3.Connection) -> None:
         conn.execute(f"DELETE FROM outbox WHERE seq IN ({','.join('?' * len(seqs))})", list(seqs))
 
     return change
+
 
 def outbox_prune(cutoff: str, max_events: int) -> Callable[[sqlite3.Connection], PruneResult]:
     def change(conn: sqlite3.Connection) -> PruneResult:
@@ -115,4 +119,3 @@ def outbox_prune(cutoff: str, max_events: int) -> Callable[[sqlite3.Connection],
         return PruneResult(by_age, by_count)
 
     return change
-

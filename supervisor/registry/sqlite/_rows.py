@@ -159,4 +159,3 @@ class Rows:
         if job.token_hash is None or not hmac.compare_digest(job.token_hash, hash_token(token)):
             raise Unauthorized("the token is not this job's")
         return job
-

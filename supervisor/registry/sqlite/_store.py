@@ -40,7 +40,6 @@ def _rollback(conn: sqlite3.Connection) -> None:
         pass
 
 
-
 class _ConnectionPool:
     """At most ``size`` SQLite connections, owned by the registry, lent to one thread at a time.
 
