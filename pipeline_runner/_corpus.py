@@ -8,6 +8,7 @@ Layout under ``<data>/corpus/``::
     episodes/<key>/COMPLETE          the completion marker, written last
     .tmp/<job_id>-<random>/          staging directories (one per episode attempt)
     .poison.json                     the poison-pill memo: failures per episode key, across runs
+    .poison.json.lock                its lock file (flock), held across each read-modify-rename; never removed
     .runs/<job_id>/run.json          the run manifest
     index.json                       written by ``enrich``
 
@@ -147,13 +148,14 @@ class PoisonEntry:
 class PoisonMemo:
     """Per-episode failure counts that survive runs and resubmissions (ADR-150 D4 hazard).
 
-    Every update re-reads the file and writes it back atomically under a lock, so concurrent workers
-    in this process never lose a count. Two *processes* updating it at once could lose one count;
-    the supervisor runs one pipeline job per corpus at a time, and the cost is one extra attempt.
+    Every update re-reads the file, changes one entry and renames a new file over it, all while holding
+    a trio lock (workers of this run) and an exclusive ``flock`` on ``<memo>.lock`` (other runs on the same
+    corpus), so no update is ever lost. Reads alone take no lock: the file is only ever replaced whole.
     """
 
     def __init__(self, path: Path, threshold: int) -> None:
         self._path = path
+        self._lock_path = path.with_name(path.name + ".lock")
         self.threshold = threshold
         self._lock = trio.Lock()
         self._entries: dict[str, PoisonEntry] = {}
@@ -232,19 +234,21 @@ class PoisonMemo:
         await self._change(key, lambda old: None)
 
     async def _change(self, key: str, change: Callable[[PoisonEntry | None], PoisonEntry | None]) -> int:
-        """Re-read, change one entry (None removes it), write back atomically; returns its failure count."""
+        """Re-read, change one entry (None removes it), write back atomically, under both locks; returns its count."""
         async with self._lock:
             # Shielded so that an outcome recorded at the moment a run stops is not lost.
             with trio.CancelScope(shield=True):
 
                 def update() -> dict[str, PoisonEntry]:
-                    entries = self._read()
-                    new = change(entries.get(key))
-                    if new is None:
-                        entries.pop(key, None)
-                    else:
-                        entries[key] = new
-                    self._write(entries)
+                    # Held from the read to the rename: another run's update in between would be overwritten.
+                    with _fs.exclusive_lock(self._lock_path):
+                        entries = self._read()
+                        new = change(entries.get(key))
+                        if new is None:
+                            entries.pop(key, None)
+                        else:
+                            entries[key] = new
+                        self._write(entries)
                     return entries
 
                 self._entries = await _fs.run_blocking(update)
