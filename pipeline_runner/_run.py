@@ -189,6 +189,8 @@ class PipelineRun:
         self.stop.add_hook(self._on_stop)
         try:
             await self.corpus.ensure_layout()
+            # Before this run stages anything: what a killed run left behind goes, once its owner is provably gone.
+            await self.corpus.remove_dead_staging()
             await self.memo.load()
             async with open_client(self.config.transport, transport=self._transport) as client:
                 self._sources_obj = HttpSources(client, self.config.transport)

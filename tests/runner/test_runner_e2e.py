@@ -37,6 +37,7 @@ from pipeline_runner import (
     EXIT_USAGE,
     episode_key,
 )
+from pipeline_runner._staging import read_own_identity, staging_name
 
 pytestmark = pytest.mark.e2e
 
@@ -199,13 +200,24 @@ async def test_killed_mid_write_rerun_redoes_only_the_unfinished(
         await s.wait_for_requests("/a2")
         live.process.send_signal(signal.SIGKILL)
         await live.process.wait()
-    staged = list((tmp_path / "corpus" / ".tmp").iterdir())
-    assert staged  # the torn episode's staging directory, left behind by the kill
+    staging_root = tmp_path / "corpus" / ".tmp"
+    [staged] = staging_root.iterdir()  # the torn episode's staging directory, left behind by the kill
+    assert staged.name.startswith("job-1.") and f".pid-{live.process.pid}." in staged.name  # it names its owner
     assert not complete(tmp_path, "g2")
+    # Beside it: a directory in the old format (no owner in its name) and one whose owner is alive (this process).
+    (staging_root / "job-0-0123456789ab").mkdir()
+    me = read_own_identity()
+    assert me is not None
+    alive = staging_root / staging_name("job-elsewhere", me)
+    alive.mkdir()
 
     s.routes["/a2"] = respond(200, b"2" * 1000)
     result = await run_runner([*args, "--job-id", "job-2"], runner_env(tmp_path), cwd=tmp_path)
     assert result.returncode == EXIT_OK, result.stderr
+    # The killed run's directory went; the one of a live run and the one that names no owner stayed.
+    assert sorted(p.name for p in staging_root.iterdir()) == sorted(["job-0-0123456789ab", alive.name])
+    assert f"removed staging directory {staged.name}" in result.stderr
+    assert f"kept staging directory {alive.name}" in result.stderr
     assert [e["guid"] for e in result.of("episode_skipped")] == ["g0", "g1"]
     assert [e["guid"] for e in result.of("episode_done")] == ["g2"]
     assert len(s.requests_to("/a0")) == len(s.requests_to("/a1")) == 1
