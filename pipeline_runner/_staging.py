@@ -35,8 +35,9 @@ from pathlib import Path
 from typing import Final
 
 PROC: Final = Path("/proc")
-# A job id may be long; in a staging name it is only for people to read, so it is cut to keep the name short.
-_JOB_ID_CHARS: Final = 100
+# A job id may be long; in a staging name it is only for people to read, so it is cut (in bytes: a file name's
+# limit is 255 bytes) to keep the name valid.
+_JOB_ID_BYTES: Final = 100
 _BOOT_ID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 _NAME: Final = re.compile(
     rf"(?P<job>.*)\.boot-(?P<boot>{_BOOT_ID})\.pidns-(?P<ns>[0-9]+)\.pid-(?P<pid>[1-9][0-9]*)"
@@ -64,7 +65,7 @@ def staging_name(job_id: str, owner: ProcessIdentity | None) -> str:
     random = uuid.uuid4().hex[:12]
     if owner is None:
         return f"{job_id}-{random}"
-    return f"{job_id[:_JOB_ID_CHARS]}.{owner.tag()}.{random}"
+    return f"{os.fsdecode(os.fsencode(job_id)[:_JOB_ID_BYTES])}.{owner.tag()}.{random}"
 
 
 def owner_of(name: str) -> ProcessIdentity | None:

@@ -46,13 +46,25 @@ def fake_proc(tmp_path: Path, me: ProcessIdentity = ME) -> Path:
     return proc
 
 
-@pytest.mark.parametrize(
-    "job_id", ["job-1", "a.b.c", "local-20250101T000000Z-17", "j@x", "naïve", "x" * 300, f"job.{ME.tag()}.0"]
-)
-def test_the_owner_is_read_back_from_the_name(job_id: str) -> None:
+JOB_IDS = [
+    "job-1",
+    "a.b.c",
+    "local-20250101T000000Z-17",
+    "j@x",
+    "naïve",
+    "x" * 300,
+    "x" + "é" * 200,  # cut inside a character
+    "bad\udcffbytes",  # an undecodable byte from the command line
+    f"job.{ME.tag()}.0",  # a job id that looks like an owner
+]
+
+
+@pytest.mark.parametrize("job_id", JOB_IDS)
+def test_the_owner_is_read_back_from_the_name(tmp_path: Path, job_id: str) -> None:
     name = staging.staging_name(job_id, ME)
     assert staging.owner_of(name) == ME
-    assert len(name.encode()) < 255  # a long job id is cut: the name stays a valid file name
+    (tmp_path / name).mkdir()  # a long job id is cut: the name stays a valid file name
+    assert staging.owner_of(next(tmp_path.iterdir()).name) == ME
     assert staging.staging_name(job_id, ME) != name  # one directory per attempt
 
 
