@@ -23,9 +23,11 @@ from pipeline_runner._staging import ProcessIdentity, Verdict
 BOOT = "0b2f3c4d-5e6f-4a1b-8c9d-0e1f2a3b4c5d"
 OTHER_BOOT = "9f8e7d6c-5b4a-4392-8170-6f5e4d3c2b1a"
 NS = 4026531836
-ME = ProcessIdentity(BOOT, NS, 4242, 1000)
 # Above PID_MAX_LIMIT (2**22): no process can ever have it, so kill(pid, 0) says "no such process", always.
 NEVER_A_PID = 2**22 + 1
+# The fake /proc's processes get pids no real process can have either, so none of them is this test's own pid.
+ME = ProcessIdentity(BOOT, NS, 2**22 + 42, 1000)
+RUNNING, UNREADABLE, GARBAGE = 2**22 + 77, 2**22 + 88, 2**22 + 99
 
 
 def write_stat(proc: Path, entry: int | str, pid: int, start: int, *, comm: str = "python3") -> None:
@@ -100,21 +102,21 @@ def test_no_identity_when_proc_cannot_be_read(tmp_path: Path) -> None:
         (ME, Verdict.ALIVE),  # this run
         (ProcessIdentity(OTHER_BOOT, NS, ME.pid, ME.start_ticks), Verdict.DEAD),  # before a reboot, even with my pid
         (ProcessIdentity(BOOT, NS, NEVER_A_PID, 5), Verdict.DEAD),  # no such pid
-        (ProcessIdentity(BOOT, NS, 77, 999), Verdict.DEAD),  # pid 77 was recycled: it started at 500
+        (ProcessIdentity(BOOT, NS, RUNNING, 999), Verdict.DEAD),  # the pid was recycled: it started at 500
         (ProcessIdentity(BOOT, NS, ME.pid, 999), Verdict.DEAD),  # my pid, but not me: an earlier process had it
-        (ProcessIdentity(BOOT, NS, 77, 500), Verdict.ALIVE),  # pid 77 as it started: running
+        (ProcessIdentity(BOOT, NS, RUNNING, 500), Verdict.ALIVE),  # the process as it started: running
         (ProcessIdentity(BOOT, NS + 1, NEVER_A_PID, 5), Verdict.UNKNOWN),  # another PID namespace: not judged
-        (ProcessIdentity(BOOT, NS, 88, 5), Verdict.UNKNOWN),  # its stat cannot be read
-        (ProcessIdentity(BOOT, NS, 99, 5), Verdict.UNKNOWN),  # its stat is garbage
+        (ProcessIdentity(BOOT, NS, UNREADABLE, 5), Verdict.UNKNOWN),  # its stat cannot be read
+        (ProcessIdentity(BOOT, NS, GARBAGE, 5), Verdict.UNKNOWN),  # its stat is garbage
         (ProcessIdentity(BOOT, NS, os.getpid(), 5), Verdict.UNKNOWN),  # no /proc entry, but the pid exists
     ],
 )
 def test_verdicts(tmp_path: Path, owner: ProcessIdentity, verdict: Verdict) -> None:
     proc = fake_proc(tmp_path)
-    write_stat(proc, 77, 77, 500)
-    (proc / "88" / "stat").mkdir(parents=True)  # reading it fails (EISDIR)
-    (proc / "99").mkdir()
-    (proc / "99" / "stat").write_text("99 (x) S 1 2\n")
+    write_stat(proc, RUNNING, RUNNING, 500)
+    (proc / str(UNREADABLE) / "stat").mkdir(parents=True)  # reading it fails (EISDIR)
+    (proc / str(GARBAGE)).mkdir()
+    (proc / str(GARBAGE) / "stat").write_text(f"{GARBAGE} (x) S 1 2\n")
     got, why = staging.judge(owner, ME, proc)
     assert got is verdict, why
 
@@ -130,18 +132,18 @@ async def test_a_run_removes_only_what_provably_dead_owners_left(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     proc = fake_proc(tmp_path)
-    write_stat(proc, 77, 77, 500)
+    write_stat(proc, RUNNING, RUNNING, 500)
     corpus = Corpus(tmp_path / "corpus", proc=proc)
     await corpus.ensure_layout()
     root = corpus.staging_root
     dead = [
-        plant(root, "rebooted", ProcessIdentity(OTHER_BOOT, NS, 77, 500)),
+        plant(root, "rebooted", ProcessIdentity(OTHER_BOOT, NS, RUNNING, 500)),
         plant(root, "vanished", ProcessIdentity(BOOT, NS, NEVER_A_PID, 5)),
-        plant(root, "recycled", ProcessIdentity(BOOT, NS, 77, 499)),
+        plant(root, "recycled", ProcessIdentity(BOOT, NS, RUNNING, 499)),
     ]
     kept = [
         plant(root, "mine", ME),
-        plant(root, "running", ProcessIdentity(BOOT, NS, 77, 500)),
+        plant(root, "running", ProcessIdentity(BOOT, NS, RUNNING, 500)),
         plant(root, "container", ProcessIdentity(BOOT, NS + 1, NEVER_A_PID, 5)),
         plant(root, "hidden", ProcessIdentity(BOOT, NS, os.getpid(), 5)),
     ]
@@ -149,7 +151,7 @@ async def test_a_run_removes_only_what_provably_dead_owners_left(
     for name in old:
         (root / name).mkdir()
     (root / "stray-file").write_text("")
-    shaped_file = staging.staging_name("a-file", ProcessIdentity(OTHER_BOOT, NS, 77, 500))
+    shaped_file = staging.staging_name("a-file", ProcessIdentity(OTHER_BOOT, NS, RUNNING, 500))
     (root / shaped_file).write_text("")  # named like a dead run's directory, but not a directory: not ours
 
     with caplog.at_level(logging.DEBUG, logger="pipeline_runner"):
@@ -175,7 +177,7 @@ async def test_a_run_that_cannot_read_its_own_identity_removes_nothing(
     (proc / "sys" / "kernel" / "random" / "boot_id").unlink()
     corpus = Corpus(tmp_path / "corpus", proc=proc)
     await corpus.ensure_layout()
-    rebooted = plant(corpus.staging_root, "rebooted", ProcessIdentity(OTHER_BOOT, NS, 77, 500))
+    rebooted = plant(corpus.staging_root, "rebooted", ProcessIdentity(OTHER_BOOT, NS, RUNNING, 500))
     with caplog.at_level(logging.WARNING, logger="pipeline_runner"):
         assert await corpus.remove_dead_staging() is None
         new = await corpus.new_staging_dir("job-2")
