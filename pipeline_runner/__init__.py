@@ -35,11 +35,14 @@ from ._exit_codes import (
     EXIT_CRASH,
     EXIT_OK,
     EXIT_TIME_BUDGET_EXHAUSTED,
+    EXIT_TRANSIENT,
     EXIT_USAGE,
 )
 from ._feed import Episode, Feed, parse_feed
 from ._heartbeat import Heartbeat
 from ._run import (
+    REASON_ALL_FEEDS_FAILED,
+    REASON_ALL_FEEDS_UNAVAILABLE,
     REASON_BUDGET_EXHAUSTED,
     REASON_COMPLETED,
     REASON_CRASHED,
@@ -59,8 +62,11 @@ __all__ = [
     "EXIT_CRASH",
     "EXIT_OK",
     "EXIT_TIME_BUDGET_EXHAUSTED",
+    "EXIT_TRANSIENT",
     "EXIT_USAGE",
     "PROCESSING_LOOP_BUDGET_ENV",
+    "REASON_ALL_FEEDS_FAILED",
+    "REASON_ALL_FEEDS_UNAVAILABLE",
     "REASON_BUDGET_EXHAUSTED",
     "REASON_COMPLETED",
     "REASON_CRASHED",

@@ -99,7 +99,7 @@ class RunnerConfig:
     data_dir: Path
     job_id: str
     feeds: tuple[str, ...] = ()
-    max_episodes: int | None = None
+    max_episodes: int | None = None  # None: all episodes (an explicit 0 is stored as None)
     workers: int = 4
     # None = disabled (only ever by an explicit <= 0; see resolve_processing_loop_budget_s).
     processing_loop_budget_s: float | None = DEFAULT_PROCESSING_LOOP_BUDGET_S
@@ -121,7 +121,11 @@ class RunnerConfig:
             if not url.startswith(("http://", "https://")):
                 raise ConfigError(f"not an http(s) URL: {url!r}")
         if self.max_episodes is not None and self.max_episodes < 0:
-            raise ConfigError("max_episodes must be >= 0")
+            raise ConfigError(f"max_episodes must be >= 0 (0: all episodes), got {self.max_episodes}")
+        if self.max_episodes == 0:
+            # 0 means "no limit", so that a caller with a fixed argv (the supervisor's `pipeline` kind passes
+            # `--max-episodes 0` by default) can ask for every episode; one representation of it from here on.
+            object.__setattr__(self, "max_episodes", None)
         _require_positive_int("workers", self.workers)
         _require_positive_int("max_enclosure_bytes", self.max_enclosure_bytes)
         _require_positive_int("max_feed_bytes", self.max_feed_bytes)

@@ -6,8 +6,11 @@ Layout under ``<data>/corpus/``::
     episodes/<key>/audio.bin         the enclosure, as downloaded
     episodes/<key>/transcript.json   only when a transcription provider is configured
     episodes/<key>/COMPLETE          the completion marker, written last
-    .tmp/<job_id>-<random>/          staging directories (one per episode attempt)
+    .tmp/<job_id>.<owner>.<random>/  staging directories (one per episode attempt); <owner> names the process
+                                     that made it (``_staging``), so that the next run can remove those of a
+                                     killed run once their owner is provably gone
     .poison.json                     the poison-pill memo: failures per episode key, across runs
+    .poison.json.lock                its lock file (flock), held across each read-modify-rename; never removed
     .runs/<job_id>/run.json          the run manifest
     index.json                       written by ``enrich``
 
@@ -21,14 +24,13 @@ import dataclasses
 import hashlib
 import logging
 import os
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
 import trio
 
-from . import _fs
+from . import _fs, _staging
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +45,11 @@ def episode_key(guid: str) -> str:
 
 
 class Corpus:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, proc: Path = _staging.PROC) -> None:
         self.root = root
+        self._proc = proc  # where /proc is; tests point it at a fake one
+        self._owner: _staging.ProcessIdentity | None = None
+        self._owner_known = False
         self.episodes_dir = root / "episodes"
         self.staging_root = root / ".tmp"
         self.poison_path = root / ".poison.json"
@@ -66,10 +71,53 @@ class Corpus:
         # one is a crash mid-write and is redone.
         return await _fs.run_blocking((self.episode_dir(key) / MARKER_NAME).exists)
 
+    async def owner(self) -> _staging.ProcessIdentity | None:
+        """This process's identity, which its staging directories are named with; None when it cannot be read."""
+        if not self._owner_known:
+            self._owner = await _fs.run_blocking(_staging.read_own_identity, self._proc)
+            self._owner_known = True
+            if self._owner is None:
+                log.warning(
+                    "cannot read this process's identity from %s (boot id, pid start time, PID namespace): its "
+                    "staging directories carry no owner, and no run will remove them if it is killed",
+                    self._proc,
+                )
+        return self._owner
+
     async def new_staging_dir(self, job_id: str) -> Path:
-        path = self.staging_root / f"{job_id}-{uuid.uuid4().hex[:12]}"
+        path = self.staging_root / _staging.staging_name(job_id, await self.owner())
         await _fs.run_blocking(lambda: path.mkdir(parents=True))
         return path
+
+    async def remove_dead_staging(self) -> _staging.SweepReport | None:
+        """Remove the staging directories of runs that are provably gone (killed runs leave theirs behind).
+
+        Never one whose owner may be alive or cannot be looked up (kept, and logged), never by age. Returns None
+        when this process cannot read its own identity, so cannot compare others' with it: then nothing is removed.
+        """
+        me = await self.owner()
+        if me is None:
+            return None
+        report = await _fs.run_blocking(_staging.sweep, self.staging_root, me, self._proc)
+        if report.error is not None:
+            log.warning("staging directories not cleaned: %s", report.error)
+        for name, why in report.removed:
+            log.info("removed staging directory %s: %s", name, why)
+        for name, why in report.not_removable:
+            log.warning("could not remove staging directory %s (%s); kept", name, why)
+        for name, why in report.kept_alive:
+            log.info("kept staging directory %s: %s", name, why)
+        for name, why in report.kept_unknown:
+            log.warning("kept staging directory %s: %s", name, why)
+        if report.without_owner:
+            shown = ", ".join(report.without_owner[:5]) + (", ..." if len(report.without_owner) > 5 else "")
+            log.info(
+                "left %d entries in %s alone: their names carry no owner (an older runner's staging directories?): %s",
+                len(report.without_owner),
+                self.staging_root,
+                shown,
+            )
+        return report
 
     async def discard_staging(self, staging: Path) -> None:
         # Shielded: this runs on the cancellation path and must not itself be cancelled half-way.
@@ -147,13 +195,14 @@ class PoisonEntry:
 class PoisonMemo:
     """Per-episode failure counts that survive runs and resubmissions (ADR-150 D4 hazard).
 
-    Every update re-reads the file and writes it back atomically under a lock, so concurrent workers
-    in this process never lose a count. Two *processes* updating it at once could lose one count;
-    the supervisor runs one pipeline job per corpus at a time, and the cost is one extra attempt.
+    Every update re-reads the file, changes one entry and renames a new file over it, all while holding
+    a trio lock (workers of this run) and an exclusive ``flock`` on ``<memo>.lock`` (other runs on the same
+    corpus), so no update is ever lost. Reads alone take no lock: the file is only ever replaced whole.
     """
 
     def __init__(self, path: Path, threshold: int) -> None:
         self._path = path
+        self._lock_path = path.with_name(path.name + ".lock")
         self.threshold = threshold
         self._lock = trio.Lock()
         self._entries: dict[str, PoisonEntry] = {}
@@ -232,19 +281,21 @@ class PoisonMemo:
         await self._change(key, lambda old: None)
 
     async def _change(self, key: str, change: Callable[[PoisonEntry | None], PoisonEntry | None]) -> int:
-        """Re-read, change one entry (None removes it), write back atomically; returns its failure count."""
+        """Re-read, change one entry (None removes it), write back atomically, under both locks; returns its count."""
         async with self._lock:
             # Shielded so that an outcome recorded at the moment a run stops is not lost.
             with trio.CancelScope(shield=True):
 
                 def update() -> dict[str, PoisonEntry]:
-                    entries = self._read()
-                    new = change(entries.get(key))
-                    if new is None:
-                        entries.pop(key, None)
-                    else:
-                        entries[key] = new
-                    self._write(entries)
+                    # Held from the read to the rename: another run's update in between would be overwritten.
+                    with _fs.exclusive_lock(self._lock_path):
+                        entries = self._read()
+                        new = change(entries.get(key))
+                        if new is None:
+                            entries.pop(key, None)
+                        else:
+                            entries[key] = new
+                        self._write(entries)
                     return entries
 
                 self._entries = await _fs.run_blocking(update)

@@ -3,7 +3,7 @@
     RunnerError                      root; never raised itself
     ├── ConfigError                  the operator's fault: bad flag, env or config file  -> exit 2
     ├── FeedError                    the feed's fault: that feed fails, the run goes on
-    │   ├── FeedFetchError           transport error, HTTP status, size limit
+    │   ├── FeedFetchError           transport error, HTTP status, size limit (``transient`` when it may pass)
     │   └── FeedParseError           malformed or hostile XML (DTD, entities), not RSS
     └── EpisodeError                 one episode's fault: it is recorded as failed, the run goes on,
         │                            and it counts towards the poison-pill memo
@@ -29,12 +29,18 @@ class ConfigError(RunnerError):
 
 
 class FeedError(RunnerError):
-    """A feed could not be fetched or parsed; only that feed fails."""
+    """A feed could not be fetched or parsed; only that feed fails.
 
-    def __init__(self, feed_url: str, reason: str) -> None:
+    ``transient`` says the failure was at the transport level and may pass by itself (connect error, timeout,
+    HTTP 5xx or 429 from the feed's server): nothing was shown to be wrong with the feed. A run whose every feed
+    failed that way exits ``EXIT_TRANSIENT`` (try again later) rather than ``EXIT_ALL_FEEDS_FAILED``.
+    """
+
+    def __init__(self, feed_url: str, reason: str, *, transient: bool = False) -> None:
         super().__init__(f"feed {feed_url}: {reason}")
         self.feed_url = feed_url
         self.reason = reason
+        self.transient = transient
 
 
 class FeedFetchError(FeedError):

@@ -7,11 +7,13 @@ would otherwise jump virtual time to the next deadline while an fsync is still r
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -66,3 +68,21 @@ def read_json(path: Path) -> Any | None:
 
 def remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` for the block: other *processes* (and other open files in this one)
+    wait. Blocking, so call it in a worker thread.
+
+    The lock file is created when missing and never removed: removing it would let one process lock the old inode
+    while another locks a new one. The kernel drops the lock when the descriptor closes, so a process killed while
+    holding it does not leave it held.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock

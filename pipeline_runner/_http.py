@@ -37,6 +37,17 @@ def open_client(timeouts: TransportTimeouts, *, transport: httpx.AsyncBaseTransp
     )
 
 
+# Transport failures that say nothing about the feed and may pass by themselves: the server was unreachable, or the
+# connection broke (reset, closed mid-response). Not here: an unsupported scheme, too many redirects, undecodable
+# content -- each says something about the feed's address or its bytes, and trying again later changes nothing.
+_TRANSPORT_MAY_PASS = (httpx.NetworkError, httpx.RemoteProtocolError)
+
+
+def _status_may_pass(status: int) -> bool:
+    """A 5xx (the server's own trouble) or 429 (too many requests) may pass; any other status is the feed's answer."""
+    return 500 <= status <= 599 or status == 429
+
+
 def _declared_length(response: httpx.Response) -> int | None:
     try:
         return int(response.headers["content-length"])
@@ -58,11 +69,15 @@ class HttpSources:
         self._timeout = timeouts.as_httpx()
 
     async def fetch_feed(self, url: str, *, max_bytes: int) -> FeedDocument:
-        """The feed's bytes, and the URL they finally came from (after HTTP redirects)."""
+        """The feed's bytes, and the URL they finally came from (after HTTP redirects).
+
+        A failure that may pass by itself (see ``FeedError.transient``) is raised with ``transient=True``.
+        """
         try:
             async with self._client.stream("GET", url, timeout=self._timeout) as response:
                 if response.status_code != 200:
-                    raise FeedFetchError(url, f"HTTP {response.status_code}")
+                    status = response.status_code
+                    raise FeedFetchError(url, f"HTTP {status}", transient=_status_may_pass(status))
                 declared = _declared_length(response)
                 if declared is not None and declared > max_bytes:
                     raise FeedFetchError(url, f"Content-Length {declared} over the {max_bytes}-byte limit")
@@ -73,9 +88,10 @@ class HttpSources:
                         raise FeedFetchError(url, f"body over the {max_bytes}-byte limit")
                 return FeedDocument(body=bytes(body), final_url=str(response.url))
         except httpx.TimeoutException as exc:
-            raise FeedFetchError(url, f"transport timeout ({type(exc).__name__})") from exc
+            raise FeedFetchError(url, f"transport timeout ({type(exc).__name__})", transient=True) from exc
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
-            raise FeedFetchError(url, f"transport error ({type(exc).__name__}: {exc})") from exc
+            reason = f"transport error ({type(exc).__name__}: {exc})"
+            raise FeedFetchError(url, reason, transient=isinstance(exc, _TRANSPORT_MAY_PASS)) from exc
 
     async def download(self, url: str, dest: Path, *, max_bytes: int) -> int:
         """Stream the enclosure into ``dest``; returns its size. Refuses before reading if it claims too much."""

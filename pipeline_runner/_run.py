@@ -42,6 +42,7 @@ from ._exit_codes import (
     EXIT_CRASH,
     EXIT_OK,
     EXIT_TIME_BUDGET_EXHAUSTED,
+    EXIT_TRANSIENT,
 )
 from ._feed import Episode, Feed, parse_feed
 from ._feed_values import same_location
@@ -57,6 +58,7 @@ REASON_SCHEDULING_FAILED: Final = "scheduling_failed"
 REASON_TERMINATED: Final = "terminated"
 REASON_CRASHED: Final = "crashed"
 REASON_ALL_FEEDS_FAILED: Final = "all_feeds_failed"
+REASON_ALL_FEEDS_UNAVAILABLE: Final = "all_feeds_unavailable"
 
 EXIT_CODE_FOR_REASON: Final[dict[str, int]] = {
     REASON_COMPLETED: EXIT_OK,
@@ -66,6 +68,7 @@ EXIT_CODE_FOR_REASON: Final[dict[str, int]] = {
     REASON_TERMINATED: EXIT_CRASH,
     REASON_CRASHED: EXIT_CRASH,
     REASON_ALL_FEEDS_FAILED: EXIT_ALL_FEEDS_FAILED,
+    REASON_ALL_FEEDS_UNAVAILABLE: EXIT_TRANSIENT,
 }
 
 # When the feed does not say how long an episode is, model it from its size at 128 kbit/s.
@@ -143,7 +146,7 @@ class PipelineRun:
         self.counts = Counts()
         self.planned = 0
         self.feeds_ok = 0
-        self.feeds_failed: list[dict[str, str]] = []
+        self.feeds_failed: list[dict[str, Any]] = []
         self.feeds_moved: list[dict[str, str]] = []
         self.failures: list[dict[str, Any]] = []
         self.poisoned: list[dict[str, Any]] = []
@@ -186,6 +189,8 @@ class PipelineRun:
         self.stop.add_hook(self._on_stop)
         try:
             await self.corpus.ensure_layout()
+            # Before this run stages anything: what a killed run left behind goes, once its owner is provably gone.
+            await self.corpus.remove_dead_staging()
             await self.memo.load()
             async with open_client(self.config.transport, transport=self._transport) as client:
                 self._sources_obj = HttpSources(client, self.config.transport)
@@ -196,8 +201,10 @@ class PipelineRun:
                     self.stop.request(REASON_TIME_BUDGET_EXHAUSTED)
             reason = self.stop.reason or REASON_COMPLETED
             if reason == REASON_COMPLETED and self.feeds_failed and not self.feeds_ok:
-                # Every feed failed: a run that did nothing must not be recorded as a success.
-                reason = REASON_ALL_FEEDS_FAILED
+                # Every feed failed: a run that did nothing must not be recorded as a success. When every failure
+                # may pass by itself (unreachable, timeout, 5xx, 429), it is "try again later", not a failure.
+                transient = all(failed["transient"] for failed in self.feeds_failed)
+                reason = REASON_ALL_FEEDS_UNAVAILABLE if transient else REASON_ALL_FEEDS_FAILED
         finally:
             self._sources_obj = None
             self.stop.remove_hook(self._on_stop)
@@ -238,7 +245,9 @@ class PipelineRun:
                 with trio.fail_after(self.config.episode_budget_s):
                     feed = await self._read_feed(url)
             except trio.TooSlowError:
-                self._feed_failed(FeedFetchError(url, f"over the {self.config.episode_budget_s} s budget"))
+                # A server too slow for the budget (dripping, overloaded) is a timeout: it may pass.
+                budget = self.config.episode_budget_s
+                self._feed_failed(FeedFetchError(url, f"over the {budget} s budget", transient=True))
                 continue
             except FeedError as exc:
                 self._feed_failed(exc)
@@ -279,7 +288,7 @@ class PipelineRun:
                 moved = await self._fetch_and_parse(target)
             except FeedError as exc:
                 if not feed.episodes:
-                    raise type(exc)(url, f"moved to {target}: {exc.reason}") from exc
+                    raise type(exc)(url, f"moved to {target}: {exc.reason}", transient=exc.transient) from exc
                 log.warning("feed %s: its new address failed (%s); using the episodes of %s", url, exc, feed.url)
                 break
             feed = moved
@@ -291,8 +300,8 @@ class PipelineRun:
 
     def _feed_failed(self, exc: FeedError) -> None:
         log.warning("%s", exc)
-        self.feeds_failed.append({"feed_url": exc.feed_url, "reason": exc.reason})
-        self.events.emit("feed_failed", feed_url=exc.feed_url, reason=exc.reason)
+        self.feeds_failed.append({"feed_url": exc.feed_url, "reason": exc.reason, "transient": exc.transient})
+        self.events.emit("feed_failed", feed_url=exc.feed_url, reason=exc.reason, transient=exc.transient)
 
     async def _dispatch(self, send: trio.MemorySendChannel[Episode], plan: list[Episode]) -> None:
         for episode in plan:

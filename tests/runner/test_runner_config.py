@@ -107,6 +107,8 @@ def test_contract_environment(tmp_path: Path) -> None:
         ["--read-timeout-seconds", "inf"],
         ["--transcribe-url", "file:///etc/passwd"],
         ["--job-id", "../escape"],
+        ["--max-episodes", "-1"],
+        ["--max-episodes", "all"],
     ],
 )
 def test_invalid_settings_are_config_errors(args: list[str], tmp_path: Path) -> None:
@@ -128,3 +130,15 @@ def test_value_objects_reject_nonsense() -> None:
         RunnerConfig(data_dir=Path("/x"), job_id="j", processing_loop_budget_s=-5.0)
     timeout = TransportTimeouts(connect_s=1, read_s=2, write_s=3, pool_s=4).as_httpx()
     assert (timeout.connect, timeout.read, timeout.write, timeout.pool) == (1, 2, 3, 4)
+
+
+def test_max_episodes_zero_means_all(tmp_path: Path) -> None:
+    """`--max-episodes 0` asks for every episode (the supervisor's `pipeline` kind passes it by default)."""
+    base = ["run", "--feed", "http://f", "--data-dir", str(tmp_path), "--job-id", "j"]
+    assert build([*base, "--max-episodes", "0"], {}).max_episodes is None
+    assert build(base, {}).max_episodes is None
+    assert build([*base, "--max-episodes", "1"], {}).max_episodes == 1
+    (tmp_path / "c.toml").write_text("max_episodes = 0\n")
+    assert build([*base, "--config", str(tmp_path / "c.toml")], {}).max_episodes is None
+    with pytest.raises(ConfigError, match="max_episodes must be >= 0"):
+        RunnerConfig(data_dir=tmp_path, job_id="j", max_episodes=-1)

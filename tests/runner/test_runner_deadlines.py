@@ -327,3 +327,16 @@ async def test_poison_episode_is_skipped_after_n_failures(
     memo = json.loads((tmp_path / "corpus" / ".poison.json").read_text())
     assert memo[episode_key("poison")]["failures"] == 3
     assert manifest(tmp_path, "job-4")["poisoned"][0]["guid"] == "poison"
+
+
+@pytest.mark.parametrize(("max_episodes", "done"), [(0, 5), (None, 5), (2, 2)])
+async def test_max_episodes_zero_plans_every_episode(
+    autojump_clock: MockClock, fake_net: FakeNet, tmp_path: Path, max_episodes: int | None, done: int
+) -> None:
+    feed(fake_net, [(f"g{i}", "/ok", None) for i in range(5)])
+    fake_net.routes["/ok"] = fake_ok()
+    run = make_run(config(tmp_path, max_episodes=max_episodes), fake_net)
+    outcome = await run.run()
+    assert outcome.exit_code == EXIT_OK
+    assert (run.planned, outcome.counts.done) == (done, done)
+    assert manifest(tmp_path)["planned"] == done

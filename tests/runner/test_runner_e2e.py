@@ -33,9 +33,11 @@ from pipeline_runner import (
     EXIT_CRASH,
     EXIT_OK,
     EXIT_TIME_BUDGET_EXHAUSTED,
+    EXIT_TRANSIENT,
     EXIT_USAGE,
     episode_key,
 )
+from pipeline_runner._staging import read_own_identity, staging_name
 
 pytestmark = pytest.mark.e2e
 
@@ -198,13 +200,24 @@ async def test_killed_mid_write_rerun_redoes_only_the_unfinished(
         await s.wait_for_requests("/a2")
         live.process.send_signal(signal.SIGKILL)
         await live.process.wait()
-    staged = list((tmp_path / "corpus" / ".tmp").iterdir())
-    assert staged  # the torn episode's staging directory, left behind by the kill
+    staging_root = tmp_path / "corpus" / ".tmp"
+    [staged] = staging_root.iterdir()  # the torn episode's staging directory, left behind by the kill
+    assert staged.name.startswith("job-1.") and f".pid-{live.process.pid}." in staged.name  # it names its owner
     assert not complete(tmp_path, "g2")
+    # Beside it: a directory in the old format (no owner in its name) and one whose owner is alive (this process).
+    (staging_root / "job-0-0123456789ab").mkdir()
+    me = read_own_identity()
+    assert me is not None
+    alive = staging_root / staging_name("job-elsewhere", me)
+    alive.mkdir()
 
     s.routes["/a2"] = respond(200, b"2" * 1000)
     result = await run_runner([*args, "--job-id", "job-2"], runner_env(tmp_path), cwd=tmp_path)
     assert result.returncode == EXIT_OK, result.stderr
+    # The killed run's directory went; the one of a live run and the one that names no owner stayed.
+    assert sorted(p.name for p in staging_root.iterdir()) == sorted(["job-0-0123456789ab", alive.name])
+    assert f"removed staging directory {staged.name}" in result.stderr
+    assert f"kept staging directory {alive.name}" in result.stderr
     assert [e["guid"] for e in result.of("episode_skipped")] == ["g0", "g1"]
     assert [e["guid"] for e in result.of("episode_done")] == ["g2"]
     assert len(s.requests_to("/a0")) == len(s.requests_to("/a1")) == 1
@@ -271,7 +284,12 @@ async def test_enrich_indexes_only_complete_episodes(http_server: HttpServer, tm
 async def test_usage_errors_exit_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("procesing_loop_budget_seconds = 5\n")  # typo: unknown keys are errors
-    for args in (["run"], ["run", "--feed", "ftp://x"], ["run", "--feed", "http://x", "--config", str(bad)]):
+    for args in (
+        ["run"],
+        ["run", "--feed", "ftp://x"],
+        ["run", "--feed", "http://x", "--config", str(bad)],
+        ["run", "--feed", "http://x", "--max-episodes", "-1"],
+    ):
         result = await run_runner(args, runner_env(tmp_path), cwd=tmp_path)
         assert result.returncode == EXIT_USAGE, (args, result.stderr)
 
@@ -286,6 +304,42 @@ async def test_a_run_whose_every_feed_failed_exits_3_not_0(http_server: HttpServ
     assert result.returncode == EXIT_ALL_FEEDS_FAILED, result.stderr
     assert manifest(tmp_path)["reason"] == "all_feeds_failed"
     assert result.of("run_finished")[0]["reason"] == "all_feeds_failed"
+
+
+async def test_every_feed_unreachable_or_overloaded_exits_75_try_again_later(
+    http_server: HttpServer, tmp_path: Path, closed_port_url: str
+) -> None:
+    """Nothing was wrong with the feeds themselves: the supervisor may resubmit the job (EX_TEMPFAIL)."""
+    s = http_server
+    s.routes["/503"] = respond(503, b"overloaded")
+    s.routes["/429"] = respond(429, b"slow down")
+    s.routes["/hang"] = hang_after_headers()  # read timeout (0.3 s)
+    feeds = [s.url("/503"), s.url("/429"), s.url("/hang"), closed_port_url]
+    result = await run_runner(
+        ["run", *(arg for url in feeds for arg in ("--feed", url)), *FAST], runner_env(tmp_path), cwd=tmp_path
+    )
+    assert result.returncode == EXIT_TRANSIENT == 75, result.stderr
+    m = manifest(tmp_path)
+    assert (m["reason"], m["exit_code"]) == ("all_feeds_unavailable", 75)
+    assert [f["feed_url"] for f in m["feeds"]["failed"]] == feeds
+    assert all(f["transient"] for f in m["feeds"]["failed"]), m["feeds"]["failed"]
+    assert [e["transient"] for e in result.of("feed_failed")] == [True] * 4
+    assert result.of("run_finished")[0]["exit_code"] == 75
+
+
+async def test_one_feed_failed_for_its_content_keeps_exit_3(
+    http_server: HttpServer, tmp_path: Path, closed_port_url: str
+) -> None:
+    """A 404 is the feed's answer, not a passing trouble: trying again later would change nothing."""
+    s = http_server
+    s.routes["/503"] = respond(503, b"overloaded")
+    s.routes["/gone"] = respond(404, b"no such feed")
+    feeds = ["--feed", s.url("/503"), "--feed", closed_port_url, "--feed", s.url("/gone")]
+    result = await run_runner(["run", *feeds, *FAST], runner_env(tmp_path), cwd=tmp_path)
+    assert result.returncode == EXIT_ALL_FEEDS_FAILED, result.stderr
+    m = manifest(tmp_path)
+    assert m["reason"] == "all_feeds_failed"
+    assert [f["transient"] for f in m["feeds"]["failed"]] == [True, True, False]
 
 
 async def test_an_episode_that_kills_the_process_is_poisoned_after_n_kills(

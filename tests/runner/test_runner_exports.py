@@ -28,6 +28,7 @@ def test_exit_codes_are_the_contract() -> None:
         "EXIT_ALL_FEEDS_FAILED": 3,
         "EXIT_BUDGET_EXHAUSTED": 10,
         "EXIT_TIME_BUDGET_EXHAUSTED": 11,
+        "EXIT_TRANSIENT": 75,
     }
 
 

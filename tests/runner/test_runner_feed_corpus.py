@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 import trio
-from runner_helpers import BILLION_LAUGHS, MALFORMED_XML, rss
+from runner_helpers import BILLION_LAUGHS, MALFORMED_XML, REPO_ROOT, rss
 
 from pipeline_runner import Corpus, CostLedger, FeedParseError, PoisonMemo, episode_key, parse_feed
 from pipeline_runner import _fs as runner_fs
@@ -166,3 +170,62 @@ async def test_poison_memo_counts_an_attempt_before_it_runs(tmp_path: Path) -> N
     reread = PoisonMemo(path, threshold=3)
     await reread.load()
     assert (reread.failures("killed"), reread.failures("failed"), reread.failures("stopped")) == (0, 1, 0)
+
+
+# One process of the two below: set up, say "ready", wait for "go" (so both hammer at once), then count.
+_HAMMER = """
+import sys
+from pathlib import Path
+
+import trio
+
+from pipeline_runner import PoisonMemo
+
+
+async def hammer(path: Path, times: int) -> None:
+    memo = PoisonMemo(path, threshold=10**9)
+    await memo.load()
+    for _ in range(times):
+        await memo.record_failure("shared", guid="g", feed_url="f", reason="r")
+
+
+print("ready", flush=True)
+assert sys.stdin.readline() == "go\\n"
+trio.run(hammer, Path(sys.argv[1]), int(sys.argv[2]))
+"""
+
+
+@pytest.mark.e2e
+def test_two_processes_updating_the_memo_at_once_lose_no_count(tmp_path: Path) -> None:
+    """Each update is read-modify-rename; without the flock around it, two runs interleave and lose counts."""
+    path = tmp_path / "corpus" / ".poison.json"
+    times = 300
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _HAMMER, str(path), str(times)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        for _ in range(2)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(b"go\n")
+            proc.stdin.flush()
+        for proc in procs:
+            _, stderr = proc.communicate(timeout=120)
+            assert proc.returncode == 0, stderr.decode()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    memo = json.loads(path.read_text())
+    assert memo["shared"]["failures"] == 2 * times
+    assert (tmp_path / "corpus" / ".poison.json.lock").exists()  # beside the memo, and left there
