@@ -5,7 +5,8 @@ A kind is declared in TOML::
 
     [kinds.sleep]
     argv = ["{python}", "-c", "import sys, time; time.sleep(float(sys.argv[1]))", "{seconds}"]
-    params = { seconds = "float" }      # str | int | float | bool
+    params = { seconds = "float" }      # str | int | float | bool: required
+    # or, optional with a default: params = { seconds = { type = "float", default = 1 } }
     coalesce = false                     # identical queued jobs collapse into one
     then = ""                            # a kind to enqueue when this one succeeds
     exit_reasons = { 10 = "budget_exhausted" }   # exit codes that are planned outcomes, not crashes
@@ -56,7 +57,9 @@ class JobKind:
 
     name: str
     argv: tuple[str, ...]
-    params: Mapping[str, str] = field(default_factory=dict)
+    params: Mapping[str, str] = field(default_factory=dict)  # name -> type
+    # The value a caller who omits the param gets (already of its type); a param not here is required.
+    param_defaults: Mapping[str, ParamValue] = field(default_factory=dict)
     coalesce: bool = False
     then: str | None = None
     exit_reasons: Mapping[int, str] = field(default_factory=dict)
@@ -66,7 +69,8 @@ class JobKind:
         """Return the params converted to their declared types, or raise ``ValidationError`` naming the field.
 
         Values may arrive typed (JSON) or as strings (the CLI's ``-p key=value``); a string is accepted for a
-        number or a bool only when it parses exactly.
+        number or a bool only when it parses exactly. An omitted param with a default gets it here, so that the
+        argv, the stored row and the coalescing key all see the value the job runs with.
         """
         if not isinstance(params, Mapping):
             raise ValidationError("params must be an object", field="params")
@@ -75,11 +79,14 @@ class JobKind:
             if name not in self.params:
                 raise ValidationError(f"unknown param {name!r} for kind {self.name!r}", field=f"params.{name}")
         for name, type_name in self.params.items():
-            if name not in params:
+            if name in params:
+                out[name] = _convert(name, type_name, params[name])
+            elif name in self.param_defaults:
+                out[name] = self.param_defaults[name]
+            else:
                 raise ValidationError(
                     f"missing param {name!r} ({type_name}) for kind {self.name!r}", field=f"params.{name}"
                 )
-            out[name] = _convert(name, type_name, params[name])
         return out
 
     def render_argv(self, params: Mapping[str, ParamValue], *, python: str = sys.executable) -> list[str]:
@@ -223,14 +230,7 @@ def parse_kind(name: str, spec: object) -> JobKind:
     argv = spec.get("argv")
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
         raise KindsFileError(f"{where}: argv must be a non-empty list of strings")
-    params = spec.get("params", {})
-    if not isinstance(params, dict):
-        raise KindsFileError(f"{where}: params must be a table of name = type")
-    for pname, ptype in params.items():
-        if not _NAME.match(pname) or pname == "python":
-            raise KindsFileError(f"{where}: param name {pname!r} is not allowed")
-        if ptype not in PARAM_TYPES:
-            raise KindsFileError(f"{where}: param {pname!r} has type {ptype!r}; use one of {PARAM_TYPES}")
+    params, param_defaults = _params(where, spec.get("params", {}))
     for element in argv:
         for m in _PLACEHOLDER.finditer(element):
             if m.group(0) != element:
@@ -255,12 +255,53 @@ def parse_kind(name: str, spec: object) -> JobKind:
     return JobKind(
         name=name,
         argv=tuple(argv),
-        params=dict(params),
+        params=params,
+        param_defaults=param_defaults,
         coalesce=coalesce,
         then=then or None,
         exit_reasons=exit_reasons,
         failure_reasons=failure_reasons,
     )
+
+
+def _params(where: str, raw: object) -> tuple[dict[str, str], dict[str, ParamValue]]:
+    """The ``params`` table: each param's type, and the defaults of those declared with one.
+
+    A param is ``name = "type"`` (required) or ``name = { type = "type", default = value }`` (``default``
+    optional; a param with one may be omitted by the caller). A default must itself be a valid value of the type,
+    checked here, so that a kinds file cannot declare a default no caller could send.
+    """
+    if not isinstance(raw, dict):
+        raise KindsFileError(
+            f'{where}: params must be a table of name = "type" or name = {{ type = "type", default = ... }}'
+        )
+    types: dict[str, str] = {}
+    defaults: dict[str, ParamValue] = {}
+    for pname, decl in raw.items():
+        if not _NAME.match(pname) or pname == "python":
+            raise KindsFileError(f"{where}: param name {pname!r} is not allowed")
+        if isinstance(decl, dict):
+            unknown = sorted(set(decl) - {"type", "default"})
+            if unknown:
+                keys = ", ".join(repr(k) for k in unknown)
+                raise KindsFileError(
+                    f"{where}: param {pname!r}: unknown key{'s' if len(unknown) > 1 else ''} {keys} "
+                    "(a param table takes type and default)"
+                )
+            if "type" not in decl:
+                raise KindsFileError(f"{where}: param {pname!r}: a param table needs a type")
+            ptype = decl["type"]
+        else:
+            ptype = decl
+        if not isinstance(ptype, str) or ptype not in PARAM_TYPES:
+            raise KindsFileError(f"{where}: param {pname!r} has type {ptype!r}; use one of {PARAM_TYPES}")
+        types[pname] = ptype
+        if isinstance(decl, dict) and "default" in decl:
+            try:
+                defaults[pname] = _convert(pname, ptype, decl["default"])
+            except ValidationError as exc:
+                raise KindsFileError(f"{where}: the default of {exc}") from None
+    return types, defaults
 
 
 def _reason_table(where: str, key: str, raw: object) -> dict[int, str]:

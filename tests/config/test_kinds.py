@@ -1,4 +1,5 @@
-"""Job kinds: validated params, whole-element placeholders, and kinds-file errors that name the problem."""
+"""Job kinds: validated params (optional ones filled with their defaults), whole-element placeholders, and kinds-file
+errors that name the kind and the problem."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from supervisor import KindsFileError, ValidationError, load_kinds
+from supervisor.domain import coalesce_key
 
 SLEEP = """
 [kinds.sleep]
@@ -93,6 +95,89 @@ def test_unknown_kind_names_the_field() -> None:
 def test_kinds_file_errors_name_the_problem(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(KindsFileError, match=message):
         load_kinds(_write(tmp_path, text))
+
+
+# -- optional params with defaults -----------------------------------------------------------------------------
+
+FETCH = """
+[kinds.fetch]
+argv = ["fetch", "{feed}", "{limit}", "{ratio}", "{loud}", "{label}"]
+coalesce = true
+
+[kinds.fetch.params]
+feed = "str"
+limit = { type = "int", default = 0 }
+ratio = { type = "float", default = 1 }
+loud = { type = "bool", default = false }
+label = { type = "str" }
+"""
+
+
+def test_an_omitted_param_with_a_default_gets_it(tmp_path: Path) -> None:
+    kind = load_kinds(_write(tmp_path, FETCH)).get("fetch")
+    assert kind.params == {"feed": "str", "limit": "int", "ratio": "float", "loud": "bool", "label": "str"}
+    # The default is stored as a value of its type (the TOML integer 1 of a float param is 1.0).
+    assert kind.param_defaults == {"limit": 0, "ratio": 1.0, "loud": False}
+    params = kind.validate_params({"feed": "a", "label": "x"})
+    assert params == {"feed": "a", "limit": 0, "ratio": 1.0, "loud": False, "label": "x"}
+    assert kind.render_argv(params) == ["fetch", "a", "0", "1.0", "false", "x"]
+
+
+def test_a_given_param_with_a_default_is_validated_as_any_other(tmp_path: Path) -> None:
+    kind = load_kinds(_write(tmp_path, FETCH)).get("fetch")
+    given = kind.validate_params({"feed": "a", "label": "x", "limit": "5", "ratio": 0.5, "loud": "true"})
+    assert given == {"feed": "a", "limit": 5, "ratio": 0.5, "loud": True, "label": "x"}
+    for bad in ({"limit": "many"}, {"limit": None}, {"ratio": "nan"}, {"loud": 1}):
+        with pytest.raises(ValidationError) as err:
+            kind.validate_params({"feed": "a", "label": "x", **bad})
+        assert err.value.field == f"params.{next(iter(bad))}"
+
+
+@pytest.mark.parametrize("missing", ["feed", "label"])
+def test_a_param_without_a_default_is_still_required(tmp_path: Path, missing: str) -> None:
+    kind = load_kinds(_write(tmp_path, FETCH)).get("fetch")
+    params: dict[str, object] = {"feed": "a", "label": "x"}
+    del params[missing]
+    with pytest.raises(ValidationError, match=f"missing param '{missing}'") as err:
+        kind.validate_params(params)
+    assert err.value.field == f"params.{missing}"
+
+
+def test_the_coalescing_key_sees_the_defaults(tmp_path: Path) -> None:
+    kind = load_kinds(_write(tmp_path, FETCH)).get("fetch")
+
+    def key(params: dict[str, object]) -> str:
+        return coalesce_key(kind.name, kind.validate_params(params))
+
+    # Omitting a param and sending its default are the same job ...
+    assert key({"feed": "a", "label": "x"}) == key({"feed": "a", "label": "x", "limit": 0, "loud": "false"})
+    # ... and sending another value is another job.
+    assert key({"feed": "a", "label": "x"}) != key({"feed": "a", "label": "x", "limit": 3})
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ('{ n = { type = "int", default = "many" } }', "kind 'x': the default of param 'n' must be int: got 'many'"),
+        ('{ n = { type = "int", default = 1.5 } }', "kind 'x': the default of param 'n' must be int: got 1.5"),
+        ('{ n = { type = "float", default = inf } }', "kind 'x': the default of param 'n' must be float: not finite"),
+        ('{ n = { type = "bool", default = 0 } }', "kind 'x': the default of param 'n' must be bool: got 0"),
+        ('{ n = { type = "str", default = "-v" } }', "kind 'x': the default of param 'n' must be str: must not start"),
+        ('{ n = { type = "str", default = 3 } }', "kind 'x': the default of param 'n' must be str: got int"),
+        ('{ n = { default = 3 } }', "kind 'x': param 'n': a param table needs a type"),
+        ('{ n = { type = "decimal", default = 3 } }', "kind 'x': param 'n' has type 'decimal'"),
+        ('{ n = { type = "int", defualt = 3 } }', "kind 'x': param 'n': unknown key 'defualt' "),
+        ('{ n = { type = "int", min = 0, max = 9 } }', "kind 'x': param 'n': unknown keys 'max', 'min' "),
+        ("{ n = 3 }", "kind 'x': param 'n' has type 3"),
+        ('"n"', "kind 'x': params must be a table"),
+    ],
+)
+def test_a_bad_param_declaration_names_the_kind_the_param_and_the_problem(
+    tmp_path: Path, params: str, message: str
+) -> None:
+    with pytest.raises(KindsFileError) as err:
+        load_kinds(_write(tmp_path, f'[kinds.x]\nargv = ["echo", "{{n}}"]\nparams = {params}\n'))
+    assert message in str(err.value)
 
 
 def test_missing_kinds_file_is_an_error(tmp_path: Path) -> None:
