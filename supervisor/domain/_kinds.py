@@ -19,6 +19,7 @@ splitting. ``{python}`` is the interpreter jobs run with: the supervisor's own i
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -197,24 +198,27 @@ class KindCatalog:
         return name in self._kinds
 
 
+# The built-in kinds, written as the tables an operator would put in a kinds file and parsed by the same code, so
+# that they obey every rule a kinds file must (a placeholder names a param, a default is of its type, ...).
+_BUILTINS: dict[str, dict[str, Any]] = {
+    "pipeline": {
+        "argv": ["{python}", "-m", "pipeline_runner", "run", "--feed", "{feed}", "--max-episodes", "{max_episodes}"],
+        "params": {"feed": "str", "max_episodes": "int"},
+        "then": "enrichment",
+        "exit_reasons": PIPELINE_EXIT_REASONS,
+        "failure_reasons": PIPELINE_FAILURE_REASONS,
+    },
+    "enrichment": {
+        "argv": ["{python}", "-m", "pipeline_runner", "enrich"],
+        "coalesce": True,
+        "exit_reasons": PIPELINE_EXIT_REASONS,
+    },
+}
+
+
 def builtin_kinds() -> dict[str, JobKind]:
     """``pipeline`` and ``enrichment``: the two kinds the product exists for."""
-    return {
-        "pipeline": JobKind(
-            name="pipeline",
-            argv=("{python}", "-m", "pipeline_runner", "run", "--feed", "{feed}", "--max-episodes", "{max_episodes}"),
-            params={"feed": "str", "max_episodes": "int"},
-            then="enrichment",
-            exit_reasons=PIPELINE_EXIT_REASONS,
-            failure_reasons=PIPELINE_FAILURE_REASONS,
-        ),
-        "enrichment": JobKind(
-            name="enrichment",
-            argv=("{python}", "-m", "pipeline_runner", "enrich"),
-            coalesce=True,
-            exit_reasons=PIPELINE_EXIT_REASONS,
-        ),
-    }
+    return {name: parse_kind(name, copy.deepcopy(spec)) for name, spec in _BUILTINS.items()}
 
 
 def parse_kind(name: str, spec: object) -> JobKind:
