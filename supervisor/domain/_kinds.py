@@ -203,7 +203,8 @@ class KindCatalog:
 _BUILTINS: dict[str, dict[str, Any]] = {
     "pipeline": {
         "argv": ["{python}", "-m", "pipeline_runner", "run", "--feed", "{feed}", "--max-episodes", "{max_episodes}"],
-        "params": {"feed": "str", "max_episodes": "int"},
+        # max_episodes 0: every episode of the feed (the runner reads --max-episodes 0 as no limit).
+        "params": {"feed": "str", "max_episodes": {"type": "int", "default": 0}},
         "then": "enrichment",
         "exit_reasons": PIPELINE_EXIT_REASONS,
         "failure_reasons": PIPELINE_FAILURE_REASONS,

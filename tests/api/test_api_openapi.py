@@ -147,6 +147,13 @@ async def test_a_param_with_a_default_is_not_required_and_shows_its_default(harn
     assert doc_accepts(knobs["properties"]["params"]["properties"]["ratio"], 0.5)
 
 
+async def test_the_built_in_pipeline_documents_max_episodes_as_optional() -> None:
+    body = openapi_document(load_kinds(None))["components"]["schemas"]["EnqueueRequest"]
+    pipeline = next(b for b in body["oneOf"] if b["properties"]["kind"]["const"] == "pipeline")
+    assert pipeline["properties"]["params"]["required"] == ["feed"]
+    assert pipeline["properties"]["params"]["properties"]["max_episodes"]["default"] == 0
+
+
 # (body, valid?) - each valid one is accepted (202), each invalid one refused (422); the queue is paused.
 ENQUEUE_CASES: list[tuple[dict[str, Any], bool]] = [
     ({"kind": "tidy"}, True),

@@ -33,6 +33,17 @@ def test_builtin_kinds() -> None:
     assert catalog.get("pipeline").failure_reasons[3] == "all_feeds_failed"
 
 
+def test_the_pipeline_runs_every_episode_unless_told_otherwise() -> None:
+    pipeline = load_kinds(None).get("pipeline")
+    params = pipeline.validate_params({"feed": "https://example.org/feed.xml"})
+    assert params == {"feed": "https://example.org/feed.xml", "max_episodes": 0}
+    assert pipeline.render_argv(params)[-2:] == ["--max-episodes", "0"]
+    assert pipeline.validate_params({"feed": "f", "max_episodes": "3"})["max_episodes"] == 3
+    with pytest.raises(ValidationError) as err:
+        pipeline.validate_params({"max_episodes": 3})
+    assert err.value.field == "params.feed"
+
+
 def test_placeholders_are_replaced_whole(tmp_path: Path) -> None:
     kind = load_kinds(_write(tmp_path, SLEEP)).get("sleep")
     params = kind.validate_params({"seconds": "1.5"})
