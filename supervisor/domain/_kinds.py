@@ -12,9 +12,21 @@ A kind is declared in TOML::
     exit_reasons = { 10 = "budget_exhausted" }   # exit codes that are planned outcomes, not crashes
     failure_reasons = { 3 = "all_feeds_failed" }  # exit codes that are failures with a name
 
-A ``{name}`` placeholder must be a whole argv element and is replaced by the validated value: no shell, no
-splitting. ``{python}`` is the interpreter jobs run with: the supervisor's own in subprocess mode, the image's
-``python3`` in docker mode.
+Braces in argv:
+
+- An element that is exactly ``{name}`` is a placeholder, replaced by the param's validated value: no shell, no
+  splitting. ``name`` must be a declared param or ``python``, the interpreter jobs run with (the supervisor's own in
+  subprocess mode, the image's ``python3`` in docker mode); any other is refused when the file is loaded.
+- In any element, ``{{`` writes one literal ``{`` and ``}}`` one ``}``: an element that must literally be ``{x}``
+  is written ``{{x}}``.
+- Any other brace text is kept as written, so shell code and Python f-strings can be declared as they are::
+
+      argv = ["sh", "-c", "echo ${HOME}"]
+      argv = ["{python}", "-c", "import sys; n = sys.argv[1]; print(f'got {n}')", "{n}"]
+
+  A placeholder inside a longer element is therefore not one: ``"--n={n}"`` is passed as written; pass
+  ``"--n", "{n}"`` instead. And code that itself contains ``{{`` or ``}}`` (an f-string's escaped brace, a shell's
+  ``${a:-${b}}``) must double each of those braces again.
 """
 
 from __future__ import annotations
@@ -36,7 +48,10 @@ ParamValue = str | int | float | bool
 PARAM_TYPES = ("str", "int", "float", "bool")
 MAX_STR_PARAM_LEN = 4096
 
+# A placeholder is a whole argv element, ``{name}``; inside any other element ``{{`` and ``}}`` each write one
+# literal brace, and any other brace text is kept as written (see the module docstring).
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_DOUBLED_BRACE = re.compile(r"\{\{|\}\}")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
 # Numbers given as strings (the CLI's -p k=v): ASCII digits only. Python's \d, int() and float() also accept
 # other scripts' digits ('\u0661') and underscores ('1_0'), which no caller means.
@@ -99,7 +114,7 @@ class JobKind:
         for element in self.argv:
             m = _PLACEHOLDER.fullmatch(element)
             if m is None:
-                argv.append(element)
+                argv.append(_literal(element))
             elif m.group(1) == "python":
                 argv.append(python)
             else:
@@ -110,6 +125,11 @@ class JobKind:
 def coalesce_key(kind: str, params: Mapping[str, ParamValue]) -> str:
     """A canonical text of kind + params: equal keys mean interchangeable jobs."""
     return json.dumps([kind, params], sort_keys=True, separators=(",", ":"))
+
+
+def _literal(element: str) -> str:
+    """An argv element that is not a placeholder, as the job gets it: ``{{`` and ``}}`` become one brace each."""
+    return _DOUBLED_BRACE.sub(lambda m: m.group(0)[0], element)
 
 
 def _to_arg(value: ParamValue) -> str:
@@ -237,13 +257,12 @@ def parse_kind(name: str, spec: object) -> JobKind:
         raise KindsFileError(f"{where}: argv must be a non-empty list of strings")
     params, param_defaults = _params(where, spec.get("params", {}))
     for element in argv:
-        for m in _PLACEHOLDER.finditer(element):
-            if m.group(0) != element:
-                raise KindsFileError(
-                    f"{where}: placeholder {m.group(0)} must be a whole argv element, not part of {element!r}"
-                )
-            if m.group(1) != "python" and m.group(1) not in params:
-                raise KindsFileError(f"{where}: placeholder {m.group(0)} names no declared param")
+        m = _PLACEHOLDER.fullmatch(element)
+        if m is not None and m.group(1) != "python" and m.group(1) not in params:
+            raise KindsFileError(
+                f"{where}: argv element {element!r} is a placeholder that names no declared param "
+                f"(declare {m.group(1)!r} in params, or write '{{{{{m.group(1)}}}}}' for the literal text {element})"
+            )
     coalesce = spec.get("coalesce", False)
     if not isinstance(coalesce, bool):
         raise KindsFileError(f"{where}: coalesce must be true or false")

@@ -3,13 +3,15 @@ errors that name the kind and the problem."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from supervisor import KindsFileError, ValidationError, load_kinds
-from supervisor.domain import coalesce_key
+from supervisor.domain import JobKind, coalesce_key
 
 SLEEP = """
 [kinds.sleep]
@@ -93,7 +95,6 @@ def test_unknown_kind_names_the_field() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('[kinds.x]\nargv = ["echo", "--n={n}"]\nparams = { n = "int" }\n', "whole argv element"),
         ('[kinds.x]\nargv = ["echo", "{n}"]\n', "names no declared param"),
         ('[kinds.x]\nargv = ["echo"]\nparams = { n = "decimal" }\n', "has type 'decimal'"),
         ("[kinds.x]\nargv = []\n", "argv must be a non-empty list"),
@@ -106,6 +107,73 @@ def test_unknown_kind_names_the_field() -> None:
 def test_kinds_file_errors_name_the_problem(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(KindsFileError, match=message):
         load_kinds(_write(tmp_path, text))
+
+
+# -- braces in argv: a whole element {name} is a placeholder, {{ and }} are literal braces, the rest as written ----
+
+
+def _kind_of(tmp_path: Path, argv: list[str], params: str = "{}") -> JobKind:
+    # json.dumps of a list of ASCII strings is a valid TOML array.
+    return load_kinds(_write(tmp_path, f"[kinds.x]\nargv = {json.dumps(argv)}\nparams = {params}\n")).get("x")
+
+
+def test_shell_code_with_braces_is_declared_and_run_as_written(tmp_path: Path) -> None:
+    kind = _kind_of(tmp_path, ["sh", "-c", "echo ${HOME}"])
+    argv = kind.render_argv(kind.validate_params({}))
+    assert argv == ["sh", "-c", "echo ${HOME}"]
+    done = subprocess.run(argv, capture_output=True, text=True, env={"HOME": "/home/q"}, timeout=30, check=True)
+    assert done.stdout == "/home/q\n"
+
+
+def test_a_python_f_string_is_declared_and_run_as_written(tmp_path: Path) -> None:
+    code = "import sys; n = int(sys.argv[1]); print(f'{n} x {n!r} = {n * n:>4}')"
+    kind = _kind_of(tmp_path, ["{python}", "-c", code, "{n}"], '{ n = "int" }')
+    argv = kind.render_argv(kind.validate_params({"n": 3}))
+    assert argv == [sys.executable, "-c", code, "3"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True)
+    assert done.stdout == "3 x 3 =    9\n"
+
+
+@pytest.mark.parametrize(
+    ("element", "rendered"),
+    [
+        ("{{x}}", "{x}"),  # a whole element that must literally be {x}
+        ("{{python}}", "{python}"),
+        ("{{n}}", "{n}"),  # n is a declared param: doubled, it is text
+        ("a{{b}}c", "a{b}c"),
+        ("{{{{", "{{"),
+        ("}}{{", "}{"),
+        ("{{{x}}}", "{{x}}"),  # {{ then a lone { ... }} then a lone }: each lone brace kept
+        ("--n={n}", "--n={n}"),  # not a placeholder: part of a longer element, kept as written
+        ("{}", "{}"),  # find -exec's {} and xargs -I{}: kept
+        ("{ n }", "{ n }"),
+        ("{1x}", "{1x}"),
+        ("${a:-${b}}", "${a:-${b}"),  # its }} is a literal }: such code must double its braces again
+        ("${a:-${b}}}}", "${a:-${b}}"),
+    ],
+)
+def test_doubled_braces_are_one_literal_brace_and_other_brace_text_is_kept(
+    tmp_path: Path, element: str, rendered: str
+) -> None:
+    kind = _kind_of(tmp_path, ["echo", element, "{n}"], '{ n = "int" }')
+    assert kind.argv == ("echo", element, "{n}")  # the kind keeps the element as declared
+    assert kind.render_argv(kind.validate_params({"n": 7})) == ["echo", rendered, "7"]
+
+
+@pytest.mark.parametrize("element", ["{n}", "{python3}", "{HOME}", "{seconds}"])
+def test_a_whole_element_placeholder_naming_no_param_is_refused_naming_kind_and_element(
+    tmp_path: Path, element: str
+) -> None:
+    with pytest.raises(KindsFileError) as err:
+        _kind_of(tmp_path, ["echo", "--x", element], '{ secs = "float" }')
+    name = element[1:-1]
+    assert f"kind 'x': argv element '{element}' is a placeholder that names no declared param" in str(err.value)
+    assert f"write '{{{{{name}}}}}' for the literal text {element}" in str(err.value)
+
+
+def test_python_is_a_placeholder_only_as_a_whole_element(tmp_path: Path) -> None:
+    kind = _kind_of(tmp_path, ["{python}", "-c", "pass", "x{python}"])
+    assert kind.render_argv({}, python="/usr/bin/python3") == ["/usr/bin/python3", "-c", "pass", "x{python}"]
 
 
 # -- optional params with defaults -----------------------------------------------------------------------------
