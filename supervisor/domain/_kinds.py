@@ -11,6 +11,10 @@ A kind is declared in TOML::
     then = ""                            # a kind to enqueue when this one succeeds
     exit_reasons = { 10 = "budget_exhausted" }   # exit codes that are planned outcomes, not crashes
     failure_reasons = { 3 = "all_feeds_failed" }  # exit codes that are failures with a name
+    max_attempts = 1                     # starts a job may have in all; 1 (the default): never resubmitted
+    retry_backoff_seconds = 60           # the wait before the first resubmission, doubling with each one ...
+    retry_backoff_max_seconds = 3600     # ... up to this
+    retry_on_exit_codes = [75]           # exit codes (1-255, none in exit_reasons) that mean "try again"
 
 Braces in argv:
 
@@ -65,6 +69,15 @@ MAX_FLOAT = sys.float_info.max
 PIPELINE_EXIT_REASONS = {10: "budget_exhausted", 11: "time_budget_exhausted"}
 # ... and those that are failures with a name an operator can act on.
 PIPELINE_FAILURE_REASONS = {3: "all_feeds_failed"}
+# Resubmission (ADR-150 D4), per kind: the defaults (a kind that declares nothing is never resubmitted) ...
+DEFAULT_MAX_ATTEMPTS = 1
+DEFAULT_RETRY_BACKOFF_S = 60.0
+DEFAULT_RETRY_BACKOFF_MAX_S = 3600.0
+# ... and the bounds. TOML integers and floats are unbounded (99999999999999999999, inf), and a value must stay one
+# that a registry column and a date can hold: more starts than this is a loop, not a retry; a wait of more than a
+# year is not a backoff.
+MAX_ATTEMPTS_LIMIT = 100
+RETRY_BACKOFF_LIMIT_S = 365 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -80,6 +93,13 @@ class JobKind:
     then: str | None = None
     exit_reasons: Mapping[int, str] = field(default_factory=dict)
     failure_reasons: Mapping[int, str] = field(default_factory=dict)
+    # Resubmission (ADR-150 D4): the starts a job of this kind may have in all (1: it is never resubmitted); the wait
+    # before its first resubmission, doubling with each further one up to ``retry_backoff_max_s``; and the exit
+    # codes that mean "try again" (EX_TEMPFAIL, 75). Declared here; what is resubmitted is the core's to decide.
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    retry_backoff_s: float = DEFAULT_RETRY_BACKOFF_S
+    retry_backoff_max_s: float = DEFAULT_RETRY_BACKOFF_MAX_S
+    retry_on_exit_codes: frozenset[int] = frozenset()
 
     def validate_params(self, params: object) -> dict[str, ParamValue]:
         """Return the params converted to their declared types, or raise ``ValidationError`` naming the field.
@@ -228,11 +248,20 @@ _BUILTINS: dict[str, dict[str, Any]] = {
         "then": "enrichment",
         "exit_reasons": PIPELINE_EXIT_REASONS,
         "failure_reasons": PIPELINE_FAILURE_REASONS,
+        # A run is safe to repeat (the corpus is crash-only, and the poison-pill memo skips an episode that keeps
+        # failing), so a crashed one gets up to two more starts, about 60 s and 120 s later (the default backoff).
+        "max_attempts": 3,
+        # 75 (EX_TEMPFAIL): the runner's own "failed, but transiently: try again later".
+        # 137 (128 + 9): how docker mode reports a container SIGKILLed from outside (the OOM killer aside, which
+        # the engine names): the engine cannot tell a signal from an exit code (ADR 0005 §6). In subprocess mode a
+        # SIGKILL is seen as the signal itself, and 137 is only what the program itself exits with.
+        "retry_on_exit_codes": [75, 137],
     },
     "enrichment": {
         "argv": ["{python}", "-m", "pipeline_runner", "enrich"],
         "coalesce": True,
         "exit_reasons": PIPELINE_EXIT_REASONS,
+        # max_attempts 1 (the default): never resubmitted; the next pipeline run enqueues it again anyway.
     },
 }
 
@@ -242,6 +271,20 @@ def builtin_kinds() -> dict[str, JobKind]:
     return {name: parse_kind(name, copy.deepcopy(spec)) for name, spec in _BUILTINS.items()}
 
 
+_KIND_KEYS = {
+    "argv",
+    "params",
+    "coalesce",
+    "then",
+    "exit_reasons",
+    "failure_reasons",
+    "max_attempts",
+    "retry_backoff_seconds",
+    "retry_backoff_max_seconds",
+    "retry_on_exit_codes",
+}
+
+
 def parse_kind(name: str, spec: object) -> JobKind:
     """Validate one ``[kinds.NAME]`` table; errors name the kind and the key."""
     where = f"kind {name!r}"
@@ -249,7 +292,7 @@ def parse_kind(name: str, spec: object) -> JobKind:
         raise KindsFileError(f"{where}: a kind name is letters, digits, '_' or '-' (at most 64)")
     if not isinstance(spec, dict):
         raise KindsFileError(f"{where}: must be a table")
-    unknown = sorted(set(spec) - {"argv", "params", "coalesce", "then", "exit_reasons", "failure_reasons"})
+    unknown = sorted(set(spec) - _KIND_KEYS)
     if unknown:
         raise KindsFileError(f"{where}: unknown key {unknown[0]!r}")
     argv = spec.get("argv")
@@ -276,6 +319,18 @@ def parse_kind(name: str, spec: object) -> JobKind:
     both = sorted(set(exit_reasons) & set(failure_reasons))
     if both:
         raise KindsFileError(f"{where}: exit code {both[0]} is in both exit_reasons and failure_reasons")
+    max_attempts = _attempts(where, spec.get("max_attempts", DEFAULT_MAX_ATTEMPTS))
+    backoff_s = _seconds(where, "retry_backoff_seconds", spec.get("retry_backoff_seconds", DEFAULT_RETRY_BACKOFF_S))
+    backoff_max_s = _seconds(
+        where, "retry_backoff_max_seconds", spec.get("retry_backoff_max_seconds", DEFAULT_RETRY_BACKOFF_MAX_S)
+    )
+    if backoff_max_s < backoff_s:
+        given = "" if "retry_backoff_max_seconds" in spec else ", the default"
+        raise KindsFileError(
+            f"{where}: retry_backoff_max_seconds ({backoff_max_s:g}{given}) must be at least "
+            f"retry_backoff_seconds ({backoff_s:g})"
+        )
+    retry_codes = _retry_codes(where, spec.get("retry_on_exit_codes", []), exit_reasons)
     return JobKind(
         name=name,
         argv=tuple(argv),
@@ -285,7 +340,50 @@ def parse_kind(name: str, spec: object) -> JobKind:
         then=then or None,
         exit_reasons=exit_reasons,
         failure_reasons=failure_reasons,
+        max_attempts=max_attempts,
+        retry_backoff_s=backoff_s,
+        retry_backoff_max_s=backoff_max_s,
+        retry_on_exit_codes=retry_codes,
     )
+
+
+def _attempts(where: str, raw: object) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= MAX_ATTEMPTS_LIMIT:
+        raise KindsFileError(
+            f"{where}: max_attempts must be a whole number from 1 (never resubmit) to {MAX_ATTEMPTS_LIMIT}, not {raw!r}"
+        )
+    return raw
+
+
+def _seconds(where: str, key: str, raw: object) -> float:
+    """A wait in seconds: a number above 0, at most ``RETRY_BACKOFF_LIMIT_S`` (so finite: nan and inf fail the
+    range, and an integer too large for a float is compared, never converted)."""
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not 0 < raw <= RETRY_BACKOFF_LIMIT_S:
+        raise KindsFileError(
+            f"{where}: {key} must be a number of seconds above 0 and at most {RETRY_BACKOFF_LIMIT_S:.0f} (a year), "
+            f"not {raw!r}"
+        )
+    return float(raw)
+
+
+def _retry_codes(where: str, raw: object, exit_reasons: Mapping[int, str]) -> frozenset[int]:
+    """``retry_on_exit_codes``: distinct exit codes 1 to 255, none of them a planned outcome."""
+    key = "retry_on_exit_codes"
+    if not isinstance(raw, list):
+        raise KindsFileError(f"{where}: {key} must be a list of exit codes (1 to 255), not {raw!r}")
+    codes: set[int] = set()
+    for code in raw:
+        if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= 255:
+            raise KindsFileError(f"{where}: {key}: {code!r} is not an exit code (1 to 255)")
+        if code == 0:
+            raise KindsFileError(f"{where}: {key} cannot name exit code 0 (success is never tried again)")
+        if code in codes:
+            raise KindsFileError(f"{where}: {key} names exit code {code} twice")
+        if code in exit_reasons:
+            # A planned outcome (a budget) is never a reason to run again (INV-BUDGET-IS-AN-OUTCOME).
+            raise KindsFileError(f"{where}: exit code {code} is in both {key} and exit_reasons")
+        codes.add(code)
+    return frozenset(codes)
 
 
 def _params(where: str, raw: object) -> tuple[dict[str, str], dict[str, ParamValue]]:

@@ -35,6 +35,14 @@ def test_builtin_kinds() -> None:
     assert catalog.get("pipeline").failure_reasons[3] == "all_feeds_failed"
 
 
+def test_the_pipeline_is_resubmitted_on_a_transient_failure_or_an_outside_kill_and_enrichment_never() -> None:
+    catalog = load_kinds(None)
+    pipeline, enrichment = catalog.get("pipeline"), catalog.get("enrichment")
+    assert (pipeline.max_attempts, pipeline.retry_on_exit_codes) == (3, frozenset({75, 137}))
+    assert (pipeline.retry_backoff_s, pipeline.retry_backoff_max_s) == (60.0, 3600.0)
+    assert (enrichment.max_attempts, enrichment.retry_on_exit_codes) == (1, frozenset())
+
+
 def test_the_pipeline_runs_every_episode_unless_told_otherwise() -> None:
     pipeline = load_kinds(None).get("pipeline")
     params = pipeline.validate_params({"feed": "https://example.org/feed.xml"})
@@ -257,6 +265,106 @@ def test_a_bad_param_declaration_names_the_kind_the_param_and_the_problem(
     with pytest.raises(KindsFileError) as err:
         load_kinds(_write(tmp_path, f'[kinds.x]\nargv = ["echo", "{{n}}"]\nparams = {params}\n'))
     assert message in str(err.value)
+
+
+# -- resubmission settings ----------------------------------------------------------------------------------------
+
+
+def test_a_kind_that_declares_no_resubmission_settings_is_never_resubmitted(tmp_path: Path) -> None:
+    kind = load_kinds(_write(tmp_path, SLEEP)).get("sleep")
+    assert kind.max_attempts == 1
+    assert (kind.retry_backoff_s, kind.retry_backoff_max_s) == (60.0, 3600.0)
+    assert kind.retry_on_exit_codes == frozenset()
+
+
+def test_resubmission_settings_are_read_as_declared(tmp_path: Path) -> None:
+    text = SLEEP + (
+        "max_attempts = 5\nretry_backoff_seconds = 2\nretry_backoff_max_seconds = 30.5\n"
+        "retry_on_exit_codes = [75, 1, 255]\nexit_reasons = { 10 = 'budget_exhausted' }\n"
+    )
+    kind = load_kinds(_write(tmp_path, text)).get("sleep")
+    assert kind.max_attempts == 5
+    assert (kind.retry_backoff_s, kind.retry_backoff_max_s) == (2.0, 30.5)
+    assert isinstance(kind.retry_backoff_s, float)
+    assert kind.retry_on_exit_codes == frozenset({1, 75, 255})
+
+
+@pytest.mark.parametrize(
+    ("settings", "attr", "value"),
+    [
+        ("max_attempts = 100", "max_attempts", 100),
+        ("retry_backoff_seconds = 0.001", "retry_backoff_s", 0.001),
+        ("retry_backoff_seconds = 3600", "retry_backoff_s", 3600.0),  # equal to the default cap: allowed
+        ("retry_backoff_seconds = 7200\nretry_backoff_max_seconds = 7200", "retry_backoff_s", 7200.0),
+        ("retry_backoff_max_seconds = 31536000", "retry_backoff_max_s", 31536000.0),
+    ],
+)
+def test_resubmission_settings_at_their_bounds_are_accepted(
+    tmp_path: Path, settings: str, attr: str, value: object
+) -> None:
+    kind = load_kinds(_write(tmp_path, SLEEP + settings + "\n")).get("sleep")
+    assert getattr(kind, attr) == value
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ("max_attempts = 0", "max_attempts must be a whole number from 1 (never resubmit) to 100, not 0"),
+        ("max_attempts = -1", "max_attempts must be a whole number from 1 (never resubmit) to 100, not -1"),
+        ("max_attempts = 101", "max_attempts must be a whole number from 1 (never resubmit) to 100, not 101"),
+        ("max_attempts = 99999999999999999999", "max_attempts must be a whole number from 1"),
+        ("max_attempts = 2.0", "max_attempts must be a whole number from 1 (never resubmit) to 100, not 2.0"),
+        ("max_attempts = true", "max_attempts must be a whole number from 1 (never resubmit) to 100, not True"),
+        ('max_attempts = "3"', "max_attempts must be a whole number from 1 (never resubmit) to 100, not '3'"),
+        ("retry_backoff_seconds = 0", "retry_backoff_seconds must be a number of seconds above 0 and at most"),
+        ("retry_backoff_seconds = -5", "retry_backoff_seconds must be a number of seconds above 0"),
+        ("retry_backoff_seconds = nan", "retry_backoff_seconds must be a number of seconds above 0"),
+        ("retry_backoff_seconds = inf", "retry_backoff_seconds must be a number of seconds above 0"),
+        ("retry_backoff_seconds = 1e400", "retry_backoff_seconds must be a number of seconds above 0"),
+        ("retry_backoff_seconds = 99999999999999999999999", "retry_backoff_seconds must be a number of seconds"),
+        ("retry_backoff_seconds = true", "retry_backoff_seconds must be a number of seconds above 0"),
+        ('retry_backoff_seconds = "60"', "retry_backoff_seconds must be a number of seconds above 0"),
+        ("retry_backoff_max_seconds = 0", "retry_backoff_max_seconds must be a number of seconds above 0"),
+        ("retry_backoff_max_seconds = inf", "retry_backoff_max_seconds must be a number of seconds above 0"),
+        (
+            "retry_backoff_max_seconds = 31536001",
+            "retry_backoff_max_seconds must be a number of seconds above 0 and at most 31536000 (a year), not 31536001",
+        ),
+        (
+            "retry_backoff_seconds = 10\nretry_backoff_max_seconds = 5",
+            "retry_backoff_max_seconds (5) must be at least retry_backoff_seconds (10)",
+        ),
+        (
+            "retry_backoff_seconds = 7200",
+            "retry_backoff_max_seconds (3600, the default) must be at least retry_backoff_seconds (7200)",
+        ),
+        ("retry_on_exit_codes = 75", "retry_on_exit_codes must be a list of exit codes (1 to 255), not 75"),
+        ("retry_on_exit_codes = [0]", "retry_on_exit_codes cannot name exit code 0"),
+        ("retry_on_exit_codes = [256]", "retry_on_exit_codes: 256 is not an exit code (1 to 255)"),
+        ("retry_on_exit_codes = [-1]", "retry_on_exit_codes: -1 is not an exit code (1 to 255)"),
+        ('retry_on_exit_codes = ["75"]', "retry_on_exit_codes: '75' is not an exit code (1 to 255)"),
+        ("retry_on_exit_codes = [true]", "retry_on_exit_codes: True is not an exit code (1 to 255)"),
+        ("retry_on_exit_codes = [75.0]", "retry_on_exit_codes: 75.0 is not an exit code (1 to 255)"),
+        ("retry_on_exit_codes = [75, 1, 75]", "retry_on_exit_codes names exit code 75 twice"),
+        (
+            "retry_on_exit_codes = [75, 10]\nexit_reasons = { 10 = 'budget_exhausted' }",
+            "exit code 10 is in both retry_on_exit_codes and exit_reasons",
+        ),
+        ("retry_on_exits = [75]", "unknown key 'retry_on_exits'"),
+        ("retry_backoff_s = 5", "unknown key 'retry_backoff_s'"),
+    ],
+)
+def test_a_bad_resubmission_setting_names_the_kind_and_the_key(tmp_path: Path, settings: str, message: str) -> None:
+    with pytest.raises(KindsFileError) as err:
+        load_kinds(_write(tmp_path, SLEEP + settings + "\n"))
+    assert f"kind 'sleep': {message}" in str(err.value)
+
+
+def test_a_retry_code_may_also_be_a_named_failure(tmp_path: Path) -> None:
+    # The name is what the job ends with once its attempts are spent.
+    text = SLEEP + "max_attempts = 2\nretry_on_exit_codes = [3]\nfailure_reasons = { 3 = 'all_feeds_failed' }\n"
+    kind = load_kinds(_write(tmp_path, text)).get("sleep")
+    assert (kind.retry_on_exit_codes, kind.failure_reasons) == (frozenset({3}), {3: "all_feeds_failed"})
 
 
 def test_missing_kinds_file_is_an_error(tmp_path: Path) -> None:
