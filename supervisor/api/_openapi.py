@@ -516,21 +516,22 @@ def _param_schema(type_name: str) -> dict[str, Any]:
 
 
 def _enqueue_schema(kind: JobKind) -> dict[str, Any]:
-    """The body that enqueues ``kind``: its name and exactly its declared params."""
-    params = {
-        "type": "object",
-        "additionalProperties": False,
-        "required": sorted(kind.params),
-        "properties": {name: _param_schema(type_name) for name, type_name in sorted(kind.params.items())},
-    }
-    if not kind.params:
-        # A kind without params may omit them, or send null or {}.
+    """The body that enqueues ``kind``: its name and exactly its declared params; those with a default optional."""
+    properties: dict[str, Any] = {}
+    for name, type_name in sorted(kind.params.items()):
+        properties[name] = _param_schema(type_name)
+        if name in kind.param_defaults:
+            properties[name]["default"] = kind.param_defaults[name]
+    required = sorted(set(kind.params) - set(kind.param_defaults))
+    params = {"type": "object", "additionalProperties": False, "required": required, "properties": properties}
+    if not required:
+        # A kind that requires no param may omit params, or send null or {}.
         params["type"] = ["object", "null"]
     return {
         "title": kind.name,
         "type": "object",
         "additionalProperties": False,
-        "required": ["kind", "params"] if kind.params else ["kind"],
+        "required": ["kind", "params"] if required else ["kind"],
         "properties": {"kind": {"const": kind.name}, "params": params},
     }
 

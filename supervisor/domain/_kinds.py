@@ -5,19 +5,37 @@ A kind is declared in TOML::
 
     [kinds.sleep]
     argv = ["{python}", "-c", "import sys, time; time.sleep(float(sys.argv[1]))", "{seconds}"]
-    params = { seconds = "float" }      # str | int | float | bool
+    params = { seconds = "float" }      # str | int | float | bool: required
+    # or, optional with a default: params = { seconds = { type = "float", default = 1 } }
     coalesce = false                     # identical queued jobs collapse into one
     then = ""                            # a kind to enqueue when this one succeeds
     exit_reasons = { 10 = "budget_exhausted" }   # exit codes that are planned outcomes, not crashes
     failure_reasons = { 3 = "all_feeds_failed" }  # exit codes that are failures with a name
+    max_attempts = 1                     # starts a job may have in all; 1 (the default): never resubmitted
+    retry_backoff_seconds = 60           # the wait before the first resubmission, doubling with each one ...
+    retry_backoff_max_seconds = 3600     # ... up to this
+    retry_on_exit_codes = [75]           # exit codes (1-255, none in exit_reasons) that mean "try again"
 
-A ``{name}`` placeholder must be a whole argv element and is replaced by the validated value: no shell, no
-splitting. ``{python}`` is the interpreter jobs run with: the supervisor's own in subprocess mode, the image's
-``python3`` in docker mode.
+Braces in argv:
+
+- An element that is exactly ``{name}`` is a placeholder, replaced by the param's validated value: no shell, no
+  splitting. ``name`` must be a declared param or ``python``, the interpreter jobs run with (the supervisor's own in
+  subprocess mode, the image's ``python3`` in docker mode); any other is refused when the file is loaded.
+- In any element, ``{{`` writes one literal ``{`` and ``}}`` one ``}``: an element that must literally be ``{x}``
+  is written ``{{x}}``.
+- Any other brace text is kept as written, so shell code and Python f-strings can be declared as they are::
+
+      argv = ["sh", "-c", "echo ${HOME}"]
+      argv = ["{python}", "-c", "import sys; n = sys.argv[1]; print(f'got {n}')", "{n}"]
+
+  A placeholder inside a longer element is therefore not one: ``"--n={n}"`` is passed as written; pass
+  ``"--n", "{n}"`` instead. And code that itself contains ``{{`` or ``}}`` (an f-string's escaped brace, a shell's
+  ``${a:-${b}}``) must double each of those braces again.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -34,7 +52,10 @@ ParamValue = str | int | float | bool
 PARAM_TYPES = ("str", "int", "float", "bool")
 MAX_STR_PARAM_LEN = 4096
 
+# A placeholder is a whole argv element, ``{name}``; inside any other element ``{{`` and ``}}`` each write one
+# literal brace, and any other brace text is kept as written (see the module docstring).
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_DOUBLED_BRACE = re.compile(r"\{\{|\}\}")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
 # Numbers given as strings (the CLI's -p k=v): ASCII digits only. Python's \d, int() and float() also accept
 # other scripts' digits ('\u0661') and underscores ('1_0'), which no caller means.
@@ -48,6 +69,15 @@ MAX_FLOAT = sys.float_info.max
 PIPELINE_EXIT_REASONS = {10: "budget_exhausted", 11: "time_budget_exhausted"}
 # ... and those that are failures with a name an operator can act on.
 PIPELINE_FAILURE_REASONS = {3: "all_feeds_failed"}
+# Resubmission (ADR-150 D4), per kind: the defaults (a kind that declares nothing is never resubmitted) ...
+DEFAULT_MAX_ATTEMPTS = 1
+DEFAULT_RETRY_BACKOFF_S = 60.0
+DEFAULT_RETRY_BACKOFF_MAX_S = 3600.0
+# ... and the bounds. TOML integers and floats are unbounded (99999999999999999999, inf), and a value must stay one
+# that a registry column and a date can hold: more starts than this is a loop, not a retry; a wait of more than a
+# year is not a backoff.
+MAX_ATTEMPTS_LIMIT = 100
+RETRY_BACKOFF_LIMIT_S = 365 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -56,21 +86,27 @@ class JobKind:
 
     name: str
     argv: tuple[str, ...]
-    params: Mapping[str, str] = field(default_factory=dict)
+    params: Mapping[str, str] = field(default_factory=dict)  # name -> type
+    # The value a caller who omits the param gets (already of its type); a param not here is required.
+    param_defaults: Mapping[str, ParamValue] = field(default_factory=dict)
     coalesce: bool = False
     then: str | None = None
     exit_reasons: Mapping[int, str] = field(default_factory=dict)
     failure_reasons: Mapping[int, str] = field(default_factory=dict)
-    max_attempts: int = 1
-    retry_backoff_s: float = 60.0
-    retry_backoff_max_s: float = 3600.0
+    # Resubmission (ADR-150 D4): the starts a job of this kind may have in all (1: it is never resubmitted); the wait
+    # before its first resubmission, doubling with each further one up to ``retry_backoff_max_s``; and the exit
+    # codes that mean "try again" (EX_TEMPFAIL, 75). Declared here; what is resubmitted is the core's to decide.
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    retry_backoff_s: float = DEFAULT_RETRY_BACKOFF_S
+    retry_backoff_max_s: float = DEFAULT_RETRY_BACKOFF_MAX_S
     retry_on_exit_codes: frozenset[int] = frozenset()
 
     def validate_params(self, params: object) -> dict[str, ParamValue]:
         """Return the params converted to their declared types, or raise ``ValidationError`` naming the field.
 
         Values may arrive typed (JSON) or as strings (the CLI's ``-p key=value``); a string is accepted for a
-        number or a bool only when it parses exactly.
+        number or a bool only when it parses exactly. An omitted param with a default gets it here, so that the
+        argv, the stored row and the coalescing key all see the value the job runs with.
         """
         if not isinstance(params, Mapping):
             raise ValidationError("params must be an object", field="params")
@@ -79,11 +115,14 @@ class JobKind:
             if name not in self.params:
                 raise ValidationError(f"unknown param {name!r} for kind {self.name!r}", field=f"params.{name}")
         for name, type_name in self.params.items():
-            if name not in params:
+            if name in params:
+                out[name] = _convert(name, type_name, params[name])
+            elif name in self.param_defaults:
+                out[name] = self.param_defaults[name]
+            else:
                 raise ValidationError(
                     f"missing param {name!r} ({type_name}) for kind {self.name!r}", field=f"params.{name}"
                 )
-            out[name] = _convert(name, type_name, params[name])
         return out
 
     def render_argv(self, params: Mapping[str, ParamValue], *, python: str = sys.executable) -> list[str]:
@@ -95,7 +134,7 @@ class JobKind:
         for element in self.argv:
             m = _PLACEHOLDER.fullmatch(element)
             if m is None:
-                argv.append(element)
+                argv.append(_literal(element))
             elif m.group(1) == "python":
                 argv.append(python)
             else:
@@ -106,6 +145,11 @@ class JobKind:
 def coalesce_key(kind: str, params: Mapping[str, ParamValue]) -> str:
     """A canonical text of kind + params: equal keys mean interchangeable jobs."""
     return json.dumps([kind, params], sort_keys=True, separators=(",", ":"))
+
+
+def _literal(element: str) -> str:
+    """An argv element that is not a placeholder, as the job gets it: ``{{`` and ``}}`` become one brace each."""
+    return _DOUBLED_BRACE.sub(lambda m: m.group(0)[0], element)
 
 
 def _to_arg(value: ParamValue) -> str:
@@ -194,24 +238,51 @@ class KindCatalog:
         return name in self._kinds
 
 
+# The built-in kinds, written as the tables an operator would put in a kinds file and parsed by the same code, so
+# that they obey every rule a kinds file must (a placeholder names a param, a default is of its type, ...).
+_BUILTINS: dict[str, dict[str, Any]] = {
+    "pipeline": {
+        "argv": ["{python}", "-m", "pipeline_runner", "run", "--feed", "{feed}", "--max-episodes", "{max_episodes}"],
+        # max_episodes 0: every episode of the feed (the runner reads --max-episodes 0 as no limit).
+        "params": {"feed": "str", "max_episodes": {"type": "int", "default": 0}},
+        "then": "enrichment",
+        "exit_reasons": PIPELINE_EXIT_REASONS,
+        "failure_reasons": PIPELINE_FAILURE_REASONS,
+        # A run is safe to repeat (the corpus is crash-only, and the poison-pill memo skips an episode that keeps
+        # failing), so a crashed one gets up to two more starts, about 60 s and 120 s later (the default backoff).
+        "max_attempts": 3,
+        # 75 (EX_TEMPFAIL): the runner's own "failed, but transiently: try again later".
+        # 137 (128 + 9): how docker mode reports a container SIGKILLed from outside (the OOM killer aside, which
+        # the engine names): the engine cannot tell a signal from an exit code (ADR 0005 §6). In subprocess mode a
+        # SIGKILL is seen as the signal itself, and 137 is only what the program itself exits with.
+        "retry_on_exit_codes": [75, 137],
+    },
+    "enrichment": {
+        "argv": ["{python}", "-m", "pipeline_runner", "enrich"],
+        "coalesce": True,
+        "exit_reasons": PIPELINE_EXIT_REASONS,
+        # max_attempts 1 (the default): never resubmitted; the next pipeline run enqueues it again anyway.
+    },
+}
+
+
 def builtin_kinds() -> dict[str, JobKind]:
     """``pipeline`` and ``enrichment``: the two kinds the product exists for."""
-    return {
-        "pipeline": JobKind(
-            name="pipeline",
-            argv=("{python}", "-m", "pipeline_runner", "run", "--feed", "{feed}", "--max-episodes", "{max_episodes}"),
-            params={"feed": "str", "max_episodes": "int"},
-            then="enrichment",
-            exit_reasons=PIPELINE_EXIT_REASONS,
-            failure_reasons=PIPELINE_FAILURE_REASONS,
-        ),
-        "enrichment": JobKind(
-            name="enrichment",
-            argv=("{python}", "-m", "pipeline_runner", "enrich"),
-            coalesce=True,
-            exit_reasons=PIPELINE_EXIT_REASONS,
-        ),
-    }
+    return {name: parse_kind(name, copy.deepcopy(spec)) for name, spec in _BUILTINS.items()}
+
+
+_KIND_KEYS = {
+    "argv",
+    "params",
+    "coalesce",
+    "then",
+    "exit_reasons",
+    "failure_reasons",
+    "max_attempts",
+    "retry_backoff_seconds",
+    "retry_backoff_max_seconds",
+    "retry_on_exit_codes",
+}
 
 
 def parse_kind(name: str, spec: object) -> JobKind:
@@ -221,28 +292,20 @@ def parse_kind(name: str, spec: object) -> JobKind:
         raise KindsFileError(f"{where}: a kind name is letters, digits, '_' or '-' (at most 64)")
     if not isinstance(spec, dict):
         raise KindsFileError(f"{where}: must be a table")
-    unknown = sorted(set(spec) - {"argv", "params", "coalesce", "then", "exit_reasons", "failure_reasons"})
+    unknown = sorted(set(spec) - _KIND_KEYS)
     if unknown:
         raise KindsFileError(f"{where}: unknown key {unknown[0]!r}")
     argv = spec.get("argv")
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
         raise KindsFileError(f"{where}: argv must be a non-empty list of strings")
-    params = spec.get("params", {})
-    if not isinstance(params, dict):
-        raise KindsFileError(f"{where}: params must be a table of name = type")
-    for pname, ptype in params.items():
-        if not _NAME.match(pname) or pname == "python":
-            raise KindsFileError(f"{where}: param name {pname!r} is not allowed")
-        if ptype not in PARAM_TYPES:
-            raise KindsFileError(f"{where}: param {pname!r} has type {ptype!r}; use one of {PARAM_TYPES}")
+    params, param_defaults = _params(where, spec.get("params", {}))
     for element in argv:
-        for m in _PLACEHOLDER.finditer(element):
-            if m.group(0) != element:
-                raise KindsFileError(
-                    f"{where}: placeholder {m.group(0)} must be a whole argv element, not part of {element!r}"
-                )
-            if m.group(1) != "python" and m.group(1) not in params:
-                raise KindsFileError(f"{where}: placeholder {m.group(0)} names no declared param")
+        m = _PLACEHOLDER.fullmatch(element)
+        if m is not None and m.group(1) != "python" and m.group(1) not in params:
+            raise KindsFileError(
+                f"{where}: argv element {element!r} is a placeholder that names no declared param "
+                f"(declare {m.group(1)!r} in params, or write '{{{{{m.group(1)}}}}}' for the literal text {element})"
+            )
     coalesce = spec.get("coalesce", False)
     if not isinstance(coalesce, bool):
         raise KindsFileError(f"{where}: coalesce must be true or false")
@@ -256,15 +319,111 @@ def parse_kind(name: str, spec: object) -> JobKind:
     both = sorted(set(exit_reasons) & set(failure_reasons))
     if both:
         raise KindsFileError(f"{where}: exit code {both[0]} is in both exit_reasons and failure_reasons")
+    max_attempts = _attempts(where, spec.get("max_attempts", DEFAULT_MAX_ATTEMPTS))
+    backoff_s = _seconds(where, "retry_backoff_seconds", spec.get("retry_backoff_seconds", DEFAULT_RETRY_BACKOFF_S))
+    backoff_max_s = _seconds(
+        where, "retry_backoff_max_seconds", spec.get("retry_backoff_max_seconds", DEFAULT_RETRY_BACKOFF_MAX_S)
+    )
+    if backoff_max_s < backoff_s:
+        given = "" if "retry_backoff_max_seconds" in spec else ", the default"
+        raise KindsFileError(
+            f"{where}: retry_backoff_max_seconds ({backoff_max_s:g}{given}) must be at least "
+            f"retry_backoff_seconds ({backoff_s:g})"
+        )
+    retry_codes = _retry_codes(where, spec.get("retry_on_exit_codes", []), exit_reasons)
     return JobKind(
         name=name,
         argv=tuple(argv),
-        params=dict(params),
+        params=params,
+        param_defaults=param_defaults,
         coalesce=coalesce,
         then=then or None,
         exit_reasons=exit_reasons,
         failure_reasons=failure_reasons,
+        max_attempts=max_attempts,
+        retry_backoff_s=backoff_s,
+        retry_backoff_max_s=backoff_max_s,
+        retry_on_exit_codes=retry_codes,
     )
+
+
+def _attempts(where: str, raw: object) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= MAX_ATTEMPTS_LIMIT:
+        raise KindsFileError(
+            f"{where}: max_attempts must be a whole number from 1 (never resubmit) to {MAX_ATTEMPTS_LIMIT}, not {raw!r}"
+        )
+    return raw
+
+
+def _seconds(where: str, key: str, raw: object) -> float:
+    """A wait in seconds: a number above 0, at most ``RETRY_BACKOFF_LIMIT_S`` (so finite: nan and inf fail the
+    range, and an integer too large for a float is compared, never converted)."""
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not 0 < raw <= RETRY_BACKOFF_LIMIT_S:
+        raise KindsFileError(
+            f"{where}: {key} must be a number of seconds above 0 and at most {RETRY_BACKOFF_LIMIT_S:.0f} (a year), "
+            f"not {raw!r}"
+        )
+    return float(raw)
+
+
+def _retry_codes(where: str, raw: object, exit_reasons: Mapping[int, str]) -> frozenset[int]:
+    """``retry_on_exit_codes``: distinct exit codes 1 to 255, none of them a planned outcome."""
+    key = "retry_on_exit_codes"
+    if not isinstance(raw, list):
+        raise KindsFileError(f"{where}: {key} must be a list of exit codes (1 to 255), not {raw!r}")
+    codes: set[int] = set()
+    for code in raw:
+        if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= 255:
+            raise KindsFileError(f"{where}: {key}: {code!r} is not an exit code (1 to 255)")
+        if code == 0:
+            raise KindsFileError(f"{where}: {key} cannot name exit code 0 (success is never tried again)")
+        if code in codes:
+            raise KindsFileError(f"{where}: {key} names exit code {code} twice")
+        if code in exit_reasons:
+            # A planned outcome (a budget) is never a reason to run again (INV-BUDGET-IS-AN-OUTCOME).
+            raise KindsFileError(f"{where}: exit code {code} is in both {key} and exit_reasons")
+        codes.add(code)
+    return frozenset(codes)
+
+
+def _params(where: str, raw: object) -> tuple[dict[str, str], dict[str, ParamValue]]:
+    """The ``params`` table: each param's type, and the defaults of those declared with one.
+
+    A param is ``name = "type"`` (required) or ``name = { type = "type", default = value }`` (``default``
+    optional; a param with one may be omitted by the caller). A default must itself be a valid value of the type,
+    checked here, so that a kinds file cannot declare a default no caller could send.
+    """
+    if not isinstance(raw, dict):
+        raise KindsFileError(
+            f'{where}: params must be a table of name = "type" or name = {{ type = "type", default = ... }}'
+        )
+    types: dict[str, str] = {}
+    defaults: dict[str, ParamValue] = {}
+    for pname, decl in raw.items():
+        if not _NAME.match(pname) or pname == "python":
+            raise KindsFileError(f"{where}: param name {pname!r} is not allowed")
+        if isinstance(decl, dict):
+            unknown = sorted(set(decl) - {"type", "default"})
+            if unknown:
+                keys = ", ".join(repr(k) for k in unknown)
+                raise KindsFileError(
+                    f"{where}: param {pname!r}: unknown key{'s' if len(unknown) > 1 else ''} {keys} "
+                    "(a param table takes type and default)"
+                )
+            if "type" not in decl:
+                raise KindsFileError(f"{where}: param {pname!r}: a param table needs a type")
+            ptype = decl["type"]
+        else:
+            ptype = decl
+        if not isinstance(ptype, str) or ptype not in PARAM_TYPES:
+            raise KindsFileError(f"{where}: param {pname!r} has type {ptype!r}; use one of {PARAM_TYPES}")
+        types[pname] = ptype
+        if isinstance(decl, dict) and "default" in decl:
+            try:
+                defaults[pname] = _convert(pname, ptype, decl["default"])
+            except ValidationError as exc:
+                raise KindsFileError(f"{where}: the default of {exc}") from None
+    return types, defaults
 
 
 def _reason_table(where: str, key: str, raw: object) -> dict[int, str]:

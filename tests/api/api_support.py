@@ -80,6 +80,15 @@ KINDS: dict[str, dict[str, Any]] = {
         "params": {"lines": "int"},
     },
     "tidy": {"argv": ["{python}", "-c", "pass"], "coalesce": True},
+    # Params with defaults: `paged` requires one param of two, `knobs` none.
+    "paged": {
+        "argv": ["{python}", "-c", "pass", "{feed}", "{limit}"],
+        "params": {"feed": "str", "limit": {"type": "int", "default": 0}},
+    },
+    "knobs": {
+        "argv": ["{python}", "-c", "pass", "{ratio}", "{flag}"],
+        "params": {"ratio": {"type": "float", "default": 0.5}, "flag": {"type": "bool", "default": True}},
+    },
 }
 
 
@@ -90,11 +99,18 @@ def kinds_toml(kinds: dict[str, dict[str, Any]]) -> str:
         lines.append(f"[kinds.{name}]")
         lines.append(f"argv = {json.dumps(spec['argv'])}")
         params = spec.get("params", {})
-        lines.append("params = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in params.items()) + " }")
+        lines.append("params = { " + ", ".join(f"{k} = {_toml_param(v)}" for k, v in params.items()) + " }")
         if spec.get("coalesce"):
             lines.append("coalesce = true")
         lines.append("")
     return "\n".join(lines)
+
+
+def _toml_param(declared: str | dict[str, Any]) -> str:
+    """``"int"``, or ``{"type": "int", "default": 0}`` as the inline table ``{ type = "int", default = 0 }``."""
+    if isinstance(declared, str):
+        return json.dumps(declared)
+    return "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in declared.items()) + " }"
 
 
 def make_config(tmp_path: Path, kinds_path: Path, **overrides: Any) -> Config:

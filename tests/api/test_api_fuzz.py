@@ -43,7 +43,7 @@ FUZZ_KINDS: dict[str, dict[str, Any]] = {
     # The built-ins' names and params, doing nothing: the fuzzer's pipeline jobs must not fetch anything.
     "pipeline": {
         "argv": ["{python}", "-c", "pass", "{feed}", "{max_episodes}"],
-        "params": {"feed": "str", "max_episodes": "int"},
+        "params": {"feed": "str", "max_episodes": {"type": "int", "default": 0}},
     },
     "enrichment": {"argv": ["{python}", "-c", "pass"], "coalesce": True},
     # One param of each type, exiting at once.

@@ -129,6 +129,31 @@ def test_the_enqueue_body_is_one_schema_per_kind_with_exactly_its_params() -> No
         assert branch["properties"]["params"]["additionalProperties"] is False
 
 
+async def test_a_param_with_a_default_is_not_required_and_shows_its_default(harness: Harness) -> None:
+    body = openapi_document(harness.supervisor.kinds)["components"]["schemas"]["EnqueueRequest"]
+    by_kind = {branch["properties"]["kind"]["const"]: branch for branch in body["oneOf"]}
+    paged, knobs = by_kind["paged"], by_kind["knobs"]
+    assert paged["required"] == ["kind", "params"]
+    assert paged["properties"]["params"]["required"] == ["feed"]
+    assert paged["properties"]["params"]["properties"]["limit"]["default"] == 0
+    assert "default" not in paged["properties"]["params"]["properties"]["feed"]
+    # A kind whose every param has a default may be enqueued without params, as one that has none.
+    assert knobs["required"] == ["kind"]
+    assert knobs["properties"]["params"]["required"] == []
+    assert knobs["properties"]["params"]["type"] == ["object", "null"]
+    defaults = {name: prop["default"] for name, prop in knobs["properties"]["params"]["properties"].items()}
+    assert defaults == {"ratio": 0.5, "flag": True}
+    # Each default is valid by its own schema.
+    assert doc_accepts(knobs["properties"]["params"]["properties"]["ratio"], 0.5)
+
+
+async def test_the_built_in_pipeline_documents_max_episodes_as_optional() -> None:
+    body = openapi_document(load_kinds(None))["components"]["schemas"]["EnqueueRequest"]
+    pipeline = next(b for b in body["oneOf"] if b["properties"]["kind"]["const"] == "pipeline")
+    assert pipeline["properties"]["params"]["required"] == ["feed"]
+    assert pipeline["properties"]["params"]["properties"]["max_episodes"]["default"] == 0
+
+
 # (body, valid?) - each valid one is accepted (202), each invalid one refused (422); the queue is paused.
 ENQUEUE_CASES: list[tuple[dict[str, Any], bool]] = [
     ({"kind": "tidy"}, True),
@@ -169,6 +194,21 @@ ENQUEUE_CASES: list[tuple[dict[str, Any], bool]] = [
     ({"kind": "typed", "params": {"n": 1, "ratio": 1, "flag": False, "name": "a\x00b"}}, False),
     ({"kind": "typed", "params": {"n": 1, "ratio": 1, "flag": False, "name": "x" * 4097}}, False),
     ({"kind": "typed", "params": {"n": 1, "ratio": 1, "flag": False, "name": "\u00e9t\u00e9 x-1"}}, True),
+    # A param with a default may be omitted; when given, it is checked as any other.
+    ({"kind": "paged", "params": {"feed": "a"}}, True),
+    ({"kind": "paged", "params": {"feed": "a", "limit": 5}}, True),
+    ({"kind": "paged", "params": {"feed": "a", "limit": "5"}}, True),
+    ({"kind": "paged", "params": {"feed": "a", "limit": "five"}}, False),
+    ({"kind": "paged", "params": {"feed": "a", "limit": None}}, False),
+    ({"kind": "paged", "params": {"limit": 5}}, False),
+    ({"kind": "paged", "params": {}}, False),
+    ({"kind": "paged"}, False),
+    ({"kind": "knobs"}, True),
+    ({"kind": "knobs", "params": None}, True),
+    ({"kind": "knobs", "params": {}}, True),
+    ({"kind": "knobs", "params": {"flag": "false"}}, True),
+    ({"kind": "knobs", "params": {"flag": "no"}}, False),
+    ({"kind": "knobs", "params": {"extra": 1}}, False),
 ]
 
 

@@ -76,6 +76,14 @@ async def test_params_arrive_as_strings_and_are_converted_by_the_kind(harness: H
     assert row["queue_position"] == 1
 
 
+async def test_an_omitted_param_with_a_default_is_stored_and_run_with_it(harness: Harness) -> None:
+    await harness.supervisor.pause()
+    _, answer = await harness.json("POST", "/api/jobs", json={"kind": "paged", "params": {"feed": "a"}})
+    _, row = await harness.json("GET", f"/api/jobs/{answer['job_id']}")
+    assert row["params"] == {"feed": "a", "limit": 0}
+    assert row["argv"][-2:] == ["a", "0"]
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
@@ -91,6 +99,8 @@ async def test_params_arrive_as_strings_and_are_converted_by_the_kind(harness: H
         ({"kind": "typed", "params": {"n": "1.5", "ratio": 1, "flag": True, "name": "x"}}, "params.n"),
         ({"kind": "typed", "params": {"n": 1, "ratio": 1, "flag": "yes", "name": "x"}}, "params.flag"),
         ({"kind": "typed", "params": {"n": 1, "ratio": 1, "flag": True, "name": "-rf"}}, "params.name"),
+        ({"kind": "paged", "params": {"limit": 1}}, "params.feed"),
+        ({"kind": "paged", "params": {"feed": "a", "limit": "all"}}, "params.limit"),
         ({"kind": "sleep", "params": {"seconds": 1}, "priority": 9}, "priority"),
         ([{"kind": "sleep"}], "body"),
     ],

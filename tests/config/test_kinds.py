@@ -1,13 +1,17 @@
-"""Job kinds: validated params, whole-element placeholders, and kinds-file errors that name the problem."""
+"""Job kinds: validated params (optional ones filled with their defaults), whole-element placeholders, and kinds-file
+errors that name the kind and the problem."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from supervisor import KindsFileError, ValidationError, load_kinds
+from supervisor.domain import JobKind, coalesce_key
 
 SLEEP = """
 [kinds.sleep]
@@ -29,6 +33,25 @@ def test_builtin_kinds() -> None:
     assert catalog.get("enrichment").coalesce
     assert catalog.get("pipeline").exit_reasons[10] == "budget_exhausted"
     assert catalog.get("pipeline").failure_reasons[3] == "all_feeds_failed"
+
+
+def test_the_pipeline_is_resubmitted_on_a_transient_failure_or_an_outside_kill_and_enrichment_never() -> None:
+    catalog = load_kinds(None)
+    pipeline, enrichment = catalog.get("pipeline"), catalog.get("enrichment")
+    assert (pipeline.max_attempts, pipeline.retry_on_exit_codes) == (3, frozenset({75, 137}))
+    assert (pipeline.retry_backoff_s, pipeline.retry_backoff_max_s) == (60.0, 3600.0)
+    assert (enrichment.max_attempts, enrichment.retry_on_exit_codes) == (1, frozenset())
+
+
+def test_the_pipeline_runs_every_episode_unless_told_otherwise() -> None:
+    pipeline = load_kinds(None).get("pipeline")
+    params = pipeline.validate_params({"feed": "https://example.org/feed.xml"})
+    assert params == {"feed": "https://example.org/feed.xml", "max_episodes": 0}
+    assert pipeline.render_argv(params)[-2:] == ["--max-episodes", "0"]
+    assert pipeline.validate_params({"feed": "f", "max_episodes": "3"})["max_episodes"] == 3
+    with pytest.raises(ValidationError) as err:
+        pipeline.validate_params({"max_episodes": 3})
+    assert err.value.field == "params.feed"
 
 
 def test_placeholders_are_replaced_whole(tmp_path: Path) -> None:
@@ -80,7 +103,6 @@ def test_unknown_kind_names_the_field() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('[kinds.x]\nargv = ["echo", "--n={n}"]\nparams = { n = "int" }\n', "whole argv element"),
         ('[kinds.x]\nargv = ["echo", "{n}"]\n', "names no declared param"),
         ('[kinds.x]\nargv = ["echo"]\nparams = { n = "decimal" }\n', "has type 'decimal'"),
         ("[kinds.x]\nargv = []\n", "argv must be a non-empty list"),
@@ -93,6 +115,256 @@ def test_unknown_kind_names_the_field() -> None:
 def test_kinds_file_errors_name_the_problem(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(KindsFileError, match=message):
         load_kinds(_write(tmp_path, text))
+
+
+# -- braces in argv: a whole element {name} is a placeholder, {{ and }} are literal braces, the rest as written ----
+
+
+def _kind_of(tmp_path: Path, argv: list[str], params: str = "{}") -> JobKind:
+    # json.dumps of a list of ASCII strings is a valid TOML array.
+    return load_kinds(_write(tmp_path, f"[kinds.x]\nargv = {json.dumps(argv)}\nparams = {params}\n")).get("x")
+
+
+def test_shell_code_with_braces_is_declared_and_run_as_written(tmp_path: Path) -> None:
+    kind = _kind_of(tmp_path, ["sh", "-c", "echo ${HOME}"])
+    argv = kind.render_argv(kind.validate_params({}))
+    assert argv == ["sh", "-c", "echo ${HOME}"]
+    done = subprocess.run(argv, capture_output=True, text=True, env={"HOME": "/home/q"}, timeout=30, check=True)
+    assert done.stdout == "/home/q\n"
+
+
+def test_a_python_f_string_is_declared_and_run_as_written(tmp_path: Path) -> None:
+    code = "import sys; n = int(sys.argv[1]); print(f'{n} x {n!r} = {n * n:>4}')"
+    kind = _kind_of(tmp_path, ["{python}", "-c", code, "{n}"], '{ n = "int" }')
+    argv = kind.render_argv(kind.validate_params({"n": 3}))
+    assert argv == [sys.executable, "-c", code, "3"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True)
+    assert done.stdout == "3 x 3 =    9\n"
+
+
+@pytest.mark.parametrize(
+    ("element", "rendered"),
+    [
+        ("{{x}}", "{x}"),  # a whole element that must literally be {x}
+        ("{{python}}", "{python}"),
+        ("{{n}}", "{n}"),  # n is a declared param: doubled, it is text
+        ("a{{b}}c", "a{b}c"),
+        ("{{{{", "{{"),
+        ("}}{{", "}{"),
+        ("{{{x}}}", "{{x}}"),  # {{ then a lone { ... }} then a lone }: each lone brace kept
+        ("--n={n}", "--n={n}"),  # not a placeholder: part of a longer element, kept as written
+        ("{}", "{}"),  # find -exec's {} and xargs -I{}: kept
+        ("{ n }", "{ n }"),
+        ("{1x}", "{1x}"),
+        ("${a:-${b}}", "${a:-${b}"),  # its }} is a literal }: such code must double its braces again
+        ("${a:-${b}}}}", "${a:-${b}}"),
+    ],
+)
+def test_doubled_braces_are_one_literal_brace_and_other_brace_text_is_kept(
+    tmp_path: Path, element: str, rendered: str
+) -> None:
+    kind = _kind_of(tmp_path, ["echo", element, "{n}"], '{ n = "int" }')
+    assert kind.argv == ("echo", element, "{n}")  # the kind keeps the element as declared
+    assert kind.render_argv(kind.validate_params({"n": 7})) == ["echo", rendered, "7"]
+
+
+@pytest.mark.parametrize("element", ["{n}", "{python3}", "{HOME}", "{seconds}"])
+def test_a_whole_element_placeholder_naming_no_param_is_refused_naming_kind_and_element(
+    tmp_path: Path, element: str
+) -> None:
+    with pytest.raises(KindsFileError) as err:
+        _kind_of(tmp_path, ["echo", "--x", element], '{ secs = "float" }')
+    name = element[1:-1]
+    assert f"kind 'x': argv element '{element}' is a placeholder that names no declared param" in str(err.value)
+    assert f"write '{{{{{name}}}}}' for the literal text {element}" in str(err.value)
+
+
+def test_python_is_a_placeholder_only_as_a_whole_element(tmp_path: Path) -> None:
+    kind = _kind_of(tmp_path, ["{python}", "-c", "pass", "x{python}"])
+    assert kind.render_argv({}, python="/usr/bin/python3") == ["/usr/bin/python3", "-c", "pass", "x{python}"]
+
+
+# -- optional params with defaults -----------------------------------------------------------------------------
+
+FETCH = """
+[kinds.fetch]
+argv = ["fetch", "{feed}", "{limit}", "{ratio}", "{loud}", "{label}"]
+coalesce = true
+
+[kinds.fetch.params]
+feed = "str"
+limit = { type = "int", default = 0 }
+ratio = { type = "float", default = 1 }
+loud = { type = "bool", default = false }
+label = { type = "str" }
+"""
+
+
+def test_an_omitted_param_with_a_default_gets_it(tmp_path: Path) -> None:
+    kind = load_kinds(_write(tmp_path, FETCH)).get("fetch")
+    assert kind.params == {"feed": "str", "limit": "int", "ratio": "float", "loud": "bool", "label": "str"}
+    # The default is stored as a value of its type (the TOML integer 1 of a float param is 1.0).
+    assert kind.param_defaults == {"limit": 0, "ratio": 1.0, "loud": False}
+    params = kind.validate_params({"feed": "a", "label": "x"})
+    assert params == {"feed": "a", "limit": 0, "ratio": 1.0, "loud": False, "label": "x"}
+    assert kind.render_argv(params) == ["fetch", "a", "0", "1.0", "false", "x"]
+
+
+def test_a_given_param_with_a_default_is_validated_as_any_other(tmp_path: Path) -> None:
+    kind = load_kinds(_write(tmp_path, FETCH)).get("fetch")
+    given = kind.validate_params({"feed": "a", "label": "x", "limit": "5", "ratio": 0.5, "loud": "true"})
+    assert given == {"feed": "a", "limit": 5, "ratio": 0.5, "loud": True, "label": "x"}
+    for bad in ({"limit": "many"}, {"limit": None}, {"ratio": "nan"}, {"loud": 1}):
+        with pytest.raises(ValidationError) as err:
+            kind.validate_params({"feed": "a", "label": "x", **bad})
+        assert err.value.field == f"params.{next(iter(bad))}"
+
+
+@pytest.mark.parametrize("missing", ["feed", "label"])
+def test_a_param_without_a_default_is_still_required(tmp_path: Path, missing: str) -> None:
+    kind = load_kinds(_write(tmp_path, FETCH)).get("fetch")
+    params: dict[str, object] = {"feed": "a", "label": "x"}
+    del params[missing]
+    with pytest.raises(ValidationError, match=f"missing param '{missing}'") as err:
+        kind.validate_params(params)
+    assert err.value.field == f"params.{missing}"
+
+
+def test_the_coalescing_key_sees_the_defaults(tmp_path: Path) -> None:
+    kind = load_kinds(_write(tmp_path, FETCH)).get("fetch")
+
+    def key(params: dict[str, object]) -> str:
+        return coalesce_key(kind.name, kind.validate_params(params))
+
+    # Omitting a param and sending its default are the same job ...
+    assert key({"feed": "a", "label": "x"}) == key({"feed": "a", "label": "x", "limit": 0, "loud": "false"})
+    # ... and sending another value is another job.
+    assert key({"feed": "a", "label": "x"}) != key({"feed": "a", "label": "x", "limit": 3})
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ('{ n = { type = "int", default = "many" } }', "kind 'x': the default of param 'n' must be int: got 'many'"),
+        ('{ n = { type = "int", default = 1.5 } }', "kind 'x': the default of param 'n' must be int: got 1.5"),
+        ('{ n = { type = "float", default = inf } }', "kind 'x': the default of param 'n' must be float: not finite"),
+        ('{ n = { type = "bool", default = 0 } }', "kind 'x': the default of param 'n' must be bool: got 0"),
+        ('{ n = { type = "str", default = "-v" } }', "kind 'x': the default of param 'n' must be str: must not start"),
+        ('{ n = { type = "str", default = 3 } }', "kind 'x': the default of param 'n' must be str: got int"),
+        ('{ n = { default = 3 } }', "kind 'x': param 'n': a param table needs a type"),
+        ('{ n = { type = "decimal", default = 3 } }', "kind 'x': param 'n' has type 'decimal'"),
+        ('{ n = { type = "int", defualt = 3 } }', "kind 'x': param 'n': unknown key 'defualt' "),
+        ('{ n = { type = "int", min = 0, max = 9 } }', "kind 'x': param 'n': unknown keys 'max', 'min' "),
+        ("{ n = 3 }", "kind 'x': param 'n' has type 3"),
+        ('"n"', "kind 'x': params must be a table"),
+    ],
+)
+def test_a_bad_param_declaration_names_the_kind_the_param_and_the_problem(
+    tmp_path: Path, params: str, message: str
+) -> None:
+    with pytest.raises(KindsFileError) as err:
+        load_kinds(_write(tmp_path, f'[kinds.x]\nargv = ["echo", "{{n}}"]\nparams = {params}\n'))
+    assert message in str(err.value)
+
+
+# -- resubmission settings ----------------------------------------------------------------------------------------
+
+
+def test_a_kind_that_declares_no_resubmission_settings_is_never_resubmitted(tmp_path: Path) -> None:
+    kind = load_kinds(_write(tmp_path, SLEEP)).get("sleep")
+    assert kind.max_attempts == 1
+    assert (kind.retry_backoff_s, kind.retry_backoff_max_s) == (60.0, 3600.0)
+    assert kind.retry_on_exit_codes == frozenset()
+
+
+def test_resubmission_settings_are_read_as_declared(tmp_path: Path) -> None:
+    text = SLEEP + (
+        "max_attempts = 5\nretry_backoff_seconds = 2\nretry_backoff_max_seconds = 30.5\n"
+        "retry_on_exit_codes = [75, 1, 255]\nexit_reasons = { 10 = 'budget_exhausted' }\n"
+    )
+    kind = load_kinds(_write(tmp_path, text)).get("sleep")
+    assert kind.max_attempts == 5
+    assert (kind.retry_backoff_s, kind.retry_backoff_max_s) == (2.0, 30.5)
+    assert isinstance(kind.retry_backoff_s, float)
+    assert kind.retry_on_exit_codes == frozenset({1, 75, 255})
+
+
+@pytest.mark.parametrize(
+    ("settings", "attr", "value"),
+    [
+        ("max_attempts = 100", "max_attempts", 100),
+        ("retry_backoff_seconds = 0.001", "retry_backoff_s", 0.001),
+        ("retry_backoff_seconds = 3600", "retry_backoff_s", 3600.0),  # equal to the default cap: allowed
+        ("retry_backoff_seconds = 7200\nretry_backoff_max_seconds = 7200", "retry_backoff_s", 7200.0),
+        ("retry_backoff_max_seconds = 31536000", "retry_backoff_max_s", 31536000.0),
+    ],
+)
+def test_resubmission_settings_at_their_bounds_are_accepted(
+    tmp_path: Path, settings: str, attr: str, value: object
+) -> None:
+    kind = load_kinds(_write(tmp_path, SLEEP + settings + "\n")).get("sleep")
+    assert getattr(kind, attr) == value
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ("max_attempts = 0", "max_attempts must be a whole number from 1 (never resubmit) to 100, not 0"),
+        ("max_attempts = -1", "max_attempts must be a whole number from 1 (never resubmit) to 100, not -1"),
+        ("max_attempts = 101", "max_attempts must be a whole number from 1 (never resubmit) to 100, not 101"),
+        ("max_attempts = 99999999999999999999", "max_attempts must be a whole number from 1"),
+        ("max_attempts = 2.0", "max_attempts must be a whole number from 1 (never resubmit) to 100, not 2.0"),
+        ("max_attempts = true", "max_attempts must be a whole number from 1 (never resubmit) to 100, not True"),
+        ('max_attempts = "3"', "max_attempts must be a whole number from 1 (never resubmit) to 100, not '3'"),
+        ("retry_backoff_seconds = 0", "retry_backoff_seconds must be a number of seconds above 0 and at most"),
+        ("retry_backoff_seconds = -5", "retry_backoff_seconds must be a number of seconds above 0"),
+        ("retry_backoff_seconds = nan", "retry_backoff_seconds must be a number of seconds above 0"),
+        ("retry_backoff_seconds = inf", "retry_backoff_seconds must be a number of seconds above 0"),
+        ("retry_backoff_seconds = 1e400", "retry_backoff_seconds must be a number of seconds above 0"),
+        ("retry_backoff_seconds = 99999999999999999999999", "retry_backoff_seconds must be a number of seconds"),
+        ("retry_backoff_seconds = true", "retry_backoff_seconds must be a number of seconds above 0"),
+        ('retry_backoff_seconds = "60"', "retry_backoff_seconds must be a number of seconds above 0"),
+        ("retry_backoff_max_seconds = 0", "retry_backoff_max_seconds must be a number of seconds above 0"),
+        ("retry_backoff_max_seconds = inf", "retry_backoff_max_seconds must be a number of seconds above 0"),
+        (
+            "retry_backoff_max_seconds = 31536001",
+            "retry_backoff_max_seconds must be a number of seconds above 0 and at most 31536000 (a year), not 31536001",
+        ),
+        (
+            "retry_backoff_seconds = 10\nretry_backoff_max_seconds = 5",
+            "retry_backoff_max_seconds (5) must be at least retry_backoff_seconds (10)",
+        ),
+        (
+            "retry_backoff_seconds = 7200",
+            "retry_backoff_max_seconds (3600, the default) must be at least retry_backoff_seconds (7200)",
+        ),
+        ("retry_on_exit_codes = 75", "retry_on_exit_codes must be a list of exit codes (1 to 255), not 75"),
+        ("retry_on_exit_codes = [0]", "retry_on_exit_codes cannot name exit code 0"),
+        ("retry_on_exit_codes = [256]", "retry_on_exit_codes: 256 is not an exit code (1 to 255)"),
+        ("retry_on_exit_codes = [-1]", "retry_on_exit_codes: -1 is not an exit code (1 to 255)"),
+        ('retry_on_exit_codes = ["75"]', "retry_on_exit_codes: '75' is not an exit code (1 to 255)"),
+        ("retry_on_exit_codes = [true]", "retry_on_exit_codes: True is not an exit code (1 to 255)"),
+        ("retry_on_exit_codes = [75.0]", "retry_on_exit_codes: 75.0 is not an exit code (1 to 255)"),
+        ("retry_on_exit_codes = [75, 1, 75]", "retry_on_exit_codes names exit code 75 twice"),
+        (
+            "retry_on_exit_codes = [75, 10]\nexit_reasons = { 10 = 'budget_exhausted' }",
+            "exit code 10 is in both retry_on_exit_codes and exit_reasons",
+        ),
+        ("retry_on_exits = [75]", "unknown key 'retry_on_exits'"),
+        ("retry_backoff_s = 5", "unknown key 'retry_backoff_s'"),
+    ],
+)
+def test_a_bad_resubmission_setting_names_the_kind_and_the_key(tmp_path: Path, settings: str, message: str) -> None:
+    with pytest.raises(KindsFileError) as err:
+        load_kinds(_write(tmp_path, SLEEP + settings + "\n"))
+    assert f"kind 'sleep': {message}" in str(err.value)
+
+
+def test_a_retry_code_may_also_be_a_named_failure(tmp_path: Path) -> None:
+    # The name is what the job ends with once its attempts are spent.
+    text = SLEEP + "max_attempts = 2\nretry_on_exit_codes = [3]\nfailure_reasons = { 3 = 'all_feeds_failed' }\n"
+    kind = load_kinds(_write(tmp_path, text)).get("sleep")
+    assert (kind.retry_on_exit_codes, kind.failure_reasons) == (frozenset({3}), {3: "all_feeds_failed"})
 
 
 def test_missing_kinds_file_is_an_error(tmp_path: Path) -> None:
