@@ -149,6 +149,20 @@ class EdgeH11Protocol(H11Protocol):
         await self._send_h11_event(h11.Data(data=body))
         await self._send_h11_event(h11.EndOfMessage())
 
+    async def _send_h11_event(self, event: Any) -> None:
+        try:
+            data = self.connection.send(event)
+        except h11.LocalProtocolError as exc:
+            if self.connection.their_state == h11.ERROR:
+                return  # as hypercorn: the client broke the protocol first, and the connection is closing
+            # Our side cannot go on with this connection (a message that does not fit where the last one left it):
+            # end this connection, never the server -- an exception here would leave the connection task and
+            # stop every other connection with it.
+            log.error("http_connection_abandoned", error=str(exc), client=_peer(self.client))
+            await self.send(Closed())
+            return
+        await self.send(RawData(data=data))
+
     async def _check_protocol(self, event: h11.Request) -> None:
         # Never switch to HTTP/2 (h2c upgrade or prior-knowledge preface): see the module docstring.
         return None
@@ -178,6 +192,11 @@ class EdgeTCPServer(TCPServer):
             except trio.Cancelled:
                 with trio.CancelScope(shield=True):
                     await self.stream.aclose()
+                    # The protocol learns the connection is gone, as for a broken write: its stream is closed, so
+                    # the request's end sends nothing more. (Otherwise a write cut inside a response's head left h11
+                    # in SEND_BODY while the stream still thought no response had begun, and its "500 instead"
+                    # raised out of the connection task and stopped the server.)
+                    await self.protocol.handle(Closed())
                 raise
 
 
