@@ -242,6 +242,12 @@ class PoisonMemo:
     def is_poisoned(self, key: str) -> bool:
         return self.failures(key) >= self.threshold
 
+    def is_suspect(self, key: str) -> bool:
+        """Its last attempt reported no outcome: it was in flight when a run was killed. It may have killed it, or
+        been a bystander of the episode that did."""
+        entry = self._entries.get(key)
+        return entry is not None and entry.last_reason == KILLED_MID_ATTEMPT
+
     async def begin(self, key: str, *, guid: str, feed_url: str) -> int:
         """Count an attempt as a failure *before* it runs; returns the new count.
 

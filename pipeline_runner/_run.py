@@ -151,6 +151,7 @@ class PipelineRun:
         self.failures: list[dict[str, Any]] = []
         self.poisoned: list[dict[str, Any]] = []
         self.in_flight: dict[str, Episode] = {}
+        self._open = _OpenEpisodes()
         self._job_scope: trio.CancelScope | None = None
         self._dispatch_scope: trio.CancelScope | None = None
         self._workers_scope: trio.CancelScope | None = None
@@ -304,6 +305,8 @@ class PipelineRun:
         self.events.emit("feed_failed", feed_url=exc.feed_url, reason=exc.reason, transient=exc.transient)
 
     async def _dispatch(self, send: trio.MemorySendChannel[Episode], plan: list[Episode]) -> None:
+        # Suspects first (in flight when a run was killed), each alone; then the rest, concurrently.
+        plan = sorted(plan, key=lambda episode: not self.memo.is_suspect(episode_key(episode.guid)))
         for episode in plan:
             if self.stop.reason is not None:
                 return
@@ -323,7 +326,10 @@ class PipelineRun:
                 continue
             # ADR-150 D2: scheduling is defended, not just work -- a failure to hand out stops submission.
             try:
-                await self._hand_out(send, episode)
+                if self.memo.is_suspect(key):
+                    await self._hand_out_alone(send, episode)
+                else:
+                    await self._hand_out_counted(send, episode)
             except Exception as exc:
                 log.error("could not hand out episode %s: %r; stopping submission", episode.guid, exc)
                 self.stop.request(REASON_SCHEDULING_FAILED)
@@ -331,6 +337,26 @@ class PipelineRun:
 
     async def _hand_out(self, send: trio.MemorySendChannel[Episode], episode: Episode) -> None:
         await send.send(episode)
+
+    async def _hand_out_counted(self, send: trio.MemorySendChannel[Episode], episode: Episode) -> None:
+        self._open.opened()
+        try:
+            await self._hand_out(send, episode)
+        except BaseException:
+            self._open.closed()  # never reached a worker
+            raise
+
+    async def _hand_out_alone(self, send: trio.MemorySendChannel[Episode], episode: Episode) -> None:
+        """A suspect runs with no other episode in flight, from its start to its end (INV-POISON-ATTRIBUTED).
+
+        A process that is killed counts an attempt against every episode in flight (each was counted before it
+        ran): the one that killed it and any bystander. Alone, a kill is this episode's alone: an innocent bystander
+        of one crash is cleared by its next, solitary run, and only an episode that kills the run by itself
+        reaches the poison threshold.
+        """
+        await self._open.wait_none()
+        await self._hand_out_counted(send, episode)
+        await self._open.wait_none()
 
     async def _worker(
         self,
@@ -342,7 +368,10 @@ class PipelineRun:
         task_status.started()
         async with recv:
             async for episode in recv:
-                await self._run_episode(episode)
+                try:
+                    await self._run_episode(episode)
+                finally:
+                    self._open.closed()
 
     async def _run_episode(self, episode: Episode) -> None:
         key = episode_key(episode.guid)
@@ -475,6 +504,28 @@ class PipelineRun:
                 "poisoned": self.poisoned,
             },
         )
+
+
+class _OpenEpisodes:
+    """How many episodes are handed out and not yet ended; ``wait_none`` returns once there are none."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._none = trio.Event()
+        self._none.set()
+
+    def opened(self) -> None:
+        self.count += 1
+        if self._none.is_set():
+            self._none = trio.Event()
+
+    def closed(self) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self._none.set()
+
+    async def wait_none(self) -> None:
+        await self._none.wait()
 
 
 def _ids(episode: Episode, key: str) -> dict[str, str]:

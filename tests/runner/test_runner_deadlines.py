@@ -27,6 +27,7 @@ from pipeline_runner import (
     Heartbeat,
     HeartbeatConfig,
     PipelineRun,
+    PoisonMemo,
     RunnerConfig,
     StopSignal,
     episode_key,
@@ -327,6 +328,48 @@ async def test_poison_episode_is_skipped_after_n_failures(
     memo = json.loads((tmp_path / "corpus" / ".poison.json").read_text())
     assert memo[episode_key("poison")]["failures"] == 3
     assert manifest(tmp_path, "job-4")["poisoned"][0]["guid"] == "poison"
+
+
+async def test_suspects_of_a_killed_run_run_first_each_alone_INV_POISON_ATTRIBUTED(
+    autojump_clock: MockClock, fake_net: FakeNet, tmp_path: Path
+) -> None:
+    """A run killed with two episodes in flight counted an attempt against both (the memo counts before the work):
+    the next run tries each of them alone, before the rest, so the bystander is cleared by its own success and
+    only the guilty one can reach the threshold."""
+    feed(
+        fake_net, [("fresh1", "/f1", None), ("guilty", "/g", None), ("bystander", "/b", None), ("fresh2", "/f2", None)]
+    )
+    open_now: set[str] = set()
+    seen_together: list[tuple[str, frozenset[str]]] = []
+
+    def tracked(path: str, seconds: float) -> Any:
+        async def handler(request: httpx.Request) -> httpx.Response:
+            open_now.add(path)
+            seen_together.append((path, frozenset(open_now)))
+            try:
+                await trio.sleep(seconds)
+                return httpx.Response(200, content=b"audio")
+            finally:
+                open_now.discard(path)
+
+        return handler
+
+    fake_net.routes.update({p: tracked(p, 1.0) for p in ("/f1", "/g", "/b", "/f2")})
+    memo = PoisonMemo(tmp_path / "corpus" / ".poison.json", threshold=2)
+    await memo.load()
+    for guid in ("guilty", "bystander"):  # what a killed run leaves: begun, never reported
+        await memo.begin(episode_key(guid), guid=guid, feed_url=f"{NET}/feed")
+
+    outcome = await make_run(config(tmp_path, workers=4, poison_threshold=2), fake_net).run()
+
+    assert outcome.exit_code == EXIT_OK and outcome.counts.done == 4
+    order = [path for path, _ in seen_together]
+    assert set(order[:2]) == {"/g", "/b"}  # the suspects first ...
+    alone = {path: others for path, others in seen_together}
+    assert alone["/g"] == {"/g"} and alone["/b"] == {"/b"}  # ... each with nothing else in flight
+    assert {"/f1", "/f2"} <= alone["/f2"] | alone["/f1"]  # the rest together, as workers allow
+    memo_after = json.loads((tmp_path / "corpus" / ".poison.json").read_text())
+    assert memo_after == {}  # both succeeded: neither is counted any more
 
 
 @pytest.mark.parametrize(("max_episodes", "done"), [(0, 5), (None, 5), (2, 2)])
