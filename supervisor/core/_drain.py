@@ -29,6 +29,7 @@ from ._pause import LOOK_EVERY_S, PauseFile
 log = get_logger()
 
 PROMOTE_BATCH = 64  # rows promoted in one registry step, at most
+MIN_BACKOFF_WAIT_S = 0.01
 
 StartMonitor = Callable[[Watched, Job], Awaitable[None]]
 
@@ -123,7 +124,9 @@ class Drainer:
         if self._next_at is None:
             return math.inf
         wait_s = (self._next_at - self.boot.wall_clock()).total_seconds()
-        return trio.current_time() + max(0.0, wait_s)
+        # At least a moment: the registry said that time is still ahead by its clock, which may differ from this one
+        # (rounding, another host's skew): never a busy loop of promotions that promote nothing.
+        return trio.current_time() + max(MIN_BACKOFF_WAIT_S, wait_s)
 
     async def _executor_ready(self) -> bool:
         why = await self.boot.executor.unavailable()

@@ -40,6 +40,9 @@ class Monitors:
         self.boot = boot
         self._wake_drainer = wake_drainer
         self._follow_up = follow_up
+        # Its own generator: the module's shared one belongs to whoever else runs in this process (a test's
+        # property-based generator notices another thread drawing from it).
+        self._random = random.Random()
 
     async def evidence(self, rows: list[Job]) -> list[Evidence]:
         """The executor's evidence for ``rows`` (blocking probes: a worker thread, never during a registry write)."""
@@ -101,7 +104,7 @@ class Monitors:
             attempts=job.attempts,
             policy=RetryPolicy.of(kind, job.max_attempts),
             now=boot.wall_clock(),
-            jitter=random.uniform(*JITTER),  # spreads retries of jobs that crashed together apart
+            jitter=self._random.uniform(*JITTER),  # spreads retries of jobs that crashed together apart
         )
         guard = Expect(expect.identity) if expect is not None else None
         change, _ = await boot.registry.finalize(job.job_id, decided, expect=guard)

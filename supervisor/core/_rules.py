@@ -194,7 +194,9 @@ def ending(
             exit_reasons=kind.exit_reasons if kind else {},
             failure_reasons=kind.failure_reasons if kind else {},
         )
-        crash = status.oom_killed or status.signal is not None or status.code in policy.retry_on_exit_codes
+        # A listed exit code is "try again" only as a failure: never a success or a planned stop (a budget).
+        retryable = chosen.status is JobStatus.FAILED and status.code in policy.retry_on_exit_codes
+        crash = status.oom_killed or status.signal is not None or retryable
     retry = None
     if crash and attempts < policy.max_attempts and now is not None:
         # ADR-150 D4: kill and resubmit, bounded by the attempt count (the poison-pill memo makes it safe).

@@ -68,7 +68,7 @@ MAX_FLOAT = sys.float_info.max
 # Exit codes of pipeline_runner that are planned outcomes (ADR-0002, INV-BUDGET-IS-AN-OUTCOME) ...
 PIPELINE_EXIT_REASONS = {10: "budget_exhausted", 11: "time_budget_exhausted"}
 # ... and those that are failures with a name an operator can act on.
-PIPELINE_FAILURE_REASONS = {3: "all_feeds_failed"}
+PIPELINE_FAILURE_REASONS = {3: "all_feeds_failed", 75: "all_feeds_unavailable"}
 # Resubmission (ADR-150 D4), per kind: the defaults (a kind that declares nothing is never resubmitted) ...
 DEFAULT_MAX_ATTEMPTS = 1
 DEFAULT_RETRY_BACKOFF_S = 60.0
@@ -242,7 +242,21 @@ class KindCatalog:
 # that they obey every rule a kinds file must (a placeholder names a param, a default is of its type, ...).
 _BUILTINS: dict[str, dict[str, Any]] = {
     "pipeline": {
-        "argv": ["{python}", "-m", "pipeline_runner", "run", "--feed", "{feed}", "--max-episodes", "{max_episodes}"],
+        # --poison-threshold 2, one below max_attempts: an episode that kills the runner on every attempt is skipped
+        # as poisoned by the last attempt, which then finishes the run (ADR 0009); with the runner's default of 3 the
+        # job's attempts would be spent on it before the memo ever skipped it.
+        "argv": [
+            "{python}",
+            "-m",
+            "pipeline_runner",
+            "run",
+            "--feed",
+            "{feed}",
+            "--max-episodes",
+            "{max_episodes}",
+            "--poison-threshold",
+            "2",
+        ],
         # max_episodes 0: every episode of the feed (the runner reads --max-episodes 0 as no limit).
         "params": {"feed": "str", "max_episodes": {"type": "int", "default": 0}},
         "then": "enrichment",

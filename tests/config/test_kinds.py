@@ -41,13 +41,17 @@ def test_the_pipeline_is_resubmitted_on_a_transient_failure_or_an_outside_kill_a
     assert (pipeline.max_attempts, pipeline.retry_on_exit_codes) == (3, frozenset({75, 137}))
     assert (pipeline.retry_backoff_s, pipeline.retry_backoff_max_s) == (60.0, 3600.0)
     assert (enrichment.max_attempts, enrichment.retry_on_exit_codes) == (1, frozenset())
+    # Its last attempt runs without an episode that killed the earlier ones: the memo's threshold is one below.
+    argv = pipeline.render_argv(pipeline.validate_params({"feed": "f"}))
+    assert argv[-2:] == ["--poison-threshold", str(pipeline.max_attempts - 1)]
+    assert pipeline.failure_reasons[75] == "all_feeds_unavailable"
 
 
 def test_the_pipeline_runs_every_episode_unless_told_otherwise() -> None:
     pipeline = load_kinds(None).get("pipeline")
     params = pipeline.validate_params({"feed": "https://example.org/feed.xml"})
     assert params == {"feed": "https://example.org/feed.xml", "max_episodes": 0}
-    assert pipeline.render_argv(params)[-2:] == ["--max-episodes", "0"]
+    assert pipeline.render_argv(params)[-4:-2] == ["--max-episodes", "0"]
     assert pipeline.validate_params({"feed": "f", "max_episodes": "3"})["max_episodes"] == 3
     with pytest.raises(ValidationError) as err:
         pipeline.validate_params({"max_episodes": 3})

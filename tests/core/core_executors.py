@@ -166,6 +166,9 @@ PROGRAMS = {
     "done": _zero,
     "first": _exit,
     "term_ignorer": _term_ignorer,
+    "retried_sleep": _sleep,
+    "patient_sleep": _sleep,
+    "retried_exit": _exit,
     "budget": lambda job: _const(10),
     "nothing_to_do": lambda job: _const(3),
 }

@@ -75,6 +75,32 @@ exit_reasons = { 10 = "budget_exhausted" }
 argv = ["{python}", "-c", "import sys; sys.exit(3)"]
 failure_reasons = { 3 = "all_feeds_failed" }
 
+# Resubmitted after a crash (ADR 0009): a SIGKILL from outside, or Docker's 137 for it; a short backoff.
+[kinds.retried_sleep]
+argv = ["{python}", "-c", "import sys, threading; threading.Event().wait(float(sys.argv[1]))", "{seconds}"]
+params = { seconds = "float" }
+max_attempts = 2
+retry_backoff_seconds = 0.2
+retry_backoff_max_seconds = 0.2
+retry_on_exit_codes = [137]
+
+# Resubmitted, with a backoff long enough to be cancelled while it waits.
+[kinds.patient_sleep]
+argv = ["{python}", "-c", "import sys, threading; threading.Event().wait(float(sys.argv[1]))", "{seconds}"]
+params = { seconds = "float" }
+max_attempts = 3
+retry_backoff_seconds = 3600
+retry_on_exit_codes = [137]
+
+# An exit code that means "try again" (EX_TEMPFAIL), and one that does not.
+[kinds.retried_exit]
+argv = ["{python}", "-c", "import sys; print('bye'); sys.exit(int(sys.argv[1]))", "{code}"]
+params = { code = "int" }
+max_attempts = 3
+retry_backoff_seconds = 0.1
+retry_backoff_max_seconds = 0.2
+retry_on_exit_codes = [75]
+
 [kinds.chatty]
 argv = ["{python}", "-c", "import sys; sys.stdout.write('x' * int(sys.argv[1]))", "{n}"]
 params = { n = "int" }

@@ -22,7 +22,8 @@ from core_executors import (  # type: ignore[import-not-found]
 from core_helpers import poll, wait_running, wait_status, wait_terminal  # type: ignore[import-not-found]
 
 from supervisor import JobStatus, RegistryError, Supervisor
-from supervisor.domain import Job
+from supervisor.domain import Job, hash_token
+from supervisor.registry import PromoteRequest
 
 
 @pytest.fixture(params=["subprocess", "memory", pytest.param("docker", marks=pytest.mark.docker)])
@@ -229,3 +230,90 @@ async def test_stall_action_terminate_stops_a_stalled_job_through_its_executor(
     final = await poll(ended, timeout_s=30)
     assert (final.status, final.error_reason, final.stalled) == (JobStatus.STALE, "progress_stalled", True)
     assert await world.agone(final)
+
+
+# -- crash-only recovery (ADR 0009): kill and resubmit ---------------------------------------------------------
+
+
+async def _running_attempt(sup: Supervisor, job_id: str, attempt: int) -> Job:
+    async def check() -> Job | None:
+        row = await sup.get(job_id)
+        return row if row.status is JobStatus.RUNNING and row.spawned and row.attempts == attempt else None
+
+    return await poll(check, timeout_s=20)
+
+
+async def test_a_crashed_job_is_resubmitted_under_its_id_until_its_attempts_are_spent(
+    make: Callable[..., Supervisor], world: World
+) -> None:
+    sup = make(max_concurrent=1, sweep_interval_s=3600)  # the monitor and the drainer alone: no sweep helps
+    job = await wait_running(sup, (await sup.enqueue("retried_sleep", {"seconds": 60})).job.job_id)
+    assert (job.attempts, job.max_attempts, job.history) == (1, 2, ())
+    first_log = job.log_path
+    await world.akill(job)  # a SIGKILL the supervisor did not send: a crash
+    again = await _running_attempt(sup, job.job_id, 2)  # same id, started again once its backoff passed
+    [attempt] = again.history
+    assert (attempt.attempt, attempt.status, attempt.reason) == (1, JobStatus.FAILED, world.killed_reason)
+    assert attempt.started_at == job.started_at and attempt.ended_at is not None
+    assert again.log_path != first_log  # each attempt its own log (and, in docker mode, its own container)
+    await world.akill(again)
+    final = await wait_terminal(sup, job.job_id)
+    # Its attempts spent: the last crash is its outcome, the earlier one in its history.
+    assert (final.status, final.error_reason, final.attempts, len(final.history)) == (
+        JobStatus.FAILED,
+        world.killed_reason,
+        2,
+        1,
+    )
+
+
+async def test_an_exit_code_the_kind_lists_is_retried_and_any_other_is_final(
+    make: Callable[..., Supervisor],
+) -> None:
+    sup = make()
+    tempfail = (await sup.enqueue("retried_exit", {"code": 75})).job
+    other = (await sup.enqueue("retried_exit", {"code": 7})).job
+    failed = await wait_terminal(sup, tempfail.job_id)
+    assert (failed.error_reason, failed.attempts, [a.reason for a in failed.history]) == (
+        "exit_code_75",
+        3,
+        ["exit_code_75", "exit_code_75"],
+    )
+    once = await wait_terminal(sup, other.job_id)
+    assert (once.error_reason, once.attempts, once.history) == ("exit_code_7", 1, ())
+
+
+async def test_a_job_waiting_out_its_backoff_is_cancelled_at_once(
+    make: Callable[..., Supervisor], world: World
+) -> None:
+    sup = make()
+    job = await wait_running(sup, (await sup.enqueue("patient_sleep", {"seconds": 60})).job.job_id)
+    await world.akill(job)
+    waiting = await wait_status(sup, job.job_id, {JobStatus.QUEUED})
+    assert waiting.next_attempt_at is not None and waiting.attempts == 1  # an hour's backoff ahead of it
+    ended = await sup.cancel(job.job_id)
+    assert (ended.status, ended.error_reason, len(ended.history)) == (JobStatus.CANCELLED, "cancelled", 1)
+
+
+async def test_a_cancelled_job_is_never_resubmitted(make: Callable[..., Supervisor]) -> None:
+    sup = make()
+    job = await wait_running(sup, (await sup.enqueue("retried_sleep", {"seconds": 60})).job.job_id)
+    await sup.cancel(job.job_id)
+    ended = await wait_terminal(sup, job.job_id, timeout_s=15)
+    assert (ended.status, ended.attempts, ended.history) == (JobStatus.CANCELLED, 1, ())
+
+
+async def test_a_prior_boots_start_that_never_happened_runs_at_the_next_boot_uncounted(
+    make: Callable[..., Supervisor], world: World
+) -> None:
+    """The boot died after promoting the job and before its executor started it (no start record, no container):
+    the next boot puts it back at the head of the queue at once and runs it, as its first attempt."""
+    old = make(boot_id="old", attach=False)
+    queued = (await old.enqueue("exit", {"code": 0})).job
+    [promoted] = (await old.registry.promote(PromoteRequest(1, "old", [hash_token("t")], old.log_dir))).jobs
+    assert (promoted.job_id, promoted.status, promoted.spawned) == (queued.job_id, JobStatus.RUNNING, False)
+    new = make(boot_id="new", max_concurrent=1)
+    [detail] = (await new.reconcile(stale_marks_live_processes=False)).details
+    assert (detail.action, detail.reason) == ("requeued", "never_started")
+    done = await wait_terminal(new, queued.job_id)
+    assert (done.status, done.attempts, done.history, done.boot_id) == (JobStatus.SUCCEEDED, 1, (), "new")

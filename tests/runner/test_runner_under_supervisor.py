@@ -4,17 +4,23 @@ over real HTTP with its token, then chaining the `enrichment` kind."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
+import os
+import signal
 from pathlib import Path
 from typing import Any, Literal
 
 import httpx
 import pytest
 import trio
-from runner_helpers import HttpServer, respond, rss
+from runner_helpers import HttpServer, hang_after_headers, respond, rss
 
 from pipeline_runner import episode_key
-from supervisor import Config, load_kinds, run_supervisor
+from supervisor import Config, KindCatalog, load_kinds, run_supervisor
+from supervisor.execution.docker import make_client
+from supervisor.execution.subprocess import identify
 
 pytestmark = pytest.mark.e2e
 
@@ -64,3 +70,71 @@ async def test_pipeline_job_runs_under_the_supervisor_reports_progress_and_chain
                 await client.get(f"{base}/api/jobs/{listed[0]['job_id']}/log")
             ).text
         shutdown.set()
+
+
+async def _running_attempt(client: httpx.AsyncClient, url: str, attempt: int) -> dict[str, Any]:
+    """The row once its ``attempt``-th start is recorded (its identity reaches the row just after the start)."""
+    while not ((row := (await client.get(url)).json())["status"] == "running" and row["attempts"] == attempt):  # noqa: ASYNC110
+        await trio.sleep(0.05)
+    return row  # type: ignore[no-any-return]
+
+
+def _kill_from_outside(exec_mode: str, row: dict[str, Any]) -> None:
+    """What the OOM killer or an operator's ``kill -9`` does to the running attempt (blocking)."""
+    if exec_mode == "docker":
+        client = make_client()
+        try:
+            client.kill(row["container_id"], signal="SIGKILL")
+        finally:
+            client.close()
+        return
+    identity = identify(row["pid"])
+    assert identity is not None and identity.start_time == row["pid_start_time"]  # still that process
+    os.killpg(row["pid"], signal.SIGKILL)
+
+
+@pytest.mark.parametrize("exec_mode", ["subprocess", pytest.param("docker", marks=pytest.mark.docker)])
+async def test_an_episode_that_kills_every_attempt_is_poisoned_by_the_third_and_the_run_finishes(
+    http_server: HttpServer, tmp_path: Path, exec_mode: Literal["subprocess", "docker"]
+) -> None:
+    """ADR-150 D4's hazard, closed end to end (ADR 0009): the built-in pipeline kind, resubmitted after each crash,
+    with one episode that kills its runner (SIGKILL from outside, while that episode is being fetched) on every
+    attempt. The memo counts it before each try; the third attempt skips it as poisoned and finishes the run."""
+    s = http_server
+    s.routes["/feed"] = respond(200, rss([("fatal", s.url("/fatal"), None), ("fine", s.url("/fine"), None)]))
+    s.routes["/fatal"] = hang_after_headers()  # the episode's fetch never ends: the kill lands during it
+    s.routes["/fine"] = respond(200, b"F" * 100)
+    data = tmp_path / "data"
+    builtin = load_kinds(None)
+    # The built-in kind as shipped (its argv, max_attempts, exit codes, poison threshold); only the backoff is
+    # shortened, so the test does not wait 60 s + 120 s.
+    fast = dataclasses.replace(builtin.get("pipeline"), retry_backoff_s=0.2, retry_backoff_max_s=0.4)
+    kinds = KindCatalog({"pipeline": fast, "enrichment": builtin.get("enrichment")})
+    config = Config(data_dir=data, bind_port=0, max_concurrent=1, exec_mode=exec_mode, docker_network="host")
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        sup = await nursery.start(functools.partial(run_supervisor, config, kinds, shutdown=shutdown))
+        base = sup.heartbeat_base_url
+        async with httpx.AsyncClient(timeout=10) as client:
+            answer = await client.post(
+                f"{base}/api/jobs", json={"kind": "pipeline", "params": {"feed": s.url("/feed")}}
+            )
+            assert answer.status_code == 202, answer.text
+            url = f"{base}/api/jobs/{answer.json()['job_id']}"
+            for attempt in (1, 2):
+                with trio.fail_after(60):
+                    await s.wait_for_requests("/fatal", attempt)  # this attempt is fetching the fatal episode
+                    row = await _running_attempt(client, url, attempt)
+                await trio.to_thread.run_sync(_kill_from_outside, exec_mode, row)
+            job = await _poll_job(client, url, timeout_s=90)
+        shutdown.set()
+    killed = "exit_code_137" if exec_mode == "docker" else "killed_by_SIGKILL"
+    assert (job["status"], job["error_reason"], job["attempts"], job["max_attempts"]) == ("succeeded", None, 3, 3)
+    assert [(a["attempt"], a["status"], a["reason"]) for a in job["history"]] == [
+        (1, "failed", killed),
+        (2, "failed", killed),
+    ]
+    assert len(s.requests_to("/fatal")) == 2  # never fetched a third time
+    run = json.loads((data / "corpus" / ".runs" / job["job_id"] / "run.json").read_text())
+    assert [p["guid"] for p in run["poisoned"]] == ["fatal"]
+    assert (data / "corpus" / "episodes" / episode_key("fine") / "COMPLETE").exists()

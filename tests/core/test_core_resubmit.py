@@ -1,0 +1,176 @@
+"""Kill and resubmit (ADR 0009): what is resubmitted and what never is (the pure rule), the backoff's arithmetic, and
+the drainer starting a resubmitted job when its backoff ends — no sooner, and with no other wake — on a virtual
+clock (the in-memory executor and registry: no thread, no real time)."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+from core_executors import PROGRAMS  # type: ignore[import-not-found]
+
+from supervisor import Config, ExitStatus, Supervisor, load_kinds
+from supervisor.core import NO_RETRY, RetryPolicy, backoff_s, ending
+from supervisor.domain import JobKind, JobStatus
+from supervisor.execution.memory import MemoryExecutor
+from supervisor.observe import EventName, JobEvent
+from supervisor.registry import MemoryRegistry
+
+NOW = datetime(2031, 3, 4, 5, 6, 7, tzinfo=UTC)
+KIND = JobKind(
+    "k",
+    ("x",),
+    exit_reasons={10: "budget_exhausted"},
+    max_attempts=3,
+    retry_backoff_s=60.0,
+    retry_backoff_max_s=100.0,
+    retry_on_exit_codes=frozenset({75, 10}),  # 10 listed too: a planned stop must still never be retried
+)
+POLICY = RetryPolicy.of(KIND, KIND.max_attempts)
+
+
+def end(status: ExitStatus | None, *, attempts: int = 1, cancel: bool = False, stall: bool = False) -> object:
+    decided = ending(
+        status,
+        kind=KIND,
+        cancel_asked=cancel,
+        stall_stop=stall,
+        orphan_reason="orphan_reconciled_dead_pid",
+        attempts=attempts,
+        policy=POLICY,
+        now=NOW,
+    )
+    retry = decided.retry
+    return (decided.outcome.status, decided.outcome.reason, None if retry is None else retry.why)
+
+
+@pytest.mark.parametrize(
+    ("status", "stall", "expected"),
+    [
+        # Crashes: resubmitted, the attempt's outcome kept as the why.
+        (None, False, (JobStatus.FAILED, "orphan_reconciled_dead_pid", "orphan_reconciled_dead_pid")),
+        (ExitStatus(signal=signal.SIGKILL), False, (JobStatus.FAILED, "killed_by_SIGKILL", "killed_by_SIGKILL")),
+        (ExitStatus(code=137, oom_killed=True), False, (JobStatus.FAILED, "killed_out_of_memory", "killed_out_of_memory")),
+        (ExitStatus(signal=signal.SIGTERM), True, (JobStatus.STALE, "progress_stalled", "progress_stalled")),
+        (ExitStatus(code=75), False, (JobStatus.FAILED, "exit_code_75", "exit_code_75")),
+        # Never: another exit code, a success, a planned stop (even when the kind lists its code).
+        (ExitStatus(code=7), False, (JobStatus.FAILED, "exit_code_7", None)),
+        (ExitStatus(code=0), False, (JobStatus.SUCCEEDED, None, None)),
+        (ExitStatus(code=10), False, (JobStatus.SUCCEEDED, "budget_exhausted", None)),
+    ],
+)
+def test_what_is_resubmitted(status: ExitStatus | None, stall: bool, expected: object) -> None:
+    assert end(status, stall=stall) == expected
+
+
+def test_a_cancel_is_never_resubmitted_and_wins_over_a_crash() -> None:
+    assert end(ExitStatus(signal=signal.SIGTERM), cancel=True) == (JobStatus.CANCELLED, "cancelled", None)
+    # A cancel that reaches the row before the end commits: the registry picks the cancel's outcome, no retry.
+    decided = ending(
+        None,
+        kind=KIND,
+        cancel_asked=False,
+        stall_stop=False,
+        orphan_reason="o",
+        attempts=1,
+        policy=POLICY,
+        now=NOW,
+    )
+    assert decided.retry is not None and decided.chosen(cancel_requested=True).status is JobStatus.CANCELLED
+
+
+def test_the_last_attempt_ends_with_its_crash_and_no_policy_never_retries() -> None:
+    assert end(None, attempts=3) == (JobStatus.FAILED, "orphan_reconciled_dead_pid", None)
+    assert ending(None, kind=None, cancel_asked=False, stall_stop=False, orphan_reason="o", now=NOW).retry is None
+    assert NO_RETRY.max_attempts == 1
+
+
+def test_the_backoff_doubles_up_to_its_cap_times_the_jitter() -> None:
+    assert [backoff_s(n, POLICY, 1.0) for n in (1, 2, 3, 4)] == [60.0, 100.0, 100.0, 100.0]
+    assert backoff_s(1, POLICY, 1.1) == pytest.approx(66.0)
+    assert backoff_s(10_000, POLICY, 0.9) == pytest.approx(90.0)  # no overflow however many attempts
+    decided = ending(
+        ExitStatus(code=75),
+        kind=KIND,
+        cancel_asked=False,
+        stall_stop=False,
+        orphan_reason="o",
+        policy=POLICY,
+        now=NOW,
+        jitter=1.0,
+    )
+    assert decided.retry is not None and decided.retry.not_before == NOW + timedelta(seconds=60)
+
+
+# -- on a virtual clock --------------------------------------------------------------------------------------
+
+TEMPFAIL_KINDS = """
+[kinds.tempfail]
+argv = ["{python}", "-c", "import sys; sys.exit(75)", "{code}"]
+params = { code = "int" }
+max_attempts = 4
+retry_backoff_seconds = 60
+retry_backoff_max_seconds = 100
+retry_on_exit_codes = [75]
+"""
+
+
+@pytest.fixture
+async def virtual_supervisor(tmp_path: Path) -> AsyncIterator[Callable[[], Supervisor]]:
+    """A supervisor whose wall clock is the event loop's (virtual) clock, on the in-memory registry and executor:
+    the drainer's wait for a backoff is virtual time, and nothing runs in a thread but the log's write."""
+    kinds = tmp_path / "kinds.toml"
+    kinds.write_text(TEMPFAIL_KINDS)
+
+    def wall() -> datetime:
+        return NOW + timedelta(seconds=trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        config = Config(data_dir=tmp_path / "data", bind_port=0, kinds_file=kinds, sweep_interval_s=86400.0)
+        machine = MemoryExecutor({**PROGRAMS, "tempfail": PROGRAMS["exit"]}, nursery)
+        sup = Supervisor(config, load_kinds(kinds), MemoryRegistry(clock=wall), boot_id="b", executor=machine)
+        sup.boot.wall_clock = wall
+        sup.attach(nursery)
+        await nursery.start(sup.run_drainer)  # the only task that starts jobs; no sweeper to wake it
+        yield lambda: sup
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_resubmitted_job_starts_when_its_backoff_ends_and_not_before(
+    autojump_clock: trio.testing.MockClock,  # pytest-trio runs the test on a clock the test itself requests
+    virtual_supervisor: Callable[[], Supervisor],
+) -> None:
+    sup = virtual_supervisor()
+    starts: list[float] = []
+    done = trio.Event()
+
+    def on_event(event: JobEvent) -> None:
+        if event.event is EventName.TRANSITION and event.job.status is JobStatus.RUNNING:
+            starts.append(trio.current_time())
+        if event.job.status.is_terminal:
+            done.set()
+
+    sup.events.subscribe(on_event)
+    job = (await sup.enqueue("tempfail", {"code": 75})).job
+    # No deadline around the wait: the autojumping clock jumps to any pending deadline while a worker thread runs
+    # (the pause file's look, the log's write), which would end a bound early. pytest-timeout is the backstop.
+    await done.wait()
+    final = await sup.get(job.job_id)
+    assert (final.status, final.error_reason, final.attempts, len(final.history)) == (
+        JobStatus.FAILED,
+        "exit_code_75",
+        4,
+        3,
+    )
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    # 60 s, then 120 s capped at 100 s, twice; each times a jitter within 0.9-1.1.
+    assert len(gaps) == 3
+    assert 54.0 <= gaps[0] <= 66.0 and all(90.0 <= gap <= 110.0 for gap in gaps[1:]), gaps
+    # Each attempt's history entry is stamped on the same (virtual) wall clock.
+    [first, second, _] = final.history
+    assert second.started_at is not None and second.started_at - first.ended_at == timedelta(seconds=gaps[0])
