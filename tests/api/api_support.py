@@ -85,6 +85,14 @@ KINDS: dict[str, dict[str, Any]] = {
         "argv": ["{python}", "-c", "pass", "{feed}", "{limit}"],
         "params": {"feed": "str", "limit": {"type": "int", "default": 0}},
     },
+    # Exits 75 ("try again later") every time: resubmitted once, after a short backoff, then failed.
+    "flaky": {
+        "argv": ["{python}", "-c", "raise SystemExit(75)"],
+        "max_attempts": 2,
+        "retry_backoff_seconds": 0.1,
+        "retry_backoff_max_seconds": 0.1,
+        "retry_on_exit_codes": [75],
+    },
     "knobs": {
         "argv": ["{python}", "-c", "pass", "{ratio}", "{flag}"],
         "params": {"ratio": {"type": "float", "default": 0.5}, "flag": {"type": "bool", "default": True}},
@@ -102,6 +110,9 @@ def kinds_toml(kinds: dict[str, dict[str, Any]]) -> str:
         lines.append("params = { " + ", ".join(f"{k} = {_toml_param(v)}" for k, v in params.items()) + " }")
         if spec.get("coalesce"):
             lines.append("coalesce = true")
+        for key in ("max_attempts", "retry_backoff_seconds", "retry_backoff_max_seconds", "retry_on_exit_codes"):
+            if key in spec:
+                lines.append(f"{key} = {json.dumps(spec[key])}")
         lines.append("")
     return "\n".join(lines)
 

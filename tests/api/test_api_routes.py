@@ -494,12 +494,43 @@ async def test_metrics_carry_per_job_series_while_the_job_runs_and_not_after(har
     }
     assert transitions == {("queued", "enqueued"): 1, ("running", "promoted"): 1, ("cancelled", "cancelled"): 1}
     assert {s.labels["outcome"]: s.value for s in families["podcast_webhook_deliveries"].samples} == {
-        "delivered": 0, "failed": 0, "dropped": 0
+        "delivered": 0,
+        "failed": 0,
+        "dropped": 0,
     }
     assert families["podcast_webhook_outbox_depth"].samples[0].value == 0  # no webhook: no outbox rows
     sweeps = {s.name: s.value for s in families["podcast_sweep_duration_seconds"].samples}
     assert sweeps["podcast_sweep_duration_seconds_count"] == 1
     assert families["podcast_liveness_unknown"].samples[0].value == 0
+
+
+async def test_a_resubmission_shows_on_the_row_and_in_the_metrics(harness: Harness) -> None:
+    code, body = await harness.json("POST", "/api/jobs", json={"kind": "flaky"})
+    assert code == 202
+    final = await wait_terminal(harness.supervisor, body["job_id"])
+    code, row = await harness.json("GET", f"/api/jobs/{body['job_id']}")
+    assert code == 200 and (row["status"], row["error_reason"], row["attempts"]) == ("failed", "exit_code_75", 2)
+    assert (row["max_attempts"], row["next_attempt_at"]) == (2, None)
+    [attempt] = row["history"]
+    assert (attempt["attempt"], attempt["status"], attempt["reason"], attempt["exit_code"]) == (
+        1,
+        "failed",
+        "exit_code_75",
+        75,
+    )
+    assert attempt["started_at"] is not None and attempt["ended_at"] <= row["started_at"]
+    assert final.history[0].ended_at is not None
+    families = await _scrape(harness)
+    resubmits = {
+        s.labels["why"]: s.value for s in families["podcast_job_resubmits"].samples if s.name.endswith("_total")
+    }
+    assert resubmits == {"exit_code_75": 1}
+    transitions = {
+        (s.labels["to"], s.labels["reason"]): s.value
+        for s in families["podcast_job_transitions"].samples
+        if s.name.endswith("_total")
+    }
+    assert transitions[("queued", "resubmitted")] == 1 and transitions[("running", "promoted")] == 2
 
 
 async def test_a_job_that_never_progressed_is_aged_from_its_start(harness: Harness) -> None:

@@ -51,6 +51,18 @@ def closed_port_url() -> str:
     return f"http://127.0.0.1:{port}"
 
 
+async def test_show_lists_each_earlier_attempt_of_a_resubmitted_job(live: Live) -> None:
+    job_id = (await cli(live.url, "enqueue", "flaky", "--json")).json()["job_id"]
+    await wait_terminal(live.supervisor, job_id)
+    shown = await cli(live.url, "show", job_id)
+    assert shown.code == EXIT_OK, shown.err
+    lines = shown.out.splitlines()
+    fields = dict(line.split(None, 1) for line in lines if not line.startswith(" "))
+    assert (fields["attempts"], fields["max_attempts"], fields["history"]) == ("2", "2", "1 earlier attempt(s)")
+    [attempt] = [line for line in lines if line.startswith("  #")]
+    assert attempt.startswith("  #1  ") and attempt.endswith("failed/exit_code_75 (exit 75)")
+
+
 async def test_enqueue_list_show_cancel(live: Live) -> None:
     ran = await cli(live.url, "enqueue", "sleep", "-p", "seconds=30", "--json")
     assert ran.code == EXIT_OK, ran.err
