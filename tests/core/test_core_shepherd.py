@@ -14,7 +14,7 @@ import trio
 from core_helpers import enqueue_raw, pid_of, poll, wait_running, wait_terminal  # type: ignore[import-not-found]
 
 from supervisor import JobStatus, Liveness, Supervisor
-from supervisor.domain import Job, RegistryError
+from supervisor.domain import Job, RegistryError, hash_token
 from supervisor.execution.shepherd import Spares
 from supervisor.execution.subprocess import (
     JobFiles,
@@ -23,12 +23,15 @@ from supervisor.execution.subprocess import (
     SubprocessExecutor,
     identify,
     identity_of,
+    marker_path,
     prepare_run_dir,
     probe,
     read_exit_file,
+    read_marker,
     read_start,
     read_start_file,
 )
+from supervisor.registry import PromoteRequest
 
 
 def shepherd_of(sup: Supervisor) -> Shepherd:
@@ -192,6 +195,40 @@ async def test_a_prior_boots_job_never_started_goes_back_to_the_queue(
     assert (await sup.get(job.job_id)).status is JobStatus.QUEUED
 
 
+async def test_a_boot_killed_after_a_promotion_has_that_job_run_by_the_next_at_once_its_shepherd_answers(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    """Issue 25: the boot dies after promoting a job and before its shepherd started it (the start never sent), with
+    its shepherd alive (it runs another job). While that shepherd is connected it might still start it: the slot is
+    kept. Its marker turns ``closed`` once it has read its supervisor's socket to the end; from then on the next boot
+    knows the job never started and runs it, as its first attempt, without any wait."""
+    async with trio.open_nursery() as old_boot:
+        old = make_supervisor(boot_id="old", max_concurrent=2, attach=old_boot)
+        busy = await wait_running(old, (await old.enqueue("sleep", {"seconds": 60})).job.job_id)
+        queued = (await old.enqueue("exit", {"code": 0})).job
+        marker = marker_path(old.log_dir, "old")
+        found = read_marker(marker)  # its shepherd says who it is, and that its supervisor is connected
+        assert found is not None and found.connected and found.identity is not None
+        assert probe(found.identity) is Liveness.ALIVE
+        old_boot.cancel_scope.cancel()  # it dies: its drainer never starts what it is about to promote
+    [promoted] = (await old.registry.promote(PromoteRequest(2, "old", [hash_token("t")], old.log_dir))).jobs
+    assert promoted.job_id == queued.job_id
+
+    async def closed() -> bool | None:
+        found = await trio.to_thread.run_sync(read_marker, marker)
+        return True if found is not None and not found.connected else None
+
+    await poll(closed)  # the shepherd has read the end of its socket (it lives on: its job runs)
+    new = make_supervisor(boot_id="new", max_concurrent=2)
+    details = {d.job_id: d for d in (await new.reconcile(stale_marks_live_processes=False)).details}
+    assert (details[queued.job_id].action, details[queued.job_id].reason) == ("requeued", "never_started")
+    assert details[busy.job_id].action == "keep"  # the live one is adopted, never started twice
+    done = await wait_terminal(new, queued.job_id)
+    assert (done.status, done.attempts, done.boot_id) == (JobStatus.SUCCEEDED, 1, "new")
+    await new.cancel(busy.job_id)
+    await wait_terminal(new, busy.job_id, timeout_s=15)
+
+
 async def test_a_job_leaving_a_daemon_on_its_output_is_still_finalized(
     make_supervisor: Callable[..., Supervisor],
 ) -> None:
@@ -210,7 +247,7 @@ async def test_the_program_finds_its_identity_on_disk_when_it_starts_INV_IDENTIT
     sup = make_supervisor()
     check = 'cat "$1/$PODCAST_JOB_ID.pid"; echo; echo "self $$"'
     argv = ["/bin/sh", "-c", check, "check", str(shepherd_of(sup).run_dir)]
-    job = (await enqueue_raw(sup, "exit", {}, argv))
+    job = await enqueue_raw(sup, "exit", {}, argv)
     await sup.drain()
     ended = await wait_terminal(sup, job.job_id)
     assert ended.status is JobStatus.SUCCEEDED
@@ -238,7 +275,7 @@ async def test_a_job_does_not_inherit_the_signals_the_shepherd_ignores(
 ) -> None:
     """The shepherd ignores SIGINT and SIGHUP for itself; an ignored signal would survive exec into every job."""
     sup = make_supervisor()
-    job = (await enqueue_raw(sup, "exit", {}, ["grep", "^SigIgn", "/proc/self/status"]))
+    job = await enqueue_raw(sup, "exit", {}, ["grep", "^SigIgn", "/proc/self/status"])
     await sup.drain()
     assert (await wait_terminal(sup, job.job_id)).status is JobStatus.SUCCEEDED
     mask = int((await sup.read_log(job.job_id)).decode().split()[-1], 16)
