@@ -298,7 +298,8 @@ async def test_a_job_enqueued_while_paused_stays_queued(
     job = (await sup.enqueue("exit", {"code": 0})).job
     assert await sup.drain() == []  # the pause is read inside the promotion's own registry step
     assert (await sup.get(job.job_id)).status is JobStatus.QUEUED
-    assert rounds == [0]
+    # The enqueue's own wake of the drainer may make a round too, before or after this drain's: each promotes none.
+    assert rounds and set(rounds) == {0}
     await sup.resume()
     assert (await wait_terminal(sup, job.job_id)).status is JobStatus.SUCCEEDED
 

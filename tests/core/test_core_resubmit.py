@@ -4,6 +4,7 @@ clock (the in-memory executor and registry: no thread, no real time)."""
 
 from __future__ import annotations
 
+import itertools
 import signal
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
@@ -21,6 +22,7 @@ from supervisor.execution.memory import MemoryExecutor
 from supervisor.observe import EventName, JobEvent
 from supervisor.registry import MemoryRegistry
 
+OOM = "killed_out_of_memory"
 NOW = datetime(2031, 3, 4, 5, 6, 7, tzinfo=UTC)
 KIND = JobKind(
     "k",
@@ -55,7 +57,7 @@ def end(status: ExitStatus | None, *, attempts: int = 1, cancel: bool = False, s
         # Crashes: resubmitted, the attempt's outcome kept as the why.
         (None, False, (JobStatus.FAILED, "orphan_reconciled_dead_pid", "orphan_reconciled_dead_pid")),
         (ExitStatus(signal=signal.SIGKILL), False, (JobStatus.FAILED, "killed_by_SIGKILL", "killed_by_SIGKILL")),
-        (ExitStatus(code=137, oom_killed=True), False, (JobStatus.FAILED, "killed_out_of_memory", "killed_out_of_memory")),
+        (ExitStatus(code=137, oom_killed=True), False, (JobStatus.FAILED, "killed_out_of_memory", OOM)),
         (ExitStatus(signal=signal.SIGTERM), True, (JobStatus.STALE, "progress_stalled", "progress_stalled")),
         (ExitStatus(code=75), False, (JobStatus.FAILED, "exit_code_75", "exit_code_75")),
         # Never: another exit code, a success, a planned stop (even when the kind lists its code).
@@ -167,7 +169,7 @@ async def test_a_resubmitted_job_starts_when_its_backoff_ends_and_not_before(
         4,
         3,
     )
-    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
     # 60 s, then 120 s capped at 100 s, twice; each times a jitter within 0.9-1.1.
     assert len(gaps) == 3
     assert 54.0 <= gaps[0] <= 66.0 and all(90.0 <= gap <= 110.0 for gap in gaps[1:]), gaps
