@@ -33,6 +33,7 @@ from ..domain._errors import (
     Forbidden,
     MalformedRequest,
     RegistryError,
+    RegistryUnavailable,
     RequestError,
     Unauthorized,
     UnsupportedMediaType,
@@ -74,6 +75,25 @@ def _parse_bearer(value: str) -> str | None:
     if scheme.lower() != "bearer" or not token:
         return None
     return token
+
+
+# How long a client is told to wait before retrying a request the registry could not take (a full disk, a lock).
+RETRY_AFTER_S = 5
+_RETRY_AFTER = {"Retry-After": str(RETRY_AFTER_S)}
+
+
+def _unavailable_message(request_id: str) -> str:
+    return f"the registry cannot take this request now; nothing was changed: try again (request id {request_id})"
+
+
+def _log_registry_failure(exc: RegistryError, request_id: str, method: str, path: str) -> None:
+    """A registry that cannot write says so once per episode (``registry_writes_failing``); each request it turns
+    away is only a DEBUG line. Any other registry failure is an ERROR of its own."""
+    fields = {"request_id": request_id, "method": method, "path": path, "error": str(exc)}
+    if isinstance(exc, RegistryUnavailable):
+        log.debug("request_failed", **fields)
+    else:
+        log.error("request_failed", **fields)
 
 
 def _error_body(code: str, message: str, field: str | None) -> dict[str, Any]:
@@ -269,9 +289,9 @@ def create_app(
         request_id = g.get("request_id") or secrets.token_hex(8)
         g.request_id = request_id
         if isinstance(exc, RegistryError):
-            # Storage busy or unreadable: the caller may retry; the detail stays in our log.
-            log.error("request_failed", request_id=request_id, method=request.method, path=request.path, error=str(exc))
-            return _error_body("unavailable", f"the registry is unavailable (request id {request_id})", None), 503
+            # Storage full, locked or unreadable: the caller may retry; the detail stays in our log.
+            _log_registry_failure(exc, request_id, request.method, request.path)
+            return _error_body("unavailable", _unavailable_message(request_id), None), 503, _RETRY_AFTER
         log.exception("request_failed", request_id=request_id, method=request.method, path=request.path)
         return _error_body("internal_error", f"internal server error (request id {request_id})", None), 500
 
@@ -279,13 +299,17 @@ def create_app(
 
     @app.get("/api/health")
     async def health() -> Any:
-        """Liveness of the server."""
-        return {
-            "status": "ok",
-            "boot_id": supervisor.boot_id,
-            "exec_mode": supervisor.exec_mode,
-            "paused": await supervisor.is_paused(),
+        """Liveness of the server, and what is degraded."""
+        state = await supervisor.health()
+        body: dict[str, Any] = {
+            "status": state.status,
+            "boot_id": state.boot_id,
+            "exec_mode": state.exec_mode,
+            "paused": state.paused,
         }
+        if state.degraded:
+            body["degraded"] = state.degraded
+        return body
 
     @app.post("/api/jobs")
     async def enqueue() -> Any:
@@ -496,6 +520,7 @@ class FastRoutes:
         body (raising the 415/413/408/400 errors, or ``ClientGone``), and is called only after the token check."""
         request_id = secrets.token_hex(8)
         status, payload = 204, None
+        extra_headers: list[tuple[bytes, bytes]] = []
         try:
             bearer = _parse_bearer(plain.authorization.decode("latin1")) if plain.authorization is not None else None
             if plain.job_id is None:
@@ -515,9 +540,9 @@ class FastRoutes:
             payload = _error_payload(code, exc.description or exc.name, None, request_id)
         except Exception as exc:
             if isinstance(exc, RegistryError):
-                log.error("request_failed", request_id=request_id, method="POST", path=path, error=str(exc))
-                message = f"the registry is unavailable (request id {request_id})"
-                status, payload = 503, _error_payload("unavailable", message, None, request_id)
+                _log_registry_failure(exc, request_id, "POST", path)
+                status, payload = 503, _error_payload("unavailable", _unavailable_message(request_id), None, request_id)
+                extra_headers = [(b"retry-after", str(RETRY_AFTER_S).encode())]
             else:
                 log.exception("request_failed", request_id=request_id, method="POST", path=path)
                 message = f"internal server error (request id {request_id})"
@@ -529,7 +554,7 @@ class FastRoutes:
             data = f"{self.app.json.dumps(payload, separators=(',', ':'))}\n".encode()
             headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
         headers += [(REQUEST_ID_HEADER.lower().encode(), request_id.encode()), (b"x-content-type-options", b"nosniff")]
-        return status, headers, data
+        return status, headers + extra_headers, data
 
 
 def _mimetype(content_type: bytes | None) -> str:

@@ -72,10 +72,19 @@ _SCHEMAS: dict[str, Any] = {
         "type": "object",
         "required": ["status", "boot_id", "exec_mode", "paused"],
         "properties": {
-            "status": {"const": "ok"},
+            "status": {
+                "enum": ["ok", "degraded"],
+                "description": "degraded: a part named in `degraded` does not work fully; the server still answers",
+            },
             "boot_id": {"type": "string"},
             "exec_mode": {"enum": list(EXEC_MODES)},
-            "paused": {"type": "boolean"},
+            "paused": {"type": ["boolean", "null"], "description": "null when the registry could not be read"},
+            "degraded": {
+                "type": "object",
+                "additionalProperties": {"type": "string"},
+                "description": "present only when degraded: each part (`registry`: its writes fail, so nothing new "
+                "is accepted; reads, running jobs and their slots go on) and why",
+            },
         },
     },
     "BatchRequest": {
@@ -472,6 +481,17 @@ _PATHS: dict[str, Any] = {
         }
     },
 }
+
+# Every route that reads or writes the registry: a registry that cannot take the request (its disk full, its file
+# locked past the busy timeout, read-only or removed) is a 503 with Retry-After, never a 500 and never a lost write.
+_UNAVAILABLE = {
+    **_error("the registry cannot take the request now; nothing was changed: retry after Retry-After seconds"),
+    "headers": {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds to wait before a retry"}},
+}
+for _path, _operations in _PATHS.items():
+    if _path.startswith(("/api/jobs", "/api/queue")):
+        for _operation in _operations.values():
+            _operation["responses"].setdefault("503", _UNAVAILABLE)
 
 _DOCUMENT: dict[str, Any] = {
     "openapi": "3.1.0",

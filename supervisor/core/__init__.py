@@ -35,7 +35,7 @@ from ._rules import (
     outcome,
     past_window,
 )
-from ._supervisor import MAX_BATCH, QueueState, Supervisor
+from ._supervisor import MAX_BATCH, Health, QueueState, Supervisor
 from ._sweeper import Sweeper, run_sweeper
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "Boot",
     "Decision",
     "Drainer",
+    "Health",
     "JobTokens",
     "QueueState",
     "ReconcileDetail",

@@ -7,6 +7,7 @@ The parts (``_drain``, ``_monitor``, ``_reconcile``, ``_absence``, ``_sweeper``,
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -15,11 +16,24 @@ from typing import Any
 
 import trio
 
-from ..domain import Config, Job, JobStatus, KindCatalog, SupervisorError
+from ..domain import Config, Job, JobStatus, KindCatalog, RegistryUnavailable, SupervisorError
 from ..domain._model import utc_now
 from ..execution import Executor, JobHandle
-from ..observe import EventBus, EventName, JobEvent
+from ..observe import EventBus, EventName, JobEvent, get_logger
 from ..registry import Registry
+
+log = get_logger()
+
+
+def log_failure(event: str, **fields: Any) -> None:
+    """In an ``except`` block: log the exception being handled. A registry that cannot write now is said once per
+    episode by the registry itself (``registry_writes_failing``), and the step is retried (the next wake, sweep or
+    backoff): each failed step is only a DEBUG line then. Anything else is an ERROR with its traceback."""
+    exc = sys.exc_info()[1]
+    if isinstance(exc, RegistryUnavailable):
+        log.debug(event, error=str(exc), **fields)
+    else:
+        log.exception(event, **fields)
 
 
 @dataclass

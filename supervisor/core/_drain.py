@@ -23,7 +23,7 @@ from ..domain._model import hash_token
 from ..execution import JobHandle, Launch
 from ..observe import get_logger
 from ..registry import Ending, IdentityClaim, Outcome, PromoteRequest
-from ._boot import Boot, Watched
+from ._boot import Boot, Watched, log_failure
 from ._pause import LOOK_EVERY_S, PauseFile
 
 log = get_logger()
@@ -65,7 +65,7 @@ class Drainer:
             try:
                 await self._drain(self._start_in_background)
             except SupervisorError:
-                log.exception("drain_failed")  # the rows stay as they are; the next wake or sweep drains again
+                log_failure("drain_failed")  # the rows stay as they are; the next wake or sweep drains again
 
     async def drain(self) -> list[Job]:
         """Promote and start while a slot is free and promotion is not paused.
@@ -83,7 +83,7 @@ class Drainer:
                 # The operator's switch: looked at once a second at most (the sweeper looks at every sweep).
                 await self.pause_file.mirror(at_most_every_s=LOOK_EVERY_S)
             except SupervisorError:
-                log.exception("pause_file_not_mirrored", path=str(self.pause_file.path))
+                log_failure("pause_file_not_mirrored", path=str(self.pause_file.path))
             while await self._executor_ready():
                 tokens = [secrets.token_urlsafe(32) for _ in range(min(self.boot.config.max_concurrent, PROMOTE_BATCH))]
                 request = PromoteRequest(

@@ -13,33 +13,47 @@ verified its identity.
 
 from __future__ import annotations
 
+import dataclasses
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import trio
 
-from ..domain import RESUBMITTED, Job, JobStatus, SupervisorError
+from ..domain import RESUBMITTED, Job, JobStatus, RegistryUnavailable, SupervisorError
 from ..domain._model import ExitStatus, Liveness
 from ..execution import Evidence, JobHandle, Unwatchable
 from ..observe import EventName, JobEvent, get_logger
-from ..registry import Ending, Expect, IdentityClaim, Outcome
+from ..registry import Ending, EnqueueResult, Expect, IdentityClaim, NewJob, Outcome
 from ._boot import Boot, Watched
 from ._rules import JITTER, RetryPolicy, ending
 
 log = get_logger()
 
-FollowUp = Callable[[Job, str], Awaitable[None]]
+FollowUpOf = Callable[[Job, str], NewJob | None]
+AnnounceEnqueued = Callable[[list[EnqueueResult]], None]
+
+# A job's end that the registry could not write is written again after these waits (doubling).
+FINISH_RETRY_MIN_S = 0.5
+FINISH_RETRY_MAX_S = 30.0
 
 
 class Monitors:
-    """The monitors of the jobs this boot watches, and cancel. ``wake_drainer``: a slot was freed; ``follow_up``:
-    enqueue a kind's ``then`` after a success."""
+    """The monitors of the jobs this boot watches, and cancel. ``wake_drainer``: a slot was freed; ``follow_up_of``:
+    the job a kind's ``then`` enqueues after a success (with the success, in one registry step); ``announce_enqueued``:
+    tell the event bus of it."""
 
-    def __init__(self, boot: Boot, wake_drainer: Callable[[], None], follow_up: FollowUp) -> None:
+    def __init__(
+        self,
+        boot: Boot,
+        wake_drainer: Callable[[], None],
+        follow_up_of: FollowUpOf,
+        announce_enqueued: AnnounceEnqueued,
+    ) -> None:
         self.boot = boot
         self._wake_drainer = wake_drainer
-        self._follow_up = follow_up
+        self._follow_up_of = follow_up_of
+        self._announce_enqueued = announce_enqueued
         # Its own generator: the module's shared one belongs to whoever else runs in this process (a test's
         # property-based generator notices another thread drawing from it).
         self._random = random.Random()
@@ -74,7 +88,7 @@ class Monitors:
             finally:
                 watched.on_cancel = None
                 stopping.cancel()
-            await self.finish(job, status, cancel_asked=watched.cancel_requested)
+            await self._finish_until_recorded(job, status, cancel_asked=watched.cancel_requested)
             await self.boot.executor.release(handle)
         except Unwatchable as exc:
             # INV-UNKNOWN-KEEPS-SLOT: the row stays RUNNING; the sweeper judges it on whatever evidence exists.
@@ -85,6 +99,19 @@ class Monitors:
         finally:
             self.boot.watched.pop(job.job_id, None)
             self._wake_drainer()
+
+    async def _finish_until_recorded(self, job: Job, status: ExitStatus | None, *, cancel_asked: bool) -> None:
+        """``finish``, again and again while the registry cannot write (a full disk, a lock held too long): the end
+        of a job this boot watched is recorded once it can be, with its true outcome (INV-TRUE-OUTCOME), never
+        dropped. The row keeps its slot meanwhile; the registry says once that writes fail, and once they work."""
+        delay_s = FINISH_RETRY_MIN_S
+        while True:
+            try:
+                await self.finish(job, status, cancel_asked=cancel_asked)
+                return
+            except RegistryUnavailable:
+                await trio.sleep(delay_s)
+                delay_s = min(delay_s * 2, FINISH_RETRY_MAX_S)
 
     async def finish(
         self, job: Job, status: ExitStatus | None, *, cancel_asked: bool, expect: Job | None = None
@@ -106,6 +133,8 @@ class Monitors:
             now=boot.wall_clock(),
             jitter=self._random.uniform(*JITTER),  # spreads retries of jobs that crashed together apart
         )
+        if kind is not None and kind.then:
+            decided = dataclasses.replace(decided, then=self._follow_up_of(job, kind.then))
         guard = Expect(expect.identity) if expect is not None else None
         change, _ = await boot.registry.finalize(job.job_id, decided, expect=guard)
         boot.stall_stops.discard(job.job_id)
@@ -119,8 +148,10 @@ class Monitors:
             boot.announce(final, str(change.previous), RESUBMITTED + decided.retry.why, exit_code=decided.exit_code)
             return True
         boot.announce_end(final, change.previous)
-        if final.status is JobStatus.SUCCEEDED and kind is not None and kind.then:
-            await self._follow_up(final, kind.then)
+        if change.follow_up is not None:
+            self._announce_enqueued([change.follow_up])  # it wakes the drainer
+            follow = change.follow_up
+            log.info("follow_up_enqueued", job_id=job.job_id, follow_up=follow.job.job_id, coalesced=follow.coalesced)
         return True
 
     async def finalize(self, job: Job, outcome: Outcome, *, expect: Job | None = None) -> bool:

@@ -23,7 +23,7 @@ from typing import Any
 
 import trio
 
-from ..domain import Config, Job, KindCatalog, ValidationError, coalesce_key
+from ..domain import Config, Job, KindCatalog, RegistryError, ValidationError, coalesce_key
 from ..execution import Executor, create_executor
 from ..observe import EventBus, Metrics, Snapshot, WebhookSender, get_logger, log_event
 from ..registry import PAUSED_BY_OPERATOR, EnqueueResult, NewJob, Registry
@@ -59,6 +59,21 @@ class QueueState:
     max_concurrent: int
 
 
+@dataclass(frozen=True)
+class Health:
+    """What the health route says: ``degraded`` names each part that does not work fully now (``registry``: its
+    writes fail, so nothing new is acknowledged; reads, running jobs and their slots go on)."""
+
+    boot_id: str
+    exec_mode: str
+    paused: bool | None  # None: the registry could not be read
+    degraded: dict[str, str]
+
+    @property
+    def status(self) -> str:
+        return "degraded" if self.degraded else "ok"
+
+
 class Supervisor:
     """One boot of the supervisor over ``registry``. ``executor``: how jobs run (default: the exec mode's)."""
 
@@ -88,7 +103,7 @@ class Supervisor:
             data_dir=config.data_dir.resolve(),
             log_dir=config.jobs_log_dir.resolve(),
         )
-        self.monitors = Monitors(self.boot, self.wake_drainer, self._enqueue_follow_up)
+        self.monitors = Monitors(self.boot, self.wake_drainer, self._follow_up_of, self._announce_enqueued)
         self.pause_file = PauseFile(config.pause_flag_path, registry)
         self.drainer = Drainer(self.boot, self.monitors.start, self.pause_file)
         self.reconciler = Reconciler(self.boot, self.monitors, self.wake_drainer)
@@ -209,16 +224,16 @@ class Supervisor:
                 self.boot.announce(result.job, None, "enqueued")
         self.wake_drainer()
 
-    async def _enqueue_follow_up(self, parent: Job, then: str) -> None:
-        kind = self.boot.kinds.get(then)
-        params = {name: parent.params[name] for name in kind.params if name in parent.params}
+    def _follow_up_of(self, parent: Job, then: str) -> NewJob | None:
+        """The job a kind's ``then`` enqueues after ``parent`` succeeds (its params, those the follow-up takes); it is
+        enqueued in the same registry step as the parent's success (``Ending.then``). None when it cannot be made."""
         try:
-            result = await self.enqueue(then, params)
+            kind = self.boot.kinds.get(then)
+            params = {name: parent.params[name] for name in kind.params if name in parent.params}
+            return self._validate(then, params)
         except ValidationError as exc:
             log.error("follow_up_not_enqueued", job_id=parent.job_id, then=then, error=str(exc))
-            return
-        follow_up = result.job.job_id
-        log.info("follow_up_enqueued", job_id=parent.job_id, then=then, follow_up=follow_up, coalesced=result.coalesced)
+            return None
 
     # -- the queue ----------------------------------------------------------------------------------------
 
@@ -230,6 +245,21 @@ class Supervisor:
 
     async def is_paused(self) -> bool:
         return (await self.boot.registry.pause_state()).paused
+
+    async def health(self) -> Health:
+        """Always answers (a health check must not fail with what it reports): what works, and what does not."""
+        degraded: dict[str, str] = {}
+        fault = self.boot.registry.fault()
+        if fault is not None:
+            degraded["registry"] = (
+                f"writes failing since {fault.since.isoformat()} ({fault.failed_writes} failed): {fault.reason}"
+            )
+        paused: bool | None = None
+        try:
+            paused = await self.is_paused()
+        except RegistryError as exc:
+            degraded["registry_reads"] = str(exc)
+        return Health(self.boot.boot_id, self.exec_mode, paused, degraded)
 
     async def queue_state(self) -> QueueState:
         counts = await self.boot.registry.counts()

@@ -15,6 +15,7 @@ from ..domain._model import Liveness
 from ..observe import Metrics, get_logger
 from ..registry import Registry
 from ._absence import AbsenceJudge
+from ._boot import log_failure
 from ._drain import Drainer
 from ._pause import PauseFile
 from ._reconcile import ReconcileDetail, Reconciler
@@ -70,21 +71,21 @@ class Sweeper:
         try:
             await self.pause_file.mirror()
         except Exception:
-            log.exception("pause_file_not_mirrored", path=str(self.pause_file.path))
+            log_failure("pause_file_not_mirrored", path=str(self.pause_file.path))
         details: list[ReconcileDetail] = []
         try:
             details = (await self.reconciler.reconcile(stale_marks_live_processes=False)).details
         except Exception:
-            log.exception("reconcile_failed")
+            log_failure("reconcile_failed")
         self.metrics.liveness_unknown.inc(len([d for d in details if d.liveness == Liveness.UNKNOWN.value]))
         try:
             # INV-STALE-SET-BY-SUPERVISOR: progress age is judged here, after reconcile, on this sweep's evidence.
             await self.absence.judge({d.job_id: Liveness(d.liveness) if d.liveness else None for d in details})
         except Exception:
-            log.exception("absence_judgement_failed")
+            log_failure("absence_judgement_failed")
         try:
             await self.drainer.drain()
         except Exception:
-            log.exception("drain_failed")
+            log_failure("drain_failed")
         self.last_sweep_done = trio.current_time()
         self.metrics.sweep_duration.observe(self.last_sweep_done - started)

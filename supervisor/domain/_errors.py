@@ -127,5 +127,16 @@ class RegistryError(SupervisorError):
     """The registry could not complete an operation (storage error or lock timeout)."""
 
 
+class RegistryUnavailable(RegistryError):
+    """The registry cannot take writes now -- its disk is full, its file read-only, locked by another process past
+    the busy timeout, or removed -- and made none: the same write may succeed later. A caller retries (the core) or
+    answers 503 (the API); it never drops what it was recording."""
+
+
+class RegistryDamaged(RegistryError):
+    """The registry's file is not a database its backend can read (damaged, truncated, not one at all). It is neither
+    opened for writing nor modified: the supervisor refuses to start on it."""
+
+
 class SpawnError(SupervisorError):
     """A job's process could not be started; the message is the reason recorded on the row."""

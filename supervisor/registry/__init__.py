@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ..domain import Config
 from ..domain._model import IdentityRecord, hash_token
+from ._health import RegistryFault
 from ._protocol import (
     CURSOR_PATTERN,
     MAX_LIST_LIMIT,
@@ -57,6 +58,7 @@ __all__ = [
     "Promotion",
     "PruneResult",
     "Registry",
+    "RegistryFault",
     "Retry",
     "SqliteRegistry",
     "hash_token",

@@ -31,6 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..domain import Job, JobStatus, RequestError
 from ..domain._model import IdentityRecord
+from ._health import RegistryFault
 
 MAX_LIST_LIMIT = 1000
 # The shape of every cursor a registry issues (opaque to callers; the OpenAPI document states it).
@@ -93,6 +94,7 @@ class Change:
     job: Job
     changed: bool
     previous: JobStatus | None = None  # the status it left, when the status changed
+    follow_up: EnqueueResult | None = None  # what ``Ending.then`` enqueued (or coalesced into)
 
 
 @dataclass(frozen=True)
@@ -120,13 +122,17 @@ class Ending:
     ``outcome`` is recorded, unless the row says a cancel was requested by the time the write commits: then
     ``if_cancel_requested`` (when given). So a cancel requested until that very instant counts, with no read before
     the write and no callback inside it. With ``retry``, the ``outcome`` is not final: it goes into the row's
-    history and the row is resubmitted (never when the cancel's outcome is chosen).
+    history and the row is resubmitted (never when the cancel's outcome is chosen). With ``then``, a success enqueues
+    that follow-up in the same step (``Change.follow_up``).
     """
 
     outcome: Outcome
     if_cancel_requested: Outcome | None = None
     exit_code: int | None = None
     retry: Retry | None = None
+    # A kind's ``then``: enqueued in the same atomic step when the row ends ``succeeded`` (a crash, or a write that
+    # fails, can neither lose the follow-up of a recorded success nor make it without one).
+    then: NewJob | None = None
 
     def __post_init__(self) -> None:
         for chosen in (self.outcome, self.if_cancel_requested):
@@ -323,6 +329,11 @@ class Registry(Protocol):
 
     async def counts(self) -> dict[str, int]:
         """Rows per status (every status present)."""
+        ...
+
+    def fault(self) -> RegistryFault | None:
+        """Whether writes are failing now (a full disk, a read-only or removed file, a lock held by another process):
+        since when, and why. None while writes succeed. Cheap and non-blocking: the health route asks it."""
         ...
 
     async def aclose(self) -> None:

@@ -34,6 +34,7 @@ from ..domain import (
     check_transition,
 )
 from ..domain._model import Attempt, hash_token, utc_now
+from ._health import RegistryFault
 from ._protocol import (
     CURSOR_PATTERN,
     MAX_LIST_LIMIT,
@@ -348,6 +349,10 @@ class MemoryRegistry(_MemoryRows):
                 after = self._set_status(
                     job, chosen.status, error_reason=chosen.reason, exit_code=ending.exit_code, ended_at=ended_at
                 )
+                if ending.then is not None and chosen.status is JobStatus.SUCCEEDED:
+                    follow_up = self._enqueue(ending.then)
+                    change = Change(after, changed=True, previous=job.status, follow_up=follow_up)
+                    return change, self._promote_after(promote)
             return Change(after, changed=True, previous=job.status), self._promote_after(promote)
 
     async def requeue(self, job_id: str, *, expect: Expect, reason: str) -> Change:
@@ -490,6 +495,9 @@ class MemoryRegistry(_MemoryRows):
         for row in self._rows.values():
             out[row.job.status.value] += 1
         return out
+
+    def fault(self) -> RegistryFault | None:
+        return None  # memory does not fail to write
 
     async def aclose(self) -> None:
         self._closed = True

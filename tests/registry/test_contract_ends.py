@@ -3,6 +3,8 @@ freed slot, illegal transitions), cancel requests, and the job token that ends w
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from registry_helpers import WallClock, enqueue, one_running, request, running
 
@@ -14,6 +16,7 @@ from supervisor.registry import (
     Expect,
     IdentityClaim,
     IdentityRecord,
+    NewJob,
     Outcome,
     Promotion,
     Registry,
@@ -79,6 +82,34 @@ async def test_a_cancel_requested_with_no_alternative_keeps_the_outcome(registry
     await registry.request_cancel(job.job_id)
     change, _ = await registry.finalize(job.job_id, SUCCEEDED)  # it finished before the stop reached it
     assert change.job.status is JobStatus.SUCCEEDED
+
+
+async def test_a_success_enqueues_its_follow_up_in_the_same_step(registry: Registry) -> None:
+    job = await one_running(registry)
+    then = NewJob("enrich", {"of": job.job_id}, ["enrich"])
+    change, _ = await registry.finalize(job.job_id, dataclasses.replace(SUCCEEDED, then=then))
+    assert change.job.status is JobStatus.SUCCEEDED and change.follow_up is not None
+    follow_up = change.follow_up.job
+    assert (follow_up.kind, follow_up.params, follow_up.status) == ("enrich", {"of": job.job_id}, JobStatus.QUEUED)
+    assert (await registry.get(follow_up.job_id)).status is JobStatus.QUEUED
+    # Ending the row again (a retry of the same end after a lost answer) changes nothing and enqueues nothing more.
+    again, _ = await registry.finalize(job.job_id, dataclasses.replace(SUCCEEDED, then=then))
+    assert (again.changed, again.follow_up) == (False, None)
+    assert (await registry.counts())["queued"] == 1
+
+
+@pytest.mark.parametrize("how", ["failed", "cancel chosen"])
+async def test_only_a_success_enqueues_a_follow_up(registry: Registry, how: str) -> None:
+    job = await one_running(registry)
+    then = NewJob("enrich", {}, ["enrich"])
+    if how == "cancel chosen":
+        await registry.request_cancel(job.job_id)
+        ending = dataclasses.replace(SUCCEEDED, if_cancel_requested=Outcome(JobStatus.CANCELLED, "cancelled"))
+    else:
+        ending = EXITED_3
+    change, _ = await registry.finalize(job.job_id, dataclasses.replace(ending, then=then))
+    assert change.job.status is not JobStatus.SUCCEEDED and change.follow_up is None
+    assert (await registry.counts())["queued"] == 0
 
 
 async def test_a_terminal_row_is_left_alone(registry: Registry, clock: WallClock) -> None:

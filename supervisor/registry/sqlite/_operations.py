@@ -250,7 +250,11 @@ class Operations(Rows):
             token_hash=None,
             queue_position=None,
         )
-        return Change(after, changed=True, previous=job.status)
+        follow_up = None
+        if ending.then is not None and chosen.status is JobStatus.SUCCEEDED:
+            follow_id, coalesced = self.enqueue_in(conn, ending.then)
+            follow_up = EnqueueResult(self.get_in(conn, follow_id), coalesced=coalesced)
+        return Change(after, changed=True, previous=job.status, follow_up=follow_up)
 
     def finalize(
         self, job_id: str, ending: Ending, expect: Expect | None, promote: PromoteRequest | None

@@ -24,6 +24,7 @@ import trio
 
 from ...domain import Job, RegistryError, RequestError
 from ...domain._model import utc_now
+from .._health import RegistryFault, WriteHealth
 from .._protocol import (
     Beat,
     Change,
@@ -41,7 +42,7 @@ from .._protocol import (
 from . import _reads as reads
 from ._coalesce import Coalescer
 from ._operations import Operations
-from ._store import DEFAULT_CONNECTIONS, SqliteStore
+from ._store import BUSY_TIMEOUT_MS, DEFAULT_CONNECTIONS, SqliteStore
 
 T = TypeVar("T")
 
@@ -59,10 +60,12 @@ class SqliteRegistry:
         outbox: bool = True,
         clock: Callable[[], datetime] = utc_now,
         max_connections: int = DEFAULT_CONNECTIONS,
+        busy_timeout_ms: int = BUSY_TIMEOUT_MS,
     ) -> None:
-        self.store = SqliteStore(path, max_connections=max_connections)
+        self.store = SqliteStore(path, max_connections=max_connections, busy_timeout_ms=busy_timeout_ms)
         self.path = self.store.path
         self.ops = Operations(clock=clock, boot_id=boot_id, outbox=outbox)
+        self._health = WriteHealth(str(self.path), clock)
         self._limiter = trio.CapacityLimiter(self.store.max_connections)
         self._writes: Coalescer[Callable[[Any], Any], Any] = Coalescer(self._write_group)
         self._closed = False
@@ -91,7 +94,15 @@ class SqliteRegistry:
 
     async def _write_group(self, changes: Sequence[Callable[[Any], Any]]) -> list[Any]:
         outcomes = await trio.to_thread.run_sync(self.store.write_group, changes, limiter=self._limiter)
+        failed = [error for _, error in outcomes if isinstance(error, RegistryError)]
+        if failed:
+            self._health.failed(failed[0])
+        else:
+            self._health.succeeded()  # each change committed (or was refused on its own merits: not found...)
         return [error if error is not None else result for result, error in outcomes]
+
+    def fault(self) -> RegistryFault | None:
+        return self._health.fault
 
     async def _read(self, fn: Callable[[Any], T]) -> T:
         """A read in one consistent snapshot."""

@@ -10,6 +10,7 @@ write is durable when its caller returns.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ...domain import RegistryError
+from ...domain import RegistryDamaged, RegistryError, RegistryUnavailable
 from ._schema import migrate
 
 BUSY_TIMEOUT_MS = 10_000
@@ -30,6 +31,92 @@ MAX_GROUP = 64
 T = TypeVar("T")
 
 Change = Callable[[sqlite3.Connection], Any]
+
+
+# The SQLite result codes that say "not now" rather than "never": the file system is full or read-only, the file
+# locked by another process past the busy timeout, an I/O error, the file cannot be opened (its directory gone).
+_UNAVAILABLE_CODES = frozenset(
+    {
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_READONLY,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_CANTOPEN,
+        sqlite3.SQLITE_PERM,
+    }
+)
+_DAMAGED_CODES = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
+
+
+def failure(exc: sqlite3.Error, what: str) -> RegistryError:
+    """The registry's error for a failed SQLite call: ``RegistryUnavailable`` when the same call may succeed later
+    (the caller retries, or answers 503), else ``RegistryError``. The cause is chained by the caller's ``from``."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None  # extended codes (SQLITE_IOERR_WRITE...) keep the primary
+    if primary in _UNAVAILABLE_CODES:
+        return RegistryUnavailable(f"{what}: {exc}")
+    return RegistryError(f"{what}: {exc}")
+
+
+def check_existing_file(path: Path) -> None:
+    """Refuse a registry file that is not a readable database, before anything opens it for writing.
+
+    Read-only (``mode=ro``): the file is never modified, and never replaced by a fresh empty database -- which is what
+    SQLite makes of an empty file, so an existing empty file is refused too. ``quick_check`` reads every page: a
+    truncated file is found here, at startup, not at the first query that reaches its missing pages.
+    """
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return  # a first start: the registry is made
+    except OSError as exc:
+        raise RegistryError(f"cannot open registry {path}: {exc.strerror or exc}") from exc
+    side_files = [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm")]
+    existed = {side: side.exists() for side in side_files}
+    if size == 0:
+        raise RegistryDamaged(_damaged(path, "the file is empty"))
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
+        try:
+            verdict = [row[0] for row in conn.execute("PRAGMA quick_check(10)").fetchall()]
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        code = getattr(exc, "sqlite_errorcode", None)
+        if isinstance(code, int) and code & 0xFF in _DAMAGED_CODES:
+            _remove_made(existed)
+            raise RegistryDamaged(_damaged(path, str(exc))) from exc
+        raise failure(exc, f"cannot open registry {path}") from exc
+    if verdict != ["ok"]:
+        _remove_made(existed)
+        raise RegistryDamaged(_damaged(path, "; ".join(verdict)[:500]))
+
+
+def _damaged(path: Path, why: str) -> str:
+    return (
+        f"registry {path} is damaged ({why}): it was not opened for writing and has not been changed. Restore it "
+        f"from a backup, or move it aside to start with an empty registry (every job it held is then forgotten)"
+    )
+
+
+def _remove_made(existed: dict[Path, bool]) -> None:
+    """The side files a read-only look at a damaged file made (an empty -wal, -shm): the directory as it was."""
+    for side, was_there in existed.items():
+        if not was_there:
+            try:
+                side.unlink()
+            except OSError:
+                pass
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    """The file system's name for the file at ``path`` (device, inode); None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
@@ -49,10 +136,11 @@ class _ConnectionPool:
     error cannot leave a broken connection in circulation.
     """
 
-    def __init__(self, path: Path, size: int) -> None:
+    def __init__(self, path: Path, size: int, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
         if size < 1:
             raise ValueError("a connection pool needs at least one connection")
         self._path = path
+        self._busy_timeout_ms = busy_timeout_ms
         self.size = size
         self._cond = threading.Condition()
         self._idle: list[sqlite3.Connection] = []
@@ -67,19 +155,19 @@ class _ConnectionPool:
     def _connect(self) -> sqlite3.Connection:
         try:
             conn = sqlite3.connect(
-                self._path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False
+                self._path, isolation_level=None, timeout=self._busy_timeout_ms / 1000, check_same_thread=False
             )
         except sqlite3.Error as exc:
-            raise RegistryError(f"cannot open registry {self._path}: {exc}") from exc
+            raise failure(exc, f"cannot open registry {self._path}") from exc
         try:
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
             conn.execute("PRAGMA journal_mode = WAL")
             # FULL: an acknowledged enqueue or transition survives a power loss or kernel crash, not only
             # a process crash (NORMAL in WAL mode may drop the last commits). Jobs are few; fsyncs are cheap.
             conn.execute("PRAGMA synchronous = FULL")
         except sqlite3.Error as exc:
             conn.close()
-            raise RegistryError(f"cannot open registry {self._path}: {exc}") from exc
+            raise failure(exc, f"cannot open registry {self._path}") from exc
         conn.row_factory = sqlite3.Row
         return conn
 
@@ -88,9 +176,9 @@ class _ConnectionPool:
         """Lend one connection to the calling thread; wait (bounded) when all are lent."""
         with self._cond:
             if not self._cond.wait_for(
-                lambda: self._closed or self._idle or self._open < self.size, timeout=BUSY_TIMEOUT_MS / 1000
+                lambda: self._closed or self._idle or self._open < self.size, timeout=self._busy_timeout_ms / 1000
             ):
-                raise RegistryError(f"no registry connection free within {BUSY_TIMEOUT_MS} ms")
+                raise RegistryUnavailable(f"no registry connection free within {self._busy_timeout_ms} ms")
             if self._closed:
                 raise RegistryError(f"registry {self._path} is closed")
             conn = self._idle.pop() if self._idle else None
@@ -207,10 +295,17 @@ class SqliteStore:
     """One SQLite file (WAL mode): its pool of connections, its schema brought up to date at open, and the
     transactions every operation runs in. Safe to use from many threads and many processes."""
 
-    def __init__(self, path: Path, *, max_connections: int = DEFAULT_CONNECTIONS) -> None:
+    def __init__(
+        self, path: Path, *, max_connections: int = DEFAULT_CONNECTIONS, busy_timeout_ms: int = BUSY_TIMEOUT_MS
+    ) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._pool = _ConnectionPool(self.path, max_connections)
+        self.busy_timeout_ms = busy_timeout_ms
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RegistryError(f"cannot open registry {self.path}: {exc.strerror or exc}") from exc
+        check_existing_file(self.path)  # a damaged file is refused untouched, never replaced by an empty one
+        self._pool = _ConnectionPool(self.path, max_connections, busy_timeout_ms)
         # One writer of this process at a time, and the group commit's queue (see ``write``); readers never wait
         # here (WAL).
         self._writes = _process_write_queue(self.path)
@@ -218,7 +313,17 @@ class SqliteStore:
             try:
                 self.schema_version = migrate(conn, self.path)
             except sqlite3.Error as exc:
-                raise RegistryError(f"cannot open registry {self.path}: {exc}") from exc
+                raise failure(exc, f"cannot open registry {self.path}") from exc
+        self._file = _file_identity(self.path)
+
+    def check_file(self) -> None:
+        """Refuse to write when the registry's file is no longer the one opened (removed, or replaced by another):
+        SQLite would go on writing into the removed inode, and what it acknowledged would be lost at the next start."""
+        if _file_identity(self.path) != self._file:
+            raise RegistryUnavailable(
+                f"registry {self.path} was removed or replaced while the supervisor ran: no write is made into a "
+                "file that nobody will read again; put it back, or restart the supervisor (which opens what is there)"
+            )
 
     @property
     def max_connections(self) -> int:
@@ -236,8 +341,10 @@ class SqliteStore:
         This process's writers first take its write lock (``_WriteQueue``), which wakes the next one at once;
         ``busy_timeout`` still arbitrates with other processes (a CLI, a second supervisor), which never see it.
         """
-        if not self._writes.lock.acquire(timeout=BUSY_TIMEOUT_MS / 1000):
-            raise RegistryError(f"registry lock not acquired within {BUSY_TIMEOUT_MS} ms (this process's writers)")
+        if not self._writes.lock.acquire(timeout=self.busy_timeout_ms / 1000):
+            raise RegistryUnavailable(
+                f"registry lock not acquired within {self.busy_timeout_ms} ms (this process's writers)"
+            )
         try:
             with self.locked_tx() as conn:
                 yield conn
@@ -248,16 +355,17 @@ class SqliteStore:
     @contextmanager
     def locked_tx(self) -> Iterator[sqlite3.Connection]:
         """``BEGIN IMMEDIATE`` ... ``COMMIT`` on a pooled connection; the caller holds the write lock."""
+        self.check_file()
         with self._pool.borrow() as conn:
             try:
                 conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:
-                raise RegistryError(f"registry lock not acquired: {exc}") from exc
+            except sqlite3.Error as exc:
+                raise failure(exc, "registry lock not acquired") from exc
             try:
                 yield conn
             except sqlite3.Error as exc:
                 _rollback(conn)
-                raise RegistryError(f"registry write failed: {exc}") from exc
+                raise failure(exc, "registry write failed") from exc
             except BaseException:
                 _rollback(conn)
                 raise
@@ -266,7 +374,7 @@ class SqliteStore:
                     conn.execute("COMMIT")
                 except sqlite3.Error as exc:
                     _rollback(conn)
-                    raise RegistryError(f"registry commit failed: {exc}") from exc
+                    raise failure(exc, "registry commit failed") from exc
 
     def write(self, change: Callable[[sqlite3.Connection], T]) -> T:
         """Run one change in a write transaction shared with this process's concurrent changes (group commit).
@@ -301,10 +409,10 @@ class SqliteStore:
         self._lead()
         out: list[tuple[Any, BaseException | None]] = []
         for item in items:
-            if not item.committed.wait(BUSY_TIMEOUT_MS / 1000):
+            if not item.committed.wait(self.busy_timeout_ms / 1000):
                 if queue.withdraw(item):  # no leader took it in time: give up, nothing was written
-                    why = f"registry lock not acquired within {BUSY_TIMEOUT_MS} ms (this process's writers)"
-                    out.append((None, RegistryError(why)))
+                    why = f"registry lock not acquired within {self.busy_timeout_ms} ms (this process's writers)"
+                    out.append((None, RegistryUnavailable(why)))
                     continue
                 item.committed.wait()  # a leader is running it: its transaction ends (bounded by busy_timeout)
             out.append((item.result, item.error))
@@ -332,7 +440,7 @@ class SqliteStore:
                     try:
                         result = item.change(conn)
                     except sqlite3.Error as exc:
-                        result, error = None, RegistryError(f"registry write failed: {exc}")
+                        result, error = None, failure(exc, "registry write failed")
                         error.__cause__ = exc
                     except Exception as exc:  # the change's own verdict (not found, conflict...): its caller's
                         result, error = None, exc
@@ -342,8 +450,9 @@ class SqliteStore:
                     results.append((item, result, error))
         except BaseException as exc:
             why = str(exc) if isinstance(exc, RegistryError) else f"registry write failed: {exc!r}"
+            kind = type(exc) if isinstance(exc, RegistryError) else RegistryError
             for item in group:  # each caller gets its own exception object (raised in its own thread)
-                item.error, item.done = RegistryError(why), True
+                item.error, item.done = kind(why), True
                 item.error.__cause__ = exc
                 item.committed.set()
             if not isinstance(exc, Exception):
@@ -358,7 +467,7 @@ class SqliteStore:
             try:
                 return conn.execute(sql, args).fetchall()
             except sqlite3.Error as exc:
-                raise RegistryError(f"registry read failed: {exc}") from exc
+                raise failure(exc, "registry read failed") from exc
 
     def close(self) -> None:
         self._pool.close()
@@ -374,4 +483,4 @@ class SqliteStore:
                 finally:
                     conn.execute("COMMIT")
             except sqlite3.Error as exc:
-                raise RegistryError(f"registry read failed: {exc}") from exc
+                raise failure(exc, "registry read failed") from exc
