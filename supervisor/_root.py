@@ -29,6 +29,7 @@ from .core import Supervisor
 from .domain._config import ApiToken, Config
 from .domain._errors import ConfigError
 from .domain._kinds import KindCatalog
+from .domain._model import SteadyWallClock
 from .observe._logging import get_logger
 from .observe._notify import Notifier, run_watchdog
 from .registry import open_registry
@@ -89,8 +90,11 @@ async def run_supervisor(
     limits = http_limits if http_limits is not None else HttpLimits()
     boot_id = secrets.token_hex(16)
     # Events are written with each change only when something will send them (a webhook).
-    registry = await open_registry(config, boot_id=boot_id, outbox=config.webhook_url is not None)
-    supervisor = Supervisor(config, kinds, registry, boot_id=boot_id)
+    # One wall clock for every timestamp and rule of this boot, moved by the monotonic clock: a step of the system
+    # clock fires no rule and skips no backoff (issue 26).
+    clock = SteadyWallClock()
+    registry = await open_registry(config, boot_id=boot_id, outbox=config.webhook_url is not None, clock=clock)
+    supervisor = Supervisor(config, kinds, registry, boot_id=boot_id, wall_clock=clock)
     api_token = ApiToken.from_config(config)
     sock = bind_socket(config.bind_host, config.bind_port)
     host, port = sock.getsockname()[:2]

@@ -8,11 +8,11 @@ The parts (``_drain``, ``_monitor``, ``_reconcile``, ``_absence``, ``_sweeper``,
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -23,6 +23,24 @@ from ..observe import EventBus, EventName, JobEvent, get_logger
 from ..registry import Registry
 
 log = get_logger()
+T = TypeVar("T")
+
+# How often a write that must land (a job's end) is tried again while the registry cannot take writes.
+UNTIL_RECORDED_MIN_S = 0.5
+UNTIL_RECORDED_MAX_S = 30.0
+
+
+async def until_recorded(write: Callable[[], Awaitable[T]]) -> T:
+    """``write()``, again and again with backoff while the registry cannot write (a full disk, a lock held too
+    long): an end this boot saw is recorded once it can be (INV-TRUE-OUTCOME), never dropped, and never a reason for
+    the supervisor to exit. The registry says once that writes fail and once that they work again."""
+    delay_s = UNTIL_RECORDED_MIN_S
+    while True:
+        try:
+            return await write()
+        except RegistryUnavailable:
+            await trio.sleep(delay_s)
+            delay_s = min(delay_s * 2, UNTIL_RECORDED_MAX_S)
 
 
 def log_failure(event: str, **fields: Any) -> None:

@@ -9,6 +9,7 @@ records their identities in one write, and hands each to its monitor in the job 
 
 from __future__ import annotations
 
+import functools
 import math
 import secrets
 from collections.abc import Awaitable, Callable
@@ -23,7 +24,7 @@ from ..domain._model import hash_token
 from ..execution import JobHandle, Launch
 from ..observe import get_logger
 from ..registry import Ending, IdentityClaim, Outcome, PromoteRequest
-from ._boot import Boot, Watched, log_failure
+from ._boot import Boot, Watched, log_failure, until_recorded
 from ._pause import LOOK_EVERY_S, PauseFile
 
 log = get_logger()
@@ -207,7 +208,10 @@ class Drainer:
         return handle
 
     async def _spawn_failed(self, job: Job, reason: str) -> None:
-        change, _ = await self.boot.registry.finalize(job.job_id, Ending(Outcome(JobStatus.FAILED, reason)))
+        # A start that failed on a full disk most likely finds the registry on the same disk: its end waits for it
+        # (the row keeps its slot meanwhile), never escapes and stops the supervisor.
+        ending = Ending(Outcome(JobStatus.FAILED, reason))
+        change, _ = await until_recorded(functools.partial(self.boot.registry.finalize, job.job_id, ending))
         if change.changed:
             self.boot.announce_end(change.job, change.previous)
 

@@ -14,18 +14,19 @@ verified its identity.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from collections.abc import Callable
 from typing import Any
 
 import trio
 
-from ..domain import RESUBMITTED, Job, JobStatus, RegistryUnavailable, SupervisorError
+from ..domain import RESUBMITTED, Job, JobStatus, SupervisorError
 from ..domain._model import ExitStatus, Liveness
 from ..execution import Evidence, JobHandle, Unwatchable
 from ..observe import EventName, JobEvent, get_logger
 from ..registry import Ending, EnqueueResult, Expect, IdentityClaim, NewJob, Outcome
-from ._boot import Boot, Watched
+from ._boot import Boot, Watched, until_recorded
 from ._rules import JITTER, RetryPolicy, ending
 
 log = get_logger()
@@ -34,8 +35,6 @@ FollowUpOf = Callable[[Job, str], NewJob | None]
 AnnounceEnqueued = Callable[[list[EnqueueResult]], None]
 
 # A job's end that the registry could not write is written again after these waits (doubling).
-FINISH_RETRY_MIN_S = 0.5
-FINISH_RETRY_MAX_S = 30.0
 
 
 class Monitors:
@@ -104,14 +103,7 @@ class Monitors:
         """``finish``, again and again while the registry cannot write (a full disk, a lock held too long): the end
         of a job this boot watched is recorded once it can be, with its true outcome (INV-TRUE-OUTCOME), never
         dropped. The row keeps its slot meanwhile; the registry says once that writes fail, and once they work."""
-        delay_s = FINISH_RETRY_MIN_S
-        while True:
-            try:
-                await self.finish(job, status, cancel_asked=cancel_asked)
-                return
-            except RegistryUnavailable:
-                await trio.sleep(delay_s)
-                delay_s = min(delay_s * 2, FINISH_RETRY_MAX_S)
+        await until_recorded(functools.partial(self.finish, job, status, cancel_asked=cancel_asked))
 
     async def finish(
         self, job: Job, status: ExitStatus | None, *, cancel_asked: bool, expect: Job | None = None

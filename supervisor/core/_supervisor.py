@@ -18,16 +18,17 @@ import os
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from ..domain import Config, Job, KindCatalog, RegistryError, ValidationError, coalesce_key
+from ..domain import Config, Job, KindCatalog, RegistryError, ValidationError, coalesce_key, utc_now
 from ..execution import Executor, create_executor
 from ..observe import EventBus, Metrics, Snapshot, WebhookSender, get_logger, log_event
 from ..registry import PAUSED_BY_OPERATOR, EnqueueResult, NewJob, Registry
-from ._absence import AbsenceJudge
+from ._absence import AbsenceJudge, AbsenceTracker
 from ._boot import Boot
 from ._drain import Drainer
 from ._heartbeats import Heartbeats
@@ -86,7 +87,10 @@ class Supervisor:
         boot_id: str | None = None,
         base_env: Mapping[str, str] | None = None,
         executor: Executor | None = None,
+        wall_clock: Callable[[], datetime] | None = None,
     ) -> None:
+        """``wall_clock``: the time this boot stamps and judges by; ``supervisor serve`` gives the registry's own
+        ``SteadyWallClock`` (steps of the system clock move neither). Default: the system's wall clock."""
         env = dict(base_env if base_env is not None else os.environ)
         for name in _PRIVATE_ENV:
             env.pop(name, None)
@@ -102,6 +106,7 @@ class Supervisor:
             boot_id=boot_id or secrets.token_hex(16),
             data_dir=config.data_dir.resolve(),
             log_dir=config.jobs_log_dir.resolve(),
+            wall_clock=wall_clock or utc_now,
         )
         self.monitors = Monitors(self.boot, self.wake_drainer, self._follow_up_of, self._announce_enqueued)
         self.pause_file = PauseFile(config.pause_flag_path, registry)
@@ -113,8 +118,17 @@ class Supervisor:
         # sender (a root-nursery task) delivers it and is woken by the bus.
         self.webhooks = WebhookSender(config, registry)
         self.events.subscribe(self.webhooks.wake)
-        self.absence = AbsenceJudge(config, registry, self.events, self.boot.boot_id, self.reconciler.stop_stalled)
-        self.sweeper = Sweeper(registry, self.reconciler, self.absence, self.drainer, self.metrics, self.pause_file)
+        self.absence = AbsenceJudge(
+            config,
+            registry,
+            self.events,
+            self.boot.boot_id,
+            self.reconciler.stop_stalled,
+            AbsenceTracker(wall_clock=self.boot.wall_clock),
+        )
+        self.sweeper = Sweeper(
+            registry, self.reconciler, self.absence, self.drainer, self.metrics, self.pause_file, self.boot.wall_clock
+        )
         self.heartbeats = Heartbeats(registry, self.absence.tracker.beat)
         self.events.subscribe(self.heartbeats.tokens.on_event)
 

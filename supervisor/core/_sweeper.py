@@ -7,6 +7,8 @@ precisely when ghost rows exist. Each sweep also mirrors the operator's pause fi
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import datetime
 from typing import Any, Protocol
 
 import trio
@@ -21,6 +23,9 @@ from ._pause import PauseFile
 from ._reconcile import ReconcileDetail, Reconciler
 
 log = get_logger()
+
+# A difference between the system's wall clock and this boot's (SteadyWallClock) of at least this much is a step.
+CLOCK_STEP_WARN_S = 2.0
 
 
 class Sweepable(Protocol):
@@ -56,6 +61,7 @@ class Sweeper:
         drainer: Drainer,
         metrics: Metrics,
         pause_file: PauseFile,
+        wall_clock: Callable[[], datetime] | None = None,
     ) -> None:
         self.registry = registry
         self.reconciler = reconciler
@@ -64,10 +70,13 @@ class Sweeper:
         self.metrics = metrics
         self.pause_file = pause_file
         self.last_sweep_done: float | None = None
+        self.wall_clock = wall_clock
+        self._warned_step_s = 0.0  # the step of the system clock last said (0: none)
 
     async def sweep(self) -> None:
         """One pass. A failing step still lets the next run."""
         started = trio.current_time()
+        self._check_clock()
         try:
             await self.pause_file.mirror()
         except Exception:
@@ -89,3 +98,22 @@ class Sweeper:
             log_failure("drain_failed")
         self.last_sweep_done = trio.current_time()
         self.metrics.sweep_duration.observe(self.last_sweep_done - started)
+
+    def _check_clock(self) -> None:
+        """Say once when the system clock has stepped away from this boot's (and once when it is back): nothing is
+        judged by the new time (INV-MONOTONIC-DURATIONS), but the operator should know that this boot's timestamps
+        now differ from the system's, until a restart."""
+        step_of = getattr(self.wall_clock, "step_s", None)
+        if step_of is None:
+            return
+        step_s = step_of()
+        if abs(step_s) >= CLOCK_STEP_WARN_S and abs(step_s - self._warned_step_s) >= CLOCK_STEP_WARN_S:
+            log.warning(
+                "wall_clock_stepped",
+                step_s=round(step_s, 3),
+                effect="none on durations or rules; this boot's timestamps keep its own timeline until a restart",
+            )
+            self._warned_step_s = step_s
+        elif abs(step_s) < CLOCK_STEP_WARN_S and self._warned_step_s:
+            log.info("wall_clock_agrees", step_s=round(step_s, 3))
+            self._warned_step_s = 0.0

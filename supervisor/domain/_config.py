@@ -67,6 +67,8 @@ class Config:
     webhook_outbox_max_events: int = 10_000
     webhook_outbox_max_age_s: float = 7 * 86400.0
     log_max_bytes: int = 50 * MIB
+    # How long a registry write waits for another writer's lock before it counts as failed (and is retried).
+    registry_busy_timeout_ms: int = 10_000
     cancel_grace_s: float = 30.0
     docker_image: str = DEFAULT_DOCKER_IMAGE
     # None: the engine's default bridge network.
@@ -235,6 +237,7 @@ def load_config(
     num("webhook_outbox_max_events", "PODCAST_JOB_WEBHOOK_OUTBOX_MAX_EVENTS", integer=True, floor=1)
     num("webhook_outbox_max_age_s", "PODCAST_JOB_WEBHOOK_OUTBOX_MAX_AGE_SECONDS", floor=60.0)
     num("log_max_bytes", "PODCAST_JOB_LOG_MAX_BYTES", integer=True, floor=4096)
+    num("registry_busy_timeout_ms", "PODCAST_JOB_REGISTRY_BUSY_TIMEOUT_MS", integer=True, floor=50)
     num("cancel_grace_s", "PODCAST_JOB_CANCEL_GRACE_SECONDS", floor=0.0)
 
     def choice(attr: str, env_name: str, allowed: tuple[str, ...]) -> None:
@@ -303,6 +306,7 @@ def load_config(
 
 
 _TOML_KEYS = (
+    "registry_busy_timeout_ms",
     "data_dir",
     "bind",
     "max_concurrent",

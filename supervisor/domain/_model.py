@@ -10,9 +10,10 @@ from __future__ import annotations
 import copy
 import enum
 import hashlib
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
@@ -58,6 +59,30 @@ def check_transition(job_id: str, from_status: JobStatus, to_status: JobStatus) 
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+class SteadyWallClock:
+    """Wall-clock time as the monotonic clock moves it: the system's wall time read once (at construction), plus the
+    monotonic time elapsed since. A step of the system clock (an operator's ``date -s``, NTP correcting a wrong RTC)
+    moves no timestamp this boot writes and no duration it judges: no stall, no wall-clock stale, no backoff skipped
+    or stretched by it. ``step_s()``: how far the system clock has stepped away since (the sweeper warns).
+
+    ``wall`` and ``monotonic``: the two clocks read (a test seam; monotonic: seconds, any origin)."""
+
+    def __init__(
+        self, wall: Callable[[], datetime] = utc_now, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._wall = wall
+        self._monotonic = monotonic
+        self._anchor_wall = wall()
+        self._anchor_mono = monotonic()
+
+    def __call__(self) -> datetime:
+        return self._anchor_wall + timedelta(seconds=self._monotonic() - self._anchor_mono)
+
+    def step_s(self) -> float:
+        """The system's wall time minus this clock's: 0 unless the system clock was stepped (or slewed apart)."""
+        return (self._wall() - self()).total_seconds()
 
 
 def to_iso(ts: datetime) -> str:

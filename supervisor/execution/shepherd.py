@@ -68,6 +68,15 @@ LOG_LINGER_S = 5.0
 PR_SET_CHILD_SUBREAPER = 36
 
 
+
+def say(message: str) -> None:
+    """One diagnostic line on stderr (the shepherd's log file). Never raises: that file is most often on the disk
+    that just filled up, and a shepherd that died of its own complaint would leave every job unwatched."""
+    try:
+        os.write(2, message.encode(errors="replace") + b"\n")
+    except OSError:
+        pass
+
 def _now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
 
@@ -380,7 +389,7 @@ class Shepherd:
                 request = json.loads(line)
                 self.handle(request)
             except (ValueError, KeyError, TypeError, AttributeError) as exc:  # a bug in the caller: say so, go on
-                print(f"shepherd: bad request {line[:200]!r}: {exc!r}", file=sys.stderr, flush=True)
+                say(f"shepherd: bad request {line[:200]!r}: {exc!r}")
 
     def handle(self, request: dict[str, object]) -> None:
         op = request.get("op")
@@ -408,7 +417,7 @@ class Shepherd:
             try:
                 self.write_run_record(run_path, payload)
             except OSError as exc:  # the run directory is unusable (full, say): the durable place is always right
-                print(f"shepherd: {run_path}: {exc}; writing next to the log", file=sys.stderr, flush=True)
+                say(f"shepherd: {run_path}: {exc}; writing next to the log")
             else:
                 records.in_run.add(which)
                 self.records[str(payload["job_id"])] = records
@@ -451,7 +460,7 @@ class Shepherd:
                 try:
                     write_atomically(records.durable[which], records.payload[which])
                 except OSError as exc:  # the run copy stays: a next boot still reads it there (until a reboot)
-                    print(f"shepherd: job {job_id}: cannot persist its {which} record: {exc}", file=sys.stderr)
+                    say(f"shepherd: job {job_id}: cannot persist its {which} record: {exc}")
                     continue
                 records.in_run.discard(which)
                 try:
@@ -471,7 +480,7 @@ class Shepherd:
             write_atomically(self.marker, payload)
         except OSError as exc:
             self.marker_error = f"cannot write the shepherd's marker {self.marker}: {exc}"
-            print(f"shepherd: {self.marker_error}", file=sys.stderr, flush=True)
+            say(f"shepherd: {self.marker_error}")
         else:
             self.marker_error = None
 
@@ -487,7 +496,7 @@ class Shepherd:
         try:
             self.trace_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
         except OSError as exc:
-            print(f"shepherd: cannot open the trace {path}: {exc}", file=sys.stderr, flush=True)
+            say(f"shepherd: cannot open the trace {path}: {exc}")
 
     def trace(self, event: dict[str, object]) -> None:
         """One line of the trace (diagnostics: every start and exit as this shepherd saw them, on its clock)."""
@@ -496,7 +505,7 @@ class Shepherd:
         try:
             os.write(self.trace_fd, json.dumps(event).encode() + b"\n")  # one write: lines never interleave
         except OSError as exc:
-            print(f"shepherd: trace write failed, tracing stops: {exc}", file=sys.stderr, flush=True)
+            say(f"shepherd: trace write failed, tracing stops: {exc}")
             os.close(self.trace_fd)
             self.trace_fd = None
 
@@ -618,7 +627,7 @@ class Shepherd:
             try:
                 job.write_output(chunk)
             except OSError as exc:  # a full disk (or no log file) must not stop the draining: the job would block
-                print(f"shepherd: job {job.id}: log write failed: {exc}", file=sys.stderr, flush=True)
+                say(f"shepherd: job {job.id}: log write failed: {exc}")
                 job.written = job.cap
 
     def close_pipe(self, job: Job) -> None:
@@ -651,7 +660,7 @@ class Shepherd:
             try:
                 self.record(job.records, "exit", job.exit)
             except OSError as exc:
-                print(f"shepherd: job {job.id}: cannot record its exit: {exc}", file=sys.stderr, flush=True)
+                say(f"shepherd: job {job.id}: cannot record its exit: {exc}")
             job.linger_until = time.monotonic() + LOG_LINGER_S
             self.maybe_done(job)
 

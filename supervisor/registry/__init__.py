@@ -10,8 +10,11 @@ else knows which one it talks to. ``IdentityRecord`` (what ``Expect`` and ``Iden
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import datetime
+
 from ..domain import Config
-from ..domain._model import IdentityRecord, hash_token
+from ..domain._model import IdentityRecord, hash_token, utc_now
 from ._health import RegistryFault
 from ._protocol import (
     CURSOR_PATTERN,
@@ -66,6 +69,15 @@ __all__ = [
 ]
 
 
-async def open_registry(config: Config, *, boot_id: str | None, outbox: bool) -> Registry:
-    """The registry ``config`` names (today: the SQLite file under the data dir), opened and migrated."""
-    return await SqliteRegistry.open(config.registry_path, boot_id=boot_id, outbox=outbox)
+async def open_registry(
+    config: Config, *, boot_id: str | None, outbox: bool, clock: Callable[[], datetime] = utc_now
+) -> Registry:
+    """The registry ``config`` names (today: the SQLite file under the data dir), opened and migrated. ``clock``:
+    the wall clock it stamps rows with."""
+    return await SqliteRegistry.open(
+        config.registry_path,
+        boot_id=boot_id,
+        outbox=outbox,
+        busy_timeout_ms=config.registry_busy_timeout_ms,
+        clock=clock,
+    )

@@ -93,12 +93,15 @@ class SqliteRegistry:
         return result
 
     async def _write_group(self, changes: Sequence[Callable[[Any], Any]]) -> list[Any]:
+        wrote_before = self.store.commits_that_wrote
         outcomes = await trio.to_thread.run_sync(self.store.write_group, changes, limiter=self._limiter)
         failed = [error for _, error in outcomes if isinstance(error, RegistryError)]
         if failed:
             self._health.failed(failed[0])
-        else:
-            self._health.succeeded()  # each change committed (or was refused on its own merits: not found...)
+        elif self.store.commits_that_wrote != wrote_before:
+            # A commit that wrote a row proves the fault over; one that changed nothing (refused on its own merits:
+            # not found...) would pass on a full disk too, and flap the fault's one ERROR into many.
+            self._health.succeeded()
         return [error if error is not None else result for result, error in outcomes]
 
     def fault(self) -> RegistryFault | None:

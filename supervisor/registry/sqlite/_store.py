@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from ...domain import RegistryDamaged, RegistryError, RegistryUnavailable
 from ._schema import migrate
 
 BUSY_TIMEOUT_MS = 10_000
+# How long an empty registry file may stay empty before it is judged damaged (see ``check_existing_file``).
+EMPTY_FILE_GRACE_S = 2.0
 # WAL lets readers run beside the one writer; a few connections serve every thread that calls the registry.
 DEFAULT_CONNECTIONS = 4
 # At most this many concurrent changes share one group commit (bounds one transaction's length).
@@ -74,6 +77,12 @@ def check_existing_file(path: Path) -> None:
         raise RegistryError(f"cannot open registry {path}: {exc.strerror or exc}") from exc
     side_files = [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm")]
     existed = {side: side.exists() for side in side_files}
+    deadline = time.monotonic() + EMPTY_FILE_GRACE_S
+    while size == 0 and time.monotonic() < deadline:
+        # Another process may be making this registry right now (SQLite creates the file, then writes its first
+        # page): empty for a moment is a birth, empty for good is a file that lost its content.
+        time.sleep(0.01)
+        size = path.stat().st_size if path.exists() else 0
     if size == 0:
         raise RegistryDamaged(_damaged(path, "the file is empty"))
     try:
@@ -221,6 +230,15 @@ class _ConnectionPool:
                 self._idle.append(conn)
             self._cond.notify()
 
+    def drop_idle(self) -> None:
+        """Close every idle connection; the next borrows open fresh ones."""
+        with self._cond:
+            for conn in self._idle:
+                self._discard(conn)
+            self._open -= len(self._idle)
+            self._idle.clear()
+            self._cond.notify_all()
+
     def close(self) -> None:
         """Close every idle connection now, and each lent one as it comes back."""
         with self._cond:
@@ -258,6 +276,10 @@ class _WriteQueue:
         self.lock = threading.Lock()
         self.guard = threading.Lock()
         self.pending: list[_PendingWrite] = []
+        # Commits that wrote at least one row: proof that the file takes writes. A commit of changes that changed
+        # nothing touches no page, and succeeds on a full disk or a read-only file as well.
+        self.commits_that_wrote = 0
+        self.failing = False  # the last group failed on the storage (see ``SqliteStore._run_group``)
 
     def take(self) -> list[_PendingWrite]:
         with self.guard:
@@ -434,12 +456,17 @@ class SqliteStore:
         results: list[tuple[_PendingWrite, Any, BaseException | None]] = []
         try:
             with self.locked_tx() as conn:
+                changes_before = conn.total_changes
                 for item in group:
                     conn.execute("SAVEPOINT change")
                     error: BaseException | None = None
                     try:
                         result = item.change(conn)
                     except sqlite3.Error as exc:
+                        if isinstance(failure(exc, ""), RegistryUnavailable):
+                            # The storage refused (full, read-only, I/O): the whole group fails, and the connection
+                            # is replaced (one opened while the file was read-only stays read-only for good).
+                            raise
                         result, error = None, failure(exc, "registry write failed")
                         error.__cause__ = exc
                     except Exception as exc:  # the change's own verdict (not found, conflict...): its caller's
@@ -448,7 +475,9 @@ class SqliteStore:
                         conn.execute("ROLLBACK TO change")
                     conn.execute("RELEASE change")
                     results.append((item, result, error))
+                wrote = conn.total_changes != changes_before
         except BaseException as exc:
+            self._writes.failing = True
             why = str(exc) if isinstance(exc, RegistryError) else f"registry write failed: {exc!r}"
             kind = type(exc) if isinstance(exc, RegistryError) else RegistryError
             for item in group:  # each caller gets its own exception object (raised in its own thread)
@@ -458,9 +487,20 @@ class SqliteStore:
             if not isinstance(exc, Exception):
                 raise
             return
+        if wrote:
+            self._writes.commits_that_wrote += 1  # under the write lock
+            if self._writes.failing:
+                # The fault is over: connections opened during it (read-only, say) are not kept.
+                self._writes.failing = False
+                self._pool.drop_idle()
         for item, result, error in results:
             item.result, item.error, item.done = result, error, True
             item.committed.set()
+
+    @property
+    def commits_that_wrote(self) -> int:
+        """How many commits of this process on this file wrote a row so far (see ``_WriteQueue``)."""
+        return self._writes.commits_that_wrote
 
     def read(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._pool.borrow() as conn:

@@ -1,0 +1,314 @@
+"""A registry that cannot take writes, under a real ``supervisor serve``: a full disk, a database locked past the
+busy timeout, a file deleted or made read-only while running, a damaged file at startup.
+
+The promise (issue 26, ADR 0010): the supervisor never exits because of it; writes are retried, never dropped; the
+API answers 503 with ``Retry-After`` for writes and keeps answering reads and health (which says what is degraded);
+running jobs keep their slots; a job that ends during the fault has its true outcome recorded once the fault ends;
+one ERROR when the fault starts and one INFO when it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+from core_helpers import KINDS, poll  # type: ignore[import-not-found]
+
+pytestmark = pytest.mark.e2e
+
+WAIT_S = 30.0
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small filesystem needs root (CI runs as root)")
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    return tmp_path / "data"
+
+
+@pytest.fixture
+def env(tmp_path: Path, data_dir: Path) -> dict[str, str]:
+    kinds = tmp_path / "kinds.toml"
+    kinds.write_text(KINDS)
+    out = {k: v for k, v in os.environ.items() if not k.startswith("PODCAST_")}
+    out.update(
+        PODCAST_JOB_DATA_DIR=str(data_dir),
+        PODCAST_JOB_BIND="127.0.0.1:0",
+        PODCAST_JOB_KINDS_FILE=str(kinds),
+        PODCAST_JOB_MAX_CONCURRENT="2",
+        PODCAST_JOB_SWEEP_SECONDS="1",
+    )
+    return out
+
+
+@pytest.fixture
+def small_filesystem(data_dir: Path) -> Iterator[Path]:
+    """``data_dir`` on a 16 MiB tmpfs of its own: a disk that a test can fill."""
+    data_dir.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(data_dir)], check=True)
+    try:
+        yield data_dir
+    finally:
+        subprocess.run(["umount", "-l", str(data_dir)], check=False)
+
+
+class Server:
+    def __init__(self, proc: trio.Process, log: Path) -> None:
+        self.proc = proc
+        self.log = log
+        self.url = ""
+
+    def lines(self, event: str) -> list[dict[str, Any]]:
+        found = []
+        for line in self.log.read_text().splitlines():
+            if f'"{event}"' in line:
+                found.append(json.loads(line))
+        return found
+
+
+@pytest.fixture
+async def serve(tmp_path: Path, env: dict[str, str]) -> AsyncIterator[Callable[[], Awaitable[Server]]]:
+    servers: list[Server] = []
+
+    async def start() -> Server:
+        log = tmp_path / f"supervisor-{len(servers)}.log"
+        with log.open("wb") as fh:
+            proc = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "supervisor", "serve"], env=env, stdout=subprocess.DEVNULL, stderr=fh
+            )
+        server = Server(proc, log)
+        servers.append(server)
+
+        async def started() -> str | None:
+            for line in (await trio.to_thread.run_sync(log.read_text)).splitlines():
+                if '"supervisor_started"' in line:
+                    return str(json.loads(line)["url"])
+            if proc.returncode is not None:
+                raise AssertionError(f"supervisor exited {proc.returncode}: {log.read_text()}")
+            return None
+
+        server.url = await poll(started, timeout_s=20)
+        return server
+
+    yield start
+    for server in servers:
+        if server.proc.returncode is None:
+            server.proc.send_signal(signal.SIGTERM)
+            with trio.fail_after(WAIT_S):
+                await server.proc.wait()
+
+
+def _fill(directory: Path) -> Path:
+    """Write one file until the filesystem is full; returns it (removing it gives the space back)."""
+    filler = directory / "filler"
+    chunk = b"\0" * 65536
+    with filler.open("wb", buffering=0) as fh:
+        with contextlib.suppress(OSError):
+            while True:
+                fh.write(chunk)
+        # The last partial chunk may still fit a few bytes at a time: take them too.
+        with contextlib.suppress(OSError):
+            while True:
+                fh.write(b"\0" * 512)
+    return filler
+
+
+async def _job(client: httpx.AsyncClient, url: str, job_id: str) -> dict[str, Any]:
+    answer = await client.get(f"{url}/api/jobs/{job_id}")
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
+
+
+async def _status_is(client: httpx.AsyncClient, url: str, job_id: str, status: str) -> dict[str, Any] | None:
+    job = await _job(client, url, job_id)
+    return job if job["status"] == status else None
+
+
+async def _health(client: httpx.AsyncClient, url: str) -> dict[str, Any]:
+    answer = await client.get(f"{url}/api/health")
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
+
+
+async def _run_a_fault(
+    server: Server,
+    gate: Path,
+    begin: Callable[[], None],
+    end: Callable[[], None],
+) -> None:
+    """One running job; the fault begins; the job ends during it; the fault ends: the job's true outcome is recorded."""
+    async with httpx.AsyncClient(timeout=10) as client:
+        answer = await client.post(
+            f"{server.url}/api/jobs", json={"kind": "gated", "params": {"gate": str(gate), "code": 0}}
+        )
+        assert answer.status_code == 202, answer.text
+        job_id = answer.json()["job_id"]
+
+        async def started() -> dict[str, Any] | None:
+            job = await _job(client, server.url, job_id)
+            return job if job["status"] == "running" and job["pid"] is not None else None
+
+        await poll(started, timeout_s=WAIT_S)  # its identity recorded: the fault meets a job that runs
+
+        await trio.to_thread.run_sync(begin)
+        # Writes answer 503 with the JSON error body and Retry-After, and acknowledge nothing.
+        refused = await client.post(f"{server.url}/api/jobs", json={"kind": "sleep", "params": {"seconds": 1}})
+        assert refused.status_code == 503, refused.text
+        assert refused.headers["Retry-After"] == "5"
+        assert refused.json()["error"]["code"] == "unavailable"
+        # Reads and health keep answering; health names what is degraded.
+        health = await _health(client, server.url)
+        assert health["status"] == "degraded" and "registry" in health["degraded"], health
+        assert (await _job(client, server.url, job_id))["status"] == "running"
+
+        # The job ends during the fault (printing a line its log cannot take): its end cannot be recorded yet, and
+        # is retried, never dropped.
+        await trio.Path(gate).touch()
+
+        async def retried_at_least_twice() -> bool | None:
+            degraded = (await _health(client, server.url)).get("degraded", {})
+            failed = re.search(r"\((\d+) failed\)", degraded.get("registry", ""))
+            return True if failed is not None and int(failed.group(1)) >= 3 else None
+
+        await poll(retried_at_least_twice, timeout_s=WAIT_S)
+        assert (await _job(client, server.url, job_id))["status"] == "running"  # the slot is kept meanwhile
+        assert server.proc.returncode is None  # never exits because of it
+
+        await trio.to_thread.run_sync(end)
+        job = await poll(lambda: _status_is(client, server.url, job_id, "succeeded"), timeout_s=WAIT_S)
+        assert job["exit_code"] == 0  # its true outcome, recorded once the fault ended
+        await poll(lambda: _ok(client, server.url), timeout_s=WAIT_S)
+        # New work is taken again, and runs.
+        again = await client.post(f"{server.url}/api/jobs", json={"kind": "exit", "params": {"code": 0}})
+        assert again.status_code == 202, again.text
+        await poll(lambda: _status_is(client, server.url, again.json()["job_id"], "succeeded"), timeout_s=WAIT_S)
+    assert server.proc.returncode is None
+    # One ERROR when the fault started, one INFO when it ended: not one line per retry.
+    failing, recovered = server.lines("registry_writes_failing"), server.lines("registry_writes_recovered")
+    assert [f["level"] for f in failing] == ["error"], failing
+    assert [r["level"] for r in recovered] == ["info"], recovered
+    assert recovered[0]["failed_writes"] >= 3
+
+
+async def _ok(client: httpx.AsyncClient, url: str) -> bool | None:
+    return True if (await _health(client, url))["status"] == "ok" else None
+
+
+@as_root
+async def test_a_full_disk_keeps_the_supervisor_up_and_records_the_true_outcome_once_space_is_back(
+    serve: Callable[[], Awaitable[Server]], small_filesystem: Path, tmp_path: Path
+) -> None:
+    server = await serve()
+    fillers: list[Path] = []
+    await _run_a_fault(
+        server,
+        tmp_path / "gate",
+        begin=lambda: fillers.append(_fill(small_filesystem)),
+        end=lambda: fillers.pop().unlink(),
+    )
+
+
+@pytest.fixture
+def immutable_files_supported(tmp_path: Path) -> None:
+    # A filesystem cannot be remounted read-only while the supervisor holds files open for writing (EBUSY); the
+    # immutable attribute refuses every write to the open files the same way (ext4 enforces it on open files).
+    if subprocess.run(["chattr", "-i", str(tmp_path)], capture_output=True, check=False).returncode != 0:
+        pytest.skip(f"chattr is not supported on the filesystem of {tmp_path}")
+
+
+@as_root
+@pytest.mark.usefixtures("immutable_files_supported")
+async def test_a_registry_made_read_only_while_running_is_a_fault_that_ends_when_it_is_writable_again(
+    serve: Callable[[], Awaitable[Server]], data_dir: Path, tmp_path: Path
+) -> None:
+    server = await serve()
+    # Not the -shm index: SQLite writes it through a shared mapping, where a refused write is a SIGBUS, not an error.
+    files = [str(data_dir / ".viewer" / name) for name in ("jobs.sqlite3", "jobs.sqlite3-wal")]
+
+    def attribute(flag: str) -> None:
+        subprocess.run(["chattr", flag, *files], check=True)
+
+    try:
+        await _run_a_fault(server, tmp_path / "gate", begin=lambda: attribute("+i"), end=lambda: attribute("-i"))
+    finally:
+        attribute("-i")
+
+
+async def test_a_registry_locked_by_another_process_past_the_busy_timeout_is_a_fault_until_released(
+    serve: Callable[[], Awaitable[Server]], env: dict[str, str], data_dir: Path, tmp_path: Path
+) -> None:
+    env["PODCAST_JOB_REGISTRY_BUSY_TIMEOUT_MS"] = "200"
+    server = await serve()
+    locker: list[sqlite3.Connection] = []
+
+    def lock() -> None:
+        conn = sqlite3.connect(data_dir / ".viewer" / "jobs.sqlite3", isolation_level=None)
+        conn.execute("BEGIN EXCLUSIVE")  # another process's write lock, held: every write waits, then fails
+        locker.append(conn)
+
+    def unlock() -> None:
+        conn = locker.pop()
+        conn.execute("ROLLBACK")
+        conn.close()
+
+    await _run_a_fault(server, tmp_path / "gate", begin=lock, end=unlock)
+
+
+async def test_a_registry_file_deleted_while_running_is_a_fault_never_a_fresh_empty_database(
+    serve: Callable[[], Awaitable[Server]], data_dir: Path, tmp_path: Path
+) -> None:
+    server = await serve()
+    path = data_dir / ".viewer" / "jobs.sqlite3"
+    aside = tmp_path / "aside"
+    aside.mkdir()
+
+    def delete() -> None:
+        for part in (data_dir / ".viewer").glob("jobs.sqlite3*"):
+            part.rename(aside / part.name)  # as `rm` would, but kept to be put back
+
+    def restore() -> None:
+        for part in aside.iterdir():
+            part.rename(data_dir / ".viewer" / part.name)
+
+    await _run_a_fault(server, tmp_path / "gate", begin=delete, end=restore)
+    assert path.exists()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda p: p.write_bytes(b"this is not a database, it is a note\n" * 40), id="not-a-database"),
+        pytest.param(lambda p: p.write_bytes(p.read_bytes()[:3000]), id="truncated"),
+    ],
+)
+async def test_a_damaged_registry_at_startup_exits_non_zero_naming_the_file_and_leaves_it_untouched(
+    env: dict[str, str], data_dir: Path, damage: Callable[[Path], None]
+) -> None:
+    path = data_dir / ".viewer" / "jobs.sqlite3"
+    path.parent.mkdir(parents=True)
+    with contextlib.closing(sqlite3.connect(path)) as conn:  # a real registry's worth of pages first
+        conn.execute("CREATE TABLE t (x BLOB)")
+        conn.executemany("INSERT INTO t VALUES (?)", [(os.urandom(512),) for _ in range(64)])
+        conn.commit()
+    damage(path)
+    before = path.read_bytes()
+    done = await trio.run_process(
+        [sys.executable, "-m", "supervisor", "serve"], env=env, capture_stdout=True, capture_stderr=True, check=False
+    )
+    err = done.stderr.decode()
+    assert done.returncode != 0, err
+    assert str(path) in err and "damaged" in err.lower(), err
+    assert path.read_bytes() == before  # never replaced by a fresh database, never modified
+    assert sorted(p.name for p in path.parent.iterdir() if p.name.startswith("jobs.sqlite3")) == ["jobs.sqlite3"]
+

@@ -1,0 +1,153 @@
+"""The SQLite registry under a storage that misbehaves (issue 26): a full disk, a lock held past the busy timeout, a
+file replaced under it, a damaged file at open. A write that cannot be made is ``RegistryUnavailable`` (the caller
+retries or answers 503) and ``fault()`` says so until a write that wrote a row proves it over; a damaged file is
+``RegistryDamaged`` and is never modified."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+import trio
+from registry_helpers import WallClock, new_job
+
+from supervisor.domain import JobNotFound, JobStatus, RegistryDamaged, RegistryUnavailable
+from supervisor.registry import Ending, NewJob, Outcome, SqliteRegistry
+
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small filesystem needs root (CI runs as root)")
+
+
+@pytest.fixture
+def small_dir(tmp_path: Path) -> Iterator[Path]:
+    where = tmp_path / "small"
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def _fill(directory: Path) -> Path:
+    filler = directory / "filler"
+    with filler.open("wb", buffering=0) as fh, contextlib.suppress(OSError):
+        while True:
+            fh.write(b"\0" * 4096)
+    return filler
+
+
+@as_root
+async def test_a_full_disk_is_a_fault_said_once_and_over_at_the_first_write_that_lands(
+    small_dir: Path, clock: WallClock
+) -> None:
+    reg = await SqliteRegistry.open(small_dir / "jobs.sqlite3", clock=clock, boot_id="b")
+    try:
+        await reg.enqueue(new_job())
+        assert reg.fault() is None
+        filler = _fill(small_dir)
+        with structlog.testing.capture_logs() as logs:
+            with contextlib.suppress(RegistryUnavailable):
+                # The WAL may still have room for a few pages: write until the disk says no (a bounded number).
+                for _ in range(200):
+                    await reg.enqueue(NewJob("k", {"pad": "x" * 2000}, ["run"]))
+            for _ in range(3):
+                with pytest.raises(RegistryUnavailable, match="full"):
+                    await reg.enqueue(NewJob("k", {"pad": "x" * 2000}, ["run"]))
+            fault = reg.fault()
+            assert fault is not None and "full" in fault.reason and fault.failed_writes >= 4
+            # A read still answers.
+            assert (await reg.counts())["queued"] >= 1
+            filler.unlink()
+            await reg.enqueue(new_job())
+            assert reg.fault() is None
+        events = [(e["event"], e["log_level"]) for e in logs if e["event"].startswith("registry_writes")]
+        assert events == [("registry_writes_failing", "error"), ("registry_writes_recovered", "info")]
+    finally:
+        await reg.aclose()
+
+
+async def test_a_lock_held_past_the_busy_timeout_is_unavailable_not_an_error(path: Path, clock: WallClock) -> None:
+    reg = await SqliteRegistry.open(path, clock=clock, boot_id="b", busy_timeout_ms=100)
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        other.execute("BEGIN EXCLUSIVE")
+        with pytest.raises(RegistryUnavailable, match="locked"):
+            await reg.enqueue(new_job())
+        assert reg.fault() is not None
+        other.execute("ROLLBACK")
+        await reg.enqueue(new_job())
+        assert reg.fault() is None
+    finally:
+        other.close()
+        await reg.aclose()
+
+
+async def test_a_write_that_changes_nothing_does_not_end_a_fault(path: Path, clock: WallClock) -> None:
+    """A commit that wrote no row succeeds on a full disk too: it proves nothing (the fault's one ERROR would
+    otherwise flap into many)."""
+    reg = await SqliteRegistry.open(path, clock=clock, boot_id="b", busy_timeout_ms=100)
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        other.execute("BEGIN EXCLUSIVE")
+        with pytest.raises(RegistryUnavailable):
+            await reg.enqueue(new_job())
+        other.execute("ROLLBACK")
+        with pytest.raises(JobNotFound):  # committed, refused on its own merits: no row written
+            await reg.finalize("no-such-job", Ending(Outcome(JobStatus.SUCCEEDED)))
+        assert reg.fault() is not None  # nothing has written a row yet
+        await reg.enqueue(new_job())
+        assert reg.fault() is None
+    finally:
+        other.close()
+        await reg.aclose()
+
+
+async def test_a_registry_file_removed_under_a_running_registry_is_unavailable_and_never_recreated(
+    path: Path, clock: WallClock, tmp_path: Path
+) -> None:
+    reg = await SqliteRegistry.open(path, clock=clock, boot_id="b")
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    try:
+        await reg.enqueue(new_job())
+        for part in path.parent.glob("jobs.sqlite3*"):
+            part.rename(aside / part.name)
+        with pytest.raises(RegistryUnavailable, match=str(path)):
+            await reg.enqueue(new_job())
+        assert not await trio.Path(path).exists()  # never a fresh empty database in its place
+        for part in aside.iterdir():
+            part.rename(path.parent / part.name)
+        await reg.enqueue(new_job())
+        assert (await reg.counts())["queued"] == 2
+    finally:
+        await reg.aclose()
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        pytest.param(lambda p: p.write_bytes(b""), "empty", id="empty"),
+        pytest.param(lambda p: p.write_bytes(b"hello, I am a note\n" * 300), "not a database", id="not-a-database"),
+        pytest.param(lambda p: p.write_bytes(p.read_bytes()[:5000]), "", id="truncated"),
+    ],
+)
+async def test_a_damaged_file_is_refused_at_open_and_left_exactly_as_it_was(
+    path: Path, clock: WallClock, damage: object, says: str
+) -> None:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE t (x BLOB)")
+        conn.executemany("INSERT INTO t VALUES (?)", [(os.urandom(512),) for _ in range(64)])
+        conn.commit()
+    damage(path)  # type: ignore[operator]
+    before = await trio.Path(path).read_bytes()
+    with pytest.raises(RegistryDamaged, match=str(path)) as raised:
+        await SqliteRegistry.open(path, clock=clock, boot_id="b")
+    assert says in str(raised.value)
+    assert await trio.Path(path).read_bytes() == before
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
