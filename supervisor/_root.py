@@ -4,7 +4,8 @@
     ├── signal watcher          SIGTERM/SIGINT -> shutdown event; SIGHUP -> re-read the API token file
     ├── job nursery             one monitor task per running job (its own or adopted), and the shepherd's reader
     ├── drainer                 drains when woken (an enqueue, a job's end, a cancel), many wakes making one drain
-    ├── webhook sender          delivers the registry's outbox to PODCAST_JOB_WEBHOOK_URL, in order, with backoff
+    ├── fleet                   this host's lease on the registry, renewed every third of it; the fleet's lead
+    ├── webhook sender          (the leader only) delivers the outbox to PODCAST_JOB_WEBHOOK_URL, in order, with backoff
     ├── sweeper                 startup sweep (before serving), then reconcile -> drain every sweep_interval_s
     ├── HTTP server             hypercorn's trio worker serving the quart-trio app
     └── watchdog                (under systemd with WatchdogSec) WATCHDOG=1 while the sweeper keeps sweeping
@@ -108,6 +109,8 @@ async def run_supervisor(
             await root.start(_watch_signals, shutdown, api_token)
             supervisor.attach(await root.start(_run_job_nursery))
             await root.start(supervisor.run_drainer)
+            # This host's lease, and the fleet's lead (ADR 0011): known before the sender and the first sweep.
+            await root.start(supervisor.run_fleet)
             # Started before the first sweep, so that events left undelivered by a previous boot go out first.
             await root.start(supervisor.webhooks.run)
             # The startup sweep runs before serving; it never waits on a job, so /api/health is not delayed.
@@ -122,6 +125,8 @@ async def run_supervisor(
                 exec_mode=supervisor.exec_mode,
                 data_dir=str(supervisor.data_dir),
                 max_concurrent=config.max_concurrent,
+                host_id=config.host_id,
+                leader=supervisor.fleet.leading,
             )
             if freeze_heap:
                 # Modules, the app and its routes, the kinds: they live as long as the process. Out of the

@@ -306,6 +306,8 @@ def create_app(
             "boot_id": state.boot_id,
             "exec_mode": state.exec_mode,
             "paused": state.paused,
+            "host_id": state.host_id,
+            "leader": state.leader,
         }
         if state.degraded:
             body["degraded"] = state.degraded
@@ -359,6 +361,16 @@ def create_app(
         """Operator reconcile: may mark a live job past the wall-clock window stale."""
         report = await supervisor.operator_reconcile()
         return {"updated": report.updated, "details": [dataclasses.asdict(d) for d in report.details]}
+
+    @app.get("/api/hosts")
+    async def hosts() -> Any:
+        """The fleet's hosts (live or silent) and its leader."""
+        return await supervisor.hosts()
+
+    @app.post("/api/hosts/<host_id>/forget")
+    async def forget_host(host_id: str) -> Any:
+        """A host that will never come back: its running jobs end orphan_host_forgotten, their slots freed."""
+        return await supervisor.forget_host(host_id)
 
     @app.get("/api/queue")
     async def queue() -> Any:

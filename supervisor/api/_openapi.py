@@ -70,8 +70,10 @@ _SCHEMAS: dict[str, Any] = {
     },
     "Health": {
         "type": "object",
-        "required": ["status", "boot_id", "exec_mode", "paused"],
+        "required": ["status", "boot_id", "exec_mode", "paused", "host_id", "leader"],
         "properties": {
+            "host_id": {"type": "string", "description": "this supervisor's host (PODCAST_JOB_HOST_ID)"},
+            "leader": {"type": "boolean", "description": "this host leads the fleet (runs the webhook sender)"},
             "status": {
                 "enum": ["ok", "degraded"],
                 "description": "degraded: a part named in `degraded` does not work fully; the server still answers",
@@ -84,6 +86,39 @@ _SCHEMAS: dict[str, Any] = {
                 "additionalProperties": {"type": "string"},
                 "description": "present only when degraded: each part (`registry`: its writes fail, so nothing new "
                 "is accepted; reads, running jobs and their slots go on) and why",
+            },
+        },
+    },
+    "Host": {
+        "type": "object",
+        "required": ["host_id", "boot_id", "started_at", "last_seen_at", "lease_expires_at", "live", "leader"],
+        "properties": {
+            "host_id": {"type": "string"},
+            "boot_id": {"type": "string"},
+            "started_at": {"type": "string", "format": "date-time"},
+            "last_seen_at": {"type": "string", "format": "date-time", "description": "its last lease renewal"},
+            "lease_expires_at": {"type": "string", "format": "date-time"},
+            "live": {"type": "boolean", "description": "its lease has not expired: its jobs are its own to judge"},
+            "leader": {"type": "boolean"},
+        },
+    },
+    "Hosts": {
+        "type": "object",
+        "required": ["hosts", "leader"],
+        "properties": {
+            "hosts": {"type": "array", "items": _ref("Host")},
+            "leader": {**_NULLABLE_STR, "description": "the live leader's host id; null: none now"},
+        },
+    },
+    "ForgetHostResult": {
+        "type": "object",
+        "required": ["host_id", "jobs_ended"],
+        "properties": {
+            "host_id": {"type": "string"},
+            "jobs_ended": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "its running jobs, ended orphan_host_forgotten (resubmitted while attempts remain)",
             },
         },
     },
@@ -151,6 +186,11 @@ _SCHEMAS: dict[str, Any] = {
             },
             "cancel_requested": {"type": "boolean"},
             "boot_id": _NULLABLE_STR,
+            "host_id": {
+                **_NULLABLE_STR,
+                "description": "the host whose supervisor promoted it (only that host judges its process); null: none "
+                "recorded (queued, or promoted before hosts were)",
+            },
             "pid": _NULLABLE_INT,
             "pid_start_time": _NULLABLE_INT,
             "kernel_boot_id": _NULLABLE_STR,
@@ -378,6 +418,27 @@ _PATHS: dict[str, Any] = {
                 "200": _json(_ref("ReconcileReport"), "what was done to each running row"),
                 "401": _UNAUTHORIZED,
                 "403": _CROSS_ORIGIN,
+            },
+        }
+    },
+    "/api/hosts": {
+        "get": {
+            "operationId": "listHosts",
+            "summary": "The fleet's hosts (live or silent) and its leader.",
+            "responses": {"200": _json(_ref("Hosts"), "the hosts"), "401": _UNAUTHORIZED},
+        }
+    },
+    "/api/hosts/{host_id}/forget": {
+        "post": {
+            "operationId": "forgetHost",
+            "summary": "A host that will never come back: its running jobs end orphan_host_forgotten, slots freed.",
+            "parameters": [{"name": "host_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "responses": {
+                "200": _json(_ref("ForgetHostResult"), "what was ended"),
+                "401": _UNAUTHORIZED,
+                "403": _CROSS_ORIGIN,
+                "404": _error("no host with that id"),
+                "409": _error("the host holds a live lease, or is this supervisor"),
             },
         }
     },

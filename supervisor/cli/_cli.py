@@ -380,6 +380,34 @@ def cmd_queue(client: Client, args: argparse.Namespace, io: _Io) -> int:
     return EXIT_OK
 
 
+def cmd_hosts(client: Client, args: argparse.Namespace, io: _Io) -> int:
+    """``hosts``: the fleet's hosts; ``hosts forget HOST``: end a lost host's jobs and free their slots."""
+    if args.action == "forget":
+        if not args.host_id:
+            io.error("hosts forget: name the host (supervisor hosts forget HOST)")
+            return EXIT_USAGE
+        answer = client.forget_host(args.host_id)
+        if args.json:
+            io.json(answer)
+        else:
+            io.print(f"forgot host {answer['host_id']}: {len(answer['jobs_ended'])} running job(s) ended")
+        return EXIT_OK
+    answer = client.hosts()
+    if args.json:
+        io.json(answer)
+        return EXIT_OK
+    for host in answer["hosts"]:
+        state = "live" if host["live"] else "SILENT"
+        lead = " leader" if host["leader"] and host["live"] else ""
+        io.print(
+            f"{host['host_id']}  {state}{lead}  boot {host['boot_id'][:12]}  last seen {host['last_seen_at']}  "
+            f"lease until {host['lease_expires_at']}"
+        )
+    if not answer["hosts"]:
+        io.print("no host has registered")
+    return EXIT_OK
+
+
 def cmd_pause(client: Client, args: argparse.Namespace, io: _Io) -> int:
     _show_queue(io, client.pause(), args.json)
     return EXIT_OK
@@ -458,6 +486,9 @@ def _add_client_commands(sub: Any) -> None:
     p.add_argument("job_id")
     add("reconcile", cmd_reconcile, "operator reconcile: may mark live jobs past the wall-clock window stale")
     add("queue", cmd_queue, "show the queue's state")
+    p = add("hosts", cmd_hosts, "list the fleet's hosts; `hosts forget HOST`: end a lost host's running jobs")
+    p.add_argument("action", nargs="?", choices=["list", "forget"], default="list")
+    p.add_argument("host_id", nargs="?")
     add("pause", cmd_pause, "pause promotion (running jobs continue)")
     add("resume", cmd_resume, "resume promotion")
     p = add("logs", cmd_logs, "print a job's log", json_flag=False)

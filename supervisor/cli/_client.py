@@ -142,6 +142,12 @@ class Client:
     def queue(self) -> dict[str, Any]:
         return self._json("GET", "/api/queue")
 
+    def hosts(self) -> dict[str, Any]:
+        return self._json("GET", "/api/hosts")
+
+    def forget_host(self, host_id: str) -> dict[str, Any]:
+        return self._json("POST", f"/api/hosts/{quote(host_id, safe='')}/forget")
+
     def pause(self) -> dict[str, Any]:
         return self._json("POST", "/api/queue/pause")
 

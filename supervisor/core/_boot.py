@@ -95,6 +95,15 @@ class Boot:
     # seam for tests. Waits and ages are on the event loop's clock.
     wall_clock: Callable[[], datetime] = utc_now
 
+    @property
+    def host_id(self) -> str:
+        return self.config.host_id
+
+    def owns(self, job: Job) -> bool:
+        """This host promoted the row (or no host was recorded: a row from before hosts), so only this host's
+        evidence judges its process (ADR 0011: no host judges a process it cannot see)."""
+        return job.host_id is None or job.host_id == self.config.host_id
+
     def nursery(self) -> trio.Nursery:
         if self.job_nursery is None:
             raise SupervisorError("the supervisor has no job nursery: call attach() first")

@@ -92,6 +92,7 @@ class Drainer:
                     self.boot.boot_id,
                     [hash_token(token) for token in tokens],
                     self.boot.log_dir,
+                    self.boot.host_id,
                 )
                 # INV-PROMOTION-NEVER-OVERSHOOTS: the registry counts and flips in one step; none while paused.
                 promotion = await self.boot.registry.promote(request)

@@ -106,7 +106,13 @@ class Monitors:
         await until_recorded(functools.partial(self.finish, job, status, cancel_asked=cancel_asked))
 
     async def finish(
-        self, job: Job, status: ExitStatus | None, *, cancel_asked: bool, expect: Job | None = None
+        self,
+        job: Job,
+        status: ExitStatus | None,
+        *,
+        cancel_asked: bool,
+        expect: Job | None = None,
+        orphan_reason: str | None = None,
     ) -> bool:
         """Finalize a job whose process has ended: its true outcome, or an orphan when no exit was recorded; a crash
         is resubmitted while its kind allows more attempts (ADR-150 D4). ``expect``: only if the row still records
@@ -119,7 +125,7 @@ class Monitors:
             kind=kind,
             cancel_asked=cancel_asked,
             stall_stop=job.job_id in boot.stall_stops,
-            orphan_reason=boot.executor.orphan_reason,
+            orphan_reason=orphan_reason or boot.executor.orphan_reason,
             attempts=job.attempts,
             policy=RetryPolicy.of(kind, job.max_attempts),
             now=boot.wall_clock(),
@@ -202,6 +208,10 @@ class Monitors:
         watched = self.boot.watched.get(job_id)
         if watched is not None:
             watched.request_cancel()  # the monitor stops it; in the spawn window, as soon as the start completes
+            return job
+        if not self.boot.owns(job):
+            # ADR 0012: another host's job. The request is on the row; its host carries it out (its next sweep, or
+            # a wake), and the row ends cancelled only once the job is gone there.
             return job
         await self._cancel_unmonitored(job)
         return await self.boot.registry.get(job_id)

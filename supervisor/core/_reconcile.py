@@ -45,7 +45,12 @@ class Reconciler:
 
     async def reconcile(self, *, stale_marks_live_processes: bool) -> ReconcileReport:
         boot = self.boot
-        rows = await boot.registry.running_jobs()
+        # ADR 0011: another host's rows are that host's to judge; this one cannot see their processes.
+        rows = [job for job in await boot.registry.running_jobs() if boot.owns(job)]
+        for job in rows:
+            watched = boot.watched.get(job.job_id)
+            if job.cancel_requested and watched is not None and not watched.cancel_requested:
+                watched.request_cancel()  # asked through another host: carried out here, where the job runs
         evidence = await self.monitors.evidence(rows)
         now = boot.wall_clock()
         details: list[ReconcileDetail] = []

@@ -24,13 +24,25 @@ from typing import Any
 
 import trio
 
-from ..domain import Config, Job, KindCatalog, RegistryError, ValidationError, coalesce_key, utc_now
+from ..domain import (
+    Config,
+    Conflict,
+    HostNotFound,
+    Job,
+    KindCatalog,
+    RegistryError,
+    ValidationError,
+    coalesce_key,
+    to_iso,
+    utc_now,
+)
 from ..execution import Executor, create_executor
 from ..observe import EventBus, Metrics, Snapshot, WebhookSender, get_logger, log_event
 from ..registry import PAUSED_BY_OPERATOR, EnqueueResult, NewJob, Registry
 from ._absence import AbsenceJudge, AbsenceTracker
 from ._boot import Boot
 from ._drain import Drainer
+from ._fleet import Fleet, host_view
 from ._heartbeats import Heartbeats
 from ._monitor import Monitors
 from ._pause import PauseFile
@@ -38,6 +50,9 @@ from ._reconcile import Reconciler, ReconcileReport
 from ._sweeper import Sweeper, run_sweeper
 
 log = get_logger()
+
+# How a job of a host the operator forgot ends (then resubmitted under the crash rules while attempts remain).
+ORPHAN_HOST_FORGOTTEN = "orphan_host_forgotten"
 
 # Environment variables the supervisor itself reads that a job must never inherit.
 # (systemd's notify socket too: only the supervisor speaks for itself to its service manager.)
@@ -69,6 +84,8 @@ class Health:
     exec_mode: str
     paused: bool | None  # None: the registry could not be read
     degraded: dict[str, str]
+    host_id: str = ""
+    leader: bool = False  # this host leads the fleet (ADR 0011)
 
     @property
     def status(self) -> str:
@@ -116,7 +133,9 @@ class Supervisor:
         self.events.subscribe(self.metrics.on_event)
         # The durable copy of each event is the registry's outbox row, written in the change's own transaction; the
         # sender (a root-nursery task) delivers it and is woken by the bus.
-        self.webhooks = WebhookSender(config, registry)
+        self.fleet = Fleet(registry, config.host_id, self.boot.boot_id, config.host_lease_s, self.boot.wall_clock)
+        # INV-ONE-LEADER: one sender for the fleet keeps delivery in order.
+        self.webhooks = WebhookSender(config, registry, may_send=self.fleet.may_lead)
         self.events.subscribe(self.webhooks.wake)
         self.absence = AbsenceJudge(
             config,
@@ -185,6 +204,45 @@ class Supervisor:
 
     async def run_drainer(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         await self.drainer.run(task_status=task_status)
+
+    async def run_fleet(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        await self.fleet.run(task_status=task_status)
+
+    async def hosts(self) -> dict[str, Any]:
+        """Every host of the fleet, live or silent, and which leads."""
+        hosts = await self.boot.registry.hosts()
+        leader = await self.boot.registry.leader()
+        now = self.boot.wall_clock()
+        live_leader = leader.host_id if leader is not None and leader.live(now) else None
+        return {"hosts": [host_view(h, leader, now) for h in hosts], "leader": live_leader}
+
+    async def forget_host(self, host_id: str) -> dict[str, Any]:
+        """The operator says host ``host_id`` will never come back: its running jobs end ``orphan_host_forgotten``
+        (resubmitted under the crash rules while attempts remain), their slots are freed, its row goes. Refused for
+        a host whose lease is live (it may be running them: stop it first) and for this host."""
+        if host_id == self.boot.host_id:
+            raise Conflict(f"host {host_id} is this supervisor: it cannot forget itself")
+        now = self.boot.wall_clock()
+        host = next((h for h in await self.boot.registry.hosts() if h.host_id == host_id), None)
+        if host is not None and host.live(now):
+            raise Conflict(
+                f"host {host_id} holds a live lease until {to_iso(host.lease_expires_at)}: its jobs may be running; "
+                "stop its supervisor first"
+            )
+        rows = [job for job in await self.boot.registry.running_jobs() if job.host_id == host_id]
+        if host is None and not rows:
+            raise HostNotFound(host_id)
+        ended: list[str] = []
+        for job in rows:
+            # INV-UNKNOWN-KEEPS-SLOT ends here, by the operator's word (as Kubernetes frees a deleted node's pods).
+            if await self.monitors.finish(
+                job, None, cancel_asked=job.cancel_requested, expect=job, orphan_reason=ORPHAN_HOST_FORGOTTEN
+            ):
+                ended.append(job.job_id)
+        await self.boot.registry.forget_host(host_id)
+        log.warning("host_forgotten", host_id=host_id, jobs_ended=len(ended))
+        self.wake_drainer()
+        return {"host_id": host_id, "jobs_ended": ended}
 
     async def run_sweeper(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         await run_sweeper(self.sweeper, self.boot.config.sweep_interval_s, task_status=task_status)
@@ -273,7 +331,9 @@ class Supervisor:
             paused = await self.is_paused()
         except RegistryError as exc:
             degraded["registry_reads"] = str(exc)
-        return Health(self.boot.boot_id, self.exec_mode, paused, degraded)
+        return Health(
+            self.boot.boot_id, self.exec_mode, paused, degraded, self.boot.host_id, self.fleet.may_lead()
+        )
 
     async def queue_state(self) -> QueueState:
         counts = await self.boot.registry.counts()

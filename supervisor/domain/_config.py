@@ -16,6 +16,7 @@ import hashlib
 import math
 import os
 import re
+import socket
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -34,6 +35,7 @@ StallAction = Literal["alert", "terminate"]
 STALL_ACTIONS: tuple[StallAction, ...] = get_args(StallAction)
 
 MIB = 1024 * 1024
+_HOST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,10 @@ class Config:
     log_max_bytes: int = 50 * MIB
     # How long a registry write waits for another writer's lock before it counts as failed (and is retried).
     registry_busy_timeout_ms: int = 10_000
+    # A fleet on one registry (ADR 0011): this supervisor's host name (default: the machine's), and how long its
+    # lease lasts unrenewed (renewed every third of it; a leader that cannot renew stops leading before it ends).
+    host_id: str = field(default_factory=socket.gethostname)
+    host_lease_s: float = 15.0
     cancel_grace_s: float = 30.0
     docker_image: str = DEFAULT_DOCKER_IMAGE
     # None: the engine's default bridge network.
@@ -238,6 +244,15 @@ def load_config(
     num("webhook_outbox_max_age_s", "PODCAST_JOB_WEBHOOK_OUTBOX_MAX_AGE_SECONDS", floor=60.0)
     num("log_max_bytes", "PODCAST_JOB_LOG_MAX_BYTES", integer=True, floor=4096)
     num("registry_busy_timeout_ms", "PODCAST_JOB_REGISTRY_BUSY_TIMEOUT_MS", integer=True, floor=50)
+    num("host_lease_s", "PODCAST_JOB_HOST_LEASE_SECONDS", floor=3.0)
+    got = raw("PODCAST_JOB_HOST_ID", "host_id")
+    if got is not None:
+        word = str(got[1])
+        if _HOST_ID.fullmatch(word):
+            values["host_id"] = word
+        else:
+            # No fallback: another host's name, or a made-up one, would judge or orphan the wrong jobs.
+            loader.problems.append(f"{got[0]}={got[1]!r}: a host id is 1-64 letters, digits, '.', '_' or '-'")
     num("cancel_grace_s", "PODCAST_JOB_CANCEL_GRACE_SECONDS", floor=0.0)
 
     def choice(attr: str, env_name: str, allowed: tuple[str, ...]) -> None:
@@ -307,6 +322,8 @@ def load_config(
 
 _TOML_KEYS = (
     "registry_busy_timeout_ms",
+    "host_id",
+    "host_lease_s",
     "data_dir",
     "bind",
     "max_concurrent",

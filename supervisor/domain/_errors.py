@@ -10,6 +10,7 @@
     │   ├── BodyTooLarge            a body over the route's limit (413)
     │   ├── ValidationError         a field is missing, unknown or mistyped (422; names the field)
     │   ├── JobNotFound             no job has that id (404)
+    │   ├── HostNotFound            no host of the fleet has that id (404)
     │   ├── Unauthorized            missing or wrong credentials (401)
     │   └── Conflict                the job's state does not allow it (409)
     ├── IllegalTransition           a state change the lifecycle forbids: a bug in the caller, not bad input
@@ -104,6 +105,17 @@ class Unauthorized(RequestError):
 
     code = "unauthorized"
     http_status = 401
+
+
+class HostNotFound(RequestError):
+    """No host of the fleet has the given id."""
+
+    code = "not_found"
+    http_status = 404
+
+    def __init__(self, host_id: str) -> None:
+        self.host_id = host_id
+        super().__init__(f"no host with id {host_id!r}", field="host_id")
 
 
 class Conflict(RequestError):

@@ -25,6 +25,7 @@ import json
 import math
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -83,9 +84,12 @@ class WebhookSender:
         *,
         poll_s: float | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        may_send: Callable[[], bool] = lambda: True,
     ) -> None:
+        """``may_send``: whether this process sends now (a fleet's leader does; the others leave the outbox to it)."""
         self.config = config
         self.registry = registry
+        self.may_send = may_send
         # Another process may write events (an enqueue straight into the registry): look at least this often.
         self.poll_s = poll_s if poll_s is not None else config.sweep_interval_s
         self._transport = transport
@@ -125,7 +129,8 @@ class WebhookSender:
             # process writes none (its outbox is off), so the bus's wakes are no reason to look: only the clock is.
             # (Looking at every wake cost a registry call per job change: 6 % of the CPU under issue 10's load.)
             while True:
-                await self._prune(max_events=0, why="no PODCAST_JOB_WEBHOOK_URL is set")
+                if self.may_send():  # only the fleet's leader drops what nothing will send
+                    await self._prune(max_events=0, why="no PODCAST_JOB_WEBHOOK_URL is set")
                 await trio.sleep(self.poll_s)
         timeout = httpx.Timeout(self.config.webhook_timeout_s)
         async with httpx.AsyncClient(
@@ -135,6 +140,10 @@ class WebhookSender:
             failures = 0
             next_prune = -math.inf
             while True:
+                if not self.may_send():
+                    # INV-ONE-LEADER: another host sends (in order); look again when woken or after a poll.
+                    await self._wait(self.poll_s)
+                    continue
                 # The bounds are checked at most once a second, not at every wake (a registry call per job change).
                 if trio.current_time() >= next_prune:
                     await self._prune()

@@ -67,6 +67,7 @@ class PromoteRequest:
     boot_id: str
     token_hashes: Sequence[str]
     log_dir: Path | None = None
+    host_id: str | None = None  # the promoting host, recorded on each row (ADR 0011)
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,36 @@ class PruneResult:
     @property
     def dropped(self) -> int:
         return self.by_age + self.by_count
+
+
+@dataclass(frozen=True)
+class Host:
+    """A supervisor of the fleet as the registry last heard of it: its boot, and until when its lease holds (it
+    renews it every few seconds; one that stops renewing is silent once it expires)."""
+
+    host_id: str
+    boot_id: str
+    started_at: datetime  # when this boot registered
+    last_seen_at: datetime  # its last renewal
+    lease_expires_at: datetime
+
+    def live(self, now: datetime) -> bool:
+        return now < self.lease_expires_at
+
+
+@dataclass(frozen=True)
+class Lease:
+    """What a renewal answered: this host's row, the fleet's leader after it (None: nobody leads), and the host row
+    this boot replaced (a previous boot of the same host id; ``live`` if its lease had not expired yet)."""
+
+    host: Host
+    leader: Host | None
+    replaced: Host | None = None
+
+    @property
+    def leading(self) -> bool:
+        leader = self.leader
+        return leader is not None and (leader.host_id, leader.boot_id) == (self.host.host_id, self.host.boot_id)
 
 
 PAUSED_BY_OPERATOR = "operator"  # POST /api/queue/pause
@@ -329,6 +360,32 @@ class Registry(Protocol):
 
     async def counts(self) -> dict[str, int]:
         """Rows per status (every status present)."""
+        ...
+
+    # -- the fleet (ADR 0011) ---------------------------------------------------------------------------------
+
+    async def renew_lease(self, host_id: str, boot_id: str, *, lease_s: float, lead: bool) -> Lease:
+        """Register or renew host ``host_id`` as run by boot ``boot_id`` until now + ``lease_s`` (a new boot of the
+        same host id replaces the old one's row); with ``lead``, also take the fleet's lead when nobody holds it or
+        its holder's lease expired, or keep it when this boot holds it (renewed to the same expiry). One atomic step:
+        two hosts never both lead."""
+        ...
+
+    async def release_lease(self, host_id: str, boot_id: str) -> None:
+        """A clean shutdown: this boot's host lease and lead (if it holds them) end now."""
+        ...
+
+    async def hosts(self) -> list[Host]:
+        """Every registered host, by host id."""
+        ...
+
+    async def leader(self) -> Host | None:
+        """The host that holds the lead now (its lease may have expired: ``Host.live`` says)."""
+        ...
+
+    async def forget_host(self, host_id: str) -> Host | None:
+        """Remove a host's row (the operator said it will never come back); its running rows are the caller's to end
+        first. The row removed, or None when there was none."""
         ...
 
     def fault(self) -> RegistryFault | None:

@@ -43,7 +43,9 @@ from ._protocol import (
     Ending,
     EnqueueResult,
     Expect,
+    Host,
     IdentityClaim,
+    Lease,
     NewJob,
     OutboxEvent,
     Outcome,
@@ -87,6 +89,8 @@ class _MemoryRows:
         self._events: list[OutboxEvent] = []
         self._event_seq = 0
         self._pause = PauseState(False)
+        self._hosts: dict[str, Host] = {}
+        self._leader: Host | None = None
         self._closed = False
         self._undo: list[_Undo] = []  # the atomic steps under way, innermost last
 
@@ -183,6 +187,7 @@ class _MemoryRows:
             JobStatus.QUEUED,
             reason=reason,
             boot_id=None,
+            host_id=None,
             identity=None,
             started_at=None,
             ended_at=None,
@@ -265,6 +270,7 @@ class _MemoryRows:
                     log_path=log_path,
                     identity=None,
                     next_attempt_at=None,
+                    host_id=request.host_id,
                 )
             )
         waiting = [
@@ -495,6 +501,47 @@ class MemoryRegistry(_MemoryRows):
         for row in self._rows.values():
             out[row.job.status.value] += 1
         return out
+
+    # -- the fleet (ADR 0011): no await between the reads and the writes, as everywhere here -----------------
+
+    async def renew_lease(self, host_id: str, boot_id: str, *, lease_s: float, lead: bool) -> Lease:
+        await self._enter()
+        now = self._now()
+        expires = now + timedelta(seconds=lease_s)
+        before = self._hosts.get(host_id)
+        replaced = before if before is not None and before.boot_id != boot_id else None
+        started = now if before is None or replaced is not None else before.started_at
+        host = Host(host_id, boot_id, started, now, expires)
+        self._hosts[host_id] = host
+        current = self._leader
+        if current is not None and (current.host_id, current.boot_id) == (host_id, boot_id):
+            self._leader = replace(current, last_seen_at=now, lease_expires_at=expires) if lead else None
+        elif lead and (current is None or not current.live(now)):
+            self._leader = Host(host_id, boot_id, now, now, expires)
+        return Lease(host, self._leader, replaced)
+
+    async def release_lease(self, host_id: str, boot_id: str) -> None:
+        await self._enter()
+        now = self._now()
+        host = self._hosts.get(host_id)
+        if host is not None and host.boot_id == boot_id:
+            self._hosts[host_id] = replace(host, lease_expires_at=now)
+        if self._leader is not None and (self._leader.host_id, self._leader.boot_id) == (host_id, boot_id):
+            self._leader = None
+
+    async def hosts(self) -> list[Host]:
+        await self._enter()
+        return [self._hosts[h] for h in sorted(self._hosts)]
+
+    async def leader(self) -> Host | None:
+        await self._enter()
+        return self._leader
+
+    async def forget_host(self, host_id: str) -> Host | None:
+        await self._enter()
+        if self._leader is not None and self._leader.host_id == host_id:
+            self._leader = None
+        return self._hosts.pop(host_id, None)
 
     def fault(self) -> RegistryFault | None:
         return None  # memory does not fail to write

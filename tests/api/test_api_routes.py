@@ -34,7 +34,14 @@ def assert_utc(ts: str) -> None:
 async def test_health(harness: Harness) -> None:
     status, body = await harness.json("GET", "/api/health")
     assert status == 200
-    assert body == {"status": "ok", "boot_id": harness.supervisor.boot_id, "exec_mode": "subprocess", "paused": False}
+    assert body == {
+        "status": "ok",
+        "boot_id": harness.supervisor.boot_id,
+        "exec_mode": "subprocess",
+        "paused": False,
+        "host_id": harness.supervisor.config.host_id,
+        "leader": True,  # no fleet task in the harness: nothing is gated
+    }
 
 
 async def test_enqueue_answers_202_with_position_and_coalesces(harness: Harness) -> None:

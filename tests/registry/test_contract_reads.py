@@ -266,6 +266,11 @@ CALLS: dict[str, Callable[[Registry], Awaitable[object]]] = {
     "running_jobs": lambda r: r.running_jobs(),
     "list_jobs": lambda r: r.list_jobs(),
     "counts": lambda r: r.counts(),
+    "renew_lease": lambda r: r.renew_lease("h", "b", lease_s=10, lead=True),
+    "release_lease": lambda r: r.release_lease("h", "b"),
+    "hosts": lambda r: r.hosts(),
+    "leader": lambda r: r.leader(),
+    "forget_host": lambda r: r.forget_host("h"),
 }
 
 

@@ -20,7 +20,9 @@ from .._protocol import (
     Ending,
     EnqueueResult,
     Expect,
+    Host,
     IdentityClaim,
+    Lease,
     NewJob,
     Outcome,
     PauseState,
@@ -28,7 +30,7 @@ from .._protocol import (
     Promotion,
     log_name,
 )
-from ._reads import pause_state_in, paused_in
+from ._reads import host_in, leader_in, pause_state_in, paused_in
 from ._rows import COLUMNS, Rows, _identity_text, _text, row_to_job
 
 
@@ -36,6 +38,7 @@ def _back_in_queue() -> dict[str, object]:
     """What a row that goes back to the queue forgets: the attempt's process, token, progress and judgement."""
     return {
         "boot_id": None,
+        "host_id": None,
         "identity": None,
         "started_at": None,
         "ended_at": None,
@@ -141,6 +144,7 @@ class Operations(Rows):
                 log_path=log_path,
                 identity=None,
                 not_before=None,
+                host_id=request.host_id,
             )
             promoted.append(
                 replace(
@@ -154,6 +158,7 @@ class Operations(Rows):
                     identity=None,
                     next_attempt_at=None,
                     queue_position=None,
+                    host_id=request.host_id,
                 )
             )
         return promoted
@@ -378,5 +383,68 @@ class Operations(Rows):
                 (int(paused), by if paused else None, at),
             )
             return pause_state_in(conn)
+
+        return change
+
+    # -- the fleet (ADR 0011) -------------------------------------------------------------------------------
+
+    def renew_lease(
+        self, host_id: str, boot_id: str, lease_s: float, lead: bool
+    ) -> Callable[[sqlite3.Connection], Lease]:
+        def change(conn: sqlite3.Connection) -> Lease:
+            now = self.now()
+            expires = _text(now + timedelta(seconds=lease_s))
+            before = host_in(conn, host_id)
+            replaced = before if before is not None and before.boot_id != boot_id else None
+            if before is None or replaced is not None:
+                conn.execute(
+                    "INSERT INTO hosts (host_id, boot_id, started_at, last_seen_at, lease_expires_at) "
+                    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (host_id) DO UPDATE SET boot_id = excluded.boot_id, "
+                    "started_at = excluded.started_at, last_seen_at = excluded.last_seen_at, "
+                    "lease_expires_at = excluded.lease_expires_at",
+                    (host_id, boot_id, _text(now), _text(now), expires),
+                )
+            else:
+                conn.execute(
+                    "UPDATE hosts SET last_seen_at = ?, lease_expires_at = ? WHERE host_id = ?",
+                    (_text(now), expires, host_id),
+                )
+            current = leader_in(conn)
+            if current is not None and (current.host_id, current.boot_id) == (host_id, boot_id):
+                if lead:
+                    conn.execute("UPDATE leader SET last_seen_at = ?, lease_expires_at = ?", (_text(now), expires))
+                else:
+                    conn.execute("DELETE FROM leader")
+            elif lead and (current is None or not current.live(now)):
+                # One row, replaced only once its holder's lease has expired: two hosts never both lead.
+                conn.execute(
+                    "INSERT INTO leader (one, host_id, boot_id, since, last_seen_at, lease_expires_at) "
+                    "VALUES (1, ?, ?, ?, ?, ?) ON CONFLICT (one) DO UPDATE SET host_id = excluded.host_id, "
+                    "boot_id = excluded.boot_id, since = excluded.since, last_seen_at = excluded.last_seen_at, "
+                    "lease_expires_at = excluded.lease_expires_at",
+                    (host_id, boot_id, _text(now), _text(now), expires),
+                )
+            host = host_in(conn, host_id)
+            assert host is not None
+            return Lease(host, leader_in(conn), replaced)
+
+        return change
+
+    def release_lease(self, host_id: str, boot_id: str) -> Callable[[sqlite3.Connection], None]:
+        def change(conn: sqlite3.Connection) -> None:
+            now = _text(self.now())
+            conn.execute(
+                "UPDATE hosts SET lease_expires_at = ? WHERE host_id = ? AND boot_id = ?", (now, host_id, boot_id)
+            )
+            conn.execute("DELETE FROM leader WHERE host_id = ? AND boot_id = ?", (host_id, boot_id))
+
+        return change
+
+    def forget_host(self, host_id: str) -> Callable[[sqlite3.Connection], Host | None]:
+        def change(conn: sqlite3.Connection) -> Host | None:
+            host = host_in(conn, host_id)
+            conn.execute("DELETE FROM hosts WHERE host_id = ?", (host_id,))
+            conn.execute("DELETE FROM leader WHERE host_id = ?", (host_id,))
+            return host
 
         return change

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 from ...domain import Job, JobStatus, ValidationError
 from ...domain._model import from_iso
-from .._protocol import CURSOR_PATTERN, MAX_LIST_LIMIT, OutboxEvent, PauseState, PruneResult
+from .._protocol import CURSOR_PATTERN, MAX_LIST_LIMIT, Host, OutboxEvent, PauseState, PruneResult
 from ._rows import _OUTBOX_COLUMNS, COLUMNS, _ts, row_to_job
 
 
@@ -119,3 +119,36 @@ def outbox_prune(cutoff: str, max_events: int) -> Callable[[sqlite3.Connection],
         return PruneResult(by_age, by_count)
 
     return change
+
+
+# -- the fleet (ADR 0011) -----------------------------------------------------------------------------
+
+
+def _host(row: sqlite3.Row, started: str) -> Host:
+    return Host(
+        row["host_id"],
+        row["boot_id"],
+        from_iso(row[started]),
+        from_iso(row["last_seen_at"]),
+        from_iso(row["lease_expires_at"]),
+    )
+
+
+def host_in(conn: sqlite3.Connection, host_id: str) -> Host | None:
+    row = conn.execute(
+        "SELECT host_id, boot_id, started_at, last_seen_at, lease_expires_at FROM hosts WHERE host_id = ?", (host_id,)
+    ).fetchone()
+    return None if row is None else _host(row, "started_at")
+
+
+def hosts_in(conn: sqlite3.Connection) -> list[Host]:
+    rows = conn.execute(
+        "SELECT host_id, boot_id, started_at, last_seen_at, lease_expires_at FROM hosts ORDER BY host_id"
+    )
+    return [_host(row, "started_at") for row in rows]
+
+
+def leader_in(conn: sqlite3.Connection) -> Host | None:
+    """The lead's holder (``started_at``: since when it leads)."""
+    row = conn.execute("SELECT host_id, boot_id, since, last_seen_at, lease_expires_at FROM leader").fetchone()
+    return None if row is None else _host(row, "since")

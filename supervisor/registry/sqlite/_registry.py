@@ -31,7 +31,9 @@ from .._protocol import (
     Ending,
     EnqueueResult,
     Expect,
+    Host,
     IdentityClaim,
+    Lease,
     NewJob,
     OutboxEvent,
     PauseState,
@@ -198,6 +200,21 @@ class SqliteRegistry:
 
     async def counts(self) -> dict[str, int]:
         return await self._read(reads.counts_in)
+
+    async def renew_lease(self, host_id: str, boot_id: str, *, lease_s: float, lead: bool) -> Lease:
+        return await self._write(self.ops.renew_lease(host_id, boot_id, lease_s, lead))
+
+    async def release_lease(self, host_id: str, boot_id: str) -> None:
+        await self._write(self.ops.release_lease(host_id, boot_id))
+
+    async def hosts(self) -> list[Host]:
+        return await self._read(reads.hosts_in)
+
+    async def leader(self) -> Host | None:
+        return await self._read(reads.leader_in)
+
+    async def forget_host(self, host_id: str) -> Host | None:
+        return await self._write(self.ops.forget_host(host_id))
 
     async def aclose(self) -> None:
         self._closed = True

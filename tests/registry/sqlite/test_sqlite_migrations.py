@@ -45,9 +45,44 @@ def columns(path: Path, table: str) -> list[str]:
 # -- from version 3 -----------------------------------------------------------------------------------------
 
 
-def test_this_code_is_schema_version_5() -> None:
-    """The migration tests below are from 3 and from 4: a new migration needs its own test of the file before it."""
-    assert SCHEMA_VERSION == 5
+def test_this_code_is_schema_version_6() -> None:
+    """The migration tests below are from 3, 4 and 5: a new migration needs its own test of the file before it."""
+    assert SCHEMA_VERSION == 6
+
+
+async def test_a_version_5_file_gets_the_fleet_tables_and_its_running_rows_belong_to_no_host(path: Path) -> None:
+    """Version 6 (issue 27): a row promoted before hosts were recorded names none (this host judges it, as then);
+    no host is registered and nobody leads until a supervisor renews its lease."""
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        for name in (
+            "0001_jobs.sql",
+            "0002_absence.sql",
+            "0003_outbox.sql",
+            "0004_identity_pause_events.sql",
+            "0005_attempts.sql",
+        ):
+            conn.executescript(sql(name))
+        conn.executescript(
+            "CREATE TABLE schema_version (version INTEGER NOT NULL); INSERT INTO schema_version VALUES (5);"
+        )
+        conn.execute(
+            "INSERT INTO jobs (job_id, kind, params, argv, status, created_at, started_at, boot_id) VALUES "
+            "('r', 'k', '{}', '[]', 'running', '2026-05-01T12:00:00.000000+00:00', "
+            "'2026-05-01T12:00:01.000000+00:00', 'old-boot')"
+        )
+        conn.commit()
+    finally:
+        conn.close()
+    reg = await SqliteRegistry.open(path)
+    try:
+        job = await reg.get("r")
+        assert (job.status, job.boot_id, job.host_id) == (JobStatus.RUNNING, "old-boot", None)
+        assert await reg.hosts() == [] and await reg.leader() is None
+        assert raw(path, "SELECT version FROM schema_version") == [(6,)]
+    finally:
+        await reg.aclose()
 
 
 async def test_a_version_4_file_gets_the_attempt_columns_with_nothing_to_retry(path: Path) -> None:
@@ -72,7 +107,7 @@ async def test_a_version_4_file_gets_the_attempt_columns_with_nothing_to_retry(p
     try:
         job = await reg.get("q")
         assert (job.max_attempts, job.next_attempt_at, job.history, job.queue_position) == (1, None, (), 1)
-        assert raw(path, "SELECT version FROM schema_version") == [(5,)]
+        assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
     finally:
         await reg.aclose()
 

@@ -1,0 +1,160 @@
+"""The fleet task: this host's lease on the registry, and the fleet's one leader (ADR 0011).
+
+Every supervisor registers ``(host_id, boot_id)`` and renews its lease every third of ``host_lease_s``. The lease
+renewal also asks for the lead; the registry gives it only when nobody holds it or its holder's lease expired, in the
+same atomic step (INV-ONE-LEADER). The leader runs what must run once for the fleet (the webhook sender, to keep
+delivery order; the watch over silent hosts); every host drains and monitors its own jobs.
+
+A leader that cannot renew stops acting as one **before** its lease can expire: ``leading`` is true only until the
+monotonic time of the last renewal's request plus the lease minus a margin. The registry counted the lease from its
+commit, which came after that request, so by the time another host may take the lead this one has let go.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import trio
+
+from ..domain import SupervisorError, to_iso
+from ..observe import get_logger
+from ..registry import Host, Lease, Registry
+from ._boot import log_failure
+
+log = get_logger()
+
+# A leader lets go this share of the lease before it could expire (clock rates differ; a renewal takes time).
+LEAD_MARGIN = 0.2
+
+
+class Fleet:
+    def __init__(
+        self,
+        registry: Registry,
+        host_id: str,
+        boot_id: str,
+        lease_s: float,
+        wall_clock: Callable[[], datetime],
+    ) -> None:
+        self.registry = registry
+        self.host_id = host_id
+        self.boot_id = boot_id
+        self.lease_s = lease_s
+        self.wall_clock = wall_clock
+        self._lead_until = -math.inf  # monotonic: when this host must stop acting as leader unless renewed
+        self._was_leading = False
+        self._silent_hosts: set[str] = set()  # hosts said silent (one ERROR per silence)
+        self.lease: Lease | None = None
+        self.started = False  # run() has begun: until then (a Supervisor outside serve, in tests) nothing is gated
+
+    def may_lead(self) -> bool:
+        """Whether the fleet's once-only duties (the webhook sender) may run here: when leading, or when no fleet
+        task runs at all (a Supervisor used on its own)."""
+        return self.leading or not self.started
+
+    @property
+    def leading(self) -> bool:
+        """This host leads now: its last renewal made it the leader, and that renewal is still fresh enough that its
+        lease cannot have expired (INV-ONE-LEADER)."""
+        return trio.current_time() < self._lead_until
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Renew at once (so that the first sweep knows whether it leads), report started, then every third of the
+        lease; at a clean shutdown (cancelled), end the lease and the lead now."""
+        self.started = True
+        await self.renew()
+        task_status.started()
+        try:
+            while True:
+                await trio.sleep(self.lease_s / 3)
+                await self.renew()
+                if self.leading:
+                    try:
+                        rows = await self.registry.running_jobs()
+                        await self.watch_silent_hosts({job.host_id for job in rows if job.host_id is not None})
+                    except SupervisorError:
+                        log_failure("silent_hosts_not_watched")
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                try:
+                    await self.registry.release_lease(self.host_id, self.boot_id)
+                except SupervisorError:
+                    log_failure("host_lease_not_released", host_id=self.host_id)
+
+    async def renew(self) -> None:
+        asked = trio.current_time()
+        try:
+            with trio.fail_after(self.lease_s / 3):
+                lease = await self.registry.renew_lease(self.host_id, self.boot_id, lease_s=self.lease_s, lead=True)
+        except (SupervisorError, trio.TooSlowError):
+            log_failure("host_lease_not_renewed", host_id=self.host_id, leading_until_s=self._left())
+            self._note_leading()
+            return
+        first = self.lease is None
+        self.lease = lease
+        if lease.leading:
+            self._lead_until = asked + self.lease_s * (1 - LEAD_MARGIN)
+        else:
+            self._lead_until = -math.inf
+        self._note_leading()
+        if first and lease.replaced is not None and lease.replaced.live(self.wall_clock()):
+            # A restart after a crash looks the same as a second machine given this host id: say which it may be.
+            log.warning(
+                "host_id_taken_over",
+                host_id=self.host_id,
+                previous_boot_id=lease.replaced.boot_id,
+                why="its lease had not expired: a restart after a crash, or two supervisors with one host id",
+            )
+
+    def _left(self) -> float:
+        return max(0.0, round(self._lead_until - trio.current_time(), 3)) if self._lead_until > -math.inf else 0.0
+
+    def _note_leading(self) -> None:
+        now = self.leading
+        if now and not self._was_leading:
+            log.info("fleet_leader", host_id=self.host_id, boot_id=self.boot_id, lease_s=self.lease_s)
+        elif self._was_leading and not now:
+            log.warning("fleet_leader_stepped_down", host_id=self.host_id, why="the lease could not be renewed in time")
+        self._was_leading = now
+
+    async def watch_silent_hosts(self, running_host_ids: set[str]) -> None:
+        """The leader's watch: a host whose lease expired while it has running jobs is silent. Its jobs stay as they
+        are (INV-UNKNOWN-KEEPS-SLOT: nobody here can see its processes) until it comes back or the operator forgets
+        it; one ERROR per silence, naming the host."""
+        if not self.leading:
+            return
+        now = self.wall_clock()
+        hosts = {host.host_id: host for host in await self.registry.hosts()}
+        silent = {
+            host_id
+            for host_id in running_host_ids
+            if host_id != self.host_id and (host_id not in hosts or not hosts[host_id].live(now))
+        }
+        for host_id in sorted(silent - self._silent_hosts):
+            host = hosts.get(host_id)
+            log.error(
+                "host_silent",
+                host_id=host_id,
+                lease_expired_at=host.lease_expires_at.isoformat() if host is not None else None,
+                kept="its running jobs keep their slots until it comes back or an operator forgets it",
+                forget=f"POST /api/hosts/{host_id}/forget (supervisor hosts forget {host_id})",
+            )
+        for host_id in sorted(self._silent_hosts - silent):
+            log.info("host_back", host_id=host_id)
+        self._silent_hosts = silent
+
+
+def host_view(host: Host, leader: Host | None, now: datetime) -> dict[str, Any]:
+    """One host as the API lists it."""
+    return {
+        "host_id": host.host_id,
+        "boot_id": host.boot_id,
+        "started_at": to_iso(host.started_at),
+        "last_seen_at": to_iso(host.last_seen_at),
+        "lease_expires_at": to_iso(host.lease_expires_at),
+        "live": host.live(now),
+        "leader": leader is not None and (leader.host_id, leader.boot_id) == (host.host_id, host.boot_id),
+    }

@@ -1,0 +1,210 @@
+"""A fleet of supervisors on one registry (issue 27, ADR 0012), on virtual time: two hosts, each with its own
+"machine" (an in-memory executor that only it can see), one shared in-memory registry.
+
+- no host judges a process it cannot see: another host's running rows are never finalized by this one's sweeps;
+- INV-ONE-LEADER: the lead passes only after the leader's lease has expired, and a leader that cannot renew stops
+  leading before that; never two leaders at one instant;
+- a silent host's jobs stay as they are (ERROR naming the host) until the operator forgets it; forgetting a live
+  host is refused;
+- a cancel through a host that does not own the job is carried out by the owner, and the row ends ``cancelled``
+  only once the job is gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+import trio
+import trio.testing
+from core_executors import PROGRAMS  # type: ignore[import-not-found]
+
+from supervisor import Config, Conflict, Supervisor, load_kinds
+from supervisor.domain import JobStatus, SteadyWallClock
+from supervisor.execution.memory import MemoryExecutor
+from supervisor.registry import Lease, MemoryRegistry
+
+NOW = datetime(2031, 3, 4, 5, 6, 7, tzinfo=UTC)
+LEASE_S = 15.0
+KINDS = """
+[kinds.sleep]
+argv = ["{python}", "-c", "pass", "{seconds}"]
+params = { seconds = "float" }
+
+[kinds.retried_sleep]
+argv = ["{python}", "-c", "pass", "{seconds}"]
+params = { seconds = "float" }
+max_attempts = 2
+retry_backoff_seconds = 30
+"""
+
+
+class Partitionable(MemoryRegistry):
+    """The shared registry as one host reaches it: ``cut`` makes every lease renewal of that host fail (a host
+    partitioned from the database), while the other host's view works."""
+
+    def __init__(self, shared: MemoryRegistry) -> None:  # a view: every call goes to ``shared``
+        self.__dict__["_shared"] = shared
+        self.__dict__["cut"] = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_shared"], name)
+
+    async def renew_lease(self, host_id: str, boot_id: str, *, lease_s: float, lead: bool) -> Lease:
+        if self.__dict__["cut"]:
+            await trio.sleep_forever()  # the hang a partition gives: no answer, no error
+        result: Lease = await self.__dict__["_shared"].renew_lease(host_id, boot_id, lease_s=lease_s, lead=lead)
+        return result
+
+
+@dataclass
+class Host:
+    sup: Supervisor
+    machine: MemoryExecutor
+    view: Partitionable
+
+
+@pytest.fixture
+def jump_clock() -> trio.testing.MockClock:
+    return trio.testing.MockClock(autojump_threshold=0.05)  # see test_core_clock: thread hops finish first
+
+
+@pytest.fixture
+async def fleet(tmp_path: Path) -> AsyncIterator[Callable[..., Host]]:
+    kinds = tmp_path / "kinds.toml"
+    kinds.write_text(KINDS)
+    clock = SteadyWallClock(wall=lambda: NOW + timedelta(seconds=trio.current_time()), monotonic=trio.current_time)
+    shared = MemoryRegistry(clock=clock)
+    async with trio.open_nursery() as machines, trio.open_nursery() as nursery:
+
+        def make(host_id: str, *, fleet_task: bool = True) -> Host:
+            config = Config(
+                data_dir=tmp_path / host_id,
+                bind_port=0,
+                kinds_file=kinds,
+                max_concurrent=4,
+                sweep_interval_s=86400.0,
+                host_id=host_id,
+                host_lease_s=LEASE_S,
+            )
+            machine = MemoryExecutor(PROGRAMS, machines)
+            view = Partitionable(shared)
+            sup = Supervisor(config, load_kinds(kinds), view, boot_id=f"boot-{host_id}", executor=machine,
+                             wall_clock=clock)
+            sup.attach(nursery)
+            nursery.start_soon(sup.run_drainer)
+            if fleet_task:
+                nursery.start_soon(sup.run_fleet)
+            return Host(sup, machine, view)
+
+        yield make
+        nursery.cancel_scope.cancel()
+        machines.cancel_scope.cancel()
+
+
+async def _running(host: Host, job_id: str) -> None:
+    while (await host.sup.get(job_id)).status is not JobStatus.RUNNING:  # noqa: ASYNC110 - virtual time
+        await trio.sleep(0.1)
+
+
+async def test_no_host_judges_a_process_it_cannot_see(
+    jump_clock: trio.testing.MockClock, fleet: Callable[..., Host]
+) -> None:
+    a, b = fleet("a"), fleet("b")
+    job = (await a.sup.enqueue("sleep", {"seconds": 3600})).job
+    await _running(a, job.job_id)
+    row = await a.sup.get(job.job_id)
+    assert row.host_id == "a" and job.job_id in a.machine.jobs and job.job_id not in b.machine.jobs
+    # b's machine has no such process: judged by b, it would be a dead orphan. b leaves it alone.
+    for _ in range(3):
+        await b.sup.sweep()
+        await b.sup.operator_reconcile()
+    assert (await b.sup.get(job.job_id)).status is JobStatus.RUNNING
+    # Its own host sees it end and records the true outcome.
+    a.machine.kill(job.job_id)
+    while (await a.sup.get(job.job_id)).status is JobStatus.RUNNING:  # noqa: ASYNC110 - virtual time
+        await trio.sleep(0.1)
+    assert (await a.sup.get(job.job_id)).error_reason == "killed_by_SIGKILL"
+
+
+async def test_INV_ONE_LEADER_a_partitioned_leader_steps_down_before_another_takes_the_lead(
+    jump_clock: trio.testing.MockClock, fleet: Callable[..., Host]
+) -> None:
+    a = fleet("a")
+    await trio.sleep(1)
+    b = fleet("b")
+    await trio.sleep(1)
+    assert a.sup.fleet.leading and not b.sup.fleet.leading
+    both: list[float] = []
+    a_stopped: list[float] = []
+    b_started: list[float] = []
+
+    async def watch() -> None:
+        while not b_started:
+            await trio.sleep(0.25)
+            now = trio.current_time()
+            if a.sup.fleet.leading and b.sup.fleet.leading:
+                both.append(now)
+            if not a.sup.fleet.leading and not a_stopped:
+                a_stopped.append(now)
+            if b.sup.fleet.leading:
+                b_started.append(now)
+
+    cut_at = trio.current_time()
+    a.view.cut = True  # a's renewals hang from now on: the database is unreachable from a
+    with trio.fail_after(10 * LEASE_S):
+        await watch()
+    assert both == []  # never two leaders at once
+    # a let go within its lease (less the margin) of its last renewal; b took over only after a's lease expired.
+    assert a_stopped[0] - cut_at <= LEASE_S
+    assert b_started[0] > a_stopped[0]
+    assert b_started[0] - cut_at <= LEASE_S + LEASE_S / 3 + 1  # failover within a renewal period of the expiry
+    assert (await a.sup.health()).leader is False
+
+
+async def test_a_silent_hosts_jobs_stay_until_the_operator_forgets_it(
+    jump_clock: trio.testing.MockClock, fleet: Callable[..., Host]
+) -> None:
+    a, b = fleet("a"), fleet("b", fleet_task=False)
+    await b.sup.fleet.renew()  # b registered, not leading: a leads
+    job = (await a.sup.enqueue("retried_sleep", {"seconds": 3600})).job
+    await _running(a, job.job_id)
+    with pytest.raises(Conflict, match="live lease"):
+        await b.sup.forget_host("a")  # a is alive: its jobs may be running
+    a.view.cut = True  # a goes silent (its process may still run the job: nobody here can tell)
+    with structlog.testing.capture_logs() as logs:
+        await trio.sleep(LEASE_S * 3)
+        await b.sup.fleet.renew()  # b takes the lead, and its watch sees the silence
+        await b.sup.fleet.watch_silent_hosts({"a"})
+        await b.sup.fleet.watch_silent_hosts({"a"})
+    assert [e["host_id"] for e in logs if e["event"] == "host_silent"] == ["a"]  # once, naming the host
+    assert (await b.sup.get(job.job_id)).status is JobStatus.RUNNING  # UNKNOWN keeps the slot
+    answer = await b.sup.forget_host("a")
+    assert answer["jobs_ended"] == [job.job_id]
+    row = await b.sup.get(job.job_id)
+    # Ended as lost by the operator's word, and resubmitted under the crash rules (it may run again, anywhere).
+    assert (row.status, row.history[-1].reason) == (JobStatus.QUEUED, "orphan_host_forgotten")
+    assert [h.host_id for h in await b.sup.boot.registry.hosts()] == ["b"]
+
+
+async def test_a_cancel_through_another_host_is_carried_out_by_the_owner(
+    jump_clock: trio.testing.MockClock, fleet: Callable[..., Host]
+) -> None:
+    a, b = fleet("a"), fleet("b")
+    job = (await a.sup.enqueue("sleep", {"seconds": 3600})).job
+    await _running(a, job.job_id)
+    row = await b.sup.cancel(job.job_id)
+    # Asked through b: recorded; the job still runs (b cannot see it, and never signals blindly).
+    assert (row.status, row.cancel_requested) == (JobStatus.RUNNING, True)
+    assert a.machine.jobs[job.job_id].status is None
+    await a.sup.sweep()  # the owner's next sweep (or, on PostgreSQL, its NOTIFY wake)
+    while (await a.sup.get(job.job_id)).status is JobStatus.RUNNING:  # noqa: ASYNC110 - virtual time
+        await trio.sleep(0.1)
+    final = await a.sup.get(job.job_id)
+    assert final.status is JobStatus.CANCELLED and a.machine.jobs[job.job_id].status is not None
+

@@ -1,0 +1,101 @@
+"""The fleet's part of the contract (ADR 0011): host leases, the one leader, the host recorded on each promoted row.
+
+Every backend: two supervisors on one registry must never both lead, a lead passes only once its holder's lease has
+expired, and a row says which host promoted it (only that host judges its process)."""
+
+from __future__ import annotations
+
+from registry_helpers import WallClock, new_job, request
+
+from supervisor.domain import JobStatus
+from supervisor.registry import Expect, PromoteRequest, Registry
+
+LEASE_S = 15.0
+
+
+async def test_a_host_registers_renews_and_is_listed(registry: Registry, clock: WallClock) -> None:
+    first = await registry.renew_lease("a", "boot-a", lease_s=LEASE_S, lead=False)
+    assert (first.host.host_id, first.host.boot_id, first.replaced) == ("a", "boot-a", None)
+    assert (first.host.lease_expires_at - clock.now).total_seconds() == LEASE_S
+    clock.advance(5)
+    renewed = await registry.renew_lease("a", "boot-a", lease_s=LEASE_S, lead=False)
+    assert renewed.host.started_at == first.host.started_at  # the same boot: renewed, not re-registered
+    assert renewed.host.last_seen_at == clock.now
+    assert (renewed.host.lease_expires_at - clock.now).total_seconds() == LEASE_S
+    await registry.renew_lease("b", "boot-b", lease_s=LEASE_S, lead=False)
+    assert [(h.host_id, h.boot_id) for h in await registry.hosts()] == [("a", "boot-a"), ("b", "boot-b")]
+
+
+async def test_a_new_boot_of_a_host_replaces_its_row_and_says_whose_lease_it_cut(
+    registry: Registry, clock: WallClock
+) -> None:
+    await registry.renew_lease("a", "boot-1", lease_s=LEASE_S, lead=False)
+    clock.advance(1)
+    lease = await registry.renew_lease("a", "boot-2", lease_s=LEASE_S, lead=False)
+    assert lease.host.boot_id == "boot-2" and lease.host.started_at == clock.now
+    assert lease.replaced is not None and lease.replaced.boot_id == "boot-1" and lease.replaced.live(clock.now)
+    assert [h.boot_id for h in await registry.hosts()] == ["boot-2"]
+
+
+async def test_INV_ONE_LEADER_the_lead_passes_only_once_the_holders_lease_has_expired(
+    registry: Registry, clock: WallClock
+) -> None:
+    a = await registry.renew_lease("a", "boot-a", lease_s=LEASE_S, lead=True)
+    assert a.leading
+    b = await registry.renew_lease("b", "boot-b", lease_s=LEASE_S, lead=True)
+    assert not b.leading and b.leader is not None and b.leader.host_id == "a"
+    clock.advance(LEASE_S - 1)  # a silent leader, not yet expired: still the leader
+    b = await registry.renew_lease("b", "boot-b", lease_s=LEASE_S, lead=True)
+    assert not b.leading
+    clock.advance(1)  # expired now
+    b = await registry.renew_lease("b", "boot-b", lease_s=LEASE_S, lead=True)
+    assert b.leading and b.leader is not None and b.leader.started_at == clock.now  # leads since now
+    a = await registry.renew_lease("a", "boot-a", lease_s=LEASE_S, lead=True)  # the old leader comes back: follows
+    assert not a.leading and a.leader is not None and a.leader.host_id == "b"
+    leader = await registry.leader()
+    assert leader is not None and (leader.host_id, leader.boot_id) == ("b", "boot-b")
+
+
+async def test_a_leader_renews_its_lead_and_gives_it_up_when_it_no_longer_asks(
+    registry: Registry, clock: WallClock
+) -> None:
+    await registry.renew_lease("a", "boot-a", lease_s=LEASE_S, lead=True)
+    clock.advance(10)
+    a = await registry.renew_lease("a", "boot-a", lease_s=LEASE_S, lead=True)
+    assert a.leading and a.leader is not None and a.leader.lease_expires_at == a.host.lease_expires_at
+    a = await registry.renew_lease("a", "boot-a", lease_s=LEASE_S, lead=False)
+    assert not a.leading and a.leader is None
+    b = await registry.renew_lease("b", "boot-b", lease_s=LEASE_S, lead=True)
+    assert b.leading
+
+
+async def test_a_released_lease_ends_now_and_frees_the_lead(registry: Registry, clock: WallClock) -> None:
+    await registry.renew_lease("a", "boot-a", lease_s=LEASE_S, lead=True)
+    await registry.release_lease("a", "boot-a")
+    [host] = await registry.hosts()
+    assert not host.live(clock.now)
+    assert await registry.leader() is None
+    assert (await registry.renew_lease("b", "boot-b", lease_s=LEASE_S, lead=True)).leading
+    # Releasing with another boot's id (a stale shutdown racing a restart) changes nothing.
+    await registry.renew_lease("a", "boot-a2", lease_s=LEASE_S, lead=False)
+    await registry.release_lease("a", "boot-a")
+    assert [h.live(clock.now) for h in await registry.hosts() if h.host_id == "a"] == [True]
+
+
+async def test_a_forgotten_host_is_gone_with_its_lead(registry: Registry, clock: WallClock) -> None:
+    await registry.renew_lease("a", "boot-a", lease_s=LEASE_S, lead=True)
+    forgotten = await registry.forget_host("a")
+    assert forgotten is not None and forgotten.boot_id == "boot-a"
+    assert await registry.hosts() == [] and await registry.leader() is None
+    assert await registry.forget_host("a") is None
+
+
+async def test_a_promoted_row_records_the_promoting_host_and_forgets_it_when_it_goes_back_to_the_queue(
+    registry: Registry,
+) -> None:
+    (await registry.enqueue(new_job()))
+    [job] = (await registry.promote(PromoteRequest(1, "boot-test", [request().token_hashes[0]], host_id="h1"))).jobs
+    assert job.host_id == "h1" and (await registry.get(job.job_id)).host_id == "h1"
+    assert job.public()["host_id"] == "h1"
+    back = await registry.requeue(job.job_id, expect=Expect(None), reason="never_started")
+    assert back.changed and back.job.status is JobStatus.QUEUED and back.job.host_id is None
