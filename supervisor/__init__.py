@@ -47,7 +47,7 @@ from .domain import (
 )
 from .domain._model import ExitStatus, IdentityRecord, Liveness
 from .execution import Executor
-from .registry import MemoryRegistry, Registry, SqliteRegistry, open_registry
+from .registry import MemoryRegistry, PostgresRegistry, Registry, SqliteRegistry, open_registry
 
 if TYPE_CHECKING:
     from ._root import run_supervisor
@@ -72,6 +72,7 @@ __all__ = [
     "Liveness",
     "MalformedRequest",
     "MemoryRegistry",
+    "PostgresRegistry",
     "Registry",
     "RegistryDamaged",
     "RegistryError",

@@ -35,6 +35,7 @@ from ._protocol import (
     Retry,
 )
 from .memory import MemoryRegistry
+from .postgres import PostgresRegistry
 from .sqlite import SqliteRegistry
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "OutboxEvent",
     "Outcome",
     "PauseState",
+    "PostgresRegistry",
     "PromoteRequest",
     "Promotion",
     "PruneResult",
