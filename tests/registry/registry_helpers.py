@@ -18,7 +18,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import asyncpg
 import pytest
@@ -89,18 +89,26 @@ TEST_DATABASE_URL_VAR = "PODCAST_JOB_TEST_DATABASE_URL"
 _SCHEMAS: ContextVar[list[str]] = ContextVar("postgres_test_schemas")
 
 
-def test_database_url() -> str | None:
+def postgres_test_url() -> str | None:
     return os.environ.get(TEST_DATABASE_URL_VAR) or None
 
 
-async def open_postgres(where: Path, *, clock: Callable[[], datetime], boot_id: str | None, outbox: bool) -> Registry:
-    dsn = test_database_url()
-    assert dsn is not None, f"{TEST_DATABASE_URL_VAR} is unset (the postgres mark skips these tests)"
+def new_schema() -> str:
+    """A fresh schema's name, dropped when the enclosing ``postgres_around`` ends."""
     schema = f"test_{uuid.uuid4().hex[:20]}"
     _SCHEMAS.get().append(schema)
-    return await PostgresRegistry.open(
-        dsn, schema=schema, clock=clock, boot_id=boot_id, outbox=outbox, max_connections=4
-    )
+    return schema
+
+
+async def open_postgres(
+    where: Path, *, clock: Callable[[], datetime], boot_id: str | None, outbox: bool, **kwargs: Any
+) -> PostgresRegistry:
+    """A registry in a fresh schema (or in ``schema=``, to share one); further ``PostgresRegistry`` arguments pass."""
+    dsn = postgres_test_url()
+    assert dsn is not None, f"{TEST_DATABASE_URL_VAR} is unset (the postgres mark skips these tests)"
+    kwargs.setdefault("max_connections", 4)
+    schema = kwargs.pop("schema", None) or new_schema()
+    return await PostgresRegistry.open(dsn, schema=schema, clock=clock, boot_id=boot_id, outbox=outbox, **kwargs)
 
 
 @asynccontextmanager
@@ -121,7 +129,7 @@ async def postgres_around() -> AsyncIterator[None]:
 
 
 async def _drop_schemas(schemas: list[str]) -> None:
-    conn = await asyncpg.connect(test_database_url(), timeout=10)
+    conn = await asyncpg.connect(postgres_test_url(), timeout=10)
     try:
         for schema in schemas:
             await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

@@ -18,7 +18,6 @@ back and keeps its connection.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import math
 import urllib.parse
@@ -57,6 +56,7 @@ T = TypeVar("T")
 
 DEFAULT_TIMEOUT_S = 10.0  # as the SQLite registry's busy timeout
 DEFAULT_CONNECTIONS = 8
+APPLICATION_NAME = "podcast-job-supervisor"  # how the registry's sessions show in pg_stat_activity
 
 # SQLSTATE classes that say "not now" rather than "never": a connection exception (08), insufficient resources
 # (53: a full disk, too many connections), operator intervention (57: a shutdown, a cancelled statement), a system
@@ -91,7 +91,9 @@ def failure(exc: BaseException, what: str) -> RegistryError:
     return RegistryUnavailable(f"{what}: {type(exc).__name__}: {exc}")
 
 
-_DATABASE_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, asyncio.TimeoutError)
+# What a database call raises when the server or the connection fails (InternalClientError: a connection in a state
+# asyncpg did not expect, as after the server ended the session; OSError includes TimeoutError).
+_DATABASE_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError)
 
 
 def _lock_key(name: str) -> int:
@@ -109,6 +111,13 @@ async def _keep(conn: Any) -> None:
     """The pool's reset between two calls: nothing. A call leaves no session state -- its locks are its transaction's,
     and a connection left in a transaction is closed, never returned -- so the default reset query (a round trip) has
     nothing to undo."""
+
+
+async def _session(conn: Any) -> None:
+    """Each new connection: from PostgreSQL 14 on, the server looks every second whether the client is still there
+    while a statement runs (a statement waiting on a lock for a client that gave up is ended, not left to finish)."""
+    if conn.get_server_version().major >= 14:
+        await conn.execute("SET client_connection_check_interval = 1000")
 
 
 class PostgresRegistry:
@@ -170,7 +179,12 @@ class PostgresRegistry:
         return reg
 
     async def _start(self) -> None:
-        settings = {"application_name": "podcast-job-supervisor"}
+        settings = {
+            "application_name": APPLICATION_NAME,
+            # A session that stops talking mid-transaction (its client partitioned away) is ended by the server, its
+            # locks with it: a transaction of this registry never idles longer than one round trip.
+            "idle_in_transaction_session_timeout": str(max(1, round(self.timeout_s * 1000))),
+        }
         if self.schema is not None:
             settings["search_path"] = _quote_ident(self.schema)
         connect = functools.partial(
@@ -180,6 +194,7 @@ class PostgresRegistry:
             max_size=self.max_connections,
             timeout=self.timeout_s,  # the connect timeout of each new connection
             reset=_keep,
+            init=_session,
             server_settings=settings,
         )
         self._pool = await self._boundary(connect, "cannot connect to")
@@ -258,9 +273,11 @@ class PostgresRegistry:
                 await transaction.commit()
                 return result
             except BaseException as exc:
-                # Cancelled (a deadline, a shutdown), or the connection broke: never wait on the server again. The
-                # closed session's transaction and advisory locks end with it, on the server.
-                if not isinstance(exc, Exception) or conn.is_in_transaction():
+                # Cancelled (a deadline, a shutdown), the connection broke, or anything but a refusal the server
+                # answered cleanly: close the connection without waiting on the server again (the pool opens a fresh
+                # one). The closed session's transaction and advisory locks end with it, on the server.
+                refused = isinstance(exc, SupervisorError | asyncpg.PostgresError)
+                if not refused or conn.is_closed() or conn.is_in_transaction():
                     conn.terminate()
                 raise
             finally:
