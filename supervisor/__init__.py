@@ -47,7 +47,7 @@ from .domain import (
 )
 from .domain._model import ExitStatus, IdentityRecord, Liveness
 from .execution import Executor
-from .registry import MemoryRegistry, PostgresRegistry, Registry, SqliteRegistry, open_registry
+from .registry import MemoryRegistry, PostgresRegistry, Registry, SqliteRegistry, open_registry, registry_runtime
 
 if TYPE_CHECKING:
     from ._root import run_supervisor
@@ -89,6 +89,7 @@ __all__ = [
     "load_config",
     "load_kinds",
     "open_registry",
+    "registry_runtime",
     "run_supervisor",
 ]
 

@@ -1,14 +1,17 @@
 """The registry: the single source of truth for every job row, behind one interface (``Registry``).
 
 - ``sqlite``: one SQLite file, the embedded default (``SqliteRegistry``);
+- ``postgres``: a PostgreSQL database (``PostgresRegistry``), chosen by ``PODCAST_JOB_DATABASE_URL``;
 - ``memory``: a process's memory, for fast tests of the core (``MemoryRegistry``).
 
-Both pass one contract suite (``tests/registry/``). The backend is chosen once, here (``open_registry``); nothing
+All pass one contract suite (``tests/registry/``). The backend is chosen once, here (``open_registry``); nothing
 else knows which one it talks to. ``IdentityRecord`` (what ``Expect`` and ``IdentityClaim`` carry) and ``hash_token``
 (how a ``PromoteRequest``'s token hashes are made from the tokens a job presents) are part of this interface too.
 """
 
 from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager, nullcontext
 
 from ..domain import Config
 from ..domain._model import IdentityRecord, hash_token
@@ -65,9 +68,26 @@ __all__ = [
     "SqliteRegistry",
     "hash_token",
     "open_registry",
+    "registry_runtime",
 ]
 
 
+def registry_runtime(config: Config) -> AbstractAsyncContextManager[object]:
+    """What must stay open on the Trio loop around the life of the registry ``config`` names (open it in the nursery
+    tree before ``open_registry``, leave it after ``aclose``): trio-asyncio's loop for PostgreSQL, nothing for
+    SQLite."""
+    return PostgresRegistry.runtime() if config.database_url is not None else nullcontext()
+
+
 async def open_registry(config: Config, *, boot_id: str | None, outbox: bool) -> Registry:
-    """The registry ``config`` names (today: the SQLite file under the data dir), opened and migrated."""
+    """The registry ``config`` names, opened and migrated: the PostgreSQL database of ``database_url`` (inside
+    ``registry_runtime``), else the SQLite file under the data dir."""
+    if config.database_url is not None:
+        return await PostgresRegistry.open(
+            config.database_url,
+            boot_id=boot_id,
+            outbox=outbox,
+            timeout_s=config.database_timeout_s,
+            migrate=config.database_auto_migrate,
+        )
     return await SqliteRegistry.open(config.registry_path, boot_id=boot_id, outbox=outbox)

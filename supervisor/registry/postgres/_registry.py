@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import math
-import urllib.parse
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -32,6 +31,7 @@ import trio
 import trio_asyncio
 
 from ...domain import Job, RegistryError, RegistryUnavailable, RequestError, SupervisorError
+from ...domain._config import redacted_url
 from ...domain._model import utc_now
 from .._health import RegistryFault, WriteHealth
 from .._protocol import (
@@ -68,15 +68,7 @@ _UNAVAILABLE_STATES = frozenset({"55P03", "25006"})
 
 def redacted(dsn: str) -> str:
     """The DSN without its password: what logs and errors may show."""
-    try:
-        parts = urllib.parse.urlsplit(dsn)
-    except ValueError:
-        return "(an unparsable database URL)"
-    if parts.password is None:
-        return dsn
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    user = parts.username or ""
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+    return redacted_url(dsn)
 
 
 def failure(exc: BaseException, what: str) -> RegistryError:
