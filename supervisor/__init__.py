@@ -47,7 +47,15 @@ from .domain import (
 )
 from .domain._model import ExitStatus, IdentityRecord, Liveness
 from .execution import Executor
-from .registry import MemoryRegistry, PostgresRegistry, Registry, SqliteRegistry, open_registry, registry_runtime
+from .registry import (
+    MemoryRegistry,
+    PostgresRegistry,
+    Registry,
+    SqliteRegistry,
+    migrate_registry,
+    open_registry,
+    registry_runtime,
+)
 
 if TYPE_CHECKING:
     from ._root import run_supervisor
@@ -88,6 +96,7 @@ __all__ = [
     "create_app",
     "load_config",
     "load_kinds",
+    "migrate_registry",
     "open_registry",
     "registry_runtime",
     "run_supervisor",

@@ -39,6 +39,7 @@ from ._protocol import (
 )
 from .memory import MemoryRegistry
 from .postgres import PostgresRegistry
+from .sqlite import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from .sqlite import SqliteRegistry
 
 __all__ = [
@@ -67,6 +68,7 @@ __all__ = [
     "Retry",
     "SqliteRegistry",
     "hash_token",
+    "migrate_registry",
     "open_registry",
     "registry_runtime",
 ]
@@ -91,3 +93,17 @@ async def open_registry(config: Config, *, boot_id: str | None, outbox: bool) ->
             migrate=config.database_auto_migrate,
         )
     return await SqliteRegistry.open(config.registry_path, boot_id=boot_id, outbox=outbox)
+
+
+async def migrate_registry(config: Config) -> tuple[str, int]:
+    """Bring the registry ``config`` names up to date now, whatever ``database_auto_migrate`` says (``supervisor
+    migrate``); where it is and its schema version after. Inside ``registry_runtime``."""
+    if config.database_url is not None:
+        reg = await PostgresRegistry.open(config.database_url, timeout_s=config.database_timeout_s, migrate=True)
+        try:
+            return reg.where, await reg.migrate()
+        finally:
+            await reg.aclose()
+    sqlite = await SqliteRegistry.open(config.registry_path)  # SQLite migrates its file at every open
+    await sqlite.aclose()
+    return str(config.registry_path), SQLITE_SCHEMA_VERSION

@@ -4,17 +4,16 @@ timeouts and faults, a cancelled call, several registries on one schema). Every 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 import pytest
 import trio_asyncio
+from pg_helpers import OpenPg, Raw
 from registry_helpers import BOOT, WallClock, open_postgres, postgres_around, postgres_test_url
 
 from supervisor.registry import PostgresRegistry
-
-OpenPg = Callable[..., Awaitable[PostgresRegistry]]
 
 
 @pytest.fixture
@@ -40,22 +39,6 @@ async def pg_open(clock: WallClock) -> AsyncIterator[OpenPg]:
         yield open_
         for reg in opened:
             await reg.aclose()
-
-
-class Raw:
-    """A plain asyncpg connection beside the registry (on trio-asyncio's loop): what another client does."""
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
-
-    async def execute(self, query: str, *args: Any) -> str:
-        return str(await trio_asyncio.aio_as_trio(self.conn.execute)(query, *args))
-
-    async def fetch(self, query: str, *args: Any) -> list[Any]:
-        return list(await trio_asyncio.aio_as_trio(self.conn.fetch)(query, *args))
-
-    async def fetchval(self, query: str, *args: Any) -> Any:
-        return await trio_asyncio.aio_as_trio(self.conn.fetchval)(query, *args)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from conftest import OpenPg, Raw
+from pg_helpers import OpenPg, Raw
 from registry_helpers import BOOT, enqueue, new_job, new_schema, one_running, request
 
 from supervisor.domain import JobStatus, RegistryError, RegistryUnavailable

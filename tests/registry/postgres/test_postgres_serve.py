@@ -1,5 +1,5 @@
-"""``supervisor serve`` on PostgreSQL (``PODCAST_JOB_DATABASE_URL``), as a real process: a job runs to ``succeeded``
-and its row is in the database, not in a SQLite file."""
+"""``supervisor serve`` and ``supervisor migrate`` on PostgreSQL (``PODCAST_JOB_DATABASE_URL``), as real processes:
+a job runs to ``succeeded`` and its row is in the database, not in a SQLite file; ``migrate`` migrates."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import pytest
 import trio
 import trio_asyncio
 from registry_helpers import postgres_test_url
+
+from supervisor.registry.postgres import SCHEMA_VERSION
 
 pytestmark = [pytest.mark.postgres, pytest.mark.e2e]
 
@@ -91,6 +93,39 @@ async def test_serve_on_postgresql_runs_a_job_to_succeeded(tmp_path: Path) -> No
             rows = await trio_asyncio.aio_as_trio(_sql)(f'SELECT job_id, status FROM "{schema}".jobs')
             assert [(r["job_id"], r["status"]) for r in rows] == [(job_id, "succeeded")]
             assert not (tmp_path / "data" / ".viewer" / "jobs.sqlite3").exists()
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio_asyncio.aio_as_trio(_sql)(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+async def test_supervisor_migrate_brings_a_fresh_schema_up_to_date_and_says_so(tmp_path: Path) -> None:
+    dsn = postgres_test_url()
+    assert dsn is not None
+    schema = f"test_migrate_{uuid.uuid4().hex[:16]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PODCAST_")}
+    env.update(
+        PYTHONPATH=str(REPO_ROOT),
+        PODCAST_JOB_DATA_DIR=str(tmp_path / "data"),
+        PODCAST_JOB_DATABASE_URL=f"{dsn}?search_path={schema}",
+        PODCAST_JOB_DATABASE_AUTO_MIGRATE="false",  # migrate migrates whatever this says
+    )
+    async with trio_asyncio.open_loop():
+        await trio_asyncio.aio_as_trio(_sql)(f'CREATE SCHEMA "{schema}"')
+        try:
+            for _ in range(2):  # the second finds nothing to do
+                with trio.fail_after(LIMIT_S):
+                    done = await trio.run_process(
+                        [sys.executable, "-m", "supervisor", "migrate"],
+                        env=env,
+                        cwd=tmp_path,
+                        capture_stdout=True,
+                        capture_stderr=True,
+                        check=False,
+                    )
+                assert done.returncode == 0, done.stderr
+                assert done.stdout.decode().strip().endswith(f"schema version {SCHEMA_VERSION}")
+            rows = await trio_asyncio.aio_as_trio(_sql)(f'SELECT version FROM "{schema}".schema_migrations')
+            assert [r["version"] for r in rows] == list(range(1, SCHEMA_VERSION + 1))
         finally:
             with trio.CancelScope(shield=True):
                 await trio_asyncio.aio_as_trio(_sql)(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
