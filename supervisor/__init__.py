@@ -48,7 +48,15 @@ from .domain import (
 )
 from .domain._model import ExitStatus, IdentityRecord, Liveness
 from .execution import Executor
-from .registry import MemoryRegistry, Registry, SqliteRegistry, open_registry
+from .registry import (
+    MemoryRegistry,
+    PostgresRegistry,
+    Registry,
+    SqliteRegistry,
+    migrate_registry,
+    open_registry,
+    registry_runtime,
+)
 
 if TYPE_CHECKING:
     from ._root import run_supervisor
@@ -74,6 +82,7 @@ __all__ = [
     "Liveness",
     "MalformedRequest",
     "MemoryRegistry",
+    "PostgresRegistry",
     "Registry",
     "RegistryDamaged",
     "RegistryError",
@@ -89,7 +98,9 @@ __all__ = [
     "create_app",
     "load_config",
     "load_kinds",
+    "migrate_registry",
     "open_registry",
+    "registry_runtime",
     "run_supervisor",
 ]
 

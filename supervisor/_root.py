@@ -1,5 +1,6 @@
 """``supervisor serve``: the root of the nursery tree.
 
+    registry runtime            (PostgreSQL) trio-asyncio's loop, under which asyncpg runs: open around all of it
     root nursery (run_supervisor)
     ├── signal watcher          SIGTERM/SIGINT -> shutdown event; SIGHUP -> re-read the API token file
     ├── job nursery             one monitor task per running job (its own or adopted), and the shepherd's reader
@@ -27,13 +28,13 @@ import trio
 
 from .api import HttpLimits, bind_socket, public_base_url, serve_http
 from .core import Supervisor
-from .domain._config import ApiToken, Config
+from .domain._config import ApiToken, Config, redacted_url
 from .domain._errors import ConfigError
 from .domain._kinds import KindCatalog
 from .domain._model import SteadyWallClock
 from .observe._logging import get_logger
 from .observe._notify import Notifier, run_watchdog
-from .registry import open_registry
+from .registry import open_registry, registry_runtime
 
 log = get_logger()
 
@@ -86,6 +87,22 @@ async def run_supervisor(
     of the garbage collector's sight (``gc.freeze``). ``http_limits``: the HTTP server's timeouts (defaults unless
     given).
     """
+    # The registry's runtime outlives every use of the registry: its aclose (in run_with_registry's finally) included.
+    async with registry_runtime(config):
+        await _run_with_registry(
+            config, kinds, shutdown=shutdown, freeze_heap=freeze_heap, http_limits=http_limits, task_status=task_status
+        )
+
+
+async def _run_with_registry(
+    config: Config,
+    kinds: KindCatalog,
+    *,
+    shutdown: trio.Event | None,
+    freeze_heap: bool,
+    http_limits: HttpLimits | None,
+    task_status: Any,
+) -> None:
     if shutdown is None:
         shutdown = trio.Event()
     limits = http_limits if http_limits is not None else HttpLimits()
@@ -109,7 +126,7 @@ async def run_supervisor(
             await root.start(_watch_signals, shutdown, api_token)
             supervisor.attach(await root.start(_run_job_nursery))
             await root.start(supervisor.run_drainer)
-            # This host's lease, and the fleet's lead (ADR 0011): known before the sender and the first sweep.
+            # This host's lease, and the fleet's lead (ADR 0012): known before the sender and the first sweep.
             await root.start(supervisor.run_fleet)
             # Started before the first sweep, so that events left undelivered by a previous boot go out first.
             await root.start(supervisor.webhooks.run)
@@ -125,6 +142,7 @@ async def run_supervisor(
                 exec_mode=supervisor.exec_mode,
                 data_dir=str(supervisor.data_dir),
                 max_concurrent=config.max_concurrent,
+                registry=redacted_url(config.database_url) if config.database_url else str(config.registry_path),
                 host_id=config.host_id,
                 leader=supervisor.fleet.leading,
             )

@@ -1,13 +1,15 @@
-"""Fixtures shared by every test package, and the gate for tests marked ``docker``."""
+"""Fixtures shared by every test package, and the gates for tests marked ``docker`` and ``postgres``."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 from supervisor import SqliteRegistry
@@ -37,13 +39,42 @@ def docker_engine_problem() -> str | None:
     return None
 
 
+TEST_DATABASE_URL_VAR = "PODCAST_JOB_TEST_DATABASE_URL"
+
+
+@functools.cache
+def postgres_problem() -> str | None:
+    """Why the postgres tests cannot run here (no server named, or it does not answer), or None when they can."""
+    dsn = os.environ.get(TEST_DATABASE_URL_VAR)
+    if not dsn:
+        return f"{TEST_DATABASE_URL_VAR} is unset"
+
+    async def probe() -> None:
+        conn = await asyncpg.connect(dsn, timeout=10)
+        await conn.close()
+
+    try:
+        asyncio.run(probe())
+    except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        return f"{TEST_DATABASE_URL_VAR} names a server that does not answer: {type(exc).__name__}: {exc}"
+    return None
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Tests marked ``docker`` need the real engine: in CI its absence is a failure, elsewhere a skip that says why."""
-    if item.get_closest_marker("docker") is None:
-        return
-    problem = docker_engine_problem()
-    if problem is None:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true and the Docker engine is not usable: {problem}", pytrace=False)
-    pytest.skip(f"no usable Docker engine: {problem} (scripts/docker-engine.sh up)")
+    """Tests marked ``docker`` (``postgres``) need the real engine (server): in CI its absence is a failure,
+    elsewhere a skip that says why."""
+    if item.get_closest_marker("docker") is not None:
+        problem = docker_engine_problem()
+        if problem is not None:
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"CI=true and the Docker engine is not usable: {problem}", pytrace=False)
+            pytest.skip(f"no usable Docker engine: {problem} (scripts/docker-engine.sh up)")
+    if item.get_closest_marker("postgres") is not None:
+        problem = postgres_problem()
+        if problem is not None:
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"CI=true and no usable PostgreSQL server: {problem}", pytrace=False)
+            pytest.skip(
+                f"no usable PostgreSQL server: {problem} "
+                f"({TEST_DATABASE_URL_VAR}=$(bash scripts/postgres.sh up) names the local one)"
+            )

@@ -21,6 +21,7 @@ PACKAGES = [
     "supervisor.domain",
     "supervisor.registry",
     "supervisor.registry.sqlite",
+    "supervisor.registry.postgres",
     "supervisor.execution",
     "supervisor.core",
     "supervisor.observe",

@@ -1,6 +1,7 @@
 """The operator's terminal: the ``supervisor`` command line and the HTTP client it talks to a server with.
 
-``serve`` and ``check-config`` run locally; every other verb is a client of the control API (``_client.Client``).
+``serve``, ``check-config`` and ``migrate`` run locally; every other verb is a client of the control API
+(``_client.Client``).
 """
 
 from ._cli import EXIT_CONFIG, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, main

@@ -1,5 +1,5 @@
-"""``supervisor`` command line: ``serve`` and ``check-config`` run locally; the other commands talk HTTP to a
-running supervisor (``PODCAST_JOB_URL``, default http://127.0.0.1:8000, with ``PODCAST_JOB_API_TOKEN``).
+"""``supervisor`` command line: ``serve``, ``check-config`` and ``migrate`` run locally; the other commands talk
+HTTP to a running supervisor (``PODCAST_JOB_URL``, default http://127.0.0.1:8000, with ``PODCAST_JOB_API_TOKEN``).
 
 Exit codes: 0 done; 1 the server answered with an error (its message is printed); 2 usage; 3 configuration
 (including a malformed ``PODCAST_JOB_URL``); 4 the server could not be reached; 130 interrupted.
@@ -21,7 +21,7 @@ from typing import Any, TextIO
 import trio
 
 from ..domain._config import Config, is_loopback, load_config, read_token_file
-from ..domain._errors import ConfigError, KindsFileError
+from ..domain._errors import ConfigError, KindsFileError, RegistryError
 from ..domain._kinds import KindCatalog, load_kinds
 from ..domain._model import JobStatus
 from ..observe._logging import configure_logging, get_logger
@@ -73,6 +73,32 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     else:
         for key, value in effective.items():
             print(f"{key:24} {value}")
+    return EXIT_OK
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Bring the configured registry's schema up to date (what a supervisor does at start unless
+    PODCAST_JOB_DATABASE_AUTO_MIGRATE=false), and say where it is and its version."""
+    from ..registry import migrate_registry, registry_runtime
+
+    try:
+        config, _, warnings = _load(args)
+    except (ConfigError, KindsFileError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+
+    async def run() -> tuple[str, int]:
+        async with registry_runtime(config):
+            return await migrate_registry(config)
+
+    try:
+        where, version = trio.run(run)
+    except RegistryError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    print(f"registry {where}: schema version {version}")
     return EXIT_OK
 
 
@@ -506,6 +532,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check-config", help="print the effective configuration, or name every invalid setting")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_check_config)
+    p = sub.add_parser("migrate", help="bring the registry's schema up to date (as serve does unless told not to)")
+    p.set_defaults(func=cmd_migrate)
     _add_client_commands(sub)
     return parser
 

@@ -135,7 +135,7 @@ class AbsenceJudge:
 
     async def judge(self, liveness: Mapping[str, Liveness | None]) -> None:
         """One pass over the running rows; ``liveness`` is this sweep's reconcile evidence, by job id."""
-        # ADR 0011: another host's jobs beat to that host; their absence is that host's to judge.
+        # ADR 0012: another host's jobs beat to that host; their absence is that host's to judge.
         host_id = self.config.host_id
         rows = [job for job in await self.registry.running_jobs() if job.host_id in (None, host_id)]
         self.tracker.keep_only({job.job_id for job in rows})

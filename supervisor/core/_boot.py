@@ -101,7 +101,7 @@ class Boot:
 
     def owns(self, job: Job) -> bool:
         """This host promoted the row (or no host was recorded: a row from before hosts), so only this host's
-        evidence judges its process (ADR 0011: no host judges a process it cannot see)."""
+        evidence judges its process (ADR 0012: no host judges a process it cannot see)."""
         return job.host_id is None or job.host_id == self.config.host_id
 
     def nursery(self) -> trio.Nursery:

@@ -1,4 +1,4 @@
-"""The fleet task: this host's lease on the registry, and the fleet's one leader (ADR 0011).
+"""The fleet task: this host's lease on the registry, and the fleet's one leader (ADR 0012).
 
 Every supervisor registers ``(host_id, boot_id)`` and renews its lease every third of ``host_lease_s``. The lease
 renewal also asks for the lead; the registry gives it only when nobody holds it or its holder's lease expired, in the

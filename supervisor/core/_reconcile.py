@@ -45,7 +45,7 @@ class Reconciler:
 
     async def reconcile(self, *, stale_marks_live_processes: bool) -> ReconcileReport:
         boot = self.boot
-        # ADR 0011: another host's rows are that host's to judge; this one cannot see their processes.
+        # ADR 0012: another host's rows are that host's to judge; this one cannot see their processes.
         rows = [job for job in await boot.registry.running_jobs() if boot.owns(job)]
         for job in rows:
             watched = boot.watched.get(job.job_id)

@@ -85,7 +85,7 @@ class Health:
     paused: bool | None  # None: the registry could not be read
     degraded: dict[str, str]
     host_id: str = ""
-    leader: bool = False  # this host leads the fleet (ADR 0011)
+    leader: bool = False  # this host leads the fleet (ADR 0012)
 
     @property
     def status(self) -> str:

@@ -18,6 +18,7 @@ import os
 import re
 import socket
 import tomllib
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -71,7 +72,7 @@ class Config:
     log_max_bytes: int = 50 * MIB
     # How long a registry write waits for another writer's lock before it counts as failed (and is retried).
     registry_busy_timeout_ms: int = 10_000
-    # A fleet on one registry (ADR 0011): this supervisor's host name (default: the machine's), and how long its
+    # A fleet on one registry (ADR 0012): this supervisor's host name (default: the machine's), and how long its
     # lease lasts unrenewed (renewed every third of it; a leader that cannot renew stops leading before it ends).
     host_id: str = field(default_factory=socket.gethostname)
     host_lease_s: float = 15.0
@@ -89,6 +90,14 @@ class Config:
     run_dir: str = "auto"
     # Diagnostics: a file the shepherd appends one JSON line to at every job's start and exit (its clock). None: off.
     shepherd_trace_file: Path | None = None
+    # The registry: None is the SQLite file under the data dir (the embedded default); a postgresql:// URL is that
+    # database (ADR 0011). Never printed whole: it may hold a password.
+    database_url: str | None = field(default=None, repr=False)
+    # The bound of every call to a PostgreSQL registry, from asking for a connection to the commit.
+    database_timeout_s: float = 10.0
+    # Whether a PostgreSQL registry brings its schema up to date at start (False: `supervisor migrate` does, and a
+    # supervisor refuses a schema that is not current).
+    database_auto_migrate: bool = True
 
     # Everything the supervisor writes besides the corpus lives under <data>/.viewer/.
     @property
@@ -138,6 +147,8 @@ class Config:
             value = getattr(self, f.name)
             if f.name in ("api_token", "webhook_secret"):
                 value = "(set)" if value else None
+            elif f.name == "database_url" and value is not None:
+                value = redacted_url(value)
             elif isinstance(value, Path):
                 value = str(value)
             out[f.name] = value
@@ -254,6 +265,7 @@ def load_config(
             # No fallback: another host's name, or a made-up one, would judge or orphan the wrong jobs.
             loader.problems.append(f"{got[0]}={got[1]!r}: a host id is 1-64 letters, digits, '.', '_' or '-'")
     num("cancel_grace_s", "PODCAST_JOB_CANCEL_GRACE_SECONDS", floor=0.0)
+    num("database_timeout_s", "PODCAST_JOB_DATABASE_TIMEOUT_SECONDS", floor=0.1)
 
     def choice(attr: str, env_name: str, allowed: tuple[str, ...]) -> None:
         """One of a fixed set of words, case-insensitive. No fallback: guessing an exec mode would run jobs where the
@@ -311,6 +323,26 @@ def load_config(
     got = raw("PODCAST_JOB_KINDS_FILE", "kinds_file")
     if got is not None:
         values["kinds_file"] = Path(str(got[1]))
+    got = raw("PODCAST_JOB_DATABASE_URL", "database_url")
+    if got is not None:
+        url = str(got[1])
+        if not url.startswith(DATABASE_URL_SCHEMES):
+            # Guessing would put the queue somewhere the operator did not choose: SQLite is chosen by leaving it unset.
+            shown = redacted_url(url) if "://" in url else "(not a URL)"
+            loader.problems.append(
+                f"{got[0]}={shown!r}: must be a postgresql:// URL (unset, the registry is SQLite in the data dir)"
+            )
+        else:
+            values["database_url"] = url
+    got = raw("PODCAST_JOB_DATABASE_AUTO_MIGRATE", "database_auto_migrate")
+    if got is not None:
+        word = str(got[1]).lower()
+        if word in ("1", "true", "yes", "on"):
+            values["database_auto_migrate"] = True
+        elif word in ("0", "false", "no", "off"):
+            values["database_auto_migrate"] = False
+        else:
+            loader.problems.append(f"{got[0]}={got[1]!r}: must be true or false")
     webhook = values.get("webhook_url")
     if webhook and not str(webhook).startswith(("http://", "https://")):
         loader.problems.append(f"PODCAST_JOB_WEBHOOK_URL={webhook!r}: must be an http:// or https:// URL")
@@ -349,7 +381,25 @@ _TOML_KEYS = (
     "heartbeat_base_url",
     "run_dir",
     "shepherd_trace_file",
+    "database_url",
+    "database_timeout_s",
+    "database_auto_migrate",
 )
+
+DATABASE_URL_SCHEMES = ("postgresql://", "postgres://")
+
+
+def redacted_url(url: str) -> str:
+    """``url`` without its password: what logs, errors and ``check-config`` may show."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return "(an unparsable URL)"
+    if password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
 def _check_docker_settings(values: dict[str, Any], loader: _Loader) -> None:

@@ -266,7 +266,7 @@ class Job:
     max_attempts: int = 1
     next_attempt_at: datetime | None = None
     history: tuple[Attempt, ...] = ()
-    # The host whose supervisor promoted it (a fleet on one registry, ADR 0011): only that host judges its process.
+    # The host whose supervisor promoted it (a fleet on one registry, ADR 0012): only that host judges its process.
     # None: a row promoted before hosts were recorded (judged as this host's own, as then).
     host_id: str | None = None
 

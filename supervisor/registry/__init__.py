@@ -1,9 +1,10 @@
 """The registry: the single source of truth for every job row, behind one interface (``Registry``).
 
 - ``sqlite``: one SQLite file, the embedded default (``SqliteRegistry``);
+- ``postgres``: a PostgreSQL database (``PostgresRegistry``), chosen by ``PODCAST_JOB_DATABASE_URL``;
 - ``memory``: a process's memory, for fast tests of the core (``MemoryRegistry``).
 
-Both pass one contract suite (``tests/registry/``). The backend is chosen once, here (``open_registry``); nothing
+All pass one contract suite (``tests/registry/``). The backend is chosen once, here (``open_registry``); nothing
 else knows which one it talks to. ``IdentityRecord`` (what ``Expect`` and ``IdentityClaim`` carry) and ``hash_token``
 (how a ``PromoteRequest``'s token hashes are made from the tokens a job presents) are part of this interface too.
 """
@@ -11,6 +12,7 @@ else knows which one it talks to. ``IdentityRecord`` (what ``Expect`` and ``Iden
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from datetime import datetime
 
 from ..domain import Config
@@ -40,6 +42,8 @@ from ._protocol import (
     Retry,
 )
 from .memory import MemoryRegistry
+from .postgres import PostgresRegistry
+from .sqlite import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from .sqlite import SqliteRegistry
 
 __all__ = [
@@ -61,6 +65,7 @@ __all__ = [
     "OutboxEvent",
     "Outcome",
     "PauseState",
+    "PostgresRegistry",
     "PromoteRequest",
     "Promotion",
     "PruneResult",
@@ -69,15 +74,33 @@ __all__ = [
     "Retry",
     "SqliteRegistry",
     "hash_token",
+    "migrate_registry",
     "open_registry",
+    "registry_runtime",
 ]
+
+
+def registry_runtime(config: Config) -> AbstractAsyncContextManager[object]:
+    """What must stay open on the Trio loop around the life of the registry ``config`` names (open it in the nursery
+    tree before ``open_registry``, leave it after ``aclose``): trio-asyncio's loop for PostgreSQL, nothing for
+    SQLite."""
+    return PostgresRegistry.runtime() if config.database_url is not None else nullcontext()
 
 
 async def open_registry(
     config: Config, *, boot_id: str | None, outbox: bool, clock: Callable[[], datetime] = utc_now
 ) -> Registry:
-    """The registry ``config`` names (today: the SQLite file under the data dir), opened and migrated. ``clock``:
-    the wall clock it stamps rows with."""
+    """The registry ``config`` names, opened and migrated: the PostgreSQL database of ``database_url`` (inside
+    ``registry_runtime``), else the SQLite file under the data dir. ``clock``: the wall clock it stamps rows with."""
+    if config.database_url is not None:
+        return await PostgresRegistry.open(
+            config.database_url,
+            boot_id=boot_id,
+            outbox=outbox,
+            timeout_s=config.database_timeout_s,
+            migrate=config.database_auto_migrate,
+            clock=clock,
+        )
     return await SqliteRegistry.open(
         config.registry_path,
         boot_id=boot_id,
@@ -85,3 +108,17 @@ async def open_registry(
         busy_timeout_ms=config.registry_busy_timeout_ms,
         clock=clock,
     )
+
+
+async def migrate_registry(config: Config) -> tuple[str, int]:
+    """Bring the registry ``config`` names up to date now, whatever ``database_auto_migrate`` says (``supervisor
+    migrate``); where it is and its schema version after. Inside ``registry_runtime``."""
+    if config.database_url is not None:
+        reg = await PostgresRegistry.open(config.database_url, timeout_s=config.database_timeout_s, migrate=True)
+        try:
+            return reg.where, await reg.migrate()
+        finally:
+            await reg.aclose()
+    sqlite = await SqliteRegistry.open(config.registry_path)  # SQLite migrates its file at every open
+    await sqlite.aclose()
+    return str(config.registry_path), SQLITE_SCHEMA_VERSION

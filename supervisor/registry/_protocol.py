@@ -67,7 +67,7 @@ class PromoteRequest:
     boot_id: str
     token_hashes: Sequence[str]
     log_dir: Path | None = None
-    host_id: str | None = None  # the promoting host, recorded on each row (ADR 0011)
+    host_id: str | None = None  # the promoting host, recorded on each row (ADR 0012)
 
 
 @dataclass(frozen=True)
@@ -362,7 +362,7 @@ class Registry(Protocol):
         """Rows per status (every status present)."""
         ...
 
-    # -- the fleet (ADR 0011) ---------------------------------------------------------------------------------
+    # -- the fleet (ADR 0012) ---------------------------------------------------------------------------------
 
     async def renew_lease(self, host_id: str, boot_id: str, *, lease_s: float, lead: bool) -> Lease:
         """Register or renew host ``host_id`` as run by boot ``boot_id`` until now + ``lease_s`` (a new boot of the

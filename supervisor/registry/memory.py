@@ -502,7 +502,7 @@ class MemoryRegistry(_MemoryRows):
             out[row.job.status.value] += 1
         return out
 
-    # -- the fleet (ADR 0011): no await between the reads and the writes, as everywhere here -----------------
+    # -- the fleet (ADR 0012): no await between the reads and the writes, as everywhere here -----------------
 
     async def renew_lease(self, host_id: str, boot_id: str, *, lease_s: float, lead: bool) -> Lease:
         await self._enter()

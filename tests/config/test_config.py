@@ -226,3 +226,44 @@ def test_the_run_directory_is_auto_off_or_an_absolute_path_and_nothing_else(tmp_
     assert "PODCAST_JOB_RUN_DIR='run/here': must be auto, off or an absolute path" in str(err.value)
     traced, _ = load_config({"PODCAST_JOB_SHEPHERD_TRACE_FILE": "/tmp/trace.ndjson"})
     assert traced.shepherd_trace_file == Path("/tmp/trace.ndjson")
+
+
+# -- the registry: SQLite by default, PostgreSQL by URL (issue 27) ---------------------------------------------
+
+
+def test_sqlite_is_the_default_and_a_postgresql_url_selects_postgresql() -> None:
+    config, _ = load_config({})
+    assert (config.database_url, config.database_timeout_s, config.database_auto_migrate) == (None, 10.0, True)
+    config, warnings = load_config(
+        {
+            "PODCAST_JOB_DATABASE_URL": "postgresql://app@db.example:5432/jobs",
+            "PODCAST_JOB_DATABASE_TIMEOUT_SECONDS": "2.5",
+            "PODCAST_JOB_DATABASE_AUTO_MIGRATE": "off",
+        }
+    )
+    assert warnings == []
+    assert (config.database_url, config.database_timeout_s, config.database_auto_migrate) == (
+        "postgresql://app@db.example:5432/jobs",
+        2.5,
+        False,
+    )
+    assert load_config({"PODCAST_JOB_DATABASE_URL": "postgres://h/db"})[0].database_url == "postgres://h/db"
+
+
+@pytest.mark.parametrize("url", ["sqlite:///var/jobs.sqlite3", "mysql://u:pw@h/db", "db.example:5432", "http://h/db"])
+def test_a_database_url_of_another_kind_is_an_error_naming_the_setting(url: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config({"PODCAST_JOB_DATABASE_URL": url})
+    [problem] = caught.value.problems
+    assert problem.startswith("PODCAST_JOB_DATABASE_URL=") and "must be a postgresql:// URL" in problem
+    assert "pw" not in problem  # a password never shows, not even in a refused URL
+
+
+def test_the_database_password_is_never_described_and_other_settings_are_checked() -> None:
+    config, _ = load_config({"PODCAST_JOB_DATABASE_URL": "postgresql://app:s3cret@db.example/jobs"})
+    assert config.describe()["database_url"] == "postgresql://app:***@db.example/jobs"
+    assert "s3cret" not in repr(config)
+    with pytest.raises(ConfigError, match="PODCAST_JOB_DATABASE_AUTO_MIGRATE='maybe': must be true or false"):
+        load_config({"PODCAST_JOB_DATABASE_AUTO_MIGRATE": "maybe"})
+    config, warnings = load_config({"PODCAST_JOB_DATABASE_TIMEOUT_SECONDS": "0"})
+    assert config.database_timeout_s == 0.1 and "PODCAST_JOB_DATABASE_TIMEOUT_SECONDS" in warnings[0]

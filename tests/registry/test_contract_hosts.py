@@ -1,4 +1,4 @@
-"""The fleet's part of the contract (ADR 0011): host leases, the one leader, the host recorded on each promoted row.
+"""The fleet's part of the contract (ADR 0012): host leases, the one leader, the host recorded on each promoted row.
 
 Every backend: two supervisors on one registry must never both lead, a lead passes only once its holder's lease has
 expired, and a row says which host promoted it (only that host judges its process)."""

@@ -386,7 +386,7 @@ class Operations(Rows):
 
         return change
 
-    # -- the fleet (ADR 0011) -------------------------------------------------------------------------------
+    # -- the fleet (ADR 0012) -------------------------------------------------------------------------------
 
     def renew_lease(
         self, host_id: str, boot_id: str, lease_s: float, lead: bool

@@ -121,7 +121,7 @@ def outbox_prune(cutoff: str, max_events: int) -> Callable[[sqlite3.Connection],
     return change
 
 
-# -- the fleet (ADR 0011) -----------------------------------------------------------------------------
+# -- the fleet (ADR 0012) -----------------------------------------------------------------------------
 
 
 def _host(row: sqlite3.Row, started: str) -> Host:

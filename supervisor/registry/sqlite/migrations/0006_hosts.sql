@@ -1,4 +1,4 @@
--- A fleet of supervisors on one registry (issue 27, ADR 0011): each host's lease, the one leader, and the host that
+-- A fleet of supervisors on one registry (issue 27, ADR 0012): each host's lease, the one leader, and the host that
 -- promoted each row (only that host judges its process).
 CREATE TABLE hosts (
     host_id TEXT PRIMARY KEY,

@@ -1,0 +1,404 @@
+"""``PostgresRegistry``: the registry in a PostgreSQL database, behind the ``Registry`` interface.
+
+asyncpg, driven from Trio through trio-asyncio: every call hands its work to the asyncio loop that
+``trio_asyncio.open_loop()`` runs (``PostgresRegistry.runtime()``; it must stay open around the registry's whole
+life), so nothing blocks the Trio loop. A pool of at most ``max_connections`` connections serves the calls.
+
+Every call is one transaction, bounded by ``timeout_s`` from the moment it asks for a connection to its commit
+(``trio.fail_after`` at this boundary: the steps inside take no timeout of their own). A call that runs out raises
+``RegistryUnavailable``, as does one whose connection or server fails in a way that may pass (a refused or lost
+connection, a server shutting down, a deadlock, a full disk); the health route then shows ``fault()``.
+
+Cancellation-safe: a call cancelled at any await (its deadline, a shutdown) never leaves a transaction open or a
+connection checked out. The connection it held is closed at once, with no round trip to a server that may not
+answer, and goes back to the pool (which opens a fresh one when needed); the server rolls back the closed session's
+transaction and releases its advisory locks. A call refused on its own merits (not found, unauthorized...) rolls
+back and keeps its connection.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import zlib
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+import asyncpg
+import trio
+import trio_asyncio
+
+from ...domain import Job, RegistryError, RegistryUnavailable, RequestError, SupervisorError
+from ...domain._config import redacted_url
+from ...domain._model import utc_now
+from .._health import RegistryFault, WriteHealth
+from .._protocol import (
+    Beat,
+    Change,
+    Ending,
+    EnqueueResult,
+    Expect,
+    Host,
+    IdentityClaim,
+    Lease,
+    NewJob,
+    OutboxEvent,
+    PauseState,
+    PromoteRequest,
+    Promotion,
+    PruneResult,
+)
+from . import _reads as reads
+from ._operations import Operations
+from ._schema import MIGRATE_LOCK, SCHEMA_VERSION, migrate, schema_version
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT_S = 10.0  # as the SQLite registry's busy timeout
+DEFAULT_CONNECTIONS = 8
+APPLICATION_NAME = "podcast-job-supervisor"  # how the registry's sessions show in pg_stat_activity
+
+# SQLSTATE classes that say "not now" rather than "never": a connection exception (08), insufficient resources
+# (53: a full disk, too many connections), operator intervention (57: a shutdown, a cancelled statement), a system
+# error (58: I/O), a transaction rolled back by the server (40: a deadlock, a serialization failure); and a lock not
+# available (55P03) or a read-only transaction (25006: a standby after a failover).
+_UNAVAILABLE_CLASSES = ("08", "53", "57", "58", "40")
+_UNAVAILABLE_STATES = frozenset({"55P03", "25006"})
+
+
+def redacted(dsn: str) -> str:
+    """The DSN without its password: what logs and errors may show."""
+    return redacted_url(dsn)
+
+
+def failure(exc: BaseException, what: str) -> RegistryError:
+    """The registry's error for a failed database call: ``RegistryUnavailable`` when the same call may succeed later
+    (the caller retries, or answers 503), else ``RegistryError``. The cause is chained by the caller's ``from``."""
+    if isinstance(exc, asyncpg.PostgresError):
+        state = str(getattr(exc, "sqlstate", "") or "")
+        if state[:2] in _UNAVAILABLE_CLASSES or state in _UNAVAILABLE_STATES:
+            return RegistryUnavailable(f"{what}: {exc}")
+        return RegistryError(f"{what}: {exc}")
+    # No answer at all: a refused or reset connection, a connect timeout, a connection asyncpg found closed.
+    return RegistryUnavailable(f"{what}: {type(exc).__name__}: {exc}")
+
+
+# What a database call raises when the server or the connection fails (InternalClientError: a connection in a state
+# asyncpg did not expect, as after the server ended the session; OSError includes TimeoutError).
+_DATABASE_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError)
+
+
+def _lock_key(name: str) -> int:
+    """A schema's advisory lock key: a signed 32-bit number from its name (a collision only makes two schemas'
+    promotions take turns)."""
+    key = zlib.crc32(name.encode())
+    return key - 2**32 if key >= 2**31 else key
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+async def _keep(conn: Any) -> None:
+    """The pool's reset between two calls: nothing. A call leaves no session state -- its locks are its transaction's,
+    and a connection left in a transaction is closed, never returned -- so the default reset query (a round trip) has
+    nothing to undo."""
+
+
+async def _session(conn: Any) -> None:
+    """Each new connection: from PostgreSQL 14 on, the server looks every second whether the client is still there
+    while a statement runs (a statement waiting on a lock for a client that gave up is ended, not left to finish)."""
+    if conn.get_server_version().major >= 14:
+        await conn.execute("SET client_connection_check_interval = 1000")
+
+
+class PostgresRegistry:
+    """Job rows in a PostgreSQL database; see the module docstring.
+
+    ``dsn``: a ``postgresql://`` URL. ``schema``: the schema to keep the tables in (made when missing; None: the
+    first of the connection's search path). ``boot_id``, ``outbox``, ``clock``: as ``SqliteRegistry``'s.
+    ``timeout_s``: the bound of every call. ``migrate``: bring the schema up to date at open (False: refuse one
+    that is not, and let ``supervisor migrate`` do it).
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str | None = None,
+        boot_id: str | None = None,
+        outbox: bool = True,
+        clock: Callable[[], datetime] = utc_now,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_connections: int = DEFAULT_CONNECTIONS,
+        migrate: bool = True,
+    ) -> None:
+        if not dsn.startswith(("postgresql://", "postgres://")):
+            raise ValueError(f"a PostgreSQL registry needs a postgresql:// URL, not {redacted(dsn)!r}")
+        if not (math.isfinite(timeout_s) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be a positive number of seconds, not {timeout_s!r}")
+        if max_connections < 1:
+            raise ValueError("a PostgreSQL registry needs at least one connection")
+        if schema is not None and not schema:
+            raise ValueError("schema must be a name, or None for the search path's")
+        self._dsn = dsn
+        self.schema = schema
+        self.where = redacted(dsn) + (f" (schema {schema})" if schema else "")
+        self.timeout_s = float(timeout_s)
+        self.max_connections = max_connections
+        self._migrate = migrate
+        self.ops = Operations(clock=clock, boot_id=boot_id, outbox=outbox)
+        self._health = WriteHealth(self.where, clock)
+        self._pool: Any = None
+        self._closed = False
+
+    @staticmethod
+    def runtime() -> AbstractAsyncContextManager[Any]:
+        """What must stay open on the Trio loop around every registry of this kind: the asyncio loop asyncpg runs
+        on (trio-asyncio's). Open it in the nursery tree, around the registry's whole life."""
+        return trio_asyncio.open_loop()
+
+    @classmethod
+    async def open(cls, dsn: str, **kwargs: Any) -> PostgresRegistry:
+        """Connect, and migrate (or check the schema's version); inside ``runtime()``."""
+        reg = cls(dsn, **kwargs)
+        try:
+            await reg._start()
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await reg.aclose()
+            raise
+        return reg
+
+    async def _start(self) -> None:
+        settings = {
+            "application_name": APPLICATION_NAME,
+            # A session that stops talking mid-transaction (its client partitioned away) is ended by the server, its
+            # locks with it: a transaction of this registry never idles longer than one round trip.
+            "idle_in_transaction_session_timeout": str(max(1, round(self.timeout_s * 1000))),
+        }
+        if self.schema is not None:
+            settings["search_path"] = _quote_ident(self.schema)
+        connect = functools.partial(
+            asyncpg.create_pool,
+            self._dsn,
+            min_size=1,
+            max_size=self.max_connections,
+            timeout=self.timeout_s,  # the connect timeout of each new connection
+            reset=_keep,
+            init=_session,
+            server_settings=settings,
+        )
+        self._pool = await self._boundary(connect, "cannot connect to")
+        schema = self.schema or await self._transaction(lambda conn: conn.fetchval("SELECT current_schema()"))
+        if schema is None:
+            raise RegistryError(f"registry {self.where}: the connection's search_path names no schema that exists")
+        self.ops.schema_key = _lock_key(schema)
+        if self.schema is not None:
+            await self._transaction(self._create_schema)
+        if self._migrate:
+            await self.migrate()
+            return
+        version = await self._transaction(schema_version)
+        if version != SCHEMA_VERSION:
+            raise RegistryError(
+                f"registry {self.where} has schema version {version}, this supervisor needs {SCHEMA_VERSION}: run "
+                f"`supervisor migrate` (automatic migration is off)"
+            )
+
+    async def _create_schema(self, conn: Any) -> None:
+        await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", MIGRATE_LOCK, self.ops.schema_key)
+        await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote_ident(self.schema or '')}")
+
+    async def _migrate_now(self, conn: Any) -> int:
+        return await migrate(conn, schema_key=self.ops.schema_key, where=self.where)
+
+    async def migrate(self) -> int:
+        """Bring the schema up to date now (``supervisor migrate``); its version after."""
+        # One transaction per migration, which migrate() opens itself; each step under the call's bound.
+        return await self._transaction(self._migrate_now, tx=False, timeout_s=self.timeout_s * (SCHEMA_VERSION + 1))
+
+    # -- the boundary between Trio and asyncpg ----------------------------------------------------------
+
+    async def _boundary(self, work: Callable[[], Awaitable[T]], what: str, *, timeout_s: float | None = None) -> T:
+        """Run ``work`` on the asyncio loop under the call's deadline; database failures become registry errors."""
+        bound = self.timeout_s if timeout_s is None else timeout_s
+        try:
+            with trio.fail_after(bound):
+                result: T = await trio_asyncio.aio_as_trio(work)()
+                return result
+        except trio.TooSlowError as exc:
+            raise RegistryUnavailable(f"{what} registry {self.where}: no answer within {bound:g} s") from exc
+        except _DATABASE_ERRORS as exc:
+            raise failure(exc, f"{what} registry {self.where}") from exc
+
+    async def _transaction(
+        self,
+        work: Callable[[Any], Awaitable[T]],
+        *,
+        write: bool = True,
+        tx: bool = True,
+        timeout_s: float | None = None,
+    ) -> T:
+        """``work`` in one transaction on a pooled connection: READ COMMITTED for a write (the promotion relies on
+        it: ``_operations.promote_in``), one REPEATABLE READ snapshot for a read. ``tx=False``: ``work`` makes its
+        own transactions (the migrations)."""
+        if self._closed or self._pool is None:
+            raise RegistryError(f"registry {self.where} is closed")
+        pool = self._pool
+
+        async def run() -> T:
+            conn = await pool.acquire()
+            try:
+                if not tx:
+                    return await work(conn)
+                transaction = conn.transaction(
+                    isolation="read_committed" if write else "repeatable_read", readonly=not write
+                )
+                await transaction.start()
+                try:
+                    result = await work(conn)
+                except Exception:
+                    # Refused (a domain error, a failed statement): undone, a round trip under the same deadline.
+                    await transaction.rollback()
+                    raise
+                await transaction.commit()
+                return result
+            except BaseException as exc:
+                # Cancelled (a deadline, a shutdown), the connection broke, or anything but a refusal the server
+                # answered cleanly: close the connection without waiting on the server again (the pool opens a fresh
+                # one). The closed session's transaction and advisory locks end with it, on the server.
+                refused = isinstance(exc, SupervisorError | asyncpg.PostgresError)
+                if not refused or conn.is_closed() or conn.is_in_transaction():
+                    conn.terminate()
+                raise
+            finally:
+                await pool.release(conn)
+
+        what = "cannot write" if write else "cannot read"
+        if not write:
+            return await self._boundary(run, what, timeout_s=timeout_s)
+        try:
+            result = await self._boundary(run, what, timeout_s=timeout_s)
+        except RegistryError as exc:
+            self._health.failed(exc)
+            raise
+        except SupervisorError:
+            self._health.succeeded()  # refused on its own merits: the database answered
+            raise
+        self._health.succeeded()
+        return result
+
+    def fault(self) -> RegistryFault | None:
+        return self._health.fault
+
+    # -- the interface ----------------------------------------------------------------------------------
+
+    async def enqueue(self, job: NewJob, *, promote: PromoteRequest | None = None) -> tuple[EnqueueResult, Promotion]:
+        return await self._transaction(lambda conn: self.ops.enqueue(conn, job, promote))
+
+    async def enqueue_many(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
+        return await self._transaction(lambda conn: self.ops.enqueue_many(conn, jobs))
+
+    async def promote(self, request: PromoteRequest) -> Promotion:
+        return await self._transaction(lambda conn: self.ops.promote(conn, request))
+
+    async def record_identities(self, claims: Sequence[IdentityClaim]) -> list[Job]:
+        return await self._transaction(lambda conn: self.ops.record_identities(conn, claims))
+
+    async def finalize(
+        self, job_id: str, ending: Ending, *, expect: Expect | None = None, promote: PromoteRequest | None = None
+    ) -> tuple[Change, Promotion]:
+        return await self._transaction(lambda conn: self.ops.finalize(conn, job_id, ending, expect, promote))
+
+    async def requeue(self, job_id: str, *, expect: Expect, reason: str) -> Change:
+        return await self._transaction(lambda conn: self.ops.requeue(conn, job_id, expect, reason))
+
+    async def request_cancel(self, job_id: str) -> Change:
+        return await self._transaction(lambda conn: self.ops.request_cancel(conn, job_id))
+
+    async def record_heartbeats(self, beats: Sequence[Beat]) -> list[Job | RequestError]:
+        return await self._transaction(lambda conn: self.ops.record_heartbeats(conn, beats))
+
+    async def check_job_token(self, job_id: str, token: str) -> None:
+        await self._transaction(lambda conn: self.ops.authenticated(conn, job_id, token), write=False)
+
+    async def set_absence(
+        self, job_id: str, *, stalled: bool, silent: bool, events: Sequence[tuple[str, str]] = ()
+    ) -> Change:
+        return await self._transaction(lambda conn: self.ops.set_absence(conn, job_id, stalled, silent, events))
+
+    async def record_event(self, job_id: str, event: str, reason: str | None) -> Job:
+        return await self._transaction(lambda conn: self.ops.record_event(conn, job_id, event, reason))
+
+    async def outbox_pending(self, limit: int) -> list[OutboxEvent]:
+        return await self._transaction(lambda conn: reads.outbox_pending(conn, limit), write=False)
+
+    async def outbox_delete(self, seqs: Sequence[int]) -> None:
+        if self._closed:
+            raise RegistryError(f"registry {self.where} is closed")
+        if seqs:
+            await self._transaction(lambda conn: reads.outbox_delete(conn, seqs))
+
+    async def outbox_depth(self) -> int:
+        return await self._transaction(lambda conn: conn.fetchval("SELECT COUNT(*) FROM outbox"), write=False)
+
+    async def outbox_prune(self, *, max_events: int, max_age_s: float) -> PruneResult:
+        cutoff = self.ops.now() - timedelta(seconds=max_age_s)
+        # Read first: a prune with nothing to drop writes nothing.
+        if not await self._transaction(lambda conn: reads.outbox_over(conn, cutoff, max_events), write=False):
+            return PruneResult(0, 0)
+        return await self._transaction(lambda conn: reads.outbox_prune(conn, cutoff, max_events))
+
+    async def set_paused(self, paused: bool, *, by: str) -> PauseState:
+        return await self._transaction(lambda conn: self.ops.set_paused(conn, paused, by))
+
+    async def pause_state(self) -> PauseState:
+        return await self._transaction(reads.pause_state_in, write=False)
+
+    async def get(self, job_id: str) -> Job:
+        return await self._transaction(lambda conn: self.ops.get_in(conn, job_id), write=False)
+
+    async def running_jobs(self) -> list[Job]:
+        return await self._transaction(reads.running_in, write=False)
+
+    async def list_jobs(
+        self, *, status: str | None = None, kind: str | None = None, limit: int = 100, cursor: str | None = None
+    ) -> tuple[list[Job], str | None]:
+        where, args = reads.list_query(status, kind, limit, cursor)
+        return await self._transaction(lambda conn: reads.list_page(conn, where, args, limit), write=False)
+
+    async def counts(self) -> dict[str, int]:
+        return await self._transaction(reads.counts_in, write=False)
+
+    async def renew_lease(self, host_id: str, boot_id: str, *, lease_s: float, lead: bool) -> Lease:
+        return await self._transaction(lambda conn: self.ops.renew_lease(conn, host_id, boot_id, lease_s, lead))
+
+    async def release_lease(self, host_id: str, boot_id: str) -> None:
+        await self._transaction(lambda conn: self.ops.release_lease(conn, host_id, boot_id))
+
+    async def hosts(self) -> list[Host]:
+        return await self._transaction(reads.hosts_in, write=False)
+
+    async def leader(self) -> Host | None:
+        return await self._transaction(reads.leader_in, write=False)
+
+    async def forget_host(self, host_id: str) -> Host | None:
+        return await self._transaction(lambda conn: self.ops.forget_host(conn, host_id))
+
+    async def aclose(self) -> None:
+        """Close the pool: gracefully within the timeout, else at once (a server that does not answer)."""
+        self._closed = True
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        with trio.move_on_after(self.timeout_s) as waited:
+            try:
+                await trio_asyncio.aio_as_trio(pool.close)()
+            except _DATABASE_ERRORS:
+                pool.terminate()
+        if waited.cancelled_caught:
+            pool.terminate()
+

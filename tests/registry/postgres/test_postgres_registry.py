@@ -1,0 +1,215 @@
+"""The PostgreSQL registry beyond the contract: its migrations, a cancelled call, its bound on every call and the
+fault it reports, a server that is not there, and several registries (several supervisors) on one schema."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+import trio
+from pg_helpers import OpenPg, Raw
+from registry_helpers import BOOT, enqueue, new_job, new_schema, one_running, request
+
+from supervisor.domain import JobStatus, RegistryError, RegistryUnavailable
+from supervisor.registry import Ending, Outcome, PostgresRegistry
+from supervisor.registry.postgres import SCHEMA_VERSION, migrations
+
+pytestmark = pytest.mark.postgres
+
+REPO = Path(__file__).resolve().parents[3]
+SUCCEEDED = Ending(Outcome(JobStatus.SUCCEEDED), exit_code=0)
+
+
+# -- migrations -----------------------------------------------------------------------------------------------
+
+
+async def test_each_migration_is_recorded_once_in_order(pg_open: OpenPg, raw: Raw) -> None:
+    reg = await pg_open()
+    assert reg.schema is not None
+    await raw.execute(f'SET search_path = "{reg.schema}"')
+    rows = await raw.fetch("SELECT version, name FROM schema_migrations ORDER BY version")
+    assert [(r["version"], r["name"]) for r in rows] == [(m.version, m.name) for m in migrations()]
+    assert rows[-1]["version"] == SCHEMA_VERSION
+    # A second registry on the same schema finds it current and applies nothing again.
+    await pg_open(schema=reg.schema)
+    assert await raw.fetchval("SELECT COUNT(*) FROM schema_migrations") == SCHEMA_VERSION
+
+
+async def test_supervisors_starting_at_once_on_a_fresh_schema_take_turns(pg_open: OpenPg, raw: Raw) -> None:
+    schema = new_schema()
+    async with trio.open_nursery() as nursery:
+        for _ in range(4):
+            nursery.start_soon(lambda: pg_open(schema=schema))
+    await raw.execute(f'SET search_path = "{schema}"')
+    assert await raw.fetchval("SELECT COUNT(*) FROM schema_migrations") == SCHEMA_VERSION
+
+
+async def test_a_schema_newer_than_the_code_is_refused(pg_open: OpenPg, raw: Raw) -> None:
+    reg = await pg_open()
+    await raw.execute(
+        f'INSERT INTO "{reg.schema}".schema_migrations VALUES ($1, $2, now())', SCHEMA_VERSION + 1, "9999_future.sql"
+    )
+    with pytest.raises(RegistryError, match=f"schema version {SCHEMA_VERSION + 1}, newer than this supervisor"):
+        await pg_open(schema=reg.schema)
+
+
+async def test_without_automatic_migration_an_old_schema_is_refused_until_migrated(pg_open: OpenPg) -> None:
+    schema = new_schema()
+    refused = f"schema version 0, this supervisor needs {SCHEMA_VERSION}: run `supervisor migrate`"
+    with pytest.raises(RegistryError, match=refused):
+        await pg_open(schema=schema, migrate=False)
+    await pg_open(schema=schema)  # migrates
+    reg = await pg_open(schema=schema, migrate=False)
+    assert (await reg.counts())["queued"] == 0
+
+
+def test_the_migrations_ship_with_the_package() -> None:
+    with (REPO / "pyproject.toml").open("rb") as fh:
+        data = tomllib.load(fh)
+    assert data["tool"]["setuptools"]["package-data"]["supervisor.registry.postgres"] == ["migrations/*.sql"]
+    assert [m.version for m in migrations()] == list(range(1, SCHEMA_VERSION + 1))
+
+
+# -- cancellation, bounds, faults -----------------------------------------------------------------------------
+
+
+async def _lock_row(raw: Raw, schema: str, job_id: str) -> None:
+    """Another client takes the row's lock and keeps its transaction open: a write of that row waits for it."""
+    await raw.execute("BEGIN")
+    await raw.execute(f'SELECT 1 FROM "{schema}".jobs WHERE job_id = $1 FOR UPDATE', job_id)
+
+
+async def _sessions_in_transaction(raw: Raw) -> int:
+    """The registry's sessions on the server that hold a transaction open (any test's: they run one at a time)."""
+    return int(
+        await raw.fetchval(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = 'podcast-job-supervisor' "
+            "AND datname = current_database() AND xact_start IS NOT NULL"
+        )
+    )
+
+
+async def test_a_cancelled_call_leaves_no_transaction_open_and_no_connection_checked_out(
+    pg_open: OpenPg, raw: Raw
+) -> None:
+    # One connection: a call whose connection stayed checked out would make the next one wait out its timeout.
+    reg = await pg_open(max_connections=1, timeout_s=5.0)
+    assert reg.schema is not None
+    job = await one_running(reg)
+    await _lock_row(raw, reg.schema, job.job_id)
+    with trio.move_on_after(0.3) as waited:
+        await reg.finalize(job.job_id, SUCCEEDED)  # waits on the row lock, inside its transaction
+    assert waited.cancelled_caught
+    await raw.execute("ROLLBACK")
+    with trio.fail_after(2):
+        assert (await reg.get(job.job_id)).status is JobStatus.RUNNING  # the cancelled write never committed
+    # The closed session's transaction ends on the server too: the server's own state, looked at until it does.
+    for _ in range(100):
+        if not await _sessions_in_transaction(raw):
+            break
+        await trio.sleep(0.02)
+    else:
+        pytest.fail("the cancelled call's transaction is still open on the server")
+    with trio.fail_after(2):
+        change, _ = await reg.finalize(job.job_id, SUCCEEDED)
+    assert change.changed and change.job.status is JobStatus.SUCCEEDED
+
+
+async def test_a_call_that_outlives_its_bound_is_unavailable_and_a_fault_until_a_write_succeeds(
+    pg_open: OpenPg, raw: Raw
+) -> None:
+    reg = await pg_open(timeout_s=0.4)
+    assert reg.schema is not None
+    job = await one_running(reg)
+    assert reg.fault() is None
+    await _lock_row(raw, reg.schema, job.job_id)
+    with trio.fail_after(3), pytest.raises(RegistryUnavailable, match=r"no answer within 0\.4 s"):
+        await reg.finalize(job.job_id, SUCCEEDED)
+    fault = reg.fault()
+    assert fault is not None and fault.failed_writes == 1 and "no answer within" in fault.reason
+    # Reads still answer meanwhile (the lock holds writers of that row only), and a read never clears a fault.
+    assert (await reg.get(job.job_id)).status is JobStatus.RUNNING
+    assert reg.fault() is not None
+    await raw.execute("ROLLBACK")
+    change, _ = await reg.finalize(job.job_id, SUCCEEDED)
+    assert change.changed
+    assert reg.fault() is None
+
+
+async def test_a_server_that_is_not_there_is_unavailable_not_a_hang() -> None:
+    async with PostgresRegistry.runtime():
+        with trio.fail_after(10), pytest.raises(RegistryUnavailable, match="cannot connect to registry"):
+            # Port 1 on loopback: nothing listens there, the connection is refused at once.
+            await PostgresRegistry.open("postgresql://postgres@127.0.0.1:1/none", timeout_s=2.0)
+
+
+async def test_a_closed_session_is_unavailable_once_and_the_pool_connects_again(pg_open: OpenPg, raw: Raw) -> None:
+    reg = await pg_open(max_connections=1)
+    [job_id] = await enqueue(reg, 1)
+    # The server ends the registry's session (an administrator, a restart, a failover).
+    await raw.fetch(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'podcast-job-supervisor' "
+        "AND datname = current_database()"
+    )
+    with trio.fail_after(5):
+        try:
+            await reg.get(job_id)
+        except RegistryUnavailable:
+            pass  # the dead connection is found by the call that uses it, and replaced
+        assert (await reg.get(job_id)).job_id == job_id
+
+
+def test_the_registry_refuses_what_is_no_postgresql_url_or_bound() -> None:
+    with pytest.raises(ValueError, match="postgresql:// URL"):
+        PostgresRegistry("sqlite:///x")
+    with pytest.raises(ValueError, match="timeout_s"):
+        PostgresRegistry("postgresql://h/db", timeout_s=float("nan"))
+    with pytest.raises(ValueError, match="at least one connection"):
+        PostgresRegistry("postgresql://h/db", max_connections=0)
+
+
+def test_a_password_never_shows_in_what_the_registry_says_where_it_is() -> None:
+    reg = PostgresRegistry("postgresql://app:s3cret@db.example:5432/jobs")
+    assert "s3cret" not in reg.where and "app:***@db.example:5432" in reg.where
+
+
+# -- several supervisors on one schema ------------------------------------------------------------------------
+
+
+async def test_promotions_from_several_registries_never_overshoot_INV_PROMOTION_NEVER_OVERSHOOTS(
+    pg_open: OpenPg,
+) -> None:
+    first = await pg_open()
+    others = [await pg_open(schema=first.schema, boot_id=f"boot-{i}") for i in range(2)]
+    await enqueue(first, 30)
+    promoted: list[str] = []
+
+    async def promote(reg: PostgresRegistry, n: int) -> None:
+        promotion = await reg.promote(request(3, *[f"t{n}-{i}" for i in range(3)], boot_id=BOOT))
+        promoted.extend(j.job_id for j in promotion.jobs)
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            for n in range(24):
+                nursery.start_soon(promote, [first, *others][n % 3], n)
+    assert len(promoted) == len(set(promoted)) == 3
+    assert (await first.counts())["running"] == 3
+
+
+async def test_a_key_enqueued_by_several_registries_at_once_makes_one_queued_row(pg_open: OpenPg) -> None:
+    first = await pg_open()
+    regs = [first, *[await pg_open(schema=first.schema) for _ in range(2)]]
+    ids: list[str] = []
+
+    async def enqueue_key(n: int) -> None:
+        result, _ = await regs[n % 3].enqueue(new_job(n, key="same-key"))
+        ids.append(result.job.job_id)
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            for n in range(12):
+                nursery.start_soon(enqueue_key, n)
+    assert len(set(ids)) == 1
+    assert (await first.counts())["queued"] == 1
+

@@ -1,0 +1,131 @@
+"""``supervisor serve`` and ``supervisor migrate`` on PostgreSQL (``PODCAST_JOB_DATABASE_URL``), as real processes:
+a job runs to ``succeeded`` and its row is in the database, not in a SQLite file; ``migrate`` migrates."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import uuid
+from pathlib import Path
+
+import asyncpg
+import httpx
+import pytest
+import trio
+import trio_asyncio
+from registry_helpers import postgres_test_url
+
+from supervisor.registry.postgres import SCHEMA_VERSION
+
+pytestmark = [pytest.mark.postgres, pytest.mark.e2e]
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+LIMIT_S = 30.0  # a backstop for a broken server, never a timing assertion
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+async def _sql(query: str) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(postgres_test_url(), timeout=10)
+    try:
+        return list(await conn.fetch(query))
+    finally:
+        await conn.close()
+
+
+async def test_serve_on_postgresql_runs_a_job_to_succeeded(tmp_path: Path) -> None:
+    dsn = postgres_test_url()
+    assert dsn is not None
+    schema = f"test_serve_{uuid.uuid4().hex[:16]}"
+    kinds = tmp_path / "kinds.toml"
+    kinds.write_text(f'[kinds.ok]\nargv = ["{sys.executable}", "-c", "print(42)"]\nparams = {{ }}\n')
+    url = f"http://127.0.0.1:{_free_port()}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PODCAST_")}
+    env.update(
+        PYTHONPATH=str(REPO_ROOT),
+        PODCAST_JOB_DATA_DIR=str(tmp_path / "data"),
+        PODCAST_JOB_BIND=url.removeprefix("http://"),
+        PODCAST_JOB_KINDS_FILE=str(kinds),
+        # The schema goes in the URL, as an operator may put it (asyncpg passes search_path to the server).
+        PODCAST_JOB_DATABASE_URL=f"{dsn}?search_path={schema}",
+    )
+    async with trio_asyncio.open_loop():
+        await trio_asyncio.aio_as_trio(_sql)(f'CREATE SCHEMA "{schema}"')
+        try:
+            with (tmp_path / "serve.log").open("wb") as log:
+                process = await trio.lowlevel.open_process(
+                    [sys.executable, "-m", "supervisor", "serve"], env=env, cwd=tmp_path, stdout=log, stderr=log
+                )
+            try:
+                async with httpx.AsyncClient(base_url=url, timeout=5.0) as client:
+                    with trio.fail_after(LIMIT_S):
+                        while True:
+                            try:
+                                if (await client.get("/api/health", timeout=5.0)).status_code == 200:
+                                    break
+                            except httpx.ConnectError:
+                                pass
+                            await trio.sleep(0.05)  # polling for the server to come up, under the deadline above
+                        answer = await client.post("/api/jobs", json={"kind": "ok", "params": {}}, timeout=5.0)
+                        assert answer.status_code == 202, answer.text
+                        job_id = answer.json()["job_id"]
+                        while True:
+                            job = (await client.get(f"/api/jobs/{job_id}", timeout=5.0)).json()
+                            if job["status"] not in ("queued", "running"):
+                                break
+                            await trio.sleep(0.05)  # polling for the job's end, under the deadline above
+                assert (job["status"], job["exit_code"]) == ("succeeded", 0), job
+                process.send_signal(signal.SIGTERM)
+                with trio.fail_after(LIMIT_S):
+                    assert await process.wait() == 0
+            finally:
+                if process.returncode is None:
+                    process.kill()
+                    with trio.CancelScope(shield=True):
+                        await process.wait()
+            rows = await trio_asyncio.aio_as_trio(_sql)(f'SELECT job_id, status FROM "{schema}".jobs')
+            assert [(r["job_id"], r["status"]) for r in rows] == [(job_id, "succeeded")]
+            assert not (tmp_path / "data" / ".viewer" / "jobs.sqlite3").exists()
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio_asyncio.aio_as_trio(_sql)(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+async def test_supervisor_migrate_brings_a_fresh_schema_up_to_date_and_says_so(tmp_path: Path) -> None:
+    dsn = postgres_test_url()
+    assert dsn is not None
+    schema = f"test_migrate_{uuid.uuid4().hex[:16]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PODCAST_")}
+    env.update(
+        PYTHONPATH=str(REPO_ROOT),
+        PODCAST_JOB_DATA_DIR=str(tmp_path / "data"),
+        PODCAST_JOB_DATABASE_URL=f"{dsn}?search_path={schema}",
+        PODCAST_JOB_DATABASE_AUTO_MIGRATE="false",  # migrate migrates whatever this says
+    )
+    async with trio_asyncio.open_loop():
+        await trio_asyncio.aio_as_trio(_sql)(f'CREATE SCHEMA "{schema}"')
+        try:
+            for _ in range(2):  # the second finds nothing to do
+                with trio.fail_after(LIMIT_S):
+                    done = await trio.run_process(
+                        [sys.executable, "-m", "supervisor", "migrate"],
+                        env=env,
+                        cwd=tmp_path,
+                        capture_stdout=True,
+                        capture_stderr=True,
+                        check=False,
+                    )
+                assert done.returncode == 0, done.stderr
+                assert done.stdout.decode().strip().endswith(f"schema version {SCHEMA_VERSION}")
+            rows = await trio_asyncio.aio_as_trio(_sql)(f'SELECT version FROM "{schema}".schema_migrations')
+            assert [r["version"] for r in rows] == list(range(1, SCHEMA_VERSION + 1))
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio_asyncio.aio_as_trio(_sql)(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
