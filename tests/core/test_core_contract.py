@@ -339,7 +339,8 @@ async def read_only(directory: Path) -> AsyncIterator[None]:
         yield
     finally:
         with trio.fail_after(10):
-            await trio.run_process(["umount", str(directory)])
+            # Lazy: detached even while something still uses it (a failed test's job), never left behind.
+            await trio.run_process(["umount", "--lazy", str(directory)])
 
 
 async def test_a_read_only_log_directory_fails_each_start_naming_it_and_harms_nothing_else(
