@@ -395,9 +395,12 @@ def create_app(
         offset = _int_query(query, "offset", None)
         if tail_bytes is not None and offset is not None:
             raise ValidationError("give tail_bytes or offset, not both", field="offset")
-        data = await supervisor.read_log(job_id, tail_bytes=tail_bytes, offset=offset)
-        # Bytes as written: a job's output need not be valid UTF-8, and re-encoding would shift offsets.
-        return Response(data, status=200, content_type="text/plain; charset=utf-8")
+        piece = await supervisor.log_slice(job_id, tail_bytes=tail_bytes, offset=offset)
+        # Bytes as written: a job's output need not be valid UTF-8, and re-encoding would shift offsets. Sent a
+        # chunk at a time with its length announced: a request holds one chunk in memory, not a 50 MiB log.
+        response = Response(piece.chunks(), status=200, content_type="text/plain; charset=utf-8")
+        response.content_length = piece.end - piece.start
+        return response
 
     @app.post("/api/jobs/<job_id>/heartbeat")
     async def heartbeat(job_id: str) -> Any:

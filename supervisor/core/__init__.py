@@ -35,12 +35,13 @@ from ._rules import (
     outcome,
     past_window,
 )
-from ._supervisor import MAX_BATCH, Health, QueueState, Supervisor
+from ._supervisor import LOG_CHUNK_BYTES, MAX_BATCH, Health, LogSlice, QueueState, Supervisor
 from ._sweeper import Sweeper, run_sweeper
 
 __all__ = [
     "CANCELLED",
     "JITTER",
+    "LOG_CHUNK_BYTES",
     "MAX_BATCH",
     "MAX_STAGE_LEN",
     "MAX_UNITS",
@@ -58,6 +59,7 @@ __all__ = [
     "Drainer",
     "Health",
     "JobTokens",
+    "LogSlice",
     "QueueState",
     "ReconcileDetail",
     "ReconcileReport",

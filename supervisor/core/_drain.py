@@ -225,6 +225,8 @@ class Drainer:
         if not self._log_dir_made:  # once, not a thread hop per start; again after any failed start
             try:
                 await trio.to_thread.run_sync(lambda: boot.log_dir.mkdir(parents=True, exist_ok=True))
+            except FileExistsError as exc:  # mkdir's own words ("File exists") would not say what is wrong
+                raise SpawnError(f"cannot create the job log directory {boot.log_dir}: a file is in its place") from exc
             except OSError as exc:
                 raise SpawnError(f"cannot create the job log directory {boot.log_dir}: {exc.strerror or exc}") from exc
             self._log_dir_made = True

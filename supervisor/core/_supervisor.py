@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -65,6 +65,38 @@ _PRIVATE_ENV = (
     "WATCHDOG_PID",
 )
 MAX_BATCH = 1000  # jobs in one POST /api/jobs/batch
+
+
+LOG_CHUNK_BYTES = 64 * 1024  # a log is read and sent this much at a time, however large
+
+
+@dataclass(frozen=True)
+class LogSlice:
+    """Bytes ``start`` to ``end`` of a job's log (``path`` None: it has none yet)."""
+
+    path: Path | None
+    start: int
+    end: int
+
+    async def chunks(self, chunk_bytes: int = LOG_CHUNK_BYTES) -> AsyncIterator[bytes]:
+        """The slice, ``chunk_bytes`` at a time. INV-LOG-READ-BOUNDED: a read holds one chunk in memory, never the
+        log; the file is opened for each chunk, so a reader that stops half way leaves nothing open."""
+        position = self.start
+        while self.path is not None and position < self.end:
+            data = await trio.to_thread.run_sync(_read_at, self.path, position, min(chunk_bytes, self.end - position))
+            if not data:
+                return  # shorter than it was (replaced by hand): what is there has been read
+            position += len(data)
+            yield data
+
+
+def _read_at(path: Path, position: int, size: int) -> bytes:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(position)
+            return fh.read(size)
+    except FileNotFoundError:
+        return b""
 
 
 @dataclass(frozen=True)
@@ -388,26 +420,29 @@ class Supervisor:
         return await self.heartbeats.record(job_id, token, read_body)
 
     async def read_log(self, job_id: str, *, tail_bytes: int | None = None, offset: int | None = None) -> bytes:
-        """A job's log: whole, its last ``tail_bytes``, or from byte ``offset`` on. The log file is append-only
-        (capped, never rotated), so an offset stays valid while the file grows."""
+        """A job's log: whole, its last ``tail_bytes``, or from byte ``offset`` on, in one piece (at most the log's
+        cap). The API streams it instead (``log_slice``)."""
+        piece = await self.log_slice(job_id, tail_bytes=tail_bytes, offset=offset)
+        return b"".join([chunk async for chunk in piece.chunks()])
+
+    async def log_slice(self, job_id: str, *, tail_bytes: int | None = None, offset: int | None = None) -> LogSlice:
+        """Which bytes of a job's log a read gets: whole, its last ``tail_bytes``, or from byte ``offset`` on, up to
+        its size now. The log file is append-only (capped, never rotated), so an offset stays valid while it grows.
+        Raises for an unknown job before any byte is read."""
         job = await self.boot.registry.get(job_id)
         if job.log_path is None:
-            return b""
+            return LogSlice(None, 0, 0)
         path = Path(job.log_path)
 
-        def read() -> bytes:
+        def size() -> int:
             try:
-                with path.open("rb") as fh:
-                    if tail_bytes is not None:
-                        size = fh.seek(0, os.SEEK_END)
-                        fh.seek(max(0, size - tail_bytes))
-                    elif offset is not None:
-                        fh.seek(offset)
-                    return fh.read()
+                return path.stat().st_size
             except FileNotFoundError:
-                return b""
+                return 0
 
-        return await trio.to_thread.run_sync(read)
+        end = await trio.to_thread.run_sync(size)
+        start = max(0, end - tail_bytes) if tail_bytes is not None else min(offset or 0, end)
+        return LogSlice(path, start, end)
 
     async def render_metrics(self) -> bytes:
         """``GET /metrics``: the counters as they stand and the registry's state as of now."""

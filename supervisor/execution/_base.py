@@ -24,6 +24,9 @@ The core speaks to it only in these terms:
 from __future__ import annotations
 
 import abc
+import errno
+import os
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +34,7 @@ from typing import ClassVar
 
 import trio
 
-from ..domain import Job, SupervisorError
+from ..domain import Job, SpawnError, SupervisorError
 from ..domain._model import ExitStatus, IdentityRecord, Liveness
 
 __all__ = [
@@ -45,6 +48,23 @@ __all__ = [
 ]
 
 ORPHAN_DEAD_PID = "orphan_reconciled_dead_pid"
+
+
+def check_log_writable(log: Path) -> None:
+    """Raise ``SpawnError`` naming the path when the job's log could not be written where the row says (blocking):
+    its directory gone, not a directory, read-only, or not this user's to write. Checked before a start, so that no
+    job runs whose output would be lost (the shepherd checks the same, in its own process)."""
+    directory = log.parent
+    try:
+        st = os.stat(directory)
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(directory))
+        if not os.access(directory, os.W_OK | os.X_OK):
+            # access() says no without saying why: a read-only mount (which even root cannot write), or permissions.
+            code = errno.EROFS if os.statvfs(directory).f_flag & os.ST_RDONLY else errno.EACCES
+            raise OSError(code, os.strerror(code), str(directory))
+    except OSError as exc:
+        raise SpawnError(f"cannot write the job's log {log}: {exc.strerror or exc} ({exc.filename})") from exc
 
 
 class Unwatchable(SupervisorError):

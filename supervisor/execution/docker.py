@@ -46,7 +46,7 @@ from ..domain._config import Config
 from ..domain._errors import SpawnError
 from ..domain._model import IdentityRecord, Job
 from ..observe._logging import get_logger
-from ._base import Evidence, Executor, ExitStatus, JobHandle, Launch, Liveness
+from ._base import Evidence, Executor, ExitStatus, JobHandle, Launch, Liveness, check_log_writable
 
 log = get_logger()
 
@@ -252,6 +252,9 @@ class DockerExecutor(Executor):
         return ContainerHandle(launch.job_id, container_id, launch.log, launch.log_max_bytes)
 
     def _create_and_start(self, launch: Launch) -> str:
+        # INV-NO-START-WITHOUT-LOG: the output is copied into the log at the end; a log that cannot be written
+        # there would lose it, so the job is not started (spawn_failed, naming the path).
+        check_log_writable(launch.log)
         api = self.client
         # The engine's own log of the container is bounded too: a json-file rotated at the cap, two files kept. It
         # keeps the newest output (a rotation drops the oldest file), so that is what the job's log gets.

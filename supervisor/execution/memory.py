@@ -22,7 +22,7 @@ import trio
 
 from ..domain._errors import SpawnError
 from ..domain._model import IdentityRecord, Job
-from ._base import Evidence, Executor, ExitStatus, JobHandle, Launch, Liveness
+from ._base import Evidence, Executor, ExitStatus, JobHandle, Launch, Liveness, check_log_writable
 
 
 @dataclass
@@ -97,6 +97,8 @@ class MemoryExecutor(Executor):
         program = self.programs.get(launch.kind)
         if program is None:
             raise SpawnError(f"no program for kind {launch.kind!r}")
+        # INV-NO-START-WITHOUT-LOG, as the real executors keep it.
+        await trio.to_thread.run_sync(check_log_writable, launch.log)
         job = MemoryJob(launch)
         self.jobs[launch.job_id] = job
         self.started.append(launch.job_id)

@@ -12,7 +12,8 @@ What it does (ADR 0004):
   that waits on a gate until the file exists, then execs the program: same pid, same start time), then opens the
   gate. A boot that finds a RUNNING row without a pid looks there first: no file means the program provably never
   ran. A program that cannot run (missing, not executable, no such directory) is refused before the spawn with the
-  reason exec would give (``start_failed``).
+  reason exec would give (``start_failed``); so is a job whose log directory cannot be written (missing, not a
+  directory, read-only), naming it, so that no job runs whose output would be lost.
 - **logs**: one epoll loop reads every job's pipe into its log file (made at the job's first output), capped, and
   never stops reading, so no job blocks on a full pipe or dies of SIGPIPE while the shepherd lives.
 - **spares**: while it has nothing else to do, it makes a few empty files where it writes records; the ``.pid`` and
@@ -58,6 +59,7 @@ import resource
 import selectors
 import signal
 import socket
+import stat
 import sys
 import time
 from datetime import UTC, datetime
@@ -126,6 +128,21 @@ def _check_runnable(program: str, cwd: str, env: dict[str, str]) -> None:
     if denied is not None:
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), denied)
     raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+
+
+def check_log_writable(log_path: str) -> None:
+    """Raise an OSError naming the log's directory when the job's log could not be made there (gone, not a
+    directory, read-only, no permission). Two cheap calls, no file made: the log itself is made at the job's first
+    output, and a start must not wait on a metadata change (issue 10)."""
+    directory = os.path.dirname(log_path) or "."
+    st = os.stat(directory)  # FileNotFoundError; NotADirectoryError when a parent is a file
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), directory)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        # access() says no without saying why: a read-only mount (which even root cannot write), or permissions.
+        readonly = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+        code = errno.EROFS if readonly else errno.EACCES
+        raise OSError(code, os.strerror(code), directory)
 
 
 def write_atomically(path: str, payload: dict[str, object], spare: str | None = None) -> None:
@@ -521,6 +538,14 @@ class Shepherd:
             {"pid": str(req.get("run_pid_file") or ""), "exit": str(req.get("run_exit_file") or "")},
         )
         cwd = str(req["cwd"])
+        try:
+            check_log_writable(log_path)
+        except OSError as exc:
+            # INV-NO-START-WITHOUT-LOG: a job whose output could not be kept is not started (spawn_failed, naming
+            # the path); the shepherd and every other job go on.
+            error = f"cannot write the job's log {log_path}: {exc.strerror or exc} ({exc.filename})"
+            self.send({"ev": "start_failed", "id": job_id, "error": error[:1000]})
+            return
         if self.marker_error is not None:
             self.write_marker("connected")  # a full disk may have room again
         if self.marker_error is not None:

@@ -7,11 +7,15 @@ delivery is at least once (a crash between the answer and the delete sends it ag
 
 Nothing here can delay a transition: the events were committed with their changes; this task only reads and
 deletes rows, in short transactions, and never holds one across a request. A receiver that is down, hangs,
-answers 500 or redirects (redirects are not followed) costs one bounded attempt, then a capped exponential
-backoff before the same event is tried again; later events wait behind it, in order.
+answers 500 or redirects (redirects are not followed: a redirect loop is one failed attempt) costs one bounded
+attempt, then a capped exponential backoff before the same event is tried again; later events wait behind it, in
+order. Only the answer's status matters: its body is read only when its framing bounds it to
+``RESPONSE_BODY_MAX_BYTES`` (no body, or a ``Content-Length`` within it), so a receiver answering with a huge or
+endless body costs no memory; such a body is left unread and its connection closed.
 
 The outbox is bounded by age and count (``webhook_outbox_max_age_s``, ``webhook_outbox_max_events``): events past
-either bound are dropped, counted (``outcomes["dropped"]``) and logged, never silently.
+either bound are dropped, counted (``outcomes["dropped"]``) and logged, never silently. The bounds hold during a
+backoff too (events keep coming while the receiver is down): applied at most once a second while events arrive.
 
 Signature: with ``PODCAST_JOB_WEBHOOK_SECRET``, ``X-Podcast-Signature: sha256=<hex HMAC-SHA256 of the raw body>``;
 ``X-Podcast-Timestamp`` carries the send time (Unix seconds), the body's ``ts`` the time of the change.
@@ -47,6 +51,9 @@ BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 300.0
 BATCH = 100  # events read from the outbox at once
 PRUNE_EVERY_S = 1.0  # how often the sender applies the outbox bounds, at most
+# Of a receiver's answer only the status counts: a body announced within this size is read (so that the keep-alive
+# connection can carry the next event); a longer or unannounced (chunked) one never is.
+RESPONSE_BODY_MAX_BYTES = 64 * 1024
 
 
 def sign(secret: str, body: bytes) -> str:
@@ -94,6 +101,7 @@ class WebhookSender:
         self.poll_s = poll_s if poll_s is not None else config.sweep_interval_s
         self._transport = transport
         self._wake = trio.Event()
+        self._next_prune = -math.inf
         self.outcomes: Counter[str] = Counter()
 
     def wake(self, event: JobEvent | None = None) -> None:
@@ -104,6 +112,23 @@ class WebhookSender:
         with trio.move_on_after(seconds):
             await self._wake.wait()
         self._wake = trio.Event()
+
+    async def _prune_if_due(self) -> None:
+        """Apply the outbox bounds, at most once a second (not at every wake: a registry call per job change)."""
+        if trio.current_time() >= self._next_prune:
+            await self._prune()
+            self._next_prune = trio.current_time() + PRUNE_EVERY_S
+
+    async def _back_off(self, seconds: float) -> None:
+        """Wait ``seconds`` before the failed event is tried again. Events written meanwhile (a receiver down for
+        minutes while jobs change) still meet the outbox bounds: INV-OUTBOX-BOUNDED holds during a backoff too."""
+        deadline = trio.current_time() + seconds
+        while trio.current_time() < deadline:
+            with trio.move_on_at(deadline):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            await trio.sleep_until(min(deadline, self._next_prune))
+            await self._prune_if_due()
 
     async def _prune(self, *, max_events: int | None = None, why: str = "over the outbox bounds") -> None:
         result = await self.registry.outbox_prune(
@@ -138,16 +163,12 @@ class WebhookSender:
         ) as client:
             task_status.started()
             failures = 0
-            next_prune = -math.inf
             while True:
                 if not self.may_send():
                     # INV-ONE-LEADER: another host sends (in order); look again when woken or after a poll.
                     await self._wait(self.poll_s)
                     continue
-                # The bounds are checked at most once a second, not at every wake (a registry call per job change).
-                if trio.current_time() >= next_prune:
-                    await self._prune()
-                    next_prune = trio.current_time() + PRUNE_EVERY_S
+                await self._prune_if_due()
                 batch = await self.registry.outbox_pending(BATCH)
                 if not batch:
                     await self._wait(self.poll_s)
@@ -160,7 +181,7 @@ class WebhookSender:
                         continue
                     failures += 1
                     self.outcomes["failed"] += 1
-                    await trio.sleep(backoff_s(failures))  # the same event again after the backoff, in order
+                    await self._back_off(backoff_s(failures))  # the same event again after the backoff, in order
                     break
 
     async def _deliver(
@@ -179,7 +200,13 @@ class WebhookSender:
         # The transport timeout bounds each phase; this bounds the whole attempt (a receiver dripping its answer).
         with trio.move_on_after(2 * self.config.webhook_timeout_s) as scope:
             try:
-                response = await client.post(url, content=body, headers=headers, timeout=transport_timeout)
+                async with client.stream(
+                    "POST", url, content=body, headers=headers, timeout=transport_timeout
+                ) as response:
+                    # INV-WEBHOOK-ANSWER-BOUNDED: a body is read only when its framing bounds it to the cap (then
+                    # the connection carries the next event); any other is left unread, and its connection closed.
+                    if _small_body(response):
+                        await response.aread()
             except httpx.HTTPError as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             else:
@@ -198,3 +225,12 @@ class WebhookSender:
             retry_in_s=backoff_s(attempt),
         )
         return False
+
+
+def _small_body(response: httpx.Response) -> bool:
+    """Whether the answer's framing bounds its body to ``RESPONSE_BODY_MAX_BYTES``: none by its status, or a
+    ``Content-Length`` within the cap (h11 reads no byte past it)."""
+    if response.status_code in (204, 304):
+        return True
+    length = response.headers.get("Content-Length", "")
+    return length.isdigit() and int(length) <= RESPONSE_BODY_MAX_BYTES

@@ -7,8 +7,10 @@ what the outside world can (kill it, let it end while no supervisor runs).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import pytest
 import trio
@@ -317,3 +319,73 @@ async def test_a_prior_boots_start_that_never_happened_runs_at_the_next_boot_unc
     assert (detail.action, detail.reason) == ("requeued", "never_started")
     done = await wait_terminal(new, queued.job_id)
     assert (done.status, done.attempts, done.history, done.boot_id) == (JobStatus.SUCCEEDED, 1, (), "new")
+
+
+@contextlib.asynccontextmanager
+async def read_only(directory: Path) -> AsyncIterator[None]:
+    """A read-only tmpfs mounted over ``directory``: the tests run as root, whom no chmod stops; a read-only mount
+    does. Skips where no mount can be made (not root)."""
+    await trio.Path(directory).mkdir(parents=True, exist_ok=True)
+    with trio.fail_after(10):
+        mounted = await trio.run_process(
+            ["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(directory)],
+            check=False,
+            capture_stdout=True,
+            capture_stderr=True,
+        )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield
+    finally:
+        with trio.fail_after(10):
+            # Lazy: detached even while something still uses it (a failed test's job), never left behind.
+            await trio.run_process(["umount", "--lazy", str(directory)])
+
+
+async def test_a_read_only_log_directory_fails_each_start_naming_it_and_harms_nothing_else(
+    make: Callable[..., Supervisor],
+) -> None:
+    """INV-NO-START-WITHOUT-LOG: a job whose output could not be kept is not started; its row ends spawn_failed with
+    a reason naming the path, its slot is free at once, and the job already running and the next ones are fine."""
+    sup = make(max_concurrent=2)
+    gate = sup.data_dir / "gate"  # in the data dir: a container sees it at the same path
+    running = await wait_running(sup, (await sup.enqueue("gated", {"gate": str(gate), "code": 0})).job.job_id)
+    async with read_only(sup.log_dir):
+        # Two in a row with one slot free: the first failure gave its slot back.
+        for _ in range(2):
+            failed = await wait_terminal(sup, (await sup.enqueue("exit", {"code": 0})).job.job_id)
+            assert failed.status is JobStatus.FAILED
+            reason = failed.error_reason or ""
+            assert reason.startswith("spawn_failed: cannot write the job's log ") and "Read-only file system" in reason
+            assert str(sup.log_dir) in reason
+        assert (await sup.get(running.job_id)).status is JobStatus.RUNNING
+    after = await wait_terminal(sup, (await sup.enqueue("exit", {"code": 0})).job.job_id)
+    assert (after.status, await sup.read_log(after.job_id)) == (JobStatus.SUCCEEDED, b"bye\n")
+    await trio.to_thread.run_sync(functools.partial(gate.write_text, "open"))
+    ended = await wait_terminal(sup, running.job_id)
+    assert (ended.status, ended.exit_code, await sup.read_log(ended.job_id)) == (JobStatus.SUCCEEDED, 0, b"gate open\n")
+
+
+async def test_a_file_in_the_log_directorys_place_fails_the_start_naming_it(make: Callable[..., Supervisor]) -> None:
+    """Whether the file is there before the first start (the drainer makes the directory) or replaces the directory
+    later (the executor checks), the start fails naming the path, and once the directory is back jobs run again."""
+    sup = make()
+    log_dir = trio.Path(sup.log_dir)
+    await log_dir.parent.mkdir(parents=True, exist_ok=True)
+    await log_dir.write_text("not a directory")
+    first = await wait_terminal(sup, (await sup.enqueue("exit", {"code": 0})).job.job_id)
+    in_place = f"spawn_failed: cannot create the job log directory {sup.log_dir}: a file is in its place"
+    assert first.error_reason == in_place
+    await log_dir.unlink()
+    assert (await wait_terminal(sup, (await sup.enqueue("exit", {"code": 0})).job.job_id)).status is JobStatus.SUCCEEDED
+
+    moved = await log_dir.rename(log_dir.with_name("jobs-moved"))
+    await log_dir.write_text("not a directory")
+    second = await wait_terminal(sup, (await sup.enqueue("exit", {"code": 0})).job.job_id)
+    assert second.error_reason == (
+        f"spawn_failed: cannot write the job's log {second.log_path}: Not a directory ({sup.log_dir})"
+    )
+    await log_dir.unlink()
+    await moved.rename(log_dir)
+    assert (await wait_terminal(sup, (await sup.enqueue("exit", {"code": 0})).job.job_id)).status is JobStatus.SUCCEEDED

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
-from webhook_helpers import KINDS, SECRET, Receiver, statuses
+from webhook_helpers import HUGE_BODY_BYTES, KINDS, SECRET, Receiver, statuses
 
 from supervisor import Config, JobStatus, Supervisor, load_kinds, run_supervisor
 from supervisor.registry import NewJob
@@ -149,6 +150,9 @@ async def test_a_receiver_that_hangs_fails_or_redirects_never_delays_a_burst_of_
     assert families["podcast_webhook_outbox_depth"].samples[0].value == 60  # what the outbox alert watches
     if behaviour == "hang":
         assert len(receiver.requests) <= 1  # one attempt, stuck; the next comes only after its bound and a backoff
+    if behaviour == "redirect":
+        # A redirect to itself (a loop) is never followed: one request per attempt (one may be in flight).
+        assert len(receiver.requests) - sup.webhooks.outcomes["failed"] in (0, 1)
     # The receiver comes back: everything arrives, in the order of each job's changes.
     receiver.behaviour = "ok"
     with trio.fail_after(WAIT_S):
@@ -158,3 +162,61 @@ async def test_a_receiver_that_hangs_fails_or_redirects_never_delays_a_burst_of_
             "job.transition:queued", "job.transition:running", "job.transition:succeeded"
         ]
     assert sup.webhooks.outcomes["failed"] >= 1
+
+
+def _refused_url() -> str:
+    """A URL on 127.0.0.1 where nothing listens: a connection there is refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/hook"
+
+
+async def test_a_receiver_that_is_down_never_delays_finalizations_and_the_outbox_keeps_its_bound(
+    start: Start,
+) -> None:
+    sup = await start(webhook_url=_refused_url(), webhook_outbox_max_events=30, sweep_interval_s=3600.0)
+    results = await sup.enqueue_many([{"kind": "exit", "params": {"code": 0}} for _ in range(20)])
+    await _all_terminal(sup, [r.job.job_id for r in results])
+    assert sup.webhooks.outcomes["delivered"] == 0 and sup.webhooks.outcomes["failed"] >= 1
+    # 60 events written, the receiver refusing every attempt and the sender backing off: the oldest past the bound
+    # are dropped (counted), within a second of their arrival, not at the end of a backoff.
+    with trio.fail_after(WAIT_S):
+        while await sup.registry.outbox_depth() > 30:  # noqa: ASYNC110 - the sender prunes on its own clock
+            await trio.sleep(0.05)
+    assert sup.webhooks.outcomes["dropped"] == 60 - await sup.registry.outbox_depth()
+
+
+async def test_a_slow_receiver_delays_only_its_deliveries(receiver: Receiver, start: Start) -> None:
+    receiver.behaviour = "slow"  # 0.2 s per answer: 30 events take 6 s to deliver
+    sup = await start(webhook_url=receiver.url, webhook_timeout_s=2.0, sweep_interval_s=3600.0)
+    results = await sup.enqueue_many([{"kind": "exit", "params": {"code": 0}} for _ in range(10)])
+    job_ids = [r.job.job_id for r in results]
+    await _all_terminal(sup, job_ids)
+    assert len(receiver.accepted) < 30  # every job ended while its events were still being delivered
+    with trio.fail_after(WAIT_S):
+        await receiver.wait_for(lambda r: len(r.events()) == 30)
+    for job_id in job_ids:
+        assert statuses(receiver.events(), job_id) == [
+            "job.transition:queued", "job.transition:running", "job.transition:succeeded"
+        ]
+
+
+async def test_a_receiver_answering_with_a_huge_body_is_not_read_beyond_a_small_cap(
+    receiver: Receiver, start: Start
+) -> None:
+    receiver.behaviour = "huge"  # 200 with a GiB of body: delivered by its status, the body left unread
+    sup = await start(webhook_url=receiver.url, webhook_timeout_s=5.0, sweep_interval_s=3600.0)
+    job_id = (await sup.enqueue("exit", {"code": 0})).job.job_id
+    await _all_terminal(sup, [job_id])
+    with trio.fail_after(WAIT_S):
+        await receiver.wait_for(lambda r: len(r.events()) == 3)
+        while await sup.registry.outbox_depth():  # noqa: ASYNC110 - the sender deletes after the answer
+            await trio.sleep(0.05)
+    assert statuses(receiver.events(), job_id) == [
+        "job.transition:queued", "job.transition:running", "job.transition:succeeded"
+    ]
+    assert sup.webhooks.outcomes == {"delivered": 3}  # each at its first attempt: no timeout spent reading
+    # What the client let through before it closed: its socket buffers, never the GiB.
+    print(f"huge answers: body bytes the receiver could send before the sender closed: {receiver.huge_sent}")
+    assert len(receiver.huge_sent) == 3 and max(receiver.huge_sent) < HUGE_BODY_BYTES // 16

@@ -4,7 +4,7 @@ enforced with drops counted and logged. The transport is httpx's MockTransport (
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -205,3 +205,91 @@ async def test_with_a_webhook_url_the_bounds_are_applied_at_most_once_a_second(
     gaps = [b - a for a, b in zip(registry.prunes, registry.prunes[1:], strict=False)]
     assert registry.prunes and all(gap >= 1.0 for gap in gaps)
     assert len(registry.prunes) <= 1 + (trio.current_time() - registry.prunes[0])
+
+
+class _EndlessBody(httpx.AsyncByteStream):
+    """An answer's body that never ends (a chunked stream): counts what the sender pulls from it."""
+
+    def __init__(self) -> None:
+        self.pulled = 0
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while True:
+            self.pulled += 65536
+            yield b"x" * 65536
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_an_answers_body_is_read_only_when_its_framing_bounds_it(
+    autojump_clock: trio.testing.MockClock, reg: _CountingRegistry
+) -> None:
+    """Only the status counts. An endless chunked body, or one announcing a GiB, is never read (the response is
+    closed unread); a small announced one is, so that the connection can carry the next event."""
+    for argv in ("a", "b", "c"):
+        await _enqueue(reg, argv)
+    bodies: list[_EndlessBody] = []
+    answers = iter(["endless", "announced", "small"])
+    done = trio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        answer = next(answers)
+        if answer == "small":
+            done.set()
+            return httpx.Response(200, content=b"ok")
+        body = _EndlessBody()
+        bodies.append(body)
+        headers = {"Content-Length": str(1024**3)} if answer == "announced" else {}
+        return httpx.Response(200, headers=headers, stream=body)
+
+    config = Config(webhook_url="http://receiver.invalid/hook")
+    sender = WebhookSender(config, reg, poll_s=3600, transport=httpx.MockTransport(handler))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        await done.wait()
+        nursery.cancel_scope.cancel()
+    assert sender.outcomes == {"delivered": 3}
+    assert [(b.pulled, b.closed) for b in bodies] == [(0, True), (0, True)]
+    assert trio.current_time() < 1  # no attempt waited out a timeout
+
+
+async def test_the_outbox_bounds_hold_while_the_sender_backs_off_from_a_failing_receiver(
+    autojump_clock: trio.testing.MockClock, reg: _CountingRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A receiver down for minutes: the sender waits up to 300 s between attempts, while jobs keep writing events.
+    Those past the bound are dropped within a second of their arrival, not when the backoff ends."""
+
+    async def inline(fn: Callable[..., object], *args: object, **_: object) -> object:
+        await trio.lowlevel.checkpoint()
+        return fn(*args)
+
+    # The registry's calls inline: a worker thread would let the virtual clock jump to the backoff's end meanwhile.
+    monkeypatch.setattr(trio.to_thread, "run_sync", inline)
+    attempts: list[float] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        attempts.append(trio.current_time())
+        return httpx.Response(503)
+
+    await _enqueue(reg, "first")
+    config = Config(webhook_url="http://receiver.invalid/hook", webhook_outbox_max_events=3)
+    sender = WebhookSender(config, reg, poll_s=3600, transport=httpx.MockTransport(handler))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sender.run)
+        while len(attempts) < 9:  # noqa: ASYNC110 - virtual time: the ninth failure starts a 256 s backoff
+            await trio.sleep(1)
+        backoff_started = attempts[-1]
+        for _ in range(10):  # jobs change meanwhile: each event wakes the sender, as the event bus does
+            await _enqueue(reg, "later")
+            sender.wake()
+        written_at = trio.current_time()
+        with trio.fail_after(5):
+            while await reg.outbox_depth() > 3:  # noqa: ASYNC110 - the sender prunes on its own clock
+                await trio.sleep(0.1)
+        pruned_at = trio.current_time()
+        nursery.cancel_scope.cancel()
+    assert len(attempts) == 9  # still backing off: the bound was applied during the backoff
+    assert pruned_at - written_at <= 2 and pruned_at < backoff_started + backoff_s(9)
+    assert sender.outcomes == {"failed": 9, "dropped": 8}

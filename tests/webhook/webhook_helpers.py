@@ -1,6 +1,7 @@
 """A real local webhook receiver (a small Trio HTTP/1.1 server on 127.0.0.1:0) and what tests need around it.
 
-Its behaviour can be switched while it runs: answer 204, answer 500, redirect to itself, or hang (never answer).
+Its behaviour can be switched while it runs: answer 204, answer 500, redirect to itself (a loop), hang (never
+answer), answer 204 slowly, or answer 200 with a huge body (streamed until the client stops reading).
 Every request is recorded; tests wait for requests as events, never by sleeping.
 """
 
@@ -15,8 +16,11 @@ from typing import Any, Literal
 import h11
 import trio
 
-Behaviour = Literal["ok", "fail", "redirect", "hang"]
+Behaviour = Literal["ok", "fail", "redirect", "hang", "slow", "huge"]
 SECRET = "webhook-test-secret"
+SLOW_S = 0.2  # how long a "slow" receiver takes to answer (below the tests' transport timeouts)
+HUGE_BODY_BYTES = 1024**3  # what a "huge" answer announces; it sends until the client stops reading
+_CHUNK = b"x" * 65536
 
 
 @dataclasses.dataclass
@@ -40,6 +44,7 @@ class Receiver:
         self.requests: list[Delivery] = []  # every attempt, whatever was answered
         self.accepted: list[Delivery] = []  # answered 2xx
         self.port = 0
+        self.huge_sent: list[int] = []  # per "huge" answer: the body bytes the client let it send
         self._changed = trio.Event()
 
     @property
@@ -61,6 +66,20 @@ class Receiver:
     def _note(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
+
+    async def _send_huge(self, stream: trio.SocketStream, conn: h11.Connection) -> None:
+        """200 announcing HUGE_BODY_BYTES, then body until the client closes the connection (a client that read it
+        all would hold a GiB): how much it let through is recorded."""
+        headers = [("Content-Length", str(HUGE_BODY_BYTES))]
+        await stream.send_all(conn.send(h11.Response(status_code=200, headers=headers)))
+        self.huge_sent.append(0)
+        self._note()
+        try:
+            while self.huge_sent[-1] < HUGE_BODY_BYTES:
+                await stream.send_all(conn.send(h11.Data(data=_CHUNK)))
+                self.huge_sent[-1] += len(_CHUNK)
+        finally:
+            self._note()
 
     async def handle(self, stream: trio.SocketStream) -> None:
         conn = h11.Connection(h11.SERVER)
@@ -90,10 +109,16 @@ class Receiver:
                 if behaviour == "hang":
                     self._note()
                     await trio.sleep_forever()
-                if behaviour == "ok":
+                if behaviour == "slow":
+                    await trio.sleep(SLOW_S)  # a receiver that takes its time, within the sender's bounds
+                if behaviour in ("ok", "slow", "huge"):
                     self.accepted.append(delivery)
+                if behaviour == "huge":
+                    await self._send_huge(stream, conn)
+                    return
                 status, headers = {
                     "ok": (204, []),
+                    "slow": (204, []),
                     "fail": (500, [("Content-Length", "0")]),
                     "redirect": (307, [("Location", self.url), ("Content-Length", "0")]),
                 }[behaviour]
