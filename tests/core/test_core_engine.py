@@ -299,7 +299,8 @@ async def test_a_start_the_engine_cannot_make_requeues_the_job_uncounted_holds_t
     tries = machine.refused_at
     gaps = [later - earlier for earlier, later in itertools.pairwise(tries)]
     # The hold's retries: 0.5 s doubling to 10 s. No busy loop, and no giving up.
-    assert gaps == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0], gaps
+    # (A retry or two more may come before the test task runs again: a worker thread lets the virtual clock jump.)
+    assert gaps[:7] == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0] and set(gaps[7:]) <= {10.0}, gaps
     requeued = [e for e in events if e.job.status is JobStatus.QUEUED and e.previous_status == "running"]
     assert len(requeued) == len(tries) and {e.reason for e in requeued} == {ENGINE_UNAVAILABLE}
     assert (final.status, final.attempts) == (JobStatus.SUCCEEDED, 1)
