@@ -85,7 +85,8 @@ _SCHEMAS: dict[str, Any] = {
                 "type": "object",
                 "additionalProperties": {"type": "string"},
                 "description": "present only when degraded: each part (`registry`: its writes fail, so nothing new "
-                "is accepted; reads, running jobs and their slots go on) and why",
+                "is accepted; reads, running jobs and their slots go on; `engine`: the Docker engine does not answer, "
+                "so no job is started and running ones keep their slots) and why",
             },
         },
     },

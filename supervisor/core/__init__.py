@@ -17,6 +17,7 @@ from ._heartbeats import MAX_STAGE_LEN, MAX_UNITS, JobTokens, parse_beat
 from ._reconcile import ReconcileDetail, ReconcileReport
 from ._rules import (
     CANCELLED,
+    ENGINE_UNAVAILABLE,
     JITTER,
     NEVER_STARTED,
     NO_RETRY,
@@ -40,6 +41,7 @@ from ._sweeper import Sweeper, run_sweeper
 
 __all__ = [
     "CANCELLED",
+    "ENGINE_UNAVAILABLE",
     "JITTER",
     "LOG_CHUNK_BYTES",
     "MAX_BATCH",

@@ -5,6 +5,11 @@ only wake it (many wakes make one drain). A round asks the executor whether it c
 that does not answer holds the queue instead of failing every job it would start), promotes as many queued rows
 as slots are free in one registry step (INV-PROMOTION-NEVER-OVERSHOOTS; none while paused), starts them together,
 records their identities in one write, and hands each to its monitor in the job nursery.
+
+A held queue is asked again after 0.5 s, doubling to ``HOLD_RETRY_MAX_S`` (and at every sweep): the drainer wakes
+itself for it, so the queue moves as soon as the engine answers. A start the engine could not make after all (it
+stopped answering between the probe and the start: ``ExecutorUnavailable``) puts its job back at the head of the
+queue, the start not counted, and holds the queue the same way (ADR 0005 §8).
 """
 
 from __future__ import annotations
@@ -19,18 +24,21 @@ from typing import Any
 
 import trio
 
-from ..domain import Job, JobStatus, SpawnError, SupervisorError
+from ..domain import ExecutorUnavailable, Job, JobStatus, SpawnError, SupervisorError
 from ..domain._model import hash_token
 from ..execution import JobHandle, Launch
 from ..observe import get_logger
-from ..registry import Ending, IdentityClaim, Outcome, PromoteRequest
+from ..registry import Ending, Expect, IdentityClaim, Outcome, PromoteRequest
 from ._boot import Boot, Watched, log_failure, until_recorded
 from ._pause import LOOK_EVERY_S, PauseFile
+from ._rules import ENGINE_UNAVAILABLE
 
 log = get_logger()
 
 PROMOTE_BATCH = 64  # rows promoted in one registry step, at most
 MIN_BACKOFF_WAIT_S = 0.01
+HOLD_RETRY_MIN_S = 0.5  # a held queue asks the executor again after this, doubling up to HOLD_RETRY_MAX_S
+HOLD_RETRY_MAX_S = 10.0
 
 StartMonitor = Callable[[Watched, Job], Awaitable[None]]
 
@@ -44,7 +52,10 @@ class Drainer:
         self._start_monitor = start_monitor
         self._lock = trio.Lock()
         self._wanted = trio.Event()
-        self._held = False  # the executor said at the last round that it cannot start jobs
+        self._held = False  # the executor cannot start jobs: nothing is promoted before _retry_at
+        self._held_by_start = False  # held because a start was refused: only a start made ends the hold
+        self._retry_at = math.inf
+        self._hold_delay = HOLD_RETRY_MIN_S
         self._log_dir_made = False
         self._next_at: datetime | None = None  # the earliest end of a queued row's backoff, at the last promotion
         # How jobs reach the HTTP API for their heartbeats (set by the root once the socket is bound).
@@ -59,8 +70,9 @@ class Drainer:
         that a start waiting on its executor never keeps the next round (the next job's start) waiting behind it."""
         task_status.started()
         while True:
-            # A resubmitted job waiting out its backoff is started when it may be, not at the next wake by chance.
-            with trio.move_on_at(self._next_round_at()):
+            # A resubmitted job waiting out its backoff is started when it may be, not at the next wake by chance; a
+            # held queue asks the executor again at its retry.
+            with trio.move_on_at(min(self._next_round_at(), self._retry_at)):
                 await self._wanted.wait()
             self._wanted = trio.Event()
             try:
@@ -131,13 +143,35 @@ class Drainer:
         return trio.current_time() + max(MIN_BACKOFF_WAIT_S, wait_s)
 
     async def _executor_ready(self) -> bool:
+        if self._held and trio.current_time() < self._retry_at:
+            return False  # held: asked again at _retry_at (the drainer wakes itself), not at every wake before it
         why = await self.boot.executor.unavailable()
-        if why is not None and not self._held:
-            log.warning("drain_held", why=why, exec_mode=self.boot.executor.mode)
-        elif why is None and self._held:
+        if why is not None:
+            self._hold(why)
+            return False
+        if not self._held_by_start:
+            self._resume()
+        # else: a trial round; its start decides (a probe that answers while starts are refused proves nothing)
+        return True
+
+    def _hold(self, why: str, *, by_start: bool = False) -> None:
+        """Promote nothing before the next retry. INFO, not WARNING: the executor says once per episode of engine
+        trouble why (``docker_engine_unavailable``); this line says what it means for the queue."""
+        if not self._held:
+            log.info("drain_held", why=why, exec_mode=self.boot.executor.mode)
+        self._held = True
+        self._held_by_start = self._held_by_start or by_start
+        self._retry_at = trio.current_time() + self._hold_delay
+        self._hold_delay = min(self._hold_delay * 2, HOLD_RETRY_MAX_S)
+
+    def _resume(self) -> None:
+        """The executor can start jobs again: its probe answered, or (after a refused start) a start was made."""
+        if self._held:
             log.info("drain_resumed", exec_mode=self.boot.executor.mode)
-        self._held = why is not None
-        return why is None
+        self._held = False
+        self._held_by_start = False
+        self._retry_at = math.inf
+        self._hold_delay = HOLD_RETRY_MIN_S
 
     async def start_promoted(self, jobs: list[Job], tokens: list[str]) -> list[Job]:
         """Start freshly promoted jobs together, record their identities in one write, start their monitors."""
@@ -162,8 +196,13 @@ class Drainer:
                     for job, token in zip(jobs, tokens, strict=False):
                         starts.start_soon(start_one, job, token)
             spawned: list[Job] = []
+            deferred: list[str] = []
             for job in jobs:
                 got = outcomes[job.job_id]
+                if isinstance(got, ExecutorUnavailable):
+                    deferred.append(str(got))
+                    await self._defer(job)
+                    continue
                 if isinstance(got, Exception):
                     # INV-SPAWN-FAILURE-FREES-SLOT: whatever goes wrong in one start (a SpawnError, or a defect such as
                     # an argv the OS cannot take), the promoted row is finalized, never left holding a slot.
@@ -193,8 +232,15 @@ class Drainer:
                 log.info("job_spawned", job_id=job.job_id, kind=job.kind, boot_id=self.boot.boot_id, **fields)
                 await self._start_monitor(entry, job)
                 handed.add(job.job_id)
-            if len(spawned) < len(jobs):
-                self.wake()  # a failed start freed its slot
+            if deferred:
+                # The engine stopped answering between the probe and the start: hold the queue as a probe would
+                # have, and wake the drainer so that its next round waits for the retry instead of a wake.
+                self._hold(deferred[0], by_start=True)
+                self.wake()
+            else:
+                self._resume()  # every start was answered (made, or refused for the job's own sake)
+                if len(spawned) < len(jobs):
+                    self.wake()  # a failed start freed its slot
             return spawned
         finally:
             # Cancelled part way (a shutdown): an entry without a monitor must not look watched. Its job, if it
@@ -207,6 +253,29 @@ class Drainer:
         handle = self.boot.watched[job.job_id].handle
         assert handle is not None
         return handle
+
+    async def _defer(self, job: Job) -> None:
+        """A start the executor could not make, of which nothing runs (its engine does not answer)."""
+        # INV-IDENTITY-BEFORE-PROGRAM: it provably never started: back to the head of the queue, the start not counted
+        # (ADR 0005 §8: an engine that does not answer fails no job).
+        try:
+            requeue = functools.partial(
+                self.boot.registry.requeue, job.job_id, expect=Expect(None), reason=ENGINE_UNAVAILABLE
+            )
+            change = await until_recorded(requeue)
+        except SupervisorError:
+            # The row stays RUNNING without an identity: the next boot requeues it (it never started).
+            log_failure("job_not_requeued", job_id=job.job_id)
+            return
+        if change.changed:
+            self.boot.announce(change.job, str(change.previous), ENGINE_UNAVAILABLE)
+        entry = self.boot.watched.get(job.job_id)
+        if entry is not None and entry.cancel_requested:
+            # A cancel that reached the row during the start was cleared with it by the requeue: ask it again (a
+            # queued row ends cancelled at once).
+            cancel = await self.boot.registry.request_cancel(job.job_id)
+            if cancel.changed and cancel.job.status is JobStatus.CANCELLED:
+                self.boot.announce(cancel.job, str(cancel.previous), cancel.job.error_reason)
 
     async def _spawn_failed(self, job: Job, reason: str) -> None:
         # A start that failed on a full disk most likely finds the registry on the same disk: its end waits for it

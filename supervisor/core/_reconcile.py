@@ -120,7 +120,9 @@ class Reconciler:
             if decision.adopt and found.handle is not None and boot.job_nursery is not None:
                 await self.monitors.adopt(job, found.handle, cancel=job.cancel_requested)  # a cancel left pending
             if decision.warn:
-                log.warning(
+                # An engine that does not answer is said once per episode by the executor (and shown by /api/health):
+                # the rows it keeps are no WARNING at every sweep.
+                (log.debug if found.outage else log.warning)(
                     "reconcile_kept_slot",
                     job_id=job.job_id,
                     reason=decision.reason,

@@ -27,6 +27,8 @@ STALLED_STOP = Outcome(JobStatus.STALE, "progress_stalled")
 
 Action = Literal["finalize", "finalize_exit", "finalize_lost", "requeue", "keep", "untouched"]
 NEVER_STARTED = "never_started"
+# A start the executor's engine could not make (it does not answer), of which nothing runs: the job waits in the queue.
+ENGINE_UNAVAILABLE = "engine_unavailable"
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,8 @@ class QueueState:
 @dataclass(frozen=True)
 class Health:
     """What the health route says: ``degraded`` names each part that does not work fully now (``registry``: its
-    writes fail, so nothing new is acknowledged; reads, running jobs and their slots go on)."""
+    writes fail, so nothing new is acknowledged; reads, running jobs and their slots go on; ``engine``: the executor's
+    engine does not answer, so nothing is started and running jobs' liveness is unknown; they keep their slots)."""
 
     boot_id: str
     exec_mode: str
@@ -357,6 +358,12 @@ class Supervisor:
         if fault is not None:
             degraded["registry"] = (
                 f"writes failing since {fault.since.isoformat()} ({fault.failed_writes} failed): {fault.reason}"
+            )
+        trouble = self.boot.executor.fault()
+        if trouble is not None:
+            degraded["engine"] = (
+                f"not answering since {trouble.since.isoformat()} ({trouble.failed_calls} failed calls; jobs are not "
+                f"started, running ones keep their slots): {trouble.reason}"
             )
         paused: bool | None = None
         try:

@@ -82,6 +82,9 @@ class Config:
     docker_network: str | None = None
     # None: the supervisor's data dir, bind-mounted (a supervisor on the host). A volume name or an absolute host path.
     docker_data_volume: str | None = None
+    # Every call to the Docker engine gives up after this long (a wait for a container's exit: its own slice; a stop:
+    # this plus the grace period): an engine that accepts and never answers is UNKNOWN after it, never a hang.
+    docker_timeout_s: float = 10.0
     # None: the address the server is bound to (see api.public_base_url).
     heartbeat_base_url: str | None = None
     # Where the shepherd writes jobs' state records while this supervisor is connected (ADR 0004): "auto" is
@@ -266,6 +269,7 @@ def load_config(
             loader.problems.append(f"{got[0]}={got[1]!r}: a host id is 1-64 letters, digits, '.', '_' or '-'")
     num("cancel_grace_s", "PODCAST_JOB_CANCEL_GRACE_SECONDS", floor=0.0)
     num("database_timeout_s", "PODCAST_JOB_DATABASE_TIMEOUT_SECONDS", floor=0.1)
+    num("docker_timeout_s", "PODCAST_JOB_DOCKER_TIMEOUT_SECONDS", floor=0.5)
 
     def choice(attr: str, env_name: str, allowed: tuple[str, ...]) -> None:
         """One of a fixed set of words, case-insensitive. No fallback: guessing an exec mode would run jobs where the
@@ -378,6 +382,7 @@ _TOML_KEYS = (
     "docker_image",
     "docker_network",
     "docker_data_volume",
+    "docker_timeout_s",
     "heartbeat_base_url",
     "run_dir",
     "shepherd_trace_file",

@@ -16,6 +16,7 @@
     ├── IllegalTransition           a state change the lifecycle forbids: a bug in the caller, not bad input
     ├── RegistryError               the registry could not be read or written (storage, lock timeout)
     ├── SpawnError                  a job's process could not be started
+    ├── ExecutorUnavailable         no job can be started now (the engine does not answer); nothing of it runs
     ├── ApiError                    (CLI client, _client.py) the server answered with an error
     └── Unreachable                 (CLI client, _client.py) no usable answer from the server
 
@@ -152,3 +153,8 @@ class RegistryDamaged(RegistryError):
 
 class SpawnError(SupervisorError):
     """A job's process could not be started; the message is the reason recorded on the row."""
+
+
+class ExecutorUnavailable(SupervisorError):
+    """The executor's engine could not make a start now (refused, timed out, answered a server error), and nothing of
+    the job runs: the job is not at fault, and goes back to the head of the queue, the start not counted."""

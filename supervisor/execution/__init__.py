@@ -16,12 +16,13 @@ from collections.abc import Mapping
 from typing import assert_never
 
 from ..domain._config import Config
-from ._base import ORPHAN_DEAD_PID, Evidence, Executor, ExitStatus, JobHandle, Launch, Unwatchable
+from ._base import ORPHAN_DEAD_PID, Evidence, Executor, ExecutorFault, ExitStatus, JobHandle, Launch, Unwatchable
 
 __all__ = [
     "ORPHAN_DEAD_PID",
     "Evidence",
     "Executor",
+    "ExecutorFault",
     "ExitStatus",
     "JobHandle",
     "Launch",

@@ -7,9 +7,12 @@ boot's job is adopted. An ``Executor`` holds the mechanics: a process started by
 The core speaks to it only in these terms:
 
 - ``unavailable()`` → why no job can start right now (an engine that does not answer), so the queue waits instead.
+- ``fault()`` → the engine trouble of now (since when, why), for the health route; no I/O.
 - ``start(launch)`` → a ``JobHandle`` whose ``record`` (pid + start time + kernel boot, or container id) goes into the
   row. Whatever the executor writes before the program runs (a start file, a labelled container) is what lets a
-  later boot find a job whose record never reached the row (INV-IDENTITY-BEFORE-PROGRAM).
+  later boot find a job whose record never reached the row (INV-IDENTITY-BEFORE-PROGRAM). It raises
+  ``ExecutorUnavailable`` when its engine could not make the start and nothing of the job runs (the job goes back to
+  the queue), ``SpawnError`` when this job cannot start (it fails).
 - ``wait(handle)`` → the job's ``ExitStatus`` once it has ended and its output is in its log; ``None`` when it is
   gone and nothing recorded how it ended. It raises ``Unwatchable`` when it can no longer be watched at all (the
   row then keeps its slot, and reconcile judges it).
@@ -29,6 +32,7 @@ import os
 import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import ClassVar
 
@@ -40,6 +44,7 @@ from ..domain._model import ExitStatus, IdentityRecord, Liveness
 __all__ = [
     "Evidence",
     "Executor",
+    "ExecutorFault",
     "ExitStatus",
     "JobHandle",
     "Launch",
@@ -110,6 +115,8 @@ class Evidence:
     ``exit_pending``: the job is gone but its exit is about to be recorded (its shepherd lives): adopt and wait.
     ``found``: an identity found outside the row (a start file, a labelled container) for a row that has none.
     ``detail``: why the liveness is unknown (the engine's error), for the WARNING.
+    ``outage``: it is unknown because the engine does not answer, which the executor says itself, once per episode
+    (``fault()``): the row's kept slot is then no WARNING of its own at every sweep.
     """
 
     liveness: Liveness | None
@@ -118,6 +125,17 @@ class Evidence:
     handle: JobHandle | None = None
     found: IdentityRecord | None = None
     detail: str | None = None
+    outage: bool = False
+
+
+@dataclass(frozen=True)
+class ExecutorFault:
+    """The executor's engine has not answered (refused, timed out, or answered a server error) since ``since`` (the
+    first failure of this episode); ``reason``: the latest failure; ``failed_calls``: how many failed since."""
+
+    since: datetime
+    reason: str
+    failed_calls: int
 
 
 class Executor(abc.ABC):
@@ -136,9 +154,14 @@ class Executor(abc.ABC):
         """Why no job can be started now (its engine does not answer), or None. Asked before jobs are promoted."""
         return None
 
+    def fault(self) -> ExecutorFault | None:
+        """The engine trouble of now (None: none, or no engine), as last seen by any call; no I/O."""
+        return None
+
     @abc.abstractmethod
     async def start(self, launch: Launch) -> JobHandle:
-        """Start a job; raise ``SpawnError`` with a one-line reason when it cannot start."""
+        """Start a job; raise ``SpawnError`` with a one-line reason when it cannot start, ``ExecutorUnavailable``
+        when the engine could not make the start and nothing of it runs (the job is not at fault: it waits)."""
 
     @abc.abstractmethod
     async def wait(self, handle: JobHandle) -> ExitStatus | None:

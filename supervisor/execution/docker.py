@@ -15,6 +15,12 @@ Liveness is tri-state and comes from the engine: running → ALIVE; exited → D
 DEAD (``orphan_reconciled_no_container``); an engine that is unreachable, errs or times out → UNKNOWN, and the row
 keeps its slot (INV-UNKNOWN-KEEPS-SLOT).
 
+Engine trouble (a call refused, timed out, or answered with a server error) is one episode for the whole executor
+(``EngineHealth``): one WARNING when the first call fails, one INFO when the engine answers again, and ``fault()``
+for the health route meanwhile. While it lasts no job is started (``unavailable()`` probes the engine's container API
+before each promotion), and a start the engine could not make, of which nothing runs, raises ``ExecutorUnavailable``:
+the job goes back to the queue, its start not counted, instead of failing.
+
 Exit codes: a container's exit code is what its init process (``init=True``: docker-init) reports, and a job killed
 by signal N is reported as 128 + N, exactly as a program that exits 128 + N. This mode records the number the engine
 gives (``failed/exit_code_137``) and never reads it as a signal: the engine cannot tell the two apart, and a guess
@@ -29,6 +35,8 @@ from __future__ import annotations
 
 import math
 import socket
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,10 +51,10 @@ from docker.transport.unixconn import UnixHTTPAdapter, UnixHTTPConnection, UnixH
 from docker.types import LogConfig
 
 from ..domain._config import Config
-from ..domain._errors import SpawnError
-from ..domain._model import IdentityRecord, Job
+from ..domain._errors import ExecutorUnavailable, SpawnError
+from ..domain._model import IdentityRecord, Job, utc_now
 from ..observe._logging import get_logger
-from ._base import Evidence, Executor, ExitStatus, JobHandle, Launch, Liveness, check_log_writable
+from ._base import Evidence, Executor, ExecutorFault, ExitStatus, JobHandle, Launch, Liveness, check_log_writable
 
 log = get_logger()
 
@@ -55,11 +63,15 @@ T = TypeVar("T")
 # The engine API version this mode speaks (Docker 20.10 and later). Pinned, so that creating a client does no I/O:
 # with "auto" the SDK asks the engine at construction, and an unreachable engine would fail the supervisor's start.
 API_VERSION = "1.41"
-API_TIMEOUT_S = 10.0  # every call but a wait slice (and a stop, which adds its grace period)
+API_TIMEOUT_S = 10.0  # every call but a wait slice (and a stop, which adds its grace period); docker_timeout_s
 WAIT_SLICE_S = 10.0  # one blocking wait for a container's exit; the monitor then asks again
 RETRY_MIN_S = 0.5  # an unreachable engine is asked again after this, doubling up to RETRY_MAX_S
 RETRY_MAX_S = 5.0
 MAX_CALLS = 16  # SDK calls at once (a wait slice holds its own limiter)
+# Engine trouble ends with a start made, or with a call answered once no call has failed for this long: longer than
+# any retry's wait (5 s for a job's calls, 10 s for the drainer's), so that an engine answering some calls and failing
+# others (its containers listed, never made) is one episode, not a WARNING and an INFO every few seconds.
+RECOVERED_AFTER_S = 15.0
 
 LABEL_JOB = "ps.job_id"
 LABEL_BOOT = "ps.boot_id"
@@ -78,6 +90,72 @@ def describe_error(exc: BaseException) -> str:
     """One line naming what went wrong with the engine."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}"[:300]
+
+
+def engine_trouble(exc: BaseException) -> bool:
+    """Whether an engine error says the engine does not work now (refused, timed out, a server error), rather than
+    that it answered this one call with a refusal of its own (a 4xx: no such image, a name taken, no such container)."""
+    if isinstance(exc, APIError):
+        return exc.status_code is None or exc.status_code >= HTTP_SERVER_ERROR
+    return isinstance(exc, ENGINE_ERRORS)
+
+
+def _never_reached(exc: BaseException) -> bool:
+    """The request provably never reached the engine: its socket refused the connection, or was not there."""
+    seen: set[int] = set()
+    todo: list[object] = [exc]
+    while todo:
+        item = todo.pop()
+        if id(item) in seen or not isinstance(item, BaseException):
+            continue
+        seen.add(id(item))
+        if isinstance(item, ConnectionRefusedError | FileNotFoundError | urllib3.exceptions.NewConnectionError):
+            return True
+        todo.extend([*item.args, item.__cause__, item.__context__])
+    return False
+
+
+class EngineHealth:
+    """Whether the engine answers now, whichever part of the executor asked it last (ADR 0005 §8).
+
+    One WARNING (``docker_engine_unavailable``) when a call first fails with engine trouble, one INFO
+    (``docker_engine_reachable``) when it is over: an outage is one episode, not a line per probe, per sweep or per
+    job. It is over when a start is made, or when a call is answered after ``RECOVERED_AFTER_S`` without a failure:
+    an engine may answer some calls while it fails others (a ping, a list), and a WARNING and an INFO at each of its
+    answers would be a line per probe again. Thread-safe: the evidence is gathered in a worker thread.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.fault: ExecutorFault | None = None
+        self._last_failure = -math.inf  # time.monotonic(): the evidence's thread has no Trio clock
+
+    def failed(self, exc: BaseException, *, call: str) -> None:
+        reason = describe_error(exc)
+        with self._lock:
+            first = self.fault is None
+            since = utc_now() if self.fault is None else self.fault.since
+            count = 1 if self.fault is None else self.fault.failed_calls + 1
+            self.fault = ExecutorFault(since, reason, count)
+            self._last_failure = time.monotonic()
+        if first:
+            log.warning("docker_engine_unavailable", call=call, error=reason, liveness="unknown", starts="held")
+
+    def answered(self, *, start: bool = False) -> None:
+        with self._lock:
+            fault = self.fault
+            if fault is None or (not start and time.monotonic() - self._last_failure < RECOVERED_AFTER_S):
+                return
+            self.fault = None
+        down_s = (utc_now() - fault.since).total_seconds()
+        log.info("docker_engine_reachable", failed_calls=fault.failed_calls, down_s=round(down_s, 3))
+
+    def judge(self, exc: BaseException, *, call: str) -> None:
+        """After a failed call: engine trouble, or an answer (a 4xx is the engine working)."""
+        if engine_trouble(exc):
+            self.failed(exc, call=call)
+        else:
+            self.answered()
 
 
 class _ClosingUnixConnection(UnixHTTPConnection):  # type: ignore[misc]
@@ -127,6 +205,7 @@ def make_client(*, timeout: float = API_TIMEOUT_S, max_pool_size: int = 64) -> d
 
 RECORD_KIND = "container"
 HTTP_CONFLICT = 409
+HTTP_SERVER_ERROR = 500
 
 
 def container_name(job_id: str, attempt: int) -> str:
@@ -168,7 +247,8 @@ class ContainerHandle(JobHandle):
 
 
 class _Outage:
-    """Says once that the engine cannot be reached (WARNING), and once that it can again."""
+    """One job's call asked again while the engine does not answer: after 0.5 s, doubling to 5 s. The episode itself
+    is said once by ``EngineHealth``; each job says it only at DEBUG (its first failure of the episode)."""
 
     def __init__(self, event: str, **fields: object) -> None:
         self._event = event
@@ -178,14 +258,12 @@ class _Outage:
 
     def failed(self, exc: BaseException) -> float:
         if not self.failing:
-            log.warning(self._event, **self._fields, error=describe_error(exc), liveness="unknown")
+            log.debug(self._event, **self._fields, error=describe_error(exc), liveness="unknown")
             self.failing = True
         delay, self.delay = self.delay, min(self.delay * 2, RETRY_MAX_S)
         return delay
 
     def recovered(self) -> None:
-        if self.failing:
-            log.info("docker_engine_reachable", **self._fields)
         self.failing = False
         self.delay = RETRY_MIN_S
 
@@ -205,6 +283,7 @@ class DockerExecutor(Executor):
         log_max_bytes: int,
         network: str | None = None,
         client: docker.APIClient | None = None,
+        timeout_s: float = API_TIMEOUT_S,
     ) -> None:
         self.python = "python3"  # the image's interpreter, on its PATH
         self.image = image
@@ -212,7 +291,8 @@ class DockerExecutor(Executor):
         self.data_volume = data_volume
         self._log_dir = log_dir
         self.log_max_bytes = log_max_bytes
-        self.client = client if client is not None else make_client()
+        self.client = client if client is not None else make_client(timeout=timeout_s)
+        self.health = EngineHealth()
         self._calls = trio.CapacityLimiter(MAX_CALLS)
         # One wait slice per watched job at most; slices end every WAIT_SLICE_S, so a job beyond the limit waits its
         # turn instead of a thread.
@@ -229,11 +309,27 @@ class DockerExecutor(Executor):
             data_volume=config.docker_data_volume or str(data_dir),
             log_dir=config.jobs_log_dir.resolve(),
             log_max_bytes=config.log_max_bytes,
+            timeout_s=config.docker_timeout_s,
         )
 
-    async def _call(self, fn: Callable[[], T], *, limiter: trio.CapacityLimiter | None = None) -> T:
-        # abandon_on_cancel: a shutdown never waits on the engine; the call ends by its own client timeout.
-        return await trio.to_thread.run_sync(fn, abandon_on_cancel=True, limiter=limiter or self._calls)
+    async def _call(
+        self, fn: Callable[[], T], *, call: str, limiter: trio.CapacityLimiter | None = None, report: bool = True
+    ) -> T:
+        """A blocking SDK call in a worker thread, bounded by the client's timeout; its outcome goes to ``health``
+        (``report``) as engine trouble or an answer."""
+        try:
+            # abandon_on_cancel: a shutdown never waits on the engine; the call ends by its own client timeout.
+            result = await trio.to_thread.run_sync(fn, abandon_on_cancel=True, limiter=limiter or self._calls)
+        except ENGINE_ERRORS as exc:
+            if report:
+                self.health.judge(exc, call=call)
+            raise
+        if report:
+            self.health.answered()
+        return result
+
+    def fault(self) -> ExecutorFault | None:
+        return self.health.fault
 
     async def aclose(self) -> None:
         await trio.to_thread.run_sync(self.client.close)
@@ -241,14 +337,27 @@ class DockerExecutor(Executor):
     # -- start ----------------------------------------------------------------------------------------
 
     async def unavailable(self) -> str | None:
+        # The probe is the container API itself, not /_ping: an engine whose daemon answers a ping while its
+        # containers cannot be listed (or made) must hold the queue too.
         try:
-            await self._call(self.client.ping)
+            await self._call(self._probe, call="probe")
         except ENGINE_ERRORS as exc:
             return f"the Docker engine does not answer: {describe_error(exc)}"
         return None
 
+    def _probe(self) -> None:
+        self.client.containers(limit=1, filters={"label": LABEL_JOB})
+
     async def start(self, launch: Launch) -> ContainerHandle:
-        container_id = await self._call(lambda: self._create_and_start(launch))
+        try:
+            container_id = await self._call(lambda: self._create_and_start(launch), call="start", report=False)
+        except ExecutorUnavailable as exc:
+            self.health.failed(exc.__cause__ or exc, call="start")
+            raise
+        except SpawnError:
+            self.health.answered(start=True)  # the engine answered: this job cannot start (a missing image, say)
+            raise
+        self.health.answered(start=True)
         return ContainerHandle(launch.job_id, container_id, launch.log, launch.log_max_bytes)
 
     def _create_and_start(self, launch: Launch) -> str:
@@ -293,22 +402,42 @@ class DockerExecutor(Executor):
                 f"image {self.image!r} is not on the Docker engine (PODCAST_JOB_DOCKER_IMAGE; build or pull it)"
             ) from exc
         except ENGINE_ERRORS as exc:
+            if engine_trouble(exc):
+                # Nothing of the job runs: a create that timed out may have made its container, never started; the
+                # next attempt's create meets its name and removes it (above).
+                raise ExecutorUnavailable(f"docker create: {describe_error(exc)}") from exc
             raise SpawnError(f"docker create: {describe_error(exc)}") from exc
         container_id = str(created["Id"])
         try:
             api.start(container_id)
         except ENGINE_ERRORS as exc:
             # A start that failed (or timed out, and may yet happen) must not leave a job running without a row.
+            # The engine answered that it failed, or never got the request: the container was never started.
+            never_started = isinstance(exc, APIError) or _never_reached(exc)
             try:
                 api.remove_container(container_id, force=True, v=True)
+            except NotFound:
+                pass
             except ENGINE_ERRORS as cleanup:
-                log.error(
+                if not never_started:
+                    log.error(
+                        "container_left_behind",
+                        job_id=launch.job_id,
+                        container_id=container_id[:12],
+                        error=describe_error(cleanup),
+                        why="its start failed and it could not be removed; remove it by hand",
+                    )
+                    # It may yet start: never started again under the same attempt (it would run twice).
+                    raise SpawnError(f"docker start: {describe_error(exc)}") from exc
+                log.warning(
                     "container_left_behind",
                     job_id=launch.job_id,
                     container_id=container_id[:12],
                     error=describe_error(cleanup),
-                    why="its start failed and it could not be removed; remove it by hand",
+                    why="created and never started; the job's next start removes it",
                 )
+            if engine_trouble(exc):
+                raise ExecutorUnavailable(f"docker start: {describe_error(exc)}") from exc
             raise SpawnError(f"docker start: {describe_error(exc)}") from exc
         return container_id
 
@@ -329,7 +458,9 @@ class DockerExecutor(Executor):
         outage = _Outage("job_liveness_unknown", job_id=handle.job_id, container_id=handle.container_id[:12])
         while True:
             try:
-                state = await self._call(lambda: self._wait_slice(handle.container_id), limiter=self._waits)
+                state = await self._call(
+                    lambda: self._wait_slice(handle.container_id), call="wait", limiter=self._waits
+                )
             except NotFound:
                 outage.recovered()
                 return None  # removed by someone else: nobody has its exit code
@@ -363,7 +494,7 @@ class DockerExecutor(Executor):
         outage = _Outage("job_output_unavailable", job_id=handle.job_id, container_id=handle.container_id[:12])
         while True:
             try:
-                await self._call(lambda: self._copy_output(handle))
+                await self._call(lambda: self._copy_output(handle), call="logs")
             except NotFound:
                 break  # gone: its output with it
             except (*ENGINE_ERRORS, OSError) as exc:
@@ -395,7 +526,7 @@ class DockerExecutor(Executor):
         assert isinstance(handle, ContainerHandle)
         try:
             # v=True: an anonymous volume the image declares (compose/Dockerfile has VOLUME /data) goes with it.
-            await self._call(lambda: self.client.remove_container(handle.container_id, v=True))
+            await self._call(lambda: self.client.remove_container(handle.container_id, v=True), call="remove")
         except NotFound:
             pass
         except ENGINE_ERRORS as exc:
@@ -422,7 +553,7 @@ class DockerExecutor(Executor):
         while True:
             try:
                 # The client's timeout grows by the grace period for this call (the SDK adds it).
-                await self._call(lambda: self.client.stop(handle.container_id, timeout=grace))
+                await self._call(lambda: self.client.stop(handle.container_id, timeout=grace), call="stop")
             except NotFound:
                 return
             except ENGINE_ERRORS as exc:
@@ -439,8 +570,11 @@ class DockerExecutor(Executor):
         try:
             listed = self.client.containers(all=True, filters={"label": LABEL_JOB})
         except ENGINE_ERRORS as exc:
+            # INV-UNKNOWN-KEEPS-SLOT: an engine that cannot be asked says nothing of its containers.
+            self.health.judge(exc, call="containers")
             detail = describe_error(exc)
-            return [Evidence(Liveness.UNKNOWN, detail=detail) for _ in jobs]
+            return [Evidence(Liveness.UNKNOWN, detail=detail, outage=engine_trouble(exc)) for _ in jobs]
+        self.health.answered()
         by_job: dict[str, list[Mapping[str, Any]]] = {}
         for container in listed:
             labels = container.get("Labels") or {}
@@ -480,7 +614,8 @@ class DockerExecutor(Executor):
         except NotFound:
             return Evidence(Liveness.DEAD, found=found)
         except ENGINE_ERRORS as exc:
-            return Evidence(Liveness.UNKNOWN, detail=describe_error(exc))
+            self.health.judge(exc, call="inspect")
+            return Evidence(Liveness.UNKNOWN, detail=describe_error(exc), outage=engine_trouble(exc))
         if status is None:  # it started again meanwhile (nothing here restarts containers)
             return Evidence(Liveness.ALIVE, handle=handle, found=found)
         return Evidence(Liveness.DEAD, exit_status=status, handle=handle, found=found)
