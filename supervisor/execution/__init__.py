@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import assert_never
 
 from ..domain._config import Config
-from ._base import ORPHAN_DEAD_PID, Evidence, Executor, ExitStatus, JobHandle, Launch, Unwatchable
+from ._base import ORPHAN_DEAD_PID, Evidence, Executor, ExitStatus, JobHandle, Launch, Leftover, Unwatchable
 
 __all__ = [
     "ORPHAN_DEAD_PID",
@@ -25,6 +25,7 @@ __all__ = [
     "ExitStatus",
     "JobHandle",
     "Launch",
+    "Leftover",
     "Unwatchable",
     "create_executor",
 ]
