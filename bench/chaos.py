@@ -73,7 +73,13 @@ from _common import git_revision, machine, versions  # noqa: E402
 from results import results_name, run_header, write_json  # noqa: E402
 
 from supervisor import Config, Job, SqliteRegistry, load_config, load_kinds  # noqa: E402
-from supervisor.execution.docker import LABEL_ATTEMPT, LABEL_JOB, container_name, make_client  # noqa: E402
+from supervisor.execution.docker import (  # noqa: E402
+    ENGINE_ERRORS,
+    LABEL_ATTEMPT,
+    LABEL_JOB,
+    container_name,
+    make_client,
+)
 from supervisor.registry import NewJob  # noqa: E402
 
 MODES = ("subprocess", "docker")
@@ -221,8 +227,8 @@ def kill_container(client: Any, job_id: str, attempt: int) -> float | None:
 
     try:
         state = client.inspect_container(container_name(job_id, attempt))
-    except NotFound:
-        return None
+    except (NotFound, *ENGINE_ERRORS):
+        return None  # none, or the engine does not answer now (it may be restarted under us): no kill
     labels = (state.get("Config") or {}).get("Labels") or {}
     if labels.get(LABEL_JOB) != job_id or labels.get(LABEL_ATTEMPT, "1") != str(attempt):
         return None
@@ -233,11 +239,23 @@ def kill_container(client: Any, job_id: str, attempt: int) -> float | None:
         client.kill(state["Id"])  # SIGKILL to its init: the whole container ends, 128 + 9
     except (NotFound, APIError):
         return None  # it ended meanwhile
+    except ENGINE_ERRORS:
+        # The engine stopped answering mid-call: the kill may have landed. Counted as one: if it did not, the job
+        # writes its "end" line, and a kill with an "end" line may end either way (as a kill that races an exit).
+        return at
     return at
 
 
-def our_containers(client: Any, ids: set[str], *, running_only: bool) -> list[str]:
-    listed = client.containers(all=not running_only, filters={"label": LABEL_JOB})
+def our_containers(ids: set[str]) -> list[str] | None:
+    """The containers (running or not) of this run's jobs; None while the engine does not answer (other test suites
+    on this machine may restart it: the supervisor rides that out, and so does the bench)."""
+    client = make_client(timeout=30)
+    try:
+        listed = client.containers(all=True, filters={"label": LABEL_JOB})
+    except ENGINE_ERRORS:
+        return None
+    finally:
+        client.close()
     return [c["Id"] for c in listed if (c.get("Labels") or {}).get(LABEL_JOB) in ids]
 
 
@@ -524,9 +542,8 @@ def run(plan: Plan, results_dir: Path | None) -> int:
         while time.monotonic() < deadline:
             left = [str(p) for p in job_processes(journal_path)]
             if plan.mode == "docker":
-                client = make_client(timeout=30)
-                left += our_containers(client, {r.job_id for r in rows}, running_only=False)
-                client.close()
+                containers = our_containers({r.job_id for r in rows})
+                left += ["(the engine does not answer)"] if containers is None else containers
             if not left:
                 break
             time.sleep(0.5)
@@ -580,14 +597,10 @@ def drain(
     if plan.mode == "docker":
         # Each container is removed just after its row is final: wait for the last few removals (one left for good
         # is reported by the "nothing stuck" check).
-        client = make_client(timeout=30)
         settle = time.monotonic() + GONE_LIMIT_S
-        try:
-            ids = {r.job_id for r in all_rows(registry)}
-            while time.monotonic() < settle and our_containers(client, ids, running_only=False):
-                time.sleep(0.2)
-        finally:
-            client.close()
+        ids = {r.job_id for r in all_rows(registry)}
+        while time.monotonic() < settle and our_containers(ids) != []:
+            time.sleep(0.2)
     return True
 
 
