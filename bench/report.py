@@ -392,17 +392,39 @@ def _relpath(path: Path, start: Path) -> str:
 
 
 def chaos_block(inputs: Inputs) -> list[str]:
+    """The latest chaos run of each exec mode (files before issue 25 name no mode: subprocess)."""
     if not inputs.chaos:
         return ["_No chaos results in the files rendered: run `make chaos`._"]
-    f = inputs.chaos[-1]
+    latest: dict[str, Loaded] = {}
+    for f in inputs.chaos:
+        latest[f.data.get("mode", "subprocess")] = f
+    lines: list[str] = []
+    for mode in sorted(latest):
+        if lines:
+            lines.append("")
+        lines += chaos_run_block(mode, latest[mode])
+    return lines
+
+
+def chaos_run_block(mode: str, f: Loaded) -> list[str]:
     d = f.data
     a = d.get("args", {})
     elapsed = f", {d['elapsed_s']:.1f} s" if d.get("elapsed_s") is not None else ""
+    if "outside_job_kills" in d:
+        what = (
+            f"{d.get('rows')} jobs on {a.get('slots')} slots ({mode} mode), the supervisor SIGKILLed "
+            f"{d.get('supervisor_kills')} times and restarted, running jobs SIGKILLed from outside "
+            f"{d['outside_job_kills']} times and resubmitted {d.get('resubmits')} times (seed {a.get('seed')})"
+        )
+    else:
+        what = (
+            f"{a.get('jobs')} jobs on {a.get('slots')} slots, the supervisor SIGKILLed {a.get('kills')} times and "
+            f"restarted (seed {a.get('seed')})"
+        )
     lines = [
         f"_`bench/chaos.py`, {day(d['date'])}, {machine_text(d)}; {revision_text(d)}; `bench/results/{f.path.name}`._",
         "",
-        f"{a.get('jobs')} jobs on {a.get('slots')} slots, the supervisor SIGKILLed {a.get('kills')} times and "
-        f"restarted (seed {a.get('seed')}){elapsed}. Verdict: **{d.get('verdict', '?')}**.",
+        f"{what}{elapsed}. Verdict: **{d.get('verdict', '?')}**.",
     ]
     if d.get("source", "measured") != "measured":
         lines[-1] += f" ({d['source']}.)"

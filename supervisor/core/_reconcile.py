@@ -10,14 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..domain import Job, JobStatus
+import trio
+
+from ..domain import Job, JobNotFound, JobStatus
 from ..domain._model import Liveness
 from ..execution import JobHandle
 from ..observe import get_logger
 from ..registry import Expect, IdentityClaim, Outcome
 from ._boot import Boot
 from ._monitor import Monitors
-from ._rules import judge, past_window
+from ._rules import attempt_ended, judge, past_window
 
 log = get_logger()
 
@@ -162,3 +164,23 @@ class Reconciler:
             watched.request_cancel()  # its monitor: SIGTERM, SIGKILL after the grace, then finalize once it is gone
         elif adopt is not None:
             await self.monitors.adopt(job, adopt, cancel=True)
+
+    async def release_leftovers(self) -> bool:
+        """Release what the executor still holds of attempts whose end this registry records: a container a dead boot
+        finalized and never removed (INV-RELEASE-AFTER-END). Another supervisor's (a job not in this registry) and
+        any attempt not recorded as ended are left alone. False when the executor cannot tell now (ask again later).
+        """
+        boot = self.boot
+        found = await trio.to_thread.run_sync(boot.executor.leftovers)
+        if found is None:
+            return False
+        for leftover in found:
+            try:
+                job = await boot.registry.get(leftover.job_id)
+            except JobNotFound:
+                continue
+            if attempt_ended(job, leftover.attempt):
+                await boot.executor.release(leftover.handle)
+                fields = leftover.handle.log_fields()
+                log.info("leftover_released", job_id=job.job_id, attempt=leftover.attempt, **fields)
+        return True

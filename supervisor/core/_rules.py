@@ -5,6 +5,7 @@
 - ``ending``: how a job whose process ended is finalized: the outcome, a stall stop, a cancel, and whether a crash
   is resubmitted (ADR-150 D4), given as data to the registry (which picks the cancel's outcome, never resubmitted,
   if the row says a cancel was requested by the time it commits);
+- ``attempt_ended``: may what an executor holds of an attempt be released (INV-RELEASE-AFTER-END);
 - ``judge_absence``: stalled / silent (ADR 0002 D8-D9).
 
 Invariant names (``INV-...``) are the decision records'; the comments say where each is upheld.
@@ -204,6 +205,18 @@ def ending(
         # ADR-150 D4: kill and resubmit, bounded by the attempt count (the poison-pill memo makes it safe).
         retry = Retry(now + timedelta(seconds=backoff_s(attempts, policy, jitter)), chosen.reason or str(chosen.status))
     return Ending(chosen, if_cancel_requested=CANCELLED, exit_code=exit_code, retry=retry)
+
+
+def attempt_ended(job: Job, attempt: int) -> bool:
+    """Does the row record the end of ``attempt`` (1 for the first start)? Then what an executor still holds of it (a
+    stopped container) may be released.
+
+    INV-RELEASE-AFTER-END: an attempt's container is removed only once the row records how that attempt ended (the
+    engine's exit code is the evidence until then), and then always, even when the boot that recorded it died
+    before removing it. Ended: every attempt of a terminal row, and each earlier attempt in the history of a row
+    that was resubmitted (queued again, or running a later attempt).
+    """
+    return job.status.is_terminal or 1 <= attempt <= len(job.history)
 
 
 def past_window(started_at: datetime | None, now: datetime, stale_after_s: float | None) -> bool:

@@ -72,6 +72,9 @@ class Sweeper:
         self.last_sweep_done: float | None = None
         self.wall_clock = wall_clock
         self._warned_step_s = 0.0  # the step of the system clock last said (0: none)
+        # What a dead boot recorded as ended and never released is looked for once per boot, at the first sweep
+        # whose executor can tell (a boot that is alive releases each job itself once its row is final).
+        self.leftovers_released = False
 
     async def sweep(self) -> None:
         """One pass. A failing step still lets the next run."""
@@ -96,6 +99,11 @@ class Sweeper:
             await self.drainer.drain()
         except Exception:
             log_failure("drain_failed")
+        if not self.leftovers_released:
+            try:
+                self.leftovers_released = await self.reconciler.release_leftovers()
+            except Exception:
+                log_failure("leftovers_not_released")
         self.last_sweep_done = trio.current_time()
         self.metrics.sweep_duration.observe(self.last_sweep_done - started)
 

@@ -16,7 +16,17 @@ from collections.abc import Mapping
 from typing import assert_never
 
 from ..domain._config import Config
-from ._base import ORPHAN_DEAD_PID, Evidence, Executor, ExecutorFault, ExitStatus, JobHandle, Launch, Unwatchable
+from ._base import (
+    ORPHAN_DEAD_PID,
+    Evidence,
+    Executor,
+    ExecutorFault,
+    ExitStatus,
+    JobHandle,
+    Launch,
+    Leftover,
+    Unwatchable,
+)
 
 __all__ = [
     "ORPHAN_DEAD_PID",
@@ -26,6 +36,7 @@ __all__ = [
     "ExitStatus",
     "JobHandle",
     "Launch",
+    "Leftover",
     "Unwatchable",
     "create_executor",
 ]

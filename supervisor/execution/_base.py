@@ -22,6 +22,8 @@ The core speaks to it only in these terms:
   RUNNING row: tri-state liveness, the recorded exit status, a handle to adopt.
 - ``collect(handle)`` → make sure the output of a job that ended is in its log (before a reconcile finalizes it).
 - ``release(handle)`` → once the row is terminal: forget the job (Docker removes the container).
+- ``leftovers()`` (blocking) → what the executor still holds of jobs that no longer run (a stopped container), so that
+  a boot can release what a dead boot recorded as ended but never released; None when it cannot tell now.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ __all__ = [
     "ExitStatus",
     "JobHandle",
     "Launch",
+    "Leftover",
     "Liveness",
     "Unwatchable",
 ]
@@ -138,6 +141,16 @@ class ExecutorFault:
     failed_calls: int
 
 
+@dataclass(frozen=True)
+class Leftover:
+    """Something an executor holds of one attempt of a job that no longer runs (a stopped container): released once
+    the row records that attempt's end."""
+
+    job_id: str
+    attempt: int
+    handle: JobHandle
+
+
 class Executor(abc.ABC):
     """Runs jobs for the core. One instance per supervisor boot, chosen once at startup (``create_executor``)."""
 
@@ -180,6 +193,11 @@ class Executor(abc.ABC):
 
     async def release(self, handle: JobHandle) -> None:  # noqa: B027 - nothing to forget by default
         """The row is terminal: forget the job (nothing by default)."""
+
+    def leftovers(self) -> list[Leftover] | None:
+        """Blocking: what this executor holds of attempts that no longer run (nothing by default); None when it
+        cannot tell now (an engine that does not answer). Never a running job's."""
+        return []
 
     async def aclose(self) -> None:  # noqa: B027 - nothing held open by default
         """The supervisor stops: close whatever the executor holds open (its jobs keep running)."""

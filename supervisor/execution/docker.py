@@ -54,7 +54,17 @@ from ..domain._config import Config
 from ..domain._errors import ExecutorUnavailable, SpawnError
 from ..domain._model import IdentityRecord, Job, utc_now
 from ..observe._logging import get_logger
-from ._base import Evidence, Executor, ExecutorFault, ExitStatus, JobHandle, Launch, Liveness, check_log_writable
+from ._base import (
+    Evidence,
+    Executor,
+    ExecutorFault,
+    ExitStatus,
+    JobHandle,
+    Launch,
+    Leftover,
+    Liveness,
+    check_log_writable,
+)
 
 log = get_logger()
 
@@ -537,6 +547,32 @@ class DockerExecutor(Executor):
                 container_id=handle.container_id[:12],
                 error=describe_error(exc),
             )
+
+    def leftovers(self) -> list[Leftover] | None:
+        """Every job container that is not running (exited, dead, or created and never started), by its labels.
+
+        A boot that dies after recording a job's end and before removing its container leaves it behind (the row is
+        written first, so that the exit code the engine keeps is never lost): the next boot removes it once its row
+        says that attempt ended (``core``). Another supervisor's containers on the same engine are listed too; their
+        jobs are not in this registry, and they are left alone.
+        """
+        try:
+            listed = self.client.containers(
+                all=True, filters={"label": LABEL_JOB, "status": ["exited", "dead", "created"]}
+            )
+        except ENGINE_ERRORS as exc:
+            log.warning("docker_leftovers_unlisted", error=describe_error(exc))
+            return None
+        found = []
+        for container in listed:
+            labels = container.get("Labels") or {}
+            attempt = str(labels.get(LABEL_ATTEMPT, "1"))
+            if not attempt.isdigit():
+                continue  # not a label this supervisor wrote
+            job_id = str(labels[LABEL_JOB])
+            handle = ContainerHandle(job_id, str(container["Id"]), self._log_dir / f"{job_id}.log", self.log_max_bytes)
+            found.append(Leftover(job_id, int(attempt), handle))
+        return found
 
     # -- stop -----------------------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
 import signal
 import subprocess
 import tomllib
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 import trio
-from core_executors import DockerWorld, supervisors_in  # type: ignore[import-not-found]
+from core_executors import IMAGE, DockerWorld, supervisors_in  # type: ignore[import-not-found]
 from core_helpers import KINDS, container_of, pid_of, poll, wait_running, wait_terminal  # type: ignore[import-not-found]
 from structlog.testing import capture_logs
 
@@ -22,7 +23,7 @@ from supervisor import Config, JobStatus, Liveness, SqliteRegistry, Supervisor
 from supervisor.domain import Job, parse_kind
 from supervisor.execution import Executor, create_executor
 from supervisor.execution import docker as docker_execution
-from supervisor.execution.docker import LABEL_BOOT, LABEL_JOB, LABEL_KIND
+from supervisor.execution.docker import LABEL_ATTEMPT, LABEL_BOOT, LABEL_JOB, LABEL_KIND
 from supervisor.execution.subprocess import identify, probe
 from supervisor.registry import NewJob
 
@@ -285,3 +286,53 @@ async def test_serve_sigkilled_while_containers_run_keeps_their_slots_runs_nothi
     second.proc.send_signal(signal.SIGTERM)
     with trio.fail_after(10):
         assert await second.proc.wait() == 0
+
+
+async def test_containers_a_dead_boot_recorded_as_ended_but_never_removed_are_removed_by_the_next_boot(
+    make: Callable[..., Supervisor], world: DockerWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """INV-RELEASE-AFTER-END: a boot SIGKILLed between recording a job's end and removing its container left it behind
+    for good (found by `make chaos`). The next boot removes every container whose attempt its registry records as
+    ended (a terminal row's, a resubmitted job's earlier attempt's); never the container of an attempt that still
+    runs, nor one of a job its registry does not know (another supervisor's on the same engine)."""
+
+    async def dies_before_removing(self: docker_execution.DockerExecutor, handle: object) -> None:
+        return None
+
+    with monkeypatch.context() as patch:
+        patch.setattr(docker_execution.DockerExecutor, "release", dies_before_removing)
+        async with trio.open_nursery() as old_boot:
+            old = make(boot_id="old", attach=old_boot)
+            done = await wait_terminal(old, (await old.enqueue("exit", {"code": 0})).job.job_id)
+            first = await wait_running(old, (await old.enqueue("retried_sleep", {"seconds": 60})).job.job_id)
+            await world.akill(first)  # 137: resubmitted, and its second attempt started
+
+            async def second_attempt() -> Job | None:
+                job = await old.get(first.job_id)
+                return job if job.status is JobStatus.RUNNING and job.attempts == 2 and container_of(job) else None
+
+            again = await poll(second_attempt)
+            old_boot.cancel_scope.cancel()  # the old boot dies
+    assert [c["State"] for c in await trio.to_thread.run_sync(world.containers, done)] == ["exited"]
+    states = {c["Id"]: c["State"] for c in await trio.to_thread.run_sync(world.containers, again)}
+    assert states == {container_of(first): "exited", container_of(again): "running"}
+
+    def foreign_container() -> str:  # an ended container of a job this registry does not know
+        labels = {LABEL_JOB: secrets.token_hex(16), LABEL_ATTEMPT: "1"}
+        created = world.client.create_container(IMAGE, command=["true"], labels=labels)
+        world.client.start(created["Id"])
+        world.client.wait(created["Id"], timeout=30)
+        return str(created["Id"])
+
+    foreign = await trio.to_thread.run_sync(foreign_container)
+    try:
+        new = make(boot_id="new")
+        await new.sweep()  # the startup sweep: reconcile (adopts the running attempt), drain, leftovers
+        assert not await trio.to_thread.run_sync(world.containers, done)
+        kept = [c["Id"] for c in await trio.to_thread.run_sync(world.containers, again)]
+        assert kept == [container_of(again)]
+        assert (await trio.to_thread.run_sync(world.client.inspect_container, foreign))["State"]["Status"] == "exited"
+        await new.cancel(again.job_id)
+        assert (await wait_terminal(new, again.job_id)).status is JobStatus.CANCELLED
+    finally:
+        await trio.to_thread.run_sync(lambda: world.client.remove_container(foreign, force=True))

@@ -16,7 +16,7 @@ import trio.testing
 from core_executors import PROGRAMS  # type: ignore[import-not-found]
 
 from supervisor import Config, ExitStatus, Supervisor, load_kinds
-from supervisor.core import NO_RETRY, RetryPolicy, backoff_s, ending
+from supervisor.core import NO_RETRY, RetryPolicy, attempt_ended, backoff_s, ending
 from supervisor.domain import JobKind, JobStatus
 from supervisor.execution.memory import MemoryExecutor
 from supervisor.observe import EventName, JobEvent
@@ -68,6 +68,28 @@ def end(status: ExitStatus | None, *, attempts: int = 1, cancel: bool = False, s
 )
 def test_what_is_resubmitted(status: ExitStatus | None, stall: bool, expected: object) -> None:
     assert end(status, stall=stall) == expected
+
+
+@pytest.mark.parametrize(
+    ("status", "earlier", "attempt", "ended"),
+    [
+        (JobStatus.RUNNING, 0, 1, False),  # the attempt that runs now
+        (JobStatus.RUNNING, 1, 1, True),  # a resubmitted job's earlier attempt
+        (JobStatus.RUNNING, 1, 2, False),
+        (JobStatus.QUEUED, 1, 1, True),  # waiting out its backoff: its first attempt ended
+        (JobStatus.QUEUED, 1, 2, False),  # its next start (a container created, never started): not ended
+        (JobStatus.QUEUED, 0, 1, False),  # a start that never happened, requeued
+        (JobStatus.SUCCEEDED, 0, 1, True),
+        (JobStatus.FAILED, 2, 3, True),
+        (JobStatus.CANCELLED, 0, 1, True),
+    ],
+)
+def test_an_attempt_is_released_only_once_the_row_records_its_end(
+    status: JobStatus, earlier: int, attempt: int, ended: bool
+) -> None:
+    # INV-RELEASE-AFTER-END: what an executor holds of an attempt (its container) goes once the row records its end.
+    job = type("J", (), {"status": status, "history": (object(),) * earlier})()
+    assert attempt_ended(job, attempt) is ended
 
 
 def test_a_cancel_is_never_resubmitted_and_wins_over_a_crash() -> None:
