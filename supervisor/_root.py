@@ -6,7 +6,8 @@
     ├── drainer                 drains when woken (an enqueue, a job's end, a cancel), many wakes making one drain
     ├── webhook sender          delivers the registry's outbox to PODCAST_JOB_WEBHOOK_URL, in order, with backoff
     ├── sweeper                 startup sweep (before serving), then reconcile -> drain every sweep_interval_s
-    ├── HTTP server             hypercorn's trio worker serving the quart-trio app
+    ├── HTTP server             hypercorn's trio worker serving the quart-trio app (and the event streams, which
+    │                           end at shutdown before the graceful deadline)
     └── watchdog                (under systemd with WatchdogSec) WATCHDOG=1 while the sweeper keeps sweeping
 
 Every child is started with ``await nursery.start(...)``; nothing is spawned outside this tree. Shutdown stops
@@ -136,6 +137,9 @@ async def run_supervisor(
             task_status.started(supervisor)
             await shutdown.wait()
             notifier.send("STOPPING=1")
+            # Event streams never end by themselves: end them now, so their connections finish like any other
+            # request instead of holding the graceful stop until its deadline.
+            supervisor.end_event_streams()
             # Graceful shutdown is a deadline on the owning scope.
             with trio.move_on_after(limits.graceful_timeout_s + 2):
                 await http_done.wait()
