@@ -504,7 +504,7 @@ _PATHS: dict[str, Any] = {
                     "name": LAST_EVENT_ID,
                     "in": "header",
                     "description": "the id of the last event received: resume after it",
-                    "schema": {"type": "string", "pattern": "^[0-9a-f]{1,64}-[0-9]{1,18}$"},
+                    "schema": {"type": "string", "pattern": "^[^\\r\\n]{1,200}-[0-9]{1,18}$"},
                 },
             ],
             "responses": {

@@ -8,7 +8,7 @@ from ._events import EventBus, EventName, JobEvent, log_event
 from ._logging import configure_logging, get_logger
 from ._metrics import Metrics, Snapshot
 from ._notify import Notifier, run_watchdog
-from ._stream import EVENT_NAMES, GAP, LAST_EVENT_ID, EventLog, StreamEnded, StreamEvent, Subscription, TooManyStreams
+from ._stream import EVENT_NAMES, GAP, LAST_EVENT_ID, EventLog, StreamEnded, StreamEvent, Subscription
 from ._webhook import BACKOFF_MAX_S, WebhookSender, backoff_s, render_event, sign
 
 __all__ = [
@@ -26,7 +26,6 @@ __all__ = [
     "StreamEnded",
     "StreamEvent",
     "Subscription",
-    "TooManyStreams",
     "WebhookSender",
     "backoff_s",
     "configure_logging",

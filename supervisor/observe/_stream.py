@@ -38,7 +38,7 @@ from typing import Any
 
 import trio
 
-from ..domain import RequestError, ValidationError
+from ..domain import TooManyStreams, ValidationError
 from ..registry import OutboxEvent
 from ._events import EventName, JobEvent
 from ._logging import get_logger
@@ -48,15 +48,9 @@ log = get_logger()
 
 LAST_EVENT_ID = "Last-Event-ID"
 GAP = "stream.gap"
-_EVENT_ID = re.compile(r"([0-9a-f]{1,64})-([0-9]{1,18})")
+# <boot_id>-<n>: a boot id is random hex in `supervisor serve`, but an embedder may name its own (anything but "\n").
+_EVENT_ID = re.compile(r"([^\r\n]{1,200})-([0-9]{1,18})")
 EVENT_NAMES = tuple(str(name) for name in EventName)
-
-
-class TooManyStreams(RequestError):
-    """Every event-stream slot is taken (``PODCAST_JOB_EVENTS_MAX_CLIENTS``)."""
-
-    code = "too_many_streams"
-    http_status = 503
 
 
 class StreamEnded(Exception):

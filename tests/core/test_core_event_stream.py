@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 import pytest
 import trio
 
-from supervisor.domain import Job, JobStatus, ValidationError
-from supervisor.observe import EventLog, EventName, JobEvent, StreamEnded, TooManyStreams
+from supervisor.domain import Job, JobStatus, TooManyStreams, ValidationError
+from supervisor.observe import EventLog, EventName, JobEvent, StreamEnded
 
 BOOT = "ab12"
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -163,3 +163,11 @@ async def test_an_idle_stream_returns_none_for_a_keep_alive(autojump_clock: trio
     started = trio.current_time()
     assert await sub.next(15.0) is None
     assert trio.current_time() - started == 15.0
+
+
+async def test_an_embedder_s_own_boot_id_resumes_too() -> None:
+    log = EventLog("boot-a", lambda: NOW, replay_events=5, client_buffer_events=3, max_clients=2)
+    for n in range(3):
+        log.on_event(event(f"j{n}"))
+    sub = log.subscribe(last_event_id="boot-a-2")
+    assert sub.gap is None and [i.id for i in sub.replay] == ["boot-a-3"]
