@@ -69,7 +69,8 @@ class Config:
     # The event stream (GET /api/events): events kept for readers that resume (Last-Event-ID), each reader's queue
     # (a reader that lets it fill is dropped), readers at once, and how often an idle stream sends a keep-alive.
     events_replay_events: int = 1000
-    events_client_buffer_events: int = 256
+    # The queue absorbs a burst: the bus announces a batch enqueue (up to 1,000 jobs) in one go, before any reader runs.
+    events_client_buffer_events: int = 2048
     events_max_clients: int = 64
     events_keepalive_s: float = 15.0
     log_max_bytes: int = 50 * MIB

@@ -21,7 +21,10 @@ process is not announced here; the webhook's outbox (with its own durable ids) i
 
 Bounds: each reader has a queue of ``client_buffer_events``; an event that finds it full drops that reader at once
 (its queue is freed and its request cancelled: a reader that does not read never holds memory), counted in
-``dropped``. At most ``max_clients`` readers at once. Nothing here ever blocks the bus: ``on_event`` only appends
+``dropped``. The queue must absorb a burst: the bus announces a whole batch enqueue (up to 1,000 events) before any
+reader runs, so a reader is judged by a full queue only when the queue is larger than that (the default, 2048). The
+queues hold references to the same events: what stays alive is at most the ring plus one queue's worth of events.
+At most ``max_clients`` readers at once. Nothing here ever blocks the bus: ``on_event`` only appends
 and ``send_nowait``s.
 """
 

@@ -263,41 +263,58 @@ async def _true_when(condition: bool) -> bool | None:
 
 
 async def test_a_reader_that_stops_reading_is_dropped_and_holds_no_memory(make_live: MakeLive) -> None:
-    buffer = 8
+    """Two readers under the same load: one reads everything and is never dropped; the other stops reading, so the
+    server's writes to it block (the sockets' buffers full), its queue fills, and it is dropped: its queue freed,
+    its connection closed at once. Each burst (a batch of BATCH enqueues) is smaller than a queue: only a reader
+    that does not read can fill one."""
+    buffer, batch = 64, 16
     live = await make_live(api_token=API_TOKEN, events_client_buffer_events=buffer, events_keepalive_s=60.0)
     await live.supervisor.pause()
     log = live.supervisor.event_log
     host, port = live.url.removeprefix("http://").rsplit(":", 1)
     sock = socket.socket()
-    # A small receive window, so that the server's writes block soon.
+    # A small receive window, so that the server's writes block sooner.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.settimeout(WAIT_S)
+    sent = 0
     try:
-        await trio.to_thread.run_sync(sock.connect, (host, int(port)))
-        request = f"GET /api/events HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {API_TOKEN}\r\n\r\n"
-        sock.sendall(request.encode())
-        head = await trio.to_thread.run_sync(sock.recv, 4096)
-        assert head.startswith(b"HTTP/1.1 200"), head
-        await poll_until(lambda: _true_when(log.clients == 1))
-        # Now it reads nothing more. Events pile up: first in the sockets' buffers, then in its queue, then it is
-        # dropped. The queue never holds more than its bound meanwhile.
-        async with httpx.AsyncClient(base_url=live.url, timeout=TIMEOUT) as client:
-            with trio.fail_after(WAIT_S * 3):
-                for _ in range(50):
-                    await enqueue_paused(client, 200)
-                    assert log.buffered() <= buffer
-                    if log.dropped:
-                        break
-        assert log.dropped == 1
-        assert log.clients == 0 and log.buffered() == 0
-        # The server closed its end at once, though the client still reads nothing (its write was cut, not left
-        # waiting for a reader that never comes).
-        # (Without the cut, it stayed open for seconds: CUT_S is well short of that.)
-        client_port = sock.getsockname()[1]
-        await poll_until(
-            lambda: _true_when(server_side_state(int(port), client_port) != "ESTABLISHED"), limit_s=CUT_S
-        )
-        # Reading on reaches the end: what was in flight, then EOF.
+        async with stream(live) as reader, trio.open_nursery() as nursery:
+            read: list[str] = []
+
+            async def read_all() -> None:
+                while (message := await reader.next()) is not None:
+                    read.append(message.json()["job"]["job_id"])
+
+            nursery.start_soon(read_all)
+            await trio.to_thread.run_sync(sock.connect, (host, int(port)))
+            request = f"GET /api/events HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {API_TOKEN}\r\n\r\n"
+            sock.sendall(request.encode())
+            head = await trio.to_thread.run_sync(sock.recv, 4096)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            await poll_until(lambda: _true_when(log.clients == 2))
+            # Now the raw socket reads nothing more. Events pile up: in the sockets' buffers, then in its queue,
+            # then it is dropped. No queue ever holds more than its bound meanwhile.
+            async with httpx.AsyncClient(base_url=live.url, timeout=TIMEOUT) as client:
+                with trio.fail_after(WAIT_S * 6):
+                    while not log.dropped:
+                        sent += len(await enqueue_paused(client, batch))
+                        assert log.buffered() <= 2 * buffer
+            assert log.dropped == 1
+            assert log.clients == 1 and log.buffered() <= buffer  # the reader that reads is still there
+            # The server closed its end at once, though the client still reads nothing: its blocked write was cut,
+            # not left waiting for a reader that never comes. (Without the cut it stays open: CUT_S is short.)
+            client_port = sock.getsockname()[1]
+            await poll_until(
+                lambda: _true_when(server_side_state(int(port), client_port) != "ESTABLISHED"), limit_s=CUT_S
+            )
+            # The reader that reads got every event, and goes on getting them.
+            async with httpx.AsyncClient(base_url=live.url, timeout=TIMEOUT) as client:
+                last = await enqueue_paused(client, 1)
+            await poll_until(lambda: _true_when(len(read) == sent + 1))
+            assert read[-1] == last[0]
+            nursery.cancel_scope.cancel()
+
+        # The dropped one, reading on, reaches the end: what was in flight, then EOF.
         def drain() -> int:
             total = 0
             while chunk := sock.recv(65536):
@@ -306,13 +323,19 @@ async def test_a_reader_that_stops_reading_is_dropped_and_holds_no_memory(make_l
 
         with trio.fail_after(WAIT_S):
             await trio.to_thread.run_sync(drain)
-        # The server goes on serving, and a new reader gets new events.
-        async with stream(live) as reader, httpx.AsyncClient(base_url=live.url, timeout=TIMEOUT) as client:
-            [job_id] = await enqueue_paused(client, 1)
-            [message] = await reader.take(1)
-            assert message.json()["job"]["job_id"] == job_id
     finally:
         sock.close()
+
+
+async def test_a_reader_keeps_up_with_the_largest_burst_at_the_default_bound(make_live: MakeLive) -> None:
+    """A batch enqueue announces 1,000 events in one go, before any reader runs: the default queue takes them."""
+    live = await make_live(api_token=API_TOKEN)
+    await live.supervisor.pause()
+    async with stream(live) as reader, httpx.AsyncClient(base_url=live.url, timeout=TIMEOUT) as client:
+        jobs = await enqueue_paused(client, 1000)
+        got = await reader.take(1000)
+    assert [m.json()["job"]["job_id"] for m in got] == jobs
+    assert live.supervisor.event_log.dropped == 0
 
 
 def server_side_state(server_port: int, client_port: int) -> str | None:

@@ -90,7 +90,7 @@ def test_the_event_stream_settings_default_and_the_keepalive_has_a_ceiling() -> 
         config.events_client_buffer_events,
         config.events_max_clients,
         config.events_keepalive_s,
-    ) == (1000, 256, 64, 15.0)
+    ) == (1000, 2048, 64, 15.0)
     # A keep-alive rarer than a minute would look like a dead connection to a client (the CLI waits 90 s).
     config, warnings = load_config({"PODCAST_JOB_EVENTS_KEEPALIVE_SECONDS": "600"})
     assert config.events_keepalive_s == 60.0
