@@ -119,6 +119,8 @@ _STATUS_STYLE = {
 def _status_text(job: Mapping[str, Any]) -> Text:
     status = str(job.get("status"))
     text = Text(status, style=_STATUS_STYLE.get(status, ""))
+    if status == "queued" and job.get("queue_position"):
+        text.append(f" #{job['queue_position']}", style="dim")
     for flag in _flags(job):
         text.append(f" {flag.upper()}", style="bold red" if flag == "stalled" else "bold yellow")
     return text
