@@ -8,7 +8,8 @@
     ├── fleet                   this host's lease on the registry, renewed every third of it; the fleet's lead
     ├── webhook sender          (the leader only) delivers the outbox to PODCAST_JOB_WEBHOOK_URL, in order, with backoff
     ├── sweeper                 startup sweep (before serving), then reconcile -> drain every sweep_interval_s
-    ├── HTTP server             hypercorn's trio worker serving the quart-trio app
+    ├── HTTP server             hypercorn's trio worker serving the quart-trio app (and the event streams, which
+    │                           end at shutdown before the graceful deadline)
     └── watchdog                (under systemd with WatchdogSec) WATCHDOG=1 while the sweeper keeps sweeping
 
 Every child is started with ``await nursery.start(...)``; nothing is spawned outside this tree. Shutdown stops
@@ -159,6 +160,9 @@ async def _run_with_registry(
             task_status.started(supervisor)
             await shutdown.wait()
             notifier.send("STOPPING=1")
+            # Event streams never end by themselves: end them now, so their connections finish like any other
+            # request instead of holding the graceful stop until its deadline.
+            supervisor.end_event_streams()
             # Graceful shutdown is a deadline on the owning scope.
             with trio.move_on_after(limits.graceful_timeout_s + 2):
                 await http_done.wait()

@@ -40,6 +40,7 @@ from ..domain._errors import (
     ValidationError,
 )
 from ..domain._model import Job
+from ..observe import GAP, LAST_EVENT_ID, StreamEnded, StreamEvent, Subscription
 from ..observe._logging import get_logger
 from ._limits import HttpLimits
 from ._openapi import JOBS_SUBROUTES, openapi_document
@@ -413,6 +414,38 @@ def create_app(
         await supervisor.heartbeat(job_id, token, _json_body)
         return "", 204
 
+    @app.get("/api/events")
+    async def events() -> Any:
+        """A server-sent-events stream of job events, resumable with Last-Event-ID."""
+        for name in request.args:
+            if name not in ("job", "kind", "backlog", "follow"):
+                raise ValidationError(f"unknown query parameter {name!r}", field=name)
+        for name in ("backlog", "follow"):
+            if len(request.args.getlist(name)) > 1:
+                raise ValidationError(f"query parameter {name!r} given more than once", field=name)
+        subscription = supervisor.subscribe_events(
+            last_event_id=request.headers.get(LAST_EVENT_ID),
+            jobs=request.args.getlist("job"),
+            kinds=request.args.getlist("kind"),
+            backlog=_bool_query("backlog", default=False),
+            follow=_bool_query("follow", default=True),
+        )
+        # A reader dropped for not reading is usually stuck in a write of ours (it stopped reading, the socket is
+        # full): only cancelling its request ends that write and closes the connection. This handler runs in the
+        # request's own task (quart-trio), whose parent nursery is the request's: cancelling it ends exactly this
+        # request. (tests/api/test_api_events.py holds this to a real client that stops reading.)
+        parent = trio.lowlevel.current_task().parent_nursery
+        if parent is not None:
+            subscription.on_drop = parent.cancel_scope.cancel
+        response = Response(
+            _sse_body(subscription, supervisor.config.events_keepalive_s),
+            status=200,
+            content_type="text/event-stream; charset=utf-8",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+        response.timeout = None  # the stream is long-lived; its bounds are the reader's queue and the keep-alives
+        return response
+
     @app.get("/api/openapi.json")
     async def openapi() -> Any:
         """This API's OpenAPI document."""
@@ -427,6 +460,46 @@ def create_app(
         # Quart's own __call__ calls app.asgi_app: the test client and hypercorn both come through here.
         app.asgi_app = FastRoutes(app, supervisor, token_source, app.asgi_app, limits)  # type: ignore[method-assign]
     return app
+
+
+def _bool_query(name: str, *, default: bool) -> bool:
+    text = request.args.get(name)
+    if text is None:
+        return default
+    if text not in ("true", "false"):
+        raise ValidationError(f"{name} must be true or false, not {text!r}", field=name)
+    return text == "true"
+
+
+# How long a browser's EventSource waits before it reconnects after a dropped connection.
+SSE_RETRY_MS = 2000
+
+
+async def _sse_body(subscription: Subscription, keepalive_s: float) -> Any:
+    """The stream's bytes: a first line at once (so the client has the answer's head), then each event as
+    ``id``/``event``/``data`` lines, and a ``: keep-alive`` comment after each ``keepalive_s`` without one."""
+    try:
+        yield f"retry: {SSE_RETRY_MS}\n: stream open\n\n".encode()
+        if subscription.gap is not None:
+            yield _sse_message(None, GAP, subscription.gap.data())
+        while True:
+            try:
+                item = await subscription.next(keepalive_s)
+            except StreamEnded:
+                return
+            yield b": keep-alive\n\n" if item is None else _sse_event(item)
+    finally:
+        subscription.close()
+
+
+def _sse_event(item: StreamEvent) -> bytes:
+    return _sse_message(item.id, item.name, item.data)
+
+
+def _sse_message(event_id: str | None, name: str, data: bytes) -> bytes:
+    # The payload is compact JSON: one line, so one data: field.
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {name}\n".encode() + b"data: " + data + b"\n\n"
 
 
 def _row(job: Job) -> dict[str, Any]:

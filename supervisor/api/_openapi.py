@@ -18,6 +18,7 @@ from ..core import MAX_BATCH, MAX_STAGE_LEN, MAX_UNITS
 from ..domain._config import EXEC_MODES
 from ..domain._kinds import _ASCII_FLOAT, _ASCII_INT, MAX_FLOAT, MAX_STR_PARAM_LEN, JobKind, KindCatalog
 from ..domain._model import JobStatus
+from ..observe import EVENT_NAMES, GAP, LAST_EVENT_ID
 from ..registry import CURSOR_PATTERN, MAX_LIST_LIMIT
 
 API_VERSION = "1"
@@ -516,6 +517,69 @@ _PATHS: dict[str, Any] = {
                 "413": _error("the body is too large"),
                 "415": _error("the body is not application/json"),
                 "422": _INVALID,
+            },
+        }
+    },
+    "/api/events": {
+        "get": {
+            "operationId": "events",
+            "summary": "A server-sent-events stream of job events (the webhook's payloads), resumable.",
+            "description": (
+                "text/event-stream. Each event: `id: <boot_id>-<n>` (numbered per boot), `event: <name>`, and one "
+                "`data:` line of JSON, the webhook's body with `event_id` = the id. `: keep-alive` comments every "
+                "PODCAST_JOB_EVENTS_KEEPALIVE_SECONDS while idle. Resume with the `Last-Event-ID` header: every later "
+                f"event still held is sent once, in order; when some may be missing (pushed out of the replay ring, "
+                f"or the id is another boot's) a `{GAP}` event without an id comes first, with "
+                '`{"reason": "evicted" | "restarted", "last_event_id", "boot_id", "oldest_event_id"}`. A reader whose '
+                "queue (PODCAST_JOB_EVENTS_CLIENT_BUFFER_EVENTS) fills up is disconnected."
+            ),
+            "parameters": [
+                {
+                    "name": "job",
+                    "in": "query",
+                    "style": "form",
+                    "explode": True,
+                    "description": "only this job's events (repeatable: any of them)",
+                    "schema": {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 200}},
+                },
+                {
+                    "name": "kind",
+                    "in": "query",
+                    "style": "form",
+                    "explode": True,
+                    "description": "only events of this name (repeatable: any of them)",
+                    "schema": {"type": "array", "items": {"enum": list(EVENT_NAMES)}},
+                },
+                {
+                    "name": "backlog",
+                    "in": "query",
+                    "description": "without Last-Event-ID: begin with every event still held (default: new ones only)",
+                    "schema": {"type": "boolean", "default": False},
+                },
+                {
+                    "name": "follow",
+                    "in": "query",
+                    "description": "false: send what is held (backlog or resume) and end the stream",
+                    "schema": {"type": "boolean", "default": True},
+                },
+                {
+                    "name": LAST_EVENT_ID,
+                    "in": "header",
+                    "description": "the id of the last event received: resume after it",
+                    "schema": {"type": "string", "pattern": "^[^\\r\\n]{1,200}-[0-9]{1,18}$"},
+                },
+            ],
+            "responses": {
+                "200": {
+                    "description": "the stream (it ends at the server's shutdown, or with follow=false)",
+                    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                },
+                "401": _UNAUTHORIZED,
+                "422": _error(
+                    "an unknown kind or query parameter, a bad boolean, or a Last-Event-ID that is not an id of this "
+                    "stream or is later than its last event; error.field names it"
+                ),
+                "503": _error("every event-stream slot is taken (PODCAST_JOB_EVENTS_MAX_CLIENTS): try again later"),
             },
         }
     },

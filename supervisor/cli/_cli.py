@@ -2,13 +2,15 @@
 HTTP to a running supervisor (``PODCAST_JOB_URL``, default http://127.0.0.1:8000, with ``PODCAST_JOB_API_TOKEN``).
 
 Exit codes: 0 done; 1 the server answered with an error (its message is printed); 2 usage; 3 configuration
-(including a malformed ``PODCAST_JOB_URL``); 4 the server could not be reached; 130 interrupted.
+(including a malformed ``PODCAST_JOB_URL``); 4 the server could not be reached; 130 interrupted. ``wait`` adds the
+outcome's: 10 failed, 11 cancelled, 12 stale, 124 the timeout passed (``_live``).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import importlib.metadata
 import json
 import os
 import re
@@ -25,6 +27,8 @@ from ..domain._errors import ConfigError, KindsFileError, RegistryError
 from ..domain._kinds import KindCatalog, load_kinds
 from ..domain._model import JobStatus
 from ..observe._logging import configure_logging, get_logger
+from ..observe._stream import EVENT_NAMES
+from . import _live
 from ._client import DEFAULT_URL, ApiError, Client, Unreachable
 
 EXIT_OK = 0
@@ -189,6 +193,13 @@ def _run_client(command: ClientCommand) -> Callable[[argparse.Namespace], int]:
         try:
             with client:
                 return command(client, args, io)
+        except BaseExceptionGroup as group:
+            # A live command runs on trio, whose nurseries wrap what they raise: an error of the client's, or the
+            # Ctrl-C, is told as from any other command.
+            leaf = _only_leaf(group)
+            if leaf is None:
+                raise
+            return _leaf_exit(leaf, io, args)
         except ApiError as exc:
             io.error(exc.describe())
             if exc.status == 401:
@@ -198,9 +209,37 @@ def _run_client(command: ClientCommand) -> Callable[[argparse.Namespace], int]:
             io.error(f"{exc}; is `supervisor serve` running there? (set {ENV_URL} to its address)")
             return EXIT_UNREACHABLE
         except KeyboardInterrupt:
-            return EXIT_INTERRUPTED
+            return getattr(args, "interrupted_exit", EXIT_INTERRUPTED)
 
     return run
+
+
+def _only_leaf(group: BaseExceptionGroup) -> BaseException | None:
+    leaves: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                walk(inner)
+        else:
+            leaves.append(exc)
+
+    walk(group)
+    kinds = (ApiError, Unreachable, KeyboardInterrupt)
+    found = [leaf for leaf in leaves if isinstance(leaf, kinds)]
+    return found[0] if found and len(found) == len(leaves) else None
+
+
+def _leaf_exit(leaf: BaseException, io: _Io, args: argparse.Namespace) -> int:
+    if isinstance(leaf, ApiError):
+        io.error(leaf.describe())
+        if leaf.status == 401:
+            io.error(f"set {ENV_API_TOKEN} (or {ENV_API_TOKEN_FILE}) to the server's API token")
+        return EXIT_ERROR
+    if isinstance(leaf, Unreachable):
+        io.error(f"{leaf}; is `supervisor serve` running there? (set {ENV_URL} to its address)")
+        return EXIT_UNREACHABLE
+    return int(getattr(args, "interrupted_exit", EXIT_INTERRUPTED))
 
 
 def _when(ts: object) -> str:
@@ -317,7 +356,43 @@ def cmd_enqueue(client: Client, args: argparse.Namespace, io: _Io) -> int:
     return EXIT_OK
 
 
+def _is_terminal(io: _Io) -> bool:
+    isatty = getattr(io.out, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def _run_live(client: Client, run: Any) -> int:
+    """Run a live command (``_live``) on trio, with its own async client to the same server."""
+    code: int = trio.run(_live.with_api, client.base_url, client.token, run)
+    return code
+
+
+def cmd_events(client: Client, args: argparse.Namespace, io: _Io) -> int:
+    args.interrupted_exit = EXIT_OK  # Ctrl-C is how --follow ends
+    out = _live.Output(io.out, live=False)
+    return _run_live(
+        client,
+        lambda api: _live.run_events(
+            api, out, follow=args.follow, jobs=args.job or (), kinds=args.kind or (), as_json=args.json
+        ),
+    )
+
+
+def cmd_wait(client: Client, args: argparse.Namespace, io: _Io) -> int:
+    out = _live.Output(io.out, live=_is_terminal(io) and not args.json, quiet=args.json)
+    return _run_live(
+        client, lambda api: _live.run_wait(api, out, args.job_ids, timeout_s=args.timeout, as_json=args.json)
+    )
+
+
 def cmd_jobs(client: Client, args: argparse.Namespace, io: _Io) -> int:
+    if args.watch:
+        if args.json or args.cursor or args.status or args.kind:
+            io.error("--watch shows the running jobs and the queue: it takes no --json, --status, --kind or --cursor")
+            return EXIT_USAGE
+        args.interrupted_exit = EXIT_OK  # Ctrl-C is how a watch ends
+        out = _live.Output(io.out, live=_is_terminal(io))
+        return _run_live(client, lambda api: _live.run_watch(api, out))
     answer = client.list_jobs(status=args.status, kind=args.kind, limit=args.limit, cursor=args.cursor)
     if args.json:
         io.json(answer)
@@ -483,9 +558,69 @@ def _positive(text: str) -> int:
     return value
 
 
+def _timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+# Each verb's example, shown at the end of its --help.
+EXAMPLES = {
+    "serve": "  PODCAST_JOB_DATA_DIR=./var supervisor serve\n  supervisor --config /etc/podcast/supervisor.toml serve",
+    "check-config": "  supervisor check-config\n  supervisor --config supervisor.toml check-config --json",
+    "migrate": (
+        "  PODCAST_JOB_DATABASE_URL=postgresql://supervisor@db/jobs PODCAST_JOB_DATABASE_AUTO_MIGRATE=false \\\n"
+        "    supervisor migrate"
+    ),
+    "enqueue": (
+        "  supervisor enqueue pipeline -p feed=https://example.org/feed.xml -p max_episodes=5\n"
+        "  supervisor enqueue --from-file jobs.ndjson --json"
+    ),
+    "jobs": "  supervisor jobs --status running\n  supervisor jobs --watch        # live; Ctrl-C quits (exit 0)",
+    "show": "  supervisor show 4969cb37d2f8447e9734ed35bf48539b",
+    "cancel": "  supervisor cancel 4969cb37d2f8447e9734ed35bf48539b",
+    "reconcile": "  supervisor reconcile --json",
+    "queue": "  supervisor queue",
+    "hosts": (
+        "  supervisor hosts                        # every host of the fleet: live or SILENT, and the leader\n"
+        "  supervisor hosts forget web-2           # a host that will never come back: its running jobs end"
+    ),
+    "pause": "  supervisor pause",
+    "resume": "  supervisor resume",
+    "logs": "  supervisor logs 4969cb37d2f8447e9734ed35bf48539b --follow\n  supervisor logs JOB_ID --tail-bytes 4096",
+    "events": (
+        "  supervisor events                       # the recent events the server holds\n"
+        "  supervisor events --follow --kind job.stalled --kind job.silent\n"
+        "  supervisor events -f --job JOB_ID --json"
+    ),
+    "wait": (
+        "  supervisor wait JOB_ID                  # exit 0 succeeded, 10 failed, 11 cancelled, 12 stale\n"
+        "  supervisor wait JOB_A JOB_B --timeout 3600 || echo \"worst outcome: $?\"   # 124: timed out"
+    ),
+    "completion": (
+        "  supervisor completion bash > /etc/bash_completion.d/supervisor\n"
+        "  supervisor completion zsh > \"${fpath[1]}/_supervisor\""
+    ),
+}
+
+
+def _epilog(name: str) -> str:
+    return "example:\n" + EXAMPLES[name]
+
+
 def _add_client_commands(sub: Any) -> None:
     def add(name: str, command: ClientCommand, help_text: str, *, json_flag: bool = True) -> argparse.ArgumentParser:
-        p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
+        p: argparse.ArgumentParser = sub.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+            epilog=_epilog(name),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         if json_flag:
             p.add_argument("--json", action="store_true", help="print the server's JSON answer")
         p.set_defaults(func=_run_client(command))
@@ -501,11 +636,17 @@ def _add_client_commands(sub: Any) -> None:
     p.add_argument(
         "-p", "--param", type=_param, action="append", metavar="KEY=VALUE", help="a param of the kind (repeatable)"
     )
-    p = add("jobs", cmd_jobs, "list jobs, newest first")
+    p = add("jobs", cmd_jobs, "list jobs, newest first; or watch the running ones live (--watch)")
     p.add_argument("--status", choices=[s.value for s in JobStatus])
     p.add_argument("--kind")
     p.add_argument("--limit", type=_positive, help="rows per page (server default 100, at most 1000)")
     p.add_argument("--cursor", help="continue after a previous page")
+    p.add_argument(
+        "-w",
+        "--watch",
+        action="store_true",
+        help="a live table of the running jobs and the queue, redrawn on each event; Ctrl-C quits (exit 0)",
+    )
     p = add("show", cmd_show, "show one job")
     p.add_argument("job_id")
     p = add("cancel", cmd_cancel, "cancel a job (idempotent)")
@@ -521,20 +662,57 @@ def _add_client_commands(sub: Any) -> None:
     p.add_argument("job_id")
     p.add_argument("--tail-bytes", type=_non_negative, metavar="N", help="only the last N bytes")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the job ends")
+    p = add("events", cmd_events, "print job events: those the server holds, then new ones with --follow")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing events as they happen; Ctrl-C quits")
+    p.add_argument("--job", action="append", metavar="JOB_ID", help="only this job's events (repeatable)")
+    p.add_argument("--kind", action="append", choices=list(EVENT_NAMES), help="only events of this name (repeatable)")
+    p = add(
+        "wait",
+        cmd_wait,
+        "wait until every JOB_ID has ended; the exit code is the outcome "
+        "(0 succeeded, 10 failed, 11 cancelled, 12 stale, 124 timed out; several jobs: the worst)",
+    )
+    p.add_argument("job_ids", nargs="+", metavar="JOB_ID")
+    p.add_argument("--timeout", type=_timeout, metavar="S", help="give up after S seconds (exit 124)")
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("podcast-job-supervisor")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from argcomplete import shell_integration
+
+    args.io.out.write(shell_integration.shellcode(["supervisor"], shell=args.shell))
+    return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="supervisor", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("--config", type=Path, default=None, help="a TOML file of settings (env vars win)")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("serve", help="run the supervisor (HTTP API, sweeper, job monitors)")
+
+    def local(name: str, help_text: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = sub.add_parser(
+            name, help=help_text, epilog=_epilog(name), formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+        return p
+
+    p = local("serve", "run the supervisor (HTTP API, sweeper, job monitors)")
     p.set_defaults(func=cmd_serve)
-    p = sub.add_parser("check-config", help="print the effective configuration, or name every invalid setting")
+    p = local("check-config", "print the effective configuration, or name every invalid setting")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_check_config)
-    p = sub.add_parser("migrate", help="bring the registry's schema up to date (as serve does unless told not to)")
+    p = local("migrate", "bring the registry's schema up to date (as serve does unless told not to)")
     p.set_defaults(func=cmd_migrate)
     _add_client_commands(sub)
+    p = local("completion", "print the shell completion script for bash or zsh")
+    p.add_argument("shell", choices=("bash", "zsh"))
+    p.set_defaults(func=cmd_completion)
     return parser
 
 
@@ -547,6 +725,11 @@ def main(
 ) -> int:
     """Run one command. ``environ``/``stdout``/``stderr`` default to the process's (tests pass their own)."""
     parser = build_parser()
+    if argv is None:
+        # Shell completion: a no-op unless the shell's completion function called us (it then prints and exits).
+        import argcomplete
+
+        argcomplete.autocomplete(parser)
     args = parser.parse_args(argv)
     args.io = _Io(os.environ if environ is None else environ, stdout or sys.stdout, stderr or sys.stderr)
     code: int = args.func(args)

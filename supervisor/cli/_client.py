@@ -66,6 +66,7 @@ class Client:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"the supervisor URL must start with http:// or https://, not {base_url!r}")
         self.base_url = base_url.rstrip("/")
+        self.token = token
         self.timeout = timeout or httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=self.timeout)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -37,7 +37,7 @@ from ..domain import (
     utc_now,
 )
 from ..execution import Executor, create_executor
-from ..observe import EventBus, Metrics, Snapshot, WebhookSender, get_logger, log_event
+from ..observe import EventBus, EventLog, Metrics, Snapshot, Subscription, WebhookSender, get_logger, log_event
 from ..registry import PAUSED_BY_OPERATOR, EnqueueResult, NewJob, Registry
 from ._absence import AbsenceJudge, AbsenceTracker
 from ._boot import Boot
@@ -170,6 +170,15 @@ class Supervisor:
         # INV-ONE-LEADER: one sender for the fleet keeps delivery in order.
         self.webhooks = WebhookSender(config, registry, may_send=self.fleet.may_lead)
         self.events.subscribe(self.webhooks.wake)
+        # The event stream's readers (GET /api/events): numbered, kept for resume, each with its own bounded queue.
+        self.event_log = EventLog(
+            self.boot.boot_id,
+            self.boot.wall_clock,
+            replay_events=config.events_replay_events,
+            client_buffer_events=config.events_client_buffer_events,
+            max_clients=config.events_max_clients,
+        )
+        self.events.subscribe(self.event_log.on_event)
         self.absence = AbsenceJudge(
             config,
             registry,
@@ -412,6 +421,26 @@ class Supervisor:
     async def sweep(self) -> None:
         await self.sweeper.sweep()
 
+    # -- the event stream -----------------------------------------------------------------------------------
+
+    def subscribe_events(
+        self,
+        *,
+        last_event_id: str | None = None,
+        jobs: Sequence[str] = (),
+        kinds: Sequence[str] = (),
+        backlog: bool = False,
+        follow: bool = True,
+    ) -> Subscription:
+        """A reader of the event stream (see ``observe.EventLog.subscribe``); the caller closes it."""
+        return self.event_log.subscribe(
+            last_event_id=last_event_id, jobs=jobs, kinds=kinds, backlog=backlog, follow=follow
+        )
+
+    def end_event_streams(self) -> None:
+        """Shutdown: every event stream ends (its reader gets what is queued, then the end); none is opened after."""
+        self.event_log.close()
+
     # -- reads, heartbeats, logs, metrics -------------------------------------------------------------------
 
     async def get(self, job_id: str) -> Job:
@@ -461,5 +490,6 @@ class Supervisor:
             running=await registry.running_jobs(),
             outbox_depth=await registry.outbox_depth(),
             deliveries=dict(self.webhooks.outcomes),
+            streams=self.event_log.stats(),
         )
         return self.metrics.render(snapshot)

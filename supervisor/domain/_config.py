@@ -69,6 +69,13 @@ class Config:
     # The outbox keeps undelivered events up to this many and this old; what goes past is dropped (counted, logged).
     webhook_outbox_max_events: int = 10_000
     webhook_outbox_max_age_s: float = 7 * 86400.0
+    # The event stream (GET /api/events): events kept for readers that resume (Last-Event-ID), each reader's queue
+    # (a reader that lets it fill is dropped), readers at once, and how often an idle stream sends a keep-alive.
+    events_replay_events: int = 1000
+    # The queue absorbs a burst: the bus announces a batch enqueue (up to 1,000 jobs) in one go, before any reader runs.
+    events_client_buffer_events: int = 2048
+    events_max_clients: int = 64
+    events_keepalive_s: float = 15.0
     log_max_bytes: int = 50 * MIB
     # How long a registry write waits for another writer's lock before it counts as failed (and is retried).
     registry_busy_timeout_ms: int = 10_000
@@ -173,6 +180,7 @@ class _Loader:
         *,
         integer: bool = False,
         floor: float | None = None,
+        ceiling: float | None = None,
         disable_at_or_below_zero: bool = False,
     ) -> Any:
         try:
@@ -192,6 +200,9 @@ class _Loader:
         if floor is not None and value < floor:
             self.warnings.append(f"{name}={raw!r} is below the floor {floor!r}; using {floor!r}")
             value = floor
+        if ceiling is not None and value > ceiling:
+            self.warnings.append(f"{name}={raw!r} is above the ceiling {ceiling!r}; using {ceiling!r}")
+            value = ceiling
         return int(value) if integer else float(value)
 
 
@@ -256,6 +267,11 @@ def load_config(
     num("webhook_timeout_s", "PODCAST_JOB_WEBHOOK_TIMEOUT_SEC", floor=0.5)
     num("webhook_outbox_max_events", "PODCAST_JOB_WEBHOOK_OUTBOX_MAX_EVENTS", integer=True, floor=1)
     num("webhook_outbox_max_age_s", "PODCAST_JOB_WEBHOOK_OUTBOX_MAX_AGE_SECONDS", floor=60.0)
+    num("events_replay_events", "PODCAST_JOB_EVENTS_REPLAY_EVENTS", integer=True, floor=1)
+    num("events_client_buffer_events", "PODCAST_JOB_EVENTS_CLIENT_BUFFER_EVENTS", integer=True, floor=1)
+    num("events_max_clients", "PODCAST_JOB_EVENTS_MAX_CLIENTS", integer=True, floor=1)
+    # At most a minute: a client that hears nothing for longer takes the connection for dead (the CLI, at 90 s).
+    num("events_keepalive_s", "PODCAST_JOB_EVENTS_KEEPALIVE_SECONDS", floor=1.0, ceiling=60.0)
     num("log_max_bytes", "PODCAST_JOB_LOG_MAX_BYTES", integer=True, floor=4096)
     num("registry_busy_timeout_ms", "PODCAST_JOB_REGISTRY_BUSY_TIMEOUT_MS", integer=True, floor=50)
     num("host_lease_s", "PODCAST_JOB_HOST_LEASE_SECONDS", floor=3.0)
@@ -377,6 +393,10 @@ _TOML_KEYS = (
     "webhook_secret",
     "webhook_outbox_max_events",
     "webhook_outbox_max_age_s",
+    "events_replay_events",
+    "events_client_buffer_events",
+    "events_max_clients",
+    "events_keepalive_s",
     "log_max_bytes",
     "cancel_grace_s",
     "docker_image",

@@ -12,7 +12,8 @@
     │   ├── JobNotFound             no job has that id (404)
     │   ├── HostNotFound            no host of the fleet has that id (404)
     │   ├── Unauthorized            missing or wrong credentials (401)
-    │   └── Conflict                the job's state does not allow it (409)
+    │   ├── Conflict                the job's state does not allow it (409)
+    │   └── TooManyStreams          every event-stream slot is taken (503; not the caller's fault: retry later)
     ├── IllegalTransition           a state change the lifecycle forbids: a bug in the caller, not bad input
     ├── RegistryError               the registry could not be read or written (storage, lock timeout)
     ├── SpawnError                  a job's process could not be started
@@ -124,6 +125,13 @@ class Conflict(RequestError):
 
     code = "conflict"
     http_status = 409
+
+
+class TooManyStreams(RequestError):
+    """Every event-stream slot is taken (``PODCAST_JOB_EVENTS_MAX_CLIENTS``): try again later."""
+
+    code = "too_many_streams"
+    http_status = 503
 
 
 class IllegalTransition(SupervisorError):

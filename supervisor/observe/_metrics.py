@@ -48,6 +48,7 @@ class Snapshot:
     running: list[Job]
     outbox_depth: int
     deliveries: Mapping[str, int] = field(default_factory=dict)
+    streams: Mapping[str, int] = field(default_factory=dict)  # the event stream's EventLog.stats()
 
 
 class _SnapshotCollector:
@@ -78,6 +79,20 @@ class _SnapshotCollector:
         for outcome in DELIVERY_OUTCOMES:
             deliveries.add_metric([outcome], snap.deliveries.get(outcome, 0))
         yield deliveries
+        streams = snap.streams
+        yield GaugeMetricFamily(
+            "podcast_event_stream_clients", "Readers of GET /api/events now.", value=streams.get("clients", 0)
+        )
+        yield GaugeMetricFamily(
+            "podcast_event_stream_buffered_events",
+            "Events queued for the event stream's readers now, over every reader.",
+            value=streams.get("buffered", 0),
+        )
+        yield CounterMetricFamily(
+            "podcast_event_stream_dropped_clients",
+            "Event-stream readers dropped since this boot because their queue was full (they did not read).",
+            value=streams.get("dropped", 0),
+        )
         labels = ["job_id", "kind"]
         running = GaugeMetricFamily("podcast_job_running", "1 while the job runs.", labels=labels)
         progress = GaugeMetricFamily(

@@ -146,6 +146,11 @@ def open_engine(base_url: str, *, max_examples: int, token: str | None) -> Any:
     config = engine_config(base_url, max_examples=max_examples, token=token)
     # The document itself is behind the token (it names the kinds); the run without a token still reads it.
     schema = schemathesis.openapi.from_url(f"{base_url}/api/openapi.json", config=config, headers=AUTH)
+    if token is not None:
+        # A request/response fuzzer cannot read a stream that never ends: with the token, the event stream answers
+        # 200 and goes on. Its answers are tested by tests/api/test_api_events.py (every 4xx by field, resume, the
+        # reader that stops reading); without the token it is fuzzed like every route (all 401).
+        schema = schema.exclude(path=STREAMS)
     return from_schema(schema).execute()
 
 
@@ -299,6 +304,7 @@ async def settle(live: Live) -> int:
 
 # schemathesis never sends requests to the operation that serves the document it loaded; the tests ask it directly.
 SERVES_THE_DOCUMENT = ("GET", "/api/openapi.json")
+STREAMS = "/api/events"
 
 
 def documented_operations(live: Live, *, protected_only: bool = False) -> set[tuple[str, str]]:
@@ -351,7 +357,7 @@ async def test_fuzzing_with_the_token_finds_nothing_and_leaves_the_server_sound(
     # Every operation was exercised, with every check.
     paths = sorted({path for _, path in documented})
     exercised = {(e.method, operation_of(e, paths)) for e in run.exchanges}
-    assert documented - {SERVES_THE_DOCUMENT} <= exercised, documented - exercised
+    assert documented - {SERVES_THE_DOCUMENT, ("GET", STREAMS)} <= exercised, documented - exercised
     assert {
         "not_a_server_error",
         "status_code_conformance",

@@ -45,6 +45,10 @@ def test_defaults() -> None:
         ("PODCAST_JOB_SILENT_SECONDS", "silent_after_s", "a minute"),
         ("PODCAST_JOB_WEBHOOK_OUTBOX_MAX_EVENTS", "webhook_outbox_max_events", "many"),
         ("PODCAST_JOB_WEBHOOK_OUTBOX_MAX_AGE_SECONDS", "webhook_outbox_max_age_s", "1w"),
+        ("PODCAST_JOB_EVENTS_REPLAY_EVENTS", "events_replay_events", "all"),
+        ("PODCAST_JOB_EVENTS_CLIENT_BUFFER_EVENTS", "events_client_buffer_events", "1e400"),
+        ("PODCAST_JOB_EVENTS_MAX_CLIENTS", "events_max_clients", "some"),
+        ("PODCAST_JOB_EVENTS_KEEPALIVE_SECONDS", "events_keepalive_s", "15s"),
     ],
 )
 def test_malformed_number_falls_back_to_default_naming_the_variable_INV_MALFORMED_NEVER_UNBOUNDED(
@@ -67,12 +71,30 @@ def test_malformed_number_falls_back_to_default_naming_the_variable_INV_MALFORME
         ("PODCAST_JOB_SILENT_SECONDS", "silent_after_s", "0.2", 1.0),
         ("PODCAST_JOB_WEBHOOK_OUTBOX_MAX_EVENTS", "webhook_outbox_max_events", "0", 1),
         ("PODCAST_JOB_WEBHOOK_OUTBOX_MAX_AGE_SECONDS", "webhook_outbox_max_age_s", "5", 60.0),
+        ("PODCAST_JOB_EVENTS_REPLAY_EVENTS", "events_replay_events", "0", 1),
+        ("PODCAST_JOB_EVENTS_CLIENT_BUFFER_EVENTS", "events_client_buffer_events", "-5", 1),
+        ("PODCAST_JOB_EVENTS_MAX_CLIENTS", "events_max_clients", "0", 1),
+        ("PODCAST_JOB_EVENTS_KEEPALIVE_SECONDS", "events_keepalive_s", "0.1", 1.0),
     ],
 )
 def test_values_below_a_floor_are_raised_to_it(var: str, attr: str, value: str, expected: float) -> None:
     config, warnings = load_config({var: value})
     assert getattr(config, attr) == expected
     assert var in warnings[0]
+
+
+def test_the_event_stream_settings_default_and_the_keepalive_has_a_ceiling() -> None:
+    config, _ = load_config({})
+    assert (
+        config.events_replay_events,
+        config.events_client_buffer_events,
+        config.events_max_clients,
+        config.events_keepalive_s,
+    ) == (1000, 2048, 64, 15.0)
+    # A keep-alive rarer than a minute would look like a dead connection to a client (the CLI waits 90 s).
+    config, warnings = load_config({"PODCAST_JOB_EVENTS_KEEPALIVE_SECONDS": "600"})
+    assert config.events_keepalive_s == 60.0
+    assert "PODCAST_JOB_EVENTS_KEEPALIVE_SECONDS" in warnings[0] and "ceiling" in warnings[0]
 
 
 def test_stale_window_is_disabled_only_by_an_explicit_zero_or_negative() -> None:

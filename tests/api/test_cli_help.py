@@ -1,0 +1,83 @@
+"""The CLI's help, version and shell completion, as an operator meets them."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from supervisor.cli import EXIT_OK, main
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+VERBS = [
+    "serve",
+    "check-config",
+    "enqueue",
+    "jobs",
+    "show",
+    "cancel",
+    "reconcile",
+    "queue",
+    "pause",
+    "resume",
+    "logs",
+    "events",
+    "wait",
+    "completion",
+]
+
+
+def run_main(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    try:
+        code = main(list(argv), environ={}, stdout=out, stderr=io.StringIO())
+    except SystemExit as exc:  # argparse's --help and --version
+        code = int(exc.code or 0)
+    return code, out.getvalue()
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_every_verb_s_help_ends_with_an_example(verb: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([verb, "--help"], environ={})
+    assert exited.value.code == 0
+    text = capsys.readouterr().out
+    example = text.split("example:\n", 1)[1]
+    assert f"supervisor {verb}" in example or "supervisor --config" in example, text
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"], environ={})
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.startswith("supervisor 0.")
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_completion_prints_a_script_for_the_shell(shell: str) -> None:
+    code, script = run_main("completion", shell)
+    assert code == EXIT_OK
+    assert "_python_argcomplete" in script and "supervisor" in script
+
+
+def test_completion_completes_verbs_and_options_of_the_real_command(tmp_path: Path) -> None:
+    """What the shell's completion function does: run the command with argcomplete's variables; read its answer."""
+    line = "supervisor wa"
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("PODCAST_")},
+        "PYTHONPATH": str(REPO_ROOT),
+        "_ARGCOMPLETE": "1",
+        "_ARGCOMPLETE_IFS": "\n",
+        "COMP_LINE": line,
+        "COMP_POINT": str(len(line)),
+        "_ARGCOMPLETE_STDOUT_FILENAME": str(tmp_path / "completions"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "supervisor"], env=env, capture_output=True, timeout=60, check=False, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "completions").read_text().split("\n") == ["wait "]
