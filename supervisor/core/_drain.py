@@ -105,6 +105,7 @@ class Drainer:
                     [hash_token(token) for token in tokens],
                     self.boot.log_dir,
                     self.boot.host_id,
+                    self.boot.config.host_max_concurrent,
                 )
                 # INV-PROMOTION-NEVER-OVERSHOOTS: the registry counts and flips in one step; none while paused.
                 promotion = await self.boot.registry.promote(request)

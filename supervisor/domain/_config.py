@@ -83,6 +83,8 @@ class Config:
     # lease lasts unrenewed (renewed every third of it; a leader that cannot renew stops leading before it ends).
     host_id: str = field(default_factory=socket.gethostname)
     host_lease_s: float = 15.0
+    # This host's own cap on its running jobs, within the fleet-wide max_concurrent. None: none of its own.
+    host_max_concurrent: int | None = None
     cancel_grace_s: float = 30.0
     docker_image: str = DEFAULT_DOCKER_IMAGE
     # None: the engine's default bridge network.
@@ -275,6 +277,14 @@ def load_config(
     num("log_max_bytes", "PODCAST_JOB_LOG_MAX_BYTES", integer=True, floor=4096)
     num("registry_busy_timeout_ms", "PODCAST_JOB_REGISTRY_BUSY_TIMEOUT_MS", integer=True, floor=50)
     num("host_lease_s", "PODCAST_JOB_HOST_LEASE_SECONDS", floor=3.0)
+    got = raw("PODCAST_JOB_HOST_MAX_CONCURRENT", "host_max_concurrent")
+    if got is not None:
+        text = str(got[1]).strip()
+        if text.isdigit() and int(text) >= 1:
+            values["host_max_concurrent"] = int(text)
+        else:
+            # No fallback: "no cap of its own" is not what an operator who set one meant.
+            loader.problems.append(f"{got[0]}={got[1]!r}: must be a whole number of jobs, at least 1")
     got = raw("PODCAST_JOB_HOST_ID", "host_id")
     if got is not None:
         word = str(got[1])
@@ -376,6 +386,7 @@ _TOML_KEYS = (
     "registry_busy_timeout_ms",
     "host_id",
     "host_lease_s",
+    "host_max_concurrent",
     "data_dir",
     "bind",
     "max_concurrent",

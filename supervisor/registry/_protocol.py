@@ -68,6 +68,16 @@ class PromoteRequest:
     token_hashes: Sequence[str]
     log_dir: Path | None = None
     host_id: str | None = None  # the promoting host, recorded on each row (ADR 0012)
+    # This host's own cap (PODCAST_JOB_HOST_MAX_CONCURRENT): its RUNNING rows, counted in the same atomic step as the
+    # fleet's. None: only the fleet-wide limit.
+    host_max_concurrent: int | None = None
+
+    def free_slots(self, running: int, running_here: int) -> int:
+        """How many rows this promotion may flip, given the RUNNING rows (all, and this host's)."""
+        free = min(self.max_concurrent - running, len(self.token_hashes))
+        if self.host_max_concurrent is not None:
+            free = min(free, self.host_max_concurrent - running_here)
+        return max(0, free)
 
 
 @dataclass(frozen=True)

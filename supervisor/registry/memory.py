@@ -246,8 +246,8 @@ class _MemoryRows:
         if self._pause.paused:
             return Promotion(paused=True)
         # INV-PROMOTION-NEVER-OVERSHOOTS: counted and flipped with no await in between.
-        running = sum(1 for r in self._rows.values() if r.job.status is JobStatus.RUNNING)
-        free = min(request.max_concurrent - running, len(request.token_hashes))
+        running = [r.job for r in self._rows.values() if r.job.status is JobStatus.RUNNING]
+        free = request.free_slots(len(running), sum(1 for j in running if j.host_id == request.host_id))
         now = self._now()
         # FIFO among the rows whose backoff has passed (a resubmitted row keeps its place).
         queued = [

@@ -289,3 +289,19 @@ def test_the_database_password_is_never_described_and_other_settings_are_checked
         load_config({"PODCAST_JOB_DATABASE_AUTO_MIGRATE": "maybe"})
     config, warnings = load_config({"PODCAST_JOB_DATABASE_TIMEOUT_SECONDS": "0"})
     assert config.database_timeout_s == 0.1 and "PODCAST_JOB_DATABASE_TIMEOUT_SECONDS" in warnings[0]
+
+
+def test_a_host_cap_is_a_whole_number_or_an_error_naming_it_never_no_cap() -> None:
+    config, _ = load_config({"PODCAST_JOB_HOST_MAX_CONCURRENT": "2"})
+    assert config.host_max_concurrent == 2
+    assert load_config({})[0].host_max_concurrent is None
+    for junk in ("0", "-1", "two", "1.5"):
+        with pytest.raises(ConfigError, match="PODCAST_JOB_HOST_MAX_CONCURRENT"):
+            load_config({"PODCAST_JOB_HOST_MAX_CONCURRENT": junk})
+
+
+def test_a_host_id_that_could_name_anything_is_an_error() -> None:
+    assert load_config({"PODCAST_JOB_HOST_ID": "web-2.example"})[0].host_id == "web-2.example"
+    for junk in ("web 2", "-web", "a/b", "x" * 65):
+        with pytest.raises(ConfigError, match="PODCAST_JOB_HOST_ID"):
+            load_config({"PODCAST_JOB_HOST_ID": junk})

@@ -99,3 +99,22 @@ async def test_a_promoted_row_records_the_promoting_host_and_forgets_it_when_it_
     assert job.public()["host_id"] == "h1"
     back = await registry.requeue(job.job_id, expect=Expect(None), reason="never_started")
     assert back.changed and back.job.status is JobStatus.QUEUED and back.job.host_id is None
+
+
+async def test_a_host_cap_limits_that_hosts_running_rows_within_the_fleet_limit(registry: Registry) -> None:
+    for n in range(6):
+        await registry.enqueue(new_job(n))
+
+    def promote(host: str, cap: int | None, *tokens: str) -> PromoteRequest:
+        return PromoteRequest(5, "boot-test", [request(1, t).token_hashes[0] for t in tokens], host_id=host,
+                              host_max_concurrent=cap)
+
+    # Host a may run 2 of the fleet's 5, whatever it asks for.
+    first = await registry.promote(promote("a", 2, "t1", "t2", "t3"))
+    assert [j.host_id for j in first.jobs] == ["a", "a"]
+    assert (await registry.promote(promote("a", 2, "t4"))).jobs == ()
+    # Host b, without a cap of its own, takes what the fleet has left: 3 more, then none (5 in all).
+    second = await registry.promote(promote("b", None, "t5", "t6", "t7", "t8"))
+    assert [j.host_id for j in second.jobs] == ["b", "b", "b"]
+    assert (await registry.counts())["running"] == 5
+    assert (await registry.promote(promote("c", 3, "t9"))).jobs == ()

@@ -121,8 +121,12 @@ class Operations(Rows):
         high, which promotes fewer, never more). Each row gets this boot's id and ``started_at`` in the same
         transaction (INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING)."""
         await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", PROMOTE_LOCK, self.schema_key)
-        running = await conn.fetchval("SELECT COUNT(*) FROM jobs WHERE status = 'running'")
-        free = min(request.max_concurrent - running, len(request.token_hashes))
+        counted = await conn.fetchrow(
+            "SELECT COUNT(*) AS running, COUNT(*) FILTER (WHERE host_id IS NOT DISTINCT FROM $1) AS here "
+            "FROM jobs WHERE status = 'running'",
+            request.host_id,
+        )
+        free = request.free_slots(counted["running"], counted["here"])
         if free <= 0:
             return []
         now = self.now()

@@ -117,8 +117,11 @@ class Operations(Rows):
         lock, so a concurrent promotion (in this or another process) counts these rows at once. Each row gets this
         boot's ``boot_id`` and ``started_at`` in the same transaction, so a row promoted but not yet spawned is never
         mistaken for a prior boot's orphan (INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING)."""
-        running = conn.execute("SELECT COUNT(*) FROM jobs WHERE status = 'running'").fetchone()[0]
-        free = min(request.max_concurrent - running, len(request.token_hashes))
+        running, here = conn.execute(
+            "SELECT COUNT(*), COUNT(*) FILTER (WHERE host_id IS ?) FROM jobs WHERE status = 'running'",
+            (request.host_id,),
+        ).fetchone()
+        free = request.free_slots(running, here)
         if free <= 0:
             return []
         now = self.now()
