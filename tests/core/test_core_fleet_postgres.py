@@ -1,0 +1,681 @@
+"""A fleet of real ``supervisor serve`` processes on one PostgreSQL schema (issue 27, ADR 0012), end to end.
+
+Three supervisors, each with its own data dir and host id; one of them runs in its own PID namespace
+(``unshare --pid --fork --mount-proc``) so that it cannot see the others' processes, as another machine could not.
+Leases of 3 s, sweeps of 1 s, short jobs. What is proved:
+
+- INV-PROMOTION-NEVER-OVERSHOOTS across hosts: a fleet-wide limit of 4 is never exceeded (measured by the jobs' own
+  journal), no job is lost or run twice, and every host's API says the same about every row;
+- INV-ONE-LEADER: a SIGKILLed leader's lead passes to exactly one survivor within the lease and a renewal period,
+  never two leaders at one sample;
+- no host judges a process it cannot see: a SIGKILLed host's running jobs stay running (their processes alive) while
+  the others sweep; the host, back with the same id and data dir, adopts them and records their true outcomes; an
+  operator's ``forget`` of a silent host frees its slots, and is refused (409) for a live one;
+- a cancel through a host that does not own the job: the row ends ``cancelled`` only once the process is gone.
+
+Jobs outlive supervisors by design: teardown kills every process this test started (jobs' and shepherds' process
+groups included), found by the test's own directory in their command line or working directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import asyncpg
+import httpx
+import pytest
+import trio
+
+T = TypeVar("T")
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        os.geteuid() != 0 or shutil.which("unshare") is None,
+        reason="a host in its own PID namespace (unshare --pid --fork --mount-proc) needs root (CI runs as root)",
+    ),
+]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TEST_DATABASE_URL_VAR = "PODCAST_JOB_TEST_DATABASE_URL"
+LEASE_S = 3.0  # the floor: the shortest failover a test can see
+RENEW_S = LEASE_S / 3  # how often a host renews its lease (and asks for the lead)
+SWEEP_S = 1.0
+LIMIT = 4  # PODCAST_JOB_MAX_CONCURRENT: fleet-wide
+WAIT_S = 30.0  # a backstop for a broken fleet, never a timing assertion
+SLACK_S = 1.0  # scheduling and HTTP on a busy 2-core machine, on top of a bound the design gives
+
+# Each start and end of a job's program, with its wall time, appended to one journal (as bench/chaos.py does).
+JOURNAL_JOB = r"""
+import os, sys, time
+def note(what):
+    line = "%s %s %.6f\n" % (what, os.environ["PODCAST_JOB_ID"], time.time())
+    fd = os.open(sys.argv[2], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+note("start")
+time.sleep(float(sys.argv[1]))
+note("end")
+"""
+
+# Runs until its gate file exists, then exits with the code it was given: the test decides when it ends and how.
+GATED_JOB = r"""
+import os, sys, threading
+while not os.path.exists(sys.argv[1]):
+    threading.Event().wait(0.02)
+sys.exit(int(sys.argv[2]))
+"""
+
+# Takes a SIGTERM slowly: says so in a file, then needs a moment before it exits (the window a cancel must not skip).
+SLOW_TO_STOP_JOB = r"""
+import os, signal, sys, threading, time
+def on_term(signum, frame):
+    open(sys.argv[1] + ".term", "w").close()
+    time.sleep(1.0)
+    os._exit(0)
+signal.signal(signal.SIGTERM, on_term)
+open(sys.argv[1] + ".started", "w").close()
+threading.Event().wait(600)
+"""
+
+
+def kinds_toml(journal: Path) -> str:
+    def kind(name: str, argv: list[str], params: str, extra: str = "") -> str:
+        return f"[kinds.{name}]\nargv = {json.dumps(argv)}\nparams = {{ {params} }}\n{extra}\n"
+
+    return (
+        kind("work", ["{python}", "-c", JOURNAL_JOB, "{seconds}", str(journal)], 'seconds = "float"')
+        + kind("gated", ["{python}", "-c", GATED_JOB, "{gate}", "{code}"], 'gate = "str", code = "int"')
+        + kind(
+            "gated_retry",
+            ["{python}", "-c", GATED_JOB, "{gate}", "{code}"],
+            'gate = "str", code = "int"',
+            "max_attempts = 2\nretry_backoff_seconds = 0.2\nretry_backoff_max_seconds = 0.2\n",
+        )
+        + kind("slow_to_stop", ["{python}", "-c", SLOW_TO_STOP_JOB, "{marker}"], 'marker = "str"')
+    )
+
+
+# -- processes: found by this test's directory, killed with their process groups ------------------------------
+
+
+def _proc_text(pid: int, name: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/{name}").read_bytes()
+    except OSError:
+        return b""
+
+
+def processes_naming(needle: str) -> list[int]:
+    """Processes (as this PID namespace sees them: all of them) whose command line names ``needle``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        pid = int(entry.name) if entry.name.isdigit() else os.getpid()
+        if pid != os.getpid() and needle.encode() in _proc_text(pid, "cmdline"):
+            found.append(pid)
+    return found
+
+
+def processes_of(root: Path) -> list[int]:
+    """Processes started for this test: their command line names a path under ``root`` or they run in it (the
+    shepherds, which inherit their supervisor's working directory)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        pid = int(entry.name)
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/cwd").startswith(str(root)):
+                found.append(pid)
+                continue
+        if str(root).encode() in _proc_text(pid, "cmdline"):
+            found.append(pid)
+    return found
+
+
+def alive(pid: int) -> bool:
+    """``pid`` exists and is not a zombie."""
+    status = _proc_text(pid, "stat")
+    return bool(status) and status.rsplit(b")", 1)[1].split()[0] != b"Z"
+
+
+def kill_with_group(pid: int) -> None:
+    """SIGKILL ``pid`` and, when it leads a group other than the test's own (a job, a shepherd), its whole group."""
+    with contextlib.suppress(ProcessLookupError):
+        group = os.getpgid(pid)
+        if group != os.getpgid(0):
+            os.killpg(group, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+
+
+# -- the fleet --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Host:
+    host_id: str
+    data_dir: Path
+    namespaced: bool
+    proc: trio.Process
+    log: Path
+    url: str = ""
+
+    def lines(self, event: str) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.log.read_text().splitlines() if f'"{event}"' in line]
+
+
+@dataclass
+class Fleet:
+    root: Path
+    database_url: str
+    client: httpx.AsyncClient
+    journal: Path
+    kinds: Path
+    hosts: dict[str, Host] = field(default_factory=dict)
+    boots: int = 0
+
+    async def start(self, host_id: str, *, namespaced: bool = False) -> Host:
+        """``supervisor serve`` as host ``host_id`` (its data dir the same across restarts), up when it logs its
+        URL and its health answers."""
+        home = self.root / host_id
+        home.mkdir(exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PODCAST_")}
+        env.update(
+            PYTHONPATH=str(REPO_ROOT),
+            PODCAST_JOB_DATA_DIR=str(home / "data"),
+            PODCAST_JOB_BIND="127.0.0.1:0",
+            PODCAST_JOB_KINDS_FILE=str(self.kinds),
+            PODCAST_JOB_DATABASE_URL=self.database_url,
+            PODCAST_JOB_HOST_ID=host_id,
+            PODCAST_JOB_HOST_LEASE_SECONDS=str(LEASE_S),
+            PODCAST_JOB_SWEEP_SECONDS=str(SWEEP_S),
+            PODCAST_JOB_MAX_CONCURRENT=str(LIMIT),
+            PODCAST_JOB_CANCEL_GRACE_SECONDS="20",  # a cancel's SIGKILL never comes in these tests: SIGTERM does it
+        )
+        argv = [sys.executable, "-m", "supervisor", "serve"]
+        if namespaced:
+            # Its own PID namespace: it sees its own jobs only. --kill-child: killing unshare kills the supervisor.
+            argv = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", *argv]
+        self.boots += 1
+        log = self.root / f"{host_id}-boot{self.boots}.log"
+        with log.open("wb") as fh:
+            proc = await trio.lowlevel.open_process(argv, env=env, cwd=home, stdout=subprocess.DEVNULL, stderr=fh)
+        host = Host(host_id, home / "data", namespaced, proc, log)
+        self.hosts[host_id] = host
+
+        async def started() -> str | None:
+            for line in (await trio.to_thread.run_sync(log.read_text)).splitlines():
+                if '"supervisor_started"' in line:
+                    return str(json.loads(line)["url"])
+            if proc.returncode is not None:
+                raise AssertionError(f"{host_id} exited {proc.returncode}: {log.read_text()}")
+            return None
+
+        host.url = await until(started, what=f"{host_id} to start")
+        if namespaced:  # it really is alone: pid 1 of a namespace of its own, seeing none of the others
+            [pid] = self.supervisor_pids(host)[1:]
+            nspid = next(line for line in _proc_text(pid, "status").decode().splitlines() if line.startswith("NSpid"))
+            assert nspid.split()[-1] == "1", nspid
+        return host
+
+    def errors(self) -> list[dict[str, Any]]:
+        """ERROR lines of every boot's log."""
+        found = []
+        for log in sorted(self.root.glob("*-boot*.log")):
+            for line in log.read_text().splitlines():
+                if line.startswith("{") and json.loads(line).get("level") == "error":
+                    found.append(json.loads(line))
+        return found
+
+    async def sigkill(self, host: Host) -> None:
+        """SIGKILL the supervisor (its jobs run on: they are not its children), and wait until it is gone."""
+        supervisor_pids = self.supervisor_pids(host)
+        host.proc.kill()
+        await host.proc.wait()
+
+        async def gone() -> bool:
+            return not any(map(alive, supervisor_pids))
+
+        await until(gone, what=f"{host.host_id}'s supervisor to be gone")
+
+    @staticmethod
+    def supervisor_pids(host: Host) -> list[int]:
+        pids = [host.proc.pid]
+        if host.namespaced:  # unshare's child, the supervisor (pid 1 in its namespace)
+            for task in Path(f"/proc/{host.proc.pid}/task").glob("*"):
+                pids += [int(p) for p in _proc_text(int(task.name), f"task/{task.name}/children").split()]
+        return pids
+
+    async def get(self, host: Host, path: str) -> Any:
+        answer = await self.client.get(f"{host.url}{path}")
+        assert answer.status_code == 200, (host.host_id, path, answer.status_code, answer.text)
+        return answer.json()
+
+    async def post(self, host: Host, path: str, body: Any = None, *, expect: int = 200) -> Any:
+        answer = await self.client.post(f"{host.url}{path}", json=body)
+        assert answer.status_code == expect, (host.host_id, path, answer.status_code, answer.text)
+        return answer.json()
+
+    async def enqueue(self, host: Host, kind: str, **params: Any) -> str:
+        return str((await self.post(host, "/api/jobs", {"kind": kind, "params": params}, expect=202))["job_id"])
+
+    async def job(self, host: Host, job_id: str) -> dict[str, Any]:
+        return dict(await self.get(host, f"/api/jobs/{job_id}"))
+
+    async def rows(self, host: Host) -> dict[str, dict[str, Any]]:
+        """Every row, as ``host``'s API lists them (page by page)."""
+        out: dict[str, dict[str, Any]] = {}
+        cursor: str | None = None
+        while True:
+            page = await self.get(host, "/api/jobs?limit=100" + (f"&cursor={cursor}" if cursor else ""))
+            out.update({row["job_id"]: row for row in page["jobs"]})
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return out
+
+    async def sweeps(self, host: Host) -> int:
+        """How many sweeps ``host`` has completed (its metrics)."""
+        answer = await self.client.get(f"{host.url}/metrics")
+        assert answer.status_code == 200, answer.text
+        for line in answer.text.splitlines():
+            if line.startswith("podcast_sweep_duration_seconds_count"):
+                return int(float(line.split()[-1]))
+        raise AssertionError("no podcast_sweep_duration_seconds_count in /metrics")
+
+    async def after_sweeps(self, hosts: list[Host], n: int) -> None:
+        """Until each of ``hosts`` has completed ``n`` more sweeps than now: the window a negative claim needs."""
+        marks = {host.host_id: await self.sweeps(host) for host in hosts}
+        for host in hosts:
+
+            async def swept(host: Host = host) -> bool:
+                return await self.sweeps(host) >= marks[host.host_id] + n
+
+            await until(swept, what=f"{n} sweeps of {host.host_id}")
+
+    async def live(self, via: Host, host_id: str) -> bool:
+        hosts = (await self.get(via, "/api/hosts"))["hosts"]
+        return any(h["host_id"] == host_id and h["live"] for h in hosts)
+
+
+async def until(check: Callable[[], Awaitable[T]], *, what: str, limit_s: float = WAIT_S, every_s: float = 0.05) -> T:
+    """Poll state owned by other processes (there is no event to wait on across them), under a bound."""
+    try:
+        with trio.fail_after(limit_s):
+            while not (value := await check()):  # noqa: ASYNC110 - no event exists across processes
+                await trio.sleep(every_s)
+            return value
+    except trio.TooSlowError:
+        raise AssertionError(f"gave up after {limit_s} s waiting for {what}") from None
+
+
+async def _sql(dsn: str, query: str) -> None:
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        await conn.execute(query)
+    finally:
+        await conn.close()
+
+
+def sql(dsn: str, query: str) -> None:
+    """One statement on its own connection, in a thread's own asyncio loop (the supervisors are other processes)."""
+    asyncio.run(_sql(dsn, query))
+
+
+@pytest.fixture
+async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
+    """Supervisors on a fresh schema of the test database (dropped after); every process started is killed."""
+    dsn = os.environ.get(TEST_DATABASE_URL_VAR)
+    assert dsn, f"{TEST_DATABASE_URL_VAR} is unset (the postgres mark skips these tests)"
+    schema = f"test_fleet_{uuid.uuid4().hex[:16]}"
+    await trio.to_thread.run_sync(sql, dsn, f'CREATE SCHEMA "{schema}"')
+    journal = tmp_path / "journal"
+    journal.touch(mode=0o666)
+    kinds = tmp_path / "kinds.toml"
+    kinds.write_text(kinds_toml(journal))
+    try:
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            made = Fleet(tmp_path, f"{dsn}?search_path={schema}", client, journal, kinds)
+            try:
+                yield made
+            finally:
+                with trio.CancelScope(shield=True):
+                    for host in made.hosts.values():
+                        if host.proc.returncode is None:
+                            host.proc.kill()
+                            await host.proc.wait()
+                    # Jobs (and their shepherds) outlive supervisors by design: none may outlive the test.
+                    for pid in processes_of(tmp_path):
+                        kill_with_group(pid)
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(sql, dsn, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+async def start_three(fleet: Fleet) -> list[Host]:
+    """h1 and h2, then h3 in a PID namespace of its own."""
+    return [await fleet.start("h1"), await fleet.start("h2"), await fleet.start("h3", namespaced=True)]
+
+
+# -- 1. the fleet-wide limit ------------------------------------------------------------------------------------
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    """The most intervals open at one instant (a start at the instant another ends counts both)."""
+    edges = sorted([(start, 0) for start, _ in intervals] + [(end, 1) for _, end in intervals])
+    most = running = 0
+    for _, is_end in edges:
+        running += -1 if is_end else 1
+        most = max(most, running)
+    return most
+
+
+async def test_INV_PROMOTION_NEVER_OVERSHOOTS_across_three_hosts_none_lost_none_twice_all_agree(fleet: Fleet) -> None:
+    hosts = await start_three(fleet)
+    jobs_per_host = 20
+    enqueued: dict[str, list[str]] = {host.host_id: [] for host in hosts}
+
+    async def enqueue_through(host: Host) -> None:
+        for _ in range(jobs_per_host):
+            enqueued[host.host_id].append(await fleet.enqueue(host, "work", seconds=0.2))
+
+    async with trio.open_nursery() as nursery:
+        for host in hosts:
+            nursery.start_soon(enqueue_through, host)
+    ids = {job_id for batch in enqueued.values() for job_id in batch}
+    assert len(ids) == jobs_per_host * len(hosts)
+
+    async def all_ended() -> dict[str, dict[str, Any]] | None:
+        rows = await fleet.rows(hosts[0])
+        return rows if all(row["status"] not in ("queued", "running") for row in rows.values()) else None
+
+    rows = await until(all_ended, what="every job to end", limit_s=60)
+    assert set(rows) == ids  # none lost, none made up
+    assert {row["status"] for row in rows.values()} == {"succeeded"}, {r["status"] for r in rows.values()}
+    assert {row["attempts"] for row in rows.values()} == {1}
+
+    # The jobs' own journal: one start and one end per job (none run twice), never more than LIMIT at once.
+    starts: dict[str, float] = {}
+    ends: dict[str, float] = {}
+    for line in fleet.journal.read_text().splitlines():
+        what, job_id, at = line.split()
+        book = starts if what == "start" else ends
+        assert job_id not in book, f"{job_id} {what}ed twice"
+        book[job_id] = float(at)
+    assert set(starts) == set(ends) == ids
+    most = max_overlap([(starts[j], ends[j]) for j in ids])
+    assert most <= LIMIT, f"{most} jobs ran at once under a fleet-wide limit of {LIMIT}"
+    assert most >= 2, "the jobs never overlapped: the limit was not put to the test"
+
+    # Every host ran some (the one in its own PID namespace included), and every host's API agrees on every row.
+    ran_on = {host.host_id: sum(1 for r in rows.values() if r["host_id"] == host.host_id) for host in hosts}
+    assert set(ran_on) == {row["host_id"] for row in rows.values()}
+    for host in hosts[1:]:
+        assert await fleet.rows(host) == rows, f"{host.host_id} disagrees with {hosts[0].host_id}"
+    assert fleet.errors() == []
+    print(f"most at once: {most}; ran on: {ran_on}")
+
+
+# -- 2. the leader dies ------------------------------------------------------------------------------------------
+
+
+async def leaders(fleet: Fleet, hosts: list[Host]) -> dict[str, bool]:
+    """Each host's own word on whether it leads, asked of all at once."""
+    said: dict[str, bool] = {}
+
+    async def ask(host: Host) -> None:
+        health = await fleet.get(host, "/api/health")
+        assert health["host_id"] == host.host_id
+        said[host.host_id] = bool(health["leader"])
+
+    async with trio.open_nursery() as nursery:
+        for host in hosts:
+            nursery.start_soon(ask, host)
+    return said
+
+
+async def test_INV_ONE_LEADER_a_sigkilled_leader_is_replaced_within_the_lease_never_two_at_once(fleet: Fleet) -> None:
+    hosts = await start_three(fleet)
+
+    async def one_leader() -> str | None:
+        said = await leaders(fleet, hosts)
+        assert sum(said.values()) <= 1, f"two leaders at once: {said}"
+        return next((host_id for host_id, leads in said.items() if leads), None)
+
+    old = fleet.hosts[await until(one_leader, what="a leader")]
+    for _ in range(10):  # stable: the same one, alone
+        assert await one_leader() in (old.host_id, None)
+    survivors = [host for host in hosts if host is not old]
+
+    killed_at = trio.current_time()
+    await fleet.sigkill(old)
+    samples: list[dict[str, bool]] = []
+
+    async def new_leader() -> str | None:
+        said = await leaders(fleet, survivors)
+        samples.append(said)
+        assert sum(said.values()) <= 1, f"two leaders at once: {said}"
+        return next((host_id for host_id, leads in said.items() if leads), None)
+
+    new = await until(new_leader, what="a new leader", every_s=0.02)
+    failover_s = trio.current_time() - killed_at
+    # The dead leader's lease ran out at most LEASE_S after its last renewal (before the kill); a survivor asks for
+    # the lead at its next renewal, within RENEW_S after that.
+    assert failover_s <= LEASE_S + RENEW_S + SLACK_S, f"failover took {failover_s:.2f} s"
+    for _ in range(3 * int(LEASE_S / 0.1)):  # several leases on: the new leader stays the only one
+        assert await new_leader() == new
+    hosts_view = await fleet.get(fleet.hosts[new], "/api/hosts")
+    assert hosts_view["leader"] == new
+    assert {h["host_id"]: h["live"] for h in hosts_view["hosts"]}[old.host_id] is False
+    print(f"failover: {old.host_id} -> {new} in {failover_s:.2f} s ({len(samples)} samples of both survivors)")
+
+
+# -- 3. a host with running jobs dies, comes back, or is forgotten ---------------------------------------------
+
+
+async def test_a_sigkilled_hosts_jobs_are_judged_by_nobody_else_adopted_on_its_return_freed_by_forget(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    gates = tmp_path / "gates"
+    gates.mkdir()
+
+    def gate(name: str) -> str:
+        return str(gates / name)
+
+    def program_runs(name: str) -> bool:
+        return bool(processes_naming(gate(name)))
+
+    async def running(name: str) -> bool:
+        return await trio.to_thread.run_sync(program_runs, name)
+
+    async def gone(name: str) -> bool:
+        return not await running(name)
+
+    async def row_is(via: Host, name: str, *statuses: str) -> dict[str, Any] | None:
+        row = await fleet.job(via, ids[name])
+        return row if row["status"] in statuses else None
+
+    async def lease_expired(host_id: str) -> bool:
+        return not await fleet.live(h2, host_id)
+
+    # h1 alone takes the fleet-wide limit: four gated jobs (c exits 3; d may be tried twice).
+    h1 = await fleet.start("h1")
+    ids = {name: await fleet.enqueue(h1, "gated", gate=gate(name), code=3 if name == "c" else 0) for name in "abc"}
+    ids["d"] = await fleet.enqueue(h1, "gated_retry", gate=gate("d"), code=0)
+    for name in "abcd":
+        row = await until(functools.partial(row_is, h1, name, "running"), what=f"{name} running")
+        assert row["host_id"] == "h1"
+        await until(functools.partial(running, name), what=f"{name}'s program")
+    h2 = await fleet.start("h2")
+    h3 = await fleet.start("h3", namespaced=True)
+    others = [h2, h3]
+    ids["e"] = await fleet.enqueue(h2, "gated", gate=gate("e"), code=0)  # no slot is free: it waits
+
+    # h1 dies; its jobs run on. Once its lease has expired and the others have swept twice, nothing has changed.
+    await fleet.sigkill(h1)
+    await until(functools.partial(lease_expired, "h1"), what="h1's lease to expire")
+    await fleet.after_sweeps(others, 2)
+    for via in others:
+        for name in "abcd":
+            row = await fleet.job(via, ids[name])
+            assert (row["status"], row["host_id"]) == ("running", "h1"), (via.host_id, name, row)
+        assert (await fleet.job(via, ids["e"]))["status"] == "queued"  # INV-UNKNOWN-KEEPS-SLOT: h1's slots held
+    for name in "abcd":
+        assert await running(name), f"{name}'s program is gone"
+    silent = [line for host in others for line in host.lines("host_silent")]
+    assert [line["host_id"] for line in silent] == ["h1"], silent  # said once, by the leader
+    await fleet.post(h2, "/api/hosts/h3/forget", expect=409)  # a live host is never forgotten
+
+    # a ends while h1 is away: nobody else can see that, so its row stays running.
+    await trio.Path(gate("a")).touch()
+    await until(functools.partial(gone, "a"), what="a's program to end")
+    await fleet.after_sweeps(others, 2)
+    assert (await fleet.job(h2, ids["a"]))["status"] == "running"
+
+    # h1 comes back (same host id, same data dir): a's true outcome from the exit record its shepherd left; b, c
+    # and d adopted, each recorded as it really ends.
+    h1 = await fleet.start("h1")
+    row = await until(functools.partial(row_is, h2, "a", "succeeded", "failed"), what="a's outcome")
+    assert (row["status"], row["exit_code"], row["attempts"]) == ("succeeded", 0, 1), row
+    for name in "bcd":
+        assert (await fleet.job(h3, ids[name]))["status"] == "running"
+    await trio.Path(gate("b")).touch()
+    await trio.Path(gate("c")).touch()
+    row = await until(functools.partial(row_is, h3, "b", "succeeded", "failed"), what="b's outcome")
+    assert (row["status"], row["exit_code"], row["attempts"]) == ("succeeded", 0, 1), row
+    row = await until(functools.partial(row_is, h3, "c", "succeeded", "failed"), what="c's outcome")
+    assert (row["status"], row["exit_code"], row["attempts"]) == ("failed", 3, 1), row
+    adopted = {line["job_id"] for line in h1.lines("job_adopted")}
+    assert adopted == {ids[name] for name in "bcd"}, adopted  # a had ended: recorded, not adopted
+
+    # The fleet full again (d on h1, e and fillers wherever), two more waiting; then h1 dies again.
+    ids["f"] = await fleet.enqueue(h2, "gated", gate=gate("f"), code=0)
+    ids["g"] = await fleet.enqueue(h3, "gated", gate=gate("g"), code=0)
+    ids["h"] = await fleet.enqueue(h2, "gated", gate=gate("h"), code=0)
+    ids["i"] = await fleet.enqueue(h3, "gated", gate=gate("i"), code=0)
+
+    async def queue_is(running: int, queued: int) -> bool:
+        state = await fleet.get(h2, "/api/queue")
+        return (state["running"], state["queued"]) == (running, queued)
+
+    await until(functools.partial(queue_is, LIMIT, 2), what="the fleet full, two waiting")
+    await fleet.sigkill(h1)
+    await fleet.post(h2, "/api/hosts/h1/forget", expect=409)  # its lease is live still: it may be running them
+    await until(functools.partial(lease_expired, "h1"), what="h1's lease to expire")
+    await fleet.after_sweeps(others, 2)
+    assert await queue_is(LIMIT, 2)  # its slots are held while it is silent
+    on_h1 = sorted(
+        job_id
+        for job_id, row in (await fleet.rows(h2)).items()
+        if row["status"] == "running" and row["host_id"] == "h1"
+    )
+    assert ids["d"] in on_h1
+
+    # The operator forgets h1: its running rows end orphan_host_forgotten (d, with an attempt left, resubmitted),
+    # their slots freed for those waiting.
+    forgot = await fleet.post(h2, "/api/hosts/h1/forget")
+    assert sorted(forgot["jobs_ended"]) == on_h1, forgot
+    for job_id in on_h1:
+        row = await fleet.job(h3, job_id)
+        if job_id == ids["d"]:
+            assert row["status"] in ("queued", "running"), row
+            assert [(a["status"], a["reason"]) for a in row["history"]] == [("failed", "orphan_host_forgotten")]
+        else:
+            assert (row["status"], row["error_reason"]) == ("failed", "orphan_host_forgotten"), row
+    waiting = 2 + 1  # h and i, and d again
+    await until(
+        functools.partial(queue_is, min(LIMIT, LIMIT - len(on_h1) + waiting), max(0, waiting - len(on_h1))),
+        what="the freed slots taken by those waiting",
+    )
+    assert "h1" not in {h["host_id"] for h in (await fleet.get(h3, "/api/hosts"))["hosts"]}
+
+
+# -- 4. cancel through a host that does not own the job ----------------------------------------------------------
+
+
+async def test_a_cancel_through_a_host_that_does_not_own_the_job_ends_it_cancelled_only_once_it_is_gone(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    hosts = await start_three(fleet)
+    marker = tmp_path / "slow"
+    # Through h3, in its own PID namespace: its drainer is woken first, so it most likely runs it, out of the
+    # others' sight (whichever runs it, the cancel goes through another).
+    job_id = await fleet.enqueue(hosts[2], "slow_to_stop", marker=str(marker))
+
+    async def started() -> dict[str, Any] | None:
+        row = await fleet.job(hosts[0], job_id)
+        ready = row["status"] == "running" and await trio.Path(f"{marker}.started").exists()
+        return row if ready else None
+
+    row = await until(started, what="the job's program to start")
+    owner = fleet.hosts[row["host_id"]]
+    via = next(host for host in hosts if host is not owner)
+    answer = await fleet.post(via, f"/api/jobs/{job_id}/cancel")
+    assert (answer["status"], answer["cancel_requested"]) == ("running", True), answer
+
+    def program_runs() -> bool:
+        return bool(processes_naming(str(marker)))
+
+    # The owner carries it out (SIGTERM at its next sweep); the program takes a second to go. Read the row first,
+    # then the processes: a row that says cancelled while its program still runs is the bug.
+    running_while_stopping = 0
+
+    async def cancelled() -> dict[str, Any] | None:
+        nonlocal running_while_stopping
+        row = await fleet.job(via, job_id)
+        runs = await trio.to_thread.run_sync(program_runs)
+        if row["status"] == "cancelled":
+            assert not runs, "the row says cancelled while the job's program still runs"
+            return row
+        assert row["status"] == "running", row
+        if runs and await trio.Path(f"{marker}.term").exists():
+            running_while_stopping += 1
+        return None
+
+    row = await until(cancelled, what="the row to end cancelled", every_s=0.02)
+    assert running_while_stopping > 0, "the stop was never seen under way: the test proved nothing"
+    assert row["host_id"] == owner.host_id
+    for host in hosts:
+        assert (await fleet.job(host, job_id))["status"] == "cancelled"
+    print(f"cancel via {via.host_id} of {owner.host_id}'s job: {running_while_stopping} samples while it stopped")
+
+
+# -- known gaps ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the pause file is per host but the pause it makes is fleet-wide and records only by='file': any other "
+    "host whose data dir has no pause file undoes it at its first look (core/_pause.py: _seen is None, the file is "
+    "absent, the registry says paused by file -> set_paused(False)). The pause should record which host's file made "
+    "it, and only that host's file should end it.",
+)
+async def test_a_pause_file_on_one_host_holds_the_fleet_when_another_host_starts(fleet: Fleet) -> None:
+    h1 = await fleet.start("h1")
+    h2 = await fleet.start("h2")
+    flag = trio.Path(h1.data_dir / ".viewer" / "jobs.paused")
+    await flag.parent.mkdir(parents=True, exist_ok=True)  # on PostgreSQL nothing else is kept there
+    await flag.touch()
+
+    async def paused() -> bool:
+        return bool((await fleet.get(h2, "/api/queue"))["paused"])
+
+    await until(paused, what="the fleet paused by h1's pause file")
+    h3 = await fleet.start("h3")  # its startup sweep has looked at its own (absent) pause file
+    assert (await fleet.get(h3, "/api/queue"))["paused"], "h3's start undid h1's pause file"
