@@ -27,9 +27,12 @@ LOOK_EVERY_S = 1.0  # the drainer's looks, at most: the file holds promotion wit
 
 
 class PauseFile:
-    def __init__(self, path: Path, registry: Registry) -> None:
+    def __init__(self, path: Path, registry: Registry, host_id: str | None = None) -> None:
         self.path = path
         self._registry = registry
+        # A fleet shares the pause but not the data dir: the pause records whose file made it, and only that host's
+        # file ends it (another host, starting without a file of its own, must not undo it). ADR 0012.
+        self.by = PAUSED_BY_FILE if host_id is None else f"{PAUSED_BY_FILE}:{host_id}"
         self._seen: bool | None = None  # whether the file existed at the last look (None: not looked yet)
         self._looked_at = -math.inf  # trio.current_time() of the last look
         self._lock = trio.Lock()
@@ -44,14 +47,15 @@ class PauseFile:
             if exists == self._seen:
                 return
             if exists:
-                state = await self._registry.set_paused(True, by=PAUSED_BY_FILE)
-                if state.by == PAUSED_BY_FILE:
-                    log.warning("queue_paused", by=PAUSED_BY_FILE, flag=str(self.path))
+                state = await self._registry.set_paused(True, by=self.by)
+                if state.by == self.by:
+                    log.warning("queue_paused", by=self.by, flag=str(self.path))
             else:
                 state = await self._registry.pause_state()
-                if state.paused and state.by == PAUSED_BY_FILE:
-                    await self._registry.set_paused(False, by=PAUSED_BY_FILE)
-                    log.info("queue_resumed", by=PAUSED_BY_FILE, flag=str(self.path))
+                # PAUSED_BY_FILE alone: a pause recorded before hosts were, which any host's file ended.
+                if state.paused and state.by in (self.by, PAUSED_BY_FILE):
+                    await self._registry.set_paused(False, by=self.by)
+                    log.info("queue_resumed", by=self.by, flag=str(self.path))
             self._seen = exists
 
     def forget(self) -> None:

@@ -159,7 +159,7 @@ class Supervisor:
             wall_clock=wall_clock or utc_now,
         )
         self.monitors = Monitors(self.boot, self.wake_drainer, self._follow_up_of, self._announce_enqueued)
-        self.pause_file = PauseFile(config.pause_flag_path, registry)
+        self.pause_file = PauseFile(config.pause_flag_path, registry, config.host_id)
         self.drainer = Drainer(self.boot, self.monitors.start, self.pause_file)
         self.reconciler = Reconciler(self.boot, self.monitors, self.wake_drainer)
         self.metrics = Metrics()

@@ -316,7 +316,7 @@ async def test_the_pause_file_holds_promotion_and_its_removal_resumes(
     assert await sup.drain() == []
     assert (await sup.get(job.job_id)).status is JobStatus.QUEUED
     state = await sup.registry.pause_state()
-    assert (state.paused, state.by) == (True, "pause_file")
+    assert (state.paused, state.by) == (True, f"pause_file:{sup.config.host_id}")  # whose file: ADR 0012
     assert (await sup.queue_state()).paused
     await trio.to_thread.run_sync(flag.unlink)
     await sup.sweep()  # the sweeper mirrors too (and drains)

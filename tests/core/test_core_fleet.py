@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import structlog
@@ -27,7 +27,7 @@ from core_executors import PROGRAMS  # type: ignore[import-not-found]
 from supervisor import Config, Conflict, Supervisor, load_kinds
 from supervisor.domain import JobStatus, SteadyWallClock
 from supervisor.execution.memory import MemoryExecutor
-from supervisor.registry import Lease, MemoryRegistry
+from supervisor.registry import Lease, MemoryRegistry, Registry
 
 NOW = datetime(2031, 3, 4, 5, 6, 7, tzinfo=UTC)
 LEASE_S = 15.0
@@ -44,9 +44,10 @@ retry_backoff_seconds = 30
 """
 
 
-class Partitionable(MemoryRegistry):
-    """The shared registry as one host reaches it: ``cut`` makes every lease renewal of that host fail (a host
-    partitioned from the database), while the other host's view works."""
+class Partitionable:
+    """The shared registry as one host reaches it: ``cut`` makes every lease renewal of that host hang (a host
+    partitioned from the database), while the other host's view works. Not a subclass: every other attribute, its
+    state included, is the shared registry's own."""
 
     def __init__(self, shared: MemoryRegistry) -> None:  # a view: every call goes to ``shared``
         self.__dict__["_shared"] = shared
@@ -94,8 +95,10 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Callable[..., Host]]:
             )
             machine = MemoryExecutor(PROGRAMS, machines)
             view = Partitionable(shared)
-            sup = Supervisor(config, load_kinds(kinds), view, boot_id=f"boot-{host_id}", executor=machine,
-                             wall_clock=clock)
+            registry = cast(Registry, view)
+            sup = Supervisor(
+                config, load_kinds(kinds), registry, boot_id=f"boot-{host_id}", executor=machine, wall_clock=clock
+            )
             sup.attach(nursery)
             nursery.start_soon(sup.run_drainer)
             if fleet_task:
@@ -208,3 +211,19 @@ async def test_a_cancel_through_another_host_is_carried_out_by_the_owner(
     final = await a.sup.get(job.job_id)
     assert final.status is JobStatus.CANCELLED and a.machine.jobs[job.job_id].status is not None
 
+
+
+async def test_a_pause_file_on_one_host_is_ended_only_by_that_hosts_file(
+    jump_clock: trio.testing.MockClock, fleet: Callable[..., Host], tmp_path: Path
+) -> None:
+    a, b = fleet("a"), fleet("b")
+    flag = trio.Path(a.sup.pause_file.path)
+    await flag.parent.mkdir(parents=True, exist_ok=True)
+    await flag.touch()
+    await a.sup.sweep()
+    assert await a.sup.is_paused()
+    await b.sup.sweep()  # b has no pause file of its own: the fleet's pause is not b's to end
+    assert await b.sup.is_paused()
+    await flag.unlink()
+    await a.sup.sweep()
+    assert not await b.sup.is_paused()

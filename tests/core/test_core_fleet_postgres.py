@@ -423,9 +423,10 @@ async def test_INV_PROMOTION_NEVER_OVERSHOOTS_across_three_hosts_none_lost_none_
     assert most <= LIMIT, f"{most} jobs ran at once under a fleet-wide limit of {LIMIT}"
     assert most >= 2, "the jobs never overlapped: the limit was not put to the test"
 
-    # Every host ran some (the one in its own PID namespace included), and every host's API agrees on every row.
+    # Every row ran on a host of the fleet (which ones is the promotions' race: a host may get none), and every host's
+    # API agrees on every row.
     ran_on = {host.host_id: sum(1 for r in rows.values() if r["host_id"] == host.host_id) for host in hosts}
-    assert set(ran_on) == {row["host_id"] for row in rows.values()}
+    assert {row["host_id"] for row in rows.values()} <= set(ran_on) and sum(ran_on.values()) == len(rows)
     for host in hosts[1:]:
         assert await fleet.rows(host) == rows, f"{host.host_id} disagrees with {hosts[0].host_id}"
     assert fleet.errors() == []
@@ -659,13 +660,6 @@ async def test_a_cancel_through_a_host_that_does_not_own_the_job_ends_it_cancell
 # -- known gaps ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the pause file is per host but the pause it makes is fleet-wide and records only by='file': any other "
-    "host whose data dir has no pause file undoes it at its first look (core/_pause.py: _seen is None, the file is "
-    "absent, the registry says paused by file -> set_paused(False)). The pause should record which host's file made "
-    "it, and only that host's file should end it.",
-)
 async def test_a_pause_file_on_one_host_holds_the_fleet_when_another_host_starts(fleet: Fleet) -> None:
     h1 = await fleet.start("h1")
     h2 = await fleet.start("h2")

@@ -360,4 +360,4 @@ async def test_the_pause_file_holds_promotion_within_a_second_of_its_creation(
     job = (await sup.enqueue("exit", {"code": 0})).job
     assert await sup.drain() == []
     assert (await sup.get(job.job_id)).status is JobStatus.QUEUED
-    assert (await sup.registry.pause_state()).by == "pause_file"
+    assert (await sup.registry.pause_state()).by == f"pause_file:{sup.config.host_id}"  # whose file (ADR 0012)
