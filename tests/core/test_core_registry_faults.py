@@ -13,11 +13,10 @@ import contextlib
 import json
 import os
 import re
-import signal
 import sqlite3
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,50 +62,8 @@ def small_filesystem(data_dir: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(data_dir)], check=False)
 
 
-class Server:
-    def __init__(self, proc: trio.Process, log: Path) -> None:
-        self.proc = proc
-        self.log = log
-        self.url = ""
-
-    def lines(self, event: str) -> list[dict[str, Any]]:
-        found = []
-        for line in self.log.read_text().splitlines():
-            if f'"{event}"' in line:
-                found.append(json.loads(line))
-        return found
-
-
-@pytest.fixture
-async def serve(tmp_path: Path, env: dict[str, str]) -> AsyncIterator[Callable[[], Awaitable[Server]]]:
-    servers: list[Server] = []
-
-    async def start() -> Server:
-        log = tmp_path / f"supervisor-{len(servers)}.log"
-        with log.open("wb") as fh:
-            proc = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "supervisor", "serve"], env=env, stdout=subprocess.DEVNULL, stderr=fh
-            )
-        server = Server(proc, log)
-        servers.append(server)
-
-        async def started() -> str | None:
-            for line in (await trio.to_thread.run_sync(log.read_text)).splitlines():
-                if '"supervisor_started"' in line:
-                    return str(json.loads(line)["url"])
-            if proc.returncode is not None:
-                raise AssertionError(f"supervisor exited {proc.returncode}: {log.read_text()}")
-            return None
-
-        server.url = await poll(started, timeout_s=20)
-        return server
-
-    yield start
-    for server in servers:
-        if server.proc.returncode is None:
-            server.proc.send_signal(signal.SIGTERM)
-            with trio.fail_after(WAIT_S):
-                await server.proc.wait()
+def _lines(log: Path, event: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log.read_text().splitlines() if f'"{event}"' in line]
 
 
 def _fill(directory: Path) -> Path:
@@ -142,7 +99,7 @@ async def _health(client: httpx.AsyncClient, url: str) -> dict[str, Any]:
 
 
 async def _run_a_fault(
-    server: Server,
+    server: Any,
     gate: Path,
     begin: Callable[[], None],
     end: Callable[[], None],
@@ -195,7 +152,8 @@ async def _run_a_fault(
         await poll(lambda: _status_is(client, server.url, again.json()["job_id"], "succeeded"), timeout_s=WAIT_S)
     assert server.proc.returncode is None
     # One ERROR when the fault started, one INFO when it ended: not one line per retry.
-    failing, recovered = server.lines("registry_writes_failing"), server.lines("registry_writes_recovered")
+    failing = _lines(server.log, "registry_writes_failing")
+    recovered = _lines(server.log, "registry_writes_recovered")
     assert [f["level"] for f in failing] == ["error"], failing
     assert [r["level"] for r in recovered] == ["info"], recovered
     assert recovered[0]["failed_writes"] >= 3
@@ -207,9 +165,9 @@ async def _ok(client: httpx.AsyncClient, url: str) -> bool | None:
 
 @as_root
 async def test_a_full_disk_keeps_the_supervisor_up_and_records_the_true_outcome_once_space_is_back(
-    serve: Callable[[], Awaitable[Server]], small_filesystem: Path, tmp_path: Path
+    start_server: Callable[[], Awaitable[Any]], small_filesystem: Path, tmp_path: Path
 ) -> None:
-    server = await serve()
+    server = await start_server()
     fillers: list[Path] = []
     await _run_a_fault(
         server,
@@ -230,9 +188,9 @@ def immutable_files_supported(tmp_path: Path) -> None:
 @as_root
 @pytest.mark.usefixtures("immutable_files_supported")
 async def test_a_registry_made_read_only_while_running_is_a_fault_that_ends_when_it_is_writable_again(
-    serve: Callable[[], Awaitable[Server]], data_dir: Path, tmp_path: Path
+    start_server: Callable[[], Awaitable[Any]], data_dir: Path, tmp_path: Path
 ) -> None:
-    server = await serve()
+    server = await start_server()
     # Not the -shm index: SQLite writes it through a shared mapping, where a refused write is a SIGBUS, not an error.
     files = [str(data_dir / ".viewer" / name) for name in ("jobs.sqlite3", "jobs.sqlite3-wal")]
 
@@ -246,10 +204,10 @@ async def test_a_registry_made_read_only_while_running_is_a_fault_that_ends_when
 
 
 async def test_a_registry_locked_by_another_process_past_the_busy_timeout_is_a_fault_until_released(
-    serve: Callable[[], Awaitable[Server]], env: dict[str, str], data_dir: Path, tmp_path: Path
+    start_server: Callable[[], Awaitable[Any]], env: dict[str, str], data_dir: Path, tmp_path: Path
 ) -> None:
     env["PODCAST_JOB_REGISTRY_BUSY_TIMEOUT_MS"] = "200"
-    server = await serve()
+    server = await start_server()
     locker: list[sqlite3.Connection] = []
 
     def lock() -> None:
@@ -266,9 +224,9 @@ async def test_a_registry_locked_by_another_process_past_the_busy_timeout_is_a_f
 
 
 async def test_a_registry_file_deleted_while_running_is_a_fault_never_a_fresh_empty_database(
-    serve: Callable[[], Awaitable[Server]], data_dir: Path, tmp_path: Path
+    start_server: Callable[[], Awaitable[Any]], data_dir: Path, tmp_path: Path
 ) -> None:
-    server = await serve()
+    server = await start_server()
     path = data_dir / ".viewer" / "jobs.sqlite3"
     aside = tmp_path / "aside"
     aside.mkdir()
