@@ -204,6 +204,17 @@ _SCHEMAS: dict[str, Any] = {
             "last_progress_at": _TS,
             "log_path": _NULLABLE_STR,
             "queue_position": {"type": "integer", "description": "present only while queued (1-based)"},
+            "retry_of": {
+                **_NULLABLE_STR,
+                "description": "the finished job this one is an operator's retry of (POST /api/jobs/{job_id}/retry); "
+                "null for any other job (an automatic resubmission keeps its own id)",
+            },
+            "retried_by": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "present only in showJob's answer: the jobs enqueued as retries of this one, oldest "
+                "first",
+            },
             "stalled": {
                 "type": "boolean",
                 "description": "the sweeper's judgement: no progress for PODCAST_JOB_PROGRESS_STALE_SECONDS",
@@ -409,6 +420,23 @@ _PATHS: dict[str, Any] = {
                 "401": _UNAUTHORIZED,
                 "403": _CROSS_ORIGIN,
                 "404": _NOT_FOUND,
+            },
+        }
+    },
+    "/api/jobs/{job_id}/retry": {
+        "post": {
+            "operationId": "retryJob",
+            "summary": "Enqueue a finished job's kind and params again as a new job whose retry_of names it.",
+            "parameters": [_JOB_ID],
+            "responses": {
+                "202": _json(_ref("EnqueueResponse"), "the new job (or the identical queued one)"),
+                "401": _UNAUTHORIZED,
+                "403": _CROSS_ORIGIN,
+                "404": _NOT_FOUND,
+                "409": _error(
+                    "the job has not finished (error.message names its state), or its kind or params are no longer "
+                    "what the kinds file declares (error.field names which)"
+                ),
             },
         }
     },

@@ -425,6 +425,10 @@ def _show_job(io: _Io, job: Mapping[str, Any]) -> None:
             for attempt in value:
                 io.print(f"  #{attempt.get('attempt')}  {_attempt_line(attempt)}")
             continue
+        if key == "retried_by" and isinstance(value, list):
+            # The other side of retry_of: the operator's retries of this job, oldest first.
+            io.print(f"{key:18} {', '.join(map(str, value)) if value else '-'}")
+            continue
         if isinstance(value, dict | list):
             value = json.dumps(value, sort_keys=True)
         io.print(f"{key:18} {'-' if value is None else value}")
@@ -442,6 +446,22 @@ def cmd_show(client: Client, args: argparse.Namespace, io: _Io) -> int:
         io.json(job)
     else:
         _show_job(io, job)
+    return EXIT_OK
+
+
+def cmd_retry(client: Client, args: argparse.Namespace, io: _Io) -> int:
+    answer = client.retry(args.job_id)
+    if args.json:
+        io.json(answer)
+    elif answer["coalesced"]:
+        io.print(
+            f"{answer['job_id']}  coalesced into the identical queued job (position {answer['queue_position']}); "
+            f"it is not linked to {args.job_id}"
+        )
+    elif answer["status"] == "queued":
+        io.print(f"{answer['job_id']}  queued (position {answer['queue_position']}), a retry of {args.job_id}")
+    else:
+        io.print(f"{answer['job_id']}  {answer['status']}, a retry of {args.job_id}")
     return EXIT_OK
 
 
@@ -583,6 +603,10 @@ EXAMPLES = {
     "jobs": "  supervisor jobs --status running\n  supervisor jobs --watch        # live; Ctrl-C quits (exit 0)",
     "show": "  supervisor show 4969cb37d2f8447e9734ed35bf48539b",
     "cancel": "  supervisor cancel 4969cb37d2f8447e9734ed35bf48539b",
+    "retry": (
+        "  supervisor retry 4969cb37d2f8447e9734ed35bf48539b   # prints the new job's id\n"
+        "  supervisor wait \"$(supervisor retry JOB_ID --json | jq -r .job_id)\""
+    ),
     "reconcile": "  supervisor reconcile --json",
     "queue": "  supervisor queue",
     "hosts": (
@@ -650,6 +674,13 @@ def _add_client_commands(sub: Any) -> None:
     p = add("show", cmd_show, "show one job")
     p.add_argument("job_id")
     p = add("cancel", cmd_cancel, "cancel a job (idempotent)")
+    p.add_argument("job_id")
+    p = add(
+        "retry",
+        cmd_retry,
+        "enqueue a finished job's kind and params again as a new job (its retry_of names the old one; "
+        "`show` lists a job's retries)",
+    )
     p.add_argument("job_id")
     add("reconcile", cmd_reconcile, "operator reconcile: may mark live jobs past the wall-clock window stale")
     add("queue", cmd_queue, "show the queue's state")

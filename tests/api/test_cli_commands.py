@@ -248,3 +248,27 @@ async def test_enqueue_from_an_ndjson_file_in_batches(live: Live, tmp_path: Path
     assert usage.code == EXIT_USAGE and "line 2" in usage.err
     both = await cli(live.url, "enqueue", "sleep", "--from-file", str(source))
     assert both.code == EXIT_USAGE
+
+
+async def test_retry_enqueues_a_finished_job_again_and_show_links_both_ways(live: Live) -> None:
+    old = (await cli(live.url, "enqueue", "fail", "--json")).json()["job_id"]
+    assert (await wait_terminal(live.supervisor, old)).status == "failed"
+    await cli(live.url, "pause")
+    ran = await cli(live.url, "retry", old)
+    assert ran.code == EXIT_OK, ran.err
+    new, rest = ran.out.split(None, 1)
+    assert rest.strip() == f"queued (position 1), a retry of {old}"
+    new_fields = dict(line.split(None, 1) for line in (await cli(live.url, "show", new)).out.splitlines())
+    old_fields = dict(line.split(None, 1) for line in (await cli(live.url, "show", old)).out.splitlines())
+    assert (new_fields["kind"], new_fields["retry_of"], new_fields["retried_by"]) == ("fail", old, "-")
+    assert (old_fields["retry_of"], old_fields["retried_by"]) == ("-", new)
+    assert (await cli(live.url, "show", old, "--json")).json()["retried_by"] == [new]
+
+
+async def test_retry_of_a_job_that_has_not_finished_says_why(live: Live) -> None:
+    await cli(live.url, "pause")
+    queued = (await cli(live.url, "enqueue", "sleep", "-p", "seconds=30", "--json")).json()["job_id"]
+    ran = await cli(live.url, "retry", queued)
+    assert ran.code == EXIT_ERROR
+    assert f"job {queued} is queued: only a finished job can be retried" in ran.err
+    assert "HTTP 409, conflict, field job_id" in ran.err
