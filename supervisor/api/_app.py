@@ -39,10 +39,10 @@ from ..domain._errors import (
     UnsupportedMediaType,
     ValidationError,
 )
-from ..domain._model import Job
+from ..domain._model import Job, to_iso
 from ..observe import GAP, LAST_EVENT_ID, StreamEnded, StreamEvent, Subscription
 from ..observe._logging import get_logger
-from ..registry import EnqueueResult
+from ..registry import MAX_LIST_LIMIT, EnqueueResult
 from ._limits import HttpLimits
 from ._openapi import JOBS_SUBROUTES, openapi_document
 
@@ -367,6 +367,25 @@ def create_app(
     async def cancel_job(job_id: str) -> Any:
         """Cancel a job (idempotent)."""
         return _row(await supervisor.cancel(job_id))
+
+    @app.post("/api/jobs/prune")
+    async def prune_jobs() -> Any:
+        """Remove finished jobs past the retention now, oldest first (dry_run=true: only list them)."""
+        query = _query(("dry_run", "limit"))
+        dry_run = _bool_query("dry_run", default=False)
+        limit = _int_query(query, "limit", MAX_LIST_LIMIT)
+        assert limit is not None
+        gone = await supervisor.prune(dry_run=dry_run, limit=limit)
+        return {
+            "dry_run": dry_run,
+            "pruned": len(gone),
+            "limit_reached": len(gone) == limit,
+            "retention": supervisor.retention(),
+            "jobs": [
+                {"job_id": j.job_id, "kind": j.kind, "status": str(j.status), "ended_at": to_iso(j.ended_at)}
+                for j in gone
+            ],
+        }
 
     @app.post("/api/jobs/reconcile")
     async def reconcile() -> Any:

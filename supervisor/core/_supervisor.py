@@ -40,7 +40,7 @@ from ..domain import (
 )
 from ..execution import Executor, create_executor
 from ..observe import EventBus, EventLog, Metrics, Snapshot, Subscription, WebhookSender, get_logger, log_event
-from ..registry import PAUSED_BY_OPERATOR, EnqueueResult, NewJob, Registry
+from ..registry import PAUSED_BY_OPERATOR, EnqueueResult, NewJob, PrunedJob, Registry
 from ._absence import AbsenceJudge, AbsenceTracker
 from ._boot import Boot
 from ._drain import Drainer
@@ -48,6 +48,7 @@ from ._fleet import Fleet, host_view
 from ._heartbeats import Heartbeats
 from ._monitor import Monitors
 from ._pause import PauseFile
+from ._prune import Pruner
 from ._reconcile import Reconciler, ReconcileReport
 from ._sweeper import Sweeper, run_sweeper
 
@@ -189,8 +190,17 @@ class Supervisor:
             self.reconciler.stop_stalled,
             AbsenceTracker(wall_clock=self.boot.wall_clock),
         )
+        # History past its retention goes a batch at a time; one host of a fleet prunes (INV-ONE-LEADER's duties).
+        self.pruner = Pruner(config, registry, self.boot.wall_clock, self.fleet.may_lead)
         self.sweeper = Sweeper(
-            registry, self.reconciler, self.absence, self.drainer, self.metrics, self.pause_file, self.boot.wall_clock
+            registry,
+            self.reconciler,
+            self.absence,
+            self.drainer,
+            self.metrics,
+            self.pause_file,
+            self.boot.wall_clock,
+            self.pruner,
         )
         self.heartbeats = Heartbeats(registry, self.absence.tracker.beat)
         self.events.subscribe(self.heartbeats.tokens.on_event)
@@ -445,6 +455,15 @@ class Supervisor:
 
     async def sweep(self) -> None:
         await self.sweeper.sweep()
+
+    async def prune(self, *, dry_run: bool, limit: int) -> list[PrunedJob]:
+        """The operator's prune, now: up to ``limit`` finished jobs past the retention, oldest first, removed with
+        their files (``dry_run``: only what would go)."""
+        return await self.pruner.prune(limit=limit, dry_run=dry_run)
+
+    def retention(self) -> dict[str, float | int | None]:
+        """The retention in force (None: that rule is off)."""
+        return {"days": self.boot.config.retention_days, "max_jobs": self.boot.config.retention_max_jobs}
 
     # -- the event stream -----------------------------------------------------------------------------------
 

@@ -272,3 +272,34 @@ async def test_retry_of_a_job_that_has_not_finished_says_why(live: Live) -> None
     assert ran.code == EXIT_ERROR
     assert f"job {queued} is queued: only a finished job can be retried" in ran.err
     assert "HTTP 409, conflict, field job_id" in ran.err
+
+
+async def test_prune_dry_run_lists_what_would_go_and_prune_removes_it(make_live: MakeLive) -> None:
+    live = await make_live(retention_days=None, retention_max_jobs=1)
+    ids = []
+    for _ in range(3):
+        job_id = (await cli(live.url, "enqueue", "fail", "--json")).json()["job_id"]
+        await wait_terminal(live.supervisor, job_id)  # one at a time: they end in this order
+        ids.append(job_id)
+    dry = await cli(live.url, "prune", "--dry-run")
+    assert dry.code == EXIT_OK, dry.err
+    header, *rows, summary = dry.out.splitlines()
+    assert header.split() == ["JOB_ID", "KIND", "STATUS", "ENDED"]
+    assert [row.split()[:3] for row in rows] == [[job_id, "fail", "failed"] for job_id in ids[:2]]
+    assert summary == "2 finished job(s) would go: past the newest 1 finished"
+    assert (await cli(live.url, "show", ids[0])).code == EXIT_OK  # a dry run removes nothing
+    ran = await cli(live.url, "prune")
+    assert ran.code == EXIT_OK
+    assert ran.out.strip() == "pruned 2 finished job(s) with their logs: past the newest 1 finished"
+    gone = await cli(live.url, "show", ids[0])
+    assert gone.code == EXIT_ERROR and "HTTP 404" in gone.err
+    assert (await cli(live.url, "show", ids[2])).code == EXIT_OK
+    again = await cli(live.url, "prune", "--json")
+    assert (again.json()["pruned"], again.json()["jobs"]) == (0, [])
+
+
+async def test_prune_says_when_retention_is_off(make_live: MakeLive) -> None:
+    live = await make_live(retention_days=None, retention_max_jobs=None)
+    ran = await cli(live.url, "prune", "--dry-run")
+    assert ran.code == EXIT_OK
+    assert ran.out.strip().startswith("retention is off")
