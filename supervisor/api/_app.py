@@ -39,9 +39,10 @@ from ..domain._errors import (
     UnsupportedMediaType,
     ValidationError,
 )
-from ..domain._model import Job
+from ..domain._model import Job, to_iso
 from ..observe import GAP, LAST_EVENT_ID, StreamEnded, StreamEvent, Subscription
 from ..observe._logging import get_logger
+from ..registry import MAX_LIST_LIMIT, EnqueueResult
 from ._limits import HttpLimits
 from ._openapi import JOBS_SUBROUTES, openapi_document
 
@@ -166,7 +167,11 @@ async def _enqueue_answer(supervisor: Supervisor, body: Any) -> dict[str, Any]:
     envelope = _envelope(body, ("kind", "params"))
     if "kind" not in envelope:
         raise ValidationError("missing field 'kind'", field="kind")
-    result = await supervisor.enqueue(envelope["kind"], envelope.get("params"))
+    return _enqueued(await supervisor.enqueue(envelope["kind"], envelope.get("params")))
+
+
+def _enqueued(result: EnqueueResult) -> dict[str, Any]:
+    """An enqueue's 202 payload (also a retry's)."""
     job = result.job
     return {
         "job_id": job.job_id,
@@ -349,13 +354,38 @@ def create_app(
 
     @app.get("/api/jobs/<job_id:job_id>")
     async def show_job(job_id: str) -> Any:
-        """One job's row."""
-        return _row(await supervisor.get(job_id))
+        """One job's row, with the jobs enqueued as retries of it."""
+        job, retries = await supervisor.show(job_id)
+        return {**_row(job), "retried_by": retries}
+
+    @app.post("/api/jobs/<job_id>/retry")
+    async def retry_job(job_id: str) -> Any:
+        """Enqueue a finished job's kind and params again, as a new job that names it (retry_of)."""
+        return _enqueued(await supervisor.retry(job_id)), 202
 
     @app.post("/api/jobs/<job_id>/cancel")
     async def cancel_job(job_id: str) -> Any:
         """Cancel a job (idempotent)."""
         return _row(await supervisor.cancel(job_id))
+
+    @app.post("/api/jobs/prune")
+    async def prune_jobs() -> Any:
+        """Remove finished jobs past the retention now, oldest first (dry_run=true: only list them)."""
+        query = _query(("dry_run", "limit"))
+        dry_run = _bool_query("dry_run", default=False)
+        limit = _int_query(query, "limit", MAX_LIST_LIMIT)
+        assert limit is not None
+        gone = await supervisor.prune(dry_run=dry_run, limit=limit)
+        return {
+            "dry_run": dry_run,
+            "pruned": len(gone),
+            "limit_reached": len(gone) == limit,
+            "retention": supervisor.retention(),
+            "jobs": [
+                {"job_id": j.job_id, "kind": j.kind, "status": str(j.status), "ended_at": to_iso(j.ended_at)}
+                for j in gone
+            ],
+        }
 
     @app.post("/api/jobs/reconcile")
     async def reconcile() -> Any:

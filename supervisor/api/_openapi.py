@@ -161,6 +161,36 @@ _SCHEMAS: dict[str, Any] = {
             "coalesced": {"type": "boolean", "description": "true: an identical queued job was returned"},
         },
     },
+    "PruneReport": {
+        "type": "object",
+        "required": ["dry_run", "pruned", "limit_reached", "retention", "jobs"],
+        "properties": {
+            "dry_run": {"type": "boolean"},
+            "pruned": {"type": "integer", "description": "how many jobs went (a dry run: would go)"},
+            "limit_reached": {"type": "boolean", "description": "as many as the limit: more may be past the retention"},
+            "retention": {
+                "type": "object",
+                "required": ["days", "max_jobs"],
+                "description": "the retention in force (PODCAST_JOB_RETENTION_DAYS, PODCAST_JOB_RETENTION_MAX_JOBS); "
+                "null: that rule is off",
+                "properties": {"days": {"type": ["number", "null"]}, "max_jobs": _NULLABLE_INT},
+            },
+            "jobs": {
+                "type": "array",
+                "description": "oldest first",
+                "items": {
+                    "type": "object",
+                    "required": ["job_id", "kind", "status", "ended_at"],
+                    "properties": {
+                        "job_id": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "status": {"enum": _STATUSES},
+                        "ended_at": {"type": "string", "format": "date-time"},
+                    },
+                },
+            },
+        },
+    },
     "Job": {
         "type": "object",
         "description": "A registry row; never carries the job token.",
@@ -204,6 +234,17 @@ _SCHEMAS: dict[str, Any] = {
             "last_progress_at": _TS,
             "log_path": _NULLABLE_STR,
             "queue_position": {"type": "integer", "description": "present only while queued (1-based)"},
+            "retry_of": {
+                **_NULLABLE_STR,
+                "description": "the finished job this one is an operator's retry of (POST /api/jobs/{job_id}/retry); "
+                "null for any other job (an automatic resubmission keeps its own id)",
+            },
+            "retried_by": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "present only in showJob's answer: the jobs enqueued as retries of this one, oldest "
+                "first",
+            },
             "stalled": {
                 "type": "boolean",
                 "description": "the sweeper's judgement: no progress for PODCAST_JOB_PROGRESS_STALE_SECONDS",
@@ -308,7 +349,7 @@ _JOB_ID: dict[str, Any] = {
 }
 # The fixed routes under /api/jobs/ (a test holds this to the paths below). A fixed path outranks a template, so no
 # job id is one of these names: the app's route converter refuses them, and showJob's parameter says so.
-JOBS_SUBROUTES = ("batch", "reconcile")
+JOBS_SUBROUTES = ("batch", "prune", "reconcile")
 _PUBLIC: list[dict[str, list[str]]] = []  # no API token
 _JOB_TOKEN: list[dict[str, list[str]]] = [{"jobToken": []}]
 
@@ -395,7 +436,7 @@ _PATHS: dict[str, Any] = {
                 "200": _json(_ref("Job"), "the row"),
                 "401": _UNAUTHORIZED,
                 "404": _NOT_FOUND,
-                "405": _error("job_id names a fixed route (reconcile, batch), which takes only POST"),
+                "405": _error("job_id names a fixed route (reconcile, batch, prune), which takes only POST"),
             },
         }
     },
@@ -409,6 +450,49 @@ _PATHS: dict[str, Any] = {
                 "401": _UNAUTHORIZED,
                 "403": _CROSS_ORIGIN,
                 "404": _NOT_FOUND,
+            },
+        }
+    },
+    "/api/jobs/{job_id}/retry": {
+        "post": {
+            "operationId": "retryJob",
+            "summary": "Enqueue a finished job's kind and params again as a new job whose retry_of names it.",
+            "parameters": [_JOB_ID],
+            "responses": {
+                "202": _json(_ref("EnqueueResponse"), "the new job (or the identical queued one)"),
+                "401": _UNAUTHORIZED,
+                "403": _CROSS_ORIGIN,
+                "404": _NOT_FOUND,
+                "409": _error(
+                    "the job has not finished (error.message names its state), or its kind or params are no longer "
+                    "what the kinds file declares (error.field names which)"
+                ),
+            },
+        }
+    },
+    "/api/jobs/prune": {
+        "post": {
+            "operationId": "pruneJobs",
+            "summary": "Remove finished jobs past the retention now (rows, logs, state records), oldest first.",
+            "parameters": [
+                {
+                    "name": "dry_run",
+                    "in": "query",
+                    "schema": {"enum": ["true", "false"], "default": "false"},
+                    "description": "true: only list what would go; nothing is removed",
+                },
+                {
+                    "name": "limit",
+                    "in": "query",
+                    "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIST_LIMIT, "default": MAX_LIST_LIMIT},
+                    "description": "at most this many jobs in one call (limit_reached: call again for more)",
+                },
+            ],
+            "responses": {
+                "200": _json(_ref("PruneReport"), "what went (or, in a dry run, would go)"),
+                "401": _UNAUTHORIZED,
+                "403": _CROSS_ORIGIN,
+                "422": _INVALID,
             },
         }
     },

@@ -425,6 +425,10 @@ def _show_job(io: _Io, job: Mapping[str, Any]) -> None:
             for attempt in value:
                 io.print(f"  #{attempt.get('attempt')}  {_attempt_line(attempt)}")
             continue
+        if key == "retried_by" and isinstance(value, list):
+            # The other side of retry_of: the operator's retries of this job, oldest first.
+            io.print(f"{key:18} {', '.join(map(str, value)) if value else '-'}")
+            continue
         if isinstance(value, dict | list):
             value = json.dumps(value, sort_keys=True)
         io.print(f"{key:18} {'-' if value is None else value}")
@@ -442,6 +446,62 @@ def cmd_show(client: Client, args: argparse.Namespace, io: _Io) -> int:
         io.json(job)
     else:
         _show_job(io, job)
+    return EXIT_OK
+
+
+def cmd_retry(client: Client, args: argparse.Namespace, io: _Io) -> int:
+    answer = client.retry(args.job_id)
+    if args.json:
+        io.json(answer)
+    elif answer["coalesced"]:
+        io.print(
+            f"{answer['job_id']}  coalesced into the identical queued job (position {answer['queue_position']}); "
+            f"it is not linked to {args.job_id}"
+        )
+    elif answer["status"] == "queued":
+        io.print(f"{answer['job_id']}  queued (position {answer['queue_position']}), a retry of {args.job_id}")
+    else:
+        io.print(f"{answer['job_id']}  {answer['status']}, a retry of {args.job_id}")
+    return EXIT_OK
+
+
+def _retention(retention: Mapping[str, Any]) -> str:
+    rules = []
+    if retention.get("days") is not None:
+        rules.append(f"ended more than {retention['days']:g} day(s) ago")
+    if retention.get("max_jobs") is not None:
+        rules.append(f"past the newest {retention['max_jobs']} finished")
+    return " or ".join(rules)
+
+
+def cmd_prune(client: Client, args: argparse.Namespace, io: _Io) -> int:
+    """``prune --dry-run``: the finished jobs past the retention, oldest first; ``prune``: remove them now, a batch
+    at a time until none is left (the sweeper does the same, a small batch a minute)."""
+    answers = [client.prune(dry_run=args.dry_run)]
+    while not args.dry_run and answers[-1]["limit_reached"]:
+        answers.append(client.prune(dry_run=False))
+    if args.json:
+        last = answers[-1]
+        io.json({**last, "pruned": sum(a["pruned"] for a in answers), "jobs": [j for a in answers for j in a["jobs"]]})
+        return EXIT_OK
+    retention = answers[0]["retention"]
+    if retention["days"] is None and retention["max_jobs"] is None:
+        io.print(
+            "retention is off (PODCAST_JOB_RETENTION_DAYS and PODCAST_JOB_RETENTION_MAX_JOBS are 0): nothing is pruned"
+        )
+        return EXIT_OK
+    jobs = [job for answer in answers for job in answer["jobs"]]
+    if args.dry_run:
+        if jobs:
+            _table(
+                io,
+                ("JOB_ID", "KIND", "STATUS", "ENDED"),
+                [(j["job_id"], j["kind"], j["status"], _when(j["ended_at"])) for j in jobs],
+            )
+        more = " (the oldest ones; more are due)" if answers[0]["limit_reached"] else ""
+        io.print(f"{len(jobs)} finished job(s) would go{more}: {_retention(retention)}")
+    else:
+        io.print(f"pruned {len(jobs)} finished job(s) with their logs: {_retention(retention)}")
     return EXIT_OK
 
 
@@ -583,7 +643,15 @@ EXAMPLES = {
     "jobs": "  supervisor jobs --status running\n  supervisor jobs --watch        # live; Ctrl-C quits (exit 0)",
     "show": "  supervisor show 4969cb37d2f8447e9734ed35bf48539b",
     "cancel": "  supervisor cancel 4969cb37d2f8447e9734ed35bf48539b",
+    "retry": (
+        "  supervisor retry 4969cb37d2f8447e9734ed35bf48539b   # prints the new job's id\n"
+        '  supervisor wait "$(supervisor retry JOB_ID --json | jq -r .job_id)"'
+    ),
     "reconcile": "  supervisor reconcile --json",
+    "prune": (
+        "  supervisor prune --dry-run               # the finished jobs past the retention, oldest first\n"
+        "  supervisor prune                         # remove them now, with their logs"
+    ),
     "queue": "  supervisor queue",
     "hosts": (
         "  supervisor hosts                        # every host of the fleet: live or SILENT, and the leader\n"
@@ -651,7 +719,21 @@ def _add_client_commands(sub: Any) -> None:
     p.add_argument("job_id")
     p = add("cancel", cmd_cancel, "cancel a job (idempotent)")
     p.add_argument("job_id")
+    p = add(
+        "retry",
+        cmd_retry,
+        "enqueue a finished job's kind and params again as a new job (its retry_of names the old one; "
+        "`show` lists a job's retries)",
+    )
+    p.add_argument("job_id")
     add("reconcile", cmd_reconcile, "operator reconcile: may mark live jobs past the wall-clock window stale")
+    p = add(
+        "prune",
+        cmd_prune,
+        "remove the finished jobs past the retention now, with their logs (PODCAST_JOB_RETENTION_DAYS, "
+        "PODCAST_JOB_RETENTION_MAX_JOBS; the sweeper does it a batch a minute)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="only list what would go; remove nothing")
     add("queue", cmd_queue, "show the queue's state")
     p = add("hosts", cmd_hosts, "list the fleet's hosts; `hosts forget HOST`: end a lost host's running jobs")
     p.add_argument("action", nargs="?", choices=["list", "forget"], default="list")

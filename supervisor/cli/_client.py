@@ -137,6 +137,12 @@ class Client:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._json("POST", f"/api/jobs/{_segment(job_id)}/cancel")
 
+    def retry(self, job_id: str) -> dict[str, Any]:
+        return self._json("POST", f"/api/jobs/{_segment(job_id)}/retry")
+
+    def prune(self, *, dry_run: bool, limit: int | None = None) -> dict[str, Any]:
+        return self._json("POST", "/api/jobs/prune", params={"dry_run": "true" if dry_run else "false", "limit": limit})
+
     def reconcile(self) -> dict[str, Any]:
         return self._json("POST", "/api/jobs/reconcile")
 

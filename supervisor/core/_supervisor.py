@@ -14,6 +14,7 @@ the nursery tree the tasks to start:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -29,6 +30,7 @@ from ..domain import (
     Conflict,
     HostNotFound,
     Job,
+    JobStatus,
     KindCatalog,
     RegistryError,
     ValidationError,
@@ -38,7 +40,7 @@ from ..domain import (
 )
 from ..execution import Executor, create_executor
 from ..observe import EventBus, EventLog, Metrics, Snapshot, Subscription, WebhookSender, get_logger, log_event
-from ..registry import PAUSED_BY_OPERATOR, EnqueueResult, NewJob, Registry
+from ..registry import PAUSED_BY_OPERATOR, EnqueueResult, NewJob, PrunedJob, Registry
 from ._absence import AbsenceJudge, AbsenceTracker
 from ._boot import Boot
 from ._drain import Drainer
@@ -46,6 +48,7 @@ from ._fleet import Fleet, host_view
 from ._heartbeats import Heartbeats
 from ._monitor import Monitors
 from ._pause import PauseFile
+from ._prune import Pruner
 from ._reconcile import Reconciler, ReconcileReport
 from ._sweeper import Sweeper, run_sweeper
 
@@ -187,8 +190,17 @@ class Supervisor:
             self.reconciler.stop_stalled,
             AbsenceTracker(wall_clock=self.boot.wall_clock),
         )
+        # History past its retention goes a batch at a time; one host of a fleet prunes (INV-ONE-LEADER's duties).
+        self.pruner = Pruner(config, registry, self.boot.wall_clock, self.fleet.may_lead)
         self.sweeper = Sweeper(
-            registry, self.reconciler, self.absence, self.drainer, self.metrics, self.pause_file, self.boot.wall_clock
+            registry,
+            self.reconciler,
+            self.absence,
+            self.drainer,
+            self.metrics,
+            self.pause_file,
+            self.boot.wall_clock,
+            self.pruner,
         )
         self.heartbeats = Heartbeats(registry, self.absence.tracker.beat)
         self.events.subscribe(self.heartbeats.tokens.on_event)
@@ -330,6 +342,29 @@ class Supervisor:
         self._announce_enqueued(results)
         return results
 
+    async def retry(self, job_id: str) -> EnqueueResult:
+        """The operator's explicit second try of a finished job: a new job of the same kind with the same params
+        (checked again against the kind as it is declared now), whose row names the old one (``retry_of``). Only a
+        finished job: a queued or running one is a ``Conflict`` naming its state. (Automatic resubmission of a crash
+        is another thing: it keeps the job's own id.) A kind that coalesces may return the identical queued job."""
+        old = await self.boot.registry.get(job_id)
+        if not old.status.is_terminal:
+            raise Conflict(
+                f"job {job_id} is {old.status}: only a finished job can be retried "
+                f"({'cancel it first, or wait for it' if old.status is JobStatus.RUNNING else 'it has not run yet'})",
+                field="job_id",
+            )
+        try:
+            new = self._validate(old.kind, old.params)
+        except ValidationError as exc:
+            # Not the caller's input: the kinds file changed since the job ran.
+            raise Conflict(f"job {job_id} cannot be retried as it was: {exc}", field=exc.field) from None
+        result, _ = await self.boot.registry.enqueue(dataclasses.replace(new, retry_of=old.job_id))
+        if not result.coalesced:
+            log.info("job_retried", job_id=result.job.job_id, retry_of=old.job_id, kind=old.kind)
+        self._announce_enqueued([result])
+        return result
+
     def _announce_enqueued(self, results: list[EnqueueResult]) -> None:
         for result in results:
             if result.coalesced:
@@ -421,6 +456,15 @@ class Supervisor:
     async def sweep(self) -> None:
         await self.sweeper.sweep()
 
+    async def prune(self, *, dry_run: bool, limit: int) -> list[PrunedJob]:
+        """The operator's prune, now: up to ``limit`` finished jobs past the retention, oldest first, removed with
+        their files (``dry_run``: only what would go)."""
+        return await self.pruner.prune(limit=limit, dry_run=dry_run)
+
+    def retention(self) -> dict[str, float | int | None]:
+        """The retention in force (None: that rule is off)."""
+        return {"days": self.boot.config.retention_days, "max_jobs": self.boot.config.retention_max_jobs}
+
     # -- the event stream -----------------------------------------------------------------------------------
 
     def subscribe_events(
@@ -445,6 +489,11 @@ class Supervisor:
 
     async def get(self, job_id: str) -> Job:
         return await self.boot.registry.get(job_id)
+
+    async def show(self, job_id: str) -> tuple[Job, list[str]]:
+        """One job's row, and the jobs enqueued as explicit retries of it (oldest first)."""
+        job = await self.boot.registry.get(job_id)
+        return job, await self.boot.registry.retries_of(job_id)
 
     async def list_jobs(
         self, *, status: str | None = None, kind: str | None = None, limit: int = 100, cursor: str | None = None

@@ -1,4 +1,5 @@
-"""The sweeper: reconcile -> absence -> drain every ``sweep_interval_s``, and once at startup (ADR 0001 §1).
+"""The sweeper: reconcile -> absence -> drain every ``sweep_interval_s``, and once at startup (ADR 0001 §1); then,
+at most once a minute, a small batch of history past its retention (``_prune``).
 
 Order matters: freeing a ghost slot (reconcile) is what makes a promotion (drain) possible in the wedged case, and
 progress age is judged on this sweep's evidence. The startup sweep matters as much as the loop: a restart is
@@ -20,6 +21,7 @@ from ._absence import AbsenceJudge
 from ._boot import log_failure
 from ._drain import Drainer
 from ._pause import PauseFile
+from ._prune import Pruner
 from ._reconcile import ReconcileDetail, Reconciler
 
 log = get_logger()
@@ -62,6 +64,7 @@ class Sweeper:
         metrics: Metrics,
         pause_file: PauseFile,
         wall_clock: Callable[[], datetime] | None = None,
+        pruner: Pruner | None = None,
     ) -> None:
         self.registry = registry
         self.reconciler = reconciler
@@ -71,6 +74,7 @@ class Sweeper:
         self.pause_file = pause_file
         self.last_sweep_done: float | None = None
         self.wall_clock = wall_clock
+        self.pruner = pruner
         self._warned_step_s = 0.0  # the step of the system clock last said (0: none)
         # What a dead boot recorded as ended and never released is looked for once per boot, at the first sweep
         # whose executor can tell (a boot that is alive releases each job itself once its row is final).
@@ -104,6 +108,12 @@ class Sweeper:
                 self.leftovers_released = await self.reconciler.release_leftovers()
             except Exception:
                 log_failure("leftovers_not_released")
+        if self.pruner is not None:
+            try:
+                # Last, and a small batch at most once a minute: history is no sweep's priority.
+                await self.pruner.maybe_prune()
+            except Exception:
+                log_failure("prune_failed")
         self.last_sweep_done = trio.current_time()
         self.metrics.sweep_duration.observe(self.last_sweep_done - started)
 

@@ -76,6 +76,11 @@ class Config:
     events_client_buffer_events: int = 2048
     events_max_clients: int = 64
     events_keepalive_s: float = 15.0
+    # History retention (issue 28): the sweeper removes finished jobs -- their rows, each attempt's log and its
+    # state records -- that ended more than this many days ago, and those past the newest this many finished ones.
+    # None: that rule is off (written explicitly as <= 0); both None: history is kept for ever.
+    retention_days: float | None = 30.0
+    retention_max_jobs: int | None = 100_000
     log_max_bytes: int = 50 * MIB
     # How long a registry write waits for another writer's lock before it counts as failed (and is retried).
     registry_busy_timeout_ms: int = 10_000
@@ -274,6 +279,8 @@ def load_config(
     num("events_max_clients", "PODCAST_JOB_EVENTS_MAX_CLIENTS", integer=True, floor=1)
     # At most a minute: a client that hears nothing for longer takes the connection for dead (the CLI, at 90 s).
     num("events_keepalive_s", "PODCAST_JOB_EVENTS_KEEPALIVE_SECONDS", floor=1.0, ceiling=60.0)
+    num("retention_days", "PODCAST_JOB_RETENTION_DAYS", disable_at_or_below_zero=True)
+    num("retention_max_jobs", "PODCAST_JOB_RETENTION_MAX_JOBS", integer=True, disable_at_or_below_zero=True)
     num("log_max_bytes", "PODCAST_JOB_LOG_MAX_BYTES", integer=True, floor=4096)
     num("registry_busy_timeout_ms", "PODCAST_JOB_REGISTRY_BUSY_TIMEOUT_MS", integer=True, floor=50)
     num("host_lease_s", "PODCAST_JOB_HOST_LEASE_SECONDS", floor=3.0)
@@ -408,6 +415,8 @@ _TOML_KEYS = (
     "events_client_buffer_events",
     "events_max_clients",
     "events_keepalive_s",
+    "retention_days",
+    "retention_max_jobs",
     "log_max_bytes",
     "cancel_grace_s",
     "docker_image",

@@ -269,6 +269,9 @@ class Job:
     # The host whose supervisor promoted it (a fleet on one registry, ADR 0012): only that host judges its process.
     # None: a row promoted before hosts were recorded (judged as this host's own, as then).
     host_id: str | None = None
+    # The job this one is an operator's explicit retry of (``supervisor retry``: same kind and params, a new row);
+    # None for any other job. Automatic resubmission keeps the job's own id and never sets it.
+    retry_of: str | None = None
 
     @property
     def spawned(self) -> bool:

@@ -37,9 +37,11 @@ from ._protocol import (
     PauseState,
     PromoteRequest,
     Promotion,
+    PrunedJob,
     PruneResult,
     Registry,
     Retry,
+    log_name,
 )
 from .memory import MemoryRegistry
 from .postgres import PostgresRegistry
@@ -69,11 +71,13 @@ __all__ = [
     "PromoteRequest",
     "Promotion",
     "PruneResult",
+    "PrunedJob",
     "Registry",
     "RegistryFault",
     "Retry",
     "SqliteRegistry",
     "hash_token",
+    "log_name",
     "migrate_registry",
     "open_registry",
     "registry_runtime",

@@ -56,6 +56,7 @@ class NewJob:
     argv: Sequence[str]
     coalesce_key: str | None = None
     max_attempts: int = 1  # the starts it may have: its kind's max_attempts when it was enqueued
+    retry_of: str | None = None  # the finished job this one is an operator's explicit retry of
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,28 @@ class PruneResult:
     @property
     def dropped(self) -> int:
         return self.by_age + self.by_count
+
+
+@dataclass(frozen=True)
+class PrunedJob:
+    """A finished row that a prune removed (or, in a dry run, would remove): what its caller needs to remove the
+    row's files too (each attempt's log: ``log_name(job_id, n)`` for n in 1..attempts, beside ``log_path``) and to
+    say what went."""
+
+    job_id: str
+    kind: str
+    status: JobStatus
+    ended_at: datetime
+    log_path: str | None  # the last attempt's log (None: the job never started)
+    attempts: int
+
+
+def check_prune(keep_latest: int | None, limit: int) -> None:
+    """A prune's bounds, as every registry refuses them (a caller's mistake, never an unbounded delete)."""
+    if limit < 1:
+        raise ValueError(f"a prune's limit must be at least 1, not {limit}")
+    if keep_latest is not None and keep_latest < 0:
+        raise ValueError(f"keep_latest must be at least 0 (None: no count rule), not {keep_latest}")
 
 
 @dataclass(frozen=True)
@@ -370,6 +393,24 @@ class Registry(Protocol):
 
     async def counts(self) -> dict[str, int]:
         """Rows per status (every status present)."""
+        ...
+
+    async def retries_of(self, job_id: str) -> list[str]:
+        """The ids of the rows enqueued as explicit retries of ``job_id`` (``NewJob.retry_of``), oldest first; empty
+        when there is none (an unknown job too: a retry may outlive the row it retried)."""
+        ...
+
+    # -- retention ----------------------------------------------------------------------------------------
+
+    async def prune_jobs(
+        self, *, ended_before: datetime | None, keep_latest: int | None, limit: int, dry_run: bool = False
+    ) -> list[PrunedJob]:
+        """Remove finished rows, oldest first (by ``ended_at``, then insertion order), at most ``limit`` (at least
+        1): each one that ended before ``ended_before``, and each one older than the newest ``keep_latest`` finished
+        rows (None: that rule is off; both None: nothing goes). Never a queued or running row, and never a row with
+        an event still in the outbox (undelivered: it is kept until its events are delivered or dropped, and its
+        event's row stays whole). ``dry_run``: what would go now, nothing removed. The rows removed, oldest first.
+        The row's files are the caller's to remove."""
         ...
 
     # -- the fleet (ADR 0012) ---------------------------------------------------------------------------------

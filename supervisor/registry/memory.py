@@ -52,7 +52,9 @@ from ._protocol import (
     PauseState,
     PromoteRequest,
     Promotion,
+    PrunedJob,
     PruneResult,
+    check_prune,
     log_name,
 )
 
@@ -235,6 +237,7 @@ class _MemoryRows:
             last_progress_at=None,
             log_path=None,
             max_attempts=new.max_attempts,
+            retry_of=new.retry_of,
         )
         self._put(job, new.coalesce_key, new=True)
         self._event(job.job_id, "job.transition", None, "enqueued")
@@ -501,6 +504,39 @@ class MemoryRegistry(_MemoryRows):
         for row in self._rows.values():
             out[row.job.status.value] += 1
         return out
+
+    async def retries_of(self, job_id: str) -> list[str]:
+        await self._enter()
+        return [r.job.job_id for r in self._rows.values() if r.job.retry_of == job_id]
+
+    async def prune_jobs(
+        self, *, ended_before: datetime | None, keep_latest: int | None, limit: int, dry_run: bool = False
+    ) -> list[PrunedJob]:
+        await self._enter()
+        check_prune(keep_latest, limit)
+        if ended_before is None and keep_latest is None:
+            return []
+        finished = sorted(
+            (r.job for r in self._rows.values() if r.job.status.is_terminal and r.job.ended_at is not None),
+            key=lambda job: (job.ended_at, job.seq),
+        )
+        # The oldest ones past the newest ``keep_latest``; and every one that ended before ``ended_before``.
+        past = len(finished) - keep_latest if keep_latest is not None else 0
+        pending = {event.job_id for event in self._events}
+        gone = [
+            job
+            for index, job in enumerate(finished)
+            if (index < past or (ended_before is not None and job.ended_at is not None and job.ended_at < ended_before))
+            and job.job_id not in pending
+        ][:limit]
+        if not dry_run:
+            for job in gone:
+                del self._rows[job.job_id]
+        return [
+            PrunedJob(job.job_id, job.kind, job.status, job.ended_at, job.log_path, job.attempts)
+            for job in gone
+            if job.ended_at is not None
+        ]
 
     # -- the fleet (ADR 0012): no await between the reads and the writes, as everywhere here -----------------
 

@@ -248,3 +248,58 @@ async def test_enqueue_from_an_ndjson_file_in_batches(live: Live, tmp_path: Path
     assert usage.code == EXIT_USAGE and "line 2" in usage.err
     both = await cli(live.url, "enqueue", "sleep", "--from-file", str(source))
     assert both.code == EXIT_USAGE
+
+
+async def test_retry_enqueues_a_finished_job_again_and_show_links_both_ways(live: Live) -> None:
+    old = (await cli(live.url, "enqueue", "fail", "--json")).json()["job_id"]
+    assert (await wait_terminal(live.supervisor, old)).status == "failed"
+    await cli(live.url, "pause")
+    ran = await cli(live.url, "retry", old)
+    assert ran.code == EXIT_OK, ran.err
+    new, rest = ran.out.split(None, 1)
+    assert rest.strip() == f"queued (position 1), a retry of {old}"
+    new_fields = dict(line.split(None, 1) for line in (await cli(live.url, "show", new)).out.splitlines())
+    old_fields = dict(line.split(None, 1) for line in (await cli(live.url, "show", old)).out.splitlines())
+    assert (new_fields["kind"], new_fields["retry_of"], new_fields["retried_by"]) == ("fail", old, "-")
+    assert (old_fields["retry_of"], old_fields["retried_by"]) == ("-", new)
+    assert (await cli(live.url, "show", old, "--json")).json()["retried_by"] == [new]
+
+
+async def test_retry_of_a_job_that_has_not_finished_says_why(live: Live) -> None:
+    await cli(live.url, "pause")
+    queued = (await cli(live.url, "enqueue", "sleep", "-p", "seconds=30", "--json")).json()["job_id"]
+    ran = await cli(live.url, "retry", queued)
+    assert ran.code == EXIT_ERROR
+    assert f"job {queued} is queued: only a finished job can be retried" in ran.err
+    assert "HTTP 409, conflict, field job_id" in ran.err
+
+
+async def test_prune_dry_run_lists_what_would_go_and_prune_removes_it(make_live: MakeLive) -> None:
+    live = await make_live(retention_days=None, retention_max_jobs=1)
+    ids = []
+    for _ in range(3):
+        job_id = (await cli(live.url, "enqueue", "fail", "--json")).json()["job_id"]
+        await wait_terminal(live.supervisor, job_id)  # one at a time: they end in this order
+        ids.append(job_id)
+    dry = await cli(live.url, "prune", "--dry-run")
+    assert dry.code == EXIT_OK, dry.err
+    header, *rows, summary = dry.out.splitlines()
+    assert header.split() == ["JOB_ID", "KIND", "STATUS", "ENDED"]
+    assert [row.split()[:3] for row in rows] == [[job_id, "fail", "failed"] for job_id in ids[:2]]
+    assert summary == "2 finished job(s) would go: past the newest 1 finished"
+    assert (await cli(live.url, "show", ids[0])).code == EXIT_OK  # a dry run removes nothing
+    ran = await cli(live.url, "prune")
+    assert ran.code == EXIT_OK
+    assert ran.out.strip() == "pruned 2 finished job(s) with their logs: past the newest 1 finished"
+    gone = await cli(live.url, "show", ids[0])
+    assert gone.code == EXIT_ERROR and "HTTP 404" in gone.err
+    assert (await cli(live.url, "show", ids[2])).code == EXIT_OK
+    again = await cli(live.url, "prune", "--json")
+    assert (again.json()["pruned"], again.json()["jobs"]) == (0, [])
+
+
+async def test_prune_says_when_retention_is_off(make_live: MakeLive) -> None:
+    live = await make_live(retention_days=None, retention_max_jobs=None)
+    ran = await cli(live.url, "prune", "--dry-run")
+    assert ran.code == EXIT_OK
+    assert ran.out.strip().startswith("retention is off")

@@ -49,6 +49,9 @@ def test_defaults() -> None:
         ("PODCAST_JOB_EVENTS_CLIENT_BUFFER_EVENTS", "events_client_buffer_events", "1e400"),
         ("PODCAST_JOB_EVENTS_MAX_CLIENTS", "events_max_clients", "some"),
         ("PODCAST_JOB_EVENTS_KEEPALIVE_SECONDS", "events_keepalive_s", "15s"),
+        ("PODCAST_JOB_RETENTION_DAYS", "retention_days", "a month"),
+        ("PODCAST_JOB_RETENTION_MAX_JOBS", "retention_max_jobs", "1e5.5"),
+        ("PODCAST_JOB_RETENTION_MAX_JOBS", "retention_max_jobs", "100.5"),
     ],
 )
 def test_malformed_number_falls_back_to_default_naming_the_variable_INV_MALFORMED_NEVER_UNBOUNDED(
@@ -102,6 +105,19 @@ def test_stale_window_is_disabled_only_by_an_explicit_zero_or_negative() -> None
     assert load_config({"PODCAST_JOB_STALE_SECONDS": "-1"})[0].stale_after_s is None
     assert load_config({"PODCAST_JOB_STALE_SECONDS": ""})[0].stale_after_s == 86400.0
     assert load_config({"PODCAST_JOB_STALE_SECONDS": "600"})[0].stale_after_s == 600.0
+
+
+def test_retention_defaults_and_is_disabled_only_by_an_explicit_zero_or_negative(tmp_path: Path) -> None:
+    config, warnings = load_config({})
+    assert (config.retention_days, config.retention_max_jobs, warnings) == (30.0, 100_000, [])
+    off = {"PODCAST_JOB_RETENTION_DAYS": "0", "PODCAST_JOB_RETENTION_MAX_JOBS": "-1"}
+    assert (load_config(off)[0].retention_days, load_config(off)[0].retention_max_jobs) == (None, None)
+    config, _ = load_config({"PODCAST_JOB_RETENTION_DAYS": "7.5", "PODCAST_JOB_RETENTION_MAX_JOBS": "500"})
+    assert (config.retention_days, config.retention_max_jobs) == (7.5, 500)
+    path = tmp_path / "supervisor.toml"
+    path.write_text("retention_days = 90\nretention_max_jobs = 0\n")
+    config, _ = load_config({}, config_file=path)
+    assert (config.retention_days, config.retention_max_jobs) == (90.0, None)
 
 
 def test_invalid_settings_without_fallback_are_all_named() -> None:

@@ -266,6 +266,8 @@ CALLS: dict[str, Callable[[Registry], Awaitable[object]]] = {
     "running_jobs": lambda r: r.running_jobs(),
     "list_jobs": lambda r: r.list_jobs(),
     "counts": lambda r: r.counts(),
+    "retries_of": lambda r: r.retries_of("j"),
+    "prune_jobs": lambda r: r.prune_jobs(ended_before=None, keep_latest=0, limit=1),
     "renew_lease": lambda r: r.renew_lease("h", "b", lease_s=10, lead=True),
     "release_lease": lambda r: r.release_lease("h", "b"),
     "hosts": lambda r: r.hosts(),

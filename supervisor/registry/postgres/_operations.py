@@ -82,8 +82,8 @@ class Operations(Rows):
                 return str(found), True
         job_id = uuid.uuid4().hex
         await conn.execute(
-            "INSERT INTO jobs (job_id, kind, params, argv, status, created_at, coalesce_key, max_attempts) "
-            "VALUES ($1, $2, $3, $4, 'queued', $5, $6, $7)",
+            "INSERT INTO jobs (job_id, kind, params, argv, status, created_at, coalesce_key, max_attempts, retry_of) "
+            "VALUES ($1, $2, $3, $4, 'queued', $5, $6, $7, $8)",
             job_id,
             job.kind,
             json.dumps(dict(job.params), sort_keys=True),
@@ -91,6 +91,7 @@ class Operations(Rows):
             self.now(),
             job.coalesce_key,
             job.max_attempts,
+            job.retry_of,
         )
         await self.record_event_in(conn, job_id, "job.transition", None, "enqueued")
         return job_id, False

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from ...domain import Job, JobStatus, ValidationError
-from .._protocol import CURSOR_PATTERN, MAX_LIST_LIMIT, Host, OutboxEvent, PauseState, PruneResult
+from ...domain import TERMINAL, Job, JobStatus, ValidationError
+from .._protocol import CURSOR_PATTERN, MAX_LIST_LIMIT, Host, OutboxEvent, PauseState, PrunedJob, PruneResult
 from ._rows import COLUMNS, OUTBOX_COLUMNS, row_to_job
 
 
@@ -71,6 +71,73 @@ async def list_page(conn: Any, where: str, args: list[object], limit: int) -> tu
             positions[r["seq"]] = r["pos"]
     jobs = [row_to_job(r, positions.get(r["seq"])) for r in page]
     return jobs, (str(page[-1]["seq"]) if len(rows) > limit else None)
+
+
+async def retries_of_in(conn: Any, job_id: str) -> list[str]:
+    rows = await conn.fetch("SELECT job_id FROM jobs WHERE retry_of = $1 ORDER BY seq", job_id)
+    return [str(row["job_id"]) for row in rows]
+
+
+# -- retention ----------------------------------------------------------------------------------------
+
+_FINISHED = f"ended_at IS NOT NULL AND status IN ({', '.join(repr(str(s)) for s in sorted(TERMINAL))})"
+
+
+async def prune_candidates(
+    conn: Any, ended_before: datetime | None, keep_latest: int | None, limit: int, *, lock: bool = False
+) -> list[PrunedJob]:
+    """The finished rows a prune takes now, oldest first (see ``Registry.prune_jobs``). ``lock``: lock them for
+    this transaction, skipping any a concurrent prune holds (two supervisors pruning at once take different rows)."""
+    rules: list[str] = []
+    args: list[object] = []
+    if ended_before is not None:
+        args.append(ended_before)
+        rules.append(f"ended_at < ${len(args)}")
+    if keep_latest is not None:
+        # The newest finished row past the kept ones: it and every older one go (none: all are kept).
+        edge = await conn.fetchrow(
+            f"SELECT ended_at, seq FROM jobs WHERE {_FINISHED} ORDER BY ended_at DESC, seq DESC LIMIT 1 OFFSET $1",
+            keep_latest,
+        )
+        if edge is not None:
+            args.extend((edge["ended_at"], edge["seq"]))
+            rules.append(f"(ended_at, seq) <= (${len(args) - 1}, ${len(args)})")
+    if not rules:
+        return []
+    args.append(limit)
+    rows = await conn.fetch(
+        f"SELECT job_id, kind, status, ended_at, log_path, attempts FROM jobs AS j WHERE {_FINISHED} "
+        f"AND ({' OR '.join(rules)}) AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = j.job_id) "
+        f"ORDER BY ended_at, seq LIMIT ${len(args)}{' FOR UPDATE SKIP LOCKED' if lock else ''}",
+        *args,
+    )
+    return [
+        PrunedJob(
+            row["job_id"],
+            row["kind"],
+            JobStatus(row["status"]),
+            row["ended_at"].astimezone(UTC),
+            row["log_path"],
+            row["attempts"],
+        )
+        for row in rows
+    ]
+
+
+async def prune_jobs(
+    conn: Any, ended_before: datetime | None, keep_latest: int | None, limit: int
+) -> list[PrunedJob]:
+    gone = await prune_candidates(conn, ended_before, keep_latest, limit, lock=True)
+    if gone:
+        # An event written for a row since the read (READ COMMITTED: this statement sees it) keeps the row.
+        kept = await conn.fetch(
+            "DELETE FROM jobs AS j WHERE job_id = ANY($1::text[]) "
+            "AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = j.job_id) RETURNING job_id",
+            [job.job_id for job in gone],
+        )
+        deleted = {row["job_id"] for row in kept}
+        gone = [job for job in gone if job.job_id in deleted]
+    return gone
 
 
 # -- the outbox ---------------------------------------------------------------------------------------

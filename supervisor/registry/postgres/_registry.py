@@ -48,7 +48,9 @@ from .._protocol import (
     PauseState,
     PromoteRequest,
     Promotion,
+    PrunedJob,
     PruneResult,
+    check_prune,
 )
 from . import _reads as reads
 from ._operations import Operations
@@ -372,6 +374,21 @@ class PostgresRegistry:
 
     async def counts(self) -> dict[str, int]:
         return await self._transaction(reads.counts_in, write=False)
+
+    async def retries_of(self, job_id: str) -> list[str]:
+        return await self._transaction(lambda conn: reads.retries_of_in(conn, job_id), write=False)
+
+    async def prune_jobs(
+        self, *, ended_before: datetime | None, keep_latest: int | None, limit: int, dry_run: bool = False
+    ) -> list[PrunedJob]:
+        check_prune(keep_latest, limit)
+        # Read first: a prune with nothing to remove (most sweeps) writes nothing.
+        found = await self._transaction(
+            lambda conn: reads.prune_candidates(conn, ended_before, keep_latest, limit), write=False
+        )
+        if dry_run or not found:
+            return found
+        return await self._transaction(lambda conn: reads.prune_jobs(conn, ended_before, keep_latest, limit))
 
     async def renew_lease(self, host_id: str, boot_id: str, *, lease_s: float, lead: bool) -> Lease:
         return await self._transaction(lambda conn: self.ops.renew_lease(conn, host_id, boot_id, lease_s, lead))

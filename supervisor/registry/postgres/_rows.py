@@ -23,7 +23,7 @@ COLUMNS = (
     "job_id, seq, kind, params, argv, status, error_reason, exit_code, created_at, started_at, ended_at, "
     "attempts, cancel_requested, boot_id, identity, token_hash, completed_units, total_units, stage, "
     "last_heartbeat_at, last_progress_at, log_path, stalled, stalled_since, silent, max_attempts, not_before, history, "
-    "host_id"
+    "host_id, retry_of"
 )
 OUTBOX_COLUMNS = "seq, event_id, job_id, event, created_at, previous_status, reason, boot_id, job"
 
@@ -67,6 +67,7 @@ def row_to_job(row: Mapping[str, Any], queue_position: int | None = None) -> Job
         next_attempt_at=_utc(row["not_before"]),
         history=tuple(Attempt.from_json(a) for a in json.loads(row["history"])),
         host_id=row["host_id"],
+        retry_of=row["retry_of"],
     )
 
 

@@ -71,8 +71,8 @@ class Operations(Rows):
                 return row["job_id"], True
         job_id = uuid.uuid4().hex
         conn.execute(
-            "INSERT INTO jobs (job_id, kind, params, argv, status, created_at, coalesce_key, max_attempts) "
-            "VALUES (?, ?, ?, ?, 'queued', ?, ?, ?)",
+            "INSERT INTO jobs (job_id, kind, params, argv, status, created_at, coalesce_key, max_attempts, retry_of) "
+            "VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?)",
             (
                 job_id,
                 job.kind,
@@ -81,6 +81,7 @@ class Operations(Rows):
                 to_iso(self.now()),
                 job.coalesce_key,
                 job.max_attempts,
+                job.retry_of,
             ),
         )
         self.record_event_in(conn, job_id, "job.transition", None, "enqueued")

@@ -6,9 +6,9 @@ import json
 import sqlite3
 from collections.abc import Callable, Sequence
 
-from ...domain import Job, JobStatus, ValidationError
+from ...domain import TERMINAL, Job, JobStatus, ValidationError
 from ...domain._model import from_iso
-from .._protocol import CURSOR_PATTERN, MAX_LIST_LIMIT, Host, OutboxEvent, PauseState, PruneResult
+from .._protocol import CURSOR_PATTERN, MAX_LIST_LIMIT, Host, OutboxEvent, PauseState, PrunedJob, PruneResult
 from ._rows import _OUTBOX_COLUMNS, COLUMNS, _ts, row_to_job
 
 
@@ -77,6 +77,70 @@ def list_page(conn: sqlite3.Connection, where: str, args: list[object], limit: i
             positions[r["seq"]] = r["pos"]
     jobs = [row_to_job(r, positions.get(r["seq"])) for r in page]
     return jobs, (str(page[-1]["seq"]) if len(rows) > limit else None)
+
+
+def retries_of_in(conn: sqlite3.Connection, job_id: str) -> list[str]:
+    rows = conn.execute("SELECT job_id FROM jobs WHERE retry_of = ? ORDER BY seq", (job_id,))
+    return [row["job_id"] for row in rows]
+
+
+# -- retention ----------------------------------------------------------------------------------------
+
+_FINISHED = f"ended_at IS NOT NULL AND status IN ({', '.join(repr(str(s)) for s in sorted(TERMINAL))})"
+
+
+def prune_candidates(
+    conn: sqlite3.Connection, ended_before: str | None, keep_latest: int | None, limit: int
+) -> list[PrunedJob]:
+    """The finished rows a prune takes now, oldest first (see ``Registry.prune_jobs``)."""
+    rules: list[str] = []
+    args: list[object] = []
+    if ended_before is not None:
+        rules.append("ended_at < ?")
+        args.append(ended_before)
+    if keep_latest is not None:
+        # The newest finished row past the kept ones: it and every older one go (none: all are kept).
+        edge = conn.execute(
+            f"SELECT ended_at, seq FROM jobs WHERE {_FINISHED} ORDER BY ended_at DESC, seq DESC LIMIT 1 OFFSET ?",
+            (keep_latest,),
+        ).fetchone()
+        if edge is not None:
+            rules.append("(ended_at, seq) <= (?, ?)")
+            args.extend((edge["ended_at"], edge["seq"]))
+    if not rules:
+        return []
+    rows = conn.execute(
+        f"SELECT job_id, kind, status, ended_at, log_path, attempts FROM jobs AS j WHERE {_FINISHED} "
+        f"AND ({' OR '.join(rules)}) AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = j.job_id) "
+        "ORDER BY ended_at, seq LIMIT ?",
+        (*args, limit),
+    ).fetchall()
+    return [
+        PrunedJob(
+            row["job_id"],
+            row["kind"],
+            JobStatus(row["status"]),
+            from_iso(row["ended_at"]),
+            row["log_path"],
+            row["attempts"],
+        )
+        for row in rows
+    ]
+
+
+def prune_jobs(
+    ended_before: str | None, keep_latest: int | None, limit: int
+) -> Callable[[sqlite3.Connection], list[PrunedJob]]:
+    def change(conn: sqlite3.Connection) -> list[PrunedJob]:
+        # Chosen again under the write lock: a row's events written since the read keep it.
+        gone = prune_candidates(conn, ended_before, keep_latest, limit)
+        if gone:
+            conn.execute(
+                f"DELETE FROM jobs WHERE job_id IN ({','.join('?' * len(gone))})", [job.job_id for job in gone]
+            )
+        return gone
+
+    return change
 
 
 # -- the outbox ---------------------------------------------------------------------------------------

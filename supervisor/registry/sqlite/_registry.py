@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import trio
 
 from ...domain import Job, RegistryError, RequestError
-from ...domain._model import utc_now
+from ...domain._model import to_iso, utc_now
 from .._health import RegistryFault, WriteHealth
 from .._protocol import (
     Beat,
@@ -39,7 +39,9 @@ from .._protocol import (
     PauseState,
     PromoteRequest,
     Promotion,
+    PrunedJob,
     PruneResult,
+    check_prune,
 )
 from . import _reads as reads
 from ._coalesce import Coalescer
@@ -200,6 +202,20 @@ class SqliteRegistry:
 
     async def counts(self) -> dict[str, int]:
         return await self._read(reads.counts_in)
+
+    async def retries_of(self, job_id: str) -> list[str]:
+        return await self._read(lambda conn: reads.retries_of_in(conn, job_id))
+
+    async def prune_jobs(
+        self, *, ended_before: datetime | None, keep_latest: int | None, limit: int, dry_run: bool = False
+    ) -> list[PrunedJob]:
+        check_prune(keep_latest, limit)
+        cutoff = to_iso(ended_before) if ended_before is not None else None
+        # Read first: a prune with nothing to remove (most sweeps) takes no write lock.
+        found = await self._read(lambda conn: reads.prune_candidates(conn, cutoff, keep_latest, limit))
+        if dry_run or not found:
+            return found
+        return await self._write(reads.prune_jobs(cutoff, keep_latest, limit))
 
     async def renew_lease(self, host_id: str, boot_id: str, *, lease_s: float, lead: bool) -> Lease:
         return await self._write(self.ops.renew_lease(host_id, boot_id, lease_s, lead))

@@ -45,9 +45,44 @@ def columns(path: Path, table: str) -> list[str]:
 # -- from version 3 -----------------------------------------------------------------------------------------
 
 
-def test_this_code_is_schema_version_6() -> None:
-    """The migration tests below are from 3, 4 and 5: a new migration needs its own test of the file before it."""
-    assert SCHEMA_VERSION == 6
+def test_this_code_is_schema_version_7() -> None:
+    """The migration tests below are from 3, 4, 5 and 6: a new migration needs its own test of the file before it."""
+    assert SCHEMA_VERSION == 7
+
+
+async def test_a_version_6_file_gets_retry_links_and_its_history_can_be_pruned(path: Path) -> None:
+    """Version 7 (issue 28): rows written before retries existed retry nothing; finished ones are pruned, and one
+    with an event still in the outbox is kept."""
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        for name in sorted(entry.name for entry in MIGRATIONS.iterdir() if entry.name < "0007"):
+            conn.executescript(sql(name))
+        conn.executescript(
+            "CREATE TABLE schema_version (version INTEGER NOT NULL); INSERT INTO schema_version VALUES (6);"
+        )
+        for job_id in ("a", "b"):
+            conn.execute(
+                "INSERT INTO jobs (job_id, kind, params, argv, status, created_at, ended_at) VALUES "
+                f"('{job_id}', 'k', '{{}}', '[]', 'failed', '2026-05-01T12:00:00.000000+00:00', "
+                "'2026-05-01T12:00:01.000000+00:00')"
+            )
+        conn.execute(
+            "INSERT INTO outbox (event_id, job_id, event, created_at, job) "
+            "VALUES ('e', 'b', 'job.transition', '2026-05-01T12:00:01.000000+00:00', '{}')"
+        )
+        conn.commit()
+    finally:
+        conn.close()
+    reg = await SqliteRegistry.open(path)
+    try:
+        assert (await reg.get("a")).retry_of is None
+        assert await reg.retries_of("a") == []
+        [gone] = await reg.prune_jobs(ended_before=None, keep_latest=0, limit=10)
+        assert gone.job_id == "a"
+        assert raw(path, "SELECT version FROM schema_version") == [(7,)]
+    finally:
+        await reg.aclose()
 
 
 async def test_a_version_5_file_gets_the_fleet_tables_and_its_running_rows_belong_to_no_host(path: Path) -> None:
@@ -80,7 +115,7 @@ async def test_a_version_5_file_gets_the_fleet_tables_and_its_running_rows_belon
         job = await reg.get("r")
         assert (job.status, job.boot_id, job.host_id) == (JobStatus.RUNNING, "old-boot", None)
         assert await reg.hosts() == [] and await reg.leader() is None
-        assert raw(path, "SELECT version FROM schema_version") == [(6,)]
+        assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
     finally:
         await reg.aclose()
 
