@@ -335,7 +335,10 @@ async def test_one_feed_failed_for_its_content_keeps_exit_3(
     s.routes["/503"] = respond(503, b"overloaded")
     s.routes["/gone"] = respond(404, b"no such feed")
     feeds = ["--feed", s.url("/503"), "--feed", closed_port_url, "--feed", s.url("/gone")]
-    result = await run_runner(["run", *feeds, *FAST], runner_env(tmp_path), cwd=tmp_path)
+    # Every answer here is immediate: a read timeout that a loaded machine can miss would turn the 404 into a
+    # passing trouble (exit 75), so this one is generous (the last flag wins).
+    args = ["run", *feeds, *FAST, "--read-timeout-seconds", "10"]
+    result = await run_runner(args, runner_env(tmp_path), cwd=tmp_path)
     assert result.returncode == EXIT_ALL_FEEDS_FAILED, result.stderr
     m = manifest(tmp_path)
     assert m["reason"] == "all_feeds_failed"
