@@ -126,9 +126,9 @@ async def _run_with_registry(
         async with trio.open_nursery() as root:
             await root.start(_watch_signals, shutdown, api_token)
             supervisor.attach(await root.start(_run_job_nursery))
-            await root.start(supervisor.run_drainer)
-            # This host's lease, and the fleet's lead (ADR 0012): known before the sender and the first sweep.
+            # This host's lease, the fleet's lead and its limit (ADR 0012): settled before anything promotes.
             await root.start(supervisor.run_fleet)
+            await root.start(supervisor.run_drainer)
             # Started before the first sweep, so that events left undelivered by a previous boot go out first.
             await root.start(supervisor.webhooks.run)
             # The startup sweep runs before serving; it never waits on a job, so /api/health is not delayed.

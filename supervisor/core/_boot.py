@@ -95,6 +95,14 @@ class Boot:
     # seam for tests. Waits and ages are on the event loop's clock.
     wall_clock: Callable[[], datetime] = utc_now
 
+    # The fleet's limit when it differs from this host's setting (the first recorded wins, ADR 0012). None: ours.
+    fleet_max_concurrent: int | None = None
+
+    @property
+    def max_concurrent(self) -> int:
+        """The fleet-wide limit this host promotes under."""
+        return self.fleet_max_concurrent if self.fleet_max_concurrent is not None else self.config.max_concurrent
+
     @property
     def host_id(self) -> str:
         return self.config.host_id

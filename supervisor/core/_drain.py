@@ -98,9 +98,9 @@ class Drainer:
             except SupervisorError:
                 log_failure("pause_file_not_mirrored", path=str(self.pause_file.path))
             while await self._executor_ready():
-                tokens = [secrets.token_urlsafe(32) for _ in range(min(self.boot.config.max_concurrent, PROMOTE_BATCH))]
+                tokens = [secrets.token_urlsafe(32) for _ in range(min(self.boot.max_concurrent, PROMOTE_BATCH))]
                 request = PromoteRequest(
-                    self.boot.config.max_concurrent,
+                    self.boot.max_concurrent,
                     self.boot.boot_id,
                     [hash_token(token) for token in tokens],
                     self.boot.log_dir,
@@ -122,7 +122,7 @@ class Drainer:
                 # Every free slot is now taken, or the queue is empty: another round would only read that again.
                 # Unless a start failed (its slot is free again) or the batch cap stopped this round short. A job
                 # ending meanwhile wakes the drainer itself.
-                capped = len(jobs) == PROMOTE_BATCH < self.boot.config.max_concurrent
+                capped = len(jobs) == PROMOTE_BATCH < self.boot.max_concurrent
                 if not capped and len(spawned) == len(jobs):
                     break
         return started

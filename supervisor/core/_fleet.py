@@ -22,7 +22,7 @@ import trio
 from ..domain import SupervisorError, to_iso
 from ..observe import get_logger
 from ..registry import Host, Lease, Registry
-from ._boot import log_failure
+from ._boot import Boot, log_failure
 
 log = get_logger()
 
@@ -38,7 +38,11 @@ class Fleet:
         boot_id: str,
         lease_s: float,
         wall_clock: Callable[[], datetime],
+        *,
+        boot: Boot | None = None,
     ) -> None:
+        """``boot``: whose fleet-wide limit to settle at start (None: none to settle)."""
+        self.boot = boot
         self.registry = registry
         self.host_id = host_id
         self.boot_id = boot_id
@@ -66,6 +70,7 @@ class Fleet:
         lease; at a clean shutdown (cancelled), end the lease and the lead now."""
         self.started = True
         await self.renew()
+        await self.settle_max_concurrent()
         task_status.started()
         try:
             while True:
@@ -108,6 +113,36 @@ class Fleet:
                 previous_boot_id=lease.replaced.boot_id,
                 why="its lease had not expired: a restart after a crash, or two supervisors with one host id",
             )
+
+    async def settle_max_concurrent(self) -> None:
+        """The fleet-wide limit must be one value: the first recorded wins, and a host that disagrees says so loudly
+        and promotes under the fleet's. A host that starts while no other host's lease is live records its own (how
+        an operator changes it: restart the fleet with the new value)."""
+        if self.boot is None:
+            return
+        mine = self.boot.config.max_concurrent
+        try:
+            now = self.wall_clock()
+            alone = not any(h.live(now) and h.host_id != self.host_id for h in await self.registry.hosts())
+            setting = await self.registry.record_setting("max_concurrent", str(mine), self.host_id, replace=alone)
+        except SupervisorError:
+            log_failure("fleet_setting_not_settled", setting="max_concurrent")
+            return
+        fleet = int(setting.value)
+        if fleet != mine:
+            log.error(
+                "fleet_setting_disagrees",
+                setting="PODCAST_JOB_MAX_CONCURRENT",
+                here=mine,
+                fleet=fleet,
+                recorded_by=setting.host_id,
+                recorded_at=to_iso(setting.recorded_at),
+                used=fleet,
+                fix="give every host the same value, or restart the whole fleet with the new one",
+            )
+            self.boot.fleet_max_concurrent = fleet
+        else:
+            self.boot.fleet_max_concurrent = None
 
     def _left(self) -> float:
         return max(0.0, round(self._lead_until - trio.current_time(), 3)) if self._lead_until > -math.inf else 0.0

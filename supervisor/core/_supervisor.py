@@ -169,7 +169,9 @@ class Supervisor:
         self.events.subscribe(self.metrics.on_event)
         # The durable copy of each event is the registry's outbox row, written in the change's own transaction; the
         # sender (a root-nursery task) delivers it and is woken by the bus.
-        self.fleet = Fleet(registry, config.host_id, self.boot.boot_id, config.host_lease_s, self.boot.wall_clock)
+        self.fleet = Fleet(
+            registry, config.host_id, self.boot.boot_id, config.host_lease_s, self.boot.wall_clock, boot=self.boot
+        )
         # INV-ONE-LEADER: one sender for the fleet keeps delivery in order.
         self.webhooks = WebhookSender(config, registry, may_send=self.fleet.may_lead)
         self.events.subscribe(self.webhooks.wake)
@@ -421,7 +423,7 @@ class Supervisor:
     async def queue_state(self) -> QueueState:
         counts = await self.boot.registry.counts()
         paused = await self.is_paused()
-        return QueueState(paused, counts["running"], counts["queued"], self.boot.config.max_concurrent)
+        return QueueState(paused, counts["running"], counts["queued"], self.boot.max_concurrent)
 
     async def pause(self) -> QueueState:
         await self.boot.registry.set_paused(True, by=PAUSED_BY_OPERATOR)
@@ -535,7 +537,7 @@ class Supervisor:
         snapshot = Snapshot(
             counts=await registry.counts(),
             paused=await self.is_paused(),
-            max_concurrent=self.boot.config.max_concurrent,
+            max_concurrent=self.boot.max_concurrent,
             running=await registry.running_jobs(),
             outbox_depth=await registry.outbox_depth(),
             deliveries=dict(self.webhooks.outcomes),

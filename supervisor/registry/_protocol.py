@@ -262,6 +262,16 @@ class Lease:
         return leader is not None and (leader.host_id, leader.boot_id) == (self.host.host_id, self.host.boot_id)
 
 
+@dataclass(frozen=True)
+class FleetSetting:
+    """A setting the fleet shares: its value, and the host that recorded it, when."""
+
+    name: str
+    value: str
+    host_id: str
+    recorded_at: datetime
+
+
 PAUSED_BY_OPERATOR = "operator"  # POST /api/queue/pause
 PAUSED_BY_FILE = "pause_file"  # the .viewer/jobs.paused file, mirrored by the sweeper
 
@@ -437,6 +447,11 @@ class Registry(Protocol):
     async def forget_host(self, host_id: str) -> Host | None:
         """Remove a host's row (the operator said it will never come back); its running rows are the caller's to end
         first. The row removed, or None when there was none."""
+        ...
+
+    async def record_setting(self, name: str, value: str, host_id: str, *, replace: bool) -> FleetSetting:
+        """The fleet's value of setting ``name``: the one recorded first (``value``, by ``host_id``, when none was);
+        with ``replace``, this one whatever was recorded (a host that starts alone)."""
         ...
 
     def fault(self) -> RegistryFault | None:

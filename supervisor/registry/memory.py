@@ -43,6 +43,7 @@ from ._protocol import (
     Ending,
     EnqueueResult,
     Expect,
+    FleetSetting,
     Host,
     IdentityClaim,
     Lease,
@@ -93,6 +94,7 @@ class _MemoryRows:
         self._pause = PauseState(False)
         self._hosts: dict[str, Host] = {}
         self._leader: Host | None = None
+        self._settings: dict[str, FleetSetting] = {}
         self._closed = False
         self._undo: list[_Undo] = []  # the atomic steps under way, innermost last
 
@@ -578,6 +580,12 @@ class MemoryRegistry(_MemoryRows):
         if self._leader is not None and self._leader.host_id == host_id:
             self._leader = None
         return self._hosts.pop(host_id, None)
+
+    async def record_setting(self, name: str, value: str, host_id: str, *, replace: bool) -> FleetSetting:
+        await self._enter()
+        if replace or name not in self._settings:
+            self._settings[name] = FleetSetting(name, value, host_id, self._now())
+        return self._settings[name]
 
     def fault(self) -> RegistryFault | None:
         return None  # memory does not fail to write

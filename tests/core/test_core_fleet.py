@@ -83,12 +83,12 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Callable[..., Host]]:
     shared = MemoryRegistry(clock=clock)
     async with trio.open_nursery() as machines, trio.open_nursery() as nursery:
 
-        def make(host_id: str, *, fleet_task: bool = True) -> Host:
+        def make(host_id: str, *, fleet_task: bool = True, max_concurrent: int = 4) -> Host:
             config = Config(
                 data_dir=tmp_path / host_id,
                 bind_port=0,
                 kinds_file=kinds,
-                max_concurrent=4,
+                max_concurrent=max_concurrent,
                 sweep_interval_s=86400.0,
                 host_id=host_id,
                 host_lease_s=LEASE_S,
@@ -227,3 +227,20 @@ async def test_a_pause_file_on_one_host_is_ended_only_by_that_hosts_file(
     await flag.unlink()
     await a.sup.sweep()
     assert not await b.sup.is_paused()
+
+
+async def test_a_host_that_disagrees_on_the_fleet_limit_says_so_and_promotes_under_the_fleets(
+    jump_clock: trio.testing.MockClock, fleet: Callable[..., Host]
+) -> None:
+    a = fleet("a")  # alone: records its max_concurrent (4)
+    await trio.sleep(1)
+    with structlog.testing.capture_logs() as logs:
+        b = fleet("b", max_concurrent=9)
+        await trio.sleep(1)
+    [said] = [e for e in logs if e["event"] == "fleet_setting_disagrees"]
+    assert (said["log_level"], said["here"], said["fleet"], said["recorded_by"]) == ("error", 9, 4, "a")
+    assert b.sup.boot.max_concurrent == 4 and a.sup.boot.max_concurrent == 4
+    for _ in range(6):
+        await b.sup.enqueue("sleep", {"seconds": 3600})
+    await b.sup.drain()
+    assert (await b.sup.queue_state()).running == 4  # the fleet's limit, not b's 9

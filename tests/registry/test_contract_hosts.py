@@ -118,3 +118,13 @@ async def test_a_host_cap_limits_that_hosts_running_rows_within_the_fleet_limit(
     assert [j.host_id for j in second.jobs] == ["b", "b", "b"]
     assert (await registry.counts())["running"] == 5
     assert (await registry.promote(promote("c", 3, "t9"))).jobs == ()
+
+
+async def test_a_fleet_setting_is_the_first_recorded_unless_replaced(registry: Registry, clock: WallClock) -> None:
+    first = await registry.record_setting("max_concurrent", "4", "a", replace=False)
+    assert (first.value, first.host_id, first.recorded_at) == ("4", "a", clock.now)
+    clock.advance(1)
+    other = await registry.record_setting("max_concurrent", "6", "b", replace=False)
+    assert (other.value, other.host_id, other.recorded_at) == ("4", "a", first.recorded_at)  # the first one wins
+    replaced = await registry.record_setting("max_concurrent", "6", "b", replace=True)  # b started alone
+    assert (replaced.value, replaced.host_id, replaced.recorded_at) == ("6", "b", clock.now)

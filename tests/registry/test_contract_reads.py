@@ -273,6 +273,7 @@ CALLS: dict[str, Callable[[Registry], Awaitable[object]]] = {
     "hosts": lambda r: r.hosts(),
     "leader": lambda r: r.leader(),
     "forget_host": lambda r: r.forget_host("h"),
+    "record_setting": lambda r: r.record_setting("max_concurrent", "1", "h", replace=False),
 }
 
 

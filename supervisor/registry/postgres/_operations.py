@@ -25,6 +25,7 @@ from .._protocol import (
     Ending,
     EnqueueResult,
     Expect,
+    FleetSetting,
     Host,
     IdentityClaim,
     Lease,
@@ -416,6 +417,25 @@ class Operations(Rows):
             "UPDATE hosts SET lease_expires_at = $1 WHERE host_id = $2 AND boot_id = $3", now, host_id, boot_id
         )
         await conn.execute("DELETE FROM leader WHERE host_id = $1 AND boot_id = $2", host_id, boot_id)
+
+    async def record_setting(self, conn: Any, name: str, value: str, host_id: str, replace: bool) -> FleetSetting:
+        conflict = (
+            "DO UPDATE SET value = excluded.value, host_id = excluded.host_id, recorded_at = excluded.recorded_at"
+            if replace
+            else "DO NOTHING"
+        )
+        await conn.execute(
+            f"INSERT INTO fleet_settings (name, value, host_id, recorded_at) VALUES ($1, $2, $3, $4) "
+            f"ON CONFLICT (name) {conflict}",
+            name,
+            value,
+            host_id,
+            self.now(),
+        )
+        row = await conn.fetchrow(
+            "SELECT name, value, host_id, recorded_at FROM fleet_settings WHERE name = $1", name
+        )
+        return FleetSetting(row["name"], row["value"], row["host_id"], row["recorded_at"].astimezone(UTC))
 
     async def forget_host(self, conn: Any, host_id: str) -> Host | None:
         host = await host_in(conn, host_id)

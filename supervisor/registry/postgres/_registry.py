@@ -40,6 +40,7 @@ from .._protocol import (
     Ending,
     EnqueueResult,
     Expect,
+    FleetSetting,
     Host,
     IdentityClaim,
     Lease,
@@ -401,6 +402,9 @@ class PostgresRegistry:
 
     async def leader(self) -> Host | None:
         return await self._transaction(reads.leader_in, write=False)
+
+    async def record_setting(self, name: str, value: str, host_id: str, *, replace: bool) -> FleetSetting:
+        return await self._transaction(lambda conn: self.ops.record_setting(conn, name, value, host_id, replace))
 
     async def forget_host(self, host_id: str) -> Host | None:
         return await self._transaction(lambda conn: self.ops.forget_host(conn, host_id))

@@ -20,6 +20,7 @@ from .._protocol import (
     Ending,
     EnqueueResult,
     Expect,
+    FleetSetting,
     Host,
     IdentityClaim,
     Lease,
@@ -441,6 +442,27 @@ class Operations(Rows):
                 "UPDATE hosts SET lease_expires_at = ? WHERE host_id = ? AND boot_id = ?", (now, host_id, boot_id)
             )
             conn.execute("DELETE FROM leader WHERE host_id = ? AND boot_id = ?", (host_id, boot_id))
+
+        return change
+
+    def record_setting(
+        self, name: str, value: str, host_id: str, replace: bool
+    ) -> Callable[[sqlite3.Connection], FleetSetting]:
+        def change(conn: sqlite3.Connection) -> FleetSetting:
+            conflict = (
+                "DO UPDATE SET value = excluded.value, host_id = excluded.host_id, recorded_at = excluded.recorded_at"
+                if replace
+                else "DO NOTHING"
+            )
+            conn.execute(
+                f"INSERT INTO fleet_settings (name, value, host_id, recorded_at) VALUES (?, ?, ?, ?) "
+                f"ON CONFLICT (name) {conflict}",
+                (name, value, host_id, _text(self.now())),
+            )
+            row = conn.execute(
+                "SELECT name, value, host_id, recorded_at FROM fleet_settings WHERE name = ?", (name,)
+            ).fetchone()
+            return FleetSetting(row["name"], row["value"], row["host_id"], from_iso(row["recorded_at"]))
 
         return change
 

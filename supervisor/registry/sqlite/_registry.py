@@ -31,6 +31,7 @@ from .._protocol import (
     Ending,
     EnqueueResult,
     Expect,
+    FleetSetting,
     Host,
     IdentityClaim,
     Lease,
@@ -228,6 +229,9 @@ class SqliteRegistry:
 
     async def leader(self) -> Host | None:
         return await self._read(reads.leader_in)
+
+    async def record_setting(self, name: str, value: str, host_id: str, *, replace: bool) -> FleetSetting:
+        return await self._write(self.ops.record_setting(name, value, host_id, replace))
 
     async def forget_host(self, host_id: str) -> Host | None:
         return await self._write(self.ops.forget_host(host_id))

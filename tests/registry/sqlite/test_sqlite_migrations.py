@@ -45,9 +45,29 @@ def columns(path: Path, table: str) -> list[str]:
 # -- from version 3 -----------------------------------------------------------------------------------------
 
 
-def test_this_code_is_schema_version_7() -> None:
-    """The migration tests below are from 3, 4, 5 and 6: a new migration needs its own test of the file before it."""
-    assert SCHEMA_VERSION == 7
+def test_this_code_is_schema_version_8() -> None:
+    """The migration tests below are from 3, 4, 5, 6 and 7: a new migration needs its own test of the file before it."""
+    assert SCHEMA_VERSION == 8
+
+
+async def test_a_version_7_file_gets_the_fleet_settings_table_with_nothing_recorded(path: Path) -> None:
+    """Version 8 (issue 27): nothing recorded, so the first supervisor to start records its limit."""
+    reg = await SqliteRegistry.open(path)
+    await reg.aclose()
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("DROP TABLE fleet_settings")
+        conn.execute("UPDATE schema_version SET version = 7")
+        conn.commit()
+    finally:
+        conn.close()
+    reg = await SqliteRegistry.open(path)
+    try:
+        setting = await reg.record_setting("max_concurrent", "3", "h", replace=False)
+        assert (setting.value, setting.host_id) == ("3", "h")
+        assert raw(path, "SELECT version FROM schema_version") == [(8,)]
+    finally:
+        await reg.aclose()
 
 
 async def test_a_version_6_file_gets_retry_links_and_its_history_can_be_pruned(path: Path) -> None:
@@ -80,7 +100,7 @@ async def test_a_version_6_file_gets_retry_links_and_its_history_can_be_pruned(p
         assert await reg.retries_of("a") == []
         [gone] = await reg.prune_jobs(ended_before=None, keep_latest=0, limit=10)
         assert gone.job_id == "a"
-        assert raw(path, "SELECT version FROM schema_version") == [(7,)]
+        assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
     finally:
         await reg.aclose()
 
