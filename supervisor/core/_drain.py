@@ -56,6 +56,7 @@ class Drainer:
         self._held_by_start = False  # held because a start was refused: only a start made ends the hold
         self._retry_at = math.inf
         self._hold_delay = HOLD_RETRY_MIN_S
+        self._trials = 0  # trial starts of a held queue still under way: their outcome, not _retry_at, comes next
         self._log_dir_made = False
         self._next_at: datetime | None = None  # the earliest end of a queued row's backoff, at the last promotion
         # How jobs reach the HTTP API for their heartbeats (set by the root once the socket is bound).
@@ -72,7 +73,7 @@ class Drainer:
         while True:
             # A resubmitted job waiting out its backoff is started when it may be, not at the next wake by chance; a
             # held queue asks the executor again at its retry.
-            with trio.move_on_at(min(self._next_round_at(), self._retry_at)):
+            with trio.move_on_at(min(self._next_round_at(), self._retry_at if not self._trials else math.inf)):
                 await self._wanted.wait()
             self._wanted = trio.Event()
             try:
@@ -131,7 +132,19 @@ class Drainer:
         """Start the jobs in a task of their own (a failed start wakes the drainer: its slot is free again)."""
         for job in jobs:
             self.boot.watched.setdefault(job.job_id, Watched(job.job_id))  # a cancel from now on finds its entry
-        self.boot.nursery().start_soon(self.start_promoted, jobs, tokens)
+        if not self._held_by_start:
+            self.boot.nursery().start_soon(self.start_promoted, jobs, tokens)
+            return jobs
+        self._trials += 1
+
+        async def trial() -> None:
+            try:
+                await self.start_promoted(jobs, tokens)
+            finally:
+                self._trials -= 1
+                self.wake()
+
+        self.boot.nursery().start_soon(trial)
         return jobs
 
     def _next_round_at(self) -> float:
@@ -144,8 +157,10 @@ class Drainer:
         return trio.current_time() + max(MIN_BACKOFF_WAIT_S, wait_s)
 
     async def _executor_ready(self) -> bool:
-        if self._held and trio.current_time() < self._retry_at:
-            return False  # held: asked again at _retry_at (the drainer wakes itself), not at every wake before it
+        if self._held and (self._trials or trio.current_time() < self._retry_at):
+            # Held: asked again at _retry_at (the drainer wakes itself), not at every wake before it; and never while
+            # a trial start is still under way (its outcome sets the next retry, or ends the hold, and wakes us).
+            return False
         why = await self.boot.executor.unavailable()
         if why is not None:
             self._hold(why)
