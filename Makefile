@@ -45,8 +45,9 @@ chaos: $(STAMP)
 
 # Installs the peers (Debian task-spooler, redis-server, parallel; RQ, py-spy and matplotlib into $(BENCH_VENV)) when
 # missing, runs every benchmark into one dated results file (bench/results/, committed: the history lives there), then
-# renders docs/performance.md and its plot from the latest results. A full run takes several minutes; it needs a quiet
-# machine. `make bench LABEL=before-issue-24` names the run in its results file.
+# renders docs/performance.md and its plot from the latest results (bench/fleet.py starts a PostgreSQL cluster of its
+# own with scripts/postgres.sh, which installs Debian's postgresql when missing). A full run takes several minutes; it
+# needs a quiet machine. `make bench LABEL=before-issue-24` names the run in its results file.
 BENCH_RESULTS := bench/results/$(shell date -u +%Y-%m-%dT%H%MZ)-make-bench.json
 bench: $(STAMP)
 	PYTHON=$(PYTHON) BENCH_VENV=$(BENCH_VENV) bash bench/install-peers.sh
@@ -55,6 +56,7 @@ bench: $(STAMP)
 	$(PY) bench/outbox.py --results $(BENCH_RESULTS)
 	bash scripts/docker-engine.sh up
 	$(PY) bench/exec_modes.py --results $(BENCH_RESULTS)
+	$(PY) bench/fleet.py --results $(BENCH_RESULTS)
 	py=$(BENCH_VENV)/bin/python; [ -x "$$py" ] || py=$(PY); "$$py" bench/report.py
 
 # The alert rules and their unit tests (promtool comes with Debian's prometheus package; .ci/run installs it).

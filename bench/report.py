@@ -6,7 +6,9 @@ Usage: python bench/report.py [RESULTS.json ...] [--out docs/performance.md] [--
 
 With no file named, the page is rendered from the latest ``*-make-bench.json`` of ``--results-dir`` and that
 directory's chaos and soak results. Named files are used instead: the last make-bench file is the run the page
-shows; a feeds, outbox or exec-modes file replaces that scenario; chaos and soak files feed their sections.
+shows; a feeds, outbox, exec-modes or fleet file replaces that scenario; chaos and soak files feed their sections.
+With no file named, a single-scenario file newer than the latest make-bench file is used too (a scenario measured
+alone since the last full run, such as ``bench/fleet.py``'s).
 
 Prose lives in the template (``bench/performance.template.md``); every number comes from the JSON. A line of the
 template that is a placeholder, ``{{name}}`` or ``{{name:argument}}``, is replaced:
@@ -18,7 +20,7 @@ template that is a placeholder, ``{{name}}`` or ``{{name:argument}}``, is replac
 - ``{{plot}}``: the plot (``make bench`` draws it with matplotlib from the bench venv; without matplotlib the
   existing PNG is kept and the page says so);
 - ``{{scenario:KEY}}``: a scenario's tables, figures and notes (KEY: throughput, promotion, enqueue, detection,
-  footprint, heartbeats, registry, feeds, outbox, exec_modes);
+  footprint, heartbeats, registry, feeds, outbox, exec_modes, fleet);
 - ``{{chaos}}``, ``{{soak}}``: the latest chaos run; the latest soak of each kind (and the latest one-hour soak of a
   kind whose latest soak was shorter);
 - ``{{compare:BEFORE.json:AFTER.json}}``: a before/after table of two results files of ``--results-dir``;
@@ -48,7 +50,7 @@ TEMPLATE = REPO / "bench" / "performance.template.md"
 PAGE = REPO / "docs" / "performance.md"
 PLOT_NAME = "bench-latest.png"
 PLACEHOLDER = re.compile(r"^\{\{\s*([a-z_]+)(?::([^}]*))?\s*\}\}$")
-SCENARIO_KINDS = ("make-bench", "feeds", "outbox", "exec-modes")
+SCENARIO_KINDS = ("make-bench", "feeds", "outbox", "exec-modes", "fleet")
 SHOWN_HISTORY = 8
 
 
@@ -93,11 +95,16 @@ def load(paths: Iterable[Path]) -> Inputs:
 
 
 def default_files(directory: Path) -> list[Path]:
-    """The latest make-bench file of ``directory``, and every chaos and soak file (the sections pick among them)."""
+    """The latest make-bench file of ``directory``, the latest single-scenario file of each kind that is newer (the
+    names sort by date), and every chaos and soak file (the sections pick among them)."""
     files = [p for p in sorted(directory.glob("*.json")) if not _is_smoke(p)]
     runs = [p for p in files if p.name.endswith("-make-bench.json")]
+    newer: list[Path] = []
+    for kind in SCENARIO_KINDS[1:]:
+        alone = [p for p in files if p.name.endswith(f"-{kind}.json") and (not runs or p.name > runs[-1].name)]
+        newer += alone[-1:]
     rest = [p for p in files if p.name.endswith(("-chaos.json", "-soak.json"))]
-    return runs[-1:] + rest
+    return runs[-1:] + newer + rest
 
 
 def _is_smoke(path: Path) -> bool:

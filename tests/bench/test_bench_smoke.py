@@ -187,3 +187,20 @@ def test_make_bench_writes_one_results_file_and_the_page_renders_from_it(tmp_pat
     assert "| registry | sweep_o_running |" in compared
 
     assert repository_outputs() == untouched  # nothing written into the repository's docs/ or bench/results/
+
+
+@pytest.mark.postgres
+def test_fleet_smoke_measures_one_and_two_supervisors_on_one_database() -> None:
+    """bench/fleet.py on the test server (a schema of its own per run, dropped after): both fleet sizes ran every
+    job, and the table, the CPU table and the per-host shares are reported."""
+    database_url = os.environ["PODCAST_JOB_TEST_DATABASE_URL"]  # the postgres mark skips without it
+    out = run_bench("fleet.py", "--database-url", database_url)
+    assert "== Fleet throughput: 40 jobs of /bin/true on 8 fleet-wide slots" in out, out
+    for hosts in ("1", "2"):
+        rate = re.search(rf"^\| {hosts} \| ([0-9]+) \([0-9]+-[0-9]+\) \| [0-9.]+ \(.*\) \| [0-9]+ ms \(", out, re.M)
+        assert rate and int(rate[1]) > 0, out
+        shares = re.search(rf"^- {hosts} host\(s\): jobs started per host, each run: \{{(.*)\}}$", out, re.M)
+        assert shares, out
+        started = {name: int(n) for name, n in (part.split() for part in shares[1].split(", "))}
+        assert set(started) <= {f"h{i + 1}" for i in range(int(hosts))} and sum(started.values()) == 40, started
+    assert "PostgreSQL's CPU not measured: the server named by --database-url is not the bench's own" in out
