@@ -8,7 +8,10 @@ so a dropped wake-up only delays, while a flood of them (a 1,000-job batch from 
 this process's memory. A lost session (the server restarted, ``pg_terminate_backend``, a reset) is reported by
 asyncpg's termination callback: the channel is closed, and ``receive`` raises ``RegistryUnavailable`` once what was
 already received has been read. A session that hangs (a partition: no error ever comes) is found by ``check``, a
-``SELECT 1`` under the registry's timeout, which the caller runs every few seconds.
+cheap query under the registry's timeout, which the caller runs every few seconds: it asks whether the session still
+listens on the channel, so a session that answers but no longer listens (behind a pooler in transaction mode, each
+statement may reach another server session) is lost too. Its text names the channel, so that an operator finds the
+session in ``pg_stat_activity`` by its ``application_name`` and its last query, whichever of the two that is.
 """
 
 from __future__ import annotations
@@ -36,8 +39,11 @@ _ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClient
 class PgWakeupFeed:
     """One listening session's wake-ups (``WakeupFeed``); made by ``PostgresRegistry.listen``."""
 
-    def __init__(self, conn: Any, where: str, timeout_s: float) -> None:
+    def __init__(self, conn: Any, channel: str, where: str, timeout_s: float) -> None:
         self._conn = conn
+        # A literal, not a parameter: pg_stat_activity shows the query's text (the channel is ours, never a user's).
+        literal = "'" + channel.replace("'", "''") + "'"
+        self._check_query = f"SELECT {literal} IN (SELECT pg_listening_channels())"
         self._where = where
         self._timeout_s = timeout_s
         self._send, self._receive = trio.open_memory_channel[Wakeup](WAKEUP_BUFFER)
@@ -84,13 +90,15 @@ class PgWakeupFeed:
     async def check(self) -> None:
         try:
             with trio.fail_after(self._timeout_s):
-                await trio_asyncio.aio_as_trio(self._conn.fetchval)("SELECT 1")
+                listens = await trio_asyncio.aio_as_trio(self._conn.fetchval)(self._check_query)
         except trio.TooSlowError:
             self.lost_why = f"the listening session did not answer within {self._timeout_s:g} s"
         except _ERRORS as exc:
             self.lost_why = f"the listening session failed: {type(exc).__name__}: {exc}"
         else:
-            return
+            if listens:
+                return
+            self.lost_why = "the session no longer listens (a pooler in transaction mode between it and the server?)"
         raise RegistryUnavailable(f"registry {self._where}: {self.lost_why}")
 
 
@@ -103,7 +111,7 @@ async def listening(dsn: str, channel: str, *, where: str, timeout_s: float) -> 
     try:
         with trio.fail_after(timeout_s):
             conn = await trio_asyncio.aio_as_trio(asyncpg.connect)(dsn, timeout=timeout_s, server_settings=settings)
-            feed = PgWakeupFeed(conn, where, timeout_s)
+            feed = PgWakeupFeed(conn, channel, where, timeout_s)
             conn.add_termination_listener(feed.on_termination)
             await trio_asyncio.aio_as_trio(conn.add_listener)(channel, feed.on_notification)
     except trio.TooSlowError as exc:
