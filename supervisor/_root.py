@@ -6,6 +6,7 @@
     ├── job nursery             one monitor task per running job (its own or adopted), and the shepherd's reader
     ├── drainer                 drains when woken (an enqueue, a job's end, a cancel), many wakes making one drain
     ├── fleet                   this host's lease on the registry, renewed every third of it; the fleet's lead
+    ├── wake-ups                (PostgreSQL) LISTEN: other hosts' enqueues, cancels of this host's jobs, the pause
     ├── webhook sender          (the leader only) delivers the outbox to PODCAST_JOB_WEBHOOK_URL, in order, with backoff
     ├── sweeper                 startup sweep (before serving), then reconcile -> drain every sweep_interval_s
     ├── HTTP server             hypercorn's trio worker serving the quart-trio app (and the event streams, which
@@ -129,6 +130,8 @@ async def _run_with_registry(
             # This host's lease, the fleet's lead and its limit (ADR 0012): settled before anything promotes.
             await root.start(supervisor.run_fleet)
             await root.start(supervisor.run_drainer)
+            # Listening before the startup sweep: a change made after this is heard, one made before is swept.
+            await root.start(supervisor.run_wakeups)
             # Started before the first sweep, so that events left undelivered by a previous boot go out first.
             await root.start(supervisor.webhooks.run)
             # The startup sweep runs before serving; it never waits on a job, so /api/health is not delayed.

@@ -6,6 +6,7 @@ _monitor      one monitor per running job; cancel
 _reconcile    reconcile: RUNNING rows against the executor's evidence
 _absence      the absence tracker (monotonic ages) and judge
 _sweeper      the sweeper task: pause file -> reconcile -> absence -> drain
+_wakeups      the wake-up listener task: other hosts' changes (LISTEN/NOTIFY), acted on at once; only hints
 _heartbeats   a job's heartbeats: token check, body, watermark
 _supervisor   Supervisor: the front door the HTTP layer and the CLI call; wires the above
 """
@@ -39,6 +40,7 @@ from ._rules import (
 )
 from ._supervisor import LOG_CHUNK_BYTES, MAX_BATCH, Health, LogSlice, QueueState, Supervisor
 from ._sweeper import Sweeper, run_sweeper
+from ._wakeups import WakeupListener
 
 __all__ = [
     "CANCELLED",
@@ -71,6 +73,7 @@ __all__ = [
     "Supervisor",
     "Sweeper",
     "Verdict",
+    "WakeupListener",
     "Watched",
     "attempt_ended",
     "backoff_s",

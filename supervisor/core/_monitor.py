@@ -216,6 +216,17 @@ class Monitors:
         await self._cancel_unmonitored(job)
         return await self.boot.registry.get(job_id)
 
+    async def carry_out_requested_cancel(self, job: Job) -> None:
+        """A cancel recorded on the row of a job this host owns (asked through another host: INV-OWNER-JUDGES),
+        carried out here as the sweep would: a watched job's monitor stops it; a prior boot's job is adopted and
+        stopped once verified. Either way the row ends ``cancelled`` only once the process is gone."""
+        watched = self.boot.watched.get(job.job_id)
+        if watched is not None:
+            watched.request_cancel()
+        elif job.boot_id != self.boot.boot_id:
+            await self._cancel_unmonitored(job)
+        # else: this boot's job with no monitor left (one that failed): the sweep's rules judge it.
+
     async def _cancel_unmonitored(self, job: Job) -> None:
         """A running row with no monitor here: a prior boot's job (or one whose monitor failed).
 

@@ -5,6 +5,7 @@ the nursery tree the tasks to start:
 
     Supervisor
     ├── drainer        (root nursery)  promotes and starts jobs when woken                  _drain.Drainer
+    ├── wake-ups       (root nursery)  acts on other hosts' changes at once (LISTEN/NOTIFY)  _wakeups.WakeupListener
     ├── sweeper        (root nursery)  reconcile -> absence -> drain, at startup and on a timer  _sweeper.Sweeper
     ├── webhook sender (root nursery)  delivers the registry's outbox                       observe.WebhookSender
     └── job nursery    (handed in by ``attach``)
@@ -51,6 +52,7 @@ from ._pause import PauseFile
 from ._prune import Pruner
 from ._reconcile import Reconciler, ReconcileReport
 from ._sweeper import Sweeper, run_sweeper
+from ._wakeups import WakeupListener
 
 log = get_logger()
 
@@ -205,6 +207,9 @@ class Supervisor:
             self.pruner,
         )
         self.heartbeats = Heartbeats(registry, self.absence.tracker.beat)
+        # What other hosts change (an enqueue, a cancel of a job here, the pause), heard at once; the sweep is the
+        # guarantee (INV-NOTIFY-IS-A-HINT).
+        self.wakeups = WakeupListener(self.boot, self.wake_drainer, self.monitors)
         self.events.subscribe(self.heartbeats.tokens.on_event)
 
     # -- what the root of the nursery tree and the HTTP layer read -------------------------------------------
@@ -263,6 +268,9 @@ class Supervisor:
 
     async def run_fleet(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         await self.fleet.run(task_status=task_status)
+
+    async def run_wakeups(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        await self.wakeups.run(task_status=task_status)
 
     async def hosts(self) -> dict[str, Any]:
         """Every host of the fleet, live or silent, and which leads."""

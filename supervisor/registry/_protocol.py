@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -272,6 +273,49 @@ class FleetSetting:
     recorded_at: datetime
 
 
+# What a wake-up says happened (``Wakeup.kind``).
+WAKE_QUEUED = "queued"  # a row became queued (an enqueue, a requeue, a resubmission, a follow-up)
+WAKE_FREED = "freed"  # running rows ended on behalf of another host (forget): slots were freed
+WAKE_CANCEL = "cancel"  # a cancel was requested on a running row (``job_id``; ``host_id``: the host that runs it)
+WAKE_PAUSE = "pause"  # the queue's pause was set or cleared
+WAKE_KINDS = frozenset({WAKE_QUEUED, WAKE_FREED, WAKE_CANCEL, WAKE_PAUSE})
+
+
+@dataclass(frozen=True)
+class Wakeup:
+    """A hint that another process (another host of the fleet) changed something this host may act on.
+
+    INV-NOTIFY-IS-A-HINT: a wake-up never decides anything. It may come late, twice, or never (a listener that was
+    not connected at that moment hears nothing of it); whoever hears it re-reads what it acts on from the registry,
+    and the periodic sweep does the same work anyway, so a lost wake-up only delays."""
+
+    kind: str
+    job_id: str | None = None
+    host_id: str | None = None
+
+
+class WakeupFeed(Protocol):
+    """The wake-ups of one listening session (``Registry.listen``)."""
+
+    async def receive(self) -> Wakeup:
+        """The next wake-up; raises ``RegistryUnavailable`` once the session is lost (listen again to go on)."""
+        ...
+
+    def receive_nowait(self) -> Wakeup | None:
+        """A wake-up already received, or None: what a caller coalesces with the one it just got."""
+        ...
+
+    async def check(self) -> None:
+        """A cheap round trip on the session, bounded: raises ``RegistryUnavailable`` when it does not answer (a
+        partition that hangs, which no error would ever report)."""
+        ...
+
+    @property
+    def dropped(self) -> int:
+        """Wake-ups dropped because the reader fell behind (harmless: see ``Wakeup``)."""
+        ...
+
+
 PAUSED_BY_OPERATOR = "operator"  # POST /api/queue/pause
 PAUSED_BY_FILE = "pause_file"  # the .viewer/jobs.paused file, mirrored by the sweeper
 
@@ -452,6 +496,13 @@ class Registry(Protocol):
     async def record_setting(self, name: str, value: str, host_id: str, *, replace: bool) -> FleetSetting:
         """The fleet's value of setting ``name``: the one recorded first (``value``, by ``host_id``, when none was);
         with ``replace``, this one whatever was recorded (a host that starts alone)."""
+        ...
+
+    def listen(self) -> AbstractAsyncContextManager[WakeupFeed | None]:
+        """A session that hears other processes' changes (``Wakeup``), open while the context is: entering connects
+        (bounded; ``RegistryUnavailable`` when it cannot), leaving closes. None: this registry has nothing to hear
+        (one process owns it: SQLite, memory), its own wakes suffice. Wake-ups are only hints
+        (INV-NOTIFY-IS-A-HINT)."""
         ...
 
     def fault(self) -> RegistryFault | None:

@@ -14,7 +14,7 @@ import copy
 import hmac
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractAsyncContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
@@ -55,6 +55,7 @@ from ._protocol import (
     Promotion,
     PrunedJob,
     PruneResult,
+    WakeupFeed,
     check_prune,
     log_name,
 )
@@ -589,6 +590,10 @@ class MemoryRegistry(_MemoryRows):
 
     def fault(self) -> RegistryFault | None:
         return None  # memory does not fail to write
+
+    def listen(self) -> AbstractAsyncContextManager[WakeupFeed | None]:
+        """Nothing to hear: one process owns this registry, and its own wakes (an enqueue, a job's end) suffice."""
+        return nullcontext(None)
 
     async def aclose(self) -> None:
         self._closed = True

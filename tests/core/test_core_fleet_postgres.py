@@ -191,9 +191,9 @@ class Fleet:
     hosts: dict[str, Host] = field(default_factory=dict)
     boots: int = 0
 
-    async def start(self, host_id: str, *, namespaced: bool = False) -> Host:
+    async def start(self, host_id: str, *, namespaced: bool = False, extra_env: dict[str, str] | None = None) -> Host:
         """``supervisor serve`` as host ``host_id`` (its data dir the same across restarts), up when it logs its
-        URL and its health answers."""
+        URL and its health answers. ``extra_env``: settings that differ from this module's."""
         home = self.root / host_id
         home.mkdir(exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("PODCAST_")}
@@ -209,6 +209,7 @@ class Fleet:
             PODCAST_JOB_MAX_CONCURRENT=str(LIMIT),
             PODCAST_JOB_CANCEL_GRACE_SECONDS="20",  # a cancel's SIGKILL never comes in these tests: SIGTERM does it
         )
+        env.update(extra_env or {})
         argv = [sys.executable, "-m", "supervisor", "serve"]
         if namespaced:
             # Its own PID namespace: it sees its own jobs only. --kill-child: killing unshare kills the supervisor.

@@ -293,5 +293,8 @@ async def test_the_backend_implements_every_operation_of_the_protocol_as_a_corou
     operations.discard("fault")
     assert not inspect.iscoroutinefunction(registry.fault)
     assert registry.fault() is None
+    # listen() is the other: it gives an async context manager (entering it connects: test_contract_wakeups.py)
+    operations.discard("listen")
+    assert not inspect.iscoroutinefunction(registry.listen)
     assert all(inspect.iscoroutinefunction(getattr(registry, name)) for name in operations)
     assert operations == set(CALLS) - {"outbox_delete_nothing"} | {"aclose"}  # the test above calls every one

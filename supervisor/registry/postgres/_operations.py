@@ -6,6 +6,13 @@ Concurrency, with no registry-wide write lock (several supervisors may share the
   row waits until this one commits, then reads what it left;
 - promotions are serialized by a transaction-scoped advisory lock (``promote_in``);
 - enqueues with the same coalescing key are serialized by an advisory lock on that key (``enqueue_in``).
+
+The writes other hosts of a fleet may act on at once also send a wake-up (``Rows.notify_in``: ``pg_notify`` in the
+change's transaction, so it is delivered on commit and never for a rolled-back change): something queued (an
+enqueue, a requeue, a resubmission, a follow-up), a cancel requested on a running row (naming the job and the host
+that runs it), the pause set or cleared, a forgotten host's slots freed. A plain end sends none: the host that ran
+the job wakes its own drainer for the slot it freed (see ``finalize``). INV-NOTIFY-IS-A-HINT: whoever hears one
+re-reads what it acts on; the sweep is the guarantee.
 """
 
 from __future__ import annotations
@@ -20,6 +27,10 @@ from typing import Any
 from ...domain import RESUBMITTED, TERMINAL, Conflict, IllegalTransition, Job, JobStatus, RequestError
 from ...domain._model import Attempt
 from .._protocol import (
+    WAKE_CANCEL,
+    WAKE_FREED,
+    WAKE_PAUSE,
+    WAKE_QUEUED,
     Beat,
     Change,
     Ending,
@@ -34,6 +45,7 @@ from .._protocol import (
     PauseState,
     PromoteRequest,
     Promotion,
+    Wakeup,
     log_name,
 )
 from ._reads import host_in, leader_in, pause_state_in
@@ -99,6 +111,8 @@ class Operations(Rows):
 
     async def enqueue(self, conn: Any, job: NewJob, promote: PromoteRequest | None) -> tuple[EnqueueResult, Promotion]:
         job_id, coalesced = await self.enqueue_in(conn, job)
+        if not coalesced:
+            await self.notify_in(conn, Wakeup(WAKE_QUEUED))
         result = EnqueueResult(await self.get_in(conn, job_id), coalesced=coalesced)
         return result, await self.promote_after(conn, promote)
 
@@ -106,6 +120,8 @@ class Operations(Rows):
         added = [await self.enqueue_in(conn, job) for job in jobs]
         if not added:
             return []
+        if not all(coalesced for _, coalesced in added):
+            await self.notify_in(conn, Wakeup(WAKE_QUEUED))  # one for the batch, however large
         rows = {
             r["job_id"]: r
             for r in await conn.fetch(
@@ -244,7 +260,11 @@ class Operations(Rows):
                 history=json.dumps([a.to_json() for a in history]),
                 **_back_in_queue(),
             )
+            await self.notify_in(conn, Wakeup(WAKE_QUEUED))  # any host may run it once its backoff has passed
             return Change(await self.get_in(conn, job_id), changed=True, previous=job.status)
+        # A plain end notifies nobody: the host that ran the job (only it finalizes its jobs, INV-OWNER-JUDGES) wakes
+        # its own drainer for the slot it freed, and it has room under its own cap since the slot was its own. Other
+        # hosts woken at every end would only contend for the promotion lock (ADR 0012).
         await self.set_status(
             conn, job, chosen.status, error_reason=chosen.reason, exit_code=ending.exit_code, ended_at=ended_at
         )
@@ -261,6 +281,8 @@ class Operations(Rows):
         if ending.then is not None and chosen.status is JobStatus.SUCCEEDED:
             follow_id, coalesced = await self.enqueue_in(conn, ending.then)
             follow_up = EnqueueResult(await self.get_in(conn, follow_id), coalesced=coalesced)
+            if not coalesced:
+                await self.notify_in(conn, Wakeup(WAKE_QUEUED))
         return Change(after, changed=True, previous=job.status, follow_up=follow_up)
 
     async def finalize(
@@ -277,6 +299,7 @@ class Operations(Rows):
         await self.set_status(
             conn, job, JobStatus.QUEUED, reason=reason, attempts=max(0, job.attempts - 1), **_back_in_queue()
         )
+        await self.notify_in(conn, Wakeup(WAKE_QUEUED))
         return Change(await self.get_in(conn, job_id), changed=True, previous=job.status)
 
     async def request_cancel(self, conn: Any, job_id: str) -> Change:
@@ -289,6 +312,8 @@ class Operations(Rows):
             return Change(await self.get_in(conn, job_id), changed=True, previous=job.status)
         if job.status is JobStatus.RUNNING and not job.cancel_requested:
             await conn.execute("UPDATE jobs SET cancel_requested = true WHERE job_id = $1", job_id)
+            # The host that runs it carries it out now (woken), or at its next sweep (INV-OWNER-JUDGES).
+            await self.notify_in(conn, Wakeup(WAKE_CANCEL, job_id=job_id, host_id=job.host_id))
             return Change(await self.get_in(conn, job_id), changed=True)
         return Change(job, changed=False)
 
@@ -363,6 +388,7 @@ class Operations(Rows):
             by if paused else None,
             self.now() if paused else None,
         )
+        await self.notify_in(conn, Wakeup(WAKE_PAUSE))
         return await pause_state_in(conn)
 
     # -- the fleet (ADR 0012) -------------------------------------------------------------------------------
@@ -441,4 +467,6 @@ class Operations(Rows):
         host = await host_in(conn, host_id)
         await conn.execute("DELETE FROM hosts WHERE host_id = $1", host_id)
         await conn.execute("DELETE FROM leader WHERE host_id = $1", host_id)
+        # Its running rows were ended by the caller (ADR 0012): their slots are free for any host.
+        await self.notify_in(conn, Wakeup(WAKE_FREED, host_id=host_id))
         return host

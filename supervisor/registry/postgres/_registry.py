@@ -51,10 +51,13 @@ from .._protocol import (
     Promotion,
     PrunedJob,
     PruneResult,
+    WakeupFeed,
     check_prune,
 )
 from . import _reads as reads
+from ._listen import listening
 from ._operations import Operations
+from ._rows import wakeup_channel
 from ._schema import MIGRATE_LOCK, SCHEMA_VERSION, migrate, schema_version
 
 T = TypeVar("T")
@@ -199,6 +202,7 @@ class PostgresRegistry:
         if schema is None:
             raise RegistryError(f"registry {self.where}: the connection's search_path names no schema that exists")
         self.ops.schema_key = _lock_key(schema)
+        self.ops.channel = wakeup_channel(schema)
         if self.schema is not None:
             await self._transaction(self._create_schema)
         if self._migrate:
@@ -296,6 +300,13 @@ class PostgresRegistry:
 
     def fault(self) -> RegistryFault | None:
         return self._health.fault
+
+    def listen(self) -> AbstractAsyncContextManager[WakeupFeed | None]:
+        """A session of its own (outside the pool: ``_listen``) that LISTENs on this schema's channel, on which the
+        writes that other hosts may act on send their wake-ups when they commit (``_operations``)."""
+        if self._closed or self.ops.channel is None:
+            raise RegistryError(f"registry {self.where} is closed")
+        return listening(self._dsn, self.ops.channel, where=self.where, timeout_s=self.timeout_s)
 
     # -- the interface ----------------------------------------------------------------------------------
 
@@ -422,4 +433,3 @@ class PostgresRegistry:
                 pool.terminate()
         if waited.cancelled_caught:
             pool.terminate()
-

@@ -9,6 +9,7 @@ are JSON text, as in the SQLite registry.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import uuid
@@ -18,6 +19,7 @@ from typing import Any
 
 from ...domain import Job, JobNotFound, JobStatus, RegistryError, Unauthorized, check_transition
 from ...domain._model import Attempt, IdentityRecord, hash_token
+from .._protocol import WAKE_KINDS, Wakeup
 
 COLUMNS = (
     "job_id, seq, kind, params, argv, status, error_reason, exit_code, created_at, started_at, ended_at, "
@@ -71,6 +73,41 @@ def row_to_job(row: Mapping[str, Any], queue_position: int | None = None) -> Job
     )
 
 
+# A channel name is an identifier: at most 63 bytes (NAMEDATALEN - 1); pg_notify refuses a longer one.
+_CHANNEL_PREFIX = "podcast_jobs."
+_MAX_CHANNEL_BYTES = 63
+
+
+def wakeup_channel(schema: str) -> str:
+    """The wake-up channel of the registry in ``schema``: one per schema (registries in different schemas of one
+    database never wake each other), named after it when the name fits, else after a hash of it."""
+    name = _CHANNEL_PREFIX + schema
+    if len(name.encode()) <= _MAX_CHANNEL_BYTES:
+        return name
+    return f"{_CHANNEL_PREFIX}{hashlib.sha256(schema.encode()).hexdigest()[:32]}"
+
+
+def encode_wakeup(wake: Wakeup) -> str:
+    """A wake-up's payload: small JSON (its kind and ids only, never a row), far under the server's 8,000 bytes."""
+    fields = {"kind": wake.kind, "job_id": wake.job_id, "host_id": wake.host_id}
+    return json.dumps({k: v for k, v in fields.items() if v is not None}, separators=(",", ":"))
+
+
+def decode_wakeup(payload: str) -> Wakeup | None:
+    """A wake-up from its payload; None for one this version does not know (a newer host's: ignored, polling covers
+    it)."""
+    try:
+        fields = json.loads(payload)
+    except ValueError:
+        return None
+    if not isinstance(fields, dict) or fields.get("kind") not in WAKE_KINDS:
+        return None
+    job_id, host_id = fields.get("job_id"), fields.get("host_id")
+    if not isinstance(job_id, str | None) or not isinstance(host_id, str | None):
+        return None
+    return Wakeup(fields["kind"], job_id=job_id, host_id=host_id)
+
+
 def identity_text(identity: IdentityRecord | None) -> str | None:
     return json.dumps(identity.to_json(), sort_keys=True) if identity is not None else None
 
@@ -85,6 +122,7 @@ class Rows:
         self.boot_id = boot_id
         self.outbox = outbox
         self.schema_key = 0  # set once the registry knows its schema (``_registry.PostgresRegistry.open``)
+        self.channel: str | None = None  # this schema's wake-up channel (``wakeup_channel``), set with the key
 
     def now(self) -> datetime:
         """The clock's time in UTC (a naive time is refused, as the other registries refuse it)."""
@@ -129,6 +167,13 @@ class Rows:
             self.boot_id,
             json.dumps(job.public(), sort_keys=True, separators=(",", ":")),
         )
+
+    async def notify_in(self, conn: Any, wake: Wakeup) -> None:
+        """Send a wake-up on this schema's channel, inside the caller's transaction: PostgreSQL delivers it when
+        the transaction commits, and never when it rolls back. The same wake-up sent twice in one transaction is
+        delivered once (the server folds identical payloads)."""
+        if self.channel is not None:
+            await conn.execute("SELECT pg_notify($1, $2)", self.channel, encode_wakeup(wake))
 
     async def set_status(
         self, conn: Any, job: Job, to_status: JobStatus, *, reason: str | None = None, **fields: Any

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -42,6 +43,7 @@ from .._protocol import (
     Promotion,
     PrunedJob,
     PruneResult,
+    WakeupFeed,
     check_prune,
 )
 from . import _reads as reads
@@ -239,6 +241,10 @@ class SqliteRegistry:
     async def aclose(self) -> None:
         self._closed = True
         await trio.to_thread.run_sync(self.store.close)
+
+    def listen(self) -> AbstractAsyncContextManager[WakeupFeed | None]:
+        """Nothing to hear: one process owns this registry, and its own wakes (an enqueue, a job's end) suffice."""
+        return nullcontext(None)
 
     def close(self) -> None:
         """Close from blocking code (a test's teardown, a script)."""
