@@ -79,7 +79,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from _common import git_revision, machine, versions  # noqa: E402
 from results import results_name, run_header, write_json  # noqa: E402
 
-from supervisor import Config, Job, SqliteRegistry, load_config, load_kinds  # noqa: E402
+from supervisor import Config, Job, RegistryUnavailable, SqliteRegistry, load_config, load_kinds  # noqa: E402
 from supervisor.execution.docker import (  # noqa: E402
     ENGINE_ERRORS,
     LABEL_ATTEMPT,
@@ -176,6 +176,7 @@ class PostgresStore:
         self._error: BaseException | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._requests: trio.MemorySendChannel[Request] | None = None
+        self.unavailable = 0  # calls the registry could not answer at first (asked again)
         self._thread = threading.Thread(target=self._run, args=(dsn, schema), name="registry", daemon=True)
         self._thread.start()
         if not self._ready.wait(60) or self._token is None:
@@ -207,12 +208,23 @@ class PostgresStore:
                     await registry.aclose()
 
     def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """The call, asked again (a few times) while the registry is unavailable: a session the server ended (other
+        test runs on a shared server end every supervisor session of the database) is found by the call that uses
+        it, and replaced. Every time it happened is counted."""
         assert self._requests is not None and self._token is not None
         method = getattr(self.registry, name)
-        reply: queue.Queue[outcome.Outcome[Any]] = queue.Queue()
-        work = functools.partial(method, *args, **kwargs)
-        trio.from_thread.run(self._requests.send, (work, reply), trio_token=self._token)
-        return reply.get(timeout=120).unwrap()
+        for attempt in itertools.count(1):
+            reply: queue.Queue[outcome.Outcome[Any]] = queue.Queue()
+            work = functools.partial(method, *args, **kwargs)
+            trio.from_thread.run(self._requests.send, (work, reply), trio_token=self._token)
+            try:
+                return reply.get(timeout=120).unwrap()
+            except RegistryUnavailable:
+                self.unavailable += 1
+                if attempt >= 5:
+                    raise
+                time.sleep(0.2 * attempt)
+        raise AssertionError("unreachable")
 
     def counts(self) -> dict[str, int]:
         return dict(self._call("counts"))
@@ -666,6 +678,7 @@ class Plan:
     database_url: str | None = None  # the PostgreSQL server a fleet's schema is made on
     lease_s: float = 3.0  # a fleet host's lease (PODCAST_JOB_HOST_LEASE_SECONDS): short, so that leads change hands
     down_s: tuple[float, float] = (0.2, 5.0)  # a killed host's time down before its restart: past its lease at times
+    keep_logs: bool = False  # keep every boot's log (a failed run keeps them anyway)
 
 
 def start_supervisor(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -1114,6 +1127,8 @@ def fleet_chaos(
         if not drained:
             print(f"chaos: not drained in {DRAIN_LIMIT_S:.0f} s: {api_mismatches}")
             return 1
+    elif plan.keep_logs:
+        print(f"chaos ({plan.mode}, {plan.hosts} hosts): logs kept in {keep_logs(logs)}")
     for error in (observer.error, enqueuer.error, watch.error):
         if error is not None:
             raise RuntimeError("a bench thread failed") from error
@@ -1132,6 +1147,7 @@ def fleet_chaos(
         supervisor_kills_with_no_work_left=idle_kills,
         host_kills={h.host_id: h.kills for h in hosts},
         acknowledged_through={h.host_id: enqueuer.acked_by[h.url] for h in hosts},
+        bench_registry_calls_unavailable=store.unavailable,
     )
     return finish(plan, report, results_dir)
 
@@ -1460,6 +1476,7 @@ def main() -> int:
         help="where the results JSON goes (default bench/results; --smoke: none)",
     )
     parser.add_argument("--no-write", action="store_true", help="write no results file")
+    parser.add_argument("--keep-logs", action="store_true", help="with --hosts: keep every boot's log (a failure does)")
     args = parser.parse_args()
     if args.hosts < 1:
         parser.error(f"--hosts must be 1 or more, not {args.hosts}")
@@ -1474,7 +1491,9 @@ def main() -> int:
         parser.error("--database-url goes with --hosts N (N >= 2): one host runs on SQLite")
     mode_arg = args.mode or ("subprocess" if args.hosts > 1 else "both")
     results_dir = None if args.no_write else args.results_dir or (None if args.smoke else REPO / "bench" / "results")
-    fleet = {"hosts": args.hosts, "database_url": database_url} if args.hosts > 1 else {}
+    fleet: dict[str, Any] = {}
+    if args.hosts > 1:
+        fleet.update(hosts=args.hosts, database_url=database_url, keep_logs=args.keep_logs)
     status = 0
     for mode in MODES if mode_arg == "both" else (mode_arg,):
         if args.smoke:
