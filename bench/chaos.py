@@ -3,7 +3,7 @@ SIGKILLed from outside at random, in subprocess and in Docker mode, with resubmi
 
 Usage: make chaos   (or .venv/bin/python bench/chaos.py [--mode subprocess|docker|both] [--jobs 1000]
                      [--kills 200] [--slots 3] [--seed 25] [--job-kill-every-s 1.0] [--smoke]
-                     [--results-dir DIR] [--no-write])
+                     [--hosts N [--database-url postgresql://...] [--keep-logs]] [--results-dir DIR] [--no-write])
 
 Each job sleeps a few tenths of a second and exits 0; it appends a "start" and an "end" line (its job id, wall time,
 pid) to a journal in the data dir (bind-mounted into its container in Docker mode), so the journal is the jobs' own
@@ -31,10 +31,25 @@ the API of the last boot:
   it) and the registry's ``running`` count, sampled throughout;
 - nothing stuck: the last boot drains everything; no job process (or container) of the run is left.
 
+With ``--hosts N`` (N >= 2; subprocess mode; issue 27, ADR 0012) it is a fleet: N supervisors on a fresh schema of
+one PostgreSQL server (``--database-url``, default ``$PODCAST_JOB_TEST_DATABASE_URL``; the schema is dropped after),
+each with its own data dir, port and ``PODCAST_JOB_HOST_ID`` (h1, h2, ...), a 3 s host lease and the fleet-wide
+``--slots``. Each lives 0.5-3 s, is SIGKILLed, stays down 0.2-5 s (past its lease at times: its running jobs keep their
+slots, the lead passes on) and is started again with the same host id and data dir, ``--kills`` times in all; the
+API enqueues go to each host in turn (on to the next when one refuses). The journal lines name the host that ran
+each attempt. On top of the checks above:
+
+- never two leaders: every host's ``/api/health`` is asked at once every 0.1 s; two boots saying they lead within
+  20 % of the lease of each other (the gap ADR 0012 §3 leaves between two leads) fail it, and so does a new holder
+  of the leader table whose lead began before the previous holder's lease (as last sampled) ran out;
+- no host ends what it did not run: every row's ``host_id`` is the host of its last journal start, and every end of
+  an attempt in a host's log (a ``job_transition`` out of ``running``) is of a process that ran on that host;
+- every host's API (each host's last boot, once it serves) says what the registry says of every row.
+
 Exit status 1 when any check fails, 2 when the run could not be made (the supervisor exited by itself, no engine).
 The results (parameters, figures, outcomes, each check's verdict and the first violations) go to
-``bench/results/<UTC date>-<mode>-chaos.json`` (``--results-dir``; ``--smoke`` writes only where ``--results-dir``
-says; ``--no-write`` nowhere); docs/reliability.md reports them.
+``bench/results/<UTC date>-<mode>[-<N>hosts]-chaos.json`` (``--results-dir``; ``--smoke`` writes only where
+``--results-dir`` says; ``--no-write`` nowhere); docs/reliability.md reports them.
 
 The seed fixes the jobs' durations, the supervisor's lifetimes, the moments of the outside kills and the enqueues;
 which job a kill hits depends on what runs at that moment, so two runs with one seed differ in detail.
@@ -1497,7 +1512,11 @@ def main() -> int:
     status = 0
     for mode in MODES if mode_arg == "both" else (mode_arg,):
         if args.smoke:
-            plan = Plan(mode, 16, 3, 4, args.seed, job_kill_every_s=0.3, min_job_kills=3, smoke=True, **fleet)
+            # Jobs of 0.3-1 s: on a loaded machine, 16 jobs of 0.05-0.5 s could all end between two of the observer's
+            # looks (a smoke run that landed no outside kill at all, seen twice while a fleet run shared the machine).
+            plan = Plan(
+                mode, 16, 3, 4, args.seed, 0.3, job_seconds=(0.3, 1.0), min_job_kills=3, smoke=True, **fleet
+            )
         else:
             plan = Plan(mode, args.jobs, args.slots, args.kills, args.seed, args.job_kill_every_s, **fleet)
         status = max(status, run(plan, results_dir))
