@@ -38,10 +38,14 @@ test: lint typecheck pytest
 # Docker mode starts the engine first (scripts/docker-engine.sh up). Options through CHAOS_ARGS, e.g.
 #   make chaos CHAOS_ARGS="--mode subprocess --jobs 300 --kills 50 --seed 7"
 # (--mode subprocess|docker|both, --jobs, --kills, --slots, --seed, --job-kill-every-s; see bench/chaos.py).
+# A fleet (issue 27): CHAOS_HOSTS=3 runs that many supervisors on a fresh schema of a PostgreSQL server
+# (--database-url in CHAOS_ARGS, or $$PODCAST_JOB_TEST_DATABASE_URL), in subprocess mode, SIGKILLing any of them:
+#   make chaos CHAOS_HOSTS=3 CHAOS_ARGS="--jobs 400 --kills 80 --seed 27 --job-kill-every-s 0.3"
 CHAOS_ARGS ?=
+CHAOS_HOSTS ?= 1
 chaos: $(STAMP)
-	$(if $(findstring subprocess,$(CHAOS_ARGS)),,bash scripts/docker-engine.sh up)
-	$(PY) bench/chaos.py $(CHAOS_ARGS)
+	$(if $(findstring subprocess,$(CHAOS_ARGS))$(filter-out 1,$(CHAOS_HOSTS)),,bash scripts/docker-engine.sh up)
+	$(PY) bench/chaos.py $(if $(filter-out 1,$(CHAOS_HOSTS)),--hosts $(CHAOS_HOSTS)) $(CHAOS_ARGS)
 
 # Installs the peers (Debian task-spooler, redis-server, parallel; RQ, py-spy and matplotlib into $(BENCH_VENV)) when
 # missing, runs every benchmark into one dated results file (bench/results/, committed: the history lives there), then

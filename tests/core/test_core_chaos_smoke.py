@@ -7,6 +7,10 @@ attempts are its journal's starts, its history its earlier attempts); every outc
 outside recorded as that kill and resubmitted while attempts remain, an exit 0 as succeeded); never more than the slots
 at once; nothing left running. Its results file goes to a temp dir. The smoke run goes on until a few outside kills
 have landed, so each run exercises resubmission whatever the machine's speed.
+
+The fleet version (``--hosts 2``, issue 27) runs two supervisors on a fresh schema of the test PostgreSQL server, each
+SIGKILLed at random and restarted with its host id, and adds two checks: never two leaders (every host's health, the
+leader table's handovers: INV-ONE-LEADER), and no attempt ended by a host that did not run it (INV-OWNER-JUDGES).
 """
 
 from __future__ import annotations
@@ -20,14 +24,17 @@ from typing import Any
 
 import pytest
 
+TEST_DATABASE_URL_VAR = "PODCAST_JOB_TEST_DATABASE_URL"
+
 CHAOS = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
 CHECKS = 7
+FLEET_CHECKS = CHECKS + 2
 
 
-def run_smoke(mode: str, results: Path) -> dict[str, Any]:
+def run_smoke(mode: str, results: Path, *fleet: str, checks: int = CHECKS) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PODCAST_")}
     done = subprocess.run(
-        [sys.executable, str(CHAOS), "--smoke", "--mode", mode, "--results-dir", str(results)],
+        [sys.executable, str(CHAOS), "--smoke", "--mode", mode, *fleet, "--results-dir", str(results)],
         capture_output=True,
         text=True,
         timeout=240,  # a backstop for a wedged run: each takes 10-30 s
@@ -35,16 +42,16 @@ def run_smoke(mode: str, results: Path) -> dict[str, Any]:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
-    assert done.stdout.count("PASS") == CHECKS and "FAIL" not in done.stdout
+    assert done.stdout.count("PASS") == checks and "FAIL" not in done.stdout
     # The raw results as a dated JSON file: every check's verdict, the figures, the outcomes, the machine.
-    [written] = results.glob(f"*-{mode}-chaos.json")
+    [written] = results.glob("*-chaos.json")
     data: dict[str, Any] = json.loads(written.read_text())
     return data
 
 
-def check_figures(data: dict[str, Any], mode: str) -> None:
+def check_figures(data: dict[str, Any], mode: str, checks: int = CHECKS) -> None:
     assert data["kind"] == "chaos" and data["mode"] == mode and data["smoke"] is True
-    assert data["verdict"] == "PASS" and [c["verdict"] for c in data["checks"]] == ["PASS"] * CHECKS
+    assert data["verdict"] == "PASS" and [c["verdict"] for c in data["checks"]] == ["PASS"] * checks
     # 16 acknowledged; a request whose answer was lost may have made one more row (checked like the others).
     assert data["acknowledged"] == 16 and data["rows"] >= 16
     assert sum(o["count"] for o in data["outcomes"]) == data["rows"]
@@ -65,3 +72,18 @@ def test_chaos_smoke_in_subprocess_mode_keeps_every_promise(tmp_path: Path) -> N
 @pytest.mark.docker
 def test_chaos_smoke_in_docker_mode_keeps_every_promise(tmp_path: Path) -> None:
     check_figures(run_smoke("docker", tmp_path), "docker")
+
+
+@pytest.mark.e2e
+@pytest.mark.postgres
+def test_chaos_smoke_with_two_hosts_on_postgresql_keeps_every_promise(tmp_path: Path) -> None:
+    dsn = os.environ[TEST_DATABASE_URL_VAR]  # the postgres mark skips (CI: fails) without it
+    data = run_smoke("subprocess", tmp_path, "--hosts", "2", "--database-url", dsn, checks=FLEET_CHECKS)
+    check_figures(data, "subprocess", FLEET_CHECKS)
+    assert data["args"]["hosts"] == 2 and Path(next(tmp_path.glob("*-chaos.json"))).name.endswith("-2hosts-chaos.json")
+    # The hosts were SIGKILLed (whichever the draw picked) and came back; somebody led, and said so, meanwhile.
+    assert set(data["host_kills"]) == {"h1", "h2"} and sum(data["host_kills"].values()) == data["supervisor_kills"]
+    assert data["supervisor_kills"] >= 4
+    assert data["leader_holders"] >= 1 and data["leader_answers"] >= 1
+    # Every attempt's end was seen in a host's log and checked against the host that ran it.
+    assert data["ends_in_logs"] >= 1 and set(data["ran_on"]) <= {"h1", "h2"}
