@@ -170,8 +170,15 @@ class Supervisor:
         # The durable copy of each event is the registry's outbox row, written in the change's own transaction; the
         # sender (a root-nursery task) delivers it and is woken by the bus.
         self.fleet = Fleet(
-            registry, config.host_id, self.boot.boot_id, config.host_lease_s, self.boot.wall_clock, boot=self.boot
+            registry,
+            config.host_id,
+            self.boot.boot_id,
+            config.host_lease_s,
+            self.boot.wall_clock,
+            boot=self.boot,
+            on_fresh=self.drainer.lease_renewed,
         )
+        self.boot.may_promote = self.fleet.may_promote  # INV-NO-PROMOTION-WITHOUT-LEASE
         # INV-ONE-LEADER: one sender for the fleet keeps delivery in order.
         self.webhooks = WebhookSender(config, registry, may_send=self.fleet.may_lead)
         self.events.subscribe(self.webhooks.wake)
