@@ -26,7 +26,7 @@ from typing import Any
 
 import trio
 
-from ..domain import SupervisorError, to_iso
+from ..domain import HostForgotten, SupervisorError, to_iso
 from ..observe import get_logger
 from ..registry import Host, Lease, Registry
 from ._boot import Boot, log_failure
@@ -48,11 +48,15 @@ class Fleet:
         *,
         boot: Boot | None = None,
         on_fresh: Callable[[], None] | None = None,
+        on_forgotten: Callable[[], None] | None = None,
     ) -> None:
         """``boot``: whose fleet-wide limit to settle at start (None: none to settle). ``on_fresh``: called when the
-        lease is fresh again after it was not (promotion may resume: the drainer's wake)."""
+        lease is fresh again after it was not (promotion may resume: the drainer's wake). ``on_forgotten``: called
+        once when the registry says an operator forgot this boot (its processes are to be stopped)."""
         self.boot = boot
         self.on_fresh = on_fresh
+        self.on_forgotten = on_forgotten
+        self.forgotten = False
         self.registry = registry
         self.host_id = host_id
         self.boot_id = boot_id
@@ -120,6 +124,23 @@ class Fleet:
         try:
             with trio.fail_after(self.lease_s / 3):
                 lease = await self.registry.renew_lease(self.host_id, self.boot_id, lease_s=self.lease_s, lead=True)
+        except HostForgotten as exc:
+            # INV-FORGET-IS-FENCED: never a lease again for this boot, so never a promotion or a lead; its jobs' rows
+            # were ended by the operator's forget and may run elsewhere now.
+            if not self.forgotten:
+                self.forgotten = True
+                log.error(
+                    "host_forgotten_by_operator",
+                    host_id=self.host_id,
+                    boot_id=self.boot_id,
+                    error=str(exc),
+                    done="its running jobs are being stopped: their rows were ended (and resubmitted where attempts "
+                    "remain) and are not this boot's any more",
+                    fix="restart this supervisor to register a new boot; retry (kill-and-resubmit) what must run",
+                )
+                if self.on_forgotten is not None:
+                    self.on_forgotten()
+            return
         except trio.TooSlowError:
             # A hang (a partition): each failed renewal is a DEBUG line; host_lease_stale says the episode, on time.
             log.debug("host_lease_not_renewed", host_id=self.host_id, why=f"no answer within {self.lease_s / 3:g} s")

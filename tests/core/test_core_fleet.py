@@ -191,7 +191,8 @@ async def test_INV_NO_PROMOTION_WITHOUT_LEASE_a_host_that_cannot_renew_stops_pro
         assert a.sup.fleet.may_promote()
         await trio.sleep_until(stale_at)
         assert not a.sup.fleet.may_promote() and not a.sup.fleet.leading
-        # Said when it happens, not at the next failed renewal.
+        await trio.sleep(0.001)  # the fleet's own wake at that same instant
+        # Said when it happens (within a millisecond), not at the next failed renewal.
         assert [e["event"] for e in logs if e["event"] in ("host_lease_stale", "fleet_leader_stepped_down")] == [
             "fleet_leader_stepped_down",
             "host_lease_stale",
@@ -255,6 +256,30 @@ async def test_a_silent_hosts_jobs_stay_until_the_operator_forgets_it(
     # Ended as lost by the operator's word, and resubmitted under the crash rules (it may run again, anywhere).
     assert (row.status, row.history[-1].reason) == (JobStatus.QUEUED, "orphan_host_forgotten")
     assert [h.host_id for h in await b.sup.boot.registry.hosts()] == ["b"]
+
+
+async def test_INV_FORGET_IS_FENCED_a_forgotten_host_that_comes_back_stops_its_jobs_and_records_none_of_them(
+    jump_clock: trio.testing.MockClock, fleet: Callable[..., Host]
+) -> None:
+    a, b = fleet("a"), fleet("b", fleet_task=False)
+    await b.sup.fleet.renew()
+    job = (await a.sup.enqueue("retried_sleep", {"seconds": 3600})).job
+    await _running(a, job.job_id)
+    a.view.cut = True  # a partition: a's process and its job run on, unseen
+    await trio.sleep(LEASE_S * 2)
+    assert (await b.sup.forget_host("a"))["jobs_ended"] == [job.job_id]
+    with structlog.testing.capture_logs() as logs:
+        a.view.cut = False  # the partition heals: a's next renewal is refused, its boot fenced
+        await trio.sleep(LEASE_S)
+    [said] = [e for e in logs if e["log_level"] == "error"]  # and no monitor_failed: its end is refused quietly
+    assert (said["event"], said["host_id"], said["boot_id"]) == ("host_forgotten_by_operator", "a", "boot-a")
+    assert a.sup.fleet.forgotten and not a.sup.fleet.may_promote() and not a.sup.fleet.leading
+    assert a.machine.jobs[job.job_id].status is not None  # its orphaned process was stopped
+    row = await b.sup.get(job.job_id)
+    # Still the operator's ending: queued for its retry (backoff 30 s), never finalized as a's cancel or end.
+    assert (row.status, row.host_id) == (JobStatus.QUEUED, None), row
+    assert [(h.status, h.reason) for h in row.history] == [(JobStatus.FAILED, "orphan_host_forgotten")]
+    assert [h.host_id for h in await b.sup.boot.registry.hosts()] == ["b"]  # a's old boot never registered again
 
 
 async def test_a_cancel_through_another_host_is_carried_out_by_the_owner(

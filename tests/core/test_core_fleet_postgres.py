@@ -915,3 +915,58 @@ async def test_INV_ONE_LEADER_INV_NO_PROMOTION_WITHOUT_LEASE_a_host_partitioned_
             f"outcome recorded in {recorded_s:.2f} s ({len(samples)} samples of both hosts while cut)"
         )
         background.cancel_scope.cancel()
+
+
+async def test_INV_FORGET_IS_FENCED_a_forgotten_host_back_from_a_partition_stops_its_jobs_and_records_none(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """h1, cut off from the database with a job running, is forgotten by the operator once its lease has expired
+    (409 before). When the partition heals, its renewal is refused: it says so (ERROR), stops the job's process, and
+    its end is never recorded over the operator's: the row stays ``orphan_host_forgotten``."""
+    gate = tmp_path / "gate"
+    database = httpx.URL(fleet.database_url)
+    proxy = Partition(database.host, database.port or 5432)
+    fresh = httpx.AsyncClient(timeout=5.0, limits=httpx.Limits(max_keepalive_connections=0))  # see the test above
+    async with fresh, trio.open_nursery() as background:
+        fleet.client = fresh
+        await background.start(proxy.run)
+        via_proxy = str(database.copy_with(port=proxy.port))
+        h1 = await fleet.start("h1", database_url=via_proxy, env_extra={"PODCAST_JOB_DATABASE_TIMEOUT_SECONDS": "1"})
+        job_id = await fleet.enqueue(h1, "gated", gate=str(gate), code=0)
+
+        async def runs() -> bool:
+            return bool(await trio.to_thread.run_sync(processes_naming, str(gate)))
+
+        await until(runs, what="the job's program")
+        h2 = await fleet.start("h2")
+        proxy.cut()
+        await fleet.post(h2, "/api/hosts/h1/forget", expect=409)  # its lease may still be live: refused
+
+        async def forgotten() -> dict[str, Any] | None:
+            answer = await fleet.client.post(f"{h2.url}/api/hosts/h1/forget")
+            assert answer.status_code in (200, 409), answer.text
+            return dict(answer.json()) if answer.status_code == 200 else None
+
+        answer = await until(forgotten, what="h1's lease to expire and the forget to pass", every_s=0.2)
+        assert answer["jobs_ended"] == [job_id]
+        row = await fleet.job(h2, job_id)
+        assert (row["status"], row["error_reason"]) == ("failed", "orphan_host_forgotten"), row
+        assert await runs()  # nobody here could stop it: it runs on, on the forgotten host
+
+        proxy.heal()
+
+        async def said_forgotten() -> list[dict[str, Any]]:
+            return h1.lines("host_forgotten_by_operator")
+
+        [said] = await until(said_forgotten, what="h1 to learn it was forgotten")
+        assert said["level"] == "error" and said["host_id"] == "h1"
+        await until(lambda: trio.to_thread.run_sync(lambda: not processes_naming(str(gate))), what="the job stopped")
+        await fleet.after_sweeps([h1, h2], 2)
+        for via in (h1, h2):
+            row = await fleet.job(via, job_id)
+            assert (row["status"], row["error_reason"], row["attempts"]) == ("failed", "orphan_host_forgotten", 1)
+        assert not (await fleet.get(h1, "/api/health"))["leader"]
+        assert "h1" not in {h["host_id"] for h in (await fleet.get(h2, "/api/hosts"))["hosts"]}
+        errors = [line["event"] for line in fleet.errors()]
+        assert set(errors) <= {"host_silent", "host_forgotten_by_operator"}, errors
+        background.cancel_scope.cancel()
