@@ -97,6 +97,8 @@ class Boot:
 
     # The fleet's limit when it differs from this host's setting (the first recorded wins, ADR 0012). None: ours.
     fleet_max_concurrent: int | None = None
+    # Whether this host may promote now: its host lease is fresh (INV-NO-PROMOTION-WITHOUT-LEASE; the fleet's).
+    may_promote: Callable[[], bool] = lambda: True
 
     @property
     def max_concurrent(self) -> int:

@@ -39,6 +39,7 @@ PROMOTE_BATCH = 64  # rows promoted in one registry step, at most
 MIN_BACKOFF_WAIT_S = 0.01
 HOLD_RETRY_MIN_S = 0.5  # a held queue asks the executor again after this, doubling up to HOLD_RETRY_MAX_S
 HOLD_RETRY_MAX_S = 10.0
+LEASE_NOT_FRESH = "host_lease_not_fresh"  # a promotion undone: the lease went stale while it was under way
 
 StartMonitor = Callable[[Watched, Job], Awaitable[None]]
 
@@ -54,6 +55,7 @@ class Drainer:
         self._wanted = trio.Event()
         self._held = False  # the executor cannot start jobs: nothing is promoted before _retry_at
         self._held_by_start = False  # held because a start was refused: only a start made ends the hold
+        self._lease_held = False  # holding because this host's lease is not fresh (INV-NO-PROMOTION-WITHOUT-LEASE)
         self._retry_at = math.inf
         self._hold_delay = HOLD_RETRY_MIN_S
         self._trials = 0  # trial starts of a held queue still under way: their outcome, not _retry_at, comes next
@@ -98,7 +100,7 @@ class Drainer:
                 await self.pause_file.mirror(at_most_every_s=LOOK_EVERY_S)
             except SupervisorError:
                 log_failure("pause_file_not_mirrored", path=str(self.pause_file.path))
-            while await self._executor_ready():
+            while self._lease_fresh() and await self._executor_ready():
                 tokens = [secrets.token_urlsafe(32) for _ in range(min(self.boot.max_concurrent, PROMOTE_BATCH))]
                 request = PromoteRequest(
                     self.boot.max_concurrent,
@@ -117,6 +119,13 @@ class Drainer:
                 await trio.lowlevel.checkpoint()
                 jobs = list(promotion.jobs)
                 if not jobs:
+                    break
+                if not self._lease_fresh():
+                    # INV-NO-PROMOTION-WITHOUT-LEASE: the lease went stale while the promotion was under way (it was
+                    # asked while fresh): nothing of them has started, so back to the head of the queue they go.
+                    for job in jobs:
+                        self.boot.announce(job, "queued", "promoted")
+                        await self._defer(job, reason=LEASE_NOT_FRESH)
                     break
                 spawned = await start(jobs, tokens)
                 started.extend(spawned)
@@ -146,6 +155,25 @@ class Drainer:
 
         self.boot.nursery().start_soon(trial)
         return jobs
+
+    def lease_renewed(self) -> None:
+        """This host's lease is fresh again: a round held for it drains now. Never blocks."""
+        if self._lease_held:
+            self.wake()
+
+    def _lease_fresh(self) -> bool:
+        """INV-NO-PROMOTION-WITHOUT-LEASE: a host whose lease may have expired promotes nothing (an operator may
+        forget it meanwhile and its rows run elsewhere). Said once per episode; the fleet wakes the drainer when the
+        lease is renewed."""
+        if self.boot.may_promote():
+            if self._lease_held:
+                log.info("drain_resumed", why="host lease renewed")
+            self._lease_held = False
+            return True
+        if not self._lease_held:
+            log.warning("drain_held", why="host lease not fresh: no promotion until it is renewed")
+        self._lease_held = True
+        return False
 
     def _next_round_at(self) -> float:
         """When the earliest backoff the last promotion reported ends, on the event loop's clock (inf: none)."""
@@ -270,21 +298,20 @@ class Drainer:
         assert handle is not None
         return handle
 
-    async def _defer(self, job: Job) -> None:
-        """A start the executor could not make, of which nothing runs (its engine does not answer)."""
+    async def _defer(self, job: Job, *, reason: str = ENGINE_UNAVAILABLE) -> None:
+        """A start the executor could not make (its engine does not answer), or one this host may no longer make (its
+        lease is not fresh), of which nothing runs."""
         # INV-IDENTITY-BEFORE-PROGRAM: it provably never started: back to the head of the queue, the start not counted
         # (ADR 0005 §8: an engine that does not answer fails no job).
         try:
-            requeue = functools.partial(
-                self.boot.registry.requeue, job.job_id, expect=Expect(None), reason=ENGINE_UNAVAILABLE
-            )
+            requeue = functools.partial(self.boot.registry.requeue, job.job_id, expect=Expect(None), reason=reason)
             change = await until_recorded(requeue)
         except SupervisorError:
             # The row stays RUNNING without an identity: the next boot requeues it (it never started).
             log_failure("job_not_requeued", job_id=job.job_id)
             return
         if change.changed:
-            self.boot.announce(change.job, str(change.previous), ENGINE_UNAVAILABLE)
+            self.boot.announce(change.job, str(change.previous), reason)
         entry = self.boot.watched.get(job.job_id)
         if entry is not None and entry.cancel_requested:
             # A cancel that reached the row during the start was cleared with it by the requeue: ask it again (a

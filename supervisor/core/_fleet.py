@@ -8,6 +8,13 @@ delivery order; the watch over silent hosts); every host drains and monitors its
 A leader that cannot renew stops acting as one **before** its lease can expire: ``leading`` is true only until the
 monotonic time of the last renewal's request plus the lease minus a margin. The registry counted the lease from its
 commit, which came after that request, so by the time another host may take the lead this one has let go.
+
+Promotion is gated the same way (INV-NO-PROMOTION-WITHOUT-LEASE): a host promotes only while its lease is fresh --
+until the monotonic time of its last successful renewal's request plus the lease minus the margin -- whether it
+leads or not. A host whose lease may have expired may be forgotten by an operator (its rows ended, resubmitted
+elsewhere); a job it started then would be a second run. A task of the fleet wakes at each of those moments, so
+that a step-down (``fleet_leader_stepped_down``) and a stale lease (``host_lease_stale``) are said when they
+happen, not at the next renewal's failure.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from typing import Any
 
 import trio
 
-from ..domain import SupervisorError, to_iso
+from ..domain import HostForgotten, SupervisorError, to_iso
 from ..observe import get_logger
 from ..registry import Host, Lease, Registry
 from ._boot import Boot, log_failure
@@ -40,16 +47,27 @@ class Fleet:
         wall_clock: Callable[[], datetime],
         *,
         boot: Boot | None = None,
+        on_fresh: Callable[[], None] | None = None,
+        on_forgotten: Callable[[], None] | None = None,
     ) -> None:
-        """``boot``: whose fleet-wide limit to settle at start (None: none to settle)."""
+        """``boot``: whose fleet-wide limit to settle at start (None: none to settle). ``on_fresh``: called when the
+        lease is fresh again after it was not (promotion may resume: the drainer's wake). ``on_forgotten``: called
+        once when the registry says an operator forgot this boot (its processes are to be stopped)."""
         self.boot = boot
+        self.on_fresh = on_fresh
+        self.on_forgotten = on_forgotten
+        self.forgotten = False
         self.registry = registry
         self.host_id = host_id
         self.boot_id = boot_id
         self.lease_s = lease_s
         self.wall_clock = wall_clock
         self._lead_until = -math.inf  # monotonic: when this host must stop acting as leader unless renewed
+        self._fresh_until = -math.inf  # monotonic: when this host must stop promoting unless renewed
         self._was_leading = False
+        self._was_fresh = False
+        self._went_stale = False  # said stale, not yet renewed since
+        self._renewed = trio.Event()  # set at each successful renewal: the deadlines above moved
         self._silent_hosts: set[str] = set()  # hosts said silent (one ERROR per silence)
         self.lease: Lease | None = None
         self.started = False  # run() has begun: until then (a Supervisor outside serve, in tests) nothing is gated
@@ -58,6 +76,16 @@ class Fleet:
         """Whether the fleet's once-only duties (the webhook sender) may run here: when leading, or when no fleet
         task runs at all (a Supervisor used on its own)."""
         return self.leading or not self.started
+
+    def may_promote(self) -> bool:
+        """Whether this host may promote now: its lease is fresh enough that it cannot have expired
+        (INV-NO-PROMOTION-WITHOUT-LEASE), or no fleet task runs at all (a Supervisor used on its own)."""
+        return self.fresh or not self.started
+
+    @property
+    def fresh(self) -> bool:
+        """This host's last renewal is recent enough that its lease cannot have expired yet."""
+        return trio.current_time() < self._fresh_until
 
     @property
     def leading(self) -> bool:
@@ -69,19 +97,21 @@ class Fleet:
         """Renew at once (so that the first sweep knows whether it leads), report started, then every third of the
         lease; at a clean shutdown (cancelled), end the lease and the lead now."""
         self.started = True
-        await self.renew()
-        await self.settle_max_concurrent()
-        task_status.started()
         try:
-            while True:
-                await trio.sleep(self.lease_s / 3)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self._keep_time)
                 await self.renew()
-                if self.leading:
-                    try:
-                        rows = await self.registry.running_jobs()
-                        await self.watch_silent_hosts({job.host_id for job in rows if job.host_id is not None})
-                    except SupervisorError:
-                        log_failure("silent_hosts_not_watched")
+                await self.settle_max_concurrent()
+                task_status.started()
+                while True:
+                    await trio.sleep(self.lease_s / 3)
+                    await self.renew()
+                    if self.leading:
+                        try:
+                            rows = await self.registry.running_jobs()
+                            await self.watch_silent_hosts({job.host_id for job in rows if job.host_id is not None})
+                        except SupervisorError:
+                            log_failure("silent_hosts_not_watched")
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
                 try:
@@ -94,17 +124,41 @@ class Fleet:
         try:
             with trio.fail_after(self.lease_s / 3):
                 lease = await self.registry.renew_lease(self.host_id, self.boot_id, lease_s=self.lease_s, lead=True)
-        except (SupervisorError, trio.TooSlowError):
+        except HostForgotten as exc:
+            # INV-FORGET-IS-FENCED: never a lease again for this boot, so never a promotion or a lead; its jobs' rows
+            # were ended by the operator's forget and may run elsewhere now.
+            if not self.forgotten:
+                self.forgotten = True
+                log.error(
+                    "host_forgotten_by_operator",
+                    host_id=self.host_id,
+                    boot_id=self.boot_id,
+                    error=str(exc),
+                    done="its running jobs are being stopped: their rows were ended (and resubmitted where attempts "
+                    "remain) and are not this boot's any more",
+                    fix="restart this supervisor to register a new boot; retry (kill-and-resubmit) what must run",
+                )
+                if self.on_forgotten is not None:
+                    self.on_forgotten()
+            return
+        except trio.TooSlowError:
+            # A hang (a partition): each failed renewal is a DEBUG line; host_lease_stale says the episode, on time.
+            log.debug("host_lease_not_renewed", host_id=self.host_id, why=f"no answer within {self.lease_s / 3:g} s")
+            return
+        except SupervisorError:
             log_failure("host_lease_not_renewed", host_id=self.host_id, leading_until_s=self._left())
-            self._note_leading()
             return
         first = self.lease is None
         self.lease = lease
+        # INV-NO-PROMOTION-WITHOUT-LEASE, INV-ONE-LEADER: counted from the request, before the registry's commit.
+        self._fresh_until = asked + self.lease_s * (1 - LEAD_MARGIN)
         if lease.leading:
-            self._lead_until = asked + self.lease_s * (1 - LEAD_MARGIN)
+            self._lead_until = self._fresh_until
         else:
             self._lead_until = -math.inf
+        self._renewed.set()
         self._note_leading()
+        self._note_fresh()
         if first and lease.replaced is not None and lease.replaced.live(self.wall_clock()):
             # A restart after a crash looks the same as a second machine given this host id: say which it may be.
             log.warning(
@@ -146,6 +200,35 @@ class Fleet:
 
     def _left(self) -> float:
         return max(0.0, round(self._lead_until - trio.current_time(), 3)) if self._lead_until > -math.inf else 0.0
+
+    async def _keep_time(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Wake when the lead or the lease's freshness runs out (or a renewal moves them): say it then."""
+        task_status.started()
+        while True:
+            now = trio.current_time()
+            upcoming = [at for at in (self._lead_until, self._fresh_until) if at > now]
+            with trio.move_on_at(min(upcoming, default=math.inf)):
+                await self._renewed.wait()
+            self._renewed = trio.Event()
+            self._note_leading()
+            self._note_fresh()
+
+    def _note_fresh(self) -> None:
+        now = self.fresh
+        if self._was_fresh and not now:
+            log.warning(
+                "host_lease_stale",
+                host_id=self.host_id,
+                why="the lease could not be renewed in time: no job is promoted here until it is",
+            )
+            self._went_stale = True
+        elif now and not self._was_fresh:
+            if self._went_stale:
+                log.info("host_lease_renewed", host_id=self.host_id, promotion="resumed")
+                self._went_stale = False
+            if self.on_fresh is not None:
+                self.on_fresh()  # the queue may have waited for this host
+        self._was_fresh = now
 
     def _note_leading(self) -> None:
         now = self.leading

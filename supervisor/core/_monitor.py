@@ -103,7 +103,9 @@ class Monitors:
         """``finish``, again and again while the registry cannot write (a full disk, a lock held too long): the end
         of a job this boot watched is recorded once it can be, with its true outcome (INV-TRUE-OUTCOME), never
         dropped. The row keeps its slot meanwhile; the registry says once that writes fail, and once they work."""
-        await until_recorded(functools.partial(self.finish, job, status, cancel_asked=cancel_asked))
+        # Guarded by the identity this boot started or adopted: a row ended meanwhile by another's word (an operator's
+        # forget, INV-FORGET-IS-FENCED) and perhaps running elsewhere now is never recorded as this process's end.
+        await until_recorded(functools.partial(self.finish, job, status, cancel_asked=cancel_asked, expect=job))
 
     async def finish(
         self,

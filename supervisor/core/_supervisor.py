@@ -36,7 +36,6 @@ from ..domain import (
     RegistryError,
     ValidationError,
     coalesce_key,
-    to_iso,
     utc_now,
 )
 from ..execution import Executor, create_executor
@@ -172,8 +171,16 @@ class Supervisor:
         # The durable copy of each event is the registry's outbox row, written in the change's own transaction; the
         # sender (a root-nursery task) delivers it and is woken by the bus.
         self.fleet = Fleet(
-            registry, config.host_id, self.boot.boot_id, config.host_lease_s, self.boot.wall_clock, boot=self.boot
+            registry,
+            config.host_id,
+            self.boot.boot_id,
+            config.host_lease_s,
+            self.boot.wall_clock,
+            boot=self.boot,
+            on_fresh=self.drainer.lease_renewed,
+            on_forgotten=self._forgotten,
         )
+        self.boot.may_promote = self.fleet.may_promote  # INV-NO-PROMOTION-WITHOUT-LEASE
         # INV-ONE-LEADER: one sender for the fleet keeps delivery in order.
         self.webhooks = WebhookSender(config, registry, may_send=self.fleet.may_lead)
         self.events.subscribe(self.webhooks.wake)
@@ -286,27 +293,36 @@ class Supervisor:
         a host whose lease is live (it may be running them: stop it first) and for this host."""
         if host_id == self.boot.host_id:
             raise Conflict(f"host {host_id} is this supervisor: it cannot forget itself")
-        now = self.boot.wall_clock()
-        host = next((h for h in await self.boot.registry.hosts() if h.host_id == host_id), None)
-        if host is not None and host.live(now):
-            raise Conflict(
-                f"host {host_id} holds a live lease until {to_iso(host.lease_expires_at)}: its jobs may be running; "
-                "stop its supervisor first"
-            )
+        # INV-FORGET-IS-FENCED: the lease's check and the fence on its boot are one registry step (a Conflict while
+        # its lease is live); from then on that boot can renew nothing, so it can no longer come back between the
+        # check and the rows' ends and find its running jobs ended under it.
+        forgotten = await self.boot.registry.forget_host(host_id)
         rows = [job for job in await self.boot.registry.running_jobs() if job.host_id == host_id]
-        if host is None and not rows:
+        if forgotten is None and not rows:
             raise HostNotFound(host_id)
         ended: list[str] = []
         for job in rows:
             # INV-UNKNOWN-KEEPS-SLOT ends here, by the operator's word (as Kubernetes frees a deleted node's pods).
+            # Guarded by the row's identity: only the attempt read above is ended.
             if await self.monitors.finish(
                 job, None, cancel_asked=job.cancel_requested, expect=job, orphan_reason=ORPHAN_HOST_FORGOTTEN
             ):
                 ended.append(job.job_id)
-        await self.boot.registry.forget_host(host_id)
-        log.warning("host_forgotten", host_id=host_id, jobs_ended=len(ended))
+        log.warning(
+            "host_forgotten",
+            host_id=host_id,
+            boot_id=forgotten.boot_id if forgotten is not None else None,
+            jobs_ended=len(ended),
+        )
         self.wake_drainer()
         return {"host_id": host_id, "jobs_ended": ended}
+
+    def _forgotten(self) -> None:
+        """An operator forgot this boot (INV-FORGET-IS-FENCED): its rows were ended, perhaps resubmitted to run
+        elsewhere. None is its own any more: stop every process it still watches (kill-and-resubmit is the only
+        recovery verb); their rows' ends are refused by the identity guard, never recorded as this boot's."""
+        for entry in list(self.boot.watched.values()):
+            entry.request_cancel()
 
     async def run_sweeper(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         await run_sweeper(self.sweeper, self.boot.config.sweep_interval_s, task_status=task_status)

@@ -18,6 +18,7 @@
     ├── RegistryError               the registry could not be read or written (storage, lock timeout)
     ├── SpawnError                  a job's process could not be started
     ├── ExecutorUnavailable         no job can be started now (the engine does not answer); nothing of it runs
+    ├── HostForgotten               an operator forgot this boot of the host: its lease is never renewed again
     ├── ApiError                    (CLI client, _client.py) the server answered with an error
     └── Unreachable                 (CLI client, _client.py) no usable answer from the server
 
@@ -166,3 +167,17 @@ class SpawnError(SupervisorError):
 class ExecutorUnavailable(SupervisorError):
     """The executor's engine could not make a start now (refused, timed out, answered a server error), and nothing of
     the job runs: the job is not at fault, and goes back to the head of the queue, the start not counted."""
+
+
+class HostForgotten(SupervisorError):
+    """An operator forgot this boot of host ``host_id`` (its lease had expired): the registry refuses its lease from
+    now on (INV-FORGET-IS-FENCED). Its rows were ended, perhaps resubmitted: none of them is its own any more. A new
+    boot with the same host id may register."""
+
+    def __init__(self, host_id: str, boot_id: str) -> None:
+        self.host_id = host_id
+        self.boot_id = boot_id
+        super().__init__(
+            f"host {host_id} (boot {boot_id}) was forgotten by an operator: its lease cannot be renewed; restart "
+            "the supervisor to register a new boot"
+        )

@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 import trio
 
-from ..domain import Config
+from ..domain import Config, RegistryError
 from ..domain._model import to_iso
 from ..registry import OutboxEvent, Registry
 from ._events import JobEvent
@@ -103,6 +103,8 @@ class WebhookSender:
         self._wake = trio.Event()
         self._next_prune = -math.inf
         self.outcomes: Counter[str] = Counter()
+        self._failures = 0  # consecutive failed attempts of the event at the head of the outbox
+        self._registry_down = False  # the last outbox call failed: said once until one answers
 
     def wake(self, event: JobEvent | None = None) -> None:
         """Event-bus subscriber: a new event is in the outbox. Never blocks."""
@@ -155,34 +157,61 @@ class WebhookSender:
             # (Looking at every wake cost a registry call per job change: 6 % of the CPU under issue 10's load.)
             while True:
                 if self.may_send():  # only the fleet's leader drops what nothing will send
-                    await self._prune(max_events=0, why="no PODCAST_JOB_WEBHOOK_URL is set")
+                    try:
+                        await self._prune(max_events=0, why="no PODCAST_JOB_WEBHOOK_URL is set")
+                    except RegistryError as exc:
+                        self._registry_failed(exc)
+                    else:
+                        self._registry_answered()
                 await trio.sleep(self.poll_s)
         timeout = httpx.Timeout(self.config.webhook_timeout_s)
         async with httpx.AsyncClient(
             timeout=timeout, transport=self._transport, follow_redirects=False, trust_env=False
         ) as client:
             task_status.started()
-            failures = 0
             while True:
                 if not self.may_send():
                     # INV-ONE-LEADER: another host sends (in order); look again when woken or after a poll.
                     await self._wait(self.poll_s)
                     continue
-                await self._prune_if_due()
-                batch = await self.registry.outbox_pending(BATCH)
-                if not batch:
+                try:
+                    await self._send_some(client, url, timeout)
+                except RegistryError as exc:
+                    # The registry cannot be reached (a partition, a database restart): the events wait in the
+                    # outbox, in order; a delivered one whose delete failed is sent again (receivers dedupe by id).
+                    self._registry_failed(exc)
                     await self._wait(self.poll_s)
-                    continue
-                for item in batch:
-                    if await self._deliver(client, url, timeout, item, failures + 1):
-                        failures = 0
-                        self.outcomes["delivered"] += 1
-                        await self.registry.outbox_delete([item.seq])
-                        continue
-                    failures += 1
-                    self.outcomes["failed"] += 1
-                    await self._back_off(backoff_s(failures))  # the same event again after the backoff, in order
-                    break
+                else:
+                    self._registry_answered()
+
+    async def _send_some(self, client: httpx.AsyncClient, url: str, transport_timeout: httpx.Timeout) -> None:
+        """One batch of the outbox, in order, each event until it is delivered or a backoff ends the batch."""
+        await self._prune_if_due()
+        batch = await self.registry.outbox_pending(BATCH)
+        if not batch:
+            await self._wait(self.poll_s)
+            return
+        for item in batch:
+            if await self._deliver(client, url, transport_timeout, item, self._failures + 1):
+                self._failures = 0
+                self.outcomes["delivered"] += 1
+                await self.registry.outbox_delete([item.seq])
+                continue
+            self._failures += 1
+            self.outcomes["failed"] += 1
+            await self._back_off(backoff_s(self._failures))  # the same event again after the backoff, in order
+            break
+
+    def _registry_failed(self, exc: RegistryError) -> None:
+        """Said once per episode (the registry says its own failing writes); the sender never ends for it."""
+        if not self._registry_down:
+            log.warning("webhook_outbox_unreachable", error=str(exc), retry_every_s=self.poll_s)
+        self._registry_down = True
+
+    def _registry_answered(self) -> None:
+        if self._registry_down:
+            log.info("webhook_outbox_reachable")
+        self._registry_down = False
 
     async def _deliver(
         self, client: httpx.AsyncClient, url: str, transport_timeout: httpx.Timeout, item: OutboxEvent, attempt: int

@@ -473,7 +473,7 @@ class Registry(Protocol):
         """Register or renew host ``host_id`` as run by boot ``boot_id`` until now + ``lease_s`` (a new boot of the
         same host id replaces the old one's row); with ``lead``, also take the fleet's lead when nobody holds it or
         its holder's lease expired, or keep it when this boot holds it (renewed to the same expiry). One atomic step:
-        two hosts never both lead."""
+        two hosts never both lead. A boot an operator forgot is refused: ``HostForgotten`` (INV-FORGET-IS-FENCED)."""
         ...
 
     async def release_lease(self, host_id: str, boot_id: str) -> None:
@@ -489,8 +489,10 @@ class Registry(Protocol):
         ...
 
     async def forget_host(self, host_id: str) -> Host | None:
-        """Remove a host's row (the operator said it will never come back); its running rows are the caller's to end
-        first. The row removed, or None when there was none."""
+        """The operator says host ``host_id`` will never come back. One atomic step (INV-FORGET-IS-FENCED): refused
+        (``Conflict``) while its lease is live at the registry's clock; else its boot is fenced (a renewal by it is
+        refused from now on), its row and its lead go. Its running rows are the caller's to end after this step
+        (each guarded by its identity). The row removed, or None when there was none (nothing is fenced)."""
         ...
 
     async def record_setting(self, name: str, value: str, host_id: str, *, replace: bool) -> FleetSetting:

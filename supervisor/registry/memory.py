@@ -23,6 +23,7 @@ import trio
 from ..domain import (
     RESUBMITTED,
     Conflict,
+    HostForgotten,
     IllegalTransition,
     Job,
     JobNotFound,
@@ -33,7 +34,7 @@ from ..domain import (
     ValidationError,
     check_transition,
 )
-from ..domain._model import Attempt, hash_token, utc_now
+from ..domain._model import Attempt, hash_token, to_iso, utc_now
 from ._health import RegistryFault
 from ._protocol import (
     CURSOR_PATTERN,
@@ -95,6 +96,7 @@ class _MemoryRows:
         self._pause = PauseState(False)
         self._hosts: dict[str, Host] = {}
         self._leader: Host | None = None
+        self._forgotten: set[tuple[str, str]] = set()  # (host_id, boot_id) an operator forgot
         self._settings: dict[str, FleetSetting] = {}
         self._closed = False
         self._undo: list[_Undo] = []  # the atomic steps under way, innermost last
@@ -545,6 +547,8 @@ class MemoryRegistry(_MemoryRows):
 
     async def renew_lease(self, host_id: str, boot_id: str, *, lease_s: float, lead: bool) -> Lease:
         await self._enter()
+        if (host_id, boot_id) in self._forgotten:
+            raise HostForgotten(host_id, boot_id)  # INV-FORGET-IS-FENCED
         now = self._now()
         expires = now + timedelta(seconds=lease_s)
         before = self._hosts.get(host_id)
@@ -578,6 +582,15 @@ class MemoryRegistry(_MemoryRows):
 
     async def forget_host(self, host_id: str) -> Host | None:
         await self._enter()
+        # INV-FORGET-IS-FENCED: the check and the fence in one step (no await between them).
+        host = self._hosts.get(host_id)
+        if host is not None and host.live(self._now()):
+            raise Conflict(
+                f"host {host_id} holds a live lease until {to_iso(host.lease_expires_at)}: its jobs may be running; "
+                "stop its supervisor first"
+            )
+        if host is not None:
+            self._forgotten.add((host.host_id, host.boot_id))
         if self._leader is not None and self._leader.host_id == host_id:
             self._leader = None
         return self._hosts.pop(host_id, None)

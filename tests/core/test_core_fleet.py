@@ -27,7 +27,7 @@ from core_executors import PROGRAMS  # type: ignore[import-not-found]
 from supervisor import Config, Conflict, Supervisor, load_kinds
 from supervisor.domain import JobStatus, SteadyWallClock
 from supervisor.execution.memory import MemoryExecutor
-from supervisor.registry import Lease, MemoryRegistry, Registry
+from supervisor.registry import Lease, MemoryRegistry, PromoteRequest, Promotion, Registry
 
 NOW = datetime(2031, 3, 4, 5, 6, 7, tzinfo=UTC)
 LEASE_S = 15.0
@@ -52,6 +52,7 @@ class Partitionable:
     def __init__(self, shared: MemoryRegistry) -> None:  # a view: every call goes to ``shared``
         self.__dict__["_shared"] = shared
         self.__dict__["cut"] = False
+        self.__dict__["promote_delay_s"] = 0.0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["_shared"], name)
@@ -60,6 +61,12 @@ class Partitionable:
         if self.__dict__["cut"]:
             await trio.sleep_forever()  # the hang a partition gives: no answer, no error
         result: Lease = await self.__dict__["_shared"].renew_lease(host_id, boot_id, lease_s=lease_s, lead=lead)
+        return result
+
+    async def promote(self, request: PromoteRequest) -> Promotion:
+        """A promotion whose answer takes ``promote_delay_s`` to come back (committed first, answered late)."""
+        result: Promotion = await self.__dict__["_shared"].promote(request)
+        await trio.sleep(self.__dict__["promote_delay_s"])
         return result
 
 
@@ -170,6 +177,62 @@ async def test_INV_ONE_LEADER_a_partitioned_leader_steps_down_before_another_tak
     assert (await a.sup.health()).leader is False
 
 
+async def test_INV_NO_PROMOTION_WITHOUT_LEASE_a_host_that_cannot_renew_stops_promoting_before_its_lease_can_expire(
+    jump_clock: trio.testing.MockClock, fleet: Callable[..., Host]
+) -> None:
+    a = fleet("a")
+    await trio.sleep(1)  # renewed at 0: fresh (and leading) until 0 + LEASE_S * 0.8
+    stale_at = LEASE_S * 0.8
+    a.view.cut = True  # its renewals hang from now on; its other calls still reach the registry
+    first = (await a.sup.enqueue("sleep", {"seconds": 3600})).job
+    await _running(a, first.job_id)  # while the lease is fresh, it promotes
+    with structlog.testing.capture_logs() as logs:
+        await trio.sleep_until(stale_at - 0.01)
+        assert a.sup.fleet.may_promote()
+        await trio.sleep_until(stale_at)
+        assert not a.sup.fleet.may_promote() and not a.sup.fleet.leading
+        await trio.sleep(0.001)  # the fleet's own wake at that same instant
+        # Said when it happens (within a millisecond), not at the next failed renewal.
+        assert [e["event"] for e in logs if e["event"] in ("host_lease_stale", "fleet_leader_stepped_down")] == [
+            "fleet_leader_stepped_down",
+            "host_lease_stale",
+        ]
+        second = (await a.sup.enqueue("sleep", {"seconds": 3600})).job
+        assert await a.sup.drain() == []
+        await trio.sleep(LEASE_S)  # its lease expired long ago, its drainer was woken: the job still waits
+        assert (await a.sup.get(second.job_id)).status is JobStatus.QUEUED
+        assert [e["why"] for e in logs if e["event"] == "drain_held"] == [
+            "host lease not fresh: no promotion until it is renewed"
+        ]
+        a.view.cut = False  # the partition heals: the next renewal succeeds and the held queue moves at once
+        await _running(a, second.job_id)
+    assert [e["event"] for e in logs if e["event"] in ("host_lease_renewed", "drain_resumed")] == [
+        "host_lease_renewed",
+        "drain_resumed",
+    ]
+    assert (await a.sup.get(second.job_id)).host_id == "a"
+
+
+async def test_INV_NO_PROMOTION_WITHOUT_LEASE_a_promotion_answered_after_the_lease_went_stale_is_put_back(
+    jump_clock: trio.testing.MockClock, fleet: Callable[..., Host]
+) -> None:
+    a = fleet("a")
+    await trio.sleep(1)
+    a.view.cut = True
+    stale_at = LEASE_S * 0.8
+    await trio.sleep_until(stale_at - 1)
+    a.view.promote_delay_s = 2.0  # asked while fresh, answered once stale
+    job = (await a.sup.enqueue("sleep", {"seconds": 3600})).job
+    with structlog.testing.capture_logs() as logs:
+        await trio.sleep_until(stale_at + 2)
+    row = await a.sup.get(job.job_id)
+    assert (row.status, row.attempts) == (JobStatus.QUEUED, 0), row  # back at the head, the start not counted
+    assert job.job_id not in a.machine.jobs  # never started
+    assert [e["reason"] for e in logs if e["event"] == "job_transition" and e["to"] == "queued"] == [
+        "host_lease_not_fresh"
+    ]
+
+
 async def test_a_silent_hosts_jobs_stay_until_the_operator_forgets_it(
     jump_clock: trio.testing.MockClock, fleet: Callable[..., Host]
 ) -> None:
@@ -193,6 +256,30 @@ async def test_a_silent_hosts_jobs_stay_until_the_operator_forgets_it(
     # Ended as lost by the operator's word, and resubmitted under the crash rules (it may run again, anywhere).
     assert (row.status, row.history[-1].reason) == (JobStatus.QUEUED, "orphan_host_forgotten")
     assert [h.host_id for h in await b.sup.boot.registry.hosts()] == ["b"]
+
+
+async def test_INV_FORGET_IS_FENCED_a_forgotten_host_that_comes_back_stops_its_jobs_and_records_none_of_them(
+    jump_clock: trio.testing.MockClock, fleet: Callable[..., Host]
+) -> None:
+    a, b = fleet("a"), fleet("b", fleet_task=False)
+    await b.sup.fleet.renew()
+    job = (await a.sup.enqueue("retried_sleep", {"seconds": 3600})).job
+    await _running(a, job.job_id)
+    a.view.cut = True  # a partition: a's process and its job run on, unseen
+    await trio.sleep(LEASE_S * 2)
+    assert (await b.sup.forget_host("a"))["jobs_ended"] == [job.job_id]
+    with structlog.testing.capture_logs() as logs:
+        a.view.cut = False  # the partition heals: a's next renewal is refused, its boot fenced
+        await trio.sleep(LEASE_S)
+    [said] = [e for e in logs if e["log_level"] == "error"]  # and no monitor_failed: its end is refused quietly
+    assert (said["event"], said["host_id"], said["boot_id"]) == ("host_forgotten_by_operator", "a", "boot-a")
+    assert a.sup.fleet.forgotten and not a.sup.fleet.may_promote() and not a.sup.fleet.leading
+    assert a.machine.jobs[job.job_id].status is not None  # its orphaned process was stopped
+    row = await b.sup.get(job.job_id)
+    # Still the operator's ending: queued for its retry (backoff 30 s), never finalized as a's cancel or end.
+    assert (row.status, row.host_id) == (JobStatus.QUEUED, None), row
+    assert [(h.status, h.reason) for h in row.history] == [(JobStatus.FAILED, "orphan_host_forgotten")]
+    assert [h.host_id for h in await b.sup.boot.registry.hosts()] == ["b"]  # a's old boot never registered again
 
 
 async def test_a_cancel_through_another_host_is_carried_out_by_the_owner(

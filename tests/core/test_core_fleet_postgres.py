@@ -28,9 +28,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -82,6 +84,22 @@ while not os.path.exists(sys.argv[1]):
 sys.exit(int(sys.argv[2]))
 """
 
+# Notes its start in the journal, runs until its gate file exists, notes its end: one start per run, seen by the job.
+JOURNALED_GATE_JOB = r"""
+import os, sys, threading, time
+def note(what):
+    line = "%s %s %.6f\n" % (what, os.environ["PODCAST_JOB_ID"], time.time())
+    fd = os.open(sys.argv[2], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+note("start")
+while not os.path.exists(sys.argv[1]):
+    threading.Event().wait(0.02)
+note("end")
+"""
+
 # Takes a SIGTERM slowly: says so in a file, then needs a moment before it exits (the window a cancel must not skip).
 SLOW_TO_STOP_JOB = r"""
 import os, signal, sys, threading, time
@@ -109,6 +127,7 @@ def kinds_toml(journal: Path) -> str:
             "max_attempts = 2\nretry_backoff_seconds = 0.2\nretry_backoff_max_seconds = 0.2\n",
         )
         + kind("slow_to_stop", ["{python}", "-c", SLOW_TO_STOP_JOB, "{marker}"], 'marker = "str"')
+        + kind("journaled_gate", ["{python}", "-c", JOURNALED_GATE_JOB, "{gate}", str(journal)], 'gate = "str"')
     )
 
 
@@ -191,9 +210,17 @@ class Fleet:
     hosts: dict[str, Host] = field(default_factory=dict)
     boots: int = 0
 
-    async def start(self, host_id: str, *, namespaced: bool = False, extra_env: dict[str, str] | None = None) -> Host:
+    async def start(
+        self,
+        host_id: str,
+        *,
+        namespaced: bool = False,
+        database_url: str | None = None,
+        env_extra: dict[str, str] | None = None,
+    ) -> Host:
         """``supervisor serve`` as host ``host_id`` (its data dir the same across restarts), up when it logs its
-        URL and its health answers. ``extra_env``: settings that differ from this module's."""
+        URL and its health answers. ``database_url``: how this host reaches the database (default: the fleet's).
+        ``env_extra``: settings that differ from this module's."""
         home = self.root / host_id
         home.mkdir(exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("PODCAST_")}
@@ -202,14 +229,14 @@ class Fleet:
             PODCAST_JOB_DATA_DIR=str(home / "data"),
             PODCAST_JOB_BIND="127.0.0.1:0",
             PODCAST_JOB_KINDS_FILE=str(self.kinds),
-            PODCAST_JOB_DATABASE_URL=self.database_url,
+            PODCAST_JOB_DATABASE_URL=database_url or self.database_url,
             PODCAST_JOB_HOST_ID=host_id,
             PODCAST_JOB_HOST_LEASE_SECONDS=str(LEASE_S),
             PODCAST_JOB_SWEEP_SECONDS=str(SWEEP_S),
             PODCAST_JOB_MAX_CONCURRENT=str(LIMIT),
             PODCAST_JOB_CANCEL_GRACE_SECONDS="20",  # a cancel's SIGKILL never comes in these tests: SIGTERM does it
         )
-        env.update(extra_env or {})
+        env.update(env_extra or {})
         argv = [sys.executable, "-m", "supervisor", "serve"]
         if namespaced:
             # Its own PID namespace: it sees its own jobs only. --kill-child: killing unshare kills the supervisor.
@@ -332,6 +359,20 @@ async def _sql(dsn: str, query: str) -> None:
         await conn.execute(query)
     finally:
         await conn.close()
+
+
+async def _fetchrow(dsn: str, query: str) -> dict[str, Any] | None:
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        row = await conn.fetchrow(query)
+        return None if row is None else dict(row)
+    finally:
+        await conn.close()
+
+
+def fetchrow(dsn: str, query: str) -> dict[str, Any] | None:
+    """One row, as ``sql`` runs a statement."""
+    return asyncio.run(_fetchrow(dsn, query))
 
 
 def sql(dsn: str, query: str) -> None:
@@ -674,3 +715,259 @@ async def test_a_pause_file_on_one_host_holds_the_fleet_when_another_host_starts
     await until(paused, what="the fleet paused by h1's pause file")
     h3 = await fleet.start("h3")  # its startup sweep has looked at its own (absent) pause file
     assert (await fleet.get(h3, "/api/queue"))["paused"], "h3's start undid h1's pause file"
+
+
+# -- 5. a host partitioned from the database -----------------------------------------------------------------------
+
+
+class Partition:
+    """A TCP proxy between one supervisor and PostgreSQL. ``cut()`` stops forwarding in both directions and leaves
+    every socket open -- the hang a real network partition gives, not a refused connection: bytes already read are
+    held, nothing more is read, and a new connection is accepted but never connected onwards. ``heal()`` forwards
+    again (what was held first) and connects the new ones."""
+
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.flowing = trio.Event()
+        self.flowing.set()
+        self.port = 0
+        self.connections = 0
+
+    def cut(self) -> None:
+        self.flowing = trio.Event()
+
+    def heal(self) -> None:
+        self.flowing.set()
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as handlers:
+            task_status.started()
+            await trio.serve_listeners(self._serve, listeners, handler_nursery=handlers)
+
+    async def _serve(self, client: trio.SocketStream) -> None:
+        async with client:
+            await self.flowing.wait()  # accepted during a cut: no answer until it heals
+            with trio.fail_after(10):
+                upstream = await trio.open_tcp_stream(*self.upstream)
+            self.connections += 1
+            async with upstream, trio.open_nursery() as pumps:
+                pumps.start_soon(self._pump, client, upstream, pumps.cancel_scope)
+                pumps.start_soon(self._pump, upstream, client, pumps.cancel_scope)
+
+    async def _pump(self, source: trio.SocketStream, sink: trio.SocketStream, pair: trio.CancelScope) -> None:
+        try:
+            while data := await source.receive_some(65536):
+                await self.flowing.wait()  # a cut holds what was read, and reads nothing more
+                await sink.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            pair.cancel()  # one side closed: so is the other
+
+
+def logged_at(line: dict[str, Any]) -> float:
+    """A log line's wall time (its ISO timestamp, UTC), as ``time.time()`` counts."""
+    return datetime.fromisoformat(line["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
+def iso_at(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+async def test_INV_ONE_LEADER_INV_NO_PROMOTION_WITHOUT_LEASE_a_host_partitioned_from_the_database(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """h1 reaches PostgreSQL through a proxy that the test cuts (a hang, not an error) and later heals; h2 directly.
+    h1 leads and runs two jobs. Cut: h1 stops leading and promoting before its lease can expire, h2 leads only after
+    it expired, never two at once; h1's jobs run on and nobody else touches their rows. Healed: h1 renews, records
+    their true outcomes; each ran once."""
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    database = httpx.URL(fleet.database_url)
+    proxy = Partition(database.host, database.port or 5432)
+    # A connection per request: the samples race no server's keep-alive timeout (an idle connection closed by the
+    # server just as it is reused reads as "disconnected without a response").
+    fresh = httpx.AsyncClient(timeout=5.0, limits=httpx.Limits(max_keepalive_connections=0))
+    async with fresh, trio.open_nursery() as background:
+        fleet.client = fresh
+        await background.start(proxy.run)
+        via_proxy = str(database.copy_with(port=proxy.port))
+        # A database call of h1 gives up after 1 s (its health answers while cut); the server ends its sessions idle
+        # in a transaction after as long (PostgresRegistry sets idle_in_transaction_session_timeout from it).
+        h1 = await fleet.start("h1", database_url=via_proxy, env_extra={"PODCAST_JOB_DATABASE_TIMEOUT_SECONDS": "1"})
+
+        async def leads(host: Host) -> bool:
+            return bool((await fleet.get(host, "/api/health"))["leader"])
+
+        await until(functools.partial(leads, h1), what="h1 to lead")
+        ids = {name: await fleet.enqueue(h1, "journaled_gate", gate=str(gates / name)) for name in "ab"}
+
+        async def runs_on_h1(name: str) -> bool:
+            row = await fleet.job(h1, ids[name])
+            return row["status"] == "running" and row["host_id"] == "h1" and bool(processes_naming(str(gates / name)))
+
+        for name in "ab":
+            await until(functools.partial(runs_on_h1, name), what=f"{name} running on h1")
+        h2 = await fleet.start("h2")
+        assert await leads(h1) and not await leads(h2)
+        assert proxy.connections > 0
+
+        # -- the cut --------------------------------------------------------------------------------------------
+        cut_at = time.time()
+        proxy.cut()
+        connections_at_cut = proxy.connections
+        samples: list[tuple[float, bool, bool]] = []
+
+        async def sample() -> bool:
+            said = await leaders(fleet, [h1, h2])
+            samples.append((time.time(), said["h1"], said["h2"]))
+            assert not (said["h1"] and said["h2"]), f"two leaders at once: {said}"
+            return said["h2"]
+
+        await until(sample, what="h2 to lead", every_s=0.02)
+        hosts_view = await fleet.get(h2, "/api/hosts")
+        assert hosts_view["leader"] == "h2"
+        [h1_row] = [h for h in hosts_view["hosts"] if h["host_id"] == "h1"]
+        expired_at = iso_at(h1_row["lease_expires_at"])  # h1's last renewal's lease: it renewed none since the cut
+        assert not h1_row["live"] and expired_at > cut_at - LEASE_S
+
+        # (1) h1 let go of the lead, and (2) of promotion, before its lease could expire; h2 took the lead after.
+        [stepped_down] = h1.lines("fleet_leader_stepped_down")
+        [stale] = h1.lines("host_lease_stale")
+        assert logged_at(stepped_down) < expired_at, (stepped_down, expired_at)
+        assert logged_at(stale) < expired_at, (stale, expired_at)
+        [h2_leads] = h2.lines("fleet_leader")
+        assert logged_at(h2_leads) >= expired_at, (h2_leads, expired_at)
+        # The database's own record agrees: h2's lead began after h1's lease ended.
+        leader = await trio.to_thread.run_sync(fetchrow, fleet.database_url, "SELECT host_id, since FROM leader")
+        assert leader is not None and leader["host_id"] == "h2" and leader["since"].timestamp() >= expired_at, leader
+        h1_health = await fleet.get(h1, "/api/health")
+        assert h1_health["leader"] is False and "registry_reads" in h1_health["degraded"], h1_health
+        last_h1_lead = max((at for at, h1_led, _ in samples if h1_led), default=cut_at)
+        first_h2_lead = min(at for at, _, h2_led in samples if h2_led)
+        assert last_h1_lead < first_h2_lead
+
+        # (3) h1's jobs run on; nobody else finalizes or re-runs them while it is silent; the leader names it.
+        await fleet.after_sweeps([h2], 2)
+        for name in "ab":
+            row = await fleet.job(h2, ids[name])
+            assert (row["status"], row["host_id"]) == ("running", "h1"), row
+            assert processes_naming(str(gates / name)), f"{name}'s program is gone"
+        assert [line["host_id"] for line in h2.lines("host_silent")] == ["h1"]
+        # A job enqueued meanwhile runs where the lease is fresh: on h2.
+        ids["c"] = await fleet.enqueue(h2, "journaled_gate", gate=str(gates / "c"))
+
+        async def runs_on_h2() -> bool:
+            row = await fleet.job(h2, ids["c"])
+            return row["status"] == "running" and row["host_id"] == "h2"
+
+        await until(runs_on_h2, what="c running on h2")
+        # a ends while h1 is cut off: nobody can record it yet.
+        (gates / "a").touch()
+        await until(lambda: trio.to_thread.run_sync(lambda: not processes_naming(str(gates / "a"))), what="a's end")
+
+        # -- the heal -----------------------------------------------------------------------------------------------
+        healed_at = time.time()
+        proxy.heal()
+
+        async def h1_live_again() -> bool:
+            return await fleet.live(h2, "h1")
+
+        await until(h1_live_again, what="h1's lease renewed after the heal")
+        renewed_s = time.time() - healed_at
+        # On new connections: the ones hung by the cut were closed by their deadlines, never reused.
+        assert proxy.connections > connections_at_cut
+
+        async def a_recorded() -> dict[str, Any] | None:
+            row = await fleet.job(h2, ids["a"])
+            return row if row["status"] != "running" else None
+
+        row = await until(a_recorded, what="a's outcome recorded by h1")
+        recorded_s = time.time() - healed_at
+        assert (row["status"], row["exit_code"], row["attempts"], row["host_id"]) == ("succeeded", 0, 1, "h1"), row
+        [renewed] = h1.lines("host_lease_renewed")
+        assert logged_at(renewed) >= healed_at
+        (gates / "b").touch()
+        (gates / "c").touch()
+
+        async def all_ended() -> dict[str, dict[str, Any]] | None:
+            rows = {name: await fleet.job(h1, job_id) for name, job_id in ids.items()}
+            return rows if all(r["status"] not in ("queued", "running") for r in rows.values()) else None
+
+        rows = await until(all_ended, what="every job to end")
+        for name, row in rows.items():
+            assert (row["status"], row["attempts"]) == ("succeeded", 1), (name, row)
+        assert (rows["b"]["host_id"], rows["c"]["host_id"]) == ("h1", "h2")
+        # (4) never a job run twice: the jobs' own journal has one start and one end each.
+        starts = [line.split()[1] for line in fleet.journal.read_text().splitlines() if line.startswith("start")]
+        assert sorted(starts) == sorted(ids.values()), starts
+        # The lead stays with h2 (h1, back, asks for it and is refused while h2's lease is live): never two.
+        for _ in range(int(LEASE_S / 0.1)):
+            said = await leaders(fleet, [h1, h2])
+            assert said == {"h1": False, "h2": True}, said
+        assert (await fleet.get(h1, "/api/health"))["status"] == "ok"
+        errors = {line["event"] for line in fleet.errors()}
+        assert errors <= {"host_silent"}, errors
+        print(
+            f"partition: h1 stepped down {expired_at - logged_at(stepped_down):.2f} s before its lease expired, h2 "
+            f"led {logged_at(h2_leads) - expired_at:.2f} s after; healed: lease renewed in {renewed_s:.2f} s, a's "
+            f"outcome recorded in {recorded_s:.2f} s ({len(samples)} samples of both hosts while cut)"
+        )
+        background.cancel_scope.cancel()
+
+
+async def test_INV_FORGET_IS_FENCED_a_forgotten_host_back_from_a_partition_stops_its_jobs_and_records_none(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """h1, cut off from the database with a job running, is forgotten by the operator once its lease has expired
+    (409 before). When the partition heals, its renewal is refused: it says so (ERROR), stops the job's process, and
+    its end is never recorded over the operator's: the row stays ``orphan_host_forgotten``."""
+    gate = tmp_path / "gate"
+    database = httpx.URL(fleet.database_url)
+    proxy = Partition(database.host, database.port or 5432)
+    fresh = httpx.AsyncClient(timeout=5.0, limits=httpx.Limits(max_keepalive_connections=0))  # see the test above
+    async with fresh, trio.open_nursery() as background:
+        fleet.client = fresh
+        await background.start(proxy.run)
+        via_proxy = str(database.copy_with(port=proxy.port))
+        h1 = await fleet.start("h1", database_url=via_proxy, env_extra={"PODCAST_JOB_DATABASE_TIMEOUT_SECONDS": "1"})
+        job_id = await fleet.enqueue(h1, "gated", gate=str(gate), code=0)
+
+        async def runs() -> bool:
+            return bool(await trio.to_thread.run_sync(processes_naming, str(gate)))
+
+        await until(runs, what="the job's program")
+        h2 = await fleet.start("h2")
+        proxy.cut()
+        await fleet.post(h2, "/api/hosts/h1/forget", expect=409)  # its lease may still be live: refused
+
+        async def forgotten() -> dict[str, Any] | None:
+            answer = await fleet.client.post(f"{h2.url}/api/hosts/h1/forget")
+            assert answer.status_code in (200, 409), answer.text
+            return dict(answer.json()) if answer.status_code == 200 else None
+
+        answer = await until(forgotten, what="h1's lease to expire and the forget to pass", every_s=0.2)
+        assert answer["jobs_ended"] == [job_id]
+        row = await fleet.job(h2, job_id)
+        assert (row["status"], row["error_reason"]) == ("failed", "orphan_host_forgotten"), row
+        assert await runs()  # nobody here could stop it: it runs on, on the forgotten host
+
+        proxy.heal()
+
+        async def said_forgotten() -> list[dict[str, Any]]:
+            return h1.lines("host_forgotten_by_operator")
+
+        [said] = await until(said_forgotten, what="h1 to learn it was forgotten")
+        assert said["level"] == "error" and said["host_id"] == "h1"
+        await until(lambda: trio.to_thread.run_sync(lambda: not processes_naming(str(gate))), what="the job stopped")
+        await fleet.after_sweeps([h1, h2], 2)
+        for via in (h1, h2):
+            row = await fleet.job(via, job_id)
+            assert (row["status"], row["error_reason"], row["attempts"]) == ("failed", "orphan_host_forgotten", 1)
+        assert not (await fleet.get(h1, "/api/health"))["leader"]
+        assert "h1" not in {h["host_id"] for h in (await fleet.get(h2, "/api/hosts"))["hosts"]}
+        errors = [line["event"] for line in fleet.errors()]
+        assert set(errors) <= {"host_silent", "host_forgotten_by_operator"}, errors
+        background.cancel_scope.cancel()

@@ -78,7 +78,7 @@ async def fill(fleet: Fleet, hosts: list[Host], gate: Path) -> Host:
 async def test_an_enqueue_through_a_full_host_is_started_by_another_and_a_cancel_through_it_is_carried_out_at_once(
     fleet: Fleet, tmp_path: Path
 ) -> None:
-    hosts = [await fleet.start(h, extra_env=full_at_one(LONG_SWEEP_S)) for h in ("h1", "h2")]
+    hosts = [await fleet.start(h, env_extra=full_at_one(LONG_SWEEP_S)) for h in ("h1", "h2")]
     full = await fill(fleet, hosts, tmp_path / "gate")
     free = next(host for host in hosts if host is not full)
     swept = {host.host_id: await fleet.sweeps(host) for host in hosts}  # the startup sweeps
@@ -123,7 +123,7 @@ async def test_an_enqueue_through_a_full_host_is_started_by_another_and_a_cancel
 
 
 async def test_INV_NOTIFY_IS_A_HINT_a_lost_listening_session_only_delays(fleet: Fleet, tmp_path: Path) -> None:
-    hosts = [await fleet.start(h, extra_env=full_at_one(SHORT_SWEEP_S)) for h in ("h1", "h2")]
+    hosts = [await fleet.start(h, env_extra=full_at_one(SHORT_SWEEP_S)) for h in ("h1", "h2")]
     full = await fill(fleet, hosts, tmp_path / "gate")
     free = next(host for host in hosts if host is not full)
     schema = fleet.database_url.rsplit("search_path=", 1)[1]

@@ -5,9 +5,10 @@ expired, and a row says which host promoted it (only that host judges its proces
 
 from __future__ import annotations
 
+import pytest
 from registry_helpers import WallClock, new_job, request
 
-from supervisor.domain import JobStatus
+from supervisor.domain import Conflict, HostForgotten, JobStatus
 from supervisor.registry import Expect, PromoteRequest, Registry
 
 LEASE_S = 15.0
@@ -82,12 +83,29 @@ async def test_a_released_lease_ends_now_and_frees_the_lead(registry: Registry, 
     assert [h.live(clock.now) for h in await registry.hosts() if h.host_id == "a"] == [True]
 
 
-async def test_a_forgotten_host_is_gone_with_its_lead(registry: Registry, clock: WallClock) -> None:
+async def test_INV_FORGET_IS_FENCED_a_host_is_forgotten_only_once_its_lease_expired_and_its_boot_never_renews(
+    registry: Registry, clock: WallClock
+) -> None:
     await registry.renew_lease("a", "boot-a", lease_s=LEASE_S, lead=True)
+    clock.advance(LEASE_S - 1)
+    with pytest.raises(Conflict, match="live lease"):
+        await registry.forget_host("a")  # live at the registry's clock: refused, nothing changed
+    assert [h.boot_id for h in await registry.hosts()] == ["boot-a"]
+    clock.advance(1)  # expired now
     forgotten = await registry.forget_host("a")
     assert forgotten is not None and forgotten.boot_id == "boot-a"
     assert await registry.hosts() == [] and await registry.leader() is None
-    assert await registry.forget_host("a") is None
+    # The forgotten boot comes back (a partition healed): refused, a distinct error; nothing registered, no lead.
+    with pytest.raises(HostForgotten) as refused:
+        await registry.renew_lease("a", "boot-a", lease_s=LEASE_S, lead=True)
+    assert (refused.value.host_id, refused.value.boot_id) == ("a", "boot-a")
+    assert await registry.hosts() == [] and await registry.leader() is None
+    assert await registry.forget_host("a") is None  # nothing left to forget
+    # A new boot with that host id registers (and leads) as usual.
+    again = await registry.renew_lease("a", "boot-a2", lease_s=LEASE_S, lead=True)
+    assert again.leading and again.replaced is None
+    await registry.release_lease("a", "boot-a")  # the forgotten boot's clean stop touches nothing of the new one
+    assert [(h.boot_id, h.live(clock.now)) for h in await registry.hosts()] == [("boot-a2", True)]
 
 
 async def test_a_promoted_row_records_the_promoting_host_and_forgets_it_when_it_goes_back_to_the_queue(

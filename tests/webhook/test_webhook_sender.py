@@ -16,7 +16,7 @@ import trio.testing
 from structlog.testing import capture_logs
 
 from supervisor import Config, SqliteRegistry
-from supervisor.domain import JobStatus
+from supervisor.domain import JobStatus, RegistryUnavailable
 from supervisor.observe import BACKOFF_MAX_S, WebhookSender, backoff_s, sign
 from supervisor.registry import Ending, NewJob, Outcome, PromoteRequest
 
@@ -293,3 +293,69 @@ async def test_the_outbox_bounds_hold_while_the_sender_backs_off_from_a_failing_
     assert len(attempts) == 9  # still backing off: the bound was applied during the backoff
     assert pruned_at - written_at <= 2 and pruned_at < backoff_started + backoff_s(9)
     assert sender.outcomes == {"failed": 9, "dropped": 8}
+
+
+class _UnreachableRegistry(_CountingRegistry):
+    """The real registry, but every outbox call fails as an unreachable database's do while ``down`` (a partition, a
+    PostgreSQL restart)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.down = True
+        self.failed_calls = 0
+
+    def _check(self) -> None:
+        if self.down:
+            self.failed_calls += 1
+            raise RegistryUnavailable("cannot read registry: no answer within 1 s")
+
+    async def outbox_prune(self, *, max_events: int, max_age_s: float) -> Any:
+        self._check()
+        return await super().outbox_prune(max_events=max_events, max_age_s=max_age_s)
+
+    async def outbox_pending(self, limit: int) -> Any:
+        self._check()
+        return await super().outbox_pending(limit)
+
+
+@pytest.fixture
+def thread_clock() -> trio.testing.MockClock:
+    return trio.testing.MockClock(autojump_threshold=0.05)  # SQLite's worker threads finish before time jumps
+
+
+@pytest.mark.parametrize("webhook_url", [None, "http://receiver.invalid/hook"])
+async def test_an_unreachable_registry_never_ends_the_sender_and_what_waited_goes_out_after(
+    thread_clock: trio.testing.MockClock, tmp_path: Path, webhook_url: str | None
+) -> None:
+    # Found by the partition test (issue 27): an outbox call that failed ended the sender's task, and with it the
+    # whole supervisor, on a database that merely did not answer for a moment.
+    registry = _UnreachableRegistry(tmp_path / "jobs.sqlite3")
+    delivered: list[str] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        delivered.append(json.loads(request.read())["job"]["job_id"])
+        return httpx.Response(204)
+
+    sender = WebhookSender(Config(webhook_url=webhook_url), registry, poll_s=1, transport=httpx.MockTransport(handler))
+    job_id = await _enqueue(registry, "x")
+    try:
+        with capture_logs() as logs:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(sender.run)
+                await trio.sleep(10)  # ten polls on an unreachable registry: the sender runs on
+                assert registry.failed_calls >= 5
+                registry.down = False
+                with trio.fail_after(30):
+                    while not (delivered or sender.outcomes.get("dropped")):  # noqa: ASYNC110 - virtual time
+                        await trio.sleep(0.5)
+                nursery.cancel_scope.cancel()
+    finally:
+        await registry.aclose()
+    assert [e["event"] for e in logs if e["event"].startswith("webhook_outbox_")] == [
+        "webhook_outbox_unreachable",  # once for the whole episode
+        "webhook_outbox_reachable",
+    ]
+    if webhook_url is None:
+        assert sender.outcomes == {"dropped": 1}
+    else:
+        assert delivered == [job_id]

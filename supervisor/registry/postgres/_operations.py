@@ -24,8 +24,17 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ...domain import RESUBMITTED, TERMINAL, Conflict, IllegalTransition, Job, JobStatus, RequestError
-from ...domain._model import Attempt
+from ...domain import (
+    RESUBMITTED,
+    TERMINAL,
+    Conflict,
+    HostForgotten,
+    IllegalTransition,
+    Job,
+    JobStatus,
+    RequestError,
+)
+from ...domain._model import Attempt, to_iso
 from .._protocol import (
     WAKE_CANCEL,
     WAKE_FREED,
@@ -399,6 +408,11 @@ class Operations(Rows):
         # One transaction for the host row and the lead: the leader row is locked (or, when none exists, the insert
         # conflicts on its one key), so two hosts asking at once take turns and never both lead (INV-ONE-LEADER).
         await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", LEADER_LOCK, self.schema_key)
+        # INV-FORGET-IS-FENCED: a boot an operator forgot never holds a lease again.
+        if await conn.fetchval(
+            "SELECT 1 FROM forgotten_hosts WHERE host_id = $1 AND boot_id = $2", host_id, boot_id
+        ):
+            raise HostForgotten(host_id, boot_id)
         before = await host_in(conn, host_id)
         replaced = before if before is not None and before.boot_id != boot_id else None
         if before is None or replaced is not None:
@@ -464,7 +478,23 @@ class Operations(Rows):
         return FleetSetting(row["name"], row["value"], row["host_id"], row["recorded_at"].astimezone(UTC))
 
     async def forget_host(self, conn: Any, host_id: str) -> Host | None:
+        # INV-FORGET-IS-FENCED: under the leases' lock, so that no renewal lands between the check and the fence.
+        await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", LEADER_LOCK, self.schema_key)
         host = await host_in(conn, host_id)
+        now = self.now()
+        if host is not None and host.live(now):
+            raise Conflict(
+                f"host {host_id} holds a live lease until {to_iso(host.lease_expires_at)}: its jobs may be running; "
+                "stop its supervisor first"
+            )
+        if host is not None:
+            await conn.execute(
+                "INSERT INTO forgotten_hosts (host_id, boot_id, forgotten_at) VALUES ($1, $2, $3) "
+                "ON CONFLICT DO NOTHING",
+                host.host_id,
+                host.boot_id,
+                now,
+            )
         await conn.execute("DELETE FROM hosts WHERE host_id = $1", host_id)
         await conn.execute("DELETE FROM leader WHERE host_id = $1", host_id)
         # Its running rows were ended by the caller (ADR 0012): their slots are free for any host.

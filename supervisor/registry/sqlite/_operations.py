@@ -12,7 +12,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from ...domain import RESUBMITTED, TERMINAL, Conflict, IllegalTransition, Job, JobStatus, RequestError
+from ...domain import (
+    RESUBMITTED,
+    TERMINAL,
+    Conflict,
+    HostForgotten,
+    IllegalTransition,
+    Job,
+    JobStatus,
+    RequestError,
+)
 from ...domain._model import Attempt, from_iso, to_iso
 from .._protocol import (
     Beat,
@@ -397,6 +406,12 @@ class Operations(Rows):
         self, host_id: str, boot_id: str, lease_s: float, lead: bool
     ) -> Callable[[sqlite3.Connection], Lease]:
         def change(conn: sqlite3.Connection) -> Lease:
+            # INV-FORGET-IS-FENCED: a boot an operator forgot never holds a lease again.
+            fenced = conn.execute(
+                "SELECT 1 FROM forgotten_hosts WHERE host_id = ? AND boot_id = ?", (host_id, boot_id)
+            ).fetchone()
+            if fenced is not None:
+                raise HostForgotten(host_id, boot_id)
             now = self.now()
             expires = _text(now + timedelta(seconds=lease_s))
             before = host_in(conn, host_id)
@@ -468,7 +483,20 @@ class Operations(Rows):
 
     def forget_host(self, host_id: str) -> Callable[[sqlite3.Connection], Host | None]:
         def change(conn: sqlite3.Connection) -> Host | None:
+            # INV-FORGET-IS-FENCED: the check and the fence in one write transaction.
             host = host_in(conn, host_id)
+            now = self.now()
+            if host is not None and host.live(now):
+                raise Conflict(
+                    f"host {host_id} holds a live lease until {to_iso(host.lease_expires_at)}: its jobs may be "
+                    "running; stop its supervisor first"
+                )
+            if host is not None:
+                conn.execute(
+                    "INSERT INTO forgotten_hosts (host_id, boot_id, forgotten_at) VALUES (?, ?, ?) "
+                    "ON CONFLICT DO NOTHING",
+                    (host.host_id, host.boot_id, _text(now)),
+                )
             conn.execute("DELETE FROM hosts WHERE host_id = ?", (host_id,))
             conn.execute("DELETE FROM leader WHERE host_id = ?", (host_id,))
             return host

@@ -45,9 +45,31 @@ def columns(path: Path, table: str) -> list[str]:
 # -- from version 3 -----------------------------------------------------------------------------------------
 
 
-def test_this_code_is_schema_version_8() -> None:
-    """The migration tests below are from 3, 4, 5, 6 and 7: a new migration needs its own test of the file before it."""
-    assert SCHEMA_VERSION == 8
+def test_this_code_is_schema_version_9() -> None:
+    """The migration tests below are from 3 to 8: a new migration needs its own test of the file before it."""
+    assert SCHEMA_VERSION == 9
+
+
+async def test_a_version_8_file_gets_the_forgotten_hosts_fence_with_its_hosts_intact(path: Path) -> None:
+    """Version 9 (issue 27, INV-FORGET-IS-FENCED): no boot forgotten yet; its hosts renew as before."""
+    reg = await SqliteRegistry.open(path)
+    await reg.renew_lease("h", "boot-h", lease_s=15, lead=False)
+    await reg.aclose()
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("DROP TABLE forgotten_hosts")
+        conn.execute("UPDATE schema_version SET version = 8")
+        conn.commit()
+    finally:
+        conn.close()
+    reg = await SqliteRegistry.open(path)
+    try:
+        assert raw(path, "SELECT version FROM schema_version") == [(9,)]
+        assert raw(path, "SELECT COUNT(*) FROM forgotten_hosts") == [(0,)]
+        lease = await reg.renew_lease("h", "boot-h", lease_s=15, lead=False)
+        assert lease.host.boot_id == "boot-h" and lease.replaced is None
+    finally:
+        await reg.aclose()
 
 
 async def test_a_version_7_file_gets_the_fleet_settings_table_with_nothing_recorded(path: Path) -> None:
@@ -56,6 +78,7 @@ async def test_a_version_7_file_gets_the_fleet_settings_table_with_nothing_recor
     await reg.aclose()
     conn = sqlite3.connect(path)
     try:
+        conn.execute("DROP TABLE forgotten_hosts")  # version 9's
         conn.execute("DROP TABLE fleet_settings")
         conn.execute("UPDATE schema_version SET version = 7")
         conn.commit()
@@ -65,7 +88,7 @@ async def test_a_version_7_file_gets_the_fleet_settings_table_with_nothing_recor
     try:
         setting = await reg.record_setting("max_concurrent", "3", "h", replace=False)
         assert (setting.value, setting.host_id) == ("3", "h")
-        assert raw(path, "SELECT version FROM schema_version") == [(8,)]
+        assert raw(path, "SELECT version FROM schema_version") == [(9,)]
     finally:
         await reg.aclose()
 
