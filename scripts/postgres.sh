@@ -5,6 +5,10 @@
 #                              (made on first use: initdb into a fresh directory under /tmp), create the database;
 #                              prints the DSN and writes it to $PG_WORK/dsn. Idempotent: a second `up` only checks.
 #   scripts/postgres.sh down   stop the cluster this script started (pg_ctl stop -m fast) and remove its directory.
+#   scripts/postgres.sh stop   stop the server (pg_ctl stop -m fast: its sessions are ended, as a restart by an operator
+#                              does) and keep the cluster directory; `start` brings the same cluster back.
+#   scripts/postgres.sh start  start the cluster `up` made, when it is not answering (its data as it was); refuses
+#                              when `up` made none. The restart test uses stop and start (on a private PG_PORT).
 #   scripts/postgres.sh check  exit 0 when the server answers and the database exists (prints the DSN); else say
 #                              why, exit 1 (installs and starts nothing: the tests ask this before they use it).
 #
@@ -95,6 +99,22 @@ down() {  # only the cluster this script made
   rm -f "$W/cluster" "$W/dsn"
 }
 
+stop() {  # the server only: the cluster directory (its data) stays for `start`
+  local dir
+  dir=$(cluster_dir)
+  [ -n "$dir" ] || { echo "no cluster made by \`$0 up\` under $W" >&2; return 1; }
+  [ -f "$dir/data/postmaster.pid" ] || return 0
+  "${as_pg[@]}" "$(bindir)/pg_ctl" -D "$dir/data" -m fast -w -t 60 stop >/dev/null ||
+    { tail -20 "$dir/log" >&2; return 1; }
+}
+
+start() {  # the cluster `up` made, never a fresh one
+  local dir
+  dir=$(cluster_dir)
+  [ -n "$dir" ] && [ -f "$dir/data/PG_VERSION" ] || { echo "no cluster made by \`$0 up\` under $W" >&2; return 1; }
+  start_cluster
+}
+
 check() {
   [ -n "$(bindir)" ] || { echo "PostgreSQL is not installed"; return 1; }
   answering || { echo "no PostgreSQL server answers on 127.0.0.1:$PORT"; return 1; }
@@ -105,6 +125,8 @@ check() {
 case "${1:-}" in
   up) up ;;
   down) down ;;
+  stop) stop ;;
+  start) start ;;
   check) check ;;
-  *) echo "usage: $0 up|down|check" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|stop|start|check" >&2; exit 2 ;;
 esac

@@ -69,6 +69,8 @@ class Fleet:
         self._went_stale = False  # said stale, not yet renewed since
         self._renewed = trio.Event()  # set at each successful renewal: the deadlines above moved
         self._silent_hosts: set[str] = set()  # hosts said silent (one ERROR per silence)
+        # monotonic: the request of the first renewal since this boot began or its lease last went stale (None: stale)
+        self._steady_since: float | None = None
         self.lease: Lease | None = None
         self.started = False  # run() has begun: until then (a Supervisor outside serve, in tests) nothing is gated
 
@@ -150,6 +152,8 @@ class Fleet:
             return
         first = self.lease is None
         self.lease = lease
+        if self._steady_since is None:
+            self._steady_since = asked
         # INV-NO-PROMOTION-WITHOUT-LEASE, INV-ONE-LEADER: counted from the request, before the registry's commit.
         self._fresh_until = asked + self.lease_s * (1 - LEAD_MARGIN)
         if lease.leading:
@@ -222,6 +226,7 @@ class Fleet:
                 why="the lease could not be renewed in time: no job is promoted here until it is",
             )
             self._went_stale = True
+            self._steady_since = None
         elif now and not self._was_fresh:
             if self._went_stale:
                 log.info("host_lease_renewed", host_id=self.host_id, promotion="resumed")
@@ -243,6 +248,11 @@ class Fleet:
         are (INV-UNKNOWN-KEEPS-SLOT: nobody here can see its processes) until it comes back or the operator forgets
         it; one ERROR per silence, naming the host."""
         if not self.leading:
+            return
+        # Only once this host has renewed without a break for a whole lease: after a database outage (or this boot's
+        # start) the others' leases expired for the same reason this one's went stale, and each needs a renewal
+        # period to renew. Judged sooner, every live host was named silent by the first to lead again.
+        if self._steady_since is None or trio.current_time() - self._steady_since < self.lease_s:
             return
         now = self.wall_clock()
         hosts = {host.host_id: host for host in await self.registry.hosts()}

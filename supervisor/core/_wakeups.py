@@ -36,7 +36,9 @@ log = get_logger()
 
 CHECK_EVERY_S = 5.0  # a listening session that heard nothing for this long is asked a cheap question
 RECONNECT_MIN_S = 0.5  # a lost session is opened again after this, doubling up to RECONNECT_MAX_S
-RECONNECT_MAX_S = 30.0
+# Each try is one connection attempt: cheap against a server that refuses it. A longer cap only made the session come
+# back late after a database restart (by up to the cap, 30 s it was), while the sweep did the wake-ups' work.
+RECONNECT_MAX_S = 5.0
 MAX_BATCH = 256  # wake-ups acted on together (coalesced: one drainer wake, one pause read, each cancel once)
 
 

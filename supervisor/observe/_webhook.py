@@ -163,6 +163,8 @@ class WebhookSender:
                         self._registry_failed(exc)
                     else:
                         self._registry_answered()
+                else:
+                    self._stood_down()
                 await trio.sleep(self.poll_s)
         timeout = httpx.Timeout(self.config.webhook_timeout_s)
         async with httpx.AsyncClient(
@@ -172,6 +174,7 @@ class WebhookSender:
             while True:
                 if not self.may_send():
                     # INV-ONE-LEADER: another host sends (in order); look again when woken or after a poll.
+                    self._stood_down()
                     await self._wait(self.poll_s)
                     continue
                 try:
@@ -211,6 +214,14 @@ class WebhookSender:
     def _registry_answered(self) -> None:
         if self._registry_down:
             log.info("webhook_outbox_reachable")
+        self._registry_down = False
+
+    def _stood_down(self) -> None:
+        """This host no longer sends (it lost the lead, as every host does when the database is down longer than a
+        lease): an unreachable outbox said here is no longer this host's to watch, and the episode ends here, once.
+        Without this line it stayed open for good -- a WARNING never followed by its end."""
+        if self._registry_down:
+            log.info("webhook_outbox_left_to_leader", why="another host leads: it reads and sends the outbox")
         self._registry_down = False
 
     async def _deliver(

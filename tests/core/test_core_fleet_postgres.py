@@ -380,11 +380,9 @@ def sql(dsn: str, query: str) -> None:
     asyncio.run(_sql(dsn, query))
 
 
-@pytest.fixture
-async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
-    """Supervisors on a fresh schema of the test database (dropped after); every process started is killed."""
-    dsn = os.environ.get(TEST_DATABASE_URL_VAR)
-    assert dsn, f"{TEST_DATABASE_URL_VAR} is unset (the postgres mark skips these tests)"
+@contextlib.asynccontextmanager
+async def open_fleet(tmp_path: Path, dsn: str) -> AsyncIterator[Fleet]:
+    """Supervisors on a fresh schema of the database ``dsn`` (dropped after); every process started is killed."""
     schema = f"test_fleet_{uuid.uuid4().hex[:16]}"
     await trio.to_thread.run_sync(sql, dsn, f'CREATE SCHEMA "{schema}"')
     journal = tmp_path / "journal"
@@ -408,6 +406,15 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(sql, dsn, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture
+async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
+    """Supervisors on a fresh schema of the test database (``open_fleet``)."""
+    dsn = os.environ.get(TEST_DATABASE_URL_VAR)
+    assert dsn, f"{TEST_DATABASE_URL_VAR} is unset (the postgres mark skips these tests)"
+    async with open_fleet(tmp_path, dsn) as made:
+        yield made
 
 
 async def start_three(fleet: Fleet) -> list[Host]:

@@ -5,8 +5,8 @@ processes: ``test_core_wakeups_postgres.py``.
 - INV-NOTIFY-IS-A-HINT: a wake-up decides nothing. A cancel wake-up is carried out only for a row that is running
   here with its cancel requested, as the registry says now (one naming another host, or a job whose cancel was never
   asked, does nothing); a queued wake-up only wakes the drainer, which promotes by the registry's count;
-- a lost session is said once (WARNING) however many reopenings fail, reopened with backoff (0.5 s doubling, exact
-  on virtual time), said back once (INFO), then caught up (a job queued meanwhile is started);
+- a lost session is said once (WARNING) however many reopenings fail, reopened with backoff (0.5 s doubling to 5 s,
+  exact on virtual time), said back once (INFO), then caught up (a job queued meanwhile is started);
 - a quiet session is checked every ``check_every_s``; one that does not answer is lost like any other.
 """
 
@@ -215,3 +215,19 @@ async def test_a_lost_session_is_said_once_reopened_with_backoff_said_back_and_c
         "wakeups_back",
     ]
     assert third is not again and sup.wakeups.losses == 2
+
+
+async def test_a_long_outage_is_retried_every_five_seconds_at_most_so_the_session_is_back_soon_after_the_server(
+    jump_clock: trio.testing.MockClock, host: Callable[[], Any]
+) -> None:
+    # Found by the PostgreSQL restart test (issue 27): doubling to 30 s, a session lost in a minute-long database
+    # restart came back up to 30 s after the server did.
+    sup, registry = host()
+    [feed] = registry.feeds
+    registry.refuse = 8  # the server answers only at the ninth try
+    lost_at = trio.current_time()
+    feed.lose()
+    await registry.next_feed()
+    # After 0.5, 1, 2, 4, then every 5 s: the ninth try is 32.5 s after the loss (doubling to 30 s: 121.5 s).
+    assert trio.current_time() - lost_at == pytest.approx(0.5 + 1 + 2 + 4 + 5 * 5)
+    assert sup.wakeups.listening and sup.wakeups.losses == 1

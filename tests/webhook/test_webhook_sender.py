@@ -359,3 +359,38 @@ async def test_an_unreachable_registry_never_ends_the_sender_and_what_waited_goe
         assert sender.outcomes == {"dropped": 1}
     else:
         assert delivered == [job_id]
+
+
+@pytest.mark.parametrize("webhook_url", [None, "http://receiver.invalid/hook"])
+async def test_a_sender_that_loses_the_lead_while_the_registry_is_unreachable_ends_the_episode_it_said(
+    thread_clock: trio.testing.MockClock, tmp_path: Path, webhook_url: str | None
+) -> None:
+    # Found by the PostgreSQL restart test (issue 27): the leader said webhook_outbox_unreachable, lost the lead
+    # while the database was down (every lease expired), and never said anything more -- its episode never ended.
+    registry = _UnreachableRegistry(tmp_path / "jobs.sqlite3")
+    leading = True
+    sender = WebhookSender(
+        Config(webhook_url=webhook_url),
+        registry,
+        poll_s=1,
+        transport=httpx.MockTransport(lambda request: httpx.Response(204)),
+        may_send=lambda: leading,
+    )
+    try:
+        with capture_logs() as logs:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(sender.run)
+                await trio.sleep(3)
+                assert registry.failed_calls >= 2
+                leading = False  # another host leads once the database is back
+                registry.down = False
+                await trio.sleep(5)
+                leading = True  # and this one again, later: nothing was left open to close
+                await trio.sleep(5)
+                nursery.cancel_scope.cancel()
+    finally:
+        await registry.aclose()
+    assert [e["event"] for e in logs if e["event"].startswith("webhook_outbox_")] == [
+        "webhook_outbox_unreachable",
+        "webhook_outbox_left_to_leader",
+    ]

@@ -190,7 +190,10 @@ class PostgresRegistry:
         connect = functools.partial(
             asyncpg.create_pool,
             self._dsn,
-            min_size=1,
+            # No floor: asyncpg (0.32) keeps one by reconnecting in a task of its own, outside every call's bound, and
+            # logs each failed attempt with its traceback through the standard logging (lines that are not this
+            # process's JSON) while the server is down. Every call here connects when it needs to, under its bound.
+            min_size=0,
             max_size=self.max_connections,
             timeout=self.timeout_s,  # the connect timeout of each new connection
             reset=_keep,
@@ -198,6 +201,7 @@ class PostgresRegistry:
             server_settings=settings,
         )
         self._pool = await self._boundary(connect, "cannot connect to")
+        await self._boundary(self._first_connection, "cannot connect to")  # a server that is not there: said now
         schema = self.schema or await self._transaction(lambda conn: conn.fetchval("SELECT current_schema()"))
         if schema is None:
             raise RegistryError(f"registry {self.where}: the connection's search_path names no schema that exists")
@@ -214,6 +218,10 @@ class PostgresRegistry:
                 f"registry {self.where} has schema version {version}, this supervisor needs {SCHEMA_VERSION}: run "
                 f"`supervisor migrate` (automatic migration is off)"
             )
+
+    async def _first_connection(self) -> None:
+        conn = await self._pool.acquire()
+        await self._pool.release(conn)
 
     async def _create_schema(self, conn: Any) -> None:
         await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", MIGRATE_LOCK, self.ops.schema_key)

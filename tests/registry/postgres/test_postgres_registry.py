@@ -3,13 +3,16 @@ fault it reports, a server that is not there, and several registries (several su
 
 from __future__ import annotations
 
+import logging
 import tomllib
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 import trio
 from pg_helpers import OpenPg, Raw
-from registry_helpers import BOOT, enqueue, new_job, new_schema, one_running, request
+from registry_helpers import BOOT, WallClock, enqueue, new_job, new_schema, one_running, postgres_test_url, request
 
 from supervisor.domain import JobStatus, RegistryError, RegistryUnavailable
 from supervisor.registry import Ending, Outcome, PostgresRegistry
@@ -158,6 +161,83 @@ async def test_a_closed_session_is_unavailable_once_and_the_pool_connects_again(
         except RegistryUnavailable:
             pass  # the dead connection is found by the call that uses it, and replaced
         assert (await reg.get(job_id)).job_id == job_id
+
+
+class ServerGoesAway:
+    """A TCP proxy in front of the test server. ``away()`` is the server stopping: every connection through it is
+    closed and new ones are closed as soon as they are accepted (no PostgreSQL answers); ``back()`` forwards again."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.upstream = (host, port)
+        self.here = True
+        self.port = 0
+        self._sessions = trio.CancelScope()
+        self._held: list[trio.CancelScope] = []
+
+    def away(self) -> None:
+        self.here = False
+        for scope in self._held:
+            scope.cancel()
+
+    def back(self) -> None:
+        self.here = True
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started()
+        await trio.serve_listeners(self._serve, listeners)
+
+    async def _serve(self, client: trio.SocketStream) -> None:
+        async with client:
+            if not self.here:
+                return
+            with trio.fail_after(10):
+                upstream = await trio.open_tcp_stream(*self.upstream)
+            with trio.CancelScope() as held:
+                self._held.append(held)
+                async with upstream, trio.open_nursery() as pumps:
+                    pumps.start_soon(self._pump, client, upstream, pumps.cancel_scope)
+                    pumps.start_soon(self._pump, upstream, client, pumps.cancel_scope)
+
+    @staticmethod
+    async def _pump(source: trio.SocketStream, sink: trio.SocketStream, pair: trio.CancelScope) -> None:
+        try:
+            while data := await source.receive_some(65536):
+                await sink.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            pair.cancel()
+
+
+async def test_a_server_that_goes_away_is_unavailable_and_nothing_reconnects_behind_the_calls_back(
+    pg_open: OpenPg, clock: WallClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Found by the PostgreSQL restart test (issue 27): asyncpg's pool kept a floor of one connection by reconnecting
+    # in a task of its own while the server was down, outside every call's bound, and logged each failed attempt
+    # with a traceback through the standard logging -- lines that are not the supervisor's JSON.
+    database = httpx.URL(postgres_test_url() or "")
+    proxy = ServerGoesAway(database.host, database.port or 5432)
+    caplog.set_level(logging.DEBUG, logger="asyncpg")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run)
+        dsn = str(database.copy_with(port=proxy.port))
+        reg = await PostgresRegistry.open(dsn, schema=new_schema(), clock=clock, boot_id=BOOT, timeout_s=2.0)
+        try:
+            [job_id] = await enqueue(reg, 1)
+            proxy.away()
+            with trio.fail_after(10):
+                for _ in range(5):  # the session lost, then each connect refused: each call says so, at once
+                    with pytest.raises(RegistryUnavailable):
+                        await reg.get(job_id)
+            proxy.back()
+            with trio.fail_after(10):
+                assert (await reg.get(job_id)).job_id == job_id  # the next call connects again
+        finally:
+            await reg.aclose()
+        nursery.cancel_scope.cancel()
+    assert [r for r in caplog.records if r.name.startswith("asyncpg")] == []
 
 
 def test_the_registry_refuses_what_is_no_postgresql_url_or_bound() -> None:
