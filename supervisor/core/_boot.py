@@ -25,9 +25,10 @@ from ..registry import Registry
 log = get_logger()
 T = TypeVar("T")
 
-# How often a write that must land (a job's end) is tried again while the registry cannot take writes.
+# How often a write that must land (a job's end) is tried again while the registry cannot take writes. At most 5 s
+# apart: a job's end lands within 5 s of the registry's return, so its slot is not held long for nothing.
 UNTIL_RECORDED_MIN_S = 0.5
-UNTIL_RECORDED_MAX_S = 30.0
+UNTIL_RECORDED_MAX_S = 5.0
 
 
 async def until_recorded(write: Callable[[], Awaitable[T]]) -> T:
