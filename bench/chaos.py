@@ -43,7 +43,9 @@ each attempt. On top of the checks above:
   20 % of the lease of each other (the gap ADR 0012 §3 leaves between two leads) fail it, and so does a new holder
   of the leader table whose lead began before the previous holder's lease (as last sampled) ran out;
 - no host ends what it did not run: every row's ``host_id`` is the host of its last journal start, and every end of
-  an attempt in a host's log (a ``job_transition`` out of ``running``) is of a process that ran on that host;
+  an attempt in a host's log (a ``job_transition`` out of ``running``) is of a process that ran on that host, or
+  one the leader ended from the proof of its end (``silent_host_job_ended`` for that job, naming the host it ran on:
+  INV-SILENT-HOST-ENDS-BY-PROOF);
 - every host's API (each host's last boot, once it serves) says what the registry says of every row.
 
 Exit status 1 when any check fails, 2 when the run could not be made (the supervisor exited by itself, no engine).
@@ -1203,8 +1205,12 @@ def judge_fleet(
             not_owner.append(f"{row.job_id}: row's host {row.host_id}, its last attempt ran on {runs[-1].host}")
     ends_seen = 0
     unmatched: list[dict[str, Any]] = []
+    by_proof = 0
     for log in logs:
         host_id = log.name.split("-boot")[0]
+        # INV-SILENT-HOST-ENDS-BY-PROOF: the leader records a silent host's job from the proof of its end (the exit
+        # record that host's shepherd left): an end of another host's process, said as such, naming that host.
+        proven = {(str(e.get("job_id")), str(e.get("host_id"))) for e in log_lines(log, "silent_host_job_ended")}
         for line in log_lines(log, "job_transition"):
             if line.get("from") != "running":
                 continue
@@ -1218,6 +1224,8 @@ def judge_fleet(
             if not ended:
                 # a start that failed (no process), or one the journal never saw (a violation of its own)
                 unmatched.append({k: line.get(k) for k in ("job_id", "pid", "to", "reason", "timestamp")})
+            elif ended[-1].host != host_id and (str(line.get("job_id")), ended[-1].host) in proven:
+                by_proof += 1
             elif ended[-1].host != host_id:
                 not_owner.append(f"{line['job_id']}: its process on {ended[-1].host} ended by {host_id} ({log.name})")
     silent = sum(len(log_lines(log, "host_silent")) for log in logs)
@@ -1234,6 +1242,7 @@ def judge_fleet(
         "health_rounds": watch.rounds,
         "health_answers": watch.answers,
         "ends_in_logs": ends_seen,
+        "ends_of_silent_hosts_jobs_by_proof": by_proof,
         "ends_in_logs_without_journal_run": len(unmatched),
         "ends_in_logs_without_journal_run_first": unmatched[:10],
         "host_silent_errors": silent,

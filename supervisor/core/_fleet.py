@@ -20,13 +20,13 @@ happen, not at the next renewal's failure.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from typing import Any
 
 import trio
 
-from ..domain import HostForgotten, SupervisorError, to_iso
+from ..domain import HostForgotten, Job, SupervisorError, to_iso
 from ..observe import get_logger
 from ..registry import Host, Lease, Registry
 from ._boot import Boot, log_failure
@@ -49,11 +49,14 @@ class Fleet:
         boot: Boot | None = None,
         on_fresh: Callable[[], None] | None = None,
         on_forgotten: Callable[[], None] | None = None,
+        end_by_proof: Callable[[list[Job], Callable[[], bool]], Awaitable[list[str]]] | None = None,
     ) -> None:
         """``boot``: whose fleet-wide limit to settle at start (None: none to settle). ``on_fresh``: called when the
         lease is fresh again after it was not (promotion may resume: the drainer's wake). ``on_forgotten``: called
-        once when the registry says an operator forgot this boot (its processes are to be stopped)."""
+        once when the registry says an operator forgot this boot (its processes are to be stopped). ``end_by_proof``:
+        the leader's judge of silent hosts' rows on the ground truth this host can reach (``_silent``); None: none."""
         self.boot = boot
+        self.end_by_proof = end_by_proof
         self.on_fresh = on_fresh
         self.on_forgotten = on_forgotten
         self.forgotten = False
@@ -110,8 +113,7 @@ class Fleet:
                     await self.renew()
                     if self.leading:
                         try:
-                            rows = await self.registry.running_jobs()
-                            await self.watch_silent_hosts({job.host_id for job in rows if job.host_id is not None})
+                            await self.sweep_silent_hosts()
                         except SupervisorError:
                             log_failure("silent_hosts_not_watched")
         finally:
@@ -243,10 +245,37 @@ class Fleet:
             log.warning("fleet_leader_stepped_down", host_id=self.host_id, why="the lease could not be renewed in time")
         self._was_leading = now
 
-    async def watch_silent_hosts(self, running_host_ids: set[str]) -> None:
-        """The leader's watch: a host whose lease expired while it has running jobs is silent. Its jobs stay as they
-        are (INV-UNKNOWN-KEEPS-SLOT: nobody here can see its processes) until it comes back or the operator forgets
-        it; one ERROR per silence, naming the host."""
+    async def sweep_silent_hosts(self) -> None:
+        """The leader's round over silent hosts (hosts whose lease expired while they have running rows): the rows
+        whose end this host can prove are ended with their true outcome (``end_by_proof``,
+        INV-SILENT-HOST-ENDS-BY-PROOF: each end is checked against the host's lease again in its own registry step);
+        the rest stay as they are, and each silent host is named once (``watch_silent_hosts``)."""
+        if not self.leading:
+            return
+        rows = await self.registry.running_jobs()
+        silent = await self._silent_host_ids({job.host_id for job in rows if job.host_id is not None})
+        if self.end_by_proof is not None and silent and self.leading:
+            ended = set(await self.end_by_proof([job for job in rows if job.host_id in silent], lambda: self.leading))
+            rows = [job for job in rows if job.job_id not in ended]
+        remaining: dict[str, int] = {}
+        for job in rows:
+            if job.host_id is not None:
+                remaining[job.host_id] = remaining.get(job.host_id, 0) + 1
+        await self.watch_silent_hosts(set(remaining), remaining)
+
+    async def _silent_host_ids(self, running_host_ids: set[str]) -> set[str]:
+        now = self.wall_clock()
+        hosts = {host.host_id: host for host in await self.registry.hosts()}
+        return {
+            host_id
+            for host_id in running_host_ids
+            if host_id != self.host_id and (host_id not in hosts or not hosts[host_id].live(now))
+        }
+
+    async def watch_silent_hosts(self, running_host_ids: set[str], running: Mapping[str, int] | None = None) -> None:
+        """The leader's watch: a host whose lease expired while it has running jobs is silent. Its jobs that no
+        proof ended stay as they are (INV-UNKNOWN-KEEPS-SLOT: nobody here can see its processes) until it comes back
+        or the operator forgets it; one ERROR per silence, naming the host (``running``: its running rows, by host)."""
         if not self.leading:
             return
         # Only once this host has renewed without a break for a whole lease: after a database outage (or this boot's
@@ -267,7 +296,9 @@ class Fleet:
                 "host_silent",
                 host_id=host_id,
                 lease_expired_at=host.lease_expires_at.isoformat() if host is not None else None,
-                kept="its running jobs keep their slots until it comes back or an operator forgets it",
+                running_jobs=running.get(host_id) if running is not None else None,
+                kept="its running jobs keep their slots until it comes back, a proof of their end is found here, or "
+                "an operator forgets it",
                 forget=f"POST /api/hosts/{host_id}/forget (supervisor hosts forget {host_id})",
             )
         for host_id in sorted(self._silent_hosts - silent):

@@ -115,11 +115,13 @@ class Monitors:
         cancel_asked: bool,
         expect: Job | None = None,
         orphan_reason: str | None = None,
+        host_silent: bool = False,
     ) -> bool:
         """Finalize a job whose process has ended: its true outcome, or an orphan when no exit was recorded; a crash
         is resubmitted while its kind allows more attempts (ADR-150 D4). ``expect``: only if the row still records
-        the process of this (earlier) read of it. True when this call changed the row (a terminal row is left
-        alone)."""
+        the process of this (earlier) read of it; with ``host_silent``, also only while the row's host holds no
+        live lease (another host's job ended by proof: INV-SILENT-HOST-ENDS-BY-PROOF). True when this call changed
+        the row (a terminal row is left alone)."""
         boot = self.boot
         kind = boot.kinds.get(job.kind) if job.kind in boot.kinds else None
         decided = ending(
@@ -135,7 +137,7 @@ class Monitors:
         )
         if kind is not None and kind.then:
             decided = dataclasses.replace(decided, then=self._follow_up_of(job, kind.then))
-        guard = Expect(expect.identity) if expect is not None else None
+        guard = Expect(expect.identity, host_silent=host_silent) if expect is not None else None
         change, _ = await boot.registry.finalize(job.job_id, decided, expect=guard)
         boot.stall_stops.discard(job.job_id)
         if not change.changed:

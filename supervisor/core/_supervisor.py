@@ -50,6 +50,7 @@ from ._monitor import Monitors
 from ._pause import PauseFile
 from ._prune import Pruner
 from ._reconcile import Reconciler, ReconcileReport
+from ._silent import SilentHostJobs
 from ._sweeper import Sweeper, run_sweeper
 from ._wakeups import WakeupListener
 
@@ -166,6 +167,8 @@ class Supervisor:
         self.pause_file = PauseFile(config.pause_flag_path, registry, config.host_id)
         self.drainer = Drainer(self.boot, self.monitors.start, self.pause_file)
         self.reconciler = Reconciler(self.boot, self.monitors, self.wake_drainer)
+        # The leader's judge of a silent host's jobs: only by proof of their end that this host can read (ADR 0012).
+        self.silent_hosts = SilentHostJobs(self.boot, self.monitors, self.wake_drainer)
         self.metrics = Metrics()
         self.events.subscribe(self.metrics.on_event)
         # The durable copy of each event is the registry's outbox row, written in the change's own transaction; the
@@ -179,6 +182,7 @@ class Supervisor:
             boot=self.boot,
             on_fresh=self.drainer.lease_renewed,
             on_forgotten=self._forgotten,
+            end_by_proof=self.silent_hosts.end_by_proof,
         )
         self.boot.may_promote = self.fleet.may_promote  # INV-NO-PROMOTION-WITHOUT-LEASE
         # INV-ONE-LEADER: one sender for the fleet keeps delivery in order.

@@ -25,6 +25,7 @@ from ._base import (
     JobHandle,
     Launch,
     Leftover,
+    ProofOfEnd,
     Unwatchable,
 )
 
@@ -37,6 +38,7 @@ __all__ = [
     "JobHandle",
     "Launch",
     "Leftover",
+    "ProofOfEnd",
     "Unwatchable",
     "create_executor",
 ]

@@ -20,6 +20,8 @@ The core speaks to it only in these terms:
   Never a blind signal (INV-NEVER-BLIND-SIGNAL): an executor only acts on an identity it verified.
 - ``gather_evidence(jobs, boot_id)`` (blocking: run in a thread, before any registry lock) → one ``Evidence`` per
   RUNNING row: tri-state liveness, the recorded exit status, a handle to adopt.
+- ``proof_of_end(jobs)`` (blocking) → for rows another host runs (its lease expired): positive proof, readable from
+  here, that the row's own recorded process ended, and how (INV-SILENT-HOST-ENDS-BY-PROOF); None for anything else.
 - ``collect(handle)`` → make sure the output of a job that ended is in its log (before a reconcile finalizes it).
 - ``release(handle)`` → once the row is terminal: forget the job (Docker removes the container).
 - ``leftovers()`` (blocking) → what the executor still holds of jobs that no longer run (a stopped container), so that
@@ -52,6 +54,7 @@ __all__ = [
     "Launch",
     "Leftover",
     "Liveness",
+    "ProofOfEnd",
     "Unwatchable",
 ]
 
@@ -132,6 +135,18 @@ class Evidence:
 
 
 @dataclass(frozen=True)
+class ProofOfEnd:
+    """Ground truth this host can read that a job another host ran has ended: its exit status, found under the row's
+    own recorded identity (a container with the recorded id, exited; an exit record of the recorded pid + start time +
+    kernel boot). ``evidence``: what was read, for the log line. ``handle``: to collect its output into the row's log
+    (None: there is nothing to collect, or its log is not reachable from here)."""
+
+    exit_status: ExitStatus
+    evidence: str
+    handle: JobHandle | None = None
+
+
+@dataclass(frozen=True)
 class ExecutorFault:
     """The executor's engine has not answered (refused, timed out, or answered a server error) since ``since`` (the
     first failure of this episode); ``reason``: the latest failure; ``failed_calls``: how many failed since."""
@@ -187,6 +202,13 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def gather_evidence(self, jobs: Sequence[Job], *, boot_id: str) -> list[Evidence]:
         """Blocking: one ``Evidence`` per row, in order. Never raises for an unreachable engine: UNKNOWN."""
+
+    def proof_of_end(self, jobs: Sequence[Job]) -> list[ProofOfEnd | None]:
+        """Blocking: for rows of another host whose lease expired, one answer each, in order: a ``ProofOfEnd`` only
+        when this host can read positive proof that exactly the row's recorded process ended (INV-SILENT-HOST-ENDS-
+        BY-PROOF). Anything else (running, not found, cannot tell, a pid that looks dead) is None: not evidence
+        here. Never raises for an engine that does not answer. By default this host can see none of it."""
+        return [None for _ in jobs]
 
     async def collect(self, handle: JobHandle) -> None:  # noqa: B027 - nothing to do where output is live
         """Make sure an ended job's output is in its log before the row is finalized."""

@@ -51,7 +51,7 @@ from docker.transport.unixconn import UnixHTTPAdapter, UnixHTTPConnection, UnixH
 from docker.types import LogConfig
 
 from ..domain._config import Config
-from ..domain._errors import ExecutorUnavailable, SpawnError
+from ..domain._errors import ExecutorUnavailable, SpawnError, SupervisorError
 from ..domain._model import IdentityRecord, Job, utc_now
 from ..observe._logging import get_logger
 from ._base import (
@@ -63,6 +63,7 @@ from ._base import (
     Launch,
     Leftover,
     Liveness,
+    ProofOfEnd,
     check_log_writable,
 )
 
@@ -655,6 +656,43 @@ class DockerExecutor(Executor):
         if status is None:  # it started again meanwhile (nothing here restarts containers)
             return Evidence(Liveness.ALIVE, handle=handle, found=found)
         return Evidence(Liveness.DEAD, exit_status=status, handle=handle, found=found)
+
+
+    def proof_of_end(self, jobs: Sequence[Job]) -> list[ProofOfEnd | None]:
+        """INV-SILENT-HOST-ENDS-BY-PROOF: the container with the row's recorded id, on this host's engine (finding that
+        exact id proves the engine is shared), labelled as the row's job, and exited: its exit code. A container not
+        found, running, or an engine that does not answer is no proof (None). Its output is collected into the row's
+        log only when this host can write that path."""
+        return [self._proof(job) for job in jobs]
+
+    def _proof(self, job: Job) -> ProofOfEnd | None:
+        recorded = container_id_of(job)
+        if recorded is None:
+            return None
+        try:
+            state = self.client.inspect_container(recorded)
+        except NotFound:
+            return None  # not on this engine (or removed): nothing proven
+        except ENGINE_ERRORS as exc:
+            self.health.judge(exc, call="inspect")
+            return None
+        labels = (state.get("Config") or {}).get("Labels") or {}
+        if labels.get(LABEL_JOB) != job.job_id or str((state.get("State") or {}).get("Status")) not in ENDED_STATES:
+            return None
+        try:
+            status = _exit_status(state["State"])
+        except DockerException:
+            return None
+        if status is None:
+            return None
+        handle = None
+        if job.log_path is not None:
+            try:
+                check_log_writable(Path(job.log_path))
+                handle = ContainerHandle(job.job_id, recorded, Path(job.log_path), self.log_max_bytes)
+            except SupervisorError:
+                pass  # another host's path, not mounted here: the outcome is recorded, its output left where it is
+        return ProofOfEnd(status, f"container {recorded[:12]} exited", handle)
 
 
 def _exit_status(state: Mapping[str, Any]) -> ExitStatus | None:

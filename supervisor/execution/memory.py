@@ -22,7 +22,7 @@ import trio
 
 from ..domain._errors import SpawnError
 from ..domain._model import IdentityRecord, Job
-from ._base import Evidence, Executor, ExitStatus, JobHandle, Launch, Liveness, check_log_writable
+from ._base import Evidence, Executor, ExitStatus, JobHandle, Launch, Liveness, ProofOfEnd, check_log_writable
 
 
 @dataclass
@@ -158,4 +158,23 @@ class MemoryExecutor(Executor):
                 out.append(Evidence(Liveness.DEAD, found=found))
             else:
                 out.append(Evidence(Liveness.DEAD, exit_status=job.status, handle=handle, found=found))
+        return out
+
+    def proof_of_end(self, jobs: Sequence[Job]) -> list[ProofOfEnd | None]:
+        """A job of this machine (a shared engine) under the row's recorded identity that ended with its status on
+        record; anything else (running, not here, lost, the engine unreachable) is no proof."""
+        out: list[ProofOfEnd | None] = []
+        for row in jobs:
+            job = self.jobs.get(row.job_id)
+            handle = MemoryHandle(row.job_id)
+            if (
+                not self._reachable.is_set()
+                or job is None
+                or job.status is None
+                or job.lost
+                or row.identity != handle.record
+            ):
+                out.append(None)
+                continue
+            out.append(ProofOfEnd(job.status, f"memory job {row.job_id} ended", handle))
         return out

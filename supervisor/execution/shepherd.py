@@ -20,8 +20,8 @@ What it does (ADR 0004):
   ``.exit`` records are written into one and renamed into place (``Spares``), so that no file is made between a
   job's exit and the next job's start.
 - **exit**: it reaps its children (SIGCHLD) and writes each job's true exit status atomically (``<id>.exit``: exit code
-  or signal, end time) before telling the supervisor. A job that ends while no supervisor runs still has its outcome
-  on disk for the next boot.
+  or signal, end time, and the job's pid + start time + kernel boot id) before telling the supervisor. A job that
+  ends while no supervisor runs still has its outcome on disk for the next boot (or for the fleet's leader).
 - **signal**: signals a job's process group on the supervisor's request; the leader is its unreaped child, so the
   pid cannot have been recycled.
 - **marker**: it keeps ``.shepherd-<boot>.json`` next to the logs (the path comes with ``env``, before any start):
@@ -677,6 +677,10 @@ class Shepherd:
             job.exit = {
                 "job_id": job.id,
                 "pid": pid,
+                # The full identity (pid + start time + kernel boot): another host reading this record on a shared
+                # volume matches it against the row's, never by pid alone (INV-SILENT-HOST-ENDS-BY-PROOF).
+                "start_time": job.start_time,
+                "kernel_boot_id": self.boot_id,
                 "exit_code": code if code >= 0 else None,
                 "signal": -code if code < 0 else None,
                 "ended_at": _now_iso(),

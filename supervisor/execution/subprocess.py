@@ -30,7 +30,7 @@ import trio
 from ..domain._errors import SpawnError
 from ..domain._model import IdentityRecord, Job, Liveness
 from ..observe._logging import get_logger
-from ._base import Evidence, Executor, ExitStatus, JobHandle, Launch, Unwatchable
+from ._base import Evidence, Executor, ExitStatus, JobHandle, Launch, ProofOfEnd, Unwatchable
 from ._identity import ProcessIdentity, identify, kernel_boot_id, pidfd_open, probe
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "probe",
     "read_exit",
     "read_exit_file",
+    "read_exit_of",
     "read_marker",
     "read_start",
     "read_start_file",
@@ -150,6 +151,18 @@ def read_exit_file(path: Path, pid: int | None = None) -> ExitStatus | None:
     if isinstance(sig, int) and not isinstance(sig, bool):
         return ExitStatus(signal=sig)
     return None
+
+
+def read_exit_of(path: Path, identity: ProcessIdentity) -> ExitStatus | None:
+    """The exit record at ``path`` (blocking), only if it names exactly ``identity``: pid, start time and kernel boot
+    id (INV-PID-NEEDS-BOOT-AND-IDENTITY). A record of a pid alone (a shepherd from before these fields) is None."""
+    data = _load_json(path)
+    if data is None:
+        return None
+    named = (data.get("pid"), data.get("start_time"), data.get("kernel_boot_id"))
+    if named != (identity.pid, identity.start_time, identity.kernel_boot_id):
+        return None
+    return read_exit_file(path, identity.pid)
 
 
 def read_start(files: JobFiles) -> RecordedStart | None:
@@ -736,6 +749,23 @@ class SubprocessExecutor(Executor):
 
     def gather_evidence(self, jobs: Sequence[Job], *, boot_id: str) -> list[Evidence]:
         return [self._evidence(job, this_boot=job.boot_id == boot_id) for job in jobs]
+
+    def proof_of_end(self, jobs: Sequence[Job]) -> list[ProofOfEnd | None]:
+        """INV-SILENT-HOST-ENDS-BY-PROOF: the exit record another host's shepherd wrote next to the job's log (where a
+        shepherd whose supervisor went away keeps it), readable here (the same machine, or a shared volume), naming
+        the row's full identity. Never a probe of the pid: another machine's pid says nothing here, and a process
+        that looks alive or dead by its number is no proof. No record, or one of another process: None."""
+        out: list[ProofOfEnd | None] = []
+        for job in jobs:
+            identity = identity_of(job)
+            if identity is None or job.log_path is None:
+                out.append(None)
+                continue
+            # Next to the log only: the other host's run directory is its own (a tmpfs of its machine).
+            exit_path = JobFiles.for_log(Path(job.log_path)).exit
+            status = read_exit_of(exit_path, identity)
+            out.append(ProofOfEnd(status, f"exit record {exit_path}") if status is not None else None)
+        return out
 
     def _evidence(self, job: Job, *, this_boot: bool) -> Evidence:
         files = JobFiles.for_job(job, self._log_dir, self.shepherd.run_dir)

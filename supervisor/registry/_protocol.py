@@ -164,6 +164,9 @@ class Expect:
     the write must still be about the same process when the write happens."""
 
     identity: IdentityRecord | None
+    # INV-SILENT-HOST-ENDS-BY-PROOF: also only if the row's host (``Job.host_id``) holds no live lease at the
+    # registry's clock, checked in the write's own step: a host that renewed meanwhile judges its own rows.
+    host_silent: bool = False
 
 
 @dataclass(frozen=True)
@@ -362,7 +365,8 @@ class Registry(Protocol):
         self, job_id: str, ending: Ending, *, expect: Expect | None = None, promote: PromoteRequest | None = None
     ) -> tuple[Change, Promotion]:
         """End a RUNNING row as ``ending`` says (a terminal row is left alone: ``changed=False``; so is a row whose
-        identity is not ``expect``'s). With ``promote``, promote into the freed slot in the same atomic step (a
+        identity is not ``expect``'s, and, with ``expect.host_silent``, a row whose host's lease is live
+        at the registry's clock). With ``promote``, promote into the freed slot in the same atomic step (a
         finalize that changed nothing freed none, and promotes nothing). Ending a queued row raises
         ``IllegalTransition``."""
         ...

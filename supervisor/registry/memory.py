@@ -344,6 +344,10 @@ class MemoryRegistry(_MemoryRows):
         job = self._get(job_id)
         if job.status.is_terminal or (expect is not None and job.identity != expect.identity):
             return Change(job, changed=False), Promotion()
+        if expect is not None and expect.host_silent and job.host_id is not None:
+            host = self._hosts.get(job.host_id)
+            if host is not None and host.live(self._now()):
+                return Change(job, changed=False), Promotion()  # INV-SILENT-HOST-ENDS-BY-PROOF: it is back
         chosen = ending.chosen(job.cancel_requested)
         if job.status is not JobStatus.RUNNING:
             raise IllegalTransition(job_id, job.status, chosen.status)

@@ -6,12 +6,17 @@
   leading before that; never two leaders at one instant;
 - a silent host's jobs stay as they are (ERROR naming the host) until the operator forgets it; forgetting a live
   host is refused;
+- INV-SILENT-HOST-ENDS-BY-PROOF: the leader ends a silent host's job only on proof of its end that it can reach (here
+  one "machine" shared by two hosts, as an engine both reach), with its true outcome and the kind's resubmission; no
+  proof (running, lost, the engine unreachable), a live lease, or not leading: untouched; the owner and the leader
+  at once: one end;
 - a cancel through a host that does not own the job is carried out by the owner, and the row ends ``cancelled``
   only once the job is gone.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -46,25 +51,43 @@ retry_backoff_seconds = 30
 
 class Partitionable:
     """The shared registry as one host reaches it: ``cut`` makes every lease renewal of that host hang (a host
-    partitioned from the database), while the other host's view works. Not a subclass: every other attribute, its
-    state included, is the shared registry's own."""
+    partitioned from the database), while the other host's view works; ``dead`` makes every call of it hang (a host
+    SIGKILLed: nothing it would write lands); ``hold_finalize``, while set and not yet open, holds its finalizes
+    back (an end on its way). Not a subclass: every other attribute, its state included, is the shared registry's
+    own."""
 
     def __init__(self, shared: MemoryRegistry) -> None:  # a view: every call goes to ``shared``
         self.__dict__["_shared"] = shared
         self.__dict__["cut"] = False
+        self.__dict__["dead"] = False
+        self.__dict__["hold_finalize"] = None
         self.__dict__["promote_delay_s"] = 0.0
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["_shared"], name)
+        found = getattr(self.__dict__["_shared"], name)
+        if not inspect.iscoroutinefunction(found):
+            return found
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if self.__dict__["dead"]:
+                await trio.sleep_forever()
+            gate = self.__dict__["hold_finalize"]
+            if name == "finalize" and gate is not None:
+                await gate.wait()
+            return await found(*args, **kwargs)
+
+        return call
 
     async def renew_lease(self, host_id: str, boot_id: str, *, lease_s: float, lead: bool) -> Lease:
-        if self.__dict__["cut"]:
+        if self.__dict__["cut"] or self.__dict__["dead"]:
             await trio.sleep_forever()  # the hang a partition gives: no answer, no error
         result: Lease = await self.__dict__["_shared"].renew_lease(host_id, boot_id, lease_s=lease_s, lead=lead)
         return result
 
     async def promote(self, request: PromoteRequest) -> Promotion:
         """A promotion whose answer takes ``promote_delay_s`` to come back (committed first, answered late)."""
+        if self.__dict__["dead"]:
+            await trio.sleep_forever()
         result: Promotion = await self.__dict__["_shared"].promote(request)
         await trio.sleep(self.__dict__["promote_delay_s"])
         return result
@@ -90,7 +113,10 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Callable[..., Host]]:
     shared = MemoryRegistry(clock=clock)
     async with trio.open_nursery() as machines, trio.open_nursery() as nursery:
 
-        def make(host_id: str, *, fleet_task: bool = True, max_concurrent: int = 4) -> Host:
+        def make(
+            host_id: str, *, fleet_task: bool = True, max_concurrent: int = 4, machine: MemoryExecutor | None = None
+        ) -> Host:
+            """A host; ``machine``: another host's, shared (one engine that both reach), else one of its own."""
             config = Config(
                 data_dir=tmp_path / host_id,
                 bind_port=0,
@@ -100,7 +126,7 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Callable[..., Host]]:
                 host_id=host_id,
                 host_lease_s=LEASE_S,
             )
-            machine = MemoryExecutor(PROGRAMS, machines)
+            machine = machine if machine is not None else MemoryExecutor(PROGRAMS, machines)
             view = Partitionable(shared)
             registry = cast(Registry, view)
             sup = Supervisor(
@@ -354,3 +380,148 @@ async def test_after_a_database_outage_the_first_host_to_lead_again_names_no_liv
         await trio.sleep(2 * LEASE_S)  # the leader's watch runs at each of its renewals
     assert a.sup.fleet.leading and not b.sup.fleet.leading
     assert [e for e in logs if e["event"] in ("host_silent", "host_back")] == []
+
+
+# -- INV-SILENT-HOST-ENDS-BY-PROOF: a silent host's jobs, judged by the ground truth the leader can reach -------------
+
+
+async def _ended(host: Host, job_id: str) -> None:
+    while (await host.sup.get(job_id)).status is JobStatus.RUNNING:  # noqa: ASYNC110 - virtual time
+        await trio.sleep(0.1)
+
+
+def _said(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
+    return [e for e in logs if e["event"] == event]
+
+
+async def test_INV_SILENT_HOST_ENDS_BY_PROOF_the_leader_records_a_dead_hosts_ended_jobs_with_their_true_outcome(
+    jump_clock: trio.testing.MockClock, fleet: Callable[..., Host]
+) -> None:
+    b = fleet("b")  # leads (the first to renew)
+    await trio.sleep(1)
+    a = fleet("a", machine=b.machine)  # one engine that both hosts reach
+    await trio.sleep(0.001)
+    crashed = (await a.sup.enqueue("retried_sleep", {"seconds": 3600})).job
+    finishing = (await a.sup.enqueue("sleep", {"seconds": 30})).job
+    running = (await a.sup.enqueue("sleep", {"seconds": 3600})).job
+    for job in (crashed, finishing, running):
+        await _running(a, job.job_id)
+        assert (await a.sup.get(job.job_id)).host_id == "a"
+    assert b.sup.fleet.leading and not a.sup.fleet.leading
+    renewed_at = 1.0  # a's last renewal that lands: its lease expires at 16
+    with structlog.testing.capture_logs() as logs:
+        a.view.dead = True  # SIGKILLed: nothing a would write lands any more; its jobs run on, on the shared engine
+        await trio.sleep(1)
+        b.machine.kill(crashed.job_id)  # proof on the shared engine from now on
+        await trio.sleep_until(renewed_at + LEASE_S - 0.5)
+        # a's lease is live: its jobs are a's to judge, whatever b's engine shows.
+        assert (await b.sup.get(crashed.job_id)).status is JobStatus.RUNNING
+        with trio.fail_after(LEASE_S / 3 + 1):
+            await _ended(b, crashed.job_id)
+        # The true outcome, resubmitted under the kind's crash rules, through the owner's own path.
+        row = await b.sup.get(crashed.job_id)
+        assert row.status is JobStatus.QUEUED, row
+        assert [(h.status, h.reason) for h in row.history] == [(JobStatus.FAILED, "killed_by_SIGKILL")]
+        with trio.fail_after(30 + LEASE_S / 3 + 1):
+            await _ended(b, finishing.job_id)
+        row = await b.sup.get(finishing.job_id)
+        assert (row.status, row.error_reason, row.exit_code, row.host_id) == (JobStatus.SUCCEEDED, None, 0, "a")
+        await trio.sleep(LEASE_S)
+    # No proof of its end: the running one keeps its row and slot.
+    assert (await b.sup.get(running.job_id)).status is JobStatus.RUNNING
+    ended = [(e["host_id"], e["job_id"], e["outcome"], e["evidence"]) for e in _said(logs, "silent_host_job_ended")]
+    assert ended == [
+        ("a", crashed.job_id, "failed/killed_by_SIGKILL (resubmitted)", f"memory job {crashed.job_id} ended"),
+        ("a", finishing.job_id, "succeeded", f"memory job {finishing.job_id} ended"),
+    ]
+    assert [e["log_level"] for e in _said(logs, "silent_host_job_ended")] == ["info", "info"]
+    # One ERROR for the silence, naming the host and how many of its jobs still hold slots then.
+    [silent] = _said(logs, "host_silent")
+    assert (silent["log_level"], silent["host_id"], silent["running_jobs"]) == ("error", "a", 2)
+
+
+async def test_INV_SILENT_HOST_ENDS_BY_PROOF_no_proof_leaves_a_silent_hosts_rows_running(
+    jump_clock: trio.testing.MockClock, fleet: Callable[..., Host]
+) -> None:
+    b = fleet("b", fleet_task=False)
+    await b.sup.fleet.renew()  # leads
+    a = fleet("a", machine=b.machine)
+    await trio.sleep(0.001)
+    jobs = [(await a.sup.enqueue("sleep", {"seconds": 3600})).job for _ in range(3)]
+    _running_one, lost, killed = jobs  # the first runs on
+    for job in jobs:
+        await _running(a, job.job_id)
+    a.view.dead = True
+    b.machine.lose(lost.job_id)  # gone with no record of how (a removed container): not found is no proof
+    b.machine.kill(killed.job_id)
+    b.machine.unreachable()  # the engine does not answer: UNKNOWN is no proof
+    await trio.sleep(LEASE_S * 2)
+    await b.sup.fleet.renew()
+    assert b.sup.fleet.leading
+    with structlog.testing.capture_logs() as logs:
+        await b.sup.fleet.sweep_silent_hosts()
+        assert [(await b.sup.get(j.job_id)).status for j in jobs] == [JobStatus.RUNNING] * 3
+        b.machine.reachable()
+        await b.sup.fleet.sweep_silent_hosts()
+    # Running, and lost: still RUNNING with their slots; only the proven end is recorded.
+    assert [(await b.sup.get(j.job_id)).status for j in jobs] == [JobStatus.RUNNING, JobStatus.RUNNING,
+                                                                   JobStatus.FAILED]
+    assert (await b.sup.get(killed.job_id)).error_reason == "killed_by_SIGKILL"
+    assert [e["job_id"] for e in _said(logs, "silent_host_job_ended")] == [killed.job_id]
+    assert [(e["host_id"], e["running_jobs"]) for e in _said(logs, "host_silent")] == [("a", 3)]
+
+
+async def test_INV_SILENT_HOST_ENDS_BY_PROOF_only_the_leader_ends_a_silent_hosts_jobs_and_never_while_its_lease_lives(
+    jump_clock: trio.testing.MockClock, fleet: Callable[..., Host]
+) -> None:
+    b = fleet("b", fleet_task=False)
+    await b.sup.fleet.renew()  # leads
+    a = fleet("a", machine=b.machine)
+    c = fleet("c", fleet_task=False, machine=b.machine)
+    await c.sup.fleet.renew()  # a live host of the fleet, not the leader
+    await trio.sleep(0.001)
+    job = (await a.sup.enqueue("sleep", {"seconds": 3600})).job
+    await _running(a, job.job_id)
+    a.view.hold_finalize = trio.Event()  # a's own end of it is on its way, not landed yet
+    b.machine.kill(job.job_id)
+    await trio.sleep(1)
+    await b.sup.fleet.sweep_silent_hosts()  # a's lease is live: a's job is a's to judge, proof or not
+    assert (await b.sup.get(job.job_id)).status is JobStatus.RUNNING
+    a.view.dead = True  # a dies with its end unrecorded
+    await trio.sleep(LEASE_S * 2)
+    await b.sup.fleet.renew()
+    await c.sup.fleet.renew()
+    assert b.sup.fleet.leading and not c.sup.fleet.leading
+    await c.sup.fleet.sweep_silent_hosts()  # not the leader: nothing (INV-ONE-LEADER)
+    assert (await c.sup.get(job.job_id)).status is JobStatus.RUNNING
+    await b.sup.fleet.sweep_silent_hosts()
+    row = await b.sup.get(job.job_id)
+    assert (row.status, row.error_reason) == (JobStatus.FAILED, "killed_by_SIGKILL")
+
+
+async def test_INV_SILENT_HOST_ENDS_BY_PROOF_the_owner_and_the_leader_at_once_record_exactly_one_end(
+    jump_clock: trio.testing.MockClock, fleet: Callable[..., Host]
+) -> None:
+    b = fleet("b", fleet_task=False)
+    await b.sup.fleet.renew()
+    a = fleet("a", machine=b.machine)
+    await trio.sleep(0.001)
+    job = (await a.sup.enqueue("retried_sleep", {"seconds": 3600})).job
+    await _running(a, job.job_id)
+    a.view.cut = True  # partitioned: a runs on, its lease expires
+    a.view.hold_finalize = trio.Event()
+    with structlog.testing.capture_logs() as logs:
+        b.machine.kill(job.job_id)  # a's monitor sees the end at once; its write is held back
+        await trio.sleep(LEASE_S * 2)
+        await b.sup.fleet.renew()
+        await b.sup.fleet.sweep_silent_hosts()  # the leader records it first
+        a.view.hold_finalize.set()  # then a's end lands: guarded by the identity it watched, it changes nothing
+        a.view.cut = False  # and a is back
+        await trio.sleep(LEASE_S)
+    row = await b.sup.get(job.job_id)
+    # One end: one attempt in the history, one resubmission, a's late end refused quietly (no error, no second end).
+    assert [(h.status, h.reason) for h in row.history] == [(JobStatus.FAILED, "killed_by_SIGKILL")], row
+    assert [e["job_id"] for e in _said(logs, "silent_host_job_ended")] == [job.job_id]
+    resubmitted = [e for e in _said(logs, "job_transition") if e.get("job_id") == job.job_id and e["to"] == "queued"]
+    assert len(resubmitted) == 1
+    assert [e for e in logs if e["log_level"] == "error" and e["event"] != "host_silent"] == []

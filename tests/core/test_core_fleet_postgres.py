@@ -9,8 +9,10 @@ Leases of 3 s, sweeps of 1 s, short jobs. What is proved:
 - INV-ONE-LEADER: a SIGKILLed leader's lead passes to exactly one survivor within the lease and a renewal period,
   never two leaders at one sample;
 - no host judges a process it cannot see: a SIGKILLed host's running jobs stay running (their processes alive) while
-  the others sweep; the host, back with the same id and data dir, adopts them and records their true outcomes; an
-  operator's ``forget`` of a silent host frees its slots, and is refused (409) for a live one;
+  the others sweep; one that ends meanwhile is recorded by the leader from the exit record the dead host's shepherd
+  left, readable here (INV-SILENT-HOST-ENDS-BY-PROOF); the host, back with the same id and data dir, adopts the
+  others, records their true outcomes and nothing for the one the leader ended; an operator's ``forget`` of a
+  silent host frees its slots, and is refused (409) for a live one;
 - a cancel through a host that does not own the job: the row ends ``cancelled`` only once the process is gone.
 
 Jobs outlive supervisors by design: teardown kills every process this test started (jobs' and shepherds' process
@@ -564,9 +566,10 @@ async def test_a_sigkilled_hosts_jobs_are_judged_by_nobody_else_adopted_on_its_r
     async def lease_expired(host_id: str) -> bool:
         return not await fleet.live(h2, host_id)
 
-    # h1 alone takes the fleet-wide limit: four gated jobs (c exits 3; d may be tried twice).
+    # h1 alone takes the fleet-wide limit: four gated jobs (a exits 5, c exits 3; d may be tried twice).
     h1 = await fleet.start("h1")
-    ids = {name: await fleet.enqueue(h1, "gated", gate=gate(name), code=3 if name == "c" else 0) for name in "abc"}
+    codes = {"a": 5, "b": 0, "c": 3}
+    ids = {name: await fleet.enqueue(h1, "gated", gate=gate(name), code=codes[name]) for name in "abc"}
     ids["d"] = await fleet.enqueue(h1, "gated_retry", gate=gate("d"), code=0)
     for name in "abcd":
         row = await until(functools.partial(row_is, h1, name, "running"), what=f"{name} running")
@@ -592,17 +595,43 @@ async def test_a_sigkilled_hosts_jobs_are_judged_by_nobody_else_adopted_on_its_r
     assert [line["host_id"] for line in silent] == ["h1"], silent  # said once, by the leader
     await fleet.post(h2, "/api/hosts/h3/forget", expect=409)  # a live host is never forgotten
 
-    # a ends while h1 is away: nobody else can see that, so its row stays running.
+    # a ends while h1 is away. h1's shepherd outlived its supervisor, reaped a and wrote its exit record (pid + start
+    # time + kernel boot) next to a's log: on this machine, as on a shared volume, the leader can read it, and
+    # records a's true outcome once h1's lease has expired (INV-SILENT-HOST-ENDS-BY-PROOF), at its next round (every
+    # RENEW_S; LEASE_S of slack for a loaded machine). b, c and d run on: no proof, their rows stay as they are.
     await trio.Path(gate("a")).touch()
     await until(functools.partial(gone, "a"), what="a's program to end")
+    ended_a = await until(
+        functools.partial(row_is, h2, "a", "succeeded", "failed"),
+        what="a's outcome recorded by the leader",
+        limit_s=RENEW_S + LEASE_S,
+    )
+    assert (ended_a["status"], ended_a["error_reason"], ended_a["exit_code"], ended_a["attempts"]) == (
+        "failed",
+        "exit_code_5",
+        5,
+        1,
+    ), ended_a
+    said = [line for host in others for line in host.lines("silent_host_job_ended")]
+    assert [(line["host_id"], line["job_id"], line["outcome"]) for line in said] == [
+        ("h1", ids["a"], "failed/exit_code_5")
+    ], said
     await fleet.after_sweeps(others, 2)
-    assert (await fleet.job(h2, ids["a"]))["status"] == "running"
+    for name in "bcd":
+        assert (await fleet.job(h2, ids[name]))["status"] == "running"
+        assert await running(name), f"{name}'s program is gone"
 
-    # h1 comes back (same host id, same data dir): a's true outcome from the exit record its shepherd left; b, c
-    # and d adopted, each recorded as it really ends.
+    # h1 comes back (same host id, same data dir): b, c and d adopted, each recorded as it really ends; nothing
+    # recorded for a, whose end the leader recorded.
     h1 = await fleet.start("h1")
-    row = await until(functools.partial(row_is, h2, "a", "succeeded", "failed"), what="a's outcome")
-    assert (row["status"], row["exit_code"], row["attempts"]) == ("succeeded", 0, 1), row
+
+    async def adopted_bcd() -> bool:
+        return len(await trio.to_thread.run_sync(h1.lines, "job_adopted")) >= 3
+
+    await until(adopted_bcd, what="h1 to adopt b, c and d")
+    fields = ("status", "error_reason", "exit_code", "attempts", "ended_at", "history")
+    after = await fleet.job(h3, ids["a"])
+    assert {k: after[k] for k in fields} == {k: ended_a[k] for k in fields}  # untouched by h1's return
     for name in "bcd":
         assert (await fleet.job(h3, ids[name]))["status"] == "running"
     await trio.Path(gate("b")).touch()
@@ -612,7 +641,8 @@ async def test_a_sigkilled_hosts_jobs_are_judged_by_nobody_else_adopted_on_its_r
     row = await until(functools.partial(row_is, h3, "c", "succeeded", "failed"), what="c's outcome")
     assert (row["status"], row["exit_code"], row["attempts"]) == ("failed", 3, 1), row
     adopted = {line["job_id"] for line in h1.lines("job_adopted")}
-    assert adopted == {ids[name] for name in "bcd"}, adopted  # a had ended: recorded, not adopted
+    assert adopted == {ids[name] for name in "bcd"}, adopted  # a had ended: recorded by the leader, not adopted
+    assert [line for line in h1.lines("job_transition") if line["job_id"] == ids["a"]] == []  # no second end
 
     # The fleet full again (d on h1, e and fillers wherever), two more waiting; then h1 dies again.
     ids["f"] = await fleet.enqueue(h2, "gated", gate=gate("f"), code=0)

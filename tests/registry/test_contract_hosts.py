@@ -9,7 +9,15 @@ import pytest
 from registry_helpers import WallClock, new_job, request
 
 from supervisor.domain import Conflict, HostForgotten, JobStatus
-from supervisor.registry import Expect, PromoteRequest, Registry
+from supervisor.registry import (
+    Ending,
+    Expect,
+    IdentityClaim,
+    IdentityRecord,
+    Outcome,
+    PromoteRequest,
+    Registry,
+)
 
 LEASE_S = 15.0
 
@@ -146,3 +154,28 @@ async def test_a_fleet_setting_is_the_first_recorded_unless_replaced(registry: R
     assert (other.value, other.host_id, other.recorded_at) == ("4", "a", first.recorded_at)  # the first one wins
     replaced = await registry.record_setting("max_concurrent", "6", "b", replace=True)  # b started alone
     assert (replaced.value, replaced.host_id, replaced.recorded_at) == ("6", "b", clock.now)
+
+
+async def test_INV_SILENT_HOST_ENDS_BY_PROOF_an_end_for_a_silent_host_is_refused_once_its_lease_is_live(
+    registry: Registry, clock: WallClock
+) -> None:
+    """``Expect.host_silent``: the end lands only while the row's host holds no live lease, checked in the write's
+    own step, so that a host that came back judges its own rows."""
+    identity = IdentityRecord("container", {"container_id": "c" * 64})
+    ended = Ending(Outcome(JobStatus.SUCCEEDED), exit_code=0)
+    await registry.renew_lease("a", "boot-a", lease_s=LEASE_S, lead=False)
+    rows = []
+    for n in range(2):
+        await registry.enqueue(new_job(n))
+        [job] = (await registry.promote(PromoteRequest(5, "boot-a", [request(1, f"t{n}").token_hashes[0]],
+                                                      host_id="a"))).jobs
+        [job] = await registry.record_identities([IdentityClaim(job.job_id, identity)])
+        rows.append(job)
+    live, _ = await registry.finalize(rows[0].job_id, ended, expect=Expect(identity, host_silent=True))
+    assert not live.changed and live.job.status is JobStatus.RUNNING  # a's lease is live: a's to judge
+    clock.advance(LEASE_S)  # expired
+    silent, _ = await registry.finalize(rows[0].job_id, ended, expect=Expect(identity, host_silent=True))
+    assert silent.changed and silent.job.status is JobStatus.SUCCEEDED
+    await registry.renew_lease("a", "boot-a2", lease_s=LEASE_S, lead=False)  # a comes back (a new boot)
+    back, _ = await registry.finalize(rows[1].job_id, ended, expect=Expect(identity, host_silent=True))
+    assert not back.changed and back.job.status is JobStatus.RUNNING

@@ -232,6 +232,10 @@ class Operations(Rows):
             return Change(job, changed=False)
         if expect is not None and job.identity != expect.identity:
             return Change(job, changed=False)  # the evidence was about another process than the row records now
+        if expect is not None and expect.host_silent and job.host_id is not None:
+            host = host_in(conn, job.host_id)
+            if host is not None and host.live(self.now()):
+                return Change(job, changed=False)  # INV-SILENT-HOST-ENDS-BY-PROOF: it is back, its rows its own
         chosen = ending.chosen(job.cancel_requested)
         if job.status is not JobStatus.RUNNING:
             raise IllegalTransition(job_id, job.status, chosen.status)  # only a running job ends this way
