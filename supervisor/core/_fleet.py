@@ -112,10 +112,15 @@ class Fleet:
                     await trio.sleep(self.lease_s / 3)
                     await self.renew()
                     if self.leading:
-                        try:
-                            await self.sweep_silent_hosts()
-                        except SupervisorError:
-                            log_failure("silent_hosts_not_watched")
+                        # Bounded by a renewal period: a slow read (a registry near its timeout, a proof on a hung
+                        # shared volume) must never push back the next renewal, which keeps this host's lease.
+                        with trio.move_on_after(self.lease_s / 3) as bound:
+                            try:
+                                await self.sweep_silent_hosts()
+                            except SupervisorError:
+                                log_failure("silent_hosts_not_watched")
+                        if bound.cancelled_caught:
+                            log.warning("silent_hosts_round_cut_short", within_s=round(self.lease_s / 3, 3))
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
                 try:

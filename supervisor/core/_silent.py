@@ -48,7 +48,8 @@ class SilentHostJobs:
         if not rows:
             return []
         # Blocking probes (an engine's inspect, a file on a shared volume): a worker thread, before any write.
-        proofs = await trio.to_thread.run_sync(boot.executor.proof_of_end, rows)
+        # abandon_on_cancel: the caller's bound ends the wait; a read stuck on a hung volume is left to finish alone.
+        proofs = await trio.to_thread.run_sync(boot.executor.proof_of_end, rows, abandon_on_cancel=True)
         ended: list[str] = []
         for job, proof in zip(rows, proofs, strict=True):
             if proof is None:

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -525,3 +526,30 @@ async def test_INV_SILENT_HOST_ENDS_BY_PROOF_the_owner_and_the_leader_at_once_re
     resubmitted = [e for e in _said(logs, "job_transition") if e.get("job_id") == job.job_id and e["to"] == "queued"]
     assert len(resubmitted) == 1
     assert [e for e in logs if e["log_level"] == "error" and e["event"] != "host_silent"] == []
+
+
+async def test_INV_ONE_LEADER_a_proof_read_that_hangs_never_holds_back_the_leaders_renewals(
+    jump_clock: trio.testing.MockClock, fleet: Callable[..., Host]
+) -> None:
+    """The leader's round over silent hosts is bounded by a renewal period: a proof whose read never returns (an exit
+    record on a hung shared volume) is given up, said once per round, and the leader keeps renewing and leading."""
+    b = fleet("b")
+    await trio.sleep(1)
+    a = fleet("a", machine=b.machine)
+    job = (await a.sup.enqueue("sleep", {"seconds": 3600})).job
+    await _running(a, job.job_id)
+    hung = threading.Event()
+    b.machine.proof_of_end = lambda jobs: [hung.wait()] and []  # type: ignore[method-assign]
+    try:
+        with structlog.testing.capture_logs() as logs:
+            a.view.dead = True  # silent from now on: its lease expires at 16
+            leading: list[bool] = []
+            for _ in range(int(4 * LEASE_S)):
+                await trio.sleep(1)
+                leading.append(b.sup.fleet.leading)
+        assert all(leading), leading  # never a lapse: the renewals went on while the proof read hung
+        assert _said(logs, "silent_hosts_round_cut_short")
+        assert [e["host_id"] for e in _said(logs, "host_silent")] == []  # the round never got as far as naming it
+        assert (await b.sup.get(job.job_id)).status is JobStatus.RUNNING
+    finally:
+        hung.set()
