@@ -539,7 +539,12 @@ async def test_INV_ONE_LEADER_a_proof_read_that_hangs_never_holds_back_the_leade
     job = (await a.sup.enqueue("sleep", {"seconds": 3600})).job
     await _running(a, job.job_id)
     hung = threading.Event()
-    b.machine.proof_of_end = lambda jobs: [hung.wait()] and []  # type: ignore[method-assign]
+
+    def never_returns(jobs: Any) -> list[Any]:
+        hung.wait()  # until the test ends: a read stuck on a hung volume
+        return [None for _ in jobs]
+
+    b.machine.proof_of_end = never_returns  # type: ignore[method-assign]
     try:
         with structlog.testing.capture_logs() as logs:
             a.view.dead = True  # silent from now on: its lease expires at 16
