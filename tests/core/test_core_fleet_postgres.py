@@ -1006,5 +1006,7 @@ async def test_INV_FORGET_IS_FENCED_a_forgotten_host_back_from_a_partition_stops
         assert not (await fleet.get(h1, "/api/health"))["leader"]
         assert "h1" not in {h["host_id"] for h in (await fleet.get(h2, "/api/hosts"))["hosts"]}
         errors = [line["event"] for line in fleet.errors()]
-        assert set(errors) <= {"host_silent", "host_forgotten_by_operator"}, errors
+        # h1's own writes may fail while it is cut off (said once: registry_writes_failing); nothing else is an error.
+        assert set(errors) <= {"host_silent", "host_forgotten_by_operator", "registry_writes_failing"}, errors
+        assert not [line for line in h2.lines("registry_writes_failing") if line.get("level") == "error"]
         background.cancel_scope.cancel()
