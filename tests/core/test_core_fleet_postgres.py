@@ -946,7 +946,10 @@ async def test_INV_ONE_LEADER_INV_NO_PROMOTION_WITHOUT_LEASE_a_host_partitioned_
             assert said == {"h1": False, "h2": True}, said
         assert (await fleet.get(h1, "/api/health"))["status"] == "ok"
         errors = {line["event"] for line in fleet.errors()}
-        assert errors <= {"host_silent"}, errors
+        # h1's writes may fail while it is cut off (its renewal's bound and the registry's are both 1 s here: either
+        # may end a hung call first), said once as registry_writes_failing; nothing else is an error, and h2 has none.
+        assert errors <= {"host_silent", "registry_writes_failing"}, errors
+        assert not [line for line in h2.lines("registry_writes_failing") if line.get("level") == "error"]
         print(
             f"partition: h1 stepped down {expired_at - logged_at(stepped_down):.2f} s before its lease expired, h2 "
             f"led {logged_at(h2_leads) - expired_at:.2f} s after; healed: lease renewed in {renewed_s:.2f} s, a's "
