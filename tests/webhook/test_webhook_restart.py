@@ -52,6 +52,9 @@ def env(tmp_path: Path, receiver: Receiver) -> dict[str, str]:
         PODCAST_JOB_WEBHOOK_URL=receiver.url,
         PODCAST_JOB_WEBHOOK_SECRET=SECRET,
         PODCAST_JOB_WEBHOOK_TIMEOUT_SEC="1",
+        # The webhook sender is the leader's; a boot restarted after a SIGKILL leads once the dead boot's lease has
+        # expired (ADR 0012: never two leaders): the shortest lease keeps that wait short.
+        PODCAST_JOB_HOST_LEASE_SECONDS="3",
     )
     return out
 
