@@ -149,7 +149,7 @@ async def test_INV_NOTIFY_IS_A_HINT_a_queued_wake_up_wakes_the_drainer_which_dec
     sup, registry = host()
     [feed] = registry.feeds
     result, _ = await another_hosts_enqueue(registry)
-    await trio.sleep(600)
+    await trio.sleep(120)  # many quiet checks of the session: nothing else
     assert (await sup.get(result.job.job_id)).status is JobStatus.QUEUED  # nobody polls here: nothing moved it
     feed.say(Wakeup(WAKE_QUEUED))
     await until_status(sup, result.job.job_id, JobStatus.RUNNING)
