@@ -126,7 +126,8 @@ class PostgresRegistry:
     ``dsn``: a ``postgresql://`` URL. ``schema``: the schema to keep the tables in (made when missing; None: the
     first of the connection's search path). ``boot_id``, ``outbox``, ``clock``: as ``SqliteRegistry``'s.
     ``timeout_s``: the bound of every call. ``migrate``: bring the schema up to date at open (False: refuse one
-    that is not, and let ``supervisor migrate`` do it).
+    that is not, and let ``supervisor migrate`` do it). ``application_name``: how its pooled sessions show in
+    ``pg_stat_activity`` (1-63 printable ASCII characters).
     """
 
     def __init__(
@@ -140,7 +141,10 @@ class PostgresRegistry:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_connections: int = DEFAULT_CONNECTIONS,
         migrate: bool = True,
+        application_name: str = APPLICATION_NAME,
     ) -> None:
+        if not (0 < len(application_name) <= 63 and application_name.isascii() and application_name.isprintable()):
+            raise ValueError(f"application_name must be 1-63 printable ASCII characters, not {application_name!r}")
         if not dsn.startswith(("postgresql://", "postgres://")):
             raise ValueError(f"a PostgreSQL registry needs a postgresql:// URL, not {redacted(dsn)!r}")
         if not (math.isfinite(timeout_s) and timeout_s > 0):
@@ -155,6 +159,7 @@ class PostgresRegistry:
         self.timeout_s = float(timeout_s)
         self.max_connections = max_connections
         self._migrate = migrate
+        self.application_name = application_name
         self.ops = Operations(clock=clock, boot_id=boot_id, outbox=outbox)
         self._health = WriteHealth(self.where, clock)
         self._pool: Any = None
@@ -180,7 +185,7 @@ class PostgresRegistry:
 
     async def _start(self) -> None:
         settings = {
-            "application_name": APPLICATION_NAME,
+            "application_name": self.application_name,
             # A session that stops talking mid-transaction (its client partitioned away) is ended by the server, its
             # locks with it: a transaction of this registry never idles longer than one round trip.
             "idle_in_transaction_session_timeout": str(max(1, round(self.timeout_s * 1000))),

@@ -4,6 +4,7 @@ fault it reports, a server that is not there, and several registries (several su
 from __future__ import annotations
 
 import logging
+import secrets
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -148,13 +149,17 @@ async def test_a_server_that_is_not_there_is_unavailable_not_a_hang() -> None:
 
 
 async def test_a_closed_session_is_unavailable_once_and_the_pool_connects_again(pg_open: OpenPg, raw: Raw) -> None:
-    reg = await pg_open(max_connections=1)
+    # A name of its own: only this registry's session is ended, never those of other runs sharing the server.
+    name = f"podcast-job-supervisor-test-{secrets.token_hex(6)}"
+    reg = await pg_open(max_connections=1, application_name=name)
     [job_id] = await enqueue(reg, 1)
     # The server ends the registry's session (an administrator, a restart, a failover).
-    await raw.fetch(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'podcast-job-supervisor' "
-        "AND datname = current_database()"
+    ended = await raw.fetch(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 "
+        "AND datname = current_database()",
+        name,
     )
+    assert len(ended) == 1  # its one pooled session
     with trio.fail_after(5):
         try:
             await reg.get(job_id)
