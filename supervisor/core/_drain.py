@@ -266,8 +266,9 @@ class Drainer:
                 except SupervisorError:
                     # The jobs exist: they must still get their monitors (to be finalized, cancellable). What the
                     # executor wrote before each program ran (a start file, a labelled container) lets a later boot
-                    # find them too.
-                    log.exception("job_identity_not_recorded", job_ids=[c.job_id for c in claims])
+                    # find them too, and the next sweep records it. A registry that cannot write now has said so once
+                    # itself: only a DEBUG line then (log_failure); anything else is an ERROR.
+                    log_failure("job_identity_not_recorded", job_ids=[c.job_id for c in claims])
             for job in spawned:
                 entry = watched[job.job_id]
                 if job.cancel_requested:
