@@ -13,7 +13,10 @@ Leases of 3 s, sweeps of 1 s, short jobs. What is proved:
   left, readable here (INV-SILENT-HOST-ENDS-BY-PROOF); the host, back with the same id and data dir, adopts the
   others, records their true outcomes and nothing for the one the leader ended; an operator's ``forget`` of a
   silent host frees its slots, and is refused (409) for a live one;
-- a cancel through a host that does not own the job: the row ends ``cancelled`` only once the process is gone.
+- a cancel through a host that does not own the job: the row ends ``cancelled`` only once the process is gone;
+- in docker mode, two hosts on the one local engine: a SIGKILLed host's container that exits is ended by the leader on
+  the engine's word (the row's container id, labelled as its job, exited), the other left running and untouched; the
+  host, back, adopts that one and releases both containers (INV-SILENT-HOST-ENDS-BY-PROOF, INV-RELEASE-AFTER-END).
 
 Jobs outlive supervisors by design: teardown kills every process this test started (jobs' and shepherds' process
 groups included), found by the test's own directory in their command line or working directory.
@@ -1013,3 +1016,146 @@ async def test_INV_FORGET_IS_FENCED_a_forgotten_host_back_from_a_partition_stops
         assert set(errors) <= {"host_silent", "host_forgotten_by_operator", "registry_writes_failing"}, errors
         assert not [line for line in h2.lines("registry_writes_failing") if line.get("level") == "error"]
         background.cancel_scope.cancel()
+
+
+# -- 5. docker mode: a silent host's container job ended by proof on the shared engine ---------------------------
+
+
+@pytest.mark.docker
+async def test_INV_SILENT_HOST_ENDS_BY_PROOF_a_silent_hosts_container_that_exited_is_ended_by_the_leader_in_docker_mode(
+    fleet: Fleet,
+) -> None:
+    """Two hosts in docker mode on the one local engine (ADR 0012 §8): the proof is the container with the row's
+    recorded id on the leader's engine, labelled as the row's job, exited. The leader records that job's true outcome
+    and touches nothing of the silent host's: the other container runs on, stopped and removed by nobody; the host,
+    back, adopts it and releases both containers once their ends are recorded (INV-RELEASE-AFTER-END)."""
+    from supervisor.execution.docker import LABEL_BOOT, LABEL_JOB, make_client
+
+    client = make_client()
+    # The image scripts/docker-engine.sh built (and the docker mark checked) for these sources.
+    image = os.environ.get("ENGINE_IMAGE", "podcast-job-supervisor:local")
+    docker_mode = {"PODCAST_PIPELINE_EXEC_MODE": "docker", "PODCAST_JOB_DOCKER_IMAGE": image}
+    ids: dict[str, str] = {}
+
+    def containers() -> dict[str, dict[str, Any]]:
+        """This test's job containers (any state), by job id."""
+        listed = client.containers(all=True, filters={"label": LABEL_JOB})
+        return {c["Labels"][LABEL_JOB]: c for c in listed if c["Labels"][LABEL_JOB] in ids.values()}
+
+    def events_between(since: float, until_: float) -> list[tuple[str, str]]:
+        """What the engine did to this test's containers (action, job id), in order."""
+        seen = client.events(since=since, until=until_, filters={"type": "container"}, decode=True)
+        by_job = {v: k for k, v in ids.items()}
+        return [
+            (e["Action"], by_job[e["Actor"]["Attributes"][LABEL_JOB]])
+            for e in seen
+            if e["Actor"]["Attributes"].get(LABEL_JOB) in by_job
+        ]
+
+    async def row_is(via: Host, name: str, *statuses: str) -> dict[str, Any] | None:
+        row = await fleet.job(via, ids[name])
+        return row if row["status"] in statuses else None
+
+    async def in_its_container(name: str) -> dict[str, Any] | None:  # running, its container id recorded
+        row = await fleet.job(h1, ids[name])
+        return row if row["status"] == "running" and row["container_id"] else None
+
+    async def state_of(name: str) -> str | None:
+        found = (await trio.to_thread.run_sync(containers)).get(ids[name])
+        return None if found is None else str(found["State"])
+
+    async def exited(name: str) -> bool:
+        return await state_of(name) == "exited"
+
+    try:
+        h1 = await fleet.start("h1", env_extra=docker_mode)
+        # The data dir is bind-mounted at its own path: a gate file there is seen inside the container.
+        gates = {name: h1.data_dir / f"gate-{name}" for name in "ab"}
+        codes = {"a": 5, "b": 0}
+        for name in "ab":
+            ids[name] = await fleet.enqueue(h1, "gated", gate=str(gates[name]), code=codes[name])
+        rows = {}
+        for name in "ab":
+            rows[name] = await until(functools.partial(in_its_container, name), what=f"{name} running")
+            assert rows[name]["host_id"] == "h1", rows[name]
+        h2 = await fleet.start("h2", env_extra=docker_mode)  # after: any host may start a queued job
+        started = await trio.to_thread.run_sync(containers)
+        assert {job_id: c["State"] for job_id, c in started.items()} == {ids["a"]: "running", ids["b"]: "running"}
+        assert {c["Id"] for c in started.values()} == {rows[name]["container_id"] for name in "ab"}
+        boot_1 = {c["Labels"][LABEL_BOOT] for c in started.values()}
+        mark = time.time()
+
+        # h1 is SIGKILLed: its containers are the engine's, and run on. a exits 5 while h1 is away.
+        await fleet.sigkill(h1)
+        assert await state_of("a") == await state_of("b") == "running"
+        await trio.Path(gates["a"]).touch()
+        await until(functools.partial(exited, "a"), what="a's container to exit")
+        ended_a = await until(
+            functools.partial(row_is, h2, "a", "succeeded", "failed"),
+            what="a's outcome recorded by the leader, once h1's lease expired",
+            limit_s=LEASE_S + RENEW_S + WAIT_S,
+        )
+        assert (ended_a["status"], ended_a["error_reason"], ended_a["exit_code"], ended_a["attempts"]) == (
+            "failed",
+            "exit_code_5",
+            5,
+            1,
+        ), ended_a
+        said = h2.lines("silent_host_job_ended")
+        assert [(line["host_id"], line["job_id"], line["outcome"], line["exit_code"]) for line in said] == [
+            ("h1", ids["a"], "failed/exit_code_5", 5)
+        ], said
+        assert said[0]["evidence"].startswith(f"container {rows['a']['container_id'][:12]}"), said
+        # b runs on, its row RUNNING with h1's id; a's container is h1's boot's to release: h2 removed neither.
+        await fleet.after_sweeps([h2], 2)
+        row_b = await fleet.job(h2, ids["b"])
+        assert (row_b["status"], row_b["host_id"], row_b["container_id"]) == (
+            "running",
+            "h1",
+            rows["b"]["container_id"],
+        )
+        assert await state_of("a") == "exited" and await state_of("b") == "running"
+        while_away = await trio.to_thread.run_sync(events_between, mark, time.time())
+        assert [e for e in while_away if e[1] == "b"] == [], while_away  # never stopped, killed or removed
+        assert [e for e in while_away if e[1] == "a"] == [("die", "a")], while_away  # its own exit only
+
+        # h1 back (same host id, same data dir): b adopted; nothing recorded for a; a's container released.
+        h1 = await fleet.start("h1", env_extra=docker_mode)
+
+        async def adopted_b() -> bool:
+            return [line["job_id"] for line in await trio.to_thread.run_sync(h1.lines, "job_adopted")] == [ids["b"]]
+
+        await until(adopted_b, what="h1 to adopt b")
+
+        async def a_released() -> bool:
+            return await state_of("a") is None
+
+        await until(a_released, what="a's container released by h1's new boot")
+        fields = ("status", "error_reason", "exit_code", "attempts", "ended_at", "history")
+        after = await fleet.job(h1, ids["a"])
+        assert {k: after[k] for k in fields} == {k: ended_a[k] for k in fields}  # untouched by h1's return
+        assert [line for line in h1.lines("job_transition") if line["job_id"] == ids["a"]] == []
+        assert [line["job_id"] for line in h1.lines("leftover_released")] == [ids["a"]]
+
+        await trio.Path(gates["b"]).touch()
+        ended_b = await until(functools.partial(row_is, h2, "b", "succeeded", "failed"), what="b's outcome")
+        assert (ended_b["status"], ended_b["exit_code"], ended_b["attempts"]) == ("succeeded", 0, 1), ended_b
+
+        async def b_released() -> bool:
+            return await state_of("b") is None
+
+        await until(b_released, what="b's container released by h1")
+        # Nobody but h1's boots acted on its containers: h2 logged no release, no stop of them.
+        for event in ("leftover_released", "job_adopted", "container_not_removed"):
+            assert [line for line in h2.lines(event) if line.get("job_id") in ids.values()] == [], event
+        assert boot_1.isdisjoint({h2_boot["boot_id"] for h2_boot in h2.lines("supervisor_started")})
+        assert fleet.errors() == [] or all(e["event"] == "host_silent" for e in fleet.errors()), fleet.errors()
+    finally:
+        with trio.CancelScope(shield=True):
+
+            def clean_up() -> None:
+                for container in containers().values():
+                    client.remove_container(container["Id"], force=True)
+
+            await trio.to_thread.run_sync(clean_up)
+            client.close()
