@@ -26,8 +26,20 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# The tests marked `docker` share one engine, which some of them stop and start (scripts/docker-engine.sh down/up) or
+# fill with a compose stack: they run first, one after another. Every other test keeps to its own temporary
+# directory, ports, schema or database session, and they run on two pytest-xdist workers: the suite mostly waits on
+# real processes, servers and engines, so two keep both cores busy. (Not one run with `--dist loadgroup`: with
+# pytest 9, pytest-xdist 3.8's group suffix no longer reaches the node ids, and the groups are not kept together.)
+# `make test PYTEST_WORKERS=0` runs everything in one process.
+PYTEST_WORKERS ?= 2
 pytest: $(STAMP)
+ifeq ($(PYTEST_WORKERS),0)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+else
+	$(VENV)/bin/pytest -m docker $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "not docker" -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+endif
 
 test: lint typecheck pytest
 
