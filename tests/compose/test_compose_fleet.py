@@ -23,23 +23,20 @@ import os
 import secrets
 import shutil
 import subprocess
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import trio
-
-from supervisor.execution.docker import LABEL_JOB
+from compose_helpers import CLI_TIMEOUT_S, ComposeProject, needs  # type: ignore[import-not-found]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.docker]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO_ROOT / "compose" / "docker-compose.fleet.yml"
 POSTGRES_IMAGE = "podcast-postgres:local"
-CLI_TIMEOUT_S = 90.0  # any one docker / docker-compose command (`up` waits for PostgreSQL's healthcheck)
 WAIT_S = 60.0  # a backstop for a broken stack, never a timing assertion
 LIMIT = 4  # fleet-wide
 HOST_CAP = 2  # each host's own: neither host can take every slot
@@ -56,83 +53,14 @@ params = { seconds = "float" }
 """
 
 
-@dataclass
-class Fleet:
-    """One compose project of the fleet file: its names, its files, the environment its commands run with."""
-
-    project: str
-    files: Sequence[Path]
-    token: str
-    env: dict[str, str]
-
-    @property
-    def network(self) -> str:
-        return f"{self.project}_jobs"
-
-    @property
-    def volumes(self) -> list[str]:
-        return [f"{self.project}_{name}" for name in ("pgdata", "a_data", "b_data")]
-
-    def compose_argv(self, *args: str) -> list[str]:
-        argv = ["docker-compose", "-p", self.project]
-        for f in self.files:
-            argv += ["-f", str(f)]
-        return [*argv, *args]
-
-    def run(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-        """A blocking command, bounded (for the fixture and the teardown)."""
-        return subprocess.run(
-            list(argv), env=self.env, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False
-        )
-
-    def job_containers(self) -> list[str]:
-        query = ["--filter", f"label={LABEL_JOB}", "--filter", f"network={self.network}"]
-        listed = self.run(["docker", "ps", "-aq", "--no-trunc", *query])
-        return sorted(listed.stdout.split())
-
-    def teardown(self) -> list[str]:
-        """Everything down, idempotently; what could not be done, as text."""
-        problems: list[str] = []
-        # The supervisors first, so that neither starts a job between the removal of its containers and `down`.
-        stopped = self.run(self.compose_argv("stop", "-t", "5", *SERVICES.values()))
-        if stopped.returncode != 0:
-            problems.append(f"compose stop: {stopped.stderr.strip()}")
-        if leftovers := self.job_containers():
-            removed = self.run(["docker", "rm", "-f", "-v", *leftovers])
-            if removed.returncode != 0:
-                problems.append(f"docker rm {leftovers}: {removed.stderr.strip()}")
-        down = self.run(self.compose_argv("down", "-v", "--remove-orphans", "-t", "5"))
-        if down.returncode != 0:
-            problems.append(f"compose down: {down.stderr.strip()}")
-        return problems
-
-    def leftovers(self) -> list[str]:
-        """What of this stack is still on the engine."""
-        left = [f"job container {c[:12]}" for c in self.job_containers()]
-        listed = self.run(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={self.project}"])
-        left += [f"compose container {c}" for c in listed.stdout.split()]
-        if self.run(["docker", "network", "inspect", self.network]).returncode == 0:
-            left.append(f"network {self.network}")
-        left += [f"volume {v}" for v in self.volumes if self.run(["docker", "volume", "inspect", v]).returncode == 0]
-        return left
-
-
-def _needs(problem: str | None) -> None:
-    if problem is None:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true and {problem}", pytrace=False)
-    pytest.skip(problem)
-
-
 @pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[Fleet]:
-    _needs(None if shutil.which("docker-compose") else "no docker-compose command (scripts/docker-engine.sh up)")
+def fleet(tmp_path: Path) -> Iterator[ComposeProject]:
+    needs(None if shutil.which("docker-compose") else "no docker-compose command (scripts/docker-engine.sh up)")
     image = subprocess.run(
         ["bash", str(REPO_ROOT / "scripts" / "postgres-image.sh"), "check"],
         capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False,
     )  # fmt: skip
-    _needs(None if image.returncode == 0 else f"{image.stdout.strip()} (scripts/postgres-image.sh up)")
+    needs(None if image.returncode == 0 else f"{image.stdout.strip()} (scripts/postgres-image.sh up)")
     project = f"pfleet{secrets.token_hex(4)}"
     kinds = tmp_path / "kinds.toml"
     kinds.write_text(KINDS_TOML)
@@ -157,7 +85,9 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
         "PODCAST_PORT_A": "",  # a free host port each, chosen by the engine, on 127.0.0.1
         "PODCAST_PORT_B": "",
     }
-    stack = Fleet(project, [COMPOSE_FILE, override], token, env)
+    volumes = [f"{project}_{name}" for name in ("pgdata", "a_data", "b_data")]
+    files = [COMPOSE_FILE, override]
+    stack = ComposeProject(project, f"{project}_jobs", volumes, files, token, env, stop_first=list(SERVICES.values()))
     try:
         up = stack.run(stack.compose_argv("up", "-d", "--no-build"))
         assert up.returncode == 0, f"compose up exited {up.returncode}: {up.stderr}"
@@ -165,13 +95,6 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
     finally:
         problems = stack.teardown()
         assert not problems, problems
-
-
-async def _cli(fleet: Fleet, argv: Sequence[str]) -> str:
-    with trio.fail_after(CLI_TIMEOUT_S):
-        done = await trio.run_process(list(argv), env=fleet.env, capture_stdout=True, capture_stderr=True, check=False)
-    assert done.returncode == 0, f"{argv} exited {done.returncode}: {done.stderr.decode()}"
-    return done.stdout.decode()
 
 
 async def _healthy(client: httpx.AsyncClient) -> dict[str, Any]:
@@ -188,12 +111,12 @@ async def _healthy(client: httpx.AsyncClient) -> dict[str, Any]:
 
 
 async def test_the_fleet_compose_file_runs_two_supervisors_on_one_postgres_one_leader_jobs_on_both(
-    fleet: Fleet,
+    fleet: ComposeProject,
 ) -> None:
     clients: dict[str, httpx.AsyncClient] = {}
     headers = {"Authorization": f"Bearer {fleet.token}"}
     for host in HOSTS:
-        published = (await _cli(fleet, fleet.compose_argv("port", SERVICES[host], "8000"))).strip()
+        published = (await fleet.cli(fleet.compose_argv("port", SERVICES[host], "8000"))).strip()
         assert published.startswith("127.0.0.1:"), published  # loopback only, as the file says
         clients[host] = httpx.AsyncClient(base_url=f"http://{published}", headers=headers, timeout=10)
     try:

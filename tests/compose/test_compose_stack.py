@@ -28,19 +28,18 @@ import json
 import os
 import secrets
 import shutil
-import subprocess
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import trio
+from compose_helpers import ComposeProject, needs  # type: ignore[import-not-found]
 
 from pipeline_runner import episode_key
-from supervisor.execution.docker import LABEL_BOOT, LABEL_JOB
+from supervisor.execution.docker import LABEL_JOB
 
 pytestmark = [pytest.mark.e2e, pytest.mark.docker]
 
@@ -48,7 +47,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO_ROOT / "compose" / "docker-compose.yml"
 IMAGE = "podcast-job-supervisor:local"
 EPISODES = 3
-CLI_TIMEOUT_S = 60.0  # any one docker / docker-compose command
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "stale"})
 
 
@@ -65,76 +63,10 @@ def _rss(feed_base: str) -> bytes:
     ).encode()
 
 
-@dataclass
-class Stack:
-    """One compose project: its names, its files, the environment its commands run with."""
-
-    project: str
-    network: str
-    volume: str
-    files: Sequence[Path]
-    token: str
-    env: dict[str, str]
-    since: float = field(default_factory=time.time)  # before `up`: the engine's events of this stack are later
-    boot_ids: set[str] = field(default_factory=set)
-
-    def compose_argv(self, *args: str) -> list[str]:
-        argv = ["docker-compose", "-p", self.project]
-        for f in self.files:
-            argv += ["-f", str(f)]
-        return [*argv, *args]
-
-    def run(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-        """A blocking command, bounded (for the fixture and the teardown)."""
-        return subprocess.run(
-            list(argv), env=self.env, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False
-        )
-
-    def job_containers(self) -> list[str]:
-        """The supervisor's job containers of this stack: on its network, or of one of its boots."""
-        found: set[str] = set()
-        queries = [["--filter", f"label={LABEL_JOB}", "--filter", f"network={self.network}"]]
-        queries += [["--filter", f"label={LABEL_BOOT}={boot}"] for boot in sorted(self.boot_ids)]
-        for query in queries:
-            listed = self.run(["docker", "ps", "-aq", "--no-trunc", *query])
-            found.update(listed.stdout.split())
-        return sorted(found)
-
-    def teardown(self) -> list[str]:
-        """Everything down, idempotently; what could not be done, as text."""
-        problems: list[str] = []
-        # Stop first, so that the supervisor starts no job between the removal of its containers and `down`.
-        stopped = self.run(self.compose_argv("stop", "-t", "5"))
-        if stopped.returncode != 0:
-            problems.append(f"compose stop: {stopped.stderr.strip()}")
-        if leftovers := self.job_containers():
-            removed = self.run(["docker", "rm", "-f", "-v", *leftovers])
-            if removed.returncode != 0:
-                problems.append(f"docker rm {leftovers}: {removed.stderr.strip()}")
-        down = self.run(self.compose_argv("down", "-v", "--remove-orphans", "-t", "5"))
-        if down.returncode != 0:
-            problems.append(f"compose down: {down.stderr.strip()}")
-        return problems
-
-    def leftovers(self) -> list[str]:
-        """What of this stack is still on the engine."""
-        left = [f"job container {c[:12]}" for c in self.job_containers()]
-        listed = self.run(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={self.project}"])
-        left += [f"compose container {c}" for c in listed.stdout.split()]
-        if self.run(["docker", "network", "inspect", self.network]).returncode == 0:
-            left.append(f"network {self.network}")
-        if self.run(["docker", "volume", "inspect", self.volume]).returncode == 0:
-            left.append(f"volume {self.volume}")
-        return left
-
-
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    if shutil.which("docker-compose") is None:
-        problem = "no docker-compose command (scripts/docker-engine.sh up installs it)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true and {problem}", pytrace=False)
-        pytest.skip(problem)
+def stack(tmp_path: Path) -> Iterator[ComposeProject]:
+    missing = "no docker-compose command (scripts/docker-engine.sh up installs it)"
+    needs(None if shutil.which("docker-compose") else missing)
     project = f"pstest{secrets.token_hex(4)}"
     feed_dir = tmp_path / "feed"
     feed_dir.mkdir()
@@ -164,7 +96,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         "PODCAST_CORPUS_VOLUME": f"{project}_corpus",
         "PODCAST_BIND": "127.0.0.1:",  # "127.0.0.1::8000": a free host port, chosen by the engine
     }
-    s = Stack(project, f"{project}_jobs", f"{project}_corpus", [COMPOSE_FILE, override_file], token, env)
+    s = ComposeProject(project, f"{project}_jobs", [f"{project}_corpus"], [COMPOSE_FILE, override_file], token, env)
     try:
         up = s.run(s.compose_argv("up", "-d", "--no-build"))
         assert up.returncode == 0, f"compose up exited {up.returncode}: {up.stderr}"
@@ -172,16 +104,6 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
     finally:
         problems = s.teardown()
         assert not problems, problems
-
-
-async def _cli(stack: Stack, argv: Sequence[str]) -> str:
-    """A docker / docker-compose command from the test, bounded; its stdout, and it must succeed."""
-    with trio.fail_after(CLI_TIMEOUT_S):
-        done = await trio.run_process(
-            list(argv), env=stack.env, capture_stdout=True, capture_stderr=True, check=False
-        )
-    assert done.returncode == 0, f"{argv} exited {done.returncode}: {done.stderr.decode()}"
-    return done.stdout.decode()
 
 
 async def _poll_job(client: httpx.AsyncClient, url: str, *, timeout_s: float = 60) -> dict[str, Any]:
@@ -192,8 +114,10 @@ async def _poll_job(client: httpx.AsyncClient, url: str, *, timeout_s: float = 6
         return row  # type: ignore[no-any-return]
 
 
-async def test_the_local_compose_stack_runs_a_pipeline_job_as_a_sibling_container_end_to_end(stack: Stack) -> None:
-    published = (await _cli(stack, stack.compose_argv("port", "supervisor", "8000"))).strip()
+async def test_the_local_compose_stack_runs_a_pipeline_job_as_a_sibling_container_end_to_end(
+    stack: ComposeProject,
+) -> None:
+    published = (await stack.cli(stack.compose_argv("port", "supervisor", "8000"))).strip()
     assert published.startswith("127.0.0.1:"), published  # loopback only, as the file says
     base = f"http://{published}"
     headers = {"Authorization": f"Bearer {stack.token}"}
@@ -230,23 +154,17 @@ async def test_the_local_compose_stack_runs_a_pipeline_job_as_a_sibling_containe
         # row's container), and connected it to this stack's jobs network.
         until = f"{time.time():.6f}"
         events = ["docker", "events", "--since", f"{stack.since:.6f}", "--until", until]
-        started = await _cli(
-            stack,
-            [*events, "--filter", "type=container", "--filter", "event=start",
+        started = await stack.cli([*events, "--filter", "type=container", "--filter", "event=start",
              "--filter", f"label={LABEL_JOB}={job_id}", "--format", "{{.Actor.ID}}"],
         )
         assert started.split() == [job["container_id"]], started
-        connected = await _cli(
-            stack,
-            [*events, "--filter", "type=network", "--filter", "event=connect",
+        connected = await stack.cli([*events, "--filter", "type=network", "--filter", "event=connect",
              "--filter", f"network={stack.network}", "--format", "{{.Actor.Attributes.container}}"],
         )
         assert job["container_id"] in connected.split(), connected
 
         # It wrote the corpus into the shared volume: the supervisor's container sees it at /data.
-        listing = await _cli(
-            stack,
-            stack.compose_argv(
+        listing = await stack.cli(stack.compose_argv(
                 "exec", "-T", "supervisor", "python3", "-c",
                 "import glob; print('\\n'.join(glob.glob('/data/corpus/episodes/*/COMPLETE')))",
             ),
@@ -263,7 +181,7 @@ async def test_the_local_compose_stack_runs_a_pipeline_job_as_a_sibling_containe
 
         # The supervisor removes a job's container once its row is final (it only lingers for that moment).
         with trio.fail_after(15):
-            while await _cli(stack, ["docker", "ps", "-aq", "--filter", f"label={LABEL_JOB}={job_id}"]):  # noqa: ASYNC110
+            while await stack.cli(["docker", "ps", "-aq", "--filter", f"label={LABEL_JOB}={job_id}"]):  # noqa: ASYNC110
                 await trio.sleep(0.1)
 
     # Torn down: no container, network or volume of this stack is left (the fixture repeats this, idempotently,
