@@ -28,6 +28,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
 from ..domain import Job, JobStatus, RequestError
@@ -37,6 +38,30 @@ from ._health import RegistryFault
 MAX_LIST_LIMIT = 1000
 # The shape of every cursor a registry issues (opaque to callers; the OpenAPI document states it).
 CURSOR_PATTERN = re.compile(r"[0-9]{1,18}")
+
+
+# What a row that goes back to the queue (a requeue, a resubmission) forgets: the attempt's process, token, progress
+# and judgement. One rule for every backend (SQLite stores the booleans as 0/1 itself).
+BACK_IN_QUEUE: Mapping[str, object] = MappingProxyType(
+    {
+        "boot_id": None,
+        "host_id": None,
+        "identity": None,
+        "started_at": None,
+        "ended_at": None,
+        "error_reason": None,
+        "exit_code": None,
+        "completed_units": 0,
+        "total_units": None,
+        "stage": None,
+        "last_heartbeat_at": None,
+        "last_progress_at": None,
+        "stalled": False,
+        "stalled_since": None,
+        "silent": False,
+        "cancel_requested": False,
+    }
+)
 
 
 def log_name(job_id: str, attempt: int) -> str:

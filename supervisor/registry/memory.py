@@ -37,6 +37,7 @@ from ..domain import (
 from ..domain._model import Attempt, hash_token, to_iso, utc_now
 from ._health import RegistryFault
 from ._protocol import (
+    BACK_IN_QUEUE,
     CURSOR_PATTERN,
     MAX_LIST_LIMIT,
     Beat,
@@ -193,23 +194,7 @@ class _MemoryRows:
             job,
             JobStatus.QUEUED,
             reason=reason,
-            boot_id=None,
-            host_id=None,
-            identity=None,
-            started_at=None,
-            ended_at=None,
-            error_reason=None,
-            exit_code=None,
-            completed_units=0,
-            total_units=None,
-            stage=None,
-            last_heartbeat_at=None,
-            last_progress_at=None,
-            stalled=False,
-            stalled_since=None,
-            silent=False,
-            cancel_requested=False,
-            **fields,
+            **{**BACK_IN_QUEUE, **fields},
         )
 
     def _enqueue(self, new: NewJob) -> EnqueueResult:

@@ -36,6 +36,7 @@ from ...domain import (
 )
 from ...domain._model import Attempt, to_iso
 from .._protocol import (
+    BACK_IN_QUEUE,
     WAKE_CANCEL,
     WAKE_FREED,
     WAKE_PAUSE,
@@ -60,28 +61,6 @@ from .._protocol import (
 from ._reads import host_in, leader_in, pause_state_in
 from ._rows import COLUMNS, Rows, identity_text, row_to_job
 from ._schema import COALESCE_LOCK, LEADER_LOCK, PROMOTE_LOCK
-
-
-def _back_in_queue() -> dict[str, object]:
-    """What a row that goes back to the queue forgets: the attempt's process, token, progress and judgement."""
-    return {
-        "boot_id": None,
-        "host_id": None,
-        "identity": None,
-        "started_at": None,
-        "ended_at": None,
-        "error_reason": None,
-        "exit_code": None,
-        "completed_units": 0,
-        "total_units": None,
-        "stage": None,
-        "last_heartbeat_at": None,
-        "last_progress_at": None,
-        "stalled": False,
-        "stalled_since": None,
-        "silent": False,
-        "cancel_requested": False,
-    }
 
 
 class Operations(Rows):
@@ -273,7 +252,7 @@ class Operations(Rows):
                 reason=RESUBMITTED + ending.retry.why,
                 not_before=ending.retry.not_before,
                 history=json.dumps([a.to_json() for a in history]),
-                **_back_in_queue(),
+                **BACK_IN_QUEUE,
             )
             await self.notify_in(conn, Wakeup(WAKE_QUEUED))  # any host may run it once its backoff has passed
             return Change(await self.get_in(conn, job_id), changed=True, previous=job.status)
@@ -312,7 +291,7 @@ class Operations(Rows):
             return Change(job, changed=False)
         # Its start never happened: it does not count, and it keeps its place (its insertion order).
         await self.set_status(
-            conn, job, JobStatus.QUEUED, reason=reason, attempts=max(0, job.attempts - 1), **_back_in_queue()
+            conn, job, JobStatus.QUEUED, reason=reason, attempts=max(0, job.attempts - 1), **BACK_IN_QUEUE
         )
         await self.notify_in(conn, Wakeup(WAKE_QUEUED))
         return Change(await self.get_in(conn, job_id), changed=True, previous=job.status)

@@ -24,6 +24,7 @@ from ...domain import (
 )
 from ...domain._model import Attempt, from_iso, to_iso
 from .._protocol import (
+    BACK_IN_QUEUE,
     Beat,
     Change,
     Ending,
@@ -42,28 +43,6 @@ from .._protocol import (
 )
 from ._reads import host_in, leader_in, pause_state_in, paused_in
 from ._rows import COLUMNS, Rows, _identity_text, _text, row_to_job
-
-
-def _back_in_queue() -> dict[str, object]:
-    """What a row that goes back to the queue forgets: the attempt's process, token, progress and judgement."""
-    return {
-        "boot_id": None,
-        "host_id": None,
-        "identity": None,
-        "started_at": None,
-        "ended_at": None,
-        "error_reason": None,
-        "exit_code": None,
-        "completed_units": 0,
-        "total_units": None,
-        "stage": None,
-        "last_heartbeat_at": None,
-        "last_progress_at": None,
-        "stalled": 0,
-        "stalled_since": None,
-        "silent": 0,
-        "cancel_requested": 0,
-    }
 
 
 class Operations(Rows):
@@ -253,7 +232,7 @@ class Operations(Rows):
                 reason=RESUBMITTED + ending.retry.why,
                 not_before=to_iso(ending.retry.not_before),
                 history=json.dumps([a.to_json() for a in history]),
-                **_back_in_queue(),
+                **BACK_IN_QUEUE,
             )
             return Change(self.get_in(conn, job_id), changed=True, previous=job.status)
         self.set_status(
@@ -296,7 +275,7 @@ class Operations(Rows):
             # Its start never happened: it does not count, and it keeps its place (the head of the queue: every row
             # still queued was enqueued after it, or it would have been promoted first).
             self.set_status(
-                conn, job, JobStatus.QUEUED, reason=reason, attempts=max(0, job.attempts - 1), **_back_in_queue()
+                conn, job, JobStatus.QUEUED, reason=reason, attempts=max(0, job.attempts - 1), **BACK_IN_QUEUE
             )
             return Change(self.get_in(conn, job_id), changed=True, previous=job.status)
 
