@@ -258,7 +258,8 @@ class Fleet:
         if not self.leading:
             return
         rows = await self.registry.running_jobs()
-        silent = await self._silent_host_ids({job.host_id for job in rows if job.host_id is not None})
+        hosts = {host.host_id: host for host in await self.registry.hosts()}  # one read serves the whole round
+        silent = self._silent(hosts, {job.host_id for job in rows if job.host_id is not None})
         if self.end_by_proof is not None and silent and self.leading:
             ended = set(await self.end_by_proof([job for job in rows if job.host_id in silent], lambda: self.leading))
             rows = [job for job in rows if job.job_id not in ended]
@@ -266,11 +267,12 @@ class Fleet:
         for job in rows:
             if job.host_id is not None:
                 remaining[job.host_id] = remaining.get(job.host_id, 0) + 1
-        await self.watch_silent_hosts(set(remaining), remaining)
+        if self.leading:
+            self._name_silent(hosts, set(remaining), remaining)
 
-    async def _silent_host_ids(self, running_host_ids: set[str]) -> set[str]:
+    def _silent(self, hosts: Mapping[str, Host], running_host_ids: set[str]) -> set[str]:
+        """The hosts among ``running_host_ids`` whose lease has expired (or who have no row any more)."""
         now = self.wall_clock()
-        hosts = {host.host_id: host for host in await self.registry.hosts()}
         return {
             host_id
             for host_id in running_host_ids
@@ -283,18 +285,17 @@ class Fleet:
         or the operator forgets it; one ERROR per silence, naming the host (``running``: its running rows, by host)."""
         if not self.leading:
             return
+        self._name_silent({host.host_id: host for host in await self.registry.hosts()}, running_host_ids, running)
+
+    def _name_silent(
+        self, hosts: Mapping[str, Host], running_host_ids: set[str], running: Mapping[str, int] | None
+    ) -> None:
         # Only once this host has renewed without a break for a whole lease: after a database outage (or this boot's
         # start) the others' leases expired for the same reason this one's went stale, and each needs a renewal
         # period to renew. Judged sooner, every live host was named silent by the first to lead again.
         if self._steady_since is None or trio.current_time() - self._steady_since < self.lease_s:
             return
-        now = self.wall_clock()
-        hosts = {host.host_id: host for host in await self.registry.hosts()}
-        silent = {
-            host_id
-            for host_id in running_host_ids
-            if host_id != self.host_id and (host_id not in hosts or not hosts[host_id].live(now))
-        }
+        silent = self._silent(hosts, running_host_ids)
         for host_id in sorted(silent - self._silent_hosts):
             host = hosts.get(host_id)
             log.error(
