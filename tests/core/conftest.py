@@ -47,9 +47,11 @@ async def make_supervisor(make_config: Callable[..., Config]) -> AsyncIterator[C
         yield _maker(make_config, made, supervisors, job_nursery)
         # A supervisor shutdown never kills jobs (by design); a test must not leave real processes behind.
         for sup in supervisors:
-            for running in list(sup.boot.watched.values()):
-                if running.handle is not None:
-                    await sup.executor.stop(running.handle, 0)  # SIGKILL at once, through the executor
+            # Bounded: an executor asks a stop again until it is answered, and an engine a test stopped never will.
+            with trio.fail_after(30):
+                for running in list(sup.boot.watched.values()):
+                    if running.handle is not None:
+                        await sup.executor.stop(running.handle, 0)  # SIGKILL at once, through the executor
             # Let the monitors reap what was killed (an unreaped child is a ResourceWarning, an error here).
             with trio.fail_after(10):
                 while sup.boot.watched:  # noqa: ASYNC110 - monitors remove themselves; bounded above
