@@ -100,7 +100,11 @@ _SCHEMAS: dict[str, Any] = {
             "started_at": {"type": "string", "format": "date-time"},
             "last_seen_at": {"type": "string", "format": "date-time", "description": "its last lease renewal"},
             "lease_expires_at": {"type": "string", "format": "date-time"},
-            "live": {"type": "boolean", "description": "its lease has not expired: its jobs are its own to judge"},
+            "live": {
+                "type": "boolean",
+                "description": "its lease had not expired at the registry's clock (the database server's) as of this "
+                "read: its jobs are its own to judge",
+            },
             "leader": {"type": "boolean"},
         },
     },

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime
 from typing import Any
 
 import trio
@@ -44,7 +43,6 @@ class Fleet:
         host_id: str,
         boot_id: str,
         lease_s: float,
-        wall_clock: Callable[[], datetime],
         *,
         boot: Boot | None = None,
         on_fresh: Callable[[], None] | None = None,
@@ -64,7 +62,6 @@ class Fleet:
         self.host_id = host_id
         self.boot_id = boot_id
         self.lease_s = lease_s
-        self.wall_clock = wall_clock
         self._lead_until = -math.inf  # monotonic: when this host must stop acting as leader unless renewed
         self._fresh_until = -math.inf  # monotonic: when this host must stop promoting unless renewed
         self._was_leading = False
@@ -170,7 +167,7 @@ class Fleet:
         self._renewed.set()
         self._note_leading()
         self._note_fresh()
-        if first and lease.replaced is not None and lease.replaced.live(self.wall_clock()):
+        if first and lease.replaced is not None and lease.replaced.live:
             # A restart after a crash looks the same as a second machine given this host id: say which it may be.
             log.warning(
                 "host_id_taken_over",
@@ -187,8 +184,7 @@ class Fleet:
             return
         mine = self.boot.config.max_concurrent
         try:
-            now = self.wall_clock()
-            alone = not any(h.live(now) and h.host_id != self.host_id for h in await self.registry.hosts())
+            alone = not any(h.live and h.host_id != self.host_id for h in await self.registry.hosts())
             setting = await self.registry.record_setting("max_concurrent", str(mine), self.host_id, replace=alone)
         except SupervisorError:
             log_failure("fleet_setting_not_settled", setting="max_concurrent")
@@ -271,12 +267,12 @@ class Fleet:
             self._name_silent(hosts, set(remaining), remaining)
 
     def _silent(self, hosts: Mapping[str, Host], running_host_ids: set[str]) -> set[str]:
-        """The hosts among ``running_host_ids`` whose lease has expired (or who have no row any more)."""
-        now = self.wall_clock()
+        """The hosts among ``running_host_ids`` whose lease has expired (or who have no row any more), judged at the
+        registry's clock as of its read (INV-LEASE-ON-REGISTRY-CLOCK: never this host's own clock)."""
         return {
             host_id
             for host_id in running_host_ids
-            if host_id != self.host_id and (host_id not in hosts or not hosts[host_id].live(now))
+            if host_id != self.host_id and (host_id not in hosts or not hosts[host_id].live)
         }
 
     async def watch_silent_hosts(self, running_host_ids: set[str], running: Mapping[str, int] | None = None) -> None:
@@ -312,7 +308,7 @@ class Fleet:
         self._silent_hosts = silent
 
 
-def host_view(host: Host, leader: Host | None, now: datetime) -> dict[str, Any]:
+def host_view(host: Host, leader: Host | None) -> dict[str, Any]:
     """One host as the API lists it."""
     return {
         "host_id": host.host_id,
@@ -320,6 +316,6 @@ def host_view(host: Host, leader: Host | None, now: datetime) -> dict[str, Any]:
         "started_at": to_iso(host.started_at),
         "last_seen_at": to_iso(host.last_seen_at),
         "lease_expires_at": to_iso(host.lease_expires_at),
-        "live": host.live(now),
+        "live": host.live,
         "leader": leader is not None and (leader.host_id, leader.boot_id) == (host.host_id, host.boot_id),
     }

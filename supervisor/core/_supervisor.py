@@ -178,7 +178,6 @@ class Supervisor:
             config.host_id,
             self.boot.boot_id,
             config.host_lease_s,
-            self.boot.wall_clock,
             boot=self.boot,
             on_fresh=self.drainer.lease_renewed,
             on_forgotten=self._forgotten,
@@ -287,9 +286,8 @@ class Supervisor:
         """Every host of the fleet, live or silent, and which leads."""
         hosts = await self.boot.registry.hosts()
         leader = await self.boot.registry.leader()
-        now = self.boot.wall_clock()
-        live_leader = leader.host_id if leader is not None and leader.live(now) else None
-        return {"hosts": [host_view(h, leader, now) for h in hosts], "leader": live_leader}
+        live_leader = leader.host_id if leader is not None and leader.live else None
+        return {"hosts": [host_view(h, leader) for h in hosts], "leader": live_leader}
 
     async def forget_host(self, host_id: str) -> dict[str, Any]:
         """The operator says host ``host_id`` will never come back: its running jobs end ``orphan_host_forgotten``

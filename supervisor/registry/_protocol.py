@@ -264,16 +264,23 @@ def check_prune(keep_latest: int | None, limit: int) -> None:
 @dataclass(frozen=True)
 class Host:
     """A supervisor of the fleet as the registry last heard of it: its boot, and until when its lease holds (it
-    renews it every few seconds; one that stops renewing is silent once it expires)."""
+    renews it every few seconds; one that stops renewing is silent once it expires).
+
+    Every time here is the registry's clock (the database server's, on PostgreSQL), never a host's own: a lease is
+    written and judged by one clock, so hosts whose clocks disagree still agree on whose lease holds
+    (INV-LEASE-ON-REGISTRY-CLOCK)."""
 
     host_id: str
     boot_id: str
     started_at: datetime  # when this boot registered
     last_seen_at: datetime  # its last renewal
     lease_expires_at: datetime
+    as_of: datetime  # the registry's clock when it read (or wrote) this row
 
-    def live(self, now: datetime) -> bool:
-        return now < self.lease_expires_at
+    @property
+    def live(self) -> bool:
+        """Whether its lease held when the registry read it (at the registry's clock)."""
+        return self.as_of < self.lease_expires_at
 
 
 @dataclass(frozen=True)
@@ -499,10 +506,11 @@ class Registry(Protocol):
     # -- the fleet (ADR 0012) ---------------------------------------------------------------------------------
 
     async def renew_lease(self, host_id: str, boot_id: str, *, lease_s: float, lead: bool) -> Lease:
-        """Register or renew host ``host_id`` as run by boot ``boot_id`` until now + ``lease_s`` (a new boot of the
-        same host id replaces the old one's row); with ``lead``, also take the fleet's lead when nobody holds it or
-        its holder's lease expired, or keep it when this boot holds it (renewed to the same expiry). One atomic step:
-        two hosts never both lead. A boot an operator forgot is refused: ``HostForgotten`` (INV-FORGET-IS-FENCED)."""
+        """Register or renew host ``host_id`` as run by boot ``boot_id`` until now + ``lease_s`` at the registry's
+        clock (a new boot of the same host id replaces the old one's row); with ``lead``, also take the fleet's lead
+        when nobody holds it or its holder's lease expired, or keep it when this boot holds it (renewed to the same
+        expiry). One atomic step: two hosts never both lead. A boot an operator forgot is refused: ``HostForgotten``
+        (INV-FORGET-IS-FENCED)."""
         ...
 
     async def release_lease(self, host_id: str, boot_id: str) -> None:
@@ -510,11 +518,11 @@ class Registry(Protocol):
         ...
 
     async def hosts(self) -> list[Host]:
-        """Every registered host, by host id."""
+        """Every registered host, by host id, each with ``as_of`` the registry's clock at this read."""
         ...
 
     async def leader(self) -> Host | None:
-        """The host that holds the lead now (its lease may have expired: ``Host.live`` says)."""
+        """The host that holds the lead now (its lease may have expired: ``Host.live`` says, as of this read)."""
         ...
 
     async def forget_host(self, host_id: str) -> Host | None:

@@ -330,8 +330,8 @@ class MemoryRegistry(_MemoryRows):
         if job.status.is_terminal or (expect is not None and job.identity != expect.identity):
             return Change(job, changed=False), Promotion()
         if expect is not None and expect.host_silent and job.host_id is not None:
-            host = self._hosts.get(job.host_id)
-            if host is not None and host.live(self._now()):
+            host = self._host(job.host_id, self._now())
+            if host is not None and host.live:
                 return Change(job, changed=False), Promotion()  # INV-SILENT-HOST-ENDS-BY-PROOF: it is back
         chosen = ending.chosen(job.cancel_requested)
         if job.status is not JobStatus.RUNNING:
@@ -540,17 +540,17 @@ class MemoryRegistry(_MemoryRows):
             raise HostForgotten(host_id, boot_id)  # INV-FORGET-IS-FENCED
         now = self._now()
         expires = now + timedelta(seconds=lease_s)
-        before = self._hosts.get(host_id)
+        before = self._host(host_id, now)
         replaced = before if before is not None and before.boot_id != boot_id else None
         started = now if before is None or replaced is not None else before.started_at
-        host = Host(host_id, boot_id, started, now, expires)
+        host = Host(host_id, boot_id, started, now, expires, as_of=now)
         self._hosts[host_id] = host
-        current = self._leader
+        current = self._leader_at(now)
         if current is not None and (current.host_id, current.boot_id) == (host_id, boot_id):
             self._leader = replace(current, last_seen_at=now, lease_expires_at=expires) if lead else None
-        elif lead and (current is None or not current.live(now)):
-            self._leader = Host(host_id, boot_id, now, now, expires)
-        return Lease(host, self._leader, replaced)
+        elif lead and (current is None or not current.live):
+            self._leader = Host(host_id, boot_id, now, now, expires, as_of=now)
+        return Lease(host, self._leader_at(now), replaced)
 
     async def release_lease(self, host_id: str, boot_id: str) -> None:
         await self._enter()
@@ -563,17 +563,26 @@ class MemoryRegistry(_MemoryRows):
 
     async def hosts(self) -> list[Host]:
         await self._enter()
-        return [self._hosts[h] for h in sorted(self._hosts)]
+        now = self._now()
+        return [replace(self._hosts[h], as_of=now) for h in sorted(self._hosts)]
 
     async def leader(self) -> Host | None:
         await self._enter()
-        return self._leader
+        return self._leader_at(self._now())
+
+    def _host(self, host_id: str, now: datetime) -> Host | None:
+        """Host ``host_id`` as of ``now`` (INV-LEASE-ON-REGISTRY-CLOCK: this registry's clock judges its lease)."""
+        host = self._hosts.get(host_id)
+        return None if host is None else replace(host, as_of=now)
+
+    def _leader_at(self, now: datetime) -> Host | None:
+        return None if self._leader is None else replace(self._leader, as_of=now)
 
     async def forget_host(self, host_id: str) -> Host | None:
         await self._enter()
         # INV-FORGET-IS-FENCED: the check and the fence in one step (no await between them).
-        host = self._hosts.get(host_id)
-        if host is not None and host.live(self._now()):
+        host = self._host(host_id, self._now())
+        if host is not None and host.live:
             raise Conflict(
                 f"host {host_id} holds a live lease until {to_iso(host.lease_expires_at)}: its jobs may be running; "
                 "stop its supervisor first"
@@ -582,7 +591,8 @@ class MemoryRegistry(_MemoryRows):
             self._forgotten.add((host.host_id, host.boot_id))
         if self._leader is not None and self._leader.host_id == host_id:
             self._leader = None
-        return self._hosts.pop(host_id, None)
+        self._hosts.pop(host_id, None)
+        return host
 
     async def record_setting(self, name: str, value: str, host_id: str, *, replace: bool) -> FleetSetting:
         await self._enter()

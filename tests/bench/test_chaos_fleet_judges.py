@@ -50,7 +50,7 @@ def test_INV_ONE_LEADER_a_handover_after_the_margin_is_not_two_leaders() -> None
 
 def host(host_id: str, boot_id: str, since_s: float, expires_s: float) -> Host:
     since, expires = T0 + timedelta(seconds=since_s), T0 + timedelta(seconds=expires_s)
-    return Host(host_id, boot_id, since, since, expires)
+    return Host(host_id, boot_id, since, since, expires, as_of=since)
 
 
 def test_INV_ONE_LEADER_a_lead_taken_before_the_holders_lease_ran_out_is_reported() -> None:

@@ -103,10 +103,13 @@ def new_schema() -> str:
 async def open_postgres(
     where: Path, *, clock: Callable[[], datetime], boot_id: str | None, outbox: bool, **kwargs: Any
 ) -> PostgresRegistry:
-    """A registry in a fresh schema (or in ``schema=``, to share one); further ``PostgresRegistry`` arguments pass."""
+    """A registry in a fresh schema (or in ``schema=``, to share one); further ``PostgresRegistry`` arguments pass.
+    The test's ``clock`` also stands in for the server's clock of the leases (``lease_clock``), so that the contract
+    suite moves both at once; ``lease_clock=None`` leaves the leases on the server's clock, as in production."""
     dsn = postgres_test_url()
     assert dsn is not None, f"{TEST_DATABASE_URL_VAR} is unset (the postgres mark skips these tests)"
     kwargs.setdefault("max_connections", 4)
+    kwargs.setdefault("lease_clock", clock)
     schema = kwargs.pop("schema", None) or new_schema()
     return await PostgresRegistry.open(dsn, schema=schema, clock=clock, boot_id=boot_id, outbox=outbox, **kwargs)
 

@@ -35,6 +35,24 @@ async def test_a_host_registers_renews_and_is_listed(registry: Registry, clock: 
     assert [(h.host_id, h.boot_id) for h in await registry.hosts()] == [("a", "boot-a"), ("b", "boot-b")]
 
 
+async def test_INV_LEASE_ON_REGISTRY_CLOCK_a_read_judges_every_lease_at_the_registrys_clock_as_of_the_read(
+    registry: Registry, clock: WallClock
+) -> None:
+    """``Host.live`` is the registry's verdict at the read, not a comparison with the reader's clock: a lease
+    expires for every reader at once, with no write in between."""
+    await registry.renew_lease("a", "boot-a", lease_s=LEASE_S, lead=True)
+    clock.advance(LEASE_S - 1)
+    [host] = await registry.hosts()
+    leader = await registry.leader()
+    assert (host.as_of, host.live) == (clock.now, True)
+    assert leader is not None and (leader.as_of, leader.live) == (clock.now, True)
+    clock.advance(1)  # expired now, and nothing was written since
+    [host] = await registry.hosts()
+    leader = await registry.leader()
+    assert (host.as_of, host.live) == (clock.now, False)
+    assert leader is not None and (leader.host_id, leader.live) == ("a", False)  # still the row, no longer live
+
+
 async def test_a_new_boot_of_a_host_replaces_its_row_and_says_whose_lease_it_cut(
     registry: Registry, clock: WallClock
 ) -> None:
@@ -42,7 +60,7 @@ async def test_a_new_boot_of_a_host_replaces_its_row_and_says_whose_lease_it_cut
     clock.advance(1)
     lease = await registry.renew_lease("a", "boot-2", lease_s=LEASE_S, lead=False)
     assert lease.host.boot_id == "boot-2" and lease.host.started_at == clock.now
-    assert lease.replaced is not None and lease.replaced.boot_id == "boot-1" and lease.replaced.live(clock.now)
+    assert lease.replaced is not None and lease.replaced.boot_id == "boot-1" and lease.replaced.live
     assert [h.boot_id for h in await registry.hosts()] == ["boot-2"]
 
 
@@ -82,13 +100,13 @@ async def test_a_released_lease_ends_now_and_frees_the_lead(registry: Registry, 
     await registry.renew_lease("a", "boot-a", lease_s=LEASE_S, lead=True)
     await registry.release_lease("a", "boot-a")
     [host] = await registry.hosts()
-    assert not host.live(clock.now)
+    assert not host.live
     assert await registry.leader() is None
     assert (await registry.renew_lease("b", "boot-b", lease_s=LEASE_S, lead=True)).leading
     # Releasing with another boot's id (a stale shutdown racing a restart) changes nothing.
     await registry.renew_lease("a", "boot-a2", lease_s=LEASE_S, lead=False)
     await registry.release_lease("a", "boot-a")
-    assert [h.live(clock.now) for h in await registry.hosts() if h.host_id == "a"] == [True]
+    assert [h.live for h in await registry.hosts() if h.host_id == "a"] == [True]
 
 
 async def test_INV_FORGET_IS_FENCED_a_host_is_forgotten_only_once_its_lease_expired_and_its_boot_never_renews(
@@ -113,7 +131,7 @@ async def test_INV_FORGET_IS_FENCED_a_host_is_forgotten_only_once_its_lease_expi
     again = await registry.renew_lease("a", "boot-a2", lease_s=LEASE_S, lead=True)
     assert again.leading and again.replaced is None
     await registry.release_lease("a", "boot-a")  # the forgotten boot's clean stop touches nothing of the new one
-    assert [(h.boot_id, h.live(clock.now)) for h in await registry.hosts()] == [("boot-a2", True)]
+    assert [(h.boot_id, h.live) for h in await registry.hosts()] == [("boot-a2", True)]
 
 
 async def test_a_promoted_row_records_the_promoting_host_and_forgets_it_when_it_goes_back_to_the_queue(

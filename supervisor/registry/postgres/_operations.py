@@ -232,8 +232,8 @@ class Operations(Rows):
         if expect is not None and expect.host_silent and job.host_id is not None:
             # Under the leases' lock: no renewal commits between this check and the end.
             await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", LEADER_LOCK, self.schema_key)
-            host = await host_in(conn, job.host_id)
-            if host is not None and host.live(self.now()):
+            host = await host_in(conn, job.host_id, await self.lease_now(conn))
+            if host is not None and host.live:
                 return Change(job, changed=False)  # INV-SILENT-HOST-ENDS-BY-PROOF: it is back, its rows its own
         chosen = ending.chosen(job.cancel_requested)
         if job.status is not JobStatus.RUNNING:
@@ -388,17 +388,18 @@ class Operations(Rows):
     # -- the fleet (ADR 0012) -------------------------------------------------------------------------------
 
     async def renew_lease(self, conn: Any, host_id: str, boot_id: str, lease_s: float, lead: bool) -> Lease:
-        now = self.now()
-        expires = now + timedelta(seconds=lease_s)
         # One transaction for the host row and the lead: the leader row is locked (or, when none exists, the insert
         # conflicts on its one key), so two hosts asking at once take turns and never both lead (INV-ONE-LEADER).
         await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", LEADER_LOCK, self.schema_key)
+        # INV-LEASE-ON-REGISTRY-CLOCK: counted from the server's clock, read once the lock is held.
+        now = await self.lease_now(conn)
+        expires = now + timedelta(seconds=lease_s)
         # INV-FORGET-IS-FENCED: a boot an operator forgot never holds a lease again.
         if await conn.fetchval(
             "SELECT 1 FROM forgotten_hosts WHERE host_id = $1 AND boot_id = $2", host_id, boot_id
         ):
             raise HostForgotten(host_id, boot_id)
-        before = await host_in(conn, host_id)
+        before = await host_in(conn, host_id, now)
         replaced = before if before is not None and before.boot_id != boot_id else None
         if before is None or replaced is not None:
             await conn.execute(
@@ -415,13 +416,13 @@ class Operations(Rows):
             await conn.execute(
                 "UPDATE hosts SET last_seen_at = $1, lease_expires_at = $2 WHERE host_id = $3", now, expires, host_id
             )
-        current = await leader_in(conn)
+        current = await leader_in(conn, now)
         if current is not None and (current.host_id, current.boot_id) == (host_id, boot_id):
             if lead:
                 await conn.execute("UPDATE leader SET last_seen_at = $1, lease_expires_at = $2", now, expires)
             else:
                 await conn.execute("DELETE FROM leader")
-        elif lead and (current is None or not current.live(now)):
+        elif lead and (current is None or not current.live):
             await conn.execute(
                 "INSERT INTO leader (one, host_id, boot_id, since, last_seen_at, lease_expires_at) "
                 "VALUES (1, $1, $2, $3, $3, $4) ON CONFLICT (one) DO UPDATE SET host_id = excluded.host_id, "
@@ -432,12 +433,12 @@ class Operations(Rows):
                 now,
                 expires,
             )
-        host = await host_in(conn, host_id)
+        host = await host_in(conn, host_id, now)
         assert host is not None
-        return Lease(host, await leader_in(conn), replaced)
+        return Lease(host, await leader_in(conn, now), replaced)
 
     async def release_lease(self, conn: Any, host_id: str, boot_id: str) -> None:
-        now = self.now()
+        now = await self.lease_now(conn)
         await conn.execute(
             "UPDATE hosts SET lease_expires_at = $1 WHERE host_id = $2 AND boot_id = $3", now, host_id, boot_id
         )
@@ -465,9 +466,9 @@ class Operations(Rows):
     async def forget_host(self, conn: Any, host_id: str) -> Host | None:
         # INV-FORGET-IS-FENCED: under the leases' lock, so that no renewal lands between the check and the fence.
         await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", LEADER_LOCK, self.schema_key)
-        host = await host_in(conn, host_id)
-        now = self.now()
-        if host is not None and host.live(now):
+        now = await self.lease_now(conn)  # INV-LEASE-ON-REGISTRY-CLOCK
+        host = await host_in(conn, host_id, now)
+        if host is not None and host.live:
             raise Conflict(
                 f"host {host_id} holds a live lease until {to_iso(host.lease_expires_at)}: its jobs may be running; "
                 "stop its supervisor first"

@@ -192,31 +192,35 @@ def _count(status: str) -> int:
 # -- the fleet (ADR 0012) -----------------------------------------------------------------------------
 
 
-def _host(row: Any, started: str) -> Host:
+def _host(row: Any, started: str, now: datetime) -> Host:
     return Host(
         row["host_id"],
         row["boot_id"],
         row[started].astimezone(UTC),
         row["last_seen_at"].astimezone(UTC),
         row["lease_expires_at"].astimezone(UTC),
+        as_of=now,
     )
 
 
-async def host_in(conn: Any, host_id: str) -> Host | None:
+# ``now``: the leases' clock, the database server's (``Rows.lease_now``, INV-LEASE-ON-REGISTRY-CLOCK).
+
+
+async def host_in(conn: Any, host_id: str, now: datetime) -> Host | None:
     row = await conn.fetchrow(
         "SELECT host_id, boot_id, started_at, last_seen_at, lease_expires_at FROM hosts WHERE host_id = $1", host_id
     )
-    return None if row is None else _host(row, "started_at")
+    return None if row is None else _host(row, "started_at", now)
 
 
-async def hosts_in(conn: Any) -> list[Host]:
+async def hosts_in(conn: Any, now: datetime) -> list[Host]:
     rows = await conn.fetch(
         "SELECT host_id, boot_id, started_at, last_seen_at, lease_expires_at FROM hosts ORDER BY host_id"
     )
-    return [_host(row, "started_at") for row in rows]
+    return [_host(row, "started_at", now) for row in rows]
 
 
-async def leader_in(conn: Any) -> Host | None:
+async def leader_in(conn: Any, now: datetime) -> Host | None:
     """The lead's holder (``started_at``: since when it leads)."""
     row = await conn.fetchrow("SELECT host_id, boot_id, since, last_seen_at, lease_expires_at FROM leader")
-    return None if row is None else _host(row, "since")
+    return None if row is None else _host(row, "since", now)

@@ -124,7 +124,9 @@ class PostgresRegistry:
     """Job rows in a PostgreSQL database; see the module docstring.
 
     ``dsn``: a ``postgresql://`` URL. ``schema``: the schema to keep the tables in (made when missing; None: the
-    first of the connection's search path). ``boot_id``, ``outbox``, ``clock``: as ``SqliteRegistry``'s.
+    first of the connection's search path). ``boot_id``, ``outbox``, ``clock``: as ``SqliteRegistry``'s, but the
+    hosts' leases are written and judged at the database server's clock, one for the whole fleet (``lease_clock``
+    stands in for it in tests; INV-LEASE-ON-REGISTRY-CLOCK).
     ``timeout_s``: the bound of every call. ``migrate``: bring the schema up to date at open (False: refuse one
     that is not, and let ``supervisor migrate`` do it). ``application_name``: how its pooled sessions show in
     ``pg_stat_activity`` (1-63 printable ASCII characters).
@@ -138,6 +140,7 @@ class PostgresRegistry:
         boot_id: str | None = None,
         outbox: bool = True,
         clock: Callable[[], datetime] = utc_now,
+        lease_clock: Callable[[], datetime] | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_connections: int = DEFAULT_CONNECTIONS,
         migrate: bool = True,
@@ -160,7 +163,7 @@ class PostgresRegistry:
         self.max_connections = max_connections
         self._migrate = migrate
         self.application_name = application_name
-        self.ops = Operations(clock=clock, boot_id=boot_id, outbox=outbox)
+        self.ops = Operations(clock=clock, boot_id=boot_id, outbox=outbox, lease_clock=lease_clock)
         self._health = WriteHealth(self.where, clock)
         self._pool: Any = None
         self._closed = False
@@ -422,10 +425,17 @@ class PostgresRegistry:
         await self._transaction(lambda conn: self.ops.release_lease(conn, host_id, boot_id))
 
     async def hosts(self) -> list[Host]:
-        return await self._transaction(reads.hosts_in, write=False)
+        # The snapshot begins with the clock's read: every lease is judged at the moment the rows are as of.
+        return await self._transaction(self._hosts_in, write=False)
+
+    async def _hosts_in(self, conn: Any) -> list[Host]:
+        return await reads.hosts_in(conn, await self.ops.lease_now(conn))
 
     async def leader(self) -> Host | None:
-        return await self._transaction(reads.leader_in, write=False)
+        return await self._transaction(self._leader_in, write=False)
+
+    async def _leader_in(self, conn: Any) -> Host | None:
+        return await reads.leader_in(conn, await self.ops.lease_now(conn))
 
     async def record_setting(self, name: str, value: str, host_id: str, *, replace: bool) -> FleetSetting:
         return await self._transaction(lambda conn: self.ops.record_setting(conn, name, value, host_id, replace))

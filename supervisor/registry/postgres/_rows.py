@@ -114,11 +114,19 @@ def identity_text(identity: IdentityRecord | None) -> str | None:
 
 class Rows:
     """The row-level primitives of every operation. ``boot_id``: who makes the changes (goes into each event);
-    ``outbox``: write events at all; ``clock``: the wall clock of every timestamp; ``keys``: this schema's advisory
-    lock keys."""
+    ``outbox``: write events at all; ``clock``: the wall clock of every timestamp but the leases'; ``lease_clock``:
+    the leases' (None: the database server's, ``lease_now``); ``keys``: this schema's advisory lock keys."""
 
-    def __init__(self, *, clock: Callable[[], datetime], boot_id: str | None, outbox: bool) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], datetime],
+        boot_id: str | None,
+        outbox: bool,
+        lease_clock: Callable[[], datetime] | None = None,
+    ) -> None:
         self.clock = clock
+        self.lease_clock = lease_clock
         self.boot_id = boot_id
         self.outbox = outbox
         self.schema_key = 0  # set once the registry knows its schema (``_registry.PostgresRegistry.open``)
@@ -129,6 +137,20 @@ class Rows:
         now = self.clock()
         if now.tzinfo is None:
             raise ValueError(f"the registry's clock gave a naive datetime: {now!r}")
+        return now.astimezone(UTC)
+
+    async def lease_now(self, conn: Any) -> datetime:
+        """The time every lease is written and judged by: the database server's clock, one for every host of the
+        fleet (INV-LEASE-ON-REGISTRY-CLOCK): hosts whose own clocks disagree still agree on whose lease holds. Read
+        at the moment of the call (``clock_timestamp()``, not the transaction's start: a renewal may have waited for
+        the leases' lock). A test's ``lease_clock`` stands in for it."""
+        if self.lease_clock is not None:
+            now = self.lease_clock()
+            if now.tzinfo is None:
+                raise ValueError(f"the registry's lease clock gave a naive datetime: {now!r}")
+            return now.astimezone(UTC)
+        now = await conn.fetchval("SELECT clock_timestamp()")
+        assert isinstance(now, datetime)
         return now.astimezone(UTC)
 
     async def get_in(self, conn: Any, job_id: str, *, lock: bool = False) -> Job:

@@ -212,8 +212,8 @@ class Operations(Rows):
         if expect is not None and job.identity != expect.identity:
             return Change(job, changed=False)  # the evidence was about another process than the row records now
         if expect is not None and expect.host_silent and job.host_id is not None:
-            host = host_in(conn, job.host_id)
-            if host is not None and host.live(self.now()):
+            host = host_in(conn, job.host_id, self.now())
+            if host is not None and host.live:
                 return Change(job, changed=False)  # INV-SILENT-HOST-ENDS-BY-PROOF: it is back, its rows its own
         chosen = ending.chosen(job.cancel_requested)
         if job.status is not JobStatus.RUNNING:
@@ -397,7 +397,7 @@ class Operations(Rows):
                 raise HostForgotten(host_id, boot_id)
             now = self.now()
             expires = _text(now + timedelta(seconds=lease_s))
-            before = host_in(conn, host_id)
+            before = host_in(conn, host_id, now)
             replaced = before if before is not None and before.boot_id != boot_id else None
             if before is None or replaced is not None:
                 conn.execute(
@@ -412,13 +412,13 @@ class Operations(Rows):
                     "UPDATE hosts SET last_seen_at = ?, lease_expires_at = ? WHERE host_id = ?",
                     (_text(now), expires, host_id),
                 )
-            current = leader_in(conn)
+            current = leader_in(conn, now)
             if current is not None and (current.host_id, current.boot_id) == (host_id, boot_id):
                 if lead:
                     conn.execute("UPDATE leader SET last_seen_at = ?, lease_expires_at = ?", (_text(now), expires))
                 else:
                     conn.execute("DELETE FROM leader")
-            elif lead and (current is None or not current.live(now)):
+            elif lead and (current is None or not current.live):
                 # One row, replaced only once its holder's lease has expired: two hosts never both lead.
                 conn.execute(
                     "INSERT INTO leader (one, host_id, boot_id, since, last_seen_at, lease_expires_at) "
@@ -427,9 +427,9 @@ class Operations(Rows):
                     "lease_expires_at = excluded.lease_expires_at",
                     (host_id, boot_id, _text(now), _text(now), expires),
                 )
-            host = host_in(conn, host_id)
+            host = host_in(conn, host_id, now)
             assert host is not None
-            return Lease(host, leader_in(conn), replaced)
+            return Lease(host, leader_in(conn, now), replaced)
 
         return change
 
@@ -467,9 +467,9 @@ class Operations(Rows):
     def forget_host(self, host_id: str) -> Callable[[sqlite3.Connection], Host | None]:
         def change(conn: sqlite3.Connection) -> Host | None:
             # INV-FORGET-IS-FENCED: the check and the fence in one write transaction.
-            host = host_in(conn, host_id)
             now = self.now()
-            if host is not None and host.live(now):
+            host = host_in(conn, host_id, now)
+            if host is not None and host.live:
                 raise Conflict(
                     f"host {host_id} holds a live lease until {to_iso(host.lease_expires_at)}: its jobs may be "
                     "running; stop its supervisor first"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Callable, Sequence
+from datetime import datetime
 
 from ...domain import TERMINAL, Job, JobStatus, ValidationError
 from ...domain._model import from_iso
@@ -188,31 +189,35 @@ def outbox_prune(cutoff: str, max_events: int) -> Callable[[sqlite3.Connection],
 # -- the fleet (ADR 0012) -----------------------------------------------------------------------------
 
 
-def _host(row: sqlite3.Row, started: str) -> Host:
+def _host(row: sqlite3.Row, started: str, now: datetime) -> Host:
     return Host(
         row["host_id"],
         row["boot_id"],
         from_iso(row[started]),
         from_iso(row["last_seen_at"]),
         from_iso(row["lease_expires_at"]),
+        as_of=now,
     )
 
 
-def host_in(conn: sqlite3.Connection, host_id: str) -> Host | None:
+# ``now``: the registry's clock (INV-LEASE-ON-REGISTRY-CLOCK); one machine's file, so its host's clock.
+
+
+def host_in(conn: sqlite3.Connection, host_id: str, now: datetime) -> Host | None:
     row = conn.execute(
         "SELECT host_id, boot_id, started_at, last_seen_at, lease_expires_at FROM hosts WHERE host_id = ?", (host_id,)
     ).fetchone()
-    return None if row is None else _host(row, "started_at")
+    return None if row is None else _host(row, "started_at", now)
 
 
-def hosts_in(conn: sqlite3.Connection) -> list[Host]:
+def hosts_in(conn: sqlite3.Connection, now: datetime) -> list[Host]:
     rows = conn.execute(
         "SELECT host_id, boot_id, started_at, last_seen_at, lease_expires_at FROM hosts ORDER BY host_id"
     )
-    return [_host(row, "started_at") for row in rows]
+    return [_host(row, "started_at", now) for row in rows]
 
 
-def leader_in(conn: sqlite3.Connection) -> Host | None:
+def leader_in(conn: sqlite3.Connection, now: datetime) -> Host | None:
     """The lead's holder (``started_at``: since when it leads)."""
     row = conn.execute("SELECT host_id, boot_id, since, last_seen_at, lease_expires_at FROM leader").fetchone()
-    return None if row is None else _host(row, "since")
+    return None if row is None else _host(row, "since", now)

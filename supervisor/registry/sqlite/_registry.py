@@ -227,10 +227,10 @@ class SqliteRegistry:
         await self._write(self.ops.release_lease(host_id, boot_id))
 
     async def hosts(self) -> list[Host]:
-        return await self._read(reads.hosts_in)
+        return await self._read(lambda conn: reads.hosts_in(conn, self.ops.now()))
 
     async def leader(self) -> Host | None:
-        return await self._read(reads.leader_in)
+        return await self._read(lambda conn: reads.leader_in(conn, self.ops.now()))
 
     async def record_setting(self, name: str, value: str, host_id: str, *, replace: bool) -> FleetSetting:
         return await self._write(self.ops.record_setting(name, value, host_id, replace))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import secrets
 import tomllib
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import trio
 from pg_helpers import OpenPg, Raw
 from registry_helpers import BOOT, WallClock, enqueue, new_job, new_schema, one_running, postgres_test_url, request
 
-from supervisor.domain import JobStatus, RegistryError, RegistryUnavailable
+from supervisor.domain import Conflict, JobStatus, RegistryError, RegistryUnavailable
 from supervisor.registry import Ending, Outcome, PostgresRegistry
 from supervisor.registry.postgres import SCHEMA_VERSION, migrations
 
@@ -298,3 +299,34 @@ async def test_a_key_enqueued_by_several_registries_at_once_makes_one_queued_row
     assert len(set(ids)) == 1
     assert (await first.counts())["queued"] == 1
 
+
+
+async def test_INV_LEASE_ON_REGISTRY_CLOCK_hosts_whose_clocks_disagree_by_hours_agree_on_whose_lease_holds(
+    pg_open: OpenPg, raw: Raw
+) -> None:
+    """Two supervisors whose own clocks are two hours apart, leases on the server's clock (production's default).
+    Judged by each host's clock, the fast host would find the slow one's fresh lease long expired: it would take the
+    lead from a live leader and could forget a live host. Judged by the server's, neither happens, and the lead
+    passes only once the holder's lease has run out there."""
+    server_now = await raw.fetchval("SELECT clock_timestamp()")
+    slow = await pg_open(clock=lambda: server_now - timedelta(hours=1), lease_clock=None)
+    fast = await pg_open(schema=slow.schema, clock=lambda: server_now + timedelta(hours=1), lease_clock=None)
+    a = await slow.renew_lease("a", "boot-a", lease_s=15.0, lead=True)
+    assert a.leading
+    # Counted from the server's clock, not the slow host's hour-old one.
+    assert abs((a.host.last_seen_at - server_now).total_seconds()) < 60
+    assert a.host.lease_expires_at - a.host.last_seen_at == timedelta(seconds=15)
+    b = await fast.renew_lease("b", "boot-b", lease_s=15.0, lead=True)
+    assert not b.leading and b.leader is not None and (b.leader.host_id, b.leader.live) == ("a", True)
+    assert {h.host_id: h.live for h in await fast.hosts()} == {"a": True, "b": True}
+    with pytest.raises(Conflict, match="live lease"):
+        await fast.forget_host("a")
+    # A short lease that runs out at the server's clock: the lead passes then, and not before.
+    a = await slow.renew_lease("a", "boot-a", lease_s=0.2, lead=True)
+    assert a.leading
+
+    with trio.fail_after(10):
+        # Time must pass on the server's clock: there is no event to wait on.
+        while not (b := await fast.renew_lease("b", "boot-b", lease_s=15.0, lead=True)).leading:  # noqa: ASYNC110
+            await trio.sleep(0.02)
+    assert b.leader is not None and b.leader.started_at >= a.host.lease_expires_at
