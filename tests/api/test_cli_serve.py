@@ -86,7 +86,44 @@ async def test_serve_answers_the_cli_and_exits_0_on_sigterm(tmp_path: Path) -> N
             process.kill()
             with trio.CancelScope(shield=True):
                 await process.wait()
-    assert b"supervisor_stopped" in (tmp_path / "serve.log").read_bytes()
+    output = (tmp_path / "serve.log").read_text()
+    assert "supervisor_stopped" in output
+    # Everything the server process wrote is one JSON object per line (a log pipeline's contract).
+    assert [type(json.loads(line)) for line in output.splitlines()] == [dict] * len(output.splitlines())
+
+
+FOREIGN = """
+import logging, warnings
+from supervisor.observe import configure_logging, get_logger
+configure_logging()
+get_logger().info("ours", n=1)
+pool = logging.getLogger("urllib3.connectionpool")
+pool.warning("Connection pool is full, discarding connection: %s. Connection pool size: %s", "localhost", 64)
+pool.info("a library's INFO: not the operator's")
+try:
+    1 / 0
+except ZeroDivisionError:
+    logging.getLogger("asyncio").error("Task exception was never retrieved", exc_info=True)
+warnings.warn("something odd", RuntimeWarning)
+"""
+
+
+def test_other_libraries_logs_and_python_warnings_are_json_lines_like_the_servers_own(tmp_path: Path) -> None:
+    """What `serve` configures: the standard-library logging of the libraries in its process, from WARNING up, and
+    Python's warnings, rendered as its own lines are (before: plain text, a traceback over several lines)."""
+    done = subprocess.run(
+        [sys.executable, "-c", FOREIGN], env=cli_env(tmp_path), capture_output=True, text=True, timeout=30, check=True
+    )
+    lines = [json.loads(line) for line in done.stderr.splitlines()]
+    assert [(e["event"].split(":")[0], e["level"], e.get("logger")) for e in lines] == [
+        ("ours", "info", None),
+        ("Connection pool is full, discarding connection", "warning", "urllib3.connectionpool"),
+        ("Task exception was never retrieved", "error", "asyncio"),
+        (lines[3]["event"].split(":")[0], "warning", "py.warnings"),
+    ]
+    assert lines[2]["exception"].endswith("ZeroDivisionError: division by zero")
+    assert "RuntimeWarning: something odd" in lines[3]["event"]
+    assert all("timestamp" in e for e in lines)
 
 
 async def test_serve_runs_docker_mode_and_pins_it_in_its_start_line_and_health(tmp_path: Path) -> None:
