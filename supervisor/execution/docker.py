@@ -79,6 +79,7 @@ WAIT_SLICE_S = 10.0  # one blocking wait for a container's exit; the monitor the
 RETRY_MIN_S = 0.5  # an unreachable engine is asked again after this, doubling up to RETRY_MAX_S
 RETRY_MAX_S = 5.0
 MAX_CALLS = 16  # SDK calls at once (a wait slice holds its own limiter)
+MAX_WAITS = 256  # wait slices at once (one per watched job; beyond it a job waits its turn for a thread)
 # Engine trouble ends with a start made, or with a call answered once no call has failed for this long: longer than
 # any retry's wait (5 s for a job's calls, 10 s for the drainer's), so that an engine answering some calls and failing
 # others (its containers listed, never made) is one episode, not a WARNING and an INFO every few seconds.
@@ -199,8 +200,12 @@ class _ClosingUnixAdapter(UnixHTTPAdapter):  # type: ignore[misc]
             return pool
 
 
-def make_client(*, timeout: float = API_TIMEOUT_S, max_pool_size: int = 64) -> docker.APIClient:
-    """A low-level client for the engine named by ``DOCKER_HOST`` (default: the local unix socket). No I/O."""
+def make_client(*, timeout: float = API_TIMEOUT_S, max_pool_size: int = MAX_CALLS + MAX_WAITS) -> docker.APIClient:
+    """A low-level client for the engine named by ``DOCKER_HOST`` (default: the local unix socket). No I/O.
+
+    ``max_pool_size``: the connections kept for reuse; by default as many as the executor's threads can hold at once.
+    A smaller pool still opens one per concurrent call, then closes what it cannot keep, with a urllib3 WARNING
+    ("connection pool is full") per connection: with more jobs watched than it keeps, every wait slice did."""
     client = docker.APIClient(
         version=API_VERSION, timeout=timeout, max_pool_size=max_pool_size, **docker.utils.kwargs_from_env()
     )
@@ -307,7 +312,7 @@ class DockerExecutor(Executor):
         self._calls = trio.CapacityLimiter(MAX_CALLS)
         # One wait slice per watched job at most; slices end every WAIT_SLICE_S, so a job beyond the limit waits its
         # turn instead of a thread.
-        self._waits = trio.CapacityLimiter(256)
+        self._waits = trio.CapacityLimiter(MAX_WAITS)
 
     @classmethod
     def from_config(cls, config: Config) -> DockerExecutor:

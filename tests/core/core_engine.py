@@ -10,7 +10,8 @@ The executor is pointed at it with ``DOCKER_HOST=unix://<its socket>``. Its mode
 - ``list_only``: ``/_ping`` OK and the container list answered (empty), every other request 500: an engine whose
   containers can be listed but not made (its containerd down), so the probe before a promotion passes and the start
   fails;
-- ``list_then_hang``: as ``list_only``, but every other request is never answered.
+- ``list_then_hang``: as ``list_only``, but every other request is never answered;
+- ``slow``: as ``ping_only``, each answer after ``SLOW_S`` (calls that overlap: the client's connection pool fills).
 
 Flipping the mode closes every connection it holds (and waits until they are closed), so that a pooled connection
 of the client's is never served by the mode before.
@@ -27,7 +28,8 @@ from typing import Any, Literal
 
 import trio
 
-Mode = Literal["proxy", "stopped", "hang", "500", "ping_only", "list_only", "list_then_hang"]
+Mode = Literal["proxy", "stopped", "hang", "500", "ping_only", "list_only", "list_then_hang", "slow"]
+SLOW_S = 0.3
 REAL_ENGINE = "/var/run/docker.sock"
 _PING = re.compile(rb"^(GET|HEAD) (/v[0-9.]+)?/_ping[ ?]")
 _LIST = re.compile(rb"^GET (/v[0-9.]+)?/containers/json[ ?]")
@@ -77,7 +79,7 @@ class FakeEngine:
         self.path.unlink(missing_ok=True)
         sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         await sock.bind(str(self.path))
-        sock.listen(64)
+        sock.listen(1024)  # as many connects at once as a client makes (a real dockerd: SOMAXCONN)
         listener = trio.SocketListener(sock)
         scope = trio.CancelScope()
         self._serving = scope
@@ -143,11 +145,13 @@ class FakeEngine:
             buffer = buffer[length:]
             request_line = head.split(b"\r\n", 1)[0]
             self.requests.append(request_line)
+            if self.mode == "slow":
+                await trio.sleep(SLOW_S)
             await stream.send_all(self._response(request_line))
 
     def _response(self, request_line: bytes) -> bytes:
         mode = self.mode
-        if mode != "500" and _PING.match(request_line):
+        if mode != "500" and _PING.match(request_line):  # (slow: the ping is what its tests ask)
             return _http(200, b"OK", b"text/plain; charset=utf-8")
         if mode in ("list_only", "list_then_hang") and _LIST.match(request_line):
             return _http(200, b"[]", b"application/json")

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
+import logging
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -31,7 +33,7 @@ from supervisor import Config, ExecutorUnavailable, JobStatus, MemoryRegistry, S
 from supervisor.core import ENGINE_UNAVAILABLE
 from supervisor.domain import Job
 from supervisor.execution import Executor, Launch, create_executor
-from supervisor.execution.docker import ENGINE_ERRORS, container_record
+from supervisor.execution.docker import ENGINE_ERRORS, container_record, make_client
 from supervisor.execution.memory import MemoryExecutor, MemoryHandle
 from supervisor.observe import JobEvent
 from supervisor.registry import IdentityClaim
@@ -175,6 +177,25 @@ async def test_a_hung_engine_answers_unknown_within_the_configured_timeout_for_a
     # The evidence (one timeout) and the probe of the engine (another): never a wait without end.
     assert took < 2 * TIMEOUT_S + SLACK_S
     assert (kept.status, kept.cancel_requested) == (JobStatus.RUNNING, True)  # the cancel waits for the engine
+
+
+async def test_as_many_calls_at_once_as_the_executor_makes_keep_their_connections_with_no_pool_full_warning(
+    engine: FakeEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The executor's threads may hold MAX_CALLS + MAX_WAITS connections at once (a wait slice per watched job). A
+    client pool that keeps fewer opens the rest anyway and closes each on its return with a urllib3 WARNING: with
+    more jobs watched than it kept (64 before), every wait slice of every job said "connection pool is full"."""
+    await engine.set_mode("slow")  # each answer takes a while: the calls below overlap
+    client = make_client(timeout=10)
+    at_once = 100  # more than the 64 kept before
+    threads = trio.CapacityLimiter(at_once)
+    with caplog.at_level(logging.WARNING, logger="urllib3"), trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            for _ in range(at_once):
+                nursery.start_soon(functools.partial(trio.to_thread.run_sync, client.ping, limiter=threads))
+    await trio.to_thread.run_sync(client.close)
+    assert len(engine.requests) == at_once
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("urllib3")] == []
 
 
 # -- resuming: the fake proxies to the real engine again ------------------------------------------------------
