@@ -513,13 +513,18 @@ class DockerExecutor(Executor):
                 await self._call(lambda: self._copy_output(handle), call="logs")
             except NotFound:
                 break  # gone: its output with it
-            except (*ENGINE_ERRORS, OSError) as exc:
-                # The output matters less than the outcome, but is worth a few tries.
+            except ENGINE_ERRORS as exc:
+                # The output matters less than the outcome, but is worth a few tries of the engine.
                 if outage.delay >= RETRY_MAX_S:
                     log.warning("job_output_not_copied", job_id=handle.job_id, error=describe_error(exc))
                     break
                 await trio.sleep(outage.failed(exc))
                 continue
+            except OSError as exc:
+                # This host's own disk (a log path it cannot write: read-only, full, or another host's path when the
+                # leader ends a silent host's job): asking the engine again would not help, and the end waits.
+                log.warning("job_output_not_copied", job_id=handle.job_id, log=str(handle.log), error=repr(exc))
+                break
             break
         handle.collected = True
 

@@ -104,6 +104,44 @@ async def test_output_is_copied_into_the_capped_log_and_a_missing_image_fails_on
     assert failed.error_reason.startswith("spawn_failed: image")
 
 
+async def test_output_that_cannot_be_written_here_is_said_at_once_and_never_holds_up_the_end(tmp_path: Path) -> None:
+    """A log path this host cannot write (here its parent is a file; in a fleet, the leader ending a silent host's
+    job whose log path is that host's; or a full or read-only disk) is a fault of this host's disk, not the engine's:
+    said at once, with the path, and the output asked of the engine once -- not again and again with backoff (7.5 s),
+    which outlasted the leader's round over silent hosts (a third of the lease) so that such a job was never ended."""
+    executor = docker_execution.DockerExecutor(
+        image=IMAGE, data_volume=str(tmp_path), log_dir=tmp_path, log_max_bytes=4096
+    )
+    client = executor.client
+    container = await trio.to_thread.run_sync(
+        lambda: client.create_container(IMAGE, command=["python3", "-c", "print('done')"], labels={LABEL_JOB: "t"})
+    )
+    container_id = container["Id"]
+    asked: list[str] = []
+    logs = client.logs
+
+    def counted_logs(*args: Any, **kwargs: Any) -> Any:
+        asked.append(args[0])
+        return logs(*args, **kwargs)
+
+    try:
+        await trio.to_thread.run_sync(client.start, container_id)
+        with trio.fail_after(30):
+            await trio.to_thread.run_sync(client.wait, container_id)
+        (tmp_path / "not-a-dir").write_text("a file where the log's directory should be")
+        handle = docker_execution.ContainerHandle("t", container_id, tmp_path / "not-a-dir" / "t.log", 4096)
+        client.logs = counted_logs  # type: ignore[method-assign]
+        with capture_logs() as said, trio.fail_after(30):
+            await executor.collect(handle)
+    finally:
+        await trio.to_thread.run_sync(lambda: client.remove_container(container_id, force=True))
+        await executor.aclose()
+    assert asked == [container_id]  # once: nothing to ask the engine again for
+    [warning] = [e for e in said if e["log_level"] == "warning"]
+    assert warning["event"] == "job_output_not_copied" and "not-a-dir" in warning["log"]
+    assert handle.collected  # done with: the monitor (or the leader) records the end now
+
+
 async def test_a_monitor_waits_in_slices_and_a_slice_ending_is_no_engine_trouble(
     make: Callable[..., Supervisor], monkeypatch: pytest.MonkeyPatch
 ) -> None:
