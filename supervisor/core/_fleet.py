@@ -254,11 +254,14 @@ class Fleet:
         if not self.leading:
             return
         rows = await self.registry.running_jobs()
-        hosts = {host.host_id: host for host in await self.registry.hosts()}  # one read serves the whole round
+        hosts = {host.host_id: host for host in await self.registry.hosts()}
         silent = self._silent(hosts, {job.host_id for job in rows if job.host_id is not None})
         if self.end_by_proof is not None and silent and self.leading:
             ended = set(await self.end_by_proof([job for job in rows if job.host_id in silent], lambda: self.leading))
             rows = [job for job in rows if job.job_id not in ended]
+            # The proofs took their time (up to a renewal period): silence is named on a read made after them, so
+            # that a host that renewed meanwhile is never called silent.
+            hosts = {host.host_id: host for host in await self.registry.hosts()}
         remaining: dict[str, int] = {}
         for job in rows:
             if job.host_id is not None:

@@ -559,3 +559,30 @@ async def test_INV_ONE_LEADER_a_proof_read_that_hangs_never_holds_back_the_leade
         assert (await b.sup.get(job.job_id)).status is JobStatus.RUNNING
     finally:
         hung.set()
+
+
+async def test_a_host_that_renews_while_the_leader_reads_proofs_is_not_named_silent(
+    jump_clock: trio.testing.MockClock, fleet: Callable[..., Host]
+) -> None:
+    """The leader's round reads the hosts, then the proofs (up to a renewal period). A host that renewed meanwhile is
+    judged on a read after the proofs: never named ``host_silent``, an ERROR that points the operator at a forget of
+    a live host (the forget would be refused, but the page was sent)."""
+    b = fleet("b", fleet_task=False)
+    await b.sup.fleet.renew()  # leads
+    a = fleet("a", machine=b.machine, fleet_task=False)
+    await a.sup.fleet.renew()
+    job = (await a.sup.enqueue("sleep", {"seconds": 3600})).job
+    await _running(a, job.job_id)
+    await trio.sleep(LEASE_S * 2)  # a renews no more: its lease has expired
+    await b.sup.fleet.renew()
+    assert b.sup.fleet.leading
+
+    def back_meanwhile(jobs: Any) -> list[Any]:
+        trio.from_thread.run(a.sup.fleet.renew)  # a is back while the proofs are read
+        return [None for _ in jobs]  # and no proof of an end: its job runs
+
+    b.machine.proof_of_end = back_meanwhile  # type: ignore[method-assign]
+    with structlog.testing.capture_logs() as logs:
+        await b.sup.fleet.sweep_silent_hosts()
+    assert _said(logs, "host_silent") == []
+    assert (await b.sup.get(job.job_id)).status is JobStatus.RUNNING
