@@ -40,14 +40,16 @@ def docker_engine_problem() -> str | None:
 
 
 TEST_DATABASE_URL_VAR = "PODCAST_JOB_TEST_DATABASE_URL"
+TEST_POOLER_URL_VAR = "PODCAST_JOB_TEST_PGBOUNCER_URL"
 
 
 @functools.cache
-def postgres_problem() -> str | None:
-    """Why the postgres tests cannot run here (no server named, or it does not answer), or None when they can."""
-    dsn = os.environ.get(TEST_DATABASE_URL_VAR)
+def postgres_problem(variable: str = TEST_DATABASE_URL_VAR) -> str | None:
+    """Why the postgres tests cannot run here (no server named, or it does not answer), or None when they can;
+    ``variable``: the environment variable that names it (the pgbouncer tests': the pooler in front of it)."""
+    dsn = os.environ.get(variable)
     if not dsn:
-        return f"{TEST_DATABASE_URL_VAR} is unset"
+        return f"{variable} is unset"
 
     async def probe() -> None:
         conn = await asyncpg.connect(dsn, timeout=10)
@@ -56,7 +58,7 @@ def postgres_problem() -> str | None:
     try:
         asyncio.run(probe())
     except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        return f"{TEST_DATABASE_URL_VAR} names a server that does not answer: {type(exc).__name__}: {exc}"
+        return f"{variable} names a server that does not answer: {type(exc).__name__}: {exc}"
     return None
 
 
@@ -77,4 +79,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             pytest.skip(
                 f"no usable PostgreSQL server: {problem} "
                 f"({TEST_DATABASE_URL_VAR}=$(bash scripts/postgres.sh up) names the local one)"
+            )
+    if item.get_closest_marker("pgbouncer") is not None:
+        problem = postgres_problem(TEST_POOLER_URL_VAR)
+        if problem is not None:
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"CI=true and no usable pgbouncer: {problem}", pytrace=False)
+            pytest.skip(
+                f"no usable pgbouncer in transaction mode: {problem} "
+                f"({TEST_POOLER_URL_VAR}=$(bash scripts/pgbouncer.sh up) names the local one)"
             )

@@ -115,6 +115,10 @@ class Config:
     # Whether a PostgreSQL registry brings its schema up to date at start (False: `supervisor migrate` does, and a
     # supervisor refuses a schema that is not current).
     database_auto_migrate: bool = True
+    # What stands between a PostgreSQL registry and its server: "none" (the server itself, or a pooler in session
+    # mode), or "transaction" (a pooler in transaction mode, pgbouncer's pool_mode = transaction): then no statement
+    # is prepared by name, no setting is sent at connection start, and no LISTEN is made (the sweeps move the fleet).
+    database_pooler: str = "none"
 
     # Everything the supervisor writes besides the corpus lives under <data>/.viewer/.
     @property
@@ -380,6 +384,15 @@ def load_config(
             values["database_auto_migrate"] = False
         else:
             loader.problems.append(f"{got[0]}={got[1]!r}: must be true or false")
+    got = raw("PODCAST_JOB_DATABASE_POOLER", "database_pooler")
+    if got is not None:
+        word = str(got[1]).lower()
+        if word in DATABASE_POOLERS:
+            values["database_pooler"] = word
+        else:
+            # A wrong guess either way fails later and less clearly (a prepared statement gone, a LISTEN that hears
+            # nothing): say it now.
+            loader.problems.append(f"{got[0]}={got[1]!r}: must be one of {', '.join(DATABASE_POOLERS)}")
     webhook = values.get("webhook_url")
     if webhook and not str(webhook).startswith(("http://", "https://")):
         loader.problems.append(f"PODCAST_JOB_WEBHOOK_URL={webhook!r}: must be an http:// or https:// URL")
@@ -429,7 +442,10 @@ _TOML_KEYS = (
     "database_url",
     "database_timeout_s",
     "database_auto_migrate",
+    "database_pooler",
 )
+
+DATABASE_POOLERS = ("none", "transaction")
 
 DATABASE_URL_SCHEMES = ("postgresql://", "postgres://")
 

@@ -120,6 +120,7 @@ async def open_registry(
             timeout_s=config.database_timeout_s,
             migrate=config.database_auto_migrate,
             clock=clock,
+            transaction_pooler=config.database_pooler == "transaction",
         )
     return await SqliteRegistry.open(
         config.registry_path,
@@ -134,7 +135,12 @@ async def migrate_registry(config: Config) -> tuple[str, int]:
     """Bring the registry ``config`` names up to date now, whatever ``database_auto_migrate`` says (``supervisor
     migrate``); where it is and its schema version after. Inside ``registry_runtime``."""
     if config.database_url is not None:
-        reg = await PostgresRegistry.open(config.database_url, timeout_s=config.database_timeout_s, migrate=True)
+        reg = await PostgresRegistry.open(
+            config.database_url,
+            timeout_s=config.database_timeout_s,
+            migrate=True,
+            transaction_pooler=config.database_pooler == "transaction",
+        )
         try:
             return reg.where, await reg.migrate()
         finally:

@@ -307,6 +307,16 @@ def test_the_database_password_is_never_described_and_other_settings_are_checked
     assert config.database_timeout_s == 0.1 and "PODCAST_JOB_DATABASE_TIMEOUT_SECONDS" in warnings[0]
 
 
+def test_a_transaction_pooler_is_named_explicitly_and_anything_else_is_an_error_naming_the_setting() -> None:
+    assert load_config({})[0].database_pooler == "none"
+    assert load_config({"PODCAST_JOB_DATABASE_POOLER": "Transaction"})[0].database_pooler == "transaction"
+    assert load_config({"PODCAST_JOB_DATABASE_POOLER": "none"})[0].database_pooler == "none"
+    for wrong in ("pgbouncer", "session", "yes"):
+        with pytest.raises(ConfigError) as caught:
+            load_config({"PODCAST_JOB_DATABASE_POOLER": wrong})
+        assert caught.value.problems == [f"PODCAST_JOB_DATABASE_POOLER={wrong!r}: must be one of none, transaction"]
+
+
 def test_a_host_cap_is_a_whole_number_or_an_error_naming_it_never_no_cap() -> None:
     config, _ = load_config({"PODCAST_JOB_HOST_MAX_CONCURRENT": "2"})
     assert config.host_max_concurrent == 2

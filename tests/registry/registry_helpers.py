@@ -86,11 +86,17 @@ class Backend:
 
 # The server the PostgreSQL backend's tests use (``.ci/run`` sets it; ``bash scripts/postgres.sh up`` prints one).
 TEST_DATABASE_URL_VAR = "PODCAST_JOB_TEST_DATABASE_URL"
+# The same server through pgbouncer in transaction mode (scripts/pgbouncer.sh up; .ci/run sets it).
+TEST_POOLER_URL_VAR = "PODCAST_JOB_TEST_PGBOUNCER_URL"
 _SCHEMAS: ContextVar[list[str]] = ContextVar("postgres_test_schemas")
 
 
 def postgres_test_url() -> str | None:
     return os.environ.get(TEST_DATABASE_URL_VAR) or None
+
+
+def pooler_test_url() -> str | None:
+    return os.environ.get(TEST_POOLER_URL_VAR) or None
 
 
 def new_schema() -> str:
@@ -112,6 +118,21 @@ async def open_postgres(
     kwargs.setdefault("lease_clock", clock)
     schema = kwargs.pop("schema", None) or new_schema()
     return await PostgresRegistry.open(dsn, schema=schema, clock=clock, boot_id=boot_id, outbox=outbox, **kwargs)
+
+
+async def open_pooled(
+    where: Path, *, clock: Callable[[], datetime], boot_id: str | None, outbox: bool, **kwargs: Any
+) -> PostgresRegistry:
+    """As ``open_postgres``, through pgbouncer in transaction mode: its pool of a few server sessions is shared by
+    every registry of the test run, so consecutive transactions of one registry meet other sessions."""
+    dsn = pooler_test_url()
+    assert dsn is not None, f"{TEST_POOLER_URL_VAR} is unset (the pgbouncer mark skips these tests)"
+    kwargs.setdefault("max_connections", 4)
+    kwargs.setdefault("lease_clock", clock)
+    schema = kwargs.pop("schema", None) or new_schema()
+    return await PostgresRegistry.open(
+        dsn, schema=schema, clock=clock, boot_id=boot_id, outbox=outbox, transaction_pooler=True, **kwargs
+    )
 
 
 @asynccontextmanager
@@ -145,6 +166,7 @@ BACKENDS: dict[str, Backend] = {
     "memory": Backend(open_memory),
     # Marked: skipped with its reason where no server is configured, a failure in CI (tests/conftest.py).
     "postgres": Backend(open_postgres, postgres_around, (pytest.mark.postgres,)),
+    "pgbouncer": Backend(open_pooled, postgres_around, (pytest.mark.postgres, pytest.mark.pgbouncer)),
 }
 
 

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import functools
 import math
+import urllib.parse
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, nullcontext
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -103,6 +104,17 @@ def _lock_key(name: str) -> int:
     return key - 2**32 if key >= 2**31 else key
 
 
+def _without_search_path(dsn: str) -> tuple[str, str | None]:
+    """``dsn`` without its ``search_path`` query parameter, and that parameter's value (None: it had none)."""
+    parts = urllib.parse.urlsplit(dsn)
+    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    found = [value for name, value in query if name == "search_path"]
+    if not found:
+        return dsn, None
+    kept = urllib.parse.urlencode([(name, value) for name, value in query if name != "search_path"])
+    return urllib.parse.urlunsplit(parts._replace(query=kept)), found[-1]
+
+
 def _quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -129,7 +141,10 @@ class PostgresRegistry:
     stands in for it in tests; INV-LEASE-ON-REGISTRY-CLOCK).
     ``timeout_s``: the bound of every call. ``migrate``: bring the schema up to date at open (False: refuse one
     that is not, and let ``supervisor migrate`` do it). ``application_name``: how its pooled sessions show in
-    ``pg_stat_activity`` (1-63 printable ASCII characters).
+    ``pg_stat_activity`` (1-63 printable ASCII characters). ``transaction_pooler``: ``dsn`` names a pooler in
+    transaction mode (pgbouncer's ``pool_mode = transaction``), which hands each transaction whatever server session
+    is free: no statement is prepared by name, no setting is sent at connection start or set for a session (each
+    transaction sets its own), and nothing is LISTENed to (``listen`` gives no feed: the sweeps move the fleet).
     """
 
     def __init__(
@@ -145,6 +160,7 @@ class PostgresRegistry:
         max_connections: int = DEFAULT_CONNECTIONS,
         migrate: bool = True,
         application_name: str = APPLICATION_NAME,
+        transaction_pooler: bool = False,
     ) -> None:
         if not (0 < len(application_name) <= 63 and application_name.isascii() and application_name.isprintable()):
             raise ValueError(f"application_name must be 1-63 printable ASCII characters, not {application_name!r}")
@@ -156,13 +172,18 @@ class PostgresRegistry:
             raise ValueError("a PostgreSQL registry needs at least one connection")
         if schema is not None and not schema:
             raise ValueError("schema must be a name, or None for the search path's")
-        self._dsn = dsn
+        # Behind a transaction pooler the search_path an operator put in the URL cannot go at connection start (it
+        # is refused): each transaction sets it instead.
+        self._dsn, self._dsn_search_path = _without_search_path(dsn) if transaction_pooler else (dsn, None)
         self.schema = schema
         self.where = redacted(dsn) + (f" (schema {schema})" if schema else "")
         self.timeout_s = float(timeout_s)
         self.max_connections = max_connections
         self._migrate = migrate
         self.application_name = application_name
+        self.transaction_pooler = transaction_pooler
+        self._local_settings: dict[str, str] = {}  # set by each transaction behind a pooler (``_begin``)
+        self._local_settings_query = ""
         self.ops = Operations(clock=clock, boot_id=boot_id, outbox=outbox, lease_clock=lease_clock)
         self._health = WriteHealth(self.where, clock)
         self._pool: Any = None
@@ -186,15 +207,38 @@ class PostgresRegistry:
             raise
         return reg
 
-    async def _start(self) -> None:
+    def _settings(self) -> dict[str, str]:
+        """What every transaction of this registry runs under (a pooler's: set by each transaction itself)."""
         settings = {
-            "application_name": self.application_name,
             # A session that stops talking mid-transaction (its client partitioned away) is ended by the server, its
             # locks with it: a transaction of this registry never idles longer than one round trip.
             "idle_in_transaction_session_timeout": str(max(1, round(self.timeout_s * 1000))),
         }
         if self.schema is not None:
             settings["search_path"] = _quote_ident(self.schema)
+        elif self._dsn_search_path is not None:
+            settings["search_path"] = self._dsn_search_path
+        return settings
+
+    async def _begin(self, conn: Any) -> None:
+        """The start of each transaction behind a transaction pooler: this transaction's settings, which end with it
+        (``set_config(..., true)``), on whichever server session the pooler gave it."""
+        if self._local_settings:
+            await conn.execute(self._local_settings_query, *self._local_settings.values())
+
+    async def _start(self) -> None:
+        settings = {"application_name": self.application_name}
+        pooled: dict[str, Any] = {}
+        if self.transaction_pooler:
+            # Only application_name at startup (a pooler refuses the others); the rest set by each transaction.
+            self._local_settings = self._settings()
+            names = ", ".join(f"set_config('{name}', ${i}, true)" for i, name in enumerate(self._local_settings, 1))
+            self._local_settings_query = f"SELECT {names}"
+            # Statements unnamed, never cached by name: the next transaction may run on another server session.
+            pooled = {"statement_cache_size": 0}
+        else:
+            settings.update(self._settings())
+            pooled = {"init": _session}
         connect = functools.partial(
             asyncpg.create_pool,
             self._dsn,
@@ -205,11 +249,20 @@ class PostgresRegistry:
             max_size=self.max_connections,
             timeout=self.timeout_s,  # the connect timeout of each new connection
             reset=_keep,
-            init=_session,
             server_settings=settings,
+            **pooled,
         )
         self._pool = await self._boundary(connect, "cannot connect to")
-        await self._boundary(self._first_connection, "cannot connect to")  # a server that is not there: said now
+        try:
+            await self._boundary(self._first_connection, "cannot connect to")  # a server that is not there: said now
+        except RegistryUnavailable as exc:
+            if "unsupported startup parameter" in str(exc) and not self.transaction_pooler:
+                # pgbouncer's word for a setting sent at connection start: it will refuse every connection alike.
+                raise RegistryError(
+                    f"{exc} (a connection pooler in transaction mode? it refuses the settings a connection starts "
+                    "with: set PODCAST_JOB_DATABASE_POOLER=transaction)"
+                ) from exc
+            raise
         schema = self.schema or await self._transaction(lambda conn: conn.fetchval("SELECT current_schema()"))
         if schema is None:
             raise RegistryError(f"registry {self.where}: the connection's search_path names no schema that exists")
@@ -236,7 +289,7 @@ class PostgresRegistry:
         await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote_ident(self.schema or '')}")
 
     async def _migrate_now(self, conn: Any) -> int:
-        return await migrate(conn, schema_key=self.ops.schema_key, where=self.where)
+        return await migrate(conn, schema_key=self.ops.schema_key, where=self.where, begin=self._begin)
 
     async def migrate(self) -> int:
         """Bring the schema up to date now (``supervisor migrate``); its version after."""
@@ -282,6 +335,7 @@ class PostgresRegistry:
                 )
                 await transaction.start()
                 try:
+                    await self._begin(conn)
                     result = await work(conn)
                 except Exception:
                     # Refused (a domain error, a failed statement): undone, a round trip under the same deadline.
@@ -319,9 +373,12 @@ class PostgresRegistry:
 
     def listen(self) -> AbstractAsyncContextManager[WakeupFeed | None]:
         """A session of its own (outside the pool: ``_listen``) that LISTENs on this schema's channel, on which the
-        writes that other hosts may act on send their wake-ups when they commit (``_operations``)."""
+        writes that other hosts may act on send their wake-ups when they commit (``_operations``). Behind a pooler
+        in transaction mode, nothing (None): no session of its own would stay this client's between statements."""
         if self._closed or self.ops.channel is None:
             raise RegistryError(f"registry {self.where} is closed")
+        if self.transaction_pooler:
+            return nullcontext(None)
         return listening(self._dsn, self.ops.channel, where=self.where, timeout_s=self.timeout_s)
 
     # -- the interface ----------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ it is never split on ``;``. asyncio code, run on trio-asyncio's loop by ``_regis
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -59,10 +60,15 @@ async def schema_version(conn: Any) -> int:
     return int(await conn.fetchval("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"))
 
 
-async def migrate(conn: Any, *, schema_key: int, where: str) -> int:
-    """Bring the schema to ``SCHEMA_VERSION``; its version after. Refuses a schema newer than this code."""
+async def migrate(
+    conn: Any, *, schema_key: int, where: str, begin: Callable[[Any], Awaitable[None]] | None = None
+) -> int:
+    """Bring the schema to ``SCHEMA_VERSION``; its version after. Refuses a schema newer than this code. ``begin``:
+    what each transaction runs first (behind a transaction pooler: its settings)."""
     for migration in [None, *migrations()]:
         async with conn.transaction():
+            if begin is not None:
+                await begin(conn)
             # Taken first in each transaction: whoever comes second reads the version the first one left.
             await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", MIGRATE_LOCK, schema_key)
             if migration is None:
@@ -88,4 +94,7 @@ async def migrate(conn: Any, *, schema_key: int, where: str) -> int:
                     migration.version,
                     migration.name,
                 )
-    return await schema_version(conn)
+    async with conn.transaction():
+        if begin is not None:
+            await begin(conn)
+        return await schema_version(conn)

@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 import trio_asyncio
 from pg_helpers import OpenPg, Raw
-from registry_helpers import BOOT, WallClock, open_postgres, postgres_around, postgres_test_url
+from registry_helpers import BOOT, WallClock, open_pooled, open_postgres, postgres_around, postgres_test_url
 
 from supervisor.registry import PostgresRegistry
 
@@ -24,14 +24,17 @@ def backend() -> str:
 
 @pytest.fixture
 async def pg_open(clock: WallClock) -> AsyncIterator[OpenPg]:
-    """Open PostgreSQL registries (a fresh schema each, unless ``schema=``), closed and dropped after the test."""
+    """Open PostgreSQL registries (a fresh schema each, unless ``schema=``; ``pooled=True``: through pgbouncer),
+    closed and dropped after the test."""
     opened: list[PostgresRegistry] = []
 
     async def open_(**kwargs: Any) -> PostgresRegistry:
         kwargs.setdefault("clock", clock)
         kwargs.setdefault("boot_id", BOOT)
         kwargs.setdefault("outbox", True)
-        reg = await open_postgres(None, **kwargs)  # type: ignore[arg-type]
+        # pooled=True: through pgbouncer in transaction mode (the pgbouncer mark's tests).
+        opener = open_pooled if kwargs.pop("pooled", False) else open_postgres
+        reg = await opener(None, **kwargs)  # type: ignore[arg-type]
         opened.append(reg)
         return reg
 
