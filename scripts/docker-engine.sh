@@ -83,7 +83,7 @@ PY
 
 build_deps() {  # pip --target, cached by the pins: a code change rebuilds the image in seconds
   local key dir
-  key=$( (sha256sum "$ROOT/constraints.txt"; dependencies; "$HOST_PY" -VV) | sha256sum | cut -c1-16)
+  key=$( (sha256sum <"$ROOT/constraints.txt"; dependencies; "$HOST_PY" -VV) | sha256sum | cut -c1-16)  # by content, not path
   dir="$W/deps-$key"
   if [ ! -d "$dir" ]; then
     [ -x "$W/pip-venv/bin/pip" ] || "$HOST_PY" -m venv "$W/pip-venv"

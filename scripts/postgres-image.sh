@@ -61,7 +61,8 @@ exec postgres -D "$PGDATA" "$@"
 '
 
 source_hash() {  # what the image is built from: the server's version and this script
-  ("$(bindir)/postgres" -V; sha256sum "$ROOT/scripts/postgres-image.sh") | sha256sum | cut -c1-16
+  # The script by its content, never its path: every checkout of one commit builds (and accepts) the same image.
+  ("$(bindir)/postgres" -V; sha256sum <"$ROOT/scripts/postgres-image.sh") | sha256sum | cut -c1-16
 }
 
 image_hash() {
