@@ -62,30 +62,37 @@ def postgres_problem(variable: str = TEST_DATABASE_URL_VAR) -> str | None:
     return None
 
 
+def _require(problem: str | None, *, fail_as: str, skip_as: str, how: str) -> None:
+    """A real service a test needs, and ``problem``, why it cannot be used (None: it can): in CI a failure, elsewhere
+    a skip that says why and how to start it."""
+    if problem is None:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true and {fail_as}: {problem}", pytrace=False)
+    pytest.skip(f"{skip_as}: {problem} ({how})")
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Tests marked ``docker`` (``postgres``) need the real engine (server): in CI its absence is a failure,
-    elsewhere a skip that says why."""
+    """Tests marked ``docker`` (``postgres``, ``pgbouncer``) need the real engine (server, pooler): in CI its
+    absence is a failure, elsewhere a skip that says why."""
     if item.get_closest_marker("docker") is not None:
-        problem = docker_engine_problem()
-        if problem is not None:
-            if os.environ.get("CI") == "true":
-                pytest.fail(f"CI=true and the Docker engine is not usable: {problem}", pytrace=False)
-            pytest.skip(f"no usable Docker engine: {problem} (scripts/docker-engine.sh up)")
+        _require(
+            docker_engine_problem(),
+            fail_as="the Docker engine is not usable",
+            skip_as="no usable Docker engine",
+            how="scripts/docker-engine.sh up",
+        )
     if item.get_closest_marker("postgres") is not None:
-        problem = postgres_problem()
-        if problem is not None:
-            if os.environ.get("CI") == "true":
-                pytest.fail(f"CI=true and no usable PostgreSQL server: {problem}", pytrace=False)
-            pytest.skip(
-                f"no usable PostgreSQL server: {problem} "
-                f"({TEST_DATABASE_URL_VAR}=$(bash scripts/postgres.sh up) names the local one)"
-            )
+        _require(
+            postgres_problem(),
+            fail_as="no usable PostgreSQL server",
+            skip_as="no usable PostgreSQL server",
+            how=f"{TEST_DATABASE_URL_VAR}=$(bash scripts/postgres.sh up) names the local one",
+        )
     if item.get_closest_marker("pgbouncer") is not None:
-        problem = postgres_problem(TEST_POOLER_URL_VAR)
-        if problem is not None:
-            if os.environ.get("CI") == "true":
-                pytest.fail(f"CI=true and no usable pgbouncer: {problem}", pytrace=False)
-            pytest.skip(
-                f"no usable pgbouncer in transaction mode: {problem} "
-                f"({TEST_POOLER_URL_VAR}=$(bash scripts/pgbouncer.sh up) names the local one)"
-            )
+        _require(
+            postgres_problem(TEST_POOLER_URL_VAR),
+            fail_as="no usable pgbouncer",
+            skip_as="no usable pgbouncer in transaction mode",
+            how=f"{TEST_POOLER_URL_VAR}=$(bash scripts/pgbouncer.sh up) names the local one",
+        )

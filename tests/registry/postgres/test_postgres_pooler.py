@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sys
 import uuid
 from pathlib import Path
@@ -23,8 +22,8 @@ import httpx
 import pytest
 import trio
 import trio_asyncio
-from pg_helpers import OpenPg
-from registry_helpers import enqueue, pooler_test_url, postgres_test_url, request
+from pg_helpers import OpenPg, free_port, sql
+from registry_helpers import enqueue, pooler_test_url, request
 
 from supervisor.domain import RegistryError
 from supervisor.registry import PostgresRegistry
@@ -99,21 +98,6 @@ async def test_promotions_through_the_pooler_never_overshoot_INV_PROMOTION_NEVER
 # -- two supervisors through the pooler ------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
-async def _sql(query: str) -> None:
-    conn = await asyncpg.connect(postgres_test_url(), timeout=10)
-    try:
-        await conn.execute(query)
-    finally:
-        await conn.close()
-
-
 async def test_two_supervisors_through_a_transaction_pooler_run_every_job_once_with_one_leader(tmp_path: Path) -> None:
     dsn = pooler_test_url()
     assert dsn is not None
@@ -128,10 +112,10 @@ async def test_two_supervisors_through_a_transaction_pooler_run_every_job_once_w
     )
     hosts: dict[str, tuple[str, trio.Process, Path]] = {}
     async with trio_asyncio.open_loop():
-        await trio_asyncio.aio_as_trio(_sql)(f'CREATE SCHEMA "{schema}"')
+        await trio_asyncio.aio_as_trio(sql)(f'CREATE SCHEMA "{schema}"')
         try:
             for host_id in ("a", "b"):
-                url = f"http://127.0.0.1:{_free_port()}"
+                url = f"http://127.0.0.1:{free_port()}"
                 env = {k: v for k, v in os.environ.items() if not k.startswith("PODCAST_")}
                 env.update(
                     PYTHONPATH=str(REPO_ROOT),
@@ -185,7 +169,7 @@ async def test_two_supervisors_through_a_transaction_pooler_run_every_job_once_w
                             await process.wait()
         finally:
             with trio.CancelScope(shield=True):
-                await trio_asyncio.aio_as_trio(_sql)(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+                await trio_asyncio.aio_as_trio(sql)(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
     for _, _, log in hosts.values():
         lines = [json.loads(line) for line in log.read_text().splitlines()]  # every line JSON
         [started] = [e for e in lines if e["event"] == "supervisor_started"]

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 import uuid
 from pathlib import Path
 
-import asyncpg
 import httpx
 import pytest
 import trio
 import trio_asyncio
+from pg_helpers import free_port, sql
 from registry_helpers import postgres_test_url
 
 from supervisor.registry.postgres import SCHEMA_VERSION
@@ -25,28 +24,13 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 LIMIT_S = 30.0  # a backstop for a broken server, never a timing assertion
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
-async def _sql(query: str) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(postgres_test_url(), timeout=10)
-    try:
-        return list(await conn.fetch(query))
-    finally:
-        await conn.close()
-
-
 async def test_serve_on_postgresql_runs_a_job_to_succeeded(tmp_path: Path) -> None:
     dsn = postgres_test_url()
     assert dsn is not None
     schema = f"test_serve_{uuid.uuid4().hex[:16]}"
     kinds = tmp_path / "kinds.toml"
     kinds.write_text(f'[kinds.ok]\nargv = ["{sys.executable}", "-c", "print(42)"]\nparams = {{ }}\n')
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PODCAST_")}
     env.update(
         PYTHONPATH=str(REPO_ROOT),
@@ -57,7 +41,7 @@ async def test_serve_on_postgresql_runs_a_job_to_succeeded(tmp_path: Path) -> No
         PODCAST_JOB_DATABASE_URL=f"{dsn}?search_path={schema}",
     )
     async with trio_asyncio.open_loop():
-        await trio_asyncio.aio_as_trio(_sql)(f'CREATE SCHEMA "{schema}"')
+        await trio_asyncio.aio_as_trio(sql)(f'CREATE SCHEMA "{schema}"')
         try:
             with (tmp_path / "serve.log").open("wb") as log:
                 process = await trio.lowlevel.open_process(
@@ -90,12 +74,12 @@ async def test_serve_on_postgresql_runs_a_job_to_succeeded(tmp_path: Path) -> No
                     process.kill()
                     with trio.CancelScope(shield=True):
                         await process.wait()
-            rows = await trio_asyncio.aio_as_trio(_sql)(f'SELECT job_id, status FROM "{schema}".jobs')
+            rows = await trio_asyncio.aio_as_trio(sql)(f'SELECT job_id, status FROM "{schema}".jobs')
             assert [(r["job_id"], r["status"]) for r in rows] == [(job_id, "succeeded")]
             assert not (tmp_path / "data" / ".viewer" / "jobs.sqlite3").exists()
         finally:
             with trio.CancelScope(shield=True):
-                await trio_asyncio.aio_as_trio(_sql)(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+                await trio_asyncio.aio_as_trio(sql)(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 async def test_supervisor_migrate_brings_a_fresh_schema_up_to_date_and_says_so(tmp_path: Path) -> None:
@@ -110,7 +94,7 @@ async def test_supervisor_migrate_brings_a_fresh_schema_up_to_date_and_says_so(t
         PODCAST_JOB_DATABASE_AUTO_MIGRATE="false",  # migrate migrates whatever this says
     )
     async with trio_asyncio.open_loop():
-        await trio_asyncio.aio_as_trio(_sql)(f'CREATE SCHEMA "{schema}"')
+        await trio_asyncio.aio_as_trio(sql)(f'CREATE SCHEMA "{schema}"')
         try:
             for _ in range(2):  # the second finds nothing to do
                 with trio.fail_after(LIMIT_S):
@@ -124,8 +108,8 @@ async def test_supervisor_migrate_brings_a_fresh_schema_up_to_date_and_says_so(t
                     )
                 assert done.returncode == 0, done.stderr
                 assert done.stdout.decode().strip().endswith(f"schema version {SCHEMA_VERSION}")
-            rows = await trio_asyncio.aio_as_trio(_sql)(f'SELECT version FROM "{schema}".schema_migrations')
+            rows = await trio_asyncio.aio_as_trio(sql)(f'SELECT version FROM "{schema}".schema_migrations')
             assert [r["version"] for r in rows] == list(range(1, SCHEMA_VERSION + 1))
         finally:
             with trio.CancelScope(shield=True):
-                await trio_asyncio.aio_as_trio(_sql)(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+                await trio_asyncio.aio_as_trio(sql)(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
