@@ -4,7 +4,8 @@
 The contract suite runs through it too (the ``pgbouncer`` backend of ``registry_helpers.BACKENDS``). Here: what
 only a pooler shows. Without the setting, its refusal of the settings a connection starts with is an error that names
 the setting; with it, each transaction runs on its own settings (the schema, the idle-in-transaction bound) whatever
-server session it gets, and two real supervisors make a fleet through it: every job run once, one leader, no LISTEN
+server session it gets (promotions never overshoot through it: ``test_postgres_registry.py``), and two real
+supervisors make a fleet through it: every job run once, one leader, no LISTEN
 (the sweeps move the fleet), nothing but JSON lines in their logs."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pytest
 import trio
 import trio_asyncio
 from pg_helpers import OpenPg, free_port, sql
-from registry_helpers import enqueue, pooler_test_url, request
+from registry_helpers import pooler_test_url
 
 from supervisor.domain import RegistryError
 from supervisor.registry import PostgresRegistry
@@ -75,24 +76,6 @@ async def test_each_transaction_through_the_pooler_runs_on_its_own_settings_what
     finally:
         await trio_asyncio.aio_as_trio(conn.close)()
     assert (plain[0], plain[1]) == ("public", "0")
-
-
-async def test_promotions_through_the_pooler_never_overshoot_INV_PROMOTION_NEVER_OVERSHOOTS(pg_open: OpenPg) -> None:
-    first = await pg_open(pooled=True)
-    others = [await pg_open(pooled=True, schema=first.schema, boot_id=f"boot-{i}") for i in range(2)]
-    await enqueue(first, 30)
-    promoted: list[str] = []
-
-    async def promote(reg: PostgresRegistry, n: int) -> None:
-        promotion = await reg.promote(request(3, *[f"t{n}-{i}" for i in range(3)]))
-        promoted.extend(j.job_id for j in promotion.jobs)
-
-    with trio.fail_after(LIMIT_S):
-        async with trio.open_nursery() as nursery:
-            for n in range(24):
-                nursery.start_soon(promote, [first, *others][n % 3], n)
-    assert len(promoted) == len(set(promoted)) == 3
-    assert (await first.counts())["running"] == 3
 
 
 # -- two supervisors through the pooler ------------------------------------------------------------------------

@@ -263,11 +263,14 @@ def test_a_password_never_shows_in_what_the_registry_says_where_it_is() -> None:
 # -- several supervisors on one schema ------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("pooled", [False, pytest.param(True, marks=pytest.mark.pgbouncer, id="pgbouncer")])
 async def test_promotions_from_several_registries_never_overshoot_INV_PROMOTION_NEVER_OVERSHOOTS(
-    pg_open: OpenPg,
+    pg_open: OpenPg, pooled: bool
 ) -> None:
-    first = await pg_open()
-    others = [await pg_open(schema=first.schema, boot_id=f"boot-{i}") for i in range(2)]
+    """``pgbouncer``: through a pooler in transaction mode, where each transaction meets any server session: the
+    advisory lock is the transaction's, so the bound holds the same."""
+    first = await pg_open(pooled=pooled)
+    others = [await pg_open(pooled=pooled, schema=first.schema, boot_id=f"boot-{i}") for i in range(2)]
     await enqueue(first, 30)
     promoted: list[str] = []
 
