@@ -147,8 +147,9 @@ async def _run_with_registry(
                 data_dir=str(supervisor.data_dir),
                 max_concurrent=config.max_concurrent,
                 registry=redacted_url(config.database_url) if config.database_url else str(config.registry_path),
-                # Behind a transaction pooler there is no LISTEN: the fleet moves by its sweeps alone.
+                # Behind a transaction pooler there is no LISTEN (unless elsewhere): the fleet moves by its sweeps.
                 database_pooler=config.database_pooler if config.database_url else None,
+                database_listen=redacted_url(config.database_listen_url) if config.database_listen_url else None,
                 host_id=config.host_id,
                 leader=supervisor.fleet.leading,
             )

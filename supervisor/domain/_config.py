@@ -119,6 +119,10 @@ class Config:
     # mode), or "transaction" (a pooler in transaction mode, pgbouncer's pool_mode = transaction): then no statement
     # is prepared by name, no setting is sent at connection start, and no LISTEN is made (the sweeps move the fleet).
     database_pooler: str = "none"
+    # Where a PostgreSQL registry LISTENs for the fleet's wake-ups, when not at database_url: PostgreSQL itself (or a
+    # pooler in session mode) for a fleet whose database_url is a pooler in transaction mode, where no LISTEN works.
+    # None: at database_url, unless that is a transaction pooler (then none: the sweeps move the fleet).
+    database_listen_url: str | None = field(default=None, repr=False)
 
     # Everything the supervisor writes besides the corpus lives under <data>/.viewer/.
     @property
@@ -168,7 +172,7 @@ class Config:
             value = getattr(self, f.name)
             if f.name in ("api_token", "webhook_secret"):
                 value = "(set)" if value else None
-            elif f.name == "database_url" and value is not None:
+            elif f.name in ("database_url", "database_listen_url") and value is not None:
                 value = redacted_url(value)
             elif isinstance(value, Path):
                 value = str(value)
@@ -384,6 +388,14 @@ def load_config(
             values["database_auto_migrate"] = False
         else:
             loader.problems.append(f"{got[0]}={got[1]!r}: must be true or false")
+    got = raw("PODCAST_JOB_DATABASE_LISTEN_URL", "database_listen_url")
+    if got is not None:
+        url = str(got[1])
+        if not url.startswith(DATABASE_URL_SCHEMES):
+            shown = redacted_url(url) if "://" in url else "(not a URL)"
+            loader.problems.append(f"{got[0]}={shown!r}: must be a postgresql:// URL")
+        else:
+            values["database_listen_url"] = url
     got = raw("PODCAST_JOB_DATABASE_POOLER", "database_pooler")
     if got is not None:
         word = str(got[1]).lower()
@@ -393,6 +405,11 @@ def load_config(
             # A wrong guess either way fails later and less clearly (a prepared statement gone, a LISTEN that hears
             # nothing): say it now.
             loader.problems.append(f"{got[0]}={got[1]!r}: must be one of {', '.join(DATABASE_POOLERS)}")
+    if "database_listen_url" in values and "database_url" not in values:
+        loader.problems.append(
+            "PODCAST_JOB_DATABASE_LISTEN_URL is set without PODCAST_JOB_DATABASE_URL: a SQLite registry has nothing to "
+            "listen to (unset it, or name the PostgreSQL database)"
+        )
     webhook = values.get("webhook_url")
     if webhook and not str(webhook).startswith(("http://", "https://")):
         loader.problems.append(f"PODCAST_JOB_WEBHOOK_URL={webhook!r}: must be an http:// or https:// URL")
@@ -443,6 +460,7 @@ _TOML_KEYS = (
     "database_timeout_s",
     "database_auto_migrate",
     "database_pooler",
+    "database_listen_url",
 )
 
 DATABASE_POOLERS = ("none", "transaction")

@@ -121,6 +121,7 @@ async def open_registry(
             migrate=config.database_auto_migrate,
             clock=clock,
             transaction_pooler=config.database_pooler == "transaction",
+            listen_dsn=config.database_listen_url,
         )
     return await SqliteRegistry.open(
         config.registry_path,

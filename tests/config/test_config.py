@@ -317,6 +317,26 @@ def test_a_transaction_pooler_is_named_explicitly_and_anything_else_is_an_error_
         assert caught.value.problems == [f"PODCAST_JOB_DATABASE_POOLER={wrong!r}: must be one of none, transaction"]
 
 
+def test_a_listen_url_is_a_postgresql_url_beside_a_database_url_never_shown_with_its_password() -> None:
+    config, _ = load_config(
+        {
+            "PODCAST_JOB_DATABASE_URL": "postgresql://app:pw@bouncer:6432/jobs",
+            "PODCAST_JOB_DATABASE_POOLER": "transaction",
+            "PODCAST_JOB_DATABASE_LISTEN_URL": "postgresql://app:s3cret@db:5432/jobs",
+        }
+    )
+    assert config.database_listen_url == "postgresql://app:s3cret@db:5432/jobs"
+    assert config.describe()["database_listen_url"] == "postgresql://app:***@db:5432/jobs"
+    assert "s3cret" not in repr(config)
+    with pytest.raises(ConfigError) as caught:
+        load_config({"PODCAST_JOB_DATABASE_URL": "postgresql://h/db", "PODCAST_JOB_DATABASE_LISTEN_URL": "db:5432"})
+    assert caught.value.problems == ["PODCAST_JOB_DATABASE_LISTEN_URL='(not a URL)': must be a postgresql:// URL"]
+    with pytest.raises(ConfigError) as caught:
+        load_config({"PODCAST_JOB_DATABASE_LISTEN_URL": "postgresql://h/db"})
+    [problem] = caught.value.problems
+    assert problem.startswith("PODCAST_JOB_DATABASE_LISTEN_URL is set without PODCAST_JOB_DATABASE_URL")
+
+
 def test_a_host_cap_is_a_whole_number_or_an_error_naming_it_never_no_cap() -> None:
     config, _ = load_config({"PODCAST_JOB_HOST_MAX_CONCURRENT": "2"})
     assert config.host_max_concurrent == 2

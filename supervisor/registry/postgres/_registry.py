@@ -144,7 +144,9 @@ class PostgresRegistry:
     ``pg_stat_activity`` (1-63 printable ASCII characters). ``transaction_pooler``: ``dsn`` names a pooler in
     transaction mode (pgbouncer's ``pool_mode = transaction``), which hands each transaction whatever server session
     is free: no statement is prepared by name, no setting is sent at connection start or set for a session (each
-    transaction sets its own), and nothing is LISTENed to (``listen`` gives no feed: the sweeps move the fleet).
+    transaction sets its own), and nothing is LISTENed to there. ``listen_dsn``: where ``listen`` opens its session
+    instead of ``dsn`` (PostgreSQL itself, or a pooler in session mode); None behind a transaction pooler: no feed
+    (the sweeps move the fleet).
     """
 
     def __init__(
@@ -161,6 +163,7 @@ class PostgresRegistry:
         migrate: bool = True,
         application_name: str = APPLICATION_NAME,
         transaction_pooler: bool = False,
+        listen_dsn: str | None = None,
     ) -> None:
         if not (0 < len(application_name) <= 63 and application_name.isascii() and application_name.isprintable()):
             raise ValueError(f"application_name must be 1-63 printable ASCII characters, not {application_name!r}")
@@ -182,6 +185,7 @@ class PostgresRegistry:
         self._migrate = migrate
         self.application_name = application_name
         self.transaction_pooler = transaction_pooler
+        self._listen_dsn = listen_dsn
         self._local_settings: dict[str, str] = {}  # set by each transaction behind a pooler (``_begin``)
         self._local_settings_query = ""
         self.ops = Operations(clock=clock, boot_id=boot_id, outbox=outbox, lease_clock=lease_clock)
@@ -373,10 +377,14 @@ class PostgresRegistry:
 
     def listen(self) -> AbstractAsyncContextManager[WakeupFeed | None]:
         """A session of its own (outside the pool: ``_listen``) that LISTENs on this schema's channel, on which the
-        writes that other hosts may act on send their wake-ups when they commit (``_operations``). Behind a pooler
-        in transaction mode, nothing (None): no session of its own would stay this client's between statements."""
+        writes that other hosts may act on send their wake-ups when they commit (``_operations``), on ``listen_dsn``
+        if given. Behind a pooler in transaction mode without one, nothing (None): no session of its own would stay
+        this client's between statements there."""
         if self._closed or self.ops.channel is None:
             raise RegistryError(f"registry {self.where} is closed")
+        if self._listen_dsn is not None:
+            where = redacted(self._listen_dsn)
+            return listening(self._listen_dsn, self.ops.channel, where=where, timeout_s=self.timeout_s)
         if self.transaction_pooler:
             return nullcontext(None)
         return listening(self._dsn, self.ops.channel, where=self.where, timeout_s=self.timeout_s)

@@ -5,8 +5,9 @@ The contract suite runs through it too (the ``pgbouncer`` backend of ``registry_
 only a pooler shows. Without the setting, its refusal of the settings a connection starts with is an error that names
 the setting; with it, each transaction runs on its own settings (the schema, the idle-in-transaction bound) whatever
 server session it gets (promotions never overshoot through it: ``test_postgres_registry.py``), and two real
-supervisors make a fleet through it: every job run once, one leader, no LISTEN
-(the sweeps move the fleet), nothing but JSON lines in their logs."""
+supervisors make a fleet through it: every job run once, one leader, nothing but JSON lines in their logs. There a
+LISTEN needs a session of its own straight to PostgreSQL (``PODCAST_JOB_DATABASE_LISTEN_URL``), or none is made
+(the sweeps move the fleet)."""
 
 from __future__ import annotations
 
@@ -24,10 +25,10 @@ import pytest
 import trio
 import trio_asyncio
 from pg_helpers import OpenPg, free_port, sql
-from registry_helpers import pooler_test_url
+from registry_helpers import new_job, pooler_test_url, postgres_test_url
 
 from supervisor.domain import RegistryError
-from supervisor.registry import PostgresRegistry
+from supervisor.registry import WAKE_QUEUED, PostgresRegistry, Wakeup
 
 pytestmark = [pytest.mark.postgres, pytest.mark.pgbouncer]
 
@@ -78,6 +79,26 @@ async def test_each_transaction_through_the_pooler_runs_on_its_own_settings_what
     assert (plain[0], plain[1]) == ("public", "0")
 
 
+async def test_behind_the_pooler_wake_ups_are_heard_on_a_listen_url_of_their_own_and_none_without_one(
+    pg_open: OpenPg,
+) -> None:
+    """A NOTIFY sent by a transaction through the pooler is the server's, delivered at commit to every session that
+    listens: one opened straight to PostgreSQL (``PODCAST_JOB_DATABASE_LISTEN_URL``) hears another host's enqueue."""
+    direct = postgres_test_url()
+    assert direct is not None
+    deaf = await pg_open(pooled=True)
+    async with deaf.listen() as nothing:
+        assert nothing is None  # no session of its own through the pooler: the sweeps move the fleet
+    hearing = await pg_open(pooled=True, schema=deaf.schema, listen_dsn=direct)
+    other_host = await pg_open(pooled=True, schema=deaf.schema, boot_id="boot-other")
+    with trio.fail_after(LIMIT_S):
+        async with hearing.listen() as feed:
+            assert feed is not None
+            await feed.check()  # it listens, on the server itself
+            await other_host.enqueue(new_job())
+            assert await feed.receive() == Wakeup(WAKE_QUEUED)
+
+
 # -- two supervisors through the pooler ------------------------------------------------------------------------
 
 
@@ -113,6 +134,8 @@ async def test_two_supervisors_through_a_transaction_pooler_run_every_job_once_w
                     PODCAST_JOB_DATABASE_URL=f"{dsn}?search_path={schema}",
                     PODCAST_JOB_DATABASE_POOLER="transaction",
                 )
+                if host_id == "b":  # b listens straight at PostgreSQL; a hears nothing (its sweeps)
+                    env["PODCAST_JOB_DATABASE_LISTEN_URL"] = str(postgres_test_url())
                 log = tmp_path / f"{host_id}.log"
                 with log.open("wb") as out:
                     process = await trio.lowlevel.open_process(
@@ -153,13 +176,13 @@ async def test_two_supervisors_through_a_transaction_pooler_run_every_job_once_w
         finally:
             with trio.CancelScope(shield=True):
                 await trio_asyncio.aio_as_trio(sql)(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    for _, _, log in hosts.values():
+    for host_id, (_, _, log) in hosts.items():
         lines = [json.loads(line) for line in log.read_text().splitlines()]  # every line JSON
         [started] = [e for e in lines if e["event"] == "supervisor_started"]
         assert started["database_pooler"] == "transaction"
+        assert (started["database_listen"] is not None) == (host_id == "b")
         loud = [e for e in lines if e["level"] in ("warning", "error", "critical")]
-        assert loud == [], loud
-        assert not [e for e in lines if e["event"].startswith("wakeups_")]  # no LISTEN tried, none lost
+        assert loud == [], loud  # b's session never lost; a tried none
 
 
 async def _until_healthy(client: httpx.AsyncClient, url: str) -> None:
