@@ -73,6 +73,7 @@ bench: $(STAMP)
 	bash scripts/docker-engine.sh up
 	$(PY) bench/exec_modes.py --results $(BENCH_RESULTS)
 	$(PY) bench/fleet.py --results $(BENCH_RESULTS)
+	$(PY) bench/pooler.py --results $(BENCH_RESULTS)
 	py=$(BENCH_VENV)/bin/python; [ -x "$$py" ] || py=$(PY); "$$py" bench/report.py
 
 # The alert rules and their unit tests (promtool comes with Debian's prometheus package; .ci/run installs it).

@@ -204,3 +204,19 @@ def test_fleet_smoke_measures_one_and_two_supervisors_on_one_database() -> None:
         started = {name: int(n) for name, n in (part.split() for part in shares[1].split(", "))}
         assert set(started) <= {f"h{i + 1}" for i in range(int(hosts))} and sum(started.values()) == 40, started
     assert "PostgreSQL's CPU not measured: the server named by --database-url is not the bench's own" in out
+
+
+@pytest.mark.postgres
+@pytest.mark.pgbouncer
+def test_pooler_smoke_measures_a_round_trip_direct_and_behind_pgbouncer() -> None:
+    """bench/pooler.py on the test server and its pgbouncer (a schema of its own per way, dropped after): the three
+    ways each ran, and the ratio to direct is reported."""
+    database_url = os.environ["PODCAST_JOB_TEST_DATABASE_URL"]  # the marks skip without them
+    pooler_url = os.environ["PODCAST_JOB_TEST_PGBOUNCER_URL"]
+    out = run_bench("pooler.py", "--database-url", database_url, "--pooler-url", pooler_url)
+    for way in ("direct (the default)", "pooler mode, straight at PostgreSQL", "pooler mode, through pgbouncer"):
+        line = rf"^{re.escape(way)}: ([0-9.]+) ms \([0-9.]+-[0-9.]+\) per round trip \(x([0-9.]+)\)$"
+        found = re.search(line, out, re.M)
+        assert found and float(found[1]) > 0, out
+        if way.startswith("direct"):
+            assert found[2] == "1.00"
