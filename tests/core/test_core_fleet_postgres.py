@@ -45,6 +45,7 @@ import asyncpg
 import httpx
 import pytest
 import trio
+from tcp_proxy import TcpProxy  # type: ignore[import-not-found]
 
 T = TypeVar("T")
 
@@ -760,18 +761,16 @@ async def test_a_pause_file_on_one_host_holds_the_fleet_when_another_host_starts
 # -- 5. a host partitioned from the database -----------------------------------------------------------------------
 
 
-class Partition:
+class Partition(TcpProxy):
     """A TCP proxy between one supervisor and PostgreSQL. ``cut()`` stops forwarding in both directions and leaves
     every socket open -- the hang a real network partition gives, not a refused connection: bytes already read are
     held, nothing more is read, and a new connection is accepted but never connected onwards. ``heal()`` forwards
     again (what was held first) and connects the new ones."""
 
     def __init__(self, upstream_host: str, upstream_port: int) -> None:
-        self.upstream = (upstream_host, upstream_port)
+        super().__init__(upstream_host, upstream_port)
         self.flowing = trio.Event()
         self.flowing.set()
-        self.port = 0
-        self.connections = 0
 
     def cut(self) -> None:
         self.flowing = trio.Event()
@@ -779,32 +778,12 @@ class Partition:
     def heal(self) -> None:
         self.flowing.set()
 
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        self.port = listeners[0].socket.getsockname()[1]
-        async with trio.open_nursery() as handlers:
-            task_status.started()
-            await trio.serve_listeners(self._serve, listeners, handler_nursery=handlers)
+    async def admit(self) -> bool:
+        await self.flowing.wait()  # accepted during a cut: no answer until it heals
+        return True
 
-    async def _serve(self, client: trio.SocketStream) -> None:
-        async with client:
-            await self.flowing.wait()  # accepted during a cut: no answer until it heals
-            with trio.fail_after(10):
-                upstream = await trio.open_tcp_stream(*self.upstream)
-            self.connections += 1
-            async with upstream, trio.open_nursery() as pumps:
-                pumps.start_soon(self._pump, client, upstream, pumps.cancel_scope)
-                pumps.start_soon(self._pump, upstream, client, pumps.cancel_scope)
-
-    async def _pump(self, source: trio.SocketStream, sink: trio.SocketStream, pair: trio.CancelScope) -> None:
-        try:
-            while data := await source.receive_some(65536):
-                await self.flowing.wait()  # a cut holds what was read, and reads nothing more
-                await sink.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            pair.cancel()  # one side closed: so is the other
+    async def hold(self) -> None:
+        await self.flowing.wait()  # a cut holds what was read, and reads nothing more
 
 
 def logged_at(line: dict[str, Any]) -> float:

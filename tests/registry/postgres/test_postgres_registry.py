@@ -8,13 +8,13 @@ import secrets
 import tomllib
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 import trio
 from pg_helpers import OpenPg, Raw
 from registry_helpers import BOOT, WallClock, enqueue, new_job, new_schema, one_running, postgres_test_url, request
+from tcp_proxy import TcpProxy
 
 from supervisor.domain import Conflict, JobStatus, RegistryError, RegistryUnavailable
 from supervisor.registry import Ending, Outcome, PostgresRegistry
@@ -169,52 +169,21 @@ async def test_a_closed_session_is_unavailable_once_and_the_pool_connects_again(
         assert (await reg.get(job_id)).job_id == job_id
 
 
-class ServerGoesAway:
+class ServerGoesAway(TcpProxy):
     """A TCP proxy in front of the test server. ``away()`` is the server stopping: every connection through it is
     closed and new ones are closed as soon as they are accepted (no PostgreSQL answers); ``back()`` forwards again."""
 
-    def __init__(self, host: str, port: int) -> None:
-        self.upstream = (host, port)
-        self.here = True
-        self.port = 0
-        self._sessions = trio.CancelScope()
-        self._held: list[trio.CancelScope] = []
+    here = True
 
     def away(self) -> None:
         self.here = False
-        for scope in self._held:
-            scope.cancel()
+        self.drop_all()
 
     def back(self) -> None:
         self.here = True
 
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        self.port = listeners[0].socket.getsockname()[1]
-        task_status.started()
-        await trio.serve_listeners(self._serve, listeners)
-
-    async def _serve(self, client: trio.SocketStream) -> None:
-        async with client:
-            if not self.here:
-                return
-            with trio.fail_after(10):
-                upstream = await trio.open_tcp_stream(*self.upstream)
-            with trio.CancelScope() as held:
-                self._held.append(held)
-                async with upstream, trio.open_nursery() as pumps:
-                    pumps.start_soon(self._pump, client, upstream, pumps.cancel_scope)
-                    pumps.start_soon(self._pump, upstream, client, pumps.cancel_scope)
-
-    @staticmethod
-    async def _pump(source: trio.SocketStream, sink: trio.SocketStream, pair: trio.CancelScope) -> None:
-        try:
-            while data := await source.receive_some(65536):
-                await sink.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            pair.cancel()
+    async def admit(self) -> bool:
+        return self.here
 
 
 async def test_a_server_that_goes_away_is_unavailable_and_nothing_reconnects_behind_the_calls_back(
