@@ -103,7 +103,7 @@ class Fleet:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self._keep_time)
                 await self.renew()
-                await self.settle_max_concurrent()
+                await self.settle_settings()
                 task_status.started()
                 while True:
                     await trio.sleep(self.lease_s / 3)
@@ -176,15 +176,50 @@ class Fleet:
                 why="its lease had not expired: a restart after a crash, or two supervisors with one host id",
             )
 
-    async def settle_max_concurrent(self) -> None:
-        """The fleet-wide limit must be one value: the first recorded wins, and a host that disagrees says so loudly
-        and promotes under the fleet's. A host that starts while no other host's lease is live records its own (how
-        an operator changes it: restart the fleet with the new value)."""
+    async def settle_settings(self) -> None:
+        """The settings a fleet must share, recorded by the first host and compared by the others: the fleet-wide
+        limit (``settle_max_concurrent``) and the kinds (``settle_kinds``). A host that starts while no other host's
+        lease is live records its own (how an operator changes them: restart the fleet with the new ones)."""
         if self.boot is None:
             return
-        mine = self.boot.config.max_concurrent
         try:
             alone = not any(h.live and h.host_id != self.host_id for h in await self.registry.hosts())
+        except SupervisorError:
+            log_failure("fleet_setting_not_settled", setting="max_concurrent and kinds")
+            return
+        await self.settle_max_concurrent(alone)
+        await self.settle_kinds(alone)
+
+    async def settle_kinds(self, alone: bool) -> None:
+        """The kinds must be the same on every host: a job's argv is made by the host that enqueues it, and its end
+        judged (its resubmissions, its follow-up) by the host that runs it. A host whose kinds differ from the
+        fleet's says so loudly at start, and keeps its own (there is no fleet copy of a kinds file to use)."""
+        assert self.boot is not None
+        mine = self.boot.kinds.fingerprint()
+        try:
+            setting = await self.registry.record_setting("kinds", mine, self.host_id, replace=alone)
+        except SupervisorError:
+            log_failure("fleet_setting_not_settled", setting="kinds")
+            return
+        if setting.value != mine:
+            log.error(
+                "fleet_setting_disagrees",
+                setting="PODCAST_JOB_KINDS_FILE",
+                here=mine,
+                fleet=setting.value,
+                recorded_by=setting.host_id,
+                recorded_at=to_iso(setting.recorded_at),
+                used="this host's own kinds",
+                fix="give every host the same kinds file (and restart the fleet when it changes): a job's command is "
+                "made where it was enqueued, and its resubmissions and follow-up decided where it ran",
+            )
+
+    async def settle_max_concurrent(self, alone: bool) -> None:
+        """The fleet-wide limit must be one value: the first recorded wins, and a host that disagrees says so loudly
+        and promotes under the fleet's."""
+        assert self.boot is not None
+        mine = self.boot.config.max_concurrent
+        try:
             setting = await self.registry.record_setting("max_concurrent", str(mine), self.host_id, replace=alone)
         except SupervisorError:
             log_failure("fleet_setting_not_settled", setting="max_concurrent")

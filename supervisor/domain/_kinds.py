@@ -36,13 +36,14 @@ Braces in argv:
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 import re
 import sys
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -236,6 +237,27 @@ class KindCatalog:
 
     def __contains__(self, name: object) -> bool:
         return name in self._kinds
+
+    def fingerprint(self) -> str:
+        """A digest of every kind's definition (its argv template, params, outcome and retry rules): equal on two
+        supervisors whose kinds are the same, whatever their files' layout or comments."""
+        canonical = {name: _canonical(kind) for name, kind in sorted(self._kinds.items())}
+        return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _canonical(kind: JobKind) -> dict[str, Any]:
+    """A kind as plain JSON values: mappings with text keys, sets as sorted lists."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {str(k): plain(v) for k, v in value.items()}
+        if isinstance(value, frozenset | set):
+            return sorted(value)
+        if isinstance(value, tuple | list):
+            return [plain(v) for v in value]
+        return value
+
+    return {f.name: plain(getattr(kind, f.name)) for f in fields(kind)}
 
 
 # The built-in kinds, written as the tables an operator would put in a kinds file and parsed by the same code, so

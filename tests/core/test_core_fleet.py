@@ -115,13 +115,21 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Callable[..., Host]]:
     async with trio.open_nursery() as machines, trio.open_nursery() as nursery:
 
         def make(
-            host_id: str, *, fleet_task: bool = True, max_concurrent: int = 4, machine: MemoryExecutor | None = None
+            host_id: str,
+            *,
+            fleet_task: bool = True,
+            max_concurrent: int = 4,
+            machine: MemoryExecutor | None = None,
+            kinds_text: str = KINDS,
         ) -> Host:
-            """A host; ``machine``: another host's, shared (one engine that both reach), else one of its own."""
+            """A host; ``machine``: another host's, shared (one engine that both reach), else one of its own;
+            ``kinds_text``: its kinds file's (the fleet's by default)."""
+            own_kinds = kinds if kinds_text == KINDS else tmp_path / f"kinds-{host_id}.toml"
+            own_kinds.write_text(kinds_text)
             config = Config(
                 data_dir=tmp_path / host_id,
                 bind_port=0,
-                kinds_file=kinds,
+                kinds_file=own_kinds,
                 max_concurrent=max_concurrent,
                 sweep_interval_s=86400.0,
                 host_id=host_id,
@@ -131,7 +139,7 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Callable[..., Host]]:
             view = Partitionable(shared)
             registry = cast(Registry, view)
             sup = Supervisor(
-                config, load_kinds(kinds), registry, boot_id=f"boot-{host_id}", executor=machine, wall_clock=clock
+                config, load_kinds(own_kinds), registry, boot_id=f"boot-{host_id}", executor=machine, wall_clock=clock
             )
             sup.attach(nursery)
             nursery.start_soon(sup.run_drainer)
@@ -357,6 +365,26 @@ async def test_a_host_that_disagrees_on_the_fleet_limit_says_so_and_promotes_und
         await b.sup.enqueue("sleep", {"seconds": 3600})
     await b.sup.drain()
     assert (await b.sup.queue_state()).running == 4  # the fleet's limit, not b's 9
+
+
+async def test_a_host_whose_kinds_differ_from_the_fleets_says_so_at_start(
+    jump_clock: trio.testing.MockClock, fleet: Callable[..., Host]
+) -> None:
+    """A job's command is made where it is enqueued and its end judged where it runs: hosts with different kinds run
+    one kind two ways. The first host records the kinds' fingerprint; one that differs says so (the layout of the
+    file, its comments, do not count)."""
+    with structlog.testing.capture_logs() as logs:
+        fleet("a")  # alone: records its kinds
+        await trio.sleep(1)
+        first, second = KINDS.split("[kinds.retried_sleep]")
+        fleet("b", kinds_text=f"# the same kinds, in another order\n[kinds.retried_sleep]{second}\n{first}")
+        await trio.sleep(1)
+        c = fleet("c", kinds_text=KINDS + '\n[kinds.extra]\nargv = ["true"]\n')
+        await trio.sleep(1)
+    [said] = [e for e in logs if e["event"] == "fleet_setting_disagrees"]
+    assert (said["log_level"], said["setting"], said["recorded_by"]) == ("error", "PODCAST_JOB_KINDS_FILE", "a")
+    assert said["here"] == c.sup.boot.kinds.fingerprint() != said["fleet"]
+    assert "extra" in c.sup.boot.kinds  # it keeps its own
 
 
 async def test_after_a_database_outage_the_first_host_to_lead_again_names_no_live_host_silent(
