@@ -57,6 +57,8 @@ async def test_each_transaction_through_the_pooler_runs_on_its_own_settings_what
 
     async def seen(conn: Any) -> tuple[str, str, int]:
         row = await conn.fetchrow(query)
+        # Held a moment: the transactions overlap for real, so the pooler serves them on several server sessions.
+        await conn.execute("SELECT pg_sleep(0.05)")
         return row[0], row[1], row[2]
 
     found: list[tuple[str, str, int]] = []
