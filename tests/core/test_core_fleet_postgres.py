@@ -67,9 +67,10 @@ LIMIT = 4  # PODCAST_JOB_MAX_CONCURRENT: fleet-wide
 WAIT_S = 30.0  # a backstop for a broken fleet, never a timing assertion
 SLACK_S = 1.0  # scheduling and HTTP on a busy 2-core machine, on top of a bound the design gives
 
-# Each start and end of a job's program, with its wall time, appended to one journal (as bench/chaos.py does).
-JOURNAL_JOB = r"""
-import os, sys, time
+# A job program's note of its start or end, with its wall time, appended to one journal (argv[2]; as bench/chaos.py
+# does): the first lines of the programs below that keep one.
+NOTE = r"""
+import os, sys, threading, time
 def note(what):
     line = "%s %s %.6f\n" % (what, os.environ["PODCAST_JOB_ID"], time.time())
     fd = os.open(sys.argv[2], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
@@ -77,6 +78,10 @@ def note(what):
         os.write(fd, line.encode())
     finally:
         os.close(fd)
+"""
+
+# Each start and end of a job's program in the journal; it runs argv[1] seconds.
+JOURNAL_JOB = NOTE + r"""
 note("start")
 time.sleep(float(sys.argv[1]))
 note("end")
@@ -91,15 +96,7 @@ sys.exit(int(sys.argv[2]))
 """
 
 # Notes its start in the journal, runs until its gate file exists, notes its end: one start per run, seen by the job.
-JOURNALED_GATE_JOB = r"""
-import os, sys, threading, time
-def note(what):
-    line = "%s %s %.6f\n" % (what, os.environ["PODCAST_JOB_ID"], time.time())
-    fd = os.open(sys.argv[2], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+JOURNALED_GATE_JOB = NOTE + r"""
 note("start")
 while not os.path.exists(sys.argv[1]):
     threading.Event().wait(0.02)
@@ -357,6 +354,30 @@ async def until(check: Callable[[], Awaitable[T]], *, what: str, limit_s: float 
             return value
     except trio.TooSlowError:
         raise AssertionError(f"gave up after {limit_s} s waiting for {what}") from None
+
+
+async def until_cancelled(
+    fleet: Fleet, via: Host, job_id: str, marker: Path, *, limit_s: float = WAIT_S
+) -> tuple[dict[str, Any], int]:
+    """Poll ``via``'s API until the row of a job whose program is named by ``marker`` ends ``cancelled``: the row, and
+    how many reads saw the stop under way (the program, SIGTERMed, still running). Each read takes the row first,
+    then the processes: a row that says cancelled while its program still runs fails here (it is the bug)."""
+    under_way = 0
+
+    async def cancelled() -> dict[str, Any] | None:
+        nonlocal under_way
+        row = await fleet.job(via, job_id)
+        runs = bool(await trio.to_thread.run_sync(processes_naming, str(marker)))
+        if row["status"] == "cancelled":
+            assert not runs, "the row says cancelled while the job's program still runs"
+            return row
+        assert row["status"] == "running", row
+        if runs and await trio.Path(f"{marker}.term").exists():
+            under_way += 1
+        return None
+
+    row = await until(cancelled, what="the row to end cancelled", limit_s=limit_s, every_s=0.02)
+    return row, under_way
 
 
 async def _sql(dsn: str, query: str) -> None:
@@ -713,26 +734,8 @@ async def test_a_cancel_through_a_host_that_does_not_own_the_job_ends_it_cancell
     answer = await fleet.post(via, f"/api/jobs/{job_id}/cancel")
     assert (answer["status"], answer["cancel_requested"]) == ("running", True), answer
 
-    def program_runs() -> bool:
-        return bool(processes_naming(str(marker)))
-
-    # The owner carries it out (SIGTERM at its next sweep); the program takes a second to go. Read the row first,
-    # then the processes: a row that says cancelled while its program still runs is the bug.
-    running_while_stopping = 0
-
-    async def cancelled() -> dict[str, Any] | None:
-        nonlocal running_while_stopping
-        row = await fleet.job(via, job_id)
-        runs = await trio.to_thread.run_sync(program_runs)
-        if row["status"] == "cancelled":
-            assert not runs, "the row says cancelled while the job's program still runs"
-            return row
-        assert row["status"] == "running", row
-        if runs and await trio.Path(f"{marker}.term").exists():
-            running_while_stopping += 1
-        return None
-
-    row = await until(cancelled, what="the row to end cancelled", every_s=0.02)
+    # The owner carries it out (SIGTERM at its next sweep); the program takes a second to go.
+    row, running_while_stopping = await until_cancelled(fleet, via, job_id, marker)
     assert running_while_stopping > 0, "the stop was never seen under way: the test proved nothing"
     assert row["host_id"] == owner.host_id
     for host in hosts:

@@ -28,9 +28,9 @@ from test_core_fleet_postgres import (  # type: ignore[import-not-found]
     Fleet,
     Host,
     fleet,
-    processes_naming,
     sql,
     until,
+    until_cancelled,
 )
 
 pytestmark = [pytest.mark.postgres, pytest.mark.e2e]
@@ -98,21 +98,7 @@ async def test_an_enqueue_through_a_full_host_is_started_by_another_and_a_cancel
     # processes: a row that says cancelled while its program still runs is the bug.
     answer = await fleet.post(full, f"/api/jobs/{job_id}/cancel")
     assert (answer["status"], answer["cancel_requested"]) == ("running", True), answer
-    running_while_stopping = 0
-
-    async def cancelled() -> dict[str, Any] | None:
-        nonlocal running_while_stopping
-        row = await fleet.job(full, job_id)
-        runs = bool(await trio.to_thread.run_sync(processes_naming, str(marker)))
-        if row["status"] == "cancelled":
-            assert not runs, "the row says cancelled while the job's program still runs"
-            return row
-        assert row["status"] == "running", row
-        if runs and await trio.Path(f"{marker}.term").exists():
-            running_while_stopping += 1
-        return None
-
-    row = await until(cancelled, what="the row to end cancelled", limit_s=HINT_BOUND_S, every_s=0.02)
+    row, running_while_stopping = await until_cancelled(fleet, full, job_id, marker, limit_s=HINT_BOUND_S)
     assert await trio.Path(f"{marker}.term").exists()  # the job's own word: it was stopped by a SIGTERM
     assert running_while_stopping > 0, "the stop was never seen under way: the test proved nothing"
     assert row["host_id"] == free.host_id
