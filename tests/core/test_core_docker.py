@@ -105,10 +105,10 @@ async def test_output_is_copied_into_the_capped_log_and_a_missing_image_fails_on
 
 
 async def test_output_that_cannot_be_written_here_is_said_at_once_and_never_holds_up_the_end(tmp_path: Path) -> None:
-    """A log path this host cannot write (here its parent is a file; in a fleet, the leader ending a silent host's
-    job whose log path is that host's; or a full or read-only disk) is a fault of this host's disk, not the engine's:
-    said at once, with the path, and the output asked of the engine once -- not again and again with backoff (7.5 s),
-    which outlasted the leader's round over silent hosts (a third of the lease) so that such a job was never ended."""
+    """A log the copy cannot write (here its directory is a file; or a disk full, or turned read-only, after the
+    start's or the proof's check) is a fault of this host's disk, not the engine's: said at once, with the path, and
+    the output asked of the engine once -- not again and again with backoff (7.5 s), which held up the job's end that
+    long, and outlasted the leader's round over silent hosts (a third of the lease)."""
     executor = docker_execution.DockerExecutor(
         image=IMAGE, data_volume=str(tmp_path), log_dir=tmp_path, log_max_bytes=4096
     )
