@@ -32,11 +32,14 @@ from ._events import EventSink
 from ._exit_codes import (
     EXIT_ALL_FEEDS_FAILED,
     EXIT_BUDGET_EXHAUSTED,
+    EXIT_CODES,
     EXIT_CRASH,
     EXIT_OK,
+    EXIT_TERMINATED,
     EXIT_TIME_BUDGET_EXHAUSTED,
     EXIT_TRANSIENT,
     EXIT_USAGE,
+    ExitMeaning,
 )
 from ._feed import Episode, Feed, parse_feed
 from ._heartbeat import Heartbeat
@@ -59,8 +62,10 @@ __all__ = [
     "DEFAULT_PROCESSING_LOOP_BUDGET_S",
     "EXIT_ALL_FEEDS_FAILED",
     "EXIT_BUDGET_EXHAUSTED",
+    "EXIT_CODES",
     "EXIT_CRASH",
     "EXIT_OK",
+    "EXIT_TERMINATED",
     "EXIT_TIME_BUDGET_EXHAUSTED",
     "EXIT_TRANSIENT",
     "EXIT_USAGE",
@@ -84,6 +89,7 @@ __all__ = [
     "EpisodeBudgetExceededError",
     "EpisodeError",
     "EventSink",
+    "ExitMeaning",
     "Feed",
     "FeedError",
     "FeedFetchError",

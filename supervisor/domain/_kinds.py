@@ -68,8 +68,19 @@ _ASCII_FLOAT = re.compile(r"[+-]?(?:[0-9]{1,20}(?:\.[0-9]{0,20})?|\.[0-9]{1,20})
 MAX_FLOAT = sys.float_info.max
 # Exit codes of pipeline_runner that are planned outcomes (ADR-0002, INV-BUDGET-IS-AN-OUTCOME) ...
 PIPELINE_EXIT_REASONS = {10: "budget_exhausted", 11: "time_budget_exhausted"}
-# ... and those that are failures with a name an operator can act on.
-PIPELINE_FAILURE_REASONS = {3: "all_feeds_failed", 75: "all_feeds_unavailable"}
+# ... those that are failures with a name an operator can act on ...
+PIPELINE_FAILURE_REASONS = {3: "all_feeds_failed", 75: "all_feeds_unavailable", 143: "terminated"}
+# ... and those that mean "start it again" (attempts permitting): 75 (EX_TEMPFAIL), the runner's own "failed, but
+# transiently"; 143, its "terminated" (SIGTERM/SIGINT from outside: a host shutdown, `kill`, `docker stop`), since a
+# polite kill is a kill (ADR-150 D4); 137 (128 + 9), how docker mode reports a container SIGKILLed from outside (the
+# OOM killer aside, which the engine names): the engine cannot tell a signal from an exit code (ADR 0005 §6). In
+# subprocess mode a SIGKILL is seen as the signal itself, and 137 is only what the program itself exits with.
+# pipeline_runner's EXIT_CODES is the same contract on its side: tests/runner/test_runner_exit_code_contract.py
+# holds the two equal.
+PIPELINE_RETRY_EXIT_CODES = [75, 137, 143]
+# A run is safe to repeat (the corpus is crash-only, and the poison-pill memo skips an episode that keeps failing),
+# so a crashed one gets up to two more starts, about 60 s and 120 s later (the default backoff).
+PIPELINE_MAX_ATTEMPTS = 3
 # Resubmission (ADR-150 D4), per kind: the defaults (a kind that declares nothing is never resubmitted) ...
 DEFAULT_MAX_ATTEMPTS = 1
 DEFAULT_RETRY_BACKOFF_S = 60.0
@@ -284,20 +295,18 @@ _BUILTINS: dict[str, dict[str, Any]] = {
         "then": "enrichment",
         "exit_reasons": PIPELINE_EXIT_REASONS,
         "failure_reasons": PIPELINE_FAILURE_REASONS,
-        # A run is safe to repeat (the corpus is crash-only, and the poison-pill memo skips an episode that keeps
-        # failing), so a crashed one gets up to two more starts, about 60 s and 120 s later (the default backoff).
-        "max_attempts": 3,
-        # 75 (EX_TEMPFAIL): the runner's own "failed, but transiently: try again later".
-        # 137 (128 + 9): how docker mode reports a container SIGKILLed from outside (the OOM killer aside, which
-        # the engine names): the engine cannot tell a signal from an exit code (ADR 0005 §6). In subprocess mode a
-        # SIGKILL is seen as the signal itself, and 137 is only what the program itself exits with.
-        "retry_on_exit_codes": [75, 137],
+        "max_attempts": PIPELINE_MAX_ATTEMPTS,
+        "retry_on_exit_codes": PIPELINE_RETRY_EXIT_CODES,
     },
     "enrichment": {
         "argv": ["{python}", "-m", "pipeline_runner", "enrich"],
         "coalesce": True,
+        # The same runner, the same exit codes: a pass that a reboot or `docker stop` ended starts again (it reads
+        # the whole corpus as it finds it, so a repeat is the same pass).
         "exit_reasons": PIPELINE_EXIT_REASONS,
-        # max_attempts 1 (the default): never resubmitted; the next pipeline run enqueues it again anyway.
+        "failure_reasons": PIPELINE_FAILURE_REASONS,
+        "max_attempts": PIPELINE_MAX_ATTEMPTS,
+        "retry_on_exit_codes": PIPELINE_RETRY_EXIT_CODES,
     },
 }
 

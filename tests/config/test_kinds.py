@@ -35,12 +35,13 @@ def test_builtin_kinds() -> None:
     assert catalog.get("pipeline").failure_reasons[3] == "all_feeds_failed"
 
 
-def test_the_pipeline_is_resubmitted_on_a_transient_failure_or_an_outside_kill_and_enrichment_never() -> None:
+def test_both_runner_kinds_are_resubmitted_on_a_transient_failure_or_an_outside_kill_polite_or_not() -> None:
     catalog = load_kinds(None)
     pipeline, enrichment = catalog.get("pipeline"), catalog.get("enrichment")
-    assert (pipeline.max_attempts, pipeline.retry_on_exit_codes) == (3, frozenset({75, 137}))
+    assert (pipeline.max_attempts, pipeline.retry_on_exit_codes) == (3, frozenset({75, 137, 143}))
     assert (pipeline.retry_backoff_s, pipeline.retry_backoff_max_s) == (60.0, 3600.0)
-    assert (enrichment.max_attempts, enrichment.retry_on_exit_codes) == (1, frozenset())
+    assert (enrichment.max_attempts, enrichment.retry_on_exit_codes) == (3, frozenset({75, 137, 143}))
+    assert pipeline.failure_reasons[143] == enrichment.failure_reasons[143] == "terminated"
     # Its last attempt runs without an episode that killed the earlier ones: the memo's threshold is one below.
     argv = pipeline.render_argv(pipeline.validate_params({"feed": "f"}))
     assert argv[-2:] == ["--poison-threshold", str(pipeline.max_attempts - 1)]

@@ -20,7 +20,11 @@ def test_all_names_exist_and_are_public() -> None:
 
 
 def test_exit_codes_are_the_contract() -> None:
-    codes = {name: getattr(pipeline_runner, name) for name in pipeline_runner.__all__ if name.startswith("EXIT_")}
+    codes = {
+        name: getattr(pipeline_runner, name)
+        for name in pipeline_runner.__all__
+        if name.startswith("EXIT_") and name != "EXIT_CODES"
+    }
     assert codes == {
         "EXIT_OK": 0,
         "EXIT_CRASH": 1,
@@ -29,6 +33,7 @@ def test_exit_codes_are_the_contract() -> None:
         "EXIT_BUDGET_EXHAUSTED": 10,
         "EXIT_TIME_BUDGET_EXHAUSTED": 11,
         "EXIT_TRANSIENT": 75,
+        "EXIT_TERMINATED": 143,
     }
 
 

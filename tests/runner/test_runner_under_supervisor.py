@@ -15,7 +15,7 @@ from typing import Any, Literal
 import httpx
 import pytest
 import trio
-from runner_helpers import HttpServer, hang_after_headers, respond, rss
+from runner_helpers import HttpServer, drip, hang_after_headers, respond, rss
 
 from pipeline_runner import episode_key
 from supervisor import Config, KindCatalog, load_kinds, run_supervisor
@@ -138,3 +138,65 @@ async def test_an_episode_that_kills_every_attempt_is_poisoned_by_the_third_and_
     run = json.loads((data / "corpus" / ".runs" / job["job_id"] / "run.json").read_text())
     assert [p["guid"] for p in run["poisoned"]] == ["fatal"]
     assert (data / "corpus" / "episodes" / episode_key("fine") / "COMPLETE").exists()
+
+
+def _terminate_from_outside(exec_mode: str, row: dict[str, Any]) -> None:
+    """What a host shutdown, ``kill`` or ``docker stop`` does to the running attempt: SIGTERM (blocking)."""
+    if exec_mode == "docker":
+        client = make_client()
+        try:
+            client.stop(row["container_id"], timeout=10)  # SIGTERM through docker-init; SIGKILL only after 10 s
+        finally:
+            client.close()
+        return
+    identity = identify(row["pid"])
+    assert identity is not None and identity.start_time == row["pid_start_time"]  # still that process
+    os.kill(row["pid"], signal.SIGTERM)
+
+
+@pytest.mark.parametrize("exec_mode", ["subprocess", pytest.param("docker", marks=pytest.mark.docker)])
+async def test_a_pipeline_job_terminated_from_outside_mid_download_is_started_again_and_its_half_episode_never_counts(
+    http_server: HttpServer, tmp_path: Path, exec_mode: Literal["subprocess", "docker"]
+) -> None:
+    """Issue 38: a polite kill is a kill. SIGTERM (``kill``; ``docker stop`` in docker mode) while an enclosure is
+    half downloaded: the runner stops gracefully with its own code for it, and the built-in kind resubmits the job
+    (attempt 2) instead of failing it for good; the half-written episode never reaches the corpus, and the poison-pill
+    memo does not count it (the second attempt fetches and keeps it)."""
+    s = http_server
+    body = bytes(range(256)) * 40
+    s.routes["/feed"] = respond(200, rss([("fine", s.url("/fine"), None), ("slow", s.url("/slow"), None)]))
+    s.routes["/fine"] = respond(200, b"F" * 100)
+    # The first fetch sends half the enclosure, then nothing more (a slow link): the kill lands mid-download.
+    s.routes["/slow"] = drip(len(body), 3600, after=body[: len(body) // 2])
+    data = tmp_path / "data"
+    builtin = load_kinds(None)
+    # The built-in kind as shipped; only the backoff is shortened, so the test does not wait 60 s.
+    fast = dataclasses.replace(builtin.get("pipeline"), retry_backoff_s=0.2, retry_backoff_max_s=0.4)
+    kinds = KindCatalog({"pipeline": fast, "enrichment": builtin.get("enrichment")})
+    config = Config(data_dir=data, bind_port=0, max_concurrent=1, exec_mode=exec_mode, docker_network="host")
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        sup = await nursery.start(functools.partial(run_supervisor, config, kinds, shutdown=shutdown))
+        base = sup.heartbeat_base_url
+        async with httpx.AsyncClient(timeout=10) as client:
+            answer = await client.post(
+                f"{base}/api/jobs", json={"kind": "pipeline", "params": {"feed": s.url("/feed"), "max_episodes": 0}}
+            )
+            assert answer.status_code == 202, answer.text
+            url = f"{base}/api/jobs/{answer.json()['job_id']}"
+            with trio.fail_after(60):
+                await s.wait_for_requests("/slow", 1)  # attempt 1 is half way through the enclosure
+                row = await _running_attempt(client, url, 1)
+            s.routes["/slow"] = respond(200, body)  # the link is fine again for the next start
+            await trio.to_thread.run_sync(_terminate_from_outside, exec_mode, row)
+            job = await _poll_job(client, url, timeout_s=90)
+        shutdown.set()
+    assert (job["status"], job["error_reason"], job["attempts"]) == ("succeeded", None, 2), job
+    assert [(a["attempt"], a["status"], a["reason"], a["exit_code"]) for a in job["history"]] == [
+        (1, "failed", "terminated", 143)
+    ]
+    assert len(s.requests_to("/slow")) == 2  # fetched again: the memo did not count the terminated attempt
+    audio = data / "corpus" / "episodes" / episode_key("slow") / "audio.bin"
+    assert audio.read_bytes() == body  # the whole enclosure, never the half the first attempt had
+    run = json.loads((data / "corpus" / ".runs" / job["job_id"] / "run.json").read_text())
+    assert run["poisoned"] == []

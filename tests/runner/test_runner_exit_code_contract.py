@@ -1,0 +1,77 @@
+"""The runner's exit codes and the supervisor's built-in kinds are one contract held in two packages that share no
+code (the runner never imports ``supervisor``): this test reads both tables and fails when they differ."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+import pipeline_runner
+from supervisor.core import RetryPolicy, ending
+from supervisor.domain import ExitStatus, JobStatus, load_kinds
+
+NOW = datetime(2026, 12, 3, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("kind_name", ["pipeline", "enrichment"])
+@pytest.mark.parametrize("meaning", pipeline_runner.EXIT_CODES, ids=lambda m: str(m.code))
+def test_every_runner_exit_code_means_to_the_kind_what_the_runner_says(
+    kind_name: str, meaning: pipeline_runner.ExitMeaning
+) -> None:
+    kind = load_kinds(None).get(kind_name)
+    decided = ending(
+        ExitStatus(code=meaning.code),
+        kind=kind,
+        cancel_asked=False,
+        stall_stop=False,
+        orphan_reason="orphan",
+        attempts=1,
+        policy=RetryPolicy.of(kind, kind.max_attempts),
+        now=NOW,
+    )
+    assert str(decided.outcome.status) == meaning.status
+    expected_reason = meaning.reason if meaning.reason is not None or meaning.status == "succeeded" else None
+    if expected_reason is None and meaning.status == "failed":
+        expected_reason = f"exit_code_{meaning.code}"  # no name of its own: the supervisor's generic one
+    assert decided.outcome.reason == expected_reason
+    # A code that asks for another start gets one (attempts permitting: both kinds allow more than one), and no
+    # other code does.
+    assert (decided.retry is not None) == meaning.retry
+    if meaning.retry:
+        assert kind.max_attempts > 1
+
+
+def test_the_table_names_every_exit_constant_once() -> None:
+    names = [n for n in pipeline_runner.__all__ if n.startswith("EXIT_") and n != "EXIT_CODES"]
+    constants = {getattr(pipeline_runner, n) for n in names}
+    codes = [m.code for m in pipeline_runner.EXIT_CODES]
+    assert sorted(codes) == sorted(constants)
+
+
+def test_a_polite_kill_is_terminated_and_started_again_while_a_crash_is_not() -> None:
+    """The incident class of issue 38: SIGTERM from outside ended a pipeline job for good (exit 1)."""
+    pipeline = load_kinds(None).get("pipeline")
+    policy = RetryPolicy.of(pipeline, pipeline.max_attempts)
+    terminated = ending(
+        ExitStatus(code=pipeline_runner.EXIT_TERMINATED),
+        kind=pipeline,
+        cancel_asked=False,
+        stall_stop=False,
+        orphan_reason="orphan",
+        policy=policy,
+        now=NOW,
+    )
+    assert (terminated.outcome.status, terminated.outcome.reason) == (JobStatus.FAILED, "terminated")
+    assert terminated.retry is not None
+    # The same code after a cancel this supervisor sent is the cancel, never a resubmission.
+    cancelled = ending(
+        ExitStatus(code=pipeline_runner.EXIT_TERMINATED),
+        kind=pipeline,
+        cancel_asked=True,
+        stall_stop=False,
+        orphan_reason="orphan",
+        policy=policy,
+        now=NOW,
+    )
+    assert cancelled.outcome.status is JobStatus.CANCELLED and cancelled.retry is None
