@@ -18,6 +18,7 @@
     ├── RegistryError               the registry could not be read or written (storage, lock timeout)
     ├── SpawnError                  a job's process could not be started
     ├── ExecutorUnavailable         no job can be started now (the engine does not answer); nothing of it runs
+    ├── StartOutcomeUnknown         a start was asked and not answered in time: the job may run or never will
     ├── HostForgotten               an operator forgot this boot of the host: its lease is never renewed again
     ├── ApiError                    (CLI client, _client.py) the server answered with an error
     └── Unreachable                 (CLI client, _client.py) no usable answer from the server
@@ -167,6 +168,13 @@ class SpawnError(SupervisorError):
 class ExecutorUnavailable(SupervisorError):
     """The executor's engine could not make a start now (refused, timed out, answered a server error), and nothing of
     the job runs: the job is not at fault, and goes back to the head of the queue, the start not counted."""
+
+
+class StartOutcomeUnknown(SupervisorError):
+    """A start was asked of the executor and not answered within its bound (a shepherd that is stopped or swapped
+    out, an engine whose start timed out and whose container could not be removed): the job may yet run, or never
+    will. Never recorded as a failure: the row keeps its slot, running with its liveness unknown, until the executor's
+    evidence says which (a start record or a container: adopted; provably none: back to the queue)."""
 
 
 class HostForgotten(SupervisorError):

@@ -51,7 +51,7 @@ from docker.transport.unixconn import UnixHTTPAdapter, UnixHTTPConnection, UnixH
 from docker.types import LogConfig
 
 from ..domain._config import Config
-from ..domain._errors import ExecutorUnavailable, SpawnError, SupervisorError
+from ..domain._errors import ExecutorUnavailable, SpawnError, StartOutcomeUnknown, SupervisorError
 from ..domain._model import IdentityRecord, Job, utc_now
 from ..observe._logging import get_logger
 from ._base import (
@@ -313,6 +313,10 @@ class DockerExecutor(Executor):
         # One wait slice per watched job at most; slices end every WAIT_SLICE_S, so a job beyond the limit waits its
         # turn instead of a thread.
         self._waits = trio.CapacityLimiter(MAX_WAITS)
+        # Jobs whose start runs in a worker thread now: evidence says UNKNOWN for them, never "no container". The
+        # thread removes its job itself when it ends, even after its caller was cancelled (an SDK call is abandoned,
+        # not stopped: it may still make and start the container).
+        self._starting: set[str] = set()
 
     @classmethod
     def from_config(cls, config: Config) -> DockerExecutor:
@@ -365,9 +369,16 @@ class DockerExecutor(Executor):
         self.client.containers(limit=1, filters={"label": LABEL_JOB})
 
     async def start(self, launch: Launch) -> ContainerHandle:
+        def create_and_start() -> str:
+            try:
+                return self._create_and_start(launch)
+            finally:
+                self._starting.discard(launch.job_id)
+
+        self._starting.add(launch.job_id)
         try:
-            container_id = await self._call(lambda: self._create_and_start(launch), call="start", report=False)
-        except ExecutorUnavailable as exc:
+            container_id = await self._call(create_and_start, call="start", report=False)
+        except (ExecutorUnavailable, StartOutcomeUnknown) as exc:
             self.health.failed(exc.__cause__ or exc, call="start")
             raise
         except SpawnError:
@@ -443,8 +454,10 @@ class DockerExecutor(Executor):
                         error=describe_error(cleanup),
                         why="its start failed and it could not be removed; remove it by hand",
                     )
-                    # It may yet start: never started again under the same attempt (it would run twice).
-                    raise SpawnError(f"docker start: {describe_error(exc)}") from exc
+                    # It may yet start: its outcome is unknown, never a failure (the job would run unwatched, and a
+                    # kind that resubmits would run it twice). The row keeps its slot; the evidence (its labelled
+                    # container) says later whether it started.
+                    raise StartOutcomeUnknown(f"docker start: {describe_error(exc)}") from exc
                 log.warning(
                     "container_left_behind",
                     job_id=launch.job_id,
@@ -614,6 +627,17 @@ class DockerExecutor(Executor):
     def gather_evidence(self, jobs: Sequence[Job], *, boot_id: str) -> list[Evidence]:
         if not jobs:
             return []
+        starting = set(self._starting)
+        if starting and any(job.job_id in starting and not job.spawned for job in jobs):
+            # A start still under way in a worker thread (its caller gave up on it): its container may appear at any
+            # moment, so no listing taken now says it never will (INV-UNKNOWN-KEEPS-SLOT).
+            rest = [job for job in jobs if job.job_id not in starting or job.spawned]
+            found = iter(self.gather_evidence(rest, boot_id=boot_id))
+            detail = "its start is still under way in the engine"
+            return [
+                Evidence(Liveness.UNKNOWN, detail=detail) if job.job_id in starting and not job.spawned else next(found)
+                for job in jobs
+            ]
         try:
             listed = self.client.containers(all=True, filters={"label": LABEL_JOB})
         except ENGINE_ERRORS as exc:

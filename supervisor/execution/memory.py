@@ -8,7 +8,9 @@ A job runs the *program* registered for its kind: ``async def program(job: Memor
 ``stop`` delivers SIGTERM: the program's ``terminated`` event is set and, unless the program set
 ``ignores_sigterm``, it is killed by that signal at once. The test can ``kill`` a job (as ``kill -9`` would), ``lose``
 one (it vanishes with no record, as a job whose shepherd was killed too), and make the engine ``unreachable``
-(evidence UNKNOWN, waits stall until it is back).
+(evidence UNKNOWN, waits stall until it is back). ``hold_starts`` makes the machine take start requests without acting
+on them (a shepherd stopped by SIGSTOP): a start is then unanswered, and after ``start_timeout_s`` its outcome is
+unknown; ``release_starts`` acts on them late (SIGCONT), ``drop_starts`` forgets them (the stopped shepherd killed).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import trio
 
-from ..domain._errors import SpawnError
+from ..domain._errors import SpawnError, StartOutcomeUnknown
 from ..domain._model import IdentityRecord, Job
 from ._base import Evidence, Executor, ExitStatus, JobHandle, Launch, Liveness, ProofOfEnd, check_log_writable
 
@@ -67,6 +69,10 @@ class MemoryExecutor(Executor):
         self._nursery = nursery  # the "machine": jobs live here, not in any supervisor's job nursery
         self._reachable = trio.Event()
         self._reachable.set()
+        self._starts_open = trio.Event()  # the machine acts on start requests (not held)
+        self._starts_open.set()
+        self.pending_starts: dict[str, trio.Event] = {}  # job id -> set once the machine acted on its request
+        self.start_timeout_s = 30.0  # as the shepherd's: a start unanswered this long has an unknown outcome
 
     # -- what a test does to the world ----------------------------------------------------------------
 
@@ -84,6 +90,18 @@ class MemoryExecutor(Executor):
     def unreachable(self) -> None:
         self._reachable = trio.Event()
 
+    def hold_starts(self) -> None:
+        self._starts_open = trio.Event()
+
+    def release_starts(self) -> None:
+        self._starts_open.set()
+
+    def drop_starts(self) -> None:
+        """The requests the machine holds are gone, never acted on (the stopped shepherd was killed)."""
+        for answered in self.pending_starts.values():
+            answered.set()
+        self.pending_starts.clear()
+
     def reachable(self) -> None:
         self._reachable.set()
 
@@ -99,11 +117,38 @@ class MemoryExecutor(Executor):
             raise SpawnError(f"no program for kind {launch.kind!r}")
         # INV-NO-START-WITHOUT-LOG, as the real executors keep it.
         await trio.to_thread.run_sync(check_log_writable, launch.log)
+        if self._starts_open.is_set():
+            self._make(launch, program)
+            return MemoryHandle(launch.job_id)
+        # Held: the request waits on the machine, which acts on it when released, whoever still waits for it.
+        answered = self.pending_starts[launch.job_id] = trio.Event()
+        self._nursery.start_soon(self._start_when_released, launch, program, answered)
+        with trio.move_on_after(self.start_timeout_s):
+            await answered.wait()
+        if launch.job_id not in self.jobs:
+            why = "not answered in time" if not answered.is_set() else "dropped before it was acted on"
+            raise StartOutcomeUnknown(f"the start was {why}")
+        return MemoryHandle(launch.job_id)
+
+    async def _start_when_released(self, launch: Launch, program: Program, answered: trio.Event) -> None:
+        async with trio.open_nursery() as either:  # released, or dropped (answered without a job)
+
+            async def until(event: trio.Event) -> None:
+                await event.wait()
+                either.cancel_scope.cancel()
+
+            either.start_soon(until, self._starts_open)
+            either.start_soon(until, answered)
+        if self.pending_starts.get(launch.job_id) is answered:
+            del self.pending_starts[launch.job_id]
+            self._make(launch, program)
+            answered.set()
+
+    def _make(self, launch: Launch, program: Program) -> None:
         job = MemoryJob(launch)
         self.jobs[launch.job_id] = job
         self.started.append(launch.job_id)
         self._nursery.start_soon(self._run, job, program)
-        return MemoryHandle(launch.job_id)
 
     async def _run(self, job: MemoryJob, program: Program) -> None:
         code: int | None = None
@@ -147,6 +192,9 @@ class MemoryExecutor(Executor):
         out: list[Evidence] = []
         for row in jobs:
             job = self.jobs.get(row.job_id)
+            if job is None and row.job_id in self.pending_starts and not row.spawned:
+                out.append(Evidence(Liveness.UNKNOWN, detail="its start is not answered yet"))
+                continue
             if job is None:
                 out.append(Evidence(Liveness.DEAD if row.spawned else None))
                 continue

@@ -27,7 +27,7 @@ from typing import Any
 
 import trio
 
-from ..domain._errors import SpawnError
+from ..domain._errors import SpawnError, StartOutcomeUnknown
 from ..domain._model import IdentityRecord, Job, Liveness
 from ..observe._logging import get_logger
 from ._base import Evidence, Executor, ExitStatus, JobHandle, Launch, ProofOfEnd, Unwatchable
@@ -255,7 +255,8 @@ def prepare_run_dir(run_dir: Path, private_from: Path) -> None:
 
 @dataclass
 class _Watch:
-    """One job of this boot's shepherd: its start answer and, later, its exit."""
+    """One job of this boot's shepherd: its start answer and, later, its exit. ``gone``: the connection ended before
+    the start was answered (the shepherd may or may not have started it: its start record says)."""
 
     started: trio.Event = field(default_factory=trio.Event)
     start_error: str | None = None
@@ -264,6 +265,7 @@ class _Watch:
     exited: trio.Event = field(default_factory=trio.Event)
     status: ExitStatus | None = None
     lost: bool = False
+    gone: bool = False
 
 
 @dataclass(frozen=True)
@@ -275,14 +277,21 @@ class StartedJob:
 
 
 class _Connection:
-    """One shepherd process and its control socket; replaced when the shepherd dies."""
+    """One shepherd process and its control socket; replaced when the shepherd dies. ``identity``: the shepherd's
+    process (None when it could not be read), which says whether it may still act on what it was sent."""
 
-    def __init__(self, sock: trio.socket.SocketType, pid: int) -> None:
+    def __init__(self, sock: trio.socket.SocketType, pid: int, identity: ProcessIdentity | None = None) -> None:
         self.sock = sock
         self.pid = pid
+        self.identity = identity
         self.watches: dict[str, _Watch] = {}
         self.alive = True
         self.send_lock = trio.Lock()
+
+    def may_still_answer(self) -> bool:
+        """Blocking (a /proc read once the socket is gone): while this shepherd lives it may still read and act on
+        what it was sent (one that is stopped, say, with our requests in its socket buffer)."""
+        return self.alive or self.identity is None or probe(self.identity) is not Liveness.DEAD
 
 
 class Shepherd:
@@ -311,6 +320,9 @@ class Shepherd:
         self._conn: _Connection | None = None
         self._ensure_lock = trio.Lock()
         self._watches: dict[str, _Watch] = {}  # job id -> watch, across connections
+        # Starts asked and given up on before their answer (timed out, cancelled, the connection lost): job id ->
+        # the watch and the connection it was asked on, until answered or the job's next start.
+        self._abandoned: dict[str, tuple[_Watch, _Connection]] = {}
         self._kernel_boot_id: str | None = None
 
     def attach(self, nursery: trio.Nursery) -> None:
@@ -382,7 +394,10 @@ class Shepherd:
                     hello = await anext(lines)
             except (trio.TooSlowError, StopAsyncIteration) as exc:
                 raise SpawnError("the shepherd did not start") from exc
-            conn = _Connection(sock, int(hello["pid"]))
+            pid, start_time = int(hello["pid"]), hello.get("start_time")
+            boot = await self._machine_boot_id()
+            identity = ProcessIdentity(pid, start_time, boot) if isinstance(start_time, int) and boot else None
+            conn = _Connection(sock, pid, identity)
             log.info("shepherd_started", pid=conn.pid)
             # Every job's environment starts from this one: sent once, not in each start request (it was most of
             # each request's JSON, encoded here and decoded there, at every job start).
@@ -407,6 +422,7 @@ class Shepherd:
                 for watch in conn.watches.values():
                     if not watch.started.is_set():
                         watch.start_error = "the shepherd went away"
+                        watch.gone = True
                         watch.started.set()
                     if not watch.exited.is_set():
                         watch.lost = True
@@ -418,6 +434,10 @@ class Shepherd:
         if watch is None:
             return
         kind = event.get("ev")
+        abandoned = self._abandoned.get(str(event.get("id")))
+        if abandoned is not None and abandoned[0] is watch and kind in ("started", "start_failed"):
+            # A late answer: its start record (or the lack of one) is now the whole truth (see start_pending).
+            del self._abandoned[str(event["id"])]
         if kind == "started":
             watch.pid, watch.start_time = int(event["pid"]), event.get("start_time")
             watch.started.set()
@@ -432,15 +452,31 @@ class Shepherd:
             conn.watches.pop(str(event["id"]), None)
 
     async def _send(self, conn: _Connection, request: dict[str, Any]) -> None:
+        """One request, whole or not at all: a cancel lands before its first byte or after its last, never between
+        (half a line would garble the next request too). A rest that cannot be sent within the start timeout (a
+        shepherd that reads nothing, its socket buffer full) ends this connection: the shepherd reads what came whole,
+        then the end, and no later request of ours is ever read as part of this one."""
         data = json.dumps(request).encode() + b"\n"
         async with conn.send_lock:
             try:
-                view = memoryview(data)
-                while view:
-                    sent = await conn.sock.send(view)
-                    view = view[sent:]
+                sent = await conn.sock.send(data)  # cancellable: nothing of it is sent if cancelled here
+                view = memoryview(data)[sent:]
+                with trio.CancelScope(shield=True), trio.move_on_after(START_TIMEOUT_S):
+                    while view:
+                        sent = await conn.sock.send(view)
+                        view = view[sent:]
             except OSError as exc:
                 raise ShepherdLost(f"the shepherd went away: {exc}") from exc
+            if view:
+                conn.alive = False  # the next start brings a new shepherd
+                conn.sock.close()
+                log.error(
+                    "shepherd_unresponsive",
+                    pid=conn.pid,
+                    why="a request could not be sent whole",
+                    jobs=len(conn.watches),
+                )
+                raise ShepherdLost("the shepherd reads nothing: a request could not be sent whole")
 
     async def start_job(
         self,
@@ -460,6 +496,7 @@ class Shepherd:
         watch = _Watch()
         conn.watches[job_id] = watch
         self._watches[job_id] = watch
+        self._abandoned.pop(job_id, None)  # an earlier start of the job's, given up on: this one is the one now
         try:
             await self._send(
                 conn,
@@ -479,22 +516,52 @@ class Shepherd:
             )
             with trio.move_on_after(START_TIMEOUT_S):
                 await watch.started.wait()
+        except ShepherdLost as exc:
+            # The socket failed while the start was being asked: the shepherd may have read it before it went.
+            self._abandon(job_id, watch, conn)
+            raise StartOutcomeUnknown(f"the start was being asked when {exc}") from exc
         except BaseException:
-            self._watches.pop(job_id, None)
+            # Cancelled while the start was being asked (or waited for): the shepherd may have read it.
+            self._abandon(job_id, watch, conn)
             raise
-        if not watch.started.is_set():
-            self._watches.pop(job_id, None)
-            raise SpawnError(f"the shepherd did not answer within {START_TIMEOUT_S:g} s")
+        if not watch.started.is_set() or watch.gone:
+            # A start asked and not answered (a shepherd stopped or swapped out; one that died meanwhile): the job
+            # may run or never will. Never a failure: the evidence tells which (start_pending, the start record).
+            self._abandon(job_id, watch, conn)
+            if watch.gone:
+                raise StartOutcomeUnknown("the shepherd went away before it answered the start")
+            raise StartOutcomeUnknown(f"the shepherd did not answer the start within {START_TIMEOUT_S:g} s")
         if watch.start_error is not None or watch.pid is None:
             self._watches.pop(job_id, None)
             raise SpawnError(watch.start_error or "the shepherd reported no pid")
-        if self._kernel_boot_id is None:  # constant for the machine's boot: read once, not a thread hop per start
-            self._kernel_boot_id = await trio.to_thread.run_sync(kernel_boot_id)
-        boot = self._kernel_boot_id
+        boot = await self._machine_boot_id()
         identity = None
         if isinstance(watch.start_time, int) and boot is not None:
             identity = ProcessIdentity(watch.pid, watch.start_time, boot)
         return StartedJob(watch.pid, identity)
+
+    def _abandon(self, job_id: str, watch: _Watch, conn: _Connection) -> None:
+        if self._watches.get(job_id) is watch:
+            del self._watches[job_id]
+        if not (watch.started.is_set() and not watch.gone):
+            self._abandoned[job_id] = (watch, conn)
+
+    def start_pending(self, job_id: str) -> bool:
+        """Blocking (see ``may_still_answer``): whether a start of ``job_id`` that this boot gave up on before its
+        answer may still happen -- the shepherd it was asked of has not answered it and may yet act on it. Read it
+        before the job's start record: an answer always comes after the record it reports."""
+        abandoned = self._abandoned.get(job_id)
+        if abandoned is None:
+            return False
+        watch, conn = abandoned
+        if watch.started.is_set() and not watch.gone:
+            return False  # answered since
+        return conn.may_still_answer()
+
+    async def _machine_boot_id(self) -> str | None:
+        if self._kernel_boot_id is None:  # constant for the machine's boot: read once, not a thread hop per start
+            self._kernel_boot_id = await trio.to_thread.run_sync(kernel_boot_id)
+        return self._kernel_boot_id
 
     async def wait_exit(self, job_id: str) -> ExitStatus:
         """The job's exit status as the shepherd reaped it; ``ShepherdLost`` if the shepherd died first."""
@@ -769,9 +836,14 @@ class SubprocessExecutor(Executor):
 
     def _evidence(self, job: Job, *, this_boot: bool) -> Evidence:
         files = JobFiles.for_job(job, self._log_dir, self.shepherd.run_dir)
+        # A start this boot gave up on (no answer in time, a drain cancelled part way): asked before the record.
+        pending = not job.spawned and this_boot and self.shepherd.start_pending(job.job_id)
         start = read_start(files)
         identity = identity_of(job)
         found = None
+        if pending and (start is None or start.identity is None):
+            # INV-UNKNOWN-KEEPS-SLOT: this boot's shepherd was asked to start it and has not answered yet.
+            return Evidence(Liveness.UNKNOWN, detail="its start was asked of this boot's shepherd, not yet answered")
         if not job.spawned and not this_boot and (start is None or start.identity is None):
             if job.log_path is not None and job.boot_id is not None:
                 marker = read_marker(marker_path(Path(job.log_path).parent, job.boot_id))
@@ -782,9 +854,9 @@ class SubprocessExecutor(Executor):
             # That shepherd has handled every request it was sent (or is gone): a record written meanwhile is
             # there now, and none means the start never happened.
             start = read_start(files)
-        if not job.spawned and not this_boot and start is not None and start.identity is not None:
-            # INV-IDENTITY-BEFORE-PROGRAM: a prior boot died between the spawn and recording the pid; the shepherd's
-            # start file names the process.
+        if not job.spawned and start is not None and start.identity is not None:
+            # INV-IDENTITY-BEFORE-PROGRAM: a prior boot died between the spawn and recording the pid (or this boot
+            # gave up on the start's answer); the shepherd's start file names the process.
             identity = start.identity
             found = identity.to_record()
         if identity is None:
