@@ -12,7 +12,7 @@ _supervisor   Supervisor: the front door the HTTP layer and the CLI call; wires 
 """
 
 from ._absence import AbsenceJudge, AbsenceTracker
-from ._boot import Boot, Watched
+from ._boot import Boot, Tally, Watched
 from ._drain import PROMOTE_BATCH, Drainer
 from ._heartbeats import MAX_STAGE_LEN, MAX_UNITS, JobTokens, parse_beat
 from ._reconcile import ReconcileDetail, ReconcileReport
@@ -72,6 +72,7 @@ __all__ = [
     "Signals",
     "Supervisor",
     "Sweeper",
+    "Tally",
     "Verdict",
     "WakeupListener",
     "Watched",

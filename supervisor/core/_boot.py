@@ -7,8 +7,9 @@ The parts (``_drain``, ``_monitor``, ``_reconcile``, ``_absence``, ``_sweeper``,
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -55,6 +56,36 @@ def log_failure(event: str, **fields: Any) -> None:
         log.exception(event, **fields)
 
 
+# The error boundary of every background task (docs/architecture.md, "Error boundaries"). A *condition* is the world
+# failing now -- the registry, the engine, a disk (SupervisorError, OSError) -- and passes: it is logged, counted and
+# the step is tried again by its task. Anything else is a *bug*: it propagates, the supervisor ends (crash-only), and
+# the next boot adopts its jobs. A job's own failure is neither: it is the job's row (spawn_failed, its exit).
+CONDITIONS: tuple[type[BaseException], ...] = (SupervisorError, OSError)
+
+
+class Tally:
+    """The conditions the background tasks met, by step (``podcast_background_conditions_total``)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def note(self, step: str) -> None:
+        self.counts[step] = self.counts.get(step, 0) + 1
+
+
+@contextlib.contextmanager
+def boundary(step: str, tally: Tally | None, **fields: Any) -> Iterator[None]:
+    """The error boundary of one step of a background task: a condition is logged as ``step`` (an ERROR with its
+    traceback, or a DEBUG line for a registry that says its own episode: ``log_failure``) and counted, and the task
+    goes on (it tries the step again at its next wake, sweep or backoff); a bug propagates."""
+    try:
+        yield
+    except CONDITIONS:
+        log_failure(step, **fields)
+        if tally is not None:
+            tally.note(step)
+
+
 @dataclass
 class Watched:
     """A job this boot watches (one it started, or one it adopted): ``request_cancel`` stops it.
@@ -98,8 +129,15 @@ class Boot:
 
     # The fleet's limit when it differs from this host's setting (the first recorded wins, ADR 0012). None: ours.
     fleet_max_concurrent: int | None = None
-    # Whether this host may promote now: its host lease is fresh (INV-NO-PROMOTION-WITHOUT-LEASE; the fleet's).
-    may_promote: Callable[[], bool] = lambda: True
+    # Whether this host may promote now: its host lease is fresh (INV-NO-PROMOTION-WITHOUT-LEASE; the fleet's gate,
+    # wired by Supervisor). A gate refuses until someone who knows opens it: never "yes" by default.
+    may_promote: Callable[[], bool] = lambda: False
+    # Promotions asked of the registry whose rows are not yet in ``watched`` (the await of its promote), and how many
+    # have begun: a read of the rows that overlapped one may hold its rows unheld yet (``promotion_mark``).
+    promotions_in_flight: int = 0
+    promotions_begun: int = 0
+    # The conditions the background tasks met (``guarded``).
+    tally: Tally = field(default_factory=Tally)
 
     @property
     def max_concurrent(self) -> int:
@@ -119,6 +157,53 @@ class Boot:
         if self.job_nursery is None:
             raise SupervisorError("the supervisor has no job nursery: call attach() first")
         return self.job_nursery
+
+    def being_started(self, job_id: str) -> bool:
+        """This boot is starting the job now: the drainer holds its start (promoted, not yet handed to its monitor
+        or dropped). Past that, an unspawned row of this boot is judged on the executor's evidence like any other
+        (INV-UNKNOWN-KEEPS-SLOT): the start's outcome is unknown, never assumed."""
+        entry = self.watched.get(job_id)
+        return entry is not None and entry.handle is None
+
+    def promotion_mark(self) -> tuple[int, int]:
+        """Taken before and after a read of the rows: if the two differ, or a promotion was under way at the first,
+        the read may show rows of a promotion whose start is not yet held in ``watched``
+        (INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING: they are being started, not unheld)."""
+        return self.promotions_in_flight, self.promotions_begun
+
+    async def run_in_tree(self, work: Callable[[], Awaitable[T]], step: str) -> T:
+        """Run ``work`` as a task of the job nursery and wait for its result. A caller that goes away (a request
+        whose client hung up) cancels only its own wait: the work finishes, owned by the nursery tree, never half
+        done by a task that was cancelled for a reason of its own (issue 38). A failure is the caller's to hear; once
+        nobody waits, it meets the task's error boundary (``boundary``: logged as ``step``, or a bug that ends the
+        supervisor)."""
+        done = trio.Event()
+        box: dict[str, Any] = {}
+        waiting = True
+
+        async def task() -> None:
+            try:
+                box["value"] = await work()
+            except Exception as exc:
+                if waiting:
+                    box["error"] = exc
+                    return
+                with boundary(step, self.tally):
+                    raise
+            finally:
+                done.set()
+
+        self.nursery().start_soon(task)
+        try:
+            await done.wait()
+        except BaseException:
+            waiting = False
+            if "error" in box:  # it failed just as its caller went away: nobody hears it but the log
+                log.error(step, error=repr(box["error"]), why="its caller went away")
+            raise
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
 
     def announce(self, job: Job, previous: str | None, reason: str | None, **extra: Any) -> None:
         """A status change, on the event bus (``job`` is the row after it): the log line is one subscriber."""

@@ -24,12 +24,12 @@ from typing import Any
 
 import trio
 
-from ..domain import ExecutorUnavailable, Job, JobStatus, SpawnError, SupervisorError
+from ..domain import ExecutorUnavailable, Job, JobStatus, SpawnError, StartOutcomeUnknown, SupervisorError
 from ..domain._model import hash_token
 from ..execution import JobHandle, Launch
 from ..observe import get_logger
 from ..registry import Ending, Expect, IdentityClaim, Outcome, PromoteRequest
-from ._boot import Boot, Watched, log_failure, until_recorded
+from ._boot import Boot, Watched, boundary, log_failure, until_recorded
 from ._pause import LOOK_EVERY_S, PauseFile
 from ._rules import ENGINE_UNAVAILABLE
 
@@ -61,6 +61,11 @@ class Drainer:
         self._trials = 0  # trial starts of a held queue still under way: their outcome, not _retry_at, comes next
         self._log_dir_made = False
         self._next_at: datetime | None = None  # the earliest end of a queued row's backoff, at the last promotion
+        # Rounds asked for by ``round`` (a request that moves the queue) and the last of them a round has answered.
+        self._asked = 0
+        self._answered = 0
+        self._round_done = trio.Event()
+        self._running = False  # the drainer task runs (``run``): a ``round`` is then waited for
         # How jobs reach the HTTP API for their heartbeats (set by the root once the socket is bound).
         self.heartbeat_base_url: str | None = None
 
@@ -70,18 +75,38 @@ class Drainer:
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """The drainer task, owned by the root nursery. Its rounds start their jobs in tasks of the job nursery, so
-        that a start waiting on its executor never keeps the next round (the next job's start) waiting behind it."""
-        task_status.started()
-        while True:
-            # A resubmitted job waiting out its backoff is started when it may be, not at the next wake by chance; a
-            # held queue asks the executor again at its retry.
-            with trio.move_on_at(min(self._next_round_at(), self._retry_at if not self._trials else math.inf)):
-                await self._wanted.wait()
-            self._wanted = trio.Event()
-            try:
-                await self._drain(self._start_in_background)
-            except SupervisorError:
-                log_failure("drain_failed")  # the rows stay as they are; the next wake or sweep drains again
+        that a start waiting on its executor never keeps the next round (the next job's start) waiting behind it.
+
+        Error boundary: a condition in a round (the registry, the engine, a disk) leaves the rows as they are and is
+        logged (``drain_failed``); the next wake or sweep drains again. A bug ends the supervisor."""
+        self._running = True
+        try:
+            task_status.started()
+            while True:
+                # A resubmitted job waiting out its backoff is started when it may be, not at the next wake by chance;
+                # a held queue asks the executor again at its retry.
+                with trio.move_on_at(min(self._next_round_at(), self._retry_at if not self._trials else math.inf)):
+                    await self._wanted.wait()
+                self._wanted = trio.Event()
+                begun = self._asked  # every round() asked before this moment is answered by this round
+                with boundary("drain_failed", self.boot.tally):
+                    await self._drain(self._start_in_background)
+                self._answered = begun
+                self._round_done.set()
+                self._round_done = trio.Event()
+        finally:
+            self._running = False
+
+    async def round(self) -> None:
+        """Have the drainer run a round now, and wait until one begun after this call has promoted what it could
+        (their starts under way in the job nursery). What a request that moves the queue waits for: the work runs in
+        the drainer's task, so a caller that goes away (a client that hangs up) cancels only this wait and never a
+        promotion half started (issue 38). Without a drainer task (a Supervisor driven by hand) it only wakes."""
+        self._asked += 1
+        mine = self._asked
+        self.wake()
+        while self._running and self._answered < mine:
+            await self._round_done.wait()
 
     async def drain(self) -> list[Job]:
         """Promote and start while a slot is free and promotion is not paused.
@@ -110,23 +135,32 @@ class Drainer:
                     self.boot.host_id,
                     self.boot.config.host_max_concurrent,
                 )
-                # INV-PROMOTION-NEVER-OVERSHOOTS: the registry counts and flips in one step; none while paused.
-                promotion = await self.boot.registry.promote(request)
-                self._next_at = promotion.next_at
-                # A registry write completes even when cancelled meanwhile (its commit is someone's answer): take a
-                # shutdown here, before touching the job nursery, which may be closed by now. The rows promoted but
-                # not started are a prior boot's to the next one (INV-IDENTITY-BEFORE-PROGRAM: no start record).
-                await trio.lowlevel.checkpoint()
-                jobs = list(promotion.jobs)
-                if not jobs:
-                    break
-                if not self._lease_fresh():
-                    # INV-NO-PROMOTION-WITHOUT-LEASE: the lease went stale while the promotion was under way (it was
-                    # asked while fresh): nothing of them has started, so back to the head of the queue they go.
+                # INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING: from the promotion's commit until its rows are in ``watched``,
+                # reconcile must not take them for starts that nobody holds (Boot.promotion_mark).
+                self.boot.promotions_in_flight += 1
+                self.boot.promotions_begun += 1
+                try:
+                    # INV-PROMOTION-NEVER-OVERSHOOTS: the registry counts and flips in one step; none while paused.
+                    promotion = await self.boot.registry.promote(request)
+                    self._next_at = promotion.next_at
+                    # A registry write completes even when cancelled meanwhile (its commit is someone's answer): take
+                    # a cancel here, before anything starts. The rows promoted and never started are judged by the
+                    # executor's evidence (none: back to the queue), by this boot's reconcile or the next boot's.
+                    await trio.lowlevel.checkpoint()
+                    jobs = list(promotion.jobs)
+                    if not jobs:
+                        break
+                    if not self._lease_fresh():
+                        # INV-NO-PROMOTION-WITHOUT-LEASE: the lease went stale while the promotion was under way (it
+                        # was asked while fresh): nothing of them has started, so back to the head of the queue.
+                        for job in jobs:
+                            self.boot.announce(job, "queued", "promoted")
+                            await self._defer(job, reason=LEASE_NOT_FRESH)
+                        break
                     for job in jobs:
-                        self.boot.announce(job, "queued", "promoted")
-                        await self._defer(job, reason=LEASE_NOT_FRESH)
-                    break
+                        self.boot.watched.setdefault(job.job_id, Watched(job.job_id))  # held: a cancel finds it
+                finally:
+                    self.boot.promotions_in_flight -= 1
                 spawned = await start(jobs, tokens)
                 started.extend(spawned)
                 # Every free slot is now taken, or the queue is empty: another round would only read that again.
@@ -138,22 +172,24 @@ class Drainer:
         return started
 
     async def _start_in_background(self, jobs: list[Job], tokens: list[str]) -> list[Job]:
-        """Start the jobs in a task of their own (a failed start wakes the drainer: its slot is free again)."""
-        for job in jobs:
-            self.boot.watched.setdefault(job.job_id, Watched(job.job_id))  # a cancel from now on finds its entry
-        if not self._held_by_start:
-            self.boot.nursery().start_soon(self.start_promoted, jobs, tokens)
-            return jobs
-        self._trials += 1
+        """Start the jobs in a task of their own (a failed start wakes the drainer: its slot is free again).
 
-        async def trial() -> None:
+        Error boundary of that task: a condition (the registry failing while it records the starts) is logged
+        (``job_start_failed``); the rows it left are judged by the next sweep, whose evidence finds what started."""
+        trial = self._held_by_start
+        if trial:
+            self._trials += 1
+
+        async def start_task() -> None:
             try:
-                await self.start_promoted(jobs, tokens)
+                with boundary("job_start_failed", self.boot.tally, job_ids=[job.job_id for job in jobs]):
+                    await self.start_promoted(jobs, tokens)
             finally:
-                self._trials -= 1
-                self.wake()
+                if trial:
+                    self._trials -= 1
+                    self.wake()
 
-        self.boot.nursery().start_soon(trial)
+        self.boot.nursery().start_soon(start_task)
         return jobs
 
     def lease_renewed(self) -> None:
@@ -195,7 +231,11 @@ class Drainer:
             return False
         if not self._held_by_start:
             self._resume()
-        # else: a trial round; its start decides (a probe that answers while starts are refused proves nothing)
+        else:
+            # A trial round: its start decides (a probe that answers while starts are refused proves nothing). Until
+            # it does, the next trial is one delay away: a trial that finds nothing to start (every slot taken, say
+            # by a start whose outcome is unknown) must not make the next round come at once, and again.
+            self._retry_at = trio.current_time() + self._hold_delay
         return True
 
     def _hold(self, why: str, *, by_start: bool = False) -> None:
@@ -247,6 +287,20 @@ class Drainer:
                     deferred.append(str(got))
                     await self._defer(job)
                     continue
+                if isinstance(got, StartOutcomeUnknown):
+                    # Never recorded failed: it may yet run. Its start is no longer held here (watched), so the next
+                    # sweep judges the row on the executor's evidence: a start record or container is adopted; one
+                    # that provably never happened goes back to the queue; until then it keeps its slot
+                    # (INV-UNKNOWN-KEEPS-SLOT).
+                    del watched[job.job_id]
+                    deferred.append(str(got))
+                    log.warning(
+                        "job_start_unknown",
+                        job_id=job.job_id,
+                        why=str(got),
+                        kept="running with its liveness unknown until the executor's evidence says whether it started",
+                    )
+                    continue
                 if isinstance(got, Exception):
                     # INV-SPAWN-FAILURE-FREES-SLOT: whatever goes wrong in one start (a SpawnError, or a defect such as
                     # an argv the OS cannot take), the promoted row is finalized, never left holding a slot.
@@ -278,8 +332,9 @@ class Drainer:
                 await self._start_monitor(entry, job)
                 handed.add(job.job_id)
             if deferred:
-                # The engine stopped answering between the probe and the start: hold the queue as a probe would
-                # have, and wake the drainer so that its next round waits for the retry instead of a wake.
+                # The engine stopped answering between the probe and the start (or did not answer a start in time):
+                # hold the queue as a probe would have, and wake the drainer so that its next round waits for the
+                # retry instead of a wake.
                 self._hold(deferred[0], by_start=True)
                 self.wake()
             else:
@@ -288,8 +343,10 @@ class Drainer:
                     self.wake()  # a failed start freed its slot
             return spawned
         finally:
-            # Cancelled part way (a shutdown): an entry without a monitor must not look watched. Its job, if it
-            # started, is found again by the next boot (INV-IDENTITY-BEFORE-PROGRAM).
+            # Cancelled or failed part way: an entry without a monitor must not look watched (nor held as a start).
+            # Each such row is judged by the next reconcile -- this boot's or the next one's -- on the executor's
+            # evidence: adopted if its program runs (INV-IDENTITY-BEFORE-PROGRAM: its start record or container says
+            # so), kept while its start may still happen, back to the queue once it provably never will.
             for job in jobs:
                 if job.job_id not in handed:
                     watched.pop(job.job_id, None)
@@ -316,8 +373,8 @@ class Drainer:
         entry = self.boot.watched.get(job.job_id)
         if entry is not None and entry.cancel_requested:
             # A cancel that reached the row during the start was cleared with it by the requeue: ask it again (a
-            # queued row ends cancelled at once).
-            cancel = await self.boot.registry.request_cancel(job.job_id)
+            # queued row ends cancelled at once). It must land: an operator's cancel is never dropped.
+            cancel = await until_recorded(functools.partial(self.boot.registry.request_cancel, job.job_id))
             if cancel.changed and cancel.job.status is JobStatus.CANCELLED:
                 self.boot.announce(cancel.job, str(cancel.previous), cancel.job.error_reason)
 

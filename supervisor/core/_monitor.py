@@ -186,9 +186,16 @@ class Monitors:
         entry = Watched(job.job_id, handle=handle)
         if cancel:
             entry.request_cancel()
-        watched[job.job_id] = entry
-        await self._announce_adopted(job, handle)
-        await self.start(entry, job)
+        watched[job.job_id] = entry  # before the first await: a second adoption meanwhile finds it
+        try:
+            await self._announce_adopted(job, handle)
+            await self.start(entry, job)
+        except BaseException:
+            # Cancelled (or failed) before its monitor watches: the entry must not look watched, or no reconcile
+            # would ever judge the row again. The next one adopts it (a pending cancel is on the row).
+            if watched.get(job.job_id) is entry:
+                del watched[job.job_id]
+            raise
 
     async def _announce_adopted(self, job: Job, handle: JobHandle) -> None:
         try:

@@ -44,18 +44,37 @@ class Reconciler:
         self.boot = boot
         self.monitors = monitors
         self._wake_drainer = wake_drainer
+        self._lock = trio.Lock()
 
     async def reconcile(self, *, stale_marks_live_processes: bool) -> ReconcileReport:
+        """One pass over this host's RUNNING rows. One at a time (the sweep's, the operator's): each acts on evidence
+        gathered before its writes, and two at once would act twice on the same evidence."""
+        async with self._lock:
+            return await self._reconcile(stale_marks_live_processes=stale_marks_live_processes)
+
+    async def _reconcile(self, *, stale_marks_live_processes: bool) -> ReconcileReport:
         boot = self.boot
+        details: list[ReconcileDetail] = []
+        rows: list[Job] = []
+        mark = boot.promotion_mark()
+        running = await boot.registry.running_jobs()
+        # A promotion under way during the read may have put rows in it whose starts are not yet held in ``watched``.
+        overlapped = mark[0] > 0 or boot.promotion_mark()[1] != mark[1]
         # ADR 0012: another host's rows are that host's to judge; this one cannot see their processes.
-        rows = [job for job in await boot.registry.running_jobs() if boot.owns(job)]
-        for job in rows:
+        for job in running:
+            if not boot.owns(job):
+                continue
+            if job.boot_id == boot.boot_id and not job.spawned and (overlapped or boot.being_started(job.job_id)):
+                # INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING: its start is (or may be) under way here; nothing to ask the
+                # executor yet. Once nobody holds it, the next reconcile judges it on the evidence.
+                details.append(ReconcileDetail(job.job_id, "untouched", "spawn_window", None, False))
+                continue
+            rows.append(job)
             watched = boot.watched.get(job.job_id)
             if job.cancel_requested and watched is not None and not watched.cancel_requested:
                 watched.request_cancel()  # asked through another host: carried out here, where the job runs
         evidence = await self.monitors.evidence(rows)
         now = boot.wall_clock()
-        details: list[ReconcileDetail] = []
         updated = 0
         for job, found in zip(rows, evidence, strict=True):
             this_boot = job.boot_id == boot.boot_id
@@ -76,6 +95,9 @@ class Reconciler:
                 stale_marks_live_processes=stale_marks_live_processes,
                 exit_recorded=found.exit_status is not None,
                 exit_pending=found.exit_pending,
+                # Asked again after the evidence (no other task requeues a row nobody holds, so none can be promoted
+                # and held again meanwhile: this only keeps the rule's input whole).
+                starting=this_boot and boot.being_started(job.job_id),
                 orphan_reason=boot.executor.orphan_reason,
             )
             action: str = decision.action

@@ -55,21 +55,27 @@ def judge(
     stale_marks_live_processes: bool,
     exit_recorded: bool = False,
     exit_pending: bool = False,
+    starting: bool,
     orphan_reason: str,
 ) -> Decision:
     """The reconcile rules as one pure function.
 
     ``exit_recorded``: how the job ended is on record (its shepherd's exit file, the engine's exit code).
-    ``exit_pending``: it is gone but that record is about to be written (its shepherd still runs). ``orphan_reason``:
-    what the exec mode calls a dead job with no record. A prior boot's row without a process is judged after the
-    executor looked for one (a start file, a labelled container) and recorded it in the row when found.
+    ``exit_pending``: it is gone but that record is about to be written (its shepherd still runs). ``starting``: this
+    boot is starting it now (promoted, its start not yet answered: ``Boot.being_started``). ``orphan_reason``: what the
+    exec mode calls a dead job with no record. A row without a process is judged after the executor looked for one (a
+    start file, a labelled container) and recorded it in the row when found.
     """
-    if this_boot and not job.spawned:
-        # INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING: this boot promoted it and is spawning it right now.
+    if this_boot and starting and not job.spawned:
+        # INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING: this boot promoted it and is starting it right now. Bounded: a start
+        # is held only until the executor answers it or its start timeout passes (then its outcome is unknown).
         return Decision("untouched", reason="spawn_window")
-    if not this_boot and not job.spawned:
+    if not job.spawned:
+        # A prior boot's start, or one of this boot's whose outcome is unknown (it timed out; the drain that made it
+        # was cancelled): judged on the executor's evidence, never assumed either way.
         if liveness is Liveness.UNKNOWN:
-            # INV-UNKNOWN-KEEPS-SLOT: the engine could not be asked whether a container was ever made for it.
+            # INV-UNKNOWN-KEEPS-SLOT: the start may still happen (a shepherd that has not answered; an engine that
+            # could not be asked whether a container was ever made for it).
             return Decision("keep", reason="liveness_unknown_kept", warn=True)
         # INV-IDENTITY-BEFORE-PROGRAM: no start record, and no start still in flight, so the program provably never
         # ran: it goes back to the head of the queue, its start not counted (issue 25).

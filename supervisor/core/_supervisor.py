@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -55,6 +55,7 @@ from ._sweeper import Sweeper, run_sweeper
 from ._wakeups import WakeupListener
 
 log = get_logger()
+T = TypeVar("T")
 
 # How a job of a host the operator forgot ends (then resubmitted under the crash rules while attempts remain).
 ORPHAN_HOST_FORGOTTEN = "orphan_host_forgotten"
@@ -143,9 +144,13 @@ class Supervisor:
         base_env: Mapping[str, str] | None = None,
         executor: Executor | None = None,
         wall_clock: Callable[[], datetime] | None = None,
+        standalone: bool = False,
     ) -> None:
         """``wall_clock``: the time this boot stamps and judges by; ``supervisor serve`` gives the registry's own
-        ``SteadyWallClock`` (steps of the system clock move neither). Default: the system's wall clock."""
+        ``SteadyWallClock`` (steps of the system clock move neither). Default: the system's wall clock.
+        ``standalone``: this boot runs no fleet task (``run_fleet``) and holds its registry alone, so it promotes and
+        leads without a lease (an embedder, a test). Otherwise nothing is promoted and no leader's duty runs until
+        the fleet task's first renewal opens those gates (``run_supervisor`` starts it first)."""
         env = dict(base_env if base_env is not None else os.environ)
         for name in _PRIVATE_ENV:
             env.pop(name, None)
@@ -182,6 +187,7 @@ class Supervisor:
             on_fresh=self.drainer.lease_renewed,
             on_forgotten=self._forgotten,
             end_by_proof=self.silent_hosts.end_by_proof,
+            standalone=standalone,
         )
         self.boot.may_promote = self.fleet.may_promote  # INV-NO-PROMOTION-WITHOUT-LEASE
         # INV-ONE-LEADER: one sender for the fleet keeps delivery in order.
@@ -215,6 +221,7 @@ class Supervisor:
             self.pause_file,
             self.boot.wall_clock,
             self.pruner,
+            self.boot.tally,
         )
         self.heartbeats = Heartbeats(registry, self.absence.tracker.beat)
         # What other hosts change (an enqueue, a cancel of a job here, the pause), heard at once; the sweep is the
@@ -295,6 +302,9 @@ class Supervisor:
         a host whose lease is live (it may be running them: stop it first) and for this host."""
         if host_id == self.boot.host_id:
             raise Conflict(f"host {host_id} is this supervisor: it cannot forget itself")
+        return await self._in_tree(lambda: self._forget_host(host_id), "host_forget_failed")
+
+    async def _forget_host(self, host_id: str) -> dict[str, Any]:
         # INV-FORGET-IS-FENCED: the lease's check and the fence on its boot are one registry step (a Conflict while
         # its lease is live); from then on that boot can renew nothing, so it can no longer come back between the
         # check and the rows' ends and find its running jobs ended under it.
@@ -327,7 +337,9 @@ class Supervisor:
             entry.request_cancel()
 
     async def run_sweeper(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        await run_sweeper(self.sweeper, self.boot.config.sweep_interval_s, task_status=task_status)
+        await run_sweeper(
+            self.sweeper, self.boot.config.sweep_interval_s, tally=self.boot.tally, task_status=task_status
+        )
 
     # -- enqueue ------------------------------------------------------------------------------------------
 
@@ -457,15 +469,26 @@ class Supervisor:
         return await self.queue_state()
 
     async def resume(self) -> QueueState:
-        """Resume promotion, whoever paused it: the operator's pause file goes too (it would pause again)."""
+        """Resume promotion, whoever paused it: the operator's pause file goes too (it would pause again). Then the
+        drainer runs a round (its own task's: a caller that goes away never leaves a promotion half started)."""
+        await self._in_tree(self._resume, "queue_resume_failed")
+        return await self.queue_state()
+
+    async def _resume(self) -> None:
         flag = self.boot.config.pause_flag_path
         await trio.to_thread.run_sync(lambda: flag.unlink(missing_ok=True))
         self.pause_file.forget()
         await self.boot.registry.set_paused(False, by=PAUSED_BY_OPERATOR)
         log.info("queue_resumed", by=PAUSED_BY_OPERATOR)
-        if self.boot.job_nursery is not None:
-            await self.drain()
-        return await self.queue_state()
+        await self.drainer.round()
+
+    async def _in_tree(self, work: Callable[[], Awaitable[T]], step: str) -> T:
+        """An operator's request whose work has several steps (a resume, a reconcile, a forget) runs in a task of
+        the nursery tree, and the request only waits for it: a client that hangs up cancels its wait, never the
+        work half done (issue 38). Without a job nursery (a Supervisor driven by hand), in the caller's task."""
+        if self.boot.job_nursery is None:
+            return await work()
+        return await self.boot.run_in_tree(work, step)
 
     # -- cancel, reconcile, sweep ------------------------------------------------------------------------------
 
@@ -476,10 +499,15 @@ class Supervisor:
         return await self.reconciler.reconcile(stale_marks_live_processes=stale_marks_live_processes)
 
     async def operator_reconcile(self) -> ReconcileReport:
-        """The manual reconcile route: an operator may evict a live job past the wall-clock window."""
-        report = await self.reconcile(stale_marks_live_processes=True)
-        await self.drain()
-        return report
+        """The manual reconcile route: an operator may evict a live job past the wall-clock window. Then the drainer
+        runs a round for the slots it freed. Both in the nursery tree (``_in_tree``)."""
+
+        async def work() -> ReconcileReport:
+            report = await self.reconcile(stale_marks_live_processes=True)
+            await self.drainer.round()
+            return report
+
+        return await self._in_tree(work, "operator_reconcile_failed")
 
     async def sweep(self) -> None:
         await self.sweeper.sweep()
@@ -568,5 +596,6 @@ class Supervisor:
             outbox_depth=await registry.outbox_depth(),
             deliveries=dict(self.webhooks.outcomes),
             streams=self.event_log.stats(),
+            conditions=dict(self.boot.tally.counts),
         )
         return self.metrics.render(snapshot)

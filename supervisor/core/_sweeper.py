@@ -18,7 +18,7 @@ from ..domain._model import Liveness
 from ..observe import Metrics, get_logger
 from ..registry import Registry
 from ._absence import AbsenceJudge
-from ._boot import log_failure
+from ._boot import Tally, boundary
 from ._drain import Drainer
 from ._pause import PauseFile
 from ._prune import Pruner
@@ -34,21 +34,20 @@ class Sweepable(Protocol):
     async def sweep(self) -> None: ...
 
 
-async def run_sweeper(target: Sweepable, interval_s: float, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    """The sweeper task: sweep once, report started, then sweep every ``interval_s``. A sweep that raises never ends
-    the loop."""
-    await _sweep_logged(target)
+async def run_sweeper(
+    target: Sweepable, interval_s: float, *, tally: Tally | None = None, task_status: Any = trio.TASK_STATUS_IGNORED
+) -> None:
+    """The sweeper task: sweep once, report started, then sweep every ``interval_s``.
+
+    Error boundary: a condition (the registry, the engine, a disk) never ends the loop: it is logged
+    (``sweep_failed``) and counted, and the next sweep runs on time. A bug ends the supervisor (crash-only)."""
+    with boundary("sweep_failed", tally):
+        await target.sweep()
     task_status.started()
     while True:
         await trio.sleep(interval_s)
-        await _sweep_logged(target)
-
-
-async def _sweep_logged(target: Sweepable) -> None:
-    try:
-        await target.sweep()
-    except Exception:
-        log.exception("sweep_failed")
+        with boundary("sweep_failed", tally):
+            await target.sweep()
 
 
 class Sweeper:
@@ -65,6 +64,7 @@ class Sweeper:
         pause_file: PauseFile,
         wall_clock: Callable[[], datetime] | None = None,
         pruner: Pruner | None = None,
+        tally: Tally | None = None,
     ) -> None:
         self.registry = registry
         self.reconciler = reconciler
@@ -75,45 +75,36 @@ class Sweeper:
         self.last_sweep_done: float | None = None
         self.wall_clock = wall_clock
         self.pruner = pruner
+        self.tally = tally
         self._warned_step_s = 0.0  # the step of the system clock last said (0: none)
         # What a dead boot recorded as ended and never released is looked for once per boot, at the first sweep
         # whose executor can tell (a boot that is alive releases each job itself once its row is final).
         self.leftovers_released = False
 
     async def sweep(self) -> None:
-        """One pass. A failing step still lets the next run."""
+        """One pass. Each step has its own error boundary (``boundary``): a condition in one still lets the next run;
+        a bug ends the supervisor."""
         started = trio.current_time()
+        tally = self.tally
         self._check_clock()
-        try:
+        with boundary("pause_file_not_mirrored", tally, path=str(self.pause_file.path)):
             await self.pause_file.mirror()
-        except Exception:
-            log_failure("pause_file_not_mirrored", path=str(self.pause_file.path))
         details: list[ReconcileDetail] = []
-        try:
+        with boundary("reconcile_failed", tally):
             details = (await self.reconciler.reconcile(stale_marks_live_processes=False)).details
-        except Exception:
-            log_failure("reconcile_failed")
         self.metrics.liveness_unknown.inc(len([d for d in details if d.liveness == Liveness.UNKNOWN.value]))
-        try:
+        with boundary("absence_judgement_failed", tally):
             # INV-STALE-SET-BY-SUPERVISOR: progress age is judged here, after reconcile, on this sweep's evidence.
             await self.absence.judge({d.job_id: Liveness(d.liveness) if d.liveness else None for d in details})
-        except Exception:
-            log_failure("absence_judgement_failed")
-        try:
+        with boundary("drain_failed", tally):
             await self.drainer.drain()
-        except Exception:
-            log_failure("drain_failed")
         if not self.leftovers_released:
-            try:
+            with boundary("leftovers_not_released", tally):
                 self.leftovers_released = await self.reconciler.release_leftovers()
-            except Exception:
-                log_failure("leftovers_not_released")
         if self.pruner is not None:
-            try:
+            with boundary("prune_failed", tally):
                 # Last, and a small batch at most once a minute: history is no sweep's priority.
                 await self.pruner.maybe_prune()
-            except Exception:
-                log_failure("prune_failed")
         self.last_sweep_done = trio.current_time()
         self.metrics.sweep_duration.observe(self.last_sweep_done - started)
 

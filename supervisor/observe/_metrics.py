@@ -49,6 +49,7 @@ class Snapshot:
     outbox_depth: int
     deliveries: Mapping[str, int] = field(default_factory=dict)
     streams: Mapping[str, int] = field(default_factory=dict)  # the event stream's EventLog.stats()
+    conditions: Mapping[str, int] = field(default_factory=dict)  # the background tasks' conditions, by step
 
 
 class _SnapshotCollector:
@@ -93,6 +94,15 @@ class _SnapshotCollector:
             "Event-stream readers dropped since this boot because their queue was full (they did not read).",
             value=streams.get("dropped", 0),
         )
+        conditions = CounterMetricFamily(
+            "podcast_background_conditions",
+            "Conditions (the registry, the engine or a disk failing) a background task met since this boot, by step; "
+            "each was logged and the step tried again.",
+            labels=["step"],
+        )
+        for step, n in sorted(snap.conditions.items()):
+            conditions.add_metric([step], n)
+        yield conditions
         labels = ["job_id", "kind"]
         running = GaugeMetricFamily("podcast_job_running", "1 while the job runs.", labels=labels)
         progress = GaugeMetricFamily(

@@ -17,7 +17,7 @@ from core_helpers import (  # type: ignore[import-not-found]
 from structlog.testing import capture_logs
 
 from supervisor import JobStatus, Liveness, Supervisor
-from supervisor.core import NEVER_STARTED, Decision, judge
+from supervisor.core import NEVER_STARTED, Decision, Watched, judge
 from supervisor.execution import ORPHAN_DEAD_PID
 from supervisor.execution.subprocess import JobFiles, ProcessIdentity, identify
 
@@ -162,9 +162,32 @@ async def test_this_boot_spawn_window_is_untouched_INV_RUNNING_MEANS_SPAWNED_OR_
     sup = make_supervisor(boot_id="me", attach=False, stale_after_s=1)
     job = await insert_running(sup, boot_id="me", spawned=False)
     _age(sup, job.job_id, 3600)
+    # This boot holds its start (the drainer's entry, no handle yet): nothing to ask the executor, however old.
+    sup.boot.watched[job.job_id] = Watched(job.job_id)
     report = await sup.reconcile(stale_marks_live_processes=True)
-    assert report.details[0].action == "untouched"
+    assert (report.details[0].action, report.details[0].reason) == ("untouched", "spawn_window")
     assert (await sup.get(job.job_id)).status is JobStatus.RUNNING
+    # While a promotion is under way (committed, its rows not yet held), every unspawned row of this boot that a read
+    # overlapping it shows may be one of its rows.
+    del sup.boot.watched[job.job_id]
+    sup.boot.promotions_in_flight += 1
+    report = await sup.reconcile(stale_marks_live_processes=True)
+    assert (report.details[0].action, report.details[0].reason) == ("untouched", "spawn_window")
+    sup.boot.promotions_in_flight -= 1
+
+
+async def test_this_boot_start_that_nobody_holds_and_never_happened_goes_back_to_the_queue(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    """Issue 38: a row this boot promoted whose start nobody holds any more (a drain cancelled part way) was untouched
+    for ever as a "spawn window", holding its slot. It is judged on the evidence: no start was ever asked of the
+    shepherd and none is recorded, so it provably never ran: back to the queue, the start not counted."""
+    sup = make_supervisor(boot_id="me", attach=False)
+    job = await insert_running(sup, boot_id="me", spawned=False)
+    report = await sup.reconcile(stale_marks_live_processes=False)
+    assert (report.details[0].action, report.details[0].reason) == ("requeued", NEVER_STARTED)
+    row = await sup.get(job.job_id)
+    assert (row.status, row.attempts) == (JobStatus.QUEUED, 0)
 
 
 async def test_unknown_liveness_keeps_the_slot_and_warns_INV_UNKNOWN_KEEPS_SLOT(
@@ -218,9 +241,23 @@ async def test_a_disabled_window_never_marks_stale(
 @pytest.mark.parametrize(
     ("this_boot", "monitored", "spawned", "liveness", "past", "operator", "expected"),
     [
-        (True, False, False, None, True, True, Decision("untouched", reason="spawn_window")),
+        # INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING: this boot holds its start (``starting``: see the test below)
+        (True, True, False, None, True, True, Decision("untouched", reason="spawn_window")),
         # INV-IDENTITY-BEFORE-PROGRAM: a prior boot's row with no process, none still coming: back to the queue
         (False, False, False, None, False, False, Decision("requeue", reason=NEVER_STARTED)),
+        # issue 38: one of this boot's whose start nobody holds any more (given up on, a drain cancelled part way) is
+        # judged on the evidence like a prior boot's: provably never started, back to the queue ...
+        (True, False, False, None, True, True, Decision("requeue", reason=NEVER_STARTED)),
+        # ... kept while the start may still happen (its shepherd has not answered), never recorded failed
+        (
+            True,
+            False,
+            False,
+            Liveness.UNKNOWN,
+            False,
+            False,
+            Decision("keep", reason="liveness_unknown_kept", warn=True),
+        ),
         # gone with nothing recorded: the ending decides (an orphan, resubmitted while attempts remain)
         (
             False,
@@ -284,6 +321,8 @@ def test_judge_table(
         liveness=liveness,
         past_window=past,
         stale_marks_live_processes=operator,
+        # This boot's unspawned row that it watches is one whose start it holds (Boot.being_started).
+        starting=this_boot and monitored and not spawned,
         orphan_reason=ORPHAN_DEAD_PID,
     )
     assert got == expected
@@ -312,6 +351,7 @@ def test_judge_uses_the_recorded_exit(exit_recorded: bool, exit_pending: bool, e
         stale_marks_live_processes=False,
         exit_recorded=exit_recorded,
         exit_pending=exit_pending,
+        starting=False,
         orphan_reason=ORPHAN_DEAD_PID,
     )
     assert got == expected
@@ -326,6 +366,7 @@ def test_judge_names_a_dead_job_without_record_as_its_mode_does() -> None:
         liveness=Liveness.DEAD,
         past_window=False,
         stale_marks_live_processes=False,
+        starting=False,
         orphan_reason="orphan_reconciled_no_container",
     )
     assert got == Decision("finalize_lost", JobStatus.FAILED, "orphan_reconciled_no_container")
@@ -350,6 +391,7 @@ def test_judge_ends_a_gone_job_whose_cancel_was_pending_cancelled_not_orphaned(
         liveness=Liveness.DEAD,
         past_window=False,
         stale_marks_live_processes=False,
+        starting=False,
         orphan_reason=ORPHAN_DEAD_PID,
     )
     assert got == expected

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import pytest
@@ -9,19 +10,20 @@ import trio
 import trio.testing
 from core_helpers import dead_identity, insert_running, wait_terminal  # type: ignore[import-not-found]
 
-from supervisor import JobStatus, Supervisor
-from supervisor.core import ReconcileReport, run_sweeper
+from supervisor import ExecutorUnavailable, JobStatus, RegistryError, RegistryUnavailable, Supervisor
+from supervisor.core import ReconcileReport, Tally, run_sweeper
 
 
 class FakeTarget:
-    def __init__(self, fail_on: set[int] | None = None) -> None:
+    def __init__(self, fail_on: set[int] | None = None, error: Exception | None = None) -> None:
         self.times: list[float] = []
         self.fail_on = fail_on or set()
+        self.error = error or RegistryUnavailable("the registry's disk is full")
 
     async def sweep(self) -> None:
         self.times.append(trio.current_time())
         if len(self.times) in self.fail_on:
-            raise RuntimeError("boom")
+            raise self.error
 
 
 async def test_startup_sweep_runs_before_started_then_every_interval(autojump_clock: trio.testing.MockClock) -> None:
@@ -35,14 +37,37 @@ async def test_startup_sweep_runs_before_started_then_every_interval(autojump_cl
     assert [t - start for t in target.times] == [0, 30, 60, 90]
 
 
-async def test_a_raising_sweep_does_not_stop_the_loop(autojump_clock: trio.testing.MockClock) -> None:
-    target = FakeTarget(fail_on={1, 2})
+@pytest.mark.parametrize(
+    "error", [RegistryUnavailable("disk full"), ExecutorUnavailable("engine down"), OSError(28, "No space left")]
+)
+async def test_a_condition_in_a_sweep_does_not_stop_the_loop_and_is_counted(
+    autojump_clock: trio.testing.MockClock, error: Exception
+) -> None:
+    """The sweeper's error boundary (issue 38): the registry, the engine or a disk failing is a condition: logged,
+    counted, and the next sweep runs on time."""
+    target = FakeTarget(fail_on={1, 2}, error=error)
+    tally = Tally()
     async with trio.open_nursery() as nursery:
         start = trio.current_time()
-        await nursery.start(run_sweeper, target, 10.0)
+        await nursery.start(functools.partial(run_sweeper, target, 10.0, tally=tally))
         await trio.sleep(35)
         nursery.cancel_scope.cancel()
     assert [t - start for t in target.times] == [0, 10, 20, 30]
+    assert tally.counts == {"sweep_failed": 2}
+
+
+async def test_a_bug_in_a_sweep_ends_the_sweeper_and_with_it_the_supervisor(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Crash-only (issue 38): a bug is not a condition to log and go on with; it ends the nursery tree (systemd
+    restarts the supervisor; the next boot adopts its jobs)."""
+    target = FakeTarget(fail_on={2}, error=RuntimeError("a bug"))
+    start = trio.current_time()
+    with pytest.RaisesGroup(pytest.RaisesExc(RuntimeError, match="a bug")):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(run_sweeper, target, 10.0)
+            await trio.sleep(35)
+    assert [t - start for t in target.times] == [0, 10]
 
 
 async def test_sweep_order_is_reconcile_then_drain_and_reconcile_failure_still_drains(
@@ -54,7 +79,7 @@ async def test_sweep_order_is_reconcile_then_drain_and_reconcile_failure_still_d
     async def reconcile(*, stale_marks_live_processes: bool) -> ReconcileReport:
         calls.append(f"reconcile(stale_marks_live_processes={stale_marks_live_processes})")
         if "fail" in calls:
-            raise RuntimeError("probe exploded")
+            raise RegistryError("the registry could not be read")
         return ReconcileReport(0, [])
 
     async def drain() -> list[object]:
