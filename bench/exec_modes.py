@@ -48,7 +48,9 @@ async def run(mode: str, jobs: int, slots: int) -> tuple[float, list[float], int
         kinds_file=work / "kinds.toml",
     )
     registry = SqliteRegistry(config.registry_path)
-    sup = Supervisor(config, load_kinds(config.kinds_file), registry, base_env={"PATH": "/usr/bin:/bin"})
+    sup = Supervisor(
+        config, load_kinds(config.kinds_file), registry, base_env={"PATH": "/usr/bin:/bin"}, standalone=True
+    )
     try:
         with trio.fail_after(LIMIT_S):
             async with trio.open_nursery() as nursery:

@@ -28,7 +28,7 @@ import trio
 from ..domain import HostForgotten, Job, SupervisorError, to_iso
 from ..observe import get_logger
 from ..registry import Host, Lease, Registry
-from ._boot import Boot, log_failure
+from ._boot import Boot, boundary, log_failure
 
 log = get_logger()
 
@@ -48,11 +48,15 @@ class Fleet:
         on_fresh: Callable[[], None] | None = None,
         on_forgotten: Callable[[], None] | None = None,
         end_by_proof: Callable[[list[Job], Callable[[], bool]], Awaitable[list[str]]] | None = None,
+        standalone: bool = False,
     ) -> None:
         """``boot``: whose fleet-wide limit to settle at start (None: none to settle). ``on_fresh``: called when the
         lease is fresh again after it was not (promotion may resume: the drainer's wake). ``on_forgotten``: called
         once when the registry says an operator forgot this boot (its processes are to be stopped). ``end_by_proof``:
-        the leader's judge of silent hosts' rows on the ground truth this host can reach (``_silent``); None: none."""
+        the leader's judge of silent hosts' rows on the ground truth this host can reach (``_silent``); None: none.
+        ``standalone``: no fleet task runs (a Supervisor embedded or driven by hand holds its registry alone): the
+        gates are open without a lease. Otherwise they refuse until a renewal opens them."""
+        self.standalone = standalone
         self.boot = boot
         self.end_by_proof = end_by_proof
         self.on_fresh = on_fresh
@@ -72,17 +76,17 @@ class Fleet:
         # monotonic: the request of the first renewal since this boot began or its lease last went stale (None: stale)
         self._steady_since: float | None = None
         self.lease: Lease | None = None
-        self.started = False  # run() has begun: until then (a Supervisor outside serve, in tests) nothing is gated
+        self._lead_renewed = trio.Event()  # set by a renewal that kept the lead: the silent-host round's turn
 
     def may_lead(self) -> bool:
-        """Whether the fleet's once-only duties (the webhook sender) may run here: when leading, or when no fleet
-        task runs at all (a Supervisor used on its own)."""
-        return self.leading or not self.started
+        """Whether the fleet's once-only duties (the webhook sender, retention) may run here: when leading, or when
+        standalone. Refused until the first renewal says so: a gate is never open by default."""
+        return self.standalone or self.leading
 
     def may_promote(self) -> bool:
         """Whether this host may promote now: its lease is fresh enough that it cannot have expired
-        (INV-NO-PROMOTION-WITHOUT-LEASE), or no fleet task runs at all (a Supervisor used on its own)."""
-        return self.fresh or not self.started
+        (INV-NO-PROMOTION-WITHOUT-LEASE), or it is standalone. Refused until the first renewal."""
+        return self.standalone or self.fresh
 
     @property
     def fresh(self) -> bool:
@@ -96,34 +100,58 @@ class Fleet:
         return trio.current_time() < self._lead_until
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Renew at once (so that the first sweep knows whether it leads), report started, then every third of the
-        lease; at a clean shutdown (cancelled), end the lease and the lead now."""
-        self.started = True
+        """Renew at once (so that the first sweep knows whether it leads), report started, then renew every third of
+        the lease on a clock of its own; at a clean shutdown (cancelled), end the lease and the lead now.
+
+        The renewals keep a fixed period (``trio.sleep_until``): nothing else runs between two of them, and each is
+        bounded by a period, so two renewals' requests are at most about a period apart -- well inside the share of
+        the lease a renewal keeps fresh -- however slowly the registry answers and whatever else the leader does.
+        The leader's round over silent hosts runs in a task of its own after each renewal that kept the lead, bounded
+        by a period too: a slow read there never pushes a renewal back (issue 38).
+
+        Error boundary: a renewal that fails (the registry, a timeout) is logged and tried at the next tick; the
+        freshness it would have given runs out, said by ``host_lease_stale``; the silent-host round is guarded the
+        same way. A bug ends the supervisor."""
+        if self.standalone:
+            raise SupervisorError("a standalone supervisor runs no fleet task: it holds its registry alone")
+        period_s = self.lease_s / 3
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self._keep_time)
+                first = trio.current_time()
                 await self.renew()
                 await self.settle_settings()
+                self._lead_renewed = trio.Event()  # the first round comes after the next renewal, a period from now
+                await nursery.start(self._silent_host_rounds, period_s)
                 task_status.started()
+                tick = first
                 while True:
-                    await trio.sleep(self.lease_s / 3)
+                    # The next tick of the renewal's own clock; one missed (a renewal that took its whole period)
+                    # is not made up with a burst: the next renewal starts at once, then the clock goes on from it.
+                    tick = max(tick + period_s, trio.current_time())
+                    await trio.sleep_until(tick)
                     await self.renew()
-                    if self.leading:
-                        # Bounded by a renewal period: a slow read (a registry near its timeout, a proof on a hung
-                        # shared volume) must never push back the next renewal, which keeps this host's lease.
-                        with trio.move_on_after(self.lease_s / 3) as bound:
-                            try:
-                                await self.sweep_silent_hosts()
-                            except SupervisorError:
-                                log_failure("silent_hosts_not_watched")
-                        if bound.cancelled_caught:
-                            log.warning("silent_hosts_round_cut_short", within_s=round(self.lease_s / 3, 3))
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
                 try:
                     await self.registry.release_lease(self.host_id, self.boot_id)
                 except SupervisorError:
                     log_failure("host_lease_not_released", host_id=self.host_id)
+
+    async def _silent_host_rounds(self, period_s: float, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """The leader's round over silent hosts, once after each renewal that kept the lead, each bounded by a
+        renewal period (a slow read, a proof on a hung shared volume, never holds the next round past it)."""
+        task_status.started()
+        tally = self.boot.tally if self.boot is not None else None
+        while True:
+            await self._lead_renewed.wait()
+            self._lead_renewed = trio.Event()
+            if not self.leading:
+                continue
+            with trio.move_on_after(period_s) as bound, boundary("silent_hosts_not_watched", tally):
+                await self.sweep_silent_hosts()
+            if bound.cancelled_caught:
+                log.warning("silent_hosts_round_cut_short", within_s=round(period_s, 3))
 
     async def renew(self) -> None:
         asked = trio.current_time()
@@ -162,6 +190,7 @@ class Fleet:
         self._fresh_until = asked + self.lease_s * (1 - LEAD_MARGIN)
         if lease.leading:
             self._lead_until = self._fresh_until
+            self._lead_renewed.set()
         else:
             self._lead_until = -math.inf
         self._renewed.set()

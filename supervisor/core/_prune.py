@@ -64,7 +64,7 @@ class Pruner:
         config: Config,
         registry: Registry,
         wall_clock: Callable[[], datetime],
-        may_lead: Callable[[], bool] = lambda: True,
+        may_lead: Callable[[], bool],
     ) -> None:
         self.config = config
         self.registry = registry

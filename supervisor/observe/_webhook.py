@@ -91,9 +91,10 @@ class WebhookSender:
         *,
         poll_s: float | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
-        may_send: Callable[[], bool] = lambda: True,
+        may_send: Callable[[], bool],
     ) -> None:
-        """``may_send``: whether this process sends now (a fleet's leader does; the others leave the outbox to it)."""
+        """``may_send``: whether this process sends now (a fleet's leader does; the others leave the outbox to it).
+        No default: a gate is opened by whoever knows, never by omission."""
         self.config = config
         self.registry = registry
         self.may_send = may_send

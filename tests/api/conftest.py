@@ -60,7 +60,7 @@ def open_harness(nursery: trio.Nursery, tmp_path: Path, kinds_path: Path, kinds:
         # As run_supervisor opens it: events are written only when a webhook will send them.
         registry = SqliteRegistry(config.registry_path, outbox=config.webhook_url is not None)
         try:
-            sup = Supervisor(config, kinds, registry)
+            sup = Supervisor(config, kinds, registry, standalone=True)  # no fleet task: the tests drive it
             sup.attach(nursery)
             await nursery.start(sup.run_drainer)  # what run_supervisor starts in its root nursery
             app = create_app(sup)

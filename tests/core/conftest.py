@@ -96,6 +96,7 @@ def _maker(
             boot_id=boot_id,
             base_env=base_env,
             executor=executor(config) if executor is not None else None,
+            standalone=True,  # no fleet task here: the drainer alone, as the tests drive it
         )
         if attach is not False:
             nursery = job_nursery if attach is True else attach

@@ -91,6 +91,7 @@ async def make_world(tmp_path: Path) -> AsyncIterator[Callable[..., World]]:
                 boot_id="b",
                 executor=MemoryExecutor(programs, nursery),
                 wall_clock=clock,
+                standalone=True,
             )
             sup.attach(nursery)
             nursery.start_soon(sup.run_drainer)

@@ -329,7 +329,9 @@ async def test_a_start_the_engine_cannot_make_requeues_the_job_uncounted_holds_t
         async with trio.open_nursery() as nursery:
             machine = _StartsRefused(nursery, enough=8, refuse_after_s=refuse_after_s)
             config = Config(data_dir=tmp_path / "data", bind_port=0, kinds_file=kinds_file, sweep_interval_s=86400.0)
-            sup = Supervisor(config, load_kinds(kinds_file), MemoryRegistry(), boot_id="b", executor=machine)
+            sup = Supervisor(
+                config, load_kinds(kinds_file), MemoryRegistry(), boot_id="b", executor=machine, standalone=True
+            )
             sup.events.subscribe(on_event)
             sup.attach(nursery)
             await nursery.start(sup.run_drainer)  # no sweeper: the drainer alone must come back to the queue

@@ -139,7 +139,13 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Callable[..., Host]]:
             view = Partitionable(shared)
             registry = cast(Registry, view)
             sup = Supervisor(
-                config, load_kinds(own_kinds), registry, boot_id=f"boot-{host_id}", executor=machine, wall_clock=clock
+                config,
+                load_kinds(own_kinds),
+                registry,
+                boot_id=f"boot-{host_id}",
+                executor=machine,
+                wall_clock=clock,
+                standalone=not fleet_task,  # a host without its fleet task promotes without a lease
             )
             sup.attach(nursery)
             nursery.start_soon(sup.run_drainer)

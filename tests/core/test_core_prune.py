@@ -55,7 +55,8 @@ def supervisor(nursery: trio.Nursery, tmp_path: Path) -> Supervisor:
         data_dir=tmp_path / "data", bind_port=0, retention_days=1.0, retention_max_jobs=None, sweep_interval_s=30.0
     )
     registry = MemoryRegistry(clock=wall, outbox=False)
-    sup = Supervisor(config, load_kinds(None), registry, executor=MemoryExecutor({}, nursery), wall_clock=wall)
+    machine = MemoryExecutor({}, nursery)
+    sup = Supervisor(config, load_kinds(None), registry, executor=machine, wall_clock=wall, standalone=True)
     sup.attach(nursery)
     sup.log_dir.mkdir(parents=True)
     return sup
@@ -110,7 +111,8 @@ async def test_retention_off_prunes_nothing(
 ) -> None:
     config = Config(data_dir=tmp_path / "data", bind_port=0, retention_days=None, retention_max_jobs=None)
     registry = MemoryRegistry(clock=wall, outbox=False)
-    sup = Supervisor(config, load_kinds(None), registry, executor=MemoryExecutor({}, nursery), wall_clock=wall)
+    machine = MemoryExecutor({}, nursery)
+    sup = Supervisor(config, load_kinds(None), registry, executor=machine, wall_clock=wall, standalone=True)
     sup.attach(nursery)
     sup.log_dir.mkdir(parents=True)
     job_id, files = await finish(registry, sup.log_dir, 0)
@@ -126,7 +128,8 @@ async def test_the_count_rule_keeps_the_newest_finished_jobs(
 ) -> None:
     config = Config(data_dir=tmp_path / "data", bind_port=0, retention_days=None, retention_max_jobs=2)
     registry = MemoryRegistry(clock=wall, outbox=False)
-    sup = Supervisor(config, load_kinds(None), registry, executor=MemoryExecutor({}, nursery), wall_clock=wall)
+    machine = MemoryExecutor({}, nursery)
+    sup = Supervisor(config, load_kinds(None), registry, executor=machine, wall_clock=wall, standalone=True)
     sup.attach(nursery)
     sup.log_dir.mkdir(parents=True)
     jobs = []

@@ -123,7 +123,9 @@ async def host(tmp_path: Path) -> AsyncIterator[Callable[[], Any]]:
     )
     async with trio.open_nursery() as machines, trio.open_nursery() as nursery:
         machine = MemoryExecutor(PROGRAMS, machines)
-        sup = Supervisor(config, load_kinds(kinds), registry, boot_id="boot-a", executor=machine, wall_clock=clock)
+        sup = Supervisor(
+            config, load_kinds(kinds), registry, boot_id="boot-a", executor=machine, wall_clock=clock, standalone=True
+        )
         sup.attach(nursery)
         await nursery.start(sup.run_drainer)
         await nursery.start(sup.run_wakeups)

@@ -21,6 +21,11 @@ from supervisor.observe import BACKOFF_MAX_S, WebhookSender, backoff_s, sign
 from supervisor.registry import Ending, NewJob, Outcome, PromoteRequest
 
 
+def ALONE() -> bool:
+    """The sender's gate held open: the one process that sends (no fleet)."""
+    return True
+
+
 @pytest.fixture
 async def reg(tmp_path: Path) -> AsyncIterator[_CountingRegistry]:
     registry = _CountingRegistry(tmp_path / "jobs.sqlite3")
@@ -66,7 +71,7 @@ async def test_failures_back_off_exponentially_and_events_go_out_in_order(
         return httpx.Response({"500": 500, "307": 307, "ok": 204}[answer], headers={"Location": "http://x/"})
 
     config = Config(webhook_url="http://receiver.invalid/hook", webhook_timeout_s=0.5, webhook_secret="s")
-    sender = WebhookSender(config, reg, poll_s=3600, transport=httpx.MockTransport(handler))
+    sender = WebhookSender(config, reg, may_send=ALONE, poll_s=3600, transport=httpx.MockTransport(handler))
     async with trio.open_nursery() as nursery:
         await nursery.start(sender.run)
         await done.wait()
@@ -107,7 +112,7 @@ async def test_the_outbox_is_bounded_and_what_is_dropped_is_counted_and_logged(
             return httpx.Response(200)
 
         config = Config(webhook_url="http://receiver.invalid/hook", webhook_outbox_max_events=3)
-        sender = WebhookSender(config, reg, poll_s=3600, transport=httpx.MockTransport(handler))
+        sender = WebhookSender(config, reg, may_send=ALONE, poll_s=3600, transport=httpx.MockTransport(handler))
         with capture_logs() as logs:
             async with trio.open_nursery() as nursery:
                 await nursery.start(sender.run)
@@ -125,7 +130,7 @@ async def test_without_a_webhook_url_stray_events_are_dropped_and_counted(
     autojump_clock: trio.testing.MockClock, reg: _CountingRegistry
 ) -> None:
     await _enqueue(reg, "x")  # another process cannot know that no webhook is configured
-    sender = WebhookSender(Config(), reg, poll_s=10)
+    sender = WebhookSender(Config(), reg, may_send=ALONE, poll_s=10)
     async with trio.open_nursery() as nursery:
         await nursery.start(sender.run)
         nursery.cancel_scope.cancel()
@@ -159,7 +164,7 @@ async def test_without_a_webhook_url_the_buses_wakes_cost_no_registry_call(
     # Every job change wakes the sender; with no URL this process writes no event, so only the clock makes it look
     # (for events other processes wrote). Issue 10: a prune per job change was 6 % of the CPU under load.
     registry = reg
-    sender = WebhookSender(Config(), registry, poll_s=10)
+    sender = WebhookSender(Config(), registry, may_send=ALONE, poll_s=10)
     async with trio.open_nursery() as nursery:
         first = registry.pruned
         await nursery.start(sender.run)
@@ -193,7 +198,7 @@ async def test_with_a_webhook_url_the_bounds_are_applied_at_most_once_a_second(
 
     registry = reg
     config = Config(webhook_url="http://receiver.invalid/hook")
-    sender = WebhookSender(config, registry, poll_s=3600, transport=httpx.MockTransport(handler))
+    sender = WebhookSender(config, registry, may_send=ALONE, poll_s=3600, transport=httpx.MockTransport(handler))
     async with trio.open_nursery() as nursery:
         await nursery.start(sender.run)
         for _ in range(30):  # a job change at a time: each wakes the sender, and each is delivered
@@ -245,7 +250,7 @@ async def test_an_answers_body_is_read_only_when_its_framing_bounds_it(
         return httpx.Response(200, headers=headers, stream=body)
 
     config = Config(webhook_url="http://receiver.invalid/hook")
-    sender = WebhookSender(config, reg, poll_s=3600, transport=httpx.MockTransport(handler))
+    sender = WebhookSender(config, reg, may_send=ALONE, poll_s=3600, transport=httpx.MockTransport(handler))
     async with trio.open_nursery() as nursery:
         await nursery.start(sender.run)
         await done.wait()
@@ -275,7 +280,7 @@ async def test_the_outbox_bounds_hold_while_the_sender_backs_off_from_a_failing_
 
     await _enqueue(reg, "first")
     config = Config(webhook_url="http://receiver.invalid/hook", webhook_outbox_max_events=3)
-    sender = WebhookSender(config, reg, poll_s=3600, transport=httpx.MockTransport(handler))
+    sender = WebhookSender(config, reg, may_send=ALONE, poll_s=3600, transport=httpx.MockTransport(handler))
     async with trio.open_nursery() as nursery:
         await nursery.start(sender.run)
         while len(attempts) < 9:  # noqa: ASYNC110 - virtual time: the ninth failure starts a 256 s backoff
@@ -336,7 +341,9 @@ async def test_an_unreachable_registry_never_ends_the_sender_and_what_waited_goe
         delivered.append(json.loads(request.read())["job"]["job_id"])
         return httpx.Response(204)
 
-    sender = WebhookSender(Config(webhook_url=webhook_url), registry, poll_s=1, transport=httpx.MockTransport(handler))
+    sender = WebhookSender(
+        Config(webhook_url=webhook_url), registry, may_send=ALONE, poll_s=1, transport=httpx.MockTransport(handler)
+    )
     job_id = await _enqueue(registry, "x")
     try:
         with capture_logs() as logs:
