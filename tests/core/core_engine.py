@@ -12,6 +12,9 @@ The executor is pointed at it with ``DOCKER_HOST=unix://<its socket>``. Its mode
   fails;
 - ``list_then_hang``: as ``list_only``, but every other request is never answered;
 - ``slow``: as ``ping_only``, each answer after ``SLOW_S`` (calls that overlap: the client's connection pool fills).
+- ``withhold_start``: every request goes to the real engine and its answer back, one request at a time, but a
+  container's start is never answered (sent on to the engine first when ``start_reaches_engine``: the container then
+  runs) and a removal never answered nor sent: a start whose outcome the client cannot know (issue 38).
 
 Flipping the mode closes every connection it holds (and waits until they are closed), so that a pooled connection
 of the client's is never served by the mode before.
@@ -28,11 +31,15 @@ from typing import Any, Literal
 
 import trio
 
-Mode = Literal["proxy", "stopped", "hang", "500", "ping_only", "list_only", "list_then_hang", "slow"]
+Mode = Literal[
+    "proxy", "stopped", "hang", "500", "ping_only", "list_only", "list_then_hang", "slow", "withhold_start"
+]
 SLOW_S = 0.3
 REAL_ENGINE = "/var/run/docker.sock"
 _PING = re.compile(rb"^(GET|HEAD) (/v[0-9.]+)?/_ping[ ?]")
 _LIST = re.compile(rb"^GET (/v[0-9.]+)?/containers/json[ ?]")
+_START = re.compile(rb"^POST (/v[0-9.]+)?/containers/[^/ ]+/start[ ?]")
+_REMOVE = re.compile(rb"^DELETE (/v[0-9.]+)?/containers/[^/ ]+[ ?]")
 MAX_HEAD = 64 * 1024
 
 
@@ -41,6 +48,7 @@ class FakeEngine:
         self.path = path
         self.real = real
         self.mode: Mode = "proxy"
+        self.start_reaches_engine = False  # withhold_start: the start is made on the real engine, only unanswered
         self.requests: list[bytes] = []  # the request line of every request it read (not those it proxied)
         self._connections: dict[trio.CancelScope, trio.Event] = {}  # each open connection: its scope, and its end
         self._serving: trio.CancelScope | None = None
@@ -142,12 +150,33 @@ class FakeEngine:
                 if not data:
                     return
                 buffer += data
-            buffer = buffer[length:]
+            body, buffer = buffer[:length], buffer[length:]
             request_line = head.split(b"\r\n", 1)[0]
             self.requests.append(request_line)
+            if self.mode == "withhold_start":
+                await stream.send_all(await self._relay(head, body))
+                continue
             if self.mode == "slow":
                 await trio.sleep(SLOW_S)
             await stream.send_all(self._response(request_line))
+
+    async def _relay(self, head: bytes, body: bytes) -> bytes:
+        """One request to the real engine on a connection of its own (``Connection: close``), its whole answer back;
+        a start or a removal as ``withhold_start`` says (answered never)."""
+        request_line = head.split(b"\r\n", 1)[0]
+        withheld = _START.match(request_line) or _REMOVE.match(request_line)
+        if withheld and not (_START.match(request_line) and self.start_reaches_engine):
+            await trio.sleep_forever()
+        lines = [line for line in head.split(b"\r\n") if not line.lower().startswith(b"connection:")]
+        upstream = await trio.open_unix_socket(self.real)
+        async with upstream:
+            await upstream.send_all(b"\r\n".join([*lines, b"Connection: close"]) + b"\r\n\r\n" + body)
+            answer = b""
+            while data := await upstream.receive_some(65536):
+                answer += data
+        if withheld:
+            await trio.sleep_forever()  # made on the engine; the client never hears of it
+        return answer
 
     def _response(self, request_line: bytes) -> bytes:
         mode = self.mode

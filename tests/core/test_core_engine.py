@@ -40,7 +40,7 @@ from supervisor.registry import IdentityClaim
 
 TIMEOUT_S = 0.5  # docker_timeout_s here: a hung engine is UNKNOWN after it
 # With the real engine behind the fake: its `docker start` takes up to a second, and a start that times out and
-# whose container cannot be removed in time either fails its job (it may yet run: see execution/docker.py).
+# whose container cannot be removed in time either has an unknown outcome (it may yet run: see execution/docker.py).
 REAL_TIMEOUT_S = 3.0
 SLACK_S = 1.0  # what a probe may take beyond the timeout (a worker thread, the registry read before it)
 TROUBLES: list[Mode] = ["stopped", "hang", "500", "ping_only"]
@@ -273,6 +273,43 @@ async def _follow_up_of(sup: Supervisor, parent: Job) -> Job:
         return jobs[0] if jobs else None
 
     return await poll(found, timeout_s=30)
+
+
+@pytest.mark.docker
+@pytest.mark.e2e
+@pytest.mark.parametrize("reaches", [True, False], ids=["started_unanswered", "never_started"])
+async def test_a_start_the_engine_never_answers_is_not_failed_and_is_judged_once_it_answers(
+    reaches: bool, engine: FakeEngine, make: Callable[..., Supervisor]
+) -> None:
+    """Issue 38 in docker mode: the container is made, its start is never answered and its removal neither, so
+    nobody here can know whether it runs. Before: ``failed / spawn_failed: docker start: …`` with its slot freed, and
+    a container that had started ran unwatched. Now the row keeps its slot, running, until the engine answers: the
+    container that started is found and its true end recorded; the one that never started is removed and the job
+    goes back to the queue uncounted and runs once."""
+    sup = make(max_concurrent=1, docker_timeout_s=REAL_TIMEOUT_S)
+    engine.start_reaches_engine = reaches
+    await engine.set_mode("withhold_start")
+    with capture_logs() as logs:
+        job = (await sup.enqueue("exit", {"code": 0})).job
+
+        async def given_up() -> Job | None:
+            row = await sup.get(job.job_id)
+            return row if row.status is JobStatus.RUNNING and not sup.boot.being_started(job.job_id) else None
+
+        row = await poll(given_up, timeout_s=4 * REAL_TIMEOUT_S + 10)
+        assert (row.spawned, row.error_reason) == (False, None)  # never failed
+        assert any(e["event"] == "job_start_unknown" for e in logs)
+        await engine.set_mode("proxy")
+
+        async def ended() -> Job | None:
+            await sup.sweep()  # the sweeper's turn: the row is judged on what the engine says now
+            final = await sup.get(job.job_id)
+            return final if final.status.is_terminal else None
+
+        final = await poll(ended, timeout_s=60)
+    assert (final.status, final.exit_code, final.attempts, final.history) == (JobStatus.SUCCEEDED, 0, 1, ())
+    assert await sup.read_log(job.job_id) == b"bye\n"  # it ran once
+    assert not await _failed(sup)
 
 
 # -- the drainer's hold, on a virtual clock ---------------------------------------------------------------------

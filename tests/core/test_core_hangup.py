@@ -24,7 +24,7 @@ SLOTS = 4
 # How long after sending the request the client resets its connection (0: at once). The window that wedged the queue
 # was about 5-20 ms after the request on a quiet machine; a spread around it meets every step of the request's work.
 DELAYS_S = (0.0, 0.002, 0.005, 0.01, 0.02, 0.05)
-ROUNDS = 2
+ROUNDS = 3
 
 
 @pytest.fixture
