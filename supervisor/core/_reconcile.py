@@ -64,10 +64,14 @@ class Reconciler:
         for job in running:
             if not boot.owns(job):
                 continue
-            if job.boot_id == boot.boot_id and not job.spawned and (overlapped or boot.being_started(job.job_id)):
-                # INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING: its start is (or may be) under way here; nothing to ask the
-                # executor yet. Once nobody holds it, the next reconcile judges it on the evidence.
-                details.append(ReconcileDetail(job.job_id, "untouched", "spawn_window", None, False))
+            if job.boot_id == boot.boot_id and not job.spawned and (overlapped or job.job_id in boot.watched):
+                # INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING: its start is (or may be) under way here -- nothing to ask the
+                # executor yet; once nobody holds it, the next reconcile judges it on the evidence -- or this boot
+                # started it and its monitor watches it, though the registry could not record its identity then:
+                # the monitor, which holds the row as it was (no identity), records its end. Recording the identity
+                # found here under it would make that end's guard refuse it.
+                reason = "spawn_window" if overlapped or boot.being_started(job.job_id) else "watched_unrecorded"
+                details.append(ReconcileDetail(job.job_id, "untouched", reason, None, False))
                 continue
             rows.append(job)
             watched = boot.watched.get(job.job_id)

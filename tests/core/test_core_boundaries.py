@@ -244,9 +244,8 @@ async def test_a_start_whose_outcome_was_unknown_and_never_happened_goes_back_to
 async def test_a_registry_that_cannot_record_the_starts_never_ends_the_supervisor(
     autojump_clock: trio.testing.MockClock, make_world: Callable[..., World], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A start task that meets an unavailable registry while it records the started jobs' identities goes on (the
-    jobs get their monitors); the job's identity is found by the next sweep (from the machine) and it runs to its end,
-    once."""
+    """A start task that meets an unavailable registry while it records the started jobs' identities goes on: the
+    jobs get their monitors, which record their ends (the sweeps leave such a row to its monitor), once."""
     world = make_world(drainer=True)
     sup = world.sup
     real = world.registry.record_identities

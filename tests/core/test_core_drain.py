@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -20,7 +21,7 @@ from core_helpers import (  # type: ignore[import-not-found]
     wait_terminal,
 )
 
-from supervisor import JobStatus, Supervisor
+from supervisor import JobStatus, RegistryUnavailable, Supervisor
 from supervisor.domain import Job
 
 
@@ -337,3 +338,43 @@ async def test_removing_the_pause_file_never_ends_a_pause_made_through_the_api(
     await sup.sweep()
     state = await sup.registry.pause_state()
     assert (state.paused, state.by) == (True, "operator")
+
+
+async def test_a_job_whose_identity_the_registry_could_not_record_is_ended_by_its_monitor_with_its_true_outcome(
+    make_supervisor: Callable[..., Supervisor], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The registry unavailable just as a start is recorded: the job runs, watched by its monitor, its row without an
+    identity. The sweeps leave that row to the monitor (the identity they would find and record under it would make
+    the end's guard refuse it, and the job would end an orphan once its records were dropped); the monitor records
+    its true end."""
+    sup = make_supervisor()
+    real = sup.registry.record_identities
+    failed = trio.Event()
+
+    async def unavailable_once(claims: Any) -> Any:
+        if not failed.is_set():
+            failed.set()
+            raise RegistryUnavailable("the registry's disk is full")
+        return await real(claims)
+
+    monkeypatch.setattr(sup.registry, "record_identities", unavailable_once)
+    gate = tmp_path / "gate"
+    job = (await sup.enqueue("gated", {"gate": str(gate), "code": 0})).job
+    with trio.fail_after(10):
+        await failed.wait()
+        while (entry := sup.boot.watched.get(job.job_id)) is None or entry.handle is None:  # noqa: ASYNC110
+            await trio.sleep(0.01)  # its monitor starts just after the failed write
+    for _ in range(2):
+        report = await sup.reconcile(stale_marks_live_processes=False)
+        assert [(d.action, d.reason) for d in report.details if d.job_id == job.job_id] == [
+            ("untouched", "watched_unrecorded")
+        ]
+    await trio.to_thread.run_sync(gate.write_text, "open")
+
+    async def ended() -> Job | None:
+        await sup.sweep()
+        row = await sup.get(job.job_id)
+        return row if row.status.is_terminal else None
+
+    final = await poll(ended)
+    assert (final.status, final.error_reason, final.exit_code) == (JobStatus.SUCCEEDED, None, 0)
