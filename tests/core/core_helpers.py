@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Collection
 from datetime import timedelta
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -124,6 +126,23 @@ threading.Event().wait(60)
 """
 
 TERMINAL = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.STALE}
+
+
+def serve_env(tmp_path: Path, kinds: str = KINDS, *, data_dir: Path | None = None, **settings: str) -> dict[str, str]:
+    """The environment of a real ``supervisor serve`` in a test: none of the caller's own ``PODCAST_*`` settings, the
+    test's kinds (written to ``tmp_path``), its data dir (default ``tmp_path / "data"``), loopback on a free port and
+    a sweep every second; ``settings`` add or override ``PODCAST_*`` variables."""
+    kinds_file = tmp_path / "kinds.toml"
+    kinds_file.write_text(kinds)
+    out = {k: v for k, v in os.environ.items() if not k.startswith("PODCAST_")}
+    out.update(
+        PODCAST_JOB_DATA_DIR=str(data_dir if data_dir is not None else tmp_path / "data"),
+        PODCAST_JOB_BIND="127.0.0.1:0",
+        PODCAST_JOB_KINDS_FILE=str(kinds_file),
+        PODCAST_JOB_SWEEP_SECONDS="1",
+    )
+    out.update(settings)
+    return out
 
 
 async def poll(check: Callable[[], Awaitable[T | None]], *, timeout_s: float = 20.0) -> T:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import trio
 from core_executors import IMAGE, DockerWorld, supervisors_in  # type: ignore[import-not-found]
-from core_helpers import KINDS, container_of, pid_of, poll, wait_running, wait_terminal  # type: ignore[import-not-found]
+from core_helpers import KINDS, container_of, pid_of, poll, serve_env, wait_running, wait_terminal  # type: ignore[import-not-found]
 from structlog.testing import capture_logs
 
 from supervisor import Config, JobStatus, Liveness, SqliteRegistry, Supervisor
@@ -228,18 +228,7 @@ async def test_dockerd_stopped_while_a_job_runs_keeps_its_slot_and_fails_nothing
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    kinds = tmp_path / "kinds.toml"
-    kinds.write_text(KINDS)
-    out = {k: v for k, v in os.environ.items() if not k.startswith("PODCAST_")}
-    out.update(
-        PODCAST_JOB_DATA_DIR=str(tmp_path / "data"),
-        PODCAST_JOB_BIND="127.0.0.1:0",
-        PODCAST_JOB_KINDS_FILE=str(kinds),
-        PODCAST_JOB_MAX_CONCURRENT="2",
-        PODCAST_JOB_SWEEP_SECONDS="1",
-        PODCAST_PIPELINE_EXEC_MODE="docker",
-    )
-    return out
+    return serve_env(tmp_path, PODCAST_JOB_MAX_CONCURRENT="2", PODCAST_PIPELINE_EXEC_MODE="docker")
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ slot, running with no process, until a restart."""
 
 from __future__ import annotations
 
-import os
 import socket
 import struct
 from collections.abc import AsyncIterator, Callable
@@ -16,7 +15,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 import trio
-from core_helpers import KINDS, poll  # type: ignore[import-not-found]
+from core_helpers import poll, serve_env  # type: ignore[import-not-found]
 
 from supervisor import SqliteRegistry
 
@@ -29,18 +28,8 @@ ROUNDS = 3
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    kinds = tmp_path / "kinds.toml"
-    kinds.write_text(KINDS)
-    out = dict(os.environ)
-    out.update(
-        PODCAST_JOB_DATA_DIR=str(tmp_path / "data"),
-        PODCAST_JOB_BIND="127.0.0.1:0",
-        PODCAST_JOB_KINDS_FILE=str(kinds),
-        PODCAST_JOB_MAX_CONCURRENT=str(SLOTS),
-        # No sweep during the test: the request under test (and the client's retry of it) is what moves the queue.
-        PODCAST_JOB_SWEEP_SECONDS="3600",
-    )
-    return out
+    # No sweep during the test: the request under test (and the client's retry of it) is what moves the queue.
+    return serve_env(tmp_path, PODCAST_JOB_MAX_CONCURRENT=str(SLOTS), PODCAST_JOB_SWEEP_SECONDS="3600")
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from core_helpers import KINDS, pid_of, poll  # type: ignore[import-not-found]
+from core_helpers import KINDS, pid_of, poll, serve_env  # type: ignore[import-not-found]
 
 from supervisor import Job, JobStatus, Liveness, SqliteRegistry
 from supervisor.domain import parse_kind
@@ -49,17 +49,7 @@ params = { seconds = "float", report = "str" }
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    kinds = tmp_path / "kinds.toml"
-    kinds.write_text(FLOOD_KINDS)
-    out = dict(os.environ)
-    out.update(
-        PODCAST_JOB_DATA_DIR=str(tmp_path / "data"),
-        PODCAST_JOB_BIND="127.0.0.1:0",
-        PODCAST_JOB_KINDS_FILE=str(kinds),
-        PODCAST_JOB_LOG_MAX_BYTES=str(LOG_CAP),
-        PODCAST_JOB_SWEEP_SECONDS="1",
-    )
-    return out
+    return serve_env(tmp_path, FLOOD_KINDS, PODCAST_JOB_LOG_MAX_BYTES=str(LOG_CAP))
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from core_helpers import KINDS, poll  # type: ignore[import-not-found]
+from core_helpers import poll, serve_env  # type: ignore[import-not-found]
 
 pytestmark = pytest.mark.e2e
 
@@ -38,17 +38,7 @@ def data_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def env(tmp_path: Path, data_dir: Path) -> dict[str, str]:
-    kinds = tmp_path / "kinds.toml"
-    kinds.write_text(KINDS)
-    out = {k: v for k, v in os.environ.items() if not k.startswith("PODCAST_")}
-    out.update(
-        PODCAST_JOB_DATA_DIR=str(data_dir),
-        PODCAST_JOB_BIND="127.0.0.1:0",
-        PODCAST_JOB_KINDS_FILE=str(kinds),
-        PODCAST_JOB_MAX_CONCURRENT="2",
-        PODCAST_JOB_SWEEP_SECONDS="1",
-    )
-    return out
+    return serve_env(tmp_path, data_dir=data_dir, PODCAST_JOB_MAX_CONCURRENT="2")
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
-from core_helpers import KINDS, pid_of, poll  # type: ignore[import-not-found]
+from core_helpers import KINDS, pid_of, poll, serve_env  # type: ignore[import-not-found]
 
 from supervisor import Config, Job, JobStatus, Liveness, SqliteRegistry
 from supervisor.domain import parse_kind
@@ -24,17 +24,7 @@ from supervisor.registry import NewJob
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    kinds = tmp_path / "kinds.toml"
-    kinds.write_text(KINDS)
-    out = dict(os.environ)
-    out.update(
-        PODCAST_JOB_DATA_DIR=str(tmp_path / "data"),
-        PODCAST_JOB_BIND="127.0.0.1:0",
-        PODCAST_JOB_KINDS_FILE=str(kinds),
-        PODCAST_JOB_MAX_CONCURRENT="2",
-        PODCAST_JOB_SWEEP_SECONDS="1",
-    )
-    return out
+    return serve_env(tmp_path, PODCAST_JOB_MAX_CONCURRENT="2")
 
 
 @pytest.fixture

@@ -10,8 +10,24 @@ import pytest
 import pipeline_runner
 from supervisor.core import RetryPolicy, ending
 from supervisor.domain import ExitStatus, JobStatus, load_kinds
+from supervisor.registry import Ending
 
 NOW = datetime(2026, 12, 3, tzinfo=UTC)
+
+
+def _ending(kind_name: str, code: int, *, cancel_asked: bool = False) -> Ending:
+    """How the supervisor ends a first attempt of the built-in kind that exited ``code``."""
+    kind = load_kinds(None).get(kind_name)
+    return ending(
+        ExitStatus(code=code),
+        kind=kind,
+        cancel_asked=cancel_asked,
+        stall_stop=False,
+        orphan_reason="orphan",
+        attempts=1,
+        policy=RetryPolicy.of(kind, kind.max_attempts),
+        now=NOW,
+    )
 
 
 @pytest.mark.parametrize("kind_name", ["pipeline", "enrichment"])
@@ -19,19 +35,9 @@ NOW = datetime(2026, 12, 3, tzinfo=UTC)
 def test_every_runner_exit_code_means_to_the_kind_what_the_runner_says(
     kind_name: str, meaning: pipeline_runner.ExitMeaning
 ) -> None:
-    kind = load_kinds(None).get(kind_name)
-    decided = ending(
-        ExitStatus(code=meaning.code),
-        kind=kind,
-        cancel_asked=False,
-        stall_stop=False,
-        orphan_reason="orphan",
-        attempts=1,
-        policy=RetryPolicy.of(kind, kind.max_attempts),
-        now=NOW,
-    )
+    decided = _ending(kind_name, meaning.code)
     assert str(decided.outcome.status) == meaning.status
-    expected_reason = meaning.reason if meaning.reason is not None or meaning.status == "succeeded" else None
+    expected_reason = meaning.reason
     if expected_reason is None and meaning.status == "failed":
         expected_reason = f"exit_code_{meaning.code}"  # no name of its own: the supervisor's generic one
     assert decided.outcome.reason == expected_reason
@@ -39,7 +45,7 @@ def test_every_runner_exit_code_means_to_the_kind_what_the_runner_says(
     # other code does.
     assert (decided.retry is not None) == meaning.retry
     if meaning.retry:
-        assert kind.max_attempts > 1
+        assert load_kinds(None).get(kind_name).max_attempts > 1
 
 
 def test_the_table_names_every_exit_constant_once() -> None:
@@ -51,27 +57,10 @@ def test_the_table_names_every_exit_constant_once() -> None:
 
 def test_a_polite_kill_is_terminated_and_started_again_while_a_crash_is_not() -> None:
     """The incident class of issue 38: SIGTERM from outside ended a pipeline job for good (exit 1)."""
-    pipeline = load_kinds(None).get("pipeline")
-    policy = RetryPolicy.of(pipeline, pipeline.max_attempts)
-    terminated = ending(
-        ExitStatus(code=pipeline_runner.EXIT_TERMINATED),
-        kind=pipeline,
-        cancel_asked=False,
-        stall_stop=False,
-        orphan_reason="orphan",
-        policy=policy,
-        now=NOW,
-    )
+    terminated = _ending("pipeline", pipeline_runner.EXIT_TERMINATED)
     assert (terminated.outcome.status, terminated.outcome.reason) == (JobStatus.FAILED, "terminated")
     assert terminated.retry is not None
+    assert _ending("pipeline", pipeline_runner.EXIT_CRASH).retry is None
     # The same code after a cancel this supervisor sent is the cancel, never a resubmission.
-    cancelled = ending(
-        ExitStatus(code=pipeline_runner.EXIT_TERMINATED),
-        kind=pipeline,
-        cancel_asked=True,
-        stall_stop=False,
-        orphan_reason="orphan",
-        policy=policy,
-        now=NOW,
-    )
+    cancelled = _ending("pipeline", pipeline_runner.EXIT_TERMINATED, cancel_asked=True)
     assert cancelled.outcome.status is JobStatus.CANCELLED and cancelled.retry is None

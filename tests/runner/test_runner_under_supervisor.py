@@ -4,11 +4,13 @@ over real HTTP with its token, then chaining the `enrichment` kind."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import os
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -79,6 +81,26 @@ async def _running_attempt(client: httpx.AsyncClient, url: str, attempt: int) ->
     return row  # type: ignore[no-any-return]
 
 
+@contextlib.asynccontextmanager
+async def _pipeline_job(data: Path, exec_mode: str, feed: str) -> AsyncIterator[tuple[httpx.AsyncClient, str]]:
+    """A supervisor with the built-in kinds as shipped (their argv, max_attempts, exit codes, poison threshold) but a
+    backoff of 0.2-0.4 s (not 60 s + 120 s), one slot, and one ``pipeline`` job of ``feed`` enqueued over HTTP: the
+    client and the job's URL. Shut down on leaving."""
+    builtin = load_kinds(None)
+    fast = dataclasses.replace(builtin.get("pipeline"), retry_backoff_s=0.2, retry_backoff_max_s=0.4)
+    kinds = KindCatalog({"pipeline": fast, "enrichment": builtin.get("enrichment")})
+    config = Config(data_dir=data, bind_port=0, max_concurrent=1, exec_mode=exec_mode, docker_network="host")
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        sup = await nursery.start(functools.partial(run_supervisor, config, kinds, shutdown=shutdown))
+        base = sup.heartbeat_base_url
+        async with httpx.AsyncClient(timeout=10) as client:
+            answer = await client.post(f"{base}/api/jobs", json={"kind": "pipeline", "params": {"feed": feed}})
+            assert answer.status_code == 202, answer.text
+            yield client, f"{base}/api/jobs/{answer.json()['job_id']}"
+        shutdown.set()
+
+
 def _kill_from_outside(exec_mode: str, row: dict[str, Any]) -> None:
     """What the OOM killer or an operator's ``kill -9`` does to the running attempt (blocking)."""
     if exec_mode == "docker":
@@ -105,29 +127,13 @@ async def test_an_episode_that_kills_every_attempt_is_poisoned_by_the_third_and_
     s.routes["/fatal"] = hang_after_headers()  # the episode's fetch never ends: the kill lands during it
     s.routes["/fine"] = respond(200, b"F" * 100)
     data = tmp_path / "data"
-    builtin = load_kinds(None)
-    # The built-in kind as shipped (its argv, max_attempts, exit codes, poison threshold); only the backoff is
-    # shortened, so the test does not wait 60 s + 120 s.
-    fast = dataclasses.replace(builtin.get("pipeline"), retry_backoff_s=0.2, retry_backoff_max_s=0.4)
-    kinds = KindCatalog({"pipeline": fast, "enrichment": builtin.get("enrichment")})
-    config = Config(data_dir=data, bind_port=0, max_concurrent=1, exec_mode=exec_mode, docker_network="host")
-    shutdown = trio.Event()
-    async with trio.open_nursery() as nursery:
-        sup = await nursery.start(functools.partial(run_supervisor, config, kinds, shutdown=shutdown))
-        base = sup.heartbeat_base_url
-        async with httpx.AsyncClient(timeout=10) as client:
-            answer = await client.post(
-                f"{base}/api/jobs", json={"kind": "pipeline", "params": {"feed": s.url("/feed")}}
-            )
-            assert answer.status_code == 202, answer.text
-            url = f"{base}/api/jobs/{answer.json()['job_id']}"
-            for attempt in (1, 2):
-                with trio.fail_after(60):
-                    await s.wait_for_requests("/fatal", attempt)  # this attempt is fetching the fatal episode
-                    row = await _running_attempt(client, url, attempt)
-                await trio.to_thread.run_sync(_kill_from_outside, exec_mode, row)
-            job = await _poll_job(client, url, timeout_s=90)
-        shutdown.set()
+    async with _pipeline_job(data, exec_mode, s.url("/feed")) as (client, url):
+        for attempt in (1, 2):
+            with trio.fail_after(60):
+                await s.wait_for_requests("/fatal", attempt)  # this attempt is fetching the fatal episode
+                row = await _running_attempt(client, url, attempt)
+            await trio.to_thread.run_sync(_kill_from_outside, exec_mode, row)
+        job = await _poll_job(client, url, timeout_s=90)
     killed = "exit_code_137" if exec_mode == "docker" else "killed_by_SIGKILL"
     assert (job["status"], job["error_reason"], job["attempts"], job["max_attempts"]) == ("succeeded", None, 3, 3)
     assert [(a["attempt"], a["status"], a["reason"]) for a in job["history"]] == [
@@ -169,28 +175,13 @@ async def test_a_pipeline_job_terminated_from_outside_mid_download_is_started_ag
     # The first fetch sends half the enclosure, then nothing more (a slow link): the kill lands mid-download.
     s.routes["/slow"] = drip(len(body), 3600, after=body[: len(body) // 2])
     data = tmp_path / "data"
-    builtin = load_kinds(None)
-    # The built-in kind as shipped; only the backoff is shortened, so the test does not wait 60 s.
-    fast = dataclasses.replace(builtin.get("pipeline"), retry_backoff_s=0.2, retry_backoff_max_s=0.4)
-    kinds = KindCatalog({"pipeline": fast, "enrichment": builtin.get("enrichment")})
-    config = Config(data_dir=data, bind_port=0, max_concurrent=1, exec_mode=exec_mode, docker_network="host")
-    shutdown = trio.Event()
-    async with trio.open_nursery() as nursery:
-        sup = await nursery.start(functools.partial(run_supervisor, config, kinds, shutdown=shutdown))
-        base = sup.heartbeat_base_url
-        async with httpx.AsyncClient(timeout=10) as client:
-            answer = await client.post(
-                f"{base}/api/jobs", json={"kind": "pipeline", "params": {"feed": s.url("/feed"), "max_episodes": 0}}
-            )
-            assert answer.status_code == 202, answer.text
-            url = f"{base}/api/jobs/{answer.json()['job_id']}"
-            with trio.fail_after(60):
-                await s.wait_for_requests("/slow", 1)  # attempt 1 is half way through the enclosure
-                row = await _running_attempt(client, url, 1)
-            s.routes["/slow"] = respond(200, body)  # the link is fine again for the next start
-            await trio.to_thread.run_sync(_terminate_from_outside, exec_mode, row)
-            job = await _poll_job(client, url, timeout_s=90)
-        shutdown.set()
+    async with _pipeline_job(data, exec_mode, s.url("/feed")) as (client, url):
+        with trio.fail_after(60):
+            await s.wait_for_requests("/slow", 1)  # attempt 1 is half way through the enclosure
+            row = await _running_attempt(client, url, 1)
+        s.routes["/slow"] = respond(200, body)  # the link is fine again for the next start
+        await trio.to_thread.run_sync(_terminate_from_outside, exec_mode, row)
+        job = await _poll_job(client, url, timeout_s=90)
     assert (job["status"], job["error_reason"], job["attempts"]) == ("succeeded", None, 2), job
     assert [(a["attempt"], a["status"], a["reason"], a["exit_code"]) for a in job["history"]] == [
         (1, "failed", "terminated", 143)
