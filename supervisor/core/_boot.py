@@ -136,7 +136,7 @@ class Boot:
     # have begun: a read of the rows that overlapped one may hold its rows unheld yet (``promotion_mark``).
     promotions_in_flight: int = 0
     promotions_begun: int = 0
-    # The conditions the background tasks met (``guarded``).
+    # The conditions the background tasks met (``boundary``).
     tally: Tally = field(default_factory=Tally)
 
     @property

@@ -269,8 +269,7 @@ class Drainer:
                 outcomes[job.job_id] = exc
 
         for job in jobs:
-            self.boot.announce(job, "queued", "promoted")
-            watched.setdefault(job.job_id, Watched(job.job_id))
+            self.boot.announce(job, "queued", "promoted")  # (their ``watched`` entries hold them since the promotion)
         handed: set[str] = set()
         try:
             if len(jobs) == 1:
