@@ -1,4 +1,5 @@
-"""The registry: the single source of truth for every job row, behind one interface (``Registry``).
+"""The registry: the single source of truth for every job row (``Registry``: its rules, written once in ``_engine``,
+over a ``Backend``).
 
 - ``sqlite``: one SQLite file, the embedded default (``SqliteRegistry``);
 - ``postgres``: a PostgreSQL database (``PostgresRegistry``), chosen by ``PODCAST_JOB_DATABASE_URL``;
@@ -45,12 +46,12 @@ from ._protocol import (
     Promotion,
     PrunedJob,
     PruneResult,
-    Registry,
     Retry,
     Wakeup,
     WakeupFeed,
     log_name,
 )
+from ._registry import Backend, Registry
 from .memory import MemoryRegistry
 from .postgres import PostgresRegistry
 from .sqlite import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
@@ -66,6 +67,7 @@ __all__ = [
     "WAKE_KINDS",
     "WAKE_PAUSE",
     "WAKE_QUEUED",
+    "Backend",
     "Beat",
     "Change",
     "Ending",

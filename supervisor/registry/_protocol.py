@@ -1,39 +1,20 @@
-"""The registry's interface: the domain operations the core asks of the single source of truth, in domain types.
-
-Every implementation (``sqlite.SqliteRegistry``, the embedded default; ``memory.MemoryRegistry``, for fast tests;
-PostgreSQL next) passes one contract suite (``tests/registry/``), so the core never learns which one it talks to:
-no connection, no SQL, no storage format crosses this line, and every timestamp is an aware ``datetime``.
-
-The rules every implementation keeps (named in the decision records; the contract suite tests each):
-
-- INV-PROMOTION-NEVER-OVERSHOOTS: a promotion counts the RUNNING rows and flips queued rows to RUNNING in one
-  atomic step (a transaction under the registry's write lock): concurrent promotions, in any process, can never
-  make more rows RUNNING than ``max_concurrent``.
-- One place changes a status (``TRANSITIONS``); a terminal row never changes again, and a change that finds the
-  row already terminal reports ``changed=False``.
-- FIFO: the oldest queued row (by insertion) is promoted first; only a *queued* row absorbs an identical one
-  (coalescing).
-- Each change's events are written with the change, atomically (the transactional outbox): a committed change
-  always has its events, a rolled-back one never; undelivered events are read back in the order written.
-- A job's token is checked against the hash the row holds while the job runs; a terminal row holds none.
-- An acknowledged write is durable when its call returns.
-- Every call is bounded: a registry that cannot answer raises ``RegistryError``, never hangs.
+"""The registry's vocabulary: what a caller hands the registry (``NewJob``, ``PromoteRequest``, ``Ending``, ...) and
+what it answers (``Change``, ``Promotion``, ``Host``, ...), in domain types -- no connection, no SQL, no storage format
+crosses this line, and every timestamp is an aware ``datetime``. The registry itself is ``_registry.Registry``.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
-from ..domain import Job, JobStatus, RequestError
+from ..domain import Job, JobStatus
 from ..domain._model import IdentityRecord
-from ._health import RegistryFault
 
 MAX_LIST_LIMIT = 1000
 # The shape of every cursor a registry issues (opaque to callers; the OpenAPI document states it).
@@ -360,195 +341,3 @@ class PauseState:
     paused: bool
     by: str | None = None  # PAUSED_BY_OPERATOR or PAUSED_BY_FILE while paused
     since: datetime | None = None
-
-
-@runtime_checkable
-class Registry(Protocol):
-    """The single source of truth for every job row. See the module docstring for the rules every implementation
-    keeps; every method may raise ``RegistryError`` (storage unavailable, lock not acquired in time)."""
-
-    # -- enqueue and promotion (claim before run) ----------------------------------------------------------
-
-    async def enqueue(self, job: NewJob, *, promote: PromoteRequest | None = None) -> tuple[EnqueueResult, Promotion]:
-        """Add a queued row (or, with a coalescing key, return the identical queued one); with ``promote``, then
-        promote into free slots in the same atomic step (unless paused): a job enqueued while a slot is free is
-        RUNNING when the call returns. A failed promotion never fails the enqueue (``Promotion.failed``).
-        ``EnqueueResult.job`` is the row as enqueued (queued, with its position); a row promoted in the same step
-        is in ``Promotion.jobs`` as it is after it."""
-        ...
-
-    async def enqueue_many(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
-        """Add several rows at once, all or nothing, in order (answers carry no queue position)."""
-        ...
-
-    async def promote(self, request: PromoteRequest) -> Promotion:
-        """Flip the oldest queued rows whose backoff has passed to RUNNING, as many as slots are free
-        (INV-PROMOTION-NEVER-OVERSHOOTS), each with this boot's id, ``started_at``, a token hash, ``attempts + 1`` and
-        its log path; none while paused. ``Promotion.next_at``: when a row still waiting out its backoff may run."""
-        ...
-
-    async def record_identities(self, claims: Sequence[IdentityClaim]) -> list[Job]:
-        """Record started jobs' identities; the rows after it, in order."""
-        ...
-
-    # -- ends --------------------------------------------------------------------------------------------
-
-    async def finalize(
-        self, job_id: str, ending: Ending, *, expect: Expect | None = None, promote: PromoteRequest | None = None
-    ) -> tuple[Change, Promotion]:
-        """End a RUNNING row as ``ending`` says (a terminal row is left alone: ``changed=False``; so is a row whose
-        identity is not ``expect``'s, and, with ``expect.host_silent``, a row whose host's lease is live
-        at the registry's clock). With ``promote``, promote into the freed slot in the same atomic step (a
-        finalize that changed nothing freed none, and promotes nothing). Ending a queued row raises
-        ``IllegalTransition``."""
-        ...
-
-    async def requeue(self, job_id: str, *, expect: Expect, reason: str) -> Change:
-        """A RUNNING row whose start provably never happened goes back to the head of the queue: ``queued`` again
-        with its job id and its place (its insertion order), the start not counted in ``attempts``. Only if the row
-        still records ``expect``'s identity (changed=False otherwise, or when it is not running)."""
-        ...
-
-    async def request_cancel(self, job_id: str) -> Change:
-        """A queued row ends ``cancelled/cancelled_before_start`` at once; a running row is marked
-        ``cancel_requested`` (its process is stopped by whoever watches it); a terminal row is left alone."""
-        ...
-
-    # -- what a running job says, and what the sweeper judges -----------------------------------------------
-
-    async def record_heartbeats(self, beats: Sequence[Beat]) -> list[Job | RequestError]:
-        """Record beats (per beat: the row after it, or the ``Unauthorized``/``Conflict`` it earned; a refused beat
-        writes nothing; a row holds a token hash only while it runs, so a beat for a row that does not run finds
-        no token and earns ``Unauthorized``, as one for an unknown job). ``completed_units`` is a watermark
-        (INV-PROGRESS-NOT-LIVENESS): every beat moves ``last_heartbeat_at``, only a higher count moves
-        ``last_progress_at``."""
-        ...
-
-    async def check_job_token(self, job_id: str, token: str) -> None:
-        """Raise ``Unauthorized`` unless ``token`` is the running job's own (a missing job looks the same)."""
-        ...
-
-    async def set_absence(
-        self, job_id: str, *, stalled: bool, silent: bool, events: Sequence[tuple[str, str]] = ()
-    ) -> Change:
-        """Record the sweeper's absence flags on a RUNNING row with ``events`` ((name, reason) pairs); ``stalled_since``
-        is set when ``stalled`` turns on. A judgement that changes nothing writes nothing."""
-        ...
-
-    async def record_event(self, job_id: str, event: str, reason: str | None) -> Job:
-        """Write an event about a change the row does not show (this boot adopted the job)."""
-        ...
-
-    # -- the outbox ---------------------------------------------------------------------------------------
-
-    async def outbox_pending(self, limit: int) -> list[OutboxEvent]:
-        """The oldest undelivered events, in the order they were written (``limit``: at least 1)."""
-        ...
-
-    async def outbox_delete(self, seqs: Sequence[int]) -> None:
-        """Forget delivered events."""
-        ...
-
-    async def outbox_depth(self) -> int: ...
-
-    async def outbox_prune(self, *, max_events: int, max_age_s: float) -> PruneResult:
-        """Drop events older than ``max_age_s`` (one exactly that old is kept) and, past ``max_events``, the oldest
-        (both limits at least 0)."""
-        ...
-
-    # -- the queue's pause ----------------------------------------------------------------------------------
-
-    async def set_paused(self, paused: bool, *, by: str) -> PauseState:
-        """Pause or resume promotion (``by``: who asked); the state after it."""
-        ...
-
-    async def pause_state(self) -> PauseState: ...
-
-    # -- reads --------------------------------------------------------------------------------------------
-
-    async def get(self, job_id: str) -> Job:
-        """One row (``JobNotFound``); a queued row carries its queue position."""
-        ...
-
-    async def running_jobs(self) -> list[Job]:
-        """Every RUNNING row, oldest first: O(running rows), whatever the history."""
-        ...
-
-    async def list_jobs(
-        self, *, status: str | None = None, kind: str | None = None, limit: int = 100, cursor: str | None = None
-    ) -> tuple[list[Job], str | None]:
-        """Rows newest first and an opaque cursor for the next page (None at the end); rows added meanwhile never
-        shift a page. A bad status, limit or cursor is a ``ValidationError`` naming it."""
-        ...
-
-    async def counts(self) -> dict[str, int]:
-        """Rows per status (every status present)."""
-        ...
-
-    async def retries_of(self, job_id: str) -> list[str]:
-        """The ids of the rows enqueued as explicit retries of ``job_id`` (``NewJob.retry_of``), oldest first; empty
-        when there is none (an unknown job too: a retry may outlive the row it retried)."""
-        ...
-
-    # -- retention ----------------------------------------------------------------------------------------
-
-    async def prune_jobs(
-        self, *, ended_before: datetime | None, keep_latest: int | None, limit: int, dry_run: bool = False
-    ) -> list[PrunedJob]:
-        """Remove finished rows, oldest first (by ``ended_at``, then insertion order), at most ``limit`` (at least
-        1): each one that ended before ``ended_before``, and each one older than the newest ``keep_latest`` finished
-        rows (None: that rule is off; both None: nothing goes). Never a queued or running row, and never a row with
-        an event still in the outbox (undelivered: it is kept until its events are delivered or dropped, and its
-        event's row stays whole). ``dry_run``: what would go now, nothing removed. The rows removed, oldest first.
-        The row's files are the caller's to remove."""
-        ...
-
-    # -- the fleet (ADR 0012) ---------------------------------------------------------------------------------
-
-    async def renew_lease(self, host_id: str, boot_id: str, *, lease_s: float, lead: bool) -> Lease:
-        """Register or renew host ``host_id`` as run by boot ``boot_id`` until now + ``lease_s`` at the registry's
-        clock (a new boot of the same host id replaces the old one's row); with ``lead``, also take the fleet's lead
-        when nobody holds it or its holder's lease expired, or keep it when this boot holds it (renewed to the same
-        expiry). One atomic step: two hosts never both lead. A boot an operator forgot is refused: ``HostForgotten``
-        (INV-FORGET-IS-FENCED)."""
-        ...
-
-    async def release_lease(self, host_id: str, boot_id: str) -> None:
-        """A clean shutdown: this boot's host lease and lead (if it holds them) end now."""
-        ...
-
-    async def hosts(self) -> list[Host]:
-        """Every registered host, by host id, each with ``as_of`` the registry's clock at this read."""
-        ...
-
-    async def leader(self) -> Host | None:
-        """The host that holds the lead now (its lease may have expired: ``Host.live`` says, as of this read)."""
-        ...
-
-    async def forget_host(self, host_id: str) -> Host | None:
-        """The operator says host ``host_id`` will never come back. One atomic step (INV-FORGET-IS-FENCED): refused
-        (``Conflict``) while its lease is live at the registry's clock; else its boot is fenced (a renewal by it is
-        refused from now on), its row and its lead go. Its running rows are the caller's to end after this step
-        (each guarded by its identity). The row removed, or None when there was none (nothing is fenced)."""
-        ...
-
-    async def record_setting(self, name: str, value: str, host_id: str, *, replace: bool) -> FleetSetting:
-        """The fleet's value of setting ``name``: the one recorded first (``value``, by ``host_id``, when none was);
-        with ``replace``, this one whatever was recorded (a host that starts alone)."""
-        ...
-
-    def listen(self) -> AbstractAsyncContextManager[WakeupFeed | None]:
-        """A session that hears other processes' changes (``Wakeup``), open while the context is: entering connects
-        (bounded; ``RegistryUnavailable`` when it cannot), leaving closes. None: this registry has nothing to hear
-        (one process owns it: SQLite, memory), its own wakes suffice. Wake-ups are only hints
-        (INV-NOTIFY-IS-A-HINT)."""
-        ...
-
-    def fault(self) -> RegistryFault | None:
-        """Whether writes are failing now (a full disk, a read-only or removed file, a lock held by another process):
-        since when, and why. None while writes succeed. Cheap and non-blocking: the health route asks it."""
-        ...
-
-    async def aclose(self) -> None:
-        """Release what the registry holds (connections); later calls raise ``RegistryError``."""
-        ...

@@ -1,8 +1,8 @@
 """The registry in a PostgreSQL database (``PostgresRegistry``), chosen by ``PODCAST_JOB_DATABASE_URL``.
 
-Split as the SQLite registry is: ``_schema`` (migrations as SQL files), ``_rows`` (a row's stored forms and the
-primitives of every change), ``_operations`` (each write in SQL), ``_reads`` (the reads and the outbox),
-``_registry`` (the ``Registry`` interface: the pool, the transactions, the boundary between Trio and asyncpg).
+Split as the SQLite registry is: ``_schema`` (migrations as SQL files), ``_rows`` (the rules' store as SQL: a row's
+stored forms, the locks, the wake-ups), ``_registry`` (the rules over them: the pool, the transactions, the boundary
+between Trio and asyncpg), ``_listen`` (the session that hears other hosts' wake-ups).
 """
 
 from ._registry import DEFAULT_CONNECTIONS, DEFAULT_TIMEOUT_S, PostgresRegistry, redacted

@@ -22,43 +22,24 @@ import functools
 import math
 import urllib.parse
 import zlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, TypeVar
 
 import asyncpg
 import trio
 import trio_asyncio
 
-from ...domain import Job, RegistryError, RegistryUnavailable, RequestError, SupervisorError
+from ...domain import RegistryError, RegistryUnavailable, SupervisorError
 from ...domain._config import redacted_url
 from ...domain._model import utc_now
+from .._engine import Step
 from .._health import RegistryFault, WriteHealth
-from .._protocol import (
-    Beat,
-    Change,
-    Ending,
-    EnqueueResult,
-    Expect,
-    FleetSetting,
-    Host,
-    IdentityClaim,
-    Lease,
-    NewJob,
-    OutboxEvent,
-    PauseState,
-    PromoteRequest,
-    Promotion,
-    PrunedJob,
-    PruneResult,
-    WakeupFeed,
-    check_prune,
-)
-from . import _reads as reads
+from .._protocol import WakeupFeed
+from .._registry import Registry
 from ._listen import listening
-from ._operations import Operations
-from ._rows import wakeup_channel
+from ._rows import PostgresRows, wakeup_channel
 from ._schema import MIGRATE_LOCK, SCHEMA_VERSION, migrate, schema_version
 
 T = TypeVar("T")
@@ -132,8 +113,8 @@ async def _session(conn: Any) -> None:
         await conn.execute("SET client_connection_check_interval = 1000")
 
 
-class PostgresRegistry:
-    """Job rows in a PostgreSQL database; see the module docstring.
+class PostgresBackend:
+    """Job rows in a PostgreSQL database, for the rules: see the module docstring.
 
     ``dsn``: a ``postgresql://`` URL. ``schema``: the schema to keep the tables in (made when missing; None: the
     first of the connection's search path). ``boot_id``, ``outbox``, ``clock``: as ``SqliteRegistry``'s, but the
@@ -155,7 +136,6 @@ class PostgresRegistry:
         *,
         schema: str | None = None,
         boot_id: str | None = None,
-        outbox: bool = True,
         clock: Callable[[], datetime] = utc_now,
         lease_clock: Callable[[], datetime] | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -188,7 +168,11 @@ class PostgresRegistry:
         self._listen_dsn = listen_dsn
         self._local_settings: dict[str, str] = {}  # set by each transaction behind a pooler (``_begin``)
         self._local_settings_query = ""
-        self.ops = Operations(clock=clock, boot_id=boot_id, outbox=outbox, lease_clock=lease_clock)
+        self.clock = clock
+        self.lease_clock = lease_clock
+        self.boot_id = boot_id
+        self.schema_key = 0  # this schema's advisory lock key, once known (``_start``)
+        self.channel: str | None = None  # this schema's wake-up channel (``wakeup_channel``), set with the key
         self._health = WriteHealth(self.where, clock)
         self._pool: Any = None
         self._closed = False
@@ -198,18 +182,6 @@ class PostgresRegistry:
         """What must stay open on the Trio loop around every registry of this kind: the asyncio loop asyncpg runs
         on (trio-asyncio's). Open it in the nursery tree, around the registry's whole life."""
         return trio_asyncio.open_loop()
-
-    @classmethod
-    async def open(cls, dsn: str, **kwargs: Any) -> PostgresRegistry:
-        """Connect, and migrate (or check the schema's version); inside ``runtime()``."""
-        reg = cls(dsn, **kwargs)
-        try:
-            await reg._start()
-        except BaseException:
-            with trio.CancelScope(shield=True):
-                await reg.aclose()
-            raise
-        return reg
 
     def _settings(self) -> dict[str, str]:
         """What every transaction of this registry runs under (a pooler's: set by each transaction itself)."""
@@ -270,8 +242,8 @@ class PostgresRegistry:
         schema = self.schema or await self._transaction(lambda conn: conn.fetchval("SELECT current_schema()"))
         if schema is None:
             raise RegistryError(f"registry {self.where}: the connection's search_path names no schema that exists")
-        self.ops.schema_key = _lock_key(schema)
-        self.ops.channel = wakeup_channel(schema)
+        self.schema_key = _lock_key(schema)
+        self.channel = wakeup_channel(schema)
         if self.schema is not None:
             await self._transaction(self._create_schema)
         if self._migrate:
@@ -289,11 +261,11 @@ class PostgresRegistry:
         await self._pool.release(conn)
 
     async def _create_schema(self, conn: Any) -> None:
-        await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", MIGRATE_LOCK, self.ops.schema_key)
+        await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", MIGRATE_LOCK, self.schema_key)
         await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote_ident(self.schema or '')}")
 
     async def _migrate_now(self, conn: Any) -> int:
-        return await migrate(conn, schema_key=self.ops.schema_key, where=self.where, begin=self._begin)
+        return await migrate(conn, schema_key=self.schema_key, where=self.where, begin=self._begin)
 
     async def migrate(self) -> int:
         """Bring the schema up to date now (``supervisor migrate``); its version after."""
@@ -380,133 +352,32 @@ class PostgresRegistry:
         writes that other hosts may act on send their wake-ups when they commit (``_operations``), on ``listen_dsn``
         if given. Behind a pooler in transaction mode without one, nothing (None): no session of its own would stay
         this client's between statements there."""
-        if self._closed or self.ops.channel is None:
+        if self._closed or self.channel is None:
             raise RegistryError(f"registry {self.where} is closed")
         if self._listen_dsn is not None:
             where = redacted(self._listen_dsn)
-            return listening(self._listen_dsn, self.ops.channel, where=where, timeout_s=self.timeout_s)
+            return listening(self._listen_dsn, self.channel, where=where, timeout_s=self.timeout_s)
         if self.transaction_pooler:
             return nullcontext(None)
-        return listening(self._dsn, self.ops.channel, where=self.where, timeout_s=self.timeout_s)
+        return listening(self._dsn, self.channel, where=self.where, timeout_s=self.timeout_s)
 
-    # -- the interface ----------------------------------------------------------------------------------
+    # -- the rules' transactions ---------------------------------------------------------------------------
 
-    async def enqueue(self, job: NewJob, *, promote: PromoteRequest | None = None) -> tuple[EnqueueResult, Promotion]:
-        return await self._transaction(lambda conn: self.ops.enqueue(conn, job, promote))
-
-    async def enqueue_many(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
-        return await self._transaction(lambda conn: self.ops.enqueue_many(conn, jobs))
-
-    async def promote(self, request: PromoteRequest) -> Promotion:
-        return await self._transaction(lambda conn: self.ops.promote(conn, request))
-
-    async def record_identities(self, claims: Sequence[IdentityClaim]) -> list[Job]:
-        return await self._transaction(lambda conn: self.ops.record_identities(conn, claims))
-
-    async def finalize(
-        self, job_id: str, ending: Ending, *, expect: Expect | None = None, promote: PromoteRequest | None = None
-    ) -> tuple[Change, Promotion]:
-        return await self._transaction(lambda conn: self.ops.finalize(conn, job_id, ending, expect, promote))
-
-    async def requeue(self, job_id: str, *, expect: Expect, reason: str) -> Change:
-        return await self._transaction(lambda conn: self.ops.requeue(conn, job_id, expect, reason))
-
-    async def request_cancel(self, job_id: str) -> Change:
-        return await self._transaction(lambda conn: self.ops.request_cancel(conn, job_id))
-
-    async def record_heartbeats(self, beats: Sequence[Beat]) -> list[Job | RequestError]:
-        return await self._transaction(lambda conn: self.ops.record_heartbeats(conn, beats))
-
-    async def check_job_token(self, job_id: str, token: str) -> None:
-        await self._transaction(lambda conn: self.ops.authenticated(conn, job_id, token), write=False)
-
-    async def set_absence(
-        self, job_id: str, *, stalled: bool, silent: bool, events: Sequence[tuple[str, str]] = ()
-    ) -> Change:
-        return await self._transaction(lambda conn: self.ops.set_absence(conn, job_id, stalled, silent, events))
-
-    async def record_event(self, job_id: str, event: str, reason: str | None) -> Job:
-        return await self._transaction(lambda conn: self.ops.record_event(conn, job_id, event, reason))
-
-    async def outbox_pending(self, limit: int) -> list[OutboxEvent]:
-        return await self._transaction(lambda conn: reads.outbox_pending(conn, limit), write=False)
-
-    async def outbox_delete(self, seqs: Sequence[int]) -> None:
-        if self._closed:
-            raise RegistryError(f"registry {self.where} is closed")
-        if seqs:
-            await self._transaction(lambda conn: reads.outbox_delete(conn, seqs))
-
-    async def outbox_depth(self) -> int:
-        return await self._transaction(lambda conn: conn.fetchval("SELECT COUNT(*) FROM outbox"), write=False)
-
-    async def outbox_prune(self, *, max_events: int, max_age_s: float) -> PruneResult:
-        cutoff = self.ops.now() - timedelta(seconds=max_age_s)
-        # Read first: a prune with nothing to drop writes nothing.
-        if not await self._transaction(lambda conn: reads.outbox_over(conn, cutoff, max_events), write=False):
-            return PruneResult(0, 0)
-        return await self._transaction(lambda conn: reads.outbox_prune(conn, cutoff, max_events))
-
-    async def set_paused(self, paused: bool, *, by: str) -> PauseState:
-        return await self._transaction(lambda conn: self.ops.set_paused(conn, paused, by))
-
-    async def pause_state(self) -> PauseState:
-        return await self._transaction(reads.pause_state_in, write=False)
-
-    async def get(self, job_id: str) -> Job:
-        return await self._transaction(lambda conn: self.ops.get_in(conn, job_id), write=False)
-
-    async def running_jobs(self) -> list[Job]:
-        return await self._transaction(reads.running_in, write=False)
-
-    async def list_jobs(
-        self, *, status: str | None = None, kind: str | None = None, limit: int = 100, cursor: str | None = None
-    ) -> tuple[list[Job], str | None]:
-        where, args = reads.list_query(status, kind, limit, cursor)
-        return await self._transaction(lambda conn: reads.list_page(conn, where, args, limit), write=False)
-
-    async def counts(self) -> dict[str, int]:
-        return await self._transaction(reads.counts_in, write=False)
-
-    async def retries_of(self, job_id: str) -> list[str]:
-        return await self._transaction(lambda conn: reads.retries_of_in(conn, job_id), write=False)
-
-    async def prune_jobs(
-        self, *, ended_before: datetime | None, keep_latest: int | None, limit: int, dry_run: bool = False
-    ) -> list[PrunedJob]:
-        check_prune(keep_latest, limit)
-        # Read first: a prune with nothing to remove (most sweeps) writes nothing.
-        found = await self._transaction(
-            lambda conn: reads.prune_candidates(conn, ended_before, keep_latest, limit), write=False
+    def _rows(self, conn: Any) -> PostgresRows:
+        return PostgresRows(
+            conn,
+            clock=self.clock,
+            lease_clock=self.lease_clock,
+            schema_key=self.schema_key,
+            channel=self.channel,
+            boot_id=self.boot_id,
         )
-        if dry_run or not found:
-            return found
-        return await self._transaction(lambda conn: reads.prune_jobs(conn, ended_before, keep_latest, limit))
 
-    async def renew_lease(self, host_id: str, boot_id: str, *, lease_s: float, lead: bool) -> Lease:
-        return await self._transaction(lambda conn: self.ops.renew_lease(conn, host_id, boot_id, lease_s, lead))
+    async def write(self, step: Step[T]) -> T:
+        return await self._transaction(lambda conn: step(self._rows(conn)))
 
-    async def release_lease(self, host_id: str, boot_id: str) -> None:
-        await self._transaction(lambda conn: self.ops.release_lease(conn, host_id, boot_id))
-
-    async def hosts(self) -> list[Host]:
-        # The snapshot begins with the clock's read: every lease is judged at the moment the rows are as of.
-        return await self._transaction(self._hosts_in, write=False)
-
-    async def _hosts_in(self, conn: Any) -> list[Host]:
-        return await reads.hosts_in(conn, await self.ops.lease_now(conn))
-
-    async def leader(self) -> Host | None:
-        return await self._transaction(self._leader_in, write=False)
-
-    async def _leader_in(self, conn: Any) -> Host | None:
-        return await reads.leader_in(conn, await self.ops.lease_now(conn))
-
-    async def record_setting(self, name: str, value: str, host_id: str, *, replace: bool) -> FleetSetting:
-        return await self._transaction(lambda conn: self.ops.record_setting(conn, name, value, host_id, replace))
-
-    async def forget_host(self, host_id: str) -> Host | None:
-        return await self._transaction(lambda conn: self.ops.forget_host(conn, host_id))
+    async def read(self, step: Step[T]) -> T:
+        return await self._transaction(lambda conn: step(self._rows(conn)), write=False)
 
     async def aclose(self) -> None:
         """Close the pool: gracefully within the timeout, else at once (a server that does not answer)."""
@@ -521,3 +392,36 @@ class PostgresRegistry:
                 pool.terminate()
         if waited.cancelled_caught:
             pool.terminate()
+
+
+class PostgresRegistry(Registry):
+    """The rules over a PostgreSQL database (see ``PostgresBackend`` for ``dsn`` and the rest); ``boot_id`` and
+    ``outbox`` as ``Registry``'s."""
+
+    def __init__(self, dsn: str, *, boot_id: str | None = None, outbox: bool = True, **kwargs: Any) -> None:
+        self.postgres = PostgresBackend(dsn, boot_id=boot_id, **kwargs)
+        super().__init__(self.postgres, boot_id=boot_id, outbox=outbox)
+        self.schema = self.postgres.schema
+        self.transaction_pooler = self.postgres.transaction_pooler
+
+    runtime = staticmethod(PostgresBackend.runtime)
+
+    @classmethod
+    async def open(cls, dsn: str, **kwargs: Any) -> PostgresRegistry:
+        """Connect, and migrate (or check the schema's version); inside ``runtime()``."""
+        reg = cls(dsn, **kwargs)
+        try:
+            await reg.postgres._start()
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await reg.aclose()
+            raise
+        return reg
+
+    async def migrate(self) -> int:
+        """Bring the schema up to date now (``supervisor migrate``); its version after."""
+        return await self.postgres.migrate()
+
+    async def _transaction(self, work: Callable[[Any], Awaitable[T]], **kwargs: Any) -> T:
+        """A transaction of the backend's, for tests that look at a session's settings."""
+        return await self.postgres._transaction(work, **kwargs)

@@ -9,17 +9,13 @@ it is never split on ``;``. asyncio code, run on trio-asyncio's loop by ``_regis
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 import asyncpg
 
 from ...domain import RegistryError
-
-_NAME = re.compile(r"(\d{4})_[a-z0-9_]+\.sql")
+from .._sql import Migration, load_migrations
 
 # The advisory lock namespaces (the first key of pg_advisory_xact_lock(int, int)); the second key is the schema's
 # (``Keys``), so registries in different schemas of one database never wait on each other.
@@ -29,24 +25,9 @@ COALESCE_LOCK = 0x706A6331  # "pjc1"
 LEADER_LOCK = 0x706A6C31  # "pjl1": host leases and the lead take turns (ADR 0012)
 
 
-@dataclass(frozen=True)
-class Migration:
-    version: int  # the schema version after it
-    name: str
-    script: str
-
-
 def migrations() -> list[Migration]:
-    """Every migration shipped with this package, in order (versions 1, 2, 3... with no gap)."""
-    found: list[Migration] = []
-    for entry in resources.files(__package__).joinpath("migrations").iterdir():
-        match = _NAME.fullmatch(entry.name)
-        if match is not None:
-            found.append(Migration(int(match.group(1)), entry.name, entry.read_text(encoding="utf-8")))
-    found.sort(key=lambda m: m.version)
-    if [m.version for m in found] != list(range(1, len(found) + 1)):
-        raise RegistryError(f"the registry's migrations are not numbered 1..n: {[m.name for m in found]}")
-    return found
+    """Every migration shipped with this package, in order."""
+    return load_migrations(__package__ or "")
 
 
 SCHEMA_VERSION = len(migrations())

@@ -11,33 +11,15 @@ from __future__ import annotations
 import re
 import sqlite3
 from collections.abc import Iterator
-from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 from ...domain import RegistryError
-
-_NAME = re.compile(r"(\d{4})_[a-z0-9_]+\.sql")
-
-
-@dataclass(frozen=True)
-class Migration:
-    version: int  # the schema version after it
-    name: str
-    script: str
+from .._sql import Migration, load_migrations
 
 
 def migrations() -> list[Migration]:
-    """Every migration shipped with this package, in order (versions 1, 2, 3... with no gap)."""
-    found: list[Migration] = []
-    for entry in resources.files(__package__).joinpath("migrations").iterdir():
-        match = _NAME.fullmatch(entry.name)
-        if match is not None:
-            found.append(Migration(int(match.group(1)), entry.name, entry.read_text(encoding="utf-8")))
-    found.sort(key=lambda m: m.version)
-    if [m.version for m in found] != list(range(1, len(found) + 1)):
-        raise RegistryError(f"the registry's migrations are not numbered 1..n: {[m.name for m in found]}")
-    return found
+    """Every migration shipped with this package, in order."""
+    return load_migrations(__package__ or "")
 
 
 SCHEMA_VERSION = len(migrations())
