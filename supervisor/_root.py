@@ -31,7 +31,7 @@ import trio
 from .api import HttpLimits, bind_socket, public_base_url, serve_http
 from .core import Supervisor
 from .domain._config import ApiToken, Config, redacted_url
-from .domain._errors import ConfigError
+from .domain._errors import ConfigError, RegistryError, RegistryNotOpened
 from .domain._kinds import KindCatalog
 from .domain._model import SteadyWallClock
 from .observe._logging import get_logger
@@ -113,7 +113,10 @@ async def _run_with_registry(
     # One wall clock for every timestamp and rule of this boot, moved by the monotonic clock: a step of the system
     # clock fires no rule and skips no backoff (issue 26).
     clock = SteadyWallClock()
-    registry = await open_registry(config, boot_id=boot_id, outbox=config.webhook_url is not None, clock=clock)
+    try:
+        registry = await open_registry(config, boot_id=boot_id, outbox=config.webhook_url is not None, clock=clock)
+    except RegistryError as exc:
+        raise RegistryNotOpened(str(exc)) from exc
     supervisor = Supervisor(config, kinds, registry, boot_id=boot_id, wall_clock=clock)
     api_token = ApiToken.from_config(config)
     sock = bind_socket(config.bind_host, config.bind_port)

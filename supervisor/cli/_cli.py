@@ -18,18 +18,20 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import trio
 
 from ..domain._config import Config, is_loopback, load_config, read_token_file
-from ..domain._errors import ConfigError, KindsFileError, RegistryError
+from ..domain._errors import ConfigError, KindsFileError, RegistryError, RegistryNotOpened
 from ..domain._kinds import KindCatalog, load_kinds
 from ..domain._model import JobStatus
 from ..observe._logging import configure_logging, get_logger
 from ..observe._stream import EVENT_NAMES
 from . import _live
 from ._client import DEFAULT_URL, ApiError, Client, Unreachable
+
+T = TypeVar("T", bound=BaseException)
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -134,7 +136,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"error: cannot serve on {config.bind}: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    except BaseException as exc:
+        # A registry that cannot be opened is the operator's to fix (configuration, exit 3), said in one line; the
+        # same error inside the registry runtime's own nursery (PostgreSQL's asyncio loop) comes wrapped in a group.
+        opening = _only(exc, RegistryNotOpened)
+        if opening is None:
+            raise
+        print(f"error: {opening}", file=sys.stderr)
+        return EXIT_CONFIG
     return EXIT_OK
+
+
+def _only(exc: BaseException, kind: type[T]) -> T | None:
+    """``exc`` if it is a ``kind``, or the one ``kind`` a group of them (nested) holds; else None."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        return _only(exc.exceptions[0], kind)
+    return None
 
 
 # -- client commands: HTTP to a running supervisor ---------------------------------------------------

@@ -16,6 +16,7 @@
     │   └── TooManyStreams          every event-stream slot is taken (503; not the caller's fault: retry later)
     ├── IllegalTransition           a state change the lifecycle forbids: a bug in the caller, not bad input
     ├── RegistryError               the registry could not be read or written (storage, lock timeout)
+    │   └── RegistryNotOpened       the registry could not be opened at start (damaged, newer, unreachable, ...)
     ├── SpawnError                  a job's process could not be started
     ├── ExecutorUnavailable         no job can be started now (the engine does not answer); nothing of it runs
     ├── StartOutcomeUnknown         a start was asked and not answered in time: the job may run or never will
@@ -159,6 +160,12 @@ class RegistryUnavailable(RegistryError):
 class RegistryDamaged(RegistryError):
     """The registry's file is not a database its backend can read (damaged, truncated, not one at all). It is neither
     opened for writing nor modified: the supervisor refuses to start on it."""
+
+
+class RegistryNotOpened(RegistryError):
+    """The registry could not be opened at start: its file damaged or its schema newer than this code, its data dir
+    not a directory (or not one this user can make), its database unreachable or refusing these credentials. The
+    operator's to fix; the message says what and where, and nothing was changed."""
 
 
 class SpawnError(SupervisorError):

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 
+from supervisor import SqliteRegistry
 from supervisor.api import HttpLimits
 from supervisor.cli import EXIT_CONFIG, EXIT_OK
 
@@ -166,3 +170,44 @@ async def test_serve_runs_docker_mode_and_pins_it_in_its_start_line_and_health(t
         url,
         "http://supervisor.example:8000",
     )
+
+
+def _newer_registry(path: Path) -> None:
+    """A registry file a newer supervisor migrated (a downgrade after a deploy)."""
+    SqliteRegistry(path).close()
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute("UPDATE schema_version SET version = version + 1")
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("damaged", "is damaged (file is not a database): it was not opened for writing and has not been changed"),
+        ("newer", "newer than this supervisor"),
+        ("data_dir_is_a_file", "its directory cannot be made (Not a directory: {data} is a file)"),
+    ],
+)
+async def test_a_registry_that_cannot_be_opened_ends_serve_in_one_line_with_exit_3_and_is_left_untouched(
+    tmp_path: Path, case: str, expected: str
+) -> None:
+    """Issue 39: every foreseeable way the registry cannot be opened was a Python traceback and exit 1."""
+    data = tmp_path / "data"
+    registry = data / ".viewer" / "jobs.sqlite3"
+    if case == "data_dir_is_a_file":
+        data.write_text("a file where the data dir goes")
+        registry = data
+    else:
+        registry.parent.mkdir(parents=True)
+        if case == "damaged":
+            registry.write_bytes(b"not a database at all\n" * 100)
+        else:
+            _newer_registry(registry)
+    before = registry.read_bytes()
+    done = await run_cli(["serve"], cli_env(tmp_path, PODCAST_JOB_BIND="127.0.0.1:0"), tmp_path)
+    lines = done.stderr.decode().splitlines()
+    assert done.returncode == EXIT_CONFIG, done.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert expected.format(data=data) in lines[0]
+    assert registry.read_bytes() == before  # untouched
+    if case != "data_dir_is_a_file":  # and nothing made beside it (no -wal, no -shm)
+        assert await trio.to_thread.run_sync(lambda: [p.name for p in registry.parent.iterdir()]) == [registry.name]

@@ -270,7 +270,9 @@ class PostgresBackend:
     async def migrate(self) -> int:
         """Bring the schema up to date now (``supervisor migrate``); its version after."""
         # One transaction per migration, which migrate() opens itself; each step under the call's bound.
-        return await self._transaction(self._migrate_now, tx=False, timeout_s=self.timeout_s * (SCHEMA_VERSION + 1))
+        # Not a write the health route speaks of: a migration that fails ends the start (or `supervisor migrate`).
+        bound = self.timeout_s * (SCHEMA_VERSION + 1)
+        return await self._transaction(self._migrate_now, tx=False, timeout_s=bound, report=False)
 
     # -- the boundary between Trio and asyncpg ----------------------------------------------------------
 
@@ -293,6 +295,7 @@ class PostgresBackend:
         write: bool = True,
         tx: bool = True,
         timeout_s: float | None = None,
+        report: bool = True,
     ) -> T:
         """``work`` in one transaction on a pooled connection: READ COMMITTED for a write (the promotion relies on
         it: ``_operations.promote_in``), one REPEATABLE READ snapshot for a read. ``tx=False``: ``work`` makes its
@@ -331,7 +334,7 @@ class PostgresBackend:
                 await pool.release(conn)
 
         what = "cannot write" if write else "cannot read"
-        if not write:
+        if not (write and report):  # ``report``: a write the health route speaks of (not a migration)
             return await self._boundary(run, what, timeout_s=timeout_s)
         try:
             result = await self._boundary(run, what, timeout_s=timeout_s)

@@ -119,6 +119,14 @@ def _remove_made(existed: dict[Path, bool]) -> None:
                 pass
 
 
+def _not_a_directory(path: Path) -> str | None:
+    """The first of ``path`` and its parents that is there and is no directory (a file where a directory goes)."""
+    for at in (path, *path.parents):
+        if at.exists() and not at.is_dir():
+            return f"{at} is a file"
+    return None
+
+
 def _file_identity(path: Path) -> tuple[int, int] | None:
     """The file system's name for the file at ``path`` (device, inode); None when there is none."""
     try:
@@ -325,7 +333,11 @@ class SqliteStore:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise RegistryError(f"cannot open registry {self.path}: {exc.strerror or exc}") from exc
+            raise RegistryError(
+                f"cannot open registry {self.path}: its directory cannot be made ({exc.strerror or exc}: "
+                f"{_not_a_directory(self.path.parent) or exc.filename}); PODCAST_JOB_DATA_DIR must be a directory "
+                "this user can write, or one it can make"
+            ) from exc
         check_existing_file(self.path)  # a damaged file is refused untouched, never replaced by an empty one
         self._pool = _ConnectionPool(self.path, max_connections, busy_timeout_ms)
         # One writer of this process at a time, and the group commit's queue (see ``write``); readers never wait

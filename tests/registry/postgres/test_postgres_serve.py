@@ -113,3 +113,57 @@ async def test_supervisor_migrate_brings_a_fresh_schema_up_to_date_and_says_so(t
         finally:
             with trio.CancelScope(shield=True):
                 await trio_asyncio.aio_as_trio(sql)(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.mark.parametrize("case", ["unreachable", "wrong_credentials", "newer"])
+async def test_a_database_that_cannot_be_opened_ends_serve_in_one_line_with_exit_3(
+    tmp_path: Path, case: str
+) -> None:
+    """Issue 39: unreachable, refused credentials, or a schema a newer supervisor migrated (a downgrade)."""
+    dsn = postgres_test_url()
+    assert dsn is not None
+    schema = f"test_open_{uuid.uuid4().hex[:16]}"
+    url = {
+        "unreachable": f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere",
+        "wrong_credentials": dsn.replace("postgres@", "nobody_here@", 1),
+        "newer": f"{dsn}?search_path={schema}",
+    }[case]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PODCAST_")}
+    env.update(
+        PYTHONPATH=str(REPO_ROOT),
+        PODCAST_JOB_DATA_DIR=str(tmp_path / "data"),
+        PODCAST_JOB_BIND="127.0.0.1:0",
+        PODCAST_JOB_DATABASE_URL=url,
+        PODCAST_JOB_DATABASE_TIMEOUT_SECONDS="3",
+    )
+    async with trio_asyncio.open_loop():
+        if case == "newer":
+            await trio_asyncio.aio_as_trio(sql)(f'CREATE SCHEMA "{schema}"')
+            await trio_asyncio.aio_as_trio(sql)(
+                f'CREATE TABLE "{schema}".schema_migrations '
+                "(version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL)"
+            )
+            future = f"({SCHEMA_VERSION + 1}, 'from_the_future.sql', now())"
+            await trio_asyncio.aio_as_trio(sql)(f'INSERT INTO "{schema}".schema_migrations VALUES {future}')
+        try:
+            with trio.fail_after(LIMIT_S):
+                done = await trio.run_process(
+                    [sys.executable, "-m", "supervisor", "serve"],
+                    env=env,
+                    cwd=tmp_path,
+                    capture_stdout=True,
+                    capture_stderr=True,
+                    check=False,
+                )
+            lines = done.stderr.decode().splitlines()
+            assert done.returncode == 3, done.stderr
+            assert len(lines) == 1 and lines[0].startswith("error: "), lines
+            said = {"unreachable": "cannot connect to registry", "wrong_credentials": "nobody_here", "newer": "newer"}
+            assert said[case] in lines[0]
+            if case == "newer":  # untouched: no migration ran over it
+                rows = await trio_asyncio.aio_as_trio(sql)(f'SELECT version FROM "{schema}".schema_migrations')
+                assert [r["version"] for r in rows] == [SCHEMA_VERSION + 1]
+        finally:
+            if case == "newer":
+                with trio.CancelScope(shield=True):
+                    await trio_asyncio.aio_as_trio(sql)(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
