@@ -30,10 +30,11 @@ import trio
 
 from .api import HttpLimits, bind_socket, public_base_url, serve_http
 from .core import Supervisor
-from .domain._config import ApiToken, Config, redacted_url
+from .domain._config import ApiToken, Config
 from .domain._errors import ConfigError, RegistryError, RegistryNotOpened
 from .domain._kinds import KindCatalog
 from .domain._model import SteadyWallClock
+from .domain._settings import redacted_url
 from .observe._logging import get_logger
 from .observe._notify import Notifier, run_watchdog
 from .registry import open_registry, registry_runtime

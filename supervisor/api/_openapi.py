@@ -15,9 +15,9 @@ import copy
 from typing import Any
 
 from ..core import MAX_BATCH, MAX_STAGE_LEN, MAX_UNITS
-from ..domain._config import EXEC_MODES
 from ..domain._kinds import _ASCII_FLOAT, _ASCII_INT, MAX_FLOAT, MAX_STR_PARAM_LEN, JobKind, KindCatalog
 from ..domain._model import JobStatus
+from ..domain._settings import EXEC_MODES
 from ..observe import EVENT_NAMES, GAP, LAST_EVENT_ID
 from ..registry import CURSOR_PATTERN, MAX_LIST_LIMIT
 

@@ -22,10 +22,11 @@ from typing import Any, TextIO, TypeVar
 
 import trio
 
-from ..domain._config import Config, is_loopback, load_config, read_token_file
+from ..domain._config import Config, is_loopback, load_config
 from ..domain._errors import ConfigError, KindsFileError, RegistryError, RegistryNotOpened
 from ..domain._kinds import KindCatalog, load_kinds
 from ..domain._model import JobStatus
+from ..domain._settings import read_token_file
 from ..observe._logging import configure_logging, get_logger
 from ..observe._stream import EVENT_NAMES
 from . import _live
@@ -686,11 +687,11 @@ EXAMPLES = {
     ),
     "wait": (
         "  supervisor wait JOB_ID                  # exit 0 succeeded, 10 failed, 11 cancelled, 12 stale\n"
-        "  supervisor wait JOB_A JOB_B --timeout 3600 || echo \"worst outcome: $?\"   # 124: timed out"
+        '  supervisor wait JOB_A JOB_B --timeout 3600 || echo "worst outcome: $?"   # 124: timed out'
     ),
     "completion": (
         "  supervisor completion bash > /etc/bash_completion.d/supervisor\n"
-        "  supervisor completion zsh > \"${fpath[1]}/_supervisor\""
+        '  supervisor completion zsh > "${fpath[1]}/_supervisor"'
     ),
 }
 

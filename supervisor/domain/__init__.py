@@ -1,18 +1,7 @@
 """The supervisor's vocabulary, shared by every part and doing no I/O: the job row and its lifecycle, the error
 tree, the validated configuration, and the job kinds an operator declares."""
 
-from ._config import (
-    EXEC_MODES,
-    STALL_ACTIONS,
-    ApiToken,
-    Config,
-    ExecMode,
-    StallAction,
-    is_loopback,
-    load_config,
-    parse_bind,
-    read_token_file,
-)
+from ._config import ApiToken, Config, is_loopback, load_config
 from ._errors import (
     BodyTooLarge,
     ConfigError,
@@ -56,10 +45,22 @@ from ._model import (
     to_iso,
     utc_now,
 )
+from ._settings import (
+    EXEC_MODES,
+    SETTINGS,
+    STALL_ACTIONS,
+    ExecMode,
+    Setting,
+    StallAction,
+    parse_bind,
+    read_token_file,
+    settings_table,
+)
 
 __all__ = [
     "EXEC_MODES",
     "RESUBMITTED",
+    "SETTINGS",
     "STALL_ACTIONS",
     "TERMINAL",
     "TRANSITIONS",
@@ -90,6 +91,7 @@ __all__ = [
     "RegistryNotOpened",
     "RegistryUnavailable",
     "RequestError",
+    "Setting",
     "SpawnError",
     "StallAction",
     "StartOutcomeUnknown",
@@ -110,6 +112,7 @@ __all__ = [
     "parse_bind",
     "parse_kind",
     "read_token_file",
+    "settings_table",
     "to_iso",
     "utc_now",
 ]

@@ -32,8 +32,8 @@ import trio
 import trio_asyncio
 
 from ...domain import RegistryError, RegistryUnavailable, SupervisorError
-from ...domain._config import redacted_url
 from ...domain._model import utc_now
+from ...domain._settings import redacted_url
 from .._engine import Step
 from .._health import RegistryFault, WriteHealth
 from .._protocol import WakeupFeed
