@@ -6,7 +6,7 @@ Usage: python bench/report.py [RESULTS.json ...] [--out docs/performance.md] [--
 
 With no file named, the page is rendered from the latest ``*-make-bench.json`` of ``--results-dir`` and that
 directory's chaos and soak results. Named files are used instead: the last make-bench file is the run the page
-shows; a feeds, outbox, exec-modes, fleet or pooler file replaces that scenario; chaos and soak files feed their
+shows; a feeds, outbox, exec-modes, fleet, pooler or heartbeats file replaces that scenario; chaos and soak files feed their
 sections.
 With no file named, a single-scenario file newer than the latest make-bench file is used too (a scenario measured
 alone since the last full run, such as ``bench/fleet.py``'s).
@@ -51,7 +51,7 @@ TEMPLATE = REPO / "bench" / "performance.template.md"
 PAGE = REPO / "docs" / "performance.md"
 PLOT_NAME = "bench-latest.png"
 PLACEHOLDER = re.compile(r"^\{\{\s*([a-z_]+)(?::([^}]*))?\s*\}\}$")
-SCENARIO_KINDS = ("make-bench", "feeds", "outbox", "exec-modes", "fleet", "pooler")
+SCENARIO_KINDS = ("make-bench", "feeds", "outbox", "exec-modes", "fleet", "pooler", "heartbeats")
 SHOWN_HISTORY = 8
 
 

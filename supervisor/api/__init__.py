@@ -7,8 +7,6 @@ from ._app import (
     MAX_BODY_BYTES,
     PUBLIC_ENDPOINTS,
     REQUEST_ID_HEADER,
-    ClientGone,
-    FastRoutes,
     create_app,
 )
 from ._edge import EdgeH11Protocol, EdgeTCPServer
@@ -22,10 +20,8 @@ __all__ = [
     "MAX_BODY_BYTES",
     "PUBLIC_ENDPOINTS",
     "REQUEST_ID_HEADER",
-    "ClientGone",
     "EdgeH11Protocol",
     "EdgeTCPServer",
-    "FastRoutes",
     "HttpLimits",
     "bind_socket",
     "create_app",

@@ -15,15 +15,14 @@ import hmac
 import json
 import re
 import secrets
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import trio
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 from quart import Response, g, request
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException, RequestTimeout
-from werkzeug.http import parse_options_header
+from werkzeug.exceptions import HTTPException
 from werkzeug.routing import BaseConverter
 
 from ..core import Supervisor
@@ -68,11 +67,7 @@ _HTTP_CODES = {400: "bad_request", 413: "body_too_large", 415: "unsupported_medi
 
 def _bearer_token() -> str | None:
     """The token of an ``Authorization: Bearer <token>`` header, or None."""
-    return _parse_bearer(request.headers.get("Authorization", ""))
-
-
-def _parse_bearer(value: str) -> str | None:
-    scheme, _, token = value.partition(" ")
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         return None
@@ -99,11 +94,7 @@ def _log_registry_failure(exc: RegistryError, request_id: str, method: str, path
 
 
 def _error_body(code: str, message: str, field: str | None) -> dict[str, Any]:
-    return _error_payload(code, message, field, g.get("request_id"))
-
-
-def _error_payload(code: str, message: str, field: str | None, request_id: str | None) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message, "field": field, "request_id": request_id}}
+    return {"error": {"code": code, "message": message, "field": field, "request_id": g.get("request_id")}}
 
 
 def _snake(name: str) -> str:
@@ -162,8 +153,7 @@ def _check_api_token(given: str | None, expected: str | None) -> None:
 
 
 async def _enqueue_answer(supervisor: Supervisor, body: Any) -> dict[str, Any]:
-    """``POST /api/jobs``: the body (parsed JSON) checked and enqueued; the 202's payload. Shared by Quart's route
-    and ``FastRoutes``, so that both answer alike."""
+    """``POST /api/jobs``: the body (parsed JSON) checked and enqueued; the 202's payload."""
     envelope = _envelope(body, ("kind", "params"))
     if "kind" not in envelope:
         raise ValidationError("missing field 'kind'", field="kind")
@@ -227,15 +217,11 @@ def create_app(
     supervisor: Supervisor,
     api_token: ApiToken | None = None,
     *,
-    fast_routes: bool = True,
     limits: HttpLimits | None = None,
 ) -> QuartTrio:
     """The app over ``supervisor``; ``api_token`` is the operator token in force (re-read on SIGHUP by the server);
-    ``limits``: the body and response timeouts (``HttpLimits``' defaults unless given).
-
-    ``fast_routes``: answer heartbeats and single enqueues with ``FastRoutes`` ahead of Quart (False: Quart's
-    routes only, which the tests compare them with).
-    """
+    ``limits``: the body and response timeouts (``HttpLimits``' defaults unless given). Every request goes through
+    its routes: Quart is the only dispatcher, hypercorn's h11 the only parser."""
     # No static folder: the route map is exactly the API, which the auth and OpenAPI tests walk.
     app = QuartTrio(__name__, static_folder=None)
     app.url_map.converters["job_id"] = _JobIdConverter
@@ -322,7 +308,6 @@ def create_app(
     @app.post("/api/jobs")
     async def enqueue() -> Any:
         """Enqueue a job of a kind with its params."""
-        # The common case never gets here: FastRoutes answers it before Quart (same contract, same answers).
         return await _enqueue_answer(supervisor, await _json_body()), 202
 
     @app.post("/api/jobs/batch")
@@ -436,7 +421,6 @@ def create_app(
     @app.post("/api/jobs/<job_id>/heartbeat")
     async def heartbeat(job_id: str) -> Any:
         """A running job's heartbeat, authenticated with that job's own token."""
-        # The common case never gets here: FastRoutes answers it before Quart (same contract, same answers).
         token = _bearer_token()
         if token is None:
             raise Unauthorized(MISSING_JOB_TOKEN)
@@ -486,9 +470,6 @@ def create_app(
         """Prometheus metrics."""
         return Response(await supervisor.render_metrics(), status=200, content_type=CONTENT_TYPE_PLAIN_0_0_4)
 
-    if fast_routes:
-        # Quart's own __call__ calls app.asgi_app: the test client and hypercorn both come through here.
-        app.asgi_app = FastRoutes(app, supervisor, token_source, app.asgi_app, limits)  # type: ignore[method-assign]
     return app
 
 
@@ -535,196 +516,3 @@ def _sse_message(event_id: str | None, name: str, data: bytes) -> bytes:
 def _row(job: Job) -> dict[str, Any]:
     """A row as callers see it: registry fields without the token hash, ``queue_position`` only when queued."""
     return job.public()
-
-
-# -- the fast routes, ahead of Quart --------------------------------------------------------------------
-
-_HEARTBEAT_PATH = re.compile(r"/api/jobs/([^/]+)/heartbeat")
-_ENQUEUE_PATH = "/api/jobs"
-_DIGITS = re.compile(rb"[0-9]{1,18}")
-# The headers Quart's route answers a heartbeat with (the same for every 204).
-_NO_CONTENT_HEADERS = [(b"content-type", b"text/html; charset=utf-8"), (b"content-length", b"0")]
-
-
-class ClientGone(Exception):
-    """The client closed the connection before its body was complete: nobody is left to answer."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _PlainRequest:
-    """A request head in the plain case ``FastRoutes`` takes: which route, and what of the head it reads."""
-
-    job_id: str | None  # a heartbeat's job; None: ``POST /api/jobs``
-    authorization: bytes | None
-    content_length: int
-    content_type: bytes | None
-
-
-class FastRoutes:
-    """``POST /api/jobs/<job_id>/heartbeat`` and ``POST /api/jobs``, answered at the ASGI level; every other request
-    goes to Quart.
-
-    Why: these are the requests that come by thousands: a heartbeat per running job every few seconds, and an
-    enqueue per job from a client that does not batch. Quart's machinery per request (a request context, a nursery
-    of two tasks, the before/after hooks, werkzeug's routing and response objects) cost more than half of a
-    heartbeat's CPU and about a third of an enqueue's (issue 10's profiles). This is HTTP only, like the rest of
-    this module: it reads the head, makes the same call on the core with the same body, and turns the same errors
-    into the same answers, byte for byte (``tests/api/test_api_heartbeat_route.py`` and
-    ``tests/api/test_api_enqueue_route.py`` send a table of requests to both and compare).
-
-    It takes only the plain case and leaves to Quart, untouched (its body unread), any request it would have to
-    interpret further: one with an ``Origin`` (the 403), a chunked or unannounced body, a repeated or odd
-    ``Content-Length``, a ``root_path``. Quart's route answers those exactly as before.
-
-    It parses no HTTP: the request comes as the ASGI scope and body messages hypercorn makes of what h11 read, like
-    every other request; what it reads is the headers h11 parsed and the body's JSON.
-    """
-
-    def __init__(
-        self, app: QuartTrio, supervisor: Supervisor, token_source: ApiToken, fallback: Any, limits: HttpLimits
-    ) -> None:
-        self.app = app
-        self.supervisor = supervisor
-        self.token_source = token_source
-        self.fallback = fallback
-        self.limits = limits
-
-    @staticmethod
-    def _plain_case(method: bytes | str, path: str, headers: Iterable[tuple[bytes, bytes]]) -> _PlainRequest | None:
-        """The request this head is, in the plain case these routes take; None for anything else (header names as
-        the server gives them, lowered)."""
-        if method not in ("POST", b"POST"):
-            return None
-        job_id: str | None = None
-        if path != _ENQUEUE_PATH:
-            match = _HEARTBEAT_PATH.fullmatch(path)
-            if match is None:
-                return None
-            job_id = match.group(1)
-        authorization = content_type = content_length = None
-        lengths = 0
-        for name, value in headers:
-            name = name.lower()
-            if name in (b"origin", b"transfer-encoding"):
-                return None
-            if name == b"content-length":
-                lengths += 1
-                content_length = value
-            elif name == b"authorization":
-                authorization = value if authorization is None else authorization
-            elif name == b"content-type":
-                content_type = value if content_type is None else content_type
-        if lengths != 1 or content_length is None or not _DIGITS.fullmatch(content_length):
-            return None
-        return _PlainRequest(job_id, authorization, int(content_length), content_type)
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope.get("root_path"):
-            return await self.fallback(scope, receive, send)
-        plain = self._plain_case(scope["method"], scope["path"], scope["headers"])
-        if plain is None:
-            return await self.fallback(scope, receive, send)
-        body = _BodyReader(receive, plain.content_length, plain.content_type, self.limits)
-        try:
-            status, headers, data = await self._respond(plain, body.read_json, scope["path"])
-        except ClientGone:
-            return
-        await body.answer(send, status, headers, data)
-
-    async def _respond(
-        self, plain: _PlainRequest, read_json: Callable[[], Awaitable[Any]], path: str
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        """The answer to the request (status, headers, body), as Quart's route gives it. ``read_json`` reads the
-        body (raising the 415/413/408/400 errors, or ``ClientGone``), and is called only after the token check."""
-        request_id = secrets.token_hex(8)
-        status, payload = 204, None
-        extra_headers: list[tuple[bytes, bytes]] = []
-        try:
-            bearer = _parse_bearer(plain.authorization.decode("latin1")) if plain.authorization is not None else None
-            if plain.job_id is None:
-                _check_api_token(bearer, self.token_source.current)
-                status, payload = 202, await _enqueue_answer(self.supervisor, await read_json())
-            else:
-                if bearer is None:
-                    raise Unauthorized(MISSING_JOB_TOKEN)
-                await self.supervisor.heartbeat(plain.job_id, bearer, read_json)
-        except ClientGone:
-            raise
-        except RequestError as exc:
-            status, payload = exc.http_status, _error_payload(exc.code, str(exc), exc.field, request_id)
-        except HTTPException as exc:  # the body's timeout (408), as Quart's handler words it
-            status = exc.code or 500
-            code = _HTTP_CODES.get(status, _snake(type(exc).__name__))
-            payload = _error_payload(code, exc.description or exc.name, None, request_id)
-        except Exception as exc:
-            if isinstance(exc, RegistryError):
-                _log_registry_failure(exc, request_id, "POST", path)
-                status, payload = 503, _error_payload("unavailable", _unavailable_message(request_id), None, request_id)
-                extra_headers = [(b"retry-after", str(RETRY_AFTER_S).encode())]
-            else:
-                log.exception("request_failed", request_id=request_id, method="POST", path=path)
-                message = f"internal server error (request id {request_id})"
-                status, payload = 500, _error_payload("internal_error", message, None, request_id)
-        if payload is None:
-            headers, data = list(_NO_CONTENT_HEADERS), b""
-        else:
-            # As Quart's jsonify writes it (the app never runs in debug mode, which would indent).
-            data = f"{self.app.json.dumps(payload, separators=(',', ':'))}\n".encode()
-            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
-        headers += [(REQUEST_ID_HEADER.lower().encode(), request_id.encode()), (b"x-content-type-options", b"nosniff")]
-        return status, headers + extra_headers, data
-
-
-def _mimetype(content_type: bytes | None) -> str:
-    if content_type == b"application/json":
-        return "application/json"
-    # werkzeug's reading of the header, as ``request.mimetype`` gives it to Quart's route.
-    return parse_options_header((content_type or b"").decode("latin1"))[0].lower()
-
-
-class _BodyReader:
-    """A fast route's body, read only when the core asks for it (after the token), as ``_json_body`` reads it."""
-
-    def __init__(self, receive: Any, content_length: int, content_type: bytes | None, limits: HttpLimits) -> None:
-        self._limits = limits
-        self._receive = receive
-        self._content_length = content_length
-        self._content_type = content_type
-        self.complete = False  # the last body message has been received
-
-    async def read_json(self) -> Any:
-        _check_json_head(_mimetype(self._content_type), self._content_length, MAX_BODY_BYTES)
-        chunks: list[bytes] = []
-        with trio.move_on_after(self._limits.body_timeout_s) as scope:
-            while not self.complete:
-                message = await self._receive()
-                if message["type"] == "http.disconnect":
-                    raise ClientGone
-                if message["type"] == "http.request":
-                    chunks.append(message.get("body", b""))
-                    self.complete = not message.get("more_body", False)
-        if scope.cancelled_caught:
-            raise RequestTimeout()
-        return _parse_json(b"".join(chunks))
-
-    async def answer(self, send: Any, status: int, headers: list[tuple[bytes, bytes]], data: bytes) -> None:
-        """Send the answer, within the response timeout. An answer that comes before the body's end (a 401, 415,
-        413, 408) reads what is left of the request meanwhile, as Quart does: hypercorn hands the app every body
-        message and, once the answer is out, a disconnect, and a queue nobody reads would stall the connection."""
-        with trio.move_on_after(self._limits.response_timeout_s):
-            if self.complete:
-                await _send_answer(send, status, headers, data)
-                return
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._discard_rest)
-                await _send_answer(send, status, headers, data)
-                nursery.cancel_scope.cancel()
-
-    async def _discard_rest(self) -> None:
-        while (await self._receive())["type"] != "http.disconnect":
-            pass
-
-
-async def _send_answer(send: Any, status: int, headers: list[tuple[bytes, bytes]], data: bytes) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": data, "more_body": False})

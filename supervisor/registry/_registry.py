@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Protocol, TypeVar
 
 from ..domain import Job, RequestError
-from ._engine import Page, Rules, Step, Store
+from ._engine import Independent, Page, Rules, Step, Store
 from ._health import RegistryFault
 from ._protocol import (
     Beat,
@@ -137,7 +137,7 @@ class Registry:
         writes nothing; a row holds a token hash only while it runs, so a beat for a row that does not run earns
         ``Unauthorized``, as one for an unknown job). ``completed_units`` is a watermark (INV-PROGRESS-NOT-LIVENESS):
         every beat moves ``last_heartbeat_at``, only a higher count moves ``last_progress_at``."""
-        return await self.backend.write(lambda store: self.rules.record_heartbeats(store, beats))
+        return await self.backend.write(Independent(lambda store: self.rules.record_heartbeats(store, beats)))
 
     async def check_job_token(self, job_id: str, token: str) -> None:
         """Raise ``Unauthorized`` unless ``token`` is the running job's own (a missing job looks the same)."""

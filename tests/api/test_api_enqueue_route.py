@@ -1,10 +1,9 @@
-"""``POST /api/jobs`` answered by ``FastRoutes`` (ahead of Quart) against Quart's own enqueue route.
+"""``POST /api/jobs``'s contract, request by request (Quart's route is the only dispatcher).
 
-Every request of the table goes to Quart's route (the ASGI app built with ``fast_routes=False``, over the same
-supervisor) and to the fast path, as a raw ASGI call and as raw bytes on a live server's socket; the answers must be
-the same: status, headers and body, the request id and the new job's id aside (each answer has its own). The queue
-is paused, so a job enqueued by one path is still queued when the other path enqueues its twin: both answers name
-the position their job got. The server requires an API token, so the table covers the token before the body.
+Every request of the table goes to the app as a raw ASGI call, and as raw bytes to a live server's socket, whose
+answer must be the app's: status, headers and body, the request id and the new job's id aside (each answer has its
+own). The queue is paused, so a job enqueued by one is still queued when the other enqueues its twin: both answers
+name the position their job got. The server requires an API token, so the table covers the token before the body.
 """
 
 from __future__ import annotations
@@ -18,14 +17,12 @@ from typing import Any
 import pytest
 from api_support import API_TOKEN, Harness, Live, MakeLive, OpenHarness, wait_terminal
 from test_api_heartbeat_route import (
+    CODES,
     NESTED,
     PLAIN,
     Exchange,
-    LiveSpy,
-    Spy,
     asgi_post,
     body,
-    fast_route,
     json_headers,
     request_bytes,
 )
@@ -37,37 +34,36 @@ from supervisor.domain import ApiToken, JobStatus
 PATH = "/api/jobs"
 SLEEP = body({"kind": "sleep", "params": {"seconds": 5}})
 
-# (name, api token -> headers, body, expected status, handled by the fast path itself)
-Case = tuple[str, Callable[[str], list[tuple[str, str]]], bytes, int, bool]
+# (name, api token -> headers, body, expected status)
+Case = tuple[str, Callable[[str], list[tuple[str, str]]], bytes, int]
 CASES: list[Case] = [
-    ("a job", lambda t: json_headers(t), SLEEP, 202, True),
-    ("no params", lambda t: json_headers(t), body({"kind": "fail"}), 202, True),
-    ("null params", lambda t: json_headers(t), body({"kind": "fail", "params": None}), 202, True),
-    ("charset param", lambda t: json_headers(t, "Application/JSON; charset=utf-8"), SLEEP, 202, True),
-    ("no token", lambda t: json_headers(None), SLEEP, 401, True),
-    ("wrong token", lambda t: json_headers(t + "x"), SLEEP, 401, True),
-    ("a job token's shape", lambda t: json_headers("0" * 64), SLEEP, 401, True),
-    ("basic scheme", lambda t: [("Authorization", f"Basic {t}"), ("Content-Type", PLAIN)], SLEEP, 401, True),
-    ("wrong token, bad JSON", lambda t: json_headers(t + "x"), b"{", 401, True),
-    ("wrong token, too large", lambda t: json_headers("nope"), b" " * 70_000, 401, True),
-    ("text/plain", lambda t: json_headers(t, "text/plain"), SLEEP, 415, True),
-    ("no content type", lambda t: json_headers(t, None), SLEEP, 415, True),
-    ("too large", lambda t: json_headers(t), b" " * 70_000, 413, True),
-    ("bad JSON", lambda t: json_headers(t), b"{", 400, True),
-    ("nested", lambda t: json_headers(t), NESTED, 400, True),
-    ("NaN", lambda t: json_headers(t), b'{"kind": "sleep", "params": {"seconds": NaN}}', 400, True),
-    ("not UTF-8", lambda t: json_headers(t), b'{"kind": "\xff"}', 400, True),
-    ("a list", lambda t: json_headers(t), b"[1]", 422, True),
-    ("missing kind", lambda t: json_headers(t), body({"params": {}}), 422, True),
-    ("unknown field", lambda t: json_headers(t), body({"kind": "fail", "priority": 1}), 422, True),
-    ("unknown kind", lambda t: json_headers(t), body({"kind": "nope"}), 422, True),
-    ("a kind that is not a string", lambda t: json_headers(t), body({"kind": 7}), 422, True),
-    ("a bad param", lambda t: json_headers(t), body({"kind": "sleep", "params": {"seconds": "x"}}), 422, True),
-    ("an unknown param", lambda t: json_headers(t), body({"kind": "sleep", "params": {"secs": 1}}), 422, True),
-    ("params not an object", lambda t: json_headers(t), body({"kind": "sleep", "params": [1]}), 422, True),
-    # Left to Quart, untouched: the fast path never interprets these.
-    ("from a web page", lambda t: [*json_headers(t), ("Origin", "http://evil")], SLEEP, 403, False),
-    ("chunked", lambda t: [*json_headers(t), ("Transfer-Encoding", "chunked")], SLEEP, 202, False),
+    ("a job", lambda t: json_headers(t), SLEEP, 202),
+    ("no params", lambda t: json_headers(t), body({"kind": "fail"}), 202),
+    ("null params", lambda t: json_headers(t), body({"kind": "fail", "params": None}), 202),
+    ("charset param", lambda t: json_headers(t, "Application/JSON; charset=utf-8"), SLEEP, 202),
+    ("no token", lambda t: json_headers(None), SLEEP, 401),
+    ("wrong token", lambda t: json_headers(t + "x"), SLEEP, 401),
+    ("a job token's shape", lambda t: json_headers("0" * 64), SLEEP, 401),
+    ("basic scheme", lambda t: [("Authorization", f"Basic {t}"), ("Content-Type", PLAIN)], SLEEP, 401),
+    ("wrong token, bad JSON", lambda t: json_headers(t + "x"), b"{", 401),
+    ("wrong token, too large", lambda t: json_headers("nope"), b" " * 70_000, 401),
+    ("text/plain", lambda t: json_headers(t, "text/plain"), SLEEP, 415),
+    ("no content type", lambda t: json_headers(t, None), SLEEP, 415),
+    ("too large", lambda t: json_headers(t), b" " * 70_000, 413),
+    ("bad JSON", lambda t: json_headers(t), b"{", 400),
+    ("nested", lambda t: json_headers(t), NESTED, 400),
+    ("NaN", lambda t: json_headers(t), b'{"kind": "sleep", "params": {"seconds": NaN}}', 400),
+    ("not UTF-8", lambda t: json_headers(t), b'{"kind": "\xff"}', 400),
+    ("a list", lambda t: json_headers(t), b"[1]", 422),
+    ("missing kind", lambda t: json_headers(t), body({"params": {}}), 422),
+    ("unknown field", lambda t: json_headers(t), body({"kind": "fail", "priority": 1}), 422),
+    ("unknown kind", lambda t: json_headers(t), body({"kind": "nope"}), 422),
+    ("a kind that is not a string", lambda t: json_headers(t), body({"kind": 7}), 422),
+    ("a bad param", lambda t: json_headers(t), body({"kind": "sleep", "params": {"seconds": "x"}}), 422),
+    ("an unknown param", lambda t: json_headers(t), body({"kind": "sleep", "params": {"secs": 1}}), 422),
+    ("params not an object", lambda t: json_headers(t), body({"kind": "sleep", "params": [1]}), 422),
+    ("from a web page", lambda t: [*json_headers(t), ("Origin", "http://evil")], SLEEP, 403),
+    ("chunked", lambda t: [*json_headers(t), ("Transfer-Encoding", "chunked")], SLEEP, 202),
 ]
 
 
@@ -92,46 +88,35 @@ def of_answer(answer: Answer) -> tuple[int, list[Any], Any]:
 
 
 def expected_position(status: int, exchange: Exchange) -> Any:
-    """The twin of a job Quart's route queued gets the next position (the queue is paused)."""
+    """The twin of a job the app queued gets the next position (the queue is paused)."""
     if status != 202:
         return None
     return json.loads(exchange.body)["queue_position"] + 1
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-async def test_the_fast_path_answers_exactly_as_quarts_route(open_harness: OpenHarness, case: Case) -> None:
-    name, make_headers, data, status, handled = case
+async def test_each_request_is_answered_by_the_routes_contract(open_harness: OpenHarness, case: Case) -> None:
+    name, make_headers, data, status = case
     async with open_harness(api_token=API_TOKEN) as harness:
         await harness.supervisor.pause()
-        spy = Spy(fast_route(harness.app))
-        quart_only = create_app(harness.supervisor, fast_routes=False)
-        chunked = name == "chunked"
-        async with quart_only.test_app():
-            by_quart = await asgi_post(quart_only, PATH, make_headers(API_TOKEN), data, with_length=not chunked)
-            by_fast = await asgi_post(harness.app, PATH, make_headers(API_TOKEN), data, with_length=not chunked)
-        assert by_quart.status == status, (by_quart, name)
-        quart_status, quart_headers, quart_payload = of_exchange(by_quart)
-        if status == 202:
-            quart_payload["queue_position"] = expected_position(status, by_quart)
-            quart_headers = [(k, v) for k, v in quart_headers if k != b"content-length"]
-            fast_status, fast_headers, fast_payload = of_exchange(by_fast)
-            assert (fast_status, fast_payload) == (quart_status, quart_payload)
-            assert [h for h in fast_headers if h[0] != b"content-length"] == quart_headers
-            # Both jobs are real rows, queued one after the other.
-            rows, _ = await harness.supervisor.registry.list_jobs(status=JobStatus.QUEUED)
-            queued = [j.job_id for j in rows]
-            assert {json.loads(by_quart.body)["job_id"], json.loads(by_fast.body)["job_id"]} <= set(queued)
-        else:
-            assert of_exchange(by_fast) == (quart_status, quart_headers, quart_payload)
-        assert spy.calls == (0 if handled else 1)
+        answer = await asgi_post(harness.app, PATH, make_headers(API_TOKEN), data, with_length=name != "chunked")
+        assert answer.status == status, (answer, name)
+        rows, _ = await harness.supervisor.registry.list_jobs(status=JobStatus.QUEUED)
         # Each answer carries its own request id, and an error names it.
-        request_id = dict(by_fast.headers)[b"x-request-id"].decode()
+        request_id = dict(answer.headers)[b"x-request-id"].decode()
         assert re.fullmatch(r"[0-9a-f]{16}", request_id)
-        if status >= 400:
-            assert json.loads(by_fast.body)["error"]["request_id"] == request_id
-        # The fast path checks the token before it reads the body (quart-trio's own task takes it regardless).
-        if status == 401:
-            assert not by_fast.body_read
+        payload = json.loads(answer.body)
+        if status == 202:
+            assert [j.job_id for j in rows] == [payload["job_id"]]
+            assert (payload["status"], payload["queue_position"], payload["coalesced"]) == ("queued", 1, False)
+            return
+        assert rows == [], "a refused request enqueues nothing"
+        assert payload["error"]["request_id"] == request_id
+        if status == 422:
+            fields = ("body", "kind", "params", "priority", "params.seconds", "params.secs")
+            assert payload["error"]["field"] in fields, payload
+        else:
+            assert payload["error"]["code"] == CODES[status]
 
 
 async def test_a_server_without_an_api_token_takes_any_authorization(harness: Harness) -> None:
@@ -143,9 +128,8 @@ async def test_a_server_without_an_api_token_takes_any_authorization(harness: Ha
         assert job.status is JobStatus.QUEUED
 
 
-async def test_a_token_reloaded_from_its_file_is_the_one_the_fast_path_checks(harness: Harness, tmp_path: Path) -> None:
-    """The API token is re-read from its file on SIGHUP (``ApiToken.reload``): the fast path asks the same source as
-    Quart's hook, at each request."""
+async def test_a_token_reloaded_from_its_file_is_the_one_checked(harness: Harness, tmp_path: Path) -> None:
+    """The API token is re-read from its file on SIGHUP (``ApiToken.reload``): the hook asks it at each request."""
     await harness.supervisor.pause()
     path = tmp_path / "api.token"
     path.write_text("first-token-0123456789\n")
@@ -153,13 +137,11 @@ async def test_a_token_reloaded_from_its_file_is_the_one_the_fast_path_checks(ha
     token.reload()
     app = create_app(harness.supervisor, token)
     async with app.test_app():
-        spy = Spy(fast_route(app))  # after the app's lifespan messages, which are Quart's
         assert (await asgi_post(app, PATH, json_headers("first-token-0123456789"), SLEEP)).status == 202
         path.write_text("second-token-0123456789\n")
         token.reload()
         assert (await asgi_post(app, PATH, json_headers("first-token-0123456789"), SLEEP)).status == 401
         assert (await asgi_post(app, PATH, json_headers("second-token-0123456789"), SLEEP)).status == 202
-        assert spy.calls == 0
 
 
 async def live_exchange(live: Live, headers: list[tuple[str, str]], data: bytes, *, chunked: bool) -> Answer:
@@ -178,35 +160,28 @@ async def live_exchange(live: Live, headers: list[tuple[str, str]], data: bytes,
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-async def test_a_live_servers_answer_is_quarts_route_answer(
-    make_live: MakeLive, monkeypatch: pytest.MonkeyPatch, case: Case
-) -> None:
-    name, make_headers, data, status, handled = case
+async def test_a_live_servers_answer_is_the_apps_answer(make_live: MakeLive, case: Case) -> None:
+    name, make_headers, data, status = case
     live = await make_live(api_token=API_TOKEN)
     await live.supervisor.pause()
-    spy = LiveSpy(monkeypatch)
     chunked = name == "chunked"
-    quart_only = create_app(live.supervisor, fast_routes=False)
-    async with quart_only.test_app():
-        by_quart = await asgi_post(quart_only, PATH, make_headers(API_TOKEN), data, with_length=not chunked)
+    app = create_app(live.supervisor, ApiToken(API_TOKEN))
+    async with app.test_app():
+        by_app = await asgi_post(app, PATH, make_headers(API_TOKEN), data, with_length=not chunked)
     answer = await live_exchange(live, make_headers(API_TOKEN), data, chunked=chunked)
-    assert by_quart.status == status
-    quart_status, quart_headers, quart_payload = of_exchange(by_quart)
+    assert by_app.status == status
+    app_status, app_headers, app_payload = of_exchange(by_app)
     got_status, got_headers, got_payload = of_answer(answer)
     if status == 202:
-        quart_payload["queue_position"] = expected_position(status, by_quart)
-        quart_headers = [(k, v) for k, v in quart_headers if k != b"content-length"]
+        app_payload["queue_position"] = expected_position(status, by_app)
+        app_headers = [(k, v) for k, v in app_headers if k != b"content-length"]
         got_headers = [(k, v) for k, v in got_headers if k != b"content-length"]
-    assert (got_status, got_payload) == (quart_status, quart_payload)
-    assert sorted(got_headers) == sorted(quart_headers)
-    assert spy.calls == (1 if handled else 0)
+    assert (got_status, got_payload) == (app_status, app_payload)
+    assert sorted(got_headers) == sorted(app_headers)
 
 
-async def test_enqueues_back_to_back_on_one_connection_run_in_order(
-    make_live: MakeLive, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_enqueues_back_to_back_on_one_connection_run_in_order(make_live: MakeLive) -> None:
     live = await make_live()
-    spy = LiveSpy(monkeypatch)
     client = await connect(live)
     headers = json_headers(None)
     async with client.stream:
@@ -220,7 +195,6 @@ async def test_enqueues_back_to_back_on_one_connection_run_in_order(
         answers = [await client.answer() for _ in range(20)]
     assert [a.status for a in answers] == [202] * 20
     assert not any(a.closes for a in answers)
-    assert spy.calls == 20
     jobs = [await wait_terminal(live.supervisor, json.loads(a.body)["job_id"]) for a in answers]
     assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * 20
     assert [j.params for j in jobs] == [{"text": f"n{n}"} for n in range(20)]

@@ -1,13 +1,12 @@
-"""``FastRoutes`` (the heartbeat answered ahead of Quart) against Quart's own heartbeat route.
+"""The heartbeat route's contract, request by request (Quart's route is the only dispatcher).
 
-Both apps run over the same supervisor; each request of a table goes to both as the same raw ASGI call, and the answers
-must be the same: status, headers and body, the request id aside (each answer has its own). The table covers the
-contract: the token before the body, the body's limits and validation, a token that stopped working. A spy on the
-fallback shows which requests the fast path really answered itself and which it left to Quart.
+Each request of a table goes to the app as a raw ASGI call, as hypercorn presents it: the token before the body,
+the body's limits and validation, a token that stopped working, a request from a web page, a chunked body. Each
+answer carries its own request id, and an error names it.
 
 The same table goes, as raw bytes, to a live server (hypercorn + quart-trio on port 0, as in production): what the
 wire adds (``date``, ``server``, and ``Connection: close`` on an answer sent before the body's end, which the
-connection then honours) aside, the answer is Quart's route's.
+connection then honours) aside, the answer is the app's.
 """
 
 from __future__ import annotations
@@ -21,11 +20,11 @@ from typing import Any
 
 import pytest
 import trio
-from api_support import Harness, Live, MakeLive, poll_until, start_tokened, wait_log_line, wait_terminal
+from api_support import Harness, Live, MakeLive, start_tokened, wait_log_line, wait_terminal
 from quart_trio import QuartTrio
 from test_http_edge import EXCHANGE_S, HOST, Answer, connect
 
-from supervisor.api import MAX_BODY_BYTES, ClientGone, FastRoutes, HttpLimits, create_app
+from supervisor.api import MAX_BODY_BYTES, HttpLimits, _app, create_app
 from supervisor.domain import JobStatus
 from supervisor.registry import Ending, Outcome
 
@@ -39,12 +38,12 @@ class Exchange:
     body: bytes
     body_read: bool  # the app took the request body before it answered (after, it only discards it, as Quart does)
 
-    def normalized(self) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    def normalized(self) -> tuple[int, tuple[tuple[bytes, bytes], ...], bytes]:
         """The answer with its request id replaced by a placeholder (it differs per request)."""
         request_id = dict(self.headers).get(b"x-request-id", b"").decode()
         headers = [(k, b"<id>" if k == b"x-request-id" else v) for k, v in self.headers]
         body = self.body.replace(request_id.encode(), b"<id>") if request_id else self.body
-        return self.status, headers, body
+        return self.status, tuple(headers), body
 
 
 async def asgi_post(
@@ -113,79 +112,48 @@ BEAT = body({"completed_units": 1})
 PLAIN = "application/json"
 
 
-# (name, token -> headers, body, expected status, handled by the fast path itself)
-Case = tuple[str, Callable[[str], list[tuple[str, str]]], bytes, int, bool]
+# (name, token -> headers, body, expected status)
+Case = tuple[str, Callable[[str], list[tuple[str, str]]], bytes, int]
+# The error code each status of the table answers with (the one error tree's, generically).
+CODES = {
+    401: "unauthorized",
+    403: "cross_origin",
+    400: "malformed_json",
+    413: "body_too_large",
+    415: "unsupported_media_type",
+    422: "validation_error",
+}
 CASES: list[Case] = [
-    ("a beat", lambda t: json_headers(t), body({"completed_units": 1}), 204, True),
-    ("every field", lambda t: json_headers(t), body({"completed_units": 2, "total_units": 9, "stage": "s"}), 204, True),
-    ("a lower count", lambda t: json_headers(t), body({"completed_units": 0}), 204, True),
-    ("charset param", lambda t: json_headers(t, "Application/JSON; charset=utf-8"), BEAT, 204, True),
-    ("no token", lambda t: json_headers(None), body({"completed_units": 1}), 401, True),
-    ("wrong token", lambda t: json_headers(t + "x"), body({"completed_units": 1}), 401, True),
-    ("basic scheme", lambda t: [("Authorization", f"Basic {t}"), ("Content-Type", PLAIN)], b"{}", 401, True),
-    ("empty bearer", lambda t: [("Authorization", "Bearer   "), ("Content-Type", PLAIN)], b"{}", 401, True),
-    ("wrong token, bad JSON", lambda t: json_headers(t + "x"), b"{", 401, True),
-    ("wrong token, not JSON", lambda t: json_headers(t + "x", "text/plain"), b"hello", 401, True),
-    ("wrong token, too large", lambda t: json_headers("nope"), b" " * 70_000, 401, True),
-    ("text/plain", lambda t: json_headers(t, "text/plain"), body({"completed_units": 1}), 415, True),
-    ("no content type", lambda t: json_headers(t, None), body({"completed_units": 1}), 415, True),
-    ("too large", lambda t: json_headers(t), b" " * 70_000, 413, True),
-    ("bad JSON", lambda t: json_headers(t), b"{", 400, True),
-    ("nested", lambda t: json_headers(t), NESTED, 400, True),
-    ("NaN", lambda t: json_headers(t), b'{"completed_units": NaN}', 400, True),
-    ("not UTF-8", lambda t: json_headers(t), b'{"stage": "\xff"}', 400, True),
-    ("a list", lambda t: json_headers(t), b"[1]", 422, True),
-    ("missing count", lambda t: json_headers(t), b"{}", 422, True),
-    ("negative", lambda t: json_headers(t), body({"completed_units": -1}), 422, True),
-    ("past 2^63-1", lambda t: json_headers(t), body({"completed_units": 2**63}), 422, True),
-    ("a bool", lambda t: json_headers(t), body({"completed_units": True}), 422, True),
-    ("bad total", lambda t: json_headers(t), body({"completed_units": 1, "total_units": -2}), 422, True),
-    ("long stage", lambda t: json_headers(t), body({"completed_units": 1, "stage": "x" * 201}), 422, True),
-    ("lone surrogate", lambda t: json_headers(t), b'{"completed_units": 1, "stage": "a\\ud800"}', 422, True),
-    ("unknown field", lambda t: json_headers(t), body({"completed_units": 1, "eta": 3}), 422, True),
-    # Left to Quart, untouched: the fast path never interprets these.
-    ("from a web page", lambda t: [*json_headers(t), ("Origin", "http://evil")], BEAT, 403, False),
-    ("chunked", lambda t: [*json_headers(t), ("Transfer-Encoding", "chunked")], BEAT, 204, False),
+    ("a beat", lambda t: json_headers(t), body({"completed_units": 1}), 204),
+    ("every field", lambda t: json_headers(t), body({"completed_units": 2, "total_units": 9, "stage": "s"}), 204),
+    ("a lower count", lambda t: json_headers(t), body({"completed_units": 0}), 204),
+    ("charset param", lambda t: json_headers(t, "Application/JSON; charset=utf-8"), BEAT, 204),
+    ("no token", lambda t: json_headers(None), body({"completed_units": 1}), 401),
+    ("wrong token", lambda t: json_headers(t + "x"), body({"completed_units": 1}), 401),
+    ("basic scheme", lambda t: [("Authorization", f"Basic {t}"), ("Content-Type", PLAIN)], b"{}", 401),
+    ("empty bearer", lambda t: [("Authorization", "Bearer   "), ("Content-Type", PLAIN)], b"{}", 401),
+    ("wrong token, bad JSON", lambda t: json_headers(t + "x"), b"{", 401),
+    ("wrong token, not JSON", lambda t: json_headers(t + "x", "text/plain"), b"hello", 401),
+    ("wrong token, too large", lambda t: json_headers("nope"), b" " * 70_000, 401),
+    ("text/plain", lambda t: json_headers(t, "text/plain"), body({"completed_units": 1}), 415),
+    ("no content type", lambda t: json_headers(t, None), body({"completed_units": 1}), 415),
+    ("too large", lambda t: json_headers(t), b" " * 70_000, 413),
+    ("bad JSON", lambda t: json_headers(t), b"{", 400),
+    ("nested", lambda t: json_headers(t), NESTED, 400),
+    ("NaN", lambda t: json_headers(t), b'{"completed_units": NaN}', 400),
+    ("not UTF-8", lambda t: json_headers(t), b'{"stage": "\xff"}', 400),
+    ("a list", lambda t: json_headers(t), b"[1]", 422),
+    ("missing count", lambda t: json_headers(t), b"{}", 422),
+    ("negative", lambda t: json_headers(t), body({"completed_units": -1}), 422),
+    ("past 2^63-1", lambda t: json_headers(t), body({"completed_units": 2**63}), 422),
+    ("a bool", lambda t: json_headers(t), body({"completed_units": True}), 422),
+    ("bad total", lambda t: json_headers(t), body({"completed_units": 1, "total_units": -2}), 422),
+    ("long stage", lambda t: json_headers(t), body({"completed_units": 1, "stage": "x" * 201}), 422),
+    ("lone surrogate", lambda t: json_headers(t), b'{"completed_units": 1, "stage": "a\\ud800"}', 422),
+    ("unknown field", lambda t: json_headers(t), body({"completed_units": 1, "eta": 3}), 422),
+    ("from a web page", lambda t: [*json_headers(t), ("Origin", "http://evil")], BEAT, 403),
+    ("chunked", lambda t: [*json_headers(t), ("Transfer-Encoding", "chunked")], BEAT, 204),
 ]
-
-
-class Spy:
-    """Counts the requests the fast path hands to Quart."""
-
-    def __init__(self, route: FastRoutes) -> None:
-        self.calls = 0
-        self._fallback = route.fallback
-        route.fallback = self
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        self.calls += 1
-        await self._fallback(scope, receive, send)
-
-
-def fast_route(app: QuartTrio) -> FastRoutes:
-    route = app.asgi_app
-    assert isinstance(route, FastRoutes)
-    return route
-
-
-class LiveSpy:
-    """Counts the requests ``FastRoutes`` took itself in a live server (whose app the test does not hold), and those
-    of them whose client left before its body was complete (``gone``: nothing answered)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.calls = 0
-        self.gone = 0
-        original = FastRoutes._respond
-
-        async def respond(route: FastRoutes, *args: Any) -> Any:
-            self.calls += 1
-            try:
-                return await original(route, *args)
-            except ClientGone:
-                self.gone += 1
-                raise
-
-        monkeypatch.setattr(FastRoutes, "_respond", respond)
 
 
 def request_bytes(path: str, headers: list[tuple[str, str]], data: bytes, *, chunked: bool) -> bytes:
@@ -198,59 +166,68 @@ def request_bytes(path: str, headers: list[tuple[str, str]], data: bytes, *, chu
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-async def test_the_fast_path_answers_exactly_as_quarts_route(harness: Harness, case: Case) -> None:
-    name, make_headers, data, status, handled = case
+async def test_each_request_is_answered_by_the_routes_contract(harness: Harness, case: Case) -> None:
+    name, make_headers, data, status = case
     job_id, token = await start_tokened(harness)
-    fast = harness.app
-    spy = Spy(fast_route(fast))
-    quart_only = create_app(harness.supervisor, fast_routes=False)
-    assert not isinstance(quart_only.asgi_app, FastRoutes)
     path = f"/api/jobs/{job_id}/heartbeat"
-    chunked = name == "chunked"
-    async with quart_only.test_app():
-        by_quart = await asgi_post(quart_only, path, make_headers(token), data, with_length=not chunked)
-        by_fast = await asgi_post(fast, path, make_headers(token), data, with_length=not chunked)
-    assert by_quart.status == status, (by_quart, name)
-    assert by_fast.normalized() == by_quart.normalized()
-    assert spy.calls == (0 if handled else 1)
+    answer = await asgi_post(harness.app, path, make_headers(token), data, with_length=name != "chunked")
+    assert answer.status == status, (answer, name)
+    headers = dict(answer.headers)
+    assert headers[b"x-content-type-options"] == b"nosniff"
     # Each answer carries its own request id, and an error names it.
-    request_id = dict(by_fast.headers)[b"x-request-id"].decode()
+    request_id = headers[b"x-request-id"].decode()
     assert re.fullmatch(r"[0-9a-f]{16}", request_id)
-    if status != 204:
-        assert json.loads(by_fast.body)["error"]["request_id"] == request_id
+    beats = (await harness.supervisor.get(job_id)).completed_units
+    if status == 204:
+        assert answer.body == b""
+        assert beats == json.loads(data)["completed_units"]
+        return
+    error = json.loads(answer.body)["error"]
+    assert (error["code"], error["request_id"]) == (CODES[status], request_id)
+    if status == 422:
+        assert error["field"] in ("body", "completed_units", "total_units", "stage", "eta"), error
+    assert beats == 0, "a refused beat records nothing"
 
 
 async def test_an_unknown_job_and_an_ended_job_are_401_like_a_wrong_token(harness: Harness) -> None:
     job_id, token = await start_tokened(harness)
-    quart_only = create_app(harness.supervisor, fast_routes=False)
-    async with quart_only.test_app():
-        for data in (body({"completed_units": 1}), b"{"):
-            unknown = "/api/jobs/no-such-job/heartbeat"
-            by_quart = await asgi_post(quart_only, unknown, json_headers(token), data)
-            by_fast = await asgi_post(harness.app, unknown, json_headers(token), data)
-            assert by_quart.status == 401
-            assert by_fast.normalized() == by_quart.normalized()
-        await harness.json("POST", f"/api/jobs/{job_id}/cancel")
-        assert (await wait_terminal(harness.supervisor, job_id)).status is JobStatus.CANCELLED
-        path = f"/api/jobs/{job_id}/heartbeat"
-        for data in (body({"completed_units": 1}), b"{", body({"completed_units": -1})):
-            by_quart = await asgi_post(quart_only, path, json_headers(token), data)
-            by_fast = await asgi_post(harness.app, path, json_headers(token), data)
-            assert by_quart.status == 401
-            assert by_fast.normalized() == by_quart.normalized()
+    answers = []
+    for data in (body({"completed_units": 1}), b"{"):
+        answers.append(await asgi_post(harness.app, "/api/jobs/no-such-job/heartbeat", json_headers(token), data))
+    await harness.json("POST", f"/api/jobs/{job_id}/cancel")
+    assert (await wait_terminal(harness.supervisor, job_id)).status is JobStatus.CANCELLED
+    path = f"/api/jobs/{job_id}/heartbeat"
+    for data in (body({"completed_units": 1}), b"{", body({"completed_units": -1})):
+        answers.append(await asgi_post(harness.app, path, json_headers(token), data))
+    wrong = await asgi_post(harness.app, path, json_headers(token + "x"), body({"completed_units": 1}))
+    # The same answer as a wrong token's, the request id aside: nothing tells a job that ended from one never known.
+    assert {a.normalized() for a in answers} == {wrong.normalized()}
+    assert wrong.status == 401
 
 
-async def test_without_the_token_the_body_is_never_read(harness: Harness) -> None:
+async def test_without_the_token_the_body_is_never_parsed(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Quart takes the body off the connection as it comes; what matters is that the core asks for it (its parse,
+    # its limits, its validation) only after the token: a caller without it learns nothing from the answer.
+    parsed: list[object] = []
+    real = _app._json_body
+
+    async def json_body(*args: Any) -> Any:
+        parsed.append(await real(*args))
+        return parsed[-1]
+
     job_id, token = await start_tokened(harness)
+    monkeypatch.setattr(_app, "_json_body", json_body)
     path = f"/api/jobs/{job_id}/heartbeat"
     for headers in (json_headers(None), json_headers(token + "x"), json_headers("other")):
         answer = await asgi_post(harness.app, path, headers, body({"completed_units": 1}))
-        assert (answer.status, answer.body_read) == (401, False)
+        assert answer.status == 401
     answer = await asgi_post(harness.app, "/api/jobs/no-such-job/heartbeat", json_headers(token), b"{")
-    assert (answer.status, answer.body_read) == (401, False)
-    # With the token, the body is read (and the beat recorded).
+    assert answer.status == 401
+    assert parsed == []
+    # With the token, the body is parsed (and the beat recorded).
     answer = await asgi_post(harness.app, path, json_headers(token), body({"completed_units": 4}))
-    assert (answer.status, answer.body_read) == (204, True)
+    assert answer.status == 204
+    assert parsed == [{"completed_units": 4}]
     assert (await harness.supervisor.get(job_id)).completed_units == 4
 
 
@@ -290,18 +267,15 @@ async def running_job(live: Live) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-async def test_a_live_servers_answer_is_quarts_route_answer(
-    make_live: MakeLive, monkeypatch: pytest.MonkeyPatch, case: Case
-) -> None:
-    name, make_headers, data, status, handled = case
+async def test_a_live_servers_answer_is_the_apps_answer(make_live: MakeLive, case: Case) -> None:
+    name, make_headers, data, status = case
     live = await make_live()
     job_id, token = await running_job(live)
-    spy = LiveSpy(monkeypatch)
     path = f"/api/jobs/{job_id}/heartbeat"
     chunked = name == "chunked"
-    quart_only = create_app(live.supervisor, fast_routes=False)
-    async with quart_only.test_app():
-        by_quart = await asgi_post(quart_only, path, make_headers(token), data, with_length=not chunked)
+    app = create_app(live.supervisor)
+    async with app.test_app():
+        by_app = await asgi_post(app, path, make_headers(token), data, with_length=not chunked)
     client = await connect(live)
     async with client.stream:
         sent = request_bytes(path, make_headers(token), data, chunked=chunked)
@@ -313,21 +287,17 @@ async def test_a_live_servers_answer_is_quarts_route_answer(
         assert answer.closes == cut, (name, answer.headers)
         if cut:
             await client.closed_by_server()
-    assert by_quart.status == status
-    by_quart_answer = Answer(by_quart.status, {k.decode(): v.decode() for k, v in by_quart.headers}, by_quart.body)
-    assert _wire_normalized(answer) == _wire_normalized(by_quart_answer)
-    assert spy.calls == (1 if handled else 0)
+    assert by_app.status == status
+    by_app_answer = Answer(by_app.status, {k.decode(): v.decode() for k, v in by_app.headers}, by_app.body)
+    assert _wire_normalized(answer) == _wire_normalized(by_app_answer)
     if status != 204:
         assert json.loads(answer.body)["error"]["request_id"] == answer.headers["x-request-id"]
 
 
-async def test_a_client_gone_in_the_middle_of_a_body_leaves_the_server_serving(
-    make_live: MakeLive, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_client_gone_in_the_middle_of_a_body_leaves_the_server_serving(make_live: MakeLive) -> None:
     # A body timeout far beyond this test: only the client's leaving ends the request.
     live = await make_live(limits=HttpLimits(body_timeout_s=30))
     job_id, token = await running_job(live)
-    spy = LiveSpy(monkeypatch)
     headers = json_headers(token)
     path = f"/api/jobs/{job_id}/heartbeat"
     for _ in range(3):
@@ -335,12 +305,6 @@ async def test_a_client_gone_in_the_middle_of_a_body_leaves_the_server_serving(
         async with client.stream:
             await client.send(request_bytes(path, headers, body({"completed_units": 7}), chunked=False)[:-3])
         # The client is gone: the body's reader gets http.disconnect, and nothing is recorded or answered.
-
-    async def all_gone() -> bool | None:
-        return True if spy.gone == 3 else None
-
-    await poll_until(all_gone, limit_s=EXCHANGE_S)  # the server meets each client's leaving in its own time
-    assert spy.calls == 3
     fresh = await connect(live)
     async with fresh.stream:
         await fresh.send(request_bytes(path, headers, body({"completed_units": 2}), chunked=False))

@@ -26,13 +26,13 @@ import trio
 
 from ...domain import RegistryError
 from ...domain._model import utc_now
-from .._engine import Step, run_now
+from .._engine import Independent, Step, run_now
 from .._health import RegistryFault, WriteHealth
 from .._protocol import WakeupFeed
 from .._registry import Registry
 from ._coalesce import Coalescer
 from ._rows import SqliteRows
-from ._store import BUSY_TIMEOUT_MS, DEFAULT_CONNECTIONS, SqliteStore
+from ._store import BUSY_TIMEOUT_MS, DEFAULT_CONNECTIONS, SqliteStore, StandAlone
 
 T = TypeVar("T")
 
@@ -70,7 +70,10 @@ class SqliteBackend:
     async def write(self, step: Step[T]) -> T:
         """One step, in a thread hop and a transaction shared with the steps queued meanwhile (group commit)."""
         self._check_open()
-        result: T = await self._writes.submit(lambda conn: run_now(step(self._rows(conn))))
+        def change(conn: Any) -> T:
+            return run_now(step(self._rows(conn)))
+
+        result: T = await self._writes.submit(StandAlone(change) if isinstance(step, Independent) else change)
         return result
 
     async def _write_group(self, changes: Sequence[Callable[[Any], Any]]) -> list[Any]:

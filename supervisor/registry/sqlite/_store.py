@@ -258,6 +258,17 @@ class _ConnectionPool:
             self._cond.notify_all()
 
 
+@dataclass(frozen=True)
+class StandAlone:
+    """A change for the group commit that needs no savepoint of its own: its writes each stand alone, so a failure
+    partway leaves nothing to undo (``_engine.Independent``: a heartbeat). Any other change gets one."""
+
+    run: Change
+
+    def __call__(self, conn: sqlite3.Connection) -> Any:
+        return self.run(conn)
+
+
 @dataclass(eq=False)
 class _PendingWrite:
     """One change waiting for a group commit, and its outcome once the transaction holding it has ended."""
@@ -470,7 +481,9 @@ class SqliteStore:
             with self.locked_tx() as conn:
                 changes_before = conn.total_changes
                 for item in group:
-                    conn.execute("SAVEPOINT change")
+                    savepoint = not isinstance(item.change, StandAlone)
+                    if savepoint:
+                        conn.execute("SAVEPOINT change")
                     error: BaseException | None = None
                     try:
                         result = item.change(conn)
@@ -483,9 +496,10 @@ class SqliteStore:
                         error.__cause__ = exc
                     except Exception as exc:  # the change's own verdict (not found, conflict...): its caller's
                         result, error = None, exc
-                    if error is not None:
-                        conn.execute("ROLLBACK TO change")
-                    conn.execute("RELEASE change")
+                    if savepoint:
+                        if error is not None:
+                            conn.execute("ROLLBACK TO change")
+                        conn.execute("RELEASE change")
                     results.append((item, result, error))
                 wrote = conn.total_changes != changes_before
         except BaseException as exc:

@@ -31,6 +31,7 @@ from supervisor.registry import (
     SqliteRegistry,
 )
 from supervisor.registry.sqlite import SqliteStore
+from supervisor.registry.sqlite._store import StandAlone
 
 WAIT_S = 30.0  # a backstop for a broken test, never a timing assertion
 SUCCEEDED = Ending(Outcome(JobStatus.SUCCEEDED), exit_code=0)
@@ -110,6 +111,33 @@ def test_a_failed_commit_fails_every_change_of_the_group(path: Path, store: Sqli
     assert _committed(path) == []
     assert store.write(_insert("y")) == "inserted y"  # the store goes on (on a new connection)
     assert _committed(path) == ["y"]
+
+
+def test_a_change_whose_writes_stand_alone_gets_no_savepoint_and_the_others_keep_theirs(
+    path: Path, store: SqliteStore
+) -> None:
+    """A heartbeat's step (``_engine.Independent``) needs no savepoint: two statements of its four. Its error still
+    reaches its own caller only, and what it wrote before failing stays: its writes each stand alone."""
+    statements: list[str] = []
+
+    def traced(conn: sqlite3.Connection) -> str:
+        conn.set_trace_callback(statements.append)
+        return _insert("a")(conn)
+
+    def fails_after_one_write(conn: sqlite3.Connection) -> None:
+        conn.execute("INSERT INTO probe (name) VALUES ('b')")
+        raise ValueError("refused after one write")
+
+    def untraced(conn: sqlite3.Connection) -> None:
+        conn.set_trace_callback(None)
+
+    outcomes = store.write_group([StandAlone(traced), StandAlone(fails_after_one_write), _insert("c")])
+    store.write(untraced)  # the pool's one connection
+    assert [error is None for _, error in outcomes] == [True, False, True]
+    assert isinstance(outcomes[1][1], ValueError)
+    assert _committed(path) == ["a", "b", "c"]
+    group = statements[: statements.index("COMMIT") + 1]  # (the trace goes on into the next write's first steps)
+    assert [s.split(" ")[0] for s in group] == ["INSERT", "INSERT", "SAVEPOINT", "INSERT", "RELEASE", "COMMIT"]
 
 
 # -- the registry: changes queued behind a hop share the next one --------------------------------------------
