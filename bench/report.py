@@ -6,8 +6,8 @@ Usage: python bench/report.py [RESULTS.json ...] [--out docs/performance.md] [--
 
 With no file named, the page is rendered from the latest ``*-make-bench.json`` of ``--results-dir`` and that
 directory's chaos and soak results. Named files are used instead: the last make-bench file is the run the page
-shows; a feeds, outbox, exec-modes, fleet, pooler or heartbeats file replaces that scenario; chaos and soak files feed their
-sections.
+shows; a feeds, outbox, exec-modes, fleet, pooler or heartbeats file replaces that scenario; chaos and soak files
+feed their sections.
 With no file named, a single-scenario file newer than the latest make-bench file is used too (a scenario measured
 alone since the last full run, such as ``bench/fleet.py``'s).
 

@@ -14,6 +14,7 @@ _supervisor   Supervisor: the front door the HTTP layer and the CLI call; wires 
 from ._absence import AbsenceJudge, AbsenceTracker
 from ._boot import Boot, Tally, Watched
 from ._drain import PROMOTE_BATCH, Drainer
+from ._enqueue import MAX_BATCH
 from ._heartbeats import MAX_STAGE_LEN, MAX_UNITS, JobTokens, parse_beat
 from ._reconcile import ReconcileDetail, ReconcileReport
 from ._rules import (
@@ -38,7 +39,7 @@ from ._rules import (
     outcome,
     past_window,
 )
-from ._supervisor import LOG_CHUNK_BYTES, MAX_BATCH, Health, LogSlice, QueueState, Supervisor
+from ._supervisor import LOG_CHUNK_BYTES, Health, LogSlice, QueueState, Supervisor
 from ._sweeper import Sweeper, run_sweeper
 from ._wakeups import WakeupListener
 

@@ -15,7 +15,6 @@ the nursery tree the tasks to start:
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -29,23 +28,21 @@ import trio
 from ..domain import (
     Config,
     Conflict,
-    HostNotFound,
     Job,
-    JobStatus,
     KindCatalog,
     RegistryError,
-    ValidationError,
-    coalesce_key,
     utc_now,
 )
 from ..execution import Executor, create_executor
 from ..observe import EventBus, EventLog, Metrics, Snapshot, Subscription, WebhookSender, get_logger, log_event
-from ..registry import PAUSED_BY_OPERATOR, EnqueueResult, NewJob, PrunedJob, Registry
+from ..registry import PAUSED_BY_OPERATOR, EnqueueResult, PrunedJob, Registry
 from ._absence import AbsenceJudge, AbsenceTracker
 from ._boot import Boot
 from ._drain import Drainer
-from ._fleet import Fleet, host_view
+from ._enqueue import Enqueuer
+from ._fleet import Fleet
 from ._heartbeats import Heartbeats
+from ._hosts import HostAdmin
 from ._monitor import Monitors
 from ._pause import PauseFile
 from ._prune import Pruner
@@ -58,7 +55,6 @@ log = get_logger()
 T = TypeVar("T")
 
 # How a job of a host the operator forgot ends (then resubmitted under the crash rules while attempts remain).
-ORPHAN_HOST_FORGOTTEN = "orphan_host_forgotten"
 
 # Environment variables the supervisor itself reads that a job must never inherit.
 # (systemd's notify socket too: only the supervisor speaks for itself to its service manager.)
@@ -70,7 +66,6 @@ _PRIVATE_ENV = (
     "WATCHDOG_USEC",
     "WATCHDOG_PID",
 )
-MAX_BATCH = 1000  # jobs in one POST /api/jobs/batch
 
 
 LOG_CHUNK_BYTES = 64 * 1024  # a log is read and sent this much at a time, however large
@@ -168,12 +163,14 @@ class Supervisor:
             log_dir=config.jobs_log_dir.resolve(),
             wall_clock=wall_clock or utc_now,
         )
-        self.monitors = Monitors(self.boot, self.wake_drainer, self._follow_up_of, self._announce_enqueued)
+        self.enqueuer = Enqueuer(self.boot, self.wake_drainer)
+        self.monitors = Monitors(self.boot, self.wake_drainer, self.enqueuer.follow_up_of, self.enqueuer.announce)
         self.pause_file = PauseFile(config.pause_flag_path, registry, config.host_id)
         self.drainer = Drainer(self.boot, self.monitors.start, self.pause_file)
         self.reconciler = Reconciler(self.boot, self.monitors, self.wake_drainer)
         # The leader's judge of a silent host's jobs: only by proof of their end that this host can read (ADR 0012).
         self.silent_hosts = SilentHostJobs(self.boot, self.monitors, self.wake_drainer)
+        self.host_admin = HostAdmin(self.boot, self.monitors, self.wake_drainer)
         self.metrics = Metrics()
         self.events.subscribe(self.metrics.on_event)
         # The durable copy of each event is the registry's outbox row, written in the change's own transaction; the
@@ -185,7 +182,7 @@ class Supervisor:
             config.host_lease_s,
             boot=self.boot,
             on_fresh=self.drainer.lease_renewed,
-            on_forgotten=self._forgotten,
+            on_forgotten=self.host_admin.this_boot_forgotten,
             end_by_proof=self.silent_hosts.end_by_proof,
             standalone=standalone,
         )
@@ -291,50 +288,14 @@ class Supervisor:
 
     async def hosts(self) -> dict[str, Any]:
         """Every host of the fleet, live or silent, and which leads."""
-        hosts = await self.boot.registry.hosts()
-        leader = await self.boot.registry.leader()
-        live_leader = leader.host_id if leader is not None and leader.live else None
-        return {"hosts": [host_view(h, leader) for h in hosts], "leader": live_leader}
+        return await self.host_admin.view()
 
     async def forget_host(self, host_id: str) -> dict[str, Any]:
-        """The operator says host ``host_id`` will never come back: its running jobs end ``orphan_host_forgotten``
-        (resubmitted under the crash rules while attempts remain), their slots are freed, its row goes. Refused for
-        a host whose lease is live (it may be running them: stop it first) and for this host."""
+        """The operator says host ``host_id`` will never come back (``HostAdmin.forget``), in a task of the tree.
+        Refused for this host."""
         if host_id == self.boot.host_id:
             raise Conflict(f"host {host_id} is this supervisor: it cannot forget itself")
-        return await self._in_tree(lambda: self._forget_host(host_id), "host_forget_failed")
-
-    async def _forget_host(self, host_id: str) -> dict[str, Any]:
-        # INV-FORGET-IS-FENCED: the lease's check and the fence on its boot are one registry step (a Conflict while
-        # its lease is live); from then on that boot can renew nothing, so it can no longer come back between the
-        # check and the rows' ends and find its running jobs ended under it.
-        forgotten = await self.boot.registry.forget_host(host_id)
-        rows = [job for job in await self.boot.registry.running_jobs() if job.host_id == host_id]
-        if forgotten is None and not rows:
-            raise HostNotFound(host_id)
-        ended: list[str] = []
-        for job in rows:
-            # INV-UNKNOWN-KEEPS-SLOT ends here, by the operator's word (as Kubernetes frees a deleted node's pods).
-            # Guarded by the row's identity: only the attempt read above is ended.
-            if await self.monitors.finish(
-                job, None, cancel_asked=job.cancel_requested, expect=job, orphan_reason=ORPHAN_HOST_FORGOTTEN
-            ):
-                ended.append(job.job_id)
-        log.warning(
-            "host_forgotten",
-            host_id=host_id,
-            boot_id=forgotten.boot_id if forgotten is not None else None,
-            jobs_ended=len(ended),
-        )
-        self.wake_drainer()
-        return {"host_id": host_id, "jobs_ended": ended}
-
-    def _forgotten(self) -> None:
-        """An operator forgot this boot (INV-FORGET-IS-FENCED): its rows were ended, perhaps resubmitted to run
-        elsewhere. None is its own any more: stop every process it still watches (kill-and-resubmit is the only
-        recovery verb); their rows' ends are refused by the identity guard, never recorded as this boot's."""
-        for entry in list(self.boot.watched.values()):
-            entry.request_cancel()
+        return await self._in_tree(lambda: self.host_admin.forget(host_id), "host_forget_failed")
 
     async def run_sweeper(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         await run_sweeper(
@@ -343,86 +304,17 @@ class Supervisor:
 
     # -- enqueue ------------------------------------------------------------------------------------------
 
-    def _validate(self, kind_name: object, params: object) -> NewJob:
-        kind = self.boot.kinds.get(kind_name)
-        validated = kind.validate_params({} if params is None else params)
-        key = coalesce_key(kind.name, validated) if kind.coalesce else None
-        # {python} is the interpreter the job finds where it runs (this one, or the image's).
-        argv = kind.render_argv(validated, python=self.boot.executor.python)
-        return NewJob(kind.name, validated, argv, key, max_attempts=kind.max_attempts)
-
     async def enqueue(self, kind_name: object, params: object) -> EnqueueResult:
         """Validate and store a job, and have the drainer start it when a slot is free: never waits for a spawn."""
-        result, _ = await self.boot.registry.enqueue(self._validate(kind_name, params))
-        self._announce_enqueued([result])
-        return result
+        return await self.enqueuer.enqueue(kind_name, params)
 
     async def enqueue_many(self, items: object) -> list[EnqueueResult]:
-        """Validate every item first (a ``ValidationError`` names the element, ``jobs[3].params.seconds``), then
-        store them all at once: all or nothing."""
-        if not isinstance(items, list) or not items:
-            raise ValidationError("jobs must be a non-empty list", field="jobs")
-        if len(items) > MAX_BATCH:
-            raise ValidationError(f"at most {MAX_BATCH} jobs in one batch, not {len(items)}", field="jobs")
-        batch: list[NewJob] = []
-        for index, item in enumerate(items):
-            where = f"jobs[{index}]"
-            if not isinstance(item, Mapping):
-                raise ValidationError(f"{where} must be an object with kind and params", field=where)
-            unknown = sorted(set(item) - {"kind", "params"})
-            if unknown:
-                raise ValidationError(f"{where}: unknown field {unknown[0]!r}", field=f"{where}.{unknown[0]}")
-            if "kind" not in item:
-                raise ValidationError(f"{where}: missing field 'kind'", field=f"{where}.kind")
-            try:
-                batch.append(self._validate(item["kind"], item.get("params")))
-            except ValidationError as exc:
-                raise ValidationError(f"{where}: {exc}", field=f"{where}.{exc.field}" if exc.field else where) from None
-        results = await self.boot.registry.enqueue_many(batch)
-        self._announce_enqueued(results)
-        return results
+        """A batch, all or nothing (``Enqueuer.enqueue_many``)."""
+        return await self.enqueuer.enqueue_many(items)
 
     async def retry(self, job_id: str) -> EnqueueResult:
-        """The operator's explicit second try of a finished job: a new job of the same kind with the same params
-        (checked again against the kind as it is declared now), whose row names the old one (``retry_of``). Only a
-        finished job: a queued or running one is a ``Conflict`` naming its state. (Automatic resubmission of a crash
-        is another thing: it keeps the job's own id.) A kind that coalesces may return the identical queued job."""
-        old = await self.boot.registry.get(job_id)
-        if not old.status.is_terminal:
-            raise Conflict(
-                f"job {job_id} is {old.status}: only a finished job can be retried "
-                f"({'cancel it first, or wait for it' if old.status is JobStatus.RUNNING else 'it has not run yet'})",
-                field="job_id",
-            )
-        try:
-            new = self._validate(old.kind, old.params)
-        except ValidationError as exc:
-            # Not the caller's input: the kinds file changed since the job ran.
-            raise Conflict(f"job {job_id} cannot be retried as it was: {exc}", field=exc.field) from None
-        result, _ = await self.boot.registry.enqueue(dataclasses.replace(new, retry_of=old.job_id))
-        if not result.coalesced:
-            log.info("job_retried", job_id=result.job.job_id, retry_of=old.job_id, kind=old.kind)
-        self._announce_enqueued([result])
-        return result
-
-    def _announce_enqueued(self, results: list[EnqueueResult]) -> None:
-        for result in results:
-            if result.coalesced:
-                log.info("job_coalesced", job_id=result.job.job_id, kind=result.job.kind)
-            else:
-                self.boot.announce(result.job, None, "enqueued")
-        self.wake_drainer()
-
-    def _follow_up_of(self, parent: Job, then: str) -> NewJob | None:
-        """The job a kind's ``then`` enqueues after ``parent`` succeeds (its params, those the follow-up takes); it is
-        enqueued in the same registry step as the parent's success (``Ending.then``). None when it cannot be made."""
-        try:
-            kind = self.boot.kinds.get(then)
-            params = {name: parent.params[name] for name in kind.params if name in parent.params}
-            return self._validate(then, params)
-        except ValidationError as exc:
-            log.error("follow_up_not_enqueued", job_id=parent.job_id, then=then, error=str(exc))
-            return None
+        """The operator's explicit second try of a finished job (``Enqueuer.retry``)."""
+        return await self.enqueuer.retry(job_id)
 
     # -- the queue ----------------------------------------------------------------------------------------
 
@@ -454,9 +346,7 @@ class Supervisor:
             paused = await self.is_paused()
         except RegistryError as exc:
             degraded["registry_reads"] = str(exc)
-        return Health(
-            self.boot.boot_id, self.exec_mode, paused, degraded, self.boot.host_id, self.fleet.may_lead()
-        )
+        return Health(self.boot.boot_id, self.exec_mode, paused, degraded, self.boot.host_id, self.fleet.may_lead())
 
     async def queue_state(self) -> QueueState:
         counts = await self.boot.registry.counts()

@@ -317,6 +317,7 @@ class DockerExecutor(Executor):
         # thread removes its job itself when it ends, even after its caller was cancelled (an SDK call is abandoned,
         # not stopped: it may still make and start the container).
         self._starting: set[str] = set()
+        self._reader = ContainerReader(self.client, self.health, log_dir, log_max_bytes)
 
     @classmethod
     def from_config(cls, config: Config) -> DockerExecutor:
@@ -650,9 +651,28 @@ class DockerExecutor(Executor):
         for container in listed:
             labels = container.get("Labels") or {}
             by_job.setdefault(str(labels.get(LABEL_JOB)), []).append(container)
-        return [self._evidence(job, by_job.get(job.job_id, [])) for job in jobs]
+        return [self._reader.evidence(job, by_job.get(job.job_id, [])) for job in jobs]
 
-    def _evidence(self, job: Job, containers: list[Mapping[str, Any]]) -> Evidence:
+    def proof_of_end(self, jobs: Sequence[Job]) -> list[ProofOfEnd | None]:
+        """INV-SILENT-HOST-ENDS-BY-PROOF: the container with the row's recorded id, on this host's engine (finding that
+        exact id proves the engine is shared), labelled as the row's job, and exited: its exit code. A container not
+        found, running, or an engine that does not answer is no proof (None). Its output is collected into the row's
+        log only when this host can write that path."""
+        return [self._reader.proof(job) for job in jobs]
+
+
+class ContainerReader:
+    """What the engine says of a job's containers, read into the executor's terms: a row's evidence from a listing,
+    and proof of a recorded container's end. Blocking (Docker SDK calls): the executor runs it in worker threads."""
+
+    def __init__(self, client: docker.APIClient, health: EngineHealth, log_dir: Path, log_max_bytes: int) -> None:
+        self.client = client
+        self.health = health
+        self._log_dir = log_dir
+        self.log_max_bytes = log_max_bytes
+
+    def evidence(self, job: Job, containers: list[Mapping[str, Any]]) -> Evidence:
+        """What ``containers`` (the engine's listing of the job's) say of the row's attempt."""
         recorded = container_id_of(job)
         if recorded is not None:
             containers = [c for c in containers if c.get("Id") == recorded]
@@ -691,15 +711,8 @@ class DockerExecutor(Executor):
             return Evidence(Liveness.ALIVE, handle=handle, found=found)
         return Evidence(Liveness.DEAD, exit_status=status, handle=handle, found=found)
 
-
-    def proof_of_end(self, jobs: Sequence[Job]) -> list[ProofOfEnd | None]:
-        """INV-SILENT-HOST-ENDS-BY-PROOF: the container with the row's recorded id, on this host's engine (finding that
-        exact id proves the engine is shared), labelled as the row's job, and exited: its exit code. A container not
-        found, running, or an engine that does not answer is no proof (None). Its output is collected into the row's
-        log only when this host can write that path."""
-        return [self._proof(job) for job in jobs]
-
-    def _proof(self, job: Job) -> ProofOfEnd | None:
+    def proof(self, job: Job) -> ProofOfEnd | None:
+        """The row's recorded container, exited on this engine: its exit status (``DockerExecutor.proof_of_end``)."""
         recorded = container_id_of(job)
         if recorded is None:
             return None

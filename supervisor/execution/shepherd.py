@@ -62,13 +62,13 @@ import socket
 import stat
 import sys
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 # After a job's process exits, how long its output pipe may stay open (a daemon it left holds it) before the exit is
 # reported anyway; the pipe is still drained to the end.
 LOG_LINGER_S = 5.0
 PR_SET_CHILD_SUBREAPER = 36
-
 
 
 def say(message: str) -> None:
@@ -78,6 +78,7 @@ def say(message: str) -> None:
         os.write(2, message.encode(errors="replace") + b"\n")
     except OSError:
         pass
+
 
 def _now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
@@ -319,6 +320,72 @@ class Job:
             os.write(self.log_fd, f"\n[log capped at {self.cap} bytes; further output discarded]\n".encode())
 
 
+def write_run_record(path: str, payload: dict[str, object], spares: Spares) -> None:
+    """A state record in the run directory (made again, private, if it went)."""
+    try:
+        write_atomically(path, payload, spares.take(path))
+    except FileNotFoundError:
+        # The directory went: a shepherd of this data dir's previous boot removes it when it leaves, empty, and may
+        # have just done so. Its parents were checked by our supervisor; make it again, private.
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        write_atomically(path, payload)
+
+
+class Marker:
+    """The marker (see the module docstring): who this shepherd is, and whether its supervisor is connected. ``error``:
+    why it could not be written (no job starts without it)."""
+
+    def __init__(self, identity: Mapping[str, object], boot_id: str | None) -> None:
+        self.identity = identity
+        self.boot_id = boot_id
+        self.path: str | None = None  # where to keep it (the "env" request)
+        self.error: str | None = None
+
+    def write(self, control: str) -> None:
+        if self.path is None:
+            return
+        payload: dict[str, object] = {**self.identity, "kernel_boot_id": self.boot_id, "control": control}
+        try:
+            write_atomically(self.path, payload)
+        except OSError as exc:
+            self.error = f"cannot write the shepherd's marker {self.path}: {exc}"
+            say(f"shepherd: {self.error}")
+        else:
+            self.error = None
+
+    def remove(self) -> None:
+        if self.path is None:
+            return
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass  # a marker left behind names a dead shepherd: read the same as none
+
+
+class Trace:
+    """The optional trace (diagnostics: every start and exit as this shepherd saw them, on its clock)."""
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+
+    def open(self, path: str) -> None:
+        try:
+            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+        except OSError as exc:
+            say(f"shepherd: cannot open the trace {path}: {exc}")
+
+    def write(self, event: dict[str, object]) -> None:
+        """One line of the trace."""
+        if self.fd is None:
+            return
+        try:
+            os.write(self.fd, json.dumps(event).encode() + b"\n")  # one write: lines never interleave
+        except OSError as exc:
+            say(f"shepherd: trace write failed, tracing stops: {exc}")
+            os.close(self.fd)
+            self.fd = None
+
+
 class Shepherd:
     def __init__(self, control: socket.socket) -> None:
         self.control: socket.socket | None = control
@@ -334,10 +401,9 @@ class Shepherd:
         self.base_env: dict[str, str] = {}  # what every job's environment starts from (the "env" request)
         self.records: dict[str, Records] = {}  # job id -> records that exist only in the run directory
         self.run_dirs: set[str] = set()  # removed when this shepherd leaves, if empty
-        self.trace_fd: int | None = None  # the optional trace: one line per start and per exit
+        self.tracer = Trace()  # the optional trace: one line per start and per exit
         self.identity = {"pid": os.getpid(), "start_time": _start_time(os.getpid())}
-        self.marker: str | None = None  # the marker's path (the "env" request)
-        self.marker_error: str | None = None  # why it could not be written: no job starts without it
+        self.marker = Marker(self.identity, self.boot_id)
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
         wake_w.setblocking(False)
@@ -384,7 +450,7 @@ class Shepherd:
         self.outbuf = b""
         self.persist()  # nobody will say "forget" now: what only the run directory holds goes next to the logs
         # Every request the supervisor sent has been read and handled: no start of its can come after this.
-        self.write_marker("closed")
+        self.marker.write("closed")
 
     def read_control(self) -> None:
         assert self.control is not None
@@ -413,10 +479,10 @@ class Shepherd:
         if op == "env":
             self.base_env = {str(k): str(v) for k, v in request["env"].items()}  # type: ignore[attr-defined]
             if request.get("trace"):
-                self.open_trace(str(request["trace"]))
+                self.tracer.open(str(request["trace"]))
             if request.get("marker"):
-                self.marker = str(request["marker"])
-                self.write_marker("connected")
+                self.marker.path = str(request["marker"])
+                self.marker.write("connected")
         elif op == "start":
             self.start(request)
         elif op == "signal":
@@ -432,7 +498,8 @@ class Shepherd:
         records.payload[which] = payload
         if run_path:
             try:
-                self.write_run_record(run_path, payload)
+                write_run_record(run_path, payload, self.spares)
+                self.run_dirs.add(os.path.dirname(run_path))
             except OSError as exc:  # the run directory is unusable (full, say): the durable place is always right
                 say(f"shepherd: {run_path}: {exc}; writing next to the log")
             else:
@@ -441,16 +508,6 @@ class Shepherd:
                 return
         path = records.durable[which]
         write_atomically(path, payload, self.spares.take(path))
-
-    def write_run_record(self, path: str, payload: dict[str, object]) -> None:
-        try:
-            write_atomically(path, payload, self.spares.take(path))
-        except FileNotFoundError:
-            # The directory went: a shepherd of this data dir's previous boot removes it when it leaves, empty,
-            # and may have just done so. Its parents were checked by our supervisor; make it again, private.
-            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-            write_atomically(path, payload)
-        self.run_dirs.add(os.path.dirname(path))
 
     def forget_records(self, job_id: str) -> None:
         """The supervisor has made the job's row final: its run-directory records are redundant."""
@@ -488,44 +545,6 @@ class Shepherd:
                 del self.records[job_id]
         sys.stderr.flush()
 
-    def write_marker(self, control: str) -> None:
-        """The marker (see the module docstring): who this shepherd is, and whether its supervisor is connected."""
-        if self.marker is None:
-            return
-        payload: dict[str, object] = {**self.identity, "kernel_boot_id": self.boot_id, "control": control}
-        try:
-            write_atomically(self.marker, payload)
-        except OSError as exc:
-            self.marker_error = f"cannot write the shepherd's marker {self.marker}: {exc}"
-            say(f"shepherd: {self.marker_error}")
-        else:
-            self.marker_error = None
-
-    def remove_marker(self) -> None:
-        if self.marker is None:
-            return
-        try:
-            os.unlink(self.marker)
-        except OSError:
-            pass  # a marker left behind names a dead shepherd: read the same as none
-
-    def open_trace(self, path: str) -> None:
-        try:
-            self.trace_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
-        except OSError as exc:
-            say(f"shepherd: cannot open the trace {path}: {exc}")
-
-    def trace(self, event: dict[str, object]) -> None:
-        """One line of the trace (diagnostics: every start and exit as this shepherd saw them, on its clock)."""
-        if self.trace_fd is None:
-            return
-        try:
-            os.write(self.trace_fd, json.dumps(event).encode() + b"\n")  # one write: lines never interleave
-        except OSError as exc:
-            say(f"shepherd: trace write failed, tracing stops: {exc}")
-            os.close(self.trace_fd)
-            self.trace_fd = None
-
     # -- jobs --------------------------------------------------------------------------------------
 
     def start(self, req: dict[str, object]) -> None:
@@ -546,11 +565,11 @@ class Shepherd:
             error = f"cannot write the job's log {log_path}: {exc.strerror or exc} ({exc.filename})"
             self.send({"ev": "start_failed", "id": job_id, "error": error[:1000]})
             return
-        if self.marker_error is not None:
-            self.write_marker("connected")  # a full disk may have room again
-        if self.marker_error is not None:
+        if self.marker.error is not None:
+            self.marker.write("connected")  # a full disk may have room again
+        if self.marker.error is not None:
             # Without its marker a later boot could not tell this start from one that never happened.
-            self.send({"ev": "start_failed", "id": job_id, "error": self.marker_error[:1000]})
+            self.send({"ev": "start_failed", "id": job_id, "error": self.marker.error[:1000]})
             return
         try:
             _check_runnable(argv[0], cwd, env)
@@ -618,7 +637,7 @@ class Shepherd:
         # The gate shell runs (posix_spawn returned after its exec), and its program was checked above; the exec
         # into the program is not waited for: a program removed in between ends the job with the shell's 127.
         self.send({"ev": "started", "id": job_id, "pid": pid, "start_time": start_time})
-        self.trace({"ev": "started", **start_record})
+        self.tracer.write({"ev": "started", **start_record})
 
     def signal_job(self, job_id: str, signum: int) -> None:
         job = self.jobs.get(job_id)
@@ -685,7 +704,7 @@ class Shepherd:
                 "signal": -code if code < 0 else None,
                 "ended_at": _now_iso(),
             }
-            self.trace({"ev": "exited", **job.exit})
+            self.tracer.write({"ev": "exited", **job.exit})
             try:
                 self.record(job.records, "exit", job.exit)
             except OSError as exc:
@@ -723,7 +742,7 @@ class Shepherd:
             while self.control is not None or self.jobs:
                 self.step()
         finally:
-            self.remove_marker()
+            self.marker.remove()
             self.spares.remove_all()
             for directory in self.run_dirs:
                 try:

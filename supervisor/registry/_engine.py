@@ -2,11 +2,11 @@
 
 A ``Store`` is one transaction's view of a backend: it reads rows (locking them where its backend locks), counts,
 selects the next ready rows, inserts, applies a change to a row, writes an event, sends a wake-up -- in domain
-types, never deciding anything. Each backend's store is only its SQL (``sqlite/_store.py``: SQLite in its worker
-thread, inside the group commit; ``postgres/_store.py``: asyncpg through trio-asyncio) or its dicts
-(``memory.py``). The ``Rules`` decide: enqueue and coalescing, promotion into free slots under the fleet-wide and
-per-host limits, identity records, the end of a job and its resubmission, requeue, cancel, heartbeats and
-progress, absence flags, the pause, leases and the lead, forget, retention, the outbox's events.
+types, never deciding anything. Each backend's store is only its SQL (``sqlite/_rows.py``: SQLite in its worker
+thread, inside the group commit of ``sqlite/_store.py``; ``postgres/_rows.py``: asyncpg through trio-asyncio) or
+its dicts (``memory.py``). The ``Rules`` decide: enqueue and coalescing, promotion into free slots under the
+fleet-wide and per-host limits, identity records, the end of a job and its resubmission, requeue, cancel, heartbeats
+and progress, absence flags, the pause, leases and the lead, forget, retention, the outbox's events.
 
 The rules are coroutines, and a store's methods may suspend (PostgreSQL) or complete at once (SQLite, memory):
 ``run_now`` drives one to its end without an event loop, which is how the SQLite store runs the rules inside its

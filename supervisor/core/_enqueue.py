@@ -1,0 +1,106 @@
+"""Enqueue, on the core's side: a job request validated against its kind and stored (one, a batch all or nothing, an
+operator's explicit retry, a kind's ``then`` follow-up), then announced and the drainer woken. Never waits for a
+spawn: the drainer starts what a free slot allows."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+
+from ..domain import Conflict, Job, JobStatus, ValidationError, coalesce_key
+from ..observe import get_logger
+from ..registry import EnqueueResult, NewJob
+from ._boot import Boot
+
+log = get_logger()
+
+MAX_BATCH = 1000  # jobs in one POST /api/jobs/batch
+
+
+class Enqueuer:
+    """Validates and stores job requests; ``wake_drainer`` once stored."""
+
+    def __init__(self, boot: Boot, wake_drainer: Callable[[], None]) -> None:
+        self.boot = boot
+        self.wake_drainer = wake_drainer
+
+    def validate(self, kind_name: object, params: object) -> NewJob:
+        kind = self.boot.kinds.get(kind_name)
+        validated = kind.validate_params({} if params is None else params)
+        key = coalesce_key(kind.name, validated) if kind.coalesce else None
+        # {python} is the interpreter the job finds where it runs (this one, or the image's).
+        argv = kind.render_argv(validated, python=self.boot.executor.python)
+        return NewJob(kind.name, validated, argv, key, max_attempts=kind.max_attempts)
+
+    async def enqueue(self, kind_name: object, params: object) -> EnqueueResult:
+        """Validate and store a job, and have the drainer start it when a slot is free: never waits for a spawn."""
+        result, _ = await self.boot.registry.enqueue(self.validate(kind_name, params))
+        self.announce([result])
+        return result
+
+    async def enqueue_many(self, items: object) -> list[EnqueueResult]:
+        """Validate every item first (a ``ValidationError`` names the element, ``jobs[3].params.seconds``), then
+        store them all at once: all or nothing."""
+        if not isinstance(items, list) or not items:
+            raise ValidationError("jobs must be a non-empty list", field="jobs")
+        if len(items) > MAX_BATCH:
+            raise ValidationError(f"at most {MAX_BATCH} jobs in one batch, not {len(items)}", field="jobs")
+        batch: list[NewJob] = []
+        for index, item in enumerate(items):
+            where = f"jobs[{index}]"
+            if not isinstance(item, Mapping):
+                raise ValidationError(f"{where} must be an object with kind and params", field=where)
+            unknown = sorted(set(item) - {"kind", "params"})
+            if unknown:
+                raise ValidationError(f"{where}: unknown field {unknown[0]!r}", field=f"{where}.{unknown[0]}")
+            if "kind" not in item:
+                raise ValidationError(f"{where}: missing field 'kind'", field=f"{where}.kind")
+            try:
+                batch.append(self.validate(item["kind"], item.get("params")))
+            except ValidationError as exc:
+                raise ValidationError(f"{where}: {exc}", field=f"{where}.{exc.field}" if exc.field else where) from None
+        results = await self.boot.registry.enqueue_many(batch)
+        self.announce(results)
+        return results
+
+    async def retry(self, job_id: str) -> EnqueueResult:
+        """The operator's explicit second try of a finished job: a new job of the same kind with the same params
+        (checked again against the kind as it is declared now), whose row names the old one (``retry_of``). Only a
+        finished job: a queued or running one is a ``Conflict`` naming its state. (Automatic resubmission of a crash
+        is another thing: it keeps the job's own id.) A kind that coalesces may return the identical queued job."""
+        old = await self.boot.registry.get(job_id)
+        if not old.status.is_terminal:
+            raise Conflict(
+                f"job {job_id} is {old.status}: only a finished job can be retried "
+                f"({'cancel it first, or wait for it' if old.status is JobStatus.RUNNING else 'it has not run yet'})",
+                field="job_id",
+            )
+        try:
+            new = self.validate(old.kind, old.params)
+        except ValidationError as exc:
+            # Not the caller's input: the kinds file changed since the job ran.
+            raise Conflict(f"job {job_id} cannot be retried as it was: {exc}", field=exc.field) from None
+        result, _ = await self.boot.registry.enqueue(dataclasses.replace(new, retry_of=old.job_id))
+        if not result.coalesced:
+            log.info("job_retried", job_id=result.job.job_id, retry_of=old.job_id, kind=old.kind)
+        self.announce([result])
+        return result
+
+    def announce(self, results: list[EnqueueResult]) -> None:
+        for result in results:
+            if result.coalesced:
+                log.info("job_coalesced", job_id=result.job.job_id, kind=result.job.kind)
+            else:
+                self.boot.announce(result.job, None, "enqueued")
+        self.wake_drainer()
+
+    def follow_up_of(self, parent: Job, then: str) -> NewJob | None:
+        """The job a kind's ``then`` enqueues after ``parent`` succeeds (its params, those the follow-up takes); it is
+        enqueued in the same registry step as the parent's success (``Ending.then``). None when it cannot be made."""
+        try:
+            kind = self.boot.kinds.get(then)
+            params = {name: parent.params[name] for name in kind.params if name in parent.params}
+            return self.validate(then, params)
+        except ValidationError as exc:
+            log.error("follow_up_not_enqueued", job_id=parent.job_id, then=then, error=str(exc))
+            return None
