@@ -8,7 +8,7 @@ Split by concern: ``_schema`` (migrations as SQL files), ``_store`` (connections
 from ._coalesce import Coalescer
 from ._registry import SqliteRegistry
 from ._schema import SCHEMA_VERSION, migrations, statements
-from ._store import BUSY_TIMEOUT_MS, SqliteStore
+from ._store import BUSY_TIMEOUT_MS, SqliteStore, StandAlone
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
@@ -16,6 +16,7 @@ __all__ = [
     "Coalescer",
     "SqliteRegistry",
     "SqliteStore",
+    "StandAlone",
     "migrations",
     "statements",
 ]

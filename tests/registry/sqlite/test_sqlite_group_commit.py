@@ -30,8 +30,7 @@ from supervisor.registry import (
     Outcome,
     SqliteRegistry,
 )
-from supervisor.registry.sqlite import SqliteStore
-from supervisor.registry.sqlite._store import StandAlone
+from supervisor.registry.sqlite import SqliteStore, StandAlone
 
 WAIT_S = 30.0  # a backstop for a broken test, never a timing assertion
 SUCCEEDED = Ending(Outcome(JobStatus.SUCCEEDED), exit_code=0)
