@@ -62,7 +62,7 @@ async def serve_hypercorn() -> None:
 
 
 async def serve_quart() -> None:
-    from hypercorn.config import Config, Sockets
+    from hypercorn.config import Sockets
     from hypercorn.trio.run import worker_serve
     from hypercorn.utils import wrap_app
     from quart import request
@@ -71,7 +71,7 @@ async def serve_quart() -> None:
     sys.path.insert(0, ROOT)
     from supervisor.api import _edge
     from supervisor.api._limits import HttpLimits
-    from supervisor.api._serve import bind_socket
+    from supervisor.api._serve import bind_socket, hypercorn_config
 
     limits = HttpLimits()
     app = QuartTrio(__name__, static_folder=None)
@@ -85,12 +85,7 @@ async def serve_quart() -> None:
 
     # The supervisor's serve_http, with this app: the same server settings, the same socket options.
     _edge.install()
-    config = Config()
-    config.graceful_timeout = limits.graceful_timeout_s
-    config.keep_alive_timeout = limits.keep_alive_timeout_s
-    config.h11_max_incomplete_size = limits.max_head_bytes
-    config.accesslog = None
-    config.errorlog = None
+    config = hypercorn_config(limits)
     sock = bind_socket("127.0.0.1", 0)
     print(f"PORT {sock.getsockname()[1]}", flush=True)
     await worker_serve(

@@ -41,6 +41,17 @@ def public_base_url(host: str, port: int) -> str:
     return f"http://{reach}:{port}"
 
 
+def hypercorn_config(limits: HttpLimits) -> HypercornConfig:
+    """hypercorn's settings for the control API (``bench/http_floor.py``'s floor serves with the same)."""
+    hconfig = HypercornConfig()
+    hconfig.graceful_timeout = limits.graceful_timeout_s
+    hconfig.keep_alive_timeout = limits.keep_alive_timeout_s
+    hconfig.h11_max_incomplete_size = limits.max_head_bytes
+    hconfig.accesslog = None
+    hconfig.errorlog = None
+    return hconfig
+
+
 async def serve_http(
     supervisor: Supervisor,
     api_token: ApiToken,
@@ -59,12 +70,7 @@ async def serve_http(
     # docstring for hypercorn's defects.
     _edge.install()
     limits = limits if limits is not None else HttpLimits()
-    hconfig = HypercornConfig()
-    hconfig.graceful_timeout = limits.graceful_timeout_s
-    hconfig.keep_alive_timeout = limits.keep_alive_timeout_s
-    hconfig.h11_max_incomplete_size = limits.max_head_bytes
-    hconfig.accesslog = None
-    hconfig.errorlog = None
+    hconfig = hypercorn_config(limits)
     app = create_app(supervisor, api_token, limits=limits)
     try:
         await worker_serve(

@@ -101,18 +101,26 @@ async def _pipeline_job(data: Path, exec_mode: str, feed: str) -> AsyncIterator[
         shutdown.set()
 
 
-def _kill_from_outside(exec_mode: str, row: dict[str, Any]) -> None:
-    """What the OOM killer or an operator's ``kill -9`` does to the running attempt (blocking)."""
+def _from_outside(exec_mode: str, row: dict[str, Any], *, polite: bool) -> None:
+    """What happens to the running attempt from outside (blocking). ``polite``: what a host shutdown, ``kill`` or
+    ``docker stop`` does (SIGTERM; docker: SIGKILL only after 10 s); else what the OOM killer or an operator's
+    ``kill -9`` does (SIGKILL, to the whole process group)."""
     if exec_mode == "docker":
         client = make_client()
         try:
-            client.kill(row["container_id"], signal="SIGKILL")
+            if polite:
+                client.stop(row["container_id"], timeout=10)  # SIGTERM through docker-init
+            else:
+                client.kill(row["container_id"], signal="SIGKILL")
         finally:
             client.close()
         return
     identity = identify(row["pid"])
     assert identity is not None and identity.start_time == row["pid_start_time"]  # still that process
-    os.killpg(row["pid"], signal.SIGKILL)
+    if polite:
+        os.kill(row["pid"], signal.SIGTERM)
+    else:
+        os.killpg(row["pid"], signal.SIGKILL)
 
 
 @pytest.mark.parametrize("exec_mode", ["subprocess", pytest.param("docker", marks=pytest.mark.docker)])
@@ -132,7 +140,7 @@ async def test_an_episode_that_kills_every_attempt_is_poisoned_by_the_third_and_
             with trio.fail_after(60):
                 await s.wait_for_requests("/fatal", attempt)  # this attempt is fetching the fatal episode
                 row = await _running_attempt(client, url, attempt)
-            await trio.to_thread.run_sync(_kill_from_outside, exec_mode, row)
+            await trio.to_thread.run_sync(functools.partial(_from_outside, exec_mode, row, polite=False))
         job = await _poll_job(client, url, timeout_s=90)
     killed = "exit_code_137" if exec_mode == "docker" else "killed_by_SIGKILL"
     assert (job["status"], job["error_reason"], job["attempts"], job["max_attempts"]) == ("succeeded", None, 3, 3)
@@ -144,20 +152,6 @@ async def test_an_episode_that_kills_every_attempt_is_poisoned_by_the_third_and_
     run = json.loads((data / "corpus" / ".runs" / job["job_id"] / "run.json").read_text())
     assert [p["guid"] for p in run["poisoned"]] == ["fatal"]
     assert (data / "corpus" / "episodes" / episode_key("fine") / "COMPLETE").exists()
-
-
-def _terminate_from_outside(exec_mode: str, row: dict[str, Any]) -> None:
-    """What a host shutdown, ``kill`` or ``docker stop`` does to the running attempt: SIGTERM (blocking)."""
-    if exec_mode == "docker":
-        client = make_client()
-        try:
-            client.stop(row["container_id"], timeout=10)  # SIGTERM through docker-init; SIGKILL only after 10 s
-        finally:
-            client.close()
-        return
-    identity = identify(row["pid"])
-    assert identity is not None and identity.start_time == row["pid_start_time"]  # still that process
-    os.kill(row["pid"], signal.SIGTERM)
 
 
 @pytest.mark.parametrize("exec_mode", ["subprocess", pytest.param("docker", marks=pytest.mark.docker)])
@@ -180,7 +174,7 @@ async def test_a_pipeline_job_terminated_from_outside_mid_download_is_started_ag
             await s.wait_for_requests("/slow", 1)  # attempt 1 is half way through the enclosure
             row = await _running_attempt(client, url, 1)
         s.routes["/slow"] = respond(200, body)  # the link is fine again for the next start
-        await trio.to_thread.run_sync(_terminate_from_outside, exec_mode, row)
+        await trio.to_thread.run_sync(functools.partial(_from_outside, exec_mode, row, polite=True))
         job = await _poll_job(client, url, timeout_s=90)
     assert (job["status"], job["error_reason"], job["attempts"]) == ("succeeded", None, 2), job
     assert [(a["attempt"], a["status"], a["reason"], a["exit_code"]) for a in job["history"]] == [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -82,6 +83,19 @@ async def test_serve_on_postgresql_runs_a_job_to_succeeded(tmp_path: Path) -> No
                 await trio_asyncio.aio_as_trio(sql)(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
+async def _supervisor_cli(verb: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[bytes]:
+    """``supervisor VERB`` in a process of its own, its output captured, within the test's bound."""
+    with trio.fail_after(LIMIT_S):
+        return await trio.run_process(
+            [sys.executable, "-m", "supervisor", verb],
+            env=env,
+            cwd=cwd,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+
+
 async def test_supervisor_migrate_brings_a_fresh_schema_up_to_date_and_says_so(tmp_path: Path) -> None:
     dsn = postgres_test_url()
     assert dsn is not None
@@ -97,15 +111,7 @@ async def test_supervisor_migrate_brings_a_fresh_schema_up_to_date_and_says_so(t
         await trio_asyncio.aio_as_trio(sql)(f'CREATE SCHEMA "{schema}"')
         try:
             for _ in range(2):  # the second finds nothing to do
-                with trio.fail_after(LIMIT_S):
-                    done = await trio.run_process(
-                        [sys.executable, "-m", "supervisor", "migrate"],
-                        env=env,
-                        cwd=tmp_path,
-                        capture_stdout=True,
-                        capture_stderr=True,
-                        check=False,
-                    )
+                done = await _supervisor_cli("migrate", env, tmp_path)
                 assert done.returncode == 0, done.stderr
                 assert done.stdout.decode().strip().endswith(f"schema version {SCHEMA_VERSION}")
             rows = await trio_asyncio.aio_as_trio(sql)(f'SELECT version FROM "{schema}".schema_migrations')
@@ -146,15 +152,7 @@ async def test_a_database_that_cannot_be_opened_ends_serve_in_one_line_with_exit
             future = f"({SCHEMA_VERSION + 1}, 'from_the_future.sql', now())"
             await trio_asyncio.aio_as_trio(sql)(f'INSERT INTO "{schema}".schema_migrations VALUES {future}')
         try:
-            with trio.fail_after(LIMIT_S):
-                done = await trio.run_process(
-                    [sys.executable, "-m", "supervisor", "serve"],
-                    env=env,
-                    cwd=tmp_path,
-                    capture_stdout=True,
-                    capture_stderr=True,
-                    check=False,
-                )
+            done = await _supervisor_cli("serve", env, tmp_path)
             lines = done.stderr.decode().splitlines()
             assert done.returncode == 3, done.stderr
             assert len(lines) == 1 and lines[0].startswith("error: "), lines
