@@ -13,6 +13,7 @@ from ._monitor import Monitors
 
 log = get_logger()
 
+# How a job of a host the operator forgot ends (then resubmitted under the crash rules while attempts remain).
 ORPHAN_HOST_FORGOTTEN = "orphan_host_forgotten"
 
 

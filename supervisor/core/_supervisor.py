@@ -54,8 +54,6 @@ from ._wakeups import WakeupListener
 log = get_logger()
 T = TypeVar("T")
 
-# How a job of a host the operator forgot ends (then resubmitted under the crash rules while attempts remain).
-
 # Environment variables the supervisor itself reads that a job must never inherit.
 # (systemd's notify socket too: only the supervisor speaks for itself to its service manager.)
 _PRIVATE_ENV = (
