@@ -53,6 +53,8 @@ PLOT_NAME = "bench-latest.png"
 PLACEHOLDER = re.compile(r"^\{\{\s*([a-z_]+)(?::([^}]*))?\s*\}\}$")
 SCENARIO_KINDS = ("make-bench", "feeds", "outbox", "exec-modes", "fleet", "pooler", "heartbeats")
 SHOWN_HISTORY = 8
+QUART_FLOOR_4 = "quart-trio floor, 4 conns"  # the plot's bar of the stack's floor under issue 39's guard load
+GUARD_SHARE = 0.6  # issue 39's guard: heartbeats at least this share of that floor (bench/footprint.py)
 
 
 @dataclass
@@ -303,7 +305,8 @@ def plot_data(inputs: Inputs) -> tuple[list[tuple[str, Measure]], list[tuple[str
                 # jobs/s: the fastest run is the largest rate
                 tools.append((str(row.cells.get("tool", row.key)), Measure(n / cell.median, n / cell.hi, n / cell.lo)))
     servers: list[tuple[str, Measure]] = []
-    # Issue 24's figure first (4 jobs over 4 keep-alive connections), then the 500-job load and its bare floors.
+    # Issue 39's guard first (4 jobs over 4 keep-alive connections, and the quart-trio floor under the same load), then
+    # the 500-job load and its bare floors.
     for key, label in (("heartbeats_4_jobs", "supervisor, 4 jobs, 4 conns"), ("heartbeats", None)):
         found = inputs.scenarios.get(key)
         if found is None:
@@ -317,6 +320,8 @@ def plot_data(inputs: Inputs) -> tuple[list[tuple[str, Measure]], list[tuple[str
             if label is not None:
                 if name.startswith("supervisor"):
                     servers.append((label, cell))
+                elif name.startswith("quart-trio"):
+                    servers.append((QUART_FLOOR_4, cell))
                 continue
             if name.startswith("supervisor"):
                 jobs = found[0].params.get("jobs", "?")
@@ -356,11 +361,16 @@ def draw_plot(inputs: Inputs, out: Path) -> str | None:
         ax.set_title(title, fontsize="medium")
         ax.set_xlabel(xlabel)
         ax.grid(axis="x", alpha=0.3)
-    if servers:
+    floor = dict(servers).get(QUART_FLOOR_4)
+    if floor is not None:
         axes[1].axvline(
-            1000, color="tab:red", linestyle="--", linewidth=0.8, label="target: 1,000 heartbeats/s, 4 jobs (issue 24)"
+            GUARD_SHARE * floor.median,
+            color="tab:red",
+            linestyle="--",
+            linewidth=0.8,
+            label=f"target: {GUARD_SHARE:g} x quart floor (issue 39)",
         )
-        axes[1].legend(loc="best", fontsize="small")
+        axes[1].legend(loc="lower right", fontsize="small")
     data = inputs.run.data
     fig.suptitle(
         f"make bench {day(data['date'])}{' · ' + data['label'] if data.get('label') else ''} · "
