@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import re
 import socket
 import tomllib
 from collections.abc import Mapping
@@ -30,8 +29,6 @@ from ._settings import (
 )
 
 DEFAULT_DOCKER_IMAGE = "podcast-job-supervisor:local"
-# Docker object names: a network or a named volume.
-_DOCKER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 MIB = 1024 * 1024
 
@@ -214,44 +211,21 @@ def load_config(
             "PODCAST_JOB_DATABASE_LISTEN_URL is set without PODCAST_JOB_DATABASE_URL: a SQLite registry has nothing to "
             "listen to (unset it, or name the PostgreSQL database)"
         )
-    webhook = values.get("webhook_url")
-    if webhook and not str(webhook).startswith(("http://", "https://")):
-        loader.problems.append(f"PODCAST_JOB_WEBHOOK_URL={webhook!r}: must be an http:// or https:// URL")
     if loader.problems:
         raise ConfigError(loader.problems)
     return Config(**values), loader.warnings
 
 
 def _check_docker_settings(values: dict[str, Any], loader: Loader) -> None:
-    """Settings that say where jobs run and how they reach us: a wrong one has no safe fallback."""
-    image = values.get("docker_image", DEFAULT_DOCKER_IMAGE)
-    if image is None or any(ch.isspace() for ch in image):
-        # An empty image name would make every docker job fail to start; a default image is no better a guess.
-        loader.problems.append(f"PODCAST_JOB_DOCKER_IMAGE={image!r}: must be an image reference, e.g. name:tag")
-    network = values.get("docker_network")
-    if network is not None and not _DOCKER_NAME.fullmatch(network):
-        loader.problems.append(f"PODCAST_JOB_DOCKER_NETWORK={network!r}: must be a Docker network name")
-    volume = values.get("docker_data_volume")
-    if volume is not None and not (volume.startswith("/") or _DOCKER_NAME.fullmatch(volume)):
-        loader.problems.append(
-            f"PODCAST_JOB_DOCKER_DATA_VOLUME={volume!r}: must be a volume name or an absolute host path"
-        )
-    url = values.get("heartbeat_base_url")
-    if values.get("exec_mode") == "docker" and url is None and network != "host":
+    """Docker mode's settings read together (each one alone is checked by its reader)."""
+    unset = values.get("heartbeat_base_url") is None
+    if values.get("exec_mode") == "docker" and unset and values.get("docker_network") != "host":
         # Not an error (a job need not heartbeat), but the default, the server's bound address, is loopback for a
         # supervisor on the host, and a container's loopback is its own.
         loader.warnings.append(
             "PODCAST_JOB_HEARTBEAT_BASE_URL is unset in docker mode: jobs are told the server's bound address, "
             "which a container reaches only with PODCAST_JOB_DOCKER_NETWORK=host"
         )
-    if url is not None:
-        if not re.fullmatch(r"https?://[^/\s?#]+(/[^\s?#]*)?", url):
-            loader.problems.append(
-                f"PODCAST_JOB_HEARTBEAT_BASE_URL={url!r}: must be an http:// or https:// URL with a host, "
-                "e.g. http://supervisor:8000"
-            )
-        else:
-            values["heartbeat_base_url"] = url.rstrip("/")
 
 
 class ApiToken:

@@ -29,6 +29,8 @@ STALL_ACTIONS: tuple[StallAction, ...] = get_args(StallAction)
 DATABASE_POOLERS = ("none", "transaction")
 DATABASE_URL_SCHEMES = ("postgresql://", "postgres://")
 _HOST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# Docker object names: a network or a named volume.
+_DOCKER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 def redacted_url(url: str) -> str:
@@ -95,8 +97,8 @@ class Loader:
 
 class Read(Protocol):
     """How a raw value (a string from the environment, or a TOML value) becomes ``Config`` fields: ``where`` names
-    it in a message; ``values`` are the fields read so far (a setting may depend on an earlier one). An empty result
-    keeps the default (a fallback or a problem was recorded on the loader)."""
+    it in a message; ``values`` are the fields read so far (a setting may depend on an earlier one). ``KEEP`` keeps
+    the default (a fallback or a problem was recorded on the loader)."""
 
     @property
     def rule(self) -> str: ...
@@ -243,6 +245,49 @@ def _database_url(loader: Loader, where: str, raw: object, values: dict[str, Any
 
 def _listen_url(loader: Loader, where: str, raw: object, values: dict[str, Any]) -> Any:
     return _postgres_url(loader, where, raw, "")
+
+
+def _http_url(loader: Loader, where: str, raw: object, values: dict[str, Any]) -> Any:
+    url = str(raw).strip()
+    if url.startswith(("http://", "https://")):
+        return url
+    loader.problems.append(f"{where}={raw!r}: must be an http:// or https:// URL")
+    return KEEP
+
+
+def _heartbeat_url(loader: Loader, where: str, raw: object, values: dict[str, Any]) -> Any:
+    url = str(raw).strip()
+    if re.fullmatch(r"https?://[^/\s?#]+(/[^\s?#]*)?", url):
+        return url.rstrip("/")
+    loader.problems.append(
+        f"{where}={raw!r}: must be an http:// or https:// URL with a host, e.g. http://supervisor:8000"
+    )
+    return KEEP
+
+
+def _docker_image(loader: Loader, where: str, raw: object, values: dict[str, Any]) -> Any:
+    image = str(raw).strip()
+    if image and not any(ch.isspace() for ch in image):
+        return image
+    # An empty image name would make every docker job fail to start; a default image is no better a guess.
+    loader.problems.append(f"{where}={raw!r}: must be an image reference, e.g. name:tag")
+    return KEEP
+
+
+def _docker_network(loader: Loader, where: str, raw: object, values: dict[str, Any]) -> Any:
+    network = str(raw).strip()
+    if _DOCKER_NAME.fullmatch(network):
+        return network
+    loader.problems.append(f"{where}={raw!r}: must be a Docker network name")
+    return KEEP
+
+
+def _docker_volume(loader: Loader, where: str, raw: object, values: dict[str, Any]) -> Any:
+    volume = str(raw).strip()
+    if volume.startswith("/") or _DOCKER_NAME.fullmatch(volume):
+        return volume
+    loader.problems.append(f"{where}={raw!r}: must be a volume name or an absolute host path")
+    return KEEP
 
 
 def _boolean(loader: Loader, where: str, raw: object, values: dict[str, Any]) -> Any:
@@ -404,7 +449,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "webhook_url",
         "PODCAST_JOB_WEBHOOK_URL",
-        TEXT,
+        Custom(_http_url),
         default="unset (no webhooks, no outbox)",
         rule="not http(s) → **error**",
         help="where job events are POSTed ([Webhooks](api.md#webhooks))",
@@ -564,7 +609,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "docker_image",
         "PODCAST_JOB_DOCKER_IMAGE",
-        TEXT,
+        Custom(_docker_image),
         default="`podcast-job-supervisor:local`",
         rule="empty or with white space → **error**",
         help=(
@@ -576,7 +621,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "docker_network",
         "PODCAST_JOB_DOCKER_NETWORK",
-        TEXT,
+        Custom(_docker_network),
         default="unset: the engine's default bridge",
         rule="not a network name → **error**",
         help=(
@@ -587,7 +632,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "docker_data_volume",
         "PODCAST_JOB_DOCKER_DATA_VOLUME",
-        TEXT,
+        Custom(_docker_volume),
         default="unset: the supervisor's data dir, bind-mounted",
         rule="not a volume name nor an absolute path → **error**",
         help=(
@@ -611,7 +656,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "heartbeat_base_url",
         "PODCAST_JOB_HEARTBEAT_BASE_URL",
-        TEXT,
+        Custom(_heartbeat_url),
         default="unset: the address the server is bound to (`http://127.0.0.1:PORT` for a wildcard bind)",
         rule=(
             "not an http(s) URL with a host → **error**; unset in docker mode without "
