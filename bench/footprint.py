@@ -380,6 +380,12 @@ def measure(
     return sections
 
 
+def heartbeat_guard(*, smoke: bool, runs: int) -> list[Section]:
+    """Issue 39's guard: 4 jobs beating back to back, each over its own keep-alive connection, against the stack's
+    own floor in the same run (``make bench`` runs it, and ``--heartbeats-guard`` alone)."""
+    return measure(smoke=smoke, runs=runs, n=4, connections=4, heartbeats_only=True, floor_share=QUART_FLOOR_SHARE)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny N, one run: proves the scripts still work")
@@ -396,9 +402,7 @@ def main() -> int:
     args = parser.parse_args()
     runs = args.runs or (1 if args.smoke else 3)
     if args.heartbeats_guard:
-        sections = measure(
-            smoke=args.smoke, runs=runs, n=4, connections=4, heartbeats_only=True, floor_share=QUART_FLOOR_SHARE
-        )
+        sections = heartbeat_guard(smoke=args.smoke, runs=runs)
     else:
         n = args.jobs or (10 if args.smoke else 500)
         sections = measure(smoke=args.smoke, runs=runs, n=n, connections=args.connections)

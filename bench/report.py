@@ -54,7 +54,6 @@ PLACEHOLDER = re.compile(r"^\{\{\s*([a-z_]+)(?::([^}]*))?\s*\}\}$")
 SCENARIO_KINDS = ("make-bench", "feeds", "outbox", "exec-modes", "fleet", "pooler", "heartbeats")
 SHOWN_HISTORY = 8
 QUART_FLOOR_4 = "quart-trio floor, 4 conns"  # the plot's bar of the stack's floor under issue 39's guard load
-GUARD_SHARE = 0.6  # issue 39's guard: heartbeats at least this share of that floor (bench/footprint.py)
 
 
 @dataclass
@@ -362,13 +361,16 @@ def draw_plot(inputs: Inputs, out: Path) -> str | None:
         ax.set_xlabel(xlabel)
         ax.grid(axis="x", alpha=0.3)
     floor = dict(servers).get(QUART_FLOOR_4)
-    if floor is not None:
+    guard = inputs.scenarios.get("heartbeats_4_jobs")
+    # The share the run held itself to (its own target's threshold), drawn against the floor it measured.
+    share = next((t.threshold for t in guard[0].targets if t.key == "heartbeats_floor_share"), None) if guard else None
+    if floor is not None and share is not None:
         axes[1].axvline(
-            GUARD_SHARE * floor.median,
+            share * floor.median,
             color="tab:red",
             linestyle="--",
             linewidth=0.8,
-            label=f"target: {GUARD_SHARE:g} x quart floor (issue 39)",
+            label=f"target: {share:g} x quart floor (issue 39)",
         )
         axes[1].legend(loc="lower right", fontsize="small")
     data = inputs.run.data

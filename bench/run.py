@@ -50,18 +50,7 @@ def run(only: list[str], *, smoke: bool, runs: int) -> list[Section]:
         sections.extend(latency.measure(smoke=smoke, runs=runs))
     if "footprint" in only:
         sections.extend(footprint.measure(smoke=smoke, runs=runs, n=10 if smoke else 500))
-        # Issue 39's guard: 4 jobs beating back to back, each over its own keep-alive connection, against the
-        # stack's own floor in the same run.
-        sections.extend(
-            footprint.measure(
-                smoke=smoke,
-                runs=runs,
-                n=4,
-                connections=4,
-                heartbeats_only=True,
-                floor_share=footprint.QUART_FLOOR_SHARE,
-            )
-        )
+        sections.extend(footprint.heartbeat_guard(smoke=smoke, runs=runs))
     if "registry" in only:
         sections.append(registry.measure(smoke=smoke, runs=runs))
     return sections
