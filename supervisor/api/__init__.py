@@ -1,31 +1,33 @@
 """The HTTP control API: the quart-trio app (``create_app``: HTTP only, every rule is the core's), how it is served
 (``serve_http``: hypercorn's trio worker), the edge of hypercorn's connections (``_edge``: the fixes of its defects,
-no parser of its own), and the OpenAPI document."""
+no parser of its own), the route table (``ROUTES``: each route declared once, beside its handler) and the OpenAPI
+document made from it."""
 
-from ._app import (
-    MAX_BATCH_BODY_BYTES,
-    MAX_BODY_BYTES,
-    PUBLIC_ENDPOINTS,
-    REQUEST_ID_HEADER,
-    create_app,
-)
+from ._app import REQUEST_ID_HEADER, create_app
 from ._edge import EdgeH11Protocol, EdgeTCPServer
 from ._limits import HttpLimits
-from ._openapi import JOBS_SUBROUTES, openapi_document
+from ._parse import MAX_BATCH_BODY_BYTES, MAX_BODY_BYTES
+from ._route_table import Route, RouteTable
+from ._routes import CONVERTERS, JOBS_SUBROUTES, PUBLIC_ENDPOINTS, ROUTES, openapi_document, routes_table
 from ._serve import bind_socket, public_base_url, serve_http
 
 __all__ = [
+    "CONVERTERS",
     "JOBS_SUBROUTES",
     "MAX_BATCH_BODY_BYTES",
     "MAX_BODY_BYTES",
     "PUBLIC_ENDPOINTS",
     "REQUEST_ID_HEADER",
+    "ROUTES",
     "EdgeH11Protocol",
     "EdgeTCPServer",
     "HttpLimits",
+    "Route",
+    "RouteTable",
     "bind_socket",
     "create_app",
     "openapi_document",
     "public_base_url",
+    "routes_table",
     "serve_http",
 ]

@@ -24,7 +24,7 @@ from api_support import Harness, Live, MakeLive, start_tokened, wait_log_line, w
 from quart_trio import QuartTrio
 from test_http_edge import EXCHANGE_S, HOST, Answer, connect
 
-from supervisor.api import MAX_BODY_BYTES, HttpLimits, _app, create_app
+from supervisor.api import MAX_BODY_BYTES, HttpLimits, _routes, create_app
 from supervisor.domain import JobStatus
 from supervisor.registry import Ending, Outcome
 
@@ -209,14 +209,14 @@ async def test_without_the_token_the_body_is_never_parsed(harness: Harness, monk
     # Quart takes the body off the connection as it comes; what matters is that the core asks for it (its parse,
     # its limits, its validation) only after the token: a caller without it learns nothing from the answer.
     parsed: list[object] = []
-    real = _app._json_body
+    real = _routes.json_body
 
     async def json_body(*args: Any) -> Any:
         parsed.append(await real(*args))
         return parsed[-1]
 
     job_id, token = await start_tokened(harness)
-    monkeypatch.setattr(_app, "_json_body", json_body)
+    monkeypatch.setattr(_routes, "json_body", json_body)
     path = f"/api/jobs/{job_id}/heartbeat"
     for headers in (json_headers(None), json_headers(token + "x"), json_headers("other")):
         answer = await asgi_post(harness.app, path, headers, body({"completed_units": 1}))

@@ -15,15 +15,16 @@ from supervisor.domain import SETTINGS, Config, ConfigError, load_config, settin
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
-import settings_table as tool  # noqa: E402 - tools/ is not a package
+import doc_tables  # noqa: E402 - tools/ is not a package
 
 NUMBERS = [s for s in SETTINGS if type(s.read).__name__ == "Num"]
 CHOICES = [s for s in SETTINGS if type(s.read).__name__ == "Choice"]
 
 
 def test_the_operations_page_shows_the_declared_settings() -> None:
-    page = tool.PAGE.read_text()
-    assert tool.rendered(page) == page, "docs/operations.md is stale: run .venv/bin/python tools/settings_table.py"
+    page = doc_tables.SETTINGS.page.read_text()
+    stale = "docs/operations.md is stale: run .venv/bin/python tools/doc_tables.py"
+    assert doc_tables.SETTINGS.rendered(page) == page, stale
     for setting in SETTINGS:
         assert f"`{setting.env}` (`{setting.toml}`)" in settings_table()
 

@@ -1,0 +1,112 @@
+"""Reading a request: its bearer token, its JSON body and its query string, each refused with the error that names
+what is wrong (415, 413, 400, or a 422 naming the field). The shape of what is read is the route's to check."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from quart import request
+
+from ..domain._errors import BodyTooLarge, MalformedRequest, UnsupportedMediaType, ValidationError
+
+# A job request is a kind and a few short params; anything near this size is a mistake or an attack.
+MAX_BODY_BYTES = 64 * 1024
+# A batch holds up to 1,000 job requests; the stack refuses anything larger before a route sees it.
+MAX_BATCH_BODY_BYTES = 1024 * 1024
+
+
+def bearer_token() -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header, or None."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return None
+    return token
+
+
+async def json_body(max_bytes: int = MAX_BODY_BYTES) -> Any:
+    """The request body parsed as JSON; raises the 415/413/400 errors. Its shape is the caller's to check."""
+    _check_json_head(request.mimetype, request.content_length, max_bytes)
+    raw = await request.get_data(cache=False, as_text=False)
+    assert isinstance(raw, bytes)
+    if len(raw) > max_bytes:  # a chunked body announces no length
+        raise BodyTooLarge(f"the body is larger than {max_bytes} bytes")
+    return _parse_json(raw)
+
+
+def _check_json_head(mimetype: str, content_length: int | None, max_bytes: int) -> None:
+    """What the head of a request with a JSON body must say: the 415 and (for an announced length) 413 errors."""
+    if mimetype != "application/json":
+        # A JSON content type cannot be sent cross-origin without a CORS preflight this server never answers,
+        # so a web page cannot post to a loopback supervisor that runs without a token.
+        raise UnsupportedMediaType(f"the body must be application/json, not {mimetype or 'unset'!r}")
+    if content_length is not None and content_length > max_bytes:
+        raise BodyTooLarge(f"the body is larger than {max_bytes} bytes")
+
+
+def _parse_json(raw: bytes) -> Any:
+    """A body's bytes parsed as JSON (no NaN/Infinity); raises the 400 naming ``body``."""
+    try:
+        # json.loads(raw, parse_constant=...) step by step, with one decoder instead of a new one per call.
+        return _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MalformedRequest(f"the body is not valid JSON: {exc}", field="body") from None
+    except RecursionError:
+        # json's decoder recurses per nesting level: a body of a thousand '[' exhausts the stack.
+        raise MalformedRequest("the body is nested too deeply", field="body") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def envelope(body: Any, allowed: Iterable[str], required: Iterable[str] = ()) -> dict[str, Any]:
+    """A parsed body that must be a JSON object with only ``allowed`` keys and every ``required`` one; raises the
+    422 naming the field."""
+    if not isinstance(body, dict):
+        raise ValidationError("the body must be a JSON object", field="body")
+    unknown = sorted(set(body) - set(allowed))
+    if unknown:
+        raise ValidationError(f"unknown field {unknown[0]!r}", field=unknown[0])
+    for name in required:
+        if name not in body:
+            raise ValidationError(f"missing field {name!r}", field=name)
+    return body
+
+
+def query(allowed: Iterable[str]) -> dict[str, str]:
+    """The query string as single values; an unknown or repeated name is a 422 naming it (typos never pass)."""
+    out: dict[str, str] = {}
+    for name in request.args:
+        values = request.args.getlist(name)
+        if name not in allowed:
+            raise ValidationError(f"unknown query parameter {name!r}", field=name)
+        if len(values) != 1:
+            raise ValidationError(f"query parameter {name!r} given {len(values)} times", field=name)
+        out[name] = values[0]
+    return out
+
+
+def int_query(query: Mapping[str, str], name: str, default: int | None) -> int | None:
+    if name not in query:
+        return default
+    text = query[name]
+    # ASCII digits only: re's \d (and int()) also take other scripts' digits and underscores.
+    if not re.fullmatch(r"[0-9]{1,12}", text):
+        raise ValidationError(f"{name} must be a non-negative integer, not {query[name]!r}", field=name)
+    return int(text)
+
+
+def bool_query(name: str, *, default: bool) -> bool:
+    text = request.args.get(name)
+    if text is None:
+        return default
+    if text not in ("true", "false"):
+        raise ValidationError(f"{name} must be true or false, not {text!r}", field=name)
+    return text == "true"
