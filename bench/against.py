@@ -1,0 +1,101 @@
+"""One build against another, side by side: the supervisor's batch throughput (N x ``/bin/true`` on 8 slots, enqueued
+in batches of 100, as in ``throughput.py``) of this tree and of another checkout, each with its own venv.
+
+Usage: .venv/bin/python bench/against.py --python OTHER_TREE/.venv/bin/python --label 076ddaa [--runs 5] [--n 1000]
+
+Each run measures both builds once, in alternating order, so both see the same background load; the raw runs go to
+``bench/results/<UTC date>-against-<label>.json``. The child (``--child``) runs under the build's own interpreter:
+``supervisor serve`` is that venv's package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+
+def child(n: int) -> int:
+    from throughput import BATCH, run_supervisor
+
+    run = run_supervisor(n, batch_size=BATCH)
+    print(json.dumps({"wall_s": run.wall_s, "jobs_per_s": n / run.wall_s, "batch_route": run.batch_route}))
+    return 0
+
+
+def one(python: str, n: int) -> dict[str, float]:
+    done = subprocess.run(
+        [python, str(Path(__file__).resolve()), "--child", "--n", str(n)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{python}: exit {done.returncode}\n{done.stderr[-2000:]}")
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def revision(python: str) -> str:
+    tree = Path(python).absolute().parents[2]  # <tree>/.venv/bin/python
+    out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or "?"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--python", help="the other build's interpreter (its venv's bin/python)")
+    parser.add_argument("--label", default="other")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--n", type=int, default=1000)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args.n)
+    if not args.python:
+        parser.error("--python is required")
+    builds = {"this tree": sys.executable, args.label: args.python}
+    runs: dict[str, list[float]] = {name: [] for name in builds}
+    for r in range(args.runs):
+        order = list(builds) if r % 2 == 0 else list(builds)[::-1]
+        for name in order:
+            runs[name].append(one(builds[name], args.n)["jobs_per_s"])
+            print(f"run {r + 1}/{args.runs} {name}: {runs[name][-1]:.0f} jobs/s", file=sys.stderr)
+    here, other = (statistics.median(runs[name]) for name in builds)
+    ratio = here / other
+    for name in builds:
+        values = runs[name]
+        print(f"{name:>12}: {statistics.median(values):.0f} jobs/s ({min(values):.0f}-{max(values):.0f})")
+    print(f"ratio of medians: {ratio:.3f}")
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%MZ")
+    out = BENCH / "results" / f"{stamp}-against-{args.label}.json"
+    out.write_text(
+        json.dumps(
+            {
+                "kind": "against",
+                "date": stamp,
+                "what": f"{args.n} x /bin/true on 8 slots, batches of 100; jobs/s per run",
+                "revisions": {name: revision(python) for name, python in builds.items()},
+                "runs": runs,
+                "ratio_of_medians": ratio,
+                "measured_at": time.time(),
+            },
+            indent=1,
+        )
+        + "\n"
+    )
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
