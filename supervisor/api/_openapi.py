@@ -230,6 +230,11 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "the finished job this one is an operator's retry of (POST /api/jobs/{job_id}/retry); "
                 "null for any other job (an automatic resubmission keeps its own id)",
             },
+            "idempotency_key": {
+                **_NULLABLE_STR,
+                "description": "the Idempotency-Key of the enqueue that made this row (a kind's then follow-up: "
+                "then/<parent job id>); null when it was made without one",
+            },
             "retried_by": {
                 "type": "array",
                 "items": {"type": "string"},

@@ -10,7 +10,8 @@ from typing import Any
 
 from quart import request
 
-from ..domain._errors import BodyTooLarge, MalformedRequest, UnsupportedMediaType, ValidationError
+from ..domain import IDEMPOTENCY_KEY_HEADER, key_problem
+from ..domain._errors import BodyTooLarge, InvalidHeader, MalformedRequest, UnsupportedMediaType, ValidationError
 
 # A job request is a kind and a few short params; anything near this size is a mistake or an attack.
 MAX_BODY_BYTES = 64 * 1024
@@ -25,6 +26,22 @@ def bearer_token() -> str | None:
     if scheme.lower() != "bearer" or not token:
         return None
     return token
+
+
+def idempotency_key() -> str | None:
+    """The request's ``Idempotency-Key`` (None: none sent); one that is empty, too long, not printable ASCII or sent
+    twice is a 400 naming the header."""
+    values = request.headers.getlist(IDEMPOTENCY_KEY_HEADER)
+    if not values:
+        return None
+    if len(values) > 1:
+        raise InvalidHeader(
+            f"{IDEMPOTENCY_KEY_HEADER} given {len(values)} times; send it once", field=IDEMPOTENCY_KEY_HEADER
+        )
+    problem = key_problem(values[0])
+    if problem is not None:
+        raise InvalidHeader(f"{IDEMPOTENCY_KEY_HEADER} {problem}", field=IDEMPOTENCY_KEY_HEADER)
+    return values[0]
 
 
 async def json_body(max_bytes: int = MAX_BODY_BYTES) -> Any:

@@ -16,13 +16,23 @@ from quart import Response, request
 from werkzeug.routing import BaseConverter
 
 from ..core import Supervisor
+from ..domain import IDEMPOTENCY_KEY_HEADER, KEY_SCHEMA, REPLAYED_HEADER
 from ..domain._errors import Unauthorized, ValidationError
 from ..domain._kinds import KindCatalog
 from ..domain._model import Job, JobStatus, to_iso
 from ..observe import EVENT_NAMES, GAP, LAST_EVENT_ID, StreamEnded, StreamEvent, Subscription
 from ..registry import CURSOR_PATTERN, MAX_LIST_LIMIT, EnqueueResult
 from . import _openapi
-from ._parse import MAX_BATCH_BODY_BYTES, bearer_token, bool_query, envelope, int_query, json_body, query
+from ._parse import (
+    MAX_BATCH_BODY_BYTES,
+    bearer_token,
+    bool_query,
+    envelope,
+    idempotency_key,
+    int_query,
+    json_body,
+    query,
+)
 from ._route_table import INVALID, NOT_FOUND, RouteTable, error, json_answer, ref, text_answer
 
 ROUTES = RouteTable()
@@ -54,20 +64,49 @@ async def health(supervisor: Supervisor) -> Any:
     return body
 
 
+# An enqueue's Idempotency-Key (issue 35): a retry with the key answers the first answer, and makes no job.
+_KEY_HEADER = {
+    "name": IDEMPOTENCY_KEY_HEADER,
+    "in": "header",
+    "description": (
+        "the client's name for this request (1-255 printable ASCII characters): a retry with the same key and the "
+        "same request answers what the first was answered, with `Idempotent-Replayed: true`, and makes no job; with "
+        "another request it is a 422 (`idempotency_key_reused`). Kept PODCAST_JOB_IDEMPOTENCY_TTL_SECONDS"
+    ),
+    "schema": KEY_SCHEMA,
+}
+_REPLAYED = {REPLAYED_HEADER: {"schema": {"const": "true"}, "description": "present on a replay: nothing was written"}}
+
+
+def _enqueue_answers(accepted: dict[str, Any], invalid: str) -> dict[str, dict[str, Any]]:
+    return {
+        "202": {**accepted, "headers": _REPLAYED},
+        "400": error(f"the body is not valid JSON, or the {IDEMPOTENCY_KEY_HEADER} header is not a key"),
+        "422": error(f"{invalid}; or the {IDEMPOTENCY_KEY_HEADER} was sent with another request"),
+    }
+
+
+def _replayed(results: list[EnqueueResult]) -> dict[str, str]:
+    return {REPLAYED_HEADER: "true"} if results and all(r.replayed is not None for r in results) else {}
+
+
 @ROUTES.post(
     "/api/jobs",
     "enqueue",
     body="EnqueueRequest",
     over_registry=True,
-    responses={
-        "202": json_answer(ref("EnqueueResponse"), "queued (or coalesced into a queued job)"),
-        "422": error("unknown kind, or a missing, unknown or mistyped param; error.field names it"),
-    },
+    parameters=(_KEY_HEADER,),
+    responses=_enqueue_answers(
+        json_answer(ref("EnqueueResponse"), "queued (or coalesced into a queued job), or a key's replay"),
+        "unknown kind, or a missing, unknown or mistyped param; error.field names it",
+    ),
 )
 async def enqueue(supervisor: Supervisor) -> Any:
     """Enqueue a job of a kind with its params."""
+    key = idempotency_key()
     body = envelope(await json_body(), allowed=("kind", "params"), required=("kind",))
-    return _enqueued(await supervisor.enqueue(body["kind"], body.get("params"))), 202
+    result = await supervisor.enqueue(body["kind"], body.get("params"), idempotency_key=key)
+    return _enqueued(result), 202, _replayed([result])
 
 
 @ROUTES.post(
@@ -75,19 +114,23 @@ async def enqueue(supervisor: Supervisor) -> Any:
     "enqueueBatch",
     body="BatchRequest",
     over_registry=True,
+    parameters=(_KEY_HEADER,),
     responses={
-        "202": json_answer(ref("BatchResponse"), "every job queued (or coalesced), in request order"),
+        **_enqueue_answers(
+            json_answer(ref("BatchResponse"), "every job queued (or coalesced), in request order, or a key's replay"),
+            "an element is invalid; error.field names it (jobs[3].params.seconds); nothing stored",
+        ),
         "413": error("the body is larger than 1 MiB"),
-        "422": error("an element is invalid; error.field names it (jobs[3].params.seconds); nothing stored"),
     },
 )
 async def enqueue_batch(supervisor: Supervisor) -> Any:
     """Enqueue up to 1,000 jobs at once: all validated first, all stored or none."""
+    key = idempotency_key()
     body = envelope(await json_body(MAX_BATCH_BODY_BYTES), allowed=("jobs",), required=("jobs",))
-    results = await supervisor.enqueue_many(body["jobs"])
-    return {
-        "jobs": [{"job_id": r.job.job_id, "status": str(r.job.status), "coalesced": r.coalesced} for r in results]
-    }, 202
+    results = await supervisor.enqueue_many(body["jobs"], idempotency_key=key)
+    answers = [(r.receipt.job_id, str(r.receipt.status), r.receipt.coalesced) for r in results]
+    jobs = [{"job_id": job_id, "status": status, "coalesced": coalesced} for job_id, status, coalesced in answers]
+    return {"jobs": jobs}, 202, _replayed(results)
 
 
 @ROUTES.get(
@@ -105,16 +148,26 @@ async def enqueue_batch(supervisor: Supervisor) -> Any:
             "schema": {"type": "string", "pattern": _openapi.anchored(CURSOR_PATTERN.pattern)},
             "description": "next_cursor of the previous page; pages stay stable while jobs are added",
         },
+        {
+            "name": "idempotency_key",
+            "in": "query",
+            "schema": KEY_SCHEMA,
+            "description": "only the jobs an enqueue with this Idempotency-Key answered, while the key is kept",
+        },
     ),
     responses={"200": json_answer(ref("JobList"), "one page"), "422": INVALID},
 )
 async def list_jobs(supervisor: Supervisor) -> Any:
     """List jobs, newest first, one page at a time."""
-    given = query(("status", "kind", "limit", "cursor"))
+    given = query(("status", "kind", "limit", "cursor", "idempotency_key"))
     limit = int_query(given, "limit", DEFAULT_LIST_LIMIT)
     assert limit is not None
     jobs, next_cursor = await supervisor.list_jobs(
-        status=given.get("status"), kind=given.get("kind"), limit=limit, cursor=given.get("cursor")
+        status=given.get("status"),
+        kind=given.get("kind"),
+        limit=limit,
+        cursor=given.get("cursor"),
+        idempotency_key=given.get("idempotency_key"),
     )
     return {"jobs": [_row(job) for job in jobs], "next_cursor": next_cursor}
 
@@ -470,13 +523,13 @@ def routes_table() -> str:
 
 
 def _enqueued(result: EnqueueResult) -> dict[str, Any]:
-    """An enqueue's 202 payload (also a retry's)."""
-    job = result.job
+    """An enqueue's 202 payload (also a retry's): what it answered (a replay: what the first request was answered)."""
+    answer = result.receipt
     return {
-        "job_id": job.job_id,
-        "status": str(job.status),
-        "queue_position": job.queue_position,
-        "coalesced": result.coalesced,
+        "job_id": answer.job_id,
+        "status": str(answer.status),
+        "queue_position": answer.queue_position,
+        "coalesced": answer.coalesced,
     }
 
 

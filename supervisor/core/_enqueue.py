@@ -5,9 +5,21 @@ spawn: the drainer starts what a free slot allows."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
-from ..domain import Conflict, Job, JobStatus, ValidationError, coalesce_key
+from ..domain import (
+    IDEMPOTENCY_KEY_HEADER,
+    Conflict,
+    IdempotencyKey,
+    InvalidHeader,
+    Job,
+    JobStatus,
+    ValidationError,
+    coalesce_key,
+    fingerprint,
+    follow_up_key,
+    key_problem,
+)
 from ..observe import get_logger
 from ..registry import EnqueueResult, NewJob
 from ._boot import Boot
@@ -32,15 +44,27 @@ class Enqueuer:
         argv = kind.render_argv(validated, python=self.boot.executor.python)
         return NewJob(kind.name, validated, argv, key, max_attempts=kind.max_attempts)
 
-    async def enqueue(self, kind_name: object, params: object) -> EnqueueResult:
-        """Validate and store a job, and have the drainer start it when a slot is free: never waits for a spawn."""
-        result, _ = await self.boot.registry.enqueue(self.validate(kind_name, params))
+    def keyed(self, key: str | None, route: str, jobs: Sequence[NewJob]) -> IdempotencyKey | None:
+        """The idempotency key of a request to ``route`` (``enqueue``, ``batch``) for ``jobs``, validated."""
+        if key is None:
+            return None
+        problem = key_problem(key)
+        if problem is not None:
+            raise InvalidHeader(f"{IDEMPOTENCY_KEY_HEADER} {problem}", field=IDEMPOTENCY_KEY_HEADER)
+        request = fingerprint(route, [(job.kind, job.params) for job in jobs])
+        return IdempotencyKey(key, request, self.boot.config.idempotency_ttl_s)
+
+    async def enqueue(self, kind_name: object, params: object, key: str | None = None) -> EnqueueResult:
+        """Validate and store a job, and have the drainer start it when a slot is free: never waits for a spawn.
+        ``key``: the request's idempotency key (a retry of the request answers the first answer, ``replayed``)."""
+        new = self.validate(kind_name, params)
+        result, _ = await self.boot.registry.enqueue(new, key=self.keyed(key, "enqueue", [new]))
         self.announce([result])
         return result
 
-    async def enqueue_many(self, items: object) -> list[EnqueueResult]:
+    async def enqueue_many(self, items: object, key: str | None = None) -> list[EnqueueResult]:
         """Validate every item first (a ``ValidationError`` names the element, ``jobs[3].params.seconds``), then
-        store them all at once: all or nothing."""
+        store them all at once: all or nothing. ``key`` covers the batch, as ``enqueue``'s covers one job."""
         if not isinstance(items, list) or not items:
             raise ValidationError("jobs must be a non-empty list", field="jobs")
         if len(items) > MAX_BATCH:
@@ -59,7 +83,7 @@ class Enqueuer:
                 batch.append(self.validate(item["kind"], item.get("params")))
             except ValidationError as exc:
                 raise ValidationError(f"{where}: {exc}", field=f"{where}.{exc.field}" if exc.field else where) from None
-        results = await self.boot.registry.enqueue_many(batch)
+        results = await self.boot.registry.enqueue_many(batch, key=self.keyed(key, "batch", batch))
         self.announce(results)
         return results
 
@@ -88,19 +112,27 @@ class Enqueuer:
 
     def announce(self, results: list[EnqueueResult]) -> None:
         for result in results:
-            if result.coalesced:
+            if result.replayed is not None:
+                # Nothing was written: the request's key had answered it already (a client's retry).
+                log.info("enqueue_replayed", job_id=result.job.job_id, idempotency_key=result.job.idempotency_key)
+            elif result.coalesced:
                 log.info("job_coalesced", job_id=result.job.job_id, kind=result.job.kind)
             else:
                 self.boot.announce(result.job, None, "enqueued")
         self.wake_drainer()
 
-    def follow_up_of(self, parent: Job, then: str) -> NewJob | None:
-        """The job a kind's ``then`` enqueues after ``parent`` succeeds (its params, those the follow-up takes); it is
-        enqueued in the same registry step as the parent's success (``Ending.then``). None when it cannot be made."""
+    def follow_up_of(self, parent: Job, then: str) -> tuple[NewJob, IdempotencyKey] | None:
+        """The job a kind's ``then`` enqueues after ``parent`` succeeds (its params, those the follow-up takes), and
+        the key it is enqueued under, one per parent (``then/<parent id>``: a finalize run again never queues a
+        second); it is enqueued in the same registry step as the parent's success (``Ending.then``). None when it
+        cannot be made."""
         try:
             kind = self.boot.kinds.get(then)
             params = {name: parent.params[name] for name in kind.params if name in parent.params}
-            return self.validate(then, params)
+            new = self.validate(then, params)
         except ValidationError as exc:
             log.error("follow_up_not_enqueued", job_id=parent.job_id, then=then, error=str(exc))
             return None
+        key = self.keyed(follow_up_key(parent.job_id), "enqueue", [new])
+        assert key is not None
+        return new, key

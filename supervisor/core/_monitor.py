@@ -21,7 +21,7 @@ from typing import Any
 
 import trio
 
-from ..domain import RESUBMITTED, Job, JobStatus, SupervisorError
+from ..domain import RESUBMITTED, IdempotencyKey, Job, JobStatus, SupervisorError
 from ..domain._model import ExitStatus, Liveness
 from ..execution import Evidence, JobHandle, Unwatchable
 from ..observe import EventName, JobEvent, get_logger
@@ -31,7 +31,7 @@ from ._rules import JITTER, RetryPolicy, ending
 
 log = get_logger()
 
-FollowUpOf = Callable[[Job, str], NewJob | None]
+FollowUpOf = Callable[[Job, str], tuple[NewJob, IdempotencyKey] | None]
 AnnounceEnqueued = Callable[[list[EnqueueResult]], None]
 
 # A job's end that the registry could not write is written again after these waits (doubling).
@@ -135,8 +135,9 @@ class Monitors:
             now=boot.wall_clock(),
             jitter=self._random.uniform(*JITTER),  # spreads retries of jobs that crashed together apart
         )
-        if kind is not None and kind.then:
-            decided = dataclasses.replace(decided, then=self._follow_up_of(job, kind.then))
+        follow_up = self._follow_up_of(job, kind.then) if kind is not None and kind.then else None
+        if follow_up is not None:
+            decided = dataclasses.replace(decided, then=follow_up[0], then_key=follow_up[1])
         guard = Expect(expect.identity, host_silent=host_silent) if expect is not None else None
         change, _ = await boot.registry.finalize(job.job_id, decided, expect=guard)
         boot.stall_stops.discard(job.job_id)

@@ -1,6 +1,7 @@
 """History that does not grow forever (issue 28): finished jobs older than the retention go -- their registry rows,
 each attempt's log and the shepherd's state records beside it -- in small batches, from the sweeper, at most once a
-minute. Like Oban's pruner, or a Kubernetes Job's ``ttlSecondsAfterFinished``.
+minute, and so do expired idempotency keys (issue 35). Like Oban's pruner, or a Kubernetes Job's
+``ttlSecondsAfterFinished``.
 
 The registry chooses the rows (``Registry.prune_jobs``: never a queued or running one, never one whose events are
 still in the outbox) and removes them first; the files go after, in a worker thread. A crash between the two leaves
@@ -25,6 +26,8 @@ log = get_logger()
 # batch a minute (720,000 a day), never in one long transaction beside the jobs' own writes.
 PRUNE_INTERVAL_S = 60.0
 PRUNE_BATCH_JOBS = 500
+# Expired idempotency keys removed per turn (rows: one per job a key answered): a day of keys is worked off in minutes.
+EXPIRE_BATCH_KEYS = 10_000
 
 
 def job_files(job: PrunedJob) -> list[Path]:
@@ -72,6 +75,7 @@ class Pruner:
         self.may_lead = may_lead
         self.interval_s = PRUNE_INTERVAL_S
         self.batch_jobs = PRUNE_BATCH_JOBS
+        self.batch_keys = EXPIRE_BATCH_KEYS
         self._last_at: float | None = None  # trio.current_time() of the last sweep's prune
 
     @property
@@ -79,14 +83,20 @@ class Pruner:
         return self.config.retention_days is not None or self.config.retention_max_jobs is not None
 
     async def maybe_prune(self) -> list[PrunedJob]:
-        """The sweeper's turn: one batch, unless retention is off, another host leads, or the last batch was less
-        than ``interval_s`` ago."""
-        if not self.enabled or not self.may_lead():
+        """The sweeper's turn, unless another host leads or the last turn was less than ``interval_s`` ago: expired
+        idempotency keys go (whatever the retention: keys never pile up), then one batch of jobs unless retention
+        is off (a job a live key answered is kept until the key expires)."""
+        if not self.may_lead():
             return []
         now = trio.current_time()
         if self._last_at is not None and now - self._last_at < self.interval_s:
             return []
         self._last_at = now
+        expired = await self.registry.expire_keys(limit=self.batch_keys)
+        if expired:
+            log.info("idempotency_keys_expired", rows=expired)
+        if not self.enabled:
+            return []
         return await self.prune(limit=self.batch_jobs)
 
     async def prune(self, *, limit: int = MAX_LIST_LIMIT, dry_run: bool = False) -> list[PrunedJob]:

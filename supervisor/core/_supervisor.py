@@ -302,13 +302,14 @@ class Supervisor:
 
     # -- enqueue ------------------------------------------------------------------------------------------
 
-    async def enqueue(self, kind_name: object, params: object) -> EnqueueResult:
-        """Validate and store a job, and have the drainer start it when a slot is free: never waits for a spawn."""
-        return await self.enqueuer.enqueue(kind_name, params)
+    async def enqueue(self, kind_name: object, params: object, *, idempotency_key: str | None = None) -> EnqueueResult:
+        """Validate and store a job, and have the drainer start it when a slot is free: never waits for a spawn.
+        With ``idempotency_key``, a retry of the request answers the first answer (``EnqueueResult.replayed``)."""
+        return await self.enqueuer.enqueue(kind_name, params, idempotency_key)
 
-    async def enqueue_many(self, items: object) -> list[EnqueueResult]:
-        """A batch, all or nothing (``Enqueuer.enqueue_many``)."""
-        return await self.enqueuer.enqueue_many(items)
+    async def enqueue_many(self, items: object, *, idempotency_key: str | None = None) -> list[EnqueueResult]:
+        """A batch, all or nothing (``Enqueuer.enqueue_many``); ``idempotency_key`` covers the batch."""
+        return await self.enqueuer.enqueue_many(items, idempotency_key)
 
     async def retry(self, job_id: str) -> EnqueueResult:
         """The operator's explicit second try of a finished job (``Enqueuer.retry``)."""
@@ -440,9 +441,17 @@ class Supervisor:
         return job, await self.boot.registry.retries_of(job_id)
 
     async def list_jobs(
-        self, *, status: str | None = None, kind: str | None = None, limit: int = 100, cursor: str | None = None
+        self,
+        *,
+        status: str | None = None,
+        kind: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+        idempotency_key: str | None = None,
     ) -> tuple[list[Job], str | None]:
-        return await self.boot.registry.list_jobs(status=status, kind=kind, limit=limit, cursor=cursor)
+        return await self.boot.registry.list_jobs(
+            status=status, kind=kind, limit=limit, cursor=cursor, idempotency_key=idempotency_key
+        )
 
     async def heartbeat(self, job_id: str, token: str, read_body: Callable[[], Awaitable[object]]) -> Job:
         """Record a child's heartbeat (see ``_heartbeats``); ``read_body`` is called after the token check."""

@@ -10,7 +10,9 @@ from ._errors import (
     Forbidden,
     HostForgotten,
     HostNotFound,
+    IdempotencyKeyReused,
     IllegalTransition,
+    InvalidHeader,
     JobNotFound,
     KindsFileError,
     MalformedRequest,
@@ -26,6 +28,16 @@ from ._errors import (
     Unauthorized,
     UnsupportedMediaType,
     ValidationError,
+)
+from ._idempotency import (
+    FOLLOW_UP_PREFIX,
+    IDEMPOTENCY_KEY_HEADER,
+    KEY_SCHEMA,
+    REPLAYED_HEADER,
+    IdempotencyKey,
+    fingerprint,
+    follow_up_key,
+    key_problem,
 )
 from ._kinds import JobKind, KindCatalog, builtin_kinds, coalesce_key, load_kinds, parse_kind
 from ._model import (
@@ -59,6 +71,10 @@ from ._settings import (
 
 __all__ = [
     "EXEC_MODES",
+    "FOLLOW_UP_PREFIX",
+    "IDEMPOTENCY_KEY_HEADER",
+    "KEY_SCHEMA",
+    "REPLAYED_HEADER",
     "RESUBMITTED",
     "SETTINGS",
     "STALL_ACTIONS",
@@ -76,8 +92,11 @@ __all__ = [
     "Forbidden",
     "HostForgotten",
     "HostNotFound",
+    "IdempotencyKey",
+    "IdempotencyKeyReused",
     "IdentityRecord",
     "IllegalTransition",
+    "InvalidHeader",
     "Job",
     "JobKind",
     "JobNotFound",
@@ -104,9 +123,12 @@ __all__ = [
     "builtin_kinds",
     "check_transition",
     "coalesce_key",
+    "fingerprint",
+    "follow_up_key",
     "from_iso",
     "hash_token",
     "is_loopback",
+    "key_problem",
     "load_config",
     "load_kinds",
     "parse_bind",

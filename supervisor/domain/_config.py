@@ -70,6 +70,8 @@ class Config:
     events_client_buffer_events: int = 2048
     events_max_clients: int = 64
     events_keepalive_s: float = 15.0
+    # How long an enqueue's Idempotency-Key is kept (issue 35): retries within it answer the first request's answer.
+    idempotency_ttl_s: float = 86400.0
     # History retention (issue 28): the sweeper removes finished jobs -- their rows, each attempt's log and its
     # state records -- that ended more than this many days ago, and those past the newest this many finished ones.
     # None: that rule is off (written explicitly as <= 0); both None: history is kept for ever.

@@ -5,10 +5,12 @@
     ├── KindsFileError              the operator's job-kinds file is invalid
     ├── RequestError                the caller asked for something invalid (maps to HTTP 4xx)
     │   ├── MalformedRequest        the body is not the JSON the route takes (400)
+    │   ├── InvalidHeader           a request header is missing its form, or given twice (400; names the header)
     │   ├── Forbidden               a cross-origin (browser) request to change state (403)
     │   ├── UnsupportedMediaType    a body that is not application/json (415)
     │   ├── BodyTooLarge            a body over the route's limit (413)
     │   ├── ValidationError         a field is missing, unknown or mistyped (422; names the field)
+    │   │   └── IdempotencyKeyReused  an idempotency key sent again with another request (422)
     │   ├── JobNotFound             no job has that id (404)
     │   ├── HostNotFound            no host of the fleet has that id (404)
     │   ├── Unauthorized            missing or wrong credentials (401)
@@ -66,6 +68,12 @@ class MalformedRequest(RequestError):
     code = "malformed_json"
 
 
+class InvalidHeader(RequestError):
+    """A request header is not of the form its route takes, or is given more than once; ``field`` names it."""
+
+    code = "invalid_header"
+
+
 class Forbidden(RequestError):
     """A state-changing request sent by a browser on behalf of some web page."""
 
@@ -92,6 +100,19 @@ class ValidationError(RequestError):
 
     code = "validation_error"
     http_status = 422
+
+
+class IdempotencyKeyReused(ValidationError):
+    """An idempotency key already names another request (another route, kind or params): nothing was written. A
+    client reuses a key only to retry the very request it named."""
+
+    code = "idempotency_key_reused"
+
+    def __init__(self, key: str) -> None:
+        super().__init__(
+            f"idempotency key {key!r} was sent with another request; a key may only retry the request it first named",
+            field="Idempotency-Key",
+        )
 
 
 class JobNotFound(RequestError):

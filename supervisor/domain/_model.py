@@ -272,6 +272,9 @@ class Job:
     # The job this one is an operator's explicit retry of (``supervisor retry``: same kind and params, a new row);
     # None for any other job. Automatic resubmission keeps the job's own id and never sets it.
     retry_of: str | None = None
+    # The Idempotency-Key of the request that made this row (a kind's ``then`` follow-up: ``then/<parent id>``);
+    # None for a request without one.
+    idempotency_key: str | None = None
 
     @property
     def spawned(self) -> bool:

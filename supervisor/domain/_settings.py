@@ -528,6 +528,17 @@ SETTINGS: tuple[Setting, ...] = (
         ),
     ),
     Setting(
+        "idempotency_ttl_s",
+        "PODCAST_JOB_IDEMPOTENCY_TTL_SECONDS",
+        Num(floor=3600.0),
+        default="`86400` (24 h)",
+        help=(
+            "how long an enqueue's `Idempotency-Key` is kept: a retry with the key within this time answers what the "
+            "first request was answered and makes no job; the jobs a live key made are never pruned. Expired keys "
+            "are removed by the sweeper (see [Idempotency keys](api.md#idempotency-keys))"
+        ),
+    ),
+    Setting(
         "retention_days",
         "PODCAST_JOB_RETENTION_DAYS",
         Num(off=True),

@@ -28,6 +28,8 @@ from ..domain import (
     TERMINAL,
     Conflict,
     HostForgotten,
+    IdempotencyKey,
+    IdempotencyKeyReused,
     IllegalTransition,
     Job,
     JobNotFound,
@@ -36,6 +38,7 @@ from ..domain import (
     Unauthorized,
     ValidationError,
     check_transition,
+    key_problem,
 )
 from ..domain._model import Attempt, hash_token, to_iso
 from ._protocol import (
@@ -63,6 +66,7 @@ from ._protocol import (
     Promotion,
     PrunedJob,
     PruneResult,
+    Receipt,
     Wakeup,
     check_prune,
     log_name,
@@ -89,10 +93,13 @@ class Page:
     kind: str | None
     limit: int
     before: int | None
+    idempotency_key: str | None = None  # only the jobs a live key answered
 
     @classmethod
-    def of(cls, status: str | None, kind: str | None, limit: int, cursor: str | None) -> Page:
-        """A bad status, limit or cursor is a ``ValidationError`` naming it."""
+    def of(
+        cls, status: str | None, kind: str | None, limit: int, cursor: str | None, idempotency_key: str | None = None
+    ) -> Page:
+        """A bad status, limit, cursor or key is a ``ValidationError`` naming it."""
         if status is not None and status not in {s.value for s in JobStatus}:
             raise ValidationError(f"unknown status {status!r}", field="status")
         if not 1 <= limit <= MAX_LIST_LIMIT:
@@ -101,7 +108,10 @@ class Page:
         # takes '1_0', '-3' and other scripts' digits).
         if cursor is not None and not CURSOR_PATTERN.fullmatch(cursor):
             raise ValidationError("cursor is not one this server issued", field="cursor")
-        return cls(status, kind, limit, int(cursor) if cursor is not None else None)
+        problem = key_problem(idempotency_key) if idempotency_key is not None else None
+        if problem is not None:
+            raise ValidationError(f"idempotency_key {problem}", field="idempotency_key")
+        return cls(status, kind, limit, int(cursor) if cursor is not None else None, idempotency_key)
 
 
 class Store(Protocol):
@@ -111,7 +121,9 @@ class Store(Protocol):
     backend locks rows (PostgreSQL's ``FOR UPDATE``; SQLite's write transaction and memory's single step hold
     everything already).
     ``update``'s fields are ``Job`` field names with domain values; ``status``: only while the row has that status
-    (the number of rows changed is returned)."""
+    (the number of rows changed is returned).
+    ``receipts``: a key's fingerprint and its receipts in answer order, if it is live at ``now``; ``put_receipts``
+    replaces whatever expired rows the key still has. ``prunable`` never offers a row a live key answered."""
 
     def now(self) -> datetime: ...
     async def lease_now(self) -> datetime: ...
@@ -124,6 +136,13 @@ class Store(Protocol):
     async def next_backoff_end(self, now: datetime) -> datetime | None: ...
     async def queued_with_key(self, key: str) -> str | None: ...
     async def insert(self, job: NewJob, now: datetime) -> str: ...
+    # idempotency keys: one row per job a keyed request answered (its ``position`` in the answer)
+    async def lock_key(self, key: str) -> None: ...
+    async def receipts(self, key: str, now: datetime) -> tuple[str, list[Receipt]] | None: ...
+    async def put_receipts(
+        self, key: str, fingerprint: str, receipts: Sequence[Receipt], now: datetime, expires_at: datetime
+    ) -> None: ...
+    async def drop_expired_keys(self, now: datetime, limit: int) -> int: ...
     async def update(self, job_id: str, fields: Mapping[str, object], *, status: JobStatus | None = None) -> int: ...
     async def add_event(self, job: Job, event: str, previous: str | None, reason: str | None) -> None: ...
     async def notify(self, wake: Wakeup) -> None: ...
@@ -196,6 +215,9 @@ class LocalStore:
     async def lock_leases(self) -> None:
         """As ``lock_promotion``."""
 
+    async def lock_key(self, key: str) -> None:
+        """As ``lock_promotion``: a keyed request's check and its insert are one transaction under the write lock."""
+
     async def notify(self, wake: Wakeup) -> None:
         """Nobody else hears this registry."""
 
@@ -264,22 +286,60 @@ class Rules:
         return job_id, False
 
     async def enqueue(
-        self, store: Store, new: NewJob, promote: PromoteRequest | None
+        self, store: Store, new: NewJob, promote: PromoteRequest | None, key: IdempotencyKey | None = None
     ) -> tuple[EnqueueResult, Promotion]:
+        if key is not None:
+            replayed = await self.replay(store, key)
+            if replayed is not None:
+                return replayed[0], Promotion()  # INV-KEY-ONCE: a key's request never makes a second row
+            new = replace(new, idempotency_key=key.key)
         job_id, coalesced = await self.add(store, new)
         if not coalesced:
             await store.notify(Wakeup(WAKE_QUEUED))
         result = EnqueueResult(await self.get(store, job_id), coalesced=coalesced)
+        await self.keep(store, key, [result])
         return result, await self.promote_after(store, promote)
 
-    async def enqueue_many(self, store: Store, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
+    async def enqueue_many(
+        self, store: Store, jobs: Sequence[NewJob], key: IdempotencyKey | None = None
+    ) -> list[EnqueueResult]:
+        if key is not None:
+            replayed = await self.replay(store, key)
+            if replayed is not None:
+                return replayed  # INV-KEY-ONCE
+            jobs = [replace(new, idempotency_key=key.key) for new in jobs]
         added = [await self.add(store, new) for new in jobs]
         if not added:
             return []
         if not all(coalesced for _, coalesced in added):
             await store.notify(Wakeup(WAKE_QUEUED))  # one for the batch, however large
         rows = {job.job_id: job for job in await store.jobs([job_id for job_id, _ in added])}
-        return [EnqueueResult(rows[job_id], coalesced) for job_id, coalesced in added]
+        results = [EnqueueResult(rows[job_id], coalesced) for job_id, coalesced in added]
+        await self.keep(store, key, results)
+        return results
+
+    @staticmethod
+    async def replay(store: Store, key: IdempotencyKey) -> list[EnqueueResult] | None:
+        """What ``key`` answered while it is live (None: it answered nothing yet), the rows as they are now; another
+        request under it is ``IdempotencyKeyReused``. Under the key's lock, held to the end of the transaction: a
+        retry that arrives while the first request is in its transaction waits for it, then replays it."""
+        await store.lock_key(key.key)
+        found = await store.receipts(key.key, store.now())
+        if found is None:
+            return None
+        fingerprint, receipts = found
+        if fingerprint != key.fingerprint:
+            raise IdempotencyKeyReused(key.key)
+        rows = {job.job_id: job for job in await store.jobs([r.job_id for r in receipts])}
+        return [EnqueueResult(rows[r.job_id], r.coalesced, replayed=r) for r in receipts]
+
+    @staticmethod
+    async def keep(store: Store, key: IdempotencyKey | None, results: Sequence[EnqueueResult]) -> None:
+        """Record what ``key``'s request answered, in the transaction that made it (a rollback leaves the key free)."""
+        if key is not None:
+            now = store.now()
+            receipts = [result.receipt for result in results]
+            await store.put_receipts(key.key, key.fingerprint, receipts, now, now + timedelta(seconds=key.ttl_s))
 
     async def promote_rows(self, store: Store, request: PromoteRequest) -> list[Job]:
         """INV-PROMOTION-NEVER-OVERSHOOTS: the count and the flips in one transaction under the promotion's lock
@@ -390,10 +450,7 @@ class Rules:
         )
         follow_up = None
         if ending.then is not None and chosen.status is JobStatus.SUCCEEDED:
-            follow_id, coalesced = await self.add(store, ending.then)
-            follow_up = EnqueueResult(await self.get(store, follow_id), coalesced=coalesced)
-            if not coalesced:
-                await store.notify(Wakeup(WAKE_QUEUED))
+            follow_up, _ = await self.enqueue(store, ending.then, None, ending.then_key)
         return Change(after, changed=True, previous=job.status, follow_up=follow_up)
 
     async def requeue(self, store: Store, job_id: str, expect: Expect, reason: str) -> Change:
@@ -553,6 +610,11 @@ class Rules:
             deleted = await store.delete_finished([job.job_id for job in gone])
             gone = [job for job in gone if job.job_id in deleted]
         return gone
+
+    @staticmethod
+    async def expire_keys(store: Store, limit: int) -> int:
+        """Remove up to ``limit`` expired idempotency keys' rows (the jobs they answered may be pruned after)."""
+        return await store.drop_expired_keys(store.now(), limit)
 
     @staticmethod
     async def outbox_over(store: Store, max_events: int, max_age_s: float) -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from ..domain import Job, JobStatus
+from ..domain import IdempotencyKey, Job, JobStatus
 from ..domain._model import IdentityRecord
 
 MAX_LIST_LIMIT = 1000
@@ -64,6 +64,7 @@ class NewJob:
     coalesce_key: str | None = None
     max_attempts: int = 1  # the starts it may have: its kind's max_attempts when it was enqueued
     retry_of: str | None = None  # the finished job this one is an operator's explicit retry of
+    idempotency_key: str | None = None  # the key of the request that makes it (recorded on its row)
 
 
 @dataclass(frozen=True)
@@ -101,9 +102,28 @@ class Promotion:
 
 
 @dataclass(frozen=True)
+class Receipt:
+    """What an enqueue answered for one job: an idempotency key keeps these, and a replay answers them as they were."""
+
+    job_id: str
+    status: JobStatus
+    queue_position: int | None
+    coalesced: bool
+
+
+@dataclass(frozen=True)
 class EnqueueResult:
-    job: Job
+    job: Job  # the row (a replay: as it is now)
     coalesced: bool  # an identical queued row was returned instead of a new one
+    # A replay: the request's idempotency key had answered this already, and nothing was written; what it answered.
+    replayed: Receipt | None = None
+
+    @property
+    def receipt(self) -> Receipt:
+        """The answer to give: a replay's first answer, else the row as this enqueue left it."""
+        if self.replayed is not None:
+            return self.replayed
+        return Receipt(self.job.job_id, self.job.status, self.job.queue_position, self.coalesced)
 
 
 @dataclass(frozen=True)
@@ -152,6 +172,8 @@ class Ending:
     # A kind's ``then``: enqueued in the same atomic step when the row ends ``succeeded`` (a crash, or a write that
     # fails, can neither lose the follow-up of a recorded success nor make it without one).
     then: NewJob | None = None
+    # The key the follow-up is enqueued under (``then/<parent id>``): a finalize run again never queues a second one.
+    then_key: IdempotencyKey | None = None
 
     def __post_init__(self) -> None:
         for chosen in (self.outcome, self.if_cancel_requested):

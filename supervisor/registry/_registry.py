@@ -24,7 +24,7 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Protocol, TypeVar
 
-from ..domain import Job, RequestError
+from ..domain import IdempotencyKey, Job, RequestError
 from ._engine import Independent, Page, Rules, Step, Store
 from ._health import RegistryFault
 from ._protocol import (
@@ -86,17 +86,26 @@ class Registry:
 
     # -- enqueue and promotion (claim before run) ----------------------------------------------------------
 
-    async def enqueue(self, job: NewJob, *, promote: PromoteRequest | None = None) -> tuple[EnqueueResult, Promotion]:
+    async def enqueue(
+        self, job: NewJob, *, promote: PromoteRequest | None = None, key: IdempotencyKey | None = None
+    ) -> tuple[EnqueueResult, Promotion]:
         """Add a queued row (or, with a coalescing key, return the identical queued one); with ``promote``, then
         promote into free slots in the same atomic step (unless paused): a job enqueued while a slot is free is
         RUNNING when the call returns. A failed promotion never fails the enqueue (``Promotion.failed``).
         ``EnqueueResult.job`` is the row as enqueued (queued, with its position); a row promoted in the same step
-        is in ``Promotion.jobs`` as it is after it."""
-        return await self.backend.write(lambda store: self.rules.enqueue(store, job, promote))
+        is in ``Promotion.jobs`` as it is after it. With ``key``: a key that already answered this request answers
+        it again (``EnqueueResult.replayed``) and nothing is written; one that answered another request raises
+        ``IdempotencyKeyReused``; else the answer is kept under the key, in the same step."""
+        return await self.backend.write(lambda store: self.rules.enqueue(store, job, promote, key))
 
-    async def enqueue_many(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
-        """Add several rows at once, all or nothing, in order (answers carry no queue position)."""
-        return await self.backend.write(lambda store: self.rules.enqueue_many(store, jobs))
+    async def enqueue_many(self, jobs: Sequence[NewJob], *, key: IdempotencyKey | None = None) -> list[EnqueueResult]:
+        """Add several rows at once, all or nothing, in order (answers carry no queue position); ``key`` covers the
+        batch, as ``enqueue``'s covers one job."""
+        return await self.backend.write(lambda store: self.rules.enqueue_many(store, jobs, key))
+
+    async def expire_keys(self, *, limit: int = 1000) -> int:
+        """Remove up to ``limit`` rows of expired idempotency keys (the retention sweep's); how many went."""
+        return await self.backend.write(lambda store: self.rules.expire_keys(store, limit))
 
     async def promote(self, request: PromoteRequest) -> Promotion:
         """Flip the oldest queued rows whose backoff has passed to RUNNING, as many as slots are free
@@ -198,11 +207,18 @@ class Registry:
         return await self.backend.read(lambda store: store.running())
 
     async def list_jobs(
-        self, *, status: str | None = None, kind: str | None = None, limit: int = 100, cursor: str | None = None
+        self,
+        *,
+        status: str | None = None,
+        kind: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+        idempotency_key: str | None = None,
     ) -> tuple[list[Job], str | None]:
         """Rows newest first and an opaque cursor for the next page (None at the end); rows added meanwhile never
-        shift a page. A bad status, limit or cursor is a ``ValidationError`` naming it."""
-        page = Page.of(status, kind, limit, cursor)
+        shift a page; ``idempotency_key``: only the jobs that live key answered. A bad status, limit, cursor or key
+        is a ``ValidationError`` naming it."""
+        page = Page.of(status, kind, limit, cursor, idempotency_key)
         return await self.backend.read(lambda store: store.list_page(page))
 
     async def counts(self) -> dict[str, int]:

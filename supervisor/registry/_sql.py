@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
@@ -13,13 +13,15 @@ from typing import Any
 
 from ..domain import TERMINAL, Job, JobStatus, RegistryError
 from ..domain._model import Attempt, IdentityRecord
+from ._protocol import Receipt
 
 COLUMNS = (
     "job_id, seq, kind, params, argv, status, error_reason, exit_code, created_at, started_at, ended_at, "
     "attempts, cancel_requested, boot_id, identity, token_hash, completed_units, total_units, stage, "
     "last_heartbeat_at, last_progress_at, log_path, stalled, stalled_since, silent, max_attempts, not_before, history, "
-    "host_id, retry_of"
+    "host_id, retry_of, idempotency_key"
 )
+KEY_COLUMNS = "fingerprint, job_id, status, queue_position, coalesced"
 OUTBOX_COLUMNS = "seq, event_id, job_id, event, created_at, previous_status, reason, boot_id, job"
 HOST_COLUMNS = "host_id, boot_id, started_at, last_seen_at, lease_expires_at"
 FINISHED = f"ended_at IS NOT NULL AND status IN ({', '.join(repr(str(s)) for s in sorted(TERMINAL))})"
@@ -68,7 +70,16 @@ def row_to_job(row: Any, ts: Callable[[Any], datetime | None], queue_position: i
         history=tuple(Attempt.from_json(a) for a in json.loads(row["history"])),
         host_id=row["host_id"],
         retry_of=row["retry_of"],
+        idempotency_key=row["idempotency_key"],
     )
+
+
+def receipts(rows: Sequence[Any]) -> tuple[str, list[Receipt]] | None:
+    """A key's rows of ``KEY_COLUMNS``, in answer order, as its fingerprint and receipts (None: no row)."""
+    if not rows:
+        return None
+    out = [Receipt(r["job_id"], JobStatus(r["status"]), r["queue_position"], bool(r["coalesced"])) for r in rows]
+    return rows[0]["fingerprint"], out
 
 
 def json_value(value: object) -> object:

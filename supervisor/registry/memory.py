@@ -31,6 +31,7 @@ from ._protocol import (
     PauseState,
     PrunedJob,
     PruneResult,
+    Receipt,
     WakeupFeed,
 )
 from ._registry import Registry, T
@@ -47,6 +48,7 @@ class _State:
     leader: Host | None = None
     forgotten: set[tuple[str, str]] = field(default_factory=set)
     settings: dict[str, FleetSetting] = field(default_factory=dict)
+    keys: dict[str, tuple[str, list[Receipt], datetime]] = field(default_factory=dict)  # -> fingerprint, answer, expiry
 
     def copy(self) -> _State:
         return _State(**{f.name: copy.copy(getattr(self, f.name)) for f in dataclasses.fields(self)})
@@ -116,10 +118,30 @@ class MemoryRows(LocalStore):
             log_path=None,
             max_attempts=job.max_attempts,
             retry_of=job.retry_of,
+            idempotency_key=job.idempotency_key,
             **BACK_IN_QUEUE,  # type: ignore[arg-type]  # every other field as a row that never ran has it
         )
         self.s.rows[row.job_id] = (row, job.coalesce_key)
         return row.job_id
+
+    async def receipts(self, key: str, now: datetime) -> tuple[str, list[Receipt]] | None:
+        found = self.s.keys.get(key)
+        return (found[0], list(found[1])) if found is not None and found[2] > now else None
+
+    async def put_receipts(
+        self, key: str, fingerprint: str, receipts: Sequence[Receipt], now: datetime, expires_at: datetime
+    ) -> None:
+        self.s.keys[key] = (fingerprint, list(receipts), expires_at)
+
+    async def drop_expired_keys(self, now: datetime, limit: int) -> int:
+        gone = [key for key, (_, _, expires_at) in self.s.keys.items() if expires_at <= now][:limit]
+        return sum(len(self.s.keys.pop(key)[1]) for key in gone)  # rows, as the SQL stores count them
+
+    def _keyed(self, key: str | None = None) -> set[str]:
+        """The jobs live keys answered (``key``: that key's alone)."""
+        now = self.now()
+        live = [v for k, v in self.s.keys.items() if v[2] > now and key in (None, k)]
+        return {r.job_id for _, receipts, _ in live for r in receipts}
 
     async def update(self, job_id: str, fields: Mapping[str, object], *, status: JobStatus | None = None) -> int:
         found = self.s.rows.get(job_id)
@@ -196,7 +218,7 @@ class MemoryRows(LocalStore):
     async def prunable(
         self, ended_before: datetime | None, edge: tuple[datetime, int] | None, limit: int, *, lock: bool
     ) -> list[PrunedJob]:
-        pending = {event.job_id for event in self.s.events}
+        pending = {event.job_id for event in self.s.events} | self._keyed()
 
         def goes(ended_at: datetime, seq: int) -> bool:
             by_age = ended_before is not None and ended_at < ended_before
@@ -237,6 +259,7 @@ class MemoryRows(LocalStore):
             if (page.status is None or job.status == page.status)
             and (page.kind is None or job.kind == page.kind)
             and (page.before is None or job.seq < page.before)
+            and (page.idempotency_key is None or job.job_id in self._keyed(page.idempotency_key))
         ]
         found = [await self.job(job.job_id, position=True) for job in rows[: page.limit]]
         jobs = [job for job in found if job is not None]

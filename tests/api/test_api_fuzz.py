@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import itertools
+import json
 import os
 import re
 import threading
@@ -36,6 +38,7 @@ from api_support import API_TOKEN, Live, MakeLive, kinds_toml, poll_until, wait_
 from schemathesis.engine import events, from_schema
 
 from supervisor.api import openapi_document
+from supervisor.domain import IDEMPOTENCY_KEY_HEADER, key_problem
 
 pytestmark = pytest.mark.e2e
 
@@ -103,6 +106,7 @@ class FuzzRun:
     checks_run: set[str] = dataclasses.field(default_factory=set)
     stop_reason: str = ""
     stalled: str | None = None  # the first request the server never answered, and the run stopped there
+    keys_reused: int = 0  # valid requests refused only because their Idempotency-Key named another request
 
     def report(self) -> str:
         lines = [
@@ -146,12 +150,38 @@ def open_engine(base_url: str, *, max_examples: int, token: str | None) -> Any:
     config = engine_config(base_url, max_examples=max_examples, token=token)
     # The document itself is behind the token (it names the kinds); the run without a token still reads it.
     schema = schemathesis.openapi.from_url(f"{base_url}/api/openapi.json", config=config, headers=AUTH)
+    # A key names one request: the fuzzer, which cannot know which keys it sent before, would send a key again with
+    # another body and take the 422 (idempotency_key_reused) for a valid request refused. Each valid key it makes is
+    # made unique here (an invalid one is left as it is, to be refused); the coverage phase sends its keys without
+    # this hook, and ``_a_key_sent_again`` sets those answers aside. Replays and reuse are tested by
+    # tests/api/test_api_idempotency.py.
+    sent = itertools.count()
+
+    @schema.hook("map_headers")
+    def fresh_key(context: Any, headers: dict[str, Any] | None) -> dict[str, Any] | None:
+        key = (headers or {}).get(IDEMPOTENCY_KEY_HEADER)
+        if headers is not None and isinstance(key, str) and key_problem(key) is None:
+            headers[IDEMPOTENCY_KEY_HEADER] = f"{key[:200]}~{next(sent)}"
+        return headers
+
     if token is not None:
         # A request/response fuzzer cannot read a stream that never ends: with the token, the event stream answers
         # 200 and goes on. Its answers are tested by tests/api/test_api_events.py (every 4xx by field, resume, the
         # reader that stops reading); without the token it is fuzzed like every route (all 401).
         schema = schema.exclude(path=STREAMS)
     return from_schema(schema).execute()
+
+
+def _a_key_sent_again(interaction: Any) -> bool:
+    """The answer was the 422 of an Idempotency-Key that an earlier request of the run named (a state no document
+    can describe: the coverage phase sends its keys as they are, without the ``fresh_key`` hook)."""
+    response = interaction.response if interaction is not None else None
+    if response is None or response.status_code != 422:
+        return False
+    try:
+        return bool(json.loads(response.content)["error"]["code"] == "idempotency_key_reused")
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 def consume(stream: Any) -> FuzzRun:
@@ -169,9 +199,13 @@ def consume(stream: Any) -> FuzzRun:
                         response.status_code if response is not None else None,
                     )
                 )
-            for checks in recorder.checks.values():
+            for case_id, checks in recorder.checks.items():
                 for check in checks:
                     run.checks_run.add(check.name)
+                    interaction = recorder.interactions.get(case_id)
+                    if check.failure_info is not None and _a_key_sent_again(interaction):
+                        run.keys_reused += 1
+                        continue
                     if check.failure_info is not None:
                         failure = check.failure_info.failure
                         run.failure_count += 1

@@ -142,3 +142,61 @@ async def test_the_count_rule_keeps_the_newest_finished_jobs(
     await sup.sweep()
     assert exists(jobs[0][1]) == [False] * 3
     assert [(await registry.get(job_id)).job_id for job_id, _ in jobs[1:]] == [jobs[1][0], jobs[2][0]]
+
+
+async def test_the_sweeper_expires_idempotency_keys_and_a_keyed_job_outlives_the_retention_until_then(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """Issue 35: a job a live key answered is kept past the retention until its key expires, so that a late retry
+    still replays it; then the key goes, and the job after it."""
+    config = Config(
+        data_dir=tmp_path / "data",
+        bind_port=0,
+        retention_days=None,
+        retention_max_jobs=1,
+        idempotency_ttl_s=2 * DAY_S,
+    )
+    registry = MemoryRegistry(clock=wall, outbox=False)
+    sup = Supervisor(config, load_kinds(None), registry, executor=MemoryExecutor({}, nursery), wall_clock=wall,
+                     standalone=True)  # fmt: skip
+    sup.attach(nursery)
+    sup.log_dir.mkdir(parents=True)
+    keyed = await sup.enqueue("pipeline", {"feed": "https://example.org/feed"}, idempotency_key="k-1")
+    await registry.request_cancel(keyed.job.job_id)  # finished (cancelled) at once
+    for n in range(3):
+        await finish(registry, sup.log_dir, n)
+    await trio.sleep(DAY_S)
+    with capture_logs() as logs:
+        await sup.sweep()
+    assert [e for e in logs if e["event"] == "idempotency_keys_expired"] == []
+    assert (await registry.get(keyed.job.job_id)).status is JobStatus.CANCELLED  # kept: its key is live
+    assert (
+        await sup.enqueue("pipeline", {"feed": "https://example.org/feed"}, idempotency_key="k-1")
+    ).replayed is not None
+    await trio.sleep(DAY_S + 60)
+    with capture_logs() as logs:
+        await sup.sweep()
+    assert [e["rows"] for e in logs if e["event"] == "idempotency_keys_expired"] == [1]
+    await trio.sleep(60)
+    await sup.sweep()
+    with pytest.raises(JobNotFound):  # its key gone, retention takes it
+        await registry.get(keyed.job.job_id)
+    fresh = await sup.enqueue("pipeline", {"feed": "https://example.org/feed"}, idempotency_key="k-1")
+    assert fresh.replayed is None and fresh.job.job_id != keyed.job.job_id
+
+
+async def test_keys_expire_with_retention_off(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """Keys never pile up: they expire whatever the retention says of jobs."""
+    config = Config(data_dir=tmp_path / "data", bind_port=0, retention_days=None, retention_max_jobs=None)
+    registry = MemoryRegistry(clock=wall, outbox=False)
+    sup = Supervisor(config, load_kinds(None), registry, executor=MemoryExecutor({}, nursery), wall_clock=wall,
+                     standalone=True)  # fmt: skip
+    sup.attach(nursery)
+    first = await sup.enqueue("pipeline", {"feed": "https://example.org/feed"}, idempotency_key="k-1")
+    await trio.sleep(config.idempotency_ttl_s)
+    with capture_logs() as logs:
+        await sup.sweep()
+    assert [e["rows"] for e in logs if e["event"] == "idempotency_keys_expired"] == [1]
+    assert (await registry.get(first.job.job_id)).idempotency_key == "k-1"  # the row keeps its key; it stays

@@ -4,9 +4,10 @@ which the promotion relies on; one REPEATABLE READ snapshot for a read). asyncio
 
 Concurrency, with no registry-wide write lock (several supervisors may share the database): a write that reads a row
 to decide its change locks it first (``FOR UPDATE``); promotions take turns under a transaction-scoped advisory lock,
-so do enqueues of one coalescing key, and the leases and the lead (ADR 0012). The changes other hosts of a fleet may
-act on also send a wake-up (``notify``: ``pg_notify`` in the change's transaction, so it is delivered on commit and
-never for a rolled-back change); INV-NOTIFY-IS-A-HINT: whoever hears one re-reads what it acts on.
+so do enqueues of one coalescing key or one idempotency key, and the leases and the lead (ADR 0012). The changes
+other hosts of a fleet may act on also send a wake-up (``notify``: ``pg_notify`` in the change's transaction, so it
+is delivered on commit and never for a rolled-back change); INV-NOTIFY-IS-A-HINT: whoever hears one re-reads what it
+acts on.
 
 Timestamps are ``timestamptz`` (aware ``datetime``s both ways); params, argv, the identity record and the history
 are JSON text, as in the SQLite registry.
@@ -33,11 +34,13 @@ from .._protocol import (
     PauseState,
     PrunedJob,
     PruneResult,
+    Receipt,
     Wakeup,
 )
-from .._sql import COLUMNS, FINISHED, HOST_COLUMNS, OUTBOX_COLUMNS, column, json_value
+from .._sql import COLUMNS, FINISHED, HOST_COLUMNS, KEY_COLUMNS, OUTBOX_COLUMNS, column, json_value
+from .._sql import receipts as read_receipts
 from .._sql import row_to_job as job_from_row
-from ._schema import COALESCE_LOCK, LEADER_LOCK, PROMOTE_LOCK
+from ._schema import COALESCE_LOCK, KEY_LOCK, LEADER_LOCK, PROMOTE_LOCK
 
 
 def _utc(ts: datetime | None) -> datetime | None:
@@ -204,12 +207,42 @@ class PostgresRows:
     async def insert(self, job: NewJob, now: datetime) -> str:
         job_id = uuid.uuid4().hex
         await self.conn.execute(
-            "INSERT INTO jobs (job_id, kind, params, argv, status, created_at, coalesce_key, max_attempts, retry_of) "
-            "VALUES ($1, $2, $3, $4, 'queued', $5, $6, $7, $8)",
+            "INSERT INTO jobs (job_id, kind, params, argv, status, created_at, coalesce_key, max_attempts, retry_of, "
+            "idempotency_key) VALUES ($1, $2, $3, $4, 'queued', $5, $6, $7, $8, $9)",
             job_id, job.kind, json.dumps(dict(job.params), sort_keys=True), json.dumps(list(job.argv)), now,
-            job.coalesce_key, job.max_attempts, job.retry_of,
+            job.coalesce_key, job.max_attempts, job.retry_of, job.idempotency_key,
         )  # fmt: skip
         return job_id
+
+    async def lock_key(self, key: str) -> None:
+        # Two requests of one key, on any host, take turns: the second reads what the first committed (READ
+        # COMMITTED) and replays it. The primary key of idempotency_keys stands behind the lock.
+        await self._lock(KEY_LOCK, key)
+
+    async def receipts(self, key: str, now: datetime) -> tuple[str, list[Receipt]] | None:
+        sql = (
+            f"SELECT {KEY_COLUMNS} FROM idempotency_keys WHERE idempotency_key = $1 AND expires_at > $2 "
+            "ORDER BY answer_index"
+        )
+        return read_receipts(await self.conn.fetch(sql, key, now))
+
+    async def put_receipts(
+        self, key: str, fingerprint: str, receipts: Sequence[Receipt], now: datetime, expires_at: datetime
+    ) -> None:
+        await self.conn.execute("DELETE FROM idempotency_keys WHERE idempotency_key = $1", key)  # only expired rows
+        await self.conn.executemany(
+            f"INSERT INTO idempotency_keys (idempotency_key, answer_index, {KEY_COLUMNS}, created_at, expires_at) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            [(key, i, fingerprint, r.job_id, str(r.status), r.queue_position, r.coalesced, now, expires_at)
+             for i, r in enumerate(receipts)],
+        )  # fmt: skip
+
+    async def drop_expired_keys(self, now: datetime, limit: int) -> int:
+        sql = (
+            "DELETE FROM idempotency_keys WHERE idempotency_key IN (SELECT idempotency_key FROM idempotency_keys "
+            "WHERE expires_at <= $1 LIMIT $2)"
+        )
+        return _count(await self.conn.execute(sql, now, limit))
 
     async def update(self, job_id: str, fields: Mapping[str, object], *, status: JobStatus | None = None) -> int:
         names = [column(name) for name in fields]
@@ -346,12 +379,13 @@ class PostgresRows:
         if edge is not None:
             args += edge
             rules.append(f"(ended_at, seq) <= (${len(args) - 1}, ${len(args)})")
-        args.append(limit)
+        args += [self.now(), limit]
         # Locked, skipping what a concurrent prune holds: two supervisors pruning at once take different rows.
         rows = await self.conn.fetch(
             f"SELECT job_id, kind, status, ended_at, log_path, attempts FROM jobs AS j WHERE {FINISHED} "
             f"AND ({' OR '.join(rules)}) AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = j.job_id) "
-            f"ORDER BY ended_at, seq LIMIT ${len(args)}{' FOR UPDATE SKIP LOCKED' if lock else ''}",
+            "AND NOT EXISTS (SELECT 1 FROM idempotency_keys AS k WHERE k.job_id = j.job_id AND k.expires_at > "
+            f"${len(args) - 1}) ORDER BY ended_at, seq LIMIT ${len(args)}{' FOR UPDATE SKIP LOCKED' if lock else ''}",
             *args,
         )
         return [PrunedJob(r[0], r[1], JobStatus(r[2]), r[3].astimezone(UTC), r[4], r[5]) for r in rows]
@@ -396,6 +430,12 @@ class PostgresRows:
             if value is not None:
                 args.append(value)
                 clauses.append(f"{clause} ${len(args)}")
+        if page.idempotency_key is not None:
+            args += [page.idempotency_key, self.now()]
+            clauses.append(
+                f"job_id IN (SELECT job_id FROM idempotency_keys WHERE idempotency_key = ${len(args) - 1} "
+                f"AND expires_at > ${len(args)})"
+            )
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         rows = await self.conn.fetch(
             f"SELECT {COLUMNS} FROM jobs {where} ORDER BY seq DESC LIMIT ${len(args) + 1}", *args, page.limit + 1

@@ -19,8 +19,9 @@ from typing import Any
 from ...domain import Job, JobStatus
 from ...domain._model import from_iso, to_iso
 from .._engine import LocalStore, Page
-from .._protocol import FleetSetting, Host, NewJob, OutboxEvent, PauseState, PrunedJob, PruneResult
-from .._sql import COLUMNS, FINISHED, HOST_COLUMNS, OUTBOX_COLUMNS, column, json_value
+from .._protocol import FleetSetting, Host, NewJob, OutboxEvent, PauseState, PrunedJob, PruneResult, Receipt
+from .._sql import COLUMNS, FINISHED, HOST_COLUMNS, KEY_COLUMNS, OUTBOX_COLUMNS, column, json_value
+from .._sql import receipts as read_receipts
 from .._sql import row_to_job as job_from_row
 
 
@@ -111,12 +112,37 @@ class SqliteRows(LocalStore):
     async def insert(self, job: NewJob, now: datetime) -> str:
         job_id = uuid.uuid4().hex
         self.conn.execute(
-            "INSERT INTO jobs (job_id, kind, params, argv, status, created_at, coalesce_key, max_attempts, retry_of) "
-            "VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?)",
+            "INSERT INTO jobs (job_id, kind, params, argv, status, created_at, coalesce_key, max_attempts, retry_of, "
+            "idempotency_key) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?)",
             (job_id, job.kind, json.dumps(dict(job.params), sort_keys=True), json.dumps(list(job.argv)), to_iso(now),
-             job.coalesce_key, job.max_attempts, job.retry_of),
+             job.coalesce_key, job.max_attempts, job.retry_of, job.idempotency_key),
         )  # fmt: skip
         return job_id
+
+    async def receipts(self, key: str, now: datetime) -> tuple[str, list[Receipt]] | None:
+        sql = (
+            f"SELECT {KEY_COLUMNS} FROM idempotency_keys WHERE idempotency_key = ? AND expires_at > ? "
+            "ORDER BY answer_index"
+        )
+        return read_receipts(self.conn.execute(sql, (key, to_iso(now))).fetchall())
+
+    async def put_receipts(
+        self, key: str, fingerprint: str, receipts: Sequence[Receipt], now: datetime, expires_at: datetime
+    ) -> None:
+        self.conn.execute("DELETE FROM idempotency_keys WHERE idempotency_key = ?", (key,))  # only expired rows remain
+        self.conn.executemany(
+            f"INSERT INTO idempotency_keys (idempotency_key, answer_index, {KEY_COLUMNS}, created_at, expires_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(key, i, fingerprint, r.job_id, str(r.status), r.queue_position, int(r.coalesced), to_iso(now),
+              to_iso(expires_at)) for i, r in enumerate(receipts)],
+        )  # fmt: skip
+
+    async def drop_expired_keys(self, now: datetime, limit: int) -> int:
+        sql = (
+            "DELETE FROM idempotency_keys WHERE idempotency_key IN (SELECT idempotency_key FROM idempotency_keys "
+            "WHERE expires_at <= ? LIMIT ?)"
+        )
+        return self.conn.execute(sql, (to_iso(now), limit)).rowcount
 
     async def update(self, job_id: str, fields: Mapping[str, object], *, status: JobStatus | None = None) -> int:
         columns = ", ".join(f"{column(name)} = ?" for name in fields)
@@ -236,8 +262,9 @@ class SqliteRows(LocalStore):
         rows = self.conn.execute(
             f"SELECT job_id, kind, status, ended_at, log_path, attempts FROM jobs AS j WHERE {FINISHED} "
             f"AND ({' OR '.join(rules)}) AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.job_id = j.job_id) "
+            "AND NOT EXISTS (SELECT 1 FROM idempotency_keys AS k WHERE k.job_id = j.job_id AND k.expires_at > ?) "
             "ORDER BY ended_at, seq LIMIT ?",
-            (*args, limit),
+            (*args, to_iso(self.now()), limit),
         )
         return [PrunedJob(r[0], r[1], JobStatus(r[2]), from_iso(r[3]), r[4], r[5]) for r in rows]
 
@@ -275,6 +302,11 @@ class SqliteRows(LocalStore):
             if value is not None:
                 clauses.append(clause)
                 args.append(value)
+        if page.idempotency_key is not None:
+            clauses.append(
+                "job_id IN (SELECT job_id FROM idempotency_keys WHERE idempotency_key = ? AND expires_at > ?)"
+            )
+            args += [page.idempotency_key, to_iso(self.now())]
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         rows = self.conn.execute(
             f"SELECT {COLUMNS} FROM jobs {where} ORDER BY seq DESC LIMIT ?", (*args, page.limit + 1)

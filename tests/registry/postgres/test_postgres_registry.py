@@ -16,7 +16,7 @@ from pg_helpers import OpenPg, Raw
 from registry_helpers import BOOT, WallClock, enqueue, new_job, new_schema, one_running, postgres_test_url, request
 from tcp_proxy import TcpProxy
 
-from supervisor.domain import Conflict, JobStatus, RegistryError, RegistryUnavailable
+from supervisor.domain import Conflict, IdempotencyKey, JobStatus, RegistryError, RegistryUnavailable, fingerprint
 from supervisor.registry import Ending, Outcome, PostgresRegistry
 from supervisor.registry.postgres import SCHEMA_VERSION, migrations
 
@@ -271,6 +271,28 @@ async def test_a_key_enqueued_by_several_registries_at_once_makes_one_queued_row
     assert len(set(ids)) == 1
     assert (await first.counts())["queued"] == 1
 
+
+async def test_INV_KEY_ONCE_one_idempotency_key_sent_to_several_hosts_at_once_makes_one_row(pg_open: OpenPg) -> None:
+    """Issue 35, fleet-wide: three registries on one schema (three hosts), twelve requests with one key at once (a
+    client that switches host at each retry). One row; every answer names it; the key's lock makes the others wait
+    for the first transaction and replay it."""
+    first = await pg_open()
+    regs = [first, *[await pg_open(schema=first.schema) for _ in range(2)]]
+    job = new_job(1)
+    key = IdempotencyKey("fleet-key", fingerprint("enqueue", [(job.kind, job.params)]), 3600.0)
+    answers: list[tuple[str, bool]] = []
+
+    async def send(n: int) -> None:
+        result, _ = await regs[n % 3].enqueue(job, key=key)
+        answers.append((result.receipt.job_id, result.replayed is None))
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            for n in range(12):
+                nursery.start_soon(send, n)
+    assert len({job_id for job_id, _ in answers}) == 1
+    assert sum(made for _, made in answers) == 1
+    assert sum((await first.counts()).values()) == 1
 
 
 async def test_INV_LEASE_ON_REGISTRY_CLOCK_hosts_whose_clocks_disagree_by_hours_agree_on_whose_lease_holds(

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from registry_v3 import CONTAINER, MIGRATIONS, PROCESS, ROW, V3_EVENTS, at, build_v3, old_public, sql, ts
 
-from supervisor.domain import Job, JobStatus, RegistryError
+from supervisor.domain import IdempotencyKey, Job, JobStatus, RegistryError
 from supervisor.registry import (
     Ending,
     IdentityRecord,
@@ -45,9 +45,40 @@ def columns(path: Path, table: str) -> list[str]:
 # -- from version 3 -----------------------------------------------------------------------------------------
 
 
-def test_this_code_is_schema_version_9() -> None:
-    """The migration tests below are from 3 to 8: a new migration needs its own test of the file before it."""
-    assert SCHEMA_VERSION == 9
+def test_this_code_is_schema_version_10() -> None:
+    """The migration tests below are from 3 to 9: a new migration needs its own test of the file before it."""
+    assert SCHEMA_VERSION == 10
+
+
+def undo_10(conn: sqlite3.Connection) -> None:
+    """A file of version 10 back to version 9's tables."""
+    conn.execute("DROP TABLE idempotency_keys")
+    conn.execute("ALTER TABLE jobs DROP COLUMN idempotency_key")
+
+
+async def test_a_version_9_file_gets_idempotency_keys_and_its_rows_were_made_without_one(path: Path) -> None:
+    """Version 10 (issue 35): a row written before keys existed has none; a keyed enqueue then answers once."""
+    reg = await SqliteRegistry.open(path)
+    old, _ = await reg.enqueue(NewJob("k", {}, ["true"]))
+    await reg.aclose()
+    conn = sqlite3.connect(path)
+    try:
+        undo_10(conn)
+        conn.execute("UPDATE schema_version SET version = 9")
+        conn.commit()
+    finally:
+        conn.close()
+    reg = await SqliteRegistry.open(path)
+    try:
+        assert raw(path, "SELECT version FROM schema_version") == [(10,)]
+        assert (await reg.get(old.job.job_id)).idempotency_key is None
+        key = IdempotencyKey("k-1", "request", ttl_s=3600)
+        first, _ = await reg.enqueue(NewJob("k", {}, ["true"]), key=key)
+        again, _ = await reg.enqueue(NewJob("k", {}, ["true"]), key=key)
+        assert again.replayed is not None and again.job.job_id == first.job.job_id
+        assert first.job.idempotency_key == "k-1"
+    finally:
+        await reg.aclose()
 
 
 async def test_a_version_8_file_gets_the_forgotten_hosts_fence_with_its_hosts_intact(path: Path) -> None:
@@ -57,6 +88,7 @@ async def test_a_version_8_file_gets_the_forgotten_hosts_fence_with_its_hosts_in
     await reg.aclose()
     conn = sqlite3.connect(path)
     try:
+        undo_10(conn)
         conn.execute("DROP TABLE forgotten_hosts")
         conn.execute("UPDATE schema_version SET version = 8")
         conn.commit()
@@ -64,7 +96,7 @@ async def test_a_version_8_file_gets_the_forgotten_hosts_fence_with_its_hosts_in
         conn.close()
     reg = await SqliteRegistry.open(path)
     try:
-        assert raw(path, "SELECT version FROM schema_version") == [(9,)]
+        assert raw(path, "SELECT version FROM schema_version") == [(10,)]
         assert raw(path, "SELECT COUNT(*) FROM forgotten_hosts") == [(0,)]
         lease = await reg.renew_lease("h", "boot-h", lease_s=15, lead=False)
         assert lease.host.boot_id == "boot-h" and lease.replaced is None
@@ -78,6 +110,7 @@ async def test_a_version_7_file_gets_the_fleet_settings_table_with_nothing_recor
     await reg.aclose()
     conn = sqlite3.connect(path)
     try:
+        undo_10(conn)
         conn.execute("DROP TABLE forgotten_hosts")  # version 9's
         conn.execute("DROP TABLE fleet_settings")
         conn.execute("UPDATE schema_version SET version = 7")
@@ -88,7 +121,7 @@ async def test_a_version_7_file_gets_the_fleet_settings_table_with_nothing_recor
     try:
         setting = await reg.record_setting("max_concurrent", "3", "h", replace=False)
         assert (setting.value, setting.host_id) == ("3", "h")
-        assert raw(path, "SELECT version FROM schema_version") == [(9,)]
+        assert raw(path, "SELECT version FROM schema_version") == [(10,)]
     finally:
         await reg.aclose()
 
