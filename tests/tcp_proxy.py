@@ -5,6 +5,9 @@ that says when a new connection is let through (``admit``) and what happens betw
 
 from __future__ import annotations
 
+import random
+import socket
+import struct
 from typing import Any
 
 import trio
@@ -61,3 +64,59 @@ class TcpProxy:
             pass
         finally:
             pair.cancel()  # one side closed: so is the other
+
+
+class LossyProxy(TcpProxy):
+    """Loses a share of the exchanges through it, as a lossy network does, deciding per connection (a client that
+    sends one request per connection loses whole requests or whole answers): ``lose_request`` of them never reach the
+    server (the client's bytes are read and dropped), ``lose_answer`` of them reach it and are answered, and the
+    answer is thrown away. Either way the client's connection is then reset (RST), as a dropped link or a restarted
+    middlebox does. Seeded: the same seed loses the same connections."""
+
+    def __init__(self, host: str, port: int, *, seed: int, lose_request: float, lose_answer: float) -> None:
+        super().__init__(host, port)
+        self.random = random.Random(seed)
+        self.lose_request = lose_request
+        self.lose_answer = lose_answer
+        self.lost_requests = 0
+        self.lost_answers = 0
+
+    async def _serve(self, client: trio.SocketStream) -> None:
+        fate = self.random.random()
+        if fate >= self.lose_request + self.lose_answer:
+            await super()._serve(client)
+            return
+        async with client:
+            if fate < self.lose_request:
+                with trio.move_on_after(CONNECT_LIMIT_S):
+                    await client.receive_some(65536)
+                self.lost_requests += 1
+                _reset(client)
+                return
+            with trio.fail_after(CONNECT_LIMIT_S):
+                upstream = await trio.open_tcp_stream(*self.upstream)
+            async with upstream:
+                await self._lose_the_answer(client, upstream)
+
+    async def _lose_the_answer(self, client: trio.SocketStream, upstream: trio.SocketStream) -> None:
+        """Forward the request; once the server has begun its answer (it has done the work), reset the client."""
+        async with trio.open_nursery() as pumps:
+
+            async def forward() -> None:
+                try:
+                    while data := await client.receive_some(65536):
+                        await upstream.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+
+            pumps.start_soon(forward)
+            with trio.move_on_after(CONNECT_LIMIT_S):
+                await upstream.receive_some(65536)
+            self.lost_answers += 1
+            _reset(client)
+            pumps.cancel_scope.cancel()
+
+
+def _reset(stream: trio.SocketStream) -> None:
+    """Close with a TCP reset rather than a FIN: the client reads ECONNRESET, not an empty answer."""
+    stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

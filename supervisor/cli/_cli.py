@@ -16,21 +16,23 @@ import os
 import re
 import sys
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 import trio
 
+from ..domain import key_problem
 from ..domain._config import Config, is_loopback, load_config
-from ..domain._errors import ConfigError, KindsFileError, RegistryError, RegistryNotOpened
+from ..domain._errors import ConfigError, KindsFileError, RegistryError, RegistryNotOpened, SupervisorError
 from ..domain._kinds import KindCatalog, load_kinds
 from ..domain._model import JobStatus
 from ..domain._settings import read_token_file
 from ..observe._logging import configure_logging, get_logger
 from ..observe._stream import EVENT_NAMES
 from . import _live
-from ._client import DEFAULT_URL, ApiError, Client, Unreachable
+from ._client import DEFAULT_URL, RETRY_ATTEMPTS, ApiError, Client, Unreachable, with_retries
 
 T = TypeVar("T", bound=BaseException)
 
@@ -283,6 +285,13 @@ def _progress(job: Mapping[str, Any]) -> str:
     return f"{done}/{total}"
 
 
+def _idempotency_key(text: str) -> str:
+    problem = key_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"an idempotency key {problem}")
+    return text
+
+
 def _param(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -329,10 +338,14 @@ def _enqueue_from_file(client: Client, args: argparse.Namespace, io: _Io) -> int
     if jobs is None:
         return EXIT_USAGE
     answers: list[dict[str, Any]] = []
+    key = args.idempotency_key or _invocation_key()
     for start in range(0, len(jobs), BATCH_SIZE):
         chunk = jobs[start : start + BATCH_SIZE]
+        # One key per batch of this invocation: a rerun with the same --idempotency-key stores none twice.
+        batch_key = f"{key}.{start // BATCH_SIZE}" if len(jobs) > BATCH_SIZE else key
         try:
-            answer = client.enqueue_batch([item for _, item in chunk])
+            send = functools.partial(client.enqueue_batch, [item for _, item in chunk], idempotency_key=batch_key)
+            answer = with_retries(send, on_retry=_retrying(io, batch_key))
         except ApiError as exc:
             where = re.match(r"jobs\[(\d+)\]", exc.field or "")
             line = f"line {chunk[int(where.group(1))][0]}: " if where else ""
@@ -346,6 +359,22 @@ def _enqueue_from_file(client: Client, args: argparse.Namespace, io: _Io) -> int
         for answer in answers:
             io.print(f"{answer['job_id']}  {'coalesced' if answer['coalesced'] else answer['status']}")
     return EXIT_OK
+
+
+def _invocation_key() -> str:
+    """The Idempotency-Key of an enqueue given none: one per invocation, so that its own retries make no second job."""
+    return f"cli-{uuid.uuid4().hex}"
+
+
+def _retrying(io: _Io, key: str) -> Callable[[SupervisorError, int, float], None]:
+    def say(error: SupervisorError, attempt: int, wait_s: float) -> None:
+        why = error.describe() if isinstance(error, ApiError) else str(error)
+        io.error(
+            f"{why}; sending it again in {wait_s:g} s with Idempotency-Key {key} "
+            f"(attempt {attempt} of {RETRY_ATTEMPTS})"
+        )
+
+    return say
 
 
 def cmd_enqueue(client: Client, args: argparse.Namespace, io: _Io) -> int:
@@ -364,7 +393,8 @@ def cmd_enqueue(client: Client, args: argparse.Namespace, io: _Io) -> int:
             return EXIT_USAGE
         # Sent as a string: the server converts it to the kind's declared int/float/bool, or names the field.
         params[key] = value
-    answer = client.enqueue(args.kind, params)
+    key = args.idempotency_key or _invocation_key()
+    answer = with_retries(lambda: client.enqueue(args.kind, params, idempotency_key=key), on_retry=_retrying(io, key))
     if args.json:
         io.json(answer)
     elif answer["coalesced"]:
@@ -407,13 +437,22 @@ def cmd_wait(client: Client, args: argparse.Namespace, io: _Io) -> int:
 
 def cmd_jobs(client: Client, args: argparse.Namespace, io: _Io) -> int:
     if args.watch:
-        if args.json or args.cursor or args.status or args.kind:
-            io.error("--watch shows the running jobs and the queue: it takes no --json, --status, --kind or --cursor")
+        if args.json or args.cursor or args.status or args.kind or args.idempotency_key:
+            io.error(
+                "--watch shows the running jobs and the queue: it takes no --json, --status, --kind, --cursor or "
+                "--idempotency-key"
+            )
             return EXIT_USAGE
         args.interrupted_exit = EXIT_OK  # Ctrl-C is how a watch ends
         out = _live.Output(io.out, live=_is_terminal(io))
         return _run_live(client, lambda api: _live.run_watch(api, out))
-    answer = client.list_jobs(status=args.status, kind=args.kind, limit=args.limit, cursor=args.cursor)
+    answer = client.list_jobs(
+        status=args.status,
+        kind=args.kind,
+        limit=args.limit,
+        cursor=args.cursor,
+        idempotency_key=args.idempotency_key,
+    )
     if args.json:
         io.json(answer)
         return EXIT_OK
@@ -724,11 +763,22 @@ def _add_client_commands(sub: Any) -> None:
     p.add_argument(
         "-p", "--param", type=_param, action="append", metavar="KEY=VALUE", help="a param of the kind (repeatable)"
     )
+    p.add_argument(
+        "--idempotency-key",
+        type=_idempotency_key,
+        metavar="KEY",
+        help="this request's name (1-255 printable ASCII): the same KEY with the same request never makes a second "
+        "job, and answers what it answered (default: a new key per invocation, kept across its own retries; with "
+        "--from-file, KEY.N names its Nth batch of 1000)",
+    )
     p = add("jobs", cmd_jobs, "list jobs, newest first; or watch the running ones live (--watch)")
     p.add_argument("--status", choices=[s.value for s in JobStatus])
     p.add_argument("--kind")
     p.add_argument("--limit", type=_positive, help="rows per page (server default 100, at most 1000)")
     p.add_argument("--cursor", help="continue after a previous page")
+    p.add_argument(
+        "--idempotency-key", type=_idempotency_key, metavar="KEY", help="only the jobs an enqueue with KEY answered"
+    )
     p.add_argument(
         "-w",
         "--watch",

@@ -10,13 +10,15 @@ is worse than one that says so. Failures come out as two errors, by whose fault 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
 
+from ..domain import IDEMPOTENCY_KEY_HEADER
 from ..domain._errors import SupervisorError
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -36,11 +38,13 @@ class ApiError(SupervisorError):
         *,
         field: str | None = None,
         request_id: str | None = None,
+        retry_after_s: float | None = None,
     ) -> None:
         self.status = status
         self.code = code
         self.field = field
         self.request_id = request_id
+        self.retry_after_s = retry_after_s  # a 503's Retry-After, in seconds
         super().__init__(message)
 
     def describe(self) -> str:
@@ -89,6 +93,7 @@ class Client:
         *,
         params: Mapping[str, str | int | None] | None = None,
         body: Any = None,
+        headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
         try:
             response = self._http.request(
@@ -96,6 +101,7 @@ class Client:
                 path,
                 params={k: v for k, v in (params or {}).items() if v is not None},
                 json=body,
+                headers=headers,
                 timeout=self.timeout,
             )
         except httpx.TimeoutException as exc:
@@ -120,16 +126,24 @@ class Client:
     def health(self) -> dict[str, Any]:
         return self._json("GET", "/api/health")
 
-    def enqueue(self, kind: str, params: Mapping[str, Any]) -> dict[str, Any]:
-        return self._json("POST", "/api/jobs", body={"kind": kind, "params": dict(params)})
+    def enqueue(self, kind: str, params: Mapping[str, Any], *, idempotency_key: str | None = None) -> dict[str, Any]:
+        body = {"kind": kind, "params": dict(params)}
+        return self._json("POST", "/api/jobs", body=body, headers=_keyed(idempotency_key))
 
-    def enqueue_batch(self, jobs: list[dict[str, Any]]) -> dict[str, Any]:
-        return self._json("POST", "/api/jobs/batch", body={"jobs": jobs})
+    def enqueue_batch(self, jobs: list[dict[str, Any]], *, idempotency_key: str | None = None) -> dict[str, Any]:
+        return self._json("POST", "/api/jobs/batch", body={"jobs": jobs}, headers=_keyed(idempotency_key))
 
     def list_jobs(
-        self, *, status: str | None = None, kind: str | None = None, limit: int | None = None, cursor: str | None = None
+        self,
+        *,
+        status: str | None = None,
+        kind: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+        idempotency_key: str | None = None,
     ) -> dict[str, Any]:
-        return self._json("GET", "/api/jobs", params={"status": status, "kind": kind, "limit": limit, "cursor": cursor})
+        query = {"status": status, "kind": kind, "limit": limit, "cursor": cursor, "idempotency_key": idempotency_key}
+        return self._json("GET", "/api/jobs", params=query)
 
     def get_job(self, job_id: str) -> dict[str, Any]:
         return self._json("GET", f"/api/jobs/{_segment(job_id)}")
@@ -166,9 +180,53 @@ class Client:
         return self._send("GET", f"/api/jobs/{_segment(job_id)}/log", params=query).content
 
 
+def _keyed(idempotency_key: str | None) -> dict[str, str] | None:
+    return {IDEMPOTENCY_KEY_HEADER: idempotency_key} if idempotency_key is not None else None
+
+
+# A request the client may send again with its Idempotency-Key: this many times in all, waiting the Retry-After the
+# server gives (at most MAX_RETRY_WAIT_S) or else these backoffs in turn. Bounded: about 4 s of waiting in all.
+RETRY_ATTEMPTS = 4
+RETRY_BACKOFF_S = (0.5, 1.0, 2.0)
+MAX_RETRY_WAIT_S = 10.0
+T = TypeVar("T")
+
+
+def with_retries(
+    call: Callable[[], T],
+    *,
+    on_retry: Callable[[SupervisorError, int, float], None] = lambda error, attempt, wait_s: None,
+    sleep: Callable[[float], None] = time.sleep,
+    attempts: int = RETRY_ATTEMPTS,
+) -> T:
+    """``call`` (a keyed enqueue), sent again after no answer (refused, reset, timed out) or a 503 (the registry
+    could not take it), at most ``attempts`` times in all: safe only because its key makes every retry answer the
+    first answer instead of a second job. ``on_retry(error, next attempt, wait)`` says so before each wait."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return call()
+        except (Unreachable, ApiError) as exc:
+            if attempt == attempts or (isinstance(exc, ApiError) and exc.status != 503):
+                raise
+            backoff = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S)) - 1]
+            wait_s = (
+                min(exc.retry_after_s, MAX_RETRY_WAIT_S) if isinstance(exc, ApiError) and exc.retry_after_s else backoff
+            )
+            on_retry(exc, attempt + 1, wait_s)
+            sleep(wait_s)
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+
 def _segment(job_id: str) -> str:
     """A job id as one path segment: an id with a '/' must not address another route."""
     return quote(job_id, safe="")
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    try:
+        return max(0.0, float(response.headers.get("Retry-After", "")))
+    except ValueError:
+        return None
 
 
 def _api_error(response: httpx.Response) -> ApiError:
@@ -181,8 +239,11 @@ def _api_error(response: httpx.Response) -> ApiError:
             str(error.get("message", "")),
             field=error.get("field"),
             request_id=error.get("request_id") or request_id,
+            retry_after_s=_retry_after(response),
         )
     except (ValueError, KeyError, TypeError, AttributeError):
         # Not our error shape (a proxy in between, say): show the start of what came back.
         text = response.text.strip().splitlines()[0][:200] if response.text.strip() else response.reason_phrase
-        return ApiError(response.status_code, "http_error", text, request_id=request_id)
+        return ApiError(
+            response.status_code, "http_error", text, request_id=request_id, retry_after_s=_retry_after(response)
+        )

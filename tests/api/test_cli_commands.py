@@ -278,7 +278,8 @@ async def test_prune_dry_run_lists_what_would_go_and_prune_removes_it(make_live:
     live = await make_live(retention_days=None, retention_max_jobs=1)
     ids = []
     for _ in range(3):
-        job_id = (await cli(live.url, "enqueue", "fail", "--json")).json()["job_id"]
+        # Enqueued without an Idempotency-Key: the CLI's own enqueue keys each job, and a live key's job is kept.
+        job_id = (await live.supervisor.enqueue("fail", {})).job.job_id
         await wait_terminal(live.supervisor, job_id)  # one at a time: they end in this order
         ids.append(job_id)
     dry = await cli(live.url, "prune", "--dry-run")

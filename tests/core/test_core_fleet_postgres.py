@@ -45,7 +45,8 @@ import asyncpg
 import httpx
 import pytest
 import trio
-from tcp_proxy import TcpProxy  # type: ignore[import-not-found]
+from lossy_client import enqueue_through_loss  # type: ignore[import-not-found]
+from tcp_proxy import LossyProxy, TcpProxy  # type: ignore[import-not-found]
 
 T = TypeVar("T")
 
@@ -81,11 +82,14 @@ def note(what):
 """
 
 # Each start and end of a job's program in the journal; it runs argv[1] seconds.
-JOURNAL_JOB = NOTE + r"""
+JOURNAL_JOB = (
+    NOTE
+    + r"""
 note("start")
 time.sleep(float(sys.argv[1]))
 note("end")
 """
+)
 
 # Runs until its gate file exists, then exits with the code it was given: the test decides when it ends and how.
 GATED_JOB = r"""
@@ -96,12 +100,15 @@ sys.exit(int(sys.argv[2]))
 """
 
 # Notes its start in the journal, runs until its gate file exists, notes its end: one start per run, seen by the job.
-JOURNALED_GATE_JOB = NOTE + r"""
+JOURNALED_GATE_JOB = (
+    NOTE
+    + r"""
 note("start")
 while not os.path.exists(sys.argv[1]):
     threading.Event().wait(0.02)
 note("end")
 """
+)
 
 # Takes a SIGTERM slowly: says so in a file, then needs a moment before it exits (the window a cancel must not skip).
 SLOW_TO_STOP_JOB = r"""
@@ -131,6 +138,7 @@ def kinds_toml(journal: Path) -> str:
         )
         + kind("slow_to_stop", ["{python}", "-c", SLOW_TO_STOP_JOB, "{marker}"], 'marker = "str"')
         + kind("journaled_gate", ["{python}", "-c", JOURNALED_GATE_JOB, "{gate}", str(journal)], 'gate = "str"')
+        + kind("say", ["/bin/echo", "{text}"], 'text = "str"')
     )
 
 
@@ -507,6 +515,42 @@ async def test_INV_PROMOTION_NEVER_OVERSHOOTS_across_three_hosts_none_lost_none_
         assert await fleet.rows(host) == rows, f"{host.host_id} disagrees with {hosts[0].host_id}"
     assert fleet.errors() == []
     print(f"most at once: {most}; ran on: {ran_on}")
+
+
+async def test_INV_KEY_ONCE_enqueues_through_a_lossy_network_to_two_hosts_make_each_job_once(
+    fleet: Fleet, nursery: trio.Nursery
+) -> None:
+    """Issue 35, fleet-wide: two hosts on one PostgreSQL, each behind a proxy that loses requests and answers; the
+    client sends each request again with its key to the other host. As many rows as acknowledged jobs, each run once
+    (its own log), whichever host took which attempt."""
+    hosts = [await fleet.start("h1"), await fleet.start("h2")]
+    proxies = []
+    for seed, host in enumerate(hosts):
+        address, port = host.url.removeprefix("http://").rsplit(":", 1)
+        proxies.append(LossyProxy(address, int(port), seed=seed, lose_request=0.1, lose_answer=0.2))
+        await nursery.start(proxies[-1].run)
+    urls = [f"http://127.0.0.1:{proxy.port}" for proxy in proxies]
+    acknowledged = await trio.to_thread.run_sync(
+        lambda: enqueue_through_loss(urls, kind="say", singles=600, batches=4, batch_size=100, tag="fleet")
+    )
+    lost = sum(p.lost_requests + p.lost_answers for p in proxies)
+    assert all(p.lost_requests and p.lost_answers for p in proxies) and acknowledged.retries >= lost
+    assert len(set(acknowledged.job_ids)) == 1000
+
+    async def all_ended() -> dict[str, dict[str, Any]] | None:
+        rows = await fleet.rows(hosts[0])
+        return rows if all(row["status"] not in ("queued", "running") for row in rows.values()) else None
+
+    rows = await until(all_ended, what="every job to end", limit_s=120)
+    assert set(rows) == set(acknowledged.job_ids)  # none made twice, none without its answer
+    assert {row["status"] for row in rows.values()} == {"succeeded"} and {r["attempts"] for r in rows.values()} == {1}
+    for job_id, row in rows.items():
+        assert row["params"]["text"] == acknowledged.texts[job_id]
+        owner = next(host for host in hosts if host.host_id == row["host_id"])
+        log = await fleet.client.get(f"{owner.url}/api/jobs/{job_id}/log")
+        assert log.text == row["params"]["text"] + "\n"  # its own record, once
+    assert fleet.errors() == []
+    print(f"lost {lost} exchanges; {acknowledged.retries} retries")
 
 
 # -- 2. the leader dies ------------------------------------------------------------------------------------------
