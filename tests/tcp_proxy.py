@@ -73,8 +73,20 @@ class LossyProxy(TcpProxy):
     answer is thrown away. Either way the client's connection is then reset (RST), as a dropped link or a restarted
     middlebox does. Seeded: the same seed loses the same connections."""
 
-    def __init__(self, host: str, port: int, *, seed: int, lose_request: float, lose_answer: float) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        seed: int = 0,
+        lose_request: float = 0.0,
+        lose_answer: float = 0.0,
+        first: tuple[str, ...] = (),
+    ) -> None:
+        """``first``: the fates of the first connections, in order (``request``, ``answer`` or ``pass``), before
+        the seeded draws decide."""
         super().__init__(host, port)
+        self.first = list(first)
         self.random = random.Random(seed)
         self.lose_request = lose_request
         self.lose_answer = lose_answer
@@ -82,12 +94,16 @@ class LossyProxy(TcpProxy):
         self.lost_answers = 0
 
     async def _serve(self, client: trio.SocketStream) -> None:
-        fate = self.random.random()
-        if fate >= self.lose_request + self.lose_answer:
+        draw = self.random.random()
+        lost = "request" if draw < self.lose_request else "answer"
+        fate = lost if draw < self.lose_request + self.lose_answer else "pass"
+        if self.first:
+            fate = self.first.pop(0)
+        if fate not in ("request", "answer"):
             await super()._serve(client)
             return
         async with client:
-            if fate < self.lose_request:
+            if fate == "request":
                 with trio.move_on_after(CONNECT_LIMIT_S):
                     await client.receive_some(65536)
                 self.lost_requests += 1

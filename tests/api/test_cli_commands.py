@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import trio
 from api_support import API_TOKEN, Live, MakeLive, wait_for_job, wait_running, wait_terminal
+from tcp_proxy import LossyProxy  # type: ignore[import-not-found]
 
 from supervisor.cli import EXIT_CONFIG, EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, main
 
@@ -304,3 +305,43 @@ async def test_prune_says_when_retention_is_off(make_live: MakeLive) -> None:
     ran = await cli(live.url, "prune", "--dry-run")
     assert ran.code == EXIT_OK
     assert ran.out.strip().startswith("retention is off")
+
+
+async def test_enqueue_with_an_idempotency_key_twice_makes_one_job(live: Live) -> None:
+    await cli(live.url, "pause")
+    first = await cli(live.url, "enqueue", "sleep", "-p", "seconds=30", "--idempotency-key", "nightly-7", "--json")
+    again = await cli(live.url, "enqueue", "sleep", "-p", "seconds=30", "--idempotency-key", "nightly-7", "--json")
+    assert first.code == again.code == EXIT_OK
+    assert again.json() == first.json()
+    other = await cli(live.url, "enqueue", "sleep", "-p", "seconds=31", "--idempotency-key", "nightly-7")
+    assert other.code == EXIT_ERROR and "idempotency_key_reused, field Idempotency-Key" in other.err
+    shown = dict(line.split(None, 1) for line in (await cli(live.url, "show", first.json()["job_id"])).out.splitlines())
+    assert shown["idempotency_key"] == "nightly-7"
+    listed = await cli(live.url, "jobs", "--idempotency-key", "nightly-7", "--json")
+    assert [j["job_id"] for j in listed.json()["jobs"]] == [first.json()["job_id"]]
+
+
+async def test_an_idempotency_key_that_is_no_key_is_a_usage_error(live: Live) -> None:
+    for bad in ("", " padded", "x" * 256, "caf\u00e9"):
+        with pytest.raises(SystemExit) as exc:  # argparse's usage error, which names the option
+            await cli(live.url, "enqueue", "tidy", "--idempotency-key", bad)
+        assert exc.value.code == EXIT_USAGE, bad
+    rows, _ = await live.supervisor.list_jobs()
+    assert rows == []
+
+
+async def test_enqueue_sends_its_request_again_after_a_lost_answer_and_makes_one_job(
+    live: Live, nursery: trio.Nursery
+) -> None:
+    """No --idempotency-key: the CLI keys the invocation itself, so that its own retry replays, never duplicates."""
+    await cli(live.url, "pause")
+    host, port = live.url.removeprefix("http://").rsplit(":", 1)
+    proxy = LossyProxy(host, int(port), first=("answer", "request"))
+    await nursery.start(proxy.run)
+    ran = await cli(f"http://127.0.0.1:{proxy.port}", "enqueue", "sleep", "-p", "seconds=30", "--json")
+    assert ran.code == EXIT_OK, ran.err
+    assert (proxy.lost_answers, proxy.lost_requests) == (1, 1)
+    assert ran.err.count("sending it again") == 2 and "Idempotency-Key cli-" in ran.err
+    rows, _ = await live.supervisor.list_jobs()
+    assert [row.job_id for row in rows] == [ran.json()["job_id"]]
+    assert rows[0].idempotency_key is not None and rows[0].idempotency_key.startswith("cli-")
