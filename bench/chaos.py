@@ -22,6 +22,10 @@ then runs until every row is terminal. What is checked, from the journal, the be
 the API of the last boot:
 
 - nothing lost: every acknowledged job has a row, every row is terminal, and the API says what the registry says;
+- nothing made twice: every ``POST /api/jobs`` carries its job's own ``Idempotency-Key``, the client throws away
+  ``--lose-answers`` of the answers that do come back (the lossy client: a network that loses them) and asks again,
+  to the next host, with the key; there are exactly as many rows as acknowledged jobs (issue 35: before keys, a
+  retried request whose first answer was lost made a second row, 1,001 rows for 1,000 jobs);
 - nothing runs twice except as a recorded resubmit: each row's ``attempts`` is the number of its journal starts, its
   ``history`` holds one entry per earlier attempt, and no attempt starts before the previous one ended;
 - every outcome is what the job really did: an attempt the bench killed is recorded as that kill
@@ -544,10 +548,14 @@ class Enqueuer:
     durations: list[float]
     gap_s: float
     rng: random.Random
+    # The lossy client (issue 35): this share of the answers that do come back is thrown away, as a network that
+    # loses them would, and the request sent again with its Idempotency-Key (every request carries one).
+    lose_answers: float = 0.0
     acked: list[str] = field(default_factory=list)
     acked_by: collections.Counter[str] = field(default_factory=collections.Counter)  # per host URL
     refused: int = 0  # no connection: nothing was sent, the same job is asked again (of the next host)
     lost_answers: int = 0  # sent, no answer: the job may exist (checked as a row like any other), asked again
+    dropped_answers: int = 0  # answers that came back and the lossy client threw away: asked again with the key
     done: threading.Event = field(default_factory=threading.Event)
     stop: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
@@ -556,34 +564,40 @@ class Enqueuer:
     def run(self) -> None:
         try:
             with httpx.Client(timeout=10.0) as client:
-                for seconds in self.durations:
-                    self._one(client, seconds)
+                for n, seconds in enumerate(self.durations):
+                    self._one(client, seconds, f"chaos-{n}")
                     if self.stop.wait(self.rng.uniform(0, 2 * self.gap_s)):
                         return
             self.done.set()
         except BaseException as exc:
             self.error = exc
 
-    def _one(self, client: httpx.Client, seconds: float) -> None:
+    def _one(self, client: httpx.Client, seconds: float, key: str) -> None:
         while not self.stop.is_set():
             url = self.urls[self._next % len(self.urls)]
             self._next += 1  # round-robin; a refused or lost request goes on to the next host
             try:
                 answer = client.post(
-                    f"{url}/api/jobs", json={"kind": KIND, "params": {"seconds": seconds}}, timeout=10.0
+                    f"{url}/api/jobs",
+                    json={"kind": KIND, "params": {"seconds": seconds}},
+                    headers={"Idempotency-Key": key},
+                    timeout=10.0,
                 )
             except httpx.ConnectError:
                 self.refused += 1
             except httpx.TransportError:
                 self.lost_answers += 1
             else:
-                if answer.status_code == 202:
+                if answer.status_code == 202 and self.rng.random() < self.lose_answers:
+                    self.dropped_answers += 1  # as if the network lost it: the same request again, same key
+                elif answer.status_code == 202:
                     self.acked.append(answer.json()["job_id"])
                     self.acked_by[url] += 1
                     return
-                if answer.status_code < 500:
+                elif answer.status_code < 500:
                     raise RuntimeError(f"enqueue refused: {answer.status_code} {answer.text}")
-                self.lost_answers += 1  # a 5xx: the registry may or may not have it
+                else:
+                    self.lost_answers += 1  # a 5xx: the registry may or may not have it
             if len(self.urls) == 1 or self._next % len(self.urls) == 0:
                 self.stop.wait(0.1)  # every host asked once: a pause before the next round
 
@@ -696,6 +710,7 @@ class Plan:
     lease_s: float = 3.0  # a fleet host's lease (PODCAST_JOB_HOST_LEASE_SECONDS): short, so that leads change hands
     down_s: tuple[float, float] = (0.2, 5.0)  # a killed host's time down before its restart: past its lease at times
     keep_logs: bool = False  # keep every boot's log (a failed run keeps them anyway)
+    lose_answers: float = 0.1  # the lossy client: the share of 202 answers it throws away and asks again for
 
 
 def start_supervisor(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -843,7 +858,9 @@ def run(plan: Plan, results_dir: Path | None) -> int:
             random.Random(rng.random()),
             plan.job_kill_every_s,
         )
-        enqueuer = Enqueuer([url], over_api, 0.8 * chaos_s / max(1, len(over_api)), random.Random(rng.random()))
+        enqueuer = Enqueuer(
+            [url], over_api, 0.8 * chaos_s / max(1, len(over_api)), random.Random(rng.random()), plan.lose_answers
+        )
         threads = [threading.Thread(target=observer.run), threading.Thread(target=enqueuer.run)]
         log = root / "supervisor.log"
         last_log = root / "supervisor-last-boot.log"
@@ -1063,7 +1080,11 @@ def fleet_chaos(
         plan.mode, journal, functools.partial(Shared, store), random.Random(rng.random()), plan.job_kill_every_s
     )
     enqueuer = Enqueuer(
-        [h.url for h in hosts], over_api, 0.8 * chaos_s / max(1, len(over_api)), random.Random(rng.random())
+        [h.url for h in hosts],
+        over_api,
+        0.8 * chaos_s / max(1, len(over_api)),
+        random.Random(rng.random()),
+        plan.lose_answers,
     )
     watch = LeaderWatch({h.host_id: h.url for h in hosts})
     threads = [threading.Thread(target=t.run) for t in (observer, enqueuer, watch)]
@@ -1329,6 +1350,8 @@ def judge(
     kill_reason, kill_code = KILLED[plan.mode]
     by_id = {r.job_id: r for r in rows}
     lost = [job_id for job_id in acked if job_id not in by_id]
+    # INV-KEY-ONCE (issue 35): every request carries a key, so a retry after a lost answer never makes a second row.
+    unacknowledged = sorted(set(by_id) - set(acked))
     not_terminal = [r.job_id for r in rows if not r.status.is_terminal]
     unknown_runs = [job_id for job_id in journal.runs if job_id not in by_id]
     twice: list[str] = list(journal.anomalies)  # a start while the previous one ran; an end with no start
@@ -1379,6 +1402,8 @@ def judge(
     resubmits = sum(len(r.history) for r in rows)
     checks = {
         f"every acknowledged job has a row ({len(acked)} acknowledged, {len(rows)} rows)": not lost,
+        "as many rows as acknowledged jobs: no retried request made a second row": not unacknowledged
+        and len(set(acked)) == len(acked),
         (
             "every row is terminal, and every host's API agrees with the registry"
             if fleet is not None
@@ -1392,7 +1417,8 @@ def judge(
         and observer.peak_running_rows <= plan.slots,
         "nothing stuck: no job process or container of the run left": not left,
     }
-    violations = lost + not_terminal + api_mismatches + unknown_runs + twice + wrong + left
+    violations = lost + [f"{job_id}: a row no answer acknowledged" for job_id in unacknowledged]
+    violations += not_terminal + api_mismatches + unknown_runs + twice + wrong + left
     if fleet is not None:
         checks.update(fleet.checks)
         violations += fleet.violations
@@ -1403,6 +1429,8 @@ def judge(
         "enqueued_over_api": len(enqueuer.acked),
         "api_requests_refused": enqueuer.refused,
         "api_answers_lost": enqueuer.lost_answers,
+        "api_answers_dropped_by_the_lossy_client": enqueuer.dropped_answers,
+        "rows_no_answer_acknowledged": len(unacknowledged),
         "outside_job_kills": len(killed_runs),
         "outside_kills_missed": observer.missed,
         "outside_kills_raced_exit": raced,
@@ -1501,7 +1529,16 @@ def main() -> int:
     )
     parser.add_argument("--no-write", action="store_true", help="write no results file")
     parser.add_argument("--keep-logs", action="store_true", help="with --hosts: keep every boot's log (a failure does)")
+    parser.add_argument(
+        "--lose-answers",
+        type=float,
+        default=0.1,
+        help="the share of 202 answers the API client throws away and asks again for, with the request's "
+        "Idempotency-Key (the lossy client: issue 35)",
+    )
     args = parser.parse_args()
+    if not 0 <= args.lose_answers < 1:
+        parser.error(f"--lose-answers must be in [0, 1), not {args.lose_answers}")
     if args.hosts < 1:
         parser.error(f"--hosts must be 1 or more, not {args.hosts}")
     database_url = args.database_url or os.environ.get("PODCAST_JOB_TEST_DATABASE_URL") or None
@@ -1515,7 +1552,7 @@ def main() -> int:
         parser.error("--database-url goes with --hosts N (N >= 2): one host runs on SQLite")
     mode_arg = args.mode or ("subprocess" if args.hosts > 1 else "both")
     results_dir = None if args.no_write else args.results_dir or (None if args.smoke else REPO / "bench" / "results")
-    fleet: dict[str, Any] = {}
+    fleet: dict[str, Any] = {"lose_answers": args.lose_answers}
     if args.hosts > 1:
         fleet.update(hosts=args.hosts, database_url=database_url, keep_logs=args.keep_logs)
     status = 0

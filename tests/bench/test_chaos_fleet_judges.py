@@ -59,3 +59,36 @@ def test_INV_ONE_LEADER_a_lead_taken_before_the_holders_lease_ran_out_is_reporte
     assert found.startswith("h2 (boot boot-b)")
     in_time = [host("h1", "boot-a", 0, 3), host("h2", "boot-b", 3.2, 6.2), host("h1", "boot-c", 6.5, 9.5)]
     assert chaos.leader_handovers(in_time) == []
+
+
+def test_INV_KEY_ONCE_one_row_more_than_the_acknowledged_jobs_fails_the_run(tmp_path: Path) -> None:
+    """Issue 35: the chaos run's verdict counts rows against acknowledged jobs, and one extra row (a retried request
+    that made a second job) fails it, even when that job ran once and ended well."""
+    import random
+
+    from supervisor.domain import Job, JobStatus
+
+    def row(job_id: str) -> Job:
+        return Job(
+            job_id=job_id, seq=0, kind=chaos.KIND, params={}, argv=[], status=JobStatus.SUCCEEDED, error_reason=None,
+            exit_code=0, created_at=T0, started_at=T0, ended_at=T0, attempts=1, cancel_requested=False, boot_id=None,
+            identity=None, token_hash=None, completed_units=0, total_units=None, stage=None, last_heartbeat_at=None,
+            last_progress_at=None, log_path=None, max_attempts=chaos.MAX_ATTEMPTS,
+        )  # fmt: skip
+
+    journal = chaos.Journal(tmp_path / "journal")
+    for job_id in ("a", "b"):
+        journal.runs[job_id] = [chaos.Run(1.0, 100, end=2.0)]
+    plan = chaos.Plan("subprocess", 2, 3, 0, 25, 1.0)
+    observer = chaos.Observer("subprocess", journal, lambda: None, random.Random(0), 1.0)
+    enqueuer = chaos.Enqueuer(["http://x"], [0.1], 0.1, random.Random(0))
+
+    def verdict(acked: list[str]) -> dict[str, str]:
+        report = chaos.judge(plan, [row("a"), row("b")], acked, journal, observer, enqueuer, [], [])
+        return {check["name"]: check["verdict"] for check in report["checks"]}
+
+    name = "as many rows as acknowledged jobs: no retried request made a second row"
+    assert verdict(["a", "b"])[name] == "PASS"
+    extra = verdict(["a"])
+    assert extra[name] == "FAIL"
+    assert all(v == "PASS" for k, v in extra.items() if k != name)
