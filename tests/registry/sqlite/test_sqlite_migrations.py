@@ -50,10 +50,25 @@ def test_this_code_is_schema_version_10() -> None:
     assert SCHEMA_VERSION == 10
 
 
-def undo_10(conn: sqlite3.Connection) -> None:
-    """A file of version 10 back to version 9's tables."""
-    conn.execute("DROP TABLE idempotency_keys")
-    conn.execute("ALTER TABLE jobs DROP COLUMN idempotency_key")
+# What each migration from version 9 on added, undone: a file of the current version back to an earlier one's tables.
+UNDO = {
+    10: ("DROP TABLE idempotency_keys", "ALTER TABLE jobs DROP COLUMN idempotency_key"),
+    9: ("DROP TABLE forgotten_hosts",),
+    8: ("DROP TABLE fleet_settings",),
+}
+
+
+def back_to(path: Path, version: int) -> None:
+    """The file at ``path`` (of this code's version) as a file of ``version`` would be."""
+    conn = sqlite3.connect(path)
+    try:
+        for undone in range(SCHEMA_VERSION, version, -1):
+            for statement in UNDO[undone]:
+                conn.execute(statement)
+        conn.execute("UPDATE schema_version SET version = ?", (version,))
+        conn.commit()
+    finally:
+        conn.close()
 
 
 async def test_a_version_9_file_gets_idempotency_keys_and_its_rows_were_made_without_one(path: Path) -> None:
@@ -61,13 +76,7 @@ async def test_a_version_9_file_gets_idempotency_keys_and_its_rows_were_made_wit
     reg = await SqliteRegistry.open(path)
     old, _ = await reg.enqueue(NewJob("k", {}, ["true"]))
     await reg.aclose()
-    conn = sqlite3.connect(path)
-    try:
-        undo_10(conn)
-        conn.execute("UPDATE schema_version SET version = 9")
-        conn.commit()
-    finally:
-        conn.close()
+    back_to(path, 9)
     reg = await SqliteRegistry.open(path)
     try:
         assert raw(path, "SELECT version FROM schema_version") == [(10,)]
@@ -86,14 +95,7 @@ async def test_a_version_8_file_gets_the_forgotten_hosts_fence_with_its_hosts_in
     reg = await SqliteRegistry.open(path)
     await reg.renew_lease("h", "boot-h", lease_s=15, lead=False)
     await reg.aclose()
-    conn = sqlite3.connect(path)
-    try:
-        undo_10(conn)
-        conn.execute("DROP TABLE forgotten_hosts")
-        conn.execute("UPDATE schema_version SET version = 8")
-        conn.commit()
-    finally:
-        conn.close()
+    back_to(path, 8)
     reg = await SqliteRegistry.open(path)
     try:
         assert raw(path, "SELECT version FROM schema_version") == [(10,)]
@@ -108,15 +110,7 @@ async def test_a_version_7_file_gets_the_fleet_settings_table_with_nothing_recor
     """Version 8 (issue 27): nothing recorded, so the first supervisor to start records its limit."""
     reg = await SqliteRegistry.open(path)
     await reg.aclose()
-    conn = sqlite3.connect(path)
-    try:
-        undo_10(conn)
-        conn.execute("DROP TABLE forgotten_hosts")  # version 9's
-        conn.execute("DROP TABLE fleet_settings")
-        conn.execute("UPDATE schema_version SET version = 7")
-        conn.commit()
-    finally:
-        conn.close()
+    back_to(path, 7)
     reg = await SqliteRegistry.open(path)
     try:
         setting = await reg.record_setting("max_concurrent", "3", "h", replace=False)
