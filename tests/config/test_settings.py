@@ -71,3 +71,22 @@ def test_each_number_is_read_from_its_toml_key_and_the_environment_wins(  # type
     assert getattr(from_file, setting.attr) != getattr(Config(), setting.attr)
     from_env, _ = load_config({setting.env: str(getattr(Config(), setting.attr))}, config_file=file)
     assert getattr(from_env, setting.attr) == getattr(Config(), setting.attr)
+
+
+def below_floor(setting) -> float | None:  # type: ignore[no-untyped-def]
+    """A value under ``setting``'s floor that is of its kind and would not turn it off (None: there is none)."""
+    below = setting.read.floor - 1 if setting.read.integer else setting.read.floor / 2
+    return None if below < 0 or below >= setting.read.floor or (setting.read.off and below <= 0) else below
+
+
+FLOORED = [s for s in NUMBERS if s.read.floor is not None and below_floor(s) is not None]
+
+
+@pytest.mark.parametrize("setting", FLOORED, ids=lambda s: s.env)
+def test_a_number_below_its_floor_is_the_floor_and_says_so(setting) -> None:  # type: ignore[no-untyped-def]
+    """E.g. PODCAST_JOB_IDEMPOTENCY_TTL_SECONDS=60 keeps keys an hour (issue 35: a floor of 1 h, not 'no key')."""
+    assert "PODCAST_JOB_IDEMPOTENCY_TTL_SECONDS" in {s.env for s in FLOORED}
+    below = below_floor(setting)
+    config, warnings = load_config({setting.env: str(below)})
+    assert getattr(config, setting.attr) == setting.read.floor
+    assert any(setting.env in w and "floor" in w for w in warnings)
