@@ -28,7 +28,7 @@ from ._errors import (
     RunnerError,
     TranscriptionError,
 )
-from ._events import EventSink
+from ._events import EventSink, JsonLogFormatter, configure_logging
 from ._exit_codes import (
     EXIT_ALL_FEEDS_FAILED,
     EXIT_BUDGET_EXHAUSTED,
@@ -96,6 +96,7 @@ __all__ = [
     "FeedParseError",
     "Heartbeat",
     "HeartbeatConfig",
+    "JsonLogFormatter",
     "PipelineRun",
     "PoisonMemo",
     "Reservation",
@@ -105,6 +106,7 @@ __all__ = [
     "StopSignal",
     "TranscriptionError",
     "TransportTimeouts",
+    "configure_logging",
     "episode_key",
     "parse_feed",
     "resolve_processing_loop_budget_s",

@@ -29,7 +29,7 @@ from ._config import (
 )
 from ._enrich import EnrichRun
 from ._errors import ConfigError
-from ._events import EventSink
+from ._events import EventSink, configure_logging
 from ._exit_codes import EXIT_CRASH, EXIT_USAGE
 from ._heartbeat import Heartbeat
 from ._run import REASON_TERMINATED, PipelineRun, RunOutcome, StopSignal
@@ -182,15 +182,13 @@ async def amain(
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        stream=sys.stderr, level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args.log_level, os.environ.get("PODCAST_JOB_ID"))
     # httpx logs every request at INFO: a heartbeat every few seconds would bury the job's own log.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         config = build_config(args, os.environ)
     except ConfigError as exc:
-        print(f"pipeline-runner: configuration error: {exc}", file=sys.stderr)
+        log.error("configuration error: %s", exc)
         sys.exit(EXIT_USAGE)
     try:
         outcome = trio.run(amain, args.command, config)

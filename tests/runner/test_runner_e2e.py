@@ -35,6 +35,7 @@ from pipeline_runner import (
     EXIT_TIME_BUDGET_EXHAUSTED,
     EXIT_TRANSIENT,
     EXIT_USAGE,
+    configure_logging,
     episode_key,
 )
 from pipeline_runner._staging import read_own_identity, staging_name
@@ -373,3 +374,42 @@ async def test_an_episode_that_kills_the_process_is_poisoned_after_n_kills(
     assert skipped == {"fatal": "poisoned"}
     assert [e["guid"] for e in result.of("episode_done")] == ["fine"]
     assert len(s.requests_to("/fatal")) == 2  # never tried a third time
+
+
+async def test_every_line_of_a_jobs_output_is_one_json_object_its_warnings_too(
+    tmp_path: Path, closed_port_url: str
+) -> None:
+    """Issue 36: a feed that cannot be reached made a plain-text ``WARNING pipeline_runner._run: ...`` line among the
+    JSON events of the job's log. Now the log is JSON on stderr, shaped like an event."""
+    result = await run_runner(["run", "--feed", closed_port_url, *FAST], runner_env(tmp_path), cwd=tmp_path)
+    assert result.returncode == EXIT_TRANSIENT, result.stderr
+    lines = [json.loads(line) for line in result.stderr.splitlines()]  # every stderr line is JSON
+    warned = [line for line in lines if line["level"] == "warning" and line["logger"] == "pipeline_runner._run"]
+    assert warned and closed_port_url.split("//")[1] in warned[0]["message"]
+    assert {(line["event"], line["job_id"]) for line in lines} == {("log", "job-1")}
+    assert all(line["ts"].endswith("Z") for line in lines)
+
+
+def test_python_warnings_and_tracebacks_are_json_lines_too(capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+    import warnings
+
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    try:
+        configure_logging("INFO", "job-9")
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.warn("an old way", DeprecationWarning, stacklevel=1)
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            logging.getLogger("pipeline_runner").exception("crashed")
+    finally:
+        logging.captureWarnings(False)
+        root.handlers[:], _ = saved
+        root.setLevel(saved[1])
+    warned, crashed = (json.loads(line) for line in capsys.readouterr().err.splitlines())
+    assert (warned["logger"], warned["level"], warned["job_id"]) == ("py.warnings", "warning", "job-9")
+    assert "an old way" in warned["message"]
+    assert crashed["message"] == "crashed" and "ValueError: boom" in crashed["exception"]
