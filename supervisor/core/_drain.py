@@ -30,7 +30,7 @@ from ..execution import JobHandle, Launch
 from ..observe import get_logger
 from ..registry import Ending, Expect, IdentityClaim, Outcome, PromoteRequest
 from ._boot import Boot, Watched, boundary, log_failure, until_recorded
-from ._pause import LOOK_EVERY_S, PauseFile
+from ._pause import PauseFile
 from ._rules import ENGINE_UNAVAILABLE
 
 log = get_logger()
@@ -120,12 +120,11 @@ class Drainer:
         self.boot.nursery()  # no drain without a job nursery to hand the jobs to
         started: list[Job] = []
         async with self._lock:
-            try:
-                # The operator's switch: looked at once a second at most (the sweeper looks at every sweep).
-                await self.pause_file.mirror(at_most_every_s=LOOK_EVERY_S)
-            except SupervisorError:
-                log_failure("pause_file_not_mirrored", path=str(self.pause_file.path))
             while self._lease_fresh() and await self._executor_ready():
+                # The operator's switch, looked at before every promotion: it holds each one that begins after the
+                # file exists, whatever the registry's mirror of it says (ADR-152 §7, issue 36).
+                if await self.pause_file.look():
+                    break
                 tokens = [secrets.token_urlsafe(32) for _ in range(min(self.boot.max_concurrent, PROMOTE_BATCH))]
                 request = PromoteRequest(
                     self.boot.max_concurrent,

@@ -5,25 +5,28 @@ its own atomic step. The file ``<data>/.viewer/jobs.paused`` stays what it alway
 no API: while it exists, promotion is paused (by the file); once it is removed, a pause that the file made ends. A
 pause made through the API is never ended by the file's removal.
 
-The drainer looks before a promotion round (at most once per ``LOOK_EVERY_S``: under load rounds come by hundreds a
-second, and each look is a thread hop) and the sweeper at every sweep, so touching the file holds promotion within a
-second. A look is one ``stat`` in a worker thread; the registry is written only when the file appeared or went since
-the last look.
+The drainer looks before **every** promotion (``look``), so the file holds every promotion that begins after it
+exists: a corpus repair run as a plain command can ``touch`` it and start at once (ADR-152 §7; issue 36 -- a look at
+most once a second let a job be promoted after the ``touch`` returned). The file's presence holds this host's
+promotion by itself, whatever the registry says or whether the mirror could be written; on a fleet each host looks at
+the file in its own data dir before each of its promotions (hosts that share a corpus share the data dir, and so the
+file), and the mirror holds the others at their next promotion. The sweeper looks at every sweep too. A look is one
+``stat`` in a worker thread (a thread hop per round: tens of microseconds); the registry is written only when the
+file appeared or went since the last look.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import trio
 
+from ..domain import SupervisorError
 from ..observe import get_logger
 from ..registry import PAUSED_BY_FILE, Registry
+from ._boot import log_failure
 
 log = get_logger()
-
-LOOK_EVERY_S = 1.0  # the drainer's looks, at most: the file holds promotion within this
 
 
 class PauseFile:
@@ -34,16 +37,24 @@ class PauseFile:
         # file ends it (another host, starting without a file of its own, must not undo it). ADR 0012.
         self.by = PAUSED_BY_FILE if host_id is None else f"{PAUSED_BY_FILE}:{host_id}"
         self._seen: bool | None = None  # whether the file existed at the last look (None: not looked yet)
-        self._looked_at = -math.inf  # trio.current_time() of the last look
         self._lock = trio.Lock()
 
-    async def mirror(self, *, at_most_every_s: float = 0.0) -> None:
-        """Look at the file and mirror it; with ``at_most_every_s``, not if the last look is more recent."""
-        if trio.current_time() - self._looked_at < at_most_every_s:
-            return
+    async def look(self) -> bool:
+        """Whether the file exists now, its appearance or removal mirrored into the registry. Its presence holds
+        promotion whatever the mirror did: a mirror that fails is logged (``pause_file_not_mirrored``), not raised."""
+        exists = await trio.to_thread.run_sync(self.path.exists)
+        try:
+            await self._mirror(exists)
+        except SupervisorError:
+            log_failure("pause_file_not_mirrored", path=str(self.path))
+        return exists
+
+    async def mirror(self) -> None:
+        """Look at the file and mirror it (the sweeper's look; a failure to write the mirror is raised)."""
+        await self._mirror(await trio.to_thread.run_sync(self.path.exists))
+
+    async def _mirror(self, exists: bool) -> None:
         async with self._lock:  # the drainer and the sweeper may look at once: one of them writes
-            self._looked_at = trio.current_time()
-            exists = await trio.to_thread.run_sync(self.path.exists)
             if exists == self._seen:
                 return
             if exists:
@@ -59,6 +70,5 @@ class PauseFile:
             self._seen = exists
 
     def forget(self) -> None:
-        """Look again at the next mirror (after an API resume removed the file, or a pause made through it)."""
+        """Mirror again at the next look (after an API resume removed the file, or a pause made through it)."""
         self._seen = None
-        self._looked_at = -math.inf

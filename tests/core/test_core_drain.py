@@ -325,6 +325,30 @@ async def test_the_pause_file_holds_promotion_and_its_removal_resumes(
     assert (await wait_terminal(sup, job.job_id)).status is JobStatus.SUCCEEDED
 
 
+async def test_the_pause_file_holds_every_promotion_that_begins_after_it_exists(
+    make_supervisor: Callable[..., Supervisor],
+) -> None:
+    """Issue 36 (ADR-152 §7): a corpus repair can ``touch`` the file and start at once. Jobs are enqueued and drained
+    in a loop, with slots to spare, and the file appears partway: no job enqueued after the touch is promoted, by
+    this loop's drains or by the drainer's own rounds. (A look at most once a second let them through.)"""
+    sup = make_supervisor(max_concurrent=50)
+    flag = sup.config.pause_flag_path
+    await trio.to_thread.run_sync(lambda: flag.parent.mkdir(parents=True, exist_ok=True))
+    before, after = [], []
+    for n in range(20):
+        if n == 10:
+            await trio.to_thread.run_sync(flag.touch)
+        job = (await sup.enqueue("sleep", {"seconds": 30})).job
+        (after if n >= 10 else before).append(job.job_id)
+        promoted = await sup.drain()
+        assert n < 10 or promoted == [], f"round {n}: promoted after the file appeared"
+    assert {(await sup.get(job_id)).status for job_id in before} == {JobStatus.RUNNING}
+    assert {(await sup.get(job_id)).status for job_id in after} == {JobStatus.QUEUED}
+    await trio.to_thread.run_sync(flag.unlink)
+    await sup.sweep()  # the file gone: the pause it made ends, and the queue moves
+    assert {(await sup.get(job_id)).status for job_id in after} == {JobStatus.RUNNING}
+
+
 async def test_removing_the_pause_file_never_ends_a_pause_made_through_the_api(
     make_supervisor: Callable[..., Supervisor],
 ) -> None:
