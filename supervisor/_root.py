@@ -29,7 +29,7 @@ from typing import Any
 import trio
 
 from .api import HttpLimits, bind_socket, public_base_url, serve_http
-from .core import Supervisor
+from .core import DataDirLock, Supervisor
 from .domain._config import ApiToken, Config
 from .domain._errors import ConfigError, RegistryError, RegistryNotOpened
 from .domain._kinds import KindCatalog
@@ -114,11 +114,34 @@ async def _run_with_registry(
     # One wall clock for every timestamp and rule of this boot, moved by the monotonic clock: a step of the system
     # clock fires no rule and skips no backoff (issue 26).
     clock = SteadyWallClock()
+    # The data dir's lock, held to the end of this process: the boot it names is proved gone (issue 36).
+    succession = await trio.to_thread.run_sync(DataDirLock.take, config.viewer_dir, boot_id)
+    try:
+        await _serve_boot(
+            config, kinds, boot_id, clock, succession.succeeds, shutdown=shutdown, freeze_heap=freeze_heap,
+            limits=limits, task_status=task_status,
+        )  # fmt: skip
+    finally:
+        succession.release()
+
+
+async def _serve_boot(
+    config: Config,
+    kinds: KindCatalog,
+    boot_id: str,
+    clock: SteadyWallClock,
+    succeeds: str | None,
+    *,
+    shutdown: trio.Event,
+    freeze_heap: bool,
+    limits: HttpLimits,
+    task_status: Any,
+) -> None:
     try:
         registry = await open_registry(config, boot_id=boot_id, outbox=config.webhook_url is not None, clock=clock)
     except RegistryError as exc:
         raise RegistryNotOpened(str(exc)) from exc
-    supervisor = Supervisor(config, kinds, registry, boot_id=boot_id, wall_clock=clock)
+    supervisor = Supervisor(config, kinds, registry, boot_id=boot_id, wall_clock=clock, succeeds=succeeds)
     api_token = ApiToken.from_config(config)
     sock = bind_socket(config.bind_host, config.bind_port)
     host, port = sock.getsockname()[:2]

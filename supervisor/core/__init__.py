@@ -8,6 +8,7 @@ _absence      the absence tracker (monotonic ages) and judge
 _sweeper      the sweeper task: pause file -> reconcile -> absence -> drain
 _wakeups      the wake-up listener task: other hosts' changes (LISTEN/NOTIFY), acted on at once; only hints
 _heartbeats   a job's heartbeats: token check, body, watermark
+_succession   the data dir's lock: which previous boot of this host is proved gone
 _supervisor   Supervisor: the front door the HTTP layer and the CLI call; wires the above
 """
 
@@ -39,6 +40,7 @@ from ._rules import (
     outcome,
     past_window,
 )
+from ._succession import DataDirLock
 from ._supervisor import LOG_CHUNK_BYTES, Health, LogSlice, QueueState, Supervisor
 from ._sweeper import Sweeper, run_sweeper
 from ._wakeups import WakeupListener
@@ -61,6 +63,7 @@ __all__ = [
     "AbsenceJudge",
     "AbsenceTracker",
     "Boot",
+    "DataDirLock",
     "Decision",
     "Drainer",
     "Health",

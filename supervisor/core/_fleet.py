@@ -49,14 +49,17 @@ class Fleet:
         on_forgotten: Callable[[], None] | None = None,
         end_by_proof: Callable[[list[Job], Callable[[], bool]], Awaitable[list[str]]] | None = None,
         standalone: bool = False,
+        succeeds: str | None = None,
     ) -> None:
         """``boot``: whose fleet-wide limit to settle at start (None: none to settle). ``on_fresh``: called when the
         lease is fresh again after it was not (promotion may resume: the drainer's wake). ``on_forgotten``: called
         once when the registry says an operator forgot this boot (its processes are to be stopped). ``end_by_proof``:
         the leader's judge of silent hosts' rows on the ground truth this host can reach (``_silent``); None: none.
         ``standalone``: no fleet task runs (a Supervisor embedded or driven by hand holds its registry alone): the
-        gates are open without a lease. Otherwise they refuse until a renewal opens them."""
+        gates are open without a lease. Otherwise they refuse until a renewal opens them. ``succeeds``: this host's
+        previous boot, proved gone by the data dir's lock (``_succession``): its lease and lead are taken at once."""
         self.standalone = standalone
+        self.succeeds = succeeds
         self.boot = boot
         self.end_by_proof = end_by_proof
         self.on_fresh = on_fresh
@@ -157,7 +160,9 @@ class Fleet:
         asked = trio.current_time()
         try:
             with trio.fail_after(self.lease_s / 3):
-                lease = await self.registry.renew_lease(self.host_id, self.boot_id, lease_s=self.lease_s, lead=True)
+                lease = await self.registry.renew_lease(
+                    self.host_id, self.boot_id, lease_s=self.lease_s, lead=True, succeeds=self.succeeds
+                )
         except HostForgotten as exc:
             # INV-FORGET-IS-FENCED: never a lease again for this boot, so never a promotion or a lead; its jobs' rows
             # were ended by the operator's forget and may run elsewhere now.
@@ -196,7 +201,16 @@ class Fleet:
         self._renewed.set()
         self._note_leading()
         self._note_fresh()
-        if first and lease.replaced is not None and lease.replaced.live:
+        if first and lease.replaced is not None and lease.replaced.boot_id == self.succeeds:
+            log.info(
+                "host_restarted",
+                host_id=self.host_id,
+                previous_boot_id=self.succeeds,
+                leading=lease.leading,
+                why="its previous boot on this data dir is gone (the data dir's lock was free): its lease and lead "
+                "are taken at once",
+            )
+        elif first and lease.replaced is not None and lease.replaced.live:
             # A restart after a crash looks the same as a second machine given this host id: say which it may be.
             log.warning(
                 "host_id_taken_over",

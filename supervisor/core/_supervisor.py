@@ -138,12 +138,14 @@ class Supervisor:
         executor: Executor | None = None,
         wall_clock: Callable[[], datetime] | None = None,
         standalone: bool = False,
+        succeeds: str | None = None,
     ) -> None:
         """``wall_clock``: the time this boot stamps and judges by; ``supervisor serve`` gives the registry's own
         ``SteadyWallClock`` (steps of the system clock move neither). Default: the system's wall clock.
         ``standalone``: this boot runs no fleet task (``run_fleet``) and holds its registry alone, so it promotes and
         leads without a lease (an embedder, a test). Otherwise nothing is promoted and no leader's duty runs until
-        the fleet task's first renewal opens those gates (``run_supervisor`` starts it first)."""
+        the fleet task's first renewal opens those gates (``run_supervisor`` starts it first). ``succeeds``: this
+        host's previous boot on this data dir, proved gone (``_succession.DataDirLock``)."""
         env = dict(base_env if base_env is not None else os.environ)
         for name in _PRIVATE_ENV:
             env.pop(name, None)
@@ -183,6 +185,7 @@ class Supervisor:
             on_forgotten=self.host_admin.this_boot_forgotten,
             end_by_proof=self.silent_hosts.end_by_proof,
             standalone=standalone,
+            succeeds=succeeds,
         )
         self.boot.may_promote = self.fleet.may_promote  # INV-NO-PROMOTION-WITHOUT-LEASE
         # INV-ONE-LEADER: one sender for the fleet keeps delivery in order.

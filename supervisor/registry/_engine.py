@@ -289,7 +289,7 @@ class Rules:
         self, store: Store, new: NewJob, promote: PromoteRequest | None, key: IdempotencyKey | None = None
     ) -> tuple[EnqueueResult, Promotion]:
         if key is not None:
-            replayed = await self.replay(store, key)
+            replayed = await replay(store, key)
             if replayed is not None:
                 return replayed[0], Promotion()  # INV-KEY-ONCE: a key's request never makes a second row
             new = replace(new, idempotency_key=key.key)
@@ -297,14 +297,14 @@ class Rules:
         if not coalesced:
             await store.notify(Wakeup(WAKE_QUEUED))
         result = EnqueueResult(await self.get(store, job_id), coalesced=coalesced)
-        await self.keep(store, key, [result])
+        await keep(store, key, [result])
         return result, await self.promote_after(store, promote)
 
     async def enqueue_many(
         self, store: Store, jobs: Sequence[NewJob], key: IdempotencyKey | None = None
     ) -> list[EnqueueResult]:
         if key is not None:
-            replayed = await self.replay(store, key)
+            replayed = await replay(store, key)
             if replayed is not None:
                 return replayed  # INV-KEY-ONCE
             jobs = [replace(new, idempotency_key=key.key) for new in jobs]
@@ -315,31 +315,8 @@ class Rules:
             await store.notify(Wakeup(WAKE_QUEUED))  # one for the batch, however large
         rows = {job.job_id: job for job in await store.jobs([job_id for job_id, _ in added])}
         results = [EnqueueResult(rows[job_id], coalesced) for job_id, coalesced in added]
-        await self.keep(store, key, results)
+        await keep(store, key, results)
         return results
-
-    @staticmethod
-    async def replay(store: Store, key: IdempotencyKey) -> list[EnqueueResult] | None:
-        """What ``key`` answered while it is live (None: it answered nothing yet), the rows as they are now; another
-        request under it is ``IdempotencyKeyReused``. Under the key's lock, held to the end of the transaction: a
-        retry that arrives while the first request is in its transaction waits for it, then replays it."""
-        await store.lock_key(key.key)
-        found = await store.receipts(key.key, store.now())
-        if found is None:
-            return None
-        fingerprint, receipts = found
-        if fingerprint != key.fingerprint:
-            raise IdempotencyKeyReused(key.key)
-        rows = {job.job_id: job for job in await store.jobs([r.job_id for r in receipts])}
-        return [EnqueueResult(rows[r.job_id], r.coalesced, replayed=r) for r in receipts]
-
-    @staticmethod
-    async def keep(store: Store, key: IdempotencyKey | None, results: Sequence[EnqueueResult]) -> None:
-        """Record what ``key``'s request answered, in the transaction that made it (a rollback leaves the key free)."""
-        if key is not None:
-            now = store.now()
-            receipts = [result.receipt for result in results]
-            await store.put_receipts(key.key, key.fingerprint, receipts, now, now + timedelta(seconds=key.ttl_s))
 
     async def promote_rows(self, store: Store, request: PromoteRequest) -> list[Job]:
         """INV-PROMOTION-NEVER-OVERSHOOTS: the count and the flips in one transaction under the promotion's lock
@@ -535,9 +512,12 @@ class Rules:
     # -- the fleet (ADR 0012) -----------------------------------------------------------------------------
 
     @staticmethod
-    async def renew_lease(store: Store, host_id: str, boot_id: str, lease_s: float, lead: bool) -> Lease:
+    async def renew_lease(
+        store: Store, host_id: str, boot_id: str, lease_s: float, lead: bool, succeeds: str | None = None
+    ) -> Lease:
         # One step for the host row and the lead, under the leases' lock: two hosts asking at once take turns and
-        # never both lead (INV-ONE-LEADER).
+        # never both lead (INV-ONE-LEADER). ``succeeds``: a boot of this host proved gone (its data dir's lock): its
+        # lead passes at once, as if its lease had expired; any other holder's only once its lease has.
         await store.lock_leases()
         now = await store.lease_now()  # INV-LEASE-ON-REGISTRY-CLOCK: read once the lock is held
         expires = now + timedelta(seconds=lease_s)
@@ -551,8 +531,11 @@ class Rules:
         current = await store.leader(now)
         if current is not None and (current.host_id, current.boot_id) == (host_id, boot_id):
             await store.put_leader(replace(current, last_seen_at=now, lease_expires_at=expires) if lead else None)
-        elif lead and (current is None or not current.live):
-            # One row, replaced only once its holder's lease has expired: two hosts never both lead.
+        elif lead and (
+            current is None or not current.live or (current.host_id, current.boot_id) == (host_id, succeeds)
+        ):
+            # One row, replaced only once its holder's lease has expired or its holder is proved gone (this host's own
+            # previous boot, by its data dir's lock): two hosts never both lead.
             await store.put_leader(Host(host_id, boot_id, now, now, expires, as_of=now))
         host = await _host(store, host_id, now)
         assert host is not None
@@ -625,6 +608,32 @@ class Rules:
     @staticmethod
     async def outbox_prune(store: Store, max_events: int, max_age_s: float) -> PruneResult:
         return await store.outbox_drop(store.now() - timedelta(seconds=max_age_s), max_events)
+
+
+# -- idempotency keys (ADR 0016) -------------------------------------------------------------------------
+
+
+async def replay(store: Store, key: IdempotencyKey) -> list[EnqueueResult] | None:
+    """What ``key`` answered while it is live (None: it answered nothing yet), the rows as they are now; another
+    request under it is ``IdempotencyKeyReused``. Under the key's lock, held to the end of the transaction: a
+    retry that arrives while the first request is in its transaction waits for it, then replays it."""
+    await store.lock_key(key.key)
+    found = await store.receipts(key.key, store.now())
+    if found is None:
+        return None
+    fingerprint, receipts = found
+    if fingerprint != key.fingerprint:
+        raise IdempotencyKeyReused(key.key)
+    rows = {job.job_id: job for job in await store.jobs([r.job_id for r in receipts])}
+    return [EnqueueResult(rows[r.job_id], r.coalesced, replayed=r) for r in receipts]
+
+
+async def keep(store: Store, key: IdempotencyKey | None, results: Sequence[EnqueueResult]) -> None:
+    """Record what ``key``'s request answered, in the transaction that made it (a rollback leaves the key free)."""
+    if key is not None:
+        now = store.now()
+        receipts = [result.receipt for result in results]
+        await store.put_receipts(key.key, key.fingerprint, receipts, now, now + timedelta(seconds=key.ttl_s))
 
 
 async def _host(store: Store, host_id: str, now: datetime) -> Host | None:

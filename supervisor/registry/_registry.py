@@ -253,12 +253,17 @@ class Registry:
 
     # -- the fleet (ADR 0012) ---------------------------------------------------------------------------------
 
-    async def renew_lease(self, host_id: str, boot_id: str, *, lease_s: float, lead: bool) -> Lease:
+    async def renew_lease(
+        self, host_id: str, boot_id: str, *, lease_s: float, lead: bool, succeeds: str | None = None
+    ) -> Lease:
         """Register or renew host ``host_id`` as run by boot ``boot_id`` until now + ``lease_s`` at the registry's
         clock (a new boot of the same host id replaces the old one's row); with ``lead``, also take the fleet's lead
         when nobody holds it or its holder's lease expired, or keep it when this boot holds it. One atomic step: two
-        hosts never both lead. A boot an operator forgot is refused: ``HostForgotten`` (INV-FORGET-IS-FENCED)."""
-        return await self.backend.write(lambda store: self.rules.renew_lease(store, host_id, boot_id, lease_s, lead))
+        hosts never both lead. A boot an operator forgot is refused: ``HostForgotten`` (INV-FORGET-IS-FENCED).
+        ``succeeds``: a boot of this host id that is proved gone (``core._succession``): its lead is taken at once."""
+        return await self.backend.write(
+            lambda store: self.rules.renew_lease(store, host_id, boot_id, lease_s, lead, succeeds)
+        )
 
     async def release_lease(self, host_id: str, boot_id: str) -> None:
         """A clean shutdown: this boot's host lease and lead (if it holds them) end now."""
