@@ -4,6 +4,7 @@ nothing is lost and nothing runs twice. These exercise every reconcile rule acro
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -261,3 +262,31 @@ async def test_an_adopted_job_heartbeats_to_the_new_boot_and_can_be_cancelled(
     done = await poll(ended, timeout_s=20)
     assert (done.status, done.error_reason) == (JobStatus.CANCELLED, "cancelled")
     assert not probe_alive(before)
+
+
+def _started_line(log: Path) -> dict[str, object]:
+    [line] = [json.loads(text) for text in log.read_text().splitlines() if '"supervisor_started"' in text]
+    return dict(line)
+
+
+async def test_a_crash_restarted_box_leads_at_once_for_its_previous_boot_is_proved_gone(
+    start_server: Callable[[], trio.Process], registry: SqliteRegistry, tmp_path: Path
+) -> None:
+    """Issue 36: after a SIGKILL the restarted boot waited out its dead boot's lease (15 s by default) before it led,
+    and so before it sent a webhook, pruned or watched silent hosts. The data dir's lock proves that boot gone: the
+    new boot takes its lead at its first renewal, before it serves."""
+    first = await start_server()  # type: ignore[misc]
+    assert _started_line(first.log)["leader"] is True
+    lock = tmp_path / "data" / ".viewer" / "supervisor.lock"
+    first_boot = lock.read_text()
+    assert _started_line(first.log)["boot_id"] == first_boot
+    first.proc.kill()  # SIGKILL: its lease and its lead stay in the registry, unexpired
+    await first.proc.wait()
+    second = await start_server()  # type: ignore[misc]
+    started = _started_line(second.log)
+    assert started["leader"] is True  # at once, not 15 s later
+    assert lock.read_text() == started["boot_id"] != first_boot
+    [restarted] = [json.loads(t) for t in second.log.read_text().splitlines() if '"host_restarted"' in t]
+    assert restarted["previous_boot_id"] == first_boot
+    async with httpx.AsyncClient(timeout=5) as client:
+        assert (await client.get(f"{second.url}/api/health")).json()["leader"] is True

@@ -83,6 +83,27 @@ async def test_INV_ONE_LEADER_the_lead_passes_only_once_the_holders_lease_has_ex
     assert leader is not None and (leader.host_id, leader.boot_id) == ("b", "boot-b")
 
 
+async def test_a_boot_that_succeeds_its_hosts_previous_boot_takes_its_lead_at_once(
+    registry: Registry, clock: WallClock
+) -> None:
+    """Issue 36: a crash-restarted host proved its previous boot gone (the data dir's lock): that boot's lead is taken
+    at once, not after its lease. Only that boot's: a claim to succeed another boot, or another host's, moves
+    nothing, so two machines given one host id never lead together."""
+    await registry.renew_lease("h", "boot-1", lease_s=LEASE_S, lead=True)
+    clock.advance(1)
+    # A second machine with the same host id: its own data dir names its own previous boot (or none).
+    other = await registry.renew_lease("h", "boot-9", lease_s=LEASE_S, lead=True, succeeds="boot-8")
+    assert not other.leading and other.leader is not None and other.leader.boot_id == "boot-1"
+    plain = await registry.renew_lease("h", "boot-2", lease_s=LEASE_S, lead=True)
+    assert not plain.leading  # without the proof: the lease must run out first
+    restarted = await registry.renew_lease("h", "boot-2", lease_s=LEASE_S, lead=True, succeeds="boot-1")
+    assert restarted.leading and restarted.leader is not None and restarted.leader.started_at == clock.now
+    # Another host cannot succeed a boot that is not its own: its claim moves nothing.
+    await registry.renew_lease("g", "boot-g", lease_s=LEASE_S, lead=True, succeeds="boot-2")
+    leader = await registry.leader()
+    assert leader is not None and (leader.host_id, leader.boot_id) == ("h", "boot-2")
+
+
 async def test_a_leader_renews_its_lead_and_gives_it_up_when_it_no_longer_asks(
     registry: Registry, clock: WallClock
 ) -> None:
