@@ -8,14 +8,63 @@ meets a plain-text traceback. Those libraries speak from WARNING up: their INFO 
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
-from typing import Any
+import threading
+from datetime import UTC, datetime
+from typing import Any, TextIO
 
 import structlog
 
 _configured = False
 FOREIGN_LEVEL = logging.WARNING  # the least level of another library's record that reaches the log
+
+
+class ResilientStream:
+    """The log's output, which never raises into the code that logs (issue 36).
+
+    The log may sit on the disk that just filled up (an operator redirects stderr to a file in the data dir). A line
+    that cannot be written is dropped and counted, never raised: a log call sits in every loop of the supervisor,
+    the lease's renewal among them, and none of them may stop for want of a log line. The first line written once
+    the stream takes writes again says how many were lost (``log_lines_dropped``)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.dropped = 0  # whole lines lost since the last one written
+        self._in_dropped_line = False  # a piece of a line was dropped: the rest of it goes too, never half a line
+        self._lock = threading.Lock()  # worker threads log too
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            if self._in_dropped_line:
+                return self._drop(text)
+            try:
+                if self.dropped:
+                    note = json.dumps(
+                        {"dropped": self.dropped, "event": "log_lines_dropped", "level": "warning", "timestamp":
+                         datetime.now(UTC).isoformat().replace("+00:00", "Z")}, sort_keys=True
+                    ) + "\n"  # fmt: skip
+                    self.stream.write(note)
+                    self.stream.flush()
+                    self.dropped = 0
+                self.stream.write(text)
+                return len(text)
+            except (OSError, ValueError):  # ENOSPC, EIO, EPIPE; ValueError: the stream was closed
+                return self._drop(text)
+
+    def _drop(self, text: str) -> int:
+        """``text`` is lost (a ``print`` writes a line and its newline apart: a line counts once, at its end)."""
+        self.dropped += text.count("\n")
+        self._in_dropped_line = not text.endswith("\n")
+        return 0
+
+    def flush(self) -> None:
+        with self._lock:
+            try:
+                self.stream.flush()
+            except (OSError, ValueError):
+                pass  # what the stream still holds is written with its next line, once it can be
 
 
 def configure_logging(level: int = logging.INFO) -> None:
@@ -31,14 +80,14 @@ def configure_logging(level: int = logging.INFO) -> None:
     structlog.configure(
         processors=[structlog.contextvars.merge_contextvars, *stamped, *render],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(ResilientStream(sys.stderr)),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,  # the server process only (tests never call this): no bind per line
     )
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[structlog.stdlib.add_logger_name, *stamped],
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *render],
     )
-    handler = logging.StreamHandler(sys.stderr)
+    handler = logging.StreamHandler(ResilientStream(sys.stderr))
     handler.setFormatter(formatter)
     root = logging.getLogger()
     root.handlers[:] = [handler]  # instead of the last-resort handler's plain text

@@ -131,8 +131,9 @@ async def start_server(tmp_path: Path, env: dict[str, str]) -> AsyncIterator[Cal
     """Start real `supervisor serve` processes with the test module's ``env``; each is killed at the end."""
     servers: list[Server] = []
 
-    async def start() -> Server:
-        log = tmp_path / f"supervisor-{len(servers)}.log"
+    async def start(log: Path | None = None) -> Server:
+        """``log``: where the server's stderr goes (default: a file of the test's own)."""
+        log = log if log is not None else tmp_path / f"supervisor-{len(servers)}.log"
         with log.open("wb") as fh:
             proc = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "supervisor", "serve"], env=env, stdout=subprocess.DEVNULL, stderr=fh

@@ -28,6 +28,7 @@ from core_helpers import poll, serve_env  # type: ignore[import-not-found]
 pytestmark = pytest.mark.e2e
 
 WAIT_S = 30.0
+LEASE_S = 3.0  # PODCAST_JOB_HOST_LEASE_SECONDS's floor: a fault can outlast it in a test
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small filesystem needs root (CI runs as root)")
 
 
@@ -93,6 +94,8 @@ async def _run_a_fault(
     gate: Path,
     begin: Callable[[], None],
     end: Callable[[], None],
+    *,
+    lasting_s: float = 0.0,
 ) -> None:
     """One running job; the fault begins; the job ends during it; the fault ends: the job's true outcome is recorded."""
     async with httpx.AsyncClient(timeout=10) as client:
@@ -129,6 +132,7 @@ async def _run_a_fault(
             return True if failed is not None and int(failed.group(1)) >= 3 else None
 
         await poll(retried_at_least_twice, timeout_s=WAIT_S)
+        await trio.sleep(lasting_s)  # a fault that lasts (past a lease, say): a duration of the scenario
         assert (await _job(client, server.url, job_id))["status"] == "running"  # the slot is kept meanwhile
         assert server.proc.returncode is None  # never exits because of it
 
@@ -165,6 +169,49 @@ async def test_a_full_disk_keeps_the_supervisor_up_and_records_the_true_outcome_
         begin=lambda: fillers.append(_fill(small_filesystem)),
         end=lambda: fillers.pop().unlink(),
     )
+
+
+@as_root
+@pytest.mark.parametrize("on_the_disk", ["everything", "only_its_own_log"])
+async def test_a_full_disk_that_holds_its_log_too_heals_once_space_is_back(
+    start_server: Callable[..., Awaitable[Any]], small_filesystem: Path, tmp_path: Path, env: dict[str, str],
+    on_the_disk: str,
+) -> None:  # fmt: skip
+    """Issue 36, as reported from outside: with the supervisor's own output on the full disk as well (an operator
+    redirects it there), a supervisor stayed up but never healed -- its lease stale, every enqueue a 503 long after the
+    space was back. Here the fault outlasts the lease, with the log on the disk: the lease is renewed, enqueues are
+    taken and run, the job that ended meanwhile gets its true outcome, and the fault's start and end are said once
+    each. A full disk under the log never stops the loop that renews the lease (a log line that cannot be written is
+    dropped, never raised: ``observe.ResilientStream``)."""
+    # A short lease, so that the fault outlasts it: the lease goes stale and must be renewed once space is back.
+    env["PODCAST_JOB_HOST_LEASE_SECONDS"] = str(LEASE_S)
+    if on_the_disk == "only_its_own_log":
+        env["PODCAST_JOB_DATA_DIR"] = str(tmp_path / "elsewhere")
+    server = await start_server(log=small_filesystem / "supervisor.log")
+    fillers: list[Path] = []
+    if on_the_disk == "everything":
+        await _run_a_fault(
+            server,
+            tmp_path / "gate",
+            begin=lambda: fillers.append(_fill(small_filesystem)),
+            end=lambda: fillers.pop().unlink(),
+            lasting_s=2 * LEASE_S,
+        )
+        return
+    # Only the log is on the small disk: the registry keeps taking writes, and the lease must keep being renewed
+    # while no line can be written.
+    async with httpx.AsyncClient(timeout=10) as client:
+        await trio.to_thread.run_sync(lambda: fillers.append(_fill(small_filesystem)))
+        await trio.sleep(2 * LEASE_S)  # the fault outlasts a lease: a duration of the scenario, not a wait
+        answer = await client.post(f"{server.url}/api/jobs", json={"kind": "exit", "params": {"code": 0}})
+        assert answer.status_code == 202, answer.text
+        await poll(lambda: _status_is(client, server.url, answer.json()["job_id"], "succeeded"), timeout_s=WAIT_S)
+        await trio.to_thread.run_sync(lambda: fillers.pop().unlink())
+        answer = await client.post(f"{server.url}/api/jobs", json={"kind": "exit", "params": {"code": 0}})
+        assert answer.status_code == 202, answer.text
+        await poll(lambda: _status_is(client, server.url, answer.json()["job_id"], "succeeded"), timeout_s=WAIT_S)
+        assert (await _health(client, server.url))["leader"] is True
+    assert server.proc.returncode is None
 
 
 @pytest.fixture
