@@ -571,6 +571,27 @@ async def leaders(fleet: Fleet, hosts: list[Host]) -> dict[str, bool]:
     return said
 
 
+async def test_INV_ONE_LEADER_two_machines_with_one_host_id_never_lead_together_a_restart_of_one_leads_at_once(
+    fleet: Fleet,
+) -> None:
+    """Issue 36: a boot succeeds only the boot its own data dir's lock names. A second machine given h1's id (its own
+    data dir) never takes a live h1's lead; h1 SIGKILLed and restarted on its own data dir leads at once."""
+    first = await fleet.start("h1")
+    assert (await fleet.get(first, "/api/health"))["leader"] is True
+    twin = await fleet.start("h1", env_extra={"PODCAST_JOB_DATA_DIR": str(fleet.root / "twin" / "data")})
+    assert [line["leader"] for line in twin.lines("supervisor_started")] == [False]
+    assert twin.lines("host_id_taken_over") and not twin.lines("host_restarted")
+    said = await leaders(fleet, [first, twin])
+    assert list(said.values()).count(True) <= 1, said  # never two at once
+    await fleet.sigkill(twin)
+    await fleet.sigkill(first)
+    # h1's own data dir: its lock names the boot just killed, which still holds the lead (its lease unexpired).
+    first_boot = first.lines("supervisor_started")[0]["boot_id"]
+    assert (first.data_dir / ".viewer" / "supervisor.lock").read_text() == first_boot
+    again = await fleet.start("h1")
+    assert [line["leader"] for line in again.lines("supervisor_started")] == [True]  # at once, not after the lease
+
+
 async def test_INV_ONE_LEADER_a_sigkilled_leader_is_replaced_within_the_lease_never_two_at_once(fleet: Fleet) -> None:
     hosts = await start_three(fleet)
 
