@@ -15,12 +15,15 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import git_revision
+from results import run_header
+
 BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
 
 
 def child(n: int) -> int:
@@ -81,13 +84,12 @@ def main() -> int:
     out.write_text(
         json.dumps(
             {
-                "kind": "against",
-                "date": stamp,
+                **run_header("against"),
                 "what": f"{args.n} x /bin/true on 8 slots, batches of 100; jobs/s per run",
                 "revisions": {name: revision(python) for name, python in builds.items()},
                 "runs": runs,
                 "ratio_of_medians": ratio,
-                "measured_at": time.time(),
+                "revision": git_revision(),
             },
             indent=1,
         )

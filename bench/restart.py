@@ -31,7 +31,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine, scratch, versions
+from _common import git_revision, machine, scratch, versions
+from results import run_header
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KINDS = '[kinds.sleep]\nargv = ["sleep", "{seconds}"]\nparams = { seconds = "int" }\n'
@@ -171,8 +172,8 @@ def main() -> int:
         out = RESULTS / f"{stamp}-restart.json"
         out.write_text(
             json.dumps(
-                {"kind": "restart", "date": stamp, "restarts": args.restarts, "figures": figures, "verdict": verdict,
-                 "runs": runs, "machine": machine(), "versions": versions()},
+                {**run_header("restart"), "restarts": args.restarts, "figures": figures, "verdict": verdict,
+                 "runs": runs, "machine": machine(), "versions": versions(), "revision": git_revision()},
                 indent=1,
             )
             + "\n"
