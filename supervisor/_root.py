@@ -37,7 +37,7 @@ from .domain._model import SteadyWallClock
 from .domain._settings import redacted_url
 from .observe._logging import get_logger
 from .observe._notify import Notifier, run_watchdog
-from .registry import open_registry, registry_runtime
+from .registry import Registry, open_registry, registry_runtime
 
 log = get_logger()
 
@@ -114,11 +114,21 @@ async def _run_with_registry(
     # One wall clock for every timestamp and rule of this boot, moved by the monotonic clock: a step of the system
     # clock fires no rule and skips no backoff (issue 26).
     clock = SteadyWallClock()
-    # The data dir's lock, held to the end of this process: the boot it names is proved gone (issue 36).
-    succession = await trio.to_thread.run_sync(DataDirLock.take, config.viewer_dir, boot_id)
+    try:
+        registry = await open_registry(config, boot_id=boot_id, outbox=config.webhook_url is not None, clock=clock)
+    except RegistryError as exc:
+        raise RegistryNotOpened(str(exc)) from exc
+    try:
+        # The data dir's lock, held to the end of this process: the boot it names is proved gone (issue 36). Taken
+        # once the registry is open: a registry that cannot be opened leaves the data dir as it found it.
+        succession = await trio.to_thread.run_sync(DataDirLock.take, config.viewer_dir, boot_id)
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            await registry.aclose()
+        raise
     try:
         await _serve_boot(
-            config, kinds, boot_id, clock, succession.succeeds, shutdown=shutdown, freeze_heap=freeze_heap,
+            config, kinds, boot_id, clock, registry, succession.succeeds, shutdown=shutdown, freeze_heap=freeze_heap,
             limits=limits, task_status=task_status,
         )  # fmt: skip
     finally:
@@ -130,6 +140,7 @@ async def _serve_boot(
     kinds: KindCatalog,
     boot_id: str,
     clock: SteadyWallClock,
+    registry: Registry,
     succeeds: str | None,
     *,
     shutdown: trio.Event,
@@ -137,10 +148,6 @@ async def _serve_boot(
     limits: HttpLimits,
     task_status: Any,
 ) -> None:
-    try:
-        registry = await open_registry(config, boot_id=boot_id, outbox=config.webhook_url is not None, clock=clock)
-    except RegistryError as exc:
-        raise RegistryNotOpened(str(exc)) from exc
     supervisor = Supervisor(config, kinds, registry, boot_id=boot_id, wall_clock=clock, succeeds=succeeds)
     api_token = ApiToken.from_config(config)
     sock = bind_socket(config.bind_host, config.bind_port)

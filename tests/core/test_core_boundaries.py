@@ -360,10 +360,12 @@ class SlowRegistry(MemoryRegistry):
         self.read_s = read_s
         self.renewals: list[float] = []
 
-    async def renew_lease(self, host_id: str, boot_id: str, *, lease_s: float, lead: bool) -> Lease:
+    async def renew_lease(
+        self, host_id: str, boot_id: str, *, lease_s: float, lead: bool, succeeds: str | None = None
+    ) -> Lease:
         self.renewals.append(trio.current_time())
         await trio.sleep(self.renew_s)
-        return await super().renew_lease(host_id, boot_id, lease_s=lease_s, lead=lead)
+        return await super().renew_lease(host_id, boot_id, lease_s=lease_s, lead=lead, succeeds=succeeds)
 
     async def hosts(self) -> list[Host]:
         await trio.sleep(self.read_s)

@@ -79,10 +79,13 @@ class Partitionable:
 
         return call
 
-    async def renew_lease(self, host_id: str, boot_id: str, *, lease_s: float, lead: bool) -> Lease:
+    async def renew_lease(
+        self, host_id: str, boot_id: str, *, lease_s: float, lead: bool, succeeds: str | None = None
+    ) -> Lease:
         if self.__dict__["cut"] or self.__dict__["dead"]:
             await trio.sleep_forever()  # the hang a partition gives: no answer, no error
-        result: Lease = await self.__dict__["_shared"].renew_lease(host_id, boot_id, lease_s=lease_s, lead=lead)
+        shared = self.__dict__["_shared"]
+        result: Lease = await shared.renew_lease(host_id, boot_id, lease_s=lease_s, lead=lead, succeeds=succeeds)
         return result
 
     async def promote(self, request: PromoteRequest) -> Promotion:
