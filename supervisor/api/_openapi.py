@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ..core import MAX_BATCH, MAX_STAGE_LEN, MAX_UNITS
+from ..core import HOLD_REASONS, MAX_BATCH, MAX_STAGE_LEN, MAX_UNITS
 from ..domain._kinds import _ASCII_FLOAT, _ASCII_INT, MAX_FLOAT, MAX_STR_PARAM_LEN, JobKind, KindCatalog
 from ..domain._model import JobStatus
 from ..domain._settings import EXEC_MODES
@@ -74,7 +74,8 @@ _SCHEMAS: dict[str, Any] = {
                 "additionalProperties": {"type": "string"},
                 "description": "present only when degraded: each part (`registry`: its writes fail, so nothing new "
                 "is accepted; reads, running jobs and their slots go on; `engine`: the Docker engine does not answer, "
-                "so no job is started and running ones keep their slots) and why",
+                "so no job is started and running ones keep their slots; `queue`: the queue is stuck, since when and "
+                "why) and why",
             },
         },
     },
@@ -311,6 +312,25 @@ _SCHEMAS: dict[str, Any] = {
             "running": {"type": "integer"},
             "queued": {"type": "integer"},
             "max_concurrent": {"type": "integer"},
+            "oldest_queued_age_s": {
+                "type": ["number", "null"],
+                "description": "how long the oldest job ready to run has waited, as of the last sweep (0: none waits; "
+                "null before the first sweep)",
+            },
+            "last_promotion_at": {**_TS, "description": "this host's last promotion (its boot's start before any)"},
+            "held": {
+                "type": "object",
+                "additionalProperties": {"type": "string", "format": "date-time"},
+                "description": "each reason this host's promotion is held now, and since when: "
+                + ", ".join(HOLD_REASONS),
+            },
+            "stuck": {
+                "type": ["object", "null"],
+                "required": ["reason", "since"],
+                "properties": {"reason": {"type": "string"}, "since": {"type": "string", "format": "date-time"}},
+                "description": "the queue stuck (PODCAST_JOB_QUEUE_STUCK_SECONDS; behind a pause, "
+                "PODCAST_JOB_PAUSE_WARN_SECONDS) and why; null: it moves, is busy, or nothing waits",
+            },
         },
     },
     "Heartbeat": {

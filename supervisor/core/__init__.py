@@ -8,6 +8,7 @@ _absence      the absence tracker (monotonic ages) and judge
 _sweeper      the sweeper task: pause file -> reconcile -> absence -> drain
 _wakeups      the wake-up listener task: other hosts' changes (LISTEN/NOTIFY), acted on at once; only hints
 _heartbeats   a job's heartbeats: token check, body, watermark
+_queue_watch  the queue's own watch: its signals and the stuck rule, judged at every sweep
 _succession   the data dir's lock: which previous boot of this host is proved gone
 _supervisor   Supervisor: the front door the HTTP layer and the CLI call; wires the above
 """
@@ -17,6 +18,7 @@ from ._boot import Boot, Tally, Watched
 from ._drain import PROMOTE_BATCH, Drainer
 from ._enqueue import MAX_BATCH
 from ._heartbeats import MAX_STAGE_LEN, MAX_UNITS, JobTokens, parse_beat
+from ._queue_watch import HOLD_REASONS, NOT_PROMOTED, QueueRule, QueueWatch, Stuck
 from ._reconcile import ReconcileDetail, ReconcileReport
 from ._rules import (
     CANCELLED,
@@ -48,12 +50,14 @@ from ._wakeups import WakeupListener
 __all__ = [
     "CANCELLED",
     "ENGINE_UNAVAILABLE",
+    "HOLD_REASONS",
     "JITTER",
     "LOG_CHUNK_BYTES",
     "MAX_BATCH",
     "MAX_STAGE_LEN",
     "MAX_UNITS",
     "NEVER_STARTED",
+    "NOT_PROMOTED",
     "NO_RETRY",
     "PROMOTE_BATCH",
     "REASON_RECOVERED",
@@ -69,11 +73,14 @@ __all__ = [
     "Health",
     "JobTokens",
     "LogSlice",
+    "QueueRule",
     "QueueState",
+    "QueueWatch",
     "ReconcileDetail",
     "ReconcileReport",
     "RetryPolicy",
     "Signals",
+    "Stuck",
     "Supervisor",
     "Sweeper",
     "Tally",

@@ -56,6 +56,7 @@ class Drainer:
         self._held = False  # the executor cannot start jobs: nothing is promoted before _retry_at
         self._held_by_start = False  # held because a start was refused: only a start made ends the hold
         self._lease_held = False  # holding because this host's lease is not fresh (INV-NO-PROMOTION-WITHOUT-LEASE)
+        self.last_promotion_at = boot.wall_clock()  # this host's last promotion (its boot's start before any)
         self._retry_at = math.inf
         self._hold_delay = HOLD_RETRY_MIN_S
         self._trials = 0  # trial starts of a held queue still under way: their outcome, not _retry_at, comes next
@@ -149,6 +150,7 @@ class Drainer:
                     jobs = list(promotion.jobs)
                     if not jobs:
                         break
+                    self.last_promotion_at = self.boot.wall_clock()
                     if not self._lease_fresh():
                         # INV-NO-PROMOTION-WITHOUT-LEASE: the lease went stale while the promotion was under way (it
                         # was asked while fresh): nothing of them has started, so back to the head of the queue.
@@ -190,6 +192,16 @@ class Drainer:
 
         self.boot.nursery().start_soon(start_task)
         return jobs
+
+    def holds(self) -> set[str]:
+        """The reasons this drainer holds promotion now, by ``_queue_watch.HOLD_REASONS``' names (the pause and the
+        registry are read by the watch itself)."""
+        out = set()
+        if self._held:
+            out.add("engine_unreachable")
+        if self._lease_held or not self.boot.may_promote():
+            out.add("lease_not_fresh")
+        return out
 
     def lease_renewed(self) -> None:
         """This host's lease is fresh again: a round held for it drains now. Never blocks."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,6 +31,7 @@ from ..domain import (
     Job,
     KindCatalog,
     RegistryError,
+    to_iso,
     utc_now,
 )
 from ..execution import Executor, create_executor
@@ -46,6 +47,7 @@ from ._hosts import HostAdmin
 from ._monitor import Monitors
 from ._pause import PauseFile
 from ._prune import Pruner
+from ._queue_watch import QueueWatch
 from ._reconcile import Reconciler, ReconcileReport
 from ._silent import SilentHostJobs
 from ._sweeper import Sweeper, run_sweeper
@@ -104,13 +106,20 @@ class QueueState:
     running: int
     queued: int
     max_concurrent: int
+    # The queue's watch as of the last sweep (issue 40; None/empty before the first): how long the oldest job ready
+    # to run has waited, this host's last promotion, each reason promotion is held and since when, and a stuck queue.
+    oldest_queued_age_s: float | None = None
+    last_promotion_at: str | None = None
+    held: dict[str, str] = field(default_factory=dict)
+    stuck: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
 class Health:
     """What the health route says: ``degraded`` names each part that does not work fully now (``registry``: its
     writes fail, so nothing new is acknowledged; reads, running jobs and their slots go on; ``engine``: the executor's
-    engine does not answer, so nothing is started and running jobs' liveness is unknown; they keep their slots)."""
+    engine does not answer, so nothing is started and running jobs' liveness is unknown; they keep their slots;
+    ``queue``: the queue is stuck, issue 40)."""
 
     boot_id: str
     exec_mode: str
@@ -210,6 +219,13 @@ class Supervisor:
         )
         # History past its retention goes a batch at a time; one host of a fleet prunes (INV-ONE-LEADER's duties).
         self.pruner = Pruner(config, registry, self.boot.wall_clock, self.fleet.may_lead)
+        self.queue_watch = QueueWatch(
+            self.boot,
+            self.drainer.holds,
+            lambda: self.drainer.last_promotion_at,
+            stuck_after_s=config.queue_stuck_s,
+            pause_warn_after_s=config.pause_warn_s,
+        )
         self.sweeper = Sweeper(
             registry,
             self.reconciler,
@@ -220,6 +236,7 @@ class Supervisor:
             self.boot.wall_clock,
             self.pruner,
             self.boot.tally,
+            self.queue_watch,
         )
         self.heartbeats = Heartbeats(registry, self.absence.tracker.beat)
         # What other hosts change (an enqueue, a cancel of a job here, the pause), heard at once; the sweep is the
@@ -343,6 +360,9 @@ class Supervisor:
                 f"not answering since {trouble.since.isoformat()} ({trouble.failed_calls} failed calls; jobs are not "
                 f"started, running ones keep their slots): {trouble.reason}"
             )
+        stuck = self.queue_watch.rule.stuck
+        if stuck is not None:  # still 200: a supervisor waiting for its engine must not be killed for it (issue 40)
+            degraded["queue"] = f"stuck since {stuck.since.isoformat()}: {stuck.reason}"
         paused: bool | None = None
         try:
             paused = await self.is_paused()
@@ -353,7 +373,19 @@ class Supervisor:
     async def queue_state(self) -> QueueState:
         counts = await self.boot.registry.counts()
         paused = await self.is_paused()
-        return QueueState(paused, counts["running"], counts["queued"], self.boot.max_concurrent)
+        signals = self.queue_watch.latest
+        return QueueState(
+            paused,
+            counts["running"],
+            counts["queued"],
+            self.boot.max_concurrent,
+            signals.oldest_queued_age_s if signals else None,
+            to_iso(signals.last_promotion_at) if signals else None,
+            {reason: to_iso(since) for reason, since in signals.held.items()} if signals else {},
+            {"reason": signals.stuck.reason, "since": to_iso(signals.stuck.since)}
+            if signals and signals.stuck
+            else None,
+        )
 
     async def pause(self) -> QueueState:
         await self.boot.registry.set_paused(True, by=PAUSED_BY_OPERATOR)
@@ -497,5 +529,6 @@ class Supervisor:
             deliveries=dict(self.webhooks.outcomes),
             streams=self.event_log.stats(),
             conditions=dict(self.boot.tally.counts),
+            queue=self.queue_watch.gauges(),
         )
         return self.metrics.render(snapshot)

@@ -22,6 +22,7 @@ from ._boot import Tally, boundary
 from ._drain import Drainer
 from ._pause import PauseFile
 from ._prune import Pruner
+from ._queue_watch import QueueWatch
 from ._reconcile import ReconcileDetail, Reconciler
 
 log = get_logger()
@@ -65,6 +66,7 @@ class Sweeper:
         wall_clock: Callable[[], datetime] | None = None,
         pruner: Pruner | None = None,
         tally: Tally | None = None,
+        queue_watch: QueueWatch | None = None,
     ) -> None:
         self.registry = registry
         self.reconciler = reconciler
@@ -76,6 +78,7 @@ class Sweeper:
         self.wall_clock = wall_clock
         self.pruner = pruner
         self.tally = tally
+        self.queue_watch = queue_watch
         self._warned_step_s = 0.0  # the step of the system clock last said (0: none)
         # What a dead boot recorded as ended and never released is looked for once per boot, at the first sweep
         # whose executor can tell (a boot that is alive releases each job itself once its row is final).
@@ -98,6 +101,10 @@ class Sweeper:
             await self.absence.judge({d.job_id: Liveness(d.liveness) if d.liveness else None for d in details})
         with boundary("drain_failed", tally):
             await self.drainer.drain()
+        if self.queue_watch is not None:
+            with boundary("queue_watch_failed", tally):
+                # After the drain: the queue as this sweep left it (issue 40).
+                await self.queue_watch.judge()
         if not self.leftovers_released:
             with boundary("leftovers_not_released", tally):
                 self.leftovers_released = await self.reconciler.release_leftovers()

@@ -70,6 +70,10 @@ class Config:
     events_client_buffer_events: int = 2048
     events_max_clients: int = 64
     events_keepalive_s: float = 15.0
+    # The queue's watch (issue 40): how long jobs may wait while a slot is free or promotion is held (but by a pause),
+    # and how long behind a pause, before the queue is said stuck.
+    queue_stuck_s: float = 900.0
+    pause_warn_s: float = 21600.0
     # How long an enqueue's Idempotency-Key is kept (issue 35): retries within it answer the first request's answer.
     idempotency_ttl_s: float = 86400.0
     # History retention (issue 28): the sweeper removes finished jobs -- their rows, each attempt's log and its

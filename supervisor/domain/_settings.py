@@ -528,6 +528,27 @@ SETTINGS: tuple[Setting, ...] = (
         ),
     ),
     Setting(
+        "queue_stuck_s",
+        "PODCAST_JOB_QUEUE_STUCK_SECONDS",
+        Num(floor=1.0),
+        default="`900` (15 min)",
+        help=(
+            "the queue is **stuck** when jobs have waited this long without a break while a slot was free or "
+            "promotion was held for any reason but a pause: `queue_stuck` (ERROR), `podcast_queue_stuck`, "
+            "`degraded.queue` in health (see [The queue's watch](#the-queues-watch))"
+        ),
+    ),
+    Setting(
+        "pause_warn_s",
+        "PODCAST_JOB_PAUSE_WARN_SECONDS",
+        Num(floor=1.0),
+        default="`21600` (6 h)",
+        help=(
+            "jobs waiting behind a pause (the API's or the file's) this long is the same condition, its reason the "
+            "pause"
+        ),
+    ),
+    Setting(
         "idempotency_ttl_s",
         "PODCAST_JOB_IDEMPOTENCY_TTL_SECONDS",
         Num(floor=3600.0),

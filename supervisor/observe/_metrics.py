@@ -39,6 +39,17 @@ def _epoch(ts: datetime | None) -> float | None:
 
 
 @dataclass(frozen=True)
+class QueueGauges:
+    """The queue's watch as ``/metrics`` shows it (issue 40; computed by the core's ``QueueWatch`` at each sweep)."""
+
+    oldest_queued_age_s: float
+    last_promotion_s: float  # Unix time
+    held: Mapping[str, int]  # every hold reason: 1 while it holds promotion
+    held_since_s: Mapping[str, float]  # the reasons that hold: since when, Unix time
+    stuck: Mapping[str, int]  # every reason the queue can be stuck for: 1 while it is, for that one
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """What a scrape shows, read from the registry just before it is rendered."""
 
@@ -50,6 +61,43 @@ class Snapshot:
     deliveries: Mapping[str, int] = field(default_factory=dict)
     streams: Mapping[str, int] = field(default_factory=dict)  # the event stream's EventLog.stats()
     conditions: Mapping[str, int] = field(default_factory=dict)  # the background tasks' conditions, by step
+    queue: QueueGauges | None = None  # None before the first sweep
+
+
+def _queue_families(queue: QueueGauges) -> Iterator[Metric]:
+    yield GaugeMetricFamily(
+        "podcast_queue_oldest_queued_age_seconds",
+        "How long the oldest job ready to run has waited, as of the last sweep (0 when none waits).",
+        value=queue.oldest_queued_age_s,
+    )
+    yield GaugeMetricFamily(
+        "podcast_queue_last_promotion_timestamp_seconds",
+        "When this host last promoted a job (its boot's start before any), Unix time.",
+        value=queue.last_promotion_s,
+    )
+    held = GaugeMetricFamily(
+        "podcast_queue_held", "1 while this host's promotion is held, one series per reason.", labels=["reason"]
+    )
+    for reason, on in sorted(queue.held.items()):
+        held.add_metric([reason], on)
+    yield held
+    since = GaugeMetricFamily(
+        "podcast_queue_held_since_timestamp_seconds",
+        "Since when each reason holds promotion, Unix time.",
+        labels=["reason"],
+    )
+    for reason, at in sorted(queue.held_since_s.items()):
+        since.add_metric([reason], at)
+    yield since
+    stuck = GaugeMetricFamily(
+        "podcast_queue_stuck",
+        "1 while the queue is stuck (PODCAST_JOB_QUEUE_STUCK_SECONDS; behind a pause, PODCAST_JOB_PAUSE_WARN_SECONDS), "
+        "for its reason.",
+        labels=["reason"],
+    )
+    for reason, on in sorted(queue.stuck.items()):
+        stuck.add_metric([reason], on)
+    yield stuck
 
 
 class _SnapshotCollector:
@@ -103,6 +151,8 @@ class _SnapshotCollector:
         for step, n in sorted(snap.conditions.items()):
             conditions.add_metric([step], n)
         yield conditions
+        if snap.queue is not None:
+            yield from _queue_families(snap.queue)
         labels = ["job_id", "kind"]
         running = GaugeMetricFamily("podcast_job_running", "1 while the job runs.", labels=labels)
         progress = GaugeMetricFamily(

@@ -221,6 +221,11 @@ class Registry:
         page = Page.of(status, kind, limit, cursor, idempotency_key)
         return await self.backend.read(lambda store: store.list_page(page))
 
+    async def oldest_waiting(self) -> Job | None:
+        """The queued row that runs next (FIFO among those whose backoff has passed), or None: how long the queue
+        has made a job wait (issue 40)."""
+        return await self.backend.read(lambda store: _first(store.promotable(store.now(), 1)))
+
     async def counts(self) -> dict[str, int]:
         """Rows per status (every status present)."""
         return await self.backend.read(lambda store: store.counts())
@@ -309,3 +314,8 @@ async def _at_lease_now(store: Store, read: Callable[[datetime], Awaitable[T]]) 
     """``read(now)`` at the registry's lease clock, read first in the same snapshot: each lease judged as of the
     moment the rows are as of (INV-LEASE-ON-REGISTRY-CLOCK)."""
     return await read(await store.lease_now())
+
+
+async def _first(jobs: Awaitable[list[Job]]) -> Job | None:
+    found = await jobs
+    return found[0] if found else None

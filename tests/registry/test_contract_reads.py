@@ -269,6 +269,7 @@ CALLS: dict[str, Callable[[Registry], Awaitable[object]]] = {
     "retries_of": lambda r: r.retries_of("j"),
     "prune_jobs": lambda r: r.prune_jobs(ended_before=None, keep_latest=0, limit=1),
     "expire_keys": lambda r: r.expire_keys(limit=1),
+    "oldest_waiting": lambda r: r.oldest_waiting(),
     "renew_lease": lambda r: r.renew_lease("h", "b", lease_s=10, lead=True),
     "release_lease": lambda r: r.release_lease("h", "b"),
     "hosts": lambda r: r.hosts(),

@@ -1,0 +1,218 @@
+"""The queue's own watch (issue 40): whatever holds the queue, a metric and a log line say so within minutes.
+
+ADR-152 exists because a job sat queued for hours before anyone noticed; ADR-150 D9 names the failure: a human had to
+go looking. Each job's own progress is watched (stalled, silent); this watches the queue itself, on this host:
+
+- **signals**, read at every sweep (and at a scrape): how long the oldest job ready to run has waited, when this
+  host last promoted one, and each reason promotion is held now and since when (``HOLD_REASONS``);
+- **one rule**, judged at every sweep (``QueueRule``): the queue is *stuck* when, for longer than
+  ``PODCAST_JOB_QUEUE_STUCK_SECONDS`` without a break, jobs have been waiting while a slot was free or promotion was
+  held for any reason but a pause. A pause is held on purpose: jobs waiting behind one for longer than
+  ``PODCAST_JOB_PAUSE_WARN_SECONDS`` is the same condition with the pause as its reason. A busy queue -- every slot
+  running, jobs waiting -- is never stuck. The start and the end are each said once (``queue_stuck``, an ERROR;
+  ``queue_moving``, INFO), and shown on ``/metrics`` (``podcast_queue_stuck``) and in ``/api/health``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import trio
+
+from ..observe import QueueGauges, get_logger
+from ..registry import PAUSED_BY_OPERATOR
+from ._boot import Boot
+
+log = get_logger()
+
+# Each reason this host's promotion can be held, and what an operator does about it (docs/operations.md).
+HOLD_REASONS: dict[str, str] = {
+    "pause_operator": "an operator paused the queue (API or CLI): `supervisor resume` ends it",
+    "pause_file": "the pause file <data>/.viewer/jobs.paused exists (a corpus repair?): remove it when done",
+    "engine_unreachable": "the executor's engine does not answer (Docker mode): bring the engine back",
+    "registry_unwritable": "the registry cannot take writes (a full disk, a lock held elsewhere): free it",
+    "lease_not_fresh": "this host's lease could not be renewed (the database unreachable?): nothing is promoted here",
+}
+PAUSES = frozenset({"pause_operator", "pause_file"})
+# Jobs wait, a slot is free, and nothing holds promotion: the drainer should have promoted them.
+NOT_PROMOTED = "slots_free_not_promoted"
+NOT_PROMOTED_MEANS = "jobs wait while slots are free and nothing holds promotion: look at the log for the drainer"
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """The queue stuck: why, since when (wall clock), and the oldest waiting job's id and age then."""
+
+    reason: str
+    since: datetime
+    oldest_job_id: str
+    oldest_age_s: float
+    free_slots: int
+
+
+@dataclass
+class QueueRule:
+    """The stuck rule over the observations of successive sweeps (monotonic time ``now_s``; a wall ``now``)."""
+
+    stuck_after_s: float
+    pause_warn_after_s: float
+    stuck: Stuck | None = None
+    _since_s: float | None = None  # monotonic: since when the condition has held without a break
+    _since: datetime | None = None  # the same moment, on the wall clock
+    _held_since: dict[str, datetime] = field(default_factory=dict)
+
+    def held_since(self) -> dict[str, datetime]:
+        """Each reason holding promotion now, and since when (as first seen by a sweep of this boot)."""
+        return dict(self._held_since)
+
+    def observe(
+        self,
+        *,
+        now_s: float,
+        now: datetime,
+        held: Iterable[str],
+        oldest_job_id: str | None,
+        oldest_age_s: float,
+        free_slots: int,
+    ) -> tuple[str, Stuck] | None:
+        """One sweep's look: ``held`` reasons, the oldest waiting job (None: nothing waits) and the free slots.
+        Returns ``("stuck", ...)`` when the queue has just become stuck, ``("moving", the stuck that ended)`` when it
+        has just stopped being so, else None."""
+        holding = set(held)
+        for name in list(self._held_since):
+            if name not in holding:
+                del self._held_since[name]
+        for name in holding:
+            self._held_since.setdefault(name, now)
+        reason = self._condition(holding, oldest_job_id is not None, free_slots)
+        if reason is None:
+            self._since_s = self._since = None
+            if self.stuck is not None:
+                ended, self.stuck = self.stuck, None
+                return "moving", ended
+            return None
+        if self._since_s is None:
+            self._since_s, self._since = now_s, now
+        assert self._since is not None and oldest_job_id is not None
+        limit = self.pause_warn_after_s if reason in PAUSES else self.stuck_after_s
+        if self.stuck is None and now_s - self._since_s > limit:
+            self.stuck = Stuck(reason, self._since, oldest_job_id, oldest_age_s, free_slots)
+            return "stuck", self.stuck
+        if self.stuck is not None and self.stuck.reason != reason:
+            # Still stuck, for another reason now (the engine came back, the pause did not end): say it as it is.
+            self.stuck = Stuck(reason, self.stuck.since, oldest_job_id, oldest_age_s, free_slots)
+        return None
+
+    @staticmethod
+    def _condition(held: set[str], waiting: bool, free_slots: int) -> str | None:
+        """Why the queue does not move (None: it moves, is busy, or nothing waits)."""
+        if not waiting:
+            return None
+        holds = sorted(held - PAUSES)
+        if holds:
+            return holds[0]
+        if held & PAUSES:
+            return sorted(held & PAUSES)[0]
+        return NOT_PROMOTED if free_slots > 0 else None
+
+
+@dataclass(frozen=True)
+class QueueSignals:
+    """The queue's signals as of one look (``GET /api/queue``, ``/metrics``)."""
+
+    oldest_queued_age_s: float  # 0 when nothing waits
+    last_promotion_at: datetime  # this host's last promotion, or its boot's start before any
+    held: dict[str, datetime]  # each reason holding promotion now, since when
+    stuck: Stuck | None
+
+
+class QueueWatch:
+    """Reads the queue's signals for this host and judges the rule at every sweep (``judge``); the error boundary is
+    the sweeper's step ``queue_watch_failed`` (a registry that cannot be read is a condition, tried next sweep)."""
+
+    def __init__(
+        self,
+        boot: Boot,
+        holds: Callable[[], set[str]],
+        last_promotion: Callable[[], datetime],
+        *,
+        stuck_after_s: float,
+        pause_warn_after_s: float,
+    ) -> None:
+        self.boot = boot
+        self.holds = holds
+        self.last_promotion = last_promotion
+        self.rule = QueueRule(stuck_after_s, pause_warn_after_s)
+        self.latest: QueueSignals | None = None
+
+    async def held(self) -> set[str]:
+        """Every reason this host's promotion is held now (``HOLD_REASONS``)."""
+        out = set(self.holds())
+        if self.boot.registry.fault() is not None:
+            out.add("registry_unwritable")
+        pause = await self.boot.registry.pause_state()
+        if pause.paused:
+            out.add("pause_operator" if pause.by == PAUSED_BY_OPERATOR else "pause_file")
+        return out
+
+    async def judge(self) -> QueueSignals:
+        """One look and the rule's verdict; the start and the end of a stuck queue are said once each."""
+        registry, now = self.boot.registry, self.boot.wall_clock()
+        held = await self.held()
+        oldest = await registry.oldest_waiting()
+        running = await registry.running_jobs()
+        free = self.boot.max_concurrent - len(running)
+        cap = self.boot.config.host_max_concurrent
+        if cap is not None:
+            free = min(free, cap - sum(1 for job in running if job.host_id == self.boot.host_id))
+        # How long it has been ready to run: since it was enqueued, or since its backoff ended (a resubmission).
+        ready_at = max(oldest.created_at, oldest.next_attempt_at or oldest.created_at) if oldest else now
+        waited = (now - ready_at).total_seconds()
+        change = self.rule.observe(
+            now_s=trio.current_time(),
+            now=now,
+            held=held,
+            oldest_job_id=oldest.job_id if oldest else None,
+            oldest_age_s=max(0.0, waited),
+            free_slots=max(0, free),
+        )
+        if change is not None:
+            what, stuck = change
+            fields = {
+                "reason": stuck.reason,
+                "since": stuck.since.isoformat(),
+                "host_id": self.boot.host_id,
+            }
+            if what == "stuck":
+                log.error(
+                    "queue_stuck",
+                    **fields,
+                    oldest_job_id=stuck.oldest_job_id,
+                    oldest_age_s=round(stuck.oldest_age_s, 3),
+                    free_slots=stuck.free_slots,
+                    meaning=HOLD_REASONS.get(
+                        stuck.reason, "jobs wait while slots are free and nothing holds promotion"
+                    ),
+                )
+            else:
+                log.info("queue_moving", **fields)
+        self.latest = QueueSignals(max(0.0, waited), self.last_promotion(), self.rule.held_since(), self.rule.stuck)
+        return self.latest
+
+    def gauges(self) -> QueueGauges | None:
+        """The signals as ``/metrics`` shows them (None before the first sweep): one series per hold reason."""
+        latest = self.latest
+        if latest is None:
+            return None
+        stuck = {reason: 0 for reason in (*HOLD_REASONS, NOT_PROMOTED)}
+        if latest.stuck is not None:
+            stuck[latest.stuck.reason] = 1
+        return QueueGauges(
+            oldest_queued_age_s=latest.oldest_queued_age_s,
+            last_promotion_s=latest.last_promotion_at.timestamp(),
+            held={reason: int(reason in latest.held) for reason in HOLD_REASONS},
+            held_since_s={reason: since.timestamp() for reason, since in latest.held.items()},
+            stuck=stuck,
+        )

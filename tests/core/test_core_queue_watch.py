@@ -1,0 +1,112 @@
+"""The queue's own watch (issue 40): the stuck rule, said once when it starts and once when it ends; never for a
+queue that is only busy. The rule is pure (its observations carry their own times); the supervisor's side runs on a
+virtual clock: hours of waiting pass in no time."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import trio
+import trio.testing
+from structlog.testing import capture_logs
+
+from supervisor import Config, Supervisor, load_kinds
+from supervisor.core import NOT_PROMOTED, QueueRule
+from supervisor.execution.memory import MemoryExecutor
+from supervisor.registry import MemoryRegistry
+
+EPOCH = datetime(2031, 3, 4, 5, 6, 7, tzinfo=UTC)
+STUCK_S, PAUSE_S = 900.0, 21600.0
+
+
+def look(rule: QueueRule, at_s: float, *, held: set[str] = set(), waiting: bool = True, free: int = 1) -> object:  # noqa: B006
+    return rule.observe(
+        now_s=at_s,
+        now=EPOCH + timedelta(seconds=at_s),
+        held=held,
+        oldest_job_id="j1" if waiting else None,
+        oldest_age_s=at_s,
+        free_slots=free,
+    )
+
+
+def test_a_busy_queue_is_never_stuck() -> None:
+    rule = QueueRule(STUCK_S, PAUSE_S)
+    for at in range(0, 10 * int(STUCK_S), 30):  # every slot running, jobs waiting, for ten thresholds
+        assert look(rule, at, free=0) is None
+    assert rule.stuck is None
+
+
+def test_a_hold_is_stuck_past_the_threshold_said_once_and_moving_once_when_it_clears() -> None:
+    rule = QueueRule(STUCK_S, PAUSE_S)
+    assert look(rule, 0, held={"engine_unreachable"}) is None
+    assert look(rule, STUCK_S, held={"engine_unreachable"}) is None  # longer than, not as long as
+    what, stuck = look(rule, STUCK_S + 30, held={"engine_unreachable"})  # type: ignore[misc]
+    assert (what, stuck.reason, stuck.since, stuck.oldest_job_id) == ("stuck", "engine_unreachable", EPOCH, "j1")
+    assert rule.held_since() == {"engine_unreachable": EPOCH}
+    for at in range(int(STUCK_S) + 60, 3 * int(STUCK_S), 30):
+        assert look(rule, at, held={"engine_unreachable"}) is None  # never repeated at every sweep
+    what, ended = look(rule, 3 * STUCK_S, held=set(), free=0)  # type: ignore[misc]
+    assert (what, ended.reason) == ("moving", "engine_unreachable")
+    assert look(rule, 3 * STUCK_S + 30, free=0) is None and rule.held_since() == {}
+
+
+def test_jobs_waiting_behind_a_pause_are_stuck_only_past_the_pause_threshold() -> None:
+    rule = QueueRule(STUCK_S, PAUSE_S)
+    assert all(look(rule, at, held={"pause_file"}, free=0) is None for at in range(0, int(PAUSE_S) + 1, 600))
+    what, stuck = look(rule, PAUSE_S + 600, held={"pause_file"}, free=0)  # type: ignore[misc]
+    assert (what, stuck.reason) == ("stuck", "pause_file")
+    # A hold that is not a pause names itself, not the pause, while both hold.
+    assert look(rule, PAUSE_S + 630, held={"pause_file", "lease_not_fresh"}) is None
+    assert rule.stuck is not None and rule.stuck.reason == "lease_not_fresh"
+
+
+def test_a_break_starts_the_count_again_and_an_empty_queue_is_never_stuck() -> None:
+    rule = QueueRule(STUCK_S, PAUSE_S)
+    look(rule, 0, held={"registry_unwritable"})
+    look(rule, STUCK_S - 10, held={"registry_unwritable"}, waiting=False)  # nothing waits: a break
+    assert look(rule, STUCK_S + 30, held={"registry_unwritable"}) is None  # counted from 900 s again
+    assert all(look(rule, at, held={"registry_unwritable"}, waiting=False) is None for at in range(0, 99999, 900))
+    # Slots free, nothing holding, jobs waiting: the drainer should have promoted them.
+    fresh = QueueRule(STUCK_S, PAUSE_S)
+    look(fresh, 0)
+    what, stuck = look(fresh, STUCK_S + 1)  # type: ignore[misc]
+    assert (what, stuck.reason) == ("stuck", NOT_PROMOTED)
+
+
+def wall() -> datetime:
+    return EPOCH + timedelta(seconds=trio.current_time())
+
+
+async def test_a_queue_paused_too_long_is_said_stuck_in_the_log_metrics_health_and_queue_state(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    config = Config(data_dir=tmp_path / "data", bind_port=0, pause_warn_s=3600.0, queue_stuck_s=60.0)
+    registry = MemoryRegistry(clock=wall, outbox=False)
+    sup = Supervisor(config, load_kinds(None), registry, executor=MemoryExecutor({}, nursery), wall_clock=wall,
+                     standalone=True)  # fmt: skip
+    sup.attach(nursery)
+    await sup.pause()
+    job = (await sup.enqueue("pipeline", {"feed": "https://example.org/feed"})).job
+    with capture_logs() as logs:
+        for _ in range(3):
+            await sup.sweep()
+            await trio.sleep(1800)  # sweeps every half hour: an hour and a half behind the pause
+        await sup.sweep()
+    stuck = [e for e in logs if e["event"] == "queue_stuck"]
+    assert [(e["reason"], e["oldest_job_id"]) for e in stuck] == [("pause_operator", job.job_id)]
+    assert (await sup.health()).degraded["queue"].endswith("pause_operator")
+    state = await sup.queue_state()
+    assert state.stuck is not None and state.stuck["reason"] == "pause_operator"
+    assert set(state.held) == {"pause_operator"} and state.oldest_queued_age_s == 3 * 1800
+    metrics = (await sup.render_metrics()).decode()
+    assert 'podcast_queue_stuck{reason="pause_operator"} 1.0' in metrics
+    assert 'podcast_queue_held{reason="pause_operator"} 1.0' in metrics
+    assert 'podcast_queue_held{reason="engine_unreachable"} 0.0' in metrics
+    with capture_logs() as logs:
+        await sup.resume()  # the job is promoted: the queue moves
+        await sup.sweep()
+        await sup.sweep()
+    assert [e["reason"] for e in logs if e["event"] == "queue_moving"] == ["pause_operator"]
+    assert "queue" not in (await sup.health()).degraded
