@@ -139,7 +139,7 @@ note("end")
 def kinds_toml(journal: Path) -> str:
     argv = ["{python}", "-c", JOB, "{seconds}", str(journal)]
     return (
-        f"[kinds.{KIND}]\nargv = {json.dumps(argv)}\nparams = {{ seconds = \"float\" }}\n"
+        f'[kinds.{KIND}]\nargv = {json.dumps(argv)}\nparams = {{ seconds = "float" }}\n'
         f"max_attempts = {MAX_ATTEMPTS}\nretry_backoff_seconds = 0.2\nretry_backoff_max_seconds = 1.0\n"
         "retry_on_exit_codes = [137]\n"
     )
@@ -657,11 +657,16 @@ class LeaderWatch:
             self.claims.append(Claim(host_id, str(body["boot_id"]), sent, answered))
 
 
-def overlapping_claims(claims: list[Claim], window_s: float) -> list[str]:
+def overlapping_claims(
+    claims: list[Claim], window_s: float, successions: frozenset[tuple[str, str]] = frozenset()
+) -> list[str]:
     """Two different boots each saying "I lead" within ``window_s`` of each other (from the first's request to the
     second's answer). ADR 0012 §3: a leader stops saying so by its last renewal's request + 80 % of the lease; the
     next takes the lead only once the database lease, counted from a later commit, has expired, and says so only
-    after that renewal: at least 20 % of the lease lies between the last word of one and the first of the next."""
+    after that renewal: at least 20 % of the lease lies between the last word of one and the first of the next.
+    ``successions``: (dead boot, new boot) pairs of one host, the new one's data dir lock proving the dead one gone
+    (ADR 0012 §9, its ``host_restarted`` line): the new boot may lead at once, the old one's last word being before
+    its death."""
     found = []
     ordered = sorted(claims, key=lambda c: c.sent)
     for i, first in enumerate(ordered):
@@ -669,7 +674,8 @@ def overlapping_claims(claims: list[Claim], window_s: float) -> list[str]:
             if other.sent - first.sent >= window_s:
                 break
             span = max(first.answered, other.answered) - first.sent
-            if (other.host_id, other.boot_id) != (first.host_id, first.boot_id) and span < window_s:
+            succeeded = (first.boot_id, other.boot_id) in successions and first.host_id == other.host_id
+            if (other.host_id, other.boot_id) != (first.host_id, first.boot_id) and span < window_s and not succeeded:
                 found.append(
                     f"two leaders within {span:.3f} s: {first.host_id} (boot {first.boot_id[:8]}) and "
                     f"{other.host_id} (boot {other.boot_id[:8]})"
@@ -677,12 +683,14 @@ def overlapping_claims(claims: list[Claim], window_s: float) -> list[str]:
     return found
 
 
-def leader_handovers(leaders: list[Host]) -> list[str]:
+def leader_handovers(leaders: list[Host], successions: frozenset[tuple[str, str]] = frozenset()) -> list[str]:
     """Each new holder of the leader table took it no earlier than the previous holder's lease (as last seen) ran
-    out: the registry's side of INV-ONE-LEADER."""
+    out: the registry's side of INV-ONE-LEADER. But a boot that succeeds the previous holder, a boot of its own host
+    proved gone (``successions``, ADR 0012 §9), takes it at once."""
     found = []
     for before, after in itertools.pairwise(leaders):
-        if after.started_at < before.lease_expires_at:
+        succeeded = before.host_id == after.host_id and (before.boot_id, after.boot_id) in successions
+        if after.started_at < before.lease_expires_at and not succeeded:
             found.append(
                 f"{after.host_id} (boot {after.boot_id[:8]}) led from {after.started_at.isoformat()} while "
                 f"{before.host_id} (boot {before.boot_id[:8]}) held it until {before.lease_expires_at.isoformat()}"
@@ -1215,7 +1223,15 @@ def judge_fleet(
     # INV-ONE-LEADER: never two hosts saying they lead within the margin the design leaves between two leads, and
     # the leader table never handed on before the holder's lease (as last seen) ran out.
     margin_s = 0.2 * plan.lease_s  # ADR 0012 §3: a leader lets go at 80 % of its lease
-    two_leaders = overlapping_claims(watch.claims, margin_s) + leader_handovers(observer.leaders)
+    # A restarted host's boot that took its dead boot's lead at once, proved gone by the data dir's lock (§9).
+    successions = frozenset(
+        (str(line.get("previous_boot_id")), str(line.get("boot_id")))
+        for log in logs
+        for line in log_lines(log, "host_restarted")
+    )
+    two_leaders = overlapping_claims(watch.claims, margin_s, successions) + leader_handovers(
+        observer.leaders, successions
+    )
     # INV-OWNER-JUDGES: the row's host is the host that ran its last attempt, and every end of an attempt in a
     # host's log (a transition out of running) is of a process that ran on that host: the one its line names (pid),
     # or, for a resubmission (the row back in the queue names no process), the job's last start before the line.
@@ -1560,9 +1576,7 @@ def main() -> int:
         if args.smoke:
             # Jobs of 0.3-1 s: on a loaded machine, 16 jobs of 0.05-0.5 s could all end between two of the observer's
             # looks (a smoke run that landed no outside kill at all, seen twice while a fleet run shared the machine).
-            plan = Plan(
-                mode, 16, 3, 4, args.seed, 0.3, job_seconds=(0.3, 1.0), min_job_kills=3, smoke=True, **fleet
-            )
+            plan = Plan(mode, 16, 3, 4, args.seed, 0.3, job_seconds=(0.3, 1.0), min_job_kills=3, smoke=True, **fleet)
         else:
             plan = Plan(mode, args.jobs, args.slots, args.kills, args.seed, args.job_kill_every_s, **fleet)
         status = max(status, run(plan, results_dir))

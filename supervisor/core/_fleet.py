@@ -205,6 +205,7 @@ class Fleet:
             log.info(
                 "host_restarted",
                 host_id=self.host_id,
+                boot_id=self.boot_id,
                 previous_boot_id=self.succeeds,
                 leading=lease.leading,
                 why="its previous boot on this data dir is gone (the data dir's lock was free): its lease and lead "

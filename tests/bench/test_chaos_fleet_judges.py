@@ -92,3 +92,16 @@ def test_INV_KEY_ONCE_one_row_more_than_the_acknowledged_jobs_fails_the_run(tmp_
     extra = verdict(["a"])
     assert extra[name] == "FAIL"
     assert all(v == "PASS" for k, v in extra.items() if k != name)
+
+
+def test_a_lead_taken_at_once_by_a_boot_that_succeeds_its_hosts_dead_boot_is_no_second_leader() -> None:
+    """ADR 0012 §9: a restarted host, its dead boot proved gone by the data dir's lock, leads at once; the judge
+    accepts exactly that succession (named by the new boot's host_restarted line), and nothing else early."""
+    early = [host("h1", "boot-a", 0, 3), host("h1", "boot-b", 1.0, 4.0)]
+    assert chaos.leader_handovers(early, frozenset({("boot-a", "boot-b")})) == []
+    assert chaos.leader_handovers(early)  # without the proof it is reported
+    other_host = [host("h1", "boot-a", 0, 3), host("h2", "boot-b", 1.0, 4.0)]
+    assert chaos.leader_handovers(other_host, frozenset({("boot-a", "boot-b")}))  # only the same host's boot
+    claims = [chaos.Claim("h1", "boot-a", 10.0, 10.05), chaos.Claim("h1", "boot-b", 10.2, 10.3)]
+    assert chaos.overlapping_claims(claims, 0.6, frozenset({("boot-a", "boot-b")})) == []
+    assert chaos.overlapping_claims(claims, 0.6)
