@@ -15,14 +15,17 @@ go looking. Each job's own progress is watched (stalled, silent); this watches t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import trio
 
+from ..domain import from_iso, to_iso
 from ..observe import QueueGauges, get_logger
-from ..registry import PAUSED_BY_OPERATOR
+from ..registry import PAUSED_BY_OPERATOR, QUEUE_ANNOUNCED
 from ._boot import Boot
 
 log = get_logger()
@@ -146,6 +149,8 @@ class QueueWatch:
         self.last_promotion = last_promotion
         self.rule = QueueRule(stuck_after_s, pause_warn_after_s)
         self.latest: QueueSignals | None = None
+        self.wake_sender: Callable[[], None] = lambda: None  # the webhook sender's wake (set by the Supervisor)
+        self._restored = False  # the announced state read back (once per boot, at the first look)
 
     async def held(self) -> set[str]:
         """Every reason this host's promotion is held now (``HOLD_REASONS``)."""
@@ -160,6 +165,11 @@ class QueueWatch:
     async def judge(self) -> QueueSignals:
         """One look and the rule's verdict; the start and the end of a stuck queue are said once each."""
         registry, now = self.boot.registry, self.boot.wall_clock()
+        if not self._restored:
+            # What an earlier boot of this host announced: a stuck queue that still holds is not announced twice.
+            recorded = await registry.setting(f"{QUEUE_ANNOUNCED}{self.boot.host_id}")
+            self.rule.stuck = _parse_stuck(recorded.value) if recorded is not None else None
+            self._restored = True
         held = await self.held()
         oldest = await registry.oldest_waiting()
         running = await registry.running_jobs()
@@ -180,6 +190,7 @@ class QueueWatch:
         )
         if change is not None:
             what, stuck = change
+            await self._announce(what, stuck, now)
             fields = {
                 "reason": stuck.reason,
                 "since": stuck.since.isoformat(),
@@ -216,3 +227,40 @@ class QueueWatch:
             held_since_s={reason: since.timestamp() for reason, since in latest.held.items()},
             stuck=stuck,
         )
+
+    async def _announce(self, what: str, stuck: Stuck, now: datetime) -> None:
+        """The webhook (``queue.stuck`` / ``queue.moving``, through the signed outbox: the leader sends it) and the
+        announced state, in one registry step."""
+        details: dict[str, Any] = {
+            "host_id": self.boot.host_id,
+            "reason": stuck.reason,
+            "since": to_iso(stuck.since),
+            "oldest_job_id": stuck.oldest_job_id,
+            "oldest_age_s": round(stuck.oldest_age_s, 3),
+            "free_slots": stuck.free_slots,
+        }
+        if what == "moving":
+            details["moving_since"] = to_iso(now)
+        await self.boot.registry.record_queue_event(
+            f"queue.{what}",
+            host_id=self.boot.host_id,
+            job_id=stuck.oldest_job_id,
+            details=details,
+            reason=stuck.reason,
+            announced=json.dumps(details, sort_keys=True) if what == "stuck" else "",
+        )
+        self.wake_sender()
+
+
+def _parse_stuck(text: str) -> Stuck | None:
+    """The announced stuck queue recorded by ``_announce`` (None: none, or nothing readable)."""
+    try:
+        data = json.loads(text) if text else None
+        if not isinstance(data, dict):
+            return None
+        return Stuck(
+            str(data["reason"]), from_iso(str(data["since"])), str(data["oldest_job_id"]),
+            float(data["oldest_age_s"]), int(data["free_slots"]),
+        )  # fmt: skip
+    except (ValueError, KeyError, TypeError):
+        return None

@@ -226,6 +226,7 @@ class Supervisor:
             stuck_after_s=config.queue_stuck_s,
             pause_warn_after_s=config.pause_warn_s,
         )
+        self.queue_watch.wake_sender = self.webhooks.wake  # queue.stuck / queue.moving go through the outbox
         self.sweeper = Sweeper(
             registry,
             self.reconciler,

@@ -61,6 +61,9 @@ def sign(secret: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
+QUEUE_EVENT_PREFIX = "queue."  # queue.stuck, queue.moving: the queue's watch (core/_queue_watch.py)
+
+
 def render_event(item: OutboxEvent) -> bytes:
     """The JSON a receiver gets for an event: the same bytes at every attempt (keys sorted, no spaces), so a
     signature and a receiver's dedupe on ``event_id`` hold across retries and restarts."""
@@ -73,6 +76,10 @@ def render_event(item: OutboxEvent) -> bytes:
         "boot_id": item.boot_id,
         "ts": to_iso(item.created_at),
     }
+    if item.event.startswith(QUEUE_EVENT_PREFIX):
+        # A queue's event (issue 40) is about a host's queue, not a job: its details in place of a row.
+        body["queue"] = body.pop("job")
+        del body["previous_status"]
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 

@@ -144,7 +144,9 @@ class Store(Protocol):
     ) -> None: ...
     async def drop_expired_keys(self, now: datetime, limit: int) -> int: ...
     async def update(self, job_id: str, fields: Mapping[str, object], *, status: JobStatus | None = None) -> int: ...
-    async def add_event(self, job: Job, event: str, previous: str | None, reason: str | None) -> None: ...
+    async def add_event(
+        self, job_id: str, body: Mapping[str, Any], event: str, previous: str | None, reason: str | None
+    ) -> None: ...
     async def notify(self, wake: Wakeup) -> None: ...
     def savepoint(self) -> AbstractAsyncContextManager[None]: ...
     async def pause(self, *, lock: bool = False) -> PauseState: ...
@@ -246,7 +248,7 @@ class Rules:
         if self.outbox:
             job = await store.job(job_id)
             assert job is not None
-            await store.add_event(job, event, previous, reason)
+            await store.add_event(job.job_id, job.public(), event, previous, reason)
 
     async def set_status(
         self, store: Store, job: Job, to_status: JobStatus, fields: Mapping[str, object], *, reason: str | None = None
@@ -497,6 +499,16 @@ class Rules:
         job = await self.get(store, job_id, lock=True)
         await self.event(store, job_id, event, str(job.status), reason)
         return job
+
+    async def queue_event(
+        self, store: Store, event: str, job_id: str, details: Mapping[str, Any], reason: str, announced: FleetSetting
+    ) -> None:
+        """The queue's watch says a stuck queue began or ended (issue 40): its event into the outbox, and what was
+        announced recorded (``announced``: a boot after a restart does not say a condition that still holds twice),
+        in one step."""
+        if self.outbox:
+            await store.add_event(job_id, details, event, None, reason)
+        await store.put_setting(announced)
 
     # -- the pause ----------------------------------------------------------------------------------------
 

@@ -19,15 +19,16 @@ The rules every backend keeps, because they are written once (named in the decis
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ..domain import IdempotencyKey, Job, RequestError
 from ._engine import Independent, Page, Rules, Step, Store
 from ._health import RegistryFault
 from ._protocol import (
+    QUEUE_ANNOUNCED,
     Beat,
     Change,
     Ending,
@@ -162,6 +163,24 @@ class Registry:
     async def record_event(self, job_id: str, event: str, reason: str | None) -> Job:
         """Write an event about a change the row does not show (this boot adopted the job)."""
         return await self.backend.write(lambda store: self.rules.record_event(store, job_id, event, reason))
+
+    async def record_queue_event(
+        self, event: str, *, host_id: str, job_id: str, details: Mapping[str, Any], reason: str, announced: str
+    ) -> None:
+        """The queue's watch (issue 40): ``event`` (``queue.stuck``, ``queue.moving``) about this host's queue, its
+        ``details`` the body receivers get, into the outbox (when events are written), and ``announced`` recorded as
+        this host's announced state (``queue_stuck/<host>``: the stuck queue announced, empty once it moved), in one
+        step."""
+        name = f"{QUEUE_ANNOUNCED}{host_id}"
+        await self.backend.write(
+            lambda store: self.rules.queue_event(
+                store, event, job_id, details, reason, FleetSetting(name, announced, host_id, store.now())
+            )
+        )
+
+    async def setting(self, name: str) -> FleetSetting | None:
+        """The recorded value of ``name`` (None: none), read only."""
+        return await self.backend.read(lambda store: store.setting(name))
 
     # -- the outbox ---------------------------------------------------------------------------------------
 

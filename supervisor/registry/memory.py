@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Any
 
 import trio
 
@@ -150,11 +151,13 @@ class MemoryRows(LocalStore):
         self.s.rows[job_id] = (replace(found[0], **fields), found[1])  # type: ignore[arg-type]
         return 1
 
-    async def add_event(self, job: Job, event: str, previous: str | None, reason: str | None) -> None:
+    async def add_event(
+        self, job_id: str, body: Mapping[str, Any], event: str, previous: str | None, reason: str | None
+    ) -> None:
         self.s.event_seq += 1
         self.s.events.append(
-            OutboxEvent(self.s.event_seq, uuid.uuid4().hex, job.job_id, event, self.now(), previous, reason,
-                        self.boot_id, job.public())
+            OutboxEvent(self.s.event_seq, uuid.uuid4().hex, job_id, event, self.now(), previous, reason,
+                        self.boot_id, copy.deepcopy(dict(body)))
         )  # fmt: skip
 
     @asynccontextmanager

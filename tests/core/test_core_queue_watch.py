@@ -4,6 +4,7 @@ virtual clock: hours of waiting pass in no time."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from structlog.testing import capture_logs
 from supervisor import Config, Supervisor, load_kinds
 from supervisor.core import NOT_PROMOTED, QueueRule
 from supervisor.execution.memory import MemoryExecutor
-from supervisor.registry import MemoryRegistry
+from supervisor.observe import render_event
+from supervisor.registry import MemoryRegistry, OutboxEvent
 
 EPOCH = datetime(2031, 3, 4, 5, 6, 7, tzinfo=UTC)
 STUCK_S, PAUSE_S = 900.0, 21600.0
@@ -110,3 +112,46 @@ async def test_a_queue_paused_too_long_is_said_stuck_in_the_log_metrics_health_a
         await sup.sweep()
     assert [e["reason"] for e in logs if e["event"] == "queue_moving"] == ["pause_operator"]
     assert "queue" not in (await sup.health()).degraded
+
+
+async def test_queue_stuck_and_moving_go_through_the_outbox_once_each_and_a_restart_does_not_say_stuck_twice(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """The webhooks (issue 40): one ``queue.stuck`` with the reason, the oldest job and its age, the free slots and
+    the host; none at the sweeps after; a new boot on the same registry, the queue still stuck, announces nothing
+    again; one ``queue.moving`` when it moves, rendered for a receiver with the queue's details in place of a row."""
+    config = Config(data_dir=tmp_path / "data", bind_port=0, pause_warn_s=3600.0, host_id="h1")
+    registry = MemoryRegistry(clock=wall, outbox=True)
+
+    def boot() -> Supervisor:
+        sup = Supervisor(config, load_kinds(None), registry, executor=MemoryExecutor({}, nursery), wall_clock=wall,
+                         standalone=True)  # fmt: skip
+        sup.attach(nursery)
+        return sup
+
+    async def queue_events() -> list[OutboxEvent]:
+        return [e for e in await registry.outbox_pending(1000) if e.event.startswith("queue.")]
+
+    first = boot()
+    await first.pause()
+    job = (await first.enqueue("pipeline", {"feed": "https://example.org/feed"})).job
+    for _ in range(4):
+        await first.sweep()
+        await trio.sleep(1800)
+    [stuck] = await queue_events()
+    assert (stuck.event, stuck.job_id, stuck.reason) == ("queue.stuck", job.job_id, "pause_operator")
+    assert stuck.job["host_id"] == "h1" and stuck.job["oldest_job_id"] == job.job_id
+    assert stuck.job["oldest_age_s"] > 3600 and stuck.job["free_slots"] == 1
+    body = json.loads(render_event(stuck))
+    assert body["queue"] == stuck.job and "job" not in body and body["event"] == "queue.stuck"
+
+    second = boot()  # a restart: the pause still holds, the stuck queue was announced by the boot before
+    for _ in range(3):
+        await second.sweep()
+        await trio.sleep(1800)
+    assert [e.event for e in await queue_events()] == ["queue.stuck"]  # not twice
+    assert (await second.health()).degraded["queue"].endswith("pause_operator")
+    await second.resume()
+    await second.sweep()
+    await second.sweep()
+    assert [e.event for e in await queue_events()] == ["queue.stuck", "queue.moving"]

@@ -256,13 +256,15 @@ class PostgresRows:
             await self.conn.execute(f"UPDATE jobs SET {columns} WHERE job_id = ${len(names) + 1}{guard}", *args)
         )
 
-    async def add_event(self, job: Job, event: str, previous: str | None, reason: str | None) -> None:
+    async def add_event(
+        self, job_id: str, body: Mapping[str, Any], event: str, previous: str | None, reason: str | None
+    ) -> None:
         # Events of one job are in the order written: every change of a row holds its row lock until it commits.
         await self.conn.execute(
             "INSERT INTO outbox (event_id, job_id, event, created_at, previous_status, reason, boot_id, job) "
             "VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-            uuid.uuid4().hex, job.job_id, event, self.now(), previous, reason, self.boot_id,
-            json.dumps(job.public(), sort_keys=True, separators=(",", ":")),
+            uuid.uuid4().hex, job_id, event, self.now(), previous, reason, self.boot_id,
+            json.dumps(body, sort_keys=True, separators=(",", ":")),
         )  # fmt: skip
 
     async def notify(self, wake: Wakeup) -> None:

@@ -150,12 +150,14 @@ class SqliteRows(LocalStore):
         args = [stored(value) for value in fields.values()] + [job_id] + ([str(status)] if status is not None else [])
         return self.conn.execute(f"UPDATE jobs SET {columns} WHERE job_id = ?{guard}", args).rowcount
 
-    async def add_event(self, job: Job, event: str, previous: str | None, reason: str | None) -> None:
+    async def add_event(
+        self, job_id: str, body: Mapping[str, Any], event: str, previous: str | None, reason: str | None
+    ) -> None:
         self.conn.execute(
             "INSERT INTO outbox (event_id, job_id, event, created_at, previous_status, reason, boot_id, job) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (uuid.uuid4().hex, job.job_id, event, to_iso(self.now()), previous, reason, self.boot_id,
-             json.dumps(job.public(), sort_keys=True, separators=(",", ":"))),
+            (uuid.uuid4().hex, job_id, event, to_iso(self.now()), previous, reason, self.boot_id,
+             json.dumps(body, sort_keys=True, separators=(",", ":"))),
         )  # fmt: skip
 
     @asynccontextmanager
