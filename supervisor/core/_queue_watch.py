@@ -151,6 +151,7 @@ class QueueWatch:
         self.latest: QueueSignals | None = None
         self.wake_sender: Callable[[], None] = lambda: None  # the webhook sender's wake (set by the Supervisor)
         self._restored = False  # the announced state read back (once per boot, at the first look)
+        self._pending: tuple[str, Stuck] | None = None  # a start or end said, its webhook not yet written
 
     async def held(self) -> set[str]:
         """Every reason this host's promotion is held now (``HOLD_REASONS``)."""
@@ -190,12 +191,7 @@ class QueueWatch:
         )
         if change is not None:
             what, stuck = change
-            await self._announce(what, stuck, now)
-            fields = {
-                "reason": stuck.reason,
-                "since": stuck.since.isoformat(),
-                "host_id": self.boot.host_id,
-            }
+            fields = {"reason": stuck.reason, "since": stuck.since.isoformat(), "host_id": self.boot.host_id}
             if what == "stuck":
                 log.error(
                     "queue_stuck",
@@ -203,12 +199,19 @@ class QueueWatch:
                     oldest_job_id=stuck.oldest_job_id,
                     oldest_age_s=round(stuck.oldest_age_s, 3),
                     free_slots=stuck.free_slots,
-                    meaning=HOLD_REASONS.get(
-                        stuck.reason, "jobs wait while slots are free and nothing holds promotion"
-                    ),
+                    meaning=HOLD_REASONS.get(stuck.reason, NOT_PROMOTED_MEANS),
                 )
             else:
                 log.info("queue_moving", **fields)
+            # A stuck queue that began and ended before its start could be written is announced not at all.
+            moot = what == "moving" and self._pending is not None and self._pending[0] == "stuck"
+            self._pending = None if moot else (what, stuck)
+        if self._pending is not None:
+            # Written when the registry takes it: a full disk holds the webhook (the log, the metric and the health
+            # said it at once), never drops it; one that fails is tried again at the next sweep.
+            what, stuck = self._pending
+            await self._announce(what, stuck, now)
+            self._pending = None
         self.latest = QueueSignals(max(0.0, waited), self.last_promotion(), self.rule.held_since(), self.rule.stuck)
         return self.latest
 
