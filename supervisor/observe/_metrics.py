@@ -75,29 +75,25 @@ def _queue_families(queue: QueueGauges) -> Iterator[Metric]:
         "When this host last promoted a job (its boot's start before any), Unix time.",
         value=queue.last_promotion_s,
     )
-    held = GaugeMetricFamily(
-        "podcast_queue_held", "1 while this host's promotion is held, one series per reason.", labels=["reason"]
-    )
-    for reason, on in sorted(queue.held.items()):
-        held.add_metric([reason], on)
-    yield held
-    since = GaugeMetricFamily(
+    yield _by_reason("podcast_queue_held", "1 while this host's promotion is held, one series per reason.", queue.held)
+    yield _by_reason(
         "podcast_queue_held_since_timestamp_seconds",
         "Since when each reason holds promotion, Unix time.",
-        labels=["reason"],
+        queue.held_since_s,
     )
-    for reason, at in sorted(queue.held_since_s.items()):
-        since.add_metric([reason], at)
-    yield since
-    stuck = GaugeMetricFamily(
+    yield _by_reason(
         "podcast_queue_stuck",
         "1 while the queue is stuck (PODCAST_JOB_QUEUE_STUCK_SECONDS; behind a pause, PODCAST_JOB_PAUSE_WARN_SECONDS), "
         "for its reason.",
-        labels=["reason"],
+        queue.stuck,
     )
-    for reason, on in sorted(queue.stuck.items()):
-        stuck.add_metric([reason], on)
-    yield stuck
+
+
+def _by_reason(name: str, documentation: str, values: Mapping[str, float]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, documentation, labels=["reason"])
+    for reason, value in sorted(values.items()):
+        family.add_metric([reason], value)
+    return family
 
 
 class _SnapshotCollector:
