@@ -161,6 +161,11 @@ async def test_engine_trouble_keeps_slots_fails_nothing_holds_the_queue_and_warn
     assert "not answering since" in health.degraded["engine"]
     if trouble == "hang":
         assert "timed out" in health.degraded["engine"].lower()
+    # The queue's watch (issue 40) names what holds it: the engine, with a job waiting and a slot free.
+    signals = await sup.queue_watch.judge()
+    assert set(signals.held) == {"engine_unreachable"} and signals.stuck is None  # not stuck before 900 s
+    metrics = (await sup.render_metrics()).decode()
+    assert 'podcast_queue_held{reason="engine_unreachable"} 1.0' in metrics
 
 
 async def test_a_hung_engine_answers_unknown_within_the_configured_timeout_for_a_monitor_too(
