@@ -132,6 +132,8 @@ async def _run_a_fault(
             return True if failed is not None and int(failed.group(1)) >= 3 else None
 
         await poll(retried_at_least_twice, timeout_s=WAIT_S)
+        # The queue's watch (issue 40) names what holds the queue, within a sweep.
+        await poll(lambda: _held(client, server.url, "registry_unwritable"), timeout_s=WAIT_S)
         await trio.sleep(lasting_s)  # a fault that lasts (past a lease, say): a duration of the scenario
         assert (await _job(client, server.url, job_id))["status"] == "running"  # the slot is kept meanwhile
         assert server.proc.returncode is None  # never exits because of it
@@ -151,6 +153,11 @@ async def _run_a_fault(
     assert [f["level"] for f in failing] == ["error"], failing
     assert [r["level"] for r in recovered] == ["info"], recovered
     assert recovered[0]["failed_writes"] >= 3
+
+
+async def _held(client: httpx.AsyncClient, url: str, reason: str) -> bool | None:
+    state = (await client.get(f"{url}/api/queue")).json()
+    return True if reason in state["held"] else None
 
 
 async def _ok(client: httpx.AsyncClient, url: str) -> bool | None:
