@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import http.server
 import json
+import shutil
 import signal
+import tempfile
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from core_engine import FakeEngine  # type: ignore[import-not-found]
 from core_helpers import poll, serve_env  # type: ignore[import-not-found]
 
 pytestmark = pytest.mark.e2e
@@ -125,3 +128,32 @@ async def test_an_api_pause_is_said_stuck_once_and_moving_once_and_a_busy_queue_
         assert state["stuck"]["reason"] == "pause_operator" and "pause_operator" in state["held"]
         await client.post(f"{server.url}/api/queue/resume", timeout=TIMEOUT)
     await poll(lambda: events_are(receiver, [("queue.stuck", "pause_operator"), ("queue.moving", "pause_operator")]))
+
+
+@pytest.mark.docker
+async def test_an_engine_that_does_not_answer_is_said_stuck_once_and_moving_once_when_it_answers(
+    start_server: Callable[[], Awaitable[Any]], receiver: Receiver, env: dict[str, str], nursery: trio.Nursery
+) -> None:
+    """Docker mode, the engine stopped (its socket refuses) behind a fake in front of the real one: the queue is
+    held by the engine with a slot free and a job waiting; the engine comes back and the job runs."""
+    where = Path(tempfile.mkdtemp(prefix="fake-engine-", dir="/tmp"))  # a unix socket's path is short
+    engine = FakeEngine(where / "docker.sock")
+    await nursery.start(engine.run)
+    await engine.set_mode("stopped")
+    env.update(PODCAST_PIPELINE_EXEC_MODE="docker", DOCKER_HOST=engine.url, PODCAST_JOB_DOCKER_TIMEOUT_SECONDS="1")
+    server = await start_server()
+    async with httpx.AsyncClient(timeout=TIMEOUT) as client:
+        answer = await client.post(f"{server.url}/api/jobs", json={"kind": "exit", "params": {"code": 0}})
+        assert answer.status_code == 202, answer.text
+        await poll(lambda: metric(server.url, 'podcast_queue_held{reason="engine_unreachable"} 1.0'), timeout_s=30)
+        await poll(lambda: events_are(receiver, [("queue.stuck", "engine_unreachable")]), timeout_s=30)
+        await engine.set_mode("proxy")
+        expected = [("queue.stuck", "engine_unreachable"), ("queue.moving", "engine_unreachable")]
+        await poll(lambda: events_are(receiver, expected), timeout_s=60)
+
+        async def succeeded() -> bool | None:
+            row = (await client.get(f"{server.url}/api/jobs/{answer.json()['job_id']}", timeout=TIMEOUT)).json()
+            return True if row["status"] == "succeeded" else None
+
+        await poll(succeeded, timeout_s=60)
+    shutil.rmtree(where, ignore_errors=True)
