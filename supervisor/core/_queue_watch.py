@@ -206,13 +206,14 @@ class QueueWatch:
             # A stuck queue that began and ended before its start could be written is announced not at all.
             moot = what == "moving" and self._pending is not None and self._pending[0] == "stuck"
             self._pending = None if moot else (what, stuck)
+        # The signals first: they stand whether or not the webhook below can be written now.
+        self.latest = QueueSignals(max(0.0, waited), self.last_promotion(), self.rule.held_since(), self.rule.stuck)
         if self._pending is not None:
             # Written when the registry takes it: a full disk holds the webhook (the log, the metric and the health
             # said it at once), never drops it; one that fails is tried again at the next sweep.
             what, stuck = self._pending
             await self._announce(what, stuck, now)
             self._pending = None
-        self.latest = QueueSignals(max(0.0, waited), self.last_promotion(), self.rule.held_since(), self.rule.stuck)
         return self.latest
 
     def gauges(self) -> QueueGauges | None:

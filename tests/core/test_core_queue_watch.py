@@ -8,11 +8,12 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 from structlog.testing import capture_logs
 
-from supervisor import Config, Supervisor, load_kinds
+from supervisor import Config, RegistryUnavailable, Supervisor, load_kinds
 from supervisor.core import NOT_PROMOTED, QueueRule
 from supervisor.execution.memory import MemoryExecutor
 from supervisor.observe import render_event
@@ -155,3 +156,36 @@ async def test_queue_stuck_and_moving_go_through_the_outbox_once_each_and_a_rest
     await second.sweep()
     await second.sweep()
     assert [e.event for e in await queue_events()] == ["queue.stuck", "queue.moving"]
+
+
+async def test_a_webhook_the_registry_cannot_take_now_is_written_at_a_later_sweep_and_the_signals_stand(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk: the stuck queue is said in the log, the metric and the health at once; its webhook, which the
+    registry cannot take yet, is written at the first sweep that can, once."""
+    config = Config(data_dir=tmp_path / "data", bind_port=0, pause_warn_s=60.0, host_id="h1")
+    registry = MemoryRegistry(clock=wall, outbox=True)
+    sup = Supervisor(config, load_kinds(None), registry, executor=MemoryExecutor({}, nursery), wall_clock=wall,
+                     standalone=True)  # fmt: skip
+    sup.attach(nursery)
+    await sup.pause()
+    await sup.enqueue("pipeline", {"feed": "https://example.org/feed"})
+    await sup.sweep()
+    await trio.sleep(120)
+    real = registry.record_queue_event
+
+    async def full(*args: object, **kwargs: object) -> None:
+        raise RegistryUnavailable("disk full")
+
+    monkeypatch.setattr(registry, "record_queue_event", full)
+    with capture_logs() as logs:
+        await sup.sweep()  # the step fails as a condition: the sweep goes on
+        await sup.sweep()
+    assert [e["event"] for e in logs if e["event"] == "queue_stuck"] == ["queue_stuck"]  # said once, at once
+    assert (await sup.queue_state()).stuck is not None
+    assert "pause_operator" in (await sup.health()).degraded["queue"]
+    assert [e for e in await registry.outbox_pending(100) if e.event.startswith("queue.")] == []
+    monkeypatch.setattr(registry, "record_queue_event", real)
+    await sup.sweep()
+    await sup.sweep()
+    assert [e.event for e in await registry.outbox_pending(100) if e.event.startswith("queue.")] == ["queue.stuck"]
