@@ -593,6 +593,14 @@ def _show_queue(io: _Io, state: Mapping[str, Any], as_json: bool) -> None:
         return
     paused = "paused" if state["paused"] else "active"
     io.print(f"queue {paused}: {state['running']} running (max {state['max_concurrent']}), {state['queued']} queued")
+    # The queue's watch (issue 40), as of the server's last sweep: what holds it, and whether it is stuck.
+    for reason, since in sorted((state.get("held") or {}).items()):
+        io.print(f"held by {reason} since {since}")
+    stuck = state.get("stuck")
+    if stuck:
+        io.print(
+            f"STUCK since {stuck['since']}: {stuck['reason']} (oldest job waiting {state.get('oldest_queued_age_s')} s)"
+        )
 
 
 def cmd_queue(client: Client, args: argparse.Namespace, io: _Io) -> int:

@@ -346,3 +346,12 @@ async def test_enqueue_sends_its_request_again_after_a_lost_answer_and_makes_one
     rows, _ = await live.supervisor.list_jobs()
     assert [row.job_id for row in rows] == [ran.json()["job_id"]]
     assert rows[0].idempotency_key is not None and rows[0].idempotency_key.startswith("cli-")
+
+
+async def test_queue_says_what_holds_the_queue_as_of_the_last_sweep(live: Live) -> None:
+    await cli(live.url, "pause")
+    await live.supervisor.sweep()  # the queue's watch looks at every sweep (issue 40)
+    shown = await cli(live.url, "queue")
+    assert shown.code == EXIT_OK
+    first, held = shown.out.splitlines()
+    assert first.startswith("queue paused:") and held.startswith("held by pause_operator since ")
