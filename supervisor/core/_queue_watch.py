@@ -23,7 +23,7 @@ from typing import Any
 
 import trio
 
-from ..domain import from_iso, to_iso
+from ..domain import SupervisorError, from_iso, to_iso
 from ..observe import QueueGauges, get_logger
 from ..registry import PAUSED_BY_OPERATOR, QUEUE_ANNOUNCED
 from ._boot import Boot
@@ -121,6 +121,16 @@ class QueueRule:
         return NOT_PROMOTED if free_slots > 0 else None
 
 
+@dataclass
+class _Look:
+    """The queue as one read of the registry found it (empty: not read yet)."""
+
+    pauses: set[str] = field(default_factory=set)
+    oldest_job_id: str | None = None
+    ready_at: datetime | None = None
+    free_slots: int = 0
+
+
 @dataclass(frozen=True)
 class QueueSignals:
     """The queue's signals as of one look (``GET /api/queue``, ``/metrics``)."""
@@ -152,15 +162,32 @@ class QueueWatch:
         self.wake_sender: Callable[[], None] = lambda: None  # the webhook sender's wake (set by the Supervisor)
         self._restored = False  # the announced state read back (once per boot, at the first look)
         self._pending: tuple[str, Stuck] | None = None  # a start or end said, its webhook not yet written
+        self._look = _Look()  # the queue as the registry last said it
 
-    async def held(self) -> set[str]:
-        """Every reason this host's promotion is held now (``HOLD_REASONS``)."""
+    def own_holds(self) -> set[str]:
+        """The reasons this host knows without reading the registry: its drainer's holds and the registry's fault."""
         out = set(self.holds())
         if self.boot.registry.fault() is not None:
             out.add("registry_unwritable")
-        pause = await self.boot.registry.pause_state()
+        return out
+
+    async def look(self) -> _Look:
+        """What the registry says of the queue now: the pause, the oldest waiting job, the free slots."""
+        registry, out = self.boot.registry, _Look()
+        pause = await registry.pause_state()
         if pause.paused:
-            out.add("pause_operator" if pause.by == PAUSED_BY_OPERATOR else "pause_file")
+            out.pauses.add("pause_operator" if pause.by == PAUSED_BY_OPERATOR else "pause_file")
+        oldest = await registry.oldest_waiting()
+        running = await registry.running_jobs()
+        free = self.boot.max_concurrent - len(running)
+        cap = self.boot.config.host_max_concurrent
+        if cap is not None:
+            free = min(free, cap - sum(1 for job in running if job.host_id == self.boot.host_id))
+        out.free_slots = max(0, free)
+        if oldest is not None:
+            out.oldest_job_id = oldest.job_id
+            # How long it has been ready to run: since it was enqueued, or since its backoff ended (a resubmission).
+            out.ready_at = max(oldest.created_at, oldest.next_attempt_at or oldest.created_at)
         return out
 
     async def judge(self) -> QueueSignals:
@@ -171,23 +198,23 @@ class QueueWatch:
             recorded = await registry.setting(f"{QUEUE_ANNOUNCED}{self.boot.host_id}")
             self.rule.stuck = _parse_stuck(recorded.value) if recorded is not None else None
             self._restored = True
-        held = await self.held()
-        oldest = await registry.oldest_waiting()
-        running = await registry.running_jobs()
-        free = self.boot.max_concurrent - len(running)
-        cap = self.boot.config.host_max_concurrent
-        if cap is not None:
-            free = min(free, cap - sum(1 for job in running if job.host_id == self.boot.host_id))
-        # How long it has been ready to run: since it was enqueued, or since its backoff ended (a resubmission).
-        ready_at = max(oldest.created_at, oldest.next_attempt_at or oldest.created_at) if oldest else now
-        waited = (now - ready_at).total_seconds()
+        try:
+            self._look = await self.look()
+            unread = None
+        except SupervisorError as exc:
+            # The registry cannot be read (a host cut off from its database): judged on what needs no read -- this
+            # host's own holds, a stale lease among them -- and the queue as last read; the step still fails after.
+            unread = exc
+        look = self._look
+        held = self.own_holds() | look.pauses
+        waited = (now - look.ready_at).total_seconds() if look.ready_at is not None else 0.0
         change = self.rule.observe(
             now_s=trio.current_time(),
             now=now,
             held=held,
-            oldest_job_id=oldest.job_id if oldest else None,
+            oldest_job_id=look.oldest_job_id,
             oldest_age_s=max(0.0, waited),
-            free_slots=max(0, free),
+            free_slots=look.free_slots,
         )
         if change is not None:
             what, stuck = change
@@ -208,6 +235,8 @@ class QueueWatch:
             self._pending = None if moot else (what, stuck)
         # The signals first: they stand whether or not the webhook below can be written now.
         self.latest = QueueSignals(max(0.0, waited), self.last_promotion(), self.rule.held_since(), self.rule.stuck)
+        if unread is not None:
+            raise unread
         if self._pending is not None:
             # Written when the registry takes it: a full disk holds the webhook (the log, the metric and the health
             # said it at once), never drops it; one that fails is tried again at the next sweep.

@@ -189,3 +189,33 @@ async def test_a_webhook_the_registry_cannot_take_now_is_written_at_a_later_swee
     await sup.sweep()
     await sup.sweep()
     assert [e.event for e in await registry.outbox_pending(100) if e.event.startswith("queue.")] == ["queue.stuck"]
+
+
+async def test_a_host_cut_off_from_its_registry_still_says_its_stale_lease_holds_a_waiting_queue(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host partitioned from PostgreSQL can read nothing: its lease goes stale (the fleet's gate) and nothing is
+    promoted here. The watch judges on what needs no read -- the stale lease -- and the queue as last read (a job
+    waiting), so the log and the health say the queue stuck past the threshold; the webhook waits for the registry."""
+    config = Config(data_dir=tmp_path / "data", bind_port=0, queue_stuck_s=60.0, host_id="h1")
+    registry = MemoryRegistry(clock=wall, outbox=True)
+    sup = Supervisor(config, load_kinds(None), registry, executor=MemoryExecutor({}, nursery), wall_clock=wall,
+                     standalone=True)  # fmt: skip
+    sup.attach(nursery)
+    await sup.pause()
+    waiting = (await sup.enqueue("pipeline", {"feed": "https://example.org/feed"})).job
+    await sup.sweep()  # read once: a job waits (behind a pause: a reason held on purpose, with its own threshold)
+
+    async def unreachable(*args: object, **kwargs: object) -> None:
+        raise RegistryUnavailable("no connection to the database")
+
+    for name in ("pause_state", "oldest_waiting", "running_jobs", "record_queue_event"):
+        monkeypatch.setattr(registry, name, unreachable)
+    sup.boot.may_promote = lambda: False  # the lease went stale: this host promotes nothing
+    with capture_logs() as logs:
+        for _ in range(4):
+            await sup.sweep()
+            await trio.sleep(30)
+    stuck = [e for e in logs if e["event"] == "queue_stuck"]
+    assert [(e["reason"], e["oldest_job_id"]) for e in stuck] == [("lease_not_fresh", waiting.job_id)]
+    assert (await sup.health()).degraded["queue"].endswith("lease_not_fresh")
