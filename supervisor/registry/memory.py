@@ -92,7 +92,7 @@ class MemoryRows(LocalStore):
         running = self._jobs(JobStatus.RUNNING)
         return len(running), sum(1 for job in running if job.host_id == host_id)
 
-    async def promotable(self, now: datetime, limit: int) -> list[Job]:
+    async def promotable(self, now: datetime, limit: int, *, lock: bool = False) -> list[Job]:
         ready = [j for j in self._jobs(JobStatus.QUEUED) if j.next_attempt_at is None or j.next_attempt_at <= now]
         return [self._copy(job) for job in ready[:limit]]
 

@@ -419,3 +419,16 @@ async def test_record_identities_for_an_unknown_job_records_none_of_the_batch(re
     with pytest.raises(JobNotFound):
         await registry.record_identities([IdentityClaim(job.job_id, PROCESS), IdentityClaim("no-such-job", PROCESS)])
     assert (await registry.get(job.job_id)).identity is None
+
+
+async def test_the_oldest_waiting_row_is_read_in_a_read_only_snapshot(registry: Registry) -> None:
+    """Issue 40's read (the queue's watch, at every sweep): the row that runs next, in a read-only snapshot (on
+    PostgreSQL a FOR UPDATE there is refused: the watch could never look), or None when nothing waits."""
+    assert await registry.oldest_waiting() is None
+    ids = await enqueue(registry, 3)
+    oldest = await registry.oldest_waiting()
+    assert oldest is not None and oldest.job_id == ids[0]
+    [first] = (await registry.promote(request(1))).jobs
+    assert first.job_id == ids[0]
+    oldest = await registry.oldest_waiting()
+    assert oldest is not None and oldest.job_id == ids[1]

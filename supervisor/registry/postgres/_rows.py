@@ -180,11 +180,12 @@ class PostgresRows:
         )
         return row[0], row[1]
 
-    async def promotable(self, now: datetime, limit: int) -> list[Job]:
-        # FOR UPDATE: a row a concurrent cancel is ending is waited for, then skipped if it is no longer queued.
+    async def promotable(self, now: datetime, limit: int, *, lock: bool = False) -> list[Job]:
+        # FOR UPDATE (a promotion's): a row a concurrent cancel is ending is waited for, then skipped if it is no
+        # longer queued. A plain read (the queue's watch) locks nothing: a read-only snapshot refuses FOR UPDATE.
         rows = await self.conn.fetch(
             f"SELECT {COLUMNS} FROM jobs WHERE status = 'queued' AND (not_before IS NULL OR not_before <= $1) "
-            "ORDER BY seq LIMIT $2 FOR UPDATE",
+            f"ORDER BY seq LIMIT $2{' FOR UPDATE' if lock else ''}",
             now,
             limit,
         )

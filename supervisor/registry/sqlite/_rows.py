@@ -90,7 +90,7 @@ class SqliteRows(LocalStore):
         running, here = self._one(sql, host_id)
         return running, here
 
-    async def promotable(self, now: datetime, limit: int) -> list[Job]:
+    async def promotable(self, now: datetime, limit: int, *, lock: bool = False) -> list[Job]:
         rows = self.conn.execute(
             f"SELECT {COLUMNS} FROM jobs WHERE status = 'queued' AND (not_before IS NULL OR not_before <= ?) "
             "ORDER BY seq LIMIT ?",
