@@ -1206,3 +1206,38 @@ async def test_INV_SILENT_HOST_ENDS_BY_PROOF_a_silent_hosts_container_that_exite
 
             await trio.to_thread.run_sync(clean_up)
             client.close()
+
+
+async def test_a_host_cut_off_from_its_database_says_its_queue_stuck_for_its_stale_lease(fleet: Fleet) -> None:
+    """Issue 40 on PostgreSQL: h1 reaches the database through a proxy the test cuts. A job waits on h1 (behind a
+    pause, whose own threshold is far off); once cut, h1 can read nothing, its lease goes stale, and its watch judges
+    on what needs no read: the queue stuck for lease_not_fresh, in its log and its health, within the threshold."""
+    database = httpx.URL(fleet.database_url)
+    proxy = Partition(database.host, database.port or 5432)
+    fresh = httpx.AsyncClient(timeout=5.0, limits=httpx.Limits(max_keepalive_connections=0))
+    async with fresh, trio.open_nursery() as background:
+        fleet.client = fresh
+        await background.start(proxy.run)
+        via_proxy = str(database.copy_with(port=proxy.port))
+        settings = {
+            "PODCAST_JOB_DATABASE_TIMEOUT_SECONDS": "1",
+            "PODCAST_JOB_QUEUE_STUCK_SECONDS": "1",
+            "PODCAST_JOB_PAUSE_WARN_SECONDS": "3600",
+        }
+        h1 = await fleet.start("h1", database_url=via_proxy, env_extra=settings)
+        await fleet.post(h1, "/api/queue/pause")
+        job_id = await fleet.enqueue(h1, "say", text="waiting")
+        await fleet.after_sweeps([h1], 2)  # its watch has read a job waiting
+        state = await fleet.get(h1, "/api/queue")
+        assert set(state["held"]) == {"pause_operator"} and state["stuck"] is None  # behind a pause: not yet
+        proxy.cut()
+
+        async def said_stuck() -> list[dict[str, Any]]:
+            return h1.lines("queue_stuck")
+
+        [stuck] = await until(said_stuck, what="h1 to say its queue stuck", limit_s=30)
+        assert (stuck["reason"], stuck["oldest_job_id"]) == ("lease_not_fresh", job_id)
+        health = await fleet.get(h1, "/api/health")
+        assert health["degraded"]["queue"].endswith("lease_not_fresh"), health
+        proxy.heal()
+        background.cancel_scope.cancel()
