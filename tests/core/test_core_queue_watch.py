@@ -82,14 +82,20 @@ def wall() -> datetime:
     return EPOCH + timedelta(seconds=trio.current_time())
 
 
+def boot(nursery: trio.Nursery, config: Config, registry: MemoryRegistry) -> Supervisor:
+    """A supervisor on the memory machine and a virtual clock's wall time, driven by hand (its sweeps)."""
+    sup = Supervisor(config, load_kinds(None), registry, executor=MemoryExecutor({}, nursery), wall_clock=wall,
+                     standalone=True)  # fmt: skip
+    sup.attach(nursery)
+    return sup
+
+
 async def test_a_queue_paused_too_long_is_said_stuck_in_the_log_metrics_health_and_queue_state(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     config = Config(data_dir=tmp_path / "data", bind_port=0, pause_warn_s=3600.0, queue_stuck_s=60.0)
     registry = MemoryRegistry(clock=wall, outbox=False)
-    sup = Supervisor(config, load_kinds(None), registry, executor=MemoryExecutor({}, nursery), wall_clock=wall,
-                     standalone=True)  # fmt: skip
-    sup.attach(nursery)
+    sup = boot(nursery, config, registry)
     await sup.pause()
     job = (await sup.enqueue("pipeline", {"feed": "https://example.org/feed"})).job
     with capture_logs() as logs:
@@ -124,16 +130,10 @@ async def test_queue_stuck_and_moving_go_through_the_outbox_once_each_and_a_rest
     config = Config(data_dir=tmp_path / "data", bind_port=0, pause_warn_s=3600.0, host_id="h1")
     registry = MemoryRegistry(clock=wall, outbox=True)
 
-    def boot() -> Supervisor:
-        sup = Supervisor(config, load_kinds(None), registry, executor=MemoryExecutor({}, nursery), wall_clock=wall,
-                         standalone=True)  # fmt: skip
-        sup.attach(nursery)
-        return sup
-
     async def queue_events() -> list[OutboxEvent]:
         return [e for e in await registry.outbox_pending(1000) if e.event.startswith("queue.")]
 
-    first = boot()
+    first = boot(nursery, config, registry)
     await first.pause()
     job = (await first.enqueue("pipeline", {"feed": "https://example.org/feed"})).job
     for _ in range(4):
@@ -146,7 +146,8 @@ async def test_queue_stuck_and_moving_go_through_the_outbox_once_each_and_a_rest
     body = json.loads(render_event(stuck))
     assert body["queue"] == stuck.job and "job" not in body and body["event"] == "queue.stuck"
 
-    second = boot()  # a restart: the pause still holds, the stuck queue was announced by the boot before
+    # A restart: the pause still holds, the stuck queue was announced by the boot before.
+    second = boot(nursery, config, registry)
     for _ in range(3):
         await second.sweep()
         await trio.sleep(1800)
@@ -165,9 +166,7 @@ async def test_a_webhook_the_registry_cannot_take_now_is_written_at_a_later_swee
     registry cannot take yet, is written at the first sweep that can, once."""
     config = Config(data_dir=tmp_path / "data", bind_port=0, pause_warn_s=60.0, host_id="h1")
     registry = MemoryRegistry(clock=wall, outbox=True)
-    sup = Supervisor(config, load_kinds(None), registry, executor=MemoryExecutor({}, nursery), wall_clock=wall,
-                     standalone=True)  # fmt: skip
-    sup.attach(nursery)
+    sup = boot(nursery, config, registry)
     await sup.pause()
     await sup.enqueue("pipeline", {"feed": "https://example.org/feed"})
     await sup.sweep()
@@ -199,9 +198,7 @@ async def test_a_host_cut_off_from_its_registry_still_says_its_stale_lease_holds
     waiting), so the log and the health say the queue stuck past the threshold; the webhook waits for the registry."""
     config = Config(data_dir=tmp_path / "data", bind_port=0, queue_stuck_s=60.0, host_id="h1")
     registry = MemoryRegistry(clock=wall, outbox=True)
-    sup = Supervisor(config, load_kinds(None), registry, executor=MemoryExecutor({}, nursery), wall_clock=wall,
-                     standalone=True)  # fmt: skip
-    sup.attach(nursery)
+    sup = boot(nursery, config, registry)
     await sup.pause()
     waiting = (await sup.enqueue("pipeline", {"feed": "https://example.org/feed"})).job
     await sup.sweep()  # read once: a job waits (behind a pause: a reason held on purpose, with its own threshold)
