@@ -72,6 +72,7 @@ def configure_logging(level: int = logging.INFO) -> None:
     if _configured:
         return
     _configured = True
+    out = ResilientStream(sys.stderr)  # ours and the libraries' lines: one count of what was dropped
     stamped: list[Any] = [
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -80,14 +81,14 @@ def configure_logging(level: int = logging.INFO) -> None:
     structlog.configure(
         processors=[structlog.contextvars.merge_contextvars, *stamped, *render],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(ResilientStream(sys.stderr)),  # type: ignore[arg-type]
+        logger_factory=structlog.PrintLoggerFactory(out),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,  # the server process only (tests never call this): no bind per line
     )
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[structlog.stdlib.add_logger_name, *stamped],
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *render],
     )
-    handler = logging.StreamHandler(ResilientStream(sys.stderr))
+    handler = logging.StreamHandler(out)
     handler.setFormatter(formatter)
     root = logging.getLogger()
     root.handlers[:] = [handler]  # instead of the last-resort handler's plain text
