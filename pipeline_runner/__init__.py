@@ -8,6 +8,8 @@ HTTP (heartbeats) and exit codes. See docs/pipeline-runner.md.
 from ._budget import CostLedger, Reservation
 from ._config import (
     DEFAULT_PROCESSING_LOOP_BUDGET_S,
+    FEED_URL_MAX_LENGTH,
+    MAX_EPISODES,
     PROCESSING_LOOP_BUDGET_ENV,
     HeartbeatConfig,
     RunnerConfig,
@@ -69,6 +71,8 @@ __all__ = [
     "EXIT_TIME_BUDGET_EXHAUSTED",
     "EXIT_TRANSIENT",
     "EXIT_USAGE",
+    "FEED_URL_MAX_LENGTH",
+    "MAX_EPISODES",
     "PROCESSING_LOOP_BUDGET_ENV",
     "REASON_ALL_FEEDS_FAILED",
     "REASON_ALL_FEEDS_UNAVAILABLE",

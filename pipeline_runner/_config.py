@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 DEFAULT_PROCESSING_LOOP_BUDGET_S: Final = 4 * 60 * 60.0
 """~2x the longest legitimate run (ADR-150 D1)."""
 PROCESSING_LOOP_BUDGET_ENV: Final = "PODCAST_PROCESSING_LOOP_BUDGET_SECONDS"
+MAX_EPISODES: Final = 1_000_000
+"""The most episodes one run may be asked for (0: all); the supervisor's ``pipeline`` kind declares the same bound."""
+FEED_URL_MAX_LENGTH: Final = 2048
+"""The longest feed URL a run takes; the supervisor's ``pipeline`` kind declares the same bound."""
 PROCESSING_LOOP_BUDGET_KEY: Final = "processing_loop_budget_seconds"
 
 
@@ -39,6 +43,13 @@ def _require_positive_finite(name: str, value: float) -> None:
 def _require_non_negative_finite(name: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
         raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def _is_http_url(url: str) -> bool:
+    try:
+        return url.lower().startswith(("http://", "https://")) and bool(httpx.URL(url).host)
+    except httpx.InvalidURL:
+        return False
 
 
 def _require_positive_int(name: str, value: int) -> None:
@@ -118,10 +129,13 @@ class RunnerConfig:
         if not self.job_id or "/" in self.job_id or self.job_id in {".", ".."}:
             raise ConfigError(f"job id {self.job_id!r} is not usable as a directory name")
         for url in (*self.feeds, *([self.transcribe_url] if self.transcribe_url else [])):
-            if not url.startswith(("http://", "https://")):
-                raise ConfigError(f"not an http(s) URL: {url!r}")
-        if self.max_episodes is not None and self.max_episodes < 0:
-            raise ConfigError(f"max_episodes must be >= 0 (0: all episodes), got {self.max_episodes}")
+            if not _is_http_url(url):
+                raise ConfigError(f"not an http(s) URL with a host: {url!r}")
+        for url in self.feeds:
+            if len(url) > FEED_URL_MAX_LENGTH:
+                raise ConfigError(f"a feed URL is longer than {FEED_URL_MAX_LENGTH} characters: {url[:80]!r}...")
+        if self.max_episodes is not None and not 0 <= self.max_episodes <= MAX_EPISODES:
+            raise ConfigError(f"max_episodes must be 0 (all episodes) to {MAX_EPISODES}, got {self.max_episodes}")
         if self.max_episodes == 0:
             # 0 means "no limit", so that a caller with a fixed argv (the supervisor's `pipeline` kind passes
             # `--max-episodes 0` by default) can ask for every episode; one representation of it from here on.

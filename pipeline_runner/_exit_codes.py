@@ -49,7 +49,8 @@ class ExitMeaning:
 EXIT_CODES: Final[tuple[ExitMeaning, ...]] = (
     ExitMeaning(EXIT_OK, "succeeded"),
     ExitMeaning(EXIT_CRASH, "failed"),  # a bug fails again the same way: not resubmitted
-    ExitMeaning(EXIT_USAGE, "failed"),
+    # Its params were refused: the same params would be refused again, so never resubmitted.
+    ExitMeaning(EXIT_USAGE, "failed", "invalid_params"),
     ExitMeaning(EXIT_ALL_FEEDS_FAILED, "failed", "all_feeds_failed"),
     ExitMeaning(EXIT_BUDGET_EXHAUSTED, "succeeded", "budget_exhausted"),
     ExitMeaning(EXIT_TIME_BUDGET_EXHAUSTED, "succeeded", "time_budget_exhausted"),

@@ -2,7 +2,7 @@
 
     registry runtime            (PostgreSQL) trio-asyncio's loop, under which asyncpg runs: open around all of it
     root nursery (run_supervisor)
-    ├── signal watcher          SIGTERM/SIGINT -> shutdown event; SIGHUP -> re-read the API token file
+    ├── signal watcher          SIGTERM/SIGINT -> shutdown event; SIGHUP -> re-read the API token files
     ├── job nursery             one monitor task per running job (its own or adopted), and the shepherd's reader
     ├── drainer                 drains when woken (an enqueue, a job's end, a cancel), many wakes making one drain
     ├── fleet                   this host's lease on the registry, renewed every third of it; the fleet's lead
@@ -30,6 +30,7 @@ import trio
 
 from .api import HttpLimits, bind_socket, public_base_url, serve_http
 from .core import DataDirLock, Supervisor
+from .domain import Credentials
 from .domain._config import ApiToken, Config
 from .domain._errors import ConfigError, RegistryError, RegistryNotOpened
 from .domain._kinds import KindCatalog
@@ -43,14 +44,16 @@ log = get_logger()
 
 
 async def _watch_signals(
-    shutdown: trio.Event, api_token: ApiToken, *, task_status: Any = trio.TASK_STATUS_IGNORED
+    shutdown: trio.Event, credentials: Credentials, *, task_status: Any = trio.TASK_STATUS_IGNORED
 ) -> None:
-    """SIGTERM/SIGINT: shut down. SIGHUP: re-read the operator token file (a failed read keeps the old token)."""
+    """SIGTERM/SIGINT: shut down. SIGHUP: re-read the operator token file and the named tokens file (a failed read
+    keeps what is in force)."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         task_status.started()
         async for signum in signals:
             if signum == signal.SIGHUP:
-                await _reload_token(api_token)
+                await _reload_token(credentials.operator)
+                await _reload_named_tokens(credentials)
                 continue
             log.info("shutdown_requested", signal=signal.Signals(signum).name)
             shutdown.set()
@@ -64,8 +67,18 @@ async def _reload_token(api_token: ApiToken) -> None:
         return
     if reloaded:
         log.info("api_token_reloaded", path=str(api_token.path))
-    else:
-        log.warning("api_token_reload_ignored", why="the token comes from PODCAST_JOB_API_TOKEN, not a file")
+    elif api_token.current is not None:
+        log.info("api_token_reload_ignored", why="the token comes from PODCAST_JOB_API_TOKEN, not a file")
+
+
+async def _reload_named_tokens(credentials: Credentials) -> None:
+    path = credentials.tokens_file.path if credentials.tokens_file is not None else None
+    try:
+        count = await trio.to_thread.run_sync(credentials.load)
+    except ConfigError as exc:
+        log.error("api_tokens_reload_failed", path=str(path), error=str(exc), kept=f"{credentials.named} tokens")
+        return
+    log.info("api_tokens_reloaded", path=str(path), tokens=count, required=credentials.required)
 
 
 async def _run_job_nursery(*, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -82,24 +95,32 @@ async def run_supervisor(
     shutdown: trio.Event | None = None,
     freeze_heap: bool = False,
     http_limits: HttpLimits | None = None,
+    credentials: Credentials | None = None,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the supervisor until ``shutdown`` is set (or SIGTERM/SIGINT). ``started()`` gives the ``Supervisor``.
+    ``credentials``: the API's tokens, loaded (None: the config's, read here; a file that cannot be read raises
+    ``ConfigError`` before anything starts).
 
     ``freeze_heap`` (``supervisor serve``, which owns its process): once serving, what startup built is moved out
     of the garbage collector's sight (``gc.freeze``). ``http_limits``: the HTTP server's timeouts (defaults unless
     given).
     """
+    if credentials is None:
+        credentials = Credentials.from_config(config)
+        await trio.to_thread.run_sync(credentials.load)
     # The registry's runtime outlives every use of the registry: its aclose (in run_with_registry's finally) included.
     async with registry_runtime(config):
         await _run_with_registry(
-            config, kinds, shutdown=shutdown, freeze_heap=freeze_heap, http_limits=http_limits, task_status=task_status
-        )
+            config, kinds, credentials, shutdown=shutdown, freeze_heap=freeze_heap, http_limits=http_limits,
+            task_status=task_status,
+        )  # fmt: skip
 
 
 async def _run_with_registry(
     config: Config,
     kinds: KindCatalog,
+    credentials: Credentials,
     *,
     shutdown: trio.Event | None,
     freeze_heap: bool,
@@ -128,8 +149,8 @@ async def _run_with_registry(
         raise
     try:
         await _serve_boot(
-            config, kinds, boot_id, clock, registry, succession.succeeds, shutdown=shutdown, freeze_heap=freeze_heap,
-            limits=limits, task_status=task_status,
+            config, kinds, credentials, boot_id, clock, registry, succession.succeeds, shutdown=shutdown,
+            freeze_heap=freeze_heap, limits=limits, task_status=task_status,
         )  # fmt: skip
     finally:
         succession.release()
@@ -138,6 +159,7 @@ async def _run_with_registry(
 async def _serve_boot(
     config: Config,
     kinds: KindCatalog,
+    credentials: Credentials,
     boot_id: str,
     clock: SteadyWallClock,
     registry: Registry,
@@ -149,7 +171,6 @@ async def _serve_boot(
     task_status: Any,
 ) -> None:
     supervisor = Supervisor(config, kinds, registry, boot_id=boot_id, wall_clock=clock, succeeds=succeeds)
-    api_token = ApiToken.from_config(config)
     sock = bind_socket(config.bind_host, config.bind_port)
     host, port = sock.getsockname()[:2]
     url = public_base_url(host, port)
@@ -159,7 +180,7 @@ async def _serve_boot(
     notifier = Notifier()  # systemd's notify socket, when run by systemd (Type=notify)
     try:
         async with trio.open_nursery() as root:
-            await root.start(_watch_signals, shutdown, api_token)
+            await root.start(_watch_signals, shutdown, credentials)
             supervisor.attach(await root.start(_run_job_nursery))
             # This host's lease, the fleet's lead and its limit (ADR 0012): settled before anything promotes.
             await root.start(supervisor.run_fleet)
@@ -171,7 +192,7 @@ async def _serve_boot(
             # The startup sweep runs before serving; it never waits on a job, so /api/health is not delayed.
             await root.start(supervisor.run_sweeper)
             serve = functools.partial(serve_http, limits=limits)
-            await root.start(serve, supervisor, api_token, sock, shutdown, http_done)
+            await root.start(serve, supervisor, credentials, sock, shutdown, http_done)
             log.info(
                 "supervisor_started",
                 url=url,

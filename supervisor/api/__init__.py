@@ -8,7 +8,7 @@ from ._edge import EdgeH11Protocol, EdgeTCPServer
 from ._limits import HttpLimits
 from ._parse import MAX_BATCH_BODY_BYTES, MAX_BODY_BYTES
 from ._route_table import Route, RouteTable
-from ._routes import CONVERTERS, JOBS_SUBROUTES, PUBLIC_ENDPOINTS, ROUTES, openapi_document, routes_table
+from ._routes import CONVERTERS, JOBS_SUBROUTES, PUBLIC_ENDPOINTS, ROUTES, SCOPE_OF, openapi_document, routes_table
 from ._serve import bind_socket, public_base_url, serve_http
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "PUBLIC_ENDPOINTS",
     "REQUEST_ID_HEADER",
     "ROUTES",
+    "SCOPE_OF",
     "EdgeH11Protocol",
     "EdgeTCPServer",
     "HttpLimits",

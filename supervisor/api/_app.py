@@ -12,7 +12,6 @@ that names it, never with a traceback.
 from __future__ import annotations
 
 import functools
-import hmac
 import re
 import secrets
 from typing import Any
@@ -22,13 +21,21 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from ..core import Supervisor
+from ..domain import Credentials, scope_allows
 from ..domain._config import ApiToken
-from ..domain._errors import Forbidden, RegistryError, RegistryUnavailable, RequestError, Unauthorized
+from ..domain._errors import (
+    Forbidden,
+    InsufficientScope,
+    RegistryError,
+    RegistryUnavailable,
+    RequestError,
+    Unauthorized,
+)
 from ..observe._logging import get_logger
 from ._limits import HttpLimits
 from ._parse import MAX_BATCH_BODY_BYTES, bearer_token
 from ._route_table import Handler
-from ._routes import CONVERTERS, PUBLIC_ENDPOINTS, ROUTES
+from ._routes import CONVERTERS, ROUTES, SCOPE_OF
 
 log = get_logger()
 
@@ -66,24 +73,16 @@ def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
-def _check_api_token(given: str | None, expected: str | None) -> None:
-    """The operator token check of every non-public route (``expected`` None: the server runs without one)."""
-    if expected is None:
-        return
-    # Constant-time: the compare must not reveal how much of a guessed token is right.
-    if given is None or not hmac.compare_digest(given.encode(), expected.encode()):
-        raise Unauthorized("missing or wrong API token (Authorization: Bearer <PODCAST_JOB_API_TOKEN>)")
-
-
 def create_app(
     supervisor: Supervisor,
-    api_token: ApiToken | None = None,
+    credentials: Credentials | ApiToken | None = None,
     *,
     limits: HttpLimits | None = None,
 ) -> QuartTrio:
-    """The app over ``supervisor``; ``api_token`` is the operator token in force (re-read on SIGHUP by the server);
-    ``limits``: the body and response timeouts (``HttpLimits``' defaults unless given). Every request goes through
-    its routes: Quart is the only dispatcher, hypercorn's h11 the only parser."""
+    """The app over ``supervisor``; ``credentials``: the tokens in force (re-read on SIGHUP by the server; an
+    ``ApiToken`` alone: only that operator token; None: the config's operator token, no named tokens); ``limits``: the
+    body and response timeouts (``HttpLimits``' defaults unless given). Every request goes through its routes: Quart
+    is the only dispatcher, hypercorn's h11 the only parser."""
     # No static folder: the route map is exactly the API, which the auth and OpenAPI tests walk.
     app = QuartTrio(__name__, static_folder=None)
     app.url_map.converters.update(CONVERTERS)
@@ -95,7 +94,9 @@ def create_app(
     # Errors are answered by our handlers, never re-raised into the server (not even under TESTING).
     app.config["PROPAGATE_EXCEPTIONS"] = False
     app.extensions["supervisor.metrics_registry"] = supervisor.metrics.registry
-    token_source = api_token if api_token is not None else ApiToken.from_config(supervisor.config)
+    if credentials is None:
+        credentials = ApiToken.from_config(supervisor.config)
+    tokens = credentials if isinstance(credentials, Credentials) else Credentials(credentials)
 
     # -- every request ----------------------------------------------------------------------------------
 
@@ -107,24 +108,44 @@ def create_app(
             # preflight: without this, any web page could drive a token-less loopback supervisor. The CLI, the
             # runner's heartbeats and scripts send no Origin.
             raise Forbidden("requests from a web page are refused; use the CLI or an HTTP client")
-        expected = token_source.current
-        if expected is None or request.routing_exception is not None:
+        if request.routing_exception is not None:
             return  # an unknown route or method answers 404/405: the route map is public (openapi.json)
-        if request.endpoint in PUBLIC_ENDPOINTS:
-            return
-        _check_api_token(bearer_token(), expected)
+        needed = SCOPE_OF.get(request.endpoint or "")
+        if needed is None:
+            return  # the probes, and the heartbeat (which checks the job's own token)
+        caller = tokens.identify(bearer_token())
+        if caller is None:
+            raise Unauthorized("missing, unknown or revoked API token (Authorization: Bearer <token>)")
+        g.caller = caller
+        if not scope_allows(caller.scope, needed):
+            raise InsufficientScope(caller.name, caller.scope, needed)
 
     @app.after_request
     async def tag_response(response: Response) -> Response:
         if "request_id" in g:
             response.headers[REQUEST_ID_HEADER] = g.request_id
+        if request.method not in _SAFE_METHODS and SCOPE_OF.get(request.endpoint or "") is not None:
+            # Every state-changing request says who sent it: the token's name, never the token (ADR 0017).
+            caller = g.get("caller")
+            log.info(
+                "api_request",
+                method=request.method,
+                path=request.path,
+                status=response.status_code,
+                by=caller.name if caller is not None else None,
+                request_id=g.get("request_id"),
+            )
         # A job's log is served as text/plain; a browser must never sniff it into HTML.
         response.headers["X-Content-Type-Options"] = "nosniff"
         return response
 
     @app.errorhandler(RequestError)
     async def request_error(exc: RequestError) -> Any:
-        return _error_body(exc.code, str(exc), exc.field), exc.http_status
+        headers = {}
+        if isinstance(exc, InsufficientScope):
+            # RFC 6750 section 3: the scope the request needs, for a client to read.
+            headers["WWW-Authenticate"] = f'Bearer error="insufficient_scope", scope="{exc.needed}"'
+        return _error_body(exc.code, str(exc), exc.field), exc.http_status, headers
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Any:

@@ -14,8 +14,9 @@ import copy
 from typing import Any
 
 from ..core import HOLD_REASONS, MAX_BATCH, MAX_STAGE_LEN, MAX_UNITS
-from ..domain._kinds import _ASCII_FLOAT, _ASCII_INT, MAX_FLOAT, MAX_STR_PARAM_LEN, JobKind, KindCatalog
+from ..domain._kinds import _ASCII_FLOAT, MAX_FLOAT, MAX_STR_PARAM_LEN, JobKind, KindCatalog
 from ..domain._model import JobStatus
+from ..domain._params import INT64_MAX, INT64_MIN, INT_TEXT, URL_PATTERN, ParamRule
 from ..domain._settings import EXEC_MODES
 from ..registry import CURSOR_PATTERN
 from ._route_table import ref
@@ -236,6 +237,15 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "the Idempotency-Key of the enqueue that made this row (a kind's then follow-up: "
                 "then/<parent job id>); null when it was made without one",
             },
+            "enqueued_by": {
+                **_NULLABLE_STR,
+                "description": "who enqueued it: the API token's name (operator: the operator token; anonymous: a "
+                "server without tokens; supervisor: a kind's then follow-up); null on rows older than the record",
+            },
+            "cancelled_by": {
+                **_NULLABLE_STR,
+                "description": "the name of the API token whose request cancelled it (the first); null when none did",
+            },
             "retried_by": {
                 "type": "array",
                 "items": {"type": "string"},
@@ -377,29 +387,46 @@ _DOCUMENT: dict[str, Any] = {
 }
 
 
-def _param_schema(type_name: str) -> dict[str, Any]:
-    """What ``JobKind.validate_params`` accepts for one param of ``type_name``: a JSON value, or a string in the
-    exact spelling the server converts (the CLI sends every ``-p key=value`` as a string)."""
+def _param_schema(type_name: str, rule: ParamRule | None = None) -> dict[str, Any]:
+    """What ``JobKind.validate_params`` accepts for one param of ``type_name`` and its ``rule``: a JSON value, or a
+    string in the exact spelling the server converts (the CLI sends every ``-p key=value`` as a string)."""
+    rule = rule if rule is not None else ParamRule()
     if type_name == "str":
-        return {
+        schema: dict[str, Any] = {
             "type": "string",
-            "maxLength": MAX_STR_PARAM_LEN,
+            "maxLength": min(MAX_STR_PARAM_LEN, rule.max_length or MAX_STR_PARAM_LEN),
             "pattern": _STR_PARAM,
             "description": "valid Unicode text (no lone surrogate), without NUL, not starting with '-'",
         }
-    typed, spelled = {
-        "int": ({"type": "integer"}, anchored(_ASCII_INT.pattern)),
-        "float": ({"type": "number", "minimum": -MAX_FLOAT, "maximum": MAX_FLOAT}, anchored(_ASCII_FLOAT.pattern)),
-        "bool": ({"type": "boolean"}, _BOOL_TEXT),
-    }[type_name]
-    return {"oneOf": [typed, {"type": "string", "pattern": spelled}]}
+        if rule.choices is not None:
+            schema["enum"] = list(rule.choices)
+        if rule.format == "url":
+            schema["allOf"] = [{"pattern": anchored(URL_PATTERN)}]
+            schema["description"] += "; an http or https URL with a host"
+        return schema
+    if type_name == "int":
+        typed: dict[str, Any] = {"type": "integer", "minimum": INT64_MIN, "maximum": INT64_MAX}
+        if rule.min is not None:
+            typed["minimum"] = rule.min
+        if rule.max is not None:
+            typed["maximum"] = rule.max
+        if rule.choices is not None:
+            typed["enum"] = list(rule.choices)
+        spelled = rule.int_pattern() if rule != ParamRule() else INT_TEXT.pattern
+        return {"oneOf": [typed, {"type": "string", "pattern": anchored(spelled)}]}
+    if type_name == "float":
+        # A bound on a float given as text is checked after conversion; a pattern cannot state it.
+        number = {"type": "number", "minimum": rule.min if rule.min is not None else -MAX_FLOAT}
+        number["maximum"] = rule.max if rule.max is not None else MAX_FLOAT
+        return {"oneOf": [number, {"type": "string", "pattern": anchored(_ASCII_FLOAT.pattern)}]}
+    return {"oneOf": [{"type": "boolean"}, {"type": "string", "pattern": _BOOL_TEXT}]}
 
 
 def _enqueue_schema(kind: JobKind) -> dict[str, Any]:
     """The body that enqueues ``kind``: its name and exactly its declared params; those with a default optional."""
     properties: dict[str, Any] = {}
     for name, type_name in sorted(kind.params.items()):
-        properties[name] = _param_schema(type_name)
+        properties[name] = _param_schema(type_name, kind.param_rules.get(name))
         if name in kind.param_defaults:
             properties[name]["default"] = kind.param_defaults[name]
     required = sorted(set(kind.params) - set(kind.param_defaults))

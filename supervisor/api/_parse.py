@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from quart import request
+from quart import g, request
 
 from ..domain import IDEMPOTENCY_KEY_HEADER, key_problem
 from ..domain._errors import BodyTooLarge, InvalidHeader, MalformedRequest, UnsupportedMediaType, ValidationError
@@ -26,6 +26,12 @@ def bearer_token() -> str | None:
     if scheme.lower() != "bearer" or not token:
         return None
     return token
+
+
+def caller_name() -> str | None:
+    """Who sent this request (a token's name, ``operator`` or ``anonymous``), as the app's authentication found."""
+    caller = g.get("caller")
+    return caller.name if caller is not None else None
 
 
 def idempotency_key() -> str | None:

@@ -1,12 +1,14 @@
 """How a route of the control API is declared: once, beside its handler, with what the OpenAPI document says of it.
 
-A declaration names the method, the path (an OpenAPI template, ``/api/jobs/{job_id}``), who may call it (``auth``),
+A declaration names the method, the path (an OpenAPI template, ``/api/jobs/{job_id}``), who may call it (``auth``:
+the scope an API token needs, ``read``, ``enqueue`` or ``operator``; or ``job``, the job's own token; or ``public``),
 its parameters, body and answers. From the table of declarations follow the app's route map (``create_app``), the
 routes that need no API token, the OpenAPI document's ``paths`` (``openapi_document``) and the route table of
 ``docs/api.md`` (``tools/routes_table.py``): none of them lists a route of its own.
 
-What every route of a kind answers is added here, not written per route: a route that takes the API token may
-answer 401; every POST answers 403 to a web page (an ``Origin`` header); a route with a JSON body answers 400, 413
+What every route of a kind answers is added here, not written per route: a route that takes an API token may
+answer 401, and 403 to a token of too small a scope (above ``read``); every POST answers 403 to a web page (an
+``Origin`` header); a route with a JSON body answers 400, 413
 and 415; a route over the registry answers 503 with ``Retry-After`` when the registry cannot take the request.
 """
 
@@ -15,10 +17,13 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-# Who may call a route: the operator's API token (when one is set), the job's own token, or anyone (probes).
-Auth = Literal["api", "job", "public"]
+from ..domain import SCOPES, Scope
+
+# Who may call a route: an API token of at least this scope (once the server has any token), the job's own token,
+# or anyone (the probes). Every route says which: there is no default.
+Auth = Literal["read", "enqueue", "operator", "job", "public"]
 Handler = Callable[..., Awaitable[Any]]
 
 
@@ -38,8 +43,20 @@ def text_answer(description: str, content_type: str = "text/plain") -> dict[str,
     return {"description": description, "content": {content_type: {"schema": {"type": "string"}}}}
 
 
-UNAUTHORIZED = error("missing or wrong API token")
+UNAUTHORIZED = error("missing, unknown or revoked API token")
 CROSS_ORIGIN = error("the request carries an Origin header (a web page sent it)")
+FORBIDDEN = {
+    **error(
+        "the request carries an Origin header (a web page sent it), or the token's scope is too small "
+        "(error.code insufficient_scope; the message and WWW-Authenticate name the scope needed)"
+    ),
+    "headers": {
+        "WWW-Authenticate": {
+            "schema": {"type": "string"},
+            "description": 'on insufficient_scope: Bearer error="insufficient_scope", scope="<the scope needed>"',
+        }
+    },
+}
 NOT_FOUND = error("no job with that id")
 INVALID = error("a field or query value is invalid; error.field names it")
 # A registry that cannot take the request (its disk full, its file locked past the busy timeout, read-only or
@@ -53,8 +70,8 @@ _BODY_ANSWERS = {
     "413": error("the body is too large"),
     "415": error("the body is not application/json"),
 }
-_SECURITY: dict[Auth, list[dict[str, list[str]]] | None] = {
-    "api": None,  # inherits the document's: the API token
+_SECURITY: dict[str, list[dict[str, list[str]]]] = {
+    **{scope: [{"apiToken": [scope]}] for scope in SCOPES},  # the scope the route needs
     "job": [{"jobToken": []}],
     "public": [],
 }
@@ -69,7 +86,7 @@ class Route:
     path: str
     operation_id: str
     handler: Handler
-    auth: Auth = "api"
+    auth: Auth
     parameters: tuple[dict[str, Any], ...] = ()
     body: str | None = None  # the schema (components/schemas) of its JSON body
     responses: Mapping[str, dict[str, Any]] = field(default_factory=dict)
@@ -77,6 +94,11 @@ class Route:
     description: str | None = None
     # A path parameter matched by a werkzeug converter of the app's other than the default (one segment).
     converters: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def scope(self) -> Scope | None:
+        """The scope an API token needs (None: the route takes no API token)."""
+        return self.auth if self.auth in SCOPES else None
 
     @property
     def endpoint(self) -> str:
@@ -108,9 +130,11 @@ class Route:
         out: dict[str, dict[str, Any]] = {}
         if self.body is not None:
             out.update(_BODY_ANSWERS)
-        if self.auth == "api":
+        if self.scope is not None:
             out["401"] = UNAUTHORIZED
-        if self.method == "POST":
+        if self.scope not in (None, "read"):
+            out["403"] = FORBIDDEN
+        elif self.method == "POST":
             out["403"] = CROSS_ORIGIN
         if self.over_registry:
             out["503"] = UNAVAILABLE
@@ -122,9 +146,7 @@ class Route:
         op: dict[str, Any] = {"operationId": self.operation_id, "summary": self.summary}
         if self.description:
             op["description"] = self.description
-        security = _SECURITY[self.auth]
-        if security is not None:
-            op["security"] = security
+        op["security"] = _SECURITY[self.auth]
         parameters = [
             {
                 "name": name,
@@ -152,17 +174,19 @@ class RouteTable:
     def __iter__(self) -> Iterator[Route]:
         return iter(self._routes)
 
-    def get(self, path: str, operation_id: str, **declared: Any) -> Callable[[Handler], Handler]:
-        return self._declare("GET", path, operation_id, declared)
+    def get(self, path: str, operation_id: str, *, auth: Auth, **declared: Any) -> Callable[[Handler], Handler]:
+        return self._declare("GET", path, operation_id, {"auth": auth, **declared})
 
-    def post(self, path: str, operation_id: str, **declared: Any) -> Callable[[Handler], Handler]:
-        return self._declare("POST", path, operation_id, declared)
+    def post(self, path: str, operation_id: str, *, auth: Auth, **declared: Any) -> Callable[[Handler], Handler]:
+        return self._declare("POST", path, operation_id, {"auth": auth, **declared})
 
     def _declare(
         self, method: Literal["GET", "POST"], path: str, operation_id: str, declared: dict[str, Any]
     ) -> Callable[[Handler], Handler]:
         def add(handler: Handler) -> Handler:
             route = Route(method, path, operation_id, handler, **declared)
+            if route.auth not in get_args(Auth):
+                raise TypeError(f"{method} {path}: auth {route.auth!r} is not one of {get_args(Auth)}")
             if not route.summary or "\n" in route.summary:
                 raise TypeError(f"{handler.__name__}: a route's handler needs a one-line docstring (its summary)")
             clash = [r for r in self._routes if (r.method, r.path) == (method, path) or r.endpoint == route.endpoint]
@@ -173,9 +197,9 @@ class RouteTable:
 
         return add
 
-    def unauthenticated(self) -> frozenset[str]:
-        """The endpoints that take no API token: the probes, and the heartbeat (which takes the job's)."""
-        return frozenset(r.endpoint for r in self._routes if r.auth != "api")
+    def scopes(self) -> dict[str, Scope | None]:
+        """Each endpoint's scope (None: it takes no API token: the probes, and the heartbeat, which takes the job's)."""
+        return {r.endpoint: r.scope for r in self._routes}
 
     def fixed_segments(self, prefix: str) -> tuple[str, ...]:
         """The names of the fixed routes one segment below ``prefix`` (``/api/jobs/``: batch, prune, reconcile)."""
@@ -184,7 +208,8 @@ class RouteTable:
 
     def markdown(self) -> str:
         """The route table of ``docs/api.md``: each route, who may call it, what it takes and answers."""
-        who = {"api": "API token", "job": "the job's token", "public": "anyone"}
+        who: dict[str, str] = {scope: f"`{scope}` token" for scope in SCOPES}
+        who.update({"job": "the job's token", "public": "anyone"})
         lines = ["| route | does | who | takes | answers |", "|---|---|---|---|---|"]
         for route in self._routes:
             takes = [f"`{route.body}` body"] if route.body else []

@@ -27,6 +27,7 @@ from ._parse import (
     MAX_BATCH_BODY_BYTES,
     bearer_token,
     bool_query,
+    caller_name,
     envelope,
     idempotency_key,
     int_query,
@@ -93,6 +94,7 @@ def _replayed(results: list[EnqueueResult]) -> dict[str, str]:
 @ROUTES.post(
     "/api/jobs",
     "enqueue",
+    auth="enqueue",
     body="EnqueueRequest",
     over_registry=True,
     parameters=(_KEY_HEADER,),
@@ -105,13 +107,14 @@ async def enqueue(supervisor: Supervisor) -> Any:
     """Enqueue a job of a kind with its params."""
     key = idempotency_key()
     body = envelope(await json_body(), allowed=("kind", "params"), required=("kind",))
-    result = await supervisor.enqueue(body["kind"], body.get("params"), idempotency_key=key)
+    result = await supervisor.enqueue(body["kind"], body.get("params"), idempotency_key=key, by=caller_name())
     return _enqueued(result), 202, _replayed([result])
 
 
 @ROUTES.post(
     "/api/jobs/batch",
     "enqueueBatch",
+    auth="enqueue",
     body="BatchRequest",
     over_registry=True,
     parameters=(_KEY_HEADER,),
@@ -127,7 +130,7 @@ async def enqueue_batch(supervisor: Supervisor) -> Any:
     """Enqueue up to 1,000 jobs at once: all validated first, all stored or none."""
     key = idempotency_key()
     body = envelope(await json_body(MAX_BATCH_BODY_BYTES), allowed=("jobs",), required=("jobs",))
-    results = await supervisor.enqueue_many(body["jobs"], idempotency_key=key)
+    results = await supervisor.enqueue_many(body["jobs"], idempotency_key=key, by=caller_name())
     answers = [(r.receipt.job_id, str(r.receipt.status), r.receipt.coalesced) for r in results]
     jobs = [{"job_id": job_id, "status": status, "coalesced": coalesced} for job_id, status, coalesced in answers]
     return {"jobs": jobs}, 202, _replayed(results)
@@ -136,6 +139,7 @@ async def enqueue_batch(supervisor: Supervisor) -> Any:
 @ROUTES.get(
     "/api/jobs",
     "listJobs",
+    auth="read",
     over_registry=True,
     parameters=(
         {"name": "status", "in": "query", "schema": {"enum": [s.value for s in JobStatus]}},
@@ -175,6 +179,7 @@ async def list_jobs(supervisor: Supervisor) -> Any:
 @ROUTES.get(
     "/api/jobs/{job_id}",
     "showJob",
+    auth="read",
     over_registry=True,
     # The job_id converter refuses the fixed routes' names: /api/jobs/reconcile is the reconcile route for every
     # method (a fixed path outranks a template), so a GET there is a 405, never a lookup of a job called that.
@@ -194,17 +199,19 @@ async def show_job(supervisor: Supervisor, job_id: str) -> Any:
 @ROUTES.post(
     "/api/jobs/{job_id}/cancel",
     "cancelJob",
+    auth="operator",
     over_registry=True,
     responses={"200": json_answer(ref("Job"), "the row after the cancel"), "404": NOT_FOUND},
 )
 async def cancel_job(supervisor: Supervisor, job_id: str) -> Any:
     """Cancel a job (idempotent; a terminal job is returned unchanged)."""
-    return _row(await supervisor.cancel(job_id))
+    return _row(await supervisor.cancel(job_id, by=caller_name()))
 
 
 @ROUTES.post(
     "/api/jobs/{job_id}/retry",
     "retryJob",
+    auth="operator",
     over_registry=True,
     responses={
         "202": json_answer(ref("EnqueueResponse"), "the new job (or the identical queued one)"),
@@ -217,12 +224,13 @@ async def cancel_job(supervisor: Supervisor, job_id: str) -> Any:
 )
 async def retry_job(supervisor: Supervisor, job_id: str) -> Any:
     """Enqueue a finished job's kind and params again as a new job whose retry_of names it."""
-    return _enqueued(await supervisor.retry(job_id)), 202
+    return _enqueued(await supervisor.retry(job_id, by=caller_name())), 202
 
 
 @ROUTES.post(
     "/api/jobs/prune",
     "pruneJobs",
+    auth="operator",
     over_registry=True,
     parameters=(
         {
@@ -261,6 +269,7 @@ async def prune_jobs(supervisor: Supervisor) -> Any:
 @ROUTES.post(
     "/api/jobs/reconcile",
     "reconcile",
+    auth="operator",
     over_registry=True,
     responses={"200": json_answer(ref("ReconcileReport"), "what was done to each running row")},
 )
@@ -270,7 +279,7 @@ async def reconcile(supervisor: Supervisor) -> Any:
     return {"updated": report.updated, "details": [dataclasses.asdict(d) for d in report.details]}
 
 
-@ROUTES.get("/api/hosts", "listHosts", responses={"200": json_answer(ref("Hosts"), "the hosts")})
+@ROUTES.get("/api/hosts", "listHosts", auth="read", responses={"200": json_answer(ref("Hosts"), "the hosts")})
 async def hosts(supervisor: Supervisor) -> Any:
     """The fleet's hosts (live or silent) and its leader."""
     return await supervisor.hosts()
@@ -279,6 +288,7 @@ async def hosts(supervisor: Supervisor) -> Any:
 @ROUTES.post(
     "/api/hosts/{host_id}/forget",
     "forgetHost",
+    auth="operator",
     responses={
         "200": json_answer(ref("ForgetHostResult"), "what was ended"),
         "404": error("no host with that id"),
@@ -293,19 +303,19 @@ async def forget_host(supervisor: Supervisor, host_id: str) -> Any:
 _QUEUE_STATE = {"200": json_answer(ref("QueueState"), "the queue")}
 
 
-@ROUTES.get("/api/queue", "queueState", over_registry=True, responses=_QUEUE_STATE)
+@ROUTES.get("/api/queue", "queueState", auth="read", over_registry=True, responses=_QUEUE_STATE)
 async def queue(supervisor: Supervisor) -> Any:
     """The queue's state."""
     return dataclasses.asdict(await supervisor.queue_state())
 
 
-@ROUTES.post("/api/queue/pause", "pauseQueue", over_registry=True, responses=_QUEUE_STATE)
+@ROUTES.post("/api/queue/pause", "pauseQueue", auth="operator", over_registry=True, responses=_QUEUE_STATE)
 async def pause(supervisor: Supervisor) -> Any:
     """Pause promotion (creates the pause flag file); running jobs continue."""
     return dataclasses.asdict(await supervisor.pause())
 
 
-@ROUTES.post("/api/queue/resume", "resumeQueue", over_registry=True, responses=_QUEUE_STATE)
+@ROUTES.post("/api/queue/resume", "resumeQueue", auth="operator", over_registry=True, responses=_QUEUE_STATE)
 async def resume(supervisor: Supervisor) -> Any:
     """Resume promotion (removes the pause flag file) and drain."""
     return dataclasses.asdict(await supervisor.resume())
@@ -314,6 +324,7 @@ async def resume(supervisor: Supervisor) -> Any:
 @ROUTES.get(
     "/api/jobs/{job_id}/log",
     "jobLog",
+    auth="read",
     over_registry=True,
     parameters=(
         {
@@ -378,6 +389,7 @@ async def heartbeat(supervisor: Supervisor, job_id: str) -> Any:
 @ROUTES.get(
     "/api/events",
     "events",
+    auth="read",
     description=(
         "text/event-stream. Each event: `id: <boot_id>-<n>` (numbered per boot), `event: <name>`, and one `data:` "
         "line of JSON, the webhook's body with `event_id` = the id. `: keep-alive` comments every "
@@ -469,6 +481,7 @@ async def events(supervisor: Supervisor) -> Any:
 @ROUTES.get(
     "/api/openapi.json",
     "openapi",
+    auth="read",
     responses={"200": {"description": "OpenAPI 3.1", "content": {"application/json": {}}}},
 )
 async def openapi(supervisor: Supervisor) -> Any:
@@ -490,9 +503,10 @@ async def metrics(supervisor: Supervisor) -> Any:
 # The fixed routes under /api/jobs/. A fixed path outranks a template, so no job id is one of these names: the
 # app's job_id converter refuses them, and showJob's parameter says so.
 JOBS_SUBROUTES = ROUTES.fixed_segments("/api/jobs/")
-# Routes reachable without the API token: probes (health, metrics) and the job's own heartbeat, which authenticates
-# with the job token instead. Everything else requires ``Authorization: Bearer <api token>``.
-PUBLIC_ENDPOINTS = ROUTES.unauthenticated()
+# The scope each route needs of an API token (None: reachable without one: the probes, health and metrics, and the
+# job's own heartbeat, which authenticates with the job token instead).
+SCOPE_OF = ROUTES.scopes()
+PUBLIC_ENDPOINTS = frozenset(endpoint for endpoint, scope in SCOPE_OF.items() if scope is None)
 
 
 class JobIdConverter(BaseConverter):

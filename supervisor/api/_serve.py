@@ -13,7 +13,7 @@ from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
 from ..core import Supervisor
-from ..domain import ApiToken
+from ..domain import ApiToken, Credentials
 from . import _edge
 from ._app import create_app
 from ._limits import HttpLimits
@@ -54,7 +54,7 @@ def hypercorn_config(limits: HttpLimits) -> HypercornConfig:
 
 async def serve_http(
     supervisor: Supervisor,
-    api_token: ApiToken,
+    credentials: Credentials | ApiToken,
     sock: socket.socket,
     shutdown: trio.Event,
     done: trio.Event,
@@ -71,7 +71,7 @@ async def serve_http(
     _edge.install()
     limits = limits if limits is not None else HttpLimits()
     hconfig = hypercorn_config(limits)
-    app = create_app(supervisor, api_token, limits=limits)
+    app = create_app(supervisor, credentials, limits=limits)
     try:
         await worker_serve(
             wrap_app(app, hconfig.wsgi_max_body_size, None),

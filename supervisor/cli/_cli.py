@@ -1,9 +1,11 @@
-"""``supervisor`` command line: ``serve``, ``check-config`` and ``migrate`` run locally; the other commands talk
-HTTP to a running supervisor (``PODCAST_JOB_URL``, default http://127.0.0.1:8000, with ``PODCAST_JOB_API_TOKEN``).
+"""The supervisor's command line. serve, check-config, migrate and token work on this machine's settings and files;
+the other commands talk HTTP to a running supervisor (PODCAST_JOB_URL, default http://127.0.0.1:8000), sending the
+token in PODCAST_JOB_API_TOKEN or PODCAST_JOB_API_TOKEN_FILE: the operator token, or one made by `supervisor token
+add`.
 
 Exit codes: 0 done; 1 the server answered with an error (its message is printed); 2 usage; 3 configuration
-(including a malformed ``PODCAST_JOB_URL``); 4 the server could not be reached; 130 interrupted. ``wait`` adds the
-outcome's: 10 failed, 11 cancelled, 12 stale, 124 the timeout passed (``_live``).
+(including a malformed PODCAST_JOB_URL); 4 the server could not be reached; 130 interrupted. wait adds the
+outcome's: 10 failed, 11 cancelled, 12 stale, 124 the timeout passed.
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ from typing import Any, TextIO, TypeVar
 
 import trio
 
-from ..domain import key_problem
+from ..domain import SCOPES, Credentials, TokenFile, key_problem, utc_now
 from ..domain._config import Config, is_loopback, load_config
 from ..domain._errors import ConfigError, KindsFileError, RegistryError, RegistryNotOpened, SupervisorError
 from ..domain._kinds import KindCatalog, load_kinds
-from ..domain._model import JobStatus
+from ..domain._model import JobStatus, to_iso
 from ..domain._settings import read_token_file
 from ..observe._logging import configure_logging, get_logger
 from ..observe._stream import EVENT_NAMES
@@ -123,10 +125,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     for warning in warnings:
         log.warning("config_fallback", detail=warning)
-    if config.api_token is None and not is_loopback(config.bind_host):
+    credentials = Credentials.from_config(config)
+    try:
+        credentials.load()
+    except ConfigError as exc:
+        print(f"error: PODCAST_JOB_API_TOKENS_FILE: {'; '.join(exc.problems)}", file=sys.stderr)
+        return EXIT_CONFIG
+    if not credentials.required and not is_loopback(config.bind_host):
         print(
-            f"error: refusing to serve on {config.bind} without PODCAST_JOB_API_TOKEN(_FILE): "
-            "set a token, or bind to a loopback address",
+            f"error: refusing to serve on {config.bind} without a token: set PODCAST_JOB_API_TOKEN(_FILE), add one "
+            "with `supervisor token add NAME --scope operator`, or bind to a loopback address",
             file=sys.stderr,
         )
         return EXIT_CONFIG
@@ -135,7 +143,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # 10: enqueue and promotion tails).
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
-        trio.run(functools.partial(run_supervisor, config, kinds, freeze_heap=True))
+        trio.run(functools.partial(run_supervisor, config, kinds, freeze_heap=True, credentials=credentials))
     except OSError as exc:
         print(f"error: cannot serve on {config.bind}: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -146,6 +154,62 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if opening is None:
             raise
         print(f"error: {opening}", file=sys.stderr)
+        return EXIT_CONFIG
+    return EXIT_OK
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    """``token add|list|revoke``: the named API tokens, in the file this machine's settings name. A new token is
+    printed once, alone on stdout; everything else goes to stderr. A running server applies a change on SIGHUP."""
+    io: _Io = args.io
+    usage = {
+        "add": (args.name is None or args.scope is None, "token add needs NAME and --scope read|enqueue|operator"),
+        "revoke": (args.name is None or args.scope is not None, "token revoke takes NAME only"),
+        "list": (args.name is not None or args.scope is not None, "token list takes no NAME or --scope"),
+    }
+    wrong, why = usage[args.action]
+    if wrong:
+        io.error(f"error: {why}")
+        return EXIT_USAGE
+    try:
+        config, _ = load_config(io.environ, config_file=args.config)
+    except ConfigError as exc:
+        io.error(f"error: {exc}")
+        return EXIT_CONFIG
+    tokens = TokenFile(config.tokens_path)
+    try:
+        if args.action == "add":
+            token = tokens.add(args.name, args.scope, utc_now())
+            io.print(token)
+            io.error(
+                f"added token {args.name!r} (scope {args.scope}) to {tokens.path}: it is shown this once, never "
+                "stored. A running supervisor takes it after a SIGHUP."
+            )
+            if config.api_token is None and args.scope != "operator":
+                operators = [t for t in tokens.read().values() if t.scope == "operator"]
+                if not operators:
+                    io.error(
+                        "note: every route but health and metrics now needs a token, and no token has the operator "
+                        "scope: add one (--scope operator) or set PODCAST_JOB_API_TOKEN"
+                    )
+        elif args.action == "revoke":
+            gone = tokens.revoke(args.name)
+            io.error(f"revoked token {gone.name!r} (scope {gone.scope}); a running supervisor drops it after a SIGHUP")
+        else:
+            listed = sorted(tokens.read().values(), key=lambda t: t.name)
+            if args.json:
+                rows = [{"name": t.name, "scope": t.scope, "created_at": to_iso(t.created_at)} for t in listed]
+                io.print(json.dumps(rows, indent=2))
+            else:
+                for t in listed:
+                    io.print(f"{t.name:24} {t.scope:9} {to_iso(t.created_at)}")
+                if not listed:
+                    io.error(f"no named tokens in {tokens.path}")
+    except ConfigError as exc:
+        io.error(f"error: {'; '.join(exc.problems)}")
+        return EXIT_ERROR
+    except OSError as exc:
+        io.error(f"error: {tokens.path}: {exc.strerror or exc}")
         return EXIT_CONFIG
     return EXIT_OK
 
@@ -736,6 +800,11 @@ EXAMPLES = {
         "  supervisor wait JOB_ID                  # exit 0 succeeded, 10 failed, 11 cancelled, 12 stale\n"
         '  supervisor wait JOB_A JOB_B --timeout 3600 || echo "worst outcome: $?"   # 124: timed out'
     ),
+    "token": (
+        "  supervisor token add ci-bot --scope enqueue > ci-bot.token   # the token, once; kept as a digest\n"
+        "  supervisor token list\n"
+        "  supervisor token revoke ci-bot && kill -HUP \"$(pidof -s supervisor)\""
+    ),
     "completion": (
         "  supervisor completion bash > /etc/bash_completion.d/supervisor\n"
         '  supervisor completion zsh > "${fpath[1]}/_supervisor"'
@@ -869,6 +938,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_check_config)
     p = local("migrate", "bring the registry's schema up to date (as serve does unless told not to)")
     p.set_defaults(func=cmd_migrate)
+    p = local(
+        "token",
+        "named API tokens with a scope (read, enqueue, operator): add prints a new one, list shows them, revoke "
+        "removes one; a running supervisor applies the change on SIGHUP",
+    )
+    p.add_argument("action", choices=["add", "list", "revoke"])
+    p.add_argument("name", nargs="?", help="the token's name: 1-64 letters, digits, '.', '_' or '-'")
+    p.add_argument(
+        "--scope",
+        choices=SCOPES,
+        help="add: read (every GET), enqueue (read and adding jobs) or operator (everything)",
+    )
+    p.add_argument("--json", action="store_true", help="list: as JSON")
+    p.set_defaults(func=cmd_token)
     _add_client_commands(sub)
     p = local("completion", "print the shell completion script for bash or zsh")
     p.add_argument("shell", choices=("bash", "zsh"))

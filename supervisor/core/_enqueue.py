@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from ..domain import (
     IDEMPOTENCY_KEY_HEADER,
+    SUPERVISOR,
     Conflict,
     IdempotencyKey,
     InvalidHeader,
@@ -36,13 +37,14 @@ class Enqueuer:
         self.boot = boot
         self.wake_drainer = wake_drainer
 
-    def validate(self, kind_name: object, params: object) -> NewJob:
+    def validate(self, kind_name: object, params: object, by: str | None = None) -> NewJob:
+        """A job request checked against its kind (``ValidationError`` naming the field); ``by``: who asks."""
         kind = self.boot.kinds.get(kind_name)
         validated = kind.validate_params({} if params is None else params)
         key = coalesce_key(kind.name, validated) if kind.coalesce else None
         # {python} is the interpreter the job finds where it runs (this one, or the image's).
         argv = kind.render_argv(validated, python=self.boot.executor.python)
-        return NewJob(kind.name, validated, argv, key, max_attempts=kind.max_attempts)
+        return NewJob(kind.name, validated, argv, key, max_attempts=kind.max_attempts, enqueued_by=by)
 
     def keyed(self, key: str | None, route: str, jobs: Sequence[NewJob]) -> IdempotencyKey | None:
         """The idempotency key of a request to ``route`` (``enqueue``, ``batch``) for ``jobs``, validated."""
@@ -54,15 +56,18 @@ class Enqueuer:
         request = fingerprint(route, [(job.kind, job.params) for job in jobs])
         return IdempotencyKey(key, request, self.boot.config.idempotency_ttl_s)
 
-    async def enqueue(self, kind_name: object, params: object, key: str | None = None) -> EnqueueResult:
+    async def enqueue(
+        self, kind_name: object, params: object, key: str | None = None, by: str | None = None
+    ) -> EnqueueResult:
         """Validate and store a job, and have the drainer start it when a slot is free: never waits for a spawn.
-        ``key``: the request's idempotency key (a retry of the request answers the first answer, ``replayed``)."""
-        new = self.validate(kind_name, params)
+        ``key``: the request's idempotency key (a retry of the request answers the first answer, ``replayed``);
+        ``by``: who asks (the row's ``enqueued_by``)."""
+        new = self.validate(kind_name, params, by)
         result, _ = await self.boot.registry.enqueue(new, key=self.keyed(key, "enqueue", [new]))
         self.announce([result])
         return result
 
-    async def enqueue_many(self, items: object, key: str | None = None) -> list[EnqueueResult]:
+    async def enqueue_many(self, items: object, key: str | None = None, by: str | None = None) -> list[EnqueueResult]:
         """Validate every item first (a ``ValidationError`` names the element, ``jobs[3].params.seconds``), then
         store them all at once: all or nothing. ``key`` covers the batch, as ``enqueue``'s covers one job."""
         if not isinstance(items, list) or not items:
@@ -80,14 +85,14 @@ class Enqueuer:
             if "kind" not in item:
                 raise ValidationError(f"{where}: missing field 'kind'", field=f"{where}.kind")
             try:
-                batch.append(self.validate(item["kind"], item.get("params")))
+                batch.append(self.validate(item["kind"], item.get("params"), by))
             except ValidationError as exc:
                 raise ValidationError(f"{where}: {exc}", field=f"{where}.{exc.field}" if exc.field else where) from None
         results = await self.boot.registry.enqueue_many(batch, key=self.keyed(key, "batch", batch))
         self.announce(results)
         return results
 
-    async def retry(self, job_id: str) -> EnqueueResult:
+    async def retry(self, job_id: str, by: str | None = None) -> EnqueueResult:
         """The operator's explicit second try of a finished job: a new job of the same kind with the same params
         (checked again against the kind as it is declared now), whose row names the old one (``retry_of``). Only a
         finished job: a queued or running one is a ``Conflict`` naming its state. (Automatic resubmission of a crash
@@ -100,7 +105,7 @@ class Enqueuer:
                 field="job_id",
             )
         try:
-            new = self.validate(old.kind, old.params)
+            new = self.validate(old.kind, old.params, by)
         except ValidationError as exc:
             # Not the caller's input: the kinds file changed since the job ran.
             raise Conflict(f"job {job_id} cannot be retried as it was: {exc}", field=exc.field) from None
@@ -129,7 +134,7 @@ class Enqueuer:
         try:
             kind = self.boot.kinds.get(then)
             params = {name: parent.params[name] for name in kind.params if name in parent.params}
-            new = self.validate(then, params)
+            new = self.validate(then, params, SUPERVISOR)
         except ValidationError as exc:
             log.error("follow_up_not_enqueued", job_id=parent.job_id, then=then, error=str(exc))
             return None

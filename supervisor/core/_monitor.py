@@ -208,9 +208,9 @@ class Monitors:
 
     # -- cancel -------------------------------------------------------------------------------------------
 
-    async def cancel(self, job_id: str) -> Job:
-        """Cancel a job (idempotent). Never sends a blind signal (INV-NEVER-BLIND-SIGNAL)."""
-        change = await self.boot.registry.request_cancel(job_id)
+    async def cancel(self, job_id: str, by: str | None = None) -> Job:
+        """Cancel a job (idempotent); ``by``: who asks. Never sends a blind signal (INV-NEVER-BLIND-SIGNAL)."""
+        change = await self.boot.registry.request_cancel(job_id, by)
         job = change.job
         if job.status is JobStatus.CANCELLED and change.changed:
             self.boot.announce(job, "queued", job.error_reason)

@@ -54,6 +54,11 @@ from ._sweeper import Sweeper, run_sweeper
 from ._wakeups import WakeupListener
 
 log = get_logger()
+
+# The shapes of the request-facing methods' arguments: an Idempotency-Key, and who asks (an API token's name).
+Key = str | None
+By = str | None
+Enqueued = EnqueueResult
 T = TypeVar("T")
 
 # Environment variables the supervisor itself reads that a job must never inherit.
@@ -61,6 +66,7 @@ T = TypeVar("T")
 _PRIVATE_ENV = (
     "PODCAST_JOB_API_TOKEN",
     "PODCAST_JOB_API_TOKEN_FILE",
+    "PODCAST_JOB_API_TOKENS_FILE",
     "PODCAST_JOB_WEBHOOK_SECRET",
     "NOTIFY_SOCKET",
     "WATCHDOG_USEC",
@@ -323,18 +329,18 @@ class Supervisor:
 
     # -- enqueue ------------------------------------------------------------------------------------------
 
-    async def enqueue(self, kind_name: object, params: object, *, idempotency_key: str | None = None) -> EnqueueResult:
-        """Validate and store a job, and have the drainer start it when a slot is free: never waits for a spawn.
-        With ``idempotency_key``, a retry of the request answers the first answer (``EnqueueResult.replayed``)."""
-        return await self.enqueuer.enqueue(kind_name, params, idempotency_key)
+    async def enqueue(self, kind: object, params: object, *, idempotency_key: Key = None, by: By = None) -> Enqueued:
+        """Validate and store a job (``Enqueuer.enqueue``): never waits for a spawn. With ``idempotency_key``, a retry
+        of the request answers the first answer; ``by``: who asks (the API token's name: the row's ``enqueued_by``)."""
+        return await self.enqueuer.enqueue(kind, params, idempotency_key, by)
 
-    async def enqueue_many(self, items: object, *, idempotency_key: str | None = None) -> list[EnqueueResult]:
+    async def enqueue_many(self, items: object, *, idempotency_key: Key = None, by: By = None) -> list[Enqueued]:
         """A batch, all or nothing (``Enqueuer.enqueue_many``); ``idempotency_key`` covers the batch."""
-        return await self.enqueuer.enqueue_many(items, idempotency_key)
+        return await self.enqueuer.enqueue_many(items, idempotency_key, by)
 
-    async def retry(self, job_id: str) -> EnqueueResult:
+    async def retry(self, job_id: str, *, by: By = None) -> Enqueued:
         """The operator's explicit second try of a finished job (``Enqueuer.retry``)."""
-        return await self.enqueuer.retry(job_id)
+        return await self.enqueuer.retry(job_id, by)
 
     # -- the queue ----------------------------------------------------------------------------------------
 
@@ -417,8 +423,8 @@ class Supervisor:
 
     # -- cancel, reconcile, sweep ------------------------------------------------------------------------------
 
-    async def cancel(self, job_id: str) -> Job:
-        return await self.monitors.cancel(job_id)
+    async def cancel(self, job_id: str, *, by: By = None) -> Job:
+        return await self.monitors.cancel(job_id, by)
 
     async def reconcile(self, *, stale_marks_live_processes: bool) -> ReconcileReport:
         return await self.reconciler.reconcile(stale_marks_live_processes=stale_marks_live_processes)

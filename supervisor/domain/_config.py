@@ -55,6 +55,8 @@ class Config:
     api_token: str | None = field(default=None, repr=False)
     # Where api_token was read from (re-read on SIGHUP); None when it came from PODCAST_JOB_API_TOKEN or is unset.
     api_token_file: Path | None = None
+    # The named tokens with their scopes (issue 41); None: <data>/.viewer/api-tokens.toml (see tokens_path).
+    api_tokens_file: Path | None = None
     kinds_file: Path | None = None
     webhook_url: str | None = None
     webhook_timeout_s: float = 5.0
@@ -128,6 +130,11 @@ class Config:
     @property
     def viewer_dir(self) -> Path:
         return self.data_dir / ".viewer"
+
+    @property
+    def tokens_path(self) -> Path:
+        """The file of named API tokens (``supervisor token``)."""
+        return self.api_tokens_file if self.api_tokens_file is not None else self.viewer_dir / "api-tokens.toml"
 
     @property
     def registry_path(self) -> Path:

@@ -7,6 +7,7 @@
     │   ├── MalformedRequest        the body is not the JSON the route takes (400)
     │   ├── InvalidHeader           a request header is missing its form, or given twice (400; names the header)
     │   ├── Forbidden               a cross-origin (browser) request to change state (403)
+    │   │   └── InsufficientScope   a valid API token whose scope is too small for the route (403; names the scope)
     │   ├── UnsupportedMediaType    a body that is not application/json (415)
     │   ├── BodyTooLarge            a body over the route's limit (413)
     │   ├── ValidationError         a field is missing, unknown or mistyped (422; names the field)
@@ -79,6 +80,16 @@ class Forbidden(RequestError):
 
     code = "cross_origin"
     http_status = 403
+
+
+class InsufficientScope(Forbidden):
+    """A valid API token whose scope does not cover the route: the message names the scope needed (``needed``)."""
+
+    code = "insufficient_scope"
+
+    def __init__(self, name: str, have: str, needed: str) -> None:
+        super().__init__(f"this request needs a token of scope {needed!r}; token {name!r} has scope {have!r}")
+        self.needed = needed
 
 
 class UnsupportedMediaType(RequestError):

@@ -7,6 +7,8 @@ A kind is declared in TOML::
     argv = ["{python}", "-c", "import sys, time; time.sleep(float(sys.argv[1]))", "{seconds}"]
     params = { seconds = "float" }      # str | int | float | bool: required
     # or, optional with a default: params = { seconds = { type = "float", default = 1 } }
+    # and with constraints (``_params``): { type = "int", min = 0, max = 100 }, { type = "str", format = "url" },
+    # { type = "str", choices = ["a", "b"] }, { type = "str", max_length = 200 }
     coalesce = false                     # identical queued jobs collapse into one
     then = ""                            # a kind to enqueue when this one succeeds
     exit_reasons = { 10 = "budget_exhausted" }   # exit codes that are planned outcomes, not crashes
@@ -48,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import KindsFileError, ValidationError
+from ._params import INT64_MAX, INT64_MIN, INT_TEXT, RULE_KEYS, ParamRule, RuleError, parse_rule
 
 ParamValue = str | int | float | bool
 PARAM_TYPES = ("str", "int", "float", "bool")
@@ -59,8 +62,7 @@ _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _DOUBLED_BRACE = re.compile(r"\{\{|\}\}")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
 # Numbers given as strings (the CLI's -p k=v): ASCII digits only. Python's \d, int() and float() also accept
-# other scripts' digits ('\u0661') and underscores ('1_0'), which no caller means.
-_ASCII_INT = re.compile(r"[+-]?[0-9]{1,18}")
+# other scripts' digits ('\u0661') and underscores ('1_0'), which no caller means. An int: ``_params.INT_TEXT``.
 # Bounded (20 digits either side of the point, a two-digit exponent) so that every match is a finite float: the
 # OpenAPI document uses this very pattern, and a pattern cannot say "and not too large" ("1e999" is inf).
 _ASCII_FLOAT = re.compile(r"[+-]?(?:[0-9]{1,20}(?:\.[0-9]{0,20})?|\.[0-9]{1,20})(?:[eE][+-]?[0-9]{1,2})?")
@@ -69,7 +71,12 @@ MAX_FLOAT = sys.float_info.max
 # Exit codes of pipeline_runner that are planned outcomes (ADR-0002, INV-BUDGET-IS-AN-OUTCOME) ...
 PIPELINE_EXIT_REASONS = {10: "budget_exhausted", 11: "time_budget_exhausted"}
 # ... those that are failures with a name an operator can act on ...
-PIPELINE_FAILURE_REASONS = {3: "all_feeds_failed", 75: "all_feeds_unavailable", 143: "terminated"}
+PIPELINE_FAILURE_REASONS = {
+    2: "invalid_params",  # its usage code: the params slipped past the kind's rules; never started again
+    3: "all_feeds_failed",
+    75: "all_feeds_unavailable",
+    143: "terminated",
+}
 # ... and those that mean "start it again" (attempts permitting): 75 (EX_TEMPFAIL), the runner's own "failed, but
 # transiently"; 143, its "terminated" (SIGTERM/SIGINT from outside: a host shutdown, `kill`, `docker stop`), since a
 # polite kill is a kill (ADR-150 D4); 137 (128 + 9), how docker mode reports a container SIGKILLed from outside (the
@@ -81,6 +88,10 @@ PIPELINE_RETRY_EXIT_CODES = [75, 137, 143]
 # A run is safe to repeat (the corpus is crash-only, and the poison-pill memo skips an episode that keeps failing),
 # so a crashed one gets up to two more starts, about 60 s and 120 s later (the default backoff).
 PIPELINE_MAX_ATTEMPTS = 3
+# The runner's own bounds on its params (pipeline_runner's MAX_EPISODES and FEED_URL_MAX_LENGTH; a contract test holds
+# them equal), which the built-in pipeline kind declares.
+MAX_EPISODES = 1_000_000
+FEED_URL_MAX_LENGTH = 2048
 # Resubmission (ADR-150 D4), per kind: the defaults (a kind that declares nothing is never resubmitted) ...
 DEFAULT_MAX_ATTEMPTS = 1
 DEFAULT_RETRY_BACKOFF_S = 60.0
@@ -101,6 +112,8 @@ class JobKind:
     params: Mapping[str, str] = field(default_factory=dict)  # name -> type
     # The value a caller who omits the param gets (already of its type); a param not here is required.
     param_defaults: Mapping[str, ParamValue] = field(default_factory=dict)
+    # The constraints a param declares beside its type (``_params``); a param not here has none.
+    param_rules: Mapping[str, ParamRule] = field(default_factory=dict)
     coalesce: bool = False
     then: str | None = None
     exit_reasons: Mapping[int, str] = field(default_factory=dict)
@@ -129,6 +142,12 @@ class JobKind:
         for name, type_name in self.params.items():
             if name in params:
                 out[name] = _convert(name, type_name, params[name])
+                rule = self.param_rules.get(name)
+                if rule is not None:
+                    try:
+                        rule.check(out[name])
+                    except RuleError as exc:
+                        raise ValidationError(f"param {name!r} {exc}", field=f"params.{name}") from None
             elif name in self.param_defaults:
                 out[name] = self.param_defaults[name]
             else:
@@ -203,10 +222,12 @@ def _convert(name: str, type_name: str, value: object) -> ParamValue:
         if isinstance(value, bool):
             raise bad("got a bool")
         if isinstance(value, int):
+            if not INT64_MIN <= value <= INT64_MAX:
+                raise bad(f"beyond a 64-bit integer ({INT64_MIN} to {INT64_MAX})")
             return value
-        if isinstance(value, str) and _ASCII_INT.fullmatch(value):
+        if isinstance(value, str) and INT_TEXT.fullmatch(value):
             return int(value)
-        raise bad(f"got {value!r}")
+        raise bad(f"got {value!r} (as text: an optional sign and at most 18 digits, no leading zero)")
     if type_name == "float":
         if isinstance(value, bool):
             raise bad("got a bool")
@@ -260,6 +281,8 @@ def _canonical(kind: JobKind) -> dict[str, Any]:
     """A kind as plain JSON values: mappings with text keys, sets as sorted lists."""
 
     def plain(value: Any) -> Any:
+        if isinstance(value, ParamRule):
+            return plain(value.declared())
         if isinstance(value, Mapping):
             return {str(k): plain(v) for k, v in value.items()}
         if isinstance(value, frozenset | set):
@@ -290,8 +313,12 @@ _BUILTINS: dict[str, dict[str, Any]] = {
             "--poison-threshold",
             "2",
         ],
-        # max_episodes 0: every episode of the feed (the runner reads --max-episodes 0 as no limit).
-        "params": {"feed": "str", "max_episodes": {"type": "int", "default": 0}},
+        # What the runner itself checks, declared so that a job it would refuse is never queued (issue 41): an http(s)
+        # feed URL; max_episodes 0 (every episode of the feed) up to the runner's own MAX_EPISODES.
+        "params": {
+            "feed": {"type": "str", "format": "url", "max_length": FEED_URL_MAX_LENGTH},
+            "max_episodes": {"type": "int", "default": 0, "min": 0, "max": MAX_EPISODES},
+        },
         "then": "enrichment",
         "exit_reasons": PIPELINE_EXIT_REASONS,
         "failure_reasons": PIPELINE_FAILURE_REASONS,
@@ -343,7 +370,7 @@ def parse_kind(name: str, spec: object) -> JobKind:
     argv = spec.get("argv")
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
         raise KindsFileError(f"{where}: argv must be a non-empty list of strings")
-    params, param_defaults = _params(where, spec.get("params", {}))
+    params, param_defaults, param_rules = _params(where, spec.get("params", {}))
     for element in argv:
         m = _PLACEHOLDER.fullmatch(element)
         if m is not None and m.group(1) != "python" and m.group(1) not in params:
@@ -381,6 +408,7 @@ def parse_kind(name: str, spec: object) -> JobKind:
         argv=tuple(argv),
         params=params,
         param_defaults=param_defaults,
+        param_rules=param_rules,
         coalesce=coalesce,
         then=then or None,
         exit_reasons=exit_reasons,
@@ -431,12 +459,13 @@ def _retry_codes(where: str, raw: object, exit_reasons: Mapping[int, str]) -> fr
     return frozenset(codes)
 
 
-def _params(where: str, raw: object) -> tuple[dict[str, str], dict[str, ParamValue]]:
-    """The ``params`` table: each param's type, and the defaults of those declared with one.
+def _params(where: str, raw: object) -> tuple[dict[str, str], dict[str, ParamValue], dict[str, ParamRule]]:
+    """The ``params`` table: each param's type, the defaults of those declared with one, and their constraints.
 
-    A param is ``name = "type"`` (required) or ``name = { type = "type", default = value }`` (``default``
-    optional; a param with one may be omitted by the caller). A default must itself be a valid value of the type,
-    checked here, so that a kinds file cannot declare a default no caller could send.
+    A param is ``name = "type"`` (required) or ``name = { type = "type", default = value, <rules> }`` (``default``
+    optional; a param with one may be omitted by the caller; the rules are ``_params.RULE_KEYS``). A default must
+    itself be a valid value of the type that keeps its rules, checked here, so that a kinds file cannot declare a
+    default no caller could send.
     """
     if not isinstance(raw, dict):
         raise KindsFileError(
@@ -444,16 +473,17 @@ def _params(where: str, raw: object) -> tuple[dict[str, str], dict[str, ParamVal
         )
     types: dict[str, str] = {}
     defaults: dict[str, ParamValue] = {}
+    rules: dict[str, ParamRule] = {}
     for pname, decl in raw.items():
         if not _NAME.match(pname) or pname == "python":
             raise KindsFileError(f"{where}: param name {pname!r} is not allowed")
         if isinstance(decl, dict):
-            unknown = sorted(set(decl) - {"type", "default"})
+            unknown = sorted(set(decl) - {"type", "default", *RULE_KEYS})
             if unknown:
                 keys = ", ".join(repr(k) for k in unknown)
                 raise KindsFileError(
                     f"{where}: param {pname!r}: unknown key{'s' if len(unknown) > 1 else ''} {keys} "
-                    "(a param table takes type and default)"
+                    f"(a param table takes type, default and the rules {', '.join(RULE_KEYS)})"
                 )
             if "type" not in decl:
                 raise KindsFileError(f"{where}: param {pname!r}: a param table needs a type")
@@ -463,12 +493,32 @@ def _params(where: str, raw: object) -> tuple[dict[str, str], dict[str, ParamVal
         if not isinstance(ptype, str) or ptype not in PARAM_TYPES:
             raise KindsFileError(f"{where}: param {pname!r} has type {ptype!r}; use one of {PARAM_TYPES}")
         types[pname] = ptype
+        if isinstance(decl, dict) and any(key in decl for key in RULE_KEYS):
+            rules[pname] = _rule(where, pname, ptype, decl)
         if isinstance(decl, dict) and "default" in decl:
             try:
                 defaults[pname] = _convert(pname, ptype, decl["default"])
             except ValidationError as exc:
                 raise KindsFileError(f"{where}: the default of {exc}") from None
-    return types, defaults
+            try:
+                if pname in rules:
+                    rules[pname].check(defaults[pname])
+            except RuleError as exc:
+                raise KindsFileError(f"{where}: param {pname!r}: the default {exc}") from None
+    return types, defaults, rules
+
+
+def _rule(where: str, pname: str, ptype: str, decl: Mapping[str, Any]) -> ParamRule:
+    def convert(value: object) -> Any:
+        try:
+            return _convert(pname, ptype, value)
+        except ValidationError as exc:
+            raise RuleError(f"a choice {exc}") from None
+
+    try:
+        return parse_rule(ptype, decl, convert)
+    except RuleError as exc:
+        raise KindsFileError(f"{where}: param {pname!r}: {exc}") from None
 
 
 def _reason_table(where: str, key: str, raw: object) -> dict[int, str]:

@@ -275,6 +275,11 @@ class Job:
     # The Idempotency-Key of the request that made this row (a kind's ``then`` follow-up: ``then/<parent id>``);
     # None for a request without one.
     idempotency_key: str | None = None
+    # Who asked (ADR 0017): the name of the API token that enqueued the job (``operator``: the operator token;
+    # ``anonymous``: a server without tokens; ``supervisor``: a kind's follow-up), and of the one that asked for its
+    # cancel (the first such request). None: not asked, or a row older than the record.
+    enqueued_by: str | None = None
+    cancelled_by: str | None = None
 
     @property
     def spawned(self) -> bool:

@@ -443,15 +443,16 @@ class Rules:
         await store.notify(Wakeup(WAKE_QUEUED))
         return Change(await self.get(store, job_id), changed=True, previous=job.status)
 
-    async def request_cancel(self, store: Store, job_id: str) -> Change:
+    async def request_cancel(self, store: Store, job_id: str, by: str | None = None) -> Change:
         job = await self.get(store, job_id, lock=True)
         if job.status is JobStatus.QUEUED:
             # A job waiting out its backoff has run before: it is simply cancelled.
             outcome = Outcome(JobStatus.CANCELLED, "cancelled_before_start" if job.attempts == 0 else "cancelled")
-            await self.set_status(store, job, outcome.status, {"error_reason": outcome.reason, "ended_at": store.now()})
+            ended = {"error_reason": outcome.reason, "ended_at": store.now(), "cancelled_by": by}
+            await self.set_status(store, job, outcome.status, ended)
             return Change(await self.get(store, job_id), changed=True, previous=job.status)
         if job.status is JobStatus.RUNNING and not job.cancel_requested:
-            await store.update(job_id, {"cancel_requested": True})
+            await store.update(job_id, {"cancel_requested": True, "cancelled_by": by})
             # The host that runs it carries it out now (woken), or at its next sweep (INV-OWNER-JUDGES).
             await store.notify(Wakeup(WAKE_CANCEL, job_id=job_id, host_id=job.host_id))
             return Change(await self.get(store, job_id), changed=True)

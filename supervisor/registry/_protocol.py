@@ -43,6 +43,7 @@ BACK_IN_QUEUE: Mapping[str, object] = MappingProxyType(
         "stalled_since": None,
         "silent": False,
         "cancel_requested": False,
+        "cancelled_by": None,
     }
 )
 
@@ -67,6 +68,7 @@ class NewJob:
     max_attempts: int = 1  # the starts it may have: its kind's max_attempts when it was enqueued
     retry_of: str | None = None  # the finished job this one is an operator's explicit retry of
     idempotency_key: str | None = None  # the key of the request that makes it (recorded on its row)
+    enqueued_by: str | None = None  # who asks for it: an API token's name, or the supervisor's own (ADR 0017)
 
 
 @dataclass(frozen=True)

@@ -135,10 +135,11 @@ class Registry:
         ``expect``'s identity (changed=False otherwise, or when it is not running)."""
         return await self.backend.write(lambda store: self.rules.requeue(store, job_id, expect, reason))
 
-    async def request_cancel(self, job_id: str) -> Change:
+    async def request_cancel(self, job_id: str, by: str | None = None) -> Change:
         """A queued row ends ``cancelled/cancelled_before_start`` at once; a running row is marked
-        ``cancel_requested`` (its process is stopped by whoever watches it); a terminal row is left alone."""
-        return await self.backend.write(lambda store: self.rules.request_cancel(store, job_id))
+        ``cancel_requested`` (its process is stopped by whoever watches it); a terminal row is left alone. ``by``:
+        who asked (``cancelled_by``, kept from the first request that changed the row)."""
+        return await self.backend.write(lambda store: self.rules.request_cancel(store, job_id, by))
 
     # -- what a running job says, and what the sweeper judges -----------------------------------------------
 

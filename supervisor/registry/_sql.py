@@ -19,7 +19,7 @@ COLUMNS = (
     "job_id, seq, kind, params, argv, status, error_reason, exit_code, created_at, started_at, ended_at, "
     "attempts, cancel_requested, boot_id, identity, token_hash, completed_units, total_units, stage, "
     "last_heartbeat_at, last_progress_at, log_path, stalled, stalled_since, silent, max_attempts, not_before, history, "
-    "host_id, retry_of, idempotency_key"
+    "host_id, retry_of, idempotency_key, enqueued_by, cancelled_by"
 )
 KEY_COLUMNS = "fingerprint, job_id, status, queue_position, coalesced"
 OUTBOX_COLUMNS = "seq, event_id, job_id, event, created_at, previous_status, reason, boot_id, job"
@@ -71,6 +71,8 @@ def row_to_job(row: Any, ts: Callable[[Any], datetime | None], queue_position: i
         host_id=row["host_id"],
         retry_of=row["retry_of"],
         idempotency_key=row["idempotency_key"],
+        enqueued_by=row["enqueued_by"],
+        cancelled_by=row["cancelled_by"],
     )
 
 

@@ -120,6 +120,7 @@ class MemoryRows(LocalStore):
             max_attempts=job.max_attempts,
             retry_of=job.retry_of,
             idempotency_key=job.idempotency_key,
+            enqueued_by=job.enqueued_by,
             **BACK_IN_QUEUE,  # type: ignore[arg-type]  # every other field as a row that never ran has it
         )
         self.s.rows[row.job_id] = (row, job.coalesce_key)

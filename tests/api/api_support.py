@@ -18,7 +18,7 @@ from quart_trio import QuartTrio
 
 from supervisor import Supervisor, run_supervisor
 from supervisor.api import HttpLimits
-from supervisor.domain import Config, Job, KindCatalog
+from supervisor.domain import Config, Credentials, Job, KindCatalog
 
 T = TypeVar("T")
 
@@ -190,6 +190,7 @@ class Harness:
     supervisor: Supervisor
     app: QuartTrio
     client: Any  # quart's TestClientProtocol
+    credentials: Credentials | None = None  # the tokens the app takes (reload them after a change of the file)
 
     async def json(self, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
         response = await self.client.open(path, method=method, **kwargs)

@@ -31,7 +31,7 @@ from api_support import (
 
 from supervisor import SqliteRegistry, Supervisor
 from supervisor.api import HttpLimits, create_app
-from supervisor.domain import KindCatalog, load_kinds
+from supervisor.domain import Credentials, KindCatalog, load_kinds
 
 
 @pytest.fixture
@@ -63,10 +63,12 @@ def open_harness(nursery: trio.Nursery, tmp_path: Path, kinds_path: Path, kinds:
             sup = Supervisor(config, kinds, registry, standalone=True)  # no fleet task: the tests drive it
             sup.attach(nursery)
             await nursery.start(sup.run_drainer)  # what run_supervisor starts in its root nursery
-            app = create_app(sup)
+            credentials = Credentials.from_config(config)
+            await trio.to_thread.run_sync(credentials.load)
+            app = create_app(sup, credentials)
             async with app.test_app() as test_app:
                 try:
-                    yield Harness(sup, app, test_app.test_client())
+                    yield Harness(sup, app, test_app.test_client(), credentials)
                 finally:
                     await stop_all_jobs(sup)
         finally:

@@ -14,7 +14,7 @@ import pytest
 from api_support import Harness, wait_log_line
 from werkzeug.routing import Rule
 
-from supervisor.api import JOBS_SUBROUTES, PUBLIC_ENDPOINTS, openapi_document
+from supervisor.api import JOBS_SUBROUTES, PUBLIC_ENDPOINTS, SCOPE_OF, openapi_document
 from supervisor.domain import KindCatalog, load_kinds
 
 HTTP_METHODS = {"get", "post", "put", "patch", "delete"}
@@ -60,8 +60,13 @@ async def test_security_follows_the_public_endpoints(harness: Harness) -> None:
         if rule.endpoint in PUBLIC_ENDPOINTS:
             assert "security" in ops[key] and ops[key]["security"] != doc["security"], key
         else:
-            assert "security" not in ops[key], key  # inherits the API token
+            # The API token, with the scope the route needs (issue 41); a scope above read may be refused (403).
+            scope = SCOPE_OF[rule.endpoint]
+            assert ops[key]["security"] == [{"apiToken": [scope]}], key
             assert "401" in ops[key]["responses"], key
+            assert ("insufficient_scope" in ops[key]["responses"].get("403", {}).get("description", "")) == (
+                scope != "read"
+            ), key
 
 
 async def test_every_operation_is_described_and_every_view_has_a_docstring(harness: Harness) -> None:

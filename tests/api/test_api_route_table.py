@@ -50,27 +50,33 @@ def test_what_every_route_of_a_kind_answers_is_added_once() -> None:
 def test_a_route_is_declared_once_and_summarised_in_one_line() -> None:
     table = RouteTable()
 
-    @table.get("/x", "x")
+    @table.get("/x", "x", auth="read")
     async def x(supervisor: Any) -> Any:
         """One line."""
 
     with pytest.raises(TypeError, match="declared twice"):
 
-        @table.get("/x", "y")
+        @table.get("/x", "y", auth="read")
         async def y(supervisor: Any) -> Any:
             """Another."""
 
     with pytest.raises(TypeError, match="declared twice"):
 
-        @table.post("/z", "x")
+        @table.post("/z", "x", auth="operator")
         async def z(supervisor: Any) -> Any:
             """Another operation id reused."""
 
     with pytest.raises(TypeError, match="one-line docstring"):
 
-        @table.get("/w", "w")
+        @table.get("/w", "w", auth="public")
         async def w(supervisor: Any) -> Any:
             pass
+
+    with pytest.raises(TypeError, match="auth 'api' is not one of"):
+
+        @table.get("/v", "v", auth="api")  # type: ignore[arg-type]
+        async def v(supervisor: Any) -> Any:
+            """Who may call it is a scope, the job's token, or public."""
 
     assert [r.endpoint for r in table] == ["x"]
 

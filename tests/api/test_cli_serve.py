@@ -56,7 +56,7 @@ async def run_cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess
 async def test_serve_refuses_a_non_loopback_bind_without_a_token(tmp_path: Path) -> None:
     done = await run_cli(["serve"], cli_env(tmp_path, PODCAST_JOB_BIND="0.0.0.0:0"), tmp_path)
     assert done.returncode == EXIT_CONFIG
-    assert b"refusing to serve on 0.0.0.0:0 without PODCAST_JOB_API_TOKEN" in done.stderr
+    assert b"refusing to serve on 0.0.0.0:0 without a token: set PODCAST_JOB_API_TOKEN(_FILE)" in done.stderr
     assert not (tmp_path / "data" / ".viewer").exists()  # refused before touching anything
 
 

@@ -43,7 +43,7 @@ def test_both_runner_kinds_are_resubmitted_on_a_transient_failure_or_an_outside_
     assert (enrichment.max_attempts, enrichment.retry_on_exit_codes) == (3, frozenset({75, 137, 143}))
     assert pipeline.failure_reasons[143] == enrichment.failure_reasons[143] == "terminated"
     # Its last attempt runs without an episode that killed the earlier ones: the memo's threshold is one below.
-    argv = pipeline.render_argv(pipeline.validate_params({"feed": "f"}))
+    argv = pipeline.render_argv(pipeline.validate_params({"feed": "https://e.org/f"}))
     assert argv[-2:] == ["--poison-threshold", str(pipeline.max_attempts - 1)]
     assert pipeline.failure_reasons[75] == "all_feeds_unavailable"
 
@@ -53,7 +53,7 @@ def test_the_pipeline_runs_every_episode_unless_told_otherwise() -> None:
     params = pipeline.validate_params({"feed": "https://example.org/feed.xml"})
     assert params == {"feed": "https://example.org/feed.xml", "max_episodes": 0}
     assert pipeline.render_argv(params)[-4:-2] == ["--max-episodes", "0"]
-    assert pipeline.validate_params({"feed": "f", "max_episodes": "3"})["max_episodes"] == 3
+    assert pipeline.validate_params({"feed": "http://f", "max_episodes": "3"})["max_episodes"] == 3
     with pytest.raises(ValidationError) as err:
         pipeline.validate_params({"max_episodes": 3})
     assert err.value.field == "params.feed"
@@ -259,7 +259,23 @@ def test_the_coalescing_key_sees_the_defaults(tmp_path: Path) -> None:
         ('{ n = { default = 3 } }', "kind 'x': param 'n': a param table needs a type"),
         ('{ n = { type = "decimal", default = 3 } }', "kind 'x': param 'n' has type 'decimal'"),
         ('{ n = { type = "int", defualt = 3 } }', "kind 'x': param 'n': unknown key 'defualt' "),
-        ('{ n = { type = "int", min = 0, max = 9 } }', "kind 'x': param 'n': unknown keys 'max', 'min' "),
+        ('{ n = { type = "int", minimum = 0, maxx = 9 } }', "kind 'x': param 'n': unknown keys 'maxx', 'minimum' "),
+        ('{ n = { type = "int", min = 9, max = 0 } }', "kind 'x': param 'n': min (9) is above max (0)"),
+        ('{ n = { type = "int", min = 1.5 } }', "kind 'x': param 'n': min of an int param must be a whole number"),
+        ('{ n = { type = "float", max = nan } }', "kind 'x': param 'n': max of a float param must be a finite"),
+        ('{ n = { type = "bool", min = 0 } }', "kind 'x': param 'n': min is not a rule of a bool param (its rules: none"),
+        ('{ n = { type = "str", min = 0 } }', "kind 'x': param 'n': min is not a rule of a str param"),
+        ('{ n = { type = "int", format = "url" } }', "kind 'x': param 'n': format is not a rule of an int"[:-6]),
+        ('{ n = { type = "float", choices = [1.0] } }', "kind 'x': param 'n': choices is not a rule of a float"),
+        ('{ n = { type = "str", format = "email" } }', "kind 'x': param 'n': format 'email' is not known (known: url)"),
+        ('{ n = { type = "str", max_length = 0 } }', "kind 'x': param 'n': max_length must be a whole number"),
+        ('{ n = { type = "str", choices = [] } }', "kind 'x': param 'n': choices must be a non-empty list"),
+        ('{ n = { type = "str", choices = ["a", "a"] } }', "kind 'x': param 'n': choices names 'a' twice"),
+        ('{ n = { type = "int", choices = ["a"] } }', "kind 'x': param 'n': a choice param 'n' must be int: got 'a'"),
+        ('{ n = { type = "int", choices = [5], max = 3 } }', "kind 'x': param 'n': choice 5 must be at most 3, got 5"),
+        ('{ n = { type = "int", default = 10, max = 3 } }', "kind 'x': param 'n': the default must be at most 3"),
+        ('{ n = { type = "str", default = "x", format = "url" } }', "param 'n': the default must be an http or https"),
+        ('{ n = { type = "int", max = 9223372036854775808 } }', "must be a whole number (64-bit)"),
         ("{ n = 3 }", "kind 'x': param 'n' has type 3"),
         ('"n"', "kind 'x': params must be a table"),
     ],
@@ -375,3 +391,88 @@ def test_a_retry_code_may_also_be_a_named_failure(tmp_path: Path) -> None:
 def test_missing_kinds_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(KindsFileError, match="cannot read"):
         load_kinds(tmp_path / "absent.toml")
+
+
+# -- param rules (issue 41) ---------------------------------------------------------------------------------------
+
+RULED = """
+[kinds.ruled]
+argv = ["echo", "{n}", "{ratio}", "{mode}", "{url}", "{note}", "{level}"]
+[kinds.ruled.params]
+n = { type = "int", min = 0, max = 10000 }
+ratio = { type = "float", min = 0.5, max = 2 }
+mode = { type = "str", choices = ["fast", "slow"] }
+url = { type = "str", format = "url" }
+note = { type = "str", max_length = 5, default = "" }
+level = { type = "int", choices = [1, 3], default = 1 }
+"""
+GOOD = {"n": 0, "ratio": 0.5, "mode": "fast", "url": "http://e.org"}
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "why"),
+    [
+        ("n", -1, "must be at least 0, got -1"),
+        ("n", "-1", "must be at least 0, got -1"),
+        ("n", 10001, "must be at most 10000, got 10001"),
+        ("n", "10001", "must be at most 10000, got 10001"),
+        ("n", 2**63, "beyond a 64-bit integer"),
+        ("n", -(2**63) - 1, "beyond a 64-bit integer"),
+        ("n", 99999999999999999999999, "beyond a 64-bit integer"),
+        ("n", "99999999999999999999999", "at most 18 digits"),
+        ("n", "007", "no leading zero"),
+        ("ratio", 0.49, "must be at least 0.5, got 0.49"),
+        ("ratio", "2.01", "must be at most 2.0, got 2.01"),
+        ("mode", "medium", "must be one of 'fast', 'slow', got 'medium'"),
+        ("mode", "Fast", "must be one of 'fast', 'slow', got 'Fast'"),
+        ("url", "notaurl", "must be an http or https URL with a host, got 'notaurl'"),
+        ("url", "ftp://e.org/f", "must be an http or https URL with a host"),
+        ("url", "http://", "must be an http or https URL with a host"),
+        ("url", "http:///x", "must be an http or https URL with a host"),
+        ("url", "http://e.org/a b", "must be an http or https URL with a host"),
+        ("url", "http://e.org:123456/", "must be an http or https URL with a host"),
+        ("note", "sixsix", "must be at most 5 characters, got 6"),
+        ("level", 2, "must be one of 1, 3, got 2"),
+        ("level", "2", "must be one of 1, 3, got 2"),
+    ],
+)
+def test_a_param_that_breaks_its_rule_is_refused_naming_the_field_and_the_rule(
+    tmp_path: Path, name: str, value: object, why: str
+) -> None:
+    kind = load_kinds(_write(tmp_path, RULED)).get("ruled")
+    with pytest.raises(ValidationError) as err:
+        kind.validate_params({**GOOD, name: value})
+    assert err.value.field == f"params.{name}"
+    assert why in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "kept"),
+    [
+        ("n", 10000, 10000),
+        ("n", "+10000", 10000),
+        ("n", "-0", 0),
+        ("ratio", "2", 2.0),
+        ("ratio", 2, 2.0),
+        ("mode", "slow", "slow"),
+        ("url", "HTTPS://user@[::1]:8080/feed.xml?a=1#x", "HTTPS://user@[::1]:8080/feed.xml?a=1#x"),
+        ("url", "https://xn--bcher-kva.example/f", "https://xn--bcher-kva.example/f"),
+        ("note", "fives", "fives"),
+        ("level", "3", 3),
+    ],
+)
+def test_a_param_at_the_edge_of_its_rule_is_taken(tmp_path: Path, name: str, value: object, kept: object) -> None:
+    kind = load_kinds(_write(tmp_path, RULED)).get("ruled")
+    assert kind.validate_params({**GOOD, name: value})[name] == kept
+
+
+def test_the_pipeline_kind_declares_what_the_runner_checks() -> None:
+    """A pipeline job the runner would refuse (exit 2) is refused at enqueue instead (issue 41)."""
+    pipeline = load_kinds(None).get("pipeline")
+    for bad in ({"feed": "notaurl"}, {"feed": "https://e.org/f", "max_episodes": -3},
+                {"feed": "https://e.org/f", "max_episodes": 1_000_001}, {"feed": "https://e.org/" + "a" * 2048}):  # fmt: skip
+        with pytest.raises(ValidationError):
+            pipeline.validate_params(bad)
+    assert pipeline.validate_params({"feed": "https://e.org/f", "max_episodes": 1_000_000})["max_episodes"] == 10**6
+    assert pipeline.failure_reasons[2] == "invalid_params"
+    assert 2 not in pipeline.retry_on_exit_codes

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from pipeline_runner import (
+    FEED_URL_MAX_LENGTH,
+    MAX_EPISODES,
     DEFAULT_PROCESSING_LOOP_BUDGET_S,
     ConfigError,
     RunnerConfig,
@@ -140,5 +142,17 @@ def test_max_episodes_zero_means_all(tmp_path: Path) -> None:
     assert build([*base, "--max-episodes", "1"], {}).max_episodes == 1
     (tmp_path / "c.toml").write_text("max_episodes = 0\n")
     assert build([*base, "--config", str(tmp_path / "c.toml")], {}).max_episodes is None
-    with pytest.raises(ConfigError, match="max_episodes must be >= 0"):
+    with pytest.raises(ConfigError, match=r"max_episodes must be 0 \(all episodes\) to 1000000, got -1"):
         RunnerConfig(data_dir=tmp_path, job_id="j", max_episodes=-1)
+    assert RunnerConfig(data_dir=tmp_path, job_id="j", max_episodes=MAX_EPISODES).max_episodes == MAX_EPISODES
+    with pytest.raises(ConfigError, match="got 1000001"):
+        RunnerConfig(data_dir=tmp_path, job_id="j", max_episodes=MAX_EPISODES + 1)
+
+
+@pytest.mark.parametrize("feed", ["notaurl", "ftp://example.org/f", "http://", "http:///path", "https://[::1"])
+def test_a_feed_that_is_not_an_http_url_with_a_host_is_a_usage_error(tmp_path: Path, feed: str) -> None:
+    with pytest.raises(ConfigError, match="not an http\\(s\\) URL with a host"):
+        RunnerConfig(data_dir=tmp_path, job_id="j", feeds=(feed,))
+    with pytest.raises(ConfigError, match="longer than 2048"):
+        RunnerConfig(data_dir=tmp_path, job_id="j", feeds=("https://e.org/" + "a" * (FEED_URL_MAX_LENGTH - 13),))
+    assert RunnerConfig(data_dir=tmp_path, job_id="j", feeds=("HTTPS://e.org/f",)).feeds == ("HTTPS://e.org/f",)

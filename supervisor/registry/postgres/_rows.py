@@ -209,9 +209,9 @@ class PostgresRows:
         job_id = uuid.uuid4().hex
         await self.conn.execute(
             "INSERT INTO jobs (job_id, kind, params, argv, status, created_at, coalesce_key, max_attempts, retry_of, "
-            "idempotency_key) VALUES ($1, $2, $3, $4, 'queued', $5, $6, $7, $8, $9)",
+            "idempotency_key, enqueued_by) VALUES ($1, $2, $3, $4, 'queued', $5, $6, $7, $8, $9, $10)",
             job_id, job.kind, json.dumps(dict(job.params), sort_keys=True), json.dumps(list(job.argv)), now,
-            job.coalesce_key, job.max_attempts, job.retry_of, job.idempotency_key,
+            job.coalesce_key, job.max_attempts, job.retry_of, job.idempotency_key, job.enqueued_by,
         )  # fmt: skip
         return job_id
 

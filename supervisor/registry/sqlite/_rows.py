@@ -113,9 +113,9 @@ class SqliteRows(LocalStore):
         job_id = uuid.uuid4().hex
         self.conn.execute(
             "INSERT INTO jobs (job_id, kind, params, argv, status, created_at, coalesce_key, max_attempts, retry_of, "
-            "idempotency_key) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?)",
+            "idempotency_key, enqueued_by) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?)",
             (job_id, job.kind, json.dumps(dict(job.params), sort_keys=True), json.dumps(list(job.argv)), to_iso(now),
-             job.coalesce_key, job.max_attempts, job.retry_of, job.idempotency_key),
+             job.coalesce_key, job.max_attempts, job.retry_of, job.idempotency_key, job.enqueued_by),
         )  # fmt: skip
         return job_id
 

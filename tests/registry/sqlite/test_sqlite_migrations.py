@@ -45,13 +45,14 @@ def columns(path: Path, table: str) -> list[str]:
 # -- from version 3 -----------------------------------------------------------------------------------------
 
 
-def test_this_code_is_schema_version_10() -> None:
-    """The migration tests below are from 3 to 9: a new migration needs its own test of the file before it."""
-    assert SCHEMA_VERSION == 10
+def test_this_code_is_schema_version_11() -> None:
+    """The migration tests below are from 3 to 10: a new migration needs its own test of the file before it."""
+    assert SCHEMA_VERSION == 11
 
 
 # What each migration from version 9 on added, undone: a file of the current version back to an earlier one's tables.
 UNDO = {
+    11: ("ALTER TABLE jobs DROP COLUMN enqueued_by", "ALTER TABLE jobs DROP COLUMN cancelled_by"),
     10: ("DROP TABLE idempotency_keys", "ALTER TABLE jobs DROP COLUMN idempotency_key"),
     9: ("DROP TABLE forgotten_hosts",),
     8: ("DROP TABLE fleet_settings",),
@@ -71,6 +72,24 @@ def back_to(path: Path, version: int) -> None:
         conn.close()
 
 
+async def test_a_version_10_file_gets_attribution_and_its_rows_name_no_one(path: Path) -> None:
+    """Version 11 (issue 41): a row written before attribution names no one; a new one names who asked."""
+    reg = await SqliteRegistry.open(path)
+    old, _ = await reg.enqueue(NewJob("k", {}, ["true"]))
+    await reg.aclose()
+    back_to(path, 10)
+    reg = await SqliteRegistry.open(path)
+    try:
+        assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+        before = await reg.get(old.job.job_id)
+        assert (before.enqueued_by, before.cancelled_by) == (None, None)
+        new, _ = await reg.enqueue(NewJob("k", {}, ["true"], enqueued_by="ci-bot"))
+        cancelled = await reg.request_cancel(new.job.job_id, by="ops")
+        assert (cancelled.job.enqueued_by, cancelled.job.cancelled_by) == ("ci-bot", "ops")
+    finally:
+        await reg.aclose()
+
+
 async def test_a_version_9_file_gets_idempotency_keys_and_its_rows_were_made_without_one(path: Path) -> None:
     """Version 10 (issue 35): a row written before keys existed has none; a keyed enqueue then answers once."""
     reg = await SqliteRegistry.open(path)
@@ -79,7 +98,7 @@ async def test_a_version_9_file_gets_idempotency_keys_and_its_rows_were_made_wit
     back_to(path, 9)
     reg = await SqliteRegistry.open(path)
     try:
-        assert raw(path, "SELECT version FROM schema_version") == [(10,)]
+        assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
         assert (await reg.get(old.job.job_id)).idempotency_key is None
         key = IdempotencyKey("k-1", "request", ttl_s=3600)
         first, _ = await reg.enqueue(NewJob("k", {}, ["true"]), key=key)
@@ -98,7 +117,7 @@ async def test_a_version_8_file_gets_the_forgotten_hosts_fence_with_its_hosts_in
     back_to(path, 8)
     reg = await SqliteRegistry.open(path)
     try:
-        assert raw(path, "SELECT version FROM schema_version") == [(10,)]
+        assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
         assert raw(path, "SELECT COUNT(*) FROM forgotten_hosts") == [(0,)]
         lease = await reg.renew_lease("h", "boot-h", lease_s=15, lead=False)
         assert lease.host.boot_id == "boot-h" and lease.replaced is None
@@ -115,7 +134,7 @@ async def test_a_version_7_file_gets_the_fleet_settings_table_with_nothing_recor
     try:
         setting = await reg.record_setting("max_concurrent", "3", "h", replace=False)
         assert (setting.value, setting.host_id) == ("3", "h")
-        assert raw(path, "SELECT version FROM schema_version") == [(10,)]
+        assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
     finally:
         await reg.aclose()
 
