@@ -1,7 +1,7 @@
 """The supervisor's command line. serve, check-config, migrate and token work on this machine's settings and files;
 the other commands talk HTTP to a running supervisor (PODCAST_JOB_URL, default http://127.0.0.1:8000), sending the
-token in PODCAST_JOB_API_TOKEN or PODCAST_JOB_API_TOKEN_FILE: the operator token, or one made by `supervisor token
-add`.
+token in PODCAST_JOB_API_TOKEN or PODCAST_JOB_API_TOKEN_FILE: the operator token, or one made by supervisor token
+add.
 
 Exit codes: 0 done; 1 the server answered with an error (its message is printed); 2 usage; 3 configuration
 (including a malformed PODCAST_JOB_URL); 4 the server could not be reached; 130 interrupted. wait adds the
@@ -870,7 +870,7 @@ def _add_client_commands(sub: Any) -> None:
         "retry",
         cmd_retry,
         "enqueue a finished job's kind and params again as a new job (its retry_of names the old one; "
-        "`show` lists a job's retries)",
+        "supervisor show lists a job's retries)",
     )
     p.add_argument("job_id")
     add("reconcile", cmd_reconcile, "operator reconcile: may mark live jobs past the wall-clock window stale")
@@ -882,7 +882,7 @@ def _add_client_commands(sub: Any) -> None:
     )
     p.add_argument("--dry-run", action="store_true", help="only list what would go; remove nothing")
     add("queue", cmd_queue, "show the queue's state")
-    p = add("hosts", cmd_hosts, "list the fleet's hosts; `hosts forget HOST`: end a lost host's running jobs")
+    p = add("hosts", cmd_hosts, "list the fleet's hosts; hosts forget HOST: end a lost host's running jobs")
     p.add_argument("action", nargs="?", choices=["list", "forget"], default="list")
     p.add_argument("host_id", nargs="?")
     add("pause", cmd_pause, "pause promotion (running jobs continue)")
@@ -920,14 +920,20 @@ def cmd_completion(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="supervisor", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="supervisor", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("--config", type=Path, default=None, help="a TOML file of settings (env vars win)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def local(name: str, help_text: str) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = sub.add_parser(
-            name, help=help_text, epilog=_epilog(name), formatter_class=argparse.RawDescriptionHelpFormatter
+            name,
+            help=help_text,
+            description=help_text,
+            epilog=_epilog(name),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         return p
 

@@ -221,6 +221,9 @@ def _convert(name: str, type_name: str, value: object) -> ParamValue:
     if type_name == "int":
         if isinstance(value, bool):
             raise bad("got a bool")
+        if isinstance(value, float) and value.is_integer():
+            # JSON has one number type: 427.0 is an integer to JSON Schema (and to the OpenAPI document), so here.
+            value = int(value)
         if isinstance(value, int):
             if not INT64_MIN <= value <= INT64_MAX:
                 raise bad(f"beyond a 64-bit integer ({INT64_MIN} to {INT64_MAX})")

@@ -46,7 +46,21 @@ FUZZ_KINDS: dict[str, dict[str, Any]] = {
     # The built-ins' names and params, doing nothing: the fuzzer's pipeline jobs must not fetch anything.
     "pipeline": {
         "argv": ["{python}", "-c", "pass", "{feed}", "{max_episodes}"],
-        "params": {"feed": "str", "max_episodes": {"type": "int", "default": 0}},
+        "params": {
+            "feed": {"type": "str", "format": "url", "max_length": 2048},
+            "max_episodes": {"type": "int", "default": 0, "min": 0, "max": 1_000_000},
+        },
+    },
+    # Every rule the document can state exactly (issue 41): a range across zero, int and str choices, a length.
+    # (A bounded float is not here: its text form, "2.5", cannot carry the bound in a pattern; see _openapi.)
+    "ruled": {
+        "argv": ["{python}", "-c", "pass", "{n}", "{pick}", "{mode}", "{note}"],
+        "params": {
+            "n": {"type": "int", "min": -50, "max": 1234},
+            "pick": {"type": "int", "choices": [-2, 0, 7], "default": 0},
+            "mode": {"type": "str", "choices": ["fast", "slow"]},
+            "note": {"type": "str", "max_length": 8, "default": ""},
+        },
     },
     "enrichment": {"argv": ["{python}", "-c", "pass"], "coalesce": True},
     # One param of each type, exiting at once.

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import structlog
+import trio
 from api_support import API_TOKEN, Harness, OpenHarness, wait_for_job
 
 from supervisor.api import ROUTES, Route
@@ -141,7 +142,7 @@ async def test_a_token_revoked_while_serving_is_refused_after_the_reload(
     status, body = await scoped.json("GET", "/api/queue", headers=good)
     assert (status, body["error"]["code"]) == (401, "unauthorized")
     # A file that cannot be parsed keeps the tokens in force.
-    tokens_path.write_text("[tokens.broken\n")
+    await trio.Path(tokens_path).write_text("[tokens.broken\n")
     with pytest.raises(Exception, match="not valid TOML"):
         scoped.credentials.load()
     assert (await scoped.client.get("/api/queue", headers=_headers(tokens, "read"))).status_code == 200
@@ -159,9 +160,7 @@ async def test_every_action_names_its_token_in_the_row_and_the_log_never_the_tok
         _, queued = await scoped.json("POST", "/api/jobs/batch", json={"jobs": [{"kind": "tidy"}]},
                                       headers=_headers(tokens, "operator"))  # fmt: skip
         queued_id = queued["jobs"][0]["job_id"]
-        _, cancelled = await scoped.json(
-            "POST", f"/api/jobs/{queued_id}/cancel", headers=_headers(tokens, "operator")
-        )
+        _, cancelled = await scoped.json("POST", f"/api/jobs/{queued_id}/cancel", headers=_headers(tokens, "operator"))
     row = await scoped.supervisor.get(answer["job_id"])
     assert (row.enqueued_by, row.cancelled_by) == ("enqueue-bot", None)
     assert (cancelled["enqueued_by"], cancelled["cancelled_by"], cancelled["status"]) == (

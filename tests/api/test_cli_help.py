@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,11 @@ VERBS = [
     "events",
     "wait",
     "completion",
+    "token",
+    "migrate",
+    "retry",
+    "prune",
+    "hosts",
 ]
 
 
@@ -48,6 +54,20 @@ def test_every_verb_s_help_ends_with_an_example(verb: str, capsys: pytest.Captur
     text = capsys.readouterr().out
     example = text.split("example:\n", 1)[1]
     assert f"supervisor {verb}" in example or "supervisor --config" in example, text
+
+
+def test_the_help_reads_as_plain_words(capsys: pytest.CaptureFixture[str]) -> None:
+    """No reStructuredText literals, Markdown code spans or the code's own module names in any help (issue 41)."""
+    texts = []
+    for argv in ([], *([verb] for verb in VERBS)):
+        with pytest.raises(SystemExit):
+            main([*argv, "--help"], environ={})
+        texts.append(capsys.readouterr().out)
+    for text in texts:
+        assert "``" not in text and "`" not in text, text
+        assert not re.search(r"(?<![/\w])_[a-z]+\b|supervisor\.(?!toml)[a-z]", text), text
+    # The top's paragraphs stay paragraphs: the exit codes start their own.
+    assert "\nExit codes: 0 done" in texts[0]
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -161,7 +161,9 @@ async def test_tokens_added_and_revoked_while_serving_take_effect_on_sighup(tmp_
             tokens_path.write_text("[tokens\n")
             process.send_signal(signal.SIGHUP)
             with trio.fail_after(START_LIMIT_S):
-                while "api_tokens_reload_failed" not in log_path.read_text():
+                while True:
+                    if "api_tokens_reload_failed" in await trio.Path(log_path).read_text():
+                        break
                     await trio.sleep(0.05)  # polling the server's log for the line, under the deadline above
             assert await status_with(reader) == 200
             tokens_path.write_text(good)

@@ -263,7 +263,7 @@ def test_the_coalescing_key_sees_the_defaults(tmp_path: Path) -> None:
         ('{ n = { type = "int", min = 9, max = 0 } }', "kind 'x': param 'n': min (9) is above max (0)"),
         ('{ n = { type = "int", min = 1.5 } }', "kind 'x': param 'n': min of an int param must be a whole number"),
         ('{ n = { type = "float", max = nan } }', "kind 'x': param 'n': max of a float param must be a finite"),
-        ('{ n = { type = "bool", min = 0 } }', "kind 'x': param 'n': min is not a rule of a bool param (its rules: none"),
+        ('{ n = { type = "bool", min = 0 } }', "param 'n': min is not a rule of a bool param (its rules: none"),
         ('{ n = { type = "str", min = 0 } }', "kind 'x': param 'n': min is not a rule of a str param"),
         ('{ n = { type = "int", format = "url" } }', "kind 'x': param 'n': format is not a rule of an int"[:-6]),
         ('{ n = { type = "float", choices = [1.0] } }', "kind 'x': param 'n': choices is not a rule of a float"),
@@ -469,8 +469,13 @@ def test_a_param_at_the_edge_of_its_rule_is_taken(tmp_path: Path, name: str, val
 def test_the_pipeline_kind_declares_what_the_runner_checks() -> None:
     """A pipeline job the runner would refuse (exit 2) is refused at enqueue instead (issue 41)."""
     pipeline = load_kinds(None).get("pipeline")
-    for bad in ({"feed": "notaurl"}, {"feed": "https://e.org/f", "max_episodes": -3},
-                {"feed": "https://e.org/f", "max_episodes": 1_000_001}, {"feed": "https://e.org/" + "a" * 2048}):  # fmt: skip
+    feed = "https://e.org/f"
+    for bad in (
+        {"feed": "notaurl"},
+        {"feed": feed, "max_episodes": -3},
+        {"feed": feed, "max_episodes": 1_000_001},
+        {"feed": "https://e.org/" + "a" * 2048},
+    ):
         with pytest.raises(ValidationError):
             pipeline.validate_params(bad)
     assert pipeline.validate_params({"feed": "https://e.org/f", "max_episodes": 1_000_000})["max_episodes"] == 10**6

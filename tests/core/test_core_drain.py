@@ -113,7 +113,7 @@ async def test_success_enqueues_the_follow_up_kind_and_failure_does_not(
     assert (await wait_terminal(sup, failing.job_id)).status is JobStatus.FAILED
     await wait_idle(sup)  # the monitor has finished everything it does after finalizing
     assert (await sup.list_jobs(kind="done"))[0] == []
-    ok = (await sup.enqueue("first", {"code": 0})).job
+    ok = (await sup.enqueue("first", {"code": 0}, by="ci-bot")).job
     assert (await wait_terminal(sup, ok.job_id)).status is JobStatus.SUCCEEDED
 
     async def follow_up_enqueued() -> list[Job] | None:  # the monitor enqueues it just after finalizing
@@ -121,6 +121,8 @@ async def test_success_enqueues_the_follow_up_kind_and_failure_does_not(
 
     follow_ups = await poll(follow_up_enqueued)
     assert len(follow_ups) == 1
+    # Whoever asked for the parent, the follow-up is the supervisor's own doing (ADR 0017).
+    assert (ok.enqueued_by, follow_ups[0].enqueued_by) == ("ci-bot", "supervisor")
     assert (await wait_terminal(sup, follow_ups[0].job_id)).status is JobStatus.SUCCEEDED
 
 

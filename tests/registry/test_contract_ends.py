@@ -301,3 +301,29 @@ async def test_the_token_ends_with_the_job(registry: Registry, how: str) -> None
     assert (await registry.get(job.job_id)).token_hash is None
     with pytest.raises(Unauthorized):
         await registry.check_job_token(job.job_id, "mine")
+
+
+# -- who asked (issue 41, ADR 0017) -----------------------------------------------------------------------------
+
+
+async def test_a_row_names_who_enqueued_it_and_who_first_asked_for_its_cancel(registry: Registry) -> None:
+    queued, _ = await registry.enqueue(NewJob("k", {"n": 1}, ["k"], enqueued_by="ci-bot"))
+    assert (queued.job.enqueued_by, queued.job.cancelled_by) == ("ci-bot", None)
+    change = await registry.request_cancel(queued.job.job_id, by="ops")
+    assert (change.job.status, change.job.enqueued_by, change.job.cancelled_by) == (
+        JobStatus.CANCELLED,
+        "ci-bot",
+        "ops",
+    )
+    # A running one: the first request names who asked; a second changes nothing, the name included.
+    job = await one_running(registry)
+    first = await registry.request_cancel(job.job_id, by="alice")
+    again = await registry.request_cancel(job.job_id, by="bob")
+    assert (first.changed, again.changed, again.job.cancelled_by) == (True, False, "alice")
+    ended, _ = await registry.finalize(job.job_id, KILLED)
+    assert (ended.job.status, ended.job.cancelled_by) == (JobStatus.CANCELLED, "alice")
+    # Cancelling a finished row names no one.
+    finished = await registry.request_cancel(job.job_id, by="carol")
+    assert (finished.changed, finished.job.cancelled_by) == (False, "alice")
+    listed, _ = await registry.list_jobs(limit=10)
+    assert {j.job_id: j.cancelled_by for j in listed}[queued.job.job_id] == "ops"

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from pipeline_runner import (
+    DEFAULT_PROCESSING_LOOP_BUDGET_S,
     FEED_URL_MAX_LENGTH,
     MAX_EPISODES,
-    DEFAULT_PROCESSING_LOOP_BUDGET_S,
     ConfigError,
     RunnerConfig,
     TransportTimeouts,
