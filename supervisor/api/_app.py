@@ -113,6 +113,7 @@ def create_app(
         needed = SCOPE_OF.get(request.endpoint or "")
         if needed is None:
             return  # the probes, and the heartbeat (which checks the job's own token)
+        # INV-LEAST-SCOPE (ADR 0017): a token of at least the route's declared scope, or nothing runs.
         caller = tokens.identify(bearer_token())
         if caller is None:
             raise Unauthorized("missing, unknown or revoked API token (Authorization: Bearer <token>)")
@@ -125,7 +126,7 @@ def create_app(
         if "request_id" in g:
             response.headers[REQUEST_ID_HEADER] = g.request_id
         if request.method not in _SAFE_METHODS and SCOPE_OF.get(request.endpoint or "") is not None:
-            # Every state-changing request says who sent it: the token's name, never the token (ADR 0017).
+            # INV-ACTION-ATTRIBUTED (ADR 0017): every state-changing request says who sent it, never the token.
             caller = g.get("caller")
             log.info(
                 "api_request",

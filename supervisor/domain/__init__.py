@@ -40,7 +40,16 @@ from ._idempotency import (
     follow_up_key,
     key_problem,
 )
-from ._kinds import JobKind, KindCatalog, builtin_kinds, coalesce_key, load_kinds, parse_kind
+from ._kinds import (
+    FEED_URL_MAX_LENGTH,
+    MAX_EPISODES,
+    JobKind,
+    KindCatalog,
+    builtin_kinds,
+    coalesce_key,
+    load_kinds,
+    parse_kind,
+)
 from ._model import (
     RESUBMITTED,
     TERMINAL,
@@ -87,9 +96,11 @@ from ._tokens import (
 __all__ = [
     "ANONYMOUS",
     "EXEC_MODES",
+    "FEED_URL_MAX_LENGTH",
     "FOLLOW_UP_PREFIX",
     "IDEMPOTENCY_KEY_HEADER",
     "KEY_SCHEMA",
+    "MAX_EPISODES",
     "OPERATOR",
     "REPLAYED_HEADER",
     "RESUBMITTED",

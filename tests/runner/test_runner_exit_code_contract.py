@@ -64,3 +64,13 @@ def test_a_polite_kill_is_terminated_and_started_again_while_a_crash_is_not() ->
     # The same code after a cancel this supervisor sent is the cancel, never a resubmission.
     cancelled = _ending("pipeline", pipeline_runner.EXIT_TERMINATED, cancel_asked=True)
     assert cancelled.outcome.status is JobStatus.CANCELLED and cancelled.retry is None
+
+
+def test_the_pipeline_kind_declares_the_bounds_the_runner_checks() -> None:
+    """Issue 41: a pipeline job the runner would refuse (exit 2, invalid_params) is refused at enqueue instead."""
+    from supervisor.domain import FEED_URL_MAX_LENGTH, MAX_EPISODES
+
+    assert (MAX_EPISODES, FEED_URL_MAX_LENGTH) == (pipeline_runner.MAX_EPISODES, pipeline_runner.FEED_URL_MAX_LENGTH)
+    rules = load_kinds(None).get("pipeline").param_rules
+    assert (rules["max_episodes"].min, rules["max_episodes"].max) == (0, pipeline_runner.MAX_EPISODES)
+    assert (rules["feed"].format, rules["feed"].max_length) == ("url", pipeline_runner.FEED_URL_MAX_LENGTH)
