@@ -68,6 +68,12 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         problems.extend(exc.problems)
     except KindsFileError as exc:
         problems.append(f"PODCAST_JOB_KINDS_FILE: {exc}")
+    named: int | None = None
+    if not problems:
+        try:
+            named = len(TokenFile(config.tokens_path).read())
+        except ConfigError as exc:
+            problems.extend(f"PODCAST_JOB_API_TOKENS_FILE: {problem}" for problem in exc.problems)
     if problems:
         for problem in problems:
             print(f"error: {problem}", file=sys.stderr)
@@ -76,6 +82,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     effective = config.describe()
     effective["kinds"] = kinds.names()
+    effective["api_tokens_file"] = str(config.tokens_path)  # where `token add` writes (the default resolved)
+    effective["api_tokens"] = named
     if config.exec_mode == "subprocess":  # where "auto" lands on this machine, for this data dir
         run_dirs = config.run_dirs()
         effective["run_dir_path"] = str(run_dirs[0]) if run_dirs else None

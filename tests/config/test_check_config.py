@@ -71,3 +71,15 @@ def test_serve_refuses_a_non_loopback_bind_without_a_token(env: dict[str, str]) 
     done = _run("serve", env=env)
     assert done.returncode == 3
     assert "PODCAST_JOB_API_TOKEN" in done.stderr
+
+
+def test_the_tokens_file_is_shown_resolved_and_a_broken_one_is_named(env: dict[str, str], tmp_path: Path) -> None:
+    done = _run("check-config", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    effective = json.loads(done.stdout)
+    assert (effective["api_tokens_file"], effective["api_tokens"]) == (str(tmp_path / ".viewer" / "api-tokens.toml"), 0)
+    (tmp_path / "tokens.toml").write_text('[tokens."a"]\nscope = "root"\n')
+    env["PODCAST_JOB_API_TOKENS_FILE"] = str(tmp_path / "tokens.toml")
+    done = _run("check-config", env=env)
+    assert done.returncode == 3
+    assert "PODCAST_JOB_API_TOKENS_FILE" in done.stderr and "token 'a'" in done.stderr
