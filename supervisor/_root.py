@@ -78,6 +78,10 @@ async def _reload_named_tokens(credentials: Credentials) -> None:
     except ConfigError as exc:
         log.error("api_tokens_reload_failed", path=str(path), error=str(exc), kept=f"{credentials.named} tokens")
         return
+    if credentials.removed:
+        # Fail closed: the named tokens are gone with their file; only the operator token (if set) still opens the API.
+        log.warning("api_tokens_file_removed", path=str(path), kept="no named token; the API still needs a token")
+        return
     log.info("api_tokens_reloaded", path=str(path), tokens=count, required=credentials.required)
 
 

@@ -223,6 +223,7 @@ class Credentials:
         self.tokens_file = tokens_file
         self._by_digest: dict[str, NamedToken] = {}
         self._file_seen = False
+        self.removed = False  # the last load found the file gone after it had existed
 
     @classmethod
     def from_config(cls, config: Config) -> Credentials:
@@ -230,12 +231,15 @@ class Credentials:
         return cls(ApiToken.from_config(config), TokenFile(config.tokens_path))
 
     def load(self) -> int:
-        """Read the tokens file (blocking); how many tokens it holds. ``ConfigError`` leaves the tokens as they were."""
+        """Read the tokens file (blocking); how many tokens it holds. ``ConfigError`` leaves the tokens as they were.
+        A file removed since it was read holds none: every named token is revoked, and the API stays closed."""
         if self.tokens_file is None:
             return 0
         tokens = self.tokens_file.read()
         self._by_digest = {t.sha256: t for t in tokens.values()}
-        self._file_seen = self._file_seen or self.tokens_file.exists()
+        exists = self.tokens_file.exists()
+        self.removed = self._file_seen and not exists
+        self._file_seen = self._file_seen or exists
         return len(tokens)
 
     @property

@@ -146,6 +146,11 @@ async def test_a_token_revoked_while_serving_is_refused_after_the_reload(
     with pytest.raises(Exception, match="not valid TOML"):
         scoped.credentials.load()
     assert (await scoped.client.get("/api/queue", headers=_headers(tokens, "read"))).status_code == 200
+    # A removed file revokes every named token, and the API stays closed: fail closed, never open.
+    await trio.Path(tokens_path).unlink()
+    assert scoped.credentials.load() == 0 and scoped.credentials.removed and scoped.credentials.required
+    for caller in ("read", "operator", "none"):
+        assert (await scoped.client.get("/api/queue", headers=_headers(tokens, caller))).status_code == 401
 
 
 async def test_every_action_names_its_token_in_the_row_and_the_log_never_the_token_INV_ACTION_ATTRIBUTED(
