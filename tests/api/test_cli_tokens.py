@@ -8,6 +8,7 @@ import functools
 import io
 import json
 import os
+import re
 import signal
 import stat
 import sys
@@ -18,6 +19,7 @@ import pytest
 import trio
 from test_cli_serve import START_LIMIT_S, cli_env, free_port, run_cli
 
+from supervisor.api import ROUTES
 from supervisor.cli import EXIT_CONFIG, EXIT_ERROR, EXIT_OK, EXIT_USAGE, main
 
 CLI_LIMIT_S = 20.0
@@ -145,6 +147,13 @@ async def test_tokens_added_and_revoked_while_serving_take_effect_on_sighup(tmp_
                 assert code == EXIT_ERROR and "needs a token of scope 'operator'" in err, (argv, err)
             code, _, err = await client_cli(env, adder, "pause")
             assert code == EXIT_ERROR and "token 'ci-bot' has scope 'enqueue'" in err
+            # And every state-changing route, as its declaration says (the table is the routes', not this test's).
+            for route in ROUTES:
+                if route.method == "POST" and route.scope is not None:
+                    path = re.sub(r"\{[^}]+\}", "0" * 32, route.path)
+                    answer = await client.post(f"{url}{path}", json={}, headers={"Authorization": f"Bearer {reader}"})
+                    assert answer.status_code == 403, (route.path, answer.text)
+                    assert answer.json()["error"]["code"] == "insufficient_scope"
 
             # The enqueue token's job carries its name; the read token can see it.
             code, out, err = await client_cli(env, adder, "enqueue", "enrichment", "--json")
@@ -188,7 +197,7 @@ async def test_tokens_added_and_revoked_while_serving_take_effect_on_sighup(tmp_
     assert adder not in logged and reader not in logged and "op-token" not in logged
     lines = [json.loads(line) for line in logged.splitlines()]
     enqueued = [e for e in lines if e.get("event") == "api_request" and e.get("path") == "/api/jobs"]
-    assert [(e["by"], e["status"]) for e in enqueued] == [("dashboard", 403), ("ci-bot", 202)]
+    assert [(e["by"], e["status"]) for e in enqueued] == [("dashboard", 403), ("dashboard", 403), ("ci-bot", 202)]
     cancelled = [e for e in lines if e.get("event") == "api_request" and e.get("path", "").endswith("/cancel")]
-    assert [e["by"] for e in cancelled] == ["dashboard", "operator"]
+    assert [e["by"] for e in cancelled] == ["dashboard", "dashboard", "operator"]
     assert os.environ.get("PODCAST_JOB_API_TOKEN") != "op-token"  # the test's own environment was not touched
