@@ -49,6 +49,10 @@ SWITCH_INTERVAL_S = 0.0005  # `serve` only: see cmd_serve
 ENV_URL = "PODCAST_JOB_URL"
 ENV_API_TOKEN = "PODCAST_JOB_API_TOKEN"
 ENV_API_TOKEN_FILE = "PODCAST_JOB_API_TOKEN_FILE"
+_TOKEN_HINT = (
+    f"set {ENV_API_TOKEN} (or {ENV_API_TOKEN_FILE}) to a token of the server: its operator token, or one that "
+    "supervisor token add made there (and the server took with a SIGHUP)"
+)
 # logs --follow: poll quickly while output flows, back off to at most FOLLOW_MAX_INTERVAL_S while it is quiet.
 FOLLOW_MIN_INTERVAL_S = 0.2
 FOLLOW_MAX_INTERVAL_S = 2.0
@@ -177,32 +181,32 @@ def cmd_token(args: argparse.Namespace) -> int:
     }
     wrong, why = usage[args.action]
     if wrong:
-        io.error(f"error: {why}")
+        io.error(why)
         return EXIT_USAGE
     try:
         config, _ = load_config(io.environ, config_file=args.config)
     except ConfigError as exc:
-        io.error(f"error: {exc}")
+        io.error(str(exc))
         return EXIT_CONFIG
     tokens = TokenFile(config.tokens_path)
     try:
         if args.action == "add":
             token = tokens.add(args.name, args.scope, utc_now())
             io.print(token)
-            io.error(
+            io.note(
                 f"added token {args.name!r} (scope {args.scope}) to {tokens.path}: it is shown this once, never "
                 "stored. A running supervisor takes it after a SIGHUP."
             )
             if config.api_token is None and args.scope != "operator":
                 operators = [t for t in tokens.read().values() if t.scope == "operator"]
                 if not operators:
-                    io.error(
+                    io.note(
                         "note: every route but health and metrics now needs a token, and no token has the operator "
                         "scope: add one (--scope operator) or set PODCAST_JOB_API_TOKEN"
                     )
         elif args.action == "revoke":
             gone = tokens.revoke(args.name)
-            io.error(f"revoked token {gone.name!r} (scope {gone.scope}); a running supervisor drops it after a SIGHUP")
+            io.note(f"revoked token {gone.name!r} (scope {gone.scope}); a running supervisor drops it after a SIGHUP")
         else:
             listed = sorted(tokens.read().values(), key=lambda t: t.name)
             if args.json:
@@ -212,12 +216,12 @@ def cmd_token(args: argparse.Namespace) -> int:
                 for t in listed:
                     io.print(f"{t.name:24} {t.scope:9} {to_iso(t.created_at)}")
                 if not listed:
-                    io.error(f"no named tokens in {tokens.path}")
+                    io.note(f"no named tokens in {tokens.path}")
     except ConfigError as exc:
-        io.error(f"error: {'; '.join(exc.problems)}")
+        io.error("; ".join(exc.problems))
         return EXIT_ERROR
     except OSError as exc:
-        io.error(f"error: {tokens.path}: {exc.strerror or exc}")
+        io.error(f"{tokens.path}: {exc.strerror or exc}")
         return EXIT_CONFIG
     return EXIT_OK
 
@@ -261,6 +265,10 @@ class _Io:
     def error(self, message: str) -> None:
         print(f"error: {message}", file=self.err)
 
+    def note(self, message: str) -> None:
+        """What a human reads and a script ignores: to stderr, as it is."""
+        print(message, file=self.err)
+
 
 ClientCommand = Callable[[Client, argparse.Namespace, _Io], int]
 
@@ -297,7 +305,7 @@ def _run_client(command: ClientCommand) -> Callable[[argparse.Namespace], int]:
         except ApiError as exc:
             io.error(exc.describe())
             if exc.status == 401:
-                io.error(f"set {ENV_API_TOKEN} (or {ENV_API_TOKEN_FILE}) to the server's API token")
+                io.error(_TOKEN_HINT)
             return EXIT_ERROR
         except Unreachable as exc:
             io.error(f"{exc}; is `supervisor serve` running there? (set {ENV_URL} to its address)")
@@ -328,7 +336,7 @@ def _leaf_exit(leaf: BaseException, io: _Io, args: argparse.Namespace) -> int:
     if isinstance(leaf, ApiError):
         io.error(leaf.describe())
         if leaf.status == 401:
-            io.error(f"set {ENV_API_TOKEN} (or {ENV_API_TOKEN_FILE}) to the server's API token")
+            io.error(_TOKEN_HINT)
         return EXIT_ERROR
     if isinstance(leaf, Unreachable):
         io.error(f"{leaf}; is `supervisor serve` running there? (set {ENV_URL} to its address)")

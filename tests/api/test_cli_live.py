@@ -156,13 +156,16 @@ async def server(tmp_path: Path) -> AsyncIterator[Server]:
     try:
         yield srv
     finally:
-        # Jobs outlive a supervisor: end what still runs, then stop it.
-        await srv.post("/api/queue/pause")
-        for job in (await srv.get("/api/jobs?status=running"))["jobs"]:
-            await srv.post(f"/api/jobs/{job['job_id']}/cancel")
-        for job in (await srv.get("/api/jobs?status=running"))["jobs"]:
-            await srv.until(job["job_id"], lambda row: row["status"] != "running")
-        await srv.stop()
+        try:
+            # Jobs outlive a supervisor: end what still runs, then stop it.
+            await srv.post("/api/queue/pause")
+            for job in (await srv.get("/api/jobs?status=running"))["jobs"]:
+                await srv.post(f"/api/jobs/{job['job_id']}/cancel")
+            for job in (await srv.get("/api/jobs?status=running"))["jobs"]:
+                await srv.until(job["job_id"], lambda row: row["status"] != "running")
+        finally:
+            # Even when the tidy-up fails (a server that answers errors): a server left running outlives the test.
+            await srv.stop()
 
 
 async def cli(server: Server, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

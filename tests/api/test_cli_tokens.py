@@ -45,7 +45,7 @@ def test_token_add_prints_the_token_once_alone_and_stores_only_its_digest(tmp_pa
     assert code == EXIT_OK, err
     token = out.strip()
     assert out == token + "\n" and token.startswith("pjs_") and len(token) > 40  # one line: a script captures it
-    assert "shown this once" in err and token not in err
+    assert err.startswith("added token 'ci.bot-1'") and "shown this once" in err and token not in err
     path = tmp_path / "data" / ".viewer" / "api-tokens.toml"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     text = path.read_text()
@@ -60,7 +60,7 @@ def test_token_add_prints_the_token_once_alone_and_stores_only_its_digest(tmp_pa
 
     # A second token of that name is refused, and the first is left as it was.
     code, out, err = token_cli(env, "add", "ci.bot-1", "--scope", "operator")
-    assert (code, out) == (EXIT_ERROR, "") and "exists already" in err
+    assert (code, out) == (EXIT_ERROR, "") and err.startswith("error: a token named 'ci.bot-1' exists already")
     assert path.read_text() == text
     code, _, err = token_cli(env, "revoke", "ci.bot-1")
     assert code == EXIT_OK and "revoked token 'ci.bot-1'" in err
