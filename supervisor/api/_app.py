@@ -113,6 +113,8 @@ def create_app(
         needed = SCOPE_OF.get(request.endpoint or "")
         if needed is None:
             return  # the probes, and the heartbeat (which checks the job's own token)
+        if request.method == "OPTIONS":
+            needed = "read"  # which methods a route takes (Allow) changes nothing: any valid token may ask
         # INV-LEAST-SCOPE (ADR 0017): a token of at least the route's declared scope, or nothing runs.
         caller = tokens.identify(bearer_token())
         if caller is None:

@@ -121,6 +121,12 @@ async def test_each_route_answers_each_caller_as_its_declared_scope_says_INV_LEA
     counts = await sup.registry.counts()
     assert (counts["running"], counts["queued"], sum(counts.values())) == (1, 1, 2)
 
+    # OPTIONS (which methods a route takes) changes nothing: a read token may ask it of every route, none may not.
+    for route in SCOPED_ROUTES:
+        path, _ = _request(route, waiting.job_id)
+        asked = await scoped.client.open(path, method="OPTIONS", headers=_headers(tokens, "read"))
+        assert asked.status_code == 200 and route.method in asked.headers["Allow"], route.path
+        assert (await scoped.client.open(path, method="OPTIONS")).status_code == 401
     for route in SCOPED_ROUTES:
         for caller in SCOPES:
             if expected(route, caller) is not None:
