@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import socket
 import sqlite3
 import subprocess
@@ -15,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
+from serve_process import serve_process, stop  # type: ignore[import-not-found]
 
 from supervisor import SqliteRegistry
 from supervisor.api import HttpLimits
@@ -63,11 +63,7 @@ async def test_serve_refuses_a_non_loopback_bind_without_a_token(tmp_path: Path)
 async def test_serve_answers_the_cli_and_exits_0_on_sigterm(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     env = cli_env(tmp_path, PODCAST_JOB_BIND=url.removeprefix("http://"), PODCAST_JOB_URL=url)
-    with (tmp_path / "serve.log").open("wb") as log:
-        process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "supervisor", "serve"], env=env, cwd=tmp_path, stdout=log, stderr=log
-        )
-    try:
+    async with serve_process(env, tmp_path, tmp_path / "serve.log") as process:
         async with httpx.AsyncClient(timeout=5.0) as client:
             with trio.fail_after(START_LIMIT_S):
                 while True:
@@ -82,14 +78,7 @@ async def test_serve_answers_the_cli_and_exits_0_on_sigterm(tmp_path: Path) -> N
         assert listed.returncode == EXIT_OK, listed.stderr
         assert listed.stdout.startswith(b"{")
 
-        process.send_signal(signal.SIGTERM)
-        with trio.fail_after(GRACEFUL_TIMEOUT_S + 5):
-            assert await process.wait() == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            with trio.CancelScope(shield=True):
-                await process.wait()
+        assert await stop(process, GRACEFUL_TIMEOUT_S + 5) == 0
     output = (tmp_path / "serve.log").read_text()
     assert "supervisor_stopped" in output
     # Everything the server process wrote is one JSON object per line (a log pipeline's contract).
@@ -141,11 +130,7 @@ async def test_serve_runs_docker_mode_and_pins_it_in_its_start_line_and_health(t
         PODCAST_JOB_HEARTBEAT_BASE_URL="http://supervisor.example:8000/",
         DOCKER_HOST="unix:///nonexistent/docker.sock",
     )
-    with (tmp_path / "serve.log").open("wb") as log:
-        process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "supervisor", "serve"], env=env, cwd=tmp_path, stdout=log, stderr=log
-        )
-    try:
+    async with serve_process(env, tmp_path, tmp_path / "serve.log") as process:
         async with httpx.AsyncClient(timeout=5.0) as client:
             with trio.fail_after(START_LIMIT_S):
                 while True:
@@ -155,14 +140,7 @@ async def test_serve_runs_docker_mode_and_pins_it_in_its_start_line_and_health(t
                     except httpx.ConnectError:
                         await trio.sleep(0.05)  # polling for the server to come up, under the deadline above
         assert health.json()["exec_mode"] == "docker"
-        process.send_signal(signal.SIGTERM)
-        with trio.fail_after(GRACEFUL_TIMEOUT_S + 5):
-            assert await process.wait() == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            with trio.CancelScope(shield=True):
-                await process.wait()
+        assert await stop(process, GRACEFUL_TIMEOUT_S + 5) == 0
     lines = [json.loads(line) for line in (tmp_path / "serve.log").read_text().splitlines() if line.startswith("{")]
     [started] = [line for line in lines if line["event"] == "supervisor_started"]
     assert (started["exec_mode"], started["url"], started["heartbeat_base_url"]) == (

@@ -11,12 +11,12 @@ import os
 import re
 import signal
 import stat
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 import trio
+from serve_process import serve_process, stop  # type: ignore[import-not-found]
 from test_cli_serve import START_LIMIT_S, cli_env, free_port, run_cli
 
 from supervisor.api import ROUTES
@@ -109,11 +109,7 @@ async def test_tokens_added_and_revoked_while_serving_take_effect_on_sighup(tmp_
     )
     tokens_path = tmp_path / "data" / ".viewer" / "api-tokens.toml"
     log_path = tmp_path / "serve.log"
-    with log_path.open("wb") as log:
-        process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "supervisor", "serve"], env=env, cwd=tmp_path, stdout=log, stderr=log
-        )
-    try:
+    async with serve_process(env, tmp_path, log_path) as process:
         async with httpx.AsyncClient(timeout=5.0) as client:
 
             async def status_with(token: str) -> int:
@@ -183,14 +179,7 @@ async def test_tokens_added_and_revoked_while_serving_take_effect_on_sighup(tmp_
             await until_status(reader, 401)
             assert await status_with(adder) == 200
 
-        process.send_signal(signal.SIGTERM)
-        with trio.fail_after(30):
-            assert await process.wait() == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            with trio.CancelScope(shield=True):
-                await process.wait()
+        assert await stop(process, 30) == 0
     text = tokens_path.read_text()
     assert adder not in text and reader not in text
     logged = log_path.read_text()

@@ -4,7 +4,6 @@ a job runs to ``succeeded`` and its row is in the database, not in a SQLite file
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -16,6 +15,7 @@ import trio
 import trio_asyncio
 from pg_helpers import free_port, sql
 from registry_helpers import postgres_test_url
+from serve_process import serve_process, stop  # type: ignore[import-not-found]
 
 from supervisor.registry.postgres import SCHEMA_VERSION
 
@@ -44,11 +44,7 @@ async def test_serve_on_postgresql_runs_a_job_to_succeeded(tmp_path: Path) -> No
     async with trio_asyncio.open_loop():
         await trio_asyncio.aio_as_trio(sql)(f'CREATE SCHEMA "{schema}"')
         try:
-            with (tmp_path / "serve.log").open("wb") as log:
-                process = await trio.lowlevel.open_process(
-                    [sys.executable, "-m", "supervisor", "serve"], env=env, cwd=tmp_path, stdout=log, stderr=log
-                )
-            try:
+            async with serve_process(env, tmp_path, tmp_path / "serve.log") as process:
                 async with httpx.AsyncClient(base_url=url, timeout=5.0) as client:
                     with trio.fail_after(LIMIT_S):
                         while True:
@@ -67,14 +63,7 @@ async def test_serve_on_postgresql_runs_a_job_to_succeeded(tmp_path: Path) -> No
                                 break
                             await trio.sleep(0.05)  # polling for the job's end, under the deadline above
                 assert (job["status"], job["exit_code"]) == ("succeeded", 0), job
-                process.send_signal(signal.SIGTERM)
-                with trio.fail_after(LIMIT_S):
-                    assert await process.wait() == 0
-            finally:
-                if process.returncode is None:
-                    process.kill()
-                    with trio.CancelScope(shield=True):
-                        await process.wait()
+                assert await stop(process, LIMIT_S) == 0
             rows = await trio_asyncio.aio_as_trio(sql)(f'SELECT job_id, status FROM "{schema}".jobs')
             assert [(r["job_id"], r["status"]) for r in rows] == [(job_id, "succeeded")]
             assert not (tmp_path / "data" / ".viewer" / "jobs.sqlite3").exists()
@@ -122,9 +111,7 @@ async def test_supervisor_migrate_brings_a_fresh_schema_up_to_date_and_says_so(t
 
 
 @pytest.mark.parametrize("case", ["unreachable", "wrong_credentials", "newer"])
-async def test_a_database_that_cannot_be_opened_ends_serve_in_one_line_with_exit_3(
-    tmp_path: Path, case: str
-) -> None:
+async def test_a_database_that_cannot_be_opened_ends_serve_in_one_line_with_exit_3(tmp_path: Path, case: str) -> None:
     """Issue 39: unreachable, refused credentials, or a schema a newer supervisor migrated (a downgrade)."""
     dsn = postgres_test_url()
     assert dsn is not None

@@ -1,0 +1,35 @@
+"""``supervisor serve`` as a real process for end-to-end tests: started with its output in a log file, stopped
+gracefully by the test (``stop``), and killed on the way out whatever happened, so no server outlives its test."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import trio
+
+
+@asynccontextmanager
+async def serve_process(env: dict[str, str], cwd: Path, log_path: Path) -> AsyncIterator[trio.Process]:
+    """``supervisor serve`` with ``env``, in ``cwd``, its stdout and stderr to ``log_path``."""
+    with log_path.open("wb") as log:
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "supervisor", "serve"], env=env, cwd=cwd, stdout=log, stderr=log
+        )
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            process.kill()
+            with trio.CancelScope(shield=True):
+                await process.wait()
+
+
+async def stop(process: trio.Process, limit_s: float) -> int:
+    """SIGTERM, as an operator's stop; the exit code, within ``limit_s``."""
+    process.send_signal(signal.SIGTERM)
+    with trio.fail_after(limit_s):
+        return await process.wait()
