@@ -8,6 +8,7 @@ changes anything.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -185,6 +186,12 @@ async def test_every_action_names_its_token_in_the_row_and_the_log_never_the_tok
     ]
     text = repr(logs)
     assert not any(token in text for token in tokens.values())
+    # The events (the webhook's bodies) carry the row, so they carry who asked.
+    stream = await scoped.client.get("/api/events?backlog=true&follow=false", headers=_headers(tokens, "read"))
+    bodies = [json.loads(line[len("data: ") :]) for line in (await stream.get_data(as_text=True)).splitlines()
+              if line.startswith("data: ")]  # fmt: skip
+    cancel = [b for b in bodies if b["job"]["job_id"] == queued_id and b["job"]["status"] == "cancelled"]
+    assert [(b["job"]["enqueued_by"], b["job"]["cancelled_by"]) for b in cancel] == [("operator-bot", "operator-bot")]
 
 
 async def test_the_operator_token_acts_as_operator_and_a_server_without_tokens_as_anonymous(
