@@ -4,8 +4,8 @@ token in PODCAST_JOB_API_TOKEN or PODCAST_JOB_API_TOKEN_FILE: the operator token
 add.
 
 Exit codes: 0 done; 1 the server answered with an error (its message is printed); 2 usage; 3 configuration
-(including a malformed PODCAST_JOB_URL); 4 the server could not be reached; 130 interrupted. wait adds the
-outcome's: 10 failed, 11 cancelled, 12 stale, 124 the timeout passed.
+(including a malformed PODCAST_JOB_URL); 4 the server could not be reached; 130 interrupted; 141 the reader of
+its output went away. wait adds the outcome's: 10 failed, 11 cancelled, 12 stale, 124 the timeout passed.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ EXIT_USAGE = 2
 EXIT_CONFIG = 3
 EXIT_UNREACHABLE = 4
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a command whose reader went away
 SWITCH_INTERVAL_S = 0.0005  # `serve` only: see cmd_serve
 
 ENV_URL = "PODCAST_JOB_URL"
@@ -997,7 +998,14 @@ def main(
         argcomplete.autocomplete(parser)
     args = parser.parse_args(argv)
     args.io = _Io(os.environ if environ is None else environ, stdout or sys.stdout, stderr or sys.stderr)
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+    except BrokenPipeError:
+        # The reader went away (`supervisor jobs --json | head -1`): stop quietly, as a tool SIGPIPE stops does,
+        # and point stdout at /dev/null so that the interpreter's last flush has nowhere to fail either.
+        if stdout is None:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     return code
 
 

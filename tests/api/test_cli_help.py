@@ -101,3 +101,23 @@ def test_completion_completes_verbs_and_options_of_the_real_command(tmp_path: Pa
     )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "completions").read_text().split("\n") == ["wait "]
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly_with_141() -> None:
+    """``supervisor ... | head -1``: before, a BrokenPipeError traceback on stderr; now exit 141 and nothing said."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PODCAST_")}, "PYTHONPATH": str(REPO_ROOT)}
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the command writes a byte
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "supervisor", "check-config", "--json"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert done.stderr == b"", done.stderr.decode()
+    assert done.returncode == 141
