@@ -445,9 +445,9 @@ SETTINGS: tuple[Setting, ...] = (
         default="`<data dir>/.viewer/api-tokens.toml`",
         rule="unreadable or invalid at start → **error**; at a SIGHUP → the tokens in force are kept",
         help=(
-            "the named API tokens with their scopes (`read`, `enqueue`, `operator`), kept as SHA-256 digests only and "
-            "managed with `supervisor token add|list|revoke`; re-read on SIGHUP. Once it exists, or the operator token "
-            "is set, every route but health, metrics and the heartbeat needs a token (security.md)"
+            "the named API tokens with their scopes (`read`, `enqueue`, `operator`), kept as SHA-256 digests only "
+            "and managed with `supervisor token` (add, list, revoke); re-read on SIGHUP. Once it exists, or the "
+            "operator token is set, every route but health, metrics and the heartbeat needs a token (security.md)"
         ),
     ),
     Setting(
