@@ -9,6 +9,7 @@ from ._budget import CostLedger, Reservation
 from ._config import (
     DEFAULT_PROCESSING_LOOP_BUDGET_S,
     FEED_URL_MAX_LENGTH,
+    HTTP_URL_PATTERN,
     MAX_EPISODES,
     PROCESSING_LOOP_BUDGET_ENV,
     HeartbeatConfig,
@@ -72,6 +73,7 @@ __all__ = [
     "EXIT_TRANSIENT",
     "EXIT_USAGE",
     "FEED_URL_MAX_LENGTH",
+    "HTTP_URL_PATTERN",
     "MAX_EPISODES",
     "PROCESSING_LOOP_BUDGET_ENV",
     "REASON_ALL_FEEDS_FAILED",

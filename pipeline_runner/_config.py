@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import re
 import tomllib
 from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
@@ -32,6 +33,15 @@ MAX_EPISODES: Final = 1_000_000
 """The most episodes one run may be asked for (0: all); the supervisor's ``pipeline`` kind declares the same bound."""
 FEED_URL_MAX_LENGTH: Final = 2048
 """The longest feed URL a run takes; the supervisor's ``pipeline`` kind declares the same bound."""
+HTTP_URL_PATTERN: Final = (
+    r"[Hh][Tt][Tt][Pp][Ss]?://(?:[^\x00-\x20\x7f/?#@\[\]]+@)?"
+    r"(?:\[[0-9A-Fa-f:.]+\]|[^\x00-\x20\x7f/?#@:\[\]]+)(?::[0-9]{1,5})?(?:[/?#][^\x00-\x20\x7f]*)?"
+)
+"""What a run takes as a feed (or transcription) URL: http or https, a host, no space or control character. The
+supervisor's ``format = "url"`` is this very pattern (a contract test holds the two equal), so a job the runner would
+refuse for its URL is refused at enqueue instead. A URL that matches but that the HTTP client still cannot use (an
+invalid IDNA host, a bad IPv6 literal) fails as that feed's fetch, not as a usage error."""
+_HTTP_URL = re.compile(HTTP_URL_PATTERN)
 PROCESSING_LOOP_BUDGET_KEY: Final = "processing_loop_budget_seconds"
 
 
@@ -46,10 +56,7 @@ def _require_non_negative_finite(name: str, value: float) -> None:
 
 
 def _is_http_url(url: str) -> bool:
-    try:
-        return url.lower().startswith(("http://", "https://")) and bool(httpx.URL(url).host)
-    except httpx.InvalidURL:
-        return False
+    return _HTTP_URL.fullmatch(url) is not None
 
 
 def _require_positive_int(name: str, value: int) -> None:

@@ -89,7 +89,7 @@ class HttpSources:
                 return FeedDocument(body=bytes(body), final_url=str(response.url))
         except httpx.TimeoutException as exc:
             raise FeedFetchError(url, f"transport timeout ({type(exc).__name__})", transient=True) from exc
-        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        except (httpx.HTTPError, httpx.InvalidURL, UnicodeError) as exc:  # UnicodeError: a bad IDNA host
             reason = f"transport error ({type(exc).__name__}: {exc})"
             raise FeedFetchError(url, reason, transient=isinstance(exc, _TRANSPORT_MAY_PASS)) from exc
 
@@ -105,7 +105,7 @@ class HttpSources:
                 return await self._stream_to_file(response, dest, max_bytes)
         except httpx.TimeoutException as exc:
             raise DownloadError(f"enclosure transport timeout ({type(exc).__name__})") from exc
-        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        except (httpx.HTTPError, httpx.InvalidURL, UnicodeError) as exc:  # UnicodeError: a bad IDNA host
             raise DownloadError(f"enclosure transport error ({type(exc).__name__}: {exc})") from exc
 
     async def _stream_to_file(self, response: httpx.Response, dest: Path, max_bytes: int) -> int:
@@ -145,7 +145,7 @@ class HttpSources:
             )
         except httpx.TimeoutException as exc:
             raise TranscriptionError(f"transcription transport timeout ({type(exc).__name__})") from exc
-        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        except (httpx.HTTPError, httpx.InvalidURL, UnicodeError) as exc:  # UnicodeError: a bad IDNA host
             raise TranscriptionError(f"transcription transport error ({type(exc).__name__}: {exc})") from exc
         finally:
             # Close the generator here, in this task, rather than leaving it to the garbage collector.

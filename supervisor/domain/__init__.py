@@ -67,7 +67,7 @@ from ._model import (
     to_iso,
     utc_now,
 )
-from ._params import ParamRule
+from ._params import URL_PATTERN, ParamRule
 from ._settings import (
     EXEC_MODES,
     SETTINGS,
@@ -110,6 +110,7 @@ __all__ = [
     "SUPERVISOR",
     "TERMINAL",
     "TRANSITIONS",
+    "URL_PATTERN",
     "ApiToken",
     "Attempt",
     "BodyTooLarge",

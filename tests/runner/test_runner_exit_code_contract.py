@@ -68,9 +68,11 @@ def test_a_polite_kill_is_terminated_and_started_again_while_a_crash_is_not() ->
 
 def test_the_pipeline_kind_declares_the_bounds_the_runner_checks() -> None:
     """Issue 41: a pipeline job the runner would refuse (exit 2, invalid_params) is refused at enqueue instead."""
-    from supervisor.domain import FEED_URL_MAX_LENGTH, MAX_EPISODES
+    from supervisor.domain import FEED_URL_MAX_LENGTH, MAX_EPISODES, URL_PATTERN
 
     assert (MAX_EPISODES, FEED_URL_MAX_LENGTH) == (pipeline_runner.MAX_EPISODES, pipeline_runner.FEED_URL_MAX_LENGTH)
+    # The very pattern both sides check a URL with: what one refuses, the other refuses.
+    assert URL_PATTERN == pipeline_runner.HTTP_URL_PATTERN
     rules = load_kinds(None).get("pipeline").param_rules
     assert (rules["max_episodes"].min, rules["max_episodes"].max) == (0, pipeline_runner.MAX_EPISODES)
     assert (rules["feed"].format, rules["feed"].max_length) == ("url", pipeline_runner.FEED_URL_MAX_LENGTH)

@@ -156,3 +156,22 @@ async def test_transient_failures_do_not_matter_when_a_feed_was_read(autojump_cl
     run, code = await run_feeds(tmp_path, {"503": TRANSIENT["503"], "ok": fake_ok(rss([]))})
     assert code == EXIT_OK
     assert run.feeds_ok == 1 and run.feeds_failed[0]["transient"] is True
+
+
+@pytest.mark.parametrize("url", ["http://xn--zz.example/feed.xml", "http://[ff]/feed.xml", "http://ä..example/feed"])
+async def test_a_url_the_http_client_cannot_use_fails_as_its_feed_not_as_a_crash(
+    autojump_clock: MockClock, tmp_path: Path, url: str
+) -> None:
+    """It matches the URL rule the runner and the supervisor share (so it was queued), but httpx refuses its host (an
+    invalid IDNA label, a bad IPv6 literal): that feed failed, for good (exit 3), never a crash (exit 1)."""
+    cfg = RunnerConfig(data_dir=tmp_path, job_id="job-1", feeds=(url,), episode_budget_s=60.0)
+    run = PipelineRun(
+        cfg,
+        events=EventSink(cfg.job_id, write_line=None),
+        heartbeat=Heartbeat(HeartbeatConfig()),
+        transport=FakeNet().transport(),
+    )
+    outcome = await run.run()
+    [failed] = run.feeds_failed
+    assert failed["transient"] is False, failed
+    assert outcome.exit_code == EXIT_ALL_FEEDS_FAILED
