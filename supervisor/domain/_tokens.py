@@ -244,7 +244,8 @@ class Credentials:
 
     @property
     def required(self) -> bool:
-        """A token is needed: the operator token is set, or the tokens file has existed (even if emptied since)."""
+        """A token is needed: the operator token is set, or the tokens file has existed since this server started
+        (even if emptied or removed since)."""
         return self.operator.current is not None or self._file_seen
 
     @property
