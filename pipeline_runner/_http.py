@@ -41,6 +41,9 @@ def open_client(timeouts: TransportTimeouts, *, transport: httpx.AsyncBaseTransp
 # connection broke (reset, closed mid-response). Not here: an unsupported scheme, too many redirects, undecodable
 # content -- each says something about the feed's address or its bytes, and trying again later changes nothing.
 _TRANSPORT_MAY_PASS = (httpx.NetworkError, httpx.RemoteProtocolError)
+# What a request can fail with besides a timeout: httpx's own errors, and a host its URL parsing refuses outside them
+# (an invalid IDNA label raises idna's IDNAError, a UnicodeError).
+_REQUEST_FAILED = (httpx.HTTPError, httpx.InvalidURL, UnicodeError)
 
 
 def _status_may_pass(status: int) -> bool:
@@ -89,7 +92,7 @@ class HttpSources:
                 return FeedDocument(body=bytes(body), final_url=str(response.url))
         except httpx.TimeoutException as exc:
             raise FeedFetchError(url, f"transport timeout ({type(exc).__name__})", transient=True) from exc
-        except (httpx.HTTPError, httpx.InvalidURL, UnicodeError) as exc:  # UnicodeError: a bad IDNA host
+        except _REQUEST_FAILED as exc:
             reason = f"transport error ({type(exc).__name__}: {exc})"
             raise FeedFetchError(url, reason, transient=isinstance(exc, _TRANSPORT_MAY_PASS)) from exc
 
@@ -105,7 +108,7 @@ class HttpSources:
                 return await self._stream_to_file(response, dest, max_bytes)
         except httpx.TimeoutException as exc:
             raise DownloadError(f"enclosure transport timeout ({type(exc).__name__})") from exc
-        except (httpx.HTTPError, httpx.InvalidURL, UnicodeError) as exc:  # UnicodeError: a bad IDNA host
+        except _REQUEST_FAILED as exc:
             raise DownloadError(f"enclosure transport error ({type(exc).__name__}: {exc})") from exc
 
     async def _stream_to_file(self, response: httpx.Response, dest: Path, max_bytes: int) -> int:
@@ -145,7 +148,7 @@ class HttpSources:
             )
         except httpx.TimeoutException as exc:
             raise TranscriptionError(f"transcription transport timeout ({type(exc).__name__})") from exc
-        except (httpx.HTTPError, httpx.InvalidURL, UnicodeError) as exc:  # UnicodeError: a bad IDNA host
+        except _REQUEST_FAILED as exc:
             raise TranscriptionError(f"transcription transport error ({type(exc).__name__}: {exc})") from exc
         finally:
             # Close the generator here, in this task, rather than leaving it to the garbage collector.

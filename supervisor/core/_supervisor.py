@@ -55,7 +55,7 @@ from ._wakeups import WakeupListener
 
 log = get_logger()
 
-# The shapes of the request-facing methods' arguments: an Idempotency-Key, and who asks (an API token's name).
+# The request-facing methods' types: an Idempotency-Key, who asks (an API token's name), what an enqueue answers.
 Key = str | None
 By = str | None
 Enqueued = EnqueueResult

@@ -20,7 +20,7 @@ import trio
 from api_support import API_TOKEN, Harness, OpenHarness, wait_for_job
 
 from supervisor.api import ROUTES, Route
-from supervisor.domain import SCOPES, TokenFile, scope_allows, utc_now
+from supervisor.domain import SCOPES, ConfigError, TokenFile, scope_allows, utc_now
 
 CALLERS = ("none", "unknown", "revoked", *SCOPES)
 
@@ -142,20 +142,22 @@ async def test_a_token_revoked_while_serving_is_refused_after_the_reload(
 ) -> None:
     good = _headers(tokens, "enqueue")
     assert (await scoped.client.get("/api/queue", headers=good)).status_code == 200
-    TokenFile(tokens_path).revoke("enqueue-bot")
+    await trio.to_thread.run_sync(TokenFile(tokens_path).revoke, "enqueue-bot")
     assert (await scoped.client.get("/api/queue", headers=good)).status_code == 200  # in force until the reload
-    assert scoped.credentials is not None
-    scoped.credentials.load()
+    credentials = scoped.credentials
+    assert credentials is not None
+    await trio.to_thread.run_sync(credentials.load)  # what a SIGHUP does
     status, body = await scoped.json("GET", "/api/queue", headers=good)
     assert (status, body["error"]["code"]) == (401, "unauthorized")
     # A file that cannot be parsed keeps the tokens in force.
     await trio.Path(tokens_path).write_text("[tokens.broken\n")
-    with pytest.raises(Exception, match="not valid TOML"):
-        scoped.credentials.load()
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        await trio.to_thread.run_sync(credentials.load)
     assert (await scoped.client.get("/api/queue", headers=_headers(tokens, "read"))).status_code == 200
     # A removed file revokes every named token, and the API stays closed: fail closed, never open.
     await trio.Path(tokens_path).unlink()
-    assert scoped.credentials.load() == 0 and scoped.credentials.removed and scoped.credentials.required
+    assert await trio.to_thread.run_sync(credentials.load) == 0
+    assert credentials.removed and credentials.required
     for caller in ("read", "operator", "none"):
         assert (await scoped.client.get("/api/queue", headers=_headers(tokens, caller))).status_code == 401
 
