@@ -1,10 +1,6 @@
-"""The registry's rules, written once: every change a registry makes is decided here, over a ``Store``.
-
-A ``Store`` is one transaction's view of a backend: it reads rows (locking them where its backend locks), counts,
-selects the next ready rows, inserts, applies a change to a row, writes an event, sends a wake-up -- in domain
-types, never deciding anything. Each backend's store is only its SQL (``sqlite/_rows.py``: SQLite in its worker
-thread, inside the group commit of ``sqlite/_store.py``; ``postgres/_rows.py``: asyncpg through trio-asyncio) or
-its dicts (``memory.py``). The ``Rules`` decide: enqueue and coalescing, promotion into free slots under the
+"""The registry's rules, written once: every change a registry makes is decided here, over a ``Store``
+(``_tables``: the narrow port -- select, count, insert, put, update, delete, lock, notify -- that each backend is
+only the SQL or the dicts of). The ``Rules`` decide: enqueue and coalescing, promotion into free slots under the
 fleet-wide and per-host limits, identity records, the end of a job and its resubmission, requeue, cancel, heartbeats
 and progress, absence flags, the pause, leases and the lead, forget, retention, the outbox's events.
 
@@ -17,11 +13,11 @@ group commit, in a worker thread, with no thread hop per statement. (The same ru
 from __future__ import annotations
 
 import hmac
+import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ..domain import (
     RESUBMITTED,
@@ -36,15 +32,12 @@ from ..domain import (
     JobStatus,
     RequestError,
     Unauthorized,
-    ValidationError,
     check_transition,
-    key_problem,
 )
 from ..domain._model import Attempt, hash_token, to_iso
+from . import _tables as tables
 from ._protocol import (
     BACK_IN_QUEUE,
-    CURSOR_PATTERN,
-    MAX_LIST_LIMIT,
     WAKE_CANCEL,
     WAKE_FREED,
     WAKE_PAUSE,
@@ -59,18 +52,17 @@ from ._protocol import (
     IdentityClaim,
     Lease,
     NewJob,
-    OutboxEvent,
     Outcome,
     PauseState,
     PromoteRequest,
     Promotion,
     PrunedJob,
     PruneResult,
-    Receipt,
     Wakeup,
     check_prune,
     log_name,
 )
+from ._tables import JOBS, OUTBOX, QUEUED, Store, Where, stored
 
 T = TypeVar("T")
 
@@ -83,99 +75,6 @@ def run_now(step: Coroutine[Any, Any, T]) -> T:
         return done.value
     step.close()
     raise RuntimeError("a store that answers at once suspended")
-
-
-@dataclass(frozen=True)
-class Page:
-    """A validated page request of ``list_jobs``: rows before ``before`` (their ``seq``), newest first."""
-
-    status: str | None
-    kind: str | None
-    limit: int
-    before: int | None
-    idempotency_key: str | None = None  # only the jobs a live key answered
-
-    @classmethod
-    def of(
-        cls, status: str | None, kind: str | None, limit: int, cursor: str | None, idempotency_key: str | None = None
-    ) -> Page:
-        """A bad status, limit, cursor or key is a ``ValidationError`` naming it."""
-        if status is not None and status not in {s.value for s in JobStatus}:
-            raise ValidationError(f"unknown status {status!r}", field="status")
-        if not 1 <= limit <= MAX_LIST_LIMIT:
-            raise ValidationError(f"limit must be between 1 and {MAX_LIST_LIMIT}", field="limit")
-        # A cursor is a row sequence number this server issued: ASCII digits that fit a 64-bit integer (int() also
-        # takes '1_0', '-3' and other scripts' digits).
-        if cursor is not None and not CURSOR_PATTERN.fullmatch(cursor):
-            raise ValidationError("cursor is not one this server issued", field="cursor")
-        problem = key_problem(idempotency_key) if idempotency_key is not None else None
-        if problem is not None:
-            raise ValidationError(f"idempotency_key {problem}", field="idempotency_key")
-        return cls(status, kind, limit, int(cursor) if cursor is not None else None, idempotency_key)
-
-
-class Store(Protocol):
-    """One transaction's view of a backend's rows, in domain types; it decides nothing (``Rules`` do).
-
-    ``lock`` (``job``, ``promotable``, ``pause``, ``prunable``): hold the rows until the transaction ends where the
-    backend locks rows (PostgreSQL's ``FOR UPDATE``; SQLite's write transaction and memory's single step hold
-    everything already).
-    ``update``'s fields are ``Job`` field names with domain values; ``status``: only while the row has that status
-    (the number of rows changed is returned).
-    ``receipts``: a key's fingerprint and its receipts in answer order, if it is live at ``now``; ``put_receipts``
-    replaces whatever expired rows the key still has. ``prunable`` never offers a row a live key answered."""
-
-    def now(self) -> datetime: ...
-    async def lease_now(self) -> datetime: ...
-    async def job(self, job_id: str, *, lock: bool = False, position: bool = False) -> Job | None: ...
-    async def jobs(self, job_ids: Sequence[str]) -> list[Job]: ...
-    async def running(self) -> list[Job]: ...
-    async def lock_promotion(self) -> None: ...
-    async def running_counts(self, host_id: str | None) -> tuple[int, int]: ...
-    async def promotable(self, now: datetime, limit: int, *, lock: bool = False) -> list[Job]: ...
-    async def next_backoff_end(self, now: datetime) -> datetime | None: ...
-    async def queued_with_key(self, key: str) -> str | None: ...
-    async def insert(self, job: NewJob, now: datetime) -> str: ...
-    # idempotency keys: one row per job a keyed request answered (its ``position`` in the answer)
-    async def lock_key(self, key: str) -> None: ...
-    async def receipts(self, key: str, now: datetime) -> tuple[str, list[Receipt]] | None: ...
-    async def put_receipts(
-        self, key: str, fingerprint: str, receipts: Sequence[Receipt], now: datetime, expires_at: datetime
-    ) -> None: ...
-    async def drop_expired_keys(self, now: datetime, limit: int) -> int: ...
-    async def update(self, job_id: str, fields: Mapping[str, object], *, status: JobStatus | None = None) -> int: ...
-    async def add_event(
-        self, job_id: str, body: Mapping[str, Any], event: str, previous: str | None, reason: str | None
-    ) -> None: ...
-    async def notify(self, wake: Wakeup) -> None: ...
-    def savepoint(self) -> AbstractAsyncContextManager[None]: ...
-    async def pause(self, *, lock: bool = False) -> PauseState: ...
-    async def set_pause(self, state: PauseState) -> None: ...
-    # the fleet's rows (one lock for the leases where the backend locks: ``lock_leases``)
-    async def lock_leases(self) -> None: ...
-    async def hosts(self, now: datetime) -> list[Host]: ...
-    async def leader(self, now: datetime) -> Host | None: ...
-    async def put_host(self, host: Host, *, new: bool) -> None: ...
-    async def put_leader(self, host: Host | None, *, only: tuple[str, str] | None = None) -> None: ...
-    async def fenced(self, host_id: str, boot_id: str) -> bool: ...
-    async def fence(self, host: Host, now: datetime) -> None: ...
-    async def drop_host(self, host_id: str) -> None: ...
-    async def setting(self, name: str) -> FleetSetting | None: ...
-    async def put_setting(self, setting: FleetSetting) -> None: ...
-    # retention and the outbox
-    async def finished_edge(self, keep_latest: int) -> tuple[datetime, int] | None: ...
-    async def prunable(
-        self, ended_before: datetime | None, edge: tuple[datetime, int] | None, limit: int, *, lock: bool
-    ) -> list[PrunedJob]: ...
-    async def delete_finished(self, job_ids: Sequence[str]) -> set[str]: ...
-    async def outbox_stats(self) -> tuple[int, datetime | None]: ...
-    async def outbox_drop(self, older_than: datetime, max_events: int) -> PruneResult: ...
-    async def outbox_pending(self, limit: int) -> list[OutboxEvent]: ...
-    async def outbox_delete(self, seqs: Sequence[int]) -> None: ...
-    # reads
-    async def list_page(self, page: Page) -> tuple[list[Job], str | None]: ...
-    async def counts(self) -> dict[str, int]: ...
-    async def retries_of(self, job_id: str) -> list[str]: ...
 
 
 Step = Callable[[Store], Coroutine[Any, Any, T]]
@@ -211,14 +110,9 @@ class LocalStore:
     async def lease_now(self) -> datetime:
         return self.now()
 
-    async def lock_promotion(self) -> None:
-        """The transaction holds the write lock (SQLite's; a memory step is atomic by itself)."""
-
-    async def lock_leases(self) -> None:
-        """As ``lock_promotion``."""
-
-    async def lock_key(self, key: str) -> None:
-        """As ``lock_promotion``: a keyed request's check and its insert are one transaction under the write lock."""
+    async def lock(self, name: str, key: str | None = None) -> None:
+        """The transaction holds the write lock (SQLite's; a memory step is atomic by itself): a promotion's count
+        and flips, a keyed request's check and its insert, a renewal's read and write are one step under it."""
 
     async def notify(self, wake: Wakeup) -> None:
         """Nobody else hears this registry."""
@@ -237,7 +131,7 @@ class Rules:
     @staticmethod
     async def get(store: Store, job_id: str, *, lock: bool = False) -> Job:
         """A row with its queue position (``JobNotFound``)."""
-        job = await store.job(job_id, lock=lock, position=True)
+        job = await tables.job(store, job_id, lock=lock, position=True)
         if job is None:
             raise JobNotFound(job_id)
         return job
@@ -246,9 +140,16 @@ class Rules:
         """One outbox event, with the row as of the change, in the change's own transaction (the transactional
         outbox: a committed change always has its event, a rolled-back one never)."""
         if self.outbox:
-            job = await store.job(job_id)
+            job = await tables.job(store, job_id)
             assert job is not None
-            await store.add_event(job.job_id, job.public(), event, previous, reason)
+            await self.add_event(store, job.job_id, job.public(), event, previous, reason)
+
+    async def add_event(
+        self, store: Store, job_id: str, body: Mapping[str, Any], event: str, previous: str | None, reason: str | None
+    ) -> None:
+        row = {"event_id": uuid.uuid4().hex, "job_id": job_id, "event": event, "created_at": store.now(),
+               "previous_status": previous, "reason": reason, "boot_id": self.boot_id, "job": body}  # fmt: skip
+        await store.insert(OUTBOX, [row])
 
     async def set_status(
         self, store: Store, job: Job, to_status: JobStatus, fields: Mapping[str, object], *, reason: str | None = None
@@ -260,7 +161,7 @@ class Rules:
             # A job's token works only while the job runs: with its hash gone, a late (or stolen) token matches
             # nothing, and the heartbeat answers 401 exactly as for a job that never existed.
             fields = {**fields, "token_hash": None}
-        if await store.update(job.job_id, {"status": to_status, **fields}, status=job.status) != 1:
+        if await update_job(store, job.job_id, {"status": to_status, **fields}, status=job.status) != 1:
             raise IllegalTransition(job.job_id, job.status, to_status)  # read in this transaction: cannot happen
         if reason is None:
             named = "promoted" if to_status is JobStatus.RUNNING else fields.get("error_reason")
@@ -268,7 +169,7 @@ class Rules:
         await self.event(store, job.job_id, "job.transition", str(job.status), reason)
 
     async def authenticated(self, store: Store, job_id: str, token: str, *, lock: bool = False) -> Job:
-        job = await store.job(job_id, lock=lock)
+        job = await tables.job(store, job_id, lock=lock)
         # Constant-time compare of the hashes; a missing hash (a job that does not run, or none) never matches.
         if job is None or job.token_hash is None or not hmac.compare_digest(job.token_hash, hash_token(token)):
             raise Unauthorized("the token is not this job's")
@@ -280,10 +181,20 @@ class Rules:
         """Insert a queued row, or find the queued row it coalesces into (ADR-152 §8: only a queued row absorbs an
         identical one); whether it coalesced."""
         if new.coalesce_key is not None:
-            found = await store.queued_with_key(new.coalesce_key)
-            if found is not None:
-                return found, True
-        job_id = await store.insert(new, store.now())
+            # Two enqueues of one key take turns, or both would find no queued row and both insert (PostgreSQL's READ
+            # COMMITTED sees no uncommitted insert).
+            await store.lock(tables.COALESCE_LOCK, new.coalesce_key)
+            where = (("status", "=", QUEUED), ("coalesce_key", "=", new.coalesce_key))
+            found = await store.select(JOBS, where, columns=("job_id",), order=("seq",), limit=1)
+            if found:
+                return found[0]["job_id"], True
+        job_id = uuid.uuid4().hex
+        row = {**BACK_IN_QUEUE, "job_id": job_id, "kind": new.kind, "params": dict(new.params), "argv": list(new.argv),
+               "status": QUEUED, "created_at": store.now(), "coalesce_key": new.coalesce_key, "attempts": 0,
+               "token_hash": None, "log_path": None, "max_attempts": new.max_attempts, "next_attempt_at": None,
+               "history": (), "retry_of": new.retry_of, "idempotency_key": new.idempotency_key,
+               "enqueued_by": new.enqueued_by}  # fmt: skip
+        await store.insert(JOBS, [stored(row)])
         await self.event(store, job_id, "job.transition", None, "enqueued")
         return job_id, False
 
@@ -315,7 +226,7 @@ class Rules:
             return []
         if not all(coalesced for _, coalesced in added):
             await store.notify(Wakeup(WAKE_QUEUED))  # one for the batch, however large
-        rows = {job.job_id: job for job in await store.jobs([job_id for job_id, _ in added])}
+        rows = {job.job_id: job for job in await tables.jobs(store, [job_id for job_id, _ in added])}
         results = [EnqueueResult(rows[job_id], coalesced) for job_id, coalesced in added]
         await keep(store, key, results)
         return results
@@ -325,15 +236,19 @@ class Rules:
         (SQLite's write lock; PostgreSQL's advisory lock, then READ COMMITTED counts every promotion committed
         before), so concurrent promotions in any process take turns. Each row gets this boot's id and
         ``started_at`` in the same step (INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING)."""
-        await store.lock_promotion()
-        running, here = await store.running_counts(request.host_id)
-        free = request.free_slots(running, here)
+        await store.lock(tables.PROMOTION)
+        hosts = [
+            row["host_id"] for row in await store.select(JOBS, (("status", "=", tables.RUNNING),), columns=("host_id",))
+        ]
+        free = request.free_slots(len(hosts), hosts.count(request.host_id))
         if free <= 0:
             return []
         now = store.now()
         promoted: list[Job] = []
         # FIFO among the rows whose backoff has passed (a resubmitted row keeps its place: its insertion order).
-        for job, token_hash in zip(await store.promotable(now, free, lock=True), request.token_hashes, strict=False):
+        for job, token_hash in zip(
+            await tables.promotable(store, now, free, lock=True), request.token_hashes, strict=False
+        ):
             attempt = job.attempts + 1
             log_path = str(request.log_dir / log_name(job.job_id, attempt)) if request.log_dir is not None else None
             fields: dict[str, object] = {
@@ -351,10 +266,10 @@ class Rules:
         return promoted
 
     async def promote(self, store: Store, request: PromoteRequest) -> Promotion:
-        if (await store.pause()).paused:
+        if (await tables.pause(store)).paused:
             return Promotion(paused=True)
         jobs = tuple(await self.promote_rows(store, request))
-        return Promotion(jobs, next_at=await store.next_backoff_end(store.now()))
+        return Promotion(jobs, next_at=await tables.next_backoff_end(store, store.now()))
 
     async def promote_after(self, store: Store, request: PromoteRequest | None) -> Promotion:
         """A promotion made in another change's transaction, in a savepoint of its own: if it fails, it alone is
@@ -370,7 +285,7 @@ class Rules:
     async def record_identities(self, store: Store, claims: Sequence[IdentityClaim]) -> list[Job]:
         out = []
         for claim in claims:
-            await store.update(claim.job_id, {"identity": claim.identity}, status=JobStatus.RUNNING)
+            await update_job(store, claim.job_id, {"identity": claim.identity}, status=JobStatus.RUNNING)
             out.append(await self.get(store, claim.job_id))
         return out
 
@@ -389,8 +304,8 @@ class Rules:
         if expect is not None and job.identity != expect.identity:
             return Change(job, changed=False)  # the evidence was about another process than the row records now
         if expect is not None and expect.host_silent and job.host_id is not None:
-            await store.lock_leases()  # no renewal commits between this check and the end
-            host = await _host(store, job.host_id, await store.lease_now())
+            await store.lock(tables.LEASES)  # no renewal commits between this check and the end
+            host = await tables.host(store, job.host_id, await store.lease_now())
             if host is not None and host.live:
                 return Change(job, changed=False)  # INV-SILENT-HOST-ENDS-BY-PROOF: it is back, its rows its own
         chosen = ending.chosen(job.cancel_requested)
@@ -452,7 +367,7 @@ class Rules:
             await self.set_status(store, job, outcome.status, ended)
             return Change(await self.get(store, job_id), changed=True, previous=job.status)
         if job.status is JobStatus.RUNNING and not job.cancel_requested:
-            await store.update(job_id, {"cancel_requested": True, "cancelled_by": by})
+            await update_job(store, job_id, {"cancel_requested": True, "cancelled_by": by})
             # The host that runs it carries it out now (woken), or at its next sweep (INV-OWNER-JUDGES).
             await store.notify(Wakeup(WAKE_CANCEL, job_id=job_id, host_id=job.host_id))
             return Change(await self.get(store, job_id), changed=True)
@@ -479,7 +394,7 @@ class Rules:
                 "stage": job.stage if beat.stage is None else beat.stage,
                 "last_progress_at": now if beat.completed_units > job.completed_units else job.last_progress_at,
             }
-            await store.update(beat.job_id, fields)
+            await update_job(store, beat.job_id, fields)
             results.append(replace(job, **fields))  # type: ignore[arg-type]
         return results
 
@@ -491,7 +406,7 @@ class Rules:
             return Change(job, changed=False)
         since = job.stalled_since if job.stalled and stalled else (store.now() if stalled else None)
         fields = {"stalled": stalled, "stalled_since": since, "silent": silent}
-        await store.update(job_id, fields, status=JobStatus.RUNNING)
+        await update_job(store, job_id, fields, status=JobStatus.RUNNING)
         for event, reason in events:
             await self.event(store, job_id, event, str(job.status), reason)
         return Change(replace(job, **fields), changed=True)  # type: ignore[arg-type]
@@ -508,119 +423,130 @@ class Rules:
         announced recorded (``announced``: a boot after a restart does not say a condition that still holds twice),
         in one step."""
         if self.outbox:
-            await store.add_event(job_id, details, event, None, reason)
-        await store.put_setting(announced)
+            await self.add_event(store, job_id, details, event, None, reason)
+        await put_setting(store, announced)
 
-    # -- the pause ----------------------------------------------------------------------------------------
 
-    @staticmethod
-    async def set_paused(store: Store, paused: bool, by: str) -> PauseState:
-        current = await store.pause(lock=True)
-        if current.paused == paused:
-            return current
-        await store.set_pause(PauseState(True, by, store.now()) if paused else PauseState(False))
-        await store.notify(Wakeup(WAKE_PAUSE))
-        return await store.pause()
+# -- the pause ----------------------------------------------------------------------------------------
 
-    # -- the fleet (ADR 0012) -----------------------------------------------------------------------------
 
-    @staticmethod
-    async def renew_lease(
-        store: Store, host_id: str, boot_id: str, lease_s: float, lead: bool, succeeds: str | None = None
-    ) -> Lease:
-        # One step for the host row and the lead, under the leases' lock: two hosts asking at once take turns and
-        # never both lead (INV-ONE-LEADER). ``succeeds``: a boot of this host proved gone (its data dir's lock): its
-        # lead passes at once, as if its lease had expired; any other holder's only once its lease has.
-        await store.lock_leases()
-        now = await store.lease_now()  # INV-LEASE-ON-REGISTRY-CLOCK: read once the lock is held
-        expires = now + timedelta(seconds=lease_s)
-        if await store.fenced(host_id, boot_id):
-            raise HostForgotten(host_id, boot_id)  # INV-FORGET-IS-FENCED: never a lease again
-        before = await _host(store, host_id, now)
-        replaced = before if before is not None and before.boot_id != boot_id else None
-        new = before is None or replaced is not None
-        started = now if new or before is None else before.started_at
-        await store.put_host(Host(host_id, boot_id, started, now, expires, as_of=now), new=new)
-        current = await store.leader(now)
-        if current is not None and (current.host_id, current.boot_id) == (host_id, boot_id):
-            await store.put_leader(replace(current, last_seen_at=now, lease_expires_at=expires) if lead else None)
-        elif lead and (
-            current is None or not current.live or (current.host_id, current.boot_id) == (host_id, succeeds)
-        ):
-            # One row, replaced only once its holder's lease has expired or its holder is proved gone (this host's own
-            # previous boot, by its data dir's lock): two hosts never both lead.
-            await store.put_leader(Host(host_id, boot_id, now, now, expires, as_of=now))
-        host = await _host(store, host_id, now)
-        assert host is not None
-        return Lease(host, await store.leader(now), replaced)
-
-    @staticmethod
-    async def release_lease(store: Store, host_id: str, boot_id: str) -> None:
-        now = await store.lease_now()
-        host = await _host(store, host_id, now)
-        if host is not None and host.boot_id == boot_id:
-            await store.put_host(replace(host, lease_expires_at=now), new=False)
-        await store.put_leader(None, only=(host_id, boot_id))
-
-    @staticmethod
-    async def forget_host(store: Store, host_id: str) -> Host | None:
-        await store.lock_leases()  # INV-FORGET-IS-FENCED: no renewal lands between the check and the fence
-        now = await store.lease_now()  # INV-LEASE-ON-REGISTRY-CLOCK
-        host = await _host(store, host_id, now)
-        if host is not None and host.live:
-            raise Conflict(
-                f"host {host_id} holds a live lease until {to_iso(host.lease_expires_at)}: its jobs may be running; "
-                "stop its supervisor first"
-            )
-        if host is not None:
-            await store.fence(host, now)
-        await store.drop_host(host_id)
-        # Its running rows are ended by the caller (ADR 0012): their slots are free for any host.
-        await store.notify(Wakeup(WAKE_FREED, host_id=host_id))
-        return host
-
-    @staticmethod
-    async def record_setting(store: Store, name: str, value: str, host_id: str, replace: bool) -> FleetSetting:
-        current = await store.setting(name)
-        if replace or current is None:
-            current = FleetSetting(name, value, host_id, store.now())
-            await store.put_setting(current)
+async def set_paused(store: Store, paused: bool, by: str) -> PauseState:
+    current = await tables.pause(store, lock=True)
+    if current.paused == paused:
         return current
+    state = PauseState(True, by, store.now()) if paused else PauseState(False)
+    await store.update(tables.QUEUE, (), {"paused": state.paused, "paused_by": state.by, "paused_at": state.since})
+    await store.notify(Wakeup(WAKE_PAUSE))
+    return state
 
-    # -- retention and the outbox -------------------------------------------------------------------------
 
-    @staticmethod
-    async def prune_jobs(
-        store: Store, ended_before: datetime | None, keep_latest: int | None, limit: int, *, remove: bool
-    ) -> list[PrunedJob]:
-        """The finished rows a prune takes (``Registry.prune_jobs``): each that ended before ``ended_before``, and
-        each older than the newest ``keep_latest`` finished ones; never one with an event still in the outbox."""
-        check_prune(keep_latest, limit)
-        edge = await store.finished_edge(keep_latest) if keep_latest is not None else None
-        if ended_before is None and edge is None:
-            return []
-        # Locked when removed: two supervisors pruning at once take different rows (where the backend locks rows).
-        gone = await store.prunable(ended_before, edge, limit, lock=remove)
-        if remove and gone:
-            # A row whose event was written since it was chosen is kept (its event's row stays whole).
-            deleted = await store.delete_finished([job.job_id for job in gone])
-            gone = [job for job in gone if job.job_id in deleted]
-        return gone
+# -- the fleet (ADR 0012) -----------------------------------------------------------------------------
 
-    @staticmethod
-    async def expire_keys(store: Store, limit: int) -> int:
-        """Remove up to ``limit`` expired idempotency keys' rows (the jobs they answered may be pruned after)."""
-        return await store.drop_expired_keys(store.now(), limit)
 
-    @staticmethod
-    async def outbox_over(store: Store, max_events: int, max_age_s: float) -> bool:
-        """Whether ``outbox_prune`` would drop anything (so that a prune with nothing to do writes nothing)."""
-        count, oldest = await store.outbox_stats()
-        return count > max_events or (oldest is not None and oldest < store.now() - timedelta(seconds=max_age_s))
+async def renew_lease(
+    store: Store, host_id: str, boot_id: str, lease_s: float, lead: bool, succeeds: str | None = None
+) -> Lease:
+    # One step for the host row and the lead, under the leases' lock: two hosts asking at once take turns and
+    # never both lead (INV-ONE-LEADER). ``succeeds``: a boot of this host proved gone (its data dir's lock): its
+    # lead passes at once, as if its lease had expired; any other holder's only once its lease has.
+    await store.lock(tables.LEASES)
+    now = await store.lease_now()  # INV-LEASE-ON-REGISTRY-CLOCK: read once the lock is held
+    expires = now + timedelta(seconds=lease_s)
+    fence = (("host_id", "=", host_id), ("boot_id", "=", boot_id))
+    if await store.count(tables.FORGOTTEN, fence):
+        raise HostForgotten(host_id, boot_id)  # INV-FORGET-IS-FENCED: never a lease again
+    before = await tables.host(store, host_id, now)
+    replaced = before if before is not None and before.boot_id != boot_id else None
+    started = now if before is None or replaced is not None else before.started_at
+    await store.put(tables.HOSTS, tables.host_row(Host(host_id, boot_id, started, now, expires, now)), ("host_id",))
+    current = await tables.leader(store, now)
+    if current is not None and (current.host_id, current.boot_id) == (host_id, boot_id):
+        await put_leader(store, replace(current, last_seen_at=now, lease_expires_at=expires) if lead else None)
+    elif lead and (current is None or not current.live or (current.host_id, current.boot_id) == (host_id, succeeds)):
+        # One row, replaced only once its holder's lease has expired or its holder is proved gone (this host's own
+        # previous boot, by its data dir's lock): two hosts never both lead.
+        await put_leader(store, Host(host_id, boot_id, now, now, expires, as_of=now))
+    host = await tables.host(store, host_id, now)
+    assert host is not None
+    return Lease(host, await tables.leader(store, now), replaced)
 
-    @staticmethod
-    async def outbox_prune(store: Store, max_events: int, max_age_s: float) -> PruneResult:
-        return await store.outbox_drop(store.now() - timedelta(seconds=max_age_s), max_events)
+
+async def release_lease(store: Store, host_id: str, boot_id: str) -> None:
+    now = await store.lease_now()
+    mine = (("host_id", "=", host_id), ("boot_id", "=", boot_id))
+    await store.update(tables.HOSTS, mine, {"lease_expires_at": now})
+    await store.delete(tables.LEADER, mine)
+
+
+async def forget_host(store: Store, host_id: str) -> Host | None:
+    await store.lock(tables.LEASES)  # INV-FORGET-IS-FENCED: no renewal lands between the check and the fence
+    now = await store.lease_now()  # INV-LEASE-ON-REGISTRY-CLOCK
+    host = await tables.host(store, host_id, now)
+    if host is not None and host.live:
+        raise Conflict(
+            f"host {host_id} holds a live lease until {to_iso(host.lease_expires_at)}: its jobs may be running; "
+            "stop its supervisor first"
+        )
+    if host is not None:
+        fenced = {"host_id": host_id, "boot_id": host.boot_id, "forgotten_at": now}
+        await store.put(tables.FORGOTTEN, fenced, ("host_id", "boot_id"))
+    for table in (tables.HOSTS, tables.LEADER):
+        await store.delete(table, (("host_id", "=", host_id),))
+    # Its running rows are ended by the caller (ADR 0012): their slots are free for any host.
+    await store.notify(Wakeup(WAKE_FREED, host_id=host_id))
+    return host
+
+
+async def record_setting(store: Store, name: str, value: str, host_id: str, replace: bool) -> FleetSetting:
+    current = await tables.setting(store, name)
+    if replace or current is None:
+        current = FleetSetting(name, value, host_id, store.now())
+        await put_setting(store, current)
+    return current
+
+
+# -- retention and the outbox -------------------------------------------------------------------------
+
+
+async def prune_jobs(
+    store: Store, ended_before: datetime | None, keep_latest: int | None, limit: int, *, remove: bool
+) -> list[PrunedJob]:
+    """The finished rows a prune takes (``Registry.prune_jobs``): each that ended before ``ended_before``, and
+    each older than the newest ``keep_latest`` finished ones; never one with an event still in the outbox."""
+    check_prune(keep_latest, limit)
+    edge = await tables.finished_edge(store, keep_latest) if keep_latest is not None else None
+    if ended_before is None and edge is None:
+        return []
+    # Locked when removed: two supervisors pruning at once take different rows (where the backend locks rows).
+    gone = await tables.prunable(store, ended_before, edge, limit, lock=remove)
+    if remove and gone:
+        await store.delete(JOBS, (("job_id", "in", tuple(job.job_id for job in gone)),))
+    return gone
+
+
+async def expire_keys(store: Store, limit: int) -> int:
+    """Remove up to ``limit`` expired idempotency keys' rows (the jobs they answered may be pruned after)."""
+    expired = await store.select(
+        tables.KEYS, (("expires_at", "<=", store.now()),), columns=("idempotency_key",), limit=limit
+    )
+    keys = tuple({row["idempotency_key"] for row in expired})
+    return await store.delete(tables.KEYS, (("idempotency_key", "in", keys),)) if keys else 0
+
+
+async def outbox_over(store: Store, max_events: int, max_age_s: float) -> bool:
+    """Whether ``outbox_prune`` would drop anything (so that a prune with nothing to do writes nothing)."""
+    count, oldest = await tables.outbox_stats(store)
+    return count > max_events or (oldest is not None and oldest < store.now() - timedelta(seconds=max_age_s))
+
+
+async def outbox_prune(store: Store, max_events: int, max_age_s: float) -> PruneResult:
+    by_age = await store.delete(OUTBOX, (("created_at", "<", store.now() - timedelta(seconds=max_age_s)),))
+    excess = await store.count(OUTBOX) - max_events
+    by_count = 0
+    if excess > 0:  # the oldest go: every event up to the one at ``excess``
+        [last] = await store.select(OUTBOX, columns=("seq",), order=("seq",), limit=1, offset=excess - 1)
+        by_count = await store.delete(OUTBOX, (("seq", "<=", last["seq"]),))
+    return PruneResult(by_age, by_count)
 
 
 # -- idempotency keys (ADR 0016) -------------------------------------------------------------------------
@@ -630,14 +556,15 @@ async def replay(store: Store, key: IdempotencyKey) -> list[EnqueueResult] | Non
     """What ``key`` answered while it is live (None: it answered nothing yet), the rows as they are now; another
     request under it is ``IdempotencyKeyReused``. Under the key's lock, held to the end of the transaction: a
     retry that arrives while the first request is in its transaction waits for it, then replays it."""
-    await store.lock_key(key.key)
-    found = await store.receipts(key.key, store.now())
+    # Two requests of one key, on any host, take turns: the second reads what the first committed and replays it.
+    await store.lock(tables.KEY_LOCK, key.key)
+    found = await tables.receipts(store, key.key, store.now())
     if found is None:
         return None
     fingerprint, receipts = found
     if fingerprint != key.fingerprint:
         raise IdempotencyKeyReused(key.key)
-    rows = {job.job_id: job for job in await store.jobs([r.job_id for r in receipts])}
+    rows = {job.job_id: job for job in await tables.jobs(store, [r.job_id for r in receipts])}
     return [EnqueueResult(rows[r.job_id], r.coalesced, replayed=r) for r in receipts]
 
 
@@ -646,9 +573,34 @@ async def keep(store: Store, key: IdempotencyKey | None, results: Sequence[Enque
     if key is not None:
         now = store.now()
         receipts = [result.receipt for result in results]
-        await store.put_receipts(key.key, key.fingerprint, receipts, now, now + timedelta(seconds=key.ttl_s))
+        expires_at = now + timedelta(seconds=key.ttl_s)
+        await store.delete(tables.KEYS, (("idempotency_key", "=", key.key),))  # only expired rows can be left
+        await store.insert(tables.KEYS, [
+            {"idempotency_key": key.key, "answer_index": i, "fingerprint": key.fingerprint, "job_id": r.job_id,
+             "status": r.status.value, "queue_position": r.queue_position, "coalesced": r.coalesced,
+             "created_at": now, "expires_at": expires_at}
+            for i, r in enumerate(receipts)
+        ])  # fmt: skip
 
 
-async def _host(store: Store, host_id: str, now: datetime) -> Host | None:
-    """Host ``host_id`` as of ``now`` (a fleet has a few hosts: all are read)."""
-    return next((host for host in await store.hosts(now) if host.host_id == host_id), None)
+async def update_job(
+    store: Store, job_id: str, fields: Mapping[str, object], *, status: JobStatus | None = None
+) -> int:
+    """Change ``fields`` of a row (``status``: only while it has that status); how many rows changed."""
+    where: Where = (("job_id", "=", job_id),) + ((("status", "=", status.value),) if status is not None else ())
+    return await store.update(JOBS, where, stored(fields))
+
+
+async def put_setting(store: Store, setting: FleetSetting) -> None:
+    row = {"name": setting.name, "value": setting.value, "host_id": setting.host_id, "recorded_at": setting.recorded_at}
+    await store.put(tables.SETTINGS, row, ("name",))
+
+
+async def put_leader(store: Store, host: Host | None) -> None:
+    """The lead to ``host`` (None: to nobody)."""
+    if host is None:
+        await store.delete(tables.LEADER, ())
+        return
+    row = {**tables.host_row(host), "one": 1}
+    row["since"] = row.pop("started_at")
+    await store.put(tables.LEADER, row, ("one",))

@@ -25,7 +25,9 @@ from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from ..domain import IdempotencyKey, Job, RequestError
-from ._engine import Independent, Page, Rules, Step, Store
+from . import _engine as engine
+from . import _tables as tables
+from ._engine import Independent, Rules, Step
 from ._health import RegistryFault
 from ._protocol import (
     QUEUE_ANNOUNCED,
@@ -47,6 +49,7 @@ from ._protocol import (
     PruneResult,
     WakeupFeed,
 )
+from ._tables import OUTBOX, Page, Store
 
 T = TypeVar("T")
 
@@ -106,7 +109,7 @@ class Registry:
 
     async def expire_keys(self, *, limit: int = 1000) -> int:
         """Remove up to ``limit`` rows of expired idempotency keys (the retention sweep's); how many went."""
-        return await self.backend.write(lambda store: self.rules.expire_keys(store, limit))
+        return await self.backend.write(lambda store: engine.expire_keys(store, limit))
 
     async def promote(self, request: PromoteRequest) -> Promotion:
         """Flip the oldest queued rows whose backoff has passed to RUNNING, as many as slots are free
@@ -181,40 +184,40 @@ class Registry:
 
     async def setting(self, name: str) -> FleetSetting | None:
         """The recorded value of ``name`` (None: none), read only."""
-        return await self.backend.read(lambda store: store.setting(name))
+        return await self.backend.read(lambda store: tables.setting(store, name))
 
     # -- the outbox ---------------------------------------------------------------------------------------
 
     async def outbox_pending(self, limit: int) -> list[OutboxEvent]:
         """The oldest undelivered events, in the order they were written (``limit``: at least 1)."""
-        return await self.backend.read(lambda store: store.outbox_pending(limit))
+        return await self.backend.read(lambda store: tables.outbox_pending(store, limit))
 
     async def outbox_delete(self, seqs: Sequence[int]) -> None:
         """Forget delivered events."""
         if seqs:
-            await self.backend.write(lambda store: store.outbox_delete(seqs))
+            await self.backend.write(lambda store: store.delete(OUTBOX, (("seq", "in", tuple(seqs)),)))
         else:
             await self.outbox_depth()  # a closed registry still refuses
 
     async def outbox_depth(self) -> int:
-        return (await self.backend.read(lambda store: store.outbox_stats()))[0]
+        return await self.backend.read(lambda store: store.count(OUTBOX))
 
     async def outbox_prune(self, *, max_events: int, max_age_s: float) -> PruneResult:
         """Drop events older than ``max_age_s`` (one exactly that old is kept) and, past ``max_events``, the oldest
         (both limits at least 0)."""
         # Read first: a prune with nothing to drop takes no write lock.
-        if not await self.backend.read(lambda store: self.rules.outbox_over(store, max_events, max_age_s)):
+        if not await self.backend.read(lambda store: engine.outbox_over(store, max_events, max_age_s)):
             return PruneResult(0, 0)
-        return await self.backend.write(lambda store: self.rules.outbox_prune(store, max_events, max_age_s))
+        return await self.backend.write(lambda store: engine.outbox_prune(store, max_events, max_age_s))
 
     # -- the queue's pause ----------------------------------------------------------------------------------
 
     async def set_paused(self, paused: bool, *, by: str) -> PauseState:
         """Pause or resume promotion (``by``: who asked); the state after it."""
-        return await self.backend.write(lambda store: self.rules.set_paused(store, paused, by))
+        return await self.backend.write(lambda store: engine.set_paused(store, paused, by))
 
     async def pause_state(self) -> PauseState:
-        return await self.backend.read(lambda store: store.pause())
+        return await self.backend.read(lambda store: tables.pause(store))
 
     # -- reads --------------------------------------------------------------------------------------------
 
@@ -224,7 +227,7 @@ class Registry:
 
     async def running_jobs(self) -> list[Job]:
         """Every RUNNING row, oldest first: O(running rows), whatever the history."""
-        return await self.backend.read(lambda store: store.running())
+        return await self.backend.read(tables.running)
 
     async def list_jobs(
         self,
@@ -239,21 +242,21 @@ class Registry:
         shift a page; ``idempotency_key``: only the jobs that live key answered. A bad status, limit, cursor or key
         is a ``ValidationError`` naming it."""
         page = Page.of(status, kind, limit, cursor, idempotency_key)
-        return await self.backend.read(lambda store: store.list_page(page))
+        return await self.backend.read(lambda store: tables.list_page(store, page))
 
     async def oldest_waiting(self) -> Job | None:
         """The queued row that runs next (FIFO among those whose backoff has passed), or None: how long the queue
         has made a job wait (issue 40)."""
-        return await self.backend.read(lambda store: _first(store.promotable(store.now(), 1)))
+        return await self.backend.read(lambda store: _first(tables.promotable(store, store.now(), 1)))
 
     async def counts(self) -> dict[str, int]:
         """Rows per status (every status present)."""
-        return await self.backend.read(lambda store: store.counts())
+        return await self.backend.read(tables.counts)
 
     async def retries_of(self, job_id: str) -> list[str]:
         """The ids of the rows enqueued as explicit retries of ``job_id`` (``NewJob.retry_of``), oldest first; empty
         when there is none (an unknown job too: a retry may outlive the row it retried)."""
-        return await self.backend.read(lambda store: store.retries_of(job_id))
+        return await self.backend.read(lambda store: tables.retries_of(store, job_id))
 
     # -- retention ----------------------------------------------------------------------------------------
 
@@ -267,13 +270,13 @@ class Registry:
         caller's to remove."""
         # Read first: a prune with nothing to remove (most sweeps) takes no write lock.
         found = await self.backend.read(
-            lambda store: self.rules.prune_jobs(store, ended_before, keep_latest, limit, remove=False)
+            lambda store: engine.prune_jobs(store, ended_before, keep_latest, limit, remove=False)
         )
         if dry_run or not found:
             return found
         # Chosen again in the write: a row's events written since the read keep it.
         return await self.backend.write(
-            lambda store: self.rules.prune_jobs(store, ended_before, keep_latest, limit, remove=True)
+            lambda store: engine.prune_jobs(store, ended_before, keep_latest, limit, remove=True)
         )
 
     # -- the fleet (ADR 0012) ---------------------------------------------------------------------------------
@@ -287,32 +290,32 @@ class Registry:
         hosts never both lead. A boot an operator forgot is refused: ``HostForgotten`` (INV-FORGET-IS-FENCED).
         ``succeeds``: a boot of this host id that is proved gone (``core._succession``): its lead is taken at once."""
         return await self.backend.write(
-            lambda store: self.rules.renew_lease(store, host_id, boot_id, lease_s, lead, succeeds)
+            lambda store: engine.renew_lease(store, host_id, boot_id, lease_s, lead, succeeds)
         )
 
     async def release_lease(self, host_id: str, boot_id: str) -> None:
         """A clean shutdown: this boot's host lease and lead (if it holds them) end now."""
-        await self.backend.write(lambda store: self.rules.release_lease(store, host_id, boot_id))
+        await self.backend.write(lambda store: engine.release_lease(store, host_id, boot_id))
 
     async def hosts(self) -> list[Host]:
         """Every registered host, by host id, each with ``as_of`` the registry's clock at this read."""
-        return await self.backend.read(lambda store: _at_lease_now(store, store.hosts))
+        return await self.backend.read(lambda store: _at_lease_now(store, tables.hosts))
 
     async def leader(self) -> Host | None:
         """The host that holds the lead now (its lease may have expired: ``Host.live`` says, as of this read)."""
-        return await self.backend.read(lambda store: _at_lease_now(store, store.leader))
+        return await self.backend.read(lambda store: _at_lease_now(store, tables.leader))
 
     async def forget_host(self, host_id: str) -> Host | None:
         """The operator says host ``host_id`` will never come back. One atomic step (INV-FORGET-IS-FENCED): refused
         (``Conflict``) while its lease is live at the registry's clock; else its boot is fenced (a renewal by it is
         refused from now on), its row and its lead go. Its running rows are the caller's to end after this step
         (each guarded by its identity). The row removed, or None when there was none (nothing is fenced)."""
-        return await self.backend.write(lambda store: self.rules.forget_host(store, host_id))
+        return await self.backend.write(lambda store: engine.forget_host(store, host_id))
 
     async def record_setting(self, name: str, value: str, host_id: str, *, replace: bool) -> FleetSetting:
         """The fleet's value of setting ``name``: the one recorded first (``value``, by ``host_id``, when none was);
         with ``replace``, this one whatever was recorded (a host that starts alone)."""
-        return await self.backend.write(lambda store: self.rules.record_setting(store, name, value, host_id, replace))
+        return await self.backend.write(lambda store: engine.record_setting(store, name, value, host_id, replace))
 
     def listen(self) -> AbstractAsyncContextManager[WakeupFeed | None]:
         """A session that hears other processes' changes (``Wakeup``), open while the context is: entering connects
@@ -330,10 +333,10 @@ class Registry:
         await self.backend.aclose()
 
 
-async def _at_lease_now(store: Store, read: Callable[[datetime], Awaitable[T]]) -> T:
-    """``read(now)`` at the registry's lease clock, read first in the same snapshot: each lease judged as of the
-    moment the rows are as of (INV-LEASE-ON-REGISTRY-CLOCK)."""
-    return await read(await store.lease_now())
+async def _at_lease_now(store: Store, read: Callable[[Store, datetime], Awaitable[T]]) -> T:
+    """``read(store, now)`` at the registry's lease clock, read first in the same snapshot: each lease judged as of
+    the moment the rows are as of (INV-LEASE-ON-REGISTRY-CLOCK)."""
+    return await read(store, await store.lease_now())
 
 
 async def _first(jobs: Awaitable[list[Job]]) -> Job | None:

@@ -1,98 +1,144 @@
-"""What the two SQL backends share beside the rules: the tables' columns, a row's reading into a ``Job``, and the
-migrations' loader. Each backend keeps its own SQL text and its own stored forms (how a timestamp comes back)."""
+"""What the two SQL backends share: the store port's one SQL text (``SqlRows``) and the migrations' loader. Each
+backend keeps its own stored forms (how a timestamp is kept) and its own connection."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from importlib import resources
 from typing import Any
 
-from ..domain import TERMINAL, Job, JobStatus, RegistryError
-from ..domain._model import Attempt, IdentityRecord
-from ._protocol import Receipt
-
-COLUMNS = (
-    "job_id, seq, kind, params, argv, status, error_reason, exit_code, created_at, started_at, ended_at, "
-    "attempts, cancel_requested, boot_id, identity, token_hash, completed_units, total_units, stage, "
-    "last_heartbeat_at, last_progress_at, log_path, stalled, stalled_since, silent, max_attempts, not_before, history, "
-    "host_id, retry_of, idempotency_key, enqueued_by, cancelled_by"
-)
-KEY_COLUMNS = "fingerprint, job_id, status, queue_position, coalesced"
-OUTBOX_COLUMNS = "seq, event_id, job_id, event, created_at, previous_status, reason, boot_id, job"
-HOST_COLUMNS = "host_id, boot_id, started_at, last_seen_at, lease_expires_at"
-FINISHED = f"ended_at IS NOT NULL AND status IN ({', '.join(repr(str(s)) for s in sorted(TERMINAL))})"
+from ..domain import RegistryError
+from ._tables import COLUMNS, JSON_COLUMNS, Either, Where
 
 
-def column(field: str) -> str:
-    """The column that keeps a ``Job`` field (a resubmitted row's ``next_attempt_at`` is ``not_before``)."""
-    return "not_before" if field == "next_attempt_at" else field
+class SqlRows:
+    """The ``_tables.Store`` port as SQL: one text for SQLite and PostgreSQL, each backend a subclass that says how
+    a parameter is marked, how a value is stored and read back, and how a statement runs on its connection (the
+    SQLite one answers at once, in its worker thread; the PostgreSQL one awaits asyncpg). Table and column names
+    come from ``_tables`` only, never from a caller's input; every value is a parameter."""
 
+    def mark(self, n: int) -> str:
+        """The ``n``-th parameter's marker (from 1)."""
+        raise NotImplementedError
 
-def row_to_job(row: Any, ts: Callable[[Any], datetime | None], queue_position: int | None = None) -> Job:
-    """A row of ``COLUMNS`` (read by name) as a ``Job``; ``ts``: a stored timestamp (or NULL) as an aware ``datetime``
-    (or None)."""
-    identity = row["identity"]
-    created_at = ts(row["created_at"])
-    assert created_at is not None
-    return Job(
-        job_id=row["job_id"],
-        seq=row["seq"],
-        kind=row["kind"],
-        params=json.loads(row["params"]),
-        argv=json.loads(row["argv"]),
-        status=JobStatus(row["status"]),
-        error_reason=row["error_reason"],
-        exit_code=row["exit_code"],
-        created_at=created_at,
-        started_at=ts(row["started_at"]),
-        ended_at=ts(row["ended_at"]),
-        attempts=row["attempts"],
-        cancel_requested=bool(row["cancel_requested"]),
-        boot_id=row["boot_id"],
-        identity=IdentityRecord.from_json(json.loads(identity)) if identity is not None else None,
-        token_hash=row["token_hash"],
-        completed_units=row["completed_units"],
-        total_units=row["total_units"],
-        stage=row["stage"],
-        last_heartbeat_at=ts(row["last_heartbeat_at"]),
-        last_progress_at=ts(row["last_progress_at"]),
-        log_path=row["log_path"],
-        queue_position=queue_position,
-        stalled=bool(row["stalled"]),
-        stalled_since=ts(row["stalled_since"]),
-        silent=bool(row["silent"]),
-        max_attempts=row["max_attempts"],
-        next_attempt_at=ts(row["not_before"]),
-        history=tuple(Attempt.from_json(a) for a in json.loads(row["history"])),
-        host_id=row["host_id"],
-        retry_of=row["retry_of"],
-        idempotency_key=row["idempotency_key"],
-        enqueued_by=row["enqueued_by"],
-        cancelled_by=row["cancelled_by"],
-    )
+    def encode(self, column: str, value: object) -> object:
+        """A domain value as its column keeps it (JSON columns as JSON text)."""
+        if value is not None and column in JSON_COLUMNS:
+            return json.dumps(value, sort_keys=True, separators=(",", ":"))
+        return value
 
+    def decode(self, column: str, value: Any) -> Any:
+        """A stored value as the domain's (the SQL NULL: None)."""
+        if value is not None and column in JSON_COLUMNS:
+            return json.loads(value)
+        return value
 
-def receipts(rows: Sequence[Any]) -> tuple[str, list[Receipt]] | None:
-    """A key's rows of ``KEY_COLUMNS``, in answer order, as its fingerprint and receipts (None: no row)."""
-    if not rows:
-        return None
-    out = [Receipt(r["job_id"], JobStatus(r["status"]), r["queue_position"], bool(r["coalesced"])) for r in rows]
-    return rows[0]["fingerprint"], out
+    async def fetch(self, sql: str, args: Sequence[object]) -> Sequence[Sequence[Any]]:
+        raise NotImplementedError
 
+    async def execute(self, sql: str, args: Sequence[object]) -> int:
+        """Run one statement; how many rows it changed."""
+        raise NotImplementedError
 
-def json_value(value: object) -> object:
-    """The JSON text a column keeps for an identity record or a history (other values as they are)."""
-    if isinstance(value, IdentityRecord):
-        return json.dumps(value.to_json(), sort_keys=True)
-    if isinstance(value, tuple):  # the history
-        return json.dumps([a.to_json() for a in value])
-    if isinstance(value, JobStatus):
-        return str(value)
-    return value
+    async def execute_many(self, sql: str, rows: Sequence[Sequence[object]]) -> None:
+        raise NotImplementedError
+
+    def locking(self, skip_locked: bool) -> str:
+        """What a select that locks its rows ends with (nothing where the transaction holds them all)."""
+        return ""
+
+    def where(self, where: Where, args: list[object]) -> str:
+        parts: list[str] = []
+        for cond in where:
+            if isinstance(cond, Either):
+                parts.append("(" + " OR ".join(f"({self.where(o, args) or 'TRUE'})" for o in cond.options) + ")")
+                continue
+            column, op, value = cond
+            if value is None:
+                parts.append(f"{column} IS {'NOT ' if op == '!=' else ''}NULL")
+            elif op == "in":
+                marks = [self._arg(args, column, item) for item in value]
+                parts.append(f"{column} IN ({', '.join(marks)})" if marks else "FALSE")
+            else:
+                parts.append(f"{column} {op} {self._arg(args, column, value)}")
+        return " AND ".join(parts)
+
+    def _arg(self, args: list[object], column: str, value: object) -> str:
+        args.append(self.encode(column, value))
+        return self.mark(len(args))
+
+    def _filtered(self, head: str, where: Where, args: list[object]) -> str:
+        cond = self.where(where, args)
+        return f"{head} WHERE {cond}" if cond else head
+
+    async def select(
+        self,
+        table: str,
+        where: Where = (),
+        *,
+        columns: Sequence[str] | None = None,
+        order: Sequence[str] = (),
+        limit: int | None = None,
+        offset: int = 0,
+        lock: bool = False,
+        skip_locked: bool = False,
+    ) -> list[dict[str, Any]]:
+        names = columns or COLUMNS[table]
+        args: list[object] = []
+        sql = self._filtered(f"SELECT {', '.join(names)} FROM {table}", where, args)
+        if order:
+            sql += " ORDER BY " + ", ".join(f"{o[1:]} DESC" if o.startswith("-") else o for o in order)
+        if limit is not None:
+            args.append(limit)
+            sql += f" LIMIT {self.mark(len(args))}"
+        if offset:
+            args.append(offset)
+            sql += f" OFFSET {self.mark(len(args))}"
+        if lock:
+            sql += self.locking(skip_locked)
+        decode = self.decode
+        rows = await self.fetch(sql, args)
+        return [{name: decode(name, value) for name, value in zip(names, row, strict=True)} for row in rows]
+
+    async def count(self, table: str, where: Where = ()) -> int:
+        args: list[object] = []
+        [[found]] = await self.fetch(self._filtered(f"SELECT COUNT(*) FROM {table}", where, args), args)
+        return int(found)
+
+    async def tally(self, table: str, column: str) -> dict[Any, int]:
+        rows = await self.fetch(f"SELECT {column}, COUNT(*) FROM {table} GROUP BY {column}", ())
+        return {row[0]: row[1] for row in rows}
+
+    def _insert(self, table: str, names: Sequence[str]) -> str:
+        marks = ", ".join(self.mark(n) for n in range(1, len(names) + 1))
+        return f"INSERT INTO {table} ({', '.join(names)}) VALUES ({marks})"
+
+    async def insert(self, table: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        names = list(rows[0])
+        values = [[self.encode(name, row[name]) for name in names] for row in rows]
+        if len(values) == 1:
+            await self.execute(self._insert(table, names), values[0])
+        else:
+            await self.execute_many(self._insert(table, names), values)
+
+    async def put(self, table: str, row: Mapping[str, Any], key: Sequence[str]) -> None:
+        names = list(row)
+        others = ", ".join(f"{name} = excluded.{name}" for name in names if name not in key)
+        upsert = f"DO UPDATE SET {others}" if others else "DO NOTHING"
+        sql = f"{self._insert(table, names)} ON CONFLICT ({', '.join(key)}) {upsert}"
+        await self.execute(sql, [self.encode(name, row[name]) for name in names])
+
+    async def update(self, table: str, where: Where, values: Mapping[str, Any]) -> int:
+        args: list[object] = []
+        sets = ", ".join(f"{name} = {self._arg(args, name, value)}" for name, value in values.items())
+        return await self.execute(self._filtered(f"UPDATE {table} SET {sets}", where, args), args)
+
+    async def delete(self, table: str, where: Where) -> int:
+        args: list[object] = []
+        return await self.execute(self._filtered(f"DELETE FROM {table}", where, args), args)
 
 
 _NAME = re.compile(r"(\d{4})_[a-z0-9_]+\.sql")

@@ -117,7 +117,7 @@ class PostgresBackend:
     """Job rows in a PostgreSQL database, for the rules: see the module docstring.
 
     ``dsn``: a ``postgresql://`` URL. ``schema``: the schema to keep the tables in (made when missing; None: the
-    first of the connection's search path). ``boot_id``, ``outbox``, ``clock``: as ``SqliteRegistry``'s, but the
+    first of the connection's search path). ``clock``: as ``SqliteRegistry``'s, but the
     hosts' leases are written and judged at the database server's clock, one for the whole fleet (``lease_clock``
     stands in for it in tests; INV-LEASE-ON-REGISTRY-CLOCK).
     ``timeout_s``: the bound of every call. ``migrate``: bring the schema up to date at open (False: refuse one
@@ -135,7 +135,6 @@ class PostgresBackend:
         dsn: str,
         *,
         schema: str | None = None,
-        boot_id: str | None = None,
         clock: Callable[[], datetime] = utc_now,
         lease_clock: Callable[[], datetime] | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -170,7 +169,6 @@ class PostgresBackend:
         self._local_settings_query = ""
         self.clock = clock
         self.lease_clock = lease_clock
-        self.boot_id = boot_id
         self.schema_key = 0  # this schema's advisory lock key, once known (``_start``)
         self.channel: str | None = None  # this schema's wake-up channel (``wakeup_channel``), set with the key
         self._health = WriteHealth(self.where, clock)
@@ -373,7 +371,6 @@ class PostgresBackend:
             lease_clock=self.lease_clock,
             schema_key=self.schema_key,
             channel=self.channel,
-            boot_id=self.boot_id,
         )
 
     async def write(self, step: Step[T]) -> T:
@@ -402,7 +399,7 @@ class PostgresRegistry(Registry):
     ``outbox`` as ``Registry``'s."""
 
     def __init__(self, dsn: str, *, boot_id: str | None = None, outbox: bool = True, **kwargs: Any) -> None:
-        self.postgres = PostgresBackend(dsn, boot_id=boot_id, **kwargs)
+        self.postgres = PostgresBackend(dsn, **kwargs)
         super().__init__(self.postgres, boot_id=boot_id, outbox=outbox)
         self.schema = self.postgres.schema
         self.transaction_pooler = self.postgres.transaction_pooler

@@ -44,7 +44,6 @@ class SqliteBackend:
         self,
         path: Path,
         *,
-        boot_id: str | None,
         clock: Callable[[], datetime],
         max_connections: int,
         busy_timeout_ms: int,
@@ -53,7 +52,6 @@ class SqliteBackend:
         self.path = self.store.path
         self.where = str(self.path)
         self.clock = clock
-        self.boot_id = boot_id
         self._health = WriteHealth(self.where, clock)
         self._limiter = trio.CapacityLimiter(self.store.max_connections)
         self._writes: Coalescer[Callable[[Any], Any], Any] = Coalescer(self._write_group)
@@ -65,7 +63,7 @@ class SqliteBackend:
             raise RegistryError(f"registry {self.path} is closed")
 
     def _rows(self, conn: Any) -> SqliteRows:
-        return SqliteRows(conn, clock=self.clock, boot_id=self.boot_id)
+        return SqliteRows(conn, clock=self.clock)
 
     async def write(self, step: Step[T]) -> T:
         """One step, in a thread hop and a transaction shared with the steps queued meanwhile (group commit)."""
@@ -125,7 +123,7 @@ class SqliteRegistry(Registry):
         busy_timeout_ms: int = BUSY_TIMEOUT_MS,
     ) -> None:
         self.sqlite = SqliteBackend(
-            path, boot_id=boot_id, clock=clock, max_connections=max_connections, busy_timeout_ms=busy_timeout_ms
+            path, clock=clock, max_connections=max_connections, busy_timeout_ms=busy_timeout_ms
         )
         super().__init__(self.sqlite, boot_id=boot_id, outbox=outbox)
         self.store = self.sqlite.store
