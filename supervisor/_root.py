@@ -195,6 +195,7 @@ async def _serve_boot(
             await root.start(supervisor.webhooks.run)
             # The startup sweep runs before serving; it never waits on a job, so /api/health is not delayed.
             await root.start(supervisor.run_sweeper)
+            await root.start(supervisor.heartbeats.run)  # the beats the API takes, written behind (ADR 0018)
             serve = functools.partial(serve_http, limits=limits)
             await root.start(serve, supervisor, credentials, sock, shutdown, http_done)
             log.info(

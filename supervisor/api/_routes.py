@@ -370,9 +370,8 @@ async def job_log(supervisor: Supervisor, job_id: str) -> Any:
     body="Heartbeat",
     over_registry=True,
     responses={
-        "204": {"description": "recorded"},
-        "401": error("the token is not this job's, or no job has this id"),
-        "409": error("the job is not running"),
+        "204": {"description": "taken: written within 50 ms, and before the next read of the job"},
+        "401": error("the token is not this job's, or no job has this id (or it no longer runs)"),
         "422": INVALID,
     },
 )
@@ -382,7 +381,7 @@ async def heartbeat(supervisor: Supervisor, job_id: str) -> Any:
     if token is None:
         raise Unauthorized(MISSING_JOB_TOKEN)
     # The core checks the token before it reads the body, then validates the body and that the job runs.
-    await supervisor.heartbeat(job_id, token, json_body)
+    await supervisor.heartbeats.record(job_id, token, json_body)
     return "", 204
 
 

@@ -17,7 +17,16 @@ from ._absence import AbsenceJudge, AbsenceTracker
 from ._boot import Boot, Tally, Watched
 from ._drain import PROMOTE_BATCH, Drainer
 from ._enqueue import MAX_BATCH
-from ._heartbeats import MAX_STAGE_LEN, MAX_UNITS, JobTokens, parse_beat
+from ._heartbeats import (
+    FLUSH_INTERVAL_S,
+    MAX_STAGE_LEN,
+    MAX_UNITS,
+    RETRY_AFTER_S,
+    Heartbeats,
+    JobTokens,
+    merged,
+    parse_beat,
+)
 from ._queue_watch import HOLD_REASONS, NOT_PROMOTED, QueueRule, QueueWatch, Stuck
 from ._reconcile import ReconcileDetail, ReconcileReport
 from ._rules import (
@@ -50,6 +59,7 @@ from ._wakeups import WakeupListener
 __all__ = [
     "CANCELLED",
     "ENGINE_UNAVAILABLE",
+    "FLUSH_INTERVAL_S",
     "HOLD_REASONS",
     "JITTER",
     "LOG_CHUNK_BYTES",
@@ -63,6 +73,7 @@ __all__ = [
     "REASON_RECOVERED",
     "REASON_SILENT",
     "REASON_STALLED",
+    "RETRY_AFTER_S",
     "STALLED_STOP",
     "AbsenceJudge",
     "AbsenceTracker",
@@ -71,6 +82,7 @@ __all__ = [
     "Decision",
     "Drainer",
     "Health",
+    "Heartbeats",
     "JobTokens",
     "LogSlice",
     "QueueRule",
@@ -92,6 +104,7 @@ __all__ = [
     "ending",
     "judge",
     "judge_absence",
+    "merged",
     "outcome",
     "parse_beat",
     "past_window",

@@ -108,6 +108,10 @@ class Watched:
             self.on_cancel()
 
 
+async def _nothing_to_write() -> None:
+    """No heartbeats are taken (a Boot without a Supervisor's heartbeats)."""
+
+
 @dataclass
 class Boot:
     config: Config
@@ -132,6 +136,9 @@ class Boot:
     # Whether this host may promote now: its host lease is fresh (INV-NO-PROMOTION-WITHOUT-LEASE; the fleet's gate,
     # wired by Supervisor). A gate refuses until someone who knows opens it: never "yes" by default.
     may_promote: Callable[[], bool] = lambda: False
+    # Writes the heartbeats taken and not yet written (``Heartbeats.flush``, wired by Supervisor): a row that ends
+    # takes no beat after, so its last ones are written first (ADR 0018).
+    write_beats: Callable[[], Awaitable[None]] = _nothing_to_write
     # Promotions asked of the registry whose rows are not yet in ``watched`` (the await of its promote), and how many
     # have begun: a read of the rows that overlapped one may hold its rows unheld yet (``promotion_mark``).
     promotions_in_flight: int = 0

@@ -2,27 +2,39 @@
 
 The token is checked before the body is read, so a caller without it learns nothing: not whether the job exists,
 nor what body would have been accepted. The check is in memory for a job this boot saw running (``JobTokens``),
-else one registry read; the write checks the token again, in the transaction that records the beat. Beats that
-arrive together share a registry write (the registry's own group commit); each is answered after the write that
-holds it: a 204 means the beat is durable.
+else one registry read. A beat that passes is *taken* (the 204) and written behind (ADR 0018): the beats taken
+within ``FLUSH_INTERVAL_S`` go to the registry in one write (``Heartbeats.run``), a job's several beats merged into
+one, which checks each token again in its own transaction. So a beat costs no registry write of its own -- the
+write each beat waited for was most of a beat's cost. A read through the core writes what is pending first (a 204
+is seen by the next read), and a crash loses at most the beats of one interval: liveness, which the job's next beat
+gives again with its watermark (INV-PROGRESS-NOT-LIVENESS: the watermark is a maximum, so nothing is counted twice).
 """
 
 from __future__ import annotations
 
 import hmac
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
-from ..domain import Conflict, Job, JobStatus, RequestError, Unauthorized, ValidationError
+import trio
+
+from ..domain import Job, JobStatus, RegistryError, RequestError, ValidationError
 from ..domain._model import hash_token
-from ..observe import EventName, JobEvent
+from ..observe import EventName, JobEvent, get_logger
 from ..registry import Beat, Registry
+
+log = get_logger()
 
 MAX_STAGE_LEN = 200
 # A heartbeat's unit counts are stored as 64-bit signed integers: a larger number is refused, not a 500.
 MAX_UNITS = 2**63 - 1
 # Far more than any max_concurrent: a bound in case entries for jobs ended by another process are never dropped.
 MAX_TOKENS = 100_000
+# How long the beats taken gather before one registry write takes them all (a beat's 204 means taken; it is written
+# within this, or at the next read through the core, whichever comes first).
+FLUSH_INTERVAL_S = 0.05
+# After a write that failed (the registry unavailable), the next try waits this long: the beats are kept meanwhile.
+RETRY_AFTER_S = 1.0
 
 
 class JobTokens:
@@ -105,16 +117,35 @@ def parse_beat(job_id: str, token: str, body: object) -> Beat:
     return Beat(job_id, token, completed, total, stage)
 
 
+def merged(older: Beat | None, newer: Beat) -> Beat:
+    """Two beats of one job and token as one: the higher watermark, the newer total and stage. The registry records
+    them alike (the beats of one write share its clock), so a job's beats are one row change, not one each."""
+    if older is None:
+        return newer
+    total = older.total_units if newer.total_units is None else newer.total_units
+    stage = older.stage if newer.stage is None else newer.stage
+    return Beat(newer.job_id, newer.token, max(older.completed_units, newer.completed_units), total, stage)
+
+
 class Heartbeats:
-    """Records heartbeats; ``recorded`` sees each row after its beat (the absence tracker's ``beat``)."""
+    """Takes heartbeats and writes them behind (``run``, a task of the root nursery); ``recorded`` sees each row
+    after its beat is written (the absence tracker's ``beat``)."""
 
     def __init__(self, registry: Registry, recorded: Callable[[Job], None]) -> None:
         self._registry = registry
         self._recorded = recorded
         self.tokens = JobTokens()
+        self._pending: dict[tuple[str, str], Beat] = {}  # (job id, token) -> its beats taken since the last write
+        self._arrived = trio.Event()
+        self._writing = trio.Lock()
 
-    async def record(self, job_id: str, token: str, read_body: Callable[[], Awaitable[object]]) -> Job:
-        """``read_body`` reads the request's body (raising the HTTP layer's 400/413/415), after the token check."""
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def record(self, job_id: str, token: str, read_body: Callable[[], Awaitable[object]]) -> None:
+        """Take a beat: ``read_body`` reads the request's body (raising the HTTP layer's 400/413/415), after the token
+        check. Returns once the beat is taken, before it is written."""
         admitted = self.tokens.admits(job_id, token)
         if not admitted:
             generation = self.tokens.generation
@@ -128,10 +159,54 @@ class Heartbeats:
                 # whatever its body, as if the registry had been asked first.
                 await self._registry.check_job_token(job_id, token)
             raise
-        [result] = await self._registry.record_heartbeats([beat])
-        if isinstance(result, (Unauthorized, Conflict)):
-            self.tokens.forget(job_id)  # ended (perhaps by another process): the next beat asks the registry
-        if isinstance(result, RequestError):
-            raise result
-        self._recorded(result)
-        return result
+        self._pending[job_id, token] = merged(self._pending.get((job_id, token)), beat)
+        self._arrived.set()
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Write the beats taken, every ``FLUSH_INTERVAL_S`` while there are any. Error boundary: a write that fails
+        (``RegistryError``) keeps its beats for the next one and is said once until one succeeds. Cancelled (the
+        shutdown), it writes what is pending first, shielded (every registry call is bounded)."""
+        task_status.started()
+        failing = False
+        try:
+            while True:
+                await self._arrived.wait()
+                await trio.sleep(RETRY_AFTER_S if failing else FLUSH_INTERVAL_S)
+                try:
+                    await self.flush()
+                except RegistryError as exc:
+                    if not failing:
+                        log.warning("heartbeats_write_failed", error=str(exc), pending=self.pending)
+                    failing = True
+                    continue
+                if failing:
+                    log.info("heartbeats_write_recovered")
+                failing = False
+        finally:
+            with trio.CancelScope(shield=True):
+                try:
+                    await self.flush()
+                except RegistryError as exc:
+                    log.warning("heartbeats_write_failed", error=str(exc), pending=self.pending, at="shutdown")
+
+    async def flush(self) -> None:
+        """Write every beat taken so far, now (a read that must see them calls this first). A write that fails, or
+        is cancelled, keeps its beats (merged under the newer ones) and raises."""
+        async with self._writing:  # one write at a time: a flush that waited for one writes what came since
+            beats, self._pending = self._pending, {}
+            self._arrived = trio.Event()
+            if not beats:
+                return
+            try:
+                results = await self._registry.record_heartbeats(list(beats.values()))
+            except BaseException:
+                for key, beat in beats.items():
+                    newer = self._pending.get(key)
+                    self._pending[key] = beat if newer is None else merged(beat, newer)
+                self._arrived.set()
+                raise
+        for beat, result in zip(beats.values(), results, strict=True):
+            if isinstance(result, RequestError):
+                self.tokens.forget(beat.job_id)  # ended (perhaps by another process): the next beat asks the registry
+            else:
+                self._recorded(result)

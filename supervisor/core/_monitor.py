@@ -139,6 +139,7 @@ class Monitors:
         if follow_up is not None:
             decided = dataclasses.replace(decided, then=follow_up[0], then_key=follow_up[1])
         guard = Expect(expect.identity, host_silent=host_silent) if expect is not None else None
+        await boot.write_beats()  # its last beats before its end (ADR 0018)
         change, _ = await boot.registry.finalize(job.job_id, decided, expect=guard)
         boot.stall_stops.discard(job.job_id)
         if not change.changed:
@@ -160,6 +161,7 @@ class Monitors:
     async def finalize(self, job: Job, outcome: Outcome, *, expect: Job | None = None) -> bool:
         """End a RUNNING row with a decided outcome (reconcile's verdicts, a cancel of a job left alone)."""
         guard = Expect(expect.identity) if expect is not None else None
+        await self.boot.write_beats()  # its last beats before its end (ADR 0018)
         change, _ = await self.boot.registry.finalize(job.job_id, Ending(outcome), expect=guard)
         if change.changed:
             self.boot.announce_end(change.job, change.previous)

@@ -246,6 +246,7 @@ class Supervisor:
             self.queue_watch,
         )
         self.heartbeats = Heartbeats(registry, self.absence.tracker.beat)
+        self.boot.write_beats = self.heartbeats.flush
         # What other hosts change (an enqueue, a cancel of a job here, the pause), heard at once; the sweep is the
         # guarantee (INV-NOTIFY-IS-A-HINT).
         self.wakeups = WakeupListener(self.boot, self.wake_drainer, self.monitors)
@@ -475,10 +476,12 @@ class Supervisor:
     # -- reads, heartbeats, logs, metrics -------------------------------------------------------------------
 
     async def get(self, job_id: str) -> Job:
+        await self.heartbeats.flush()  # each read writes the beats taken first: a 204 is seen by it (ADR 0018)
         return await self.boot.registry.get(job_id)
 
     async def show(self, job_id: str) -> tuple[Job, list[str]]:
         """One job's row, and the jobs enqueued as explicit retries of it (oldest first)."""
+        await self.heartbeats.flush()
         job = await self.boot.registry.get(job_id)
         return job, await self.boot.registry.retries_of(job_id)
 
@@ -491,13 +494,10 @@ class Supervisor:
         cursor: str | None = None,
         idempotency_key: str | None = None,
     ) -> tuple[list[Job], str | None]:
+        await self.heartbeats.flush()
         return await self.boot.registry.list_jobs(
             status=status, kind=kind, limit=limit, cursor=cursor, idempotency_key=idempotency_key
         )
-
-    async def heartbeat(self, job_id: str, token: str, read_body: Callable[[], Awaitable[object]]) -> Job:
-        """Record a child's heartbeat (see ``_heartbeats``); ``read_body`` is called after the token check."""
-        return await self.heartbeats.record(job_id, token, read_body)
 
     async def read_log(self, job_id: str, *, tail_bytes: int | None = None, offset: int | None = None) -> bytes:
         """A job's log: whole, its last ``tail_bytes``, or from byte ``offset`` on, in one piece (at most the log's

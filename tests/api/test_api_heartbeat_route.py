@@ -231,21 +231,30 @@ async def test_without_the_token_the_body_is_never_parsed(harness: Harness, monk
     assert (await harness.supervisor.get(job_id)).completed_units == 4
 
 
-async def test_a_token_of_a_job_ended_behind_the_supervisors_back_is_401_whatever_the_body(harness: Harness) -> None:
+async def test_a_token_of_a_job_ended_behind_the_supervisors_back_is_401_once_its_write_finds_it(
+    harness: Harness,
+) -> None:
     """The token is admitted from memory for a job this boot saw running; if the row ended without this supervisor
-    hearing of it (another process, say), the write's own check and the re-check of a refused body still make it 401.
-    """
+    hearing of it (another process, say), a refused body's re-check is the 401 at once, and a good body is taken
+    (written behind, ADR 0018): its write finds the row ended, forgets the token, and every later beat is the 401.
+    Nothing reaches the row."""
     job_id, token = await start_tokened(harness)
     path = f"/api/jobs/{job_id}/heartbeat"
     answer = await asgi_post(harness.app, path, json_headers(token), body({"completed_units": 1}))
     assert answer.status == 204
     assert harness.supervisor.heartbeats.tokens.admits(job_id, token)  # the path under test: admitted from memory
+    await harness.supervisor.heartbeats.flush()
     await harness.supervisor.registry.finalize(job_id, Ending(Outcome(JobStatus.FAILED, "ended_elsewhere")))
-    for data in (b"{", body({"completed_units": -1}), body({"completed_units": 2})):
+    for data in (b"{", body({"completed_units": -1})):
         answer = await asgi_post(harness.app, path, json_headers(token), data)
         assert answer.status == 401, data
         assert json.loads(answer.body)["error"]["code"] == "unauthorized"
-    assert (await harness.supervisor.get(job_id)).completed_units == 1
+    answer = await asgi_post(harness.app, path, json_headers(token), body({"completed_units": 2}))
+    assert answer.status == 204  # taken from memory
+    assert (await harness.supervisor.get(job_id)).completed_units == 1  # the read writes it: refused, forgotten
+    answer = await asgi_post(harness.app, path, json_headers(token), body({"completed_units": 3}))
+    assert answer.status == 401
+    assert json.loads(answer.body)["error"]["code"] == "unauthorized"
 
 
 # -- over a live server's socket ----------------------------------------------------------------------------------

@@ -193,7 +193,8 @@ async def _beat(sup: Supervisor, job: Job, units: int) -> None:
     async def body() -> object:
         return {"completed_units": units}
 
-    await sup.heartbeat(job.job_id, "t", body)  # insert_running's rows carry the token "t"
+    await sup.heartbeats.record(job.job_id, "t", body)  # insert_running's rows carry the token "t"
+    await sup.heartbeats.flush()  # written now, as the writer task would within its interval
 
 
 async def test_stalled_at_the_first_sweep_past_the_threshold_and_not_one_before(
