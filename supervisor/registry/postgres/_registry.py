@@ -296,7 +296,7 @@ class PostgresBackend:
         report: bool = True,
     ) -> T:
         """``work`` in one transaction on a pooled connection: READ COMMITTED for a write (the promotion relies on
-        it: ``_operations.promote_in``), one REPEATABLE READ snapshot for a read. ``tx=False``: ``work`` makes its
+        it: ``_engine.Rules.promote_rows``), one REPEATABLE READ snapshot for a read. ``tx=False``: ``work`` makes its
         own transactions (the migrations)."""
         if self._closed or self._pool is None:
             raise RegistryError(f"registry {self.where} is closed")
@@ -350,7 +350,7 @@ class PostgresBackend:
 
     def listen(self) -> AbstractAsyncContextManager[WakeupFeed | None]:
         """A session of its own (outside the pool: ``_listen``) that LISTENs on this schema's channel, on which the
-        writes that other hosts may act on send their wake-ups when they commit (``_operations``), on ``listen_dsn``
+        writes that other hosts may act on send their wake-ups when they commit (``PostgresRows.notify``), on ``listen_dsn``
         if given. Behind a pooler in transaction mode without one, nothing (None): no session of its own would stay
         this client's between statements there."""
         if self._closed or self.channel is None:

@@ -1,6 +1,6 @@
 """The SQLite registry's transaction layer: a bounded connection pool, one writer at a time per process, and group
 commit. Blocking code, called from worker threads (``_registry.SqliteRegistry`` hops there); it knows nothing of
-jobs: the operations (``_operations.py``) are changes handed to it.
+jobs: the rules' steps (``_registry.SqliteBackend``) are changes handed to it.
 
 Every write is one ``BEGIN IMMEDIATE`` transaction, which takes SQLite's write lock up front: that lock is the
 cross-process lock that lets a CLI or a second process enqueue safely beside a running supervisor, and the lock
@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -269,67 +269,28 @@ class StandAlone:
         return self.run(conn)
 
 
-@dataclass(eq=False)
-class _PendingWrite:
-    """One change waiting for a group commit, and its outcome once the transaction holding it has ended."""
-
-    change: Callable[[sqlite3.Connection], Any]
-    done: bool = False
-    result: Any = None
-    error: BaseException | None = None
-    committed: threading.Event = field(default_factory=threading.Event)  # set once ``done``: wakes its caller only
-
-
-class _WriteQueue:
-    """This process's writers of one registry file: one writer at a time (``lock``), and the changes waiting for
-    the next group commit (``pending``).
-
-    A change's caller never waits for the lock itself: it queues its change and, if another writer holds the lock,
-    waits on its own event, set as soon as a leader has committed the change (one wake-up per change, no herd).
-    Whoever holds the lock runs what is queued before it lets go (``lead``), so a change queued while the lock was
-    held is never left behind. SQLite's busy handler would sleep and poll instead (1, 2, 5, 10 ms...) and leave the
-    write lock idle between the transactions of concurrent jobs.
-    """
+class _FileWriters:
+    """This process's writers of one registry file: one at a time (``lock``: a second handle on the same file, as
+    the CLI and tests open, waits here and is woken at once, not in SQLite's busy handler, which sleeps and polls:
+    1, 2, 5, 10 ms...), and what their commits proved."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.guard = threading.Lock()
-        self.pending: list[_PendingWrite] = []
         # Commits that wrote at least one row: proof that the file takes writes. A commit of changes that changed
         # nothing touches no page, and succeeds on a full disk or a read-only file as well.
         self.commits_that_wrote = 0
         self.failing = False  # the last group failed on the storage (see ``SqliteStore._run_group``)
 
-    def take(self) -> list[_PendingWrite]:
-        with self.guard:
-            group = self.pending[:MAX_GROUP]
-            del self.pending[:MAX_GROUP]
-            return group
 
-    def has_pending(self) -> bool:
-        with self.guard:
-            return bool(self.pending)
-
-    def withdraw(self, item: _PendingWrite) -> bool:
-        """Take a change back out of the queue; False when a leader already took it (it is being run)."""
-        with self.guard:
-            for i, queued in enumerate(self.pending):
-                if queued is item:
-                    del self.pending[i]
-                    return True
-            return False
+_WRITERS: dict[str, _FileWriters] = {}
+_WRITERS_GUARD = threading.Lock()
 
 
-_WRITE_QUEUES: dict[str, _WriteQueue] = {}
-_WRITE_QUEUES_GUARD = threading.Lock()
-
-
-def _process_write_queue(path: Path) -> _WriteQueue:
-    """The one write queue of this process for the registry file at ``path``, shared by every handle on it (a
-    second handle on the same file, as the CLI and tests open, waits in the same queue instead of busy-sleeping)."""
+def _process_writers(path: Path) -> _FileWriters:
+    """The one ``_FileWriters`` of this process for the registry file at ``path``, shared by every handle on it."""
     key = str(path.resolve())
-    with _WRITE_QUEUES_GUARD:
-        return _WRITE_QUEUES.setdefault(key, _WriteQueue())
+    with _WRITERS_GUARD:
+        return _WRITERS.setdefault(key, _FileWriters())
 
 
 class SqliteStore:
@@ -353,7 +314,7 @@ class SqliteStore:
         self._pool = _ConnectionPool(self.path, max_connections, busy_timeout_ms)
         # One writer of this process at a time, and the group commit's queue (see ``write``); readers never wait
         # here (WAL).
-        self._writes = _process_write_queue(self.path)
+        self._writes = _process_writers(self.path)
         with self._writes.lock, self._pool.borrow() as conn:
             try:
                 self.schema_version = migrate(conn, self.path)
@@ -381,21 +342,21 @@ class SqliteStore:
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction under SQLite's cross-process write lock.
+        """One write transaction of its own, under this process's write lock (a test's or a script's raw write)."""
+        with self._locked(), self.locked_tx() as conn:
+            yield conn
 
-        This process's writers first take its write lock (``_WriteQueue``), which wakes the next one at once;
-        ``busy_timeout`` still arbitrates with other processes (a CLI, a second supervisor), which never see it.
-        """
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """This process's write lock of the file, bounded by the busy timeout."""
         if not self._writes.lock.acquire(timeout=self.busy_timeout_ms / 1000):
             raise RegistryUnavailable(
                 f"registry lock not acquired within {self.busy_timeout_ms} ms (this process's writers)"
             )
         try:
-            with self.locked_tx() as conn:
-                yield conn
+            yield
         finally:
             self._writes.lock.release()
-            self._lead()  # group changes queued meanwhile: their callers wait for a leader, not for the lock
 
     @contextmanager
     def locked_tx(self) -> Iterator[sqlite3.Connection]:
@@ -422,20 +383,7 @@ class SqliteStore:
                     raise failure(exc, "registry commit failed") from exc
 
     def write(self, change: Callable[[sqlite3.Connection], T]) -> T:
-        """Run one change in a write transaction shared with this process's concurrent changes (group commit).
-
-        The change is queued; the next writer of this process (the leader) runs every queued change in one
-        ``BEGIN IMMEDIATE`` ... ``COMMIT``, each inside its own savepoint, so the jobs that end or start together
-        pay one fsync instead of one each. For each change:
-        - it sees the writes of the changes before it and commits with them: its checks (a promotion's count of
-          running rows, a finalize's ``decide``) run inside the transaction that commits it, as with ``_tx``;
-        - its outbox event is written by the change itself, so it commits or rolls back with its change;
-        - an error rolls back that change alone (to its savepoint) and is raised to its caller only; the others
-          commit;
-        - its caller returns only once the transaction holding it has committed (``synchronous = FULL``): an
-          acknowledged change is durable. A failed COMMIT fails every change of the group.
-        A change may run in another caller's thread, on a connection of another handle on the same file.
-        """
+        """Run one change in a write transaction of its own (see ``write_group``)."""
         [(result, error)] = self.write_group([change])
         if error is not None:
             raise error
@@ -444,49 +392,41 @@ class SqliteStore:
     def write_group(
         self, changes: Sequence[Callable[[sqlite3.Connection], Any]]
     ) -> list[tuple[Any, BaseException | None]]:
-        """Run several changes as ``_write`` runs one, queued together (so one leader commits them together, with
-        whatever else is queued): each change's (result, error), in order. For a caller that collects the changes of
-        several tasks and hands them over in one thread hop (``AsyncRegistry``)."""
-        items = [_PendingWrite(change) for change in changes]
-        queue = self._writes
-        with queue.guard:
-            queue.pending.extend(items)
-        self._lead()
-        out: list[tuple[Any, BaseException | None]] = []
-        for item in items:
-            if not item.committed.wait(self.busy_timeout_ms / 1000):
-                if queue.withdraw(item):  # no leader took it in time: give up, nothing was written
-                    why = f"registry lock not acquired within {self.busy_timeout_ms} ms (this process's writers)"
-                    out.append((None, RegistryUnavailable(why)))
-                    continue
-                item.committed.wait()  # a leader is running it: its transaction ends (bounded by busy_timeout)
-            out.append((item.result, item.error))
-        return out
+        """Run several changes in one ``BEGIN IMMEDIATE`` ... ``COMMIT`` (at most ``MAX_GROUP`` a transaction), each
+        inside its own savepoint unless it stands alone: the changes that arrive together (``Coalescer``, one thread
+        hop) pay one fsync instead of one each. Each change's (result, error), in order. For each change:
+        - it sees the writes of the changes before it and commits with them: its checks (a promotion's count of
+          running rows, a finalize's decision) run inside the transaction that commits it;
+        - its outbox event is written by the change itself, so it commits or rolls back with its change;
+        - an error rolls back that change alone (to its savepoint) and is its own result; the others commit;
+        - this returns only once the transaction holding it has committed (``synchronous = FULL``): an acknowledged
+          change is durable. A failed COMMIT fails every change of the group.
+        """
+        try:
+            with self._locked():
+                return [
+                    out
+                    for at in range(0, len(changes), MAX_GROUP)
+                    for out in self._run_group(changes[at : at + MAX_GROUP])
+                ]
+        except RegistryUnavailable as exc:  # the lock not in time: nothing was written
+            return [(None, RegistryUnavailable(str(exc))) for _ in changes]
 
-    def _lead(self) -> None:
-        """If no writer of this process holds the lock, take it and commit every queued change, group by group;
-        look again after letting go (a change queued just before is otherwise left without a leader)."""
-        queue = self._writes
-        while queue.has_pending() and queue.lock.acquire(blocking=False):
-            try:
-                while group := queue.take():
-                    self._run_group(group)
-            finally:
-                queue.lock.release()
-
-    def _run_group(self, group: list[_PendingWrite]) -> None:
-        """Run ``group`` in one transaction and record each change's outcome; the caller holds the write lock."""
-        results: list[tuple[_PendingWrite, Any, BaseException | None]] = []
+    def _run_group(
+        self, group: Sequence[Callable[[sqlite3.Connection], Any]]
+    ) -> list[tuple[Any, BaseException | None]]:
+        """Run ``group`` in one transaction; each change's outcome. The caller holds the write lock."""
+        results: list[tuple[Any, BaseException | None]] = []
         try:
             with self.locked_tx() as conn:
                 changes_before = conn.total_changes
-                for item in group:
-                    savepoint = not isinstance(item.change, StandAlone)
+                for change in group:
+                    savepoint = not isinstance(change, StandAlone)
                     if savepoint:
                         conn.execute("SAVEPOINT change")
                     error: BaseException | None = None
                     try:
-                        result = item.change(conn)
+                        result = change(conn)
                     except sqlite3.Error as exc:
                         if isinstance(failure(exc, ""), RegistryUnavailable):
                             # The storage refused (full, read-only, I/O): the whole group fails, and the connection
@@ -500,32 +440,29 @@ class SqliteStore:
                         if error is not None:
                             conn.execute("ROLLBACK TO change")
                         conn.execute("RELEASE change")
-                    results.append((item, result, error))
+                    results.append((result, error))
                 wrote = conn.total_changes != changes_before
-        except BaseException as exc:
+        except Exception as exc:
             self._writes.failing = True
             why = str(exc) if isinstance(exc, RegistryError) else f"registry write failed: {exc!r}"
             kind = type(exc) if isinstance(exc, RegistryError) else RegistryError
-            for item in group:  # each caller gets its own exception object (raised in its own thread)
-                item.error, item.done = kind(why), True
-                item.error.__cause__ = exc
-                item.committed.set()
-            if not isinstance(exc, Exception):
-                raise
-            return
+            out: list[tuple[Any, BaseException | None]] = []
+            for _ in group:  # each caller gets its own exception object (raised in its own task)
+                error = kind(why)
+                error.__cause__ = exc
+                out.append((None, error))
+            return out
         if wrote:
             self._writes.commits_that_wrote += 1  # under the write lock
             if self._writes.failing:
                 # The fault is over: connections opened during it (read-only, say) are not kept.
                 self._writes.failing = False
                 self._pool.drop_idle()
-        for item, result, error in results:
-            item.result, item.error, item.done = result, error, True
-            item.committed.set()
+        return results
 
     @property
     def commits_that_wrote(self) -> int:
-        """How many commits of this process on this file wrote a row so far (see ``_WriteQueue``)."""
+        """How many commits of this process on this file wrote a row so far (see ``_FileWriters``)."""
         return self._writes.commits_that_wrote
 
     def read(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
