@@ -62,7 +62,7 @@ from ._protocol import (
     check_prune,
     log_name,
 )
-from ._tables import JOBS, OUTBOX, QUEUED, Store, Where, stored
+from ._tables import JOBS, OUTBOX, QUEUED, Read, Store, Where, stored
 
 T = TypeVar("T")
 
@@ -185,7 +185,7 @@ class Rules:
             # COMMITTED sees no uncommitted insert).
             await store.lock(tables.COALESCE_LOCK, new.coalesce_key)
             where = (("status", "=", QUEUED), ("coalesce_key", "=", new.coalesce_key))
-            found = await store.select(JOBS, where, columns=("job_id",), order=("seq",), limit=1)
+            found = await store.select(JOBS, where, Read(columns=("job_id",), order=("seq",), limit=1))
             if found:
                 return found[0]["job_id"], True
         job_id = uuid.uuid4().hex
@@ -238,7 +238,8 @@ class Rules:
         ``started_at`` in the same step (INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING)."""
         await store.lock(tables.PROMOTION)
         hosts = [
-            row["host_id"] for row in await store.select(JOBS, (("status", "=", tables.RUNNING),), columns=("host_id",))
+            row["host_id"]
+            for row in await store.select(JOBS, (("status", "=", tables.RUNNING),), Read(columns=("host_id",)))
         ]
         free = request.free_slots(len(hosts), hosts.count(request.host_id))
         if free <= 0:
@@ -527,7 +528,7 @@ async def prune_jobs(
 async def expire_keys(store: Store, limit: int) -> int:
     """Remove up to ``limit`` expired idempotency keys' rows (the jobs they answered may be pruned after)."""
     expired = await store.select(
-        tables.KEYS, (("expires_at", "<=", store.now()),), columns=("idempotency_key",), limit=limit
+        tables.KEYS, (("expires_at", "<=", store.now()),), Read(columns=("idempotency_key",), limit=limit)
     )
     keys = tuple({row["idempotency_key"] for row in expired})
     return await store.delete(tables.KEYS, (("idempotency_key", "in", keys),)) if keys else 0
@@ -544,7 +545,7 @@ async def outbox_prune(store: Store, max_events: int, max_age_s: float) -> Prune
     excess = await store.count(OUTBOX) - max_events
     by_count = 0
     if excess > 0:  # the oldest go: every event up to the one at ``excess``
-        [last] = await store.select(OUTBOX, columns=("seq",), order=("seq",), limit=1, offset=excess - 1)
+        [last] = await store.select(OUTBOX, (), Read(columns=("seq",), order=("seq",), limit=1, offset=excess - 1))
         by_count = await store.delete(OUTBOX, (("seq", "<=", last["seq"]),))
     return PruneResult(by_age, by_count)
 

@@ -11,7 +11,7 @@ from importlib import resources
 from typing import Any
 
 from ..domain import RegistryError
-from ._tables import COLUMNS, JSON_COLUMNS, Either, Where
+from ._tables import COLUMNS, EVERY, JSON_COLUMNS, Either, Read, Where
 
 
 class SqlRows:
@@ -74,31 +74,20 @@ class SqlRows:
         cond = self.where(where, args)
         return f"{head} WHERE {cond}" if cond else head
 
-    async def select(
-        self,
-        table: str,
-        where: Where = (),
-        *,
-        columns: Sequence[str] | None = None,
-        order: Sequence[str] = (),
-        limit: int | None = None,
-        offset: int = 0,
-        lock: bool = False,
-        skip_locked: bool = False,
-    ) -> list[dict[str, Any]]:
-        names = columns or COLUMNS[table]
+    async def select(self, table: str, where: Where = (), read: Read = EVERY) -> list[dict[str, Any]]:
+        names = read.columns or COLUMNS[table]
         args: list[object] = []
         sql = self._filtered(f"SELECT {', '.join(names)} FROM {table}", where, args)
-        if order:
-            sql += " ORDER BY " + ", ".join(f"{o[1:]} DESC" if o.startswith("-") else o for o in order)
-        if limit is not None:
-            args.append(limit)
+        if read.order:
+            sql += " ORDER BY " + ", ".join(f"{o[1:]} DESC" if o.startswith("-") else o for o in read.order)
+        if read.limit is not None:
+            args.append(read.limit)
             sql += f" LIMIT {self.mark(len(args))}"
-        if offset:
-            args.append(offset)
+        if read.offset:
+            args.append(read.offset)
             sql += f" OFFSET {self.mark(len(args))}"
-        if lock:
-            sql += self.locking(skip_locked)
+        if read.lock:
+            sql += self.locking(read.skip_locked)
         decode = self.decode
         rows = await self.fetch(sql, args)
         return [{name: decode(name, value) for name, value in zip(names, row, strict=True)} for row in rows]

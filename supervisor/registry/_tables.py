@@ -74,6 +74,21 @@ class Either:
     options: tuple[Where, ...]
 
 
+@dataclass(frozen=True)
+class Read:
+    """How a select reads: which columns (None: all of ``COLUMNS``), in what order (column names, ``-name``
+    descending), how many from where; ``lock``: hold the rows until the transaction ends where the backend locks
+    rows (PostgreSQL's ``FOR UPDATE``; ``skip_locked``: pass over a row another transaction holds)."""
+
+    columns: Sequence[str] | None = None
+    order: Sequence[str] = ()
+    limit: int | None = None
+    offset: int = 0
+    lock: bool = False
+    skip_locked: bool = False
+
+
+EVERY = Read()
 QUEUED, RUNNING = JobStatus.QUEUED.value, JobStatus.RUNNING.value
 FINISHED: Where = (("ended_at", "!=", None), ("status", "in", tuple(sorted(s.value for s in TERMINAL))))
 
@@ -81,27 +96,14 @@ FINISHED: Where = (("ended_at", "!=", None), ("status", "in", tuple(sorted(s.val
 class Store(Protocol):
     """One transaction's view of a backend's tables; it decides nothing (``_engine.Rules`` do).
 
-    ``lock`` (``select``): hold the rows until the transaction ends where the backend locks rows (PostgreSQL's
-    ``FOR UPDATE``; ``skip_locked``: skip a row another transaction holds); ``lock(name, key)``: take the named lock
-    where the backend has one (SQLite's write transaction and memory's single step hold everything already).
-    ``order``: column names, ``-name`` descending. ``update`` and ``delete`` answer how many rows they changed;
-    ``put`` inserts a row or replaces the one with the same ``key`` columns."""
+    ``select`` reads as its ``Read`` says; ``lock(name, key)`` takes the named lock where the backend has one
+    (SQLite's write transaction and memory's single step hold everything already). ``update`` and ``delete`` answer
+    how many rows they changed; ``put`` inserts a row or replaces the one with the same ``key`` columns."""
 
     def now(self) -> datetime: ...
     async def lease_now(self) -> datetime: ...
     async def lock(self, name: str, key: str | None = None) -> None: ...
-    async def select(
-        self,
-        table: str,
-        where: Where = (),
-        *,
-        columns: Sequence[str] | None = None,
-        order: Sequence[str] = (),
-        limit: int | None = None,
-        offset: int = 0,
-        lock: bool = False,
-        skip_locked: bool = False,
-    ) -> list[dict[str, Any]]: ...
+    async def select(self, table: str, where: Where = (), read: Read = EVERY) -> list[dict[str, Any]]: ...
     async def count(self, table: str, where: Where = ()) -> int: ...
     async def tally(self, table: str, column: str) -> dict[Any, int]: ...
     async def insert(self, table: str, rows: Sequence[Mapping[str, Any]]) -> None: ...
@@ -159,7 +161,7 @@ def _is(column: str, value: object) -> Cond:
 
 
 async def job(store: Store, job_id: str, *, lock: bool = False, position: bool = False) -> Job | None:
-    rows = await store.select(JOBS, (_is("job_id", job_id),), lock=lock)
+    rows = await store.select(JOBS, (_is("job_id", job_id),), Read(lock=lock))
     if not rows:
         return None
     row, at = rows[0], None
@@ -176,25 +178,25 @@ async def jobs(store: Store, job_ids: Sequence[str]) -> list[Job]:
 
 async def running(store: Store) -> list[Job]:
     """Every RUNNING row, oldest first (the status index: O(running rows))."""
-    return [job_of(row) for row in await store.select(JOBS, (_is("status", RUNNING),), order=("seq",))]
+    return [job_of(row) for row in await store.select(JOBS, (_is("status", RUNNING),), Read(order=("seq",)))]
 
 
 async def promotable(store: Store, now: datetime, limit: int, *, lock: bool = False) -> list[Job]:
     """The oldest queued rows whose backoff has passed. Locked (a promotion's): a row a concurrent cancel is ending
     is waited for, then skipped if no longer queued; a plain read (the queue's watch) locks nothing."""
     ready = Either(((_is("not_before", None),), (("not_before", "<=", now),)))
-    rows = await store.select(JOBS, (_is("status", QUEUED), ready), order=("seq",), limit=limit, lock=lock)
+    rows = await store.select(JOBS, (_is("status", QUEUED), ready), Read(order=("seq",), limit=limit, lock=lock))
     return [job_of(row) for row in rows]
 
 
 async def next_backoff_end(store: Store, now: datetime) -> datetime | None:
     waiting = (_is("status", QUEUED), ("not_before", ">", now))
-    rows = await store.select(JOBS, waiting, columns=("not_before",), order=("not_before",), limit=1)
+    rows = await store.select(JOBS, waiting, Read(columns=("not_before",), order=("not_before",), limit=1))
     return rows[0]["not_before"] if rows else None
 
 
 async def retries_of(store: Store, job_id: str) -> list[str]:
-    rows = await store.select(JOBS, (_is("retry_of", job_id),), columns=("job_id",), order=("seq",))
+    rows = await store.select(JOBS, (_is("retry_of", job_id),), Read(columns=("job_id",), order=("seq",)))
     return [row["job_id"] for row in rows]
 
 
@@ -203,12 +205,12 @@ async def counts(store: Store) -> dict[str, int]:
 
 
 async def pause(store: Store, *, lock: bool = False) -> PauseState:
-    [row] = await store.select(QUEUE, lock=lock)
+    [row] = await store.select(QUEUE, (), Read(lock=lock))
     return PauseState(True, row["paused_by"], row["paused_at"]) if row["paused"] else PauseState(False)
 
 
 async def hosts(store: Store, now: datetime) -> list[Host]:
-    return [host_of(row, now) for row in await store.select(HOSTS, order=("host_id",))]
+    return [host_of(row, now) for row in await store.select(HOSTS, (), Read(order=("host_id",)))]
 
 
 async def host(store: Store, host_id: str, now: datetime) -> Host | None:
@@ -229,7 +231,9 @@ async def setting(store: Store, name: str) -> FleetSetting | None:
 
 async def receipts(store: Store, key: str, now: datetime) -> tuple[str, list[Receipt]] | None:
     """A key's fingerprint and its receipts in answer order, while it is live at ``now``."""
-    rows = await store.select(KEYS, (_is("idempotency_key", key), ("expires_at", ">", now)), order=("answer_index",))
+    rows = await store.select(
+        KEYS, (_is("idempotency_key", key), ("expires_at", ">", now)), Read(order=("answer_index",))
+    )
     if not rows:
         return None
     answer = [Receipt(r["job_id"], JobStatus(r["status"]), r["queue_position"], r["coalesced"]) for r in rows]
@@ -241,23 +245,25 @@ async def keyed(store: Store, job_ids: Sequence[str] | None = None, key: str | N
     where: Where = (("expires_at", ">", store.now()),)
     where += (("job_id", "in", tuple(job_ids)),) if job_ids is not None else ()
     where += (_is("idempotency_key", key),) if key is not None else ()
-    return {row["job_id"] for row in await store.select(KEYS, where, columns=("job_id",))}
+    return {row["job_id"] for row in await store.select(KEYS, where, Read(columns=("job_id",)))}
 
 
 async def outbox_pending(store: Store, limit: int) -> list[OutboxEvent]:
-    return [OutboxEvent(**row) for row in await store.select(OUTBOX, order=("seq",), limit=limit)]
+    return [OutboxEvent(**row) for row in await store.select(OUTBOX, (), Read(order=("seq",), limit=limit))]
 
 
 async def outbox_stats(store: Store) -> tuple[int, datetime | None]:
     """How many events wait, and when the oldest was written."""
-    oldest = await store.select(OUTBOX, columns=("created_at",), order=("created_at",), limit=1)
+    oldest = await store.select(OUTBOX, (), Read(columns=("created_at",), order=("created_at",), limit=1))
     return await store.count(OUTBOX), oldest[0]["created_at"] if oldest else None
 
 
 async def finished_edge(store: Store, keep_latest: int) -> tuple[datetime, int] | None:
     """The newest finished row past the ``keep_latest`` newest ones: (its ``ended_at``, its ``seq``)."""
     order = ("-ended_at", "-seq")
-    rows = await store.select(JOBS, FINISHED, columns=("ended_at", "seq"), order=order, limit=1, offset=keep_latest)
+    rows = await store.select(
+        JOBS, FINISHED, Read(columns=("ended_at", "seq"), order=order, limit=1, offset=keep_latest)
+    )
     return (rows[0]["ended_at"], rows[0]["seq"]) if rows else None
 
 
@@ -279,10 +285,10 @@ async def prunable(
     while len(found) < limit:
         where = (*FINISHED, Either(tuple(rules)), *after)
         rows = await store.select(
-            JOBS, where, columns=columns, order=("ended_at", "seq"), limit=limit, lock=lock, skip_locked=lock
+            JOBS, where, Read(columns=columns, order=("ended_at", "seq"), limit=limit, lock=lock, skip_locked=lock)
         )
         ids = tuple(row["job_id"] for row in rows)
-        events = await store.select(OUTBOX, (("job_id", "in", ids),), columns=("job_id",)) if ids else []
+        events = await store.select(OUTBOX, (("job_id", "in", ids),), Read(columns=("job_id",))) if ids else []
         kept = {row["job_id"] for row in events} | (await keyed(store, ids) if ids else set())
         found += [PrunedJob(r["job_id"], r["kind"], JobStatus(r["status"]), r["ended_at"], r["log_path"], r["attempts"])
                   for r in rows if r["job_id"] not in kept]  # fmt: skip
@@ -328,13 +334,13 @@ async def list_page(store: Store, page: Page) -> tuple[list[Job], str | None]:
     where: Where = tuple(cond for cond in filters if cond[2] is not None)
     if page.idempotency_key is not None:
         where += (("job_id", "in", tuple(await keyed(store, key=page.idempotency_key))),)
-    rows = await store.select(JOBS, where, order=("-seq",), limit=page.limit + 1)
+    rows = await store.select(JOBS, where, Read(order=("-seq",), limit=page.limit + 1))
     found = rows[: page.limit]
     positions: dict[int, int] = {}
     queued = [row["seq"] for row in found if row["status"] == QUEUED]
     if queued:
         ahead = (_is("status", QUEUED), ("seq", "<=", max(queued)))
-        seqs = await store.select(JOBS, ahead, columns=("seq",), order=("seq",))
+        seqs = await store.select(JOBS, ahead, Read(columns=("seq",), order=("seq",)))
         positions = {row["seq"]: at for at, row in enumerate(seqs, start=1)}
     cursor = str(found[-1]["seq"]) if len(rows) > page.limit else None
     return [job_of(row, positions.get(row["seq"])) for row in found], cursor

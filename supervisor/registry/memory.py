@@ -28,7 +28,7 @@ from ._engine import LocalStore, Step, run_now
 from ._health import RegistryFault
 from ._protocol import WakeupFeed
 from ._registry import Registry, T
-from ._tables import AUTO_SEQ, COLUMNS, JSON_COLUMNS, QUEUE, Either, Where
+from ._tables import AUTO_SEQ, COLUMNS, EVERY, JSON_COLUMNS, QUEUE, Either, Read, Where
 
 _COMPARE: Mapping[str, Callable[[Any, Any], bool]] = {
     "=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
@@ -80,23 +80,12 @@ class MemoryRows(LocalStore):
         self.clock = backend.clock
         self.t = backend.tables
 
-    async def select(
-        self,
-        table: str,
-        where: Where = (),
-        *,
-        columns: Sequence[str] | None = None,
-        order: Sequence[str] = (),
-        limit: int | None = None,
-        offset: int = 0,
-        lock: bool = False,
-        skip_locked: bool = False,
-    ) -> list[Row]:
+    async def select(self, table: str, where: Where = (), read: Read = EVERY) -> list[Row]:
         rows = [row for row in self.t.rows[table] if _holds(row, where)]
-        for name in reversed(order):  # stable sorts, the last key first
+        for name in reversed(read.order):  # stable sorts, the last key first
             rows.sort(key=operator.itemgetter(name.lstrip("-")), reverse=name.startswith("-"))
-        rows = rows[offset : None if limit is None else offset + limit]
-        names = columns or COLUMNS[table]
+        rows = rows[read.offset : None if read.limit is None else read.offset + read.limit]
+        names = read.columns or COLUMNS[table]
         return [{n: json.loads(r[n]) if r[n] is not None and n in JSON_COLUMNS else r[n] for n in names} for r in rows]
 
     async def count(self, table: str, where: Where = ()) -> int:

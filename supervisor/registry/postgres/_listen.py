@@ -1,5 +1,6 @@
-"""The PostgreSQL registry's wake-ups: one dedicated session that LISTENs on the schema's channel (``PostgresRows.notify``
-sends on it), outside the pool, so that no registry call ever borrows it and no call's failure closes it.
+"""The PostgreSQL registry's wake-ups: one dedicated session that LISTENs on the schema's channel
+(``PostgresRows.notify`` sends on it), outside the pool, so that no registry call ever borrows it and no call's
+failure closes it.
 
 asyncpg calls the notification callback on the asyncio loop (trio-asyncio's, in the Trio thread); the callback hands
 each wake-up to a bounded Trio memory channel with ``send_nowait``, never waiting. A reader that falls behind loses

@@ -350,9 +350,9 @@ class PostgresBackend:
 
     def listen(self) -> AbstractAsyncContextManager[WakeupFeed | None]:
         """A session of its own (outside the pool: ``_listen``) that LISTENs on this schema's channel, on which the
-        writes that other hosts may act on send their wake-ups when they commit (``PostgresRows.notify``), on ``listen_dsn``
-        if given. Behind a pooler in transaction mode without one, nothing (None): no session of its own would stay
-        this client's between statements there."""
+        writes that other hosts may act on send their wake-ups when they commit (``PostgresRows.notify``), on
+        ``listen_dsn`` if given. Behind a pooler in transaction mode without one, nothing (None): no session of its
+        own would stay this client's between statements there."""
         if self._closed or self.channel is None:
             raise RegistryError(f"registry {self.where} is closed")
         if self._listen_dsn is not None:
