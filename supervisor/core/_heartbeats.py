@@ -189,6 +189,14 @@ class Heartbeats:
                 except RegistryError as exc:
                     log.warning("heartbeats_write_failed", error=str(exc), pending=self.pending, at="shutdown")
 
+    async def before_read(self) -> None:
+        """Write the beats taken so far, so that the read that follows sees them. A registry that cannot write does not
+        fail the read (reads keep answering during a write fault): the beats wait for the writer, which says so."""
+        try:
+            await self.flush()
+        except RegistryError:
+            pass
+
     async def flush(self) -> None:
         """Write every beat taken so far, now (a read that must see them calls this first). A write that fails, or
         is cancelled, keeps its beats (merged under the newer ones) and raises."""

@@ -476,12 +476,12 @@ class Supervisor:
     # -- reads, heartbeats, logs, metrics -------------------------------------------------------------------
 
     async def get(self, job_id: str) -> Job:
-        await self.heartbeats.flush()  # each read writes the beats taken first: a 204 is seen by it (ADR 0018)
+        await self.heartbeats.before_read()  # each read writes the beats taken first: a 204 is seen by it (ADR 0018)
         return await self.boot.registry.get(job_id)
 
     async def show(self, job_id: str) -> tuple[Job, list[str]]:
         """One job's row, and the jobs enqueued as explicit retries of it (oldest first)."""
-        await self.heartbeats.flush()
+        await self.heartbeats.before_read()
         job = await self.boot.registry.get(job_id)
         return job, await self.boot.registry.retries_of(job_id)
 
@@ -494,7 +494,7 @@ class Supervisor:
         cursor: str | None = None,
         idempotency_key: str | None = None,
     ) -> tuple[list[Job], str | None]:
-        await self.heartbeats.flush()
+        await self.heartbeats.before_read()
         return await self.boot.registry.list_jobs(
             status=status, kind=kind, limit=limit, cursor=cursor, idempotency_key=idempotency_key
         )

@@ -245,3 +245,24 @@ async def test_a_read_cancelled_while_it_writes_the_beats_keeps_them_for_the_nex
     assert sup.heartbeats.pending == 1
     monkeypatch.setattr(sup.registry, "record_heartbeats", original)
     assert (await sup.get(job.job_id)).completed_units == 6
+
+
+async def test_a_read_during_a_write_fault_answers_and_the_beat_waits(
+    make_supervisor: Callable[..., Supervisor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reads keep answering while the registry cannot write (docs/operations.md): a read whose beats cannot be
+    written first shows the row as it is, and the beat stays taken for the writer."""
+    sup = make_supervisor(attach=False)
+    job = await insert_running(sup, boot_id="b", pid=None, spawned=False)
+    original = sup.registry.record_heartbeats
+
+    async def full(beats: Sequence[Beat]) -> list[Job | RequestError]:
+        raise RegistryUnavailable("the disk is full")
+
+    monkeypatch.setattr(sup.registry, "record_heartbeats", full)
+    await sup.heartbeats.record(job.job_id, "t", _units(4))
+    assert (await sup.get(job.job_id)).completed_units == 0
+    [listed], _ = await sup.list_jobs()
+    assert listed.completed_units == 0 and sup.heartbeats.pending == 1
+    monkeypatch.setattr(sup.registry, "record_heartbeats", original)
+    assert (await sup.get(job.job_id)).completed_units == 4

@@ -34,7 +34,13 @@ class Receiver(http.server.ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
 
     def queue_events(self) -> list[tuple[str, str]]:
-        return [(b["event"], b["queue"]["reason"]) for b in list(self.bodies) if b["event"].startswith("queue.")]
+        """The queue's events, each once: delivery is at least once (a supervisor killed between a receiver's 2xx and
+        the outbox row's removal sends that event again, with its event id), and a receiver keeps one per id."""
+        seen: dict[str, tuple[str, str]] = {}
+        for b in list(self.bodies):
+            if b["event"].startswith("queue."):
+                seen.setdefault(b["event_id"], (b["event"], b["queue"]["reason"]))
+        return list(seen.values())
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
