@@ -380,7 +380,7 @@ async def heartbeat(supervisor: Supervisor, job_id: str) -> Any:
     token = bearer_token()
     if token is None:
         raise Unauthorized(MISSING_JOB_TOKEN)
-    # The core checks the token before it reads the body, then validates the body and that the job runs.
+    # The core checks the token before it reads the body, then validates the body and takes the beat (ADR 0018).
     await supervisor.heartbeats.record(job_id, token, json_body)
     return "", 204
 

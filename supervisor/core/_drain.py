@@ -40,6 +40,7 @@ MIN_BACKOFF_WAIT_S = 0.01
 HOLD_RETRY_MIN_S = 0.5  # a held queue asks the executor again after this, doubling up to HOLD_RETRY_MAX_S
 HOLD_RETRY_MAX_S = 10.0
 LEASE_NOT_FRESH = "host_lease_not_fresh"  # a promotion undone: the lease went stale while it was under way
+PAUSE_FILE_APPEARED = "pause_file_appeared"  # a promotion undone: the pause file appeared while it was under way
 
 StartMonitor = Callable[[Watched, Job], Awaitable[None]]
 
@@ -151,12 +152,17 @@ class Drainer:
                     if not jobs:
                         break
                     self.last_promotion_at = self.boot.wall_clock()
-                    if not self._lease_fresh():
-                        # INV-NO-PROMOTION-WITHOUT-LEASE: the lease went stale while the promotion was under way (it
-                        # was asked while fresh): nothing of them has started, so back to the head of the queue.
+                    # INV-NO-PROMOTION-WITHOUT-LEASE: the lease went stale while the promotion was under way (it was
+                    # asked while fresh). The pause file, looked at again: one that appeared between the look above
+                    # and the promotion's step, with a job enqueued after it, must not see that job run (issue 36).
+                    # Either way nothing of them has started, so back to the head of the queue.
+                    undone = LEASE_NOT_FRESH if not self._lease_fresh() else None
+                    if undone is None and await self.pause_file.look():
+                        undone = PAUSE_FILE_APPEARED
+                    if undone is not None:
                         for job in jobs:
                             self.boot.announce(job, "queued", "promoted")
-                            await self._defer(job, reason=LEASE_NOT_FRESH)
+                            await self._defer(job, reason=undone)
                         break
                     for job in jobs:
                         self.boot.watched.setdefault(job.job_id, Watched(job.job_id))  # held: a cancel finds it

@@ -96,9 +96,7 @@ async def test_a_refused_body_of_an_ended_job_admitted_from_memory_is_401(
     await sup.registry.finalize(job.job_id, Ending(Outcome(JobStatus.FAILED, "elsewhere")))
     assert sup.heartbeats.tokens.admits(job.job_id, "t")
     with pytest.raises(Unauthorized):
-        await sup.heartbeats.record(
-            job.job_id, "t", bad
-        )  # ...but the answer is the 401 of a token that no longer works
+        await sup.heartbeats.record(job.job_id, "t", bad)  # ...but the answer is the 401 of a stale token
     # A good body is taken from memory (no registry call of its own); the write refuses it and forgets the token, so
     # the next beat is the 401, and the row is left as it ended.
     await sup.heartbeats.record(job.job_id, "t", good)
