@@ -15,7 +15,7 @@ from __future__ import annotations
 import hmac
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
 
@@ -593,8 +593,7 @@ async def update_job(
 
 
 async def put_setting(store: Store, setting: FleetSetting) -> None:
-    row = {"name": setting.name, "value": setting.value, "host_id": setting.host_id, "recorded_at": setting.recorded_at}
-    await store.put(tables.SETTINGS, row, ("name",))
+    await store.put(tables.SETTINGS, asdict(setting), ("name",))  # a setting's fields are its row's columns
 
 
 async def put_leader(store: Store, host: Host | None) -> None:

@@ -1,8 +1,8 @@
 """One call at a time for many concurrent callers: what arrives during a call goes together in the next.
 
-Used where each call costs far more than each item in it: the registry's writes (``SqliteRegistry._write``: one
+Used where each call costs far more than each item in it: the registry's writes (``SqliteBackend.write``: one
 thread hop, and one group commit, for the changes queued during the previous one: an enqueue, a job's start and
-end, a heartbeat).
+end, the beats written behind).
 """
 
 from __future__ import annotations
