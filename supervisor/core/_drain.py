@@ -156,10 +156,6 @@ class Drainer:
                     # asked while fresh). The pause file, looked at again: one that appeared between the look above
                     # and the promotion's step, with a job enqueued after it, must not see that job run (issue 36).
                     # Either way nothing of them has started, so back to the head of the queue.
-                    for job in jobs:
-                        # Held before the look's await: a cancel that comes meanwhile finds it (and ``_defer`` asks
-                        # that cancel again if the promotion is undone).
-                        self.boot.watched.setdefault(job.job_id, Watched(job.job_id))
                     undone = LEASE_NOT_FRESH if not self._lease_fresh() else None
                     if undone is None and await self.pause_file.look():
                         undone = PAUSE_FILE_APPEARED
@@ -167,8 +163,9 @@ class Drainer:
                         for job in jobs:
                             self.boot.announce(job, "queued", "promoted")
                             await self._defer(job, reason=undone)
-                            self.boot.watched.pop(job.job_id, None)
                         break
+                    for job in jobs:
+                        self.boot.watched.setdefault(job.job_id, Watched(job.job_id))  # held: a cancel finds it
                 finally:
                     self.boot.promotions_in_flight -= 1
                 spawned = await start(jobs, tokens)
