@@ -156,16 +156,26 @@ class Drainer:
                     # asked while fresh). The pause file, looked at again: one that appeared between the look above
                     # and the promotion's step, with a job enqueued after it, must not see that job run (issue 36).
                     # Either way nothing of them has started, so back to the head of the queue.
-                    undone = LEASE_NOT_FRESH if not self._lease_fresh() else None
-                    if undone is None and await self.pause_file.look():
-                        undone = PAUSE_FILE_APPEARED
-                    if undone is not None:
-                        for job in jobs:
-                            self.boot.announce(job, "queued", "promoted")
-                            await self._defer(job, reason=undone)
-                        break
+                    # Held (in ``watched``) before the look's thread hop: a cancel that comes meanwhile is kept on
+                    # the entry, carried out once the job starts, or asked again by ``_defer`` if it never does.
                     for job in jobs:
-                        self.boot.watched.setdefault(job.job_id, Watched(job.job_id))  # held: a cancel finds it
+                        self.boot.watched.setdefault(job.job_id, Watched(job.job_id))
+                    try:
+                        undone = LEASE_NOT_FRESH if not self._lease_fresh() else None
+                        if undone is None and await self.pause_file.look():
+                            undone = PAUSE_FILE_APPEARED
+                        if undone is not None:
+                            for job in jobs:
+                                self.boot.announce(job, "queued", "promoted")
+                                await self._defer(job, reason=undone)
+                    except BaseException:
+                        # Cancelled here: rows held but never started must not look watched; reconcile judges them
+                        # (no start record: back to the queue), as it does a promotion cancelled above.
+                        self._release(jobs)
+                        raise
+                    if undone is not None:
+                        self._release(jobs)
+                        break
                 finally:
                     self.boot.promotions_in_flight -= 1
                 spawned = await start(jobs, tokens)
@@ -366,6 +376,10 @@ class Drainer:
             for job in jobs:
                 if job.job_id not in handed:
                     watched.pop(job.job_id, None)
+
+    def _release(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            self.boot.watched.pop(job.job_id, None)
 
     def _handle(self, job: Job) -> JobHandle:
         handle = self.boot.watched[job.job_id].handle

@@ -178,6 +178,61 @@ async def test_a_drain_cancelled_at_any_checkpoint_leaves_each_promoted_row_star
     assert step > 5  # the drain has checkpoints to cancel at: the test walked through them
 
 
+class SecondLookHeld:
+    """The drainer's pause-file look, held at its second call -- the look after the promotion's commit, before any
+    start -- until ``go`` is set; the file is put in place first if ``appear``."""
+
+    def __init__(self, sup: Supervisor, *, appear: bool) -> None:
+        self.pause_file = sup.drainer.pause_file
+        self.look = self.pause_file.look
+        self.appear = appear
+        self.calls = 0
+        self.reached = trio.Event()
+        self.go = trio.Event()
+
+    async def __call__(self) -> bool:
+        self.calls += 1
+        if self.calls == 2:
+            self.reached.set()
+            await self.go.wait()
+            if self.appear:
+                self.pause_file.path.parent.mkdir(parents=True, exist_ok=True)
+                self.pause_file.path.touch()
+        return await self.look()
+
+
+@pytest.mark.parametrize("appear", [False, True], ids=["starts", "pause-file-appeared"])
+async def test_a_cancel_during_the_pause_files_second_look_is_carried_out_never_left_to_an_unverified_end(
+    autojump_clock: trio.testing.MockClock, make_world: Callable[..., World], appear: bool
+) -> None:
+    """A cancel that reaches a row after its promotion's commit and while the drainer looks at the pause file again
+    (a thread hop) finds the row held as a start: kept running, then stopped once started (``cancelled``), or, if the
+    file appeared and the promotion is undone, ended ``cancelled_before_start`` without ever running. Before, it found
+    the row unheld and ended it ``cancelled_unverified_process_left_alone`` while the drainer went on to start it."""
+    world = make_world(max_concurrent=1)
+    sup = world.sup
+    job = (await sup.enqueue("sleep", {"seconds": 5})).job
+    held = SecondLookHeld(sup, appear=appear)
+    sup.drainer.pause_file.look = held  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sup.drain)
+        await held.reached.wait()
+        asked = await sup.cancel(job.job_id)
+        assert (asked.status, asked.cancel_requested) == (JobStatus.RUNNING, True)  # kept: its start is under way
+        assert sup.boot.being_started(job.job_id)
+        held.go.set()
+    await _until_all_ended(world, [job.job_id])
+    final = await sup.get(job.job_id)
+    if appear:
+        assert (final.status, final.error_reason, final.attempts) == (JobStatus.CANCELLED, "cancelled_before_start", 0)
+        assert world.machine.started == []
+    else:
+        assert (final.status, final.error_reason) == (JobStatus.CANCELLED, "cancelled")
+        assert world.machine.started == [job.job_id]  # started, then stopped by its monitor
+    assert not sup.boot.being_started(job.job_id)
+    assert job.job_id not in sup.boot.watched
+
+
 async def test_a_start_whose_outcome_is_unknown_is_kept_not_failed_and_adopted_once_it_runs(
     autojump_clock: trio.testing.MockClock, make_world: Callable[..., World]
 ) -> None:
