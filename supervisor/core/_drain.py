@@ -156,8 +156,8 @@ class Drainer:
                     # asked while fresh). The pause file, looked at again: one that appeared between the look above
                     # and the promotion's step, with a job enqueued after it, must not see that job run (issue 36).
                     # Either way nothing of them has started, so back to the head of the queue.
-                    # Held (in ``watched``) before the look's thread hop: a cancel that comes meanwhile is kept on
-                    # the entry, carried out once the job starts, or asked again by ``_defer`` if it never does.
+                    # Held (in ``watched``) before the look's thread hop: a cancel that comes meanwhile is kept (on
+                    # the row and the entry), carried out once the job starts, or by the requeue if it never does.
                     for job in jobs:
                         self.boot.watched.setdefault(job.job_id, Watched(job.job_id))
                     try:
@@ -398,15 +398,10 @@ class Drainer:
             # The row stays RUNNING without an identity: the next boot requeues it (it never started).
             log_failure("job_not_requeued", job_id=job.job_id)
             return
-        if change.changed:
+        if change.changed and change.job.status.is_terminal:
+            self.boot.announce_end(change.job, change.previous)  # a cancel asked during the start: carried out
+        elif change.changed:
             self.boot.announce(change.job, str(change.previous), reason)
-        entry = self.boot.watched.get(job.job_id)
-        if entry is not None and entry.cancel_requested:
-            # A cancel that reached the row during the start was cleared with it by the requeue: ask it again (a
-            # queued row ends cancelled at once). It must land: an operator's cancel is never dropped.
-            cancel = await until_recorded(functools.partial(self.boot.registry.request_cancel, job.job_id))
-            if cancel.changed and cancel.job.status is JobStatus.CANCELLED:
-                self.boot.announce(cancel.job, str(cancel.previous), cancel.job.error_reason)
 
     async def _spawn_failed(self, job: Job, reason: str) -> None:
         # A start that failed on a full disk most likely finds the registry on the same disk: its end waits for it

@@ -227,6 +227,11 @@ class Monitors:
             # ADR 0012: another host's job. The request is on the row; its host carries it out (its next sweep, or
             # a wake), and the row ends cancelled only once the job is gone there.
             return job
+        if self.boot.promotions_in_flight and job.boot_id == self.boot.boot_id and not job.spawned:
+            # INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING: maybe promoted by this boot's promotion still under way, its rows
+            # not held yet. The request on the row is carried out by the start (its monitor stops it), by the requeue
+            # that undoes it (ends it cancelled), or by reconcile if neither happens; never ended unverified here.
+            return job
         await self._cancel_unmonitored(job)
         return await self.boot.registry.get(job_id)
 

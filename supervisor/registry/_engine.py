@@ -354,7 +354,15 @@ class Rules:
             return Change(job, changed=False)
         # Its start never happened: it does not count, and it keeps its place (the head of the queue: every row
         # still queued was enqueued after it, or it would have been promoted first).
-        fields = {**BACK_IN_QUEUE, "attempts": max(0, job.attempts - 1)}
+        attempts = max(0, job.attempts - 1)
+        if job.cancel_requested:
+            # A cancel asked while its start was under way is carried out here, as for a queued row: a requeue never
+            # drops an operator's cancel, whoever held the start in memory (the start never happened: nothing runs).
+            ended = {"error_reason": "cancelled_before_start" if attempts == 0 else "cancelled",
+                     "ended_at": store.now(), "attempts": attempts}  # fmt: skip
+            await self.set_status(store, job, JobStatus.CANCELLED, ended)
+            return Change(await self.get(store, job_id), changed=True, previous=job.status)
+        fields = {**BACK_IN_QUEUE, "attempts": attempts}
         await self.set_status(store, job, JobStatus.QUEUED, fields, reason=reason)
         await store.notify(Wakeup(WAKE_QUEUED))
         return Change(await self.get(store, job_id), changed=True, previous=job.status)

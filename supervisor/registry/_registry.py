@@ -135,7 +135,8 @@ class Registry:
     async def requeue(self, job_id: str, *, expect: Expect, reason: str) -> Change:
         """A RUNNING row whose start provably never happened goes back to the head of the queue: ``queued`` again
         with its job id and its place, the start not counted in ``attempts``. Only if the row still records
-        ``expect``'s identity (changed=False otherwise, or when it is not running)."""
+        ``expect``'s identity (changed=False otherwise, or when it is not running). A row whose cancel was requested
+        ends ``cancelled`` instead (``cancelled_before_start`` if it never ran), the start still not counted."""
         return await self.backend.write(lambda store: self.rules.requeue(store, job_id, expect, reason))
 
     async def request_cancel(self, job_id: str, by: str | None = None) -> Change:

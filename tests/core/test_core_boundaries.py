@@ -233,6 +233,38 @@ async def test_a_cancel_during_the_pause_files_second_look_is_carried_out_never_
     assert job.job_id not in sup.boot.watched
 
 
+async def test_a_cancel_between_the_promotions_commit_and_its_rows_being_held_is_carried_out_once_started(
+    autojump_clock: trio.testing.MockClock, make_world: Callable[..., World], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The promotion has committed (the row is running, of this boot) but the drainer has not yet taken its answer
+    and held the rows: a cancel then leaves its request on the row instead of judging an unspawned row on evidence
+    that cannot exist yet. The start carries it out: the job runs, is stopped, ends ``cancelled``."""
+    world = make_world(max_concurrent=1)
+    sup = world.sup
+    job = (await sup.enqueue("sleep", {"seconds": 5})).job
+    promote = world.registry.promote
+    committed, go = trio.Event(), trio.Event()
+
+    async def promote_then_wait(*args: Any, **kwargs: Any) -> Any:
+        promotion = await promote(*args, **kwargs)
+        committed.set()
+        await go.wait()  # the drainer not scheduled yet: its answer still on its way back
+        return promotion
+
+    monkeypatch.setattr(world.registry, "promote", promote_then_wait)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sup.drain)
+        await committed.wait()
+        assert not sup.boot.being_started(job.job_id)  # not held yet
+        asked = await sup.cancel(job.job_id)
+        assert (asked.status, asked.cancel_requested) == (JobStatus.RUNNING, True)  # left on the row
+        go.set()
+    await _until_all_ended(world, [job.job_id])
+    final = await sup.get(job.job_id)
+    assert (final.status, final.error_reason, final.attempts) == (JobStatus.CANCELLED, "cancelled", 1)
+    assert world.machine.started == [job.job_id]  # run once, stopped by its monitor
+
+
 async def test_a_start_whose_outcome_is_unknown_is_kept_not_failed_and_adopted_once_it_runs(
     autojump_clock: trio.testing.MockClock, make_world: Callable[..., World]
 ) -> None:

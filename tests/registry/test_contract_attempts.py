@@ -139,6 +139,28 @@ async def test_a_start_that_never_happened_goes_back_to_the_head_of_the_queue_un
     assert (last.event, last.previous_status, last.reason) == ("job.transition", "running", "never_started")
 
 
+async def test_a_requeue_of_a_row_whose_cancel_was_requested_ends_it_cancelled_never_queued(registry: Registry) -> None:
+    """A cancel asked while the start was under way is never dropped by the requeue that undoes the start: the row
+    ends cancelled_before_start, the start not counted, and its slot is free."""
+    [first, second] = await enqueue(registry, 2)
+    [started] = (await registry.promote(request(1))).jobs
+    assert (await registry.request_cancel(first, "op")).job.cancel_requested
+    change = await registry.requeue(first, expect=Expect(None), reason="pause_file_appeared")
+    assert change.changed and change.previous is JobStatus.RUNNING
+    ended = change.job
+    assert (ended.status, ended.error_reason, ended.attempts, ended.cancelled_by) == (
+        JobStatus.CANCELLED,
+        "cancelled_before_start",
+        0,
+        "op",
+    )
+    assert ended.ended_at is not None and ended.history == ()
+    [behind] = (await registry.promote(request(1))).jobs
+    assert behind.job_id == second  # its slot was freed
+    last = (await registry.outbox_pending(100))[-2]
+    assert (last.event, last.previous_status, last.reason) == ("job.transition", "running", "cancelled_before_start")
+
+
 async def test_a_requeue_is_only_of_the_running_row_the_evidence_was_about(registry: Registry) -> None:
     job = await one_running(registry)
     [job] = await registry.record_identities([IdentityClaim(job.job_id, PROCESS)])
