@@ -57,6 +57,9 @@ class Reconciler:
         details: list[ReconcileDetail] = []
         rows: list[Job] = []
         mark = boot.promotion_mark()
+        # A monitor may end its job and let go of it while the rows are read and the evidence gathered: a row read
+        # running and watched then is still its monitor's (the authority on what it watches), never adopted again.
+        watched_before = set(boot.watched)
         running = await boot.registry.running_jobs()
         # A promotion under way during the read may have put rows in it whose starts are not yet held in ``watched``.
         overlapped = mark[0] > 0 or boot.promotion_mark()[1] != mark[1]
@@ -93,7 +96,7 @@ class Reconciler:
             decision = judge(
                 job,
                 this_boot=this_boot,
-                monitored=job.job_id in boot.watched,
+                monitored=job.job_id in boot.watched or job.job_id in watched_before,
                 liveness=liveness,
                 past_window=past_window(job.started_at, now, boot.config.stale_after_s),
                 stale_marks_live_processes=stale_marks_live_processes,

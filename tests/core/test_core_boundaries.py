@@ -6,6 +6,7 @@ a slot or the truth. On a virtual clock, with the in-memory registry and executo
 from __future__ import annotations
 
 import itertools
+import signal
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from structlog.testing import capture_logs
 from supervisor import (
     Config,
     JobStatus,
+    Liveness,
     MemoryRegistry,
     RegistryError,
     RegistryUnavailable,
@@ -263,6 +265,39 @@ async def test_a_cancel_between_the_promotions_commit_and_its_rows_being_held_is
     final = await sup.get(job.job_id)
     assert (final.status, final.error_reason, final.attempts) == (JobStatus.CANCELLED, "cancelled", 1)
     assert world.machine.started == [job.job_id]  # run once, stopped by its monitor
+
+
+async def test_a_job_its_monitor_ends_while_reconcile_reads_the_rows_is_left_to_its_monitor_never_adopted(
+    autojump_clock: trio.testing.MockClock,
+    make_world: Callable[..., World],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """Reconcile reads the running rows and asks the executor (alive); the job's monitor then finalizes it and lets
+    go of it (before reconcile looks at ``watched``). The row reconcile holds says running and nobody watches it now: it must still count as
+    watched -- its monitor is the authority on it -- and never be adopted (a second monitor, a ``job.adopted`` event
+    after its end: seen once in the webhook test, which then waited for ever for the end as the last event)."""
+    world = make_world(drainer=True)
+    sup = world.sup
+    job = (await sup.enqueue("gated", {"gate": str(tmp_path / "never"), "code": 0})).job  # runs until killed
+    await _until(lambda: (entry := sup.boot.watched.get(job.job_id)) is not None and entry.handle is not None)
+    evidence = sup.monitors.evidence
+
+    async def evidence_then_the_job_ends(rows: Any) -> Any:
+        found = await evidence(rows)
+        assert [f.liveness for f in found] == [Liveness.ALIVE]
+        world.machine.kill(job.job_id, signal.SIGKILL)  # it dies now...
+        await _until(lambda: job.job_id not in sup.boot.watched)  # ...its monitor finalizes it and lets go
+        return found
+
+    monkeypatch.setattr(sup.monitors, "evidence", evidence_then_the_job_ends)
+    with capture_logs() as logs:
+        report = await sup.reconcile(stale_marks_live_processes=False)
+    assert [e for e in logs if e["event"] == "job_adopted"] == []
+    assert [(d.job_id, d.action, d.reason) for d in report.details] == [(job.job_id, "keep", "alive")]
+    final = await sup.get(job.job_id)
+    assert (final.status, final.error_reason, final.attempts) == (JobStatus.FAILED, "killed_by_SIGKILL", 1)
+    assert job.job_id not in sup.boot.watched  # no second monitor
 
 
 async def test_a_start_whose_outcome_is_unknown_is_kept_not_failed_and_adopted_once_it_runs(
