@@ -274,9 +274,10 @@ async def test_a_job_its_monitor_ends_while_reconcile_reads_the_rows_is_left_to_
     tmp_path: Path,
 ) -> None:
     """Reconcile reads the running rows and asks the executor (alive); the job's monitor then finalizes it and lets
-    go of it (before reconcile looks at ``watched``). The row reconcile holds says running and nobody watches it now: it must still count as
-    watched -- its monitor is the authority on it -- and never be adopted (a second monitor, a ``job.adopted`` event
-    after its end: seen once in the webhook test, which then waited for ever for the end as the last event)."""
+    go of it (before reconcile looks at ``watched``). The row reconcile holds says running and nobody watches it now:
+    it must still count as watched -- its monitor is the authority on it -- and never be adopted (a second monitor, a
+    ``job.adopted`` event after its end: seen once in the webhook test, which then waited for ever for the end as
+    the last event)."""
     world = make_world(drainer=True)
     sup = world.sup
     job = (await sup.enqueue("gated", {"gate": str(tmp_path / "never"), "code": 0})).job  # runs until killed

@@ -143,7 +143,7 @@ async def test_a_requeue_of_a_row_whose_cancel_was_requested_ends_it_cancelled_n
     """A cancel asked while the start was under way is never dropped by the requeue that undoes the start: the row
     ends cancelled_before_start, the start not counted, and its slot is free."""
     [first, second] = await enqueue(registry, 2)
-    [started] = (await registry.promote(request(1))).jobs
+    assert [job.job_id for job in (await registry.promote(request(1))).jobs] == [first]
     assert (await registry.request_cancel(first, "op")).job.cancel_requested
     change = await registry.requeue(first, expect=Expect(None), reason="pause_file_appeared")
     assert change.changed and change.previous is JobStatus.RUNNING
