@@ -184,7 +184,9 @@ class Reconciler:
             # Not watched by this boot (a prior boot's job): stopped only once the executor verifies it alive now.
             [found] = await self.monitors.evidence([job])
             if found.handle is None or found.liveness is not Liveness.ALIVE or boot.job_nursery is None:
-                log.warning("stalled_job_not_terminated", job_id=job.job_id, why="no verified live process")
+                # Unless its monitor ended it since the rows were read (nothing to stop then, and nothing to say).
+                if (await boot.registry.get(job.job_id)).status is JobStatus.RUNNING:
+                    log.warning("stalled_job_not_terminated", job_id=job.job_id, why="no verified live process")
                 return
             adopt = found.handle
         boot.stall_stops.add(job.job_id)

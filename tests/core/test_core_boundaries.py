@@ -301,6 +301,26 @@ async def test_a_job_its_monitor_ends_while_reconcile_reads_the_rows_is_left_to_
     assert job.job_id not in sup.boot.watched  # no second monitor
 
 
+async def test_a_stalled_job_its_monitor_ended_since_the_rows_were_read_is_no_warning_that_it_was_not_stopped(
+    autojump_clock: trio.testing.MockClock, make_world: Callable[..., World], tmp_path: Path
+) -> None:
+    """The absence judge read the row (running, stalled: to be stopped); the job then ended and its monitor let go of
+    it. Stopping it finds nobody watching and nothing alive: the row has ended, so there is nothing to stop and no
+    ``stalled_job_not_terminated`` WARNING for an operator to chase (before: one, for a job that had ended)."""
+    world = make_world(drainer=True)
+    sup = world.sup
+    job = (await sup.enqueue("gated", {"gate": str(tmp_path / "never"), "code": 0})).job
+    await _until(lambda: (entry := sup.boot.watched.get(job.job_id)) is not None and entry.handle is not None)
+    as_read = await sup.get(job.job_id)
+    world.machine.kill(job.job_id, signal.SIGKILL)
+    await _until(lambda: job.job_id not in sup.boot.watched)
+    with capture_logs() as logs:
+        await sup.reconciler.stop_stalled(as_read)
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == []
+    assert (await sup.get(job.job_id)).status is JobStatus.FAILED
+    assert job.job_id not in sup.boot.watched and job.job_id not in sup.boot.stall_stops
+
+
 async def test_a_start_whose_outcome_is_unknown_is_kept_not_failed_and_adopted_once_it_runs(
     autojump_clock: trio.testing.MockClock, make_world: Callable[..., World]
 ) -> None:
