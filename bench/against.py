@@ -30,7 +30,16 @@ def child(n: int) -> int:
     from throughput import BATCH, run_supervisor
 
     run = run_supervisor(n, batch_size=BATCH)
-    print(json.dumps({"wall_s": run.wall_s, "jobs_per_s": n / run.wall_s, "batch_route": run.batch_route}))
+    print(
+        json.dumps(
+            {
+                "wall_s": run.wall_s,
+                "jobs_per_s": n / run.wall_s,
+                "batch_route": run.batch_route,
+                "supervisor_cpu_ms_per_job": run.cpu_ms["supervisor"],
+            }
+        )
+    )
     return 0
 
 
@@ -68,16 +77,25 @@ def main() -> int:
         parser.error("--python is required")
     builds = {"this tree": sys.executable, args.label: args.python}
     runs: dict[str, list[float]] = {name: [] for name in builds}
+    cpu: dict[str, list[float]] = {name: [] for name in builds}  # the supervisor process's CPU per job, ms
     for r in range(args.runs):
         order = list(builds) if r % 2 == 0 else list(builds)[::-1]
         for name in order:
-            runs[name].append(one(builds[name], args.n)["jobs_per_s"])
-            print(f"run {r + 1}/{args.runs} {name}: {runs[name][-1]:.0f} jobs/s", file=sys.stderr)
+            result = one(builds[name], args.n)
+            runs[name].append(result["jobs_per_s"])
+            cpu[name].append(result["supervisor_cpu_ms_per_job"])
+            print(
+                f"run {r + 1}/{args.runs} {name}: {runs[name][-1]:.0f} jobs/s, {cpu[name][-1]:.2f} ms CPU/job",
+                file=sys.stderr,
+            )
     here, other = (statistics.median(runs[name]) for name in builds)
     ratio = here / other
     for name in builds:
         values = runs[name]
-        print(f"{name:>12}: {statistics.median(values):.0f} jobs/s ({min(values):.0f}-{max(values):.0f})")
+        print(
+            f"{name:>12}: {statistics.median(values):.0f} jobs/s ({min(values):.0f}-{max(values):.0f}), "
+            f"supervisor CPU {statistics.median(cpu[name]):.2f} ms/job"
+        )
     print(f"ratio of medians: {ratio:.3f}")
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%MZ")
     out = BENCH / "results" / f"{stamp}-against-{args.label}.json"
@@ -88,6 +106,7 @@ def main() -> int:
                 "what": f"{args.n} x /bin/true on 8 slots, batches of 100; jobs/s per run",
                 "revisions": {name: revision(python) for name, python in builds.items()},
                 "runs": runs,
+                "supervisor_cpu_ms_per_job": cpu,
                 "ratio_of_medians": ratio,
                 "revision": git_revision(),
             },
