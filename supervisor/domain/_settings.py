@@ -720,7 +720,7 @@ SETTINGS: tuple[Setting, ...] = (
         rule="not `postgresql://` (or `postgres://`) → **error** naming it",
         help=(
             "the registry in a PostgreSQL database instead (see [The registry on "
-            "PostgreSQL](#the-registry-on-postgresql)). Never printed with its password (`check-config` shows "
+            "PostgreSQL](fleet.md#the-registry-on-postgresql)). Never printed with its password (`check-config` shows "
             "`user:***@host`)"
         ),
     ),
@@ -754,7 +754,7 @@ SETTINGS: tuple[Setting, ...] = (
             "PostgreSQL: `transaction` when the URL names a pooler in transaction mode (pgbouncer's `pool_mode = "
             "transaction`): statements unnamed, settings (the schema from the URL's `search_path` included) set "
             "by each transaction, no LISTEN (the sweeps move the fleet). See [Behind a connection "
-            "pooler](#several-hosts)"
+            "pooler](fleet.md#several-hosts)"
         ),
     ),
     Setting(
