@@ -169,10 +169,21 @@ class _ConnectionPool:
         with self._cond:
             return self._open
 
+    def fill(self) -> None:
+        """Open every connection now, at the registry's open: one first needed later -- while the file is removed,
+        say -- could not reach the file the others hold, and reads would stop answering."""
+        with self._cond:
+            while self._open < self.size:
+                self._idle.append(self._connect())
+                self._open += 1
+
     def _connect(self) -> sqlite3.Connection:
+        # mode=rw: a file that is gone (removed under a running registry) is an error, never a fresh empty database
+        # made in its place; the first start makes the file itself (``SqliteStore``).
+        uri = Path(os.path.abspath(self._path)).as_uri() + "?mode=rw"
         try:
             conn = sqlite3.connect(
-                self._path, isolation_level=None, timeout=self._busy_timeout_ms / 1000, check_same_thread=False
+                uri, uri=True, isolation_level=None, timeout=self._busy_timeout_ms / 1000, check_same_thread=False
             )
         except sqlite3.Error as exc:
             raise failure(exc, f"cannot open registry {self._path}") from exc
@@ -311,6 +322,11 @@ class SqliteStore:
                 "this user can write, or one it can make"
             ) from exc
         check_existing_file(self.path)  # a damaged file is refused untouched, never replaced by an empty one
+        if not self.path.exists():
+            try:
+                sqlite3.connect(self.path).close()  # a first start: the file is made here, and only here
+            except sqlite3.Error as exc:
+                raise failure(exc, f"cannot open registry {self.path}") from exc
         self._pool = _ConnectionPool(self.path, max_connections, busy_timeout_ms)
         # One writer of this process at a time, and the group commit's queue (see ``write``); readers never wait
         # here (WAL).
@@ -320,6 +336,7 @@ class SqliteStore:
                 self.schema_version = migrate(conn, self.path)
             except sqlite3.Error as exc:
                 raise failure(exc, f"cannot open registry {self.path}") from exc
+        self._pool.fill()
         self._file = _file_identity(self.path)
 
     def check_file(self) -> None:

@@ -17,7 +17,7 @@ import structlog
 import trio
 from registry_helpers import WallClock, new_job
 
-from supervisor.domain import JobNotFound, JobStatus, RegistryDamaged, RegistryUnavailable
+from supervisor.domain import JobNotFound, JobStatus, RegistryDamaged, RegistryError, RegistryUnavailable
 from supervisor.registry import Ending, NewJob, Outcome, SqliteRegistry
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small filesystem needs root (CI runs as root)")
@@ -125,6 +125,48 @@ async def test_a_registry_file_removed_under_a_running_registry_is_unavailable_a
             part.rename(path.parent / part.name)
         await reg.enqueue(new_job())
         assert (await reg.counts())["queued"] == 2
+    finally:
+        await reg.aclose()
+
+
+async def test_reads_keep_answering_while_the_file_is_removed_and_a_new_connection_never_makes_a_fresh_database(
+    path: Path, clock: WallClock, tmp_path: Path
+) -> None:
+    """Every connection is opened with the registry, so reads keep answering from the file they opened while it is
+    removed (however many come at once: before, a connection first needed during the fault made a fresh empty database
+    at the path, and its reads failed with "no such table"; a server test saw ``GET /api/queue`` fail so). A
+    connection that must be opened then (one that failed was replaced) finds no file and says so: unavailable, and no
+    file is made."""
+    reg = await SqliteRegistry.open(path, clock=clock, boot_id="b", max_connections=3)
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    try:
+        await reg.enqueue(new_job())
+        assert reg.store.open_connections == 3  # all of them, at open
+        for part in path.parent.glob("jobs.sqlite3*"):
+            part.rename(aside / part.name)
+        answers: list[int] = []
+
+        async def count() -> None:
+            answers.append((await reg.counts())["queued"])
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(9):
+                nursery.start_soon(count)
+        assert answers == [1] * 9
+        assert not await trio.Path(path).exists()
+        with pytest.raises(RegistryError):
+            reg.store.read("SELECT * FROM no_such_table")  # a storage error: that connection is closed
+        for _ in range(3):  # the two left, then a new one
+            with contextlib.suppress(RegistryError):
+                await trio.to_thread.run_sync(reg.store.read, "SELECT * FROM no_such_table")
+        assert reg.store.open_connections == 0
+        with pytest.raises(RegistryUnavailable, match="cannot open registry"):
+            await reg.counts()  # a new connection: the file is gone
+        assert not await trio.Path(path).exists()  # never a fresh empty database in its place
+        for part in aside.iterdir():
+            part.rename(path.parent / part.name)
+        assert (await reg.counts())["queued"] == 1
     finally:
         await reg.aclose()
 
