@@ -336,7 +336,11 @@ class SqliteStore:
                 self.schema_version = migrate(conn, self.path)
             except sqlite3.Error as exc:
                 raise failure(exc, f"cannot open registry {self.path}") from exc
-        self._pool.fill()
+        try:
+            self._pool.fill()
+        except BaseException:
+            self._pool.close()  # the connections opened so far are not left to the garbage collector
+            raise
         self._file = _file_identity(self.path)
 
     def check_file(self) -> None:
@@ -472,9 +476,14 @@ class SqliteStore:
         if wrote:
             self._writes.commits_that_wrote += 1  # under the write lock
             if self._writes.failing:
-                # The fault is over: connections opened during it (read-only, say) are not kept.
+                # The fault is over: connections opened during it (read-only, say) are not kept, and the pool is
+                # full again for the next fault (see ``_ConnectionPool.fill``).
                 self._writes.failing = False
                 self._pool.drop_idle()
+                try:
+                    self._pool.fill()
+                except RegistryError:
+                    pass  # opened again on demand, as after any failed connection
         return results
 
     @property

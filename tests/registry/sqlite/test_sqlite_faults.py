@@ -164,9 +164,14 @@ async def test_reads_keep_answering_while_the_file_is_removed_and_a_new_connecti
         with pytest.raises(RegistryUnavailable, match="cannot open registry"):
             await reg.counts()  # a new connection: the file is gone
         assert not await trio.Path(path).exists()  # never a fresh empty database in its place
+        with pytest.raises(RegistryUnavailable):
+            await reg.enqueue(new_job())  # a write: the fault begins
         for part in aside.iterdir():
             part.rename(path.parent / part.name)
         assert (await reg.counts())["queued"] == 1
+        await reg.enqueue(new_job())  # the first write that lands ends the fault...
+        assert reg.fault() is None
+        assert reg.store.open_connections == 3  # ...and fills the pool again for the next one
     finally:
         await reg.aclose()
 
