@@ -328,8 +328,8 @@ class SqliteStore:
             except sqlite3.Error as exc:
                 raise failure(exc, f"cannot open registry {self.path}") from exc
         self._pool = _ConnectionPool(self.path, max_connections, busy_timeout_ms)
-        # One writer of this process at a time, and the group commit's queue (see ``write``); readers never wait
-        # here (WAL).
+        # One writer of this process at a time on this file (``_FileWriters``, shared by every handle on it); readers
+        # never wait here (WAL).
         self._writes = _process_writers(self.path)
         with self._writes.lock, self._pool.borrow() as conn:
             try:
