@@ -176,7 +176,7 @@ class SqliteStore:
         return list(page), after
 
     def enqueue(self, new: NewJob) -> str:
-        enqueued, _ = call(self.registry.enqueue, new)
+        enqueued = call(self.registry.enqueue, new)
         return str(enqueued.job.job_id)
 
     def close(self) -> None:
@@ -259,7 +259,7 @@ class PostgresStore:
         return list(page), after
 
     def enqueue(self, new: NewJob) -> str:
-        enqueued, _ = self._call("enqueue", new)
+        enqueued = self._call("enqueue", new)
         return str(enqueued.job.job_id)
 
     def close(self) -> None:

@@ -51,7 +51,7 @@ def samples_s(fn: Callable[[SqliteRegistry], Awaitable[object]], *, outbox: bool
 
 
 async def round_trip(registry: SqliteRegistry) -> None:
-    enqueued, _ = await registry.enqueue(NewJob("k", {"n": 1}, ["x"]))
+    enqueued = await registry.enqueue(NewJob("k", {"n": 1}, ["x"]))
     await registry.promote(PromoteRequest(10_000, "b", ["h"]))
     await registry.finalize(enqueued.job.job_id, Ending(Outcome(JobStatus.SUCCEEDED)))
 

@@ -101,7 +101,7 @@ def servers(database_url: str | None, pooler_url: str | None) -> Iterator[tuple[
 
 
 async def round_trip(registry: PostgresRegistry, n: int) -> None:
-    enqueued, _ = await registry.enqueue(NewJob("k", {"n": n}, ["x"]))
+    enqueued = await registry.enqueue(NewJob("k", {"n": n}, ["x"]))
     await registry.promote(PromoteRequest(10_000, "b", ["h"]))
     await registry.finalize(enqueued.job.job_id, Ending(Outcome(JobStatus.SUCCEEDED)))
 

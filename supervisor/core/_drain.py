@@ -407,7 +407,7 @@ class Drainer:
         # A start that failed on a full disk most likely finds the registry on the same disk: its end waits for it
         # (the row keeps its slot meanwhile), never escapes and stops the supervisor.
         ending = Ending(Outcome(JobStatus.FAILED, reason))
-        change, _ = await until_recorded(functools.partial(self.boot.registry.finalize, job.job_id, ending))
+        change = await until_recorded(functools.partial(self.boot.registry.finalize, job.job_id, ending))
         if change.changed:
             self.boot.announce_end(change.job, change.previous)
 

@@ -63,7 +63,7 @@ class Enqueuer:
         ``key``: the request's idempotency key (a retry of the request answers the first answer, ``replayed``);
         ``by``: who asks (the row's ``enqueued_by``)."""
         new = self.validate(kind_name, params, by)
-        result, _ = await self.boot.registry.enqueue(new, key=self.keyed(key, "enqueue", [new]))
+        result = await self.boot.registry.enqueue(new, key=self.keyed(key, "enqueue", [new]))
         self.announce([result])
         return result
 
@@ -109,7 +109,7 @@ class Enqueuer:
         except ValidationError as exc:
             # Not the caller's input: the kinds file changed since the job ran.
             raise Conflict(f"job {job_id} cannot be retried as it was: {exc}", field=exc.field) from None
-        result, _ = await self.boot.registry.enqueue(dataclasses.replace(new, retry_of=old.job_id))
+        result = await self.boot.registry.enqueue(dataclasses.replace(new, retry_of=old.job_id))
         if not result.coalesced:
             log.info("job_retried", job_id=result.job.job_id, retry_of=old.job_id, kind=old.kind)
         self.announce([result])

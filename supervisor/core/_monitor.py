@@ -140,7 +140,7 @@ class Monitors:
             decided = dataclasses.replace(decided, then=follow_up[0], then_key=follow_up[1])
         guard = Expect(expect.identity, host_silent=host_silent) if expect is not None else None
         await boot.write_beats()  # its last beats before its end (ADR 0018)
-        change, _ = await boot.registry.finalize(job.job_id, decided, expect=guard)
+        change = await boot.registry.finalize(job.job_id, decided, expect=guard)
         boot.stall_stops.discard(job.job_id)
         if not change.changed:
             return False
@@ -162,7 +162,7 @@ class Monitors:
         """End a RUNNING row with a decided outcome (reconcile's verdicts, a cancel of a job left alone)."""
         guard = Expect(expect.identity) if expect is not None else None
         await self.boot.write_beats()  # its last beats before its end (ADR 0018)
-        change, _ = await self.boot.registry.finalize(job.job_id, Ending(outcome), expect=guard)
+        change = await self.boot.registry.finalize(job.job_id, Ending(outcome), expect=guard)
         if change.changed:
             self.boot.announce_end(change.job, change.previous)
         return change.changed

@@ -198,20 +198,18 @@ class Rules:
         await self.event(store, job_id, "job.transition", None, "enqueued")
         return job_id, False
 
-    async def enqueue(
-        self, store: Store, new: NewJob, promote: PromoteRequest | None, key: IdempotencyKey | None = None
-    ) -> tuple[EnqueueResult, Promotion]:
+    async def enqueue(self, store: Store, new: NewJob, key: IdempotencyKey | None = None) -> EnqueueResult:
         if key is not None:
             replayed = await replay(store, key)
             if replayed is not None:
-                return replayed[0], Promotion()  # INV-KEY-ONCE: a key's request never makes a second row
+                return replayed[0]  # INV-KEY-ONCE: a key's request never makes a second row
             new = replace(new, idempotency_key=key.key)
         job_id, coalesced = await self.add(store, new)
         if not coalesced:
             await store.notify(Wakeup(WAKE_QUEUED))
         result = EnqueueResult(await self.get(store, job_id), coalesced=coalesced)
         await keep(store, key, [result])
-        return result, await self.promote_after(store, promote)
+        return result
 
     async def enqueue_many(
         self, store: Store, jobs: Sequence[NewJob], key: IdempotencyKey | None = None
@@ -272,17 +270,6 @@ class Rules:
         jobs = tuple(await self.promote_rows(store, request))
         return Promotion(jobs, next_at=await tables.next_backoff_end(store, store.now()))
 
-    async def promote_after(self, store: Store, request: PromoteRequest | None) -> Promotion:
-        """A promotion made in another change's transaction, in a savepoint of its own: if it fails, it alone is
-        rolled back (``failed``): the change it follows must not fail for it."""
-        if request is None:
-            return Promotion()
-        try:
-            async with store.savepoint():
-                return await self.promote(store, request)
-        except Exception:
-            return Promotion(failed=True)
-
     async def record_identities(self, store: Store, claims: Sequence[IdentityClaim]) -> list[Job]:
         out = []
         for claim in claims:
@@ -292,13 +279,7 @@ class Rules:
 
     # -- ends --------------------------------------------------------------------------------------------
 
-    async def finalize(
-        self, store: Store, job_id: str, ending: Ending, expect: Expect | None, promote: PromoteRequest | None
-    ) -> tuple[Change, Promotion]:
-        change = await self._finalize(store, job_id, ending, expect)
-        return change, await self.promote_after(store, promote if change.changed else None)
-
-    async def _finalize(self, store: Store, job_id: str, ending: Ending, expect: Expect | None) -> Change:
+    async def finalize(self, store: Store, job_id: str, ending: Ending, expect: Expect | None) -> Change:
         job = await self.get(store, job_id, lock=True)
         if job.status.is_terminal:
             return Change(job, changed=False)
@@ -345,7 +326,7 @@ class Rules:
         )
         follow_up = None
         if ending.then is not None and chosen.status is JobStatus.SUCCEEDED:
-            follow_up, _ = await self.enqueue(store, ending.then, None, ending.then_key)
+            follow_up = await self.enqueue(store, ending.then, ending.then_key)
         return Change(after, changed=True, previous=job.status, follow_up=follow_up)
 
     async def requeue(self, store: Store, job_id: str, expect: Expect, reason: str) -> Change:

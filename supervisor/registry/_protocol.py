@@ -95,12 +95,10 @@ class PromoteRequest:
 
 @dataclass(frozen=True)
 class Promotion:
-    """What a promotion did. ``paused``: nothing was promoted because promotion is paused. ``failed``: a promotion
-    made in another change's transaction failed and was rolled back alone (that change stands; drain again)."""
+    """What a promotion did. ``paused``: nothing was promoted because promotion is paused."""
 
     jobs: tuple[Job, ...] = ()
     paused: bool = False
-    failed: bool = False
     # The earliest moment a queued job now waiting out its backoff may run (None: none waits): the drainer's next wake.
     next_at: datetime | None = None
 

@@ -90,17 +90,13 @@ class Registry:
 
     # -- enqueue and promotion (claim before run) ----------------------------------------------------------
 
-    async def enqueue(
-        self, job: NewJob, *, promote: PromoteRequest | None = None, key: IdempotencyKey | None = None
-    ) -> tuple[EnqueueResult, Promotion]:
-        """Add a queued row (or, with a coalescing key, return the identical queued one); with ``promote``, then
-        promote into free slots in the same atomic step (unless paused): a job enqueued while a slot is free is
-        RUNNING when the call returns. A failed promotion never fails the enqueue (``Promotion.failed``).
-        ``EnqueueResult.job`` is the row as enqueued (queued, with its position); a row promoted in the same step
-        is in ``Promotion.jobs`` as it is after it. With ``key``: a key that already answered this request answers
-        it again (``EnqueueResult.replayed``) and nothing is written; one that answered another request raises
-        ``IdempotencyKeyReused``; else the answer is kept under the key, in the same step."""
-        return await self.backend.write(lambda store: self.rules.enqueue(store, job, promote, key))
+    async def enqueue(self, job: NewJob, *, key: IdempotencyKey | None = None) -> EnqueueResult:
+        """Add a queued row (or, with a coalescing key, return the identical queued one): ``EnqueueResult.job`` is
+        the row as enqueued (queued, with its position). Promotion is a step of its own (``promote``: the drainer's
+        alone). With ``key``: a key that already answered this request answers it again (``EnqueueResult.replayed``)
+        and nothing is written; one that answered another request raises ``IdempotencyKeyReused``; else the answer
+        is kept under the key, in the same step."""
+        return await self.backend.write(lambda store: self.rules.enqueue(store, job, key))
 
     async def enqueue_many(self, jobs: Sequence[NewJob], *, key: IdempotencyKey | None = None) -> list[EnqueueResult]:
         """Add several rows at once, all or nothing, in order (answers carry no queue position); ``key`` covers the
@@ -123,14 +119,11 @@ class Registry:
 
     # -- ends --------------------------------------------------------------------------------------------
 
-    async def finalize(
-        self, job_id: str, ending: Ending, *, expect: Expect | None = None, promote: PromoteRequest | None = None
-    ) -> tuple[Change, Promotion]:
+    async def finalize(self, job_id: str, ending: Ending, *, expect: Expect | None = None) -> Change:
         """End a RUNNING row as ``ending`` says (a terminal row is left alone: ``changed=False``; so is a row whose
         identity is not ``expect``'s, and, with ``expect.host_silent``, a row whose host's lease is live at the
-        registry's clock). With ``promote``, promote into the freed slot in the same atomic step (a finalize that
-        changed nothing freed none). Ending a queued row raises ``IllegalTransition``."""
-        return await self.backend.write(lambda store: self.rules.finalize(store, job_id, ending, expect, promote))
+        registry's clock). Ending a queued row raises ``IllegalTransition``."""
+        return await self.backend.write(lambda store: self.rules.finalize(store, job_id, ending, expect))
 
     async def requeue(self, job_id: str, *, expect: Expect, reason: str) -> Change:
         """A RUNNING row whose start provably never happened goes back to the head of the queue: ``queued`` again

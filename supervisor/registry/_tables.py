@@ -10,7 +10,6 @@ terms into one SQL text (``_sql.SqlRows``), memory into a match over dicts (``me
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -111,7 +110,6 @@ class Store(Protocol):
     async def update(self, table: str, where: Where, values: Mapping[str, Any]) -> int: ...
     async def delete(self, table: str, where: Where) -> int: ...
     async def notify(self, wake: Wakeup) -> None: ...
-    def savepoint(self) -> AbstractAsyncContextManager[None]: ...
 
 
 # -- rows and domain types ------------------------------------------------------------------------------

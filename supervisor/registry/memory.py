@@ -3,7 +3,7 @@ real thing, never instead of it: it runs the very rules the SQL backends run, an
 
 Its store is the store port (``_tables.Store``) as a match over lists of dicts, one list per table. A step never
 suspends (``run_now`` holds it to that), so on one Trio loop no other task sees it half done, which is what the
-other backends' transactions give; a step (or a savepoint) that raises is undone by putting back the tables it began
+other backends' transactions give; a step that raises is undone by putting back the tables it began
 with (rows are never changed in place, only replaced, so a copy of the lists is a snapshot). JSON columns are kept as
 JSON text, as the SQL stores keep them: a caller never shares a mutable value with a row, and a value JSON cannot
 hold is refused here too. Nothing survives the process, and nothing here is shared with another one.
@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import operator
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -125,15 +125,6 @@ class MemoryRows(LocalStore):
         gone = len(rows) - len(kept)
         rows[:] = kept
         return gone
-
-    @asynccontextmanager
-    async def savepoint(self) -> AsyncIterator[None]:
-        before = self.t.copy()
-        try:
-            yield
-        except BaseException:
-            self.t.rows, self.t.seqs = before.rows, before.seqs
-            raise
 
 
 class MemoryBackend:

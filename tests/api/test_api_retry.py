@@ -56,7 +56,7 @@ async def test_a_job_whose_kind_left_the_kinds_file_is_not_retried_and_the_answe
     harness: Harness,
 ) -> None:
     await harness.supervisor.pause()
-    result, _ = await harness.supervisor.registry.enqueue(NewJob("retired", {}, ["true"]))
+    result = await harness.supervisor.registry.enqueue(NewJob("retired", {}, ["true"]))
     await harness.supervisor.cancel(result.job.job_id)  # finished: cancelled before it started
     status, body = await harness.json("POST", f"/api/jobs/{result.job.job_id}/retry")
     assert status == 409, body

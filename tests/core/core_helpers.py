@@ -189,7 +189,7 @@ async def insert_running(
     """A RUNNING row as another boot would have left it (through the registry, as that boot did). ``pid`` alone: a
     record with a bare pid, as a boot that could not read /proc would have written (no identity)."""
     registry = sup.registry
-    queued, _ = await registry.enqueue(NewJob("sleep", {"seconds": 60.0}, ["true"]))
+    queued = await registry.enqueue(NewJob("sleep", {"seconds": 60.0}, ["true"]))
     promotion = await registry.promote(PromoteRequest(1000, boot_id, [hash_token("t")], sup.log_dir))
     [job] = promotion.jobs
     assert job.job_id == queued.job.job_id
@@ -270,5 +270,5 @@ def container_of(job: Job) -> str | None:
 
 async def enqueue_raw(sup: Supervisor, kind: str, params: dict[str, object], argv: list[str]) -> Job:
     """A row enqueued through the registry as another process would (no validation, no drainer wake-up)."""
-    result, _ = await sup.registry.enqueue(NewJob(kind, params, argv))
+    result = await sup.registry.enqueue(NewJob(kind, params, argv))
     return result.job

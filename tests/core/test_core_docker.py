@@ -244,7 +244,7 @@ async def _enqueue(registry: SqliteRegistry, kind: str, params: dict[str, object
     """Enqueue as another process would, straight into the registry, with the image's interpreter."""
     parsed = parse_kind(kind, tomllib.loads(KINDS)["kinds"][kind])
     validated = parsed.validate_params(params)
-    result, _ = await registry.enqueue(NewJob(kind, validated, parsed.render_argv(validated, python="python3")))
+    result = await registry.enqueue(NewJob(kind, validated, parsed.render_argv(validated, python="python3")))
     return result.job.job_id
 
 

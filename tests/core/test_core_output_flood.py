@@ -67,7 +67,7 @@ async def registry(tmp_path: Path) -> AsyncIterator[SqliteRegistry]:
 async def _enqueue(registry: SqliteRegistry, kind: str, params: dict[str, object]) -> str:
     parsed = parse_kind(kind, tomllib.loads(FLOOD_KINDS)["kinds"][kind])
     validated = parsed.validate_params(params)
-    result, _ = await registry.enqueue(NewJob(kind, validated, parsed.render_argv(validated)))
+    result = await registry.enqueue(NewJob(kind, validated, parsed.render_argv(validated)))
     return result.job.job_id
 
 

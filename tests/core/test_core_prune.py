@@ -75,7 +75,7 @@ async def test_the_sweeper_prunes_finished_jobs_past_the_retention_a_batch_a_min
     jobs.append(await finish(registry, sup.log_dir, 4, attempts=2))  # <id>.log and <id>.2.log, each with records
     assert [path.name for path in jobs[4][1]][3:] == [f"{jobs[4][0]}.2.{ext}" for ext in ("log", "pid", "exit")]
     await registry.set_paused(True, by="operator")  # the queued job stays queued
-    queued, _ = await registry.enqueue(NewJob("k", {"n": 99}, ["run"]))
+    queued = await registry.enqueue(NewJob("k", {"n": 99}, ["run"]))
     bystander = sup.log_dir / "not-a-job.log"
     await trio.to_thread.run_sync(bystander.write_text, "x")
 

@@ -49,7 +49,7 @@ async def _enqueue(registry: SqliteRegistry, kind: str, params: dict[str, object
     """Enqueue as another process would (a CLI, the pipeline container): straight into the registry."""
     parsed = parse_kind(kind, tomllib.loads(KINDS)["kinds"][kind])
     validated = parsed.validate_params(params)
-    result, _ = await registry.enqueue(NewJob(kind, validated, parsed.render_argv(validated)))
+    result = await registry.enqueue(NewJob(kind, validated, parsed.render_argv(validated)))
     return result.job.job_id
 
 

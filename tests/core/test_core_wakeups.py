@@ -150,14 +150,14 @@ async def test_INV_NOTIFY_IS_A_HINT_a_queued_wake_up_wakes_the_drainer_which_dec
 ) -> None:
     sup, registry = host()
     [feed] = registry.feeds
-    result, _ = await another_hosts_enqueue(registry)
+    result = await another_hosts_enqueue(registry)
     await trio.sleep(120)  # many quiet checks of the session: nothing else
     assert (await sup.get(result.job.job_id)).status is JobStatus.QUEUED  # nobody polls here: nothing moved it
     feed.say(Wakeup(WAKE_QUEUED))
     await until_status(sup, result.job.job_id, JobStatus.RUNNING)
     # A paused queue: the wake-up wakes the drainer, the registry's pause decides (nothing promoted).
     await registry.set_paused(True, by="operator")
-    second, _ = await another_hosts_enqueue(registry)
+    second = await another_hosts_enqueue(registry)
     feed.say(Wakeup(WAKE_QUEUED))
     feed.say(Wakeup(WAKE_PAUSE))
     await trio.sleep(60)
@@ -195,7 +195,7 @@ async def test_a_lost_session_is_said_once_reopened_with_backoff_said_back_and_c
         lost_at = trio.current_time()
         feed.lose()
         await trio.lowlevel.checkpoint()
-        queued, _ = await another_hosts_enqueue(registry)  # meanwhile: its wake-up is lost with the session
+        queued = await another_hosts_enqueue(registry)  # meanwhile: its wake-up is lost with the session
         again = await registry.next_feed()
         # 0.5 s, then 1 s, then 2 s: the third try opens it.
         assert trio.current_time() - lost_at == pytest.approx(3.5)

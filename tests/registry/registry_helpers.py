@@ -186,7 +186,7 @@ async def enqueue(reg: Registry, n: int = 1, *, kind: str = "k", start: int = 0)
     """Enqueue ``n`` rows (params ``{"n": start..}``); their ids, oldest first."""
     ids = []
     for i in range(start, start + n):
-        result, _ = await reg.enqueue(new_job(i, kind=kind))
+        result = await reg.enqueue(new_job(i, kind=kind))
         ids.append(result.job.job_id)
     return ids
 

@@ -42,7 +42,7 @@ async def test_a_resubmitted_job_keeps_its_id_and_is_queued_with_the_attempt_in_
     [job] = await registry.record_identities([IdentityClaim(job.job_id, PROCESS)])
     started = job.started_at
     clock.advance(30)
-    change, _ = await registry.finalize(job.job_id, resubmit(clock, 60))
+    change = await registry.finalize(job.job_id, resubmit(clock, 60))
     after = change.job
     assert change.changed and change.previous is JobStatus.RUNNING
     assert (after.job_id, after.status, after.attempts) == (job.job_id, JobStatus.QUEUED, 1)  # attempts: its starts
@@ -105,7 +105,7 @@ async def test_a_cancel_that_reached_the_row_first_ends_it_instead_of_a_resubmis
 ) -> None:
     job = await one_running(registry)
     await registry.request_cancel(job.job_id)
-    change, _ = await registry.finalize(job.job_id, resubmit(clock, 60))
+    change = await registry.finalize(job.job_id, resubmit(clock, 60))
     assert (change.job.status, change.job.error_reason, change.job.history) == (
         JobStatus.CANCELLED,
         "cancelled",
@@ -172,7 +172,7 @@ async def test_a_requeue_is_only_of_the_running_row_the_evidence_was_about(regis
 
 
 async def test_a_job_records_the_starts_its_kind_allows(registry: Registry) -> None:
-    result, _ = await registry.enqueue(NewJob("k", {}, ["x"], max_attempts=3))
+    result = await registry.enqueue(NewJob("k", {}, ["x"], max_attempts=3))
     assert result.job.max_attempts == 3
     [plain] = await registry.enqueue_many([new_job(1)])
     assert plain.job.max_attempts == 1

@@ -1,5 +1,6 @@
-"""The registry contract: how a row ends (finalize with an ``Ending``, its ``Expect`` guard, the promotion into the
-freed slot, illegal transitions), cancel requests, and the job token that ends with the row, on every backend."""
+"""The registry contract: how a row ends (finalize with an ``Ending``, its ``Expect`` guard, the slot it frees for
+the next promotion, illegal transitions), cancel requests, and the job token that ends with the row, on every
+backend."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from registry_helpers import WallClock, enqueue, one_running, request, running
 
 from supervisor.domain import IllegalTransition, JobNotFound, JobStatus, Unauthorized
 from supervisor.registry import (
-    PAUSED_BY_FILE,
     Change,
     Ending,
     Expect,
@@ -18,7 +18,6 @@ from supervisor.registry import (
     IdentityRecord,
     NewJob,
     Outcome,
-    Promotion,
     Registry,
 )
 
@@ -40,8 +39,8 @@ PROCESS = IdentityRecord("process", {"pid": 4242, "pid_start_time": 7, "kernel_b
 async def test_finalize_ends_a_running_row_as_the_ending_says(registry: Registry, clock: WallClock) -> None:
     job = await one_running(registry)
     clock.advance(30)
-    change, promotion = await registry.finalize(job.job_id, EXITED_3)
-    assert (change.changed, change.previous, promotion) == (True, JobStatus.RUNNING, Promotion())
+    change = await registry.finalize(job.job_id, EXITED_3)
+    assert (change.changed, change.previous) == (True, JobStatus.RUNNING)
     ended = change.job
     assert (ended.status, ended.error_reason, ended.exit_code) == (JobStatus.FAILED, "exit_code_3", 3)
     assert (ended.ended_at, ended.started_at) == (clock.now, job.started_at)
@@ -51,13 +50,13 @@ async def test_finalize_ends_a_running_row_as_the_ending_says(registry: Registry
 
 async def test_a_success_records_no_reason(registry: Registry) -> None:
     job = await one_running(registry)
-    change, _ = await registry.finalize(job.job_id, SUCCEEDED)
+    change = await registry.finalize(job.job_id, SUCCEEDED)
     assert (change.job.status, change.job.error_reason, change.job.exit_code) == (JobStatus.SUCCEEDED, None, 0)
 
 
 async def test_the_outcome_is_recorded_when_no_cancel_was_requested(registry: Registry) -> None:
     job = await one_running(registry)
-    change, _ = await registry.finalize(job.job_id, KILLED)
+    change = await registry.finalize(job.job_id, KILLED)
     assert (change.job.status, change.job.error_reason, change.job.exit_code) == (
         JobStatus.FAILED,
         "killed_by_signal_15",
@@ -68,7 +67,7 @@ async def test_the_outcome_is_recorded_when_no_cancel_was_requested(registry: Re
 async def test_a_cancel_requested_before_the_write_chooses_if_cancel_requested(registry: Registry) -> None:
     job = await one_running(registry)
     await registry.request_cancel(job.job_id)
-    change, _ = await registry.finalize(job.job_id, KILLED)
+    change = await registry.finalize(job.job_id, KILLED)
     assert (change.job.status, change.job.error_reason, change.job.exit_code) == (
         JobStatus.CANCELLED,
         "cancelled",
@@ -80,20 +79,20 @@ async def test_a_cancel_requested_before_the_write_chooses_if_cancel_requested(r
 async def test_a_cancel_requested_with_no_alternative_keeps_the_outcome(registry: Registry) -> None:
     job = await one_running(registry)
     await registry.request_cancel(job.job_id)
-    change, _ = await registry.finalize(job.job_id, SUCCEEDED)  # it finished before the stop reached it
+    change = await registry.finalize(job.job_id, SUCCEEDED)  # it finished before the stop reached it
     assert change.job.status is JobStatus.SUCCEEDED
 
 
 async def test_a_success_enqueues_its_follow_up_in_the_same_step(registry: Registry) -> None:
     job = await one_running(registry)
     then = NewJob("enrich", {"of": job.job_id}, ["enrich"])
-    change, _ = await registry.finalize(job.job_id, dataclasses.replace(SUCCEEDED, then=then))
+    change = await registry.finalize(job.job_id, dataclasses.replace(SUCCEEDED, then=then))
     assert change.job.status is JobStatus.SUCCEEDED and change.follow_up is not None
     follow_up = change.follow_up.job
     assert (follow_up.kind, follow_up.params, follow_up.status) == ("enrich", {"of": job.job_id}, JobStatus.QUEUED)
     assert (await registry.get(follow_up.job_id)).status is JobStatus.QUEUED
     # Ending the row again (a retry of the same end after a lost answer) changes nothing and enqueues nothing more.
-    again, _ = await registry.finalize(job.job_id, dataclasses.replace(SUCCEEDED, then=then))
+    again = await registry.finalize(job.job_id, dataclasses.replace(SUCCEEDED, then=then))
     assert (again.changed, again.follow_up) == (False, None)
     assert (await registry.counts())["queued"] == 1
 
@@ -107,19 +106,18 @@ async def test_only_a_success_enqueues_a_follow_up(registry: Registry, how: str)
         ending = dataclasses.replace(SUCCEEDED, if_cancel_requested=Outcome(JobStatus.CANCELLED, "cancelled"))
     else:
         ending = EXITED_3
-    change, _ = await registry.finalize(job.job_id, dataclasses.replace(ending, then=then))
+    change = await registry.finalize(job.job_id, dataclasses.replace(ending, then=then))
     assert change.job.status is not JobStatus.SUCCEEDED and change.follow_up is None
     assert (await registry.counts())["queued"] == 0
 
 
 async def test_a_terminal_row_is_left_alone(registry: Registry, clock: WallClock) -> None:
     job = await one_running(registry)
-    first, _ = await registry.finalize(job.job_id, EXITED_3)
+    first = await registry.finalize(job.job_id, EXITED_3)
     depth = await registry.outbox_depth()
     clock.advance(10)
-    again, promotion = await registry.finalize(job.job_id, SUCCEEDED, promote=request(5))
+    again = await registry.finalize(job.job_id, SUCCEEDED)
     assert again == Change(first.job, changed=False)
-    assert promotion == Promotion()
     assert await registry.get(job.job_id) == first.job
     assert await registry.outbox_depth() == depth  # nothing changed, nothing to tell
 
@@ -127,7 +125,7 @@ async def test_a_terminal_row_is_left_alone(registry: Registry, clock: WallClock
 async def test_a_row_cancelled_before_start_is_terminal_too(registry: Registry) -> None:
     [job_id] = await enqueue(registry, 1)
     cancelled = (await registry.request_cancel(job_id)).job
-    again, _ = await registry.finalize(job_id, SUCCEEDED)
+    again = await registry.finalize(job_id, SUCCEEDED)
     assert again == Change(cancelled, changed=False)
 
 
@@ -158,7 +156,7 @@ async def test_an_expect_that_matches_the_recorded_identity_lets_the_end_through
     job = await one_running(registry)
     await registry.record_identities([IdentityClaim(job.job_id, PROCESS)])
     same = IdentityRecord("process", {"kernel_boot_id": "kb", "pid_start_time": 7, "pid": 4242})  # equal as a whole
-    change, _ = await registry.finalize(job.job_id, EXITED_3, expect=Expect(same))
+    change = await registry.finalize(job.job_id, EXITED_3, expect=Expect(same))
     assert change.changed and change.job.status is JobStatus.FAILED
 
 
@@ -176,43 +174,41 @@ async def test_an_expect_that_does_not_match_the_recorded_identity_leaves_the_ro
     registry: Registry, expected: IdentityRecord | None
 ) -> None:
     job = await one_running(registry)
-    [queued] = await enqueue(registry, 1)
     [recorded] = await registry.record_identities([IdentityClaim(job.job_id, PROCESS)])
     depth = await registry.outbox_depth()
-    change, promotion = await registry.finalize(job.job_id, EXITED_3, expect=Expect(expected), promote=request(1))
+    change = await registry.finalize(job.job_id, EXITED_3, expect=Expect(expected))
     assert change == Change(recorded, changed=False)
-    assert promotion == Promotion()
     assert await registry.get(job.job_id) == recorded
-    assert (await registry.get(queued)).status is JobStatus.QUEUED
     assert await registry.outbox_depth() == depth
 
 
 async def test_expect_none_matches_a_row_with_no_identity_only(registry: Registry) -> None:
     job = await one_running(registry)
-    change, _ = await registry.finalize(job.job_id, EXITED_3, expect=Expect(None))
+    change = await registry.finalize(job.job_id, EXITED_3, expect=Expect(None))
     assert change.changed
 
 
-# -- finalize and promote in one step -----------------------------------------------------------------------
+# -- the slot an end frees ----------------------------------------------------------------------------------
 
 
-async def test_finalize_fills_the_freed_slot_in_the_same_step_INV_PROMOTION_NEVER_OVERSHOOTS(
+async def test_an_end_frees_one_slot_for_the_next_promotion_INV_PROMOTION_NEVER_OVERSHOOTS(
     registry: Registry,
 ) -> None:
     a, _b = await running(registry, ["a", "b"])
     waiting = await enqueue(registry, 3)
-    change, promotion = await registry.finalize(a.job_id, SUCCEEDED, promote=request(2, "x", "y"))
+    change = await registry.finalize(a.job_id, SUCCEEDED)
     assert change.changed
+    promotion = await registry.promote(request(2, "x", "y"))
     assert [j.job_id for j in promotion.jobs] == waiting[:1]  # one slot freed, one row (the oldest) promoted
     assert (await registry.counts())["running"] == 2
 
 
-async def test_finalize_while_paused_ends_the_row_and_promotes_nothing(registry: Registry) -> None:
+async def test_an_end_that_changed_nothing_frees_no_slot(registry: Registry) -> None:
     job = await one_running(registry)
     [queued] = await enqueue(registry, 1)
-    await registry.set_paused(True, by=PAUSED_BY_FILE)
-    change, promotion = await registry.finalize(job.job_id, SUCCEEDED, promote=request(1))
-    assert change.changed and promotion == Promotion(paused=True)
+    await registry.record_identities([IdentityClaim(job.job_id, PROCESS)])
+    assert not (await registry.finalize(job.job_id, EXITED_3, expect=Expect(None))).changed
+    assert (await registry.promote(request(1))).jobs == ()
     assert (await registry.get(queued)).status is JobStatus.QUEUED
 
 
@@ -243,7 +239,7 @@ async def test_cancelling_a_running_row_only_marks_the_request(registry: Registr
 
 async def test_cancelling_a_terminal_row_leaves_it_alone(registry: Registry) -> None:
     job = await one_running(registry)
-    ended, _ = await registry.finalize(job.job_id, SUCCEEDED)
+    ended = await registry.finalize(job.job_id, SUCCEEDED)
     depth = await registry.outbox_depth()
     assert await registry.request_cancel(job.job_id) == Change(ended.job, changed=False)
     assert await registry.get(job.job_id) == ended.job
@@ -307,7 +303,7 @@ async def test_the_token_ends_with_the_job(registry: Registry, how: str) -> None
 
 
 async def test_a_row_names_who_enqueued_it_and_who_first_asked_for_its_cancel(registry: Registry) -> None:
-    queued, _ = await registry.enqueue(NewJob("k", {"n": 1}, ["k"], enqueued_by="ci-bot"))
+    queued = await registry.enqueue(NewJob("k", {"n": 1}, ["k"], enqueued_by="ci-bot"))
     assert (queued.job.enqueued_by, queued.job.cancelled_by) == ("ci-bot", None)
     change = await registry.request_cancel(queued.job.job_id, by="ops")
     assert (change.job.status, change.job.enqueued_by, change.job.cancelled_by) == (
@@ -320,7 +316,7 @@ async def test_a_row_names_who_enqueued_it_and_who_first_asked_for_its_cancel(re
     first = await registry.request_cancel(job.job_id, by="alice")
     again = await registry.request_cancel(job.job_id, by="bob")
     assert (first.changed, again.changed, again.job.cancelled_by) == (True, False, "alice")
-    ended, _ = await registry.finalize(job.job_id, KILLED)
+    ended = await registry.finalize(job.job_id, KILLED)
     assert (ended.job.status, ended.job.cancelled_by) == (JobStatus.CANCELLED, "alice")
     # Cancelling a finished row names no one.
     finished = await registry.request_cancel(job.job_id, by="carol")

@@ -1,5 +1,5 @@
 """The registry contract: enqueue, coalescing, enqueue_many, promotion (FIFO, INV-PROMOTION-NEVER-OVERSHOOTS, the
-pause, in the enqueue's own step) and record_identities, on every backend."""
+pause, a promotion that fails) and record_identities, on every backend."""
 
 from __future__ import annotations
 
@@ -37,11 +37,10 @@ async def statuses(reg: Registry, ids: Sequence[str]) -> list[JobStatus]:
 # -- enqueue ------------------------------------------------------------------------------------------------
 
 
-async def test_enqueue_adds_a_queued_row_and_promotes_nothing_unasked(registry: Registry, clock: WallClock) -> None:
-    result, promotion = await registry.enqueue(NewJob("feeds", {"feed": "a", "n": [1, 2]}, ["fetch", "a"]))
+async def test_enqueue_adds_a_queued_row(registry: Registry, clock: WallClock) -> None:
+    result = await registry.enqueue(NewJob("feeds", {"feed": "a", "n": [1, 2]}, ["fetch", "a"]))
     job = result.job
     assert not result.coalesced
-    assert promotion == Promotion()
     assert (job.kind, job.params, job.argv) == ("feeds", {"feed": "a", "n": [1, 2]}, ["fetch", "a"])
     assert (job.status, job.queue_position, job.created_at) == (JobStatus.QUEUED, 1, clock.now)
     assert (job.attempts, job.cancel_requested, job.completed_units) == (0, False, 0)
@@ -64,7 +63,7 @@ async def test_each_row_gets_its_own_id_and_a_place_at_the_back_of_the_queue(reg
 async def test_a_row_handed_in_or_out_is_a_copy(registry: Registry) -> None:
     params = {"feed": {"url": "u"}}
     argv = ["fetch"]
-    result, _ = await registry.enqueue(NewJob("k", params, argv))
+    result = await registry.enqueue(NewJob("k", params, argv))
     params["feed"]["url"] = "changed by the caller"
     argv.append("changed by the caller")
     result.job.params["feed"] = "changed by the reader"
@@ -87,35 +86,34 @@ async def test_a_row_handed_in_or_out_is_a_copy(registry: Registry) -> None:
 
 async def test_an_identical_queued_row_absorbs_a_new_one(registry: Registry) -> None:
     await enqueue(registry, 1)  # ahead in the queue: the coalesced answer still says where the row stands
-    first, _ = await registry.enqueue(new_job(1, key="K"))
-    second, promotion = await registry.enqueue(new_job(2, key="K"))
+    first = await registry.enqueue(new_job(1, key="K"))
+    second = await registry.enqueue(new_job(2, key="K"))
     assert (first.coalesced, second.coalesced) == (False, True)
     assert second.job == first.job  # the queued row, as it is: not the new params
     assert second.job.queue_position == 2
-    assert promotion == Promotion()
     assert (await registry.counts())["queued"] == 2
 
 
 async def test_rows_with_another_key_or_none_are_never_coalesced(registry: Registry) -> None:
-    a, _ = await registry.enqueue(new_job(key="K"))
-    b, _ = await registry.enqueue(new_job(key="K2"))
-    c, _ = await registry.enqueue(new_job(key=None))
-    d, _ = await registry.enqueue(new_job(key=None))
+    a = await registry.enqueue(new_job(key="K"))
+    b = await registry.enqueue(new_job(key="K2"))
+    c = await registry.enqueue(new_job(key=None))
+    d = await registry.enqueue(new_job(key=None))
     assert not any(r.coalesced for r in (a, b, c, d))
     assert len({r.job.job_id for r in (a, b, c, d)}) == 4
 
 
 async def test_only_a_queued_row_absorbs_an_identical_one(registry: Registry) -> None:
-    first, _ = await registry.enqueue(new_job(key="K"))
+    first = await registry.enqueue(new_job(key="K"))
     [promoted] = (await registry.promote(request(1))).jobs
     assert promoted.job_id == first.job.job_id
-    second, _ = await registry.enqueue(new_job(key="K"))  # the running row does not absorb it
+    second = await registry.enqueue(new_job(key="K"))  # the running row does not absorb it
     assert not second.coalesced and second.job.job_id != first.job.job_id
     assert second.job.status is JobStatus.QUEUED
-    third, _ = await registry.enqueue(new_job(key="K"))  # the queued one does
+    third = await registry.enqueue(new_job(key="K"))  # the queued one does
     assert third.coalesced and third.job.job_id == second.job.job_id
     await registry.request_cancel(second.job.job_id)
-    fourth, _ = await registry.enqueue(new_job(key="K"))  # nor does a cancelled one
+    fourth = await registry.enqueue(new_job(key="K"))  # nor does a cancelled one
     assert not fourth.coalesced and fourth.job.job_id not in {first.job.job_id, second.job.job_id}
 
 
@@ -139,7 +137,7 @@ async def test_enqueue_many_adds_the_rows_in_order_with_no_queue_position(regist
 
 
 async def test_enqueue_many_coalesces_with_queued_rows_and_within_the_batch(registry: Registry) -> None:
-    old, _ = await registry.enqueue(new_job(0, key="K"))
+    old = await registry.enqueue(new_job(0, key="K"))
     results = await registry.enqueue_many([new_job(1, key="K"), new_job(2), new_job(3, key="L"), new_job(4, key="L")])
     assert [r.coalesced for r in results] == [True, False, False, True]
     assert results[0].job.job_id == old.job.job_id
@@ -176,7 +174,7 @@ async def test_enqueue_many_is_all_or_nothing(registry: Registry) -> None:
 
 async def test_an_enqueue_that_fails_writes_nothing(registry: Registry) -> None:
     with pytest.raises(RuntimeError, match="unreadable"):
-        await registry.enqueue(NewJob("k", UnreadableParams(), ["x"]), promote=request(1))
+        await registry.enqueue(NewJob("k", UnreadableParams(), ["x"]))
     assert await registry.counts() == {s.value: 0 for s in JobStatus}
     assert await registry.outbox_depth() == 0
 
@@ -198,7 +196,7 @@ async def test_promotion_is_fifo_and_records_the_boot_the_start_the_token_and_th
     promotion = await registry.promote(
         PromoteRequest(3, "boot-x", [hash_token("one"), hash_token("two")], log_dir=tmp_path / "logs")
     )
-    assert not promotion.paused and not promotion.failed
+    assert not promotion.paused
     assert [j.job_id for j in promotion.jobs] == ids[:2]  # the oldest first, one per token
     for job, token in zip(promotion.jobs, ("one", "two"), strict=True):
         assert job.status is JobStatus.RUNNING
@@ -286,7 +284,7 @@ async def test_concurrent_drains_promote_every_row_once_and_never_overshoot_INV_
             peak = max(peak, in_flight)
             assert (await registry.counts())["running"] <= max_concurrent  # the others try to overshoot meanwhile
             in_flight -= 1
-            change, _ = await registry.finalize(job.job_id, SUCCEEDED)
+            change = await registry.finalize(job.job_id, SUCCEEDED)
             assert change.changed
         raise AssertionError("a drain never finished")
 
@@ -311,46 +309,7 @@ async def test_a_paused_queue_promotes_nothing_until_resumed(registry: Registry)
     assert [j.job_id for j in (await registry.promote(request(2, "a", "b"))).jobs] == ids
 
 
-# -- enqueue and promote in one step ------------------------------------------------------------------------
-
-
-async def test_a_row_enqueued_while_a_slot_is_free_is_running_when_the_call_returns(registry: Registry) -> None:
-    result, promotion = await registry.enqueue(new_job(), promote=request(1, "mine"))
-    assert not promotion.paused and not promotion.failed
-    [job] = promotion.jobs
-    assert job.job_id == result.job.job_id
-    assert (result.job.status, result.job.queue_position) == (JobStatus.QUEUED, 1)  # the row as enqueued
-    assert (job.status, job.token_hash, job.boot_id) == (JobStatus.RUNNING, hash_token("mine"), BOOT)
-    assert await registry.get(job.job_id) == job
-
-
-async def test_an_enqueue_that_finds_no_free_slot_leaves_the_row_queued(registry: Registry) -> None:
-    await one_running(registry)
-    result, promotion = await registry.enqueue(new_job(), promote=request(1, "mine"))
-    assert promotion == Promotion()
-    assert (await registry.get(result.job.job_id)).status is JobStatus.QUEUED
-
-
-async def test_an_enqueue_with_promotion_promotes_the_oldest_queued_row_first(registry: Registry) -> None:
-    [older] = await enqueue(registry, 1)
-    result, promotion = await registry.enqueue(new_job(9), promote=request(1, "x"))
-    assert [j.job_id for j in promotion.jobs] == [older]
-    assert (await registry.get(result.job.job_id)).queue_position == 1
-
-
-async def test_a_coalesced_enqueue_still_promotes(registry: Registry) -> None:
-    first, _ = await registry.enqueue(new_job(key="K"))
-    second, promotion = await registry.enqueue(new_job(key="K"), promote=request(1))
-    assert second.coalesced
-    assert [j.job_id for j in promotion.jobs] == [first.job.job_id]
-
-
-async def test_an_enqueue_while_paused_answers_paused_and_leaves_the_row_queued(registry: Registry) -> None:
-    await registry.set_paused(True, by=PAUSED_BY_OPERATOR)
-    result, promotion = await registry.enqueue(new_job(), promote=request(1))
-    assert promotion == Promotion(paused=True)
-    assert (await registry.get(result.job.job_id)).status is JobStatus.QUEUED
-    assert not result.coalesced
+# -- a promotion that fails ---------------------------------------------------------------------------------
 
 
 class FailingHashes(Sequence[str]):
@@ -366,17 +325,7 @@ class FailingHashes(Sequence[str]):
         raise RuntimeError("the promotion broke down halfway")
 
 
-async def test_a_failed_promotion_never_fails_the_enqueue_it_follows(registry: Registry) -> None:
-    ids = await enqueue(registry, 2)
-    result, promotion = await registry.enqueue(new_job(7), promote=PromoteRequest(5, BOOT, FailingHashes()))
-    assert promotion == Promotion(failed=True)
-    assert (await registry.get(result.job.job_id)).status is JobStatus.QUEUED  # the enqueue stands
-    assert await statuses(registry, ids) == [JobStatus.QUEUED] * 2  # the half-made promotion is undone
-    events = await registry.outbox_pending(100)
-    assert [(e.job_id, e.reason) for e in events] == [(i, "enqueued") for i in [*ids, result.job.job_id]]
-
-
-async def test_a_failed_promotion_alone_raises_and_changes_nothing(registry: Registry) -> None:
+async def test_a_promotion_that_fails_halfway_raises_and_changes_nothing(registry: Registry) -> None:
     ids = await enqueue(registry, 2)
     depth = await registry.outbox_depth()
     with pytest.raises(RuntimeError, match="halfway"):

@@ -210,11 +210,11 @@ async def test_INV_SILENT_HOST_ENDS_BY_PROOF_an_end_for_a_silent_host_is_refused
                                                       host_id="a"))).jobs
         [job] = await registry.record_identities([IdentityClaim(job.job_id, identity)])
         rows.append(job)
-    live, _ = await registry.finalize(rows[0].job_id, ended, expect=Expect(identity, host_silent=True))
+    live = await registry.finalize(rows[0].job_id, ended, expect=Expect(identity, host_silent=True))
     assert not live.changed and live.job.status is JobStatus.RUNNING  # a's lease is live: a's to judge
     clock.advance(LEASE_S)  # expired
-    silent, _ = await registry.finalize(rows[0].job_id, ended, expect=Expect(identity, host_silent=True))
+    silent = await registry.finalize(rows[0].job_id, ended, expect=Expect(identity, host_silent=True))
     assert silent.changed and silent.job.status is JobStatus.SUCCEEDED
     await registry.renew_lease("a", "boot-a2", lease_s=LEASE_S, lead=False)  # a comes back (a new boot)
-    back, _ = await registry.finalize(rows[1].job_id, ended, expect=Expect(identity, host_silent=True))
+    back = await registry.finalize(rows[1].job_id, ended, expect=Expect(identity, host_silent=True))
     assert not back.changed and back.job.status is JobStatus.RUNNING

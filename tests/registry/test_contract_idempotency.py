@@ -36,21 +36,21 @@ async def rows(reg: Registry) -> int:
 async def test_INV_KEY_ONCE_a_retry_answers_the_first_answer_and_writes_nothing(registry: Registry) -> None:
     await enqueue(registry, 2)  # the keyed job is third in the queue
     job = new_job(7)
-    first, _ = await registry.enqueue(job, key=keyed("k1", job))
+    first = await registry.enqueue(job, key=keyed("k1", job))
     events = await registry.outbox_depth()
-    again, promotion = await registry.enqueue(job, key=keyed("k1", job))
+    again = await registry.enqueue(job, key=keyed("k1", job))
     assert first.replayed is None and again.replayed is not None
     assert again.receipt == first.receipt
     assert (again.receipt.status, again.receipt.queue_position) == (JobStatus.QUEUED, 3)
-    assert (await rows(registry), await registry.outbox_depth(), promotion.jobs) == (3, events, ())
+    assert (await rows(registry), await registry.outbox_depth()) == (3, events)
     assert first.job.idempotency_key == "k1" == (await registry.get(first.job.job_id)).idempotency_key
 
 
 async def test_a_replay_answers_as_first_answered_while_the_row_has_moved_on(registry: Registry) -> None:
     job = new_job(1)
-    first, _ = await registry.enqueue(job, key=keyed("k", job))
+    first = await registry.enqueue(job, key=keyed("k", job))
     await registry.promote(request(1))
-    again, _ = await registry.enqueue(job, key=keyed("k", job))
+    again = await registry.enqueue(job, key=keyed("k", job))
     assert again.job.status is JobStatus.RUNNING  # the row as it is now...
     assert again.receipt == first.receipt  # ...and the answer as it was given
     assert again.receipt.status is JobStatus.QUEUED
@@ -74,7 +74,7 @@ async def test_INV_KEY_ONCE_many_tasks_at_once_with_one_key_make_one_row(registr
     answers: list[EnqueueResult] = []
 
     async def send() -> None:
-        result, _ = await registry.enqueue(job, key=keyed("same", job))
+        result = await registry.enqueue(job, key=keyed("same", job))
         answers.append(result)
 
     with trio.fail_after(30):
@@ -107,19 +107,19 @@ async def test_a_rolled_back_request_leaves_its_key_free(registry: Registry) -> 
         pass
 
     async def fails_after_the_insert(store: object) -> None:
-        await registry.rules.enqueue(store, job, None, key)  # type: ignore[arg-type]
+        await registry.rules.enqueue(store, job, key)  # type: ignore[arg-type]
         raise Boom
 
     with pytest.raises(Boom):
         await registry.backend.write(fails_after_the_insert)
     assert await rows(registry) == 0
-    result, _ = await registry.enqueue(job, key=key)
+    result = await registry.enqueue(job, key=key)
     assert result.replayed is None and await rows(registry) == 1
 
 
 async def test_a_key_expires_and_its_jobs_are_kept_until_then(registry: Registry, clock: WallClock) -> None:
     job = new_job(1)
-    first, _ = await registry.enqueue(job, key=keyed("k", job))
+    first = await registry.enqueue(job, key=keyed("k", job))
     running = (await registry.promote(request(1))).jobs[0]
     await registry.finalize(running.job_id, SUCCEEDED)
     await registry.outbox_delete([e.seq for e in await registry.outbox_pending(100)])
@@ -128,7 +128,7 @@ async def test_a_key_expires_and_its_jobs_are_kept_until_then(registry: Registry
     assert await registry.expire_keys() == 0
     clock.advance(TTL_S)  # expires_at is not after now: expired
     # Expired: the same key and request make a new job, and the old key's answer is gone with it.
-    second, _ = await registry.enqueue(job, key=keyed("k", job))
+    second = await registry.enqueue(job, key=keyed("k", job))
     assert second.replayed is None and second.job.job_id != first.job.job_id
     found, _ = await registry.list_jobs(idempotency_key="k")
     assert [j.job_id for j in found] == [second.job.job_id]
@@ -147,17 +147,17 @@ async def test_expired_keys_are_removed_by_the_sweep_and_live_ones_kept(registry
     assert await registry.expire_keys(limit=2) == 2
     assert await registry.expire_keys(limit=10) == 1
     assert await registry.expire_keys() == 0
-    again, _ = await registry.enqueue(live, key=keyed("live", live))
+    again = await registry.enqueue(live, key=keyed("live", live))
     assert again.replayed is not None
 
 
 async def test_a_keyed_request_that_coalesces_answers_the_waiting_row_and_so_does_its_replay(
     registry: Registry,
 ) -> None:
-    waiting, _ = await registry.enqueue(new_job(1, key="same-args"))
+    waiting = await registry.enqueue(new_job(1, key="same-args"))
     job = new_job(1, key="same-args")
-    first, _ = await registry.enqueue(job, key=keyed("k", job))
-    again, _ = await registry.enqueue(job, key=keyed("k", job))
+    first = await registry.enqueue(job, key=keyed("k", job))
+    again = await registry.enqueue(job, key=keyed("k", job))
     assert first.coalesced and first.receipt.job_id == waiting.job.job_id
     assert again.receipt == first.receipt and again.replayed is not None
     assert await rows(registry) == 1
@@ -166,7 +166,7 @@ async def test_a_keyed_request_that_coalesces_answers_the_waiting_row_and_so_doe
 async def test_listing_by_key_finds_the_jobs_it_answered_and_refuses_a_bad_key(registry: Registry) -> None:
     await enqueue(registry, 2)
     job = new_job(5)
-    made, _ = await registry.enqueue(job, key=keyed("find-me", job))
+    made = await registry.enqueue(job, key=keyed("find-me", job))
     found, cursor = await registry.list_jobs(idempotency_key="find-me")
     assert ([j.job_id for j in found], cursor) == ([made.job.job_id], None)
     assert (await registry.list_jobs(idempotency_key="nobody's"))[0] == []
@@ -179,10 +179,10 @@ async def test_a_follow_up_is_keyed_by_its_parent_and_made_once(registry: Regist
     job = await one_running(registry)
     then = NewJob("enrich", {"of": job.job_id}, ["enrich"])
     ending = dataclasses.replace(SUCCEEDED, then=then, then_key=keyed(follow_up_key(job.job_id), then))
-    change, _ = await registry.finalize(job.job_id, ending)
+    change = await registry.finalize(job.job_id, ending)
     assert change.follow_up is not None
     assert change.follow_up.job.idempotency_key == f"then/{job.job_id}"
-    again, _ = await registry.finalize(job.job_id, ending)  # the same end, run again after a lost answer
+    again = await registry.finalize(job.job_id, ending)  # the same end, run again after a lost answer
     assert (again.changed, again.follow_up) == (False, None)
     found, _ = await registry.list_jobs(idempotency_key=f"then/{job.job_id}")
     assert [j.job_id for j in found] == [change.follow_up.job.job_id]

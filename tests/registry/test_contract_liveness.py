@@ -51,7 +51,7 @@ async def test_every_beat_is_liveness_only_a_higher_count_is_progress_INV_PROGRE
 
 async def test_a_batch_records_the_good_beats_whatever_the_refused_ones(registry: Registry, clock: WallClock) -> None:
     a, b, c = await running(registry, ["a", "b", "c"])
-    ended, _ = await registry.finalize(c.job_id, SUCCEEDED)
+    ended = await registry.finalize(c.job_id, SUCCEEDED)
     clock.advance(5)
     results = await registry.record_heartbeats(
         [
@@ -94,7 +94,7 @@ async def test_a_row_that_is_not_running_refuses_beats(registry: Registry) -> No
     ``Unauthorized``: a row holds a token hash only while it runs, so no beat gets as far as ``Conflict``)."""
     [queued] = await enqueue(registry, 1)
     job = await one_running(registry, "mine")
-    ended, _ = await registry.finalize(job.job_id, SUCCEEDED)
+    ended = await registry.finalize(job.job_id, SUCCEEDED)
     before = await registry.get(queued)
     results = await registry.record_heartbeats([Beat(queued, "mine", 1), Beat(job.job_id, "mine", 1)])
     assert [outcome(r) for r in results] == ["Unauthorized", "Unauthorized"]
@@ -151,7 +151,7 @@ async def test_a_judgement_that_changes_nothing_writes_nothing(registry: Registr
 async def test_set_absence_leaves_a_row_that_does_not_run_alone(registry: Registry) -> None:
     [queued] = await enqueue(registry, 1)
     job = await one_running(registry)
-    ended, _ = await registry.finalize(job.job_id, SUCCEEDED)
+    ended = await registry.finalize(job.job_id, SUCCEEDED)
     depth = await registry.outbox_depth()
     for job_id, row in ((queued, await registry.get(queued)), (job.job_id, ended.job)):
         change = await registry.set_absence(job_id, stalled=True, silent=True, events=[("job.stalled", "x")])
@@ -173,7 +173,7 @@ async def test_absence_flags_survive_beats_and_the_end(registry: Registry) -> No
     [beat] = await registry.record_heartbeats([Beat(job.job_id, "t", 5)])
     assert isinstance(beat, Job)
     assert (beat.stalled, beat.stalled_since, beat.silent) == (True, flagged.stalled_since, True)
-    ended, _ = await registry.finalize(job.job_id, SUCCEEDED)
+    ended = await registry.finalize(job.job_id, SUCCEEDED)
     assert (ended.job.stalled, ended.job.stalled_since, ended.job.silent) == (True, flagged.stalled_since, True)
 
 

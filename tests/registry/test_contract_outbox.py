@@ -56,7 +56,7 @@ async def test_each_change_writes_its_events_in_order_with_the_row_as_of_the_cha
         expected.append((job_id, event, snapshot(await registry.get(job_id)), clock.now))
         clock.advance(1)  # each change at its own instant
 
-    first, _ = await registry.enqueue(new_job(1))
+    first = await registry.enqueue(new_job(1))
     a = first.job.job_id
     await after(a, "job.transition")
     # A promotion asked by another boot: the event still says who wrote it.
@@ -72,7 +72,7 @@ async def test_each_change_writes_its_events_in_order_with_the_row_as_of_the_cha
     await after(a, "job.adopted")
     await registry.finalize(a, EXITED_3)
     await after(a, "job.transition")
-    second, _ = await registry.enqueue(new_job(2))
+    second = await registry.enqueue(new_job(2))
     b = second.job.job_id
     await after(b, "job.transition")
     await registry.request_cancel(b)
@@ -110,8 +110,9 @@ async def test_enqueue_many_writes_one_event_per_new_row_in_order(registry: Regi
     assert [(e.job_id, e.reason) for e in events] == [(r.job.job_id, "enqueued") for r in results[:2]]
 
 
-async def test_enqueue_with_promotion_writes_the_enqueue_then_the_promotion(registry: Registry) -> None:
-    result, _ = await registry.enqueue(new_job(), promote=request(1))
+async def test_an_enqueue_then_a_promotion_write_their_events_in_that_order(registry: Registry) -> None:
+    result = await registry.enqueue(new_job())
+    await registry.promote(request(1))
     events = await registry.outbox_pending(10)
     assert [(e.job_id, e.previous_status, e.reason) for e in events] == [
         (result.job.job_id, None, "enqueued"),
@@ -119,11 +120,12 @@ async def test_enqueue_with_promotion_writes_the_enqueue_then_the_promotion(regi
     ]
 
 
-async def test_finalize_with_promotion_writes_the_end_then_the_promotion(registry: Registry) -> None:
+async def test_an_end_then_a_promotion_write_their_events_in_that_order(registry: Registry) -> None:
     job = await one_running(registry)
     [queued] = await enqueue(registry, 1)
     depth = await registry.outbox_depth()
-    await registry.finalize(job.job_id, SUCCEEDED, promote=request(1))
+    await registry.finalize(job.job_id, SUCCEEDED)
+    await registry.promote(request(1))
     events = (await registry.outbox_pending(100))[depth:]
     assert [(e.job_id, e.previous_status, e.job["status"]) for e in events] == [
         (job.job_id, "running", "succeeded"),
@@ -135,7 +137,7 @@ async def test_a_change_that_changes_nothing_writes_no_event(registry: Registry)
     job = await one_running(registry, "t")
     await registry.finalize(job.job_id, SUCCEEDED)
     depth = await registry.outbox_depth()
-    assert not (await registry.finalize(job.job_id, EXITED_3))[0].changed  # already terminal
+    assert not (await registry.finalize(job.job_id, EXITED_3)).changed  # already terminal
     assert not (await registry.request_cancel(job.job_id)).changed
     await registry.record_heartbeats([Beat(job.job_id, "t", 1)])  # refused
     assert not (await registry.set_absence(job.job_id, stalled=True, silent=True, events=[("job.x", "y")])).changed
@@ -174,7 +176,8 @@ async def test_a_registry_without_an_outbox_writes_no_event(open_registry: Any) 
     [queued] = await enqueue(registry, 1)
     await registry.set_absence(job.job_id, stalled=True, silent=False, events=[("job.stalled", "x")])
     await registry.record_event(job.job_id, "job.adopted", None)
-    await registry.finalize(job.job_id, SUCCEEDED, promote=request(1))
+    await registry.finalize(job.job_id, SUCCEEDED)
+    await registry.promote(request(1))
     await registry.request_cancel(queued)
     await registry.enqueue_many([new_job(1), new_job(2)])
     assert await registry.outbox_depth() == 0

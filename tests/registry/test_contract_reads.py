@@ -43,7 +43,8 @@ async def test_only_a_queued_row_carries_a_queue_position(registry: Registry) ->
     a, b = await enqueue(registry, 2)
     assert [(await registry.get(x)).queue_position for x in (a, b)] == [1, 2]
     assert (await registry.get(job.job_id)).queue_position is None
-    await registry.finalize(job.job_id, SUCCEEDED, promote=request(1))  # a leaves the queue for a slot
+    await registry.finalize(job.job_id, SUCCEEDED)
+    await registry.promote(request(1))  # a leaves the queue for the freed slot
     assert [(await registry.get(x)).queue_position for x in (a, b)] == [None, 1]
     assert (await registry.get(job.job_id)).queue_position is None
 
@@ -202,7 +203,7 @@ async def test_every_timestamp_is_an_aware_utc_datetime_from_the_registrys_clock
             if isinstance(job, Job):
                 seen.extend(_timestamps(job))
 
-    result, _ = await registry.enqueue(new_job(1))
+    result = await registry.enqueue(new_job(1))
     saw(result.job)
     saw(*(r.job for r in await registry.enqueue_many([new_job(2), new_job(3)])))
     clock.advance(1)
@@ -213,8 +214,8 @@ async def test_every_timestamp_is_an_aware_utc_datetime_from_the_registrys_clock
     saw((await registry.set_absence(result.job.job_id, stalled=True, silent=False)).job)
     saw(*await registry.record_identities([IdentityClaim(result.job.job_id, IdentityRecord("process", {"pid": 1}))]))
     clock.advance(1)
-    change, promotion = await registry.finalize(result.job.job_id, SUCCEEDED, promote=request(2, "c"))
-    saw(change.job, *promotion.jobs)
+    change = await registry.finalize(result.job.job_id, SUCCEEDED)
+    saw(change.job, *(await registry.promote(request(2, "c"))).jobs)
     saw((await registry.request_cancel(change.job.job_id)).job)
     saw(*await registry.running_jobs(), *(await registry.list_jobs())[0], await registry.get(result.job.job_id))
     pause = await registry.set_paused(True, by=PAUSED_BY_OPERATOR)

@@ -42,8 +42,8 @@ async def test_a_retry_names_the_job_it_retries_and_the_old_job_lists_its_retrie
     [old] = await finished(registry, WallClock(), 1, ending=FAILED)
     assert (await registry.get(old)).retry_of is None
     retry = NewJob("k", {"n": 1000}, ["run", "1000"], retry_of=old)
-    first, _ = await registry.enqueue(retry)
-    second, _ = await registry.enqueue(retry)
+    first = await registry.enqueue(retry)
+    second = await registry.enqueue(retry)
     assert first.job.retry_of == old and first.job.status is JobStatus.QUEUED
     assert (await registry.get(first.job.job_id)).retry_of == old
     page, _ = await registry.list_jobs(limit=10)
@@ -200,7 +200,7 @@ async def test_a_prune_with_no_rule_removes_nothing_and_bad_bounds_are_refused(
 
 async def test_the_retries_of_a_pruned_job_still_name_it(registry: Registry, clock: WallClock) -> None:
     [old] = await finished(registry, clock, 1, ending=FAILED)
-    retry, _ = await registry.enqueue(NewJob("k", {}, ["run"], retry_of=old))
+    retry = await registry.enqueue(NewJob("k", {}, ["run"], retry_of=old))
     await deliver_all(registry)
     assert [j.job_id for j in await registry.prune_jobs(ended_before=clock.advance(1), keep_latest=None, limit=9)] == [
         old

@@ -108,7 +108,7 @@ class RegistryMachine(RuleBasedStateMachine):
             return
         free = max(0, MAX - len(self._with(JobStatus.RUNNING)))
         expected = self._with(JobStatus.QUEUED)[: min(free, len(request.token_hashes))]
-        assert not promotion.paused and not promotion.failed
+        assert not promotion.paused
         assert [j.job_id for j in promotion.jobs] == expected
         for job, token_hash in zip(promotion.jobs, request.token_hashes, strict=False):
             assert (job.status, job.token_hash, job.identity) == (JobStatus.RUNNING, token_hash, None)
@@ -123,22 +123,17 @@ class RegistryMachine(RuleBasedStateMachine):
 
     # -- rules -----------------------------------------------------------------------------------------
 
-    @rule(coalesce=st.booleans(), promote=st.booleans())
-    def enqueue(self, coalesce: bool, promote: bool) -> None:
+    @rule(coalesce=st.booleans())
+    def enqueue(self, coalesce: bool) -> None:
         key = "K" if coalesce else None
         absorbing = [j for j in self._with(JobStatus.QUEUED) if key is not None and self.keys[j] == key]
-        request = self._request(1) if promote else None
-        result, promotion = self.run(self.reg.enqueue, new_job(len(self.model), key=key), promote=request)
+        result = self.run(self.reg.enqueue, new_job(len(self.model), key=key))
         if absorbing:
             assert result.coalesced and result.job.job_id == absorbing[0]
         else:
             assert not result.coalesced and result.job.job_id not in self.model
             self.model[result.job.job_id] = JobStatus.QUEUED
             self.keys[result.job.job_id] = key
-        if request is None:
-            assert promotion == Promotion()
-        else:
-            self._expect_promotion(request, promotion)
 
     @rule(keys=st.lists(st.sampled_from([None, "K", "L"]), max_size=3))
     def enqueue_many(self, keys: list[str | None]) -> None:
@@ -169,26 +164,22 @@ class RegistryMachine(RuleBasedStateMachine):
             "same": Expect(recorded),
             "other": Expect(IdentityRecord("process", {"pid": -1})),
         }[guard]
-        promote = self._request(1)
         if before is JobStatus.QUEUED and (expect is None or expect.identity is None):
             try:
-                self.run(self.reg.finalize, job_id, ending, expect=expect, promote=promote)
+                self.run(self.reg.finalize, job_id, ending, expect=expect)
             except IllegalTransition:
                 return
             raise AssertionError("a queued row was finalized")
-        change, promotion = self.run(self.reg.finalize, job_id, ending, expect=expect, promote=promote)
+        change = self.run(self.reg.finalize, job_id, ending, expect=expect)
         if before.is_terminal:
             assert not change.changed and change.job == self.terminal[job_id]
-            assert promotion == Promotion()
         elif expect is not None and expect.identity != recorded:
             assert not change.changed and change.job.status is before
-            assert promotion == Promotion()
         else:
             assert change.changed and change.previous is JobStatus.RUNNING
             chosen = ending.chosen(job_id in self.cancel_requested)
             assert (change.job.status, change.job.error_reason) == (chosen.status, chosen.reason)
             self._end(change.job)
-            self._expect_promotion(promote, promotion)
 
     @precondition(lambda self: bool(self.model))
     @rule(pick=st.integers(0, 1000))

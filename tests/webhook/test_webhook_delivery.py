@@ -76,7 +76,7 @@ async def test_every_kind_of_change_reaches_the_receiver_signed_and_in_order_per
     cancelled_queued = (await sup.enqueue("sleep", {"seconds": 30})).job.job_id
     await sup.cancel(cancelled_queued)
     # Another process enqueues straight into the registry, with an argv no OS can take: the spawn fails.
-    queued, _ = await sup.registry.enqueue(NewJob("exit", {"code": 0}, ["python3", "-c", "pass", "\ud800"]))
+    queued = await sup.registry.enqueue(NewJob("exit", {"code": 0}, ["python3", "-c", "pass", "\ud800"]))
     spawn_fails = queued.job.job_id
     quiet = (await sup.enqueue("quiet", {"quiet_s": 5.0})).job.job_id
     cancelled_running = (await sup.enqueue("sleep", {"seconds": 30})).job.job_id

@@ -34,7 +34,7 @@ async def reg(tmp_path: Path) -> AsyncIterator[_CountingRegistry]:
 
 
 async def _enqueue(reg: SqliteRegistry, argv: str) -> str:
-    result, _ = await reg.enqueue(NewJob("k", {}, [argv]))
+    result = await reg.enqueue(NewJob("k", {}, [argv]))
     return result.job.job_id
 
 

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -150,17 +149,6 @@ class PostgresRows(SqlRows):
         rolls back (the same one sent twice in one transaction is delivered once: the server folds them)."""
         if self.channel is not None:
             await self.conn.execute("SELECT pg_notify($1, $2)", self.channel, encode_wakeup(wake))
-
-    @asynccontextmanager
-    async def savepoint(self) -> AsyncIterator[None]:
-        savepoint = self.conn.transaction()  # nested in the registry's transaction: a savepoint
-        await savepoint.start()
-        try:
-            yield
-        except BaseException:
-            await savepoint.rollback()
-            raise
-        await savepoint.commit()
 
 
 def _utc_of(now: datetime, which: str) -> datetime:

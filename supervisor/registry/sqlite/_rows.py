@@ -9,8 +9,7 @@ text order is time order), booleans as 0/1, JSON as text.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -52,14 +51,3 @@ class SqliteRows(LocalStore, SqlRows):
 
     async def execute_many(self, sql: str, rows: Sequence[Sequence[object]]) -> None:
         self.conn.executemany(sql, rows)
-
-    @asynccontextmanager
-    async def savepoint(self) -> AsyncIterator[None]:
-        self.conn.execute("SAVEPOINT step")
-        try:
-            yield
-        except BaseException:
-            self.conn.execute("ROLLBACK TO step")
-            raise
-        finally:
-            self.conn.execute("RELEASE step")

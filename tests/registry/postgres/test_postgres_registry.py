@@ -117,7 +117,7 @@ async def test_a_cancelled_call_leaves_no_transaction_open_and_no_connection_che
     else:
         pytest.fail("the cancelled call's transaction is still open on the server")
     with trio.fail_after(2):
-        change, _ = await reg.finalize(job.job_id, SUCCEEDED)
+        change = await reg.finalize(job.job_id, SUCCEEDED)
     assert change.changed and change.job.status is JobStatus.SUCCEEDED
 
 
@@ -137,7 +137,7 @@ async def test_a_call_that_outlives_its_bound_is_unavailable_and_a_fault_until_a
     assert (await reg.get(job.job_id)).status is JobStatus.RUNNING
     assert reg.fault() is not None
     await raw.execute("ROLLBACK")
-    change, _ = await reg.finalize(job.job_id, SUCCEEDED)
+    change = await reg.finalize(job.job_id, SUCCEEDED)
     assert change.changed
     assert reg.fault() is None
 
@@ -261,7 +261,7 @@ async def test_a_key_enqueued_by_several_registries_at_once_makes_one_queued_row
     ids: list[str] = []
 
     async def enqueue_key(n: int) -> None:
-        result, _ = await regs[n % 3].enqueue(new_job(n, key="same-key"))
+        result = await regs[n % 3].enqueue(new_job(n, key="same-key"))
         ids.append(result.job.job_id)
 
     with trio.fail_after(20):
@@ -283,7 +283,7 @@ async def test_INV_KEY_ONCE_one_idempotency_key_sent_to_several_hosts_at_once_ma
     answers: list[tuple[str, bool]] = []
 
     async def send(n: int) -> None:
-        result, _ = await regs[n % 3].enqueue(job, key=key)
+        result = await regs[n % 3].enqueue(job, key=key)
         answers.append((result.receipt.job_id, result.replayed is None))
 
     with trio.fail_after(20):

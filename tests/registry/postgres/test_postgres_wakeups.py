@@ -105,7 +105,7 @@ async def test_each_schema_has_its_own_channel(pg_open: OpenPg) -> None:
         assert feed is not None
         await other.enqueue(new_job())
         await other.set_paused(True, by="operator")
-        await mine.request_cancel((await mine.enqueue(new_job()))[0].job.job_id)  # queued: cancelled at once
+        await mine.request_cancel((await mine.enqueue(new_job())).job.job_id)  # queued: cancelled at once
         await mine.set_paused(True, by="operator")
         assert await next_wake(feed) == Wakeup(WAKE_QUEUED)
         assert await next_wake(feed) == Wakeup(WAKE_PAUSE)  # a cancel of a queued row wakes nobody

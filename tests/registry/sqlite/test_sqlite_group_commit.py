@@ -185,8 +185,8 @@ async def test_changes_queued_behind_a_hop_share_the_next_and_each_gets_its_own_
             await trio.testing.wait_all_tasks_blocked()
             hops.release.set()
     assert hops.sizes == [1, 19]  # 20 writes, 2 hops
-    assert [results[str(n)][0].job.params["n"] for n in range(20)] == list(range(20))
-    assert len({r[0].job.job_id for r in results.values()}) == 20
+    assert [results[str(n)].job.params["n"] for n in range(20)] == list(range(20))
+    assert len({r.job.job_id for r in results.values()}) == 20
     assert (await sqlite_registry.counts())["queued"] == 20
 
 
@@ -204,7 +204,7 @@ async def test_an_error_in_a_shared_hop_reaches_only_the_caller_whose_change_ear
             await hops.first_in_flight()
             calls: dict[str, Callable[[], Awaitable[Any]]] = {
                 "identity": lambda: sqlite_registry.record_identities([IdentityClaim(running.job_id, identity)]),
-                "unknown": lambda: sqlite_registry.finalize("no-such-job", SUCCEEDED, promote=request(2, "u")),
+                "unknown": lambda: sqlite_registry.finalize("no-such-job", SUCCEEDED),
                 "second": lambda: sqlite_registry.enqueue(new_job(2)),
             }
             for name, call in calls.items():
@@ -215,7 +215,7 @@ async def test_an_error_in_a_shared_hop_reaches_only_the_caller_whose_change_ear
     assert isinstance(outcomes["unknown"], JobNotFound)
     [recorded] = outcomes["identity"]
     assert (recorded.job_id, recorded.identity) == (running.job_id, identity)
-    assert outcomes["first"][0].job.params == {"n": 1} and outcomes["second"][0].job.params == {"n": 2}
+    assert outcomes["first"].job.params == {"n": 1} and outcomes["second"].job.params == {"n": 2}
     assert (await sqlite_registry.counts())["queued"] == 2  # the failed finalize's promotion went with it
 
 
@@ -224,7 +224,7 @@ async def test_a_promotion_grouped_after_a_finalize_counts_the_freed_slot_INV_PR
 ) -> None:
     await sqlite_registry.enqueue(new_job(0))
     [job] = (await sqlite_registry.promote(request(1))).jobs
-    waiting = [(await sqlite_registry.enqueue(new_job(n)))[0].job.job_id for n in range(1, 4)]
+    waiting = [(await sqlite_registry.enqueue(new_job(n))).job.job_id for n in range(1, 4)]
     hops = HeldHops(sqlite_registry, monkeypatch)
     outcomes: dict[str, Any] = {}
     with trio.fail_after(WAIT_S):
@@ -242,7 +242,7 @@ async def test_a_promotion_grouped_after_a_finalize_counts_the_freed_slot_INV_PR
             hops.release.set()
     assert hops.sizes == [1, 3]
     assert outcomes["early"].jobs == ()
-    assert outcomes["finish"][0].changed
+    assert outcomes["finish"].changed
     assert [j.job_id for j in outcomes["late"].jobs] == waiting[:1]
     assert (await sqlite_registry.counts())["running"] == 1
 
@@ -289,7 +289,7 @@ async def test_writers_on_two_handles_of_one_file_all_commit(path: Path) -> None
 
     async def writer(reg: SqliteRegistry, worker: int) -> None:
         for i in range(10):
-            result, _ = await reg.enqueue(new_job(worker * 100 + i))
+            result = await reg.enqueue(new_job(worker * 100 + i))
             ids.append(result.job.job_id)
             if i % 5 == 0:
                 await reg.request_cancel(result.job.job_id)
@@ -310,7 +310,7 @@ async def test_writers_on_two_handles_of_one_file_all_commit(path: Path) -> None
 async def test_promotions_through_two_handles_never_overshoot_INV_PROMOTION_NEVER_OVERSHOOTS(path: Path) -> None:
     one, two = await SqliteRegistry.open(path), await SqliteRegistry.open(path)
     try:
-        ids = [(await one.enqueue(new_job(n)))[0].job.job_id for n in range(12)]
+        ids = [(await one.enqueue(new_job(n))).job.job_id for n in range(12)]
         promoted: list[str] = []
 
         async def promote(reg: SqliteRegistry, i: int) -> None:

@@ -75,7 +75,7 @@ def back_to(path: Path, version: int) -> None:
 async def test_a_version_10_file_gets_attribution_and_its_rows_name_no_one(path: Path) -> None:
     """Version 11 (issue 41): a row written before attribution names no one; a new one names who asked."""
     reg = await SqliteRegistry.open(path)
-    old, _ = await reg.enqueue(NewJob("k", {}, ["true"]))
+    old = await reg.enqueue(NewJob("k", {}, ["true"]))
     await reg.aclose()
     back_to(path, 10)
     reg = await SqliteRegistry.open(path)
@@ -83,7 +83,7 @@ async def test_a_version_10_file_gets_attribution_and_its_rows_name_no_one(path:
         assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
         before = await reg.get(old.job.job_id)
         assert (before.enqueued_by, before.cancelled_by) == (None, None)
-        new, _ = await reg.enqueue(NewJob("k", {}, ["true"], enqueued_by="ci-bot"))
+        new = await reg.enqueue(NewJob("k", {}, ["true"], enqueued_by="ci-bot"))
         cancelled = await reg.request_cancel(new.job.job_id, by="ops")
         assert (cancelled.job.enqueued_by, cancelled.job.cancelled_by) == ("ci-bot", "ops")
     finally:
@@ -93,7 +93,7 @@ async def test_a_version_10_file_gets_attribution_and_its_rows_name_no_one(path:
 async def test_a_version_9_file_gets_idempotency_keys_and_its_rows_were_made_without_one(path: Path) -> None:
     """Version 10 (issue 35): a row written before keys existed has none; a keyed enqueue then answers once."""
     reg = await SqliteRegistry.open(path)
-    old, _ = await reg.enqueue(NewJob("k", {}, ["true"]))
+    old = await reg.enqueue(NewJob("k", {}, ["true"]))
     await reg.aclose()
     back_to(path, 9)
     reg = await SqliteRegistry.open(path)
@@ -101,8 +101,8 @@ async def test_a_version_9_file_gets_idempotency_keys_and_its_rows_were_made_wit
         assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
         assert (await reg.get(old.job.job_id)).idempotency_key is None
         key = IdempotencyKey("k-1", "request", ttl_s=3600)
-        first, _ = await reg.enqueue(NewJob("k", {}, ["true"]), key=key)
-        again, _ = await reg.enqueue(NewJob("k", {}, ["true"]), key=key)
+        first = await reg.enqueue(NewJob("k", {}, ["true"]), key=key)
+        again = await reg.enqueue(NewJob("k", {}, ["true"]), key=key)
         assert again.replayed is not None and again.job.job_id == first.job.job_id
         assert first.job.idempotency_key == "k-1"
     finally:
@@ -307,9 +307,9 @@ async def test_a_migrated_file_keeps_its_queue_order_and_coalescing(path: Path) 
     build_v3(path)
     reg = await SqliteRegistry.open(path)
     try:
-        coalesced, _ = await reg.enqueue(NewJob("enrichment", {"x": 1}, ["enrich", "x"], coalesce_key="K"))
+        coalesced = await reg.enqueue(NewJob("enrichment", {"x": 1}, ["enrich", "x"], coalesce_key="K"))
         assert coalesced.coalesced and coalesced.job.job_id == "waiting"
-        new, _ = await reg.enqueue(NewJob("feeds", {}, ["fetch"]))
+        new = await reg.enqueue(NewJob("feeds", {}, ["fetch"]))
         assert new.job.seq > max(r.seq for r in (await reg.list_jobs())[0] if r.job_id != new.job.job_id)
         assert new.job.queue_position == 3
         await reg.finalize("proc", SUCCEEDED)

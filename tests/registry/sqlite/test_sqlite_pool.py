@@ -161,7 +161,7 @@ async def test_storage_errors_surface_as_registry_errors(path: Path) -> None:
 async def test_an_acknowledged_write_is_committed_and_synced_when_its_call_returns(path: Path) -> None:
     reg = await SqliteRegistry.open(path)
     try:
-        result, _ = await reg.enqueue(new_job())
+        result = await reg.enqueue(new_job())
         other = sqlite3.connect(path)  # another connection sees only what is committed
         try:
             assert other.execute("SELECT status FROM jobs WHERE job_id = ?", (result.job.job_id,)).fetchall() == [

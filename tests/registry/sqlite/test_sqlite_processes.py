@@ -43,10 +43,9 @@ WORKER = textwrap.dedent(
                 if mode == "enqueue":
                     if n == 10:
                         return
-                    result, promotion = await reg.enqueue(NewJob("k", {"by": name, "n": n}, ["x"]), promote=request)
+                    result = await reg.enqueue(NewJob("k", {"by": name, "n": n}, ["x"]))
                     print("enqueued", result.job.job_id, flush=True)
-                else:
-                    promotion = await reg.promote(request)
+                promotion = await reg.promote(request)
                 if not promotion.jobs:
                     if mode == "hold" or (mode == "finish" and (await reg.counts())["queued"] == 0):
                         return
@@ -106,7 +105,7 @@ def _race(script: str, args: list[list[str]]) -> list[list[str]]:
 async def _queued(path: Path, n: int) -> set[str]:
     reg = await SqliteRegistry.open(path)
     try:
-        return {(await reg.enqueue(new_job(i)))[0].job.job_id for i in range(n)}
+        return {(await reg.enqueue(new_job(i))).job.job_id for i in range(n)}
     finally:
         await reg.aclose()
 
@@ -138,7 +137,7 @@ async def test_processes_draining_one_queue_promote_every_row_exactly_once(path:
         await reg.aclose()
 
 
-async def test_processes_enqueueing_with_promotion_all_land_and_never_overshoot(path: Path) -> None:
+async def test_processes_enqueueing_and_promoting_all_land_and_never_overshoot(path: Path) -> None:
     lines = _race(WORKER, [[str(path), "enqueue", "2", f"p{i}"] for i in range(4)])
     enqueued = [job_id for verb, job_id, *_ in lines if verb == "enqueued"]
     promoted = [(job_id, int(running)) for verb, job_id, *rest in lines if verb == "promoted" for running in rest]

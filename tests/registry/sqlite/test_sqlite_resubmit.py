@@ -36,7 +36,7 @@ async def test_a_resubmission_that_fails_part_way_changes_nothing_INV_RESUBMIT_I
 
         with sqlite3.connect(path) as conn:
             conn.execute("DROP TRIGGER fault")
-        change, _ = await reg.finalize(job.job_id, ending)
+        change = await reg.finalize(job.job_id, ending)
         assert (change.job.status, len(change.job.history)) == (JobStatus.QUEUED, 1)
         reasons = [e.reason for e in await reg.outbox_pending(10)]
         assert reasons.count("resubmitted: killed_by_SIGKILL") == 1
