@@ -3,11 +3,13 @@
 The bus is synchronous and never blocks: ``emit`` calls each subscriber in turn, and a subscriber may only do
 something that cannot wait (write a log line, move a counter, set a ``trio.Event``). Subscribers today: the log
 (``log_event``, below), the metrics (``_metrics.Metrics.on_event``), the webhook sender's wake-up
-(``_webhook.WebhookSender.wake``) and the absence tracker (``_absence.AbsenceTracker.on_event``). A subscriber that
-raises is logged and skipped: announcing a change can never undo it or stop the others hearing of it.
+(``_webhook.WebhookSender.wake``), the event stream (``_stream.EventLog.on_event``), the job tokens the heartbeat
+route knows (``core._heartbeats.JobTokens.on_event``) and the absence tracker
+(``core._absence.AbsenceTracker.on_event``). A subscriber that raises is logged and skipped: announcing a change can
+never undo it or stop the others hearing of it.
 
 The durable copy of each event is not written here: the registry writes it to its outbox table in the same
-transaction as the change itself (``SqliteRegistry._record_event``), so a crash can neither lose the event of a
+transaction as the change itself (``registry._engine.Rules.event``), so a crash can neither lose the event of a
 committed change nor send one for a change that was rolled back. The bus is what the running process hears at once;
 the outbox is what a receiver is eventually told.
 """
