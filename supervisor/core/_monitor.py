@@ -205,6 +205,8 @@ class Monitors:
             job = await self.boot.registry.record_event(job.job_id, str(EventName.ADOPTED), "adopted")
         except SupervisorError:
             log.exception("adoption_event_not_recorded", job_id=job.job_id)  # the adoption itself goes on
+        if job.status.is_terminal:
+            return  # ended meanwhile (its monitor only waits for the process and releases it): its end was said last
         extra = {"prior_boot": job.boot_id, **handle.log_fields()}
         self.boot.events.emit(JobEvent(EventName.ADOPTED, job, str(job.status), "adopted", self.boot.boot_id, extra))
 

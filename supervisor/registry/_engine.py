@@ -403,7 +403,9 @@ class Rules:
 
     async def record_event(self, store: Store, job_id: str, event: str, reason: str | None) -> Job:
         job = await self.get(store, job_id, lock=True)
-        await self.event(store, job_id, event, str(job.status), reason)
+        if not job.status.is_terminal:
+            # A finished row's last event is its end: nothing said about its process (an adoption) comes after it.
+            await self.event(store, job_id, event, str(job.status), reason)
         return job
 
     async def queue_event(

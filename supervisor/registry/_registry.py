@@ -159,7 +159,8 @@ class Registry:
         return await self.backend.write(lambda store: self.rules.set_absence(store, job_id, stalled, silent, events))
 
     async def record_event(self, job_id: str, event: str, reason: str | None) -> Job:
-        """Write an event about a change the row does not show (this boot adopted the job)."""
+        """Write an event about a change the row does not show (this boot adopted the job); none for a finished row
+        (its end is its last event). The row as it is."""
         return await self.backend.write(lambda store: self.rules.record_event(store, job_id, event, reason))
 
     async def record_queue_event(

@@ -186,3 +186,11 @@ async def test_record_event_answers_the_row_and_changes_it_not(registry: Registr
     assert row == job == await registry.get(job.job_id)
     with pytest.raises(JobNotFound):
         await registry.record_event("no-such-job", "job.adopted", None)
+
+
+async def test_record_event_writes_nothing_after_a_rows_end(registry: Registry) -> None:
+    job = await one_running(registry)
+    ended = (await registry.finalize(job.job_id, Ending(Outcome(JobStatus.SUCCEEDED)))).job
+    depth = await registry.outbox_depth()
+    assert await registry.record_event(job.job_id, "job.adopted", "adopted") == ended
+    assert await registry.outbox_depth() == depth  # its end stays its last event
