@@ -229,7 +229,7 @@ class Rules:
         await keep(store, key, results)
         return results
 
-    async def promote_rows(self, store: Store, request: PromoteRequest) -> list[Job]:
+    async def promote_rows(self, store: Store, request: PromoteRequest) -> tuple[list[Job], bool]:
         """INV-PROMOTION-NEVER-OVERSHOOTS: the count and the flips in one transaction under the promotion's lock
         (SQLite's write lock; PostgreSQL's advisory lock, then READ COMMITTED counts every promotion committed
         before), so concurrent promotions in any process take turns. Each row gets this boot's id and
@@ -241,7 +241,7 @@ class Rules:
         ]
         free = request.free_slots(len(hosts), hosts.count(request.host_id))
         if free <= 0:
-            return []
+            return [], False
         now = store.now()
         promoted: list[Job] = []
         # FIFO among the rows whose backoff has passed (a resubmitted row keeps its place: its insertion order).
@@ -262,13 +262,16 @@ class Rules:
             }
             await self.set_status(store, job, JobStatus.RUNNING, fields)
             promoted.append(replace(job, status=JobStatus.RUNNING, queue_position=None, **fields))  # type: ignore[arg-type]
-        return promoted
+        return promoted, len(promoted) < free
 
     async def promote(self, store: Store, request: PromoteRequest) -> Promotion:
         if (await tables.pause(store)).paused:
             return Promotion(paused=True)
-        jobs = tuple(await self.promote_rows(store, request))
-        return Promotion(jobs, next_at=await tables.next_backoff_end(store, store.now()))
+        jobs, slot_left = await self.promote_rows(store, request)
+        # The backoff scan reads every queued row: only a promotion that left a slot it could fill needs to say when
+        # a waiting row may take it. One that filled them all is followed by a round that frees one (an end).
+        next_at = await tables.next_backoff_end(store, store.now()) if slot_left else None
+        return Promotion(tuple(jobs), next_at=next_at)
 
     async def record_identities(self, store: Store, claims: Sequence[IdentityClaim]) -> list[Job]:
         out = []

@@ -99,7 +99,8 @@ class Promotion:
 
     jobs: tuple[Job, ...] = ()
     paused: bool = False
-    # The earliest moment a queued job now waiting out its backoff may run (None: none waits): the drainer's next wake.
+    # The earliest moment a queued job now waiting out its backoff may run (None: none waits, or every free slot was
+    # filled, so the round after the next end reads it again): the drainer's next wake.
     next_at: datetime | None = None
 
 

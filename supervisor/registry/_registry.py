@@ -110,7 +110,8 @@ class Registry:
     async def promote(self, request: PromoteRequest) -> Promotion:
         """Flip the oldest queued rows whose backoff has passed to RUNNING, as many as slots are free
         (INV-PROMOTION-NEVER-OVERSHOOTS), each with this boot's id, ``started_at``, a token hash, ``attempts + 1`` and
-        its log path; none while paused. ``Promotion.next_at``: when a row still waiting out its backoff may run."""
+        its log path; none while paused. ``Promotion.next_at``: when a row still waiting out its backoff may run, if
+        this promotion left a slot free that it could have filled (None when it filled every one)."""
         return await self.backend.write(lambda store: self.rules.promote(store, request))
 
     async def record_identities(self, claims: Sequence[IdentityClaim]) -> list[Job]:

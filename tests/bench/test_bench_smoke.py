@@ -220,3 +220,9 @@ def test_pooler_smoke_measures_a_round_trip_direct_and_behind_pgbouncer() -> Non
         assert found and float(found[1]) > 0, out
         if way.startswith("direct"):
             assert found[2] == "1.00"
+
+
+def test_deep_queue_smoke_times_an_end_and_a_promotion_at_each_depth() -> None:
+    out = run_bench("deep_queue.py")
+    for depth in (100, 1000):
+        assert re.search(rf"^\s*{depth} queued: this tree [0-9.]+ ms per end \+ promotion$", out, re.MULTILINE), out

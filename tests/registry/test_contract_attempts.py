@@ -88,6 +88,20 @@ async def test_a_resubmitted_job_waits_out_its_backoff_and_then_runs_again_in_it
     assert len(again.history) == 1
 
 
+async def test_a_promotion_that_fills_every_free_slot_leaves_the_backoff_to_the_next_round(
+    registry: Registry, clock: WallClock
+) -> None:
+    job = await one_running(registry)
+    await registry.finalize(job.job_id, resubmit(clock, 60))
+    [ready] = await enqueue(registry, 1)
+    # The one slot is taken by the ready row: the backoff's end matters only once an end frees the slot again.
+    promotion = await registry.promote(request(1, "a"))
+    assert ([j.job_id for j in promotion.jobs], promotion.next_at) == ([ready], None)
+    await registry.finalize(ready, resubmit(clock, 120))  # its slot free, both rows waiting out a backoff
+    promotion = await registry.promote(request(1, "b"))
+    assert (promotion.jobs, promotion.next_at) == ((), clock.now + timedelta(seconds=60))
+
+
 async def test_a_resubmitted_job_keeps_its_place_among_the_jobs_that_may_run(
     registry: Registry, clock: WallClock
 ) -> None:
