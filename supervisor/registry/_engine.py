@@ -233,7 +233,8 @@ class Rules:
         """INV-PROMOTION-NEVER-OVERSHOOTS: the count and the flips in one transaction under the promotion's lock
         (SQLite's write lock; PostgreSQL's advisory lock, then READ COMMITTED counts every promotion committed
         before), so concurrent promotions in any process take turns. Each row gets this boot's id and
-        ``started_at`` in the same step (INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING)."""
+        ``started_at`` in the same step (INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING). The rows promoted, and whether a slot
+        it could have filled is left free (too few rows ready)."""
         await store.lock(tables.PROMOTION)
         hosts = [
             row["host_id"]
@@ -269,7 +270,7 @@ class Rules:
             return Promotion(paused=True)
         jobs, slot_left = await self.promote_rows(store, request)
         # The backoff scan reads every queued row: only a promotion that left a slot it could fill needs to say when
-        # a waiting row may take it. One that filled them all is followed by a round that frees one (an end).
+        # a waiting row may take it. One that filled them all leaves that to the round the next end wakes.
         next_at = await tables.next_backoff_end(store, store.now()) if slot_left else None
         return Promotion(tuple(jobs), next_at=next_at)
 
