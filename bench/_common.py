@@ -692,6 +692,15 @@ def peers() -> dict[str, str]:
     return info
 
 
+def build_revision(python: str) -> str:
+    """The short commit of the checkout whose venv ``python`` is (``<tree>/.venv/bin/python``): a side-by-side
+    run's other build."""
+    tree = Path(python).absolute().parents[2]
+    git = ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"]
+    out = subprocess.run(git, capture_output=True, text=True, timeout=30, check=False)
+    return out.stdout.strip() or "?"
+
+
 def git_revision() -> dict[str, Any]:
     """The code measured: the checkout's commit, the last commit that touched supervisor/, and whether supervisor/
     has changes not committed (then the figures are of no commit)."""

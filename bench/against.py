@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import git_revision
-from results import run_header
+from _common import build_revision, git_revision
+from results import run_header, write_json
 
 BENCH = Path(__file__).resolve().parent
 
@@ -55,12 +55,6 @@ def one(python: str, n: int) -> dict[str, float]:
         raise SystemExit(f"{python}: exit {done.returncode}\n{done.stderr[-2000:]}")
     result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
-
-
-def revision(python: str) -> str:
-    tree = Path(python).absolute().parents[2]  # <tree>/.venv/bin/python
-    out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return out.stdout.strip() or "?"
 
 
 def main() -> int:
@@ -99,20 +93,17 @@ def main() -> int:
     print(f"ratio of medians: {ratio:.3f}")
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%MZ")
     out = BENCH / "results" / f"{stamp}-against-{args.label}.json"
-    out.write_text(
-        json.dumps(
-            {
-                **run_header("against"),
-                "what": f"{args.n} x /bin/true on 8 slots, batches of 100; jobs/s per run",
-                "revisions": {name: revision(python) for name, python in builds.items()},
-                "runs": runs,
-                "supervisor_cpu_ms_per_job": cpu,
-                "ratio_of_medians": ratio,
-                "revision": git_revision(),
-            },
-            indent=1,
-        )
-        + "\n"
+    write_json(
+        out,
+        {
+            **run_header("against"),
+            "what": f"{args.n} x /bin/true on 8 slots, batches of 100; jobs/s per run",
+            "revisions": {name: build_revision(python) for name, python in builds.items()},
+            "runs": runs,
+            "supervisor_cpu_ms_per_job": cpu,
+            "ratio_of_medians": ratio,
+            "revision": git_revision(),
+        },
     )
     print(f"wrote {out}")
     return 0

@@ -72,12 +72,6 @@ def one(python: str, *, smoke: bool = False) -> dict[str, float]:
     return {depth: float(ms) for depth, ms in json.loads(done.stdout).items()}
 
 
-def revision(python: str) -> str:
-    tree = Path(python).absolute().parents[2]  # <tree>/.venv/bin/python
-    out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return out.stdout.strip() or "?"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--python", help="the other build's interpreter (its venv's bin/python)")
@@ -94,8 +88,8 @@ def main() -> int:
         return 0
     if not args.python:
         parser.error("--python is required")
-    from _common import git_revision
-    from results import run_header
+    from _common import build_revision, git_revision
+    from results import run_header, write_json
 
     builds = {"this tree": sys.executable, args.label: args.python}
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in builds}
@@ -112,20 +106,17 @@ def main() -> int:
         print(f"{depth:>7} queued: this tree {here:.2f} ms, {args.label} {other:.2f} ms per end + promotion")
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%MZ")
     out = BENCH / "results" / f"{stamp}-deep-queue-{args.label}.json"
-    out.write_text(
-        json.dumps(
-            {
-                **run_header("deep-queue"),
-                "what": f"ms per finalize + promote on {SLOTS} slots (SQLite, in-process), by queued rows; "
-                f"{CYCLES} cycles per depth, one value per run",
-                "revisions": {name: revision(python) for name, python in builds.items()},
-                "runs": runs,
-                "medians_ms": medians,
-                "revision": git_revision(),
-            },
-            indent=1,
-        )
-        + "\n"
+    write_json(
+        out,
+        {
+            **run_header("deep-queue"),
+            "what": f"ms per finalize + promote on {SLOTS} slots (SQLite, in-process), by queued rows; "
+            f"{CYCLES} cycles per depth, one value per run",
+            "revisions": {name: build_revision(python) for name, python in builds.items()},
+            "runs": runs,
+            "medians_ms": medians,
+            "revision": git_revision(),
+        },
     )
     print(f"wrote {out}")
     return 0
