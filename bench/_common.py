@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,19 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # The structured results: the scenarios build these, the results file holds them, the markdown derives from them.
-from results import Column, Figure, Measure, Section, Table, Target, add_sections, default_path, run_header, verdict
+from results import (
+    Column,
+    Figure,
+    Measure,
+    Section,
+    Table,
+    Target,
+    add_sections,
+    default_path,
+    run_header,
+    verdict,
+    write_json,
+)
 
 __all__ = ["Column", "Figure", "Measure", "Section", "Table", "Target", "verdict"]
 
@@ -699,6 +711,17 @@ def build_revision(python: str) -> str:
     git = ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"]
     out = subprocess.run(git, capture_output=True, text=True, timeout=30, check=False)
     return out.stdout.strip() or "?"
+
+
+def write_side_by_side(kind: str, label: str, builds: dict[str, str], what: str, **data: Any) -> Path:
+    """A side-by-side run's results (``bench/results/<UTC date>-<kind>-<label>.json``): its header, what was
+    measured, each build's revision (``builds``: name -> the build's interpreter), ``data``, and this checkout's."""
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%MZ")
+    out = BENCH_DIR / "results" / f"{stamp}-{kind}-{label}.json"
+    revisions = {name: build_revision(python) for name, python in builds.items()}
+    write_json(out, {**run_header(kind), "what": what, "revisions": revisions, **data, "revision": git_revision()})
+    print(f"wrote {out}")
+    return out
 
 
 def git_revision() -> dict[str, Any]:

@@ -15,15 +15,11 @@ import json
 import statistics
 import subprocess
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import build_revision, git_revision
-from results import run_header, write_json
-
-BENCH = Path(__file__).resolve().parent
+from _common import write_side_by_side
 
 
 def child(n: int) -> int:
@@ -91,21 +87,10 @@ def main() -> int:
             f"supervisor CPU {statistics.median(cpu[name]):.2f} ms/job"
         )
     print(f"ratio of medians: {ratio:.3f}")
-    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%MZ")
-    out = BENCH / "results" / f"{stamp}-against-{args.label}.json"
-    write_json(
-        out,
-        {
-            **run_header("against"),
-            "what": f"{args.n} x /bin/true on 8 slots, batches of 100; jobs/s per run",
-            "revisions": {name: build_revision(python) for name, python in builds.items()},
-            "runs": runs,
-            "supervisor_cpu_ms_per_job": cpu,
-            "ratio_of_medians": ratio,
-            "revision": git_revision(),
-        },
+    what = f"{args.n} x /bin/true on 8 slots, batches of 100; jobs/s per run"
+    write_side_by_side(
+        "against", args.label, builds, what, runs=runs, supervisor_cpu_ms_per_job=cpu, ratio_of_medians=ratio
     )
-    print(f"wrote {out}")
     return 0
 
 

@@ -19,12 +19,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-BENCH = Path(__file__).resolve().parent
 DEPTHS = (1_000, 20_000, 100_000)
 CYCLES = 300
 SMOKE_DEPTHS, SMOKE_CYCLES = (100, 1_000), 20
@@ -88,8 +86,7 @@ def main() -> int:
         return 0
     if not args.python:
         parser.error("--python is required")
-    from _common import build_revision, git_revision
-    from results import run_header, write_json
+    from _common import write_side_by_side
 
     builds = {"this tree": sys.executable, args.label: args.python}
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in builds}
@@ -104,21 +101,11 @@ def main() -> int:
     for depth in DEPTHS:
         here, other = (medians[name][str(depth)] for name in builds)
         print(f"{depth:>7} queued: this tree {here:.2f} ms, {args.label} {other:.2f} ms per end + promotion")
-    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%MZ")
-    out = BENCH / "results" / f"{stamp}-deep-queue-{args.label}.json"
-    write_json(
-        out,
-        {
-            **run_header("deep-queue"),
-            "what": f"ms per finalize + promote on {SLOTS} slots (SQLite, in-process), by queued rows; "
-            f"{CYCLES} cycles per depth, one value per run",
-            "revisions": {name: build_revision(python) for name, python in builds.items()},
-            "runs": runs,
-            "medians_ms": medians,
-            "revision": git_revision(),
-        },
+    what = (
+        f"ms per finalize + promote on {SLOTS} slots (SQLite, in-process), by queued rows; {CYCLES} cycles per "
+        "depth, one value per run"
     )
-    print(f"wrote {out}")
+    write_side_by_side("deep-queue", args.label, builds, what, runs=runs, medians_ms=medians)
     return 0
 
 
