@@ -47,14 +47,17 @@ async def make_supervisor(make_config: Callable[..., Config]) -> AsyncIterator[C
         yield _maker(make_config, made, supervisors, job_nursery)
         # A supervisor shutdown never kills jobs (by design); a test must not leave real processes behind.
         for sup in supervisors:
-            # Bounded: an executor asks a stop again until it is answered, and an engine a test stopped never will.
-            with trio.fail_after(30):
-                for running in list(sup.boot.watched.values()):
-                    if running.handle is not None:
-                        await sup.executor.stop(running.handle, 0)  # SIGKILL at once, through the executor
-            # Let the monitors reap what was killed (an unreaped child is a ResourceWarning, an error here).
-            with trio.fail_after(10):
-                while sup.boot.watched:  # noqa: ASYNC110 - monitors remove themselves; bounded above
+            # SIGKILL at once, through the executor, each job as soon as it has a handle: a start still under way
+            # (a drainer round the test's last call woke) gets its handle later, and its job must die too. Then the
+            # monitors reap what was killed (an unreaped child is a ResourceWarning, an error here). Bounded: an
+            # executor asks a stop again until it is answered, and an engine a test stopped never will.
+            stopped: set[str] = set()
+            with trio.fail_after(40):
+                while sup.boot.watched:  # monitors remove themselves; bounded above
+                    for running in list(sup.boot.watched.values()):
+                        if running.handle is not None and running.job_id not in stopped:
+                            stopped.add(running.job_id)
+                            await sup.executor.stop(running.handle, 0)
                     await trio.sleep(0.01)
         # Stop every task that may still touch a registry before any registry is closed.
         job_nursery.cancel_scope.cancel()
