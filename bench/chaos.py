@@ -47,9 +47,10 @@ each attempt. On top of the checks above:
   20 % of the lease of each other (the gap ADR 0012 §3 leaves between two leads) fail it, and so does a new holder
   of the leader table whose lead began before the previous holder's lease (as last sampled) ran out;
 - no host ends what it did not run: every row's ``host_id`` is the host of its last journal start, and every end of
-  an attempt in a host's log (a ``job_transition`` out of ``running``) is of a process that ran on that host, or
-  one the leader ended from the proof of its end (``silent_host_job_ended`` for that job, naming the host it ran on:
-  INV-SILENT-HOST-ENDS-BY-PROOF);
+  an attempt in a host's log (a ``job_transition`` out of ``running``) names the process it ended (its ``pid``: a
+  resubmission's line too), a process that ran on that host, or one the leader ended from the proof of its end
+  (``silent_host_job_ended`` for that job, naming the host it ran on: INV-SILENT-HOST-ENDS-BY-PROOF); a line that
+  names no process ended a start that never happened, and is counted apart;
 - every host's API (each host's last boot, once it serves) says what the registry says of every row.
 
 Exit status 1 when any check fails, 2 when the run could not be made (the supervisor exited by itself, no engine).
@@ -73,6 +74,7 @@ import json
 import os
 import queue
 import random
+import re
 import shutil
 import signal
 import socket
@@ -82,9 +84,8 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -1208,6 +1209,55 @@ def log_lines(log: Path, event: str) -> list[dict[str, Any]]:
     return found
 
 
+# The reasons of an end that a process's exit (or its disappearance) gave: its line must name that process.
+PROCESS_ENDS = re.compile(r"(resubmitted: )?(killed_by_|exit_code_)")
+
+
+@dataclass
+class Ends:
+    """The ends of attempts (transitions out of ``running``) in the hosts' logs, judged against the journal."""
+
+    seen: int = 0
+    by_proof: int = 0
+    violations: list[str] = field(default_factory=list)
+    unmatched: list[dict[str, Any]] = field(default_factory=list)  # a pid the journal never saw start
+    no_process: list[dict[str, Any]] = field(default_factory=list)  # an attempt that never had a process
+
+
+def judge_ends(logs: list[Path], runs_of: Mapping[str, list[Run]]) -> Ends:
+    """INV-OWNER-JUDGES over the logs: every line that ends an attempt names the process it ended (pid), and that
+    process ran on the line's host -- or, INV-SILENT-HOST-ENDS-BY-PROOF, on a silent host whose end the line's host
+    proved and said so. A line that names no process ended an attempt that never had one (its start never happened,
+    or failed): it is counted, never matched to another attempt's run by time (an earlier attempt may have run
+    anywhere). A line of a process's exit that names no process is a violation of its own."""
+    ends = Ends()
+    for log in logs:
+        host_id = log.name.split("-boot")[0]
+        # The leader records a silent host's job from the proof of its end (the exit record that host's shepherd
+        # left): an end of another host's process, said as such, naming that host.
+        proven = {(str(e.get("job_id")), str(e.get("host_id"))) for e in log_lines(log, "silent_host_job_ended")}
+        for line in log_lines(log, "job_transition"):
+            if line.get("from") != "running":
+                continue
+            ends.seen += 1
+            fields = {k: line.get(k) for k in ("job_id", "pid", "to", "reason", "timestamp")}
+            if line.get("pid") is None:
+                if line.get("to") == "succeeded" or PROCESS_ENDS.match(str(line.get("reason"))):
+                    ends.violations.append(f"{line['job_id']}: an end of its process names none ({log.name}: {fields})")
+                else:
+                    ends.no_process.append(fields)
+                continue
+            ended = [r for r in runs_of.get(str(line.get("job_id")), []) if r.pid == line["pid"]]
+            if not ended:
+                ends.unmatched.append(fields)  # a process the journal never saw start (a violation of its own)
+            elif ended[-1].host != host_id and (str(line.get("job_id")), ended[-1].host) in proven:
+                ends.by_proof += 1
+            elif ended[-1].host != host_id:
+                ran_on = ended[-1].host
+                ends.violations.append(f"{line['job_id']}: its process on {ran_on} ended by {host_id} ({log.name})")
+    return ends
+
+
 @dataclass
 class FleetFacts:
     """What a fleet run adds to the checks: the leaders seen, and who finalized what."""
@@ -1232,45 +1282,21 @@ def judge_fleet(
     two_leaders = overlapping_claims(watch.claims, margin_s, successions) + leader_handovers(
         observer.leaders, successions
     )
-    # INV-OWNER-JUDGES: the row's host is the host that ran its last attempt, and every end of an attempt in a
-    # host's log (a transition out of running) is of a process that ran on that host: the one its line names (pid),
-    # or, for a resubmission (the row back in the queue names no process), the job's last start before the line.
+    # INV-OWNER-JUDGES: the row's host is the host that ran its last attempt, and every end in a host's log is of a
+    # process that ran on that host.
     not_owner: list[str] = []
     for row in rows:
         runs = journal.runs.get(row.job_id, [])
         if runs and row.host_id != runs[-1].host:
             not_owner.append(f"{row.job_id}: row's host {row.host_id}, its last attempt ran on {runs[-1].host}")
-    ends_seen = 0
-    unmatched: list[dict[str, Any]] = []
-    by_proof = 0
-    for log in logs:
-        host_id = log.name.split("-boot")[0]
-        # INV-SILENT-HOST-ENDS-BY-PROOF: the leader records a silent host's job from the proof of its end (the exit
-        # record that host's shepherd left): an end of another host's process, said as such, naming that host.
-        proven = {(str(e.get("job_id")), str(e.get("host_id"))) for e in log_lines(log, "silent_host_job_ended")}
-        for line in log_lines(log, "job_transition"):
-            if line.get("from") != "running":
-                continue
-            ends_seen += 1
-            runs = journal.runs.get(str(line.get("job_id")), [])
-            if line.get("pid") is not None:
-                ended = [r for r in runs if r.pid == line["pid"]]
-            else:
-                at = datetime.fromisoformat(str(line["timestamp"])).timestamp()
-                ended = [r for r in runs if r.start < at][-1:]
-            if not ended:
-                # a start that failed (no process), or one the journal never saw (a violation of its own)
-                unmatched.append({k: line.get(k) for k in ("job_id", "pid", "to", "reason", "timestamp")})
-            elif ended[-1].host != host_id and (str(line.get("job_id")), ended[-1].host) in proven:
-                by_proof += 1
-            elif ended[-1].host != host_id:
-                not_owner.append(f"{line['job_id']}: its process on {ended[-1].host} ended by {host_id} ({log.name})")
+    ends = judge_ends(logs, journal.runs)
+    not_owner += ends.violations
     silent = sum(len(log_lines(log, "host_silent")) for log in logs)
     taken_over = sum(len(log_lines(log, "host_id_taken_over")) for log in logs)
     checks = {
         f"never two leaders ({len(watch.claims)} leader answers in {watch.rounds} rounds of every host's health, "
         f"{len(observer.leaders)} holders of the leader table)": not two_leaders,
-        f"no attempt ended by a host that did not run it ({ends_seen} ends in the logs), "
+        f"no attempt ended by a host that did not run it ({ends.seen} ends in the logs), "
         "every row's host ran its last attempt": not not_owner,
     }
     figures = {
@@ -1278,10 +1304,12 @@ def judge_fleet(
         "leader_answers": len(watch.claims),
         "health_rounds": watch.rounds,
         "health_answers": watch.answers,
-        "ends_in_logs": ends_seen,
-        "ends_of_silent_hosts_jobs_by_proof": by_proof,
-        "ends_in_logs_without_journal_run": len(unmatched),
-        "ends_in_logs_without_journal_run_first": unmatched[:10],
+        "ends_in_logs": ends.seen,
+        "ends_of_silent_hosts_jobs_by_proof": ends.by_proof,
+        "ends_in_logs_without_journal_run": len(ends.unmatched),
+        "ends_in_logs_without_journal_run_first": ends.unmatched[:10],
+        "ends_in_logs_of_no_process": len(ends.no_process),
+        "ends_in_logs_of_no_process_first": ends.no_process[:10],
         "host_silent_errors": silent,
         "host_id_taken_over_warnings": taken_over,
         "ran_on": dict(collections.Counter(r.host for runs in journal.runs.values() for r in runs)),

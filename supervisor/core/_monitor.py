@@ -149,7 +149,11 @@ class Monitors:
             # Resubmitted: the attempt's outcome is in the row's history; the drainer starts it once its backoff
             # has passed (woken by the monitor's end, it learns when from the promotion).
             assert decided.retry is not None
-            boot.announce(final, str(change.previous), RESUBMITTED + decided.retry.why, exit_code=decided.exit_code)
+            # The row back in the queue has forgotten the process; the line still names the one whose attempt ended
+            # (the identity the guard held, or the watched row's), as every other end's line does.
+            ended = dict(job.identity.fields) if job.identity is not None else {}
+            reason = RESUBMITTED + decided.retry.why
+            boot.announce(final, str(change.previous), reason, exit_code=decided.exit_code, **ended)
             return True
         boot.announce_end(final, change.previous)
         if change.follow_up is not None:

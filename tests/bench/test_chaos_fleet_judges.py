@@ -8,6 +8,7 @@ INV-ONE-LEADER checks would see the bug if there were one.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -105,3 +106,38 @@ def test_a_lead_taken_at_once_by_a_boot_that_succeeds_its_hosts_dead_boot_is_no_
     claims = [chaos.Claim("h1", "boot-a", 10.0, 10.05), chaos.Claim("h1", "boot-b", 10.2, 10.3)]
     assert chaos.overlapping_claims(claims, 0.6, frozenset({("boot-a", "boot-b")})) == []
     assert chaos.overlapping_claims(claims, 0.6)
+
+
+
+def _log(path: Path, *lines: dict[str, object]) -> Path:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def _end(job_id: str, to: str, pid: int | None, reason: str) -> dict[str, object]:
+    """A host's log line of an attempt's end."""
+    return {"event": "job_transition", "job_id": job_id, "from": "running", "to": to, "pid": pid, "reason": reason}
+
+
+def test_INV_OWNER_JUDGES_an_end_names_its_process_and_only_the_host_that_ran_it_ends_it(tmp_path: Path) -> None:
+    """The judge of who ended what matches each end line to a process by the pid it names, never by time: h1 ran the
+    job's first attempt; h2 promoted the second and died before starting it, and its next boot put the row back in
+    the queue (a line that names no process, logged after h1's run). That is no violation (matched by time, it was
+    one: the failed make test of 2026-12-04, 03:45). An end of h1's process logged by h2 is one, and so is a
+    resubmission's line that names no process."""
+    runs = {"j": [chaos.Run(1.0, 100, "h1", end=2.0)], "k": [chaos.Run(1.0, 200, "h1", end=2.0)]}
+    h1 = _log(tmp_path / "h1-boot1.log", _end("j", "queued", 100, "resubmitted: killed_by_SIGKILL"))
+    h2 = _log(tmp_path / "h2-boot2.log", _end("j", "queued", None, "never_started"))
+    ends = chaos.judge_ends([h1, h2], runs)
+    assert (ends.seen, ends.violations, len(ends.no_process), ends.unmatched) == (2, [], 1, [])
+    wrong = _log(tmp_path / "h2-boot3.log", _end("k", "failed", 200, "killed_by_SIGKILL"))
+    [violation] = chaos.judge_ends([h1, h2, wrong], runs).violations
+    assert violation == "k: its process on h1 ended by h2 (h2-boot3.log)"
+    nameless = _log(tmp_path / "h1-boot4.log", _end("k", "queued", None, "resubmitted: killed_by_SIGKILL"))
+    [violation] = chaos.judge_ends([nameless], runs).violations
+    assert violation.startswith("k: an end of its process names none (h1-boot4.log")
+    # The leader's end of a silent host's process, proven and said: no violation.
+    said = {"event": "silent_host_job_ended", "job_id": "k", "host_id": "h1"}
+    leader = _log(tmp_path / "h2-boot5.log", _end("k", "failed", 200, "killed_by_SIGKILL"), said)
+    proven = chaos.judge_ends([leader], runs)
+    assert (proven.by_proof, proven.violations) == (1, [])

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+import structlog
 import trio
 from core_executors import (  # type: ignore[import-not-found]
     DockerWorld,
@@ -252,8 +253,13 @@ async def test_a_crashed_job_is_resubmitted_under_its_id_until_its_attempts_are_
     job = await wait_running(sup, (await sup.enqueue("retried_sleep", {"seconds": 60})).job.job_id)
     assert (job.attempts, job.max_attempts, job.history) == (1, 2, ())
     first_log = job.log_path
-    await world.akill(job)  # a SIGKILL the supervisor did not send: a crash
-    again = await _running_attempt(sup, job.job_id, 2)  # same id, started again once its backoff passed
+    with structlog.testing.capture_logs() as logs:
+        await world.akill(job)  # a SIGKILL the supervisor did not send: a crash
+        again = await _running_attempt(sup, job.job_id, 2)  # same id, started again once its backoff passed
+    # The row back in the queue forgets the process; the log line of its end still names the one that was killed.
+    [resubmitted] = [e for e in logs if e["event"] == "job_transition" and e["to"] == "queued"]
+    assert resubmitted["from"] == "running" and job.identity is not None and job.identity.fields
+    assert {key: resubmitted.get(key) for key in job.identity.fields} == dict(job.identity.fields)
     [attempt] = again.history
     assert (attempt.attempt, attempt.status, attempt.reason) == (1, JobStatus.FAILED, world.killed_reason)
     assert attempt.started_at == job.started_at and attempt.ended_at is not None
