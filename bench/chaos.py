@@ -1508,6 +1508,7 @@ def finish(plan: Plan, report: dict[str, Any], results_dir: Path | None) -> int:
     if plan.hosts > 1:
         figures += ("host_kills", "ran_on", "leader_holders", "leader_answers", "host_silent_errors")
         figures += ("host_id_taken_over_warnings", "ends_in_logs", "ends_in_logs_without_journal_run")
+        figures += ("ends_in_logs_of_no_process",)
     print("  " + ", ".join(f"{name} {report[name]}" for name in figures))
     for o in report["outcomes"]:
         print(f"  {o['count']:5d}  {o['status']}{'/' + o['reason'] if o['reason'] else ''}")
