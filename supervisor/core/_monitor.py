@@ -87,7 +87,7 @@ class Monitors:
             finally:
                 watched.on_cancel = None
                 stopping.cancel()
-            await self._finish_until_recorded(job, status, cancel_asked=watched.cancel_requested)
+            await self._finish_until_recorded(job, status, cancel_asked=watched.cancel_requested, process=handle)
             await self.boot.executor.release(handle)
         except Unwatchable as exc:
             # INV-UNKNOWN-KEEPS-SLOT: the row stays RUNNING; the sweeper judges it on whatever evidence exists.
@@ -99,13 +99,16 @@ class Monitors:
             self.boot.watched.pop(job.job_id, None)
             self._wake_drainer()
 
-    async def _finish_until_recorded(self, job: Job, status: ExitStatus | None, *, cancel_asked: bool) -> None:
+    async def _finish_until_recorded(
+        self, job: Job, status: ExitStatus | None, *, cancel_asked: bool, process: JobHandle
+    ) -> None:
         """``finish``, again and again while the registry cannot write (a full disk, a lock held too long): the end
         of a job this boot watched is recorded once it can be, with its true outcome (INV-TRUE-OUTCOME), never
         dropped. The row keeps its slot meanwhile; the registry says once that writes fail, and once they work."""
         # Guarded by the identity this boot started or adopted: a row ended meanwhile by another's word (an operator's
         # forget, INV-FORGET-IS-FENCED) and perhaps running elsewhere now is never recorded as this process's end.
-        await until_recorded(functools.partial(self.finish, job, status, cancel_asked=cancel_asked, expect=job))
+        finish = functools.partial(self.finish, job, status, cancel_asked=cancel_asked, expect=job, process=process)
+        await until_recorded(finish)
 
     async def finish(
         self,
@@ -116,12 +119,14 @@ class Monitors:
         expect: Job | None = None,
         orphan_reason: str | None = None,
         host_silent: bool = False,
+        process: JobHandle | None = None,
     ) -> bool:
         """Finalize a job whose process has ended: its true outcome, or an orphan when no exit was recorded; a crash
         is resubmitted while its kind allows more attempts (ADR-150 D4). ``expect``: only if the row still records
         the process of this (earlier) read of it; with ``host_silent``, also only while the row's host holds no
-        live lease (another host's job ended by proof: INV-SILENT-HOST-ENDS-BY-PROOF). True when this call changed
-        the row (a terminal row is left alone)."""
+        live lease (another host's job ended by proof: INV-SILENT-HOST-ENDS-BY-PROOF). ``process``: the handle this
+        boot watched, which names the process when the row could not record it. True when this call changed the row
+        (a terminal row is left alone)."""
         boot = self.boot
         kind = boot.kinds.get(job.kind) if job.kind in boot.kinds else None
         decided = ending(
@@ -145,17 +150,19 @@ class Monitors:
         if not change.changed:
             return False
         final = change.job
+        # The line names the process whose attempt ended, as the row recorded it (the identity the guard held), or
+        # as the handle names it when its identity could not be recorded: a row back in the queue forgets it.
+        ended = process.log_fields() if process is not None else {}
+        if job.identity is not None:
+            ended = dict(job.identity.fields)
         if final.status is JobStatus.QUEUED:
             # Resubmitted: the attempt's outcome is in the row's history; the drainer starts it once its backoff
             # has passed (woken by the monitor's end, it learns when from the promotion).
             assert decided.retry is not None
-            # The row back in the queue has forgotten the process; the line still names the one whose attempt ended
-            # (the identity the guard held, or the watched row's), as every other end's line does.
-            ended = dict(job.identity.fields) if job.identity is not None else {}
             reason = RESUBMITTED + decided.retry.why
             boot.announce(final, str(change.previous), reason, exit_code=decided.exit_code, **ended)
             return True
-        boot.announce_end(final, change.previous)
+        boot.announce(final, str(change.previous), final.error_reason, exit_code=final.exit_code, **ended)
         if change.follow_up is not None:
             self._announce_enqueued([change.follow_up])  # it wakes the drainer
             follow = change.follow_up

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 import trio
 from core_helpers import (  # type: ignore[import-not-found]
     count_promote_rounds,
@@ -395,6 +396,7 @@ async def test_a_job_whose_identity_the_registry_could_not_record_is_ended_by_it
         assert [(d.action, d.reason) for d in report.details if d.job_id == job.job_id] == [
             ("untouched", "watched_unrecorded")
         ]
+    pid = sup.boot.watched[job.job_id].handle.log_fields()["pid"]  # type: ignore[union-attr]
     await trio.to_thread.run_sync(gate.write_text, "open")
 
     async def ended() -> Job | None:
@@ -402,5 +404,9 @@ async def test_a_job_whose_identity_the_registry_could_not_record_is_ended_by_it
         row = await sup.get(job.job_id)
         return row if row.status.is_terminal else None
 
-    final = await poll(ended)
-    assert (final.status, final.error_reason, final.exit_code) == (JobStatus.SUCCEEDED, None, 0)
+    with structlog.testing.capture_logs() as logs:
+        final = await poll(ended)
+    assert (final.status, final.error_reason, final.exit_code, final.identity) == (JobStatus.SUCCEEDED, None, 0, None)
+    # The row never recorded the process; the line of its end names it anyway, as the monitor's handle does.
+    [end] = [e for e in logs if e["event"] == "job_transition" and e["job_id"] == job.job_id]
+    assert (end["from"], end["to"], end.get("pid")) == ("running", "succeeded", pid)
