@@ -26,6 +26,7 @@ from ._settings import (
     read_settings,
     read_token_file,
     redacted_url,
+    unknown_env_names,
 )
 
 DEFAULT_DOCKER_IMAGE = "podcast-job-supervisor:local"
@@ -218,6 +219,7 @@ def load_config(
         return None
 
     values = read_settings(raw, loader, Config())
+    loader.warnings.extend(unknown_env_names(env))
     _check_docker_settings(values, loader)
     if "database_listen_url" in values and "database_url" not in values:
         loader.problems.append(

@@ -11,10 +11,11 @@ no safe fallback is collected into one ``ConfigError`` that names every such set
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, get_args
@@ -805,6 +806,27 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 TOML_KEYS = frozenset(setting.toml for setting in SETTINGS)
+ENV_NAMES = frozenset(setting.env for setting in SETTINGS)
+# Names with the settings' prefix that are no setting of the server: the CLI client's address, what a job's process
+# is told (its id, token and heartbeat URL), and the test suites' own (``PODCAST_JOB_TEST_*``).
+OTHER_ENV_NAMES = frozenset({"PODCAST_JOB_URL", "PODCAST_JOB_ID", "PODCAST_JOB_TOKEN", "PODCAST_JOB_HEARTBEAT_URL"})
+
+
+def unknown_env_names(env: Mapping[str, str]) -> list[str]:
+    """A warning for each ``PODCAST_JOB_*`` variable that is no setting (a typo must not pass unseen while the
+    default it meant to change stays in force), naming the setting it most likely meant."""
+    found = []
+    prefix = "PODCAST_JOB_"
+    for name in sorted(env):
+        if not name.startswith(prefix) or name in ENV_NAMES or name in OTHER_ENV_NAMES:
+            continue
+        if name.startswith("PODCAST_JOB_TEST_"):
+            continue
+        # Matched on what follows the shared prefix, which would make every name look alike.
+        close = difflib.get_close_matches(name[len(prefix) :], sorted(n[len(prefix) :] for n in ENV_NAMES), n=1)
+        hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
+        found.append(f"{name} is not a setting{hint}: ignored")
+    return found
 TABLE_HEADER = ("| variable (TOML key) | default | floor / fallback | meaning |", "|---|---|---|---|")
 
 

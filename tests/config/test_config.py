@@ -145,6 +145,28 @@ def test_unknown_toml_key_is_an_error(tmp_path: Path) -> None:
         load_config({}, config_file=path)
 
 
+def test_an_unknown_variable_with_the_settings_prefix_is_named_with_the_setting_it_most_likely_meant() -> None:
+    """A typo in a variable's name must not pass unseen while the default it meant to change stays in force; the
+    variables that are no setting of the server (the CLI's address, a job's own, the tests') are no typo."""
+    config, warnings = load_config(
+        {
+            "PODCAST_JOB_MAX_CONCURENT": "4",
+            "PODCAST_JOB_SWEEP_INTERVAL_SECONDS": "5",
+            "PODCAST_JOB_FOO": "1",
+            "PODCAST_JOB_URL": "http://127.0.0.1:8000",
+            "PODCAST_JOB_ID": "j",
+            "PODCAST_JOB_TEST_DATABASE_URL": "postgresql://x/y",
+            "PODCAST_JOB_BIND": "127.0.0.1:8001",
+        }
+    )
+    assert (config.max_concurrent, config.sweep_interval_s, config.bind_port) == (1, 30.0, 8001)  # ignored, read
+    assert warnings == [
+        "PODCAST_JOB_FOO is not a setting: ignored",
+        "PODCAST_JOB_MAX_CONCURENT is not a setting (did you mean PODCAST_JOB_MAX_CONCURRENT?): ignored",
+        "PODCAST_JOB_SWEEP_INTERVAL_SECONDS is not a setting (did you mean PODCAST_JOB_SWEEP_SECONDS?): ignored",
+    ]
+
+
 def test_the_api_token_is_never_described() -> None:
     config, _ = load_config({"PODCAST_JOB_API_TOKEN": "s3cret"})
     assert "s3cret" not in repr(config)

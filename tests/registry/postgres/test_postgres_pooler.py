@@ -130,7 +130,7 @@ async def test_two_supervisors_through_a_transaction_pooler_run_every_job_once_w
                     PODCAST_JOB_KINDS_FILE=str(kinds),
                     PODCAST_JOB_HOST_ID=host_id,
                     PODCAST_JOB_HOST_LEASE_SECONDS="3",
-                    PODCAST_JOB_SWEEP_INTERVAL_SECONDS="0.5",
+                    PODCAST_JOB_SWEEP_SECONDS="1",
                     PODCAST_JOB_MAX_CONCURRENT="2",
                     # The schema in the URL, as an operator puts it: each transaction sets it behind the pooler.
                     PODCAST_JOB_DATABASE_URL=f"{dsn}?search_path={schema}",
