@@ -1,8 +1,9 @@
-"""The fleet chaos run's own judges (bench/chaos.py, issue 27) can fail: two leaders close together, and a lead taken
-before the previous holder's lease ran out, are each reported; a handover the design allows is not.
+"""The fleet chaos run's own judges (bench/chaos.py, issue 27) can fail: two leaders close together, a lead taken
+before the previous holder's lease ran out, and a host's end of a process another host ran are each reported; a
+handover the design allows, and a start that never happened, are not.
 
 The run itself (tests/core/test_core_chaos_smoke.py) passes when the supervisor is right, so these show that its
-INV-ONE-LEADER checks would see the bug if there were one.
+INV-ONE-LEADER and INV-OWNER-JUDGES checks would see the bug if there were one, and report none where there is none.
 """
 
 from __future__ import annotations
@@ -108,7 +109,6 @@ def test_a_lead_taken_at_once_by_a_boot_that_succeeds_its_hosts_dead_boot_is_no_
     assert chaos.overlapping_claims(claims, 0.6)
 
 
-
 def _log(path: Path, *lines: dict[str, object]) -> Path:
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
@@ -122,9 +122,9 @@ def _end(job_id: str, to: str, pid: int | None, reason: str) -> dict[str, object
 def test_INV_OWNER_JUDGES_an_end_names_its_process_and_only_the_host_that_ran_it_ends_it(tmp_path: Path) -> None:
     """The judge of who ended what matches each end line to a process by the pid it names, never by time: h1 ran the
     job's first attempt; h2 promoted the second and died before starting it, and its next boot put the row back in
-    the queue (a line that names no process, logged after h1's run). That is no violation (matched by time, it was
-    one: the failed make test of 2026-12-04, 03:45). An end of h1's process logged by h2 is one, and so is a
-    resubmission's line that names no process."""
+    the queue (a line that names no process, logged after h1's run). That is no violation; matched by time, as the
+    judge once did, it was one (most likely the false report that failed make test on 2026-12-04, 03:45). An end of
+    h1's process logged by h2 is one, and so is a resubmission's line that names no process."""
     runs = {"j": [chaos.Run(1.0, 100, "h1", end=2.0)], "k": [chaos.Run(1.0, 200, "h1", end=2.0)]}
     h1 = _log(tmp_path / "h1-boot1.log", _end("j", "queued", 100, "resubmitted: killed_by_SIGKILL"))
     h2 = _log(tmp_path / "h2-boot2.log", _end("j", "queued", None, "never_started"))
