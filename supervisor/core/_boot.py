@@ -216,5 +216,5 @@ class Boot:
         """A status change, on the event bus (``job`` is the row after it): the log line is one subscriber."""
         self.events.emit(JobEvent(EventName.TRANSITION, job, previous, reason, self.boot_id, extra))
 
-    def announce_end(self, job: Job, previous: JobStatus | None) -> None:
-        self.announce(job, str(previous) if previous else None, job.error_reason, exit_code=job.exit_code)
+    def announce_end(self, job: Job, previous: JobStatus | None, **extra: Any) -> None:
+        self.announce(job, str(previous) if previous else None, job.error_reason, exit_code=job.exit_code, **extra)

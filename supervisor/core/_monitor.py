@@ -162,7 +162,7 @@ class Monitors:
             reason = RESUBMITTED + decided.retry.why
             boot.announce(final, str(change.previous), reason, exit_code=decided.exit_code, **ended)
             return True
-        boot.announce(final, str(change.previous), final.error_reason, exit_code=final.exit_code, **ended)
+        boot.announce_end(final, change.previous, **ended)
         if change.follow_up is not None:
             self._announce_enqueued([change.follow_up])  # it wakes the drainer
             follow = change.follow_up

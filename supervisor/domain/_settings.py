@@ -812,21 +812,21 @@ ENV_NAMES = frozenset(setting.env for setting in SETTINGS)
 OTHER_ENV_NAMES = frozenset({"PODCAST_JOB_URL", "PODCAST_JOB_ID", "PODCAST_JOB_TOKEN", "PODCAST_JOB_HEARTBEAT_URL"})
 
 
-def unknown_env_names(env: Mapping[str, str]) -> list[str]:
+def unknown_env_names(env: Mapping[str, str], prefix: str = "PODCAST_JOB_") -> list[str]:
     """A warning for each ``PODCAST_JOB_*`` variable that is no setting (a typo must not pass unseen while the
     default it meant to change stays in force), naming the setting it most likely meant."""
+    known = ENV_NAMES | OTHER_ENV_NAMES
+    unknown = [n for n in sorted(env) if n.startswith(prefix) and n not in known and not n.startswith(f"{prefix}TEST_")]
+    # Matched on what follows the shared prefix, which would make every name look alike.
+    suffixes = sorted(name.removeprefix(prefix) for name in ENV_NAMES)
     found = []
-    prefix = "PODCAST_JOB_"
-    for name in sorted(env):
-        if not name.startswith(prefix) or name in ENV_NAMES or name in OTHER_ENV_NAMES:
-            continue
-        if name.startswith("PODCAST_JOB_TEST_"):
-            continue
-        # Matched on what follows the shared prefix, which would make every name look alike.
-        close = difflib.get_close_matches(name[len(prefix) :], sorted(n[len(prefix) :] for n in ENV_NAMES), n=1)
+    for name in unknown:
+        close = difflib.get_close_matches(name.removeprefix(prefix), suffixes, n=1)
         hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
         found.append(f"{name} is not a setting{hint}: ignored")
     return found
+
+
 TABLE_HEADER = ("| variable (TOML key) | default | floor / fallback | meaning |", "|---|---|---|---|")
 
 
