@@ -13,7 +13,7 @@ _succession   the data dir's lock: which previous boot of this host is proved go
 _supervisor   Supervisor: the front door the HTTP layer and the CLI call; wires the above
 """
 
-from ._absence import AbsenceJudge, AbsenceTracker
+from ._absence import ABSENT_AFTER_S, CHECK_IN_S, AbsenceJudge, AbsenceTracker
 from ._boot import Boot, Tally, Watched
 from ._drain import PROMOTE_BATCH, Drainer
 from ._enqueue import MAX_BATCH
@@ -22,6 +22,7 @@ from ._heartbeats import (
     MAX_STAGE_LEN,
     MAX_UNITS,
     RETRY_AFTER_S,
+    CurrentRows,
     Heartbeats,
     JobTokens,
     merged,
@@ -57,7 +58,9 @@ from ._sweeper import Sweeper, run_sweeper
 from ._wakeups import WakeupListener
 
 __all__ = [
+    "ABSENT_AFTER_S",
     "CANCELLED",
+    "CHECK_IN_S",
     "ENGINE_UNAVAILABLE",
     "FLUSH_INTERVAL_S",
     "HOLD_REASONS",
@@ -78,6 +81,7 @@ __all__ = [
     "AbsenceJudge",
     "AbsenceTracker",
     "Boot",
+    "CurrentRows",
     "DataDirLock",
     "Decision",
     "Drainer",

@@ -136,7 +136,11 @@ class Heartbeats:
         self._recorded = recorded
         self.tokens = JobTokens()
         self._pending: dict[tuple[str, str], Beat] = {}  # (job id, token) -> its beats taken since the last write
-        self._arrived = trio.Event()
+        self._oldest_at: float | None = None  # when the oldest pending beat was taken (None: nothing pending)
+        # The writer parks here while nothing is pending. A parking lot holds no state to replace or reset: the writer
+        # looks at ``_pending`` and parks with no checkpoint in between, so no beat's wake-up can be lost (a replaced
+        # ``Event`` once left the writer waiting on one that nobody would set again).
+        self._arrived = trio.lowlevel.ParkingLot()
         self._writing = trio.Lock()
 
     @property
@@ -159,19 +163,35 @@ class Heartbeats:
                 # whatever its body, as if the registry had been asked first.
                 await self._registry.check_job_token(job_id, token)
             raise
-        self._pending[job_id, token] = merged(self._pending.get((job_id, token)), beat)
-        self._arrived.set()
+        self._take({(job_id, token): beat}, trio.current_time())
+
+    def _take(self, beats: Mapping[tuple[str, str], Beat], taken_at: float) -> None:
+        """Add ``beats`` (taken at ``taken_at``) to what is pending, each merged with the newer ones already there, and
+        wake the writer."""
+        for key, beat in beats.items():
+            pending = self._pending.get(key)
+            # Whichever came first, the watermark is the maximum: nothing is counted twice, nothing goes back.
+            self._pending[key] = beat if pending is None else merged(beat, pending)
+        if beats:
+            self._oldest_at = taken_at if self._oldest_at is None else min(self._oldest_at, taken_at)
+            self._arrived.unpark_all()
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Write the beats taken, every ``FLUSH_INTERVAL_S`` while there are any. Error boundary: a write that fails
-        (``RegistryError``) keeps its beats for the next one and is said once until one succeeds. Cancelled (the
-        shutdown), it writes what is pending first, shielded (every registry call is bounded)."""
+        """Write the beats taken: each within ``FLUSH_INTERVAL_S`` of the oldest pending one (the interval is counted
+        from when that beat was taken, not from when the writer woke), plus one write. Error boundary: a write that
+        fails (``RegistryError``) keeps its beats for the next one, tried after ``RETRY_AFTER_S``, and is said once
+        until one succeeds. Cancelled (the shutdown), it writes what is pending first, shielded (every registry call
+        is bounded)."""
         task_status.started()
         failing = False
         try:
             while True:
-                await self._arrived.wait()
-                await trio.sleep(RETRY_AFTER_S if failing else FLUSH_INTERVAL_S)
+                while self._oldest_at is None:
+                    await self._arrived.park()
+                if failing:
+                    await trio.sleep(RETRY_AFTER_S)
+                else:
+                    await trio.sleep_until(self._oldest_at + FLUSH_INTERVAL_S)
                 try:
                     await self.flush()
                 except RegistryError as exc:
@@ -201,20 +221,49 @@ class Heartbeats:
         """Write every beat taken so far, now (a read that must see them calls this first). A write that fails, or
         is cancelled, keeps its beats (merged under the newer ones) and raises."""
         async with self._writing:  # one write at a time: a flush that waited for one writes what came since
-            beats, self._pending = self._pending, {}
-            self._arrived = trio.Event()
-            if not beats:
+            beats, taken_at = self._pending, self._oldest_at
+            self._pending, self._oldest_at = {}, None
+            if not beats or taken_at is None:
                 return
             try:
                 results = await self._registry.record_heartbeats(list(beats.values()))
             except BaseException:
-                for key, beat in beats.items():
-                    newer = self._pending.get(key)
-                    self._pending[key] = beat if newer is None else merged(beat, newer)
-                self._arrived.set()
+                self._take(beats, taken_at)
                 raise
         for beat, result in zip(beats.values(), results, strict=True):
             if isinstance(result, RequestError):
                 self.tokens.forget(beat.job_id)  # ended (perhaps by another process): the next beat asks the registry
             else:
                 self._recorded(result)
+
+
+class CurrentRows:
+    """The one place that answers "this job's row as of now": every read that judges or shows progress (a read through
+    the core, the absence judgement at each sweep, ``/metrics``) writes the beats taken before it first, so it never
+    sees an older watermark than a 204 acknowledged (ADR 0018)."""
+
+    def __init__(self, registry: Registry, heartbeats: Heartbeats) -> None:
+        self._registry = registry
+        self._heartbeats = heartbeats
+
+    async def get(self, job_id: str) -> Job:
+        await self._heartbeats.before_read()
+        return await self._registry.get(job_id)
+
+    async def running_jobs(self) -> list[Job]:
+        await self._heartbeats.before_read()
+        return await self._registry.running_jobs()
+
+    async def list_jobs(
+        self,
+        *,
+        status: str | None = None,
+        kind: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> tuple[list[Job], str | None]:
+        await self._heartbeats.before_read()
+        return await self._registry.list_jobs(
+            status=status, kind=kind, limit=limit, cursor=cursor, idempotency_key=idempotency_key
+        )

@@ -42,7 +42,7 @@ from ._boot import Boot
 from ._drain import Drainer
 from ._enqueue import Enqueuer
 from ._fleet import Fleet
-from ._heartbeats import Heartbeats
+from ._heartbeats import CurrentRows, Heartbeats
 from ._hosts import HostAdmin
 from ._monitor import Monitors
 from ._pause import PauseFile
@@ -215,13 +215,19 @@ class Supervisor:
             max_clients=config.events_max_clients,
         )
         self.events.subscribe(self.event_log.on_event)
+        tracker = AbsenceTracker(wall_clock=self.boot.wall_clock)
+        self.heartbeats = Heartbeats(registry, tracker.beat)
+        self.boot.write_beats = self.heartbeats.flush
+        # Every read that judges or shows progress goes through here: it sees every beat taken before it (ADR 0018).
+        self.rows = CurrentRows(registry, self.heartbeats)
         self.absence = AbsenceJudge(
             config,
             registry,
             self.events,
             self.boot.boot_id,
             self.reconciler.stop_stalled,
-            AbsenceTracker(wall_clock=self.boot.wall_clock),
+            tracker,
+            rows=self.rows,
         )
         # History past its retention goes a batch at a time; one host of a fleet prunes (INV-ONE-LEADER's duties).
         self.pruner = Pruner(config, registry, self.boot.wall_clock, self.fleet.may_lead)
@@ -245,8 +251,6 @@ class Supervisor:
             self.boot.tally,
             self.queue_watch,
         )
-        self.heartbeats = Heartbeats(registry, self.absence.tracker.beat)
-        self.boot.write_beats = self.heartbeats.flush
         # What other hosts change (an enqueue, a cancel of a job here, the pause), heard at once; the sweep is the
         # guarantee (INV-NOTIFY-IS-A-HINT).
         self.wakeups = WakeupListener(self.boot, self.wake_drainer, self.monitors)
@@ -476,13 +480,11 @@ class Supervisor:
     # -- reads, heartbeats, logs, metrics -------------------------------------------------------------------
 
     async def get(self, job_id: str) -> Job:
-        await self.heartbeats.before_read()  # each read writes the beats taken first: a 204 is seen by it (ADR 0018)
-        return await self.boot.registry.get(job_id)
+        return await self.rows.get(job_id)
 
     async def show(self, job_id: str) -> tuple[Job, list[str]]:
         """One job's row, and the jobs enqueued as explicit retries of it (oldest first)."""
-        await self.heartbeats.before_read()
-        job = await self.boot.registry.get(job_id)
+        job = await self.rows.get(job_id)
         return job, await self.boot.registry.retries_of(job_id)
 
     async def list_jobs(
@@ -494,8 +496,7 @@ class Supervisor:
         cursor: str | None = None,
         idempotency_key: str | None = None,
     ) -> tuple[list[Job], str | None]:
-        await self.heartbeats.before_read()
-        return await self.boot.registry.list_jobs(
+        return await self.rows.list_jobs(
             status=status, kind=kind, limit=limit, cursor=cursor, idempotency_key=idempotency_key
         )
 
@@ -531,7 +532,7 @@ class Supervisor:
             counts=await registry.counts(),
             paused=await self.is_paused(),
             max_concurrent=self.boot.max_concurrent,
-            running=await registry.running_jobs(),
+            running=await self.rows.running_jobs(),
             outbox_depth=await registry.outbox_depth(),
             deliveries=dict(self.webhooks.outcomes),
             streams=self.event_log.stats(),

@@ -20,7 +20,7 @@ import trio.testing
 from core_helpers import insert_running, wait_terminal  # type: ignore[import-not-found]
 
 from supervisor import Job, JobStatus, Liveness, Supervisor
-from supervisor.core import AbsenceTracker, Signals, judge_absence
+from supervisor.core import ABSENT_AFTER_S, CHECK_IN_S, AbsenceTracker, Signals, judge_absence
 from supervisor.domain import from_iso
 from supervisor.execution.subprocess import identify, probe
 from supervisor.observe import EventName, JobEvent
@@ -98,8 +98,8 @@ def test_INV_ABSENCE_MONOTONIC_a_wall_clock_jump_changes_no_age() -> None:
     mono = [1000.0]
     wall = [datetime(2026, 1, 1, 0, 10, tzinfo=UTC)]
     tracker = AbsenceTracker(clock=lambda: mono[0], wall_clock=lambda: wall[0])
-    job = _row()
-    # First sight of a prior boot's job: aged once from its stored stamps (started 10 minutes ago).
+    job = _row(stalled=True)
+    # First sight of a prior boot's flagged job: aged once from its stored stamps (started 10 minutes ago).
     assert tracker.signals(job, ALIVE).progress_age_s == 600
     mono[0] += 30
     wall[0] += timedelta(hours=5)  # the wall clock jumps forward: no rule may fire because of it
@@ -107,6 +107,61 @@ def test_INV_ABSENCE_MONOTONIC_a_wall_clock_jump_changes_no_age() -> None:
     wall[0] -= timedelta(days=2)  # and back
     mono[0] += 30
     assert tracker.signals(job, ALIVE).progress_age_s == 660
+
+
+def test_INV_OWN_ABSENCE_NOT_THE_JOBS_a_prior_boots_job_is_aged_from_this_boots_first_look() -> None:
+    """A restart after an outage: the stored stamps are as old as the outage, which no job could report through.
+    An unflagged job is aged from this boot's first look (so a truly stalled one is flagged a threshold after it); a
+    job the previous boot had flagged keeps its stored age (and its flag) until it beats or progresses."""
+    mono = [1000.0]
+    wall = [datetime(2026, 1, 1, 0, 10, tzinfo=UTC)]
+    tracker = AbsenceTracker(clock=lambda: mono[0], wall_clock=lambda: wall[0])
+    beaten = "2026-01-01T00:09:00+00:00"  # its last beat a minute ago, its progress ten minutes ago
+    fresh = tracker.signals(_row(job_id="a", last_heartbeat_at=beaten), ALIVE)
+    assert (fresh.progress_age_s, fresh.heartbeat_age_s) == (0, 0)
+    mono[0] += 40
+    wall[0] += timedelta(seconds=40)
+    # Seen later in this boot (another host's job adopted): its stamps count, but never from before the first look.
+    later = tracker.signals(_row(job_id="b", last_heartbeat_at="2026-01-01T00:10:30+00:00"), ALIVE)
+    assert (later.progress_age_s, later.heartbeat_age_s) == (40, 10)
+    flagged = tracker.signals(_row(job_id="c", stalled=True, silent=True, last_heartbeat_at=beaten), ALIVE)
+    assert (flagged.progress_age_s, flagged.heartbeat_age_s) == (640, 100)
+
+
+def test_INV_OWN_ABSENCE_NOT_THE_JOBS_a_gap_between_check_ins_moves_every_jobs_clocks() -> None:
+    """A frozen supervisor (SIGSTOP, swapped out) took no beat meanwhile: a gap between two check-ins longer than
+    ABSENT_AFTER_S is its absence, and no age counts it. Without a check-in task, a long wait is only a long wait."""
+    mono = [0.0]
+    tracker = AbsenceTracker(clock=lambda: mono[0], wall_clock=lambda: datetime(2026, 1, 1, tzinfo=UTC))
+    job = _row(started_at="2026-01-01T00:00:00+00:00")
+    tracker.signals(job, ALIVE)
+    mono[0] = 10.0
+    assert tracker.check_in() == 0.0  # no check-in task: nothing is an absence
+    assert tracker.signals(job, ALIVE).progress_age_s == 10
+    tracker._checked_in = mono[0]  # as keep_checking_in does when it starts
+    mono[0] += ABSENT_AFTER_S  # a loop busy for this long is not absent
+    assert tracker.check_in() == 0.0
+    mono[0] += 8.0  # frozen for 8 s
+    assert tracker.check_in() == 8.0 and tracker.absent_s == 8.0
+    assert tracker.signals(job, ALIVE).progress_age_s == 10 + ABSENT_AFTER_S
+
+
+async def test_INV_OWN_ABSENCE_NOT_THE_JOBS_the_check_in_task_says_an_absence_and_ages_skip_it(
+    autojump_clock: trio.testing.MockClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tracker = AbsenceTracker(wall_clock=lambda: datetime(2026, 1, 1, tzinfo=UTC))
+    job = _row(started_at="2026-01-01T00:00:00+00:00")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(tracker.keep_checking_in)
+        tracker.signals(job, ALIVE)
+        await trio.sleep(5)
+        assert "supervisor_was_absent" not in capsys.readouterr().out  # on time: no absence
+        autojump_clock.jump(30)  # the process was stopped for 30 s: every timer is late by that much
+        await trio.sleep(CHECK_IN_S)
+        assert tracker.absent_s >= 30
+        assert tracker.signals(job, ALIVE).progress_age_s <= 5 + CHECK_IN_S * 2
+        nursery.cancel_scope.cancel()
+    assert capsys.readouterr().out.count("supervisor_was_absent") == 1
 
 
 def test_a_stamp_moved_by_another_process_counts_from_when_this_boot_saw_it() -> None:

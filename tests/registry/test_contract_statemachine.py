@@ -6,7 +6,7 @@ a terminal row never changes again; the queue is FIFO (promotions take the oldes
 positions are its order of insertion); the running rows are the model's.
 
 Hypothesis's rules are sync; the registry is async. Each machine runs one Trio loop in a background thread for its
-whole life (``registry_portal.Portal``) and calls into it: the registry's resources (and, for PostgreSQL, the
+whole life (``trio_portal.Portal``) and calls into it: the registry's resources (and, for PostgreSQL, the
 trio-asyncio loop under asyncpg) live on that one loop between steps, as they do in the supervisor.
 """
 
@@ -21,7 +21,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from registry_helpers import BACKENDS, BOOT, WallClock, new_job
-from registry_portal import Portal
+from trio_portal import Portal
 
 from supervisor.domain import IllegalTransition, Job, JobStatus, Unauthorized
 from supervisor.registry import (

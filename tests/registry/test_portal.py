@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 import trio_asyncio
-from registry_portal import Portal
+from trio_portal import Portal
 
 WHERE: contextvars.ContextVar[str] = contextvars.ContextVar("where", default="outside")
 

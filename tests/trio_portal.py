@@ -7,7 +7,9 @@ the last one: where a backend opens what must outlive every call (``trio_asyncio
 
 Each ``run`` is handed to one task that lives inside ``around`` and runs the calls one after the other: a call made
 straight from ``trio.from_thread.run`` would run in a system task, outside the context ``around`` set (trio-asyncio
-finds its loop in a context variable). Its exception is re-raised in the caller's thread.
+finds its loop in a context variable). Its exception is re-raised in the caller's thread. ``clock`` (optional): the
+loop's clock, e.g. a ``trio.testing.MockClock`` that only the calls move. ``nursery``: the loop's own, for tasks
+that outlive a call; cancelled when the portal closes.
 """
 
 from __future__ import annotations
@@ -36,13 +38,21 @@ class _Call:
 
 
 class Portal:
-    def __init__(self, around: Callable[[], AbstractAsyncContextManager[Any]] | None = None) -> None:
+    def __init__(
+        self,
+        around: Callable[[], AbstractAsyncContextManager[Any]] | None = None,
+        *,
+        clock: trio.abc.Clock | None = None,
+    ) -> None:
         self._around = around
+        self._clock = clock
         self._token: trio.lowlevel.TrioToken | None = None
         self._calls: trio.MemorySendChannel[_Call] | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, name="registry-portal", daemon=True)
+        self._thread = threading.Thread(target=self._main, name="trio-portal", daemon=True)
+        # Tasks that outlive a call (a writer a test starts with ``await portal.nursery.start(fn)`` inside a call).
+        self.nursery: trio.Nursery | None = None
 
     def __enter__(self) -> Portal:
         self._thread.start()
@@ -86,7 +96,7 @@ class Portal:
 
     def _main(self) -> None:
         try:
-            trio.run(self._serve)
+            trio.run(self._serve, clock=self._clock)
         except BaseException as exc:
             self._error = exc
         finally:
@@ -95,7 +105,8 @@ class Portal:
     async def _serve(self) -> None:
         send, receive = trio.open_memory_channel[_Call](0)
         around = self._around() if self._around is not None else nullcontext()
-        async with around, receive:
+        async with around, receive, trio.open_nursery() as nursery:
+            self.nursery = nursery
             self._calls = send
             self._token = trio.lowlevel.current_trio_token()
             self._ready.set()
@@ -106,3 +117,4 @@ class Portal:
                     call.error = exc
                 finally:
                     call.done.set()
+            nursery.cancel_scope.cancel()  # closed: what still runs in the background ends with the loop
