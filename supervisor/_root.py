@@ -8,6 +8,7 @@
     ├── fleet                   this host's lease on the registry, renewed every third of it; the fleet's lead
     ├── wake-ups                (PostgreSQL) LISTEN: other hosts' enqueues, cancels of this host's jobs, the pause
     ├── webhook sender          (the leader only) delivers the outbox to PODCAST_JOB_WEBHOOK_URL, in order, with backoff
+    ├── check-in                this process's presence every 0.5 s: a gap (a freeze) never ages a job
     ├── sweeper                 startup sweep (before serving), then reconcile -> drain every sweep_interval_s
     ├── HTTP server             hypercorn's trio worker serving the quart-trio app (and the event streams, which
     │                           end at shutdown before the graceful deadline)
@@ -193,6 +194,8 @@ async def _serve_boot(
             await root.start(supervisor.run_wakeups)
             # Started before the first sweep, so that events left undelivered by a previous boot go out first.
             await root.start(supervisor.webhooks.run)
+            # This process's own presence, noted every half second: an absence (a freeze) is not the jobs'.
+            await root.start(supervisor.run_check_in)
             # The startup sweep runs before serving; it never waits on a job, so /api/health is not delayed.
             await root.start(supervisor.run_sweeper)
             await root.start(supervisor.heartbeats.run)  # the beats the API takes, written behind (ADR 0018)

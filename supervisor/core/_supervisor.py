@@ -6,6 +6,7 @@ the nursery tree the tasks to start:
     Supervisor
     ├── drainer        (root nursery)  promotes and starts jobs when woken                  _drain.Drainer
     ├── wake-ups       (root nursery)  acts on other hosts' changes at once (LISTEN/NOTIFY)  _wakeups.WakeupListener
+    ├── check-in       (root nursery)  this process's presence: its own absence ages no job    _absence.AbsenceTracker
     ├── sweeper        (root nursery)  reconcile -> absence -> drain, at startup and on a timer  _sweeper.Sweeper
     ├── webhook sender (root nursery)  delivers the registry's outbox                       observe.WebhookSender
     └── job nursery    (handed in by ``attach``)
@@ -326,6 +327,10 @@ class Supervisor:
         if host_id == self.boot.host_id:
             raise Conflict(f"host {host_id} is this supervisor: it cannot forget itself")
         return await self._in_tree(lambda: self.host_admin.forget(host_id), "host_forget_failed")
+
+    async def run_check_in(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Note this process's presence, so that its own absence never ages a job (``AbsenceTracker.check_in``)."""
+        await self.absence.tracker.keep_checking_in(task_status=task_status)
 
     async def run_sweeper(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         await run_sweeper(
