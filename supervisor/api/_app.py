@@ -14,8 +14,9 @@ from __future__ import annotations
 import functools
 import re
 import secrets
-from typing import Any
+from typing import Any, Protocol
 
+import trio
 from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -73,15 +74,21 @@ def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
+class HttpCondition(Protocol):
+    def condition(self) -> str | None: ...
+
+
 def create_app(
     supervisor: Supervisor,
     credentials: Credentials | ApiToken | None = None,
     *,
     limits: HttpLimits | None = None,
+    edge: HttpCondition | None = None,
 ) -> QuartTrio:
     """The app over ``supervisor``; ``credentials``: the tokens in force (re-read on SIGHUP by the server; an
     ``ApiToken`` alone: only that operator token; None: the config's operator token, no named tokens); ``limits``: the
-    body and response timeouts (``HttpLimits``' defaults unless given). Every request goes through its routes: Quart
+    body and response timeouts (``HttpLimits``' defaults unless given); ``edge``: the HTTP server's own condition, for
+    ``/api/health``. Every request goes through its routes: Quart
     is the only dispatcher, hypercorn's h11 the only parser."""
     # No static folder: the route map is exactly the API, which the auth and OpenAPI tests walk.
     app = QuartTrio(__name__, static_folder=None)
@@ -94,6 +101,10 @@ def create_app(
     # Errors are answered by our handlers, never re-raised into the server (not even under TESTING).
     app.config["PROPAGATE_EXCEPTIONS"] = False
     app.extensions["supervisor.metrics_registry"] = supervisor.metrics.registry
+    # The HTTP server's own condition, which /api/health adds to the core's (None: served by hand, as in tests).
+    app.extensions["supervisor.http_condition"] = edge
+    # List pages built at once (HttpLimits.max_page_builds): many never keep a heartbeat or health behind them.
+    app.extensions["supervisor.page_builds"] = trio.CapacityLimiter(limits.max_page_builds)
     if credentials is None:
         credentials = ApiToken.from_config(supervisor.config)
     tokens = credentials if isinstance(credentials, Credentials) else Credentials(credentials)

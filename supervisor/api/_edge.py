@@ -31,7 +31,15 @@ Also here, for the same edge:
 - when the client closes, the keep-alive timer stops, so the server closes its side at once (not after
   ``keep_alive_timeout``, the socket in CLOSE-WAIT meanwhile);
 - in the connection task (``EdgeTCPServer``): a write can be cancelled, and a cut write closes the connection, so a
-  client that reads nothing cannot hold a request, or a graceful stop, forever.
+  client that reads nothing cannot hold a request, or a graceful stop, forever;
+- one error boundary per connection (``EdgeTCPServer.run``): whatever a connection raises ends that connection, is
+  logged once (``http_connection_failed``) and counted, and never leaves its task, where it would end
+  ``trio.serve_listeners`` and every other connection with it (the class of pgjones/hypercorn#203). The failure met
+  was a write racing hypercorn's ``send_eof`` (which it makes outside its ``send_lock``): trio's
+  ``BusyResourceError``, now taken as the connection closing;
+- bounds no client can get around (``EdgeState``, from ``HttpLimits``): connections open at once (one more is
+  answered 503 with ``Retry-After`` and closed), the bytes of answers written and not yet taken (a large write past
+  the budget is cut), and a write that moves no byte for ``write_stall_timeout_s`` (cut).
 
 Nothing here parses a request or answers one that h11 accepted: h11 is the server's only parser of request bytes, and
 every request reaches the app through hypercorn's own stream.
@@ -52,6 +60,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Iterator
 from http import HTTPStatus
 from typing import Any
 
@@ -59,13 +68,16 @@ import h11
 import hypercorn.protocol
 import hypercorn.trio.run
 import trio
+from hypercorn.config import Config as HypercornConfig
 from hypercorn.events import Closed, RawData, Updated
 from hypercorn.protocol.events import Response, StreamClosed
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import TCPServer
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..observe._logging import get_logger
 from ._app import REQUEST_ID_HEADER
+from ._limits import HttpLimits
 
 log = get_logger()
 
@@ -82,6 +94,82 @@ def protocol_error_body(status: int, request_id: str) -> bytes:
     code, message = _PROTOCOL_ERRORS.get(status, (HTTPStatus(status).phrase.lower().replace(" ", "_"), ""))
     error = {"code": code, "message": message or HTTPStatus(status).phrase, "field": None, "request_id": request_id}
     return json.dumps({"error": error}).encode()
+
+
+# How long a refused connection's client is told to wait, and how long its request is read (and thrown away) after
+# the answer, so that closing does not reset the connection before the client has read the 503.
+REFUSED_RETRY_AFTER_S = 1
+REFUSED_DRAIN_S = 1.0
+# How long /api/health says degraded after the HTTP server was restarted.
+RESTART_SHOWN_S = 60.0
+
+
+class EdgeState:
+    """One server's edge: its bounds (from ``HttpLimits``) and what they did, as ``/metrics`` shows it (a collector
+    of the supervisor's metrics registry). Shared by every connection of the server; only its event loop touches it."""
+
+    def __init__(self, limits: HttpLimits) -> None:
+        self.limits = limits
+        self.open_connections = 0
+        self.unsent_bytes = 0  # answers' bytes in writes under way
+        self.refused = 0  # connections answered 503 for the connection bound
+        self.failures = 0  # connections ended by an error of their own (the error boundary)
+        self.cut = {"over_budget": 0, "stalled": 0}  # answers cut, by why
+        self.server_restarts = 0  # the HTTP server started again after it ended by itself (_serve)
+        self.serving = False  # the server listens and answers now
+        self.last_restart: tuple[float, str] | None = None  # (trio time, why) of the last restart
+
+    def restarted(self, failure: BaseException | None) -> None:
+        self.server_restarts += 1
+        why = f"{type(failure).__name__}: {failure}" if failure is not None else "it returned"
+        self.last_restart = (trio.current_time(), why)
+
+    def condition(self) -> str | None:
+        """What ``/api/health`` says of the HTTP server: degraded while it is not serving, and for a while after it
+        was restarted (a request that waited through the restart sees why); None when all is well."""
+        if not self.serving:
+            return "the HTTP server is restarting"
+        if self.last_restart is None or trio.current_time() - self.last_restart[0] >= RESTART_SHOWN_S:
+            return None
+        return f"the HTTP server was restarted ({self.server_restarts} in all) after it ended: {self.last_restart[1]}"
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("podcast_http_connections", "HTTP connections open now.", value=self.open_connections)
+        yield CounterMetricFamily(
+            "podcast_http_connections_refused",
+            "Connections answered 503 because max_connections were open.",
+            value=self.refused,
+        )
+        yield CounterMetricFamily(
+            "podcast_http_connection_failures",
+            "Connections ended by an error of their own (logged http_connection_failed); the server went on.",
+            value=self.failures,
+        )
+        cut = CounterMetricFamily(
+            "podcast_http_answers_cut",
+            "Answers cut and their connection closed: over the unsent-bytes budget, or a write that moved no byte.",
+            labels=["why"],
+        )
+        for why, n in sorted(self.cut.items()):
+            cut.add_metric([why], n)
+        yield cut
+        yield CounterMetricFamily(
+            "podcast_http_server_restarts",
+            "Times the HTTP server was started again after it ended by itself (logged http_server_restarted).",
+            value=self.server_restarts,
+        )
+
+
+class EdgeConfig(HypercornConfig):
+    """hypercorn's config, carrying the edge's state to each connection task (hypercorn hands every ``TCPServer`` its
+    config): per server, no process-wide state."""
+
+    def __init__(self, edge: EdgeState) -> None:
+        super().__init__()
+        self.edge = edge
 
 
 def _has_connection_close(headers: list[tuple[bytes, bytes]]) -> bool:
@@ -173,7 +261,84 @@ def _peer(client: tuple[str, int] | None) -> str | None:
 
 
 class EdgeTCPServer(TCPServer):
-    """hypercorn's trio connection task, with writes that a cancel can stop."""
+    """hypercorn's trio connection task, with an error boundary, the connection bound, and writes that a cancel, a
+    stall or the unsent-bytes budget can stop."""
+
+    @property
+    def _edge(self) -> EdgeState:
+        config = self.config
+        assert isinstance(config, EdgeConfig), "serve with an EdgeConfig (_serve.hypercorn_config)"
+        return config.edge
+
+    async def run(self) -> None:
+        edge = self._edge
+        if edge.open_connections >= edge.limits.max_connections:
+            edge.refused += 1
+            await self._refuse()
+            return
+        edge.open_connections += 1
+        try:
+            await super().run()
+        except Exception as exc:
+            # The connection's error boundary: whatever it raised ends it, never the server (its task would end
+            # trio.serve_listeners and every other connection). Logged once, counted; the stream is closed by
+            # serve_listeners' handler wrapper.
+            self._failed(exc)
+        except BaseExceptionGroup as group:
+            # A connection's error while the server is being cancelled: the error is this connection's, the
+            # cancellation goes on.
+            cancelled, errors = group.split(trio.Cancelled)
+            if errors is not None:
+                self._failed(errors)
+            if cancelled is not None:
+                raise cancelled from None
+            raise
+        finally:
+            edge.open_connections -= 1
+
+    def _failed(self, exc: BaseException) -> None:
+        self._edge.failures += 1
+        client = getattr(getattr(self, "protocol", None), "client", None)
+        log.error(
+            "http_connection_failed",
+            error=f"{type(exc).__name__}: {exc}",
+            client=_peer(client) if isinstance(client, tuple) else None,
+            effect="this connection is closed; the server and every other connection go on",
+            exc_info=exc,
+        )
+
+    async def _refuse(self) -> None:
+        """Answer 503 without reading the request (no parser runs: the bytes are fixed), then read and drop what the
+        client sends for a moment, so that the close does not reset the connection before the 503 is read."""
+        request_id = secrets.token_hex(8)
+        body = json.dumps(
+            {
+                "error": {
+                    "code": "too_many_connections",
+                    "message": f"the server has {self._edge.limits.max_connections} connections open; retry later",
+                    "field": None,
+                    "request_id": request_id,
+                }
+            }
+        ).encode()
+        head = (
+            "HTTP/1.1 503 Service Unavailable\r\n"
+            "content-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n"
+            f"retry-after: {REFUSED_RETRY_AFTER_S}\r\n"
+            f"{REQUEST_ID_HEADER.lower()}: {request_id}\r\n"
+            "connection: close\r\n\r\n"
+        ).encode()
+        try:
+            with trio.move_on_after(REFUSED_DRAIN_S):
+                await self.stream.send_all(head + body)
+                await self.stream.send_eof()
+                while await self.stream.receive_some(64 * 1024):
+                    pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            await trio.aclose_forcefully(self.stream)
 
     async def protocol_send(self, event: Any) -> None:
         if not isinstance(event, RawData):
@@ -184,11 +349,21 @@ class EdgeTCPServer(TCPServer):
         # connection, and a graceful stop, which waits for it (a few thousand pipelined GET /api/health unread are
         # enough). Here a write can be cancelled -- by the app's response timeout or the graceful stop -- and a cut
         # write ends the connection instead, which is what the shield was protecting.
+        edge, data = self._edge, event.data
+        size = len(data)
         async with self.send_lock:
+            if size > edge.limits.small_write_bytes and edge.unsent_bytes + size > edge.limits.max_unsent_answer_bytes:
+                # Answers not taken by their clients already hold the budget: this one is not added to them.
+                await self._cut("over_budget", size)
+                return
+            edge.unsent_bytes += size
             try:
-                await self.stream.send_all(event.data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                await self._send_in_pieces(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
+                # Busy: hypercorn's _close (send_eof, outside send_lock) is closing this stream meanwhile.
                 await self.protocol.handle(Closed())
+            except trio.TooSlowError:
+                await self._cut("stalled", size)
             except trio.Cancelled:
                 with trio.CancelScope(shield=True):
                     await self.stream.aclose()
@@ -198,6 +373,28 @@ class EdgeTCPServer(TCPServer):
                     # raised out of the connection task and stopped the server.)
                     await self.protocol.handle(Closed())
                 raise
+            finally:
+                edge.unsent_bytes -= size
+
+    async def _send_in_pieces(self, data: bytes) -> None:
+        """Write ``data``; a piece the client does not take within ``write_stall_timeout_s`` raises TooSlowError."""
+        view, limits = memoryview(data), self._edge.limits
+        piece = limits.small_write_bytes
+        for start in range(0, len(view), piece):
+            with trio.fail_after(limits.write_stall_timeout_s):
+                await self.stream.send_all(view[start : start + piece])
+
+    async def _cut(self, why: str, size: int) -> None:
+        self._edge.cut[why] += 1
+        log.warning(
+            "http_answer_cut",
+            why=why,
+            bytes=size,
+            client=_peer(self.protocol.client) if isinstance(self.protocol.client, tuple) else None,
+        )
+        with trio.CancelScope(shield=True):
+            await self.stream.aclose()
+            await self.protocol.handle(Closed())
 
 
 def install() -> None:

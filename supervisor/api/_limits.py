@@ -24,6 +24,20 @@ class HttpLimits:
     # A request line plus headers that grow past this without being complete are answered 431 and the connection
     # closed. (h11 checks while a head is incomplete, so a head that arrives in one read may be up to 64 KiB larger.)
     max_head_bytes: int = 16 * 1024
+    # Connections open at once; one more is answered 503 (``Retry-After``) and closed at once, so that clients that
+    # open many connections and read nothing cannot exhaust the process's descriptors or its memory.
+    max_connections: int = 512
+    # An answer's write that moves no byte for this long (a client that stopped reading) is cut and its connection
+    # closed: what such a client pins in memory is one answer, for this long at most.
+    write_stall_timeout_s: float = 10.0
+    # Bytes of answers written and not yet taken by their clients, over every connection. A large write that would go
+    # past this is cut (its connection closed) instead of waiting: clients that read nothing can pin this much
+    # memory at most. Writes up to ``small_write_bytes`` (heads, heartbeats' 204, health, errors) always pass.
+    max_unsent_answer_bytes: int = 64 * 1024 * 1024
+    small_write_bytes: int = 64 * 1024
+    # List pages built at once (each reads up to 1,000 rows and encodes them): more wait their turn, so that many
+    # at once never keep a heartbeat or /api/health behind them on the event loop.
+    max_page_builds: int = 2
 
     def __post_init__(self) -> None:
         for f in fields(self):

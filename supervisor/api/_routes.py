@@ -12,7 +12,7 @@ from typing import Any
 
 import trio
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
-from quart import Response, request
+from quart import Response, current_app, request
 from werkzeug.routing import BaseConverter
 
 from ..core import Supervisor
@@ -52,16 +52,21 @@ _LIMIT = {"type": "integer", "minimum": 1, "maximum": MAX_LIST_LIMIT}
 async def health(supervisor: Supervisor) -> Any:
     """Liveness of the server, and what is degraded."""
     state = await supervisor.health()
+    degraded = dict(state.degraded)
+    http = current_app.extensions.get("supervisor.http_condition")
+    condition = http.condition() if http is not None else None
+    if condition is not None:
+        degraded["http"] = condition
     body: dict[str, Any] = {
-        "status": state.status,
+        "status": "degraded" if degraded else "ok",
         "boot_id": state.boot_id,
         "exec_mode": state.exec_mode,
         "paused": state.paused,
         "host_id": state.host_id,
         "leader": state.leader,
     }
-    if state.degraded:
-        body["degraded"] = state.degraded
+    if degraded:
+        body["degraded"] = degraded
     return body
 
 
@@ -166,14 +171,17 @@ async def list_jobs(supervisor: Supervisor) -> Any:
     given = query(("status", "kind", "limit", "cursor", "idempotency_key"))
     limit = int_query(given, "limit", DEFAULT_LIST_LIMIT)
     assert limit is not None
-    jobs, next_cursor = await supervisor.list_jobs(
-        status=given.get("status"),
-        kind=given.get("kind"),
-        limit=limit,
-        cursor=given.get("cursor"),
-        idempotency_key=given.get("idempotency_key"),
-    )
-    return {"jobs": [_row(job) for job in jobs], "next_cursor": next_cursor}
+    # A page's rows are read and encoded a few pages at a time (HttpLimits.max_page_builds): the encoding holds the
+    # event loop, and hundreds of them queued at once kept heartbeats and /api/health waiting behind them.
+    async with current_app.extensions["supervisor.page_builds"]:
+        jobs, next_cursor = await supervisor.list_jobs(
+            status=given.get("status"),
+            kind=given.get("kind"),
+            limit=limit,
+            cursor=given.get("cursor"),
+            idempotency_key=given.get("idempotency_key"),
+        )
+        return current_app.json.response({"jobs": [_row(job) for job in jobs], "next_cursor": next_cursor})
 
 
 @ROUTES.get(

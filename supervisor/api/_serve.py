@@ -14,9 +14,12 @@ from hypercorn.utils import wrap_app
 
 from ..core import Supervisor
 from ..domain import ApiToken, Credentials
+from ..observe import get_logger
 from . import _edge
 from ._app import create_app
 from ._limits import HttpLimits
+
+log = get_logger()
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -41,15 +44,23 @@ def public_base_url(host: str, port: int) -> str:
     return f"http://{reach}:{port}"
 
 
-def hypercorn_config(limits: HttpLimits) -> HypercornConfig:
-    """hypercorn's settings for the control API (``bench/http_floor.py``'s floor serves with the same)."""
-    hconfig = HypercornConfig()
+def hypercorn_config(limits: HttpLimits, edge: _edge.EdgeState | None = None) -> HypercornConfig:
+    """hypercorn's settings for the control API (``bench/http_floor.py``'s floor serves with the same), carrying the
+    edge's state (``edge``; a new one from ``limits`` unless given)."""
+    hconfig = _edge.EdgeConfig(edge if edge is not None else _edge.EdgeState(limits))
     hconfig.graceful_timeout = limits.graceful_timeout_s
     hconfig.keep_alive_timeout = limits.keep_alive_timeout_s
     hconfig.h11_max_incomplete_size = limits.max_head_bytes
     hconfig.accesslog = None
     hconfig.errorlog = None
     return hconfig
+
+
+# The HTTP server is a supervised child: ended by itself (anything but the shutdown), it is started again after this
+# long, doubled at each failure in a row up to the most; a run that served this long resets the delay.
+RESTART_MIN_S = 0.1
+RESTART_MAX_S = 5.0
+RESTART_RESET_AFTER_S = 30.0
 
 
 async def serve_http(
@@ -63,22 +74,74 @@ async def serve_http(
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the control API on ``sock`` with hypercorn's trio worker until ``shutdown``; ``done`` is set once the
-    server has stopped (its graceful deadline included). ``started()`` once it listens. ``limits``: the timeouts
-    and the head size (``HttpLimits``' defaults unless given)."""
+    server has stopped (its graceful deadline included). ``started()`` once it listens. ``limits``: the timeouts,
+    the head size and the edge's bounds (``HttpLimits``' defaults unless given).
+
+    Error boundary: the server is a supervised child. If it ends for any reason but the shutdown (a defect of the
+    HTTP stack that escaped the connections' own boundary), it is started again on the same socket after
+    ``RESTART_MIN_S`` (doubling while it keeps failing, at most ``RESTART_MAX_S``), with an ERROR
+    ``http_server_restarted`` and ``podcast_http_server_restarts_total``; connections made meanwhile wait in the
+    socket's backlog. Nothing else depends on this task: the monitors, the sweeper and the heartbeat writer are its
+    siblings in the root nursery, and keep every job watched throughout. A failure before it first listens (a bad
+    config) is raised: there is nothing to restart."""
     # How connections end (close after Connection: close / HTTP/1.0 / early answers, keep-alive timeout, the error
-    # format of the protocol's own 400/431/501, writes to clients that stop reading) is fixed in _edge: see its
-    # docstring for hypercorn's defects.
+    # format of the protocol's own 400/431/501, writes to clients that stop reading, a connection's own error, the
+    # connection and unsent-bytes bounds) is fixed in _edge: see its docstring for hypercorn's defects.
     _edge.install()
     limits = limits if limits is not None else HttpLimits()
-    hconfig = hypercorn_config(limits)
-    app = create_app(supervisor, credentials, limits=limits)
+    edge = _edge.EdgeState(limits)
+    supervisor.metrics.registry.register(edge)
+    hconfig = hypercorn_config(limits, edge)
+    app = create_app(supervisor, credentials, limits=limits, edge=edge)
+
+    async def serve_once(*, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        # A duplicate of the listening socket for each run: serve_listeners closes what it is given, and the socket
+        # (with its backlog) must outlive every run.
+        listener = sock.dup()
+        try:
+            await worker_serve(
+                wrap_app(app, hconfig.wsgi_max_body_size, None),
+                hconfig,
+                sockets=Sockets(secure_sockets=[], insecure_sockets=[listener], quic_sockets=[]),
+                shutdown_trigger=shutdown.wait,
+                task_status=task_status,
+            )
+        finally:
+            listener.close()
+
+    started = False
+    delay_s = RESTART_MIN_S
     try:
-        await worker_serve(
-            wrap_app(app, hconfig.wsgi_max_body_size, None),
-            hconfig,
-            sockets=Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[]),
-            shutdown_trigger=shutdown.wait,
-            task_status=task_status,
-        )
+        while True:
+            began = trio.current_time()
+            failure: Exception | None = None
+            try:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(serve_once)
+                    if not started:
+                        task_status.started()
+                        started = True
+                    edge.serving = True
+            except Exception as exc:
+                if not started:
+                    raise
+                failure = exc
+            finally:
+                edge.serving = False
+            if shutdown.is_set():
+                return
+            if trio.current_time() - began >= RESTART_RESET_AFTER_S:
+                delay_s = RESTART_MIN_S
+            edge.restarted(failure)
+            log.error(
+                "http_server_restarted",
+                error=f"{type(failure).__name__}: {failure}" if failure is not None else "it returned",
+                restart_in_s=delay_s,
+                restarts=edge.server_restarts,
+                effect="requests wait in the socket's backlog meanwhile; every job stays watched",
+                exc_info=failure,
+            )
+            await trio.sleep(delay_s)
+            delay_s = min(delay_s * 2, RESTART_MAX_S)
     finally:
         done.set()
