@@ -6,8 +6,13 @@ keeps an idle connection open cannot hold a request task, a connection or a grac
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, fields
+
+# Descriptors kept for everything but connections: the registry's pool, the jobs' pipes and logs, the engine's
+# sockets, the signal and notify sockets.
+RESERVED_DESCRIPTORS = 256
 
 
 @dataclass(frozen=True)
@@ -44,3 +49,11 @@ class HttpLimits:
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"HttpLimits.{f.name} must be a positive finite number, not {value!r}")
+
+    def fitted_to(self, open_files: int) -> HttpLimits:
+        """These limits with ``max_connections`` lowered, if need be, so that the connections and
+        ``RESERVED_DESCRIPTORS`` fit in ``open_files`` descriptors (at least one connection): a bound the process
+        cannot keep would end in EMFILE for every client, the jobs' starts included."""
+        fit = max(1, open_files - RESERVED_DESCRIPTORS)
+        return self if self.max_connections <= fit else dataclasses.replace(self, max_connections=fit)
+

@@ -16,6 +16,7 @@ import importlib.metadata
 import json
 import os
 import re
+import resource
 import sys
 import time
 import uuid
@@ -25,6 +26,7 @@ from typing import Any, TextIO, TypeVar
 
 import trio
 
+from ..api import HttpLimits
 from ..domain import SCOPES, Credentials, TokenFile, key_problem, utc_now
 from ..domain._config import Config, is_loopback, load_config
 from ..domain._errors import ConfigError, KindsFileError, RegistryError, RegistryNotOpened, SupervisorError
@@ -155,8 +157,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # registry call waited up to that long behind a busy event loop before it could hand the result back (issue
     # 10: enqueue and promotion tails).
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    limits = _open_files_for_connections(log)
     try:
-        trio.run(functools.partial(run_supervisor, config, kinds, freeze_heap=True, credentials=credentials))
+        trio.run(
+            functools.partial(
+                run_supervisor, config, kinds, freeze_heap=True, credentials=credentials, http_limits=limits
+            )
+        )
     except OSError as exc:
         print(f"error: cannot serve on {config.bind}: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -169,6 +176,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"error: {opening}", file=sys.stderr)
         return EXIT_CONFIG
     return EXIT_OK
+
+
+def _open_files_for_connections(log: Any) -> HttpLimits:
+    """Raise this process's soft limit on open files to its hard limit (the unit's ``LimitNOFILE``), and fit the HTTP
+    server's connection bound to what it then allows (``HttpLimits.fitted_to``): a supervisor that runs out of
+    descriptors can neither accept a connection nor start a job."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 16)
+    if wanted > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (OSError, ValueError) as exc:
+            log.warning("open_files_limit_not_raised", soft=soft, hard=hard, error=str(exc))
+    limits = HttpLimits().fitted_to(soft)
+    if limits.max_connections < HttpLimits().max_connections:
+        log.warning(
+            "http_connections_bounded_by_open_files",
+            open_files=soft,
+            max_connections=limits.max_connections,
+            fix="raise LimitNOFILE (systemd) or ulimit -n",
+        )
+    return limits
 
 
 def cmd_token(args: argparse.Namespace) -> int:

@@ -189,3 +189,34 @@ async def test_a_registry_that_cannot_be_opened_ends_serve_in_one_line_with_exit
     assert registry.read_bytes() == before  # untouched
     if case != "data_dir_is_a_file":  # and nothing made beside it (no -wal, no -shm)
         assert await trio.to_thread.run_sync(lambda: [p.name for p in registry.parent.iterdir()]) == [registry.name]
+
+
+async def test_serve_raises_its_open_files_soft_limit_and_fits_its_connection_bound_to_it(tmp_path: Path) -> None:
+    """Issue 52: a soft limit of 1,024 descriptors (the usual default) meant EMFILE for every client past it, and
+    for the jobs' starts. ``serve`` raises its soft limit to the hard one, and bounds its connections to what fits."""
+    url = f"http://127.0.0.1:{free_port()}"
+    env = cli_env(tmp_path, PODCAST_JOB_BIND=url.removeprefix("http://"))
+    log_path = tmp_path / "serve.log"
+    with log_path.open("wb") as log:
+        process = await trio.lowlevel.open_process(
+            ["sh", "-c", f"ulimit -Sn 300 && ulimit -Hn 600 && exec {sys.executable} -m supervisor serve"],
+            env=env, cwd=tmp_path, stdout=log, stderr=log,
+        )  # fmt: skip
+    try:
+        with trio.fail_after(START_LIMIT_S):
+            while "supervisor_started" not in log_path.read_text():
+                assert process.returncode is None, log_path.read_text()
+                await trio.sleep(0.05)  # polling for the server to come up, under the deadline above
+        limits = Path(f"/proc/{process.pid}/limits").read_text()
+        [line] = [line for line in limits.splitlines() if line.startswith("Max open files")]
+        assert line.split()[3:5] == ["600", "600"]  # soft raised to hard
+        [bounded] = [
+            json.loads(text) for text in log_path.read_text().splitlines() if "http_connections_bounded" in text
+        ]
+        assert bounded["max_connections"] == 600 - 256 and bounded["open_files"] == 600
+        assert await stop(process, GRACEFUL_TIMEOUT_S + 5) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            with trio.CancelScope(shield=True):
+                await process.wait()
