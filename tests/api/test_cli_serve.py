@@ -207,7 +207,7 @@ async def test_serve_raises_its_open_files_soft_limit_and_fits_its_connection_bo
             while "supervisor_started" not in log_path.read_text():
                 assert process.returncode is None, log_path.read_text()
                 await trio.sleep(0.05)  # polling for the server to come up, under the deadline above
-        limits = Path(f"/proc/{process.pid}/limits").read_text()
+        limits = await trio.Path(f"/proc/{process.pid}/limits").read_text()
         [line] = [line for line in limits.splitlines() if line.startswith("Max open files")]
         assert line.split()[3:5] == ["600", "600"]  # soft raised to hard
         [bounded] = [
