@@ -159,6 +159,8 @@ def create_app(
         if isinstance(exc, InsufficientScope):
             # RFC 6750 section 3: the scope the request needs, for a client to read.
             headers["WWW-Authenticate"] = f'Bearer error="insufficient_scope", scope="{exc.needed}"'
+        if exc.retry_after_s is not None:
+            headers["Retry-After"] = str(exc.retry_after_s)
         return _error_body(exc.code, str(exc), exc.field), exc.http_status, headers
 
     @app.errorhandler(HTTPException)

@@ -42,6 +42,11 @@ DEFAULT_LIST_LIMIT = 100
 MISSING_JOB_TOKEN = "missing job token (Authorization: Bearer $PODCAST_JOB_TOKEN)"
 # How long a browser's EventSource waits before it reconnects after a dropped connection.
 SSE_RETRY_MS = 2000
+# A keep-alive comment, padded: a reader that reads nothing (a CLI suspended with Ctrl-Z) is seen only once its
+# kernel's receive buffer is full -- until then its kernel takes every byte for it -- and then the edge cuts the
+# write that stalls (HttpLimits.write_stall_timeout_s), freeing its slot. 16 KiB a keep-alive fills a usual buffer
+# within a few keep-alives (about a minute at the 15 s default), at about 1 KiB/s per idle reader.
+KEEPALIVE = b":" + b" " * (16 * 1024) + b"keep-alive\n\n"
 
 # A byte count in a query string: at most 12 ASCII digits (what the server parses).
 _BYTE_COUNT = {"type": "integer", "minimum": 0, "maximum": 10**12 - 1}
@@ -571,7 +576,7 @@ async def _sse_body(subscription: Subscription, keepalive_s: float) -> Any:
                 item = await subscription.next(keepalive_s)
             except StreamEnded:
                 return
-            yield b": keep-alive\n\n" if item is None else _sse_event(item)
+            yield KEEPALIVE if item is None else _sse_event(item)
     finally:
         subscription.close()
 

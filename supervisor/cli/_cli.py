@@ -530,7 +530,7 @@ def _run_live(client: Client, run: Any) -> int:
 
 def cmd_events(client: Client, args: argparse.Namespace, io: _Io) -> int:
     args.interrupted_exit = EXIT_OK  # Ctrl-C is how --follow ends
-    out = _live.Output(io.out, live=False)
+    out = _live.Output(io.out, live=False, err=io.err)
     return _run_live(
         client,
         lambda api: _live.run_events(
@@ -540,7 +540,7 @@ def cmd_events(client: Client, args: argparse.Namespace, io: _Io) -> int:
 
 
 def cmd_wait(client: Client, args: argparse.Namespace, io: _Io) -> int:
-    out = _live.Output(io.out, live=_is_terminal(io) and not args.json, quiet=args.json)
+    out = _live.Output(io.out, live=_is_terminal(io) and not args.json, quiet=args.json, err=io.err)
     return _run_live(
         client, lambda api: _live.run_wait(api, out, args.job_ids, timeout_s=args.timeout, as_json=args.json)
     )
@@ -555,7 +555,7 @@ def cmd_jobs(client: Client, args: argparse.Namespace, io: _Io) -> int:
             )
             return EXIT_USAGE
         args.interrupted_exit = EXIT_OK  # Ctrl-C is how a watch ends
-        out = _live.Output(io.out, live=_is_terminal(io))
+        out = _live.Output(io.out, live=_is_terminal(io), err=io.err)
         return _run_live(client, lambda api: _live.run_watch(api, out))
     answer = client.list_jobs(
         status=args.status,

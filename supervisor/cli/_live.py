@@ -129,8 +129,9 @@ def _status_text(job: Mapping[str, Any]) -> Text:
 class Output:
     """Where a live command writes: a rich console over ``out``, live on a terminal."""
 
-    def __init__(self, out: TextIO, *, live: bool, quiet: bool = False) -> None:
+    def __init__(self, out: TextIO, *, live: bool, quiet: bool = False, err: TextIO | None = None) -> None:
         self.out = out
+        self.err = err if err is not None else sys.stderr  # what the command says on the way (busy, reconnecting)
         self.live = live
         self.quiet = quiet  # --json: only the final answer, no lines on the way
         self.console = Console(file=out, force_terminal=live, highlight=False, soft_wrap=not live)
@@ -173,7 +174,11 @@ async def run_events(api: Api, out: Output, *, follow: bool, jobs: Sequence[str]
         out.line(f"{ts}Z  {job.get('job_id')}  {job.get('kind')}  {change}{reason}")
         return False
 
-    source = EventSource(api, jobs=jobs, kinds=kinds, backlog=True, follow=follow)
+    def on_state(state: str) -> None:
+        if state.startswith(("reconnecting", "busy")):
+            print(f"supervisor events: {state}", file=out.err, flush=True)
+
+    source = EventSource(api, jobs=jobs, kinds=kinds, backlog=True, follow=follow, on_state=on_state)
     await source.run(show)
     return 0
 
@@ -306,8 +311,8 @@ async def run_wait(api: Api, out: Output, job_ids: Sequence[str], *, timeout_s: 
 
     def on_state(state: str) -> None:
         view.state = state
-        if not out.live and state.startswith("reconnecting"):
-            print(f"supervisor wait: {state}", file=sys.stderr, flush=True)
+        if not out.live and state.startswith(("reconnecting", "busy")):
+            print(f"supervisor wait: {state}", file=out.err, flush=True)
 
     async def refresh_progress() -> None:
         """The progress on screen (units, stage, ages): display only, never how the outcome is learnt."""
@@ -347,7 +352,7 @@ async def run_wait(api: Api, out: Output, job_ids: Sequence[str], *, timeout_s: 
     if timed_out:
         print(
             f"supervisor wait: timed out after {timeout_s:g} s; still not finished: {', '.join(view.pending())}",
-            file=sys.stderr,
+            file=out.err,
             flush=True,
         )
     return code

@@ -7,7 +7,8 @@ what the old boot announced: the stream says so with a ``stream.gap``). No polli
 traffic is the server's keep-alive comments.
 
 Errors are the client's: ``ApiError`` (the server refused: 401, 404, 422; not retried) and ``Unreachable`` (no
-server for ``GIVE_UP_S``, or at the first attempt).
+server for ``GIVE_UP_S``, or at the first attempt). A 503 (every stream slot taken, or the server unable to serve
+now) is a busy server, never an unreachable one: the command says "busy", waits its ``Retry-After`` and asks again.
 """
 
 from __future__ import annotations
@@ -125,7 +126,15 @@ class EventSource:
             except ApiError as exc:
                 if exc.status != 503:
                     raise
-                problem = exc.describe()
+                # The server answered: it is busy (every stream slot taken) or cannot serve now, not gone. Wait what
+                # it asks, re-read what the command follows (a `wait` learns its outcome meanwhile), and ask again.
+                self.on_state(f"busy ({exc.describe()}); retrying")
+                if on_connected is not None and await on_connected():
+                    return
+                await trio.sleep(min(max(exc.retry_after_s or delay, RECONNECT_FIRST_S), RECONNECT_MAX_S))
+                delay = min(delay * 2, RECONNECT_MAX_S)
+                down_since = None
+                continue
             now = trio.current_time()
             if not self.connected:
                 # Never connected at all: say so at once, as every other command does.

@@ -57,6 +57,7 @@ class RequestError(SupervisorError):
 
     code = "bad_request"
     http_status = 400
+    retry_after_s: int | None = None  # a busy server's answer: when to ask again (Retry-After)
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
         self.field = field
@@ -167,6 +168,7 @@ class TooManyStreams(RequestError):
 
     code = "too_many_streams"
     http_status = 503
+    retry_after_s = 2  # a slot frees as soon as a reader leaves: ask again soon
 
 
 class IllegalTransition(SupervisorError):

@@ -362,3 +362,47 @@ async def test_shutdown_ends_open_streams_at_once(make_live: MakeLive) -> None:
             await live.stopped.wait()
         # Well within the graceful deadline: the stream did not hold the stop.
         assert trio.current_time() - started < limits.graceful_timeout_s
+
+
+async def test_a_full_stream_answers_503_too_many_streams_with_retry_after(make_live: MakeLive) -> None:
+    """Issue 52: the 503 had no Retry-After, and the CLI took it for a server that was not there."""
+    live = await make_live(api_token=API_TOKEN, events_max_clients=1)
+    headers = {"Authorization": f"Bearer {API_TOKEN}"}
+    async with (
+        httpx.AsyncClient(base_url=live.url, headers=headers, timeout=WAIT_S) as client,
+        client.stream("GET", "/api/events", timeout=WAIT_S) as first,
+    ):
+        assert first.status_code == 200
+        second = await client.get("/api/events", timeout=WAIT_S)
+        assert second.status_code == 503 and second.headers["retry-after"] == "2"
+        assert second.json()["error"]["code"] == "too_many_streams"
+
+
+async def test_a_reader_that_reads_nothing_loses_its_slot_within_a_bound(make_live: MakeLive) -> None:
+    """A reader suspended with Ctrl-Z held its slot for as long as the server was quiet. Its kernel takes the bytes
+    for it until its receive buffer is full; the padded keep-alives fill it, the write then stalls, and the edge cuts
+    it: the slot is free for the next reader."""
+    live = await make_live(
+        api_token=API_TOKEN, events_max_clients=1, events_keepalive_s=1.0, limits=HttpLimits(write_stall_timeout_s=1.0)
+    )
+    host, port = live.url.removeprefix("http://").split(":")
+    stopped = await trio.open_tcp_stream(host, int(port))  # a real socket, with the kernel's usual buffers
+    async with stopped:
+        await stopped.send_all(
+            f"GET /api/events HTTP/1.1\r\nHost: s\r\nAuthorization: Bearer {API_TOKEN}\r\n\r\n".encode()
+        )
+        with trio.fail_after(WAIT_S):
+            opened = b""
+            while b"stream open" not in opened:  # it has its slot; from here on it reads nothing
+                opened += await stopped.receive_some(1024)
+        headers = {"Authorization": f"Bearer {API_TOKEN}"}
+        async with httpx.AsyncClient(base_url=live.url, headers=headers, timeout=WAIT_S) as client:
+
+            async def slot_free() -> bool | None:
+                async with client.stream("GET", "/api/events", timeout=WAIT_S) as answer:
+                    return True if answer.status_code == 200 else None  # closed at once: a probe, not a reader
+
+            assert await slot_free() is None  # the stopped reader holds the only slot
+            # Freed after about 13 s here (12 keep-alives filled the two kernels' buffers, then a 1 s stall); the old
+            # 13-byte keep-alives never filled them.
+            await poll_until(slot_free, limit_s=90)

@@ -355,3 +355,22 @@ async def test_queue_says_what_holds_the_queue_as_of_the_last_sweep(live: Live) 
     assert shown.code == EXIT_OK
     first, held = shown.out.splitlines()
     assert first.startswith("queue paused:") and held.startswith("held by pause_operator since ")
+
+
+async def test_more_waits_than_event_stream_slots_each_exit_with_their_jobs_outcome(make_live: MakeLive) -> None:
+    """Issue 52: with every stream slot taken, `wait` exited 4 "cannot reach the supervisor" -- a busy server reported
+    as a dead one. A full stream is busy: each `wait` says so, learns its job's outcome from the rows meanwhile, and
+    exits with it."""
+    live = await make_live(events_max_clients=1, max_concurrent=4)
+    jobs = [(await live.supervisor.enqueue("sleep", {"seconds": 1})).job.job_id for _ in range(4)]
+    waits: list[Ran] = []
+
+    async def wait(job_id: str) -> None:
+        waits.append(await cli(live.url, "wait", job_id))
+
+    async with trio.open_nursery() as nursery:
+        for job_id in jobs:
+            nursery.start_soon(wait, job_id)
+    assert [ran.code for ran in waits] == [EXIT_OK] * 4, [ran.err for ran in waits]
+    assert not any("cannot reach" in ran.err for ran in waits)
+    assert any("busy" in ran.err and "too_many_streams" in ran.err for ran in waits), [r.err for r in waits]
