@@ -190,7 +190,7 @@ async def test_transport_fuzz_leaves_the_server_up_its_jobs_unflagged_and_its_we
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=10) as client:
             with trio.fail_after(20):
-                while "supervisor_started" not in log_path.read_text():  # noqa: ASYNC110
+                while "supervisor_started" not in log_path.read_text():
                     assert process.returncode is None, log_path.read_text()
                     await trio.sleep(0.05)  # polling for the server to come up, under the deadline above
             beater = (await client.post("/api/jobs", json={"kind": "beater", "params": {}}, timeout=10)).json()
