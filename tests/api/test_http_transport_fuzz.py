@@ -182,8 +182,9 @@ async def test_transport_fuzz_leaves_the_server_up_its_jobs_unflagged_and_its_we
     log_path = tmp_path / "serve.log"
     with log_path.open("wb") as log:
         process = await trio.lowlevel.open_process(
-            [sys.executable, str(REPO / "tests" / "serve_with_limits.py")], env=env, cwd=tmp_path, stdout=log, stderr=log
-        )
+            [sys.executable, str(REPO / "tests" / "serve_with_limits.py")],
+            env=env, cwd=tmp_path, stdout=log, stderr=log,
+        )  # fmt: skip
     headers = {"Authorization": f"Bearer {TOKEN}"}
     tally: dict[str, int] = {}
     answers: list[int] = []
