@@ -11,6 +11,8 @@ Invariants (ADR 0018, INV-PROGRESS-NOT-LIVENESS):
 - what the absence tracker is told never goes back (an older watermark than one already recorded);
 - nothing is counted twice: a write carries one merged beat per job and token.
 
+``JobTokens`` (the token check before a beat's body is read) gets a machine of its own, below.
+
 The registry here is a small fake of the two calls the writer makes (``record_heartbeats``, ``check_job_token``) and
 the read ``get``: the writer's protocol is what is under test. The real registries' own heartbeat writes are covered by
 the contract suite, and the whole path by the end-to-end tests (``test_core_heartbeat.py``,
@@ -31,8 +33,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from trio_portal import Portal
 
-from supervisor.core import FLUSH_INTERVAL_S, RETRY_AFTER_S, CurrentRows, Heartbeats
-from supervisor.domain import Job, JobStatus, RegistryUnavailable, RequestError, from_iso
+from supervisor.core import FLUSH_INTERVAL_S, RETRY_AFTER_S, CurrentRows, Heartbeats, JobTokens
+from supervisor.domain import Job, JobStatus, RegistryUnavailable, RequestError, from_iso, hash_token
+from supervisor.observe import EventName, JobEvent
 from supervisor.registry import Beat
 
 JOBS = ("a", "b", "c")
@@ -256,3 +259,84 @@ async def test_a_beat_taken_after_a_read_is_written_by_the_writer_alone(
             assert registry.units["a"] == n, "a beat taken was not written"
             assert registry.written_at["a"][-1][0] - taken == pytest.approx(FLUSH_INTERVAL_S)
         nursery.cancel_scope.cancel()
+
+
+class JobTokensMachine(RuleBasedStateMachine):
+    """``JobTokens`` between the tasks that share it: the bus (a promotion learns a token, an end or a requeue forgets
+    it) and heartbeat lookups that read the generation, await the registry, and then remember what it admitted.
+    Invariant: a token is admitted from memory only while its job runs with that token -- never an ended job's, nor a
+    resubmitted job's earlier attempt's (the lookup that raced with the end must not bring it back)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens = JobTokens()
+        self.running: dict[str, str] = {}  # the registry's truth: job -> its current attempt's token
+        self.attempts: dict[str, int] = dict.fromkeys(JOBS, 0)
+        self.lookups: list[tuple[str, str, int, bool]] = []  # (job, token, generation read, registry admitted)
+
+    def _event(self, job: str, status: JobStatus, token: str | None) -> JobEvent:
+        row = dataclasses.replace(
+            TEMPLATE, job_id=job, status=status, token_hash=hash_token(token) if token is not None else None
+        )
+        return JobEvent(EventName.TRANSITION, row, "queued", None, "b")
+
+    @rule(job=st.sampled_from(JOBS))
+    def promote(self, job: str) -> None:
+        if job in self.running:
+            return
+        self.attempts[job] += 1
+        token = f"{job}-{self.attempts[job]}"
+        self.running[job] = token
+        self.tokens.on_event(self._event(job, JobStatus.RUNNING, token))
+
+    @rule(job=st.sampled_from(JOBS))
+    def adopt(self, job: str) -> None:
+        """A job this boot did not promote (a previous boot's, another host's): running, its token never learnt."""
+        if job in self.running:
+            return
+        self.attempts[job] += 1
+        self.running[job] = f"{job}-{self.attempts[job]}"
+
+    @rule(job=st.sampled_from(JOBS), status=st.sampled_from([JobStatus.SUCCEEDED, JobStatus.QUEUED]))
+    def end_or_requeue(self, job: str, status: JobStatus) -> None:
+        self.running.pop(job, None)
+        self.tokens.on_event(self._event(job, status, None))
+
+    @rule(job=st.sampled_from(JOBS), attempt=st.integers(1, 3))
+    def lookup_begins(self, job: str, attempt: int) -> None:
+        """A beat not admitted from memory: the generation is read, then the registry is asked (an await)."""
+        token = f"{job}-{attempt}"
+        if self.tokens.admits(job, token):
+            return
+        self.lookups.append((job, token, self.tokens.generation, False))
+
+    @rule(data=st.data())
+    def registry_answers(self, data: st.DataObject) -> None:
+        if not self.lookups:
+            return
+        i = data.draw(st.integers(0, len(self.lookups) - 1))
+        job, token, generation, _ = self.lookups[i]
+        if self.running.get(job) == token:
+            self.lookups[i] = (job, token, generation, True)
+        else:
+            del self.lookups[i]  # a 401: nothing to remember
+
+    @rule(data=st.data())
+    def lookup_remembers(self, data: st.DataObject) -> None:
+        admitted = [i for i, lookup in enumerate(self.lookups) if lookup[3]]
+        if not admitted:
+            return
+        job, token, generation, _ = self.lookups.pop(data.draw(st.sampled_from(admitted)))
+        self.tokens.remember(job, token, generation)
+
+    @invariant()
+    def only_a_running_attempts_token_is_admitted(self) -> None:
+        for job in JOBS:
+            for attempt in range(1, self.attempts[job] + 2):
+                token = f"{job}-{attempt}"
+                if self.tokens.admits(job, token):
+                    assert self.running.get(job) == token, f"{token} admitted while {job} runs {self.running.get(job)}"
+
+
+TestJobTokens = JobTokensMachine.TestCase
+TestJobTokens.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
