@@ -24,7 +24,7 @@ from typing import Any
 
 import trio
 
-from ..domain import ExecutorUnavailable, Job, JobStatus, SpawnError, StartOutcomeUnknown, SupervisorError
+from ..domain import Doorbell, ExecutorUnavailable, Job, JobStatus, SpawnError, StartOutcomeUnknown, SupervisorError
 from ..domain._model import hash_token
 from ..execution import JobHandle, Launch
 from ..observe import get_logger
@@ -53,7 +53,7 @@ class Drainer:
         self.pause_file = pause_file
         self._start_monitor = start_monitor
         self._lock = trio.Lock()
-        self._wanted = trio.Event()
+        self._wanted = Doorbell()
         self._held = False  # the executor cannot start jobs: nothing is promoted before _retry_at
         self._held_by_start = False  # held because a start was refused: only a start made ends the hold
         self._lease_held = False  # holding because this host's lease is not fresh (INV-NO-PROMOTION-WITHOUT-LEASE)
@@ -73,7 +73,7 @@ class Drainer:
 
     def wake(self) -> None:
         """Ask for a drain soon; many wakes before it runs make one drain. Never blocks."""
-        self._wanted.set()
+        self._wanted.ring()
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """The drainer task, owned by the root nursery. Its rounds start their jobs in tasks of the job nursery, so
@@ -89,11 +89,11 @@ class Drainer:
                 # a held queue asks the executor again at its retry.
                 with trio.move_on_at(min(self._next_round_at(), self._retry_at if not self._trials else math.inf)):
                     await self._wanted.wait()
-                self._wanted = trio.Event()
                 begun = self._asked  # every round() asked before this moment is answered by this round
                 with boundary("drain_failed", self.boot.tally):
                     await self._drain(self._start_in_background)
                 self._answered = begun
+                # A broadcast: every round() waiting now wakes, then reads ``_answered`` and waits on the next one.
                 self._round_done.set()
                 self._round_done = trio.Event()
         finally:

@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 
-from ..domain import HostForgotten, Job, SupervisorError, to_iso
+from ..domain import Doorbell, HostForgotten, Job, SupervisorError, to_iso
 from ..observe import get_logger
 from ..registry import Host, Lease, Registry
 from ._boot import Boot, boundary, log_failure
@@ -74,12 +74,12 @@ class Fleet:
         self._was_leading = False
         self._was_fresh = False
         self._went_stale = False  # said stale, not yet renewed since
-        self._renewed = trio.Event()  # set at each successful renewal: the deadlines above moved
+        self._renewed = Doorbell()  # rung at each successful renewal: the deadlines above moved
         self._silent_hosts: set[str] = set()  # hosts said silent (one ERROR per silence)
         # monotonic: the request of the first renewal since this boot began or its lease last went stale (None: stale)
         self._steady_since: float | None = None
         self.lease: Lease | None = None
-        self._lead_renewed = trio.Event()  # set by a renewal that kept the lead: the silent-host round's turn
+        self._lead_renewed = Doorbell()  # rung by a renewal that kept the lead: the silent-host round's turn
 
     def may_lead(self) -> bool:
         """Whether the fleet's once-only duties (the webhook sender, retention) may run here: when leading, or when
@@ -124,7 +124,7 @@ class Fleet:
                 first = trio.current_time()
                 await self.renew()
                 await self.settle_settings()
-                self._lead_renewed = trio.Event()  # the first round comes after the next renewal, a period from now
+                self._lead_renewed.discard()  # the first round comes after the next renewal, a period from now
                 await nursery.start(self._silent_host_rounds, period_s)
                 task_status.started()
                 tick = first
@@ -148,7 +148,6 @@ class Fleet:
         tally = self.boot.tally if self.boot is not None else None
         while True:
             await self._lead_renewed.wait()
-            self._lead_renewed = trio.Event()
             if not self.leading:
                 continue
             with trio.move_on_after(period_s) as bound, boundary("silent_hosts_not_watched", tally):
@@ -195,10 +194,10 @@ class Fleet:
         self._fresh_until = asked + self.lease_s * (1 - LEAD_MARGIN)
         if lease.leading:
             self._lead_until = self._fresh_until
-            self._lead_renewed.set()
+            self._lead_renewed.ring()
         else:
             self._lead_until = -math.inf
-        self._renewed.set()
+        self._renewed.ring()
         self._note_leading()
         self._note_fresh()
         if first and lease.replaced is not None and lease.replaced.boot_id == self.succeeds:
@@ -295,7 +294,6 @@ class Fleet:
             upcoming = [at for at in (self._lead_until, self._fresh_until) if at > now]
             with trio.move_on_at(min(upcoming, default=math.inf)):
                 await self._renewed.wait()
-            self._renewed = trio.Event()
             self._note_leading()
             self._note_fresh()
 

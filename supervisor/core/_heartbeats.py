@@ -18,7 +18,7 @@ from typing import Any, TypeGuard
 
 import trio
 
-from ..domain import Job, JobStatus, RegistryError, RequestError, ValidationError
+from ..domain import Doorbell, Job, JobStatus, RegistryError, RequestError, ValidationError
 from ..domain._model import hash_token
 from ..observe import EventName, JobEvent, get_logger
 from ..registry import Beat, Registry
@@ -137,10 +137,9 @@ class Heartbeats:
         self.tokens = JobTokens()
         self._pending: dict[tuple[str, str], Beat] = {}  # (job id, token) -> its beats taken since the last write
         self._oldest_at: float | None = None  # when the oldest pending beat was taken (None: nothing pending)
-        # The writer parks here while nothing is pending. A parking lot holds no state to replace or reset: the writer
-        # looks at ``_pending`` and parks with no checkpoint in between, so no beat's wake-up can be lost (a replaced
-        # ``Event`` once left the writer waiting on one that nobody would set again).
-        self._arrived = trio.lowlevel.ParkingLot()
+        # Rung when beats are taken; the writer waits on it while nothing is pending. Never replaced: a replaced
+        # ``Event`` once left the writer waiting on one that nobody would set again (issue 52).
+        self._arrived = Doorbell()
         self._writing = trio.Lock()
 
     @property
@@ -174,7 +173,7 @@ class Heartbeats:
             self._pending[key] = beat if pending is None else merged(beat, pending)
         if beats:
             self._oldest_at = taken_at if self._oldest_at is None else min(self._oldest_at, taken_at)
-            self._arrived.unpark_all()
+            self._arrived.ring()
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Write the beats taken: each within ``FLUSH_INTERVAL_S`` of the oldest pending one (the interval is counted
@@ -187,7 +186,7 @@ class Heartbeats:
         try:
             while True:
                 while self._oldest_at is None:
-                    await self._arrived.park()
+                    await self._arrived.wait()
                 if failing:
                     await trio.sleep(RETRY_AFTER_S)
                 else:

@@ -2,6 +2,7 @@
 tree, the validated configuration, and the job kinds an operator declares."""
 
 from ._config import ApiToken, Config, is_loopback, load_config
+from ._doorbell import Doorbell
 from ._errors import (
     BodyTooLarge,
     ConfigError,
@@ -119,6 +120,7 @@ __all__ = [
     "ConfigError",
     "Conflict",
     "Credentials",
+    "Doorbell",
     "ExecMode",
     "ExecutorUnavailable",
     "ExitStatus",

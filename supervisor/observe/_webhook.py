@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 import trio
 
-from ..domain import Config, RegistryError
+from ..domain import Config, Doorbell, RegistryError
 from ..domain._model import to_iso
 from ..registry import OutboxEvent, Registry
 from ._events import JobEvent
@@ -108,7 +108,7 @@ class WebhookSender:
         # Another process may write events (an enqueue straight into the registry): look at least this often.
         self.poll_s = poll_s if poll_s is not None else config.sweep_interval_s
         self._transport = transport
-        self._wake = trio.Event()
+        self._wake = Doorbell()
         self._next_prune = -math.inf
         self.outcomes: Counter[str] = Counter()
         self._failures = 0  # consecutive failed attempts of the event at the head of the outbox
@@ -116,12 +116,11 @@ class WebhookSender:
 
     def wake(self, event: JobEvent | None = None) -> None:
         """Event-bus subscriber: a new event is in the outbox. Never blocks."""
-        self._wake.set()
+        self._wake.ring()
 
     async def _wait(self, seconds: float) -> None:
         with trio.move_on_after(seconds):
             await self._wake.wait()
-        self._wake = trio.Event()
 
     async def _prune_if_due(self) -> None:
         """Apply the outbox bounds, at most once a second (not at every wake: a registry call per job change)."""
@@ -136,7 +135,6 @@ class WebhookSender:
         while trio.current_time() < deadline:
             with trio.move_on_at(deadline):
                 await self._wake.wait()
-            self._wake = trio.Event()
             await trio.sleep_until(min(deadline, self._next_prune))
             await self._prune_if_due()
 
