@@ -16,6 +16,9 @@ soak another checkout), with its data directory in a temporary directory, bound 
   16 concurrent listings (registry calls overlap, so the connection pool reaches its size during warm-up);
 - every third round a pause, a job enqueued while paused (it must stay queued), and a resume;
 - a long ``sleep`` job cancelled while it runs (SIGTERM to its process group; it must end ``cancelled``);
+- beside them for the whole run, ``--misbehaving-clients`` (default 20) connections at a time that misuse HTTP
+  (``bench/_misbehave.py``: heads and bodies cut, pipelining, hang-ups around the edge's timeouts, with and without
+  tokens, on every route kind but the queue's resume, which would lift the workload's own pause; issue 52);
 - then an idle gap, cycling through ``--idle-gaps-s`` (default 12, 15 and 31 s): all longer than the 10 s after which
   Trio's thread cache retires an idle worker thread, so the next registry call lands on a fresh thread. That is
   what exposed the leak of issue 8 (a connection, two descriptors, per fresh thread).
@@ -55,6 +58,7 @@ import csv
 import http.server
 import json
 import os
+import random
 import secrets
 import signal
 import statistics
@@ -71,10 +75,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import trio
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
+import _misbehave  # noqa: E402
 from _common import git_revision, machine, versions  # noqa: E402
 from results import RESULTS_DIR, SCHEMA, results_name, write_json  # noqa: E402
 
@@ -716,6 +722,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--webhook", action="store_true", help="send every job event to a loopback receiver")
     parser.add_argument(
+        "--misbehaving-clients",
+        type=int,
+        default=20,
+        help="connections at a time that misuse HTTP beside the workload for the whole run (0: none; default 20)",
+    )
+    parser.add_argument(
         "--results-dir", type=Path, default=RESULTS_DIR, help="where the results JSON goes (default bench/results)"
     )
     parser.add_argument("--no-write", action="store_true", help="write no results file")
@@ -743,6 +755,7 @@ def results(
     problems: Sequence[str],
     ok: bool,
     csv_path: Path,
+    misbehaved: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """The run as a results file: what ran, the workload's counts, each metric's trend and verdict, the samples."""
     slack = Slack(
@@ -783,6 +796,7 @@ def results(
         "workload": {**{k: v for k, v in asdict(counts).items() if k != "errors"}, "errors": len(counts.errors)},
         "workload_errors": counts.errors[:10],
         "webhook_deliveries": deliveries,
+        "misbehaving_connections": misbehaved or {},
         "trends": [
             {
                 "metric": t.metric,
@@ -810,6 +824,38 @@ def results(
         "plot": rel(args.plot),
         "samples": {"columns": CSV_FIELDS, "rows": [list(asdict(s).values()) for s in samples]},
     }
+
+
+def _misbehave_until(served: Served, at_once: int, stop: threading.Event, tally: dict[str, int]) -> None:
+    """The misbehaving clients (issue 52), ``at_once`` connections at a time until ``stop``; the edge's timeouts are
+    the server's defaults, which they hang up around."""
+    from supervisor.api import HttpLimits
+
+    limits = HttpLimits()
+    timeouts = _misbehave.Timeouts(limits.keep_alive_timeout_s, limits.body_timeout_s, limits.response_timeout_s)
+    port = int(served.base_url.rsplit(":", 1)[1])
+    answer = httpx.post(
+        f"{served.base_url}/api/jobs",
+        json={"kind": "exit", "params": {"code": 0}},
+        headers={"Authorization": f"Bearer {served.token}"},
+        timeout=HTTP_TIMEOUT_S,
+    )
+    job_id = answer.json()["job_id"]
+    # Not the queue's resume: it would lift the workload's own pause, which the workload checks.
+    routes = [r for r in _misbehave.routes(job_id, {"kind": "exit", "params": {"code": 0}}) if "resume" not in r.path]
+    tokens = [None, served.token, "wrong-token"]
+
+    async def until_stopped() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                lambda: _misbehave.keep_misbehaving(
+                    random.Random(52), port, routes, tokens, timeouts, tally, at_once=at_once
+                )
+            )
+            await trio.to_thread.run_sync(stop.wait, abandon_on_cancel=True)
+            nursery.cancel_scope.cancel()
+
+    trio.run(until_stopped)
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -849,8 +895,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop = threading.Event()
         workload = Workload(served.base_url, served.token, args.idle_gaps_s, stop)
         worker = threading.Thread(target=workload.run, name="soak-workload", daemon=True)
+        misbehaved: dict[str, int] = {}
+        troublemakers = threading.Thread(
+            target=_misbehave_until, args=(served, args.misbehaving_clients, stop, misbehaved), daemon=True
+        )
         t0 = time.monotonic()
         worker.start()
+        if args.misbehaving_clients > 0:
+            troublemakers.start()
         try:
             with csv_path.open("w", newline="") as fh:
                 out = csv.DictWriter(fh, fieldnames=CSV_FIELDS)
@@ -880,6 +932,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             stop.set()
             worker.join(timeout=JOB_TIMEOUT_S + HTTP_TIMEOUT_S)
+            if troublemakers.is_alive():
+                troublemakers.join(timeout=HTTP_TIMEOUT_S)
             if served.process.poll() is None:
                 wait_queue_idle(served)
             code = stop_supervisor(served)
@@ -902,6 +956,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{counts.log_reads} log reads, {counts.listings} listings, {counts.pauses} pause/resume, "
         f"{counts.idle_gaps} idle gaps, {len(counts.errors)} errors"
     )
+    if misbehaved:
+        ways = ", ".join(f"{k} {v}" for k, v in sorted(misbehaved.items()))
+        print(f"misbehaving connections: {sum(misbehaved.values())} ({ways})")
     for error in counts.errors[:10]:
         print(f"  {error}")
     if counts.errors:
@@ -912,7 +969,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ok = ok and not problems
     if not args.no_write:
         path = args.results_dir / results_name("soak", started)
-        write_json(path, results(args, started, samples, warmup_s, counts, deliveries, problems, ok, csv_path))
+        write_json(
+            path, results(args, started, samples, warmup_s, counts, deliveries, problems, ok, csv_path, misbehaved)
+        )
         print(f"soak: results {path}")
     print(f"\nsoak: {'PASS' if ok else 'FAIL'} (samples: {csv_path})")
     return 0 if ok else 1

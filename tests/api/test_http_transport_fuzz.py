@@ -18,7 +18,6 @@ import os
 import random
 import socket
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,10 @@ LIMITS = {
     "write_stall_timeout_s": 1.0,
 }
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+import _misbehave  # type: ignore[import-not-found]  # noqa: E402
+
+TIMEOUTS = _misbehave.Timeouts(KEEP_ALIVE_S, BODY_TIMEOUT_S, RESPONSE_TIMEOUT_S)
 KINDS = """
 [kinds.noop]
 argv = ["{python}", "-c", "pass"]
@@ -66,83 +69,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-@dataclass
-class Route:
-    method: str
-    path: str
-    body: bytes | None = None
-
-
-def _routes(job_id: str) -> list[Route]:
-    enqueue = json.dumps({"kind": "noop", "params": {}}).encode()
-    batch = json.dumps({"jobs": [{"kind": "noop", "params": {}}] * 3}).encode()
-    return [
-        Route("GET", "/api/health"),
-        Route("GET", "/api/jobs?limit=50"),
-        Route("GET", f"/api/jobs/{job_id}"),
-        Route("GET", "/api/queue"),
-        Route("GET", "/metrics"),
-        Route("GET", "/api/events?follow=false"),
-        Route("GET", "/api/events"),
-        Route("GET", f"/api/jobs/{job_id}/log?tail_bytes=100"),
-        Route("POST", "/api/jobs", enqueue),
-        Route("POST", "/api/jobs/batch", batch),
-        Route("POST", f"/api/jobs/{job_id}/heartbeat", b'{"completed_units": 1}'),
-        Route("POST", "/api/jobs/no-such-job/cancel", b""),
-        Route("POST", "/api/queue/resume", b""),
-        Route("POST", "/api/jobs/reconcile", b""),
-    ]
-
-
-def _request(route: Route, token: str | None, *, declared_body: int | None = None) -> bytes:
-    head = f"{route.method} {route.path} HTTP/1.1\r\nHost: fuzz\r\n"
-    if token is not None:
-        head += f"Authorization: Bearer {token}\r\n"
-    body = route.body or b""
-    if route.method == "POST":
-        head += f"Content-Type: application/json\r\nContent-Length: {declared_body or len(body)}\r\n"
-    return (head + "\r\n").encode() + body
-
-
-async def _one(rng: random.Random, port: int, routes: list[Route], job_token: str, tally: dict[str, int]) -> None:
-    """One misbehaving connection: what it sends and when it hangs up are the seed's."""
-    route = rng.choice(routes)
-    token = rng.choice([None, TOKEN, "wrong-token", job_token if "heartbeat" in route.path else TOKEN])
-    whole = _request(route, token)
-    pipelined = b"".join(_request(rng.choice(routes), token) for _ in range(rng.randint(2, 5)))
-    how = rng.choice(["cut_head", "cut_body", "no_body", "hang_up_before_answer", "read_part", "pipeline", "idle"])
-    tally[how] = tally.get(how, 0) + 1
-    around = rng.choice([KEEP_ALIVE_S, BODY_TIMEOUT_S, RESPONSE_TIMEOUT_S, 0.0]) + rng.uniform(-0.05, 0.05)
-    try:
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-    except OSError:
-        tally["connect_refused"] = tally.get("connect_refused", 0) + 1
-        return
-    async with stream:
-        try:
-            with trio.move_on_after(5):
-                if how == "cut_head":
-                    head = whole.split(b"\r\n\r\n")[0]
-                    await stream.send_all(head[: rng.randint(1, max(1, len(head) - 1))])
-                elif how in ("cut_body", "no_body") and route.method == "POST":
-                    declared = len(route.body or b"") + rng.randint(1, 200)
-                    data = _request(route, token, declared_body=declared)
-                    await stream.send_all(data if how == "cut_body" else data[: data.index(b"\r\n\r\n") + 4])
-                elif how == "pipeline":
-                    await stream.send_all(pipelined)
-                    await stream.receive_some(rng.randint(1, 4096))
-                elif how == "idle":
-                    await stream.send_all(whole)
-                    await stream.receive_some()  # one answer's start, then silence past the keep-alive
-                else:
-                    await stream.send_all(whole)
-                    if how == "read_part":
-                        await stream.receive_some(rng.randint(1, 64))
-                await trio.sleep(max(0.0, around))  # the hang-up's moment is the scenario, not a wait for an event
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass  # the server closed first: an answer too
 
 
 async def _well_formed(client: httpx.AsyncClient, job_id: str, answers: list[int]) -> None:
@@ -199,20 +125,14 @@ async def test_transport_fuzz_leaves_the_server_up_its_jobs_unflagged_and_its_we
             with trio.fail_after(20):
                 while (await client.get(f"/api/jobs/{job_id}", timeout=10)).json()["completed_units"] < 2:  # noqa: ASYNC110
                     await trio.sleep(0.05)  # a real process: polled until it beats
-            routes = _routes(job_id)
-            rng = random.Random(seed)
-            limiter = trio.CapacityLimiter(AT_ONCE)
+            routes = _misbehave.routes(job_id, {"kind": "noop", "params": {}})
+            tokens = [None, TOKEN, "wrong-token", "not-the-jobs-token"]
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_well_formed, client, job_id, answers)
-
-                async def fuzz_one(r: random.Random) -> None:
-                    async with limiter:
-                        await _one(r, port, routes, "not-the-jobs-token", tally)
-
                 with trio.fail_after(120):
-                    async with trio.open_nursery() as fuzz:
-                        for i in range(CONNECTIONS):
-                            fuzz.start_soon(fuzz_one, random.Random(rng.random() + i))
+                    await _misbehave.keep_misbehaving(
+                        random.Random(seed), port, routes, tokens, TIMEOUTS, tally, at_once=AT_ONCE, count=CONNECTIONS
+                    )
                 assert process.returncode is None, f"seed {seed}: the server exited: {log_path.read_text()[-3000:]}"
                 nursery.cancel_scope.cancel()
             health = (await client.get("/api/health", timeout=10)).json()
