@@ -195,7 +195,7 @@ async def _serve_boot(
             # Started before the first sweep, so that events left undelivered by a previous boot go out first.
             await root.start(supervisor.webhooks.run)
             # This process's own presence, noted every half second: an absence (a freeze) is not the jobs'.
-            await root.start(supervisor.run_check_in)
+            await root.start(supervisor.absence.tracker.keep_checking_in)
             # The startup sweep runs before serving; it never waits on a job, so /api/health is not delayed.
             await root.start(supervisor.run_sweeper)
             await root.start(supervisor.heartbeats.run)  # the beats the API takes, written behind (ADR 0018)

@@ -33,3 +33,25 @@ async def stop(process: trio.Process, limit_s: float) -> int:
     process.send_signal(signal.SIGTERM)
     with trio.fail_after(limit_s):
         return await process.wait()
+
+
+def beater_kind(name: str, *, every_s: float, timeout_s: float) -> str:
+    """A kinds-file table: a job that beats every ``every_s`` with its watermark rising by one each time, over real
+    HTTP with its own token, for ever (a failed beat is tried again at the next: no supervisor right now)."""
+    return f'''
+[kinds.{name}]
+argv = ["{{python}}", "-c", """
+import json, os, threading, urllib.request
+units = 0
+while True:
+    units += 1
+    req = urllib.request.Request(os.environ["PODCAST_JOB_HEARTBEAT_URL"], method="POST",
+        data=json.dumps({{"completed_units": units}}).encode(),
+        headers={{"Authorization": "Bearer " + os.environ["PODCAST_JOB_TOKEN"], "Content-Type": "application/json"}})
+    try:
+        urllib.request.urlopen(req, timeout={timeout_s}).read()
+    except Exception:
+        pass  # no supervisor right now: keep beating
+    threading.Event().wait({every_s})
+"""]
+'''

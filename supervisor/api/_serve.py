@@ -6,10 +6,10 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+import hypercorn.trio.run
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.config import Sockets
-from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
 from ..core import Supervisor
@@ -99,7 +99,7 @@ async def serve_http(
         # (with its backlog) must outlive every run.
         listener = sock.dup()
         try:
-            await worker_serve(
+            await hypercorn.trio.run.worker_serve(
                 wrap_app(app, hconfig.wsgi_max_body_size, None),
                 hconfig,
                 sockets=Sockets(secure_sockets=[], insecure_sockets=[listener], quic_sockets=[]),

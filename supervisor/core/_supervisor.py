@@ -221,15 +221,8 @@ class Supervisor:
         self.boot.write_beats = self.heartbeats.flush
         # Every read that judges or shows progress goes through here: it sees every beat taken before it (ADR 0018).
         self.rows = CurrentRows(registry, self.heartbeats)
-        self.absence = AbsenceJudge(
-            config,
-            registry,
-            self.events,
-            self.boot.boot_id,
-            self.reconciler.stop_stalled,
-            tracker,
-            rows=self.rows,
-        )
+        stop = self.reconciler.stop_stalled
+        self.absence = AbsenceJudge(config, registry, self.events, self.boot.boot_id, stop, tracker, rows=self.rows)
         # History past its retention goes a batch at a time; one host of a fleet prunes (INV-ONE-LEADER's duties).
         self.pruner = Pruner(config, registry, self.boot.wall_clock, self.fleet.may_lead)
         self.queue_watch = QueueWatch(
@@ -327,10 +320,6 @@ class Supervisor:
         if host_id == self.boot.host_id:
             raise Conflict(f"host {host_id} is this supervisor: it cannot forget itself")
         return await self._in_tree(lambda: self.host_admin.forget(host_id), "host_forget_failed")
-
-    async def run_check_in(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Note this process's presence, so that its own absence never ages a job (``AbsenceTracker.check_in``)."""
-        await self.absence.tracker.keep_checking_in(task_status=task_status)
 
     async def run_sweeper(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         await run_sweeper(

@@ -11,12 +11,13 @@ import json
 import random
 from typing import Any
 
+import hypercorn.trio.run
 import pytest
 import trio
 from api_support import API_TOKEN, Live, MakeLive
 from raw_http import EXCHANGE_S, Raw, connect
 
-from supervisor.api import HttpLimits, _serve
+from supervisor.api import HttpLimits
 
 BODY_TIMEOUT_S = 3.0
 HOST = b"Host: supervisor\r\n"
@@ -125,7 +126,7 @@ async def test_the_http_server_ended_by_itself_is_started_again_on_the_same_sock
     for a while; nothing else of the supervisor depended on it."""
     explode = trio.Event()
     runs = 0
-    real = _serve.worker_serve
+    real = hypercorn.trio.run.worker_serve
 
     async def fragile(*args: Any, task_status: Any = trio.TASK_STATUS_IGNORED, **kwargs: Any) -> None:
         nonlocal runs
@@ -137,7 +138,7 @@ async def test_the_http_server_ended_by_itself_is_started_again_on_the_same_sock
                 await explode.wait()
                 raise RuntimeError("the server's task group failed")
 
-    monkeypatch.setattr(_serve, "worker_serve", fragile)
+    monkeypatch.setattr(hypercorn.trio.run, "worker_serve", fragile)
     live = await make_live(api_token=API_TOKEN)
     assert (await _health(live))["status"] == "ok"
     explode.set()

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from serve_process import beater_kind  # type: ignore[import-not-found]
 
 pytestmark = pytest.mark.e2e
 
@@ -47,22 +48,7 @@ KINDS = """
 [kinds.noop]
 argv = ["{python}", "-c", "pass"]
 
-[kinds.beater]
-argv = ["{python}", "-c", '''
-import json, os, threading, urllib.request
-units = 0
-while True:
-    units += 1
-    req = urllib.request.Request(os.environ["PODCAST_JOB_HEARTBEAT_URL"], method="POST",
-        data=json.dumps({"completed_units": units}).encode(),
-        headers={"Authorization": "Bearer " + os.environ["PODCAST_JOB_TOKEN"], "Content-Type": "application/json"})
-    try:
-        urllib.request.urlopen(req, timeout=5).read()
-    except Exception:
-        pass
-    threading.Event().wait(0.2)
-''']
-"""
+""" + beater_kind("beater", every_s=0.2, timeout_s=5)
 
 
 def _free_port() -> int:

@@ -13,6 +13,7 @@ from typing import TypeVar
 
 import pytest
 import trio
+from serve_process import beater_kind  # type: ignore[import-not-found]
 
 from supervisor import Job, JobStatus, SqliteRegistry, Supervisor
 from supervisor.domain import IdentityRecord, hash_token, to_iso, utc_now
@@ -53,21 +54,6 @@ sys.exit(int(sys.argv[2]))
 params = { gate = "str", code = "int" }
 then = "done"
 
-[kinds.steady_beater]
-argv = ["{python}", "-c", '''
-import json, os, threading, urllib.request
-units = 0
-while True:
-    units += 1
-    req = urllib.request.Request(os.environ["PODCAST_JOB_HEARTBEAT_URL"], method="POST",
-        data=json.dumps({"completed_units": units}).encode(),
-        headers={"Authorization": "Bearer " + os.environ["PODCAST_JOB_TOKEN"], "Content-Type": "application/json"})
-    try:
-        urllib.request.urlopen(req, timeout=2).read()
-    except Exception:
-        pass  # no supervisor right now: keep beating
-    threading.Event().wait(0.1)
-''']
 
 [kinds.budget]
 argv = ["{python}", "-c", "import sys; sys.exit(10)"]
@@ -123,7 +109,7 @@ signal.signal(signal.SIGTERM, signal.SIG_IGN)
 print("ready", flush=True)
 threading.Event().wait(60)
 ''']
-"""
+""" + beater_kind("steady_beater", every_s=0.1, timeout_s=2)
 
 TERMINAL = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.STALE}
 
