@@ -3,6 +3,8 @@ gracefully by the test (``stop``), and killed on the way out whatever happened, 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -55,3 +57,24 @@ while True:
     threading.Event().wait({every_s})
 """]
 '''
+
+
+async def kill_running_jobs(data_dir: Path) -> None:
+    """Kill the process group of every running job recorded in ``data_dir``'s registry whose process is verified
+    alive: a job outlives its supervisor by design, so a test that started one stops it, whatever became of the
+    server (call it in a ``finally``)."""
+    from supervisor import SqliteRegistry
+    from supervisor.execution.subprocess import identity_of, probe
+
+    path = data_dir / ".viewer" / "jobs.sqlite3"
+    if not path.exists():
+        return
+    registry = SqliteRegistry(path)
+    try:
+        for job in await registry.running_jobs():
+            identity = identity_of(job)
+            if identity is not None and probe(identity).value == "alive":
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(identity.pid, signal.SIGKILL)
+    finally:
+        await registry.aclose()

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from serve_process import beater_kind, serve_process, stop  # type: ignore[import-not-found]
+from serve_process import beater_kind, kill_running_jobs, serve_process, stop  # type: ignore[import-not-found]
 
 pytestmark = pytest.mark.e2e
 
@@ -63,6 +63,13 @@ async def test_300_clients_that_never_read_a_large_page_pin_bounded_memory_and_s
         PODCAST_JOB_SWEEP_SECONDS="1",
     )
     headers = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        await _run(env, tmp_path, url, port, headers)
+    finally:
+        await kill_running_jobs(tmp_path / "data")  # the beating job outlives the server by design
+
+
+async def _run(env: dict[str, Any], tmp_path: Path, url: str, port: int, headers: dict[str, str]) -> None:
     async with (
         serve_process(env, tmp_path, tmp_path / "serve.log") as process,
         httpx.AsyncClient(base_url=url, headers=headers, timeout=10) as client,

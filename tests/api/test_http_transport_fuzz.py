@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from serve_process import beater_kind  # type: ignore[import-not-found]
+from serve_process import beater_kind, kill_running_jobs  # type: ignore[import-not-found]
 
 pytestmark = pytest.mark.e2e
 
@@ -127,6 +127,7 @@ async def test_transport_fuzz_leaves_the_server_up_its_jobs_unflagged_and_its_we
             assert row["status"] == "running" and not row["stalled"] and not row["silent"], row
             assert answers and all(code < 500 for code in answers)
     finally:
+        await kill_running_jobs(tmp_path / "data")  # the beating job outlives the server by design
         if process.returncode is None:
             process.terminate()
             with trio.move_on_after(10):
