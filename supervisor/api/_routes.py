@@ -44,8 +44,9 @@ MISSING_JOB_TOKEN = "missing job token (Authorization: Bearer $PODCAST_JOB_TOKEN
 SSE_RETRY_MS = 2000
 # A keep-alive comment, padded: a reader that reads nothing (a CLI suspended with Ctrl-Z) is seen only once its
 # kernel's receive buffer is full -- until then its kernel takes every byte for it -- and then the edge cuts the
-# write that stalls (HttpLimits.write_stall_timeout_s), freeing its slot. 16 KiB a keep-alive fills a usual buffer
-# within a few keep-alives (about a minute at the 15 s default), at about 1 KiB/s per idle reader.
+# write that stalls (HttpLimits.write_stall_timeout_s), freeing its slot. 16 KiB a keep-alive fill the two kernels'
+# usual buffers in about a dozen keep-alives (13 s at a 1 s keep-alive, measured; about three minutes at the 15 s
+# default), at about 1 KiB/s per idle reader.
 KEEPALIVE = b":" + b" " * (16 * 1024) + b"keep-alive\n\n"
 
 # A byte count in a query string: at most 12 ASCII digits (what the server parses).

@@ -141,7 +141,10 @@ async def serve_http(
                 effect="requests wait in the socket's backlog meanwhile; every job stays watched",
                 exc_info=failure,
             )
-            await trio.sleep(delay_s)
+            with trio.move_on_after(delay_s):
+                await shutdown.wait()  # a stop asked during the backoff ends it at once
+            if shutdown.is_set():
+                return
             delay_s = min(delay_s * 2, RESTART_MAX_S)
     finally:
         done.set()

@@ -5,9 +5,10 @@ nor what body would have been accepted. The check is in memory for a job this bo
 else one registry read. A beat that passes is *taken* (the 204) and written behind (ADR 0018): the beats taken
 within ``FLUSH_INTERVAL_S`` go to the registry in one write (``Heartbeats.run``), a job's several beats merged into
 one, which checks each token again in its own transaction. So a beat costs no registry write of its own -- the
-write each beat waited for was most of a beat's cost. A read through the core writes what is pending first (a 204
-is seen by the next read), and a crash loses at most the beats of one interval: liveness, which the job's next beat
-gives again with its watermark (INV-PROGRESS-NOT-LIVENESS: the watermark is a maximum, so nothing is counted twice).
+write each beat waited for was most of a beat's cost. Every reader of progress goes through ``CurrentRows``, which
+writes what is pending first (a 204 is seen by the next read, the next absence judgement, the next scrape), and a
+crash loses at most the beats of one interval: liveness, which the job's next beat gives again with its watermark
+(INV-PROGRESS-NOT-LIVENESS: the watermark is a maximum, so nothing is counted twice).
 """
 
 from __future__ import annotations
