@@ -87,11 +87,16 @@ class MemoryExecutor(Executor):
         self.kill(job_id)
         self.jobs[job_id].lost = True
 
+    # A gate is replaced only while it is open (set): nobody waits on an open gate, so no waiter is left on an
+    # Event that will never be set (a second ``unreachable()`` once stranded whoever waited on the first).
+
     def unreachable(self) -> None:
-        self._reachable = trio.Event()
+        if self._reachable.is_set():
+            self._reachable = trio.Event()
 
     def hold_starts(self) -> None:
-        self._starts_open = trio.Event()
+        if self._starts_open.is_set():
+            self._starts_open = trio.Event()
 
     def release_starts(self) -> None:
         self._starts_open.set()
