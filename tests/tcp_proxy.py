@@ -70,8 +70,10 @@ class LossyProxy(TcpProxy):
     """Loses a share of the exchanges through it, as a lossy network does, deciding per connection (a client that
     sends one request per connection loses whole requests or whole answers): ``lose_request`` of them never reach the
     server (the client's bytes are read and dropped), ``lose_answer`` of them reach it and are answered, and the
-    answer is thrown away. Either way the client's connection is then reset (RST), as a dropped link or a restarted
-    middlebox does. Seeded: the same seed loses the same connections."""
+    answer is thrown away, and ``lose_head`` of them reach it cut short: a random part of the request's head is
+    forwarded, the client is reset at once, and the server's side is closed once the server answers (its 400, 408 or
+    timeout), as the lossy middlebox of issue 52 did. The client's connection is reset (RST), as a dropped link or a
+    restarted middlebox does. Seeded: the same seed loses the same connections."""
 
     def __init__(
         self,
@@ -81,6 +83,7 @@ class LossyProxy(TcpProxy):
         seed: int = 0,
         lose_request: float = 0.0,
         lose_answer: float = 0.0,
+        lose_head: float = 0.0,
         first: tuple[str, ...] = (),
     ) -> None:
         """``first``: the fates of the first connections, in order (``request``, ``answer`` or ``pass``), before
@@ -90,15 +93,23 @@ class LossyProxy(TcpProxy):
         self.random = random.Random(seed)
         self.lose_request = lose_request
         self.lose_answer = lose_answer
+        self.lose_head = lose_head
         self.lost_requests = 0
         self.lost_answers = 0
+        self.lost_heads = 0
+        self.heads_held = 0  # cut requests whose server side is still open, waiting for the server's answer
 
     async def _serve(self, client: trio.SocketStream) -> None:
         draw = self.random.random()
         lost = "request" if draw < self.lose_request else "answer"
         fate = lost if draw < self.lose_request + self.lose_answer else "pass"
+        if fate == "pass" and draw < self.lose_request + self.lose_answer + self.lose_head:
+            fate = "head"
         if self.first:
             fate = self.first.pop(0)
+        if fate == "head":
+            await self._cut_in_the_head(client, self.random.random())
+            return
         if fate not in ("request", "answer"):
             await super()._serve(client)
             return
@@ -131,6 +142,30 @@ class LossyProxy(TcpProxy):
             self.lost_answers += 1
             _reset(client)
             pumps.cancel_scope.cancel()
+
+
+    async def _cut_in_the_head(self, client: trio.SocketStream, share: float) -> None:
+        """Forward ``share`` of the request's head (at least a byte), reset the client, then hold the server's side
+        until the server answers or gives up, and close it."""
+        async with client:
+            with trio.fail_after(CONNECT_LIMIT_S):
+                upstream = await trio.open_tcp_stream(*self.upstream)
+            async with upstream:
+                with trio.move_on_after(CONNECT_LIMIT_S):
+                    data = await client.receive_some(65536)
+                    head = data.split(b"\r\n\r\n")[0] + b"\r\n\r\n"
+                    await upstream.send_all(head[: max(1, int(len(head) * share))])
+                self.lost_heads += 1
+                _reset(client)
+                await client.aclose()
+                self.heads_held += 1
+                try:
+                    with trio.move_on_after(CONNECT_LIMIT_S + 5):
+                        await upstream.receive_some(65536)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+                finally:
+                    self.heads_held -= 1
 
 
 def _reset(stream: trio.SocketStream) -> None:
