@@ -66,7 +66,9 @@ class Drainer:
         # Rounds asked for by ``round`` (a request that moves the queue) and the last of them a round has answered.
         self._asked = 0
         self._answered = 0
-        self._round_done = trio.Event()
+        # The requests waiting for a round park here; each round's end wakes them all to look at ``_answered``. A lot
+        # holds no state, so nothing is replaced under a waiter (issue 52).
+        self._round_done = trio.lowlevel.ParkingLot()
         self._running = False  # the drainer task runs (``run``): a ``round`` is then waited for
         # How jobs reach the HTTP API for their heartbeats (set by the root once the socket is bound).
         self.heartbeat_base_url: str | None = None
@@ -93,11 +95,10 @@ class Drainer:
                 with boundary("drain_failed", self.boot.tally):
                     await self._drain(self._start_in_background)
                 self._answered = begun
-                # A broadcast: every round() waiting now wakes, then reads ``_answered`` and waits on the next one.
-                self._round_done.set()
-                self._round_done = trio.Event()
+                self._round_done.unpark_all()
         finally:
             self._running = False
+            self._round_done.unpark_all()  # a round() waiting now learns there is no drainer task to answer it
 
     async def round(self) -> None:
         """Have the drainer run a round now, and wait until one begun after this call has promoted what it could
@@ -108,7 +109,7 @@ class Drainer:
         mine = self._asked
         self.wake()
         while self._running and self._answered < mine:
-            await self._round_done.wait()
+            await self._round_done.park()
 
     async def drain(self) -> list[Job]:
         """Promote and start while a slot is free and promotion is not paused.

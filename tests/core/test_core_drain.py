@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import structlog
 import trio
+import trio.testing
 from core_helpers import (  # type: ignore[import-not-found]
     count_promote_rounds,
     enqueue_raw,
@@ -410,3 +411,42 @@ async def test_a_job_whose_identity_the_registry_could_not_record_is_ended_by_it
     # The row never recorded the process; the line of its end names it anyway, as the monitor's handle does.
     [end] = [e for e in logs if e["event"] == "job_transition" and e["job_id"] == job.job_id]
     assert (end["from"], end["to"], end.get("pid")) == ("running", "succeeded", pid)
+
+
+async def test_a_round_waited_for_when_the_drainer_task_ends_returns(
+    autojump_clock: trio.testing.MockClock,
+    make_supervisor: Callable[..., Supervisor],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A request waiting for a drainer round (a resume, the operator's reconcile) while the drainer task ends (the
+    shutdown cancels it mid-round) is let go: nothing is left waiting for a round that will never come. Before,
+    it waited on an Event that only the ended task would have set (issue 52's pattern)."""
+    sup = make_supervisor(attach=False)
+    in_round = trio.Event()
+
+    async def endless(start: Any) -> list[Job]:
+        in_round.set()
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(sup.drainer, "_drain", endless)
+    async with trio.open_nursery() as nursery:
+        drainer = trio.CancelScope()
+
+        async def run_drainer(*, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+            with drainer:
+                await sup.drainer.run(task_status=task_status)
+
+        await nursery.start(run_drainer)
+        returned = trio.Event()
+
+        async def wait_for_a_round() -> None:
+            await sup.drainer.round()
+            returned.set()
+
+        nursery.start_soon(wait_for_a_round)
+        await in_round.wait()
+        drainer.cancel()
+        with trio.fail_after(60):
+            await returned.wait()
+    assert trio.current_time() < 60
