@@ -22,11 +22,10 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import trio
 
-from ..api import HttpLimits
 from ..domain import SCOPES, Credentials, TokenFile, key_problem, utc_now
 from ..domain._config import Config, is_loopback, load_config
 from ..domain._errors import ConfigError, KindsFileError, RegistryError, RegistryNotOpened, SupervisorError
@@ -36,6 +35,9 @@ from ..domain._settings import read_token_file
 from ..observe._logging import configure_logging, get_logger
 from ..observe._stream import EVENT_NAMES
 from . import _live
+
+if TYPE_CHECKING:
+    from ..api import HttpLimits
 from ._client import DEFAULT_URL, RETRY_ATTEMPTS, ApiError, Client, Unreachable, with_retries
 
 T = TypeVar("T", bound=BaseException)
@@ -182,6 +184,8 @@ def _open_files_for_connections(log: Any) -> HttpLimits:
     """Raise this process's soft limit on open files to its hard limit (the unit's ``LimitNOFILE``), and fit the HTTP
     server's connection bound to what it then allows (``HttpLimits.fitted_to``): a supervisor that runs out of
     descriptors can neither accept a connection nor start a job."""
+    from ..api import HttpLimits  # the HTTP stack, only for serve: the client verbs start without it
+
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 16)
     if wanted > soft:
