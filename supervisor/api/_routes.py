@@ -329,7 +329,13 @@ async def pause(supervisor: Supervisor) -> Any:
     return dataclasses.asdict(await supervisor.pause())
 
 
-@ROUTES.post("/api/queue/resume", "resumeQueue", auth="operator", over_registry=True, responses=_QUEUE_STATE)
+@ROUTES.post(
+    "/api/queue/resume",
+    "resumeQueue",
+    auth="operator",
+    over_registry=True,
+    responses={**_QUEUE_STATE, "409": error("the pause flag cannot be removed (the message names it)")},
+)
 async def resume(supervisor: Supervisor) -> Any:
     """Resume promotion (removes the pause flag file) and drain."""
     return dataclasses.asdict(await supervisor.resume())

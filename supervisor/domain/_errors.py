@@ -157,7 +157,7 @@ class HostNotFound(RequestError):
 
 
 class Conflict(RequestError):
-    """The request is well-formed but the job's current state does not allow it."""
+    """The request is well-formed but the current state (of a job, a host, the pause flag) does not allow it."""
 
     code = "conflict"
     http_status = 409

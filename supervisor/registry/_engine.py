@@ -38,6 +38,7 @@ from ..domain._model import Attempt, hash_token, to_iso
 from . import _tables as tables
 from ._protocol import (
     BACK_IN_QUEUE,
+    PAUSED_BY_OPERATOR,
     WAKE_CANCEL,
     WAKE_FREED,
     WAKE_PAUSE,
@@ -428,9 +429,15 @@ class Rules:
 
 async def set_paused(store: Store, paused: bool, by: str) -> PauseState:
     current = await tables.pause(store, lock=True)
-    if current.paused == paused:
+    # The operator's pause outranks a file's: paused already by a file, an operator's pause takes it over (since when
+    # kept), so that only a resume ends it, never the file's removal (docs/operations.md, "Pausing").
+    takes_over = paused and current.paused and by == PAUSED_BY_OPERATOR and current.by != PAUSED_BY_OPERATOR
+    if current.paused == paused and not takes_over:
         return current
-    state = PauseState(True, by, store.now()) if paused else PauseState(False)
+    if takes_over:
+        state = PauseState(True, by, current.since)
+    else:
+        state = PauseState(True, by, store.now()) if paused else PauseState(False)
     await store.update(tables.QUEUE, (), {"paused": state.paused, "paused_by": state.by, "paused_at": state.since})
     await store.notify(Wakeup(WAKE_PAUSE))
     return state

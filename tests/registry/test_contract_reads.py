@@ -183,6 +183,23 @@ async def test_pause_state_says_who_paused_and_since_when(registry: Registry, cl
     assert await registry.set_paused(True, by=PAUSED_BY_FILE) == PauseState(True, PAUSED_BY_FILE, again_at)
 
 
+async def test_an_operators_pause_takes_over_a_files_so_only_a_resume_ends_it(
+    registry: Registry, clock: WallClock
+) -> None:
+    """Issue 53: the file paused first, the operator paused too; the pause stayed the file's, and the file's removal
+    (its host's resume, ``by`` the file) ended the operator's pause."""
+    paused_at = clock.advance(10)
+    await registry.set_paused(True, by=PAUSED_BY_FILE)
+    clock.advance(10)
+    taken = await registry.set_paused(True, by=PAUSED_BY_OPERATOR)
+    assert taken == PauseState(True, PAUSED_BY_OPERATOR, paused_at)  # the operator's now, paused since the first
+    assert await registry.pause_state() == taken
+    # What the file's removal does (PauseFile._mirror): it resumes only a pause that is the file's.
+    assert (await registry.pause_state()).by != PAUSED_BY_FILE
+    # A file that pauses again never takes it back.
+    assert await registry.set_paused(True, by=PAUSED_BY_FILE) == taken
+
+
 # -- timestamps --------------------------------------------------------------------------------------------
 
 
