@@ -365,17 +365,28 @@ async def resume(supervisor: Supervisor) -> Any:
                 "properties": {"tail_bytes": _BYTE_COUNT, "offset": _BYTE_COUNT},
             },
         },
+        {
+            "name": "attempt",
+            "in": "query",
+            "description": (
+                "which attempt's log (1 to the row's `attempts`; each attempt of a resubmitted job has its own): "
+                "default, the latest; one the job never had is a 404. A follower reads each attempt to its end "
+                "before the next"
+            ),
+            "schema": {"type": "integer", "minimum": 1, "maximum": 10**12 - 1},
+        },
     ),
     responses={"200": text_answer("the log bytes as the job wrote them"), "404": NOT_FOUND, "422": INVALID},
 )
 async def job_log(supervisor: Supervisor, job_id: str) -> Any:
     """A job's log: whole, its last tail_bytes, or from byte offset on (to follow it)."""
-    given = query(("tail_bytes", "offset"))
+    given = query(("tail_bytes", "offset", "attempt"))
     tail_bytes = int_query(given, "tail_bytes", None)
     offset = int_query(given, "offset", None)
+    attempt = int_query(given, "attempt", None)
     if tail_bytes is not None and offset is not None:
         raise ValidationError("give tail_bytes or offset, not both", field="offset")
-    piece = await supervisor.log_slice(job_id, tail_bytes=tail_bytes, offset=offset)
+    piece = await supervisor.log_slice(job_id, tail_bytes=tail_bytes, offset=offset, attempt=attempt)
     # Bytes as written: a job's output need not be valid UTF-8, and re-encoding would shift offsets. Sent a chunk
     # at a time with its length announced: a request holds one chunk in memory, not a 50 MiB log.
     response = Response(piece.chunks(), status=200, content_type="text/plain; charset=utf-8")

@@ -765,17 +765,28 @@ def cmd_logs(client: Client, args: argparse.Namespace, io: _Io) -> int:
     if not args.follow:
         io.write_bytes(client.log(args.job_id, tail_bytes=args.tail_bytes))
         return EXIT_OK
-    # Follow by byte offset: the log is append-only, so what was printed never changes under us.
-    offset = 0
+    # Follow by attempt and byte offset: each attempt of a resubmitted job has its own log, append-only, so what was
+    # printed never changes under us; an attempt is read to its end before the next (issue 53: one offset kept across
+    # attempts printed the next one from the wrong place).
+    attempt, offset, first = 1, 0, True
     interval = FOLLOW_MIN_INTERVAL_S
     while True:
-        # Status before the read: once it is terminal, the job's output is complete and this read is the last.
-        status = JobStatus(client.get_job(args.job_id)["status"])
-        chunk = client.log(args.job_id, offset=offset)
-        shown = chunk[-args.tail_bytes :] if offset == 0 and args.tail_bytes is not None else chunk
+        # The row before the read: once it is terminal, or a later attempt has begun, this attempt's output is
+        # complete and one more read takes the rest of it.
+        row = client.get_job(args.job_id)
+        status, attempts = JobStatus(row["status"]), max(int(row["attempts"]), 1)
+        if first and args.tail_bytes is not None:
+            attempt = attempts  # the last bytes of the latest attempt, then on from there
+        chunk = client.log(args.job_id, offset=offset, attempt=attempt)
+        shown = chunk[-args.tail_bytes :] if first and args.tail_bytes is not None else chunk
+        first = False
         if shown:
             io.write_bytes(shown)
         offset += len(chunk)
+        if attempt < attempts:
+            attempt, offset = attempt + 1, 0  # this attempt has ended, and its log was read to its end
+            io.err.write(f"job {args.job_id}: attempt {attempt}\n")
+            continue
         if status.is_terminal:
             io.err.write(f"job {args.job_id} is {status}\n")
             return EXIT_OK

@@ -175,8 +175,10 @@ class Client:
     def resume(self) -> dict[str, Any]:
         return self._json("POST", "/api/queue/resume")
 
-    def log(self, job_id: str, *, tail_bytes: int | None = None, offset: int | None = None) -> bytes:
-        query = {"tail_bytes": tail_bytes, "offset": offset}
+    def log(
+        self, job_id: str, *, tail_bytes: int | None = None, offset: int | None = None, attempt: int | None = None
+    ) -> bytes:
+        query = {"tail_bytes": tail_bytes, "offset": offset, "attempt": attempt}
         return self._send("GET", f"/api/jobs/{_segment(job_id)}/log", params=query).content
 
 

@@ -30,6 +30,7 @@ from ..domain import (
     Config,
     Conflict,
     Job,
+    JobNotFound,
     KindCatalog,
     RegistryError,
     to_iso,
@@ -37,7 +38,7 @@ from ..domain import (
 )
 from ..execution import Executor, create_executor
 from ..observe import EventBus, EventLog, Metrics, Snapshot, Subscription, WebhookSender, get_logger, log_event
-from ..registry import PAUSED_BY_OPERATOR, EnqueueResult, PrunedJob, Registry
+from ..registry import PAUSED_BY_OPERATOR, EnqueueResult, PrunedJob, Registry, log_name
 from ._absence import AbsenceJudge, AbsenceTracker
 from ._boot import Boot
 from ._drain import Drainer
@@ -96,6 +97,30 @@ class LogSlice:
                 return  # shorter than it was (replaced by hand): what is there has been read
             position += len(data)
             yield data
+
+
+async def log_slice_of(job: Job, tail_bytes: int | None, offset: int | None, attempt: int | None) -> LogSlice:
+    """Which bytes of ``job``'s log a read gets: whole, its last ``tail_bytes``, or from byte ``offset`` on, up to its
+    size now; ``attempt``: that attempt's log (each attempt has its own; default the latest). A log file is
+    append-only (capped, never rotated), so an offset stays valid while it grows. An attempt the job never had is not
+    there (``JobNotFound`` naming it, a 404), before any byte is read."""
+    if attempt is not None and not 1 <= attempt <= max(job.attempts, 1):
+        raise JobNotFound(job.job_id, attempt=attempt, attempts=job.attempts)
+    if job.log_path is None:
+        return LogSlice(None, 0, 0)
+    path = Path(job.log_path)
+    if attempt is not None:
+        path = path.parent / log_name(job.job_id, attempt)
+
+    def size() -> int:
+        try:
+            return path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    end = await trio.to_thread.run_sync(size)
+    start = max(0, end - tail_bytes) if tail_bytes is not None else min(offset or 0, end)
+    return LogSlice(path, start, end)
 
 
 def _read_at(path: Path, position: int, size: int) -> bytes:
@@ -505,24 +530,11 @@ class Supervisor:
         piece = await self.log_slice(job_id, tail_bytes=tail_bytes, offset=offset)
         return b"".join([chunk async for chunk in piece.chunks()])
 
-    async def log_slice(self, job_id: str, *, tail_bytes: int | None = None, offset: int | None = None) -> LogSlice:
-        """Which bytes of a job's log a read gets: whole, its last ``tail_bytes``, or from byte ``offset`` on, up to
-        its size now. The log file is append-only (capped, never rotated), so an offset stays valid while it grows.
-        Raises for an unknown job before any byte is read."""
-        job = await self.boot.registry.get(job_id)
-        if job.log_path is None:
-            return LogSlice(None, 0, 0)
-        path = Path(job.log_path)
-
-        def size() -> int:
-            try:
-                return path.stat().st_size
-            except FileNotFoundError:
-                return 0
-
-        end = await trio.to_thread.run_sync(size)
-        start = max(0, end - tail_bytes) if tail_bytes is not None else min(offset or 0, end)
-        return LogSlice(path, start, end)
+    async def log_slice(
+        self, job_id: str, *, tail_bytes: int | None = None, offset: int | None = None, attempt: int | None = None
+    ) -> LogSlice:
+        """Which bytes of a job's log a read gets (``log_slice_of``). Raises for an unknown job first."""
+        return await log_slice_of(await self.boot.registry.get(job_id), tail_bytes, offset, attempt)
 
     async def render_metrics(self) -> bytes:
         """``GET /metrics``: the counters as they stand and the registry's state as of now."""

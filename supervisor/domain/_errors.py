@@ -128,14 +128,17 @@ class IdempotencyKeyReused(ValidationError):
 
 
 class JobNotFound(RequestError):
-    """No job has the given id."""
+    """No job has the given id (or, with ``attempt``, the job never had that attempt)."""
 
     code = "not_found"
     http_status = 404
 
-    def __init__(self, job_id: str) -> None:
+    def __init__(self, job_id: str, *, attempt: int | None = None, attempts: int = 0) -> None:
         self.job_id = job_id
-        super().__init__(f"no job with id {job_id!r}", field="job_id")
+        if attempt is None:
+            super().__init__(f"no job with id {job_id!r}", field="job_id")
+        else:
+            super().__init__(f"job {job_id!r} has had {attempts} attempt(s), not {attempt}", field="attempt")
 
 
 class Unauthorized(RequestError):

@@ -93,6 +93,27 @@ KINDS: dict[str, dict[str, Any]] = {
         "retry_backoff_max_seconds": 0.1,
         "retry_on_exit_codes": [75],
     },
+    # Two attempts of 40 lines each (issue 53): the first exits 75 ("try again later"), the second 0. The marker file
+    # (a param) tells the attempts apart.
+    "twice": {
+        "argv": [
+            "{python}",
+            "-c",
+            "import os, sys, time\n"
+            "first = not os.path.exists(sys.argv[1])\n"
+            "open(sys.argv[1], 'a').close()\n"
+            "for i in range(40):\n"
+            "    print('attempt', 1 if first else 2, 'line', i, flush=True)\n"
+            "    time.sleep(0.01)\n"
+            "sys.exit(75 if first else 0)\n",
+            "{marker}",
+        ],
+        "params": {"marker": "str"},
+        "max_attempts": 2,
+        "retry_backoff_seconds": 0.1,
+        "retry_backoff_max_seconds": 0.1,
+        "retry_on_exit_codes": [75],
+    },
     "knobs": {
         "argv": ["{python}", "-c", "pass", "{ratio}", "{flag}"],
         "params": {"ratio": {"type": "float", "default": 0.5}, "flag": {"type": "bool", "default": True}},

@@ -11,6 +11,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 from api_support import API_TOKEN, Live, MakeLive, wait_for_job, wait_running, wait_terminal
@@ -374,3 +375,22 @@ async def test_more_waits_than_event_stream_slots_each_exit_with_their_jobs_outc
     assert [ran.code for ran in waits] == [EXIT_OK] * 4, [ran.err for ran in waits]
     assert not any("cannot reach" in ran.err for ran in waits)
     assert any("busy" in ran.err and "too_many_streams" in ran.err for ran in waits), [r.err for r in waits]
+
+
+async def test_logs_follow_prints_every_attempt_of_a_resubmitted_job_whole_and_in_order(
+    live: Live, tmp_path: Path
+) -> None:
+    """Issue 53: the follower kept one byte offset across attempts while the API served the current attempt's log,
+    so the second attempt was printed from the wrong place (or not at all)."""
+    job_id = (await live.supervisor.enqueue("twice", {"marker": str(tmp_path / "marker")})).job.job_id
+    followed = await cli(live.url, "logs", job_id, "--follow")
+    assert followed.code == EXIT_OK, followed.err
+    expected = [f"attempt {a} line {i}" for a in (1, 2) for i in range(40)]
+    assert followed.out.splitlines() == expected
+    assert f"job {job_id}: attempt 2" in followed.err and "succeeded" in followed.err
+    async with httpx.AsyncClient(base_url=live.url, timeout=10) as client:
+        first = await client.get(f"/api/jobs/{job_id}/log", params={"attempt": 1, "offset": 0}, timeout=10)
+        assert first.text.splitlines() == expected[:40]  # an earlier attempt's log, whole
+        never = await client.get(f"/api/jobs/{job_id}/log", params={"attempt": 3}, timeout=10)
+        assert never.status_code == 404 and never.json()["error"]["field"] == "attempt"
+
