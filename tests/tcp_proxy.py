@@ -171,3 +171,31 @@ class LossyProxy(TcpProxy):
 def _reset(stream: trio.SocketStream) -> None:
     """Close with a TCP reset rather than a FIN: the client reads ECONNRESET, not an empty answer."""
     stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+class CutAfterRequests(TcpProxy):
+    """Forwards until ``marker`` (the start of a request line, say ``b"POST /api/jobs/batch"``) has been seen ``count``
+    times, then cuts: the connection that carries the next one is closed before it is forwarded, and every later
+    connection is refused -- a server that went away after serving that many requests."""
+
+    def __init__(self, host: str, port: int, *, marker: bytes, count: int) -> None:
+        super().__init__(host, port)
+        self.marker = marker
+        self.count = count
+        self.seen = 0
+
+    async def admit(self) -> bool:
+        return self.seen <= self.count
+
+    async def _pump(self, source: trio.SocketStream, sink: trio.SocketStream, pair: trio.CancelScope) -> None:
+        try:
+            while data := await source.receive_some(65536):
+                self.seen += data.count(self.marker)
+                if self.seen > self.count:
+                    _reset(source)
+                    break
+                await sink.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            pair.cancel()

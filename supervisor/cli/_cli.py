@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -448,25 +449,42 @@ def _read_job_lines(source: str, io: _Io) -> list[tuple[int, dict[str, Any]]] | 
     return jobs
 
 
+def _file_key(jobs: Sequence[tuple[int, dict[str, Any]]]) -> str:
+    """The Idempotency-Key of a file's jobs given none: from their content (issue 53). The same file sent again (a
+    rerun after an interruption, a timer that fires twice) stores none of its batches twice while the keys live
+    (``PODCAST_JOB_IDEMPOTENCY_TTL_SECONDS``, 24 h by default); the jobs of another file are another key."""
+    content = json.dumps([item for _, item in jobs], sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return f"file-{hashlib.sha256(content.encode()).hexdigest()[:48]}"
+
+
 def _enqueue_from_file(client: Client, args: argparse.Namespace, io: _Io) -> int:
     jobs = _read_job_lines(args.from_file, io)
     if jobs is None:
         return EXIT_USAGE
     answers: list[dict[str, Any]] = []
-    key = args.idempotency_key or _invocation_key()
+    key = args.idempotency_key or _file_key(jobs)
+    batches = (len(jobs) + BATCH_SIZE - 1) // BATCH_SIZE
     for start in range(0, len(jobs), BATCH_SIZE):
         chunk = jobs[start : start + BATCH_SIZE]
-        # One key per batch of this invocation: a rerun with the same --idempotency-key stores none twice.
+        # One key per batch: a rerun of the same file (or with the same --idempotency-key) stores none twice.
         batch_key = f"{key}.{start // BATCH_SIZE}" if len(jobs) > BATCH_SIZE else key
         try:
             send = functools.partial(client.enqueue_batch, [item for _, item in chunk], idempotency_key=batch_key)
             answer = with_retries(send, on_retry=_retrying(io, batch_key))
-        except ApiError as exc:
-            where = re.match(r"jobs\[(\d+)\]", exc.field or "")
+        except (ApiError, Unreachable) as exc:
+            where = re.match(r"jobs\[(\d+)\]", exc.field or "") if isinstance(exc, ApiError) else None
             line = f"line {chunk[int(where.group(1))][0]}: " if where else ""
-            stored = f"; the {len(answers)} job(s) before this batch of {len(chunk)} were stored" if answers else ""
-            io.error(f"{line}{exc.describe()}{stored}")
-            return EXIT_ERROR
+            why = exc.describe() if isinstance(exc, ApiError) else str(exc)
+            done = start // BATCH_SIZE
+            stored = (
+                f"; batches 1-{done} of {batches} ({len(answers)} jobs, lines {jobs[0][0]}-{jobs[start - 1][0]}) were "
+                f"stored; run the same command again to store the rest: its batches are keyed by the file's content "
+                f"({key}), so none is stored twice"
+                if answers
+                else "; nothing was stored"
+            )
+            io.error(f"{line}{why}{stored}")
+            return EXIT_UNREACHABLE if isinstance(exc, Unreachable) else EXIT_ERROR
         answers.extend(answer["jobs"])
     if args.json:
         io.json({"jobs": answers})

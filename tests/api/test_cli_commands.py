@@ -15,7 +15,7 @@ import httpx
 import pytest
 import trio
 from api_support import API_TOKEN, Live, MakeLive, wait_for_job, wait_running, wait_terminal
-from tcp_proxy import LossyProxy  # type: ignore[import-not-found]
+from tcp_proxy import CutAfterRequests, LossyProxy  # type: ignore[import-not-found]
 
 from supervisor.cli import EXIT_CONFIG, EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, main
 
@@ -394,3 +394,31 @@ async def test_logs_follow_prints_every_attempt_of_a_resubmitted_job_whole_and_i
         never = await client.get(f"/api/jobs/{job_id}/log", params={"attempt": 3}, timeout=10)
         assert never.status_code == 404 and never.json()["error"]["field"] == "attempt"
 
+
+
+async def test_an_interrupted_enqueue_from_file_says_what_it_stored_and_its_rerun_stores_only_the_rest(
+    live: Live, tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """Issue 53: 4,000 jobs in a file, the server gone after the first two batches: the CLI said only "cannot reach",
+    and the obvious rerun stored all 4,000 again (a new key per invocation). Now a file's batches are keyed by its
+    content: the rerun stores only what the first run did not."""
+    await live.supervisor.pause()  # the jobs stay queued: only their rows are counted
+    path = tmp_path / "jobs.ndjson"
+    path.write_text("".join(json.dumps({"kind": "sleep", "params": {"seconds": i / 1000}}) + "\n" for i in range(2500)))
+    host, port = live.url.removeprefix("http://").rsplit(":", 1)
+    proxy = CutAfterRequests(host, int(port), marker=b"POST /api/jobs/batch", count=2)
+    await nursery.start(proxy.run)
+    first = await cli(f"http://127.0.0.1:{proxy.port}", "enqueue", "--from-file", str(path))
+    assert first.code == EXIT_UNREACHABLE, first.err
+    assert "batches 1-2 of 3 (2000 jobs, lines 1-2000) were stored" in first.err
+    assert "run the same command again" in first.err
+    again = await cli(live.url, "enqueue", "--from-file", str(path))
+    assert again.code == EXIT_OK, again.err
+    assert len(again.out.splitlines()) == 2500  # every job of the file, the stored ones replayed
+    rows, cursor = [], None
+    while True:
+        page, cursor = await live.supervisor.list_jobs(limit=1000, cursor=cursor)
+        rows += page
+        if cursor is None:
+            break
+    assert len(rows) == 2500  # none stored twice
