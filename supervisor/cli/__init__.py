@@ -5,7 +5,7 @@
 """
 
 from ._cli import EXIT_CONFIG, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, main
-from ._client import ApiError, Client, Unreachable, with_retries
+from ._client import Answer, ApiError, Client, NotTheApi, Unreachable, with_retries
 from ._live import EXIT_CANCELLED, EXIT_FAILED, EXIT_STALE, EXIT_SUCCEEDED, EXIT_TIMEOUT
 
 __all__ = [
@@ -20,8 +20,10 @@ __all__ = [
     "EXIT_TIMEOUT",
     "EXIT_UNREACHABLE",
     "EXIT_USAGE",
+    "Answer",
     "ApiError",
     "Client",
+    "NotTheApi",
     "Unreachable",
     "main",
     "with_retries",

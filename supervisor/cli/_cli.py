@@ -39,7 +39,7 @@ from . import _live
 
 if TYPE_CHECKING:
     from ..api import HttpLimits
-from ._client import DEFAULT_URL, RETRY_ATTEMPTS, ApiError, Client, Unreachable, with_retries
+from ._client import DEFAULT_URL, RETRY_ATTEMPTS, ApiError, Client, NotTheApi, Unreachable, with_retries
 
 T = TypeVar("T", bound=BaseException)
 
@@ -338,14 +338,8 @@ def _run_client(command: ClientCommand) -> Callable[[argparse.Namespace], int]:
             if leaf is None:
                 raise
             return _leaf_exit(leaf, io, args)
-        except ApiError as exc:
-            io.error(exc.describe())
-            if exc.status == 401:
-                io.error(_TOKEN_HINT)
-            return EXIT_ERROR
-        except Unreachable as exc:
-            io.error(f"{exc}; is `supervisor serve` running there? (set {ENV_URL} to its address)")
-            return EXIT_UNREACHABLE
+        except (ApiError, Unreachable) as exc:
+            return _leaf_exit(exc, io, args)
         except KeyboardInterrupt:
             return getattr(args, "interrupted_exit", EXIT_INTERRUPTED)
 
@@ -374,6 +368,9 @@ def _leaf_exit(leaf: BaseException, io: _Io, args: argparse.Namespace) -> int:
         if leaf.status == 401:
             io.error(_TOKEN_HINT)
         return EXIT_ERROR
+    if isinstance(leaf, NotTheApi):
+        io.error(f"{leaf}; set {ENV_URL} to a supervisor's address")
+        return EXIT_UNREACHABLE
     if isinstance(leaf, Unreachable):
         io.error(f"{leaf}; is `supervisor serve` running there? (set {ENV_URL} to its address)")
         return EXIT_UNREACHABLE
@@ -405,6 +402,15 @@ def _idempotency_key(text: str) -> str:
     problem = key_problem(text)
     if problem is not None:
         raise argparse.ArgumentTypeError(f"an idempotency key {problem}")
+    return text
+
+
+def _job_id(text: str) -> str:
+    """A job id as an argument: 1 to 200 printable ASCII characters, no space (the server's ids are 32 hex digits):
+    anything else is a usage error naming it, never a URL the HTTP client refuses with a traceback."""
+    if not re.fullmatch(r"[!-~]{1,200}", text):
+        shown = repr(text[:40]) + ("…" if len(text) > 40 else "")
+        raise argparse.ArgumentTypeError(f"a job id is 1-200 printable characters without spaces, not {shown}")
     return text
 
 
@@ -502,8 +508,8 @@ def _invocation_key() -> str:
 def _retrying(io: _Io, key: str) -> Callable[[SupervisorError, int, float], None]:
     def say(error: SupervisorError, attempt: int, wait_s: float) -> None:
         why = error.describe() if isinstance(error, ApiError) else str(error)
-        io.error(
-            f"{why}; sending it again in {wait_s:g} s with Idempotency-Key {key} "
+        io.note(
+            f"supervisor: {why}; sending it again in {wait_s:g} s with Idempotency-Key {key} "
             f"(attempt {attempt} of {RETRY_ATTEMPTS})"
         )
 
@@ -943,16 +949,16 @@ def _add_client_commands(sub: Any) -> None:
         help="a live table of the running jobs and the queue, redrawn on each event; Ctrl-C quits (exit 0)",
     )
     p = add("show", cmd_show, "show one job")
-    p.add_argument("job_id")
+    p.add_argument("job_id", type=_job_id)
     p = add("cancel", cmd_cancel, "cancel a job (idempotent)")
-    p.add_argument("job_id")
+    p.add_argument("job_id", type=_job_id)
     p = add(
         "retry",
         cmd_retry,
         "enqueue a finished job's kind and params again as a new job (its retry_of names the old one; "
         "supervisor show lists a job's retries)",
     )
-    p.add_argument("job_id")
+    p.add_argument("job_id", type=_job_id)
     add("reconcile", cmd_reconcile, "operator reconcile: may mark live jobs past the wall-clock window stale")
     p = add(
         "prune",
@@ -968,7 +974,7 @@ def _add_client_commands(sub: Any) -> None:
     add("pause", cmd_pause, "pause promotion (running jobs continue)")
     add("resume", cmd_resume, "resume promotion")
     p = add("logs", cmd_logs, "print a job's log", json_flag=False)
-    p.add_argument("job_id")
+    p.add_argument("job_id", type=_job_id)
     p.add_argument("--tail-bytes", type=_non_negative, metavar="N", help="only the last N bytes")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the job ends")
     p = add("events", cmd_events, "print job events: those the server holds, then new ones with --follow")
@@ -981,7 +987,7 @@ def _add_client_commands(sub: Any) -> None:
         "wait until every JOB_ID has ended; the exit code is the outcome "
         "(0 succeeded, 10 failed, 11 cancelled, 12 stale, 124 timed out; several jobs: the worst)",
     )
-    p.add_argument("job_ids", nargs="+", metavar="JOB_ID")
+    p.add_argument("job_ids", nargs="+", metavar="JOB_ID", type=_job_id)
     p.add_argument("--timeout", type=_timeout, metavar="S", help="give up after S seconds (exit 124)")
 
 

@@ -10,6 +10,7 @@ is worse than one that says so. Failures come out as two errors, by whose fault 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
@@ -18,7 +19,7 @@ from urllib.parse import quote
 
 import httpx
 
-from ..domain import IDEMPOTENCY_KEY_HEADER
+from ..domain import IDEMPOTENCY_KEY_HEADER, JobStatus
 from ..domain._errors import SupervisorError
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -59,6 +60,60 @@ class ApiError(SupervisorError):
 
 class Unreachable(SupervisorError):
     """No usable answer from the server at all."""
+
+
+class NotTheApi(Unreachable):
+    """The server answered, but not as this API answers (another service at that address, a proxy's page, an answer
+    of another shape): no usable answer, so told as an unreachable supervisor is (exit 4), in one line."""
+
+
+class Answer(dict[str, Any]):
+    """A JSON object the server answered (every object of it, nested ones too): a field it lacks is this API's
+    answer missing, said as ``NotTheApi`` naming the field, never a ``KeyError`` in a command."""
+
+    def __missing__(self, key: str) -> Any:
+        raise NotTheApi(f"the server's answer has no field {key!r}, so not this API")
+
+
+def parse_answer(content: bytes, what: str) -> Answer:
+    """A JSON object of this API, its objects as ``Answer``; anything else is ``NotTheApi`` naming ``what``."""
+    try:
+        answer = json.loads(content, object_hook=Answer)
+    except ValueError:
+        raise NotTheApi(f"{what} answered something that is not JSON, so not this API") from None
+    if not isinstance(answer, Answer):
+        raise NotTheApi(f"{what} answered JSON that is not an object, so not this API")
+    return answer
+
+
+_STATUSES = frozenset(status.value for status in JobStatus)
+# What each answer must hold for the commands that read it: field -> type (the API's own answers always do).
+_SHAPES: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "job": {"job_id": str, "status": str, "kind": str},
+    "enqueued": {"job_id": str, "status": str},
+    "page": {"jobs": list},  # a page of rows: each checked as a job
+    "queue": {"paused": bool, "running": int, "queued": int, "max_concurrent": int},
+    "reconcile": {"details": list},
+    "hosts": {"hosts": list},
+    "jobs": {"jobs": list},  # a batch's answers, a prune's jobs
+    "health": {"status": str},
+    "any": {},
+}
+
+
+def check_shape(answer: Answer, shape: str, what: str) -> Answer:
+    """``answer`` as ``shape`` says (its fields' types, a job's status one of the API's), else ``NotTheApi``."""
+    for name, kind in _SHAPES[shape].items():
+        value = answer.get(name)
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+            raise NotTheApi(f"{what} answered without a {name!r} of this API's type, so not this API")
+    if "status" in _SHAPES[shape] and shape in ("job", "enqueued") and answer["status"] not in _STATUSES:
+        raise NotTheApi(f"{what} answered a job status {answer['status']!r} that this API has not, so not this API")
+    for row in answer.get("jobs", []) if shape == "page" else []:
+        if not isinstance(row, Answer):
+            raise NotTheApi(f"{what} answered a list of jobs that are not objects, so not this API")
+        check_shape(row, "job", what)
+    return answer
 
 
 class Client:
@@ -114,24 +169,23 @@ class Client:
             raise _api_error(response)
         return response
 
-    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+    def _json(self, method: str, path: str, *, shape: str = "any", **kwargs: Any) -> Any:
         response = self._send(method, path, **kwargs)
-        try:
-            return response.json()
-        except ValueError:
-            raise Unreachable(f"{self.base_url} answered {path} with something that is not JSON") from None
+        what = f"{self.base_url} ({method} {path})"
+        return check_shape(parse_answer(response.content, what), shape, what)
 
     # -- the API ----------------------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
-        return self._json("GET", "/api/health")
+        return self._json("GET", "/api/health", shape="health")
 
     def enqueue(self, kind: str, params: Mapping[str, Any], *, idempotency_key: str | None = None) -> dict[str, Any]:
         body = {"kind": kind, "params": dict(params)}
-        return self._json("POST", "/api/jobs", body=body, headers=_keyed(idempotency_key))
+        return self._json("POST", "/api/jobs", shape="enqueued", body=body, headers=_keyed(idempotency_key))
 
     def enqueue_batch(self, jobs: list[dict[str, Any]], *, idempotency_key: str | None = None) -> dict[str, Any]:
-        return self._json("POST", "/api/jobs/batch", body={"jobs": jobs}, headers=_keyed(idempotency_key))
+        batch = {"jobs": jobs}
+        return self._json("POST", "/api/jobs/batch", shape="jobs", body=batch, headers=_keyed(idempotency_key))
 
     def list_jobs(
         self,
@@ -143,43 +197,48 @@ class Client:
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         query = {"status": status, "kind": kind, "limit": limit, "cursor": cursor, "idempotency_key": idempotency_key}
-        return self._json("GET", "/api/jobs", params=query)
+        return self._json("GET", "/api/jobs", shape="page", params=query)
 
     def get_job(self, job_id: str) -> dict[str, Any]:
-        return self._json("GET", f"/api/jobs/{_segment(job_id)}")
+        return self._json("GET", f"/api/jobs/{_segment(job_id)}", shape="job")
 
     def cancel(self, job_id: str) -> dict[str, Any]:
-        return self._json("POST", f"/api/jobs/{_segment(job_id)}/cancel")
+        return self._json("POST", f"/api/jobs/{_segment(job_id)}/cancel", shape="job")
 
     def retry(self, job_id: str) -> dict[str, Any]:
-        return self._json("POST", f"/api/jobs/{_segment(job_id)}/retry")
+        return self._json("POST", f"/api/jobs/{_segment(job_id)}/retry", shape="enqueued")
 
     def prune(self, *, dry_run: bool, limit: int | None = None) -> dict[str, Any]:
-        return self._json("POST", "/api/jobs/prune", params={"dry_run": "true" if dry_run else "false", "limit": limit})
+        query = {"dry_run": "true" if dry_run else "false", "limit": limit}
+        return self._json("POST", "/api/jobs/prune", shape="jobs", params=query)
 
     def reconcile(self) -> dict[str, Any]:
-        return self._json("POST", "/api/jobs/reconcile")
+        return self._json("POST", "/api/jobs/reconcile", shape="reconcile")
 
     def queue(self) -> dict[str, Any]:
-        return self._json("GET", "/api/queue")
+        return self._json("GET", "/api/queue", shape="queue")
 
     def hosts(self) -> dict[str, Any]:
-        return self._json("GET", "/api/hosts")
+        return self._json("GET", "/api/hosts", shape="hosts")
 
     def forget_host(self, host_id: str) -> dict[str, Any]:
         return self._json("POST", f"/api/hosts/{quote(host_id, safe='')}/forget")
 
     def pause(self) -> dict[str, Any]:
-        return self._json("POST", "/api/queue/pause")
+        return self._json("POST", "/api/queue/pause", shape="queue")
 
     def resume(self) -> dict[str, Any]:
-        return self._json("POST", "/api/queue/resume")
+        return self._json("POST", "/api/queue/resume", shape="queue")
 
     def log(
         self, job_id: str, *, tail_bytes: int | None = None, offset: int | None = None, attempt: int | None = None
     ) -> bytes:
         query = {"tail_bytes": tail_bytes, "offset": offset, "attempt": attempt}
-        return self._send("GET", f"/api/jobs/{_segment(job_id)}/log", params=query).content
+        path = f"/api/jobs/{_segment(job_id)}/log"
+        response = self._send("GET", path, params=query)
+        if not response.headers.get("content-type", "").startswith("text/plain"):
+            raise NotTheApi(f"{self.base_url} (GET {path}) answered a log that is not text/plain, so not this API")
+        return response.content
 
 
 def _keyed(idempotency_key: str | None) -> dict[str, str] | None:

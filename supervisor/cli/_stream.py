@@ -22,7 +22,7 @@ from urllib.parse import quote
 import httpx
 import trio
 
-from ._client import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, ApiError, Unreachable, _api_error
+from ._client import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, ApiError, NotTheApi, Unreachable, _api_error, parse_answer
 
 # Longer than the server's keep-alive interval (15 s by default, 60 s at most): silence this long is a dead link.
 STREAM_READ_TIMEOUT_S = 90.0
@@ -67,7 +67,7 @@ class Api:
             raise Unreachable(f"cannot reach the supervisor at {self.base_url}: {exc}") from exc
         if response.is_error:
             raise _api_error(response)
-        return response.json()
+        return parse_answer(response.content, f"{self.base_url} (GET {path})")
 
     async def job(self, job_id: str) -> dict[str, Any]:
         answer: dict[str, Any] = await self.get(f"/api/jobs/{quote(job_id, safe='')}")
@@ -121,6 +121,8 @@ class EventSource:
                 if not self.follow:
                     return
                 problem = "the server ended the stream"
+            except NotTheApi:
+                raise  # an answer, and not this API's: asking again will not change it
             except (httpx.TransportError, Unreachable) as exc:
                 problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             except ApiError as exc:
@@ -161,6 +163,8 @@ class EventSource:
             if response.is_error:
                 await response.aread()
                 raise _api_error(response)
+            if not response.headers.get("content-type", "").startswith("text/event-stream"):
+                raise NotTheApi(f"{self.api.base_url} (GET /api/events) answered no event stream, so not this API")
             self.connected = True
             self.on_state("connected")
             if on_connected is not None and await on_connected():

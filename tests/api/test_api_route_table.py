@@ -15,7 +15,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 from werkzeug.routing import Map, Rule
 
 from supervisor.api import CONVERTERS, JOBS_SUBROUTES, PUBLIC_ENDPOINTS, ROUTES, RouteTable, routes_table
-from supervisor.cli import Client
+from supervisor.cli import Client, NotTheApi
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -112,7 +112,10 @@ def test_the_client_asks_only_for_declared_routes() -> None:
     ]
     for _, method in calls:
         wanted = inspect.signature(method).parameters
-        method(**{arg: SAMPLES[arg] for arg, p in wanted.items() if p.default is inspect.Parameter.empty})
+        try:
+            method(**{arg: SAMPLES[arg] for arg, p in wanted.items() if p.default is inspect.Parameter.empty})
+        except NotTheApi:
+            pass  # the mock's empty answer is not this API's: what matters here is the request, already made
     assert len(asked) == len(calls) >= 15
     for verb, path in asked:
         try:
