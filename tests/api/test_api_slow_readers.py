@@ -104,7 +104,7 @@ async def _run(env: dict[str, Any], tmp_path: Path, url: str, port: int, headers
                 stream = await trio.open_tcp_stream("127.0.0.1", port)
                 await stream.send_all(request)
                 sockets.append(stream)
-            with trio.move_on_after(15):  # the answers' build and their stall cut happen in this window
+            with trio.move_on_after(8):  # the pages' builds, and the cuts past the budget, happen in this window
                 while True:
                     began = trio.current_time()
                     with trio.fail_after(10):

@@ -29,7 +29,7 @@ from serve_process import beater_kind, kill_running_jobs  # type: ignore[import-
 pytestmark = pytest.mark.e2e
 
 TOKEN = "transport-fuzz-token-0123456789abcdef"
-SEEDS = (52, 1152)
+SEEDS = (52,)  # the seed that ends the server at 3837a44 (make soak runs the same clients for its whole hour)
 CONNECTIONS = 300
 AT_ONCE = 40
 KEEP_ALIVE_S, BODY_TIMEOUT_S, RESPONSE_TIMEOUT_S = 1.0, 1.0, 2.0

@@ -31,7 +31,7 @@ from supervisor.registry import NewJob
 
 pytestmark = pytest.mark.e2e
 
-THRESHOLD_S = 4.0
+THRESHOLD_S = 3.0
 # A job that beats every 0.1 s without ever progressing: truly stalled, and alive.
 SPINNER = '''
 [kinds.spinner]
