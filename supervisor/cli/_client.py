@@ -107,12 +107,13 @@ def check_shape(answer: Answer, shape: str, what: str) -> Answer:
         value = answer.get(name)
         if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
             raise NotTheApi(f"{what} answered without a {name!r} of this API's type, so not this API")
-    if "status" in _SHAPES[shape] and shape in ("job", "enqueued") and answer["status"] not in _STATUSES:
+    if shape in ("job", "enqueued") and answer["status"] not in _STATUSES:
         raise NotTheApi(f"{what} answered a job status {answer['status']!r} that this API has not, so not this API")
-    for row in answer.get("jobs", []) if shape == "page" else []:
-        if not isinstance(row, Answer):
-            raise NotTheApi(f"{what} answered a list of jobs that are not objects, so not this API")
-        check_shape(row, "job", what)
+    if shape == "page":
+        for row in answer["jobs"]:
+            if not isinstance(row, Answer):
+                raise NotTheApi(f"{what} answered a list of jobs that are not objects, so not this API")
+            check_shape(row, "job", what)
     return answer
 
 
