@@ -9,12 +9,14 @@ import contextlib
 import os
 import sqlite3
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import structlog
 import trio
+import trio.testing
 from registry_helpers import WallClock, new_job
 
 from supervisor.domain import JobNotFound, JobStatus, RegistryDamaged, RegistryError, RegistryUnavailable
@@ -86,6 +88,44 @@ async def test_a_lock_held_past_the_busy_timeout_is_unavailable_not_an_error(pat
     finally:
         other.close()
         await reg.aclose()
+
+
+async def test_an_open_waiting_for_another_process_lock_gives_up_at_a_cancel_without_waiting_for_the_lock(
+    path: Path,
+) -> None:
+    """Issue 53: ``serve`` stopped while its start waits for the lock (the busy timeout). The open waited for its
+    thread, so the stop waited for the lock; now the cancel comes back while the lock is still held, and the thread,
+    left to finish, closes what it opened: the file's last connection gone, SQLite removes its ``-wal``. (Another
+    thread lets the lock go after 5 s, so that an open which waits for it ends too, and fails the check.)"""
+    SqliteRegistry(path).close()
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    released = threading.Event()
+
+    def let_go() -> None:
+        other.execute("ROLLBACK")
+        released.set()
+
+    other.execute("BEGIN EXCLUSIVE")
+    timer = threading.Timer(5.0, let_go)
+    timer.start()
+    try:
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(SqliteRegistry.open, path)
+                await trio.testing.wait_all_tasks_blocked()  # the open is in its thread
+                scope.cancel()
+        assert scope.cancelled_caught
+        assert not released.is_set(), "the cancel waited for the lock"
+    finally:
+        timer.cancel()
+        timer.join()
+    if not released.is_set():
+        let_go()
+    other.close()
+    wal = path.with_name(path.name + "-wal")
+    with trio.fail_after(10):
+        while await trio.Path(wal).exists():
+            await trio.sleep(0.01)  # polling for the abandoned open to close its connections, under the bound above
 
 
 async def test_a_write_that_changes_nothing_does_not_end_a_fault(path: Path, clock: WallClock) -> None:
