@@ -10,61 +10,85 @@ What an embedder needs, from one place:
 
 The parts, one package each, mirror the nursery tree: ``domain`` (the vocabulary), ``registry`` (the single source
 of truth), ``execution`` (how jobs run), ``core`` (the rules and their tasks), ``observe`` (events, webhook,
-metrics, logs, systemd), ``api`` (HTTP), ``cli`` (the terminal). ``run_supervisor`` and ``create_app`` are imported
-on first use: a CLI client never loads the HTTP server.
+metrics, logs, systemd), ``api`` (HTTP), ``cli`` (the terminal). Every name is imported on first use (``_HOME``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import importlib
 
-from .core import Supervisor
-from .domain import (
-    BodyTooLarge,
-    Config,
-    ConfigError,
-    Conflict,
-    ExecutorUnavailable,
-    Forbidden,
-    HostForgotten,
-    HostNotFound,
-    IllegalTransition,
-    Job,
-    JobKind,
-    JobNotFound,
-    JobStatus,
-    KindCatalog,
-    KindsFileError,
-    MalformedRequest,
-    RegistryDamaged,
-    RegistryError,
-    RegistryNotOpened,
-    RegistryUnavailable,
-    RequestError,
-    SpawnError,
-    StartOutcomeUnknown,
-    SupervisorError,
-    Unauthorized,
-    UnsupportedMediaType,
-    ValidationError,
-    load_config,
-    load_kinds,
-)
-from .domain._model import ExitStatus, IdentityRecord, Liveness
-from .execution import Executor
-from .registry import (
-    MemoryRegistry,
-    PostgresRegistry,
-    Registry,
-    SqliteRegistry,
-    migrate_registry,
-    open_registry,
-    registry_runtime,
-)
-
+TYPE_CHECKING = False  # not typing's: `import typing` alone is a tenth of the time to reach _entry's hold()
 if TYPE_CHECKING:
+    from typing import Any
+
     from ._root import run_supervisor
     from .api._app import create_app
+    from .core import Supervisor
+    from .domain import (
+        BodyTooLarge,
+        Config,
+        ConfigError,
+        Conflict,
+        ExecutorUnavailable,
+        Forbidden,
+        HostForgotten,
+        HostNotFound,
+        IllegalTransition,
+        Job,
+        JobKind,
+        JobNotFound,
+        JobStatus,
+        KindCatalog,
+        KindsFileError,
+        MalformedRequest,
+        RegistryDamaged,
+        RegistryError,
+        RegistryNotOpened,
+        RegistryUnavailable,
+        RequestError,
+        SpawnError,
+        StartOutcomeUnknown,
+        SupervisorError,
+        Unauthorized,
+        UnsupportedMediaType,
+        ValidationError,
+        load_config,
+        load_kinds,
+    )
+    from .domain._model import ExitStatus, IdentityRecord, Liveness
+    from .execution import Executor
+    from .registry import (
+        MemoryRegistry,
+        PostgresRegistry,
+        Registry,
+        SqliteRegistry,
+        migrate_registry,
+        open_registry,
+        registry_runtime,
+    )
+
+# Where each public name lives. Imported on first use: ``import supervisor`` loads nothing, so that the command
+# line's entry (``_entry``) holds the process's signals before the heavy imports, and a CLI client never loads the
+# HTTP server.
+_HOME = {
+    ".core": ("Supervisor",),
+    ".domain": (
+        "BodyTooLarge", "Config", "ConfigError", "Conflict", "ExecutorUnavailable", "Forbidden", "HostForgotten",
+        "HostNotFound", "IllegalTransition", "Job", "JobKind", "JobNotFound", "JobStatus", "KindCatalog",
+        "KindsFileError", "MalformedRequest", "RegistryDamaged", "RegistryError", "RegistryNotOpened",
+        "RegistryUnavailable", "RequestError", "SpawnError", "StartOutcomeUnknown", "SupervisorError", "Unauthorized",
+        "UnsupportedMediaType", "ValidationError", "load_config", "load_kinds",
+    ),
+    ".domain._model": ("ExitStatus", "IdentityRecord", "Liveness"),
+    ".execution": ("Executor",),
+    ".registry": (
+        "MemoryRegistry", "PostgresRegistry", "Registry", "SqliteRegistry", "migrate_registry", "open_registry",
+        "registry_runtime",
+    ),
+    "._root": ("run_supervisor",),
+    ".api._app": ("create_app",),
+}  # fmt: skip
+_MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
 
 __all__ = [
     "BodyTooLarge",
@@ -114,12 +138,13 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name == "run_supervisor":
-        from ._root import run_supervisor
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # once found, an ordinary attribute
+    return value
 
-        return run_supervisor
-    if name == "create_app":
-        from .api._app import create_app
 
-        return create_app
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

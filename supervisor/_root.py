@@ -1,18 +1,22 @@
 """``supervisor serve``: the root of the nursery tree.
 
-    registry runtime            (PostgreSQL) trio-asyncio's loop, under which asyncpg runs: open around all of it
-    root nursery (run_supervisor)
-    ├── signal watcher          SIGTERM/SIGINT -> shutdown event; SIGHUP -> re-read the API token files
-    ├── job nursery             one monitor task per running job (its own or adopted), and the shepherd's reader
-    ├── drainer                 drains when woken (an enqueue, a job's end, a cancel), many wakes making one drain
-    ├── fleet                   this host's lease on the registry, renewed every third of it; the fleet's lead
-    ├── wake-ups                (PostgreSQL) LISTEN: other hosts' enqueues, cancels of this host's jobs, the pause
-    ├── webhook sender          (the leader only) delivers the outbox to PODCAST_JOB_WEBHOOK_URL, in order, with backoff
-    ├── check-in                this process's presence every 0.5 s: a gap (a freeze) never ages a job
-    ├── sweeper                 startup sweep (before serving), then reconcile -> drain every sweep_interval_s
-    ├── HTTP server             hypercorn's trio worker serving the quart-trio app (and the event streams, which
-    │                           end at shutdown before the graceful deadline)
-    └── watchdog                (under systemd with WatchdogSec) WATCHDOG=1 while the sweeper keeps sweeping
+    watching nursery (run_supervisor)
+    ├── signal watcher          from the boot's first moment (and what the entry held before): SIGTERM/SIGINT ->
+    │                           shutdown event; SIGHUP -> re-read the API token files
+    ├── start abandoner         a shutdown before serving cancels the start (a registry lock can hold it 10 s)
+    └── registry runtime        (PostgreSQL) trio-asyncio's loop, under which asyncpg runs: open around all of it
+        root nursery (_serve_boot)
+        ├── job nursery         one monitor task per running job (its own or adopted), and the shepherd's reader
+        ├── drainer             drains when woken (an enqueue, a job's end, a cancel), many wakes making one drain
+        ├── fleet               this host's lease on the registry, renewed every third of it; the fleet's lead
+        ├── wake-ups            (PostgreSQL) LISTEN: other hosts' enqueues, cancels of this host's jobs, the pause
+        ├── webhook sender      (the leader only) delivers the outbox to PODCAST_JOB_WEBHOOK_URL, in order, with
+        │                       backoff
+        ├── check-in            this process's presence every 0.5 s: a gap (a freeze) never ages a job
+        ├── sweeper             startup sweep (before serving), then reconcile -> drain every sweep_interval_s
+        ├── HTTP server         hypercorn's trio worker serving the quart-trio app (and the event streams, which
+        │                       end at shutdown before the graceful deadline)
+        └── watchdog            (under systemd with WatchdogSec) WATCHDOG=1 while the sweeper keeps sweeping
 
 Every child is started with ``await nursery.start(...)``; nothing is spawned outside this tree. Shutdown stops
 the HTTP server gracefully (a short deadline), then cancels the rest: monitors stop watching, jobs keep running,
@@ -25,6 +29,7 @@ import functools
 import gc
 import secrets
 import signal
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import trio
@@ -45,19 +50,53 @@ log = get_logger()
 
 
 async def _watch_signals(
-    shutdown: trio.Event, credentials: Credentials, *, task_status: Any = trio.TASK_STATUS_IGNORED
+    shutdown: trio.Event,
+    credentials: Credentials,
+    held_signals: Callable[[], Sequence[int]],
+    *,
+    task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """SIGTERM/SIGINT: shut down. SIGHUP: re-read the operator token file and the named tokens file (a failed read
-    keeps what is in force)."""
+    keeps what is in force). The first task of a boot: those the command's entry held through the imports
+    (``held_signals``) are acted on first, as if they came now."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         task_status.started()
+        for early in held_signals():  # taken once our receiver is in place: none is lost between the two
+            await _on_signal(early, shutdown, credentials, held=True)
         async for signum in signals:
-            if signum == signal.SIGHUP:
-                await _reload_token(credentials.operator)
-                await _reload_named_tokens(credentials)
-                continue
-            log.info("shutdown_requested", signal=signal.Signals(signum).name)
-            shutdown.set()
+            await _on_signal(signum, shutdown, credentials, held=False)
+
+
+async def _on_signal(signum: int, shutdown: trio.Event, credentials: Credentials, *, held: bool) -> None:
+    if signum == signal.SIGHUP:
+        await _reload_token(credentials.operator)
+        await _reload_named_tokens(credentials)
+        return
+    # ``held``: it came before the boot could hear it (the imports, the settings' reading), and waited for it.
+    log.info("shutdown_requested", signal=signal.Signals(signum).name, **({"held": True} if held else {}))
+    shutdown.set()
+
+
+class _Start:
+    """A boot's start, abandoned when a stop is asked for before it serves: opening a SQLite registry whose lock
+    another process holds waits up to the busy timeout. Once serving, a stop is the graceful shutdown's. Passed as
+    the boot's ``task_status``: its ``started`` marks the end of the start; ``boot_id`` is set once chosen."""
+
+    def __init__(self, task_status: Any) -> None:
+        self.scope = trio.CancelScope()
+        self.serving = False
+        self.boot_id: str | None = None
+        self._task_status = task_status
+
+    def started(self, value: object = None) -> None:
+        self.serving = True
+        self._task_status.started(value)
+
+    async def abandon_on(self, shutdown: trio.Event, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        await shutdown.wait()
+        if not self.serving:
+            self.scope.cancel()
 
 
 async def _reload_token(api_token: ApiToken) -> None:
@@ -101,6 +140,7 @@ async def run_supervisor(
     freeze_heap: bool = False,
     http_limits: HttpLimits | None = None,
     credentials: Credentials | None = None,
+    held_signals: Callable[[], Sequence[int]] | None = None,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the supervisor until ``shutdown`` is set (or SIGTERM/SIGINT). ``started()`` gives the ``Supervisor``.
@@ -109,17 +149,37 @@ async def run_supervisor(
 
     ``freeze_heap`` (``supervisor serve``, which owns its process): once serving, what startup built is moved out
     of the garbage collector's sight (``gc.freeze``). ``http_limits``: the HTTP server's timeouts (defaults unless
-    given).
+    given). ``held_signals``: what the process's entry held before this boot could hear it (``supervisor serve``:
+    ``_entry.HeldSignals.take``), acted on first.
     """
+    if shutdown is None:
+        shutdown = trio.Event()
     if credentials is None:
         credentials = Credentials.from_config(config)
         await trio.to_thread.run_sync(credentials.load)
-    # The registry's runtime outlives every use of the registry: its aclose (in run_with_registry's finally) included.
-    async with registry_runtime(config):
-        await _run_with_registry(
-            config, kinds, credentials, shutdown=shutdown, freeze_heap=freeze_heap, http_limits=http_limits,
-            task_status=task_status,
-        )  # fmt: skip
+    async with trio.open_nursery() as watching:
+        # Heard from the first moment of the boot: a SIGHUP while starting never ends the process, a SIGTERM/SIGINT
+        # ends the start (issue 53).
+        await watching.start(_watch_signals, shutdown, credentials, held_signals or tuple)
+        start = _Start(task_status)
+        await watching.start(start.abandon_on, shutdown)
+        try:
+            with start.scope:
+                # The registry's runtime outlives every use of the registry: its aclose (in run_with_registry's
+                # finally) included.
+                async with registry_runtime(config):
+                    await _run_with_registry(
+                        config, kinds, credentials, shutdown=shutdown, freeze_heap=freeze_heap,
+                        http_limits=http_limits, start=start,
+                    )  # fmt: skip
+        finally:
+            # The last line of a boot that served, or that a stop ended before it did (one whose start failed ends
+            # with its error instead).
+            if start.serving:
+                log.info("supervisor_stopped", boot_id=start.boot_id)
+            elif start.scope.cancelled_caught:
+                log.info("supervisor_stopped", boot_id=start.boot_id, before="serving")
+        watching.cancel_scope.cancel()
 
 
 async def _run_with_registry(
@@ -127,15 +187,13 @@ async def _run_with_registry(
     kinds: KindCatalog,
     credentials: Credentials,
     *,
-    shutdown: trio.Event | None,
+    shutdown: trio.Event,
     freeze_heap: bool,
     http_limits: HttpLimits | None,
-    task_status: Any,
+    start: _Start,
 ) -> None:
-    if shutdown is None:
-        shutdown = trio.Event()
     limits = http_limits if http_limits is not None else HttpLimits()
-    boot_id = secrets.token_hex(16)
+    boot_id = start.boot_id = secrets.token_hex(16)
     # Events are written with each change only when something will send them (a webhook).
     # One wall clock for every timestamp and rule of this boot, moved by the monotonic clock: a step of the system
     # clock fires no rule and skips no backoff (issue 26).
@@ -155,7 +213,7 @@ async def _run_with_registry(
     try:
         await _serve_boot(
             config, kinds, credentials, boot_id, clock, registry, succession.succeeds, shutdown=shutdown,
-            freeze_heap=freeze_heap, limits=limits, task_status=task_status,
+            freeze_heap=freeze_heap, limits=limits, start=start,
         )  # fmt: skip
     finally:
         succession.release()
@@ -173,7 +231,7 @@ async def _serve_boot(
     shutdown: trio.Event,
     freeze_heap: bool,
     limits: HttpLimits,
-    task_status: Any,
+    start: _Start,
 ) -> None:
     supervisor = Supervisor(config, kinds, registry, boot_id=boot_id, wall_clock=clock, succeeds=succeeds)
     sock = bind_socket(config.bind_host, config.bind_port)
@@ -185,7 +243,6 @@ async def _serve_boot(
     notifier = Notifier()  # systemd's notify socket, when run by systemd (Type=notify)
     try:
         async with trio.open_nursery() as root:
-            await root.start(_watch_signals, shutdown, credentials)
             supervisor.attach(await root.start(_run_job_nursery))
             # This host's lease, the fleet's lead and its limit (ADR 0012): settled before anything promotes.
             await root.start(supervisor.run_fleet)
@@ -226,7 +283,7 @@ async def _serve_boot(
             notifier.send(f"READY=1\nSTATUS=serving on {supervisor.heartbeat_base_url}")
             if notifier.watchdog_interval_s is not None:
                 await root.start(run_watchdog, notifier, lambda: supervisor.last_sweep_done, config.sweep_interval_s)
-            task_status.started(supervisor)
+            start.started(supervisor)
             await shutdown.wait()
             notifier.send("STOPPING=1")
             # Event streams never end by themselves: end them now, so their connections finish like any other
@@ -241,4 +298,3 @@ async def _serve_boot(
         with trio.CancelScope(shield=True):
             await supervisor.executor.aclose()
             await registry.aclose()
-        log.info("supervisor_stopped", boot_id=supervisor.boot_id)

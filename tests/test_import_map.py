@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Lowest first: a package may import only those before it. (``__init__`` and ``__main__``, the surfaces, may import
 # anything.)
-LAYERS = ("domain", "registry", "observe", "execution", "core", "api", "_root", "cli")
+LAYERS = ("domain", "registry", "observe", "execution", "core", "api", "_root", "cli", "_entry")
 
 
 def _imports(package_root: Path) -> Iterator[tuple[Path, str, str]]:

@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TextIO, TypeVar
 
 import trio
 
@@ -161,10 +161,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # 10: enqueue and promotion tails).
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     limits = _open_files_for_connections(log)
+    held = args.held.take if args.held is not None else None
     try:
         trio.run(
             functools.partial(
-                run_supervisor, config, kinds, freeze_heap=True, credentials=credentials, http_limits=limits
+                run_supervisor, config, kinds, freeze_heap=True, credentials=credentials, http_limits=limits,
+                held_signals=held,
             )
         )
     except OSError as exc:
@@ -1024,7 +1026,8 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     p = local("serve", "run the supervisor (HTTP API, sweeper, job monitors)")
-    p.set_defaults(func=cmd_serve)
+    # serve's signal watcher takes the signals the entry held through the imports (run_supervisor's held_signals).
+    p.set_defaults(func=cmd_serve, keeps_signals=True)
     p = local("check-config", "print the effective configuration, or name every invalid setting")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_check_config)
@@ -1051,14 +1054,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class HeldSignals(Protocol):
+    """The signals the process's entry held through the imports (``supervisor._entry``, the layer above)."""
+
+    def take(self) -> list[int]: ...
+
+    def release(self) -> None: ...
+
+
 def main(
     argv: Sequence[str] | None = None,
     *,
     environ: Mapping[str, str] | None = None,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
+    held: HeldSignals | None = None,
 ) -> int:
-    """Run one command. ``environ``/``stdout``/``stderr`` default to the process's (tests pass their own)."""
+    """Run one command. ``environ``/``stdout``/``stderr`` default to the process's (tests pass their own); ``held``:
+    the signals the console script held until the command is known (None: nothing held)."""
     parser = build_parser()
     if argv is None:
         # Shell completion: a no-op unless the shell's completion function called us (it then prints and exits).
@@ -1068,7 +1081,12 @@ def main(
     args = parser.parse_args(argv)
     args.io = _Io(os.environ if environ is None else environ, stdout or sys.stdout, stderr or sys.stderr)
     try:
+        args.held = held
+        if held is not None and not getattr(args, "keeps_signals", False):
+            held.release()  # a Ctrl-C or SIGTERM during the imports acts now, as it would have then
         code: int = args.func(args)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader went away (`supervisor jobs --json | head -1`): stop quietly, as a tool SIGPIPE stops does,
         # and point stdout at /dev/null so that the interpreter's last flush has nowhere to fail either.
