@@ -65,7 +65,7 @@ async def run(mode: str, jobs: int, slots: int) -> tuple[float, list[float], int
                     await trio.sleep(0.02)  # the rows are the measurement: poll them
                 wall = time.monotonic() - started
                 rows = [await sup.get(result.job.job_id) for result in batch]
-                while sup.boot.watched:  # noqa: ASYNC110 - monitors remove themselves after releasing the job
+                while len(sup.boot.ledger):  # noqa: ASYNC110 - monitors remove themselves after releasing the job
                     await trio.sleep(0.02)
                 nursery.cancel_scope.cancel()
     finally:

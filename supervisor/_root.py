@@ -233,12 +233,19 @@ async def _serve_boot(
     limits: HttpLimits,
     start: _Start,
 ) -> None:
-    supervisor = Supervisor(config, kinds, registry, boot_id=boot_id, wall_clock=clock, succeeds=succeeds)
+    # Bound first: the port is known before the boot's parts are made, so jobs get a heartbeat URL from the start.
     sock = bind_socket(config.bind_host, config.bind_port)
-    host, port = sock.getsockname()[:2]
-    url = public_base_url(host, port)
-    # How jobs reach us: from a container, our loopback address is the container's own, so it may be configured.
-    supervisor.heartbeat_base_url = config.heartbeat_base_url or url
+    try:
+        host, port = sock.getsockname()[:2]
+        url = public_base_url(host, port)
+        supervisor = Supervisor(
+            config, kinds, registry, boot_id=boot_id, wall_clock=clock, succeeds=succeeds,
+            # How jobs reach us: from a container, our loopback address is the container's own, so it may be set.
+            heartbeat_base_url=config.heartbeat_base_url or url,
+        )  # fmt: skip
+    except BaseException:
+        sock.close()
+        raise
     http_done = trio.Event()
     notifier = Notifier()  # systemd's notify socket, when run by systemd (Type=notify)
     try:

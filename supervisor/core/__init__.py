@@ -1,6 +1,10 @@
 """The core: the rules of supervision and the tasks that carry them out, one module per branch of the nursery tree.
 
+_boot         Boot: one boot's settings and parts, a value handed to every part; the tasks' error boundary
+_ledger       JobLedger: the jobs watched or being started, and the stops for stalls (the one shared mutable state)
+_standing     Standing: what the fleet lets this host do now (promote, lead, the limit), written by the fleet task
 _rules        pure: judge (reconcile), outcome and ending (a job's end), judge_absence (stalled / silent)
+_enqueue      enqueue, batches and retries: validated, stored, announced (never waits for a start)
 _drain        the drainer task: promote and start, the one way a job starts
 _monitor      one monitor per running job; cancel
 _reconcile    reconcile: RUNNING rows against the executor's evidence
@@ -9,12 +13,17 @@ _sweeper      the sweeper task: pause file -> reconcile -> absence -> drain
 _wakeups      the wake-up listener task: other hosts' changes (LISTEN/NOTIFY), acted on at once; only hints
 _heartbeats   a job's heartbeats: token check, body, watermark
 _queue_watch  the queue's own watch: its signals and the stuck rule, judged at every sweep
+_fleet        the fleet task: this host's lease, the lead, the fleet's settings, the leader's silent-host rounds
+_silent       the leader's judge of a silent host's jobs: ended only by proof this host can read
+_hosts        the operator's view of the fleet's hosts, and forget
+_pause        the operator's pause file, mirrored into the registry's pause
+_prune        retention: finished jobs past it removed with their files, a batch at a time
 _succession   the data dir's lock: which previous boot of this host is proved gone
 _supervisor   Supervisor: the front door the HTTP layer and the CLI call; wires the above
 """
 
 from ._absence import ABSENT_AFTER_S, CHECK_IN_S, AbsenceJudge, AbsenceTracker
-from ._boot import Boot, Tally, Watched
+from ._boot import Boot, JobTree, Tally
 from ._drain import PROMOTE_BATCH, Drainer
 from ._enqueue import MAX_BATCH
 from ._heartbeats import (
@@ -28,6 +37,7 @@ from ._heartbeats import (
     merged,
     parse_beat,
 )
+from ._ledger import JobLedger, Watched
 from ._queue_watch import HOLD_REASONS, NOT_PROMOTED, QueueRule, QueueWatch, Stuck
 from ._reconcile import ReconcileDetail, ReconcileReport
 from ._rules import (
@@ -52,6 +62,7 @@ from ._rules import (
     outcome,
     past_window,
 )
+from ._standing import Standing
 from ._succession import DataDirLock
 from ._supervisor import LOG_CHUNK_BYTES, Health, LogSlice, QueueState, Supervisor
 from ._sweeper import Sweeper, run_sweeper
@@ -87,7 +98,9 @@ __all__ = [
     "Drainer",
     "Health",
     "Heartbeats",
+    "JobLedger",
     "JobTokens",
+    "JobTree",
     "LogSlice",
     "QueueRule",
     "QueueState",
@@ -96,6 +109,7 @@ __all__ = [
     "ReconcileReport",
     "RetryPolicy",
     "Signals",
+    "Standing",
     "Stuck",
     "Supervisor",
     "Sweeper",

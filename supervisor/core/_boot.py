@@ -1,8 +1,10 @@
-"""What every part of the core shares for one boot of the supervisor: the settings, the registry, the executor, the
-event bus, this boot's id, and the jobs this boot watches (``Watched``).
+"""What every part of the core shares for one boot of the supervisor (``Boot``, a value: the settings, the registry,
+the executor, the event bus, this boot's id, and the three objects that change while it runs), and the error boundary
+every background task uses (``boundary``).
 
-The parts (``_drain``, ``_monitor``, ``_reconcile``, ``_absence``, ``_sweeper``, ``_heartbeats``) each hold a
-``Boot`` and nothing of each other but what they are handed; ``_supervisor.Supervisor`` wires them.
+The parts that hold a ``Boot`` (``_drain``, ``_enqueue``, ``_monitor``, ``_reconcile``, ``_silent``, ``_hosts``,
+``_fleet``, ``_queue_watch``, ``_wakeups``) get everything else they use in their constructors;
+``_supervisor.Supervisor`` builds them in one place, in an order with no cycle.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ import trio
 
 from ..domain import Config, Job, JobStatus, KindCatalog, RegistryUnavailable, SupervisorError
 from ..domain._model import utc_now
-from ..execution import Executor, JobHandle
+from ..execution import Executor
 from ..observe import EventBus, EventName, JobEvent, get_logger
 from ..registry import Registry
+from ._ledger import JobLedger
+from ._standing import Standing
 
 log = get_logger()
 T = TypeVar("T")
@@ -86,34 +90,32 @@ def boundary(step: str, tally: Tally | None, **fields: Any) -> Iterator[None]:
             tally.note(step)
 
 
-@dataclass
-class Watched:
-    """A job this boot watches (one it started, or one it adopted): ``request_cancel`` stops it.
+class JobTree:
+    """The job nursery, given by the root of the tree once it runs (``attach``): where every monitor, start and
+    operator's multi-step work runs (``run_in_tree``)."""
 
-    ``handle`` is None only while the job is being started (the spawn window). ``on_cancel`` is set by the job's
-    monitor while it waits for the job's end: it starts the stop then (a cancel in the spawn window is carried out
-    as soon as the monitor starts).
-    """
+    def __init__(self) -> None:
+        self._nursery: trio.Nursery | None = None
 
-    job_id: str
-    handle: JobHandle | None = None
-    cancel_requested: bool = False
-    on_cancel: Callable[[], None] | None = None
+    def attach(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
 
-    def request_cancel(self) -> None:
-        if self.cancel_requested:
-            return
-        self.cancel_requested = True
-        if self.on_cancel is not None:
-            self.on_cancel()
+    @property
+    def attached(self) -> bool:
+        return self._nursery is not None
 
+    def nursery(self) -> trio.Nursery:
+        if self._nursery is None:
+            raise SupervisorError("the supervisor has no job nursery: call attach() first")
+        return self._nursery
 
-async def _nothing_to_write() -> None:
-    """No heartbeats are taken (a Boot without a Supervisor's heartbeats)."""
-
-
-@dataclass
+@dataclass(frozen=True)
 class Boot:
+    """One boot's settings, parts and ids: a value, made once by ``Supervisor`` and handed to every part. What
+    changes while it runs lives in the three objects it holds, each written by the verbs of one owner: ``ledger``
+    (the jobs watched or being started: ``_ledger``), ``standing`` (what the fleet lets this host do: the fleet
+    task's), ``tree`` (the job nursery, attached by the root)."""
+
     config: Config
     kinds: KindCatalog
     registry: Registry
@@ -123,33 +125,19 @@ class Boot:
     # Resolved once, so that jobs' cwd and log paths stay put whatever the supervisor's cwd does later.
     data_dir: Path
     log_dir: Path
-    watched: dict[str, Watched] = field(default_factory=dict)
-    # Jobs being stopped because they stalled (stall_action = terminate): they end stale, not cancelled.
-    stall_stops: set[str] = field(default_factory=set)
-    job_nursery: trio.Nursery | None = None
+    standing: Standing
+    ledger: JobLedger = field(default_factory=JobLedger)
+    tree: JobTree = field(default_factory=JobTree)
     # The wall clock of every stamp the core decides with (a resubmission's not-before, the wall-clock window): one
     # seam for tests. Waits and ages are on the event loop's clock.
     wall_clock: Callable[[], datetime] = utc_now
-
-    # The fleet's limit when it differs from this host's setting (the first recorded wins, ADR 0012). None: ours.
-    fleet_max_concurrent: int | None = None
-    # Whether this host may promote now: its host lease is fresh (INV-NO-PROMOTION-WITHOUT-LEASE; the fleet's gate,
-    # wired by Supervisor). A gate refuses until someone who knows opens it: never "yes" by default.
-    may_promote: Callable[[], bool] = lambda: False
-    # Writes the heartbeats taken and not yet written (``Heartbeats.flush``, wired by Supervisor): a row that ends
-    # takes no beat after, so its last ones are written first (ADR 0018).
-    write_beats: Callable[[], Awaitable[None]] = _nothing_to_write
-    # Promotions asked of the registry whose rows are not yet in ``watched`` (the await of its promote), and how many
-    # have begun: a read of the rows that overlapped one may hold its rows unheld yet (``promotion_mark``).
-    promotions_in_flight: int = 0
-    promotions_begun: int = 0
     # The conditions the background tasks met (``boundary``).
     tally: Tally = field(default_factory=Tally)
 
     @property
     def max_concurrent(self) -> int:
         """The fleet-wide limit this host promotes under."""
-        return self.fleet_max_concurrent if self.fleet_max_concurrent is not None else self.config.max_concurrent
+        return self.standing.max_concurrent
 
     @property
     def host_id(self) -> str:
@@ -159,24 +147,6 @@ class Boot:
         """This host promoted the row (or no host was recorded: a row from before hosts), so only this host's
         evidence judges its process (ADR 0012: no host judges a process it cannot see)."""
         return job.host_id is None or job.host_id == self.config.host_id
-
-    def nursery(self) -> trio.Nursery:
-        if self.job_nursery is None:
-            raise SupervisorError("the supervisor has no job nursery: call attach() first")
-        return self.job_nursery
-
-    def being_started(self, job_id: str) -> bool:
-        """This boot is starting the job now: the drainer holds its start (promoted, not yet handed to its monitor
-        or dropped). Past that, an unspawned row of this boot is judged on the executor's evidence like any other
-        (INV-UNKNOWN-KEEPS-SLOT): the start's outcome is unknown, never assumed."""
-        entry = self.watched.get(job_id)
-        return entry is not None and entry.handle is None
-
-    def promotion_mark(self) -> tuple[int, int]:
-        """Taken before and after a read of the rows: if the two differ, or a promotion was under way at the first,
-        the read may show rows of a promotion whose start is not yet held in ``watched``
-        (INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING: they are being started, not unheld)."""
-        return self.promotions_in_flight, self.promotions_begun
 
     async def run_in_tree(self, work: Callable[[], Awaitable[T]], step: str) -> T:
         """Run ``work`` as a task of the job nursery and wait for its result. A caller that goes away (a request
@@ -200,7 +170,7 @@ class Boot:
             finally:
                 done.set()
 
-        self.nursery().start_soon(task)
+        self.tree.nursery().start_soon(task)
         try:
             await done.wait()
         except BaseException:

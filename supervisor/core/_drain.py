@@ -29,7 +29,8 @@ from ..domain._model import hash_token
 from ..execution import JobHandle, Launch
 from ..observe import get_logger
 from ..registry import Ending, Expect, IdentityClaim, Outcome, PromoteRequest
-from ._boot import Boot, Watched, boundary, log_failure, until_recorded
+from ._boot import Boot, boundary, log_failure, until_recorded
+from ._ledger import Watched
 from ._pause import PauseFile
 from ._rules import ENGINE_UNAVAILABLE
 
@@ -46,14 +47,23 @@ StartMonitor = Callable[[Watched, Job], Awaitable[None]]
 
 
 class Drainer:
-    """See the module docstring. ``start_monitor`` hands a started job to its monitor (``Monitors.start``)."""
+    """See the module docstring. ``wanted``: the bell everyone who may free a slot or queue a job rings (``wake``),
+    the drainer alone waits on; ``start_monitor`` hands a started job to its monitor (``Monitors.start``);
+    ``heartbeat_base_url``: how jobs reach the HTTP API for their heartbeats (None: they are given no URL)."""
 
-    def __init__(self, boot: Boot, start_monitor: StartMonitor, pause_file: PauseFile) -> None:
+    def __init__(
+        self,
+        boot: Boot,
+        wanted: Doorbell,
+        start_monitor: StartMonitor,
+        pause_file: PauseFile,
+        heartbeat_base_url: str | None = None,
+    ) -> None:
         self.boot = boot
         self.pause_file = pause_file
         self._start_monitor = start_monitor
         self._lock = trio.Lock()
-        self._wanted = Doorbell()
+        self._wanted = wanted
         self._held = False  # the executor cannot start jobs: nothing is promoted before _retry_at
         self._held_by_start = False  # held because a start was refused: only a start made ends the hold
         self._lease_held = False  # holding because this host's lease is not fresh (INV-NO-PROMOTION-WITHOUT-LEASE)
@@ -70,8 +80,7 @@ class Drainer:
         # holds no state, so nothing is replaced under a waiter (issue 52).
         self._round_done = trio.lowlevel.ParkingLot()
         self._running = False  # the drainer task runs (``run``): a ``round`` is then waited for
-        # How jobs reach the HTTP API for their heartbeats (set by the root once the socket is bound).
-        self.heartbeat_base_url: str | None = None
+        self.heartbeat_base_url = heartbeat_base_url
 
     def wake(self) -> None:
         """Ask for a drain soon; many wakes before it runs make one drain. Never blocks."""
@@ -120,7 +129,7 @@ class Drainer:
         return await self._drain(self.start_promoted)
 
     async def _drain(self, start: Callable[[list[Job], list[str]], Awaitable[list[Job]]]) -> list[Job]:
-        self.boot.nursery()  # no drain without a job nursery to hand the jobs to
+        self.boot.tree.nursery()  # no drain without a job nursery to hand the jobs to
         started: list[Job] = []
         async with self._lock:
             while self._lease_fresh() and await self._executor_ready():
@@ -137,11 +146,9 @@ class Drainer:
                     self.boot.host_id,
                     self.boot.config.host_max_concurrent,
                 )
-                # INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING: from the promotion's commit until its rows are in ``watched``,
-                # reconcile must not take them for starts that nobody holds (Boot.promotion_mark).
-                self.boot.promotions_in_flight += 1
-                self.boot.promotions_begun += 1
-                try:
+                # INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING: from the promotion's commit until its rows are held in the
+                # ledger, reconcile must not take them for starts that nobody holds (JobLedger.promoting).
+                with self.boot.ledger.promoting():
                     # INV-PROMOTION-NEVER-OVERSHOOTS: the registry counts and flips in one step; none while paused.
                     promotion = await self.boot.registry.promote(request)
                     self._next_at = promotion.next_at
@@ -157,10 +164,9 @@ class Drainer:
                     # asked while fresh). The pause file, looked at again: one that appeared between the look above
                     # and the promotion's step, with a job enqueued after it, must not see that job run (issue 36).
                     # Either way nothing of them has started, so back to the head of the queue.
-                    # Held (in ``watched``) before the look's thread hop: a cancel that comes meanwhile is kept (on
+                    # Held (in the ledger) before the look's thread hop: a cancel that comes meanwhile is kept (on
                     # the row and the entry), carried out once the job starts, or by the requeue if it never does.
-                    for job in jobs:
-                        self.boot.watched.setdefault(job.job_id, Watched(job.job_id))
+                    self.boot.ledger.hold(job.job_id for job in jobs)
                     try:
                         undone = LEASE_NOT_FRESH if not self._lease_fresh() else None
                         if undone is None and await self.pause_file.look():
@@ -177,8 +183,6 @@ class Drainer:
                     if undone is not None:
                         self._release(jobs)
                         break
-                finally:
-                    self.boot.promotions_in_flight -= 1
                 spawned = await start(jobs, tokens)
                 started.extend(spawned)
                 # Every free slot is now taken, or the queue is empty: another round would only read that again.
@@ -207,7 +211,7 @@ class Drainer:
                     self._trials -= 1
                     self.wake()
 
-        self.boot.nursery().start_soon(start_task)
+        self.boot.tree.nursery().start_soon(start_task)
         return jobs
 
     def holds(self) -> set[str]:
@@ -216,7 +220,7 @@ class Drainer:
         out = set()
         if self._held:
             out.add("engine_unreachable")
-        if self._lease_held or not self.boot.may_promote():
+        if self._lease_held or not self.boot.standing.may_promote():
             out.add("lease_not_fresh")
         return out
 
@@ -229,7 +233,7 @@ class Drainer:
         """INV-NO-PROMOTION-WITHOUT-LEASE: a host whose lease may have expired promotes nothing (an operator may
         forget it meanwhile and its rows run elsewhere). Said once per episode; the fleet wakes the drainer when the
         lease is renewed."""
-        if self.boot.may_promote():
+        if self.boot.standing.may_promote():
             if self._lease_held:
                 log.info("drain_resumed", why="host lease renewed")
             self._lease_held = False
@@ -288,7 +292,7 @@ class Drainer:
     async def start_promoted(self, jobs: list[Job], tokens: list[str]) -> list[Job]:
         """Start freshly promoted jobs together, record their identities in one write, start their monitors."""
         outcomes: dict[str, JobHandle | Exception] = {}
-        watched = self.boot.watched
+        ledger = self.boot.ledger
 
         async def start_one(job: Job, token: str) -> None:
             try:
@@ -297,7 +301,7 @@ class Drainer:
                 outcomes[job.job_id] = exc
 
         for job in jobs:
-            self.boot.announce(job, "queued", "promoted")  # (their ``watched`` entries hold them since the promotion)
+            self.boot.announce(job, "queued", "promoted")  # (the ledger holds them since the promotion)
         handed: set[str] = set()
         try:
             if len(jobs) == 1:
@@ -315,11 +319,11 @@ class Drainer:
                     await self._defer(job)
                     continue
                 if isinstance(got, StartOutcomeUnknown):
-                    # Never recorded failed: it may yet run. Its start is no longer held here (watched), so the next
-                    # sweep judges the row on the executor's evidence: a start record or container is adopted; one
-                    # that provably never happened goes back to the queue; until then it keeps its slot
+                    # Never recorded failed: it may yet run. Its start is no longer held here (the ledger), so the
+                    # next sweep judges the row on the executor's evidence: a start record or container is adopted;
+                    # one that provably never happened goes back to the queue; until then it keeps its slot
                     # (INV-UNKNOWN-KEEPS-SLOT).
-                    del watched[job.job_id]
+                    ledger.release(job.job_id)
                     deferred.append(str(got))
                     log.warning(
                         "job_start_unknown",
@@ -331,13 +335,13 @@ class Drainer:
                 if isinstance(got, Exception):
                     # INV-SPAWN-FAILURE-FREES-SLOT: whatever goes wrong in one start (a SpawnError, or a defect such as
                     # an argv the OS cannot take), the promoted row is finalized, never left holding a slot.
-                    del watched[job.job_id]
+                    ledger.release(job.job_id)
                     if not isinstance(got, SpawnError):
                         log.error("spawn_crashed", job_id=job.job_id, error=repr(got))
                     reason = str(got) if isinstance(got, SpawnError) else f"{type(got).__name__}: {got}"
                     await self._spawn_failed(job, f"spawn_failed: {reason}"[:500])
                     continue
-                watched[job.job_id].handle = got
+                ledger.handed(job.job_id, got)
                 spawned.append(job)
             if spawned:
                 claims = [IdentityClaim(job.job_id, self._handle(job).record) for job in spawned]
@@ -351,7 +355,8 @@ class Drainer:
                     # itself: only a DEBUG line then (log_failure); anything else is an ERROR.
                     log_failure("job_identity_not_recorded", job_ids=[c.job_id for c in claims])
             for job in spawned:
-                entry = watched[job.job_id]
+                entry = ledger.entry(job.job_id)
+                assert entry is not None  # held since the promotion, released only here or by its monitor
                 if job.cancel_requested:
                     entry.request_cancel()  # a cancel that arrived in the spawn window is carried out now
                 fields = self._handle(job).log_fields()
@@ -376,16 +381,16 @@ class Drainer:
             # so), kept while its start may still happen, back to the queue once it provably never will.
             for job in jobs:
                 if job.job_id not in handed:
-                    watched.pop(job.job_id, None)
+                    ledger.release(job.job_id)
 
     def _release(self, jobs: list[Job]) -> None:
         for job in jobs:
-            self.boot.watched.pop(job.job_id, None)
+            self.boot.ledger.release(job.job_id)
 
     def _handle(self, job: Job) -> JobHandle:
-        handle = self.boot.watched[job.job_id].handle
-        assert handle is not None
-        return handle
+        entry = self.boot.ledger.entry(job.job_id)
+        assert entry is not None and entry.handle is not None
+        return entry.handle
 
     async def _defer(self, job: Job, *, reason: str = ENGINE_UNAVAILABLE) -> None:
         """A start the executor could not make (its engine does not answer), or one this host may no longer make (its

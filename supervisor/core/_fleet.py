@@ -27,7 +27,7 @@ import trio
 
 from ..domain import Doorbell, HostForgotten, Job, SupervisorError, to_iso
 from ..observe import get_logger
-from ..registry import Host, Lease, Registry
+from ..registry import Host, Lease
 from ._boot import Boot, boundary, log_failure
 
 log = get_logger()
@@ -39,42 +39,34 @@ LEAD_MARGIN = 0.2
 class Fleet:
     def __init__(
         self,
-        registry: Registry,
-        host_id: str,
-        boot_id: str,
-        lease_s: float,
+        boot: Boot,
         *,
-        boot: Boot | None = None,
-        on_fresh: Callable[[], None] | None = None,
-        on_forgotten: Callable[[], None] | None = None,
-        end_by_proof: Callable[[list[Job], Callable[[], bool]], Awaitable[list[str]]] | None = None,
-        standalone: bool = False,
+        on_fresh: Callable[[], None],
+        on_forgotten: Callable[[], None],
+        end_by_proof: Callable[[list[Job], Callable[[], bool]], Awaitable[list[str]]],
         succeeds: str | None = None,
     ) -> None:
-        """``boot``: whose fleet-wide limit to settle at start (None: none to settle). ``on_fresh``: called when the
-        lease is fresh again after it was not (promotion may resume: the drainer's wake). ``on_forgotten``: called
-        once when the registry says an operator forgot this boot (its processes are to be stopped). ``end_by_proof``:
-        the leader's judge of silent hosts' rows on the ground truth this host can reach (``_silent``); None: none.
-        ``standalone``: no fleet task runs (a Supervisor embedded or driven by hand holds its registry alone): the
-        gates are open without a lease. Otherwise they refuse until a renewal opens them. ``succeeds``: this host's
-        previous boot, proved gone by the data dir's lock (``_succession``): its lease and lead are taken at once."""
-        self.standalone = standalone
-        self.succeeds = succeeds
+        """The fleet task of ``boot``: it alone writes ``boot.standing`` (a standalone boot runs none). ``on_fresh``:
+        called when the lease is fresh again after it was not (promotion may resume: the drainer's wake).
+        ``on_forgotten``: called once when the registry says an operator forgot this boot (its processes are to be
+        stopped). ``end_by_proof``: the leader's judge of silent hosts' rows on the ground truth this host can reach
+        (``_silent``). ``succeeds``: this host's previous boot, proved gone by the data dir's lock (``_succession``):
+        its lease and lead are taken at once."""
         self.boot = boot
+        self.standing = boot.standing
+        self.succeeds = succeeds
         self.end_by_proof = end_by_proof
         self.on_fresh = on_fresh
         self.on_forgotten = on_forgotten
         self.forgotten = False
-        self.registry = registry
-        self.host_id = host_id
-        self.boot_id = boot_id
-        self.lease_s = lease_s
-        self._lead_until = -math.inf  # monotonic: when this host must stop acting as leader unless renewed
-        self._fresh_until = -math.inf  # monotonic: when this host must stop promoting unless renewed
+        self.registry = boot.registry
+        self.host_id = boot.host_id
+        self.boot_id = boot.boot_id
+        self.lease_s = boot.config.host_lease_s
         self._was_leading = False
         self._was_fresh = False
         self._went_stale = False  # said stale, not yet renewed since
-        self._renewed = Doorbell()  # rung at each successful renewal: the deadlines above moved
+        self._renewed = Doorbell()  # rung at each successful renewal: the standing's deadlines moved
         self._silent_hosts: set[str] = set()  # hosts said silent (one ERROR per silence)
         # monotonic: the request of the first renewal since this boot began or its lease last went stale (None: stale)
         self._steady_since: float | None = None
@@ -84,23 +76,21 @@ class Fleet:
     def may_lead(self) -> bool:
         """Whether the fleet's once-only duties (the webhook sender, retention) may run here: when leading, or when
         standalone. Refused until the first renewal says so: a gate is never open by default."""
-        return self.standalone or self.leading
+        return self.standing.may_lead()
 
     def may_promote(self) -> bool:
         """Whether this host may promote now: its lease is fresh enough that it cannot have expired
         (INV-NO-PROMOTION-WITHOUT-LEASE), or it is standalone. Refused until the first renewal."""
-        return self.standalone or self.fresh
+        return self.standing.may_promote()
 
     @property
     def fresh(self) -> bool:
-        """This host's last renewal is recent enough that its lease cannot have expired yet."""
-        return trio.current_time() < self._fresh_until
+        return self.standing.fresh
 
     @property
     def leading(self) -> bool:
-        """This host leads now: its last renewal made it the leader, and that renewal is still fresh enough that its
-        lease cannot have expired (INV-ONE-LEADER)."""
-        return trio.current_time() < self._lead_until
+        """This host leads now (INV-ONE-LEADER)."""
+        return self.standing.leading
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Renew at once (so that the first sweep knows whether it leads), report started, then renew every third of
@@ -115,7 +105,7 @@ class Fleet:
         Error boundary: a renewal that fails (the registry, a timeout) is logged and tried at the next tick; the
         freshness it would have given runs out, said by ``host_lease_stale``; the silent-host round is guarded the
         same way. A bug ends the supervisor."""
-        if self.standalone:
+        if self.standing.standalone:
             raise SupervisorError("a standalone supervisor runs no fleet task: it holds its registry alone")
         period_s = self.lease_s / 3
         try:
@@ -145,7 +135,7 @@ class Fleet:
         """The leader's round over silent hosts, once after each renewal that kept the lead, each bounded by a
         renewal period (a slow read, a proof on a hung shared volume, never holds the next round past it)."""
         task_status.started()
-        tally = self.boot.tally if self.boot is not None else None
+        tally = self.boot.tally
         while True:
             await self._lead_renewed.wait()
             if not self.leading:
@@ -176,8 +166,7 @@ class Fleet:
                     "remain) and are not this boot's any more",
                     fix="restart this supervisor to register a new boot; retry (kill-and-resubmit) what must run",
                 )
-                if self.on_forgotten is not None:
-                    self.on_forgotten()
+                self.on_forgotten()
             return
         except trio.TooSlowError:
             # A hang (a partition): each failed renewal is a DEBUG line; host_lease_stale says the episode, on time.
@@ -191,12 +180,9 @@ class Fleet:
         if self._steady_since is None:
             self._steady_since = asked
         # INV-NO-PROMOTION-WITHOUT-LEASE, INV-ONE-LEADER: counted from the request, before the registry's commit.
-        self._fresh_until = asked + self.lease_s * (1 - LEAD_MARGIN)
+        self.standing.renewed(asked + self.lease_s * (1 - LEAD_MARGIN), leading=lease.leading)
         if lease.leading:
-            self._lead_until = self._fresh_until
             self._lead_renewed.ring()
-        else:
-            self._lead_until = -math.inf
         self._renewed.ring()
         self._note_leading()
         self._note_fresh()
@@ -223,8 +209,6 @@ class Fleet:
         """The settings a fleet must share, recorded by the first host and compared by the others: the fleet-wide
         limit (``settle_max_concurrent``) and the kinds (``settle_kinds``). A host that starts while no other host's
         lease is live records its own (how an operator changes them: restart the fleet with the new ones)."""
-        if self.boot is None:
-            return
         try:
             alone = not any(h.live and h.host_id != self.host_id for h in await self.registry.hosts())
         except SupervisorError:
@@ -237,7 +221,6 @@ class Fleet:
         """The kinds must be the same on every host: a job's argv is made by the host that enqueues it, and its end
         judged (its resubmissions, its follow-up) by the host that runs it. A host whose kinds differ from the
         fleet's says so loudly at start, and keeps its own (there is no fleet copy of a kinds file to use)."""
-        assert self.boot is not None
         mine = self.boot.kinds.fingerprint()
         try:
             setting = await self.registry.record_setting("kinds", mine, self.host_id, replace=alone)
@@ -260,7 +243,6 @@ class Fleet:
     async def settle_max_concurrent(self, alone: bool) -> None:
         """The fleet-wide limit must be one value: the first recorded wins, and a host that disagrees says so loudly
         and promotes under the fleet's."""
-        assert self.boot is not None
         mine = self.boot.config.max_concurrent
         try:
             setting = await self.registry.record_setting("max_concurrent", str(mine), self.host_id, replace=alone)
@@ -279,19 +261,20 @@ class Fleet:
                 used=fleet,
                 fix="give every host the same value, or restart the whole fleet with the new one",
             )
-            self.boot.fleet_max_concurrent = fleet
+            self.standing.settle_limit(fleet)
         else:
-            self.boot.fleet_max_concurrent = None
+            self.standing.settle_limit(None)
 
     def _left(self) -> float:
-        return max(0.0, round(self._lead_until - trio.current_time(), 3)) if self._lead_until > -math.inf else 0.0
+        lead_until = self.standing.lead_until
+        return max(0.0, round(lead_until - trio.current_time(), 3)) if lead_until > -math.inf else 0.0
 
     async def _keep_time(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Wake when the lead or the lease's freshness runs out (or a renewal moves them): say it then."""
         task_status.started()
         while True:
             now = trio.current_time()
-            upcoming = [at for at in (self._lead_until, self._fresh_until) if at > now]
+            upcoming = [at for at in (self.standing.lead_until, self.standing.fresh_until) if at > now]
             with trio.move_on_at(min(upcoming, default=math.inf)):
                 await self._renewed.wait()
             self._note_leading()
@@ -311,8 +294,7 @@ class Fleet:
             if self._went_stale:
                 log.info("host_lease_renewed", host_id=self.host_id, promotion="resumed")
                 self._went_stale = False
-            if self.on_fresh is not None:
-                self.on_fresh()  # the queue may have waited for this host
+            self.on_fresh()  # the queue may have waited for this host
         self._was_fresh = now
 
     def _note_leading(self) -> None:
@@ -333,7 +315,7 @@ class Fleet:
         rows = await self.registry.running_jobs()
         hosts = {host.host_id: host for host in await self.registry.hosts()}
         silent = self._silent(hosts, {job.host_id for job in rows if job.host_id is not None})
-        if self.end_by_proof is not None and silent and self.leading:
+        if silent and self.leading:
             ended = set(await self.end_by_proof([job for job in rows if job.host_id in silent], lambda: self.leading))
             rows = [job for job in rows if job.job_id not in ended]
             # The proofs took their time (up to a renewal period): silence is named on a read made after them, so

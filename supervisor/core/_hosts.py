@@ -64,5 +64,5 @@ class HostAdmin:
         """An operator forgot this boot (INV-FORGET-IS-FENCED): its rows were ended, perhaps resubmitted to run
         elsewhere. None is its own any more: stop every process it still watches (kill-and-resubmit is the only
         recovery verb); their rows' ends are refused by the identity guard, never recorded as this boot's."""
-        for entry in list(self.boot.watched.values()):
+        for entry in self.boot.ledger.entries():
             entry.request_cancel()

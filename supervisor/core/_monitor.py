@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -26,7 +26,8 @@ from ..domain._model import ExitStatus, Liveness
 from ..execution import Evidence, JobHandle, Unwatchable
 from ..observe import EventName, JobEvent, get_logger
 from ..registry import Ending, EnqueueResult, Expect, IdentityClaim, NewJob, Outcome
-from ._boot import Boot, Watched, until_recorded
+from ._boot import Boot, until_recorded
+from ._ledger import Watched
 from ._rules import JITTER, RetryPolicy, ending
 
 log = get_logger()
@@ -40,7 +41,8 @@ AnnounceEnqueued = Callable[[list[EnqueueResult]], None]
 class Monitors:
     """The monitors of the jobs this boot watches, and cancel. ``wake_drainer``: a slot was freed; ``follow_up_of``:
     the job a kind's ``then`` enqueues after a success (with the success, in one registry step); ``announce_enqueued``:
-    tell the event bus of it."""
+    tell the event bus of it; ``write_beats``: write the heartbeats taken and not yet written (``Heartbeats.flush``):
+    a row that ends takes no beat after, so its last ones are written first (ADR 0018)."""
 
     def __init__(
         self,
@@ -48,11 +50,13 @@ class Monitors:
         wake_drainer: Callable[[], None],
         follow_up_of: FollowUpOf,
         announce_enqueued: AnnounceEnqueued,
+        write_beats: Callable[[], Awaitable[None]],
     ) -> None:
         self.boot = boot
         self._wake_drainer = wake_drainer
         self._follow_up_of = follow_up_of
         self._announce_enqueued = announce_enqueued
+        self._write_beats = write_beats
         # Its own generator: the module's shared one belongs to whoever else runs in this process (a test's
         # property-based generator notices another thread drawing from it).
         self._random = random.Random()
@@ -64,7 +68,7 @@ class Monitors:
 
     async def start(self, watched: Watched, job: Job) -> None:
         """Start ``job``'s monitor in the job nursery; returns once it watches."""
-        await self.boot.nursery().start(self._monitor, watched, job)
+        await self.boot.tree.nursery().start(self._monitor, watched, job)
 
     async def _monitor(self, watched: Watched, job: Job, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -73,7 +77,7 @@ class Monitors:
         # The stop runs only once a cancel is asked for, in a task of its own that ends with the job: no waiting
         # task per job for a cancel that almost never comes.
         stopping = trio.CancelScope()
-        nursery = self.boot.nursery()
+        nursery = self.boot.tree.nursery()
 
         def start_stop() -> None:
             nursery.start_soon(self._carry_out_cancel, watched, stopping)
@@ -96,7 +100,7 @@ class Monitors:
             # The row stays RUNNING; with no monitor left, the sweeper's rules finalize it.
             log.exception("monitor_failed", job_id=job.job_id)
         finally:
-            self.boot.watched.pop(job.job_id, None)
+            self.boot.ledger.release(job.job_id, watched)
             self._wake_drainer()
 
     async def _finish_until_recorded(
@@ -133,7 +137,7 @@ class Monitors:
             status,
             kind=kind,
             cancel_asked=cancel_asked,
-            stall_stop=job.job_id in boot.stall_stops,
+            stall_stop=boot.ledger.stopping_for_stall(job.job_id),
             orphan_reason=orphan_reason or boot.executor.orphan_reason,
             attempts=job.attempts,
             policy=RetryPolicy.of(kind, job.max_attempts),
@@ -144,9 +148,9 @@ class Monitors:
         if follow_up is not None:
             decided = dataclasses.replace(decided, then=follow_up[0], then_key=follow_up[1])
         guard = Expect(expect.identity, host_silent=host_silent) if expect is not None else None
-        await boot.write_beats()  # its last beats before its end (ADR 0018)
+        await self._write_beats()  # its last beats before its end (ADR 0018)
         change = await boot.registry.finalize(job.job_id, decided, expect=guard)
-        boot.stall_stops.discard(job.job_id)
+        boot.ledger.stall_stop_done(job.job_id)
         if not change.changed:
             return False
         final = change.job
@@ -172,7 +176,7 @@ class Monitors:
     async def finalize(self, job: Job, outcome: Outcome, *, expect: Job | None = None) -> bool:
         """End a RUNNING row with a decided outcome (reconcile's verdicts, a cancel of a job left alone)."""
         guard = Expect(expect.identity) if expect is not None else None
-        await self.boot.write_beats()  # its last beats before its end (ADR 0018)
+        await self._write_beats()  # its last beats before its end (ADR 0018)
         change = await self.boot.registry.finalize(job.job_id, Ending(outcome), expect=guard)
         if change.changed:
             self.boot.announce_end(change.job, change.previous)
@@ -192,23 +196,22 @@ class Monitors:
 
     async def adopt(self, job: Job, handle: JobHandle, *, cancel: bool = False) -> None:
         """Watch a job this boot did not start (a prior boot's): its monitor finalizes it with its true outcome."""
-        watched = self.boot.watched
-        if job.job_id in watched:
-            if cancel:
-                watched[job.job_id].request_cancel()
+        ledger = self.boot.ledger
+        entry = ledger.adopt(job.job_id, handle)  # before the first await: a second adoption meanwhile finds it
+        if entry is None:  # watched already: that entry stays the authority
+            existing = ledger.entry(job.job_id)
+            if cancel and existing is not None:
+                existing.request_cancel()
             return
-        entry = Watched(job.job_id, handle=handle)
         if cancel:
             entry.request_cancel()
-        watched[job.job_id] = entry  # before the first await: a second adoption meanwhile finds it
         try:
             await self._announce_adopted(job, handle)
             await self.start(entry, job)
         except BaseException:
             # Cancelled (or failed) before its monitor watches: the entry must not look watched, or no reconcile
             # would ever judge the row again. The next one adopts it (a pending cancel is on the row).
-            if watched.get(job.job_id) is entry:
-                del watched[job.job_id]
+            ledger.release(job.job_id, entry)
             raise
 
     async def _announce_adopted(self, job: Job, handle: JobHandle) -> None:
@@ -232,7 +235,7 @@ class Monitors:
             return job
         if job.status is not JobStatus.RUNNING:
             return job  # terminal: returned unchanged
-        watched = self.boot.watched.get(job_id)
+        watched = self.boot.ledger.entry(job_id)
         if watched is not None:
             watched.request_cancel()  # the monitor stops it; in the spawn window, as soon as the start completes
             return job
@@ -240,7 +243,7 @@ class Monitors:
             # ADR 0012: another host's job. The request is on the row; its host carries it out (its next sweep, or
             # a wake), and the row ends cancelled only once the job is gone there.
             return job
-        if self.boot.promotions_in_flight and job.boot_id == self.boot.boot_id and not job.spawned:
+        if self.boot.ledger.promotion_under_way() and job.boot_id == self.boot.boot_id and not job.spawned:
             # INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING: maybe promoted by this boot's promotion still under way, its rows
             # not held yet. The request on the row is carried out by the start (its monitor stops it), by the requeue
             # that undoes it (ends it cancelled), or by reconcile if neither happens; never ended unverified here.
@@ -252,7 +255,7 @@ class Monitors:
         """A cancel recorded on the row of a job this host owns (asked through another host: INV-OWNER-JUDGES),
         carried out here as the sweep would: a watched job's monitor stops it; a prior boot's job is adopted and
         stopped once verified. Either way the row ends ``cancelled`` only once the process is gone."""
-        watched = self.boot.watched.get(job.job_id)
+        watched = self.boot.ledger.entry(job.job_id)
         if watched is not None:
             watched.request_cancel()
         elif job.boot_id != self.boot.boot_id:

@@ -153,13 +153,15 @@ class QueueWatch:
         *,
         stuck_after_s: float,
         pause_warn_after_s: float,
+        wake_sender: Callable[[], None] = lambda: None,
     ) -> None:
+        """``wake_sender``: the webhook sender's wake (queue.stuck / queue.moving go through the outbox)."""
         self.boot = boot
         self.holds = holds
         self.last_promotion = last_promotion
         self.rule = QueueRule(stuck_after_s, pause_warn_after_s)
         self.latest: QueueSignals | None = None
-        self.wake_sender: Callable[[], None] = lambda: None  # the webhook sender's wake (set by the Supervisor)
+        self.wake_sender = wake_sender
         self._restored = False  # the announced state read back (once per boot, at the first look)
         self._pending: tuple[str, Stuck] | None = None  # a start or end said, its webhook not yet written
         self._look = _Look()  # the queue as the registry last said it

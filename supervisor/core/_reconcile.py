@@ -56,28 +56,29 @@ class Reconciler:
         boot = self.boot
         details: list[ReconcileDetail] = []
         rows: list[Job] = []
-        mark = boot.promotion_mark()
+        ledger = boot.ledger
+        mark = ledger.promotion_mark()
         # A monitor may end its job and let go of it while the rows are read and the evidence gathered: a row read
         # running and watched then is still its monitor's (the authority on what it watches), never adopted again.
-        watched_before = set(boot.watched)
+        watched_before = ledger.job_ids()
         running = await boot.registry.running_jobs()
-        # A promotion under way during the read may have put rows in it whose starts are not yet held in ``watched``.
-        overlapped = mark[0] > 0 or boot.promotion_mark()[1] != mark[1]
+        # A promotion under way during the read may have put rows in it whose starts are not yet held in the ledger.
+        overlapped = mark[0] > 0 or ledger.promotion_mark()[1] != mark[1]
         # ADR 0012: another host's rows are that host's to judge; this one cannot see their processes.
         for job in running:
             if not boot.owns(job):
                 continue
-            if job.boot_id == boot.boot_id and not job.spawned and (overlapped or job.job_id in boot.watched):
+            if job.boot_id == boot.boot_id and not job.spawned and (overlapped or job.job_id in ledger):
                 # INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING: its start is (or may be) under way here -- nothing to ask the
                 # executor yet; once nobody holds it, the next reconcile judges it on the evidence -- or this boot
                 # started it and its monitor watches it, though the registry could not record its identity then:
                 # the monitor, which holds the row as it was (no identity), records its end. Recording the identity
                 # found here under it would make that end's guard refuse it.
-                reason = "spawn_window" if overlapped or boot.being_started(job.job_id) else "watched_unrecorded"
+                reason = "spawn_window" if overlapped or ledger.being_started(job.job_id) else "watched_unrecorded"
                 details.append(ReconcileDetail(job.job_id, "untouched", reason, None, False))
                 continue
             rows.append(job)
-            watched = boot.watched.get(job.job_id)
+            watched = ledger.entry(job.job_id)
             if job.cancel_requested and watched is not None and not watched.cancel_requested:
                 watched.request_cancel()  # asked through another host: carried out here, where the job runs
         evidence = await self.monitors.evidence(rows)
@@ -96,7 +97,7 @@ class Reconciler:
             decision = judge(
                 job,
                 this_boot=this_boot,
-                monitored=job.job_id in boot.watched or job.job_id in watched_before,
+                monitored=job.job_id in ledger or job.job_id in watched_before,
                 liveness=liveness,
                 past_window=past_window(job.started_at, now, boot.config.stale_after_s),
                 stale_marks_live_processes=stale_marks_live_processes,
@@ -104,7 +105,7 @@ class Reconciler:
                 exit_pending=found.exit_pending,
                 # Asked again after the evidence (no other task requeues a row nobody holds, so none can be promoted
                 # and held again meanwhile: this only keeps the rule's input whole).
-                starting=this_boot and boot.being_started(job.job_id),
+                starting=this_boot and ledger.being_started(job.job_id),
                 orphan_reason=boot.executor.orphan_reason,
             )
             action: str = decision.action
@@ -148,7 +149,7 @@ class Reconciler:
                     await boot.executor.release(found.handle)
                 else:
                     action = "untouched"
-            if decision.adopt and found.handle is not None and boot.job_nursery is not None:
+            if decision.adopt and found.handle is not None and boot.tree.attached:
                 await self.monitors.adopt(job, found.handle, cancel=job.cancel_requested)  # a cancel left pending
             if decision.warn:
                 # An engine that does not answer is said once per episode by the executor (and shown by /api/health):
@@ -176,20 +177,20 @@ class Reconciler:
         finalized ``stale`` / ``progress_stalled``.
         """
         boot = self.boot
-        if job.job_id in boot.stall_stops:
+        if boot.ledger.stopping_for_stall(job.job_id):
             return
-        watched = boot.watched.get(job.job_id)
+        watched = boot.ledger.entry(job.job_id)
         adopt: JobHandle | None = None
         if watched is None:
             # Not watched by this boot (a prior boot's job): stopped only once the executor verifies it alive now.
             [found] = await self.monitors.evidence([job])
-            if found.handle is None or found.liveness is not Liveness.ALIVE or boot.job_nursery is None:
+            if found.handle is None or found.liveness is not Liveness.ALIVE or not boot.tree.attached:
                 # Unless its monitor ended it since the rows were read (nothing to stop then, and nothing to say).
                 if (await boot.registry.get(job.job_id)).status is JobStatus.RUNNING:
                     log.warning("stalled_job_not_terminated", job_id=job.job_id, why="no verified live process")
                 return
             adopt = found.handle
-        boot.stall_stops.add(job.job_id)
+        boot.ledger.stop_for_stall(job.job_id)
         log.warning("stalled_job_terminating", job_id=job.job_id, grace_s=boot.config.cancel_grace_s)
         if watched is not None:
             watched.request_cancel()  # its monitor: SIGTERM, SIGKILL after the grace, then finalize once it is gone

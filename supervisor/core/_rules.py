@@ -62,9 +62,9 @@ def judge(
 
     ``exit_recorded``: how the job ended is on record (its shepherd's exit file, the engine's exit code).
     ``exit_pending``: it is gone but that record is about to be written (its shepherd still runs). ``starting``: this
-    boot is starting it now (promoted, its start not yet answered: ``Boot.being_started``). ``orphan_reason``: what the
-    exec mode calls a dead job with no record. A row without a process is judged after the executor looked for one (a
-    start file, a labelled container) and recorded it in the row when found.
+    boot is starting it now (promoted, its start not yet answered: ``JobLedger.being_started``). ``orphan_reason``:
+    what the exec mode calls a dead job with no record. A row without a process is judged after the executor looked for
+    one (a start file, a labelled container) and recorded it in the row when found.
     """
     if this_boot and starting and not job.spawned:
         # INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING: this boot promoted it and is starting it right now. Bounded: a start

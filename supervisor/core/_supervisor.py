@@ -29,6 +29,7 @@ import trio
 from ..domain import (
     Config,
     Conflict,
+    Doorbell,
     Job,
     JobNotFound,
     KindCatalog,
@@ -52,6 +53,7 @@ from ._prune import Pruner
 from ._queue_watch import QueueWatch
 from ._reconcile import Reconciler, ReconcileReport
 from ._silent import SilentHostJobs
+from ._standing import Standing
 from ._sweeper import Sweeper, run_sweeper
 from ._wakeups import WakeupListener
 
@@ -180,57 +182,69 @@ class Supervisor:
         wall_clock: Callable[[], datetime] | None = None,
         standalone: bool = False,
         succeeds: str | None = None,
+        heartbeat_base_url: str | None = None,
     ) -> None:
         """``wall_clock``: the time this boot stamps and judges by; ``supervisor serve`` gives the registry's own
         ``SteadyWallClock`` (steps of the system clock move neither). Default: the system's wall clock.
         ``standalone``: this boot runs no fleet task (``run_fleet``) and holds its registry alone, so it promotes and
         leads without a lease (an embedder, a test). Otherwise nothing is promoted and no leader's duty runs until
         the fleet task's first renewal opens those gates (``run_supervisor`` starts it first). ``succeeds``: this
-        host's previous boot on this data dir, proved gone (``_succession.DataDirLock``)."""
+        host's previous boot on this data dir, proved gone (``_succession.DataDirLock``). ``heartbeat_base_url``: how
+        jobs reach the HTTP API for their heartbeats (``run_supervisor`` binds its socket first; default: the
+        config's, else no URL)."""
         env = dict(base_env if base_env is not None else os.environ)
         for name in _PRIVATE_ENV:
             env.pop(name, None)
         self.events = EventBus()
         self.events.subscribe(log_event)
-        # The exec mode is chosen here, once per boot: nothing else branches on it.
+        # The one place the boot is put together: every part gets what it uses in its constructor, in an order with
+        # no cycle (the drainer and the monitors meet through the drainer's bell, not each other).
         self.boot = Boot(
             config=config,
             kinds=kinds,
             registry=registry,
+            # The exec mode is chosen here, once per boot: nothing else branches on it.
             executor=executor if executor is not None else create_executor(config, base_env=env),
             events=self.events,
             boot_id=boot_id or secrets.token_hex(16),
             data_dir=config.data_dir.resolve(),
             log_dir=config.jobs_log_dir.resolve(),
+            # What the fleet lets this host do (written by the fleet task alone): INV-NO-PROMOTION-WITHOUT-LEASE.
+            standing=Standing(config.max_concurrent, standalone=standalone),
             wall_clock=wall_clock or utc_now,
         )
-        self.enqueuer = Enqueuer(self.boot, self.wake_drainer)
-        self.monitors = Monitors(self.boot, self.wake_drainer, self.enqueuer.follow_up_of, self.enqueuer.announce)
+        # Rung by whatever may free a slot or queue a job (an enqueue, a job's end, a cancel, a resume, a sweep),
+        # waited on by the drainer alone: many rings make one drain.
+        self.drain_bell = Doorbell()
+        wake = self.drain_bell.ring
+        tracker = AbsenceTracker(wall_clock=self.boot.wall_clock)
+        self.heartbeats = Heartbeats(registry, tracker.beat)
+        # Every read that judges or shows progress goes through here: it sees every beat taken before it (ADR 0018).
+        self.rows = CurrentRows(registry, self.heartbeats)
+        self.enqueuer = Enqueuer(self.boot, wake)
+        self.monitors = Monitors(
+            self.boot, wake, self.enqueuer.follow_up_of, self.enqueuer.announce, self.heartbeats.flush
+        )
         self.pause_file = PauseFile(config.pause_flag_path, registry, config.host_id)
-        self.drainer = Drainer(self.boot, self.monitors.start, self.pause_file)
-        self.reconciler = Reconciler(self.boot, self.monitors, self.wake_drainer)
+        base_url = heartbeat_base_url or config.heartbeat_base_url
+        self.drainer = Drainer(self.boot, self.drain_bell, self.monitors.start, self.pause_file, base_url)
+        self.reconciler = Reconciler(self.boot, self.monitors, wake)
         # The leader's judge of a silent host's jobs: only by proof of their end that this host can read (ADR 0012).
-        self.silent_hosts = SilentHostJobs(self.boot, self.monitors, self.wake_drainer)
-        self.host_admin = HostAdmin(self.boot, self.monitors, self.wake_drainer)
+        self.silent_hosts = SilentHostJobs(self.boot, self.monitors, wake)
+        self.host_admin = HostAdmin(self.boot, self.monitors, wake)
         self.metrics = Metrics()
         self.events.subscribe(self.metrics.on_event)
-        # The durable copy of each event is the registry's outbox row, written in the change's own transaction; the
-        # sender (a root-nursery task) delivers it and is woken by the bus.
         self.fleet = Fleet(
-            registry,
-            config.host_id,
-            self.boot.boot_id,
-            config.host_lease_s,
-            boot=self.boot,
+            self.boot,
             on_fresh=self.drainer.lease_renewed,
             on_forgotten=self.host_admin.this_boot_forgotten,
             end_by_proof=self.silent_hosts.end_by_proof,
-            standalone=standalone,
             succeeds=succeeds,
         )
-        self.boot.may_promote = self.fleet.may_promote  # INV-NO-PROMOTION-WITHOUT-LEASE
-        # INV-ONE-LEADER: one sender for the fleet keeps delivery in order.
-        self.webhooks = WebhookSender(config, registry, may_send=self.fleet.may_lead)
+        # The durable copy of each event is the registry's outbox row, written in the change's own transaction; the
+        # sender (a root-nursery task) delivers it and is woken by the bus. INV-ONE-LEADER: one sender for the fleet
+        # keeps delivery in order.
+        self.webhooks = WebhookSender(config, registry, may_send=self.boot.standing.may_lead)
         self.events.subscribe(self.webhooks.wake)
         # The event stream's readers (GET /api/events): numbered, kept for resume, each with its own bounded queue.
         self.event_log = EventLog(
@@ -241,38 +255,31 @@ class Supervisor:
             max_clients=config.events_max_clients,
         )
         self.events.subscribe(self.event_log.on_event)
-        tracker = AbsenceTracker(wall_clock=self.boot.wall_clock)
-        self.heartbeats = Heartbeats(registry, tracker.beat)
-        self.boot.write_beats = self.heartbeats.flush
-        # Every read that judges or shows progress goes through here: it sees every beat taken before it (ADR 0018).
-        self.rows = CurrentRows(registry, self.heartbeats)
         stop = self.reconciler.stop_stalled
         self.absence = AbsenceJudge(config, registry, self.events, self.boot.boot_id, stop, tracker, rows=self.rows)
         # History past its retention goes a batch at a time; one host of a fleet prunes (INV-ONE-LEADER's duties).
-        self.pruner = Pruner(config, registry, self.boot.wall_clock, self.fleet.may_lead)
+        self.pruner = Pruner(config, registry, self.boot.wall_clock, self.boot.standing.may_lead)
         self.queue_watch = QueueWatch(
             self.boot,
             self.drainer.holds,
             lambda: self.drainer.last_promotion_at,
             stuck_after_s=config.queue_stuck_s,
             pause_warn_after_s=config.pause_warn_s,
+            wake_sender=self.webhooks.wake,  # queue.stuck / queue.moving go through the outbox
         )
-        self.queue_watch.wake_sender = self.webhooks.wake  # queue.stuck / queue.moving go through the outbox
         self.sweeper = Sweeper(
-            registry,
+            self.boot,
             self.reconciler,
             self.absence,
             self.drainer,
             self.metrics,
             self.pause_file,
-            self.boot.wall_clock,
             self.pruner,
-            self.boot.tally,
             self.queue_watch,
         )
         # What other hosts change (an enqueue, a cancel of a job here, the pause), heard at once; the sweep is the
         # guarantee (INV-NOTIFY-IS-A-HINT).
-        self.wakeups = WakeupListener(self.boot, self.wake_drainer, self.monitors)
+        self.wakeups = WakeupListener(self.boot, wake, self.monitors)
         self.events.subscribe(self.heartbeats.tokens.on_event)
 
     # -- what the root of the nursery tree and the HTTP layer read -------------------------------------------
@@ -313,17 +320,13 @@ class Supervisor:
     def heartbeat_base_url(self) -> str | None:
         return self.drainer.heartbeat_base_url
 
-    @heartbeat_base_url.setter
-    def heartbeat_base_url(self, url: str | None) -> None:
-        self.drainer.heartbeat_base_url = url
-
     @property
     def last_sweep_done(self) -> float | None:
         return self.sweeper.last_sweep_done
 
     def attach(self, job_nursery: trio.Nursery) -> None:
         """Give the supervisor the nursery that owns every monitor (and any task its executor runs)."""
-        self.boot.job_nursery = job_nursery
+        self.boot.tree.attach(job_nursery)
         self.boot.executor.attach(job_nursery)
 
     async def run_drainer(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -446,7 +449,7 @@ class Supervisor:
         """An operator's request whose work has several steps (a resume, a reconcile, a forget) runs in a task of
         the nursery tree, and the request only waits for it: a client that hangs up cancels its wait, never the
         work half done (issue 38). Without a job nursery (a Supervisor driven by hand), in the caller's task."""
-        if self.boot.job_nursery is None:
+        if not self.boot.tree.attached:
             return await work()
         return await self.boot.run_in_tree(work, step)
 

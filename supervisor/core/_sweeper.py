@@ -8,17 +8,14 @@ precisely when ghost rows exist. Each sweep also mirrors the operator's pause fi
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import datetime
 from typing import Any, Protocol
 
 import trio
 
 from ..domain._model import Liveness
 from ..observe import Metrics, get_logger
-from ..registry import Registry
 from ._absence import AbsenceJudge
-from ._boot import Tally, boundary
+from ._boot import Boot, Tally, boundary
 from ._drain import Drainer
 from ._pause import PauseFile
 from ._prune import Pruner
@@ -57,27 +54,26 @@ class Sweeper:
 
     def __init__(
         self,
-        registry: Registry,
+        boot: Boot,
         reconciler: Reconciler,
         absence: AbsenceJudge,
         drainer: Drainer,
         metrics: Metrics,
         pause_file: PauseFile,
-        wall_clock: Callable[[], datetime] | None = None,
-        pruner: Pruner | None = None,
-        tally: Tally | None = None,
-        queue_watch: QueueWatch | None = None,
+        pruner: Pruner,
+        queue_watch: QueueWatch,
     ) -> None:
-        self.registry = registry
+        """The steps of a sweep, in their order: the pause file, reconcile, the absence judge, the drainer, the
+        queue's watch, the leftovers, the pruner; ``boot`` gives its clock and tally."""
         self.reconciler = reconciler
         self.absence = absence
         self.drainer = drainer
         self.metrics = metrics
         self.pause_file = pause_file
         self.last_sweep_done: float | None = None
-        self.wall_clock = wall_clock
+        self.wall_clock = boot.wall_clock
         self.pruner = pruner
-        self.tally = tally
+        self.tally = boot.tally
         self.queue_watch = queue_watch
         self._warned_step_s = 0.0  # the step of the system clock last said (0: none)
         # What a dead boot recorded as ended and never released is looked for once per boot, at the first sweep
@@ -101,17 +97,15 @@ class Sweeper:
             await self.absence.judge({d.job_id: Liveness(d.liveness) if d.liveness else None for d in details})
         with boundary("drain_failed", tally):
             await self.drainer.drain()
-        if self.queue_watch is not None:
-            with boundary("queue_watch_failed", tally):
-                # After the drain: the queue as this sweep left it (issue 40).
-                await self.queue_watch.judge()
+        with boundary("queue_watch_failed", tally):
+            # After the drain: the queue as this sweep left it (issue 40).
+            await self.queue_watch.judge()
         if not self.leftovers_released:
             with boundary("leftovers_not_released", tally):
                 self.leftovers_released = await self.reconciler.release_leftovers()
-        if self.pruner is not None:
-            with boundary("prune_failed", tally):
-                # Last, and a small batch at most once a minute: history is no sweep's priority.
-                await self.pruner.maybe_prune()
+        with boundary("prune_failed", tally):
+            # Last, and a small batch at most once a minute: history is no sweep's priority.
+            await self.pruner.maybe_prune()
         self.last_sweep_done = trio.current_time()
         self.metrics.sweep_duration.observe(self.last_sweep_done - started)
 

@@ -296,7 +296,7 @@ async def test_operator_reconcile_marks_a_live_job_past_the_window_stale(open_ha
         os.kill(job.identity.fields["pid"], signal.SIGKILL)  # type: ignore[arg-type]
 
         async def monitor_done() -> bool | None:
-            return True if answer["job_id"] not in harness.supervisor.boot.watched else None
+            return True if answer["job_id"] not in harness.supervisor.boot.ledger else None
 
         await poll_until(monitor_done)
 

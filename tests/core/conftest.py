@@ -53,8 +53,8 @@ async def make_supervisor(make_config: Callable[..., Config]) -> AsyncIterator[C
             # executor asks a stop again until it is answered, and an engine a test stopped never will.
             stopped: set[str] = set()
             with trio.fail_after(40):
-                while sup.boot.watched:  # monitors remove themselves; bounded above
-                    for running in list(sup.boot.watched.values()):
+                while len(sup.boot.ledger):  # monitors remove themselves; bounded above
+                    for running in sup.boot.ledger.entries():
                         if running.handle is not None and running.job_id not in stopped:
                             stopped.add(running.job_id)
                             await sup.executor.stop(running.handle, 0)

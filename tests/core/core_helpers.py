@@ -210,7 +210,7 @@ async def wait_idle(sup: Supervisor, *, timeout_s: float = 20.0) -> None:
     """Until no monitor is left: each removes itself only after finalizing and enqueueing any follow-up."""
 
     async def idle() -> bool | None:
-        return (not sup.boot.watched) or None
+        return (not len(sup.boot.ledger)) or None
 
     await poll(idle, timeout_s=timeout_s)
 

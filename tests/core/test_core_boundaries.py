@@ -30,7 +30,7 @@ from supervisor import (
     SupervisorError,
     load_kinds,
 )
-from supervisor.core import Boot
+from supervisor.core import Boot, Standing
 from supervisor.execution.memory import MemoryExecutor
 from supervisor.observe import EventBus
 from supervisor.registry import Host, Lease
@@ -163,11 +163,11 @@ async def test_a_drain_cancelled_at_any_checkpoint_leaves_each_promoted_row_star
         ids = [(await sup.enqueue("sleep", {"seconds": 5})).job.job_id for _ in range(SLOTS)]
         completed = not await _drain_cancelled_at(sup, step)
         # The invariant, at once: nothing is held as a start any more, and whatever is watched has a monitor.
-        assert sup.boot.promotions_in_flight == 0, step
+        assert not sup.boot.ledger.promotion_under_way(), step
         for job_id in ids:
             row = await sup.get(job_id)
-            entry = sup.boot.watched.get(job_id)
-            assert not sup.boot.being_started(job_id), (step, row)
+            entry = sup.boot.ledger.entry(job_id)
+            assert not sup.boot.ledger.being_started(job_id), (step, row)
             if entry is not None:
                 assert entry.handle is not None and row.spawned, (step, row)
             # (A job the drain started and handed to its monitor may have run its course meanwhile: the clock jumps.)
@@ -221,7 +221,7 @@ async def test_a_cancel_during_the_pause_files_second_look_is_carried_out_never_
         await held.reached.wait()
         asked = await sup.cancel(job.job_id)
         assert (asked.status, asked.cancel_requested) == (JobStatus.RUNNING, True)  # kept: its start is under way
-        assert sup.boot.being_started(job.job_id)
+        assert sup.boot.ledger.being_started(job.job_id)
         held.go.set()
     await _until_all_ended(world, [job.job_id])
     final = await sup.get(job.job_id)
@@ -231,8 +231,8 @@ async def test_a_cancel_during_the_pause_files_second_look_is_carried_out_never_
     else:
         assert (final.status, final.error_reason) == (JobStatus.CANCELLED, "cancelled")
         assert world.machine.started == [job.job_id]  # started, then stopped by its monitor
-    assert not sup.boot.being_started(job.job_id)
-    assert job.job_id not in sup.boot.watched
+    assert not sup.boot.ledger.being_started(job.job_id)
+    assert job.job_id not in sup.boot.ledger
 
 
 async def test_a_cancel_between_the_promotions_commit_and_its_rows_being_held_is_carried_out_once_started(
@@ -257,7 +257,7 @@ async def test_a_cancel_between_the_promotions_commit_and_its_rows_being_held_is
     async with trio.open_nursery() as nursery:
         nursery.start_soon(sup.drain)
         await committed.wait()
-        assert not sup.boot.being_started(job.job_id)  # not held yet
+        assert not sup.boot.ledger.being_started(job.job_id)  # not held yet
         asked = await sup.cancel(job.job_id)
         assert (asked.status, asked.cancel_requested) == (JobStatus.RUNNING, True)  # left on the row
         go.set()
@@ -281,14 +281,14 @@ async def test_a_job_its_monitor_ends_while_reconcile_reads_the_rows_is_left_to_
     world = make_world(drainer=True)
     sup = world.sup
     job = (await sup.enqueue("gated", {"gate": str(tmp_path / "never"), "code": 0})).job  # runs until killed
-    await _until(lambda: (entry := sup.boot.watched.get(job.job_id)) is not None and entry.handle is not None)
+    await _until(lambda: (entry := sup.boot.ledger.entry(job.job_id)) is not None and entry.handle is not None)
     evidence = sup.monitors.evidence
 
     async def evidence_then_the_job_ends(rows: Any) -> Any:
         found = await evidence(rows)
         assert [f.liveness for f in found] == [Liveness.ALIVE]
         world.machine.kill(job.job_id, signal.SIGKILL)  # it dies now...
-        await _until(lambda: job.job_id not in sup.boot.watched)  # ...its monitor finalizes it and lets go
+        await _until(lambda: job.job_id not in sup.boot.ledger)  # ...its monitor finalizes it and lets go
         return found
 
     monkeypatch.setattr(sup.monitors, "evidence", evidence_then_the_job_ends)
@@ -298,7 +298,7 @@ async def test_a_job_its_monitor_ends_while_reconcile_reads_the_rows_is_left_to_
     assert [(d.job_id, d.action, d.reason) for d in report.details] == [(job.job_id, "keep", "alive")]
     final = await sup.get(job.job_id)
     assert (final.status, final.error_reason, final.attempts) == (JobStatus.FAILED, "killed_by_SIGKILL", 1)
-    assert job.job_id not in sup.boot.watched  # no second monitor
+    assert job.job_id not in sup.boot.ledger  # no second monitor
 
 
 async def test_a_stalled_job_its_monitor_ended_since_the_rows_were_read_is_no_warning_that_it_was_not_stopped(
@@ -310,15 +310,15 @@ async def test_a_stalled_job_its_monitor_ended_since_the_rows_were_read_is_no_wa
     world = make_world(drainer=True)
     sup = world.sup
     job = (await sup.enqueue("gated", {"gate": str(tmp_path / "never"), "code": 0})).job
-    await _until(lambda: (entry := sup.boot.watched.get(job.job_id)) is not None and entry.handle is not None)
+    await _until(lambda: (entry := sup.boot.ledger.entry(job.job_id)) is not None and entry.handle is not None)
     as_read = await sup.get(job.job_id)
     world.machine.kill(job.job_id, signal.SIGKILL)
-    await _until(lambda: job.job_id not in sup.boot.watched)
+    await _until(lambda: job.job_id not in sup.boot.ledger)
     with capture_logs() as logs:
         await sup.reconciler.stop_stalled(as_read)
     assert [e["event"] for e in logs if e["log_level"] == "warning"] == []
     assert (await sup.get(job.job_id)).status is JobStatus.FAILED
-    assert job.job_id not in sup.boot.watched and job.job_id not in sup.boot.stall_stops
+    assert job.job_id not in sup.boot.ledger and not sup.boot.ledger.stopping_for_stall(job.job_id)
 
 
 async def test_a_start_whose_outcome_is_unknown_is_kept_not_failed_and_adopted_once_it_runs(
@@ -336,12 +336,12 @@ async def test_a_start_whose_outcome_is_unknown_is_kept_not_failed_and_adopted_o
         behind = (await sup.enqueue("sleep", {"seconds": 5})).job
         await _until(lambda: job.job_id in machine.pending_starts)  # asked: the machine holds it unanswered
         asked_at = trio.current_time()
-        await _until(lambda: not sup.boot.being_started(job.job_id))  # given up on: nobody holds it now
+        await _until(lambda: not sup.boot.ledger.being_started(job.job_id))  # given up on: nobody holds it now
     assert trio.current_time() - asked_at == pytest.approx(machine.start_timeout_s, abs=0.02)
     assert [e["why"] for e in logs if e["event"] == "job_start_unknown"] == ["the start was not answered in time"]
     row = await sup.get(job.job_id)
     assert (row.status, row.spawned, row.error_reason) == (JobStatus.RUNNING, False, None)
-    assert not sup.boot.being_started(job.job_id)  # nobody holds it: reconcile's to judge
+    assert not sup.boot.ledger.being_started(job.job_id)  # nobody holds it: reconcile's to judge
     judged = []
     for _ in range(5):  # INV-UNKNOWN-KEEPS-SLOT: sweeps keep it, and the job behind it waits
         report = await sup.reconcile(stale_marks_live_processes=False)
@@ -372,7 +372,7 @@ async def test_a_start_whose_outcome_was_unknown_and_never_happened_goes_back_to
     machine.hold_starts()
     job = (await sup.enqueue("sleep", {"seconds": 5})).job
     await _until(lambda: job.job_id in machine.pending_starts)
-    await _until(lambda: not sup.boot.being_started(job.job_id))
+    await _until(lambda: not sup.boot.ledger.being_started(job.job_id))
     assert (await sup.get(job.job_id)).status is JobStatus.RUNNING  # unknown: never failed
     machine.drop_starts()
     machine.release_starts()
@@ -481,10 +481,11 @@ async def test_the_gates_a_boot_carries_refuse_until_opened(tmp_path: Path) -> N
             boot_id="b",
             data_dir=tmp_path,
             log_dir=tmp_path,
+            standing=Standing(config.max_concurrent, standalone=False),
         )
-        assert not boot.may_promote()
+        assert not boot.standing.may_promote() and not boot.standing.may_lead()
         sup = Supervisor(config, load_kinds(None), MemoryRegistry(), executor=machine)
-        assert not sup.fleet.may_promote() and not sup.fleet.may_lead() and not sup.boot.may_promote()
+        assert not sup.fleet.may_promote() and not sup.fleet.may_lead() and not sup.boot.standing.may_promote()
         assert not (await sup.health()).leader
         alone = Supervisor(config, load_kinds(None), MemoryRegistry(), executor=machine, standalone=True)
         assert alone.fleet.may_promote() and alone.fleet.may_lead()

@@ -55,8 +55,9 @@ async def make(
 async def test_a_job_container_is_labelled_runs_with_init_and_gets_the_jobs_environment_only(
     make: Callable[..., Supervisor], world: DockerWorld
 ) -> None:
-    sup = make(base_env={"PODCAST_JOB_API_TOKEN": "operator-secret", "PATH": "/usr/bin"})
-    sup.heartbeat_base_url = "http://127.0.0.1:9"
+    sup = make(
+        base_env={"PODCAST_JOB_API_TOKEN": "operator-secret", "PATH": "/usr/bin"}, heartbeat_base_url="http://127.0.0.1:9"
+    )
     job = await wait_running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)
     # The label filter finds exactly this job's container, and the row records its id.
     found = await trio.to_thread.run_sync(world.containers, job)

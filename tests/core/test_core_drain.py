@@ -87,8 +87,7 @@ async def test_spawn_failure_fails_the_row_and_drains_on(
 
 
 async def test_job_gets_its_environment_and_log(make_supervisor: Callable[..., Supervisor], tmp_path: Path) -> None:
-    sup = make_supervisor()
-    sup.heartbeat_base_url = "http://127.0.0.1:9"
+    sup = make_supervisor(heartbeat_base_url="http://127.0.0.1:9")
     job = (await sup.enqueue("exit", {"code": 0})).job
     done = await wait_terminal(sup, job.job_id)
     assert done.log_path == str((sup.config.jobs_log_dir / f"{job.job_id}.log").resolve())
@@ -390,14 +389,14 @@ async def test_a_job_whose_identity_the_registry_could_not_record_is_ended_by_it
     job = (await sup.enqueue("gated", {"gate": str(gate), "code": 0})).job
     with trio.fail_after(10):
         await failed.wait()
-        while (entry := sup.boot.watched.get(job.job_id)) is None or entry.handle is None:  # noqa: ASYNC110
+        while (entry := sup.boot.ledger.entry(job.job_id)) is None or entry.handle is None:  # noqa: ASYNC110
             await trio.sleep(0.01)  # its monitor starts just after the failed write
     for _ in range(2):
         report = await sup.reconcile(stale_marks_live_processes=False)
         assert [(d.action, d.reason) for d in report.details if d.job_id == job.job_id] == [
             ("untouched", "watched_unrecorded")
         ]
-    pid = sup.boot.watched[job.job_id].handle.log_fields()["pid"]  # type: ignore[union-attr]
+    pid = sup.boot.ledger.entry(job.job_id).handle.log_fields()["pid"]  # type: ignore[union-attr]
     await trio.to_thread.run_sync(gate.write_text, "open")
 
     async def ended() -> Job | None:

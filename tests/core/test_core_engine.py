@@ -99,10 +99,10 @@ async def make(
         await engine.set_mode("proxy")
         with trio.fail_after(30):
             for sup in made_here:
-                for entry in list(sup.boot.watched.values()):
+                for entry in sup.boot.ledger.entries():
                     if entry.handle is not None:
                         await sup.executor.stop(entry.handle, 0)
-                while sup.boot.watched:  # noqa: ASYNC110 - monitors remove themselves; bounded above
+                while len(sup.boot.ledger):  # noqa: ASYNC110 - monitors remove themselves; bounded above
                     await trio.sleep(0.01)
 
 
@@ -299,7 +299,7 @@ async def test_a_start_the_engine_never_answers_is_not_failed_and_is_judged_once
 
         async def given_up() -> Job | None:
             row = await sup.get(job.job_id)
-            return row if row.status is JobStatus.RUNNING and not sup.boot.being_started(job.job_id) else None
+            return row if row.status is JobStatus.RUNNING and not sup.boot.ledger.being_started(job.job_id) else None
 
         row = await poll(given_up, timeout_s=4 * REAL_TIMEOUT_S + 10)
         assert (row.spawned, row.error_reason) == (False, None)  # never failed

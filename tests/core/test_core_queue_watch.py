@@ -208,7 +208,7 @@ async def test_a_host_cut_off_from_its_registry_still_says_its_stale_lease_holds
 
     for name in ("pause_state", "oldest_waiting", "running_jobs", "record_queue_event"):
         monkeypatch.setattr(registry, name, unreachable)
-    sup.boot.may_promote = lambda: False  # the lease went stale: this host promotes nothing
+    monkeypatch.setattr(sup.boot.standing, "standalone", False)  # a fleet host whose lease went stale: no promotion
     with capture_logs() as logs:
         for _ in range(4):
             await sup.sweep()

@@ -17,7 +17,7 @@ from core_helpers import (  # type: ignore[import-not-found]
 from structlog.testing import capture_logs
 
 from supervisor import JobStatus, Liveness, Supervisor
-from supervisor.core import NEVER_STARTED, Decision, Watched, judge
+from supervisor.core import NEVER_STARTED, Decision, judge
 from supervisor.execution import ORPHAN_DEAD_PID
 from supervisor.execution.subprocess import JobFiles, ProcessIdentity, identify
 
@@ -163,17 +163,16 @@ async def test_this_boot_spawn_window_is_untouched_INV_RUNNING_MEANS_SPAWNED_OR_
     job = await insert_running(sup, boot_id="me", spawned=False)
     _age(sup, job.job_id, 3600)
     # This boot holds its start (the drainer's entry, no handle yet): nothing to ask the executor, however old.
-    sup.boot.watched[job.job_id] = Watched(job.job_id)
+    sup.boot.ledger.hold([job.job_id])
     report = await sup.reconcile(stale_marks_live_processes=True)
     assert (report.details[0].action, report.details[0].reason) == ("untouched", "spawn_window")
     assert (await sup.get(job.job_id)).status is JobStatus.RUNNING
     # While a promotion is under way (committed, its rows not yet held), every unspawned row of this boot that a read
     # overlapping it shows may be one of its rows.
-    del sup.boot.watched[job.job_id]
-    sup.boot.promotions_in_flight += 1
-    report = await sup.reconcile(stale_marks_live_processes=True)
+    sup.boot.ledger.release(job.job_id)
+    with sup.boot.ledger.promoting():
+        report = await sup.reconcile(stale_marks_live_processes=True)
     assert (report.details[0].action, report.details[0].reason) == ("untouched", "spawn_window")
-    sup.boot.promotions_in_flight -= 1
 
 
 async def test_this_boot_start_that_nobody_holds_and_never_happened_goes_back_to_the_queue(
@@ -321,7 +320,7 @@ def test_judge_table(
         liveness=liveness,
         past_window=past,
         stale_marks_live_processes=operator,
-        # This boot's unspawned row that it watches is one whose start it holds (Boot.being_started).
+        # This boot's unspawned row that it watches is one whose start it holds (JobLedger.being_started).
         starting=this_boot and monitored and not spawned,
         orphan_reason=ORPHAN_DEAD_PID,
     )

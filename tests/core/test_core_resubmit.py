@@ -158,9 +158,14 @@ async def virtual_supervisor(tmp_path: Path) -> AsyncIterator[Callable[[], Super
         config = Config(data_dir=tmp_path / "data", bind_port=0, kinds_file=kinds, sweep_interval_s=86400.0)
         machine = MemoryExecutor({**PROGRAMS, "tempfail": PROGRAMS["exit"]}, nursery)
         sup = Supervisor(
-            config, load_kinds(kinds), MemoryRegistry(clock=wall), boot_id="b", executor=machine, standalone=True
+            config,
+            load_kinds(kinds),
+            MemoryRegistry(clock=wall),
+            boot_id="b",
+            executor=machine,
+            standalone=True,
+            wall_clock=wall,
         )
-        sup.boot.wall_clock = wall
         sup.attach(nursery)
         await nursery.start(sup.run_drainer)  # the only task that starts jobs; no sweeper to wake it
         yield lambda: sup

@@ -34,7 +34,7 @@ async def _stopped_shepherd_and_a_start_given_up(sup: Supervisor) -> tuple[int, 
 
     async def given_up() -> Job | None:
         row = await sup.get(job.job_id)
-        held = sup.boot.being_started(job.job_id)
+        held = sup.boot.ledger.being_started(job.job_id)
         return row if row.status is JobStatus.RUNNING and not held else None
 
     row = await poll(given_up, timeout_s=20)
