@@ -178,10 +178,10 @@ class Drainer:
                     except BaseException:
                         # Cancelled here: rows held but never started must not look watched; reconcile judges them
                         # (no start record: back to the queue), as it does a promotion cancelled above.
-                        self._release(jobs)
+                        self.boot.ledger.release_each(job.job_id for job in jobs)
                         raise
                     if undone is not None:
-                        self._release(jobs)
+                        self.boot.ledger.release_each(job.job_id for job in jobs)
                         break
                 spawned = await start(jobs, tokens)
                 started.extend(spawned)
@@ -382,10 +382,6 @@ class Drainer:
             for job in jobs:
                 if job.job_id not in handed:
                     ledger.release(job.job_id)
-
-    def _release(self, jobs: list[Job]) -> None:
-        for job in jobs:
-            self.boot.ledger.release(job.job_id)
 
     def _handle(self, job: Job) -> JobHandle:
         entry = self.boot.ledger.entry(job.job_id)

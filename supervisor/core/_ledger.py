@@ -4,7 +4,7 @@ the core's parts share (issue 54; the rest of a ``Boot`` is frozen).
 Who writes what, by verb:
 
     drainer     promoting() around a promotion; hold(rows) once promoted; handed(job, handle) once started;
-                release(job) for a start dropped or undone
+                release(job) / release_each(jobs) for a start dropped or undone
     monitors    adopt(job, handle) (a prior boot's job); release(job) when a monitor ends
     reconciler  stop_for_stall(job) (stall_action = terminate)
     monitors    stall_stop_done(job) once its end is recorded
@@ -92,6 +92,11 @@ class JobLedger:
         """Let go of a job: its monitor ended, or its start was dropped. With ``entry``, only if it is still that one
         (a later adoption of the same job keeps its own)."""
         if entry is None or self._entries.get(job_id) is entry:
+            self._entries.pop(job_id, None)
+
+    def release_each(self, job_ids: Iterable[str]) -> None:
+        """Let go of held starts that will not be made (a promotion undone, or cut short)."""
+        for job_id in job_ids:
             self._entries.pop(job_id, None)
 
     # -- reads -------------------------------------------------------------------------------------------

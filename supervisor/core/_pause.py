@@ -24,7 +24,7 @@ from pathlib import Path
 
 import trio
 
-from ..domain import SupervisorError
+from ..domain import Conflict, SupervisorError
 from ..observe import get_logger
 from ..registry import PAUSED_BY_FILE, Registry
 from ._boot import log_failure
@@ -75,3 +75,13 @@ class PauseFile:
     def forget(self) -> None:
         """Mirror again at the next look (after an API resume removed the file, or a pause made through it)."""
         self._seen = None
+
+    async def remove(self) -> None:
+        """An operator's resume: the file goes (it would pause again), and is mirrored again at the next look. One
+        this process may not remove (a directory made by hand, a file of another owner) is a ``Conflict`` naming
+        it: the queue stays paused by it, and the operator is told what holds it (a 409, never a 500)."""
+        try:
+            await trio.to_thread.run_sync(lambda: self.path.unlink(missing_ok=True))
+        except (IsADirectoryError, PermissionError) as exc:
+            raise Conflict(f"the pause flag {self.path} cannot be removed ({exc.strerror}): remove it by hand") from exc
+        self.forget()

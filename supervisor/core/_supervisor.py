@@ -433,14 +433,7 @@ class Supervisor:
         return await self.queue_state()
 
     async def _resume(self) -> None:
-        flag = self.boot.config.pause_flag_path
-        try:
-            await trio.to_thread.run_sync(lambda: flag.unlink(missing_ok=True))
-        except (IsADirectoryError, PermissionError) as exc:
-            # Not a file this process may remove (a directory made by hand, a file of another owner): the queue
-            # stays paused by it, and the operator is told what holds it (a 409, never a 500).
-            raise Conflict(f"the pause flag {flag} cannot be removed ({exc.strerror}): remove it by hand") from exc
-        self.pause_file.forget()
+        await self.pause_file.remove()
         await self.boot.registry.set_paused(False, by=PAUSED_BY_OPERATOR)
         log.info("queue_resumed", by=PAUSED_BY_OPERATOR)
         await self.drainer.round()
