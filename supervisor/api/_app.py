@@ -48,8 +48,8 @@ _HTTP_CODES = {400: "bad_request", 413: "body_too_large", 415: "unsupported_medi
 
 
 # How long a client is told to wait before retrying a request the registry could not take (a full disk, a lock).
-RETRY_AFTER_S = 5
-_RETRY_AFTER = {"Retry-After": str(RETRY_AFTER_S)}
+UNAVAILABLE_RETRY_AFTER_S = 5
+_UNAVAILABLE_RETRY_AFTER = {"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)}
 
 
 def _unavailable_message(request_id: str) -> str:
@@ -182,7 +182,7 @@ def create_app(
         if isinstance(exc, RegistryError):
             # Storage full, locked or unreadable: the caller may retry; the detail stays in our log.
             _log_registry_failure(exc, request_id, request.method, request.path)
-            return _error_body("unavailable", _unavailable_message(request_id), None), 503, _RETRY_AFTER
+            return _error_body("unavailable", _unavailable_message(request_id), None), 503, _UNAVAILABLE_RETRY_AFTER
         log.exception("request_failed", request_id=request_id, method=request.method, path=request.path)
         return _error_body("internal_error", f"internal server error (request id {request_id})", None), 500
 

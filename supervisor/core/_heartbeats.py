@@ -35,7 +35,7 @@ MAX_TOKENS = 100_000
 # within this, or at the next read through the core, whichever comes first).
 FLUSH_INTERVAL_S = 0.05
 # After a write that failed (the registry unavailable), the next try waits this long: the beats are kept meanwhile.
-RETRY_AFTER_S = 1.0
+WRITE_RETRY_S = 1.0
 
 
 class JobTokens:
@@ -179,7 +179,7 @@ class Heartbeats:
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Write the beats taken: each within ``FLUSH_INTERVAL_S`` of the oldest pending one (the interval is counted
         from when that beat was taken, not from when the writer woke), plus one write. Error boundary: a write that
-        fails (``RegistryError``) keeps its beats for the next one, tried after ``RETRY_AFTER_S``, and is said once
+        fails (``RegistryError``) keeps its beats for the next one, tried after ``WRITE_RETRY_S``, and is said once
         until one succeeds. Cancelled (the shutdown), it writes what is pending first, shielded (every registry call
         is bounded)."""
         task_status.started()
@@ -189,7 +189,7 @@ class Heartbeats:
                 while self._oldest_at is None:
                     await self._arrived.wait()
                 if failing:
-                    await trio.sleep(RETRY_AFTER_S)
+                    await trio.sleep(WRITE_RETRY_S)
                 else:
                     await trio.sleep_until(self._oldest_at + FLUSH_INTERVAL_S)
                 try:

@@ -19,13 +19,18 @@
     │   └── TooManyStreams          every event-stream slot is taken (503; not the caller's fault: retry later)
     ├── IllegalTransition           a state change the lifecycle forbids: a bug in the caller, not bad input
     ├── RegistryError               the registry could not be read or written (storage, lock timeout)
+    │   ├── RegistryUnavailable     a write cannot be made now (a full disk, a lock held too long): retried, 503
+    │   ├── RegistryDamaged         the file is not a registry (damaged): never opened for writing, never changed
     │   └── RegistryNotOpened       the registry could not be opened at start (damaged, newer, unreachable, ...)
     ├── SpawnError                  a job's process could not be started
+    │   └── ShepherdLost            (execution/subprocess.py) this boot's shepherd went away before a job's exit
     ├── ExecutorUnavailable         no job can be started now (the engine does not answer); nothing of it runs
     ├── StartOutcomeUnknown         a start was asked and not answered in time: the job may run or never will
     ├── HostForgotten               an operator forgot this boot of the host: its lease is never renewed again
+    ├── Unwatchable                 (execution/_base.py) a job that can no longer be watched: its row keeps its slot
     ├── ApiError                    (CLI client, _client.py) the server answered with an error
     └── Unreachable                 (CLI client, _client.py) no usable answer from the server
+        └── NotTheApi               (CLI client) an answer came, but not this API's (another shape, an HTML page)
 
 Errors carry their message built in ``__init__`` so that every raise site reads the same way.
 """

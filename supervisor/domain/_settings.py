@@ -96,7 +96,7 @@ class Loader:
     problems: list[str] = field(default_factory=list)
 
 
-class Read(Protocol):
+class Reader(Protocol):
     """How a raw value (a string from the environment, or a TOML value) becomes ``Config`` fields: ``where`` names
     it in a message; ``values`` are the fields read so far (a setting may depend on an earlier one). ``KEEP`` keeps
     the default (a fallback or a problem was recorded on the loader)."""
@@ -327,7 +327,7 @@ class Setting:
 
     attr: str
     env: str
-    read: Read
+    read: Reader
     default: str
     help: str
     rule: str | None = None

@@ -259,9 +259,9 @@ class Records:
     where a create-and-rename in the jobs' directory on ext4 cost about 1 ms under load, twice per job; issue 10), and
     the supervisor says ``forget`` once the job's row is final: the registry then holds everything they say, and the
     run copies go. When the supervisor goes away (or the shepherd is told to stop) every record still in the run
-    directory is first written next to the log (``Shepherd.persist``), and from then on records are written there
-    directly: what a next boot reads is where it always was, and survives an orderly reboot. Without a run directory
-    (none configured, or it cannot be written) a record goes next to the log at once, as before.
+    directory is first written next to the log (``ShepherdProcess.persist``), and from then on records are written
+    there directly: what a next boot reads is where it always was, and survives an orderly reboot. Without a run
+    directory (none configured, or it cannot be written) a record goes next to the log at once, as before.
     """
 
     __slots__ = ("durable", "in_run", "payload", "run")
@@ -273,7 +273,10 @@ class Records:
         self.in_run: set[str] = set()  # which records exist only in the run directory
 
 
-class Job:
+class Child:
+    """One job this shepherd started and owns (its unreaped child): its pid and start time, its output pipe and log
+    file, its records, and its exit once reaped (``done_reported``: the supervisor has been told)."""
+
     __slots__ = (
         "cap",
         "done_reported",
@@ -386,14 +389,18 @@ class Trace:
             self.fd = None
 
 
-class Shepherd:
+class ShepherdProcess:
+    """The shepherd itself: one selector loop over the supervisor's control socket, the children's output pipes and
+    their exits (SIGCHLD), that starts, signals, reaps and records jobs (the module docstring). ``ShepherdClient``
+    (``subprocess.py``) is its other end."""
+
     def __init__(self, control: socket.socket) -> None:
         self.control: socket.socket | None = control
         self.control.setblocking(False)
         self.sel = selectors.DefaultSelector()
-        self.jobs: dict[str, Job] = {}
-        self.by_pid: dict[int, Job] = {}
-        self.by_pipe: dict[int, Job] = {}
+        self.jobs: dict[str, Child] = {}
+        self.by_pid: dict[int, Child] = {}
+        self.by_pipe: dict[int, Child] = {}
         self.inbuf = b""
         self.outbuf = b""
         self.boot_id = _kernel_boot_id()
@@ -628,7 +635,7 @@ class Shepherd:
             return
         os.close(gate_w)
         os.set_blocking(out_r, False)
-        job = Job(job_id, pid, out_r, log_path, int(str(req["cap"])), records)
+        job = Child(job_id, pid, out_r, log_path, int(str(req["cap"])), records)
         job.start_time = start_time
         self.jobs[job_id] = job
         self.by_pid[pid] = job
@@ -674,7 +681,7 @@ class Shepherd:
                 say(f"shepherd: job {job.id}: log write failed: {exc}")
                 job.written = job.cap
 
-    def close_pipe(self, job: Job) -> None:
+    def close_pipe(self, job: Child) -> None:
         if job.pipe_fd is not None:
             self.sel.unregister(job.pipe_fd)
             del self.by_pipe[job.pipe_fd]
@@ -712,7 +719,7 @@ class Shepherd:
             job.linger_until = time.monotonic() + LOG_LINGER_S
             self.maybe_done(job)
 
-    def maybe_done(self, job: Job) -> None:
+    def maybe_done(self, job: Child) -> None:
         """Report the exit once it is reaped and its output has ended (or lingered too long)."""
         if job.exit is None or job.done_reported:
             return  # not ended, or already told
@@ -723,7 +730,7 @@ class Shepherd:
         if job.pipe_fd is None:
             self.forget(job)
 
-    def forget(self, job: Job) -> None:
+    def forget(self, job: Child) -> None:
         if job.log_fd is not None:
             os.close(job.log_fd)
             job.log_fd = None
@@ -819,7 +826,7 @@ def main(argv: list[str]) -> int:
     _become_subreaper()
     _raise_fd_limit()
     try:
-        return Shepherd(control).run()
+        return ShepherdProcess(control).run()
     except OSError as exc:
         if exc.errno == errno.EBADF:
             return 1

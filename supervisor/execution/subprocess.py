@@ -38,7 +38,7 @@ __all__ = [
     "ProcessHandle",
     "ProcessIdentity",
     "RecordedStart",
-    "Shepherd",
+    "ShepherdClient",
     "ShepherdLost",
     "ShepherdMarker",
     "SubprocessExecutor",
@@ -294,7 +294,7 @@ class _Connection:
         return self.alive or self.identity is None or probe(self.identity) is not Liveness.DEAD
 
 
-class Shepherd:
+class ShepherdClient:
     """This boot's shepherd, seen from the supervisor. Started on first use in the nursery given to ``attach``.
 
     ``start_job`` asks it to start a job and returns the job's identity; ``wait_exit`` returns the job's exit status
@@ -726,7 +726,7 @@ class SubprocessExecutor(Executor):
         self.python = sys.executable
         self._base_env = dict(base_env)
         self._log_dir = log_dir
-        self.shepherd = Shepherd(
+        self.shepherd = ShepherdClient(
             stderr_path=shepherd_log,
             base_env=self._base_env,
             run_dir=run_dir,

@@ -15,7 +15,7 @@ import trio.testing
 from core_helpers import insert_running  # type: ignore[import-not-found]
 
 from supervisor import Supervisor
-from supervisor.core import FLUSH_INTERVAL_S, RETRY_AFTER_S, JobTokens, merged
+from supervisor.core import FLUSH_INTERVAL_S, WRITE_RETRY_S, JobTokens, merged
 from supervisor.domain import (
     Job,
     JobStatus,
@@ -205,7 +205,7 @@ async def test_a_failed_write_keeps_its_beats_says_so_once_and_writes_them_merge
         await sup.heartbeats.record(job.job_id, "t", _units(3))  # taken while the registry fails
         await _until(lambda: not failures and not sup.heartbeats.pending)
         nursery.cancel_scope.cancel()
-    assert [round(b - a, 6) for a, b in itertools.pairwise(tries)] == [RETRY_AFTER_S] * 3
+    assert [round(b - a, 6) for a, b in itertools.pairwise(tries)] == [WRITE_RETRY_S] * 3
     row = await sup.registry.get(job.job_id)
     assert (row.completed_units, row.stage) == (5, "fetch")
     out = capsys.readouterr().out

@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from trio_portal import Portal
 
-from supervisor.core import FLUSH_INTERVAL_S, RETRY_AFTER_S, CurrentRows, Heartbeats, JobTokens
+from supervisor.core import FLUSH_INTERVAL_S, WRITE_RETRY_S, CurrentRows, Heartbeats, JobTokens
 from supervisor.domain import Job, JobStatus, RegistryUnavailable, RequestError, from_iso, hash_token
 from supervisor.observe import EventName, JobEvent
 from supervisor.registry import Beat
@@ -171,7 +171,7 @@ class HeartbeatWriterMachine(RuleBasedStateMachine):
 
         self._run(read)
 
-    @rule(seconds=st.sampled_from((0.0, 0.01, FLUSH_INTERVAL_S, 0.3, RETRY_AFTER_S, 3.0)))
+    @rule(seconds=st.sampled_from((0.0, 0.01, FLUSH_INTERVAL_S, 0.3, WRITE_RETRY_S, 3.0)))
     def advance(self, seconds: float) -> None:
         self._run(trio.sleep, seconds)
 
@@ -200,7 +200,7 @@ class HeartbeatWriterMachine(RuleBasedStateMachine):
     def settle(self) -> None:
         """The registry heals and time passes: every beat taken is in it, without a read."""
         self.registry_fails(False)
-        self.advance(RETRY_AFTER_S + FLUSH_INTERVAL_S + 2 * MAX_LATENCY_S + 0.01)
+        self.advance(WRITE_RETRY_S + FLUSH_INTERVAL_S + 2 * MAX_LATENCY_S + 0.01)
         for job in JOBS:
             want = max([units for _, j, units in self.taken if j == job], default=0)
             assert self.registry.units[job] == want, f"{job}: {self.registry.units[job]} written, {want} taken"
@@ -217,7 +217,7 @@ class HeartbeatWriterMachine(RuleBasedStateMachine):
         now = self.clock.current_time()
         bound = FLUSH_INTERVAL_S + 2 * MAX_LATENCY_S
         for taken_at, job, units in self.taken:
-            due = max(taken_at + bound, self.registry.healthy_since + RETRY_AFTER_S + bound)
+            due = max(taken_at + bound, self.registry.healthy_since + WRITE_RETRY_S + bound)
             if now < due:
                 continue
             # The registry's watermark only rises: the first write that reached ``units`` is the one that counts.

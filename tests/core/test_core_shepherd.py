@@ -19,7 +19,7 @@ from supervisor.execution.shepherd import Spares
 from supervisor.execution.subprocess import (
     JobFiles,
     RecordedStart,
-    Shepherd,
+    ShepherdClient,
     SubprocessExecutor,
     identify,
     identity_of,
@@ -34,7 +34,7 @@ from supervisor.execution.subprocess import (
 from supervisor.registry import PromoteRequest
 
 
-def shepherd_of(sup: Supervisor) -> Shepherd:
+def shepherd_of(sup: Supervisor) -> ShepherdClient:
     assert isinstance(sup.executor, SubprocessExecutor)
     return sup.executor.shepherd
 

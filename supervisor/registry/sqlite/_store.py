@@ -33,7 +33,8 @@ MAX_GROUP = 64
 
 T = TypeVar("T")
 
-Change = Callable[[sqlite3.Connection], Any]
+# One change of a group commit: run in the shared transaction on the writer connection.
+ConnectionChange = Callable[[sqlite3.Connection], Any]
 
 
 # The SQLite result codes that say "not now" rather than "never": the file system is full or read-only, the file
@@ -274,7 +275,7 @@ class StandAlone:
     """A change for the group commit that needs no savepoint of its own: its writes each stand alone, so a failure
     partway leaves nothing to undo (``_engine.Independent``: a heartbeat). Any other change gets one."""
 
-    run: Change
+    run: ConnectionChange
 
     def __call__(self, conn: sqlite3.Connection) -> Any:
         return self.run(conn)
