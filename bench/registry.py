@@ -47,7 +47,7 @@ async def timed(fn: Callable[[], Awaitable[object]], repeat: int) -> float:
 def fill_history(reg: SqliteRegistry, n: int) -> None:
     """n finished rows, written in one transaction straight into the file (setup, not measured)."""
     now = to_iso(utc_now())
-    with reg.store.tx() as conn:
+    with reg.file.tx() as conn:
         conn.executemany(
             "INSERT INTO jobs (job_id, kind, params, argv, status, created_at, ended_at) "
             "VALUES (?, 'k', '{}', '[]', 'succeeded', ?, ?)",

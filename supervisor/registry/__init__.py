@@ -19,7 +19,8 @@ from datetime import datetime
 from ..domain import Config
 from ..domain._model import IdentityRecord, hash_token, utc_now
 from ._health import RegistryFault
-from ._protocol import (
+from ._registry import Backend, Registry
+from ._vocabulary import (
     CURSOR_PATTERN,
     MAX_LIST_LIMIT,
     PAUSED_BY_FILE,
@@ -53,7 +54,6 @@ from ._protocol import (
     WakeupFeed,
     log_name,
 )
-from ._registry import Backend, Registry
 from .memory import MemoryRegistry
 from .postgres import PostgresRegistry
 from .sqlite import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION

@@ -36,7 +36,8 @@ from ..domain import (
 )
 from ..domain._model import Attempt, hash_token, to_iso
 from . import _tables as tables
-from ._protocol import (
+from ._tables import JOBS, OUTBOX, QUEUED, Read, Store, Where, stored
+from ._vocabulary import (
     BACK_IN_QUEUE,
     PAUSED_BY_OPERATOR,
     WAKE_CANCEL,
@@ -63,7 +64,6 @@ from ._protocol import (
     check_prune,
     log_name,
 )
-from ._tables import JOBS, OUTBOX, QUEUED, Read, Store, Where, stored
 
 T = TypeVar("T")
 

@@ -29,7 +29,8 @@ from . import _engine as engine
 from . import _tables as tables
 from ._engine import Independent, Rules, Step
 from ._health import RegistryFault
-from ._protocol import (
+from ._tables import OUTBOX, Page, Store
+from ._vocabulary import (
     QUEUE_ANNOUNCED,
     Beat,
     Change,
@@ -49,7 +50,6 @@ from ._protocol import (
     PruneResult,
     WakeupFeed,
 )
-from ._tables import OUTBOX, Page, Store
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""What the two SQL backends share: the store port's one SQL text (``SqlRows``) and the migrations' loader. Each
+"""What the two SQL backends share: the store port's one SQL text (``SqlStore``) and the migrations' loader. Each
 backend keeps its own stored forms (how a timestamp is kept) and its own connection."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from ..domain import RegistryError
 from ._tables import COLUMNS, EVERY, JSON_COLUMNS, Either, Read, Where
 
 
-class SqlRows:
+class SqlStore:
     """The ``_tables.Store`` port as SQL: one text for SQLite and PostgreSQL, each backend a subclass that says how
     a parameter is marked, how a value is stored and read back, and how a statement runs on its connection (the
     SQLite one answers at once, in its worker thread; the PostgreSQL one awaits asyncpg). Table and column names

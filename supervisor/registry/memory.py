@@ -26,9 +26,9 @@ from ..domain import RegistryError
 from ..domain._model import utc_now
 from ._engine import LocalStore, Step, run_now
 from ._health import RegistryFault
-from ._protocol import WakeupFeed
 from ._registry import Registry, T
 from ._tables import AUTO_SEQ, COLUMNS, EVERY, JSON_COLUMNS, QUEUE, Either, Read, Where
+from ._vocabulary import WakeupFeed
 
 _COMPARE: Mapping[str, Callable[[Any, Any], bool]] = {
     "=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
@@ -73,7 +73,7 @@ class _Tables:
         return _Tables({table: list(rows) for table, rows in self.rows.items()}, dict(self.seqs))
 
 
-class MemoryRows(LocalStore):
+class MemoryStore(LocalStore):
     """The store port over ``_Tables`` (see ``_tables.Store``)."""
 
     def __init__(self, backend: MemoryBackend) -> None:
@@ -142,14 +142,14 @@ class MemoryBackend:
         await self._enter()
         before = self.tables.copy()
         try:
-            return run_now(step(MemoryRows(self)))
+            return run_now(step(MemoryStore(self)))
         except BaseException:
             self.tables.rows, self.tables.seqs = before.rows, before.seqs
             raise
 
     async def read(self, step: Step[T]) -> T:
         await self._enter()
-        return run_now(step(MemoryRows(self)))
+        return run_now(step(MemoryStore(self)))
 
     async def _enter(self) -> None:
         await trio.lowlevel.checkpoint()

@@ -202,7 +202,7 @@ def age_started(sup: Supervisor, job_id: str, seconds: float) -> None:
     registry = sup.registry
     assert isinstance(registry, SqliteRegistry)
     started = to_iso(utc_now() - timedelta(seconds=seconds))
-    with registry.store.tx() as conn:
+    with registry.file.tx() as conn:
         conn.execute("UPDATE jobs SET started_at = ? WHERE job_id = ?", (started, job_id))
 
 

@@ -17,7 +17,7 @@ import trio._core._thread_cache as thread_cache
 from core_helpers import wait_idle, wait_terminal  # type: ignore[import-not-found]
 
 from supervisor import JobStatus, Supervisor
-from supervisor.registry.sqlite import SqliteStore
+from supervisor.registry.sqlite import SqliteFile
 
 
 def open_fds() -> int:
@@ -32,7 +32,7 @@ def join_retired_workers() -> None:
             assert not thread.is_alive(), f"{thread.name} did not retire"
 
 
-def fds_outside_the_pool(registry: SqliteStore) -> int:
+def fds_outside_the_pool(registry: SqliteFile) -> int:
     """Open descriptors, less the pool's (a database and a WAL descriptor per connection, at most 4 of them):
     the pool may open a second connection when calls overlap, which is bounded, not a leak."""
     return open_fds() - 2 * registry.open_connections
@@ -67,7 +67,7 @@ async def test_idle_thread_expiry_leaks_no_descriptor_thread_or_connection(
 
     monkeypatch.setattr(thread_cache.WorkerThread, "__init__", counting_init)
     sup = make_supervisor(max_concurrent=1)
-    registry = sup.registry.store
+    registry = sup.registry.file
     await one_round(sup)  # warm-up: the pool, the log directory, imports
     join_retired_workers()
     fds_before, threads_before = fds_outside_the_pool(registry), threading.active_count()

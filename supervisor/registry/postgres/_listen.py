@@ -1,5 +1,5 @@
 """The PostgreSQL registry's wake-ups: one dedicated session that LISTENs on the schema's channel
-(``PostgresRows.notify`` sends on it), outside the pool, so that no registry call ever borrows it and no call's
+(``PostgresStore.notify`` sends on it), outside the pool, so that no registry call ever borrows it and no call's
 failure closes it.
 
 asyncpg calls the notification callback on the asyncio loop (trio-asyncio's, in the Trio thread); the callback hands
@@ -26,8 +26,8 @@ import trio
 import trio_asyncio
 
 from ...domain import RegistryUnavailable
-from .._protocol import Wakeup, WakeupFeed
-from ._rows import decode_wakeup
+from .._vocabulary import Wakeup, WakeupFeed
+from ._store import decode_wakeup
 
 # How a listening session shows in pg_stat_activity (the pool's sessions are "podcast-job-supervisor").
 LISTEN_APPLICATION_NAME = "podcast-job-supervisor-listen"

@@ -36,11 +36,11 @@ from ...domain._model import utc_now
 from ...domain._settings import redacted_url
 from .._engine import Step
 from .._health import RegistryFault, WriteHealth
-from .._protocol import WakeupFeed
 from .._registry import Registry
+from .._vocabulary import WakeupFeed
 from ._listen import listening
-from ._rows import PostgresRows, wakeup_channel
 from ._schema import MIGRATE_LOCK, SCHEMA_VERSION, migrate, schema_version
+from ._store import PostgresStore, wakeup_channel
 
 T = TypeVar("T")
 
@@ -350,7 +350,7 @@ class PostgresBackend:
 
     def listen(self) -> AbstractAsyncContextManager[WakeupFeed | None]:
         """A session of its own (outside the pool: ``_listen``) that LISTENs on this schema's channel, on which the
-        writes that other hosts may act on send their wake-ups when they commit (``PostgresRows.notify``), on
+        writes that other hosts may act on send their wake-ups when they commit (``PostgresStore.notify``), on
         ``listen_dsn`` if given. Behind a pooler in transaction mode without one, nothing (None): no session of its
         own would stay this client's between statements there."""
         if self._closed or self.channel is None:
@@ -364,8 +364,8 @@ class PostgresBackend:
 
     # -- the rules' transactions ---------------------------------------------------------------------------
 
-    def _rows(self, conn: Any) -> PostgresRows:
-        return PostgresRows(
+    def _store(self, conn: Any) -> PostgresStore:
+        return PostgresStore(
             conn,
             clock=self.clock,
             lease_clock=self.lease_clock,
@@ -374,10 +374,10 @@ class PostgresBackend:
         )
 
     async def write(self, step: Step[T]) -> T:
-        return await self._transaction(lambda conn: step(self._rows(conn)))
+        return await self._transaction(lambda conn: step(self._store(conn)))
 
     async def read(self, step: Step[T]) -> T:
-        return await self._transaction(lambda conn: step(self._rows(conn)), write=False)
+        return await self._transaction(lambda conn: step(self._store(conn)), write=False)
 
     async def aclose(self) -> None:
         """Close the pool: gracefully within the timeout, else at once (a server that does not answer)."""

@@ -6,16 +6,16 @@ Split by concern: ``_schema`` (migrations as SQL files), ``_store`` (connections
 """
 
 from ._coalesce import Coalescer
+from ._file import BUSY_TIMEOUT_MS, SqliteFile, StandAlone
 from ._registry import SqliteRegistry
 from ._schema import SCHEMA_VERSION, migrations, statements
-from ._store import BUSY_TIMEOUT_MS, SqliteStore, StandAlone
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
     "SCHEMA_VERSION",
     "Coalescer",
+    "SqliteFile",
     "SqliteRegistry",
-    "SqliteStore",
     "StandAlone",
     "migrations",
     "statements",

@@ -28,11 +28,11 @@ from ...domain import RegistryError
 from ...domain._model import utc_now
 from .._engine import Independent, Step, run_now
 from .._health import RegistryFault, WriteHealth
-from .._protocol import WakeupFeed
 from .._registry import Registry
+from .._vocabulary import WakeupFeed
 from ._coalesce import Coalescer
-from ._rows import SqliteRows
-from ._store import BUSY_TIMEOUT_MS, DEFAULT_CONNECTIONS, SqliteStore, StandAlone
+from ._file import BUSY_TIMEOUT_MS, DEFAULT_CONNECTIONS, SqliteFile, StandAlone
+from ._store import SqliteStore
 
 T = TypeVar("T")
 
@@ -48,12 +48,12 @@ class SqliteBackend:
         max_connections: int,
         busy_timeout_ms: int,
     ) -> None:
-        self.store = SqliteStore(path, max_connections=max_connections, busy_timeout_ms=busy_timeout_ms)
-        self.path = self.store.path
+        self.file = SqliteFile(path, max_connections=max_connections, busy_timeout_ms=busy_timeout_ms)
+        self.path = self.file.path
         self.where = str(self.path)
         self.clock = clock
         self._health = WriteHealth(self.where, clock)
-        self._limiter = trio.CapacityLimiter(self.store.max_connections)
+        self._limiter = trio.CapacityLimiter(self.file.max_connections)
         self._writes: Coalescer[Callable[[Any], Any], Any] = Coalescer(self._write_group)
         self.closed = False
 
@@ -62,25 +62,25 @@ class SqliteBackend:
         if self.closed:
             raise RegistryError(f"registry {self.path} is closed")
 
-    def _rows(self, conn: Any) -> SqliteRows:
-        return SqliteRows(conn, clock=self.clock)
+    def _store(self, conn: Any) -> SqliteStore:
+        return SqliteStore(conn, clock=self.clock)
 
     async def write(self, step: Step[T]) -> T:
         """One step, in a thread hop and a transaction shared with the steps queued meanwhile (group commit)."""
         self._check_open()
         def change(conn: Any) -> T:
-            return run_now(step(self._rows(conn)))
+            return run_now(step(self._store(conn)))
 
         result: T = await self._writes.submit(StandAlone(change) if isinstance(step, Independent) else change)
         return result
 
     async def _write_group(self, changes: Sequence[Callable[[Any], Any]]) -> list[Any]:
-        wrote_before = self.store.commits_that_wrote
-        outcomes = await trio.to_thread.run_sync(self.store.write_group, changes, limiter=self._limiter)
+        wrote_before = self.file.commits_that_wrote
+        outcomes = await trio.to_thread.run_sync(self.file.write_group, changes, limiter=self._limiter)
         failed = [error for _, error in outcomes if isinstance(error, RegistryError)]
         if failed:
             self._health.failed(failed[0])
-        elif self.store.commits_that_wrote != wrote_before:
+        elif self.file.commits_that_wrote != wrote_before:
             # A commit that wrote a row proves the fault over; one that changed nothing (refused on its own merits:
             # not found...) would pass on a full disk too, and flap the fault's one ERROR into many.
             self._health.succeeded()
@@ -91,8 +91,8 @@ class SqliteBackend:
         self._check_open()
 
         def read() -> T:
-            with self.store.read_tx() as conn:
-                return run_now(step(self._rows(conn)))
+            with self.file.read_tx() as conn:
+                return run_now(step(self._store(conn)))
 
         return await trio.to_thread.run_sync(read, limiter=self._limiter)
 
@@ -105,7 +105,7 @@ class SqliteBackend:
 
     async def aclose(self) -> None:
         self.closed = True
-        await trio.to_thread.run_sync(self.store.close)
+        await trio.to_thread.run_sync(self.file.close)
 
 
 class SqliteRegistry(Registry):
@@ -126,7 +126,7 @@ class SqliteRegistry(Registry):
             path, clock=clock, max_connections=max_connections, busy_timeout_ms=busy_timeout_ms
         )
         super().__init__(self.sqlite, boot_id=boot_id, outbox=outbox)
-        self.store = self.sqlite.store
+        self.file = self.sqlite.file
         self.path = self.sqlite.path
 
     @classmethod
@@ -151,7 +151,7 @@ class SqliteRegistry(Registry):
     def close(self) -> None:
         """Close from blocking code (a test's teardown, a script)."""
         self.sqlite.closed = True
-        self.store.close()
+        self.file.close()
 
 
 class _Handoff:

@@ -182,7 +182,7 @@ async def test_reads_keep_answering_while_the_file_is_removed_and_a_new_connecti
     aside.mkdir()
     try:
         await reg.enqueue(new_job())
-        assert reg.store.open_connections == 3  # all of them, at open
+        assert reg.file.open_connections == 3  # all of them, at open
         for part in path.parent.glob("jobs.sqlite3*"):
             part.rename(aside / part.name)
         answers: list[int] = []
@@ -196,11 +196,11 @@ async def test_reads_keep_answering_while_the_file_is_removed_and_a_new_connecti
         assert answers == [1] * 9
         assert not await trio.Path(path).exists()
         with pytest.raises(RegistryError):
-            reg.store.read("SELECT * FROM no_such_table")  # a storage error: that connection is closed
+            reg.file.read("SELECT * FROM no_such_table")  # a storage error: that connection is closed
         for _ in range(3):  # the two left, then a new one
             with contextlib.suppress(RegistryError):
-                await trio.to_thread.run_sync(reg.store.read, "SELECT * FROM no_such_table")
-        assert reg.store.open_connections == 0
+                await trio.to_thread.run_sync(reg.file.read, "SELECT * FROM no_such_table")
+        assert reg.file.open_connections == 0
         with pytest.raises(RegistryUnavailable, match="cannot open registry"):
             await reg.counts()  # a new connection: the file is gone
         assert not await trio.Path(path).exists()  # never a fresh empty database in its place
@@ -211,7 +211,7 @@ async def test_reads_keep_answering_while_the_file_is_removed_and_a_new_connecti
         assert (await reg.counts())["queued"] == 1
         await reg.enqueue(new_job())  # the first write that lands ends the fault...
         assert reg.fault() is None
-        assert reg.store.open_connections == 3  # ...and fills the pool again for the next one
+        assert reg.file.open_connections == 3  # ...and fills the pool again for the next one
     finally:
         await reg.aclose()
 

@@ -1,6 +1,6 @@
 """The SQLite registry's write path in one process: group commit and shared thread hops.
 
-``SqliteStore.write_group`` runs the changes queued together in one transaction, each in its own savepoint: an
+``SqliteFile.write_group`` runs the changes queued together in one transaction, each in its own savepoint: an
 error rolls back its own change only and reaches its own caller only; a failed COMMIT fails every change of the
 group. ``SqliteRegistry`` hands the changes its tasks queue while a hop is in flight to the store together in the
 next hop, and each caller still gets exactly its own result or error.
@@ -30,7 +30,7 @@ from supervisor.registry import (
     Outcome,
     SqliteRegistry,
 )
-from supervisor.registry.sqlite import SqliteStore, StandAlone
+from supervisor.registry.sqlite import SqliteFile, StandAlone
 
 WAIT_S = 30.0  # a backstop for a broken test, never a timing assertion
 SUCCEEDED = Ending(Outcome(JobStatus.SUCCEEDED), exit_code=0)
@@ -40,8 +40,8 @@ SUCCEEDED = Ending(Outcome(JobStatus.SUCCEEDED), exit_code=0)
 
 
 @pytest.fixture
-def store(path: Path) -> Iterator[SqliteStore]:
-    store = SqliteStore(path, max_connections=1)
+def store(path: Path) -> Iterator[SqliteFile]:
+    store = SqliteFile(path, max_connections=1)
     store.write(lambda conn: conn.execute("CREATE TABLE probe (name TEXT PRIMARY KEY)"))
     yield store
     store.close()
@@ -64,7 +64,7 @@ def _insert(name: str) -> Callable[[sqlite3.Connection], str]:
     return change
 
 
-def test_a_group_is_one_transaction_and_an_error_rolls_back_its_own_change_only(path: Path, store: SqliteStore) -> None:
+def test_a_group_is_one_transaction_and_an_error_rolls_back_its_own_change_only(path: Path, store: SqliteFile) -> None:
     seen_while_in_the_group: list[list[str]] = []
 
     def fails(conn: sqlite3.Connection) -> None:
@@ -82,14 +82,14 @@ def test_a_group_is_one_transaction_and_an_error_rolls_back_its_own_change_only(
     assert _committed(path) == ["a", "c"]
 
 
-def test_write_raises_its_own_changes_error(store: SqliteStore) -> None:
+def test_write_raises_its_own_changes_error(store: SqliteFile) -> None:
     assert store.write(_insert("a")) == "inserted a"
     with pytest.raises(RegistryError, match="UNIQUE"):
         store.write(_insert("a"))
     assert store.write(_insert("b")) == "inserted b"
 
 
-def test_a_failed_commit_fails_every_change_of_the_group(path: Path, store: SqliteStore) -> None:
+def test_a_failed_commit_fails_every_change_of_the_group(path: Path, store: SqliteFile) -> None:
     """No caller is told its change is durable unless the transaction holding it committed. (A deferred foreign key
     makes the COMMIT itself fail: the changes all went well.)"""
     store.write(
@@ -113,7 +113,7 @@ def test_a_failed_commit_fails_every_change_of_the_group(path: Path, store: Sqli
 
 
 def test_a_change_whose_writes_stand_alone_gets_no_savepoint_and_the_others_keep_theirs(
-    path: Path, store: SqliteStore
+    path: Path, store: SqliteFile
 ) -> None:
     """A heartbeat's step (``_engine.Independent``) needs no savepoint: two statements of its four. Its error still
     reaches its own caller only, and what it wrote before failing stays: its writes each stand alone."""
@@ -149,7 +149,7 @@ class HeldHops:
         self.sizes: list[int] = []
         self.first_entered = threading.Event()
         self.release = threading.Event()
-        original = registry.store.write_group
+        original = registry.file.write_group
 
         def write_group(changes: Any) -> Any:
             self.sizes.append(len(changes))
@@ -158,7 +158,7 @@ class HeldHops:
                 assert self.release.wait(WAIT_S), "the test never released the first hop"
             return original(changes)
 
-        monkeypatch.setattr(registry.store, "write_group", write_group)
+        monkeypatch.setattr(registry.file, "write_group", write_group)
 
     async def first_in_flight(self) -> None:
         assert await trio.to_thread.run_sync(self.first_entered.wait, WAIT_S)

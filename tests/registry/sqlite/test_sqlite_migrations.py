@@ -240,7 +240,7 @@ async def test_a_version_3_file_is_migrated_with_its_rows_intact(path: Path) -> 
     build_v3(path)
     reg = await SqliteRegistry.open(path)
     try:
-        assert reg.store.schema_version == SCHEMA_VERSION
+        assert reg.file.schema_version == SCHEMA_VERSION
         assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
         proc = await reg.get("proc")
         assert proc == Job(
@@ -328,7 +328,7 @@ async def test_reopening_a_migrated_file_migrates_nothing_again(path: Path) -> N
     await first.aclose()
     again = await SqliteRegistry.open(path)
     try:
-        assert again.store.schema_version == SCHEMA_VERSION
+        assert again.file.schema_version == SCHEMA_VERSION
         assert (await again.list_jobs())[0] == rows
         assert await again.outbox_pending(10) == events
     finally:
@@ -448,7 +448,7 @@ async def test_running_rows_are_read_through_the_status_index(path: Path) -> Non
     """A sweep reads the running rows: O(running rows), not O(history), by the (status, seq) index."""
     reg = await SqliteRegistry.open(path)
     try:
-        plan = reg.store.read("EXPLAIN QUERY PLAN SELECT * FROM jobs WHERE status = 'running' ORDER BY seq")
+        plan = reg.file.read("EXPLAIN QUERY PLAN SELECT * FROM jobs WHERE status = 'running' ORDER BY seq")
         assert "jobs_status_seq" in " ".join(str(row[3]) for row in plan)
     finally:
         await reg.aclose()

@@ -55,14 +55,14 @@ def set_stage(stage: str) -> Callable[[sqlite3.Connection], object]:
 async def test_calls_from_ever_new_threads_reuse_a_bounded_set_of_connections(path: Path) -> None:
     reg = await SqliteRegistry.open(path, max_connections=2)
     try:
-        store = reg.store
+        store = reg.file
         await reg.enqueue(new_job())
         on_fresh_thread(lambda: store.read("SELECT COUNT(*) FROM jobs"))  # warm up: the pool has what it needs
         fds_before = open_fds()
         for i in range(100):
             on_fresh_thread(lambda: store.read("SELECT * FROM jobs WHERE status = 'running'"))
             on_fresh_thread(functools.partial(store.write, set_stage(str(i))))
-        assert reg.store.open_connections <= reg.store.max_connections == 2
+        assert reg.file.open_connections <= reg.file.max_connections == 2
         assert open_fds() <= fds_before
         assert (await reg.list_jobs())[0][0].stage == "99"
     finally:
@@ -75,14 +75,14 @@ async def test_concurrent_callers_never_open_more_than_the_pool(path: Path) -> N
 
     def sample(conn: object) -> None:  # runs in a worker thread, holding a connection
         nonlocal peak
-        peak = max(peak, reg.store.open_connections)
+        peak = max(peak, reg.file.open_connections)
 
     async def work() -> None:
         for _ in range(15):
             await reg.enqueue(new_job())
             await reg.list_jobs(limit=5)
-            await trio.to_thread.run_sync(lambda: reg.store.write(sample))
-            await trio.to_thread.run_sync(reg.store.read, "SELECT COUNT(*) FROM jobs")
+            await trio.to_thread.run_sync(lambda: reg.file.write(sample))
+            await trio.to_thread.run_sync(reg.file.read, "SELECT COUNT(*) FROM jobs")
 
     try:
         with trio.fail_after(WAIT_S):
@@ -90,7 +90,7 @@ async def test_concurrent_callers_never_open_more_than_the_pool(path: Path) -> N
                 for _ in range(12):
                     nursery.start_soon(work)
         assert 1 <= peak <= 3
-        assert reg.store.open_connections <= 3
+        assert reg.file.open_connections <= 3
         assert (await reg.counts())["queued"] == 12 * 15
     finally:
         await reg.aclose()
@@ -101,19 +101,19 @@ async def test_aclose_closes_every_connection_and_later_calls_fail_cleanly(path:
     reg = await SqliteRegistry.open(path)
     await reg.enqueue(new_job())
     await reg.counts()
-    assert reg.store.open_connections >= 1
+    assert reg.file.open_connections >= 1
     await reg.aclose()
-    assert reg.store.open_connections == 0
+    assert reg.file.open_connections == 0
     assert open_fds() == fds_before  # the database file and its WAL are closed
     with pytest.raises(RegistryError, match="closed"):
         await reg.counts()
     with pytest.raises(RegistryError, match="closed"):
-        reg.store.read("SELECT 1")
+        reg.file.read("SELECT 1")
 
 
 async def test_a_connection_that_failed_is_replaced_not_returned(path: Path) -> None:
     reg = await SqliteRegistry.open(path, max_connections=1)
-    store = reg.store
+    store = reg.file
     try:
         store.read("CREATE TEMP TABLE marker (x)")
         store.read("SELECT * FROM temp.marker")  # the same connection serves the next call
@@ -130,13 +130,13 @@ async def test_a_connection_that_failed_is_replaced_not_returned(path: Path) -> 
 async def test_a_callers_error_keeps_the_connection(path: Path) -> None:
     reg = await SqliteRegistry.open(path, max_connections=1)
     try:
-        reg.store.read("CREATE TEMP TABLE marker (x)")
+        reg.file.read("CREATE TEMP TABLE marker (x)")
         with pytest.raises(JobNotFound):
             await reg.get("missing")  # a read
         with pytest.raises(JobNotFound):
             await reg.request_cancel("missing")  # a write
-        reg.store.read("SELECT * FROM temp.marker")  # still the connection that made it
-        assert reg.store.open_connections == 1
+        reg.file.read("SELECT * FROM temp.marker")  # still the connection that made it
+        assert reg.file.open_connections == 1
     finally:
         await reg.aclose()
 
@@ -145,7 +145,7 @@ async def test_storage_errors_surface_as_registry_errors(path: Path) -> None:
     reg = await SqliteRegistry.open(path)
     try:
         await reg.enqueue(new_job())
-        reg.store.write(lambda conn: conn.execute("DROP TABLE jobs"))  # storage that no longer holds the rows
+        reg.file.write(lambda conn: conn.execute("DROP TABLE jobs"))  # storage that no longer holds the rows
         with pytest.raises(RegistryError):
             await reg.get("x")
         with pytest.raises(RegistryError):
@@ -170,6 +170,6 @@ async def test_an_acknowledged_write_is_committed_and_synced_when_its_call_retur
         finally:
             other.close()
         # FULL: the commit is on disk (not only in the WAL's page cache) before the call returns.
-        assert [tuple(row) for row in reg.store.read("PRAGMA synchronous")] == [(2,)]
+        assert [tuple(row) for row in reg.file.read("PRAGMA synchronous")] == [(2,)]
     finally:
         await reg.aclose()

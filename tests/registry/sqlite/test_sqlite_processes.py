@@ -75,7 +75,7 @@ OPENER = textwrap.dedent(
     async def main(path: Path) -> None:
         await trio.to_thread.run_sync(sys.stdin.readline)  # the start line: every process opens at once
         reg = await SqliteRegistry.open(path)
-        print(reg.store.schema_version, (await reg.get("proc")).identity.fields["pid"], flush=True)
+        print(reg.file.schema_version, (await reg.get("proc")).identity.fields["pid"], flush=True)
         await reg.aclose()
 
 

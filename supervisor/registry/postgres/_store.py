@@ -1,4 +1,4 @@
-"""The PostgreSQL registry's rows: the store port's one SQL text (``_sql.SqlRows``) on one asyncpg connection, inside
+"""The PostgreSQL registry's rows: the store port's one SQL text (``_sql.SqlStore``) on one asyncpg connection, inside
 the transaction ``_registry`` opened (READ COMMITTED for a write: each statement sees what committed before it began,
 which the promotion relies on; one REPEATABLE READ snapshot for a read). asyncio code, on trio-asyncio's loop.
 
@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from .._protocol import WAKE_KINDS, Wakeup
-from .._sql import SqlRows
+from .._sql import SqlStore
 from .._tables import COALESCE_LOCK, KEY_LOCK, LEASES, PROMOTION
+from .._vocabulary import WAKE_KINDS, Wakeup
 from ._schema import COALESCE_LOCK as COALESCE_ADVISORY_LOCK
 from ._schema import KEY_LOCK as KEY_ADVISORY_LOCK
 from ._schema import LEADER_LOCK, PROMOTE_LOCK
@@ -77,7 +77,7 @@ _LOCKS = {
 }
 
 
-class PostgresRows(SqlRows):
+class PostgresStore(SqlStore):
     """The store port on ``conn`` (see ``_tables.Store``). ``clock``: the rows' wall clock; ``lease_clock``: the
     leases' (None: the database server's); ``schema_key``: this schema's advisory lock key; ``channel``: its wake-up
     channel."""
