@@ -4,7 +4,7 @@ A declaration names the method, the path (an OpenAPI template, ``/api/jobs/{job_
 the scope an API token needs, ``read``, ``enqueue`` or ``operator``; or ``job``, the job's own token; or ``public``),
 its parameters, body and answers. From the table of declarations follow the app's route map (``create_app``), the
 routes that need no API token, the OpenAPI document's ``paths`` (``openapi_document``) and the route table of
-``docs/api.md`` (``tools/routes_table.py``): none of them lists a route of its own.
+``docs/api.md`` (``tools/doc_tables.py``): none of them lists a route of its own.
 
 What every route of a kind answers is added here, not written per route: a route that takes an API token may
 answer 401, and 403 to a token of too small a scope (above ``read``); every POST answers 403 to a web page (an

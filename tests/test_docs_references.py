@@ -1,0 +1,147 @@
+"""References that cannot drift (issue 54): what ``docs/`` and the code's comments name exists.
+
+- every file path a page names in backticks (``core/_boot.py``, ``bench/chaos.py``, ``deploy/...``) is a file or
+  directory of the repository (a path may be written from any package root: it is matched as a suffix);
+- every ADR a page or a comment names (``ADR 0019``, ``ADR-0012``) has its record in ``docs/adr/``;
+- every ``Class.attribute`` the nursery tree of ``docs/architecture.md`` draws is an attribute of a class of
+  ``supervisor``.
+Each check is shown to fail on a reference that does not exist.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+import re
+from pathlib import Path
+
+import supervisor
+
+ROOT = Path(__file__).resolve().parents[1]
+# The pages that describe the code as it is: the guides and the index of the decision records. A record itself is
+# dated: what it names is as it was then (its "Since ..." notes say what moved since).
+PAGES = sorted([*ROOT.glob("docs/*.md"), ROOT / "docs" / "adr" / "README.md", ROOT / "README.md"])
+TOKEN = re.compile(r"`([\w./-]+)`")
+# In the code: a path in a docstring's ``literal`` or `name`, or a repository path written bare in a comment.
+CODE_TOKEN = re.compile(
+    r"``([\w./-]+)``|`([\w./-]+)`|(?<![\w/.])((?:docs|bench|tests|scripts|deploy|compose|tools)/[\w./-]+)"
+)
+CODE = sorted([*ROOT.glob("supervisor/**/*.py"), *ROOT.glob("pipeline_runner/**/*.py")])
+ROOTS = {
+    "supervisor", "pipeline_runner", "tests", "bench", "docs", "tools", "scripts", "compose", "deploy", ".ci", "core",
+    "registry", "api", "cli", "domain", "execution", "observe", "sqlite", "postgres", "migrations", "adr",
+}  # fmt: skip
+EXTENSIONS = (".py", ".md", ".sql", ".toml", ".sh", ".yml", ".yaml", ".service", ".txt", ".json", ".example", ".png")
+ADR = re.compile(r"\bADR[ -](\d{4})\b")
+
+
+def path_of(token: str) -> str | None:
+    """The repository path a backticked token names (``core/_boot.py``, ``core/_rules.judge``: a module and a name
+    in it), or None when it names no file of ours (a MIME type, ``failed/exit_code_5``, a deployed machine's path)."""
+    if "/" not in token or token.startswith(("/", "./", "../")) or any(c in token for c in "<*{") or "NNNN" in token:
+        return None
+    if token.split("/", 1)[0] not in ROOTS and not token.endswith(EXTENSIONS):
+        return None
+    return token.rstrip("/")
+
+
+def _defines(text: str, name: str) -> bool:
+    word = re.escape(name)
+    return re.search(rf"^\s*(?:async def|def|class) {word}\b|^\s*{word}\s*[:=]", text, re.M) is not None
+
+
+def _repository_files() -> dict[str, str]:
+    skip = {".git", ".venv", ".venv-bench", "node_modules", "__pycache__", ".mypy_cache", ".ruff_cache"}
+    found = {}
+    for path in ROOT.rglob("*"):
+        parts = path.relative_to(ROOT).parts
+        if parts and not (set(parts) & skip):
+            text = path.read_text(errors="replace") if path.suffix == ".py" else ""
+            found["/".join(parts)] = text
+    return found
+
+
+def missing_paths(pages: list[Path], files: dict[str, str], token: re.Pattern[str] = TOKEN) -> list[str]:
+    """The tokens ``token`` finds in ``pages`` that name no file (or no name in it); ``files``: each repository path
+    and the text of its Python files."""
+
+    def at(path: str) -> list[str]:
+        return [f for f in files if f == path or f.endswith("/" + path)]
+
+    missing = []
+    for page in pages:
+        for match in token.finditer(page.read_text()):
+            named = next(group for group in match.groups() if group).rstrip(".,;:)")
+            path = path_of(named)
+            if path is None or at(path):
+                continue
+            head, _, last = path.rpartition("/")
+            module, _, attribute = last.partition(".")
+            modules = at(f"{head}/{module}.py") if attribute else []
+            if not any(_defines(files[f], attribute.split(".")[-1]) for f in modules):
+                missing.append(f"{page.relative_to(ROOT) if page.is_relative_to(ROOT) else page.name}: {named}")
+    return missing
+
+
+def missing_adrs(texts: dict[str, str], records: set[str]) -> list[str]:
+    named = [(where, number) for where, text in texts.items() for number in ADR.findall(text)]
+    return sorted(f"{where}: ADR {number}" for where, number in named if number not in records)
+
+
+def test_every_path_a_page_names_exists() -> None:
+    assert missing_paths(PAGES, _repository_files()) == []
+
+
+def test_every_path_a_comment_names_exists() -> None:
+    assert missing_paths(CODE, _repository_files(), CODE_TOKEN) == []
+
+
+def test_every_adr_a_page_or_a_comment_names_exists() -> None:
+    records = {path.name[:4] for path in (ROOT / "docs" / "adr").glob("[0-9][0-9][0-9][0-9]-*.md")}
+    texts = {str(p.relative_to(ROOT)): p.read_text() for p in PAGES}
+    texts |= {str(p.relative_to(ROOT)): p.read_text() for p in sorted((ROOT / "supervisor").rglob("*.py"))}
+    assert missing_adrs(texts, records) == []
+
+
+def _classes() -> dict[str, list[type]]:
+    for module in pkgutil.walk_packages(supervisor.__path__, "supervisor."):
+        if not module.name.endswith((".shepherd", ".__main__")):
+            importlib.import_module(module.name)
+    found: dict[str, list[type]] = {}
+    for module in list(__import__("sys").modules.values()):
+        if getattr(module, "__name__", "").startswith("supervisor"):
+            for name, value in vars(module).items():
+                if inspect.isclass(value) and value.__module__.startswith("supervisor"):
+                    found.setdefault(name, []).append(value)
+    return found
+
+
+def tree_names(page: str) -> list[str]:
+    """``Class.attribute`` in the nursery tree's drawing (the first code block under "The nursery tree")."""
+    block = page.split("## The nursery tree", 1)[1].split("```", 2)[1]
+    return re.findall(r"[├└]── ([A-Z]\w*\.\w+)", block)
+
+
+def missing_tree_tasks(names: list[str], classes: dict[str, list[type]]) -> list[str]:
+    missing = []
+    for name in names:
+        cls, attr = name.split(".", 1)
+        if not any(hasattr(c, attr) for c in classes.get(cls, [])):
+            missing.append(name)
+    return missing
+
+
+def test_every_task_the_nursery_tree_draws_is_in_the_code() -> None:
+    names = tree_names((ROOT / "docs" / "architecture.md").read_text())
+    assert len(names) >= 10, names  # the drawing was found
+    assert missing_tree_tasks(names, _classes()) == []
+
+
+def test_the_checks_fail_on_references_that_do_not_exist(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("`core/_nothing.py` `core/_boot.py` `core/_boot.until_recorded` `core/_boot.gone` ADR 9999")
+    files = {"supervisor/core/_boot.py": "async def until_recorded(write):\n    ..."}
+    assert missing_paths([page], files) == ["page.md: core/_nothing.py", "page.md: core/_boot.gone"]
+    assert missing_adrs({"page": page.read_text() + " ADR 0001"}, {"0001"}) == ["page: ADR 9999"]
+    assert missing_tree_tasks(["Drainer.run", "Drainer.no_such_task"], _classes()) == ["Drainer.no_such_task"]
