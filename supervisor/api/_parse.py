@@ -1,22 +1,57 @@
 """Reading a request: its bearer token, its JSON body and its query string, each refused with the error that names
-what is wrong (415, 413, 400, or a 422 naming the field). The shape of what is read is the route's to check."""
+what is wrong (415, 413, 400, or a 422 naming the field), and the wire shapes the core takes as typed values
+(``parse_progress``: a heartbeat's body)."""
 
 from __future__ import annotations
 
 import json
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from quart import g, request
 
-from ..domain import IDEMPOTENCY_KEY_HEADER, key_problem
+from ..domain import IDEMPOTENCY_KEY_HEADER, MAX_STAGE_LEN, MAX_UNITS, Progress, RequestKey
 from ..domain._errors import BodyTooLarge, InvalidHeader, MalformedRequest, UnsupportedMediaType, ValidationError
 
 # A job request is a kind and a few short params; anything near this size is a mistake or an attack.
 MAX_BODY_BYTES = 64 * 1024
 # A batch holds up to 1,000 job requests; the stack refuses anything larger before a route sees it.
 MAX_BATCH_BODY_BYTES = 1024 * 1024
+
+
+def parse_progress(body: object) -> Progress:
+    """A heartbeat's body (``Heartbeat`` in the OpenAPI document) as a ``Progress``: unknown fields and out-of-range
+    values are a 422 naming the field."""
+    if not isinstance(body, Mapping):
+        raise ValidationError("body must be a JSON object", field="body")
+    unknown = sorted(set(body) - {"completed_units", "total_units", "stage"})
+    if unknown:
+        raise ValidationError(f"unknown field {unknown[0]!r}", field=unknown[0])
+    completed = body.get("completed_units")
+    if not _is_unit_count(completed):
+        raise ValidationError(f"completed_units must be an integer from 0 to {MAX_UNITS}", field="completed_units")
+    total = body.get("total_units")
+    if total is not None and not _is_unit_count(total):
+        raise ValidationError(f"total_units must be an integer from 0 to {MAX_UNITS}, or null", field="total_units")
+    stage = body.get("stage")
+    if stage is not None and (not isinstance(stage, str) or len(stage) > MAX_STAGE_LEN or not _is_utf8(stage)):
+        raise ValidationError(f"stage must be a text of at most {MAX_STAGE_LEN} characters", field="stage")
+    return Progress(completed, total, stage)
+
+
+def _is_unit_count(value: object) -> TypeGuard[int]:
+    """A heartbeat's unit count: a JSON integer (not a bool) from 0 to MAX_UNITS."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_UNITS
+
+
+def _is_utf8(text: str) -> bool:
+    """False for a lone surrogate: valid JSON ("\\ud800"), but no UTF-8 to store."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def bearer_token() -> str | None:
@@ -34,7 +69,7 @@ def caller_name() -> str | None:
     return caller.name if caller is not None else None
 
 
-def idempotency_key() -> str | None:
+def idempotency_key() -> RequestKey | None:
     """The request's ``Idempotency-Key`` (None: none sent); one that is empty, too long, not printable ASCII or sent
     twice is a 400 naming the header."""
     values = request.headers.getlist(IDEMPOTENCY_KEY_HEADER)
@@ -44,10 +79,7 @@ def idempotency_key() -> str | None:
         raise InvalidHeader(
             f"{IDEMPOTENCY_KEY_HEADER} given {len(values)} times; send it once", field=IDEMPOTENCY_KEY_HEADER
         )
-    problem = key_problem(values[0])
-    if problem is not None:
-        raise InvalidHeader(f"{IDEMPOTENCY_KEY_HEADER} {problem}", field=IDEMPOTENCY_KEY_HEADER)
-    return values[0]
+    return RequestKey.parse(values[0])
 
 
 async def json_body(max_bytes: int = MAX_BODY_BYTES) -> Any:

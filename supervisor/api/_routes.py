@@ -17,7 +17,7 @@ from werkzeug.routing import BaseConverter
 
 from ..core import Supervisor
 from ..domain import IDEMPOTENCY_KEY_HEADER, KEY_SCHEMA, REPLAYED_HEADER
-from ..domain._errors import Unauthorized, ValidationError
+from ..domain._errors import RequestError, Unauthorized, ValidationError
 from ..domain._kinds import KindCatalog
 from ..domain._model import Job, JobStatus, to_iso
 from ..observe import EVENT_NAMES, GAP, LAST_EVENT_ID, StreamEnded, StreamEvent, Subscription
@@ -32,6 +32,7 @@ from ._parse import (
     idempotency_key,
     int_query,
     json_body,
+    parse_progress,
     query,
 )
 from ._route_table import INVALID, NOT_FOUND, RouteTable, error, json_answer, ref, text_answer
@@ -411,8 +412,13 @@ async def heartbeat(supervisor: Supervisor, job_id: str) -> Any:
     token = bearer_token()
     if token is None:
         raise Unauthorized(MISSING_JOB_TOKEN)
-    # The core checks the token before it reads the body, then validates the body and takes the beat (ADR 0018).
-    await supervisor.heartbeats.record(job_id, token, json_body)
+    # The token is checked before the body is read (the core's first call), the beat taken after (ADR 0018).
+    admission = await supervisor.heartbeats.admit(job_id, token)
+    try:
+        progress = parse_progress(await json_body())
+    except RequestError as exc:
+        await supervisor.heartbeats.refuse(admission, exc)
+    supervisor.heartbeats.take(admission, progress)
     return "", 204
 
 

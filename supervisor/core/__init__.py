@@ -11,7 +11,7 @@ _reconcile    reconcile: RUNNING rows against the executor's evidence
 _absence      the absence tracker (monotonic ages) and judge
 _sweeper      the sweeper task: pause file -> reconcile -> absence -> drain
 _wakeups      the wake-up listener task: other hosts' changes (LISTEN/NOTIFY), acted on at once; only hints
-_heartbeats   a job's heartbeats: token check, body, watermark
+_heartbeats   a job's heartbeats: the token admitted before the body is read, the beat taken, written behind
 _queue_watch  the queue's own watch: its signals and the stuck rule, judged at every sweep
 _fleet        the fleet task: this host's lease, the lead, the fleet's settings, the leader's silent-host rounds
 _silent       the leader's judge of a silent host's jobs: ended only by proof this host can read
@@ -28,14 +28,12 @@ from ._drain import PROMOTE_BATCH, Drainer
 from ._enqueue import MAX_BATCH
 from ._heartbeats import (
     FLUSH_INTERVAL_S,
-    MAX_STAGE_LEN,
-    MAX_UNITS,
     WRITE_RETRY_S,
+    Admission,
     CurrentRows,
     Heartbeats,
     JobTokens,
     merged,
-    parse_beat,
 )
 from ._ledger import JobLedger, Watched
 from ._queue_watch import HOLD_REASONS, NOT_PROMOTED, QueueRule, QueueWatch, Stuck
@@ -78,8 +76,6 @@ __all__ = [
     "JITTER",
     "LOG_CHUNK_BYTES",
     "MAX_BATCH",
-    "MAX_STAGE_LEN",
-    "MAX_UNITS",
     "NEVER_STARTED",
     "NOT_PROMOTED",
     "NO_RETRY",
@@ -91,6 +87,7 @@ __all__ = [
     "WRITE_RETRY_S",
     "AbsenceJudge",
     "AbsenceTracker",
+    "Admission",
     "Boot",
     "CurrentRows",
     "DataDirLock",
@@ -124,7 +121,6 @@ __all__ = [
     "judge_absence",
     "merged",
     "outcome",
-    "parse_beat",
     "past_window",
     "run_sweeper",
 ]

@@ -8,18 +8,16 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
 from ..domain import (
-    IDEMPOTENCY_KEY_HEADER,
     SUPERVISOR,
     Conflict,
     IdempotencyKey,
-    InvalidHeader,
     Job,
     JobStatus,
+    RequestKey,
     ValidationError,
     coalesce_key,
     fingerprint,
     follow_up_key,
-    key_problem,
 )
 from ..observe import get_logger
 from ..registry import EnqueueResult, NewJob
@@ -46,18 +44,16 @@ class Enqueuer:
         argv = kind.render_argv(validated, python=self.boot.executor.python)
         return NewJob(kind.name, validated, argv, key, max_attempts=kind.max_attempts, enqueued_by=by)
 
-    def keyed(self, key: str | None, route: str, jobs: Sequence[NewJob]) -> IdempotencyKey | None:
-        """The idempotency key of a request to ``route`` (``enqueue``, ``batch``) for ``jobs``, validated."""
+    def keyed(self, key: RequestKey | None, route: str, jobs: Sequence[NewJob]) -> IdempotencyKey | None:
+        """The idempotency key of a request to ``route`` (``enqueue``, ``batch``) for ``jobs`` (validated where it
+        came in: ``RequestKey``)."""
         if key is None:
             return None
-        problem = key_problem(key)
-        if problem is not None:
-            raise InvalidHeader(f"{IDEMPOTENCY_KEY_HEADER} {problem}", field=IDEMPOTENCY_KEY_HEADER)
         request = fingerprint(route, [(job.kind, job.params) for job in jobs])
-        return IdempotencyKey(key, request, self.boot.config.idempotency_ttl_s)
+        return IdempotencyKey(key.text, request, self.boot.config.idempotency_ttl_s)
 
     async def enqueue(
-        self, kind_name: object, params: object, key: str | None = None, by: str | None = None
+        self, kind_name: object, params: object, key: RequestKey | None = None, by: str | None = None
     ) -> EnqueueResult:
         """Validate and store a job, and have the drainer start it when a slot is free: never waits for a spawn.
         ``key``: the request's idempotency key (a retry of the request answers the first answer, ``replayed``);
@@ -67,7 +63,9 @@ class Enqueuer:
         self.announce([result])
         return result
 
-    async def enqueue_many(self, items: object, key: str | None = None, by: str | None = None) -> list[EnqueueResult]:
+    async def enqueue_many(
+        self, items: object, key: RequestKey | None = None, by: str | None = None
+    ) -> list[EnqueueResult]:
         """Validate every item first (a ``ValidationError`` names the element, ``jobs[3].params.seconds``), then
         store them all at once: all or nothing. ``key`` covers the batch, as ``enqueue``'s covers one job."""
         if not isinstance(items, list) or not items:
@@ -138,6 +136,6 @@ class Enqueuer:
         except ValidationError as exc:
             log.error("follow_up_not_enqueued", job_id=parent.job_id, then=then, error=str(exc))
             return None
-        key = self.keyed(follow_up_key(parent.job_id), "enqueue", [new])
+        key = self.keyed(RequestKey(follow_up_key(parent.job_id)), "enqueue", [new])
         assert key is not None
         return new, key

@@ -14,21 +14,19 @@ crash loses at most the beats of one interval: liveness, which the job's next be
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeGuard
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
 import trio
 
-from ..domain import Doorbell, Job, JobStatus, RegistryError, RequestError, ValidationError
+from ..domain import Doorbell, Job, JobStatus, Progress, RegistryError, RequestError
 from ..domain._model import hash_token
 from ..observe import EventName, JobEvent, get_logger
 from ..registry import Beat, Registry
 
 log = get_logger()
 
-MAX_STAGE_LEN = 200
-# A heartbeat's unit counts are stored as 64-bit signed integers: a larger number is refused, not a 500.
-MAX_UNITS = 2**63 - 1
 # Far more than any max_concurrent: a bound in case entries for jobs ended by another process are never dropped.
 MAX_TOKENS = 100_000
 # How long the beats taken gather before one registry write takes them all (a beat's 204 means taken; it is written
@@ -85,39 +83,6 @@ class JobTokens:
         return len(self._hashes)
 
 
-def _is_unit_count(value: object) -> TypeGuard[int]:
-    """A heartbeat's unit count: a JSON integer (not a bool) from 0 to MAX_UNITS."""
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_UNITS
-
-
-def _is_utf8(text: str) -> bool:
-    """False for a lone surrogate: valid JSON ("\\ud800"), but no UTF-8 to store."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def parse_beat(job_id: str, token: str, body: object) -> Beat:
-    """A heartbeat's body, validated: unknown fields and out-of-range values are a 422 naming the field."""
-    if not isinstance(body, Mapping):
-        raise ValidationError("body must be a JSON object", field="body")
-    unknown = sorted(set(body) - {"completed_units", "total_units", "stage"})
-    if unknown:
-        raise ValidationError(f"unknown field {unknown[0]!r}", field=unknown[0])
-    completed = body.get("completed_units")
-    if not _is_unit_count(completed):
-        raise ValidationError(f"completed_units must be an integer from 0 to {MAX_UNITS}", field="completed_units")
-    total = body.get("total_units")
-    if total is not None and not _is_unit_count(total):
-        raise ValidationError(f"total_units must be an integer from 0 to {MAX_UNITS}, or null", field="total_units")
-    stage = body.get("stage")
-    if stage is not None and (not isinstance(stage, str) or len(stage) > MAX_STAGE_LEN or not _is_utf8(stage)):
-        raise ValidationError(f"stage must be a text of at most {MAX_STAGE_LEN} characters", field="stage")
-    return Beat(job_id, token, completed, total, stage)
-
-
 def merged(older: Beat | None, newer: Beat) -> Beat:
     """Two beats of one job and token as one: the higher watermark, the newer total and stage. The registry records
     them alike (the beats of one write share its clock), so a job's beats are one row change, not one each."""
@@ -126,6 +91,15 @@ def merged(older: Beat | None, newer: Beat) -> Beat:
     total = older.total_units if newer.total_units is None else newer.total_units
     stage = older.stage if newer.stage is None else newer.stage
     return Beat(newer.job_id, newer.token, max(older.completed_units, newer.completed_units), total, stage)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A beat whose token was admitted (``Heartbeats.admit``); ``from_memory``: without asking the registry."""
+
+    job_id: str
+    token: str
+    from_memory: bool
 
 
 class Heartbeats:
@@ -147,23 +121,28 @@ class Heartbeats:
     def pending(self) -> int:
         return len(self._pending)
 
-    async def record(self, job_id: str, token: str, read_body: Callable[[], Awaitable[object]]) -> None:
-        """Take a beat: ``read_body`` reads the request's body (raising the HTTP layer's 400/413/415), after the token
-        check. Returns once the beat is taken, before it is written."""
-        admitted = self.tokens.admits(job_id, token)
-        if not admitted:
-            generation = self.tokens.generation
-            await self._registry.check_job_token(job_id, token)
-            self.tokens.remember(job_id, token, generation)
-        try:
-            beat = parse_beat(job_id, token, await read_body())
-        except RequestError:
-            if admitted:
-                # Admitted from memory, the job may have ended a moment ago: a token that no longer works is a 401
-                # whatever its body, as if the registry had been asked first.
-                await self._registry.check_job_token(job_id, token)
-            raise
-        self._take({(job_id, token): beat}, trio.current_time())
+    async def admit(self, job_id: str, token: str) -> Admission:
+        """The first of a beat's two calls, before its body is read: ``token`` must be ``job_id``'s (401 otherwise),
+        checked in memory for a job this boot saw running, else by one registry read."""
+        if self.tokens.admits(job_id, token):
+            return Admission(job_id, token, from_memory=True)
+        generation = self.tokens.generation
+        await self._registry.check_job_token(job_id, token)
+        self.tokens.remember(job_id, token, generation)
+        return Admission(job_id, token, from_memory=False)
+
+    def take(self, admission: Admission, progress: Progress) -> None:
+        """The second: the beat is taken (the 204), to be written behind."""
+        beat = Beat(admission.job_id, admission.token, progress.completed_units, progress.total_units, progress.stage)
+        self._take({(admission.job_id, admission.token): beat}, trio.current_time())
+
+    async def refuse(self, admission: Admission, error: RequestError) -> NoReturn:
+        """Or the second, when the edge could not read the body: its own ``error``, unless the token no longer
+        works. Admitted from memory, the job may have ended a moment ago: a token that no longer works is a 401
+        whatever its body, as if the registry had been asked first."""
+        if admission.from_memory:
+            await self._registry.check_job_token(admission.job_id, admission.token)
+        raise error
 
     def _take(self, beats: Mapping[tuple[str, str], Beat], taken_at: float) -> None:
         """Add ``beats`` (taken at ``taken_at``) to what is pending, each merged with the newer ones already there, and

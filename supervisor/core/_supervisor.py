@@ -34,6 +34,7 @@ from ..domain import (
     JobNotFound,
     KindCatalog,
     RegistryError,
+    RequestKey,
     to_iso,
     utc_now,
 )
@@ -60,7 +61,7 @@ from ._wakeups import WakeupListener
 log = get_logger()
 
 # The request-facing methods' types: an Idempotency-Key, who asks (an API token's name), what an enqueue answers.
-Key = str | None
+Key = RequestKey | None
 By = str | None
 Enqueued = EnqueueResult
 T = TypeVar("T")

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ._errors import InvalidHeader
+
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 # The answer to a request whose key was seen: what the first request was answered, and this header on it.
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -51,6 +53,27 @@ def fingerprint(route: str, jobs: Sequence[tuple[str, Mapping[str, Any]]]) -> st
     """The request a key names: ``route`` (``enqueue`` or ``batch``) and each job's kind and validated params."""
     canonical = json.dumps([route, [[kind, params] for kind, params in jobs]], sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class RequestKey:
+    """A client's ``Idempotency-Key``, validated once, where it comes in (``parse``: the API's header); the core
+    takes only this."""
+
+    text: str
+
+    def __post_init__(self) -> None:
+        problem = key_problem(self.text)
+        if problem is not None:
+            raise ValueError(f"idempotency key {self.text!r} {problem}")
+
+    @classmethod
+    def parse(cls, text: str) -> RequestKey:
+        """The header's value as a key, or a 400 naming the header and what is wrong with it."""
+        problem = key_problem(text)
+        if problem is not None:
+            raise InvalidHeader(f"{IDEMPOTENCY_KEY_HEADER} {problem}", field=IDEMPOTENCY_KEY_HEADER)
+        return cls(text)
 
 
 @dataclass(frozen=True)

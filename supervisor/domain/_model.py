@@ -228,6 +228,22 @@ _TIMESTAMPS = (
 )
 
 
+# A heartbeat's progress, as the API takes it: its unit counts are stored as 64-bit signed integers (a larger number
+# is refused, not a 500), and its stage is a short text.
+MAX_UNITS = 2**63 - 1
+MAX_STAGE_LEN = 200
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What one heartbeat says of a job's progress (the API's ``Heartbeat`` body, validated at the edge): the
+    watermark (``completed_units``), and optionally the total and the stage it is in."""
+
+    completed_units: int
+    total_units: int | None = None
+    stage: str | None = None
+
+
 @dataclass(frozen=True)
 class Job:
     """One registry row. ``token_hash`` never leaves the supervisor; ``public()`` drops it."""

@@ -15,7 +15,9 @@ import pytest
 import trio
 from serve_process import beater_kind  # type: ignore[import-not-found]
 
-from supervisor import Job, JobStatus, SqliteRegistry, Supervisor
+from supervisor import Job, JobStatus, RequestError, SqliteRegistry, Supervisor
+from supervisor.api import parse_progress
+from supervisor.core import Heartbeats
 from supervisor.domain import IdentityRecord, hash_token, to_iso, utc_now
 from supervisor.execution.subprocess import ProcessIdentity, identify, marker_path
 from supervisor.registry import IdentityClaim, NewJob, PromoteRequest, Promotion
@@ -258,3 +260,17 @@ async def enqueue_raw(sup: Supervisor, kind: str, params: dict[str, object], arg
     """A row enqueued through the registry as another process would (no validation, no drainer wake-up)."""
     result = await sup.registry.enqueue(NewJob(kind, params, argv))
     return result.job
+
+
+async def take_beat(
+    heartbeats: Heartbeats, job_id: str, token: str, read_body: Callable[[], Awaitable[object]]
+) -> None:
+    """A heartbeat as the API's route takes one: the token admitted first, then the body read and parsed at the edge
+    (``parse_progress``), then the beat taken, or the body's error refused (a 401 instead for a token that no longer
+    works)."""
+    admission = await heartbeats.admit(job_id, token)
+    try:
+        progress = parse_progress(await read_body())
+    except RequestError as exc:
+        await heartbeats.refuse(admission, exc)
+    heartbeats.take(admission, progress)

@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import trio
 import trio.testing
-from core_helpers import insert_running, wait_terminal  # type: ignore[import-not-found]
+from core_helpers import insert_running, take_beat, wait_terminal  # type: ignore[import-not-found]
 
 from supervisor import Job, JobStatus, Liveness, Supervisor
 from supervisor.core import ABSENT_AFTER_S, CHECK_IN_S, AbsenceTracker, Signals, judge_absence
@@ -248,7 +248,7 @@ async def _beat(sup: Supervisor, job: Job, units: int) -> None:
     async def body() -> object:
         return {"completed_units": units}
 
-    await sup.heartbeats.record(job.job_id, "t", body)  # insert_running's rows carry the token "t"
+    await take_beat(sup.heartbeats, job.job_id, "t", body)  # insert_running's rows carry the token "t"
     await sup.heartbeats.flush()  # written now, as the writer task would within its interval
 
 

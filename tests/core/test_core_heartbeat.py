@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import pytest
 import trio
 import trio.testing
-from core_helpers import insert_running  # type: ignore[import-not-found]
+from core_helpers import insert_running, take_beat  # type: ignore[import-not-found]
 
 from supervisor import Supervisor
 from supervisor.core import FLUSH_INTERVAL_S, WRITE_RETRY_S, JobTokens, merged
@@ -67,11 +67,11 @@ async def test_the_token_is_checked_before_the_body_is_read(make_supervisor: Cal
 
     for job_id, token in ((job.job_id, "wrong"), ("no-such-job", "t")):
         with pytest.raises(Unauthorized):
-            await sup.heartbeats.record(job_id, token, read_body)
+            await take_beat(sup.heartbeats, job_id, token, read_body)
     assert reads == []
     # A job this boot did not promote (an adopted one's) is admitted by the registry, then from memory.
     assert not sup.heartbeats.tokens.admits(job.job_id, "t")
-    await sup.heartbeats.record(job.job_id, "t", read_body)
+    await take_beat(sup.heartbeats, job.job_id, "t", read_body)
     assert (reads, (await sup.get(job.job_id)).completed_units) == (["read"], 3)  # a read writes what was taken
     assert sup.heartbeats.tokens.admits(job.job_id, "t")
 
@@ -88,22 +88,22 @@ async def test_a_refused_body_of_an_ended_job_admitted_from_memory_is_401(
     async def bad() -> object:
         return {"completed_units": -1}
 
-    await sup.heartbeats.record(job.job_id, "t", good)
+    await take_beat(sup.heartbeats, job.job_id, "t", good)
     with pytest.raises(ValidationError):
-        await sup.heartbeats.record(job.job_id, "t", bad)  # running: a bad body is the body's own 422
+        await take_beat(sup.heartbeats, job.job_id, "t", bad)  # running: a bad body is the body's own 422
     await sup.heartbeats.flush()
     # The row ends without this supervisor hearing of it (another process): memory still admits the token...
     await sup.registry.finalize(job.job_id, Ending(Outcome(JobStatus.FAILED, "elsewhere")))
     assert sup.heartbeats.tokens.admits(job.job_id, "t")
     with pytest.raises(Unauthorized):
-        await sup.heartbeats.record(job.job_id, "t", bad)  # ...but the answer is the 401 of a stale token
+        await take_beat(sup.heartbeats, job.job_id, "t", bad)  # ...but the answer is the 401 of a stale token
     # A good body is taken from memory (no registry call of its own); the write refuses it and forgets the token, so
     # the next beat is the 401, and the row is left as it ended.
-    await sup.heartbeats.record(job.job_id, "t", good)
+    await take_beat(sup.heartbeats, job.job_id, "t", good)
     await sup.heartbeats.flush()
     assert not sup.heartbeats.tokens.admits(job.job_id, "t")
     with pytest.raises(Unauthorized):
-        await sup.heartbeats.record(job.job_id, "t", good)
+        await take_beat(sup.heartbeats, job.job_id, "t", good)
     assert (await sup.get(job.job_id)).completed_units == 1
 
 
@@ -161,8 +161,8 @@ async def test_beats_taken_within_an_interval_are_one_write_of_one_change_per_jo
         await nursery.start(sup.heartbeats.run)
         start = trio.current_time()
         for n in (4, 9, 2):  # out of order: the watermark is the highest
-            await sup.heartbeats.record(one.job_id, "t", _units(n, "fetch" if n == 4 else None))
-        await sup.heartbeats.record(two.job_id, "t", _units(1))
+            await take_beat(sup.heartbeats, one.job_id, "t", _units(n, "fetch" if n == 4 else None))
+        await take_beat(sup.heartbeats, two.job_id, "t", _units(1))
         assert writes == []  # taken, not yet written: each 204 went out without a registry write
         await _until(lambda: bool(writes))
         assert writes[0][0] - start == pytest.approx(FLUSH_INTERVAL_S)
@@ -200,9 +200,9 @@ async def test_a_failed_write_keeps_its_beats_says_so_once_and_writes_them_merge
     monkeypatch.setattr(sup.registry, "record_heartbeats", record)
     async with trio.open_nursery() as nursery:
         await nursery.start(sup.heartbeats.run)
-        await sup.heartbeats.record(job.job_id, "t", _units(5, "fetch"))
+        await take_beat(sup.heartbeats, job.job_id, "t", _units(5, "fetch"))
         await _until(lambda: len(tries) >= 2)
-        await sup.heartbeats.record(job.job_id, "t", _units(3))  # taken while the registry fails
+        await take_beat(sup.heartbeats, job.job_id, "t", _units(3))  # taken while the registry fails
         await _until(lambda: not failures and not sup.heartbeats.pending)
         nursery.cancel_scope.cancel()
     assert [round(b - a, 6) for a, b in itertools.pairwise(tries)] == [WRITE_RETRY_S] * 3
@@ -219,7 +219,7 @@ async def test_a_writer_cancelled_at_shutdown_writes_what_it_took_first(
     job = await insert_running(sup, boot_id="b", pid=None, spawned=False)
     async with trio.open_nursery() as nursery:
         await nursery.start(sup.heartbeats.run)
-        await sup.heartbeats.record(job.job_id, "t", _units(7))
+        await take_beat(sup.heartbeats, job.job_id, "t", _units(7))
         nursery.cancel_scope.cancel()  # before its interval has passed
     assert (await sup.registry.get(job.job_id)).completed_units == 7
     assert sup.heartbeats.pending == 0
@@ -237,7 +237,7 @@ async def test_a_read_cancelled_while_it_writes_the_beats_keeps_them_for_the_nex
         raise AssertionError("unreachable")
 
     monkeypatch.setattr(sup.registry, "record_heartbeats", stuck)
-    await sup.heartbeats.record(job.job_id, "t", _units(6))
+    await take_beat(sup.heartbeats, job.job_id, "t", _units(6))
     with trio.move_on_after(0.01):
         await sup.get(job.job_id)
     assert sup.heartbeats.pending == 1
@@ -258,7 +258,7 @@ async def test_a_read_during_a_write_fault_answers_and_the_beat_waits(
         raise RegistryUnavailable("the disk is full")
 
     monkeypatch.setattr(sup.registry, "record_heartbeats", full)
-    await sup.heartbeats.record(job.job_id, "t", _units(4))
+    await take_beat(sup.heartbeats, job.job_id, "t", _units(4))
     assert (await sup.get(job.job_id)).completed_units == 0
     [listed], _ = await sup.list_jobs()
     assert listed.completed_units == 0 and sup.heartbeats.pending == 1

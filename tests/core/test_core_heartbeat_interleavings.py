@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from core_helpers import take_beat  # type: ignore[import-not-found]
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -146,7 +147,7 @@ class HeartbeatWriterMachine(RuleBasedStateMachine):
             return {"completed_units": units}
 
         async def take() -> None:
-            await self.beats.record(job, "t", body)
+            await take_beat(self.beats, job, "t", body)
             self.taken.append((trio.current_time(), job, units))
 
         self._run(take)
@@ -244,7 +245,7 @@ async def test_a_beat_taken_after_a_read_is_written_by_the_writer_alone(
         async def body() -> object:
             return {"completed_units": n}
 
-        await beats.record("a", "t", body)
+        await take_beat(beats, "a", "t", body)
 
     async with trio.open_nursery() as nursery:
         await nursery.start(beats.run)

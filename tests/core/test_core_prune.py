@@ -13,7 +13,7 @@ import trio.testing
 from structlog.testing import capture_logs
 
 from supervisor import Config, JobStatus, Supervisor, load_kinds
-from supervisor.domain import JobNotFound
+from supervisor.domain import JobNotFound, RequestKey
 from supervisor.execution.memory import MemoryExecutor
 from supervisor.registry import Ending, MemoryRegistry, NewJob, Outcome, PromoteRequest, Retry, hash_token
 
@@ -161,7 +161,7 @@ async def test_the_sweeper_expires_idempotency_keys_and_a_keyed_job_outlives_the
                      standalone=True)  # fmt: skip
     sup.attach(nursery)
     sup.log_dir.mkdir(parents=True)
-    keyed = await sup.enqueue("pipeline", {"feed": "https://example.org/feed"}, idempotency_key="k-1")
+    keyed = await sup.enqueue("pipeline", {"feed": "https://example.org/feed"}, idempotency_key=RequestKey("k-1"))
     await registry.request_cancel(keyed.job.job_id)  # finished (cancelled) at once
     for n in range(3):
         await finish(registry, sup.log_dir, n)
@@ -171,7 +171,7 @@ async def test_the_sweeper_expires_idempotency_keys_and_a_keyed_job_outlives_the
     assert [e for e in logs if e["event"] == "idempotency_keys_expired"] == []
     assert (await registry.get(keyed.job.job_id)).status is JobStatus.CANCELLED  # kept: its key is live
     assert (
-        await sup.enqueue("pipeline", {"feed": "https://example.org/feed"}, idempotency_key="k-1")
+        await sup.enqueue("pipeline", {"feed": "https://example.org/feed"}, idempotency_key=RequestKey("k-1"))
     ).replayed is not None
     await trio.sleep(DAY_S + 60)
     with capture_logs() as logs:
@@ -181,7 +181,7 @@ async def test_the_sweeper_expires_idempotency_keys_and_a_keyed_job_outlives_the
     await sup.sweep()
     with pytest.raises(JobNotFound):  # its key gone, retention takes it
         await registry.get(keyed.job.job_id)
-    fresh = await sup.enqueue("pipeline", {"feed": "https://example.org/feed"}, idempotency_key="k-1")
+    fresh = await sup.enqueue("pipeline", {"feed": "https://example.org/feed"}, idempotency_key=RequestKey("k-1"))
     assert fresh.replayed is None and fresh.job.job_id != keyed.job.job_id
 
 
@@ -194,7 +194,7 @@ async def test_keys_expire_with_retention_off(
     sup = Supervisor(config, load_kinds(None), registry, executor=MemoryExecutor({}, nursery), wall_clock=wall,
                      standalone=True)  # fmt: skip
     sup.attach(nursery)
-    first = await sup.enqueue("pipeline", {"feed": "https://example.org/feed"}, idempotency_key="k-1")
+    first = await sup.enqueue("pipeline", {"feed": "https://example.org/feed"}, idempotency_key=RequestKey("k-1"))
     await trio.sleep(config.idempotency_ttl_s)
     with capture_logs() as logs:
         await sup.sweep()
