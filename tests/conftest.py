@@ -6,23 +6,16 @@ import asyncio
 import functools
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
 import pytest
 
-from supervisor import SqliteRegistry
+# The API's fixtures (a supervisor behind the test client, a live server), for the API's tests and the CLI's.
+pytest_plugins = ["api_fixtures"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ENGINE_SCRIPT = REPO_ROOT / "scripts" / "docker-engine.sh"
-
-
-@pytest.fixture
-def registry(tmp_path: Path) -> Iterator[SqliteRegistry]:
-    reg = SqliteRegistry(tmp_path / ".viewer" / "jobs.sqlite3")
-    yield reg
-    reg.close()
 
 
 @functools.cache

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The pages that describe the code as it is: the guides and the index of the decision records. A record itself is
 # dated: what it names is as it was then (its "Since ..." notes say what moved since).
 PAGES = sorted([*ROOT.glob("docs/*.md"), ROOT / "docs" / "adr" / "README.md", ROOT / "README.md"])
-TOKEN = re.compile(r"`([\w./-]+)`")
+TOKEN = re.compile(r"`([\w./-]+)(?:::([\w*]+)[^`]*)?`")  # a test file may name a test: `tests/x.py::test_*`
 # In the code: a path in a docstring's ``literal`` or `name`, or a repository path written bare in a comment.
 CODE_TOKEN = re.compile(
     r"``([\w./-]+)``|`([\w./-]+)`|(?<![\w/.])((?:docs|bench|tests|scripts|deploy|compose|tools)/[\w./-]+)"
@@ -44,6 +44,14 @@ def path_of(token: str) -> str | None:
     if token.split("/", 1)[0] not in ROOTS and not token.endswith(EXTENSIONS):
         return None
     return token.rstrip("/")
+
+
+def _has_test(text: str, pattern: str) -> bool:
+    """A test function (or class) whose name matches ``pattern`` (``*``, or a name cut after ``_``: anything) is in
+    ``text``."""
+    name = ".*".join(re.escape(part) for part in pattern.split("*"))
+    end = "" if pattern.endswith(("*", "_")) else r"\b"
+    return re.search(rf"^\s*(?:async def|def|class) {name}{end}", text, re.M) is not None
 
 
 def _defines(text: str, name: str) -> bool:
@@ -74,7 +82,12 @@ def missing_paths(pages: list[Path], files: dict[str, str], token: re.Pattern[st
         for match in token.finditer(page.read_text()):
             named = next(group for group in match.groups() if group).rstrip(".,;:)")
             path = path_of(named)
-            if path is None or at(path):
+            if path is None:
+                continue
+            if at(path):
+                test = match.group(2) if token is TOKEN else None
+                if test is not None and not any(_has_test(files[f], test) for f in at(path)):
+                    missing.append(f"{page.name}: {named}::{test}")
                 continue
             head, _, last = path.rpartition("/")
             module, _, attribute = last.partition(".")
@@ -140,8 +153,10 @@ def test_every_task_the_nursery_tree_draws_is_in_the_code() -> None:
 
 def test_the_checks_fail_on_references_that_do_not_exist(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
-    page.write_text("`core/_nothing.py` `core/_boot.py` `core/_boot.until_recorded` `core/_boot.gone` ADR 9999")
-    files = {"supervisor/core/_boot.py": "async def until_recorded(write):\n    ..."}
+    files = {"supervisor/core/_boot.py": "async def until_recorded(w): ...", "tests/t.py": "def test_one_thing(): ..."}
+    page.write_text("`core/_nothing.py` `core/_boot.py` `core/_boot.until_recorded` `core/_boot.gone`")
     assert missing_paths([page], files) == ["page.md: core/_nothing.py", "page.md: core/_boot.gone"]
-    assert missing_adrs({"page": page.read_text() + " ADR 0001"}, {"0001"}) == ["page: ADR 9999"]
+    page.write_text("`tests/t.py::test_one_thing` `tests/t.py::test_on*` `tests/t.py::test_one_` `tests/t.py::test_2`")
+    assert missing_paths([page], files) == ["page.md: tests/t.py::test_2"]
+    assert missing_adrs({"page": "ADR 9999 and ADR 0001"}, {"0001"}) == ["page: ADR 9999"]
     assert missing_tree_tasks(["Drainer.run", "Drainer.no_such_task"], _classes()) == ["Drainer.no_such_task"]

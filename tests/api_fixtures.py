@@ -1,5 +1,6 @@
-"""Fixtures for the HTTP API and CLI tests: a supervisor on a job nursery behind the quart-trio test client, and a
-live server (``run_supervisor`` on port 0). Shared helpers live in ``api_support``.
+"""Fixtures for the HTTP API's and the CLI's tests (``tests/api``, ``tests/cli``; a plugin of ``tests/conftest.py``): a
+supervisor on a job nursery behind the quart-trio test client, and a live server (``run_supervisor`` on port 0).
+Shared helpers live in ``api_support``.
 
 Jobs really run. Every fixture pauses the queue and cancels what is still running at the end of its test, then
 waits (polling under ``trio.fail_after``) until nothing runs: a supervisor shutdown never kills a job.
