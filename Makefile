@@ -60,7 +60,7 @@ chaos: $(STAMP)
 	$(PY) bench/chaos.py $(if $(filter-out 1,$(CHAOS_HOSTS)),--hosts $(CHAOS_HOSTS)) $(CHAOS_ARGS)
 
 # Installs the peers (Debian task-spooler, redis-server, parallel; RQ, py-spy and matplotlib into $(BENCH_VENV)) when
-# missing, runs every benchmark into one dated results file (bench/results/, committed: the history lives there), then
+# missing, runs every benchmark into one dated results file (bench/results/, kept while a page cites it), then
 # renders docs/performance.md and its plot from the latest results (bench/fleet.py starts a PostgreSQL cluster of its
 # own with scripts/postgres.sh, which installs Debian's postgresql when missing). A full run takes several minutes; it
 # needs a quiet machine. `make bench LABEL=before-issue-24` names the run in its results file.

@@ -3,6 +3,7 @@
 - every file path a page names in backticks (``core/_boot.py``, ``bench/chaos.py``, ``deploy/...``) is a file or
   directory of the repository (a path may be written from any package root: it is matched as a suffix);
 - every ADR a page or a comment names (``ADR 0019``, ``ADR-0012``) has its record in ``docs/adr/``;
+- every results file kept in ``bench/results/`` is cited by a page;
 - every ``Class.attribute`` the nursery tree of ``docs/architecture.md`` draws is an attribute of a class of
   ``supervisor``.
 Each check is shown to fail on a reference that does not exist.
@@ -104,6 +105,13 @@ def missing_adrs(texts: dict[str, str], records: set[str]) -> list[str]:
 
 def test_every_path_a_page_names_exists() -> None:
     assert missing_paths(PAGES, _repository_files()) == []
+
+
+def test_every_results_file_kept_is_cited_by_a_page() -> None:
+    """Raw results stay committed while a page cites them (git keeps the rest): a run's file is cited or removed."""
+    cited = "\n".join(page.read_text() for page in PAGES)
+    kept = sorted(path.name for path in (ROOT / "bench" / "results").glob("*.json"))
+    assert [name for name in kept if name not in cited] == []
 
 
 def test_every_path_a_comment_names_exists() -> None:
