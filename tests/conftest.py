@@ -11,8 +11,10 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-# The API's fixtures (a supervisor behind the test client, a live server), for the API's tests and the CLI's.
-pytest_plugins = ["api_fixtures"]
+# Fixtures shared by more than one test package: the core's (a supervisor on a job nursery, its config; for
+# tests/core and tests/execution), and the API's (a supervisor behind the test client, a live server; for tests/api
+# and tests/cli). Their helpers are modules beside them (core_helpers, core_executors, core_engine, api_support).
+pytest_plugins = ["core_fixtures", "api_fixtures"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ENGINE_SCRIPT = REPO_ROOT / "scripts" / "docker-engine.sh"

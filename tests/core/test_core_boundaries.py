@@ -1,7 +1,7 @@
 """Issue 38: failure and cancellation boundaries. A drain cancelled at any of its checkpoints, a start whose outcome is
 unknown, a registry that fails in a background task, a registry that answers slowly to the leader: none strands a job,
 a slot or the truth. On a virtual clock, with the in-memory registry and executor (the real shepherd's case is in
-``test_core_shepherd_stopped.py``)."""
+``tests/execution/test_shepherd_stopped.py``)."""
 
 from __future__ import annotations
 

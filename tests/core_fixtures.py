@@ -1,4 +1,5 @@
-"""Fixtures for the supervisor core: a real registry, real kinds, a Supervisor attached to a job nursery."""
+"""Fixtures for the supervisor core and its executors (``tests/core``, ``tests/execution``; a plugin of
+``tests/conftest.py``): a real registry, real kinds, a Supervisor attached to a job nursery."""
 
 from __future__ import annotations
 
