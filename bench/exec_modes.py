@@ -28,6 +28,7 @@ from _common import save_sections  # noqa: E402
 from results import Column, Measure, Section, Value  # noqa: E402
 
 from supervisor import Config, SqliteRegistry, Supervisor, load_kinds  # noqa: E402
+from supervisor.domain import JobRequest  # noqa: E402
 
 KINDS = """
 [kinds.exit]
@@ -57,7 +58,7 @@ async def run(mode: str, jobs: int, slots: int) -> tuple[float, list[float], int
                 sup.attach(nursery)
                 nursery.start_soon(sup.run_drainer)
                 started = time.monotonic()
-                batch = await sup.enqueue_many([{"kind": "exit", "params": {"code": 0}}] * jobs)
+                batch = await sup.enqueue_many([JobRequest("exit", {"code": 0})] * jobs)
                 while True:
                     counts = await sup.registry.counts()
                     if counts["succeeded"] + counts["failed"] >= jobs:

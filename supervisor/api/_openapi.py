@@ -13,8 +13,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ..core import HOLD_REASONS, MAX_BATCH
-from ..domain import MAX_STAGE_LEN, MAX_UNITS
+from ..core import HOLD_REASONS
+from ..domain import MAX_BATCH, MAX_STAGE_LEN, MAX_UNITS
 from ..domain._kinds import _ASCII_FLOAT, MAX_FLOAT, MAX_STR_PARAM_LEN, JobKind, KindCatalog
 from ..domain._model import JobStatus
 from ..domain._params import INT64_MAX, INT64_MIN, INT_TEXT, URL_PATTERN, ParamRule

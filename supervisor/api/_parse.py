@@ -1,6 +1,6 @@
 """Reading a request: its bearer token, its JSON body and its query string, each refused with the error that names
 what is wrong (415, 413, 400, or a 422 naming the field), and the wire shapes the core takes as typed values
-(``parse_progress``: a heartbeat's body)."""
+(``parse_progress``: a heartbeat's body; ``parse_batch``: a batch's jobs)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, TypeGuard
 
 from quart import g, request
 
-from ..domain import IDEMPOTENCY_KEY_HEADER, MAX_STAGE_LEN, MAX_UNITS, Progress, RequestKey
+from ..domain import IDEMPOTENCY_KEY_HEADER, MAX_BATCH, MAX_STAGE_LEN, MAX_UNITS, JobRequest, Progress, RequestKey
 from ..domain._errors import BodyTooLarge, InvalidHeader, MalformedRequest, UnsupportedMediaType, ValidationError
 
 # A job request is a kind and a few short params; anything near this size is a mistake or an attack.
@@ -38,6 +38,29 @@ def parse_progress(body: object) -> Progress:
     if stage is not None and (not isinstance(stage, str) or len(stage) > MAX_STAGE_LEN or not _is_utf8(stage)):
         raise ValidationError(f"stage must be a text of at most {MAX_STAGE_LEN} characters", field="stage")
     return Progress(completed, total, stage)
+
+
+def parse_batch(body: object) -> list[JobRequest]:
+    """A batch's body (``BatchRequest``): ``{"jobs": [...]}``, 1 to ``MAX_BATCH`` objects of ``kind`` and
+    ``params``, as ``JobRequest``s; anything else is a 422 naming the field (``jobs``, ``jobs[3].priority``). What
+    each job's kind and params must be is the core's to check."""
+    items = envelope(body, allowed=("jobs",), required=("jobs",))["jobs"]
+    if not isinstance(items, list) or not items:
+        raise ValidationError("jobs must be a non-empty list", field="jobs")
+    if len(items) > MAX_BATCH:
+        raise ValidationError(f"at most {MAX_BATCH} jobs in one batch, not {len(items)}", field="jobs")
+    requests = []
+    for index, item in enumerate(items):
+        where = f"jobs[{index}]"
+        if not isinstance(item, Mapping):
+            raise ValidationError(f"{where} must be an object with kind and params", field=where)
+        unknown = sorted(set(item) - {"kind", "params"})
+        if unknown:
+            raise ValidationError(f"{where}: unknown field {unknown[0]!r}", field=f"{where}.{unknown[0]}")
+        if "kind" not in item:
+            raise ValidationError(f"{where}: missing field 'kind'", field=f"{where}.kind")
+        requests.append(JobRequest(item["kind"], item.get("params")))
+    return requests
 
 
 def _is_unit_count(value: object) -> TypeGuard[int]:

@@ -32,6 +32,7 @@ from ._parse import (
     idempotency_key,
     int_query,
     json_body,
+    parse_batch,
     parse_progress,
     query,
 )
@@ -141,8 +142,8 @@ async def enqueue(supervisor: Supervisor) -> Any:
 async def enqueue_batch(supervisor: Supervisor) -> Any:
     """Enqueue up to 1,000 jobs at once: all validated first, all stored or none."""
     key = idempotency_key()
-    body = envelope(await json_body(MAX_BATCH_BODY_BYTES), allowed=("jobs",), required=("jobs",))
-    results = await supervisor.enqueue_many(body["jobs"], idempotency_key=key, by=caller_name())
+    requests = parse_batch(await json_body(MAX_BATCH_BODY_BYTES))
+    results = await supervisor.enqueue_many(requests, idempotency_key=key, by=caller_name())
     answers = [(r.receipt.job_id, str(r.receipt.status), r.receipt.coalesced) for r in results]
     jobs = [{"job_id": job_id, "status": status, "coalesced": coalesced} for job_id, status, coalesced in answers]
     return {"jobs": jobs}, 202, _replayed(results)

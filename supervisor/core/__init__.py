@@ -25,7 +25,6 @@ _supervisor   Supervisor: the front door the HTTP layer and the CLI call; wires 
 from ._absence import ABSENT_AFTER_S, CHECK_IN_S, AbsenceJudge, AbsenceTracker
 from ._boot import Boot, JobTree, Tally
 from ._drain import PROMOTE_BATCH, Drainer
-from ._enqueue import MAX_BATCH
 from ._heartbeats import (
     FLUSH_INTERVAL_S,
     WRITE_RETRY_S,
@@ -75,7 +74,6 @@ __all__ = [
     "HOLD_REASONS",
     "JITTER",
     "LOG_CHUNK_BYTES",
-    "MAX_BATCH",
     "NEVER_STARTED",
     "NOT_PROMOTED",
     "NO_RETRY",

@@ -5,13 +5,14 @@ spawn: the drainer starts what a free slot allows."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 from ..domain import (
     SUPERVISOR,
     Conflict,
     IdempotencyKey,
     Job,
+    JobRequest,
     JobStatus,
     RequestKey,
     ValidationError,
@@ -25,7 +26,6 @@ from ._boot import Boot
 
 log = get_logger()
 
-MAX_BATCH = 1000  # jobs in one POST /api/jobs/batch
 
 
 class Enqueuer:
@@ -64,26 +64,17 @@ class Enqueuer:
         return result
 
     async def enqueue_many(
-        self, items: object, key: RequestKey | None = None, by: str | None = None
+        self, requests: Sequence[JobRequest], key: RequestKey | None = None, by: str | None = None
     ) -> list[EnqueueResult]:
-        """Validate every item first (a ``ValidationError`` names the element, ``jobs[3].params.seconds``), then
-        store them all at once: all or nothing. ``key`` covers the batch, as ``enqueue``'s covers one job."""
-        if not isinstance(items, list) or not items:
-            raise ValidationError("jobs must be a non-empty list", field="jobs")
-        if len(items) > MAX_BATCH:
-            raise ValidationError(f"at most {MAX_BATCH} jobs in one batch, not {len(items)}", field="jobs")
+        """Validate every request against its kind first (a ``ValidationError`` names the element,
+        ``jobs[3].params.seconds``), then store them all at once: all or nothing. ``key`` covers the batch, as
+        ``enqueue``'s covers one job. The batch's envelope (a list of 1 to ``MAX_BATCH`` objects with ``kind`` and
+        ``params``) is the API's to read (``api.parse_batch``)."""
         batch: list[NewJob] = []
-        for index, item in enumerate(items):
+        for index, request in enumerate(requests):
             where = f"jobs[{index}]"
-            if not isinstance(item, Mapping):
-                raise ValidationError(f"{where} must be an object with kind and params", field=where)
-            unknown = sorted(set(item) - {"kind", "params"})
-            if unknown:
-                raise ValidationError(f"{where}: unknown field {unknown[0]!r}", field=f"{where}.{unknown[0]}")
-            if "kind" not in item:
-                raise ValidationError(f"{where}: missing field 'kind'", field=f"{where}.kind")
             try:
-                batch.append(self.validate(item["kind"], item.get("params"), by))
+                batch.append(self.validate(request.kind, request.params, by))
             except ValidationError as exc:
                 raise ValidationError(f"{where}: {exc}", field=f"{where}.{exc.field}" if exc.field else where) from None
         results = await self.boot.registry.enqueue_many(batch, key=self.keyed(key, "batch", batch))

@@ -32,6 +32,7 @@ from ..domain import (
     Doorbell,
     Job,
     JobNotFound,
+    JobRequest,
     KindCatalog,
     RegistryError,
     RequestKey,
@@ -362,9 +363,11 @@ class Supervisor:
         of the request answers the first answer; ``by``: who asks (the API token's name: the row's ``enqueued_by``)."""
         return await self.enqueuer.enqueue(kind, params, idempotency_key, by)
 
-    async def enqueue_many(self, items: object, *, idempotency_key: Key = None, by: By = None) -> list[Enqueued]:
+    async def enqueue_many(
+        self, requests: Sequence[JobRequest], *, idempotency_key: Key = None, by: By = None
+    ) -> list[Enqueued]:
         """A batch, all or nothing (``Enqueuer.enqueue_many``); ``idempotency_key`` covers the batch."""
-        return await self.enqueuer.enqueue_many(items, idempotency_key, by)
+        return await self.enqueuer.enqueue_many(requests, idempotency_key, by)
 
     async def retry(self, job_id: str, *, by: By = None) -> Enqueued:
         """The operator's explicit second try of a finished job (``Enqueuer.retry``)."""

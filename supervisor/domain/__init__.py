@@ -53,6 +53,7 @@ from ._kinds import (
     parse_kind,
 )
 from ._model import (
+    MAX_BATCH,
     MAX_STAGE_LEN,
     MAX_UNITS,
     RESUBMITTED,
@@ -62,6 +63,7 @@ from ._model import (
     ExitStatus,
     IdentityRecord,
     Job,
+    JobRequest,
     JobStatus,
     Liveness,
     Progress,
@@ -105,6 +107,7 @@ __all__ = [
     "FOLLOW_UP_PREFIX",
     "IDEMPOTENCY_KEY_HEADER",
     "KEY_SCHEMA",
+    "MAX_BATCH",
     "MAX_EPISODES",
     "MAX_STAGE_LEN",
     "MAX_UNITS",
@@ -142,6 +145,7 @@ __all__ = [
     "Job",
     "JobKind",
     "JobNotFound",
+    "JobRequest",
     "JobStatus",
     "KindCatalog",
     "KindsFileError",

@@ -244,6 +244,19 @@ class Progress:
     stage: str | None = None
 
 
+# Jobs in one batch (``POST /api/jobs/batch``), at most.
+MAX_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """One job of a batch, as the API takes it (its envelope checked at the edge): a kind's name and its params,
+    which the core checks against the kind."""
+
+    kind: object
+    params: object = None
+
+
 @dataclass(frozen=True)
 class Job:
     """One registry row. ``token_hash`` never leaves the supervisor; ``public()`` drops it."""

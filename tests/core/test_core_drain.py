@@ -24,6 +24,7 @@ from core_helpers import (  # type: ignore[import-not-found]
 )
 
 from supervisor import JobStatus, RegistryUnavailable, Supervisor
+from supervisor.api import parse_batch
 from supervisor.domain import Job
 
 
@@ -225,13 +226,14 @@ async def test_batch_enqueue_is_validated_all_or_nothing_naming_the_element(
         ([], "jobs"),
         ([good] * 1001, "jobs"),
     ]:
+        # The envelope is read at the edge (parse_batch), each job's kind and params in the core: one field named.
         with pytest.raises(ValidationError) as err:
-            await sup.enqueue_many(bad_batch)
+            await sup.enqueue_many(parse_batch({"jobs": bad_batch}))
         assert err.value.field == field, bad_batch[-1]
     assert sum((await sup.registry.counts()).values()) == 0  # nothing stored
 
     batch = [good, {"kind": "done"}, {"kind": "done"}, {"kind": "sleep", "params": {"seconds": 1}}]
-    results = await sup.enqueue_many(batch)
+    results = await sup.enqueue_many(parse_batch({"jobs": batch}))
     assert [r.coalesced for r in results] == [False, False, True, False]  # the second 'done' joined the first
     assert results[1].job.job_id == results[2].job.job_id
     assert [r.job.kind for r in results] == ["exit", "done", "done", "sleep"]

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from webhook_helpers import HUGE_BODY_BYTES, KINDS, SECRET, Receiver, statuses
 
 from supervisor import Config, JobStatus, Supervisor, load_kinds, run_supervisor
+from supervisor.domain import JobRequest
 from supervisor.registry import NewJob
 
 pytestmark = pytest.mark.e2e
@@ -139,7 +140,7 @@ async def test_a_receiver_that_hangs_fails_or_redirects_never_delays_a_burst_of_
 ) -> None:
     receiver.behaviour = behaviour  # type: ignore[assignment]
     sup = await start(webhook_url=receiver.url, webhook_timeout_s=0.5, sweep_interval_s=3600.0)
-    results = await sup.enqueue_many([{"kind": "exit", "params": {"code": 0}} for _ in range(20)])
+    results = await sup.enqueue_many([JobRequest("exit", {"code": 0}) for _ in range(20)])
     job_ids = [r.job.job_id for r in results]
     await _all_terminal(sup, job_ids)
     # Every job was finalized while no event at all was delivered: the receiver held up only its own deliveries.
@@ -176,7 +177,7 @@ async def test_a_receiver_that_is_down_never_delays_finalizations_and_the_outbox
     start: Start,
 ) -> None:
     sup = await start(webhook_url=_refused_url(), webhook_outbox_max_events=30, sweep_interval_s=3600.0)
-    results = await sup.enqueue_many([{"kind": "exit", "params": {"code": 0}} for _ in range(20)])
+    results = await sup.enqueue_many([JobRequest("exit", {"code": 0}) for _ in range(20)])
     await _all_terminal(sup, [r.job.job_id for r in results])
     assert sup.webhooks.outcomes["delivered"] == 0 and sup.webhooks.outcomes["failed"] >= 1
     # 60 events written, the receiver refusing every attempt and the sender backing off: the oldest past the bound
@@ -195,7 +196,7 @@ async def test_a_receiver_that_is_down_never_delays_finalizations_and_the_outbox
 async def test_a_slow_receiver_delays_only_its_deliveries(receiver: Receiver, start: Start) -> None:
     receiver.behaviour = "slow"  # 0.2 s per answer: 30 events take 6 s to deliver
     sup = await start(webhook_url=receiver.url, webhook_timeout_s=2.0, sweep_interval_s=3600.0)
-    results = await sup.enqueue_many([{"kind": "exit", "params": {"code": 0}} for _ in range(10)])
+    results = await sup.enqueue_many([JobRequest("exit", {"code": 0}) for _ in range(10)])
     job_ids = [r.job.job_id for r in results]
     await _all_terminal(sup, job_ids)
     assert len(receiver.accepted) < 30  # every job ended while its events were still being delivered
