@@ -6,7 +6,8 @@ that does not answer holds the queue instead of failing every job it would start
 as slots are free in one registry step (INV-PROMOTION-NEVER-OVERSHOOTS; none while paused), starts them together,
 records their identities in one write, and hands each to its monitor in the job nursery.
 
-A held queue is asked again after 0.5 s, doubling to ``HOLD_RETRY_MAX_S`` (and at every sweep): the drainer wakes
+``EngineHold`` says whether the executor may be asked now. A held queue is asked again after 0.5 s, doubling to
+``HOLD_RETRY_MAX_S`` (and at every sweep): the drainer wakes
 itself for it, so the queue moves as soon as the engine answers. A start the engine could not make after all (it
 stopped answering between the probe and the start: ``ExecutorUnavailable``) puts its job back at the head of the
 queue, the start not counted, and holds the queue the same way (ADR 0005 §8).
@@ -26,7 +27,7 @@ import trio
 
 from ..domain import Doorbell, ExecutorUnavailable, Job, JobStatus, SpawnError, StartOutcomeUnknown, SupervisorError
 from ..domain._model import hash_token
-from ..execution import JobHandle, Launch
+from ..execution import Executor, JobHandle, Launch
 from ..observe import get_logger
 from ..registry import Ending, Expect, IdentityClaim, Outcome, PromoteRequest
 from ._boot import Boot, boundary, log_failure, until_recorded
@@ -64,13 +65,9 @@ class Drainer:
         self._start_monitor = start_monitor
         self._lock = trio.Lock()
         self._wanted = wanted
-        self._held = False  # the executor cannot start jobs: nothing is promoted before _retry_at
-        self._held_by_start = False  # held because a start was refused: only a start made ends the hold
+        self._engine = EngineHold(boot.executor)
         self._lease_held = False  # holding because this host's lease is not fresh (INV-NO-PROMOTION-WITHOUT-LEASE)
         self.last_promotion_at = boot.wall_clock()  # this host's last promotion (its boot's start before any)
-        self._retry_at = math.inf
-        self._hold_delay = HOLD_RETRY_MIN_S
-        self._trials = 0  # trial starts of a held queue still under way: their outcome, not _retry_at, comes next
         self._log_dir_made = False
         self._next_at: datetime | None = None  # the earliest end of a queued row's backoff, at the last promotion
         # Rounds asked for by ``round`` (a request that moves the queue) and the last of them a round has answered.
@@ -98,7 +95,7 @@ class Drainer:
             while True:
                 # A resubmitted job waiting out its backoff is started when it may be, not at the next wake by chance;
                 # a held queue asks the executor again at its retry.
-                with trio.move_on_at(min(self._next_round_at(), self._retry_at if not self._trials else math.inf)):
+                with trio.move_on_at(min(self._next_round_at(), self._engine.next_look_at())):
                     await self._wanted.wait()
                 begun = self._asked  # every round() asked before this moment is answered by this round
                 with boundary("drain_failed", self.boot.tally):
@@ -132,7 +129,7 @@ class Drainer:
         self.boot.tree.nursery()  # no drain without a job nursery to hand the jobs to
         started: list[Job] = []
         async with self._lock:
-            while self._lease_fresh() and await self._executor_ready():
+            while self._lease_fresh() and await self._engine.ready():
                 # The operator's switch, looked at before every promotion: it holds each one that begins after the
                 # file exists, whatever the registry's mirror of it says (ADR-152 §7, issue 36).
                 if await self.pause_file.look():
@@ -198,9 +195,9 @@ class Drainer:
 
         Error boundary of that task: a condition (the registry failing while it records the starts) is logged
         (``job_start_failed``); the rows it left are judged by the next sweep, whose evidence finds what started."""
-        trial = self._held_by_start
+        trial = self._engine.held_by_start
         if trial:
-            self._trials += 1
+            self._engine.trials += 1
 
         async def start_task() -> None:
             try:
@@ -208,7 +205,7 @@ class Drainer:
                     await self.start_promoted(jobs, tokens)
             finally:
                 if trial:
-                    self._trials -= 1
+                    self._engine.trials -= 1
                     self.wake()
 
         self.boot.tree.nursery().start_soon(start_task)
@@ -218,7 +215,7 @@ class Drainer:
         """The reasons this drainer holds promotion now, by ``_queue_watch.HOLD_REASONS``' names (the pause and the
         registry are read by the watch itself)."""
         out = set()
-        if self._held:
+        if self._engine.held:
             out.add("engine_unreachable")
         if self._lease_held or not self.boot.standing.may_promote():
             out.add("lease_not_fresh")
@@ -251,43 +248,6 @@ class Drainer:
         # At least a moment: the registry said that time is still ahead by its clock, which may differ from this one
         # (rounding, another host's skew): never a busy loop of promotions that promote nothing.
         return trio.current_time() + max(MIN_BACKOFF_WAIT_S, wait_s)
-
-    async def _executor_ready(self) -> bool:
-        if self._held and (self._trials or trio.current_time() < self._retry_at):
-            # Held: asked again at _retry_at (the drainer wakes itself), not at every wake before it; and never while
-            # a trial start is still under way (its outcome sets the next retry, or ends the hold, and wakes us).
-            return False
-        why = await self.boot.executor.unavailable()
-        if why is not None:
-            self._hold(why)
-            return False
-        if not self._held_by_start:
-            self._resume()
-        else:
-            # A trial round: its start decides (a probe that answers while starts are refused proves nothing). Until
-            # it does, the next trial is one delay away: a trial that finds nothing to start (every slot taken, say
-            # by a start whose outcome is unknown) must not make the next round come at once, and again.
-            self._retry_at = trio.current_time() + self._hold_delay
-        return True
-
-    def _hold(self, why: str, *, by_start: bool = False) -> None:
-        """Promote nothing before the next retry. INFO, not WARNING: the executor says once per episode of engine
-        trouble why (``docker_engine_unavailable``); this line says what it means for the queue."""
-        if not self._held:
-            log.info("drain_held", why=why, exec_mode=self.boot.executor.mode)
-        self._held = True
-        self._held_by_start = self._held_by_start or by_start
-        self._retry_at = trio.current_time() + self._hold_delay
-        self._hold_delay = min(self._hold_delay * 2, HOLD_RETRY_MAX_S)
-
-    def _resume(self) -> None:
-        """The executor can start jobs again: its probe answered, or (after a refused start) a start was made."""
-        if self._held:
-            log.info("drain_resumed", exec_mode=self.boot.executor.mode)
-        self._held = False
-        self._held_by_start = False
-        self._retry_at = math.inf
-        self._hold_delay = HOLD_RETRY_MIN_S
 
     async def start_promoted(self, jobs: list[Job], tokens: list[str]) -> list[Job]:
         """Start freshly promoted jobs together, record their identities in one write, start their monitors."""
@@ -367,10 +327,10 @@ class Drainer:
                 # The engine stopped answering between the probe and the start (or did not answer a start in time):
                 # hold the queue as a probe would have, and wake the drainer so that its next round waits for the
                 # retry instead of a wake.
-                self._hold(deferred[0], by_start=True)
+                self._engine.hold(deferred[0], by_start=True)
                 self.wake()
             else:
-                self._resume()  # every start was answered (made, or refused for the job's own sake)
+                self._engine.resume()  # every start was answered (made, or refused for the job's own sake)
                 if len(spawned) < len(jobs):
                     self.wake()  # a failed start freed its slot
             return spawned
@@ -443,3 +403,59 @@ class Drainer:
         except BaseException:
             self._log_dir_made = False  # the directory may be what is missing (removed under a running supervisor)
             raise
+
+
+class EngineHold:
+    """Whether the drainer may ask the executor to start jobs now (ADR 0005 §8). An engine that does not answer holds
+    the queue instead of failing every job it would start: asked again after ``HOLD_RETRY_MIN_S``, doubling to
+    ``HOLD_RETRY_MAX_S``. A hold that a refused start made ends only with a start made (a trial round), since a probe
+    that answers while starts are refused proves nothing. The drainer's alone: its task and its starts."""
+
+    def __init__(self, executor: Executor) -> None:
+        self._executor = executor
+        self.held = False  # the executor cannot start jobs: nothing is promoted before retry_at
+        self.held_by_start = False  # held because a start was refused: only a start made ends the hold
+        self.retry_at = math.inf
+        self._delay = HOLD_RETRY_MIN_S
+        self.trials = 0  # trial starts of a held queue still under way: their outcome, not retry_at, comes next
+
+    def next_look_at(self) -> float:
+        """When the drainer wakes itself to ask again (inf: it need not; a trial's end wakes it)."""
+        return self.retry_at if not self.trials else math.inf
+
+    async def ready(self) -> bool:
+        if self.held and (self.trials or trio.current_time() < self.retry_at):
+            # Held: asked again at retry_at (the drainer wakes itself), not at every wake before it; and never while
+            # a trial start is still under way (its outcome sets the next retry, or ends the hold, and wakes us).
+            return False
+        why = await self._executor.unavailable()
+        if why is not None:
+            self.hold(why)
+            return False
+        if not self.held_by_start:
+            self.resume()
+        else:
+            # A trial round: its start decides. Until it does, the next trial is one delay away: a trial that finds
+            # nothing to start (every slot taken, say by a start whose outcome is unknown) must not make the next
+            # round come at once, and again.
+            self.retry_at = trio.current_time() + self._delay
+        return True
+
+    def hold(self, why: str, *, by_start: bool = False) -> None:
+        """Promote nothing before the next retry. INFO, not WARNING: the executor says once per episode of engine
+        trouble why (``docker_engine_unavailable``); this line says what it means for the queue."""
+        if not self.held:
+            log.info("drain_held", why=why, exec_mode=self._executor.mode)
+        self.held = True
+        self.held_by_start = self.held_by_start or by_start
+        self.retry_at = trio.current_time() + self._delay
+        self._delay = min(self._delay * 2, HOLD_RETRY_MAX_S)
+
+    def resume(self) -> None:
+        """The executor can start jobs again: its probe answered, or (after a refused start) a start was made."""
+        if self.held:
+            log.info("drain_resumed", exec_mode=self._executor.mode)
+        self.held = False
+        self.held_by_start = False
+        self.retry_at = math.inf
+        self._delay = HOLD_RETRY_MIN_S
