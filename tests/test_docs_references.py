@@ -4,6 +4,8 @@
   directory of the repository (a path may be written from any package root: it is matched as a suffix);
 - every ADR a page or a comment names (``ADR 0019``, ``ADR-0012``) has its record in ``docs/adr/``;
 - every results file kept in ``bench/results/`` is cited by a page;
+- the registry's tables named in the data layout of ``docs/architecture.md`` are the tables its migrations make,
+  and every backend of the contract suite is named where the page says which pass it;
 - every ``Class.attribute`` the nursery tree of ``docs/architecture.md`` draws is an attribute of a class of
   ``supervisor``.
 Each check is shown to fail on a reference that does not exist.
@@ -157,6 +159,33 @@ def test_every_task_the_nursery_tree_draws_is_in_the_code() -> None:
     names = tree_names((ROOT / "docs" / "architecture.md").read_text())
     assert len(names) >= 10, names  # the drawing was found
     assert missing_tree_tasks(names, _classes()) == []
+
+
+def registry_tables_named(page: str) -> set[str]:
+    """The tables the data layout of ``docs/architecture.md`` names for the registry."""
+    entry = page.split("jobs.sqlite3 (+ -wal, -shm)", 1)[1].split("tables:", 1)[1].split("\n    jobs/", 1)[0]
+    return {name for name in re.findall(r"\b([a-z_]+)\b", re.sub(r"\([^)]*\)", "", entry))}
+
+
+def registry_tables_made() -> set[str]:
+    """The tables the SQLite registry's migrations make, and its version table."""
+    migrations = (ROOT / "supervisor" / "registry" / "sqlite" / "migrations").glob("*.sql")
+    made = {m for path in migrations for m in re.findall(r"CREATE TABLE (?:IF NOT EXISTS )?(\w+)", path.read_text())}
+    return made | {"schema_version"}
+
+
+def test_the_registry_tables_the_data_layout_names_are_the_tables_made() -> None:
+    assert registry_tables_named((ROOT / "docs" / "architecture.md").read_text()) == registry_tables_made()
+
+
+def test_every_backend_of_the_contract_suite_is_named_where_the_page_says_they_pass_it() -> None:
+    from registry.registry_helpers import BACKENDS  # type: ignore[import-not-found]
+
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    sentence = page.split("pass one contract suite", 1)[1].split("\n\n", 1)[0]
+    named = {"sqlite": "SQLite", "memory": "in-memory", "postgres": "PostgreSQL", "pgbouncer": "pgbouncer"}
+    assert set(BACKENDS) == set(named)
+    assert [backend for backend, words in named.items() if words not in sentence] == []
 
 
 def test_the_checks_fail_on_references_that_do_not_exist(tmp_path: Path) -> None:
