@@ -43,14 +43,14 @@ endif
 
 test: lint typecheck pytest
 
-# The long chaos runs (issue 25; not in `make test`, which runs a short one per mode): in subprocess and then Docker
+# The long chaos runs (ADR 0009; not in `make test`, which runs a short one per mode): in subprocess and then Docker
 # mode, 1,000 jobs while the supervisor is SIGKILLed and restarted 200 times and running jobs are SIGKILLed from
 # outside, their kind resubmitting them (3 attempts); checked against the jobs' own journal, the registry and the API.
 # Each mode takes several minutes. Results: bench/results/<date>-<mode>-chaos.json; figures in docs/reliability.md.
 # Docker mode starts the engine first (scripts/docker-engine.sh up). Options through CHAOS_ARGS, e.g.
 #   make chaos CHAOS_ARGS="--mode subprocess --jobs 300 --kills 50 --seed 7"
 # (--mode subprocess|docker|both, --jobs, --kills, --slots, --seed, --job-kill-every-s; see bench/chaos.py).
-# A fleet (issue 27): CHAOS_HOSTS=3 runs that many supervisors on a fresh schema of a PostgreSQL server
+# A fleet (ADR 0012): CHAOS_HOSTS=3 runs that many supervisors on a fresh schema of a PostgreSQL server
 # (--database-url in CHAOS_ARGS, or $$PODCAST_JOB_TEST_DATABASE_URL), in subprocess mode, SIGKILLing any of them:
 #   make chaos CHAOS_HOSTS=3 CHAOS_ARGS="--jobs 400 --kills 80 --seed 27 --job-kill-every-s 0.3"
 CHAOS_ARGS ?=
@@ -81,7 +81,7 @@ alerts:
 	promtool check rules docs/alerts/podcast-supervisor.rules.yml
 	promtool test rules docs/alerts/podcast-supervisor.rules.test.yml
 
-# An hour of `supervisor serve` under a workload; fails if descriptors, threads or RSS grow (issue 8). Not in `test`.
+# An hour of `supervisor serve` under a workload; fails if descriptors, threads or RSS grow (docs/performance.md). Not in `test`.
 # Its results go to bench/results/<date>-soak.json; pass --plot docs/img/soak-<date>.png to show its plot on the page.
 # matplotlib (for the plot) goes into the venv only here: it is no dependency of the project.
 SOAK_ARGS ?= --duration-s 3600 --table-step-s 300 --csv $(DATA_DIR)/soak.csv --plot $(DATA_DIR)/soak.png

@@ -64,7 +64,7 @@ class JsonLogFormatter(logging.Formatter):
     """A log record as one JSON line, shaped like an event: ``{"event": "log", "level", "logger", "message",
     "job_id", "ts"}``, plus ``exception`` (the traceback, one string) when there is one. Python's warnings come
     through it too (``logging.captureWarnings``: logger ``py.warnings``). Without it a library's warning was a plain
-    text line among the job's JSON events (issue 36)."""
+    text line among the job's JSON events (docs/operations.md § Logs)."""
 
     def __init__(self, job_id: str | None) -> None:
         super().__init__()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A PostgreSQL image for compose/docker-compose.fleet.yml on an engine with no image registry (issue 27).
+# A PostgreSQL image for compose/docker-compose.fleet.yml on an engine with no image registry (ADR 0012).
 #
 #   scripts/postgres-image.sh up     build podcast-postgres:local when missing or stale (needs the Docker engine:
 #                                    scripts/docker-engine.sh up; and Debian's postgresql: scripts/postgres.sh up

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A throwaway PostgreSQL cluster on 127.0.0.1 for the PostgreSQL registry and its tests (issue 27).
+# A throwaway PostgreSQL cluster on 127.0.0.1 for the PostgreSQL registry and its tests (ADR 0012).
 #
 #   scripts/postgres.sh up     install Debian's postgresql when missing, start the cluster when it is not answering
 #                              (made on first use: initdb into a fresh directory under /tmp), create the database;

@@ -159,7 +159,7 @@ async def run_supervisor(
         await trio.to_thread.run_sync(credentials.load)
     async with trio.open_nursery() as watching:
         # Heard from the first moment of the boot: a SIGHUP while starting never ends the process, a SIGTERM/SIGINT
-        # ends the start (issue 53).
+        # ends the start (docs/operations.md § Running).
         await watching.start(_watch_signals, shutdown, credentials, held_signals or tuple)
         start = _Start(task_status)
         await watching.start(start.abandon_on, shutdown)
@@ -196,14 +196,14 @@ async def _run_with_registry(
     boot_id = start.boot_id = secrets.token_hex(16)
     # Events are written with each change only when something will send them (a webhook).
     # One wall clock for every timestamp and rule of this boot, moved by the monotonic clock: a step of the system
-    # clock fires no rule and skips no backoff (issue 26).
+    # clock fires no rule and skips no backoff (ADR 0010).
     clock = SteadyWallClock()
     try:
         registry = await open_registry(config, boot_id=boot_id, outbox=config.webhook_url is not None, clock=clock)
     except RegistryError as exc:
         raise RegistryNotOpened(str(exc)) from exc
     try:
-        # The data dir's lock, held to the end of this process: the boot it names is proved gone (issue 36). Taken
+        # The data dir's lock, held to the end of this process: the boot it names is proved gone (ADR 0012 §9). Taken
         # once the registry is open: a registry that cannot be opened leaves the data dir as it found it.
         succession = await trio.to_thread.run_sync(DataDirLock.take, config.viewer_dir, boot_id)
     except BaseException:
@@ -283,8 +283,8 @@ async def _serve_boot(
             if freeze_heap:
                 # Modules, the app and its routes, the kinds: they live as long as the process. Out of the
                 # collector's sight, a full collection scans only what came since; over the startup heap it was a
-                # 25-45 ms stop of the event loop every few seconds under load (issue 10: enqueue, promotion tails).
-                # Startup's garbage is collected first, or it would be kept forever.
+                # 25-45 ms stop of the event loop every few seconds under load (docs/performance.md: enqueue, promotion
+                # tails). Startup's garbage is collected first, or it would be kept forever.
                 gc.collect()
                 gc.freeze()
             notifier.send(f"READY=1\nSTATUS=serving on {supervisor.heartbeat_base_url}")

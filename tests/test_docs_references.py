@@ -1,9 +1,12 @@
-"""References that cannot drift (issue 54): what ``docs/`` and the code's comments name exists.
+"""References that cannot drift (ADR 0015 §5): what ``docs/`` and the code's comments name exists.
 
 - every file path a page names in backticks (``core/_boot.py``, ``bench/chaos.py``, ``deploy/...``) is a file or
   directory of the repository (a path may be written from any package root: it is matched as a suffix);
 - every ADR a page or a comment names (``ADR 0019``, ``ADR-0012``) has its record in ``docs/adr/``;
 - every results file kept in ``bench/results/`` is cited by a page;
+- a comment that points into a page (``docs/operations.md § Pausing``) names one of its headings, and a comment
+  names the decision it upholds, never an issue number ("issue 36" says nothing once the tracker is gone; the
+  migrations, written once, keep theirs);
 - the registry's tables named in the data layout of ``docs/architecture.md`` are the tables its migrations make,
   and every backend of the contract suite is named where the page says which pass it;
 - every ``Class.attribute`` the nursery tree of ``docs/architecture.md`` draws is an attribute of a class of
@@ -127,6 +130,41 @@ def test_every_adr_a_page_or_a_comment_names_exists() -> None:
     assert missing_adrs(texts, records) == []
 
 
+SECTION = re.compile(r"(docs/[\w./-]+\.md) § ")
+ISSUE = re.compile(r"\b[Ii]ssues? #?\d+")
+CODE_AND_TOOLING = [
+    *CODE, *ROOT.glob("tools/*.py"), *ROOT.glob("scripts/*.sh"), *ROOT.glob("compose/*.yml"), ROOT / "Makefile",
+    ROOT / ".ci" / "run",
+]  # fmt: skip
+
+
+def missing_sections(texts: dict[str, str], pages: dict[str, str]) -> list[str]:
+    """Each ``docs/x.md § Heading`` in ``texts`` whose page has no heading the text after the ``§`` begins with."""
+    missing = []
+    for where, text in texts.items():
+        for match in SECTION.finditer(text):
+            page = pages.get(match.group(1))
+            headings = re.findall(r"^#+ (.+?)\s*$", page or "", re.M)
+            after = re.sub(r"\s*\n\s*(?:#\s*)?", " ", text[match.end() : match.end() + 200])
+            if not any(after.startswith(heading) for heading in headings):
+                missing.append(f"{where}: {match.group(1)} § {after[:30]}")
+    return missing
+
+
+def issue_numbers(texts: dict[str, str]) -> list[str]:
+    return [f"{where}: {found}" for where, text in texts.items() for found in ISSUE.findall(text)]
+
+
+def test_every_section_a_comment_points_to_is_a_heading_of_its_page() -> None:
+    texts = {str(p.relative_to(ROOT)): p.read_text() for p in CODE_AND_TOOLING}
+    pages = {str(p.relative_to(ROOT)): p.read_text() for p in ROOT.glob("docs/*.md")}
+    assert missing_sections(texts, pages) == []
+
+
+def test_the_code_names_decisions_not_issue_numbers() -> None:
+    assert issue_numbers({str(p.relative_to(ROOT)): p.read_text() for p in CODE_AND_TOOLING}) == []
+
+
 def _classes() -> dict[str, list[type]]:
     for module in pkgutil.walk_packages(supervisor.__path__, "supervisor."):
         if not module.name.endswith((".shepherd", ".__main__")):
@@ -198,4 +236,11 @@ def test_the_checks_fail_on_references_that_do_not_exist(tmp_path: Path) -> None
     page.write_text("`tests/t.py::test_one_thing` `tests/t.py::test_on*` `tests/t.py::test_one_` `tests/t.py::test_2`")
     assert missing_paths([page], files) == ["page.md: tests/t.py::test_2"]
     assert missing_adrs({"page": "ADR 9999 and ADR 0001"}, {"0001"}) == ["page: ADR 9999"]
+    pages = {"docs/ops.md": "# Ops\n\n## The queue's watch\n"}
+    code = "# see docs/ops.md § The queue's\n    # watch. And docs/ops.md § Pausing -- gone, and docs/no.md § Ops."
+    assert missing_sections({"c.py": code}, pages) == [
+        "c.py: docs/ops.md § Pausing -- gone, and docs/no.m",
+        "c.py: docs/no.md § Ops.",
+    ]
+    assert issue_numbers({"c.py": "# the fix of issue 36 (ADR 0012 §9); Issue 9's"}) == ["c.py: issue 36", "c.py: Issue 9"]
     assert missing_tree_tasks(["Drainer.run", "Drainer.no_such_task"], _classes()) == ["Drainer.no_such_task"]

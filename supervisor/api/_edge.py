@@ -10,9 +10,9 @@ that bookkeeping runs in a cancelled task and stops at its first checkpoint:
 
 - a connection that must close (``Connection: close``, HTTP/1.0, an answer sent before the request body was read:
   401/405/413/415/408) is never closed; bytes that follow are parsed until h11 pauses for a recycle that never comes;
-  the socket then sits in CLOSE-WAIT once the client gives up (issue 9, items 5 and 9);
-- a kept-alive connection never restarts its idle timer, so ``keep_alive_timeout`` never applies after the first
-  request (idle clients hold connections, and a graceful stop waits for ``graceful_timeout``).
+  the socket then sits in CLOSE-WAIT once the client gives up (ADR 0019; items 5 and 9 of
+tests/api/test_api_hostile.py); - a kept-alive connection never restarts its idle timer, so ``keep_alive_timeout`` never
+applies after the first request (idle clients hold connections, and a graceful stop waits for ``graceful_timeout``).
 
 The fix here: that bookkeeping runs shielded from the app's cancellation. It is bounded: closing a socket and
 restarting a timer never block, and the one queue put (``http.disconnect``) is read by quart-trio's message task,

@@ -78,7 +78,7 @@ async def health(supervisor: Supervisor) -> Any:
     return body
 
 
-# An enqueue's Idempotency-Key (issue 35): a retry with the key answers the first answer, and makes no job.
+# An enqueue's Idempotency-Key (ADR 0016): a retry with the key answers the first answer, and makes no job.
 _KEY_HEADER = {
     "name": IDEMPOTENCY_KEY_HEADER,
     "in": "header",

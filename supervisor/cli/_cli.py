@@ -458,7 +458,7 @@ def _read_job_lines(source: str, io: _Io) -> list[tuple[int, dict[str, Any]]] | 
 
 
 def _file_key(jobs: Sequence[tuple[int, dict[str, Any]]]) -> str:
-    """The Idempotency-Key of a file's jobs given none: from their content (issue 53). The same file sent again (a
+    """The Idempotency-Key of a file's jobs given none: from their content (ADR 0016). The same file sent again (a
     rerun after an interruption, a timer that fires twice) stores none of its batches twice while the keys live
     (``PODCAST_JOB_IDEMPOTENCY_TTL_SECONDS``, 24 h by default); the jobs of another file are another key."""
     content = json.dumps([item for _, item in jobs], sort_keys=True, separators=(",", ":"), ensure_ascii=True)
@@ -734,7 +734,8 @@ def _show_queue(io: _Io, state: Mapping[str, Any], as_json: bool) -> None:
         return
     paused = "paused" if state["paused"] else "active"
     io.print(f"queue {paused}: {state['running']} running (max {state['max_concurrent']}), {state['queued']} queued")
-    # The queue's watch (issue 40), as of the server's last sweep: what holds it, and whether it is stuck.
+    # The queue's watch (docs/operations.md § The queue's watch), as of the server's last sweep: what holds it, and
+    # whether it is stuck.
     for reason, since in sorted((state.get("held") or {}).items()):
         io.print(f"held by {reason} since {since}")
     stuck = state.get("stuck")
@@ -792,8 +793,8 @@ def cmd_logs(client: Client, args: argparse.Namespace, io: _Io) -> int:
         io.write_bytes(client.log(args.job_id, tail_bytes=args.tail_bytes))
         return EXIT_OK
     # Follow by attempt and byte offset: each attempt of a resubmitted job has its own log, append-only, so what was
-    # printed never changes under us; an attempt is read to its end before the next (issue 53: one offset kept across
-    # attempts printed the next one from the wrong place).
+    # printed never changes under us; an attempt is read to its end before the next (docs/operations.md § Logs: one
+    # offset kept across attempts printed the next one from the wrong place).
     attempt, offset, first = 1, 0, True
     interval = FOLLOW_MIN_INTERVAL_S
     while True:

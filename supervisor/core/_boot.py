@@ -151,7 +151,7 @@ class Boot:
     async def run_in_tree(self, work: Callable[[], Awaitable[T]], step: str) -> T:
         """Run ``work`` as a task of the job nursery and wait for its result. A caller that goes away (a request
         whose client hung up) cancels only its own wait: the work finishes, owned by the nursery tree, never half
-        done by a task that was cancelled for a reason of its own (issue 38). A failure is the caller's to hear; once
+        done by a task that was cancelled for a reason of its own (ADR 0014). A failure is the caller's to hear; once
         nobody waits, it meets the task's error boundary (``boundary``: logged as ``step``, or a bug that ends the
         supervisor)."""
         done = trio.Event()

@@ -74,7 +74,7 @@ class Drainer:
         self._asked = 0
         self._answered = 0
         # The requests waiting for a round park here; each round's end wakes them all to look at ``_answered``. A lot
-        # holds no state, so nothing is replaced under a waiter (issue 52).
+        # holds no state, so nothing is replaced under a waiter (ADR 0019).
         self._round_done = trio.lowlevel.ParkingLot()
         self._running = False  # the drainer task runs (``run``): a ``round`` is then waited for
         self.heartbeat_base_url = heartbeat_base_url
@@ -110,7 +110,7 @@ class Drainer:
         """Have the drainer run a round now, and wait until one begun after this call has promoted what it could
         (their starts under way in the job nursery). What a request that moves the queue waits for: the work runs in
         the drainer's task, so a caller that goes away (a client that hangs up) cancels only this wait and never a
-        promotion half started (issue 38). Without a drainer task (a Supervisor driven by hand) it only wakes."""
+        promotion half started (ADR 0014). Without a drainer task (a Supervisor driven by hand) it only wakes."""
         self._asked += 1
         mine = self._asked
         self.wake()
@@ -131,7 +131,7 @@ class Drainer:
         async with self._lock:
             while self._lease_fresh() and await self._engine.ready():
                 # The operator's switch, looked at before every promotion: it holds each one that begins after the
-                # file exists, whatever the registry's mirror of it says (ADR-152 §7, issue 36).
+                # file exists, whatever the registry's mirror of it says (ADR-152 §7, docs/operations.md § Pausing).
                 if await self.pause_file.look():
                     break
                 tokens = [secrets.token_urlsafe(32) for _ in range(min(self.boot.max_concurrent, PROMOTE_BATCH))]
@@ -159,10 +159,10 @@ class Drainer:
                     self.last_promotion_at = self.boot.wall_clock()
                     # INV-NO-PROMOTION-WITHOUT-LEASE: the lease went stale while the promotion was under way (it was
                     # asked while fresh). The pause file, looked at again: one that appeared between the look above
-                    # and the promotion's step, with a job enqueued after it, must not see that job run (issue 36).
-                    # Either way nothing of them has started, so back to the head of the queue.
-                    # Held (in the ledger) before the look's thread hop: a cancel that comes meanwhile is kept (on
-                    # the row and the entry), carried out once the job starts, or by the requeue if it never does.
+                    # and the promotion's step, with a job enqueued after it, must not see that job run
+                    # (docs/operations.md § Pausing). Either way nothing of them has started, so back to the head of the
+                    # queue. Held (in the ledger) before the look's thread hop: a cancel that comes meanwhile is kept
+                    # (on the row and the entry), carried out once the job starts, or by the requeue if it never does.
                     self.boot.ledger.hold(job.job_id for job in jobs)
                     try:
                         undone = LEASE_NOT_FRESH if not self._lease_fresh() else None

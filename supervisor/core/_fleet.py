@@ -100,7 +100,7 @@ class Fleet:
         bounded by a period, so two renewals' requests are at most about a period apart -- well inside the share of
         the lease a renewal keeps fresh -- however slowly the registry answers and whatever else the leader does.
         The leader's round over silent hosts runs in a task of its own after each renewal that kept the lead, bounded
-        by a period too: a slow read there never pushes a renewal back (issue 38).
+        by a period too: a slow read there never pushes a renewal back (ADR 0014).
 
         Error boundary: a renewal that fails (the registry, a timeout) is logged and tried at the next tick; the
         freshness it would have given runs out, said by ``host_lease_stale``; the silent-host round is guarded the

@@ -113,7 +113,7 @@ class Heartbeats:
         self._pending: dict[tuple[str, str], Beat] = {}  # (job id, token) -> its beats taken since the last write
         self._oldest_at: float | None = None  # when the oldest pending beat was taken (None: nothing pending)
         # Rung when beats are taken; the writer waits on it while nothing is pending. Never replaced: a replaced
-        # ``Event`` once left the writer waiting on one that nobody would set again (issue 52).
+        # ``Event`` once left the writer waiting on one that nobody would set again (ADR 0019).
         self._arrived = Doorbell()
         self._writing = trio.Lock()
 

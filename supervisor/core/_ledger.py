@@ -1,5 +1,5 @@
 """``JobLedger``: the jobs this boot watches or is starting, and the stops it makes for stalls: the one mutable state
-the core's parts share (issue 54; the rest of a ``Boot`` is frozen).
+the core's parts share (ADR 0015 §5; the rest of a ``Boot`` is frozen).
 
 Who writes what, by verb:
 

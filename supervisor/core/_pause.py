@@ -8,15 +8,14 @@ pause made through the API is never ended by the file's removal.
 The drainer looks before **every** promotion (``look``), and again once the promotion is written, before anything
 starts (a file that appeared in between sends the promoted rows back to the queue), so the file holds every job that
 was not yet started when it appeared: a corpus repair run as a plain command can ``touch`` it and start at once
-(ADR-152 §7; issue 36 -- a look at most once a second let a job be promoted after the ``touch`` returned). The
-file's presence holds this host's promotion by itself, whatever the registry says or whether the mirror could be
-written. On a fleet every host looks at the file in its own data dir before each of its promotions, so a file holds
-its own host exactly (its corpus is that host's: data dirs are never shared); the other hosts are held from the
+(ADR-152 §7; docs/operations.md § Pausing -- a look at most once a second let a job be promoted after the ``touch``
+returned). The file's presence holds this host's promotion by itself, whatever the registry says or whether the mirror
+could be written. On a fleet every host looks at the file in its own data dir before each of its promotions, so a file
+holds its own host exactly (its corpus is that host's: data dirs are never shared); the other hosts are held from the
 moment the mirror commits, which is this host's next look (its next promotion round, or sweep), and read in each of
 their promotions' own registry step. The sweeper looks at every sweep too. A look is one ``stat`` in a worker thread
 (two thread hops per round that promotes: tens of microseconds each); the registry is written only when the file
-appeared or went since the last look.
-"""
+appeared or went since the last look. """
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""History that does not grow forever (issue 28): finished jobs older than the retention go -- their registry rows,
-each attempt's log and the shepherd's state records beside it -- in small batches, from the sweeper, at most once a
-minute, and so do expired idempotency keys (issue 35). Like Oban's pruner, or a Kubernetes Job's
+"""History that does not grow forever (docs/operations.md § History retention): finished jobs older than the retention
+go -- their registry rows, each attempt's log and the shepherd's state records beside it -- in small batches, from the
+sweeper, at most once a minute, and so do expired idempotency keys (ADR 0016). Like Oban's pruner, or a Kubernetes Job's
 ``ttlSecondsAfterFinished``.
 
 The registry chooses the rows (``Registry.prune_jobs``: never a queued or running one, never one whose events are

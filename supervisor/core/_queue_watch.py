@@ -1,4 +1,5 @@
-"""The queue's own watch (issue 40): whatever holds the queue, a metric and a log line say so within minutes.
+"""The queue's own watch (docs/operations.md § The queue's watch): whatever holds the queue, a metric and a log line say
+so within minutes.
 
 ADR-152 exists because a job sat queued for hours before anyone noticed; ADR-150 D9 names the failure: a human had to
 go looking. Each job's own progress is watched (stalled, silent); this watches the queue itself, on this host:

@@ -130,7 +130,7 @@ class Reconciler:
                     action = "untouched"
             elif decision.action == "requeue":
                 # INV-IDENTITY-BEFORE-PROGRAM: it provably never started; back to the head of the queue, the start
-                # not counted (issue 25), only if the row is still that unstarted attempt.
+                # not counted (ADR 0009), only if the row is still that unstarted attempt.
                 change = await boot.registry.requeue(job.job_id, expect=Expect(job.identity), reason=decision.reason)
                 if change.changed:
                     updated += 1

@@ -78,7 +78,7 @@ def judge(
             # could not be asked whether a container was ever made for it).
             return Decision("keep", reason="liveness_unknown_kept", warn=True)
         # INV-IDENTITY-BEFORE-PROGRAM: no start record, and no start still in flight, so the program provably never
-        # ran: it goes back to the head of the queue, its start not counted (issue 25).
+        # ran: it goes back to the head of the queue, its start not counted (ADR 0009).
         if job.cancel_requested:
             return Decision("finalize", JobStatus.CANCELLED, "cancelled_before_start")
         return Decision("requeue", reason=NEVER_STARTED)

@@ -1,4 +1,4 @@
-"""Which boot this one succeeds on its data dir, proved (issue 36): a lock on the data dir.
+"""Which boot this one succeeds on its data dir, proved (ADR 0012 §9): a lock on the data dir.
 
 Every ``supervisor serve`` holds an exclusive ``flock`` on ``<data>/.viewer/supervisor.lock`` for the life of its
 process, the file naming its boot id. The kernel releases the lock when the process ends, however it ends (a

@@ -142,8 +142,9 @@ class QueueState:
     running: int
     queued: int
     max_concurrent: int
-    # The queue's watch as of the last sweep (issue 40; None/empty before the first): how long the oldest job ready
-    # to run has waited, this host's last promotion, each reason promotion is held and since when, and a stuck queue.
+    # The queue's watch as of the last sweep (docs/operations.md § The queue's watch; None/empty before the first): how
+    # long the oldest job ready to run has waited, this host's last promotion, each reason promotion is held and since
+    # when, and a stuck queue.
     oldest_queued_age_s: float | None = None
     last_promotion_at: str | None = None
     held: dict[str, str] = field(default_factory=dict)
@@ -155,7 +156,7 @@ class Health:
     """What the health route says: ``degraded`` names each part that does not work fully now (``registry``: its
     writes fail, so nothing new is acknowledged; reads, running jobs and their slots go on; ``engine``: the executor's
     engine does not answer, so nothing is started and running jobs' liveness is unknown; they keep their slots;
-    ``queue``: the queue is stuck, issue 40)."""
+    ``queue``: the queue is stuck, docs/operations.md § The queue's watch)."""
 
     boot_id: str
     exec_mode: str
@@ -399,7 +400,8 @@ class Supervisor:
                 f"started, running ones keep their slots): {trouble.reason}"
             )
         stuck = self.queue_watch.rule.stuck
-        if stuck is not None:  # still 200: a supervisor waiting for its engine must not be killed for it (issue 40)
+        # A stuck queue is still 200: a supervisor waiting for its engine must not be killed for it.
+        if stuck is not None:
             degraded["queue"] = f"stuck since {stuck.since.isoformat()}: {stuck.reason}"
         paused: bool | None = None
         try:
@@ -445,7 +447,7 @@ class Supervisor:
     async def _in_tree(self, work: Callable[[], Awaitable[T]], step: str) -> T:
         """An operator's request whose work has several steps (a resume, a reconcile, a forget) runs in a task of
         the nursery tree, and the request only waits for it: a client that hangs up cancels its wait, never the
-        work half done (issue 38). Without a job nursery (a Supervisor driven by hand), in the caller's task."""
+        work half done (ADR 0014). Without a job nursery (a Supervisor driven by hand), in the caller's task."""
         if not self.boot.tree.attached:
             return await work()
         return await self.boot.run_in_tree(work, step)

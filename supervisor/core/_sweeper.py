@@ -98,7 +98,7 @@ class Sweeper:
         with boundary("drain_failed", tally):
             await self.drainer.drain()
         with boundary("queue_watch_failed", tally):
-            # After the drain: the queue as this sweep left it (issue 40).
+            # After the drain: the queue as this sweep left it (docs/operations.md § The queue's watch).
             await self.queue_watch.judge()
         if not self.leftovers_released:
             with boundary("leftovers_not_released", tally):

@@ -56,7 +56,7 @@ class Config:
     api_token: str | None = field(default=None, repr=False)
     # Where api_token was read from (re-read on SIGHUP); None when it came from PODCAST_JOB_API_TOKEN or is unset.
     api_token_file: Path | None = None
-    # The named tokens with their scopes (issue 41); None: <data>/.viewer/api-tokens.toml (see tokens_path).
+    # The named tokens with their scopes (ADR 0017); None: <data>/.viewer/api-tokens.toml (see tokens_path).
     api_tokens_file: Path | None = None
     kinds_file: Path | None = None
     webhook_url: str | None = None
@@ -73,15 +73,15 @@ class Config:
     events_client_buffer_events: int = 2048
     events_max_clients: int = 64
     events_keepalive_s: float = 15.0
-    # The queue's watch (issue 40): how long jobs may wait while a slot is free or promotion is held (but by a pause),
-    # and how long behind a pause, before the queue is said stuck.
+    # The queue's watch (docs/operations.md § The queue's watch): how long jobs may wait while a slot is free or
+    # promotion is held (but by a pause), and how long behind a pause, before the queue is said stuck.
     queue_stuck_s: float = 900.0
     pause_warn_s: float = 21600.0
-    # How long an enqueue's Idempotency-Key is kept (issue 35): retries within it answer the first request's answer.
+    # How long an enqueue's Idempotency-Key is kept (ADR 0016): retries within it answer the first request's answer.
     idempotency_ttl_s: float = 86400.0
-    # History retention (issue 28): the sweeper removes finished jobs -- their rows, each attempt's log and its
-    # state records -- that ended more than this many days ago, and those past the newest this many finished ones.
-    # None: that rule is off (written explicitly as <= 0); both None: history is kept for ever.
+    # History retention (docs/operations.md § History retention): the sweeper removes finished jobs -- their rows, each
+    # attempt's log and its state records -- that ended more than this many days ago, and those past the newest this
+    # many finished ones. None: that rule is off (written explicitly as <= 0); both None: history is kept for ever.
     retention_days: float | None = 30.0
     retention_max_jobs: int | None = 100_000
     log_max_bytes: int = 50 * MIB

@@ -4,7 +4,7 @@ Several tasks of the supervisor sleep until something changes (the drainer until
 webhook sender until an event is written, the fleet's timekeeper until a renewal). They used to wait on a
 ``trio.Event`` and replace it once awake; that is correct only while the waiter alone replaces it, right after it
 woke. A replacement by any other task (a reader that flushed the heartbeats did exactly that) leaves the waiter on
-an event that nobody will set again: the heartbeat writer stopped that way (issue 52). Here the state is one flag,
+an event that nobody will set again: the heartbeat writer stopped that way (ADR 0019). Here the state is one flag,
 set by ``ring`` and taken by ``wait`` with no checkpoint between its look and its park, so no ring can fall between.
 """
 

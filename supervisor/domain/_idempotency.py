@@ -1,4 +1,4 @@
-"""Idempotency keys (issue 35, ADR 0016): a client's name for one enqueue request, so that its retries make no second
+"""Idempotency keys (ADR 0016): a client's name for one enqueue request, so that its retries make no second
 job. The key is recorded with what the request made, in the transaction that made it; the same key with the same
 request answers that again, and with another request is refused.
 

@@ -316,7 +316,7 @@ _BUILTINS: dict[str, dict[str, Any]] = {
             "--poison-threshold",
             "2",
         ],
-        # What the runner itself checks, declared so that a job it would refuse is never queued (issue 41): an http(s)
+        # What the runner itself checks, declared so that a job it would refuse is never queued (ADR 0017): an http(s)
         # feed URL; max_episodes 0 (every episode of the feed) up to the runner's own MAX_EPISODES.
         "params": {
             "feed": {"type": "str", "format": "url", "max_length": FEED_URL_MAX_LENGTH},

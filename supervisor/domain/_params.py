@@ -1,4 +1,4 @@
-"""What a kind's param may be beyond its type: the constraints a kinds file declares beside it (issue 41).
+"""What a kind's param may be beyond its type: the constraints a kinds file declares beside it (ADR 0017).
 
     params = { max_episodes = { type = "int", default = 0, min = 0, max = 1000000 },
                feed = { type = "str", format = "url", max_length = 2048 },

@@ -1,4 +1,4 @@
-"""Who may call the control API: named tokens with a scope (issue 41, ADR 0017), and the operator token.
+"""Who may call the control API: named tokens with a scope (ADR 0017), and the operator token.
 
 A scope is what a token may do; each includes the ones before it:
 

@@ -134,7 +134,7 @@ def _check_runnable(program: str, cwd: str, env: dict[str, str]) -> None:
 def check_log_writable(log_path: str) -> None:
     """Raise an OSError naming the log's directory when the job's log could not be made there (gone, not a
     directory, read-only, no permission). Two cheap calls, no file made: the log itself is made at the job's first
-    output, and a start must not wait on a metadata change (issue 10)."""
+    output, and a start must not wait on a metadata change (docs/performance.md)."""
     directory = os.path.dirname(log_path) or "."
     st = os.stat(directory)  # FileNotFoundError; NotADirectoryError when a parent is a file
     if not stat.S_ISDIR(st.st_mode):
@@ -175,7 +175,7 @@ class Spares:
 
     A state file is written to a temporary file and renamed, so that a reader never sees a part of it; making that
     temporary file is a metadata change as costly as the rename (on this project's VMs, from 20 us to nearly 1 ms
-    when the journal is busy), and both sat on the way from a job's exit to the next job's start (issue 10:
+    when the journal is busy), and both sat on the way from a job's exit to the next job's start (docs/performance.md:
     promotion latency). A spare is made while nothing else waits; taking one costs nothing. When none is left (a
     burst), the temporary file is made as before. A shepherd removes its spares when it exits; a killed one's are
     removed, while idle, by the next shepherd that writes in the same directory.
@@ -256,12 +256,12 @@ class Records:
     """One job's two state records (``pid``: its identity; ``exit``: its true exit status) and where they are.
 
     While a supervisor is connected, a record is written to the run directory (tmpfs: no journal, so microseconds,
-    where a create-and-rename in the jobs' directory on ext4 cost about 1 ms under load, twice per job; issue 10), and
-    the supervisor says ``forget`` once the job's row is final: the registry then holds everything they say, and the
-    run copies go. When the supervisor goes away (or the shepherd is told to stop) every record still in the run
-    directory is first written next to the log (``ShepherdProcess.persist``), and from then on records are written
-    there directly: what a next boot reads is where it always was, and survives an orderly reboot. Without a run
-    directory (none configured, or it cannot be written) a record goes next to the log at once, as before.
+    where a create-and-rename in the jobs' directory on ext4 cost about 1 ms under load, twice per job;
+    docs/performance.md), and the supervisor says ``forget`` once the job's row is final: the registry then holds
+    everything they say, and the run copies go. When the supervisor goes away (or the shepherd is told to stop) every
+    record still in the run directory is first written next to the log (``ShepherdProcess.persist``), and from then on
+    records are written there directly: what a next boot reads is where it always was, and survives an orderly reboot.
+    Without a run directory (none configured, or it cannot be written) a record goes next to the log at once, as before.
     """
 
     __slots__ = ("durable", "in_run", "payload", "run")

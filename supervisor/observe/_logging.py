@@ -22,7 +22,7 @@ FOREIGN_LEVEL = logging.WARNING  # the least level of another library's record t
 
 
 class ResilientStream:
-    """The log's output, which never raises into the code that logs (issue 36).
+    """The log's output, which never raises into the code that logs (ADR 0010).
 
     The log may sit on the disk that just filled up (an operator redirects stderr to a file in the data dir). A line
     that cannot be written is dropped and counted, never raised: a log call sits in every loop of the supervisor,

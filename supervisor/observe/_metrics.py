@@ -40,7 +40,8 @@ def _epoch(ts: datetime | None) -> float | None:
 
 @dataclass(frozen=True)
 class QueueGauges:
-    """The queue's watch as ``/metrics`` shows it (issue 40; computed by the core's ``QueueWatch`` at each sweep)."""
+    """The queue's watch as ``/metrics`` shows it (docs/operations.md § The queue's watch; computed by the core's
+    ``QueueWatch`` at each sweep)."""
 
     oldest_queued_age_s: float
     last_promotion_s: float  # Unix time

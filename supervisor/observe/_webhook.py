@@ -77,7 +77,8 @@ def render_event(item: OutboxEvent) -> bytes:
         "ts": to_iso(item.created_at),
     }
     if item.event.startswith(QUEUE_EVENT_PREFIX):
-        # A queue's event (issue 40) is about a host's queue, not a job: its details in place of a row.
+        # A queue's event (docs/operations.md § The queue's watch) is about a host's queue, not a job: its details in
+        # place of a row.
         body["queue"] = body.pop("job")
         del body["previous_status"]
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
@@ -160,7 +161,8 @@ class WebhookSender:
             task_status.started()
             # Other processes may still write events: nothing will send them, so they are dropped (counted). This
             # process writes none (its outbox is off), so the bus's wakes are no reason to look: only the clock is.
-            # (Looking at every wake cost a registry call per job change: 6 % of the CPU under issue 10's load.)
+            # (Looking at every wake cost a registry call per job change: 6 % of the CPU under the enqueue load of
+            # docs/performance.md.)
             while True:
                 if self.may_send():  # only the fleet's leader drops what nothing will send
                     try:

@@ -416,9 +416,9 @@ class Rules:
     async def queue_event(
         self, store: Store, event: str, job_id: str, details: Mapping[str, Any], reason: str, announced: FleetSetting
     ) -> None:
-        """The queue's watch says a stuck queue began or ended (issue 40): its event into the outbox, and what was
-        announced recorded (``announced``: a boot after a restart does not say a condition that still holds twice),
-        in one step."""
+        """The queue's watch says a stuck queue began or ended (docs/operations.md § The queue's watch): its event into
+        the outbox, and what was announced recorded (``announced``: a boot after a restart does not say a condition that
+        still holds twice), in one step."""
         if self.outbox:
             await self.add_event(store, job_id, details, event, None, reason)
         await put_setting(store, announced)

@@ -167,10 +167,10 @@ class Registry:
     async def record_queue_event(
         self, event: str, *, host_id: str, job_id: str, details: Mapping[str, Any], reason: str, announced: str
     ) -> None:
-        """The queue's watch (issue 40): ``event`` (``queue.stuck``, ``queue.moving``) about this host's queue, its
-        ``details`` the body receivers get, into the outbox (when events are written), and ``announced`` recorded as
-        this host's announced state (``queue_stuck/<host>``: the stuck queue announced, empty once it moved), in one
-        step."""
+        """The queue's watch (docs/operations.md § The queue's watch): ``event`` (``queue.stuck``, ``queue.moving``)
+        about this host's queue, its ``details`` the body receivers get, into the outbox (when events are written), and
+        ``announced`` recorded as this host's announced state (``queue_stuck/<host>``: the stuck queue announced, empty
+        once it moved), in one step."""
         name = f"{QUEUE_ANNOUNCED}{host_id}"
         await self.backend.write(
             lambda store: self.rules.queue_event(
@@ -242,7 +242,7 @@ class Registry:
 
     async def oldest_waiting(self) -> Job | None:
         """The queued row that runs next (FIFO among those whose backoff has passed), or None: how long the queue
-        has made a job wait (issue 40)."""
+        has made a job wait (docs/operations.md § The queue's watch)."""
         return await self.backend.read(lambda store: _first(tables.promotable(store, store.now(), 1)))
 
     async def counts(self) -> dict[str, int]:

@@ -17,7 +17,8 @@ from ..domain import IdempotencyKey, Job, JobStatus
 from ..domain._model import IdentityRecord
 
 MAX_LIST_LIMIT = 1000
-# The fleet setting that records, per host, the stuck queue its watch announced (issue 40): ``queue_stuck/<host>``.
+# The fleet setting that records, per host, the stuck queue its watch announced (docs/operations.md § The queue's
+# watch): ``queue_stuck/<host>``.
 QUEUE_ANNOUNCED = "queue_stuck/"
 # The shape of every cursor a registry issues (opaque to callers; the OpenAPI document states it).
 CURSOR_PATTERN = re.compile(r"[0-9]{1,18}")

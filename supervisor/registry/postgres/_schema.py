@@ -22,7 +22,7 @@ from .._sql import Migration, load_migrations
 MIGRATE_LOCK = 0x706A6D31  # "pjm1"
 PROMOTE_LOCK = 0x706A7031  # "pjp1"
 COALESCE_LOCK = 0x706A6331  # "pjc1"
-KEY_LOCK = 0x706A6B31  # "pjk1": the requests of one idempotency key take turns (issue 35)
+KEY_LOCK = 0x706A6B31  # "pjk1": the requests of one idempotency key take turns (ADR 0016)
 LEADER_LOCK = 0x706A6C31  # "pjl1": host leases and the lead take turns (ADR 0012)
 
 
