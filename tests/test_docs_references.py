@@ -242,5 +242,6 @@ def test_the_checks_fail_on_references_that_do_not_exist(tmp_path: Path) -> None
         "c.py: docs/ops.md § Pausing -- gone, and docs/no.m",
         "c.py: docs/no.md § Ops.",
     ]
-    assert issue_numbers({"c.py": "# the fix of issue 36 (ADR 0012 §9); Issue 9's"}) == ["c.py: issue 36", "c.py: Issue 9"]
+    found = issue_numbers({"c.py": "# the fix of issue 36 (ADR 0012 §9); Issue 9's"})
+    assert found == ["c.py: issue 36", "c.py: Issue 9"]
     assert missing_tree_tasks(["Drainer.run", "Drainer.no_such_task"], _classes()) == ["Drainer.no_such_task"]
