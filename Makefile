@@ -21,7 +21,7 @@ run: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check supervisor pipeline_runner tests tools bench
-	$(PY) tools/lint_timeouts.py supervisor pipeline_runner bench
+	$(PY) tools/lint_timeouts.py supervisor pipeline_runner bench tests/longrun
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
@@ -49,7 +49,7 @@ test: lint typecheck pytest
 # Each mode takes several minutes. Results: bench/results/<date>-<mode>-chaos.json; figures in docs/reliability.md.
 # Docker mode starts the engine first (scripts/docker-engine.sh up). Options through CHAOS_ARGS, e.g.
 #   make chaos CHAOS_ARGS="--mode subprocess --jobs 300 --kills 50 --seed 7"
-# (--mode subprocess|docker|both, --jobs, --kills, --slots, --seed, --job-kill-every-s; see bench/chaos.py).
+# (--mode subprocess|docker|both, --jobs, --kills, --slots, --seed, --job-kill-every-s; see tests/longrun/chaos.py).
 # A fleet (ADR 0012): CHAOS_HOSTS=3 runs that many supervisors on a fresh schema of a PostgreSQL server
 # (--database-url in CHAOS_ARGS, or $$PODCAST_JOB_TEST_DATABASE_URL), in subprocess mode, SIGKILLing any of them:
 #   make chaos CHAOS_HOSTS=3 CHAOS_ARGS="--jobs 400 --kills 80 --seed 27 --job-kill-every-s 0.3"
@@ -57,7 +57,7 @@ CHAOS_ARGS ?=
 CHAOS_HOSTS ?= 1
 chaos: $(STAMP)
 	$(if $(findstring subprocess,$(CHAOS_ARGS))$(filter-out 1,$(CHAOS_HOSTS)),,bash scripts/docker-engine.sh up)
-	$(PY) bench/chaos.py $(if $(filter-out 1,$(CHAOS_HOSTS)),--hosts $(CHAOS_HOSTS)) $(CHAOS_ARGS)
+	$(PY) tests/longrun/chaos.py $(if $(filter-out 1,$(CHAOS_HOSTS)),--hosts $(CHAOS_HOSTS)) $(CHAOS_ARGS)
 
 # Installs the peers (Debian task-spooler, redis-server, parallel; RQ, py-spy and matplotlib into $(BENCH_VENV)) when
 # missing, runs every benchmark into one dated results file (bench/results/, kept while a page cites it), then
@@ -88,7 +88,7 @@ SOAK_ARGS ?= --duration-s 3600 --table-step-s 300 --csv $(DATA_DIR)/soak.csv --p
 soak: $(STAMP)
 	@$(PY) -c 'import matplotlib' 2>/dev/null || $(PY) -m pip install --quiet matplotlib
 	@mkdir -p $(DATA_DIR)
-	$(PY) bench/soak.py $(SOAK_ARGS)
+	$(PY) tests/longrun/soak.py $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) .mypy_cache .pytest_cache .ruff_cache

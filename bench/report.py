@@ -25,7 +25,6 @@ template that is a placeholder, ``{{name}}`` or ``{{name:argument}}``, is replac
 - ``{{chaos}}``, ``{{soak}}``: the latest chaos run; the latest soak of each kind (and the latest one-hour soak of a
   kind whose latest soak was shorter);
 - ``{{compare:BEFORE.json:AFTER.json}}``: a before/after table of two results files of ``--results-dir``;
-- ``{{history}}``: the results files kept, newest first.
 
 ``--compare BEFORE AFTER`` prints that before/after section alone (for an issue or a pull request), or writes it
 to ``--out``. Only the standard library, and matplotlib for the plot.
@@ -52,7 +51,6 @@ PAGE = REPO / "docs" / "performance.md"
 PLOT_NAME = "bench-latest.png"
 PLACEHOLDER = re.compile(r"^\{\{\s*([a-z_]+)(?::([^}]*))?\s*\}\}$")
 SCENARIO_KINDS = ("make-bench", "feeds", "outbox", "exec-modes", "fleet", "pooler", "heartbeats")
-SHOWN_HISTORY = 8
 QUART_FLOOR_4 = "quart-trio floor, 4 conns"  # the plot's bar of the stack's floor under issue 39's guard load
 
 
@@ -280,10 +278,8 @@ def scenario_block(inputs: Inputs, key: str) -> list[str]:
     if inputs.run is not None and not _same_run(section.date, inputs.run.date):
         lines[0] += f", measured {day(section.date)}"
     lines[0] += "._"
-    lines += ["", *section.markdown()]
-    if section.targets:
-        lines += ["", *[f"- {t.verdict}: {t.text}" for t in section.targets]]
-    return lines
+    # Its targets' verdicts are in the page's table of targets, not repeated here.
+    return [*lines, "", *section.markdown()]
 
 
 # -- the plot -----------------------------------------------------------------------------------------------
@@ -442,18 +438,22 @@ def chaos_run_block(mode: str, f: Loaded) -> list[str]:
             f"restarted (seed {a.get('seed')})"
         )
     lines = [
-        f"_`bench/chaos.py`, {day(d['date'])}, {machine_text(d)}; {revision_text(d)}; `bench/results/{f.path.name}`._",
+        f"_`tests/longrun/chaos.py`, {day(d['date'])}, {machine_text(d)}; {revision_text(d)}; "
+        f"`bench/results/{f.path.name}`._",
         "",
         f"{what}{elapsed}. Verdict: **{d.get('verdict', '?')}**.",
     ]
     if d.get("source", "measured") != "measured":
         lines[-1] += f" ({d['source']}.)"
-    lines += ["", "| check | verdict |", "|---|---|"]
-    lines += [f"| {c['name']} | {c['verdict']} |" for c in d.get("checks", [])]
+    # The checks passed are counted, the others named (docs/reliability.md says what each check is).
+    checks = d.get("checks", [])
+    passed = [c for c in checks if c["verdict"] == "PASS"]
+    lines += ["", f"- checks: {len(passed)} of {len(checks)} PASS"]
+    lines += [f"- **{c['verdict']}**: {c['name']}" for c in checks if c["verdict"] != "PASS"]
     outcomes = d.get("outcomes", [])
     if outcomes:
-        lines += ["", "| rows ended | count |", "|---|---:|"]
-        lines += [f"| {o['status']}{'/' + o['reason'] if o.get('reason') else ''} | {o['count']} |" for o in outcomes]
+        ended = ", ".join(f"{o['status']}{'/' + o['reason'] if o.get('reason') else ''} {o['count']}" for o in outcomes)
+        lines.append(f"- rows ended: {ended}")
     if d.get("notes"):
         lines += ["", *[f"- {note}" for note in d["notes"]]]
     return lines
@@ -616,31 +616,6 @@ def _ratio(before: Measure | Value, after: Measure | Value) -> str:
 # -- the page -----------------------------------------------------------------------------------------------
 
 
-def history_block(directory: Path) -> list[str]:
-    files = sorted(directory.glob("*.json"), reverse=True)
-    if not files:
-        return ["_No results files yet._"]
-    lines = ["| results file | label | code | targets missed |", "|---|---|---|---:|"]
-    for path in files[:SHOWN_HISTORY]:
-        try:
-            data = read_json(path)
-        except (OSError, ValueError) as exc:
-            lines.append(f"| `{path.name}` | unreadable: {exc} | | |")
-            continue
-        missed = [t for s in sections_of(data) for t in s.targets if t.verdict == "MISS"]
-        if data.get("kind") in ("chaos", "soak"):
-            missed_text = "0" if data.get("verdict") == "PASS" else "verdict " + str(data.get("verdict"))
-        else:
-            missed_text = str(len(missed))
-        lines.append(
-            f"| `{path.name}` | {data.get('label') or ''} | {data.get('revision', {}).get('commit', '?')} "
-            f"| {missed_text} |"
-        )
-    if len(files) > SHOWN_HISTORY:
-        lines += ["", f"_{len(files) - SHOWN_HISTORY} older files in `bench/results/`._"]
-    return lines
-
-
 def _results_file(name: str, results_dir: Path) -> Path:
     """``name`` in ``results_dir``, else in the repository's ``bench/results/``; a missing one is an error."""
     for directory in (results_dir, RESULTS_DIR):
@@ -690,8 +665,6 @@ def render(
             # other results (a smoke run's) keeps the before/after table the template holds.
             before, after = (_results_file(part.strip(), results_dir) for part in arg.split(":"))
             out += compare_block(Loaded(before, read_json(before)), Loaded(after, read_json(after)))
-        elif name == "history":
-            out += history_block(results_dir)
         else:
             raise ValueError(f"unknown placeholder {line.strip()!r} in the template")
     return "\n".join(out).rstrip("\n") + "\n"

@@ -1,4 +1,4 @@
-"""Fixtures shared by every test package, and the gates for tests marked ``docker`` and ``postgres``."""
+"""Fixtures shared by every test package, and the gates for tests marked ``docker``, ``postgres`` and ``longrun``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,20 @@ import pytest
 pytest_plugins = ["core_fixtures", "api_fixtures"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--longrun", action="store_true", help="run the tests marked longrun (minutes each)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The long runs are deselected (not skipped: nothing is owed) unless ``--longrun`` asks for them."""
+    if config.getoption("--longrun"):
+        return
+    long = [item for item in items if item.get_closest_marker("longrun")]
+    if long:
+        config.hook.pytest_deselected(items=long)
+        items[:] = [item for item in items if not item.get_closest_marker("longrun")]
 ENGINE_SCRIPT = REPO_ROOT / "scripts" / "docker-engine.sh"
 
 

@@ -1,6 +1,6 @@
 """References that cannot drift (ADR 0015 §5): what ``docs/`` and the code's comments name exists.
 
-- every file path a page names in backticks (``core/_boot.py``, ``bench/chaos.py``, ``deploy/...``) is a file or
+- every file path a page names in backticks (``core/_boot.py``, ``tests/longrun/chaos.py``, ``deploy/...``) is a file or
   directory of the repository (a path may be written from any package root: it is matched as a suffix);
 - every ADR a page or a comment names (``ADR 0019``, ``ADR-0012``) has its record in ``docs/adr/``;
 - every results file kept in ``bench/results/`` is cited by a page;
@@ -27,7 +27,9 @@ import supervisor
 ROOT = Path(__file__).resolve().parents[1]
 # The pages that describe the code as it is: the guides and the index of the decision records. A record itself is
 # dated: what it names is as it was then (its "Since ..." notes say what moved since).
-PAGES = sorted([*ROOT.glob("docs/*.md"), ROOT / "docs" / "adr" / "README.md", ROOT / "README.md"])
+PAGES = sorted(
+    [*ROOT.glob("docs/*.md"), ROOT / "docs" / "adr" / "README.md", ROOT / "README.md", ROOT / "bench" / "README.md"]
+)
 TOKEN = re.compile(r"`([\w./-]+)(?:::([\w*]+)[^`]*)?`")  # a test file may name a test: `tests/x.py::test_*`
 # In the code: a path in a docstring's ``literal`` or `name`, or a repository path written bare in a comment.
 CODE_TOKEN = re.compile(
@@ -117,6 +119,12 @@ def test_every_results_file_kept_is_cited_by_a_page() -> None:
     cited = "\n".join(page.read_text() for page in PAGES)
     kept = sorted(path.name for path in (ROOT / "bench" / "results").glob("*.json"))
     assert [name for name in kept if name not in cited] == []
+
+
+def test_the_performance_page_is_one_current_page() -> None:
+    """Under 400 lines: the figures of now and what closes the misses; how to run the benchmarks is
+    ``bench/README.md``, and the history is git's."""
+    assert len((ROOT / "docs" / "performance.md").read_text().splitlines()) < 400
 
 
 def test_every_path_a_comment_names_exists() -> None:

@@ -40,7 +40,7 @@ LIMITS = {
     "write_stall_timeout_s": 1.0,
 }
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "tests" / "longrun"))
 import _misbehave  # type: ignore[import-not-found]  # noqa: E402
 
 TIMEOUTS = _misbehave.Timeouts(KEEP_ALIVE_S, BODY_TIMEOUT_S, RESPONSE_TIMEOUT_S)

@@ -1,5 +1,5 @@
-"""The chaos run in miniature (bench/chaos.py --smoke), once per exec mode: real supervisors SIGKILLed and restarted
-while jobs are SIGKILLed from outside and resubmitted.
+"""The chaos run in miniature (tests/longrun/chaos.py --smoke), once per exec mode: real supervisors SIGKILLed and
+restarted while jobs are SIGKILLed from outside and resubmitted.
 
 The full run is `make chaos`; this keeps the script from rotting and checks its promises on a small scale: every
 acknowledged job has a terminal row that the API shows alike; no job ran twice except as a recorded resubmit (its
@@ -26,7 +26,7 @@ import pytest
 
 TEST_DATABASE_URL_VAR = "PODCAST_JOB_TEST_DATABASE_URL"
 
-CHAOS = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
+CHAOS = Path(__file__).resolve().parent / "chaos.py"
 CHECKS = 8  # issue 35 added: as many rows as acknowledged jobs
 FLEET_CHECKS = CHECKS + 2
 

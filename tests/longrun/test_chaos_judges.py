@@ -1,8 +1,8 @@
-"""The fleet chaos run's own judges (bench/chaos.py, issue 27) can fail: two leaders close together, a lead taken
+"""The fleet chaos run's own judges (chaos.py beside it, ADR 0012) can fail: two leaders close together, a lead taken
 before the previous holder's lease ran out, and a host's end of a process another host ran are each reported; a
 handover the design allows, and a start that never happened, are not.
 
-The run itself (tests/core/test_core_chaos_smoke.py) passes when the supervisor is right, so these show that its
+The run itself (tests/longrun/test_chaos_smoke.py) passes when the supervisor is right, so these show that its
 INV-ONE-LEADER and INV-OWNER-JUDGES checks would see the bug if there were one, and report none where there is none.
 """
 
@@ -17,7 +17,7 @@ from types import ModuleType
 
 from supervisor.registry import Host
 
-CHAOS = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
+CHAOS = Path(__file__).resolve().parent / "chaos.py"
 T0 = datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 

@@ -1,7 +1,7 @@
 """Chaos run: an operator's worst day. The supervisor is SIGKILLed and restarted again and again while jobs are
 SIGKILLed from outside at random, in subprocess and in Docker mode, with resubmission on.
 
-Usage: make chaos   (or .venv/bin/python bench/chaos.py [--mode subprocess|docker|both] [--jobs 1000]
+Usage: make chaos   (or .venv/bin/python tests/longrun/chaos.py [--mode subprocess|docker|both] [--jobs 1000]
                      [--kills 200] [--slots 3] [--seed 25] [--job-kill-every-s 1.0] [--smoke]
                      [--hosts N [--database-url postgresql://...] [--keep-logs]] [--results-dir DIR] [--no-write])
 
@@ -94,7 +94,7 @@ import httpx
 import outcome
 import trio
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
@@ -1542,9 +1542,9 @@ def finish(plan: Plan, report: dict[str, Any], results_dir: Path | None) -> int:
 def reproduce(plan: Plan) -> str:
     hosts = f" --hosts {plan.hosts}" if plan.hosts > 1 else ""  # the database: --database-url, or the test one
     if plan.smoke:
-        return f".venv/bin/python bench/chaos.py --smoke --mode {plan.mode}{hosts} --seed {plan.seed}"
+        return f".venv/bin/python tests/longrun/chaos.py --smoke --mode {plan.mode}{hosts} --seed {plan.seed}"
     return (
-        f".venv/bin/python bench/chaos.py --mode {plan.mode}{hosts} --jobs {plan.jobs} --slots {plan.slots} "
+        f".venv/bin/python tests/longrun/chaos.py --mode {plan.mode}{hosts} --jobs {plan.jobs} --slots {plan.slots} "
         f"--kills {plan.kills} --seed {plan.seed} --job-kill-every-s {plan.job_kill_every_s:g}"
     )
 

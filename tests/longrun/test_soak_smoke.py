@@ -1,4 +1,5 @@
-"""bench/soak.py cannot rot: its verdict rule, its CSV round trip, and a short real run against `supervisor serve`.
+"""tests/longrun/soak.py cannot rot: its verdict rule, its CSV round trip, and a short real run against
+`supervisor serve`.
 
 The hour-long soak itself is `make soak` (results in bench/results/, shown in docs/performance.md); here the script
 runs for seconds and writes its results file into a temp dir, never into the repository.
@@ -15,7 +16,7 @@ import pytest
 import trio
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SOAK = REPO_ROOT / "bench" / "soak.py"
+SOAK = Path(__file__).resolve().parent / "soak.py"
 sys.path.insert(0, str(SOAK.parent))
 
 import soak  # type: ignore[import-not-found]  # noqa: E402

@@ -1,9 +1,9 @@
 """Soak benchmark (issue 8): a real ``supervisor serve`` under a light workload for a long time; its resources must
 stay flat.
 
-Usage: make soak   (or .venv/bin/python bench/soak.py [--duration-s 3600] [--sample-s 5] [--plot soak.png]
+Usage: make soak   (or .venv/bin/python tests/longrun/soak.py [--duration-s 3600] [--sample-s 5] [--plot soak.png]
                     [--results-dir DIR] [--no-write])
-       .venv/bin/python bench/soak.py --from-csv soak.csv [--plot soak.png]   (judge and plot a finished run again)
+       .venv/bin/python tests/longrun/soak.py --from-csv soak.csv [--plot soak.png]   (judge, plot a finished run again)
 
 What runs: the venv's ``supervisor serve`` entry point (or ``python -m supervisor serve`` from ``--source DIR``, to
 soak another checkout), with its data directory in a temporary directory, bound to 127.0.0.1 port 0, an API token,
@@ -17,8 +17,8 @@ soak another checkout), with its data directory in a temporary directory, bound 
 - every third round a pause, a job enqueued while paused (it must stay queued), and a resume;
 - a long ``sleep`` job cancelled while it runs (SIGTERM to its process group; it must end ``cancelled``);
 - beside them for the whole run, ``--misbehaving-clients`` (default 20) connections at a time that misuse HTTP
-  (``bench/_misbehave.py``: heads and bodies cut, pipelining, hang-ups around the edge's timeouts, with and without
-  tokens, on every route kind but the queue's resume, which would lift the workload's own pause; issue 52);
+  (``tests/longrun/_misbehave.py``: heads and bodies cut, pipelining, hang-ups around the edge's timeouts, with and
+  without tokens, on every route kind but the queue's resume, which would lift the workload's own pause; ADR 0019);
 - then an idle gap, cycling through ``--idle-gaps-s`` (default 12, 15 and 31 s): all longer than the 10 s after which
   Trio's thread cache retires an idle worker thread, so the next registry call lands on a fresh thread. That is
   what exposed the leak of issue 8 (a connection, two descriptors, per fresh thread).
@@ -77,8 +77,9 @@ from typing import Any
 import httpx
 import trio
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))  # the results files' helpers
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _misbehave
 
 import _misbehave  # noqa: E402
 from _common import git_revision, machine, versions  # noqa: E402
