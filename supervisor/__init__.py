@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ._root import run_supervisor
-    from .api._app import create_app
+    from .api import create_app
     from .core import Supervisor
     from .domain import (
         BodyTooLarge,
@@ -30,9 +30,11 @@ if TYPE_CHECKING:
         ConfigError,
         Conflict,
         ExecutorUnavailable,
+        ExitStatus,
         Forbidden,
         HostForgotten,
         HostNotFound,
+        IdentityRecord,
         IllegalTransition,
         Job,
         JobKind,
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
         JobStatus,
         KindCatalog,
         KindsFileError,
+        Liveness,
         MalformedRequest,
         RegistryDamaged,
         RegistryError,
@@ -55,7 +58,6 @@ if TYPE_CHECKING:
         load_config,
         load_kinds,
     )
-    from .domain._model import ExitStatus, IdentityRecord, Liveness
     from .execution import Executor
     from .registry import (
         MemoryRegistry,

@@ -36,14 +36,18 @@ import trio
 
 from .api import HttpLimits, bind_socket, public_base_url, serve_http
 from .core import DataDirLock, Supervisor
-from .domain import Credentials
-from .domain._config import ApiToken, Config
-from .domain._errors import ConfigError, RegistryError, RegistryNotOpened
-from .domain._kinds import KindCatalog
-from .domain._model import SteadyWallClock
-from .domain._settings import redacted_url
-from .observe._logging import get_logger
-from .observe._notify import Notifier, run_watchdog
+from .domain import (
+    ApiToken,
+    Config,
+    ConfigError,
+    Credentials,
+    KindCatalog,
+    RegistryError,
+    RegistryNotOpened,
+    SteadyWallClock,
+    redacted_url,
+)
+from .observe import Notifier, get_logger, run_watchdog
 from .registry import Registry, open_registry, registry_runtime
 
 log = get_logger()

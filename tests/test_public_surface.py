@@ -2,7 +2,10 @@
 
 As httpx's ``test_exported_members``: every name in ``__all__`` exists, every public name an ``__init__`` binds is
 in its ``__all__``, and no test imports a private module (``supervisor.core._drain``): a test reaches a part through
-its public module, so that the parts stay free to rearrange their insides.
+its public module, so that the parts stay free to rearrange their insides. The same rule holds inside
+``supervisor``: a module imports another package's names from that package (``from ..domain import Job``), never
+from its private modules; only a package's own modules (and its subpackages': ``registry.sqlite`` uses
+``registry._engine``) use its private ones, and only the top's own modules use ``supervisor._root``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ PACKAGES = [
     "supervisor.cli",
 ]
 TESTS = Path(__file__).resolve().parent
+SOURCE = TESTS.parent / "supervisor"
 
 
 @pytest.mark.parametrize("name", PACKAGES)
@@ -91,3 +95,54 @@ def _private_imports(path: Path) -> list[str]:
 def test_no_test_imports_a_private_module() -> None:
     offenders = [line for path in sorted(TESTS.rglob("*.py")) for line in _private_imports(path)]
     assert offenders == []
+
+
+def imported_modules(path: Path, root: Path) -> list[tuple[int, list[str]]]:
+    """Each ``from ... import`` of a module under ``root`` (its package: ``root.name``), resolved to absolute parts."""
+    package = list(path.relative_to(root.parent).parts[:-1])  # a module's and an __init__'s package alike
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            above = package[: len(package) - node.level + 1] if node.level else []
+            found.append((node.lineno, above + node.module.split(".")))
+    return found
+
+
+def reaches_into_another_package(importer: Path, module: list[str], root: Path) -> bool:
+    """``module`` is private (a part after the top starts with ``_``) and not of the importer's own package."""
+    private = [i for i, part in enumerate(module) if i > 0 and part.startswith("_")]
+    if module[0] != root.name or not private:
+        return False
+    owner = module[: private[0]]  # the package whose private module it is
+    importer_package = list(importer.relative_to(root.parent).parts[:-1])
+    if len(owner) == 1:  # the top's own (_root, _entry): each subpackage below it is a package of its own
+        return importer_package != owner
+    return importer_package[: len(owner)] != owner
+
+
+def private_imports_in(root: Path) -> list[str]:
+    return [
+        f"{path.relative_to(root.parent)}:{line}: {'.'.join(module)}"
+        for path in sorted(root.rglob("*.py"))
+        for line, module in imported_modules(path, root)
+        if reaches_into_another_package(path, module, root)
+    ]
+
+
+def test_no_module_imports_another_packages_private_module() -> None:
+    assert private_imports_in(SOURCE) == []
+
+
+def test_the_private_import_rule_can_fail(tmp_path: Path) -> None:
+    root = tmp_path / "supervisor"
+    (root / "core").mkdir(parents=True)
+    (root / "domain").mkdir()
+    (root / "core" / "_drain.py").write_text(
+        "from ..domain._model import Job\nfrom ..domain import Job\nfrom ._boot import Boot\nfrom .._root import run\n"
+    )
+    (root / "_root.py").write_text("from .core._drain import Drainer\nfrom ._entry import main\n")
+    assert private_imports_in(root) == [
+        "supervisor/_root.py:1: supervisor.core._drain",
+        "supervisor/core/_drain.py:1: supervisor.domain._model",
+        "supervisor/core/_drain.py:4: supervisor._root",
+    ]

@@ -22,17 +22,18 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from ..core import Supervisor
-from ..domain import Credentials, scope_allows
-from ..domain._config import ApiToken
-from ..domain._errors import (
+from ..domain import (
+    ApiToken,
+    Credentials,
     Forbidden,
     InsufficientScope,
     RegistryError,
     RegistryUnavailable,
     RequestError,
     Unauthorized,
+    scope_allows,
 )
-from ..observe._logging import get_logger
+from ..observe import get_logger
 from ._limits import HttpLimits
 from ._parse import MAX_BATCH_BODY_BYTES, bearer_token
 from ._route_table import Handler

@@ -75,7 +75,7 @@ from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import TCPServer
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ..observe._logging import get_logger
+from ..observe import get_logger
 from ._app import REQUEST_ID_HEADER
 from ._limits import HttpLimits
 

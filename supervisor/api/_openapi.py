@@ -14,11 +14,23 @@ import copy
 from typing import Any
 
 from ..core import HOLD_REASONS
-from ..domain import MAX_BATCH, MAX_STAGE_LEN, MAX_UNITS
-from ..domain._kinds import _ASCII_FLOAT, MAX_FLOAT, MAX_STR_PARAM_LEN, JobKind, KindCatalog
-from ..domain._model import JobStatus
-from ..domain._params import INT64_MAX, INT64_MIN, INT_TEXT, URL_PATTERN, ParamRule
-from ..domain._settings import EXEC_MODES
+from ..domain import (
+    ASCII_FLOAT,
+    EXEC_MODES,
+    INT64_MAX,
+    INT64_MIN,
+    INT_TEXT,
+    MAX_BATCH,
+    MAX_FLOAT,
+    MAX_STAGE_LEN,
+    MAX_STR_PARAM_LEN,
+    MAX_UNITS,
+    URL_PATTERN,
+    JobKind,
+    JobStatus,
+    KindCatalog,
+    ParamRule,
+)
 from ..registry import CURSOR_PATTERN
 from ._route_table import ref
 
@@ -419,7 +431,7 @@ def _param_schema(type_name: str, rule: ParamRule | None = None) -> dict[str, An
         # A bound on a float given as text is checked after conversion; a pattern cannot state it.
         number = {"type": "number", "minimum": rule.min if rule.min is not None else -MAX_FLOAT}
         number["maximum"] = rule.max if rule.max is not None else MAX_FLOAT
-        return {"oneOf": [number, {"type": "string", "pattern": anchored(_ASCII_FLOAT.pattern)}]}
+        return {"oneOf": [number, {"type": "string", "pattern": anchored(ASCII_FLOAT.pattern)}]}
     return {"oneOf": [{"type": "boolean"}, {"type": "string", "pattern": _BOOL_TEXT}]}
 
 

@@ -11,8 +11,20 @@ from typing import Any, TypeGuard
 
 from quart import g, request
 
-from ..domain import IDEMPOTENCY_KEY_HEADER, MAX_BATCH, MAX_STAGE_LEN, MAX_UNITS, JobRequest, Progress, RequestKey
-from ..domain._errors import BodyTooLarge, InvalidHeader, MalformedRequest, UnsupportedMediaType, ValidationError
+from ..domain import (
+    IDEMPOTENCY_KEY_HEADER,
+    MAX_BATCH,
+    MAX_STAGE_LEN,
+    MAX_UNITS,
+    BodyTooLarge,
+    InvalidHeader,
+    JobRequest,
+    MalformedRequest,
+    Progress,
+    RequestKey,
+    UnsupportedMediaType,
+    ValidationError,
+)
 
 # A job request is a kind and a few short params; anything near this size is a mistake or an attack.
 MAX_BODY_BYTES = 64 * 1024

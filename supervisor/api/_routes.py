@@ -16,10 +16,18 @@ from quart import Response, current_app, request
 from werkzeug.routing import BaseConverter
 
 from ..core import Supervisor
-from ..domain import IDEMPOTENCY_KEY_HEADER, KEY_SCHEMA, REPLAYED_HEADER
-from ..domain._errors import RequestError, Unauthorized, ValidationError
-from ..domain._kinds import KindCatalog
-from ..domain._model import Job, JobStatus, to_iso
+from ..domain import (
+    IDEMPOTENCY_KEY_HEADER,
+    KEY_SCHEMA,
+    REPLAYED_HEADER,
+    Job,
+    JobStatus,
+    KindCatalog,
+    RequestError,
+    Unauthorized,
+    ValidationError,
+    to_iso,
+)
 from ..observe import EVENT_NAMES, GAP, LAST_EVENT_ID, StreamEnded, StreamEvent, Subscription
 from ..registry import CURSOR_PATTERN, MAX_LIST_LIMIT, EnqueueResult
 from . import _openapi

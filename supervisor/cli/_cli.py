@@ -27,14 +27,27 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO, TypeVar
 
 import trio
 
-from ..domain import SCOPES, Credentials, TokenFile, key_problem, utc_now
-from ..domain._config import Config, is_loopback, load_config
-from ..domain._errors import ConfigError, KindsFileError, RegistryError, RegistryNotOpened, SupervisorError
-from ..domain._kinds import KindCatalog, load_kinds
-from ..domain._model import JobStatus, to_iso
-from ..domain._settings import read_token_file
-from ..observe._logging import configure_logging, get_logger
-from ..observe._stream import EVENT_NAMES
+from ..domain import (
+    SCOPES,
+    Config,
+    ConfigError,
+    Credentials,
+    JobStatus,
+    KindCatalog,
+    KindsFileError,
+    RegistryError,
+    RegistryNotOpened,
+    SupervisorError,
+    TokenFile,
+    is_loopback,
+    key_problem,
+    load_config,
+    load_kinds,
+    read_token_file,
+    to_iso,
+    utc_now,
+)
+from ..observe import EVENT_NAMES, configure_logging, get_logger
 from . import _live
 
 if TYPE_CHECKING:
@@ -132,7 +145,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .._root import run_supervisor
+    from .. import run_supervisor
 
     configure_logging()
     log = get_logger()

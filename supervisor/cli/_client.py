@@ -19,8 +19,7 @@ from urllib.parse import quote
 
 import httpx
 
-from ..domain import IDEMPOTENCY_KEY_HEADER, JobStatus
-from ..domain._errors import SupervisorError
+from ..domain import IDEMPOTENCY_KEY_HEADER, JobStatus, SupervisorError
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 # Connecting to a local server is instant or refused; reconcile probes every running job, so reads get longer.

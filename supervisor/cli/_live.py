@@ -27,7 +27,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from ..domain._model import RESUBMITTED, JobStatus
+from ..domain import RESUBMITTED, JobStatus
 from ._stream import GAP, Api, EventSource, Message
 
 EXIT_SUCCEEDED = 0

@@ -31,8 +31,7 @@ from typing import Any, Protocol
 
 import trio
 
-from ..domain import Config, Job, JobStatus
-from ..domain._model import Liveness, utc_now
+from ..domain import Config, Job, JobStatus, Liveness, utc_now
 from ..observe import EventBus, EventName, JobEvent, get_logger
 from ..registry import Registry
 from ._rules import REASON_RECOVERED, REASON_SILENT, REASON_STALLED, Signals, Verdict, judge_absence

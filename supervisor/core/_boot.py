@@ -19,8 +19,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from ..domain import Config, Job, JobStatus, KindCatalog, RegistryUnavailable, SupervisorError
-from ..domain._model import utc_now
+from ..domain import Config, Job, JobStatus, KindCatalog, RegistryUnavailable, SupervisorError, utc_now
 from ..execution import Executor
 from ..observe import EventBus, EventName, JobEvent, get_logger
 from ..registry import Registry

@@ -25,8 +25,16 @@ from typing import Any
 
 import trio
 
-from ..domain import Doorbell, ExecutorUnavailable, Job, JobStatus, SpawnError, StartOutcomeUnknown, SupervisorError
-from ..domain._model import hash_token
+from ..domain import (
+    Doorbell,
+    ExecutorUnavailable,
+    Job,
+    JobStatus,
+    SpawnError,
+    StartOutcomeUnknown,
+    SupervisorError,
+    hash_token,
+)
 from ..execution import Executor, JobHandle, Launch
 from ..observe import get_logger
 from ..registry import Ending, Expect, IdentityClaim, Outcome, PromoteRequest

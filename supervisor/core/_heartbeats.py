@@ -20,8 +20,7 @@ from typing import Any, NoReturn
 
 import trio
 
-from ..domain import Doorbell, Job, JobStatus, Progress, RegistryError, RequestError
-from ..domain._model import hash_token
+from ..domain import Doorbell, Job, JobStatus, Progress, RegistryError, RequestError, hash_token
 from ..observe import EventName, JobEvent, get_logger
 from ..registry import Beat, Registry
 

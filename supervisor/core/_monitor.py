@@ -21,8 +21,7 @@ from typing import Any
 
 import trio
 
-from ..domain import RESUBMITTED, IdempotencyKey, Job, JobStatus, SupervisorError
-from ..domain._model import ExitStatus, Liveness
+from ..domain import RESUBMITTED, ExitStatus, IdempotencyKey, Job, JobStatus, Liveness, SupervisorError
 from ..execution import Evidence, JobHandle, Unwatchable
 from ..observe import EventName, JobEvent, get_logger
 from ..registry import Ending, EnqueueResult, Expect, IdentityClaim, NewJob, Outcome

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 import trio
 
-from ..domain import Job, JobNotFound, JobStatus
-from ..domain._model import Liveness
+from ..domain import Job, JobNotFound, JobStatus, Liveness
 from ..execution import JobHandle
 from ..observe import get_logger
 from ..registry import Expect, IdentityClaim, Outcome

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from ..domain import Job, JobKind, JobStatus, StallAction
-from ..domain._model import ExitStatus, Liveness
+from ..domain import ExitStatus, Job, JobKind, JobStatus, Liveness, StallAction
 from ..registry import Ending, Outcome, Retry
 
 CANCELLED = Outcome(JobStatus.CANCELLED, "cancelled")

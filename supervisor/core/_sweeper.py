@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import trio
 
-from ..domain._model import Liveness
+from ..domain import Liveness
 from ..observe import Metrics, get_logger
 from ._absence import AbsenceJudge
 from ._boot import Boot, Tally, boundary

@@ -43,8 +43,11 @@ from ._idempotency import (
     key_problem,
 )
 from ._kinds import (
+    ASCII_FLOAT,
     FEED_URL_MAX_LENGTH,
     MAX_EPISODES,
+    MAX_FLOAT,
+    MAX_STR_PARAM_LEN,
     JobKind,
     KindCatalog,
     builtin_kinds,
@@ -74,7 +77,7 @@ from ._model import (
     to_iso,
     utc_now,
 )
-from ._params import URL_PATTERN, ParamRule
+from ._params import INT64_MAX, INT64_MIN, INT_TEXT, URL_PATTERN, ParamRule
 from ._settings import (
     EXEC_MODES,
     SETTINGS,
@@ -84,6 +87,7 @@ from ._settings import (
     StallAction,
     parse_bind,
     read_token_file,
+    redacted_url,
     settings_table,
 )
 from ._tokens import (
@@ -102,14 +106,20 @@ from ._tokens import (
 
 __all__ = [
     "ANONYMOUS",
+    "ASCII_FLOAT",
     "EXEC_MODES",
     "FEED_URL_MAX_LENGTH",
     "FOLLOW_UP_PREFIX",
     "IDEMPOTENCY_KEY_HEADER",
+    "INT64_MAX",
+    "INT64_MIN",
+    "INT_TEXT",
     "KEY_SCHEMA",
     "MAX_BATCH",
     "MAX_EPISODES",
+    "MAX_FLOAT",
     "MAX_STAGE_LEN",
+    "MAX_STR_PARAM_LEN",
     "MAX_UNITS",
     "OPERATOR",
     "REPLAYED_HEADER",
@@ -187,6 +197,7 @@ __all__ = [
     "parse_bind",
     "parse_kind",
     "read_token_file",
+    "redacted_url",
     "scope_allows",
     "settings_table",
     "to_iso",

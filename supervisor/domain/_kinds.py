@@ -65,7 +65,7 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
 # other scripts' digits ('\u0661') and underscores ('1_0'), which no caller means. An int: ``_params.INT_TEXT``.
 # Bounded (20 digits either side of the point, a two-digit exponent) so that every match is a finite float: the
 # OpenAPI document uses this very pattern, and a pattern cannot say "and not too large" ("1e999" is inf).
-_ASCII_FLOAT = re.compile(r"[+-]?(?:[0-9]{1,20}(?:\.[0-9]{0,20})?|\.[0-9]{1,20})(?:[eE][+-]?[0-9]{1,2})?")
+ASCII_FLOAT = re.compile(r"[+-]?(?:[0-9]{1,20}(?:\.[0-9]{0,20})?|\.[0-9]{1,20})(?:[eE][+-]?[0-9]{1,2})?")
 # The largest finite float: a JSON number beyond it is refused (the document states the same bound).
 MAX_FLOAT = sys.float_info.max
 # Exit codes of pipeline_runner that are planned outcomes (ADR-0002, INV-BUDGET-IS-AN-OUTCOME) ...
@@ -241,7 +241,7 @@ def _convert(name: str, type_name: str, value: object) -> ParamValue:
             number = float(value)
         elif isinstance(value, str):
             # float() also takes '1_0', ' 1 ', 'nan' and non-ASCII digits: only a plain ASCII number passes.
-            if not _ASCII_FLOAT.fullmatch(value):
+            if not ASCII_FLOAT.fullmatch(value):
                 raise bad(f"got {value!r}")
             number = float(value)
         else:

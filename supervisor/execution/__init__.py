@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import assert_never
 
-from ..domain._config import Config
+from ..domain import Config
 from ._base import (
     ORPHAN_DEAD_PID,
     Evidence,

@@ -42,8 +42,7 @@ from typing import ClassVar
 
 import trio
 
-from ..domain import Job, SpawnError, SupervisorError
-from ..domain._model import ExitStatus, IdentityRecord, Liveness
+from ..domain import ExitStatus, IdentityRecord, Job, Liveness, SpawnError, SupervisorError
 
 __all__ = [
     "Evidence",

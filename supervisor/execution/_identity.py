@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..domain._model import IdentityRecord, Liveness
+from ..domain import IdentityRecord, Liveness
 
 PROC = Path("/proc")
 RECORD_KIND = "process"

@@ -50,10 +50,17 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.transport.unixconn import UnixHTTPAdapter, UnixHTTPConnection, UnixHTTPConnectionPool
 from docker.types import LogConfig
 
-from ..domain._config import Config
-from ..domain._errors import ExecutorUnavailable, SpawnError, StartOutcomeUnknown, SupervisorError
-from ..domain._model import IdentityRecord, Job, utc_now
-from ..observe._logging import get_logger
+from ..domain import (
+    Config,
+    ExecutorUnavailable,
+    IdentityRecord,
+    Job,
+    SpawnError,
+    StartOutcomeUnknown,
+    SupervisorError,
+    utc_now,
+)
+from ..observe import get_logger
 from ._base import (
     Evidence,
     Executor,

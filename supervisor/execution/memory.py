@@ -22,8 +22,7 @@ from pathlib import Path
 
 import trio
 
-from ..domain._errors import SpawnError, StartOutcomeUnknown
-from ..domain._model import IdentityRecord, Job
+from ..domain import IdentityRecord, Job, SpawnError, StartOutcomeUnknown
 from ._base import Evidence, Executor, ExitStatus, JobHandle, Launch, Liveness, ProofOfEnd, check_log_writable
 
 

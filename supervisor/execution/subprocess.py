@@ -27,9 +27,8 @@ from typing import Any
 
 import trio
 
-from ..domain._errors import SpawnError, StartOutcomeUnknown
-from ..domain._model import IdentityRecord, Job, Liveness
-from ..observe._logging import get_logger
+from ..domain import IdentityRecord, Job, Liveness, SpawnError, StartOutcomeUnknown
+from ..observe import get_logger
 from ._base import Evidence, Executor, ExitStatus, JobHandle, Launch, ProofOfEnd, Unwatchable
 from ._identity import ProcessIdentity, identify, kernel_boot_id, pidfd_open, probe
 

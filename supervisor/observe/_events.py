@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..domain._model import Job, to_iso
+from ..domain import Job, to_iso
 from ._logging import get_logger
 
 log = get_logger()

@@ -22,7 +22,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ..domain._model import RESUBMITTED, Job, JobStatus
+from ..domain import RESUBMITTED, Job, JobStatus
 from ._events import EventName, JobEvent
 
 SWEEP_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

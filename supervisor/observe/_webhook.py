@@ -35,8 +35,7 @@ from typing import Any
 import httpx
 import trio
 
-from ..domain import Config, Doorbell, RegistryError
-from ..domain._model import to_iso
+from ..domain import Config, Doorbell, RegistryError, to_iso
 from ..registry import OutboxEvent, Registry
 from ._events import JobEvent
 from ._logging import get_logger

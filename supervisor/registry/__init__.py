@@ -16,8 +16,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from datetime import datetime
 
-from ..domain import Config
-from ..domain._model import IdentityRecord, hash_token, utc_now
+from ..domain import Config, IdentityRecord, hash_token, utc_now
 from ._health import RegistryFault
 from ._registry import Backend, Registry
 from ._vocabulary import (

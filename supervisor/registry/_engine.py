@@ -22,6 +22,7 @@ from typing import Any, Generic, TypeVar
 from ..domain import (
     RESUBMITTED,
     TERMINAL,
+    Attempt,
     Conflict,
     HostForgotten,
     IdempotencyKey,
@@ -33,8 +34,9 @@ from ..domain import (
     RequestError,
     Unauthorized,
     check_transition,
+    hash_token,
+    to_iso,
 )
-from ..domain._model import Attempt, hash_token, to_iso
 from . import _tables as tables
 from ._tables import JOBS, OUTBOX, QUEUED, Read, Store, Where, stored
 from ._vocabulary import (

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from ..domain import TERMINAL, Job, JobStatus, ValidationError, key_problem
-from ..domain._model import Attempt, IdentityRecord
+from ..domain import TERMINAL, Attempt, IdentityRecord, Job, JobStatus, ValidationError, key_problem
 from ._vocabulary import (
     CURSOR_PATTERN,
     MAX_LIST_LIMIT,

@@ -13,8 +13,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from ..domain import IdempotencyKey, Job, JobStatus
-from ..domain._model import IdentityRecord
+from ..domain import IdempotencyKey, IdentityRecord, Job, JobStatus
 
 MAX_LIST_LIMIT = 1000
 # The fleet setting that records, per host, the stuck queue its watch announced (docs/operations.md § The queue's

@@ -22,8 +22,7 @@ from typing import Any
 
 import trio
 
-from ..domain import RegistryError
-from ..domain._model import utc_now
+from ..domain import RegistryError, utc_now
 from ._engine import LocalStore, Step, run_now
 from ._health import RegistryFault
 from ._registry import Registry, T

@@ -31,9 +31,7 @@ import asyncpg
 import trio
 import trio_asyncio
 
-from ...domain import RegistryError, RegistryUnavailable, SupervisorError
-from ...domain._model import utc_now
-from ...domain._settings import redacted_url
+from ...domain import RegistryError, RegistryUnavailable, SupervisorError, redacted_url, utc_now
 from .._engine import Step
 from .._health import RegistryFault, WriteHealth
 from .._registry import Registry

@@ -24,8 +24,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from ...domain import RegistryError
-from ...domain._model import utc_now
+from ...domain import RegistryError, utc_now
 from .._engine import Independent, Step, run_now
 from .._health import RegistryFault, WriteHealth
 from .._registry import Registry

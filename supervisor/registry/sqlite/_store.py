@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from ...domain._model import from_iso, to_iso
+from ...domain import from_iso, to_iso
 from .._engine import LocalStore
 from .._sql import SqlStore
 from .._tables import BOOLEANS, TIMESTAMPS
