@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import Column, Figure, Section, progress
 
 from supervisor import JobStatus, SqliteRegistry
-from supervisor.domain import IdentityRecord, hash_token, to_iso, utc_now
+from supervisor.domain import IdentityRecord, PageRequest, hash_token, to_iso, utc_now
 from supervisor.registry import Ending, IdentityClaim, NewJob, Outcome, PromoteRequest
 
 RUNNING = 5
@@ -74,7 +74,7 @@ async def _bench(history: int, running: int, repeat: int) -> dict[str, float]:
             await reg.enqueue(NewJob("k", {"i": i}, ["x"]))
             await _promote_one(reg, running)
         sweep = await timed(reg.running_jobs, repeat)
-        page = await timed(lambda: reg.list_jobs(limit=100), max(5, repeat // 4))
+        page = await timed(lambda: reg.list_jobs(PageRequest(limit=100)), max(5, repeat // 4))
 
         async def round_trip() -> None:
             await reg.enqueue(NewJob("k", {}, ["x"]))

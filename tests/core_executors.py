@@ -17,6 +17,7 @@ from pathlib import Path
 import trio
 
 from supervisor import Config, Executor, Job, Liveness, Supervisor
+from supervisor.domain import PageRequest
 from supervisor.execution import create_executor
 from supervisor.execution.docker import LABEL_JOB, DockerExecutor, container_id_of, make_client
 from supervisor.execution.memory import MemoryExecutor, MemoryJob
@@ -292,5 +293,5 @@ async def supervisors_in(
 
     yield make_
     for sup in made:
-        jobs, _ = await sup.registry.list_jobs(limit=1000)
+        jobs, _ = await sup.registry.list_jobs(PageRequest.parse(limit=1000))
         await trio.to_thread.run_sync(world.clean_up, jobs)

@@ -16,6 +16,7 @@ from typing import Any
 from ..core import HOLD_REASONS
 from ..domain import (
     ASCII_FLOAT,
+    CURSOR_PATTERN,
     EXEC_MODES,
     INT64_MAX,
     INT64_MIN,
@@ -31,7 +32,6 @@ from ..domain import (
     KindCatalog,
     ParamRule,
 )
-from ..registry import CURSOR_PATTERN
 from ._route_table import ref
 
 API_VERSION = "1"

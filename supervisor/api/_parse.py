@@ -12,6 +12,7 @@ from typing import Any, TypeGuard
 from quart import g, request
 
 from ..domain import (
+    DEFAULT_LIST_LIMIT,
     IDEMPOTENCY_KEY_HEADER,
     MAX_BATCH,
     MAX_STAGE_LEN,
@@ -20,6 +21,7 @@ from ..domain import (
     InvalidHeader,
     JobRequest,
     MalformedRequest,
+    PageRequest,
     Progress,
     RequestKey,
     UnsupportedMediaType,
@@ -191,6 +193,19 @@ def int_query(query: Mapping[str, str], name: str, default: int | None) -> int |
     if not re.fullmatch(r"[0-9]{1,12}", text):
         raise ValidationError(f"{name} must be a non-negative integer, not {query[name]!r}", field=name)
     return int(text)
+
+
+def parse_page(given: Mapping[str, str]) -> PageRequest:
+    """The job list's query (status, kind, limit, cursor, idempotency_key) as a page request; a 422 names the field."""
+    limit = int_query(given, "limit", DEFAULT_LIST_LIMIT)
+    assert limit is not None
+    return PageRequest.parse(
+        status=given.get("status"),
+        kind=given.get("kind"),
+        limit=limit,
+        cursor=given.get("cursor"),
+        idempotency_key=given.get("idempotency_key"),
+    )
 
 
 def bool_query(name: str, *, default: bool) -> bool:

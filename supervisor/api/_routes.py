@@ -17,8 +17,11 @@ from werkzeug.routing import BaseConverter
 
 from ..core import Supervisor
 from ..domain import (
+    CURSOR_PATTERN,
+    DEFAULT_LIST_LIMIT,
     IDEMPOTENCY_KEY_HEADER,
     KEY_SCHEMA,
+    MAX_LIST_LIMIT,
     REPLAYED_HEADER,
     Job,
     JobStatus,
@@ -29,7 +32,7 @@ from ..domain import (
     to_iso,
 )
 from ..observe import EVENT_NAMES, GAP, LAST_EVENT_ID, StreamEnded, StreamEvent, Subscription
-from ..registry import CURSOR_PATTERN, MAX_LIST_LIMIT, EnqueueResult
+from ..registry import EnqueueResult
 from . import _openapi
 from ._parse import (
     MAX_BATCH_BODY_BYTES,
@@ -41,6 +44,7 @@ from ._parse import (
     int_query,
     json_body,
     parse_batch,
+    parse_page,
     parse_progress,
     query,
 )
@@ -48,7 +52,6 @@ from ._route_table import INVALID, NOT_FOUND, RouteTable, error, json_answer, re
 
 ROUTES = RouteTable()
 
-DEFAULT_LIST_LIMIT = 100
 MISSING_JOB_TOKEN = "missing job token (Authorization: Bearer $PODCAST_JOB_TOKEN)"
 # How long a browser's EventSource waits before it reconnects after a dropped connection.
 SSE_RETRY_MS = 2000
@@ -184,19 +187,11 @@ async def enqueue_batch(supervisor: Supervisor) -> Any:
 )
 async def list_jobs(supervisor: Supervisor) -> Any:
     """List jobs, newest first, one page at a time."""
-    given = query(("status", "kind", "limit", "cursor", "idempotency_key"))
-    limit = int_query(given, "limit", DEFAULT_LIST_LIMIT)
-    assert limit is not None
+    page = parse_page(query(("status", "kind", "limit", "cursor", "idempotency_key")))
     # A page's rows are read and encoded a few pages at a time (HttpLimits.max_page_builds): the encoding holds the
     # event loop, and hundreds of them queued at once kept heartbeats and /api/health waiting behind them.
     async with current_app.extensions["supervisor.page_builds"]:
-        jobs, next_cursor = await supervisor.list_jobs(
-            status=given.get("status"),
-            kind=given.get("kind"),
-            limit=limit,
-            cursor=given.get("cursor"),
-            idempotency_key=given.get("idempotency_key"),
-        )
+        jobs, next_cursor = await supervisor.list_jobs(page)
         return current_app.json.response({"jobs": [_row(job) for job in jobs], "next_cursor": next_cursor})
 
 

@@ -20,7 +20,17 @@ from typing import Any, NoReturn
 
 import trio
 
-from ..domain import Doorbell, Job, JobStatus, Progress, RegistryError, RequestError, hash_token
+from ..domain import (
+    FIRST_PAGE,
+    Doorbell,
+    Job,
+    JobStatus,
+    PageRequest,
+    Progress,
+    RegistryError,
+    RequestError,
+    hash_token,
+)
 from ..observe import EventName, JobEvent, get_logger
 from ..registry import Beat, Registry
 
@@ -232,16 +242,6 @@ class CurrentRows:
         await self._heartbeats.before_read()
         return await self._registry.running_jobs()
 
-    async def list_jobs(
-        self,
-        *,
-        status: str | None = None,
-        kind: str | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> tuple[list[Job], str | None]:
+    async def list_jobs(self, page: PageRequest = FIRST_PAGE) -> tuple[list[Job], str | None]:
         await self._heartbeats.before_read()
-        return await self._registry.list_jobs(
-            status=status, kind=kind, limit=limit, cursor=cursor, idempotency_key=idempotency_key
-        )
+        return await self._registry.list_jobs(page)

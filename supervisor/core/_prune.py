@@ -16,9 +16,9 @@ from pathlib import Path
 
 import trio
 
-from ..domain import Config, ValidationError
+from ..domain import MAX_LIST_LIMIT, Config, ValidationError
 from ..observe import get_logger
-from ..registry import MAX_LIST_LIMIT, PrunedJob, Registry, log_name
+from ..registry import PrunedJob, Registry, log_name
 
 log = get_logger()
 

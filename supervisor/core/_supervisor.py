@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import trio
 
 from ..domain import (
+    FIRST_PAGE,
     Config,
     Conflict,
     Doorbell,
@@ -34,6 +35,7 @@ from ..domain import (
     JobNotFound,
     JobRequest,
     KindCatalog,
+    PageRequest,
     RegistryError,
     RequestKey,
     to_iso,
@@ -513,18 +515,9 @@ class Supervisor:
         job = await self.rows.get(job_id)
         return job, await self.boot.registry.retries_of(job_id)
 
-    async def list_jobs(
-        self,
-        *,
-        status: str | None = None,
-        kind: str | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> tuple[list[Job], str | None]:
-        return await self.rows.list_jobs(
-            status=status, kind=kind, limit=limit, cursor=cursor, idempotency_key=idempotency_key
-        )
+    async def list_jobs(self, page: PageRequest = FIRST_PAGE) -> tuple[list[Job], str | None]:
+        """A page of the job list (``PageRequest.parse`` makes one from a request's text) and the next cursor."""
+        return await self.rows.list_jobs(page)
 
     async def read_log(self, job_id: str, *, tail_bytes: int | None = None, offset: int | None = None) -> bytes:
         """A job's log: whole, its last ``tail_bytes``, or from byte ``offset`` on, in one piece (at most the log's

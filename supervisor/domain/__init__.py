@@ -77,6 +77,7 @@ from ._model import (
     to_iso,
     utc_now,
 )
+from ._page import CURSOR_PATTERN, DEFAULT_LIST_LIMIT, FIRST_PAGE, MAX_LIST_LIMIT, PageRequest
 from ._params import INT64_MAX, INT64_MIN, INT_TEXT, URL_PATTERN, ParamRule
 from ._settings import (
     EXEC_MODES,
@@ -107,8 +108,11 @@ from ._tokens import (
 __all__ = [
     "ANONYMOUS",
     "ASCII_FLOAT",
+    "CURSOR_PATTERN",
+    "DEFAULT_LIST_LIMIT",
     "EXEC_MODES",
     "FEED_URL_MAX_LENGTH",
+    "FIRST_PAGE",
     "FOLLOW_UP_PREFIX",
     "IDEMPOTENCY_KEY_HEADER",
     "INT64_MAX",
@@ -118,6 +122,7 @@ __all__ = [
     "MAX_BATCH",
     "MAX_EPISODES",
     "MAX_FLOAT",
+    "MAX_LIST_LIMIT",
     "MAX_STAGE_LEN",
     "MAX_STR_PARAM_LEN",
     "MAX_UNITS",
@@ -162,6 +167,7 @@ __all__ = [
     "Liveness",
     "MalformedRequest",
     "NamedToken",
+    "PageRequest",
     "ParamRule",
     "Progress",
     "RegistryDamaged",

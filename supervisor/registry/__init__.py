@@ -20,8 +20,6 @@ from ..domain import Config, IdentityRecord, hash_token, utc_now
 from ._health import RegistryFault
 from ._registry import Backend, Registry
 from ._vocabulary import (
-    CURSOR_PATTERN,
-    MAX_LIST_LIMIT,
     PAUSED_BY_FILE,
     PAUSED_BY_OPERATOR,
     QUEUE_ANNOUNCED,
@@ -59,8 +57,6 @@ from .sqlite import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from .sqlite import SqliteRegistry
 
 __all__ = [
-    "CURSOR_PATTERN",
-    "MAX_LIST_LIMIT",
     "PAUSED_BY_FILE",
     "PAUSED_BY_OPERATOR",
     "QUEUE_ANNOUNCED",

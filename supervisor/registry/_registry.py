@@ -24,12 +24,12 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
-from ..domain import IdempotencyKey, Job, RequestError
+from ..domain import FIRST_PAGE, IdempotencyKey, Job, PageRequest, RequestError
 from . import _engine as engine
 from . import _tables as tables
 from ._engine import Independent, Rules, Step
 from ._health import RegistryFault
-from ._tables import OUTBOX, Page, Store
+from ._tables import OUTBOX, Store
 from ._vocabulary import (
     QUEUE_ANNOUNCED,
     Beat,
@@ -225,19 +225,9 @@ class Registry:
         """Every RUNNING row, oldest first: O(running rows), whatever the history."""
         return await self.backend.read(tables.running)
 
-    async def list_jobs(
-        self,
-        *,
-        status: str | None = None,
-        kind: str | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> tuple[list[Job], str | None]:
-        """Rows newest first and an opaque cursor for the next page (None at the end); rows added meanwhile never
-        shift a page; ``idempotency_key``: only the jobs that live key answered. A bad status, limit, cursor or key
-        is a ``ValidationError`` naming it."""
-        page = Page.of(status, kind, limit, cursor, idempotency_key)
+    async def list_jobs(self, page: PageRequest = FIRST_PAGE) -> tuple[list[Job], str | None]:
+        """A page of rows, newest first, and the cursor of the next (None at the end): rows added meanwhile never
+        shift a page."""
         return await self.backend.read(lambda store: tables.list_page(store, page))
 
     async def oldest_waiting(self) -> Job | None:

@@ -14,10 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from ..domain import TERMINAL, Attempt, IdentityRecord, Job, JobStatus, ValidationError, key_problem
+from ..domain import TERMINAL, Attempt, IdentityRecord, Job, JobStatus, PageRequest
 from ._vocabulary import (
-    CURSOR_PATTERN,
-    MAX_LIST_LIMIT,
     FleetSetting,
     Host,
     OutboxEvent,
@@ -296,36 +294,7 @@ async def prunable(
     return found[:limit]
 
 
-@dataclass(frozen=True)
-class Page:
-    """A validated page request of ``list_jobs``: rows before ``before`` (their ``seq``), newest first."""
-
-    status: str | None
-    kind: str | None
-    limit: int
-    before: int | None
-    idempotency_key: str | None = None  # only the jobs a live key answered
-
-    @classmethod
-    def of(
-        cls, status: str | None, kind: str | None, limit: int, cursor: str | None, idempotency_key: str | None = None
-    ) -> Page:
-        """A bad status, limit, cursor or key is a ``ValidationError`` naming it."""
-        if status is not None and status not in {s.value for s in JobStatus}:
-            raise ValidationError(f"unknown status {status!r}", field="status")
-        if not 1 <= limit <= MAX_LIST_LIMIT:
-            raise ValidationError(f"limit must be between 1 and {MAX_LIST_LIMIT}", field="limit")
-        # A cursor is a row sequence number this server issued: ASCII digits that fit a 64-bit integer (int() also
-        # takes '1_0', '-3' and other scripts' digits).
-        if cursor is not None and not CURSOR_PATTERN.fullmatch(cursor):
-            raise ValidationError("cursor is not one this server issued", field="cursor")
-        problem = key_problem(idempotency_key) if idempotency_key is not None else None
-        if problem is not None:
-            raise ValidationError(f"idempotency_key {problem}", field="idempotency_key")
-        return cls(status, kind, limit, int(cursor) if cursor is not None else None, idempotency_key)
-
-
-async def list_page(store: Store, page: Page) -> tuple[list[Job], str | None]:
+async def list_page(store: Store, page: PageRequest) -> tuple[list[Job], str | None]:
     """A page of rows, newest first, and the cursor of the next (None: the last page)."""
     filters = (("seq", "<", page.before), ("status", "=", page.status), ("kind", "=", page.kind))
     where: Where = tuple(cond for cond in filters if cond[2] is not None)

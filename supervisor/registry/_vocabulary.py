@@ -5,7 +5,6 @@ crosses this line, and every timestamp is an aware ``datetime``. The registry it
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -15,12 +14,9 @@ from typing import Any, Protocol
 
 from ..domain import IdempotencyKey, IdentityRecord, Job, JobStatus
 
-MAX_LIST_LIMIT = 1000
 # The fleet setting that records, per host, the stuck queue its watch announced (docs/operations.md § The queue's
 # watch): ``queue_stuck/<host>``.
 QUEUE_ANNOUNCED = "queue_stuck/"
-# The shape of every cursor a registry issues (opaque to callers; the OpenAPI document states it).
-CURSOR_PATTERN = re.compile(r"[0-9]{1,18}")
 
 
 # What a row that goes back to the queue (a requeue, a resubmission) forgets: the attempt's process, token, progress

@@ -29,7 +29,7 @@ from test_api_heartbeat_route import (
 from test_http_edge import Answer, connect
 
 from supervisor.api import MAX_BODY_BYTES, create_app
-from supervisor.domain import ApiToken, JobStatus
+from supervisor.domain import ApiToken, JobStatus, PageRequest
 
 PATH = "/api/jobs"
 SLEEP = body({"kind": "sleep", "params": {"seconds": 5}})
@@ -101,7 +101,7 @@ async def test_each_request_is_answered_by_the_routes_contract(open_harness: Ope
         await harness.supervisor.pause()
         answer = await asgi_post(harness.app, PATH, make_headers(API_TOKEN), data, with_length=name != "chunked")
         assert answer.status == status, (answer, name)
-        rows, _ = await harness.supervisor.registry.list_jobs(status=JobStatus.QUEUED)
+        rows, _ = await harness.supervisor.registry.list_jobs(PageRequest.parse(status=JobStatus.QUEUED))
         # Each answer carries its own request id, and an error names it.
         request_id = dict(answer.headers)[b"x-request-id"].decode()
         assert re.fullmatch(r"[0-9a-f]{16}", request_id)

@@ -38,7 +38,7 @@ from api_support import API_TOKEN, Live, MakeLive, kinds_toml, poll_until, wait_
 from schemathesis.engine import events, from_schema
 
 from supervisor.api import openapi_document
-from supervisor.domain import IDEMPOTENCY_KEY_HEADER, key_problem
+from supervisor.domain import IDEMPOTENCY_KEY_HEADER, PageRequest, key_problem
 
 pytestmark = pytest.mark.e2e
 
@@ -343,7 +343,7 @@ async def settle(live: Live) -> int:
         raise AssertionError(f"jobs still running {SETTLE_S} s after the run: {stuck}") from None
     cancelled = 0
     with trio.fail_after(SETTLE_S):
-        while queued := (await sup.list_jobs(status="queued", limit=1000))[0]:
+        while queued := (await sup.list_jobs(PageRequest.parse(status="queued", limit=1000)))[0]:
             for job in queued:
                 await sup.cancel(job.job_id)
             cancelled += len(queued)
@@ -466,5 +466,5 @@ async def test_without_the_token_every_protected_route_answers_401(make_live: Ma
     async with httpx.AsyncClient(base_url=live.url, timeout=TIMEOUT) as client:
         assert (await client.get(SERVES_THE_DOCUMENT[1], timeout=TIMEOUT)).status_code == 401
         assert (await client.get(SERVES_THE_DOCUMENT[1], headers=AUTH, timeout=TIMEOUT)).status_code == 200
-    jobs, _ = await live.supervisor.list_jobs(limit=10)
+    jobs, _ = await live.supervisor.list_jobs(PageRequest.parse(limit=10))
     assert jobs == []  # nothing got through

@@ -427,7 +427,7 @@ async def test_unexpected_error_is_500_without_traceback_and_logged_with_the_req
 
 
 async def test_registry_unavailable_is_503(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
-    async def busy(**kwargs: Any) -> Any:
+    async def busy(*args: Any) -> Any:
         raise RegistryError("registry lock not acquired: database is locked")
 
     with monkeypatch.context() as patch:

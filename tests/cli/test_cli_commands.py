@@ -18,6 +18,7 @@ from api_support import API_TOKEN, Live, MakeLive, wait_for_job, wait_running, w
 from tcp_proxy import CutAfterRequests, LossyProxy  # type: ignore[import-not-found]
 
 from supervisor.cli import EXIT_CONFIG, EXIT_ERROR, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, main
+from supervisor.domain import PageRequest
 
 CLI_LIMIT_S = 20.0
 
@@ -417,7 +418,7 @@ async def test_an_interrupted_enqueue_from_file_says_what_it_stored_and_its_reru
     assert len(again.out.splitlines()) == 2500  # every job of the file, the stored ones replayed
     rows, cursor = [], None
     while True:
-        page, cursor = await live.supervisor.list_jobs(limit=1000, cursor=cursor)
+        page, cursor = await live.supervisor.list_jobs(PageRequest.parse(limit=1000, cursor=cursor))
         rows += page
         if cursor is None:
             break

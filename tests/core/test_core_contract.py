@@ -25,7 +25,7 @@ from core_executors import (  # type: ignore[import-not-found]
 from core_helpers import poll, wait_running, wait_status, wait_terminal  # type: ignore[import-not-found]
 
 from supervisor import JobStatus, RegistryError, Supervisor
-from supervisor.domain import Job, hash_token
+from supervisor.domain import Job, PageRequest, hash_token
 from supervisor.registry import PromoteRequest
 
 
@@ -145,7 +145,7 @@ async def test_a_job_that_ended_while_no_supervisor_ran_gets_its_true_outcome_at
     # INV-TRUE-OUTCOME: the recorded exit, not an orphan guess; attempts=1: it never ran twice.
     assert (row.status, row.error_reason, row.exit_code, row.attempts) == (JobStatus.SUCCEEDED, None, 0, 1)
     assert (await new.read_log(job.job_id)) == b"gate open\n"
-    follow_ups = (await new.list_jobs(kind="done"))[0]
+    follow_ups = (await new.list_jobs(PageRequest.parse(kind="done")))[0]
     assert len(follow_ups) == 1  # the kind's `then` fired, once
     assert (await wait_terminal(new, follow_ups[0].job_id)).status is JobStatus.SUCCEEDED
 

@@ -25,7 +25,7 @@ from core_helpers import (  # type: ignore[import-not-found]
 
 from supervisor import JobStatus, RegistryUnavailable, Supervisor
 from supervisor.api import parse_batch
-from supervisor.domain import Job
+from supervisor.domain import Job, PageRequest
 
 
 async def test_three_jobs_with_max_one_run_strictly_one_after_another_in_fifo_order(
@@ -114,12 +114,12 @@ async def test_success_enqueues_the_follow_up_kind_and_failure_does_not(
     failing = (await sup.enqueue("first", {"code": 1})).job
     assert (await wait_terminal(sup, failing.job_id)).status is JobStatus.FAILED
     await wait_idle(sup)  # the monitor has finished everything it does after finalizing
-    assert (await sup.list_jobs(kind="done"))[0] == []
+    assert (await sup.list_jobs(PageRequest.parse(kind="done")))[0] == []
     ok = (await sup.enqueue("first", {"code": 0}, by="ci-bot")).job
     assert (await wait_terminal(sup, ok.job_id)).status is JobStatus.SUCCEEDED
 
     async def follow_up_enqueued() -> list[Job] | None:  # the monitor enqueues it just after finalizing
-        return (await sup.list_jobs(kind="done"))[0] or None
+        return (await sup.list_jobs(PageRequest.parse(kind="done")))[0] or None
 
     follow_ups = await poll(follow_up_enqueued)
     assert len(follow_ups) == 1

@@ -18,7 +18,7 @@ import trio
 from core_helpers import KINDS, pid_of, poll, serve_env  # type: ignore[import-not-found]
 
 from supervisor import Config, Job, JobStatus, Liveness, SqliteRegistry
-from supervisor.domain import parse_kind
+from supervisor.domain import PageRequest, parse_kind
 from supervisor.execution.subprocess import JobFiles, identity_of, probe, read_start
 from supervisor.registry import NewJob
 
@@ -54,7 +54,7 @@ async def _enqueue(registry: SqliteRegistry, kind: str, params: dict[str, object
 
 
 async def _rows(registry: SqliteRegistry) -> dict[str, Job]:
-    jobs, _ = await registry.list_jobs(limit=1000)
+    jobs, _ = await registry.list_jobs(PageRequest.parse(limit=1000))
     return {j.job_id: j for j in jobs}
 
 

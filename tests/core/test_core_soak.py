@@ -17,6 +17,7 @@ import trio._core._thread_cache as thread_cache
 from core_helpers import wait_idle, wait_terminal  # type: ignore[import-not-found]
 
 from supervisor import JobStatus, Supervisor
+from supervisor.domain import PageRequest
 from supervisor.registry.sqlite import SqliteFile
 
 
@@ -45,7 +46,7 @@ async def one_round(sup: Supervisor) -> None:
     assert ended.status is JobStatus.SUCCEEDED
     await wait_idle(sup)
     await sup.sweep()
-    await sup.list_jobs(limit=10)
+    await sup.list_jobs(PageRequest.parse(limit=10))
     await sup.read_log(job.job_id, tail_bytes=10)
     await sup.pause()
     await sup.sweep()

@@ -20,7 +20,7 @@ from core_helpers import KINDS, container_of, pid_of, poll, serve_env, wait_runn
 from structlog.testing import capture_logs
 
 from supervisor import Config, JobStatus, Liveness, SqliteRegistry, Supervisor
-from supervisor.domain import Job, parse_kind
+from supervisor.domain import Job, PageRequest, parse_kind
 from supervisor.execution import Executor, create_executor
 from supervisor.execution import docker as docker_execution
 from supervisor.execution.docker import LABEL_ATTEMPT, LABEL_BOOT, LABEL_JOB, LABEL_KIND
@@ -236,7 +236,7 @@ def env(tmp_path: Path) -> dict[str, str]:
 async def registry(tmp_path: Path, world: DockerWorld) -> AsyncIterator[SqliteRegistry]:
     reg = SqliteRegistry(tmp_path / "data" / ".viewer" / "jobs.sqlite3")
     yield reg
-    jobs, _ = await reg.list_jobs(limit=1000)
+    jobs, _ = await reg.list_jobs(PageRequest.parse(limit=1000))
     await trio.to_thread.run_sync(world.clean_up, jobs)  # containers outlive supervisors by design
     await reg.aclose()
 
@@ -250,7 +250,7 @@ async def _enqueue(registry: SqliteRegistry, kind: str, params: dict[str, object
 
 
 async def _rows(registry: SqliteRegistry) -> dict[str, Job]:
-    jobs, _ = await registry.list_jobs(limit=1000)
+    jobs, _ = await registry.list_jobs(PageRequest.parse(limit=1000))
     return {j.job_id: j for j in jobs}
 
 

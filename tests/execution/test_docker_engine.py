@@ -31,7 +31,7 @@ from structlog.testing import capture_logs
 
 from supervisor import Config, ExecutorUnavailable, JobStatus, MemoryRegistry, Supervisor, load_kinds
 from supervisor.core import ENGINE_UNAVAILABLE
-from supervisor.domain import Job
+from supervisor.domain import Job, PageRequest
 from supervisor.execution import Executor, Launch, create_executor
 from supervisor.execution.docker import ENGINE_ERRORS, container_record, make_client
 from supervisor.execution.memory import MemoryExecutor, MemoryHandle
@@ -114,7 +114,7 @@ async def _prior_container_job(sup: Supervisor) -> Job:
 
 
 async def _failed(sup: Supervisor) -> list[Job]:
-    jobs, _ = await sup.registry.list_jobs(status="failed", limit=100)
+    jobs, _ = await sup.registry.list_jobs(PageRequest.parse(status="failed", limit=100))
     return jobs
 
 
@@ -274,7 +274,7 @@ async def _follow_up_of(sup: Supervisor, parent: Job) -> Job:
     """The `done` job a `gated` job's success enqueued."""
 
     async def found() -> Job | None:
-        jobs, _ = await sup.registry.list_jobs(kind="done", limit=10)
+        jobs, _ = await sup.registry.list_jobs(PageRequest.parse(kind="done", limit=10))
         return jobs[0] if jobs else None
 
     return await poll(found, timeout_s=30)

@@ -102,6 +102,7 @@ from _common import git_revision, machine, versions  # noqa: E402
 from results import results_name, run_header, write_json  # noqa: E402
 
 from supervisor import Config, Job, RegistryUnavailable, SqliteRegistry, load_config, load_kinds  # noqa: E402
+from supervisor.domain import PageRequest  # noqa: E402
 from supervisor.execution.docker import (  # noqa: E402
     ENGINE_ERRORS,
     LABEL_ATTEMPT,
@@ -173,7 +174,7 @@ class SqliteStore:
         return None  # one host, no fleet: nobody leads
 
     def list_jobs(self, limit: int, cursor: str | None) -> tuple[list[Job], str | None]:
-        page, after = call(self.registry.list_jobs, limit=limit, cursor=cursor)
+        page, after = call(self.registry.list_jobs, PageRequest.parse(limit=limit, cursor=cursor))
         return list(page), after
 
     def enqueue(self, new: NewJob) -> str:
@@ -256,7 +257,7 @@ class PostgresStore:
         return found
 
     def list_jobs(self, limit: int, cursor: str | None) -> tuple[list[Job], str | None]:
-        page, after = self._call("list_jobs", limit=limit, cursor=cursor)
+        page, after = self._call("list_jobs", PageRequest.parse(limit=limit, cursor=cursor))
         return list(page), after
 
     def enqueue(self, new: NewJob) -> str:

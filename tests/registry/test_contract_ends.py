@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 from registry_helpers import WallClock, enqueue, one_running, request, running
 
-from supervisor.domain import IllegalTransition, JobNotFound, JobStatus, Unauthorized
+from supervisor.domain import IllegalTransition, JobNotFound, JobStatus, PageRequest, Unauthorized
 from supervisor.registry import (
     Change,
     Ending,
@@ -321,5 +321,5 @@ async def test_a_row_names_who_enqueued_it_and_who_first_asked_for_its_cancel(re
     # Cancelling a finished row names no one.
     finished = await registry.request_cancel(job.job_id, by="carol")
     assert (finished.changed, finished.job.cancelled_by) == (False, "alice")
-    listed, _ = await registry.list_jobs(limit=10)
+    listed, _ = await registry.list_jobs(PageRequest.parse(limit=10))
     assert {j.job_id: j.cancelled_by for j in listed}[queued.job.job_id] == "ops"

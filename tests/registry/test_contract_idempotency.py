@@ -15,6 +15,7 @@ from supervisor.domain import (
     IdempotencyKey,
     IdempotencyKeyReused,
     JobStatus,
+    PageRequest,
     ValidationError,
     fingerprint,
     follow_up_key,
@@ -95,7 +96,7 @@ async def test_a_batch_key_covers_the_batch_in_order(registry: Registry) -> None
     assert all(r.replayed is not None for r in again) and await rows(registry) == 3
     with pytest.raises(IdempotencyKeyReused):
         await registry.enqueue_many(jobs[::-1], key=keyed("b", *jobs[::-1], route="batch"))
-    found, _ = await registry.list_jobs(idempotency_key="b")
+    found, _ = await registry.list_jobs(PageRequest.parse(idempotency_key="b"))
     assert sorted(j.job_id for j in found) == sorted(r.job.job_id for r in first)
 
 
@@ -130,7 +131,7 @@ async def test_a_key_expires_and_its_jobs_are_kept_until_then(registry: Registry
     # Expired: the same key and request make a new job, and the old key's answer is gone with it.
     second = await registry.enqueue(job, key=keyed("k", job))
     assert second.replayed is None and second.job.job_id != first.job.job_id
-    found, _ = await registry.list_jobs(idempotency_key="k")
+    found, _ = await registry.list_jobs(PageRequest.parse(idempotency_key="k"))
     assert [j.job_id for j in found] == [second.job.job_id]
     gone = await registry.prune_jobs(ended_before=None, keep_latest=0, limit=10)
     assert [j.job_id for j in gone] == [first.job.job_id]
@@ -167,11 +168,11 @@ async def test_listing_by_key_finds_the_jobs_it_answered_and_refuses_a_bad_key(r
     await enqueue(registry, 2)
     job = new_job(5)
     made = await registry.enqueue(job, key=keyed("find-me", job))
-    found, cursor = await registry.list_jobs(idempotency_key="find-me")
+    found, cursor = await registry.list_jobs(PageRequest.parse(idempotency_key="find-me"))
     assert ([j.job_id for j in found], cursor) == ([made.job.job_id], None)
-    assert (await registry.list_jobs(idempotency_key="nobody's"))[0] == []
+    assert (await registry.list_jobs(PageRequest.parse(idempotency_key="nobody's")))[0] == []
     with pytest.raises(ValidationError) as bad:
-        await registry.list_jobs(idempotency_key=" padded")
+        await registry.list_jobs(PageRequest.parse(idempotency_key=" padded"))
     assert bad.value.field == "idempotency_key"
 
 
@@ -184,6 +185,6 @@ async def test_a_follow_up_is_keyed_by_its_parent_and_made_once(registry: Regist
     assert change.follow_up.job.idempotency_key == f"then/{job.job_id}"
     again = await registry.finalize(job.job_id, ending)  # the same end, run again after a lost answer
     assert (again.changed, again.follow_up) == (False, None)
-    found, _ = await registry.list_jobs(idempotency_key=f"then/{job.job_id}")
+    found, _ = await registry.list_jobs(PageRequest.parse(idempotency_key=f"then/{job.job_id}"))
     assert [j.job_id for j in found] == [change.follow_up.job.job_id]
     assert (await registry.counts())["queued"] == 1

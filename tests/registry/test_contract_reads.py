@@ -11,9 +11,8 @@ from typing import Any
 import pytest
 from registry_helpers import WallClock, enqueue, new_job, one_running, request, running
 
-from supervisor.domain import Job, JobNotFound, JobStatus, RegistryError, ValidationError
+from supervisor.domain import MAX_LIST_LIMIT, Job, JobNotFound, JobStatus, PageRequest, RegistryError, ValidationError
 from supervisor.registry import (
-    MAX_LIST_LIMIT,
     PAUSED_BY_FILE,
     PAUSED_BY_OPERATOR,
     Beat,
@@ -68,12 +67,12 @@ async def test_running_jobs_are_every_running_row_oldest_first(registry: Registr
 
 async def test_list_is_newest_first_and_pages_never_shift_when_rows_are_added(registry: Registry) -> None:
     ids = await enqueue(registry, 5)
-    page1, cursor = await registry.list_jobs(limit=2)
+    page1, cursor = await registry.list_jobs(PageRequest.parse(limit=2))
     assert [j.job_id for j in page1] == ids[::-1][:2]
     assert cursor is not None
     await enqueue(registry, 3, start=5)  # newer rows go on top: they never shift the pages being read
-    page2, cursor2 = await registry.list_jobs(limit=2, cursor=cursor)
-    page3, cursor3 = await registry.list_jobs(limit=2, cursor=cursor2)
+    page2, cursor2 = await registry.list_jobs(PageRequest.parse(limit=2, cursor=cursor))
+    page3, cursor3 = await registry.list_jobs(PageRequest.parse(limit=2, cursor=cursor2))
     assert [j.job_id for j in page2 + page3] == ids[::-1][2:]
     assert cursor3 is None  # the last page says so: no empty page after it
     assert [j.queue_position for j in page1 + page2 + page3] == [5, 4, 3, 2, 1]
@@ -82,11 +81,11 @@ async def test_list_is_newest_first_and_pages_never_shift_when_rows_are_added(re
 
 async def test_a_page_that_ends_exactly_at_the_last_row_has_no_cursor(registry: Registry) -> None:
     ids = await enqueue(registry, 4)
-    page1, cursor = await registry.list_jobs(limit=2)
-    page2, cursor2 = await registry.list_jobs(limit=2, cursor=cursor)
+    page1, cursor = await registry.list_jobs(PageRequest.parse(limit=2))
+    page2, cursor2 = await registry.list_jobs(PageRequest.parse(limit=2, cursor=cursor))
     assert [j.job_id for j in page1 + page2] == ids[::-1]
     assert cursor2 is None
-    everything, none = await registry.list_jobs(limit=MAX_LIST_LIMIT)
+    everything, none = await registry.list_jobs(PageRequest.parse(limit=MAX_LIST_LIMIT))
     assert ([j.job_id for j in everything], none) == (ids[::-1], None)
 
 
@@ -95,22 +94,23 @@ async def test_list_filters_by_status_and_kind(registry: Registry) -> None:
     [b1] = await enqueue(registry, 1, kind="b", start=2)
     await registry.promote(request(1))  # a1
     [b2] = await enqueue(registry, 1, kind="b", start=3)
-    assert [j.job_id for j in (await registry.list_jobs(kind="b"))[0]] == [b2, b1]
-    assert [j.job_id for j in (await registry.list_jobs(status="queued"))[0]] == [b2, b1, a2]
-    assert [j.job_id for j in (await registry.list_jobs(status="running"))[0]] == [a1]
-    assert [j.job_id for j in (await registry.list_jobs(status="queued", kind="a"))[0]] == [a2]
-    assert (await registry.list_jobs(status="failed")) == ([], None)
-    assert (await registry.list_jobs(kind="nope")) == ([], None)
-    page, cursor = await registry.list_jobs(status="queued", limit=1)
+    assert [j.job_id for j in (await registry.list_jobs(PageRequest.parse(kind="b")))[0]] == [b2, b1]
+    assert [j.job_id for j in (await registry.list_jobs(PageRequest.parse(status="queued")))[0]] == [b2, b1, a2]
+    assert [j.job_id for j in (await registry.list_jobs(PageRequest.parse(status="running")))[0]] == [a1]
+    assert [j.job_id for j in (await registry.list_jobs(PageRequest.parse(status="queued", kind="a")))[0]] == [a2]
+    assert (await registry.list_jobs(PageRequest.parse(status="failed"))) == ([], None)
+    assert (await registry.list_jobs(PageRequest.parse(kind="nope"))) == ([], None)
+    page, cursor = await registry.list_jobs(PageRequest.parse(status="queued", limit=1))
     assert [j.job_id for j in page] == [b2]
-    rest, _ = await registry.list_jobs(status="queued", cursor=cursor)  # the cursor keeps the filter's order
+    # The cursor keeps the filter's order.
+    rest, _ = await registry.list_jobs(PageRequest.parse(status="queued", cursor=cursor))
     assert [j.job_id for j in rest] == [b1, a2]
 
 
 async def test_a_cursor_past_every_row_answers_an_empty_page(registry: Registry) -> None:
     await enqueue(registry, 2)
-    assert await registry.list_jobs(cursor="0") == ([], None)
-    assert await registry.list_jobs(cursor="1") == ([], None)
+    assert await registry.list_jobs(PageRequest.parse(cursor="0")) == ([], None)
+    assert await registry.list_jobs(PageRequest.parse(cursor="1")) == ([], None)
 
 
 @pytest.mark.parametrize(
@@ -135,7 +135,7 @@ async def test_a_bad_status_limit_or_cursor_is_a_validation_error_naming_it(
 ) -> None:
     await enqueue(registry, 1)
     with pytest.raises(ValidationError) as err:
-        await registry.list_jobs(**kwargs)
+        await registry.list_jobs(PageRequest.parse(**kwargs))
     assert err.value.field == field
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from registry_helpers import WallClock, enqueue, new_job, one_running, request
 
-from supervisor.domain import JobNotFound, JobStatus
+from supervisor.domain import JobNotFound, JobStatus, PageRequest
 from supervisor.registry import Ending, NewJob, Outcome, Registry
 
 SUCCEEDED = Ending(Outcome(JobStatus.SUCCEEDED), exit_code=0)
@@ -46,7 +46,7 @@ async def test_a_retry_names_the_job_it_retries_and_the_old_job_lists_its_retrie
     second = await registry.enqueue(retry)
     assert first.job.retry_of == old and first.job.status is JobStatus.QUEUED
     assert (await registry.get(first.job.job_id)).retry_of == old
-    page, _ = await registry.list_jobs(limit=10)
+    page, _ = await registry.list_jobs(PageRequest.parse(limit=10))
     assert {job.job_id: job.retry_of for job in page}[second.job.job_id] == old
     assert await registry.retries_of(old) == [first.job.job_id, second.job.job_id]  # oldest first
     assert await registry.retries_of(first.job.job_id) == []

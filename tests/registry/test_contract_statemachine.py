@@ -23,9 +23,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from registry_helpers import BACKENDS, BOOT, WallClock, new_job
 from trio_portal import Portal
 
-from supervisor.domain import IllegalTransition, Job, JobStatus, Unauthorized
+from supervisor.domain import MAX_LIST_LIMIT, IllegalTransition, Job, JobStatus, PageRequest, Unauthorized
 from supervisor.registry import (
-    MAX_LIST_LIMIT,
     PAUSED_BY_OPERATOR,
     Beat,
     Ending,
@@ -243,7 +242,7 @@ class RegistryMachine(RuleBasedStateMachine):
 
     @invariant()
     def the_queue_is_fifo(self) -> None:
-        queued, _ = self.run(self.reg.list_jobs, status="queued", limit=MAX_LIST_LIMIT)
+        queued, _ = self.run(self.reg.list_jobs, PageRequest.parse(status="queued", limit=MAX_LIST_LIMIT))
         assert [j.job_id for j in reversed(queued)] == self._with(JobStatus.QUEUED)
         assert [j.queue_position for j in reversed(queued)] == list(range(1, len(queued) + 1))
 

@@ -20,7 +20,7 @@ import pytest
 import trio
 from registry_helpers import new_job
 
-from supervisor.domain import JobNotFound, RegistryError
+from supervisor.domain import JobNotFound, PageRequest, RegistryError
 from supervisor.registry import SqliteRegistry
 
 WAIT_S = 30.0  # a backstop for a broken test, never a timing assertion
@@ -80,7 +80,7 @@ async def test_concurrent_callers_never_open_more_than_the_pool(path: Path) -> N
     async def work() -> None:
         for _ in range(15):
             await reg.enqueue(new_job())
-            await reg.list_jobs(limit=5)
+            await reg.list_jobs(PageRequest.parse(limit=5))
             await trio.to_thread.run_sync(lambda: reg.file.write(sample))
             await trio.to_thread.run_sync(reg.file.read, "SELECT COUNT(*) FROM jobs")
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from registry_helpers import new_job
 from registry_v3 import PROCESS, build_v3
 
+from supervisor.domain import PageRequest
 from supervisor.registry import SqliteRegistry
 from supervisor.registry.sqlite import SCHEMA_VERSION
 
@@ -154,7 +155,7 @@ async def test_processes_enqueueing_and_promoting_all_land_and_never_overshoot(p
             "stale": 0,
         }
         assert sorted(j.job_id for j in await reg.running_jobs()) == sorted(job_id for job_id, _ in promoted)
-        queued, _ = await reg.list_jobs(status="queued", limit=100)
+        queued, _ = await reg.list_jobs(PageRequest.parse(status="queued", limit=100))
         assert sorted(j.queue_position or 0 for j in queued) == list(range(1, 39))
     finally:
         await reg.aclose()
