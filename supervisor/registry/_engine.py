@@ -425,133 +425,135 @@ class Rules:
             await self.add_event(store, job_id, details, event, None, reason)
         await put_setting(store, announced)
 
+    # -- the pause ----------------------------------------------------------------------------------------
 
-# -- the pause ----------------------------------------------------------------------------------------
+
+    @staticmethod
+    async def set_paused(store: Store, paused: bool, by: str) -> PauseState:
+        current = await tables.pause(store, lock=True)
+        # The operator's pause outranks a file's: paused already by a file, an operator's pause takes it over (since
+        # when kept), so that only a resume ends it, never the file's removal (docs/operations.md, "Pausing").
+        takes_over = paused and current.paused and by == PAUSED_BY_OPERATOR and current.by != PAUSED_BY_OPERATOR
+        if current.paused == paused and not takes_over:
+            return current
+        if takes_over:
+            state = PauseState(True, by, current.since)
+        else:
+            state = PauseState(True, by, store.now()) if paused else PauseState(False)
+        await store.update(tables.QUEUE, (), {"paused": state.paused, "paused_by": state.by, "paused_at": state.since})
+        await store.notify(Wakeup(WAKE_PAUSE))
+        return state
 
 
-async def set_paused(store: Store, paused: bool, by: str) -> PauseState:
-    current = await tables.pause(store, lock=True)
-    # The operator's pause outranks a file's: paused already by a file, an operator's pause takes it over (since when
-    # kept), so that only a resume ends it, never the file's removal (docs/operations.md, "Pausing").
-    takes_over = paused and current.paused and by == PAUSED_BY_OPERATOR and current.by != PAUSED_BY_OPERATOR
-    if current.paused == paused and not takes_over:
+    # -- the fleet (ADR 0012) -----------------------------------------------------------------------------
+
+
+    @staticmethod
+    async def renew_lease(
+        store: Store, host_id: str, boot_id: str, lease_s: float, lead: bool, succeeds: str | None = None
+    ) -> Lease:
+        # One step for the host row and the lead, under the leases' lock: two hosts asking at once take turns and
+        # never both lead (INV-ONE-LEADER). ``succeeds``: a boot of this host proved gone (its data dir's lock): its
+        # lead passes at once, as if its lease had expired; any other holder's only once its lease has.
+        await store.lock(tables.LEASES)
+        now = await store.lease_now()  # INV-LEASE-ON-REGISTRY-CLOCK: read once the lock is held
+        expires = now + timedelta(seconds=lease_s)
+        fence = (("host_id", "=", host_id), ("boot_id", "=", boot_id))
+        if await store.count(tables.FORGOTTEN, fence):
+            raise HostForgotten(host_id, boot_id)  # INV-FORGET-IS-FENCED: never a lease again
+        before = await tables.host(store, host_id, now)
+        replaced = before if before is not None and before.boot_id != boot_id else None
+        started = now if before is None or replaced is not None else before.started_at
+        await store.put(tables.HOSTS, tables.host_row(Host(host_id, boot_id, started, now, expires, now)), ("host_id",))
+        current = await tables.leader(store, now)
+        succeeded = current is not None and (current.host_id, current.boot_id) == (host_id, succeeds)
+        if current is not None and (current.host_id, current.boot_id) == (host_id, boot_id):
+            await put_leader(store, replace(current, last_seen_at=now, lease_expires_at=expires) if lead else None)
+        elif lead and (current is None or not current.live or succeeded):
+            # One row, replaced only once its holder's lease has expired or its holder is proved gone (this host's own
+            # previous boot, by its data dir's lock): two hosts never both lead.
+            await put_leader(store, Host(host_id, boot_id, now, now, expires, as_of=now))
+        host = await tables.host(store, host_id, now)
+        assert host is not None
+        return Lease(host, await tables.leader(store, now), replaced)
+
+
+    @staticmethod
+    async def release_lease(store: Store, host_id: str, boot_id: str) -> None:
+        now = await store.lease_now()
+        mine = (("host_id", "=", host_id), ("boot_id", "=", boot_id))
+        await store.update(tables.HOSTS, mine, {"lease_expires_at": now})
+        await store.delete(tables.LEADER, mine)
+
+
+    @staticmethod
+    async def forget_host(store: Store, host_id: str) -> Host | None:
+        await store.lock(tables.LEASES)  # INV-FORGET-IS-FENCED: no renewal lands between the check and the fence
+        now = await store.lease_now()  # INV-LEASE-ON-REGISTRY-CLOCK
+        host = await tables.host(store, host_id, now)
+        if host is not None and host.live:
+            raise Conflict(
+                f"host {host_id} holds a live lease until {to_iso(host.lease_expires_at)}: its jobs may be running; "
+                "stop its supervisor first"
+            )
+        if host is not None:
+            fenced = {"host_id": host_id, "boot_id": host.boot_id, "forgotten_at": now}
+            await store.put(tables.FORGOTTEN, fenced, ("host_id", "boot_id"))
+        for table in (tables.HOSTS, tables.LEADER):
+            await store.delete(table, (("host_id", "=", host_id),))
+        # Its running rows are ended by the caller (ADR 0012): their slots are free for any host.
+        await store.notify(Wakeup(WAKE_FREED, host_id=host_id))
+        return host
+
+
+    @staticmethod
+    async def record_setting(store: Store, name: str, value: str, host_id: str, replace: bool) -> FleetSetting:
+        current = await tables.setting(store, name)
+        if replace or current is None:
+            current = FleetSetting(name, value, host_id, store.now())
+            await put_setting(store, current)
         return current
-    if takes_over:
-        state = PauseState(True, by, current.since)
-    else:
-        state = PauseState(True, by, store.now()) if paused else PauseState(False)
-    await store.update(tables.QUEUE, (), {"paused": state.paused, "paused_by": state.by, "paused_at": state.since})
-    await store.notify(Wakeup(WAKE_PAUSE))
-    return state
 
 
-# -- the fleet (ADR 0012) -----------------------------------------------------------------------------
+    # -- retention and the outbox -------------------------------------------------------------------------
 
 
-async def renew_lease(
-    store: Store, host_id: str, boot_id: str, lease_s: float, lead: bool, succeeds: str | None = None
-) -> Lease:
-    # One step for the host row and the lead, under the leases' lock: two hosts asking at once take turns and
-    # never both lead (INV-ONE-LEADER). ``succeeds``: a boot of this host proved gone (its data dir's lock): its
-    # lead passes at once, as if its lease had expired; any other holder's only once its lease has.
-    await store.lock(tables.LEASES)
-    now = await store.lease_now()  # INV-LEASE-ON-REGISTRY-CLOCK: read once the lock is held
-    expires = now + timedelta(seconds=lease_s)
-    fence = (("host_id", "=", host_id), ("boot_id", "=", boot_id))
-    if await store.count(tables.FORGOTTEN, fence):
-        raise HostForgotten(host_id, boot_id)  # INV-FORGET-IS-FENCED: never a lease again
-    before = await tables.host(store, host_id, now)
-    replaced = before if before is not None and before.boot_id != boot_id else None
-    started = now if before is None or replaced is not None else before.started_at
-    await store.put(tables.HOSTS, tables.host_row(Host(host_id, boot_id, started, now, expires, now)), ("host_id",))
-    current = await tables.leader(store, now)
-    if current is not None and (current.host_id, current.boot_id) == (host_id, boot_id):
-        await put_leader(store, replace(current, last_seen_at=now, lease_expires_at=expires) if lead else None)
-    elif lead and (current is None or not current.live or (current.host_id, current.boot_id) == (host_id, succeeds)):
-        # One row, replaced only once its holder's lease has expired or its holder is proved gone (this host's own
-        # previous boot, by its data dir's lock): two hosts never both lead.
-        await put_leader(store, Host(host_id, boot_id, now, now, expires, as_of=now))
-    host = await tables.host(store, host_id, now)
-    assert host is not None
-    return Lease(host, await tables.leader(store, now), replaced)
+    @staticmethod
+    async def prune_jobs(
+        store: Store, ended_before: datetime | None, keep_latest: int | None, limit: int, *, remove: bool
+    ) -> list[PrunedJob]:
+        """The finished rows a prune takes (``Registry.prune_jobs``): each that ended before ``ended_before``, and
+        each older than the newest ``keep_latest`` finished ones; never one with an event still in the outbox."""
+        check_prune(keep_latest, limit)
+        edge = await tables.finished_edge(store, keep_latest) if keep_latest is not None else None
+        if ended_before is None and edge is None:
+            return []
+        # Locked when removed: two supervisors pruning at once take different rows (where the backend locks rows).
+        gone = await tables.prunable(store, ended_before, edge, limit, lock=remove)
+        if remove and gone:
+            await store.delete(JOBS, (("job_id", "in", tuple(job.job_id for job in gone)),))
+        return gone
 
 
-async def release_lease(store: Store, host_id: str, boot_id: str) -> None:
-    now = await store.lease_now()
-    mine = (("host_id", "=", host_id), ("boot_id", "=", boot_id))
-    await store.update(tables.HOSTS, mine, {"lease_expires_at": now})
-    await store.delete(tables.LEADER, mine)
-
-
-async def forget_host(store: Store, host_id: str) -> Host | None:
-    await store.lock(tables.LEASES)  # INV-FORGET-IS-FENCED: no renewal lands between the check and the fence
-    now = await store.lease_now()  # INV-LEASE-ON-REGISTRY-CLOCK
-    host = await tables.host(store, host_id, now)
-    if host is not None and host.live:
-        raise Conflict(
-            f"host {host_id} holds a live lease until {to_iso(host.lease_expires_at)}: its jobs may be running; "
-            "stop its supervisor first"
+    @staticmethod
+    async def expire_keys(store: Store, limit: int) -> int:
+        """Remove up to ``limit`` expired idempotency keys' rows (the jobs they answered may be pruned after)."""
+        expired = await store.select(
+            tables.KEYS, (("expires_at", "<=", store.now()),), Read(columns=("idempotency_key",), limit=limit)
         )
-    if host is not None:
-        fenced = {"host_id": host_id, "boot_id": host.boot_id, "forgotten_at": now}
-        await store.put(tables.FORGOTTEN, fenced, ("host_id", "boot_id"))
-    for table in (tables.HOSTS, tables.LEADER):
-        await store.delete(table, (("host_id", "=", host_id),))
-    # Its running rows are ended by the caller (ADR 0012): their slots are free for any host.
-    await store.notify(Wakeup(WAKE_FREED, host_id=host_id))
-    return host
+        keys = tuple({row["idempotency_key"] for row in expired})
+        return await store.delete(tables.KEYS, (("idempotency_key", "in", keys),)) if keys else 0
 
 
-async def record_setting(store: Store, name: str, value: str, host_id: str, replace: bool) -> FleetSetting:
-    current = await tables.setting(store, name)
-    if replace or current is None:
-        current = FleetSetting(name, value, host_id, store.now())
-        await put_setting(store, current)
-    return current
-
-
-# -- retention and the outbox -------------------------------------------------------------------------
-
-
-async def prune_jobs(
-    store: Store, ended_before: datetime | None, keep_latest: int | None, limit: int, *, remove: bool
-) -> list[PrunedJob]:
-    """The finished rows a prune takes (``Registry.prune_jobs``): each that ended before ``ended_before``, and
-    each older than the newest ``keep_latest`` finished ones; never one with an event still in the outbox."""
-    check_prune(keep_latest, limit)
-    edge = await tables.finished_edge(store, keep_latest) if keep_latest is not None else None
-    if ended_before is None and edge is None:
-        return []
-    # Locked when removed: two supervisors pruning at once take different rows (where the backend locks rows).
-    gone = await tables.prunable(store, ended_before, edge, limit, lock=remove)
-    if remove and gone:
-        await store.delete(JOBS, (("job_id", "in", tuple(job.job_id for job in gone)),))
-    return gone
-
-
-async def expire_keys(store: Store, limit: int) -> int:
-    """Remove up to ``limit`` expired idempotency keys' rows (the jobs they answered may be pruned after)."""
-    expired = await store.select(
-        tables.KEYS, (("expires_at", "<=", store.now()),), Read(columns=("idempotency_key",), limit=limit)
-    )
-    keys = tuple({row["idempotency_key"] for row in expired})
-    return await store.delete(tables.KEYS, (("idempotency_key", "in", keys),)) if keys else 0
-
-
-async def outbox_over(store: Store, max_events: int, max_age_s: float) -> bool:
-    """Whether ``outbox_prune`` would drop anything (so that a prune with nothing to do writes nothing)."""
-    count, oldest = await tables.outbox_stats(store)
-    return count > max_events or (oldest is not None and oldest < store.now() - timedelta(seconds=max_age_s))
-
-
-async def outbox_prune(store: Store, max_events: int, max_age_s: float) -> PruneResult:
-    by_age = await store.delete(OUTBOX, (("created_at", "<", store.now() - timedelta(seconds=max_age_s)),))
-    excess = await store.count(OUTBOX) - max_events
-    by_count = 0
-    if excess > 0:  # the oldest go: every event up to the one at ``excess``
-        [last] = await store.select(OUTBOX, (), Read(columns=("seq",), order=("seq",), limit=1, offset=excess - 1))
-        by_count = await store.delete(OUTBOX, (("seq", "<=", last["seq"]),))
-    return PruneResult(by_age, by_count)
+    @staticmethod
+    async def outbox_prune(store: Store, max_events: int, max_age_s: float) -> PruneResult:
+        by_age = await store.delete(OUTBOX, (("created_at", "<", store.now() - timedelta(seconds=max_age_s)),))
+        excess = await store.count(OUTBOX) - max_events
+        by_count = 0
+        if excess > 0:  # the oldest go: every event up to the one at ``excess``
+            [last] = await store.select(OUTBOX, (), Read(columns=("seq",), order=("seq",), limit=1, offset=excess - 1))
+            by_count = await store.delete(OUTBOX, (("seq", "<=", last["seq"]),))
+        return PruneResult(by_age, by_count)
 
 
 # -- idempotency keys (ADR 0016) -------------------------------------------------------------------------

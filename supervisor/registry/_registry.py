@@ -1,7 +1,8 @@
 """``Registry``: the single source of truth for every job row, the one interface the core speaks to.
 
 It is the registry's rules (``_engine.Rules``) over a ``Backend``: where the rows are kept and how a transaction is
-made there. SQLite (``sqlite``, the embedded default), PostgreSQL (``postgres``, a fleet's) and a process's memory
+made there. Every method is one of two shapes: a change (or a check that decides, a token's) is a ``Rules`` method in
+a write, and a plain read is a function of ``_tables`` in a read -- so "where is this decided?" has one answer. SQLite (``sqlite``, the embedded default), PostgreSQL (``postgres``, a fleet's) and a process's memory
 (``memory``, for fast tests) are backends; each of ``SqliteRegistry``, ``PostgresRegistry`` and ``MemoryRegistry`` is
 this class over its own. One contract suite (``tests/registry/``) runs over every one of them.
 
@@ -25,7 +26,6 @@ from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from ..domain import FIRST_PAGE, IdempotencyKey, Job, PageRequest, RequestError
-from . import _engine as engine
 from . import _tables as tables
 from ._engine import Independent, Rules, Step
 from ._health import RegistryFault
@@ -105,7 +105,7 @@ class Registry:
 
     async def expire_keys(self, *, limit: int = 1000) -> int:
         """Remove up to ``limit`` rows of expired idempotency keys (the retention sweep's); how many went."""
-        return await self.backend.write(lambda store: engine.expire_keys(store, limit))
+        return await self.backend.write(lambda store: self.rules.expire_keys(store, limit))
 
     async def promote(self, request: PromoteRequest) -> Promotion:
         """Flip the oldest queued rows whose backoff has passed to RUNNING, as many as slots are free
@@ -202,15 +202,15 @@ class Registry:
         """Drop events older than ``max_age_s`` (one exactly that old is kept) and, past ``max_events``, the oldest
         (both limits at least 0)."""
         # Read first: a prune with nothing to drop takes no write lock.
-        if not await self.backend.read(lambda store: engine.outbox_over(store, max_events, max_age_s)):
+        if not await self.backend.read(lambda store: tables.outbox_over(store, max_events, max_age_s)):
             return PruneResult(0, 0)
-        return await self.backend.write(lambda store: engine.outbox_prune(store, max_events, max_age_s))
+        return await self.backend.write(lambda store: self.rules.outbox_prune(store, max_events, max_age_s))
 
     # -- the queue's pause ----------------------------------------------------------------------------------
 
     async def set_paused(self, paused: bool, *, by: str) -> PauseState:
         """Pause or resume promotion (``by``: who asked); the state after it."""
-        return await self.backend.write(lambda store: engine.set_paused(store, paused, by))
+        return await self.backend.write(lambda store: self.rules.set_paused(store, paused, by))
 
     async def pause_state(self) -> PauseState:
         return await self.backend.read(lambda store: tables.pause(store))
@@ -256,13 +256,13 @@ class Registry:
         caller's to remove."""
         # Read first: a prune with nothing to remove (most sweeps) takes no write lock.
         found = await self.backend.read(
-            lambda store: engine.prune_jobs(store, ended_before, keep_latest, limit, remove=False)
+            lambda store: self.rules.prune_jobs(store, ended_before, keep_latest, limit, remove=False)
         )
         if dry_run or not found:
             return found
         # Chosen again in the write: a row's events written since the read keep it.
         return await self.backend.write(
-            lambda store: engine.prune_jobs(store, ended_before, keep_latest, limit, remove=True)
+            lambda store: self.rules.prune_jobs(store, ended_before, keep_latest, limit, remove=True)
         )
 
     # -- the fleet (ADR 0012) ---------------------------------------------------------------------------------
@@ -276,12 +276,12 @@ class Registry:
         hosts never both lead. A boot an operator forgot is refused: ``HostForgotten`` (INV-FORGET-IS-FENCED).
         ``succeeds``: a boot of this host id that is proved gone (``core._succession``): its lead is taken at once."""
         return await self.backend.write(
-            lambda store: engine.renew_lease(store, host_id, boot_id, lease_s, lead, succeeds)
+            lambda store: self.rules.renew_lease(store, host_id, boot_id, lease_s, lead, succeeds)
         )
 
     async def release_lease(self, host_id: str, boot_id: str) -> None:
         """A clean shutdown: this boot's host lease and lead (if it holds them) end now."""
-        await self.backend.write(lambda store: engine.release_lease(store, host_id, boot_id))
+        await self.backend.write(lambda store: self.rules.release_lease(store, host_id, boot_id))
 
     async def hosts(self) -> list[Host]:
         """Every registered host, by host id, each with ``as_of`` the registry's clock at this read."""
@@ -296,12 +296,12 @@ class Registry:
         (``Conflict``) while its lease is live at the registry's clock; else its boot is fenced (a renewal by it is
         refused from now on), its row and its lead go. Its running rows are the caller's to end after this step
         (each guarded by its identity). The row removed, or None when there was none (nothing is fenced)."""
-        return await self.backend.write(lambda store: engine.forget_host(store, host_id))
+        return await self.backend.write(lambda store: self.rules.forget_host(store, host_id))
 
     async def record_setting(self, name: str, value: str, host_id: str, *, replace: bool) -> FleetSetting:
         """The fleet's value of setting ``name``: the one recorded first (``value``, by ``host_id``, when none was);
         with ``replace``, this one whatever was recorded (a host that starts alone)."""
-        return await self.backend.write(lambda store: engine.record_setting(store, name, value, host_id, replace))
+        return await self.backend.write(lambda store: self.rules.record_setting(store, name, value, host_id, replace))
 
     def listen(self) -> AbstractAsyncContextManager[WakeupFeed | None]:
         """A session that hears other processes' changes (``Wakeup``), open while the context is: entering connects

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from ..domain import TERMINAL, Attempt, IdentityRecord, Job, JobStatus, PageRequest
@@ -310,3 +310,9 @@ async def list_page(store: Store, page: PageRequest) -> tuple[list[Job], str | N
         positions = {row["seq"]: at for at, row in enumerate(seqs, start=1)}
     cursor = str(found[-1]["seq"]) if len(rows) > page.limit else None
     return [job_of(row, positions.get(row["seq"])) for row in found], cursor
+
+
+async def outbox_over(store: Store, max_events: int, max_age_s: float) -> bool:
+    """Whether ``Rules.outbox_prune`` would drop anything (so that a prune with nothing to do writes nothing)."""
+    count, oldest = await outbox_stats(store)
+    return count > max_events or (oldest is not None and oldest < store.now() - timedelta(seconds=max_age_s))
