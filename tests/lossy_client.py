@@ -62,9 +62,4 @@ def _send(request: Callable[[], dict[str, Any]], counted: Callable[..., None]) -
 
 def _one_request_per_connection(url: str) -> Client:
     """The CLI's client, on a connection of its own per request: the proxy loses whole requests or whole answers."""
-    client = Client(url)
-    client._http.close()
-    client._http = httpx.Client(
-        base_url=client.base_url, timeout=client.timeout, limits=httpx.Limits(max_keepalive_connections=0)
-    )
-    return client
+    return Client(url, transport=httpx.HTTPTransport(limits=httpx.Limits(max_keepalive_connections=0)))

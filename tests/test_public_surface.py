@@ -146,3 +146,55 @@ def test_the_private_import_rule_can_fail(tmp_path: Path) -> None:
         "supervisor/core/_drain.py:1: supervisor.domain._model",
         "supervisor/core/_drain.py:4: supervisor._root",
     ]
+
+
+def private_attributes_of(root: Path) -> set[str]:
+    """The private attribute and method names the classes under ``root`` define (``self._conn``, ``def _start``)."""
+    names: set[str] = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                        names.add(item.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+                names.add(node.attr)
+    return {name for name in names if name.startswith("_") and not name.startswith("__")}
+
+
+def private_reaches(tests: Path, private: set[str]) -> list[str]:
+    """Each place a test touches one of ``private`` on anything but its own ``self`` (a class of the test's own
+    defining the same name is told apart by the file that defines it)."""
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        own = private_attributes_of_tree(tree)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or node.attr not in private or node.attr in own:
+                continue
+            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                found.append(f"{path.relative_to(tests)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def private_attributes_of_tree(tree: ast.AST) -> set[str]:
+    return {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+    }
+
+
+def test_no_test_touches_a_private_attribute_of_the_supervisors() -> None:
+    """A test drives a part through its public verbs, the parts ``Supervisor`` documents, or a seam documented as
+    one (``ShepherdClient.disconnect``, ``DockerExecutor.wait_slice``, an executor's ``start``, ``Client(transport=)``).
+    """
+    assert private_reaches(TESTS, private_attributes_of(SOURCE)) == []
+
+
+def test_the_private_attribute_rule_can_fail(tmp_path: Path) -> None:
+    (tmp_path / "test_x.py").write_text(
+        "class Mine:\n    def __init__(self):\n        self._own = 1\n\n"
+        "def test(sup):\n    sup.drainer._start\n    Mine()._own\n    sup.drainer.start\n"
+    )
+    assert private_reaches(tmp_path, {"_start", "_own"}) == ["test_x.py:6: sup.drainer._start"]

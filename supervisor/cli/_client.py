@@ -121,14 +121,22 @@ class Client:
 
     _http: httpx.Client
 
-    def __init__(self, base_url: str, *, token: str | None = None, timeout: httpx.Timeout | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout: httpx.Timeout | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"the supervisor URL must start with http:// or https://, not {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.token = token
         self.timeout = timeout or httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=self.timeout)
+        # ``transport``: httpx's own seam, for a caller that needs other connections (a test's mock, no keep-alive).
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=self.timeout, transport=transport)
 
     def __enter__(self) -> Client:
         return self

@@ -113,10 +113,15 @@ class AbsenceTracker:
                 seen.beat_at = min(now, seen.beat_at + gap)
         return gap
 
+    def begin_check_ins(self) -> None:
+        """From now on a gap between two check-ins past ``ABSENT_AFTER_S`` is an absence (``keep_checking_in`` calls
+        it as it starts)."""
+        self._checked_in = self._clock()
+
     async def keep_checking_in(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """The check-in task (root nursery): notes this process's presence every ``CHECK_IN_S``, and says an absence
         it finds. Error boundary: none needed, it only reads the clock."""
-        self._checked_in = self._clock()
+        self.begin_check_ins()
         task_status.started()
         try:
             while True:

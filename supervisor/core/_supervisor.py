@@ -173,7 +173,15 @@ class Health:
 
 
 class Supervisor:
-    """One boot of the supervisor over ``registry``. ``executor``: how jobs run (default: the exec mode's)."""
+    """One boot of the supervisor over ``registry``. ``executor``: how jobs run (default: the exec mode's).
+
+    Its verbs (``enqueue``, ``cancel``, ``list_jobs``, ``drain``, ``sweep``, ...) are what the HTTP layer and an
+    embedder call. Its parts are public attributes, and the documented seam for a test or an embedder that drives
+    the tree by hand: ``boot`` (the frozen wiring: config, registry, executor, ``ledger``, ``standing``), ``drainer``,
+    ``monitors``, ``reconciler``, ``sweeper``, ``fleet``, ``heartbeats``, ``absence``, ``queue_watch``, ``pruner``,
+    ``pause_file``, ``enqueuer``, ``webhooks``, ``event_log``, ``metrics``; each one's public verbs are its contract,
+    and nothing private of theirs is (``tests/test_public_surface.py`` holds the tests to that).
+    """
 
     def __init__(
         self,

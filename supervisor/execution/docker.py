@@ -496,7 +496,7 @@ class DockerExecutor(Executor):
         while True:
             try:
                 state = await self._call(
-                    lambda: self._wait_slice(handle.container_id), call="wait", limiter=self._waits
+                    lambda: self.wait_slice(handle.container_id), call="wait", limiter=self._waits
                 )
             except NotFound:
                 outage.recovered()
@@ -511,8 +511,9 @@ class DockerExecutor(Executor):
             await self.collect(handle)
             return state
 
-    def _wait_slice(self, container_id: str) -> ExitStatus | None:
-        """Wait up to one slice for the container to stop; its exit status if it has, else None (blocking)."""
+    def wait_slice(self, container_id: str) -> ExitStatus | None:
+        """Wait up to one slice (``WAIT_SLICE_S``) for the container to stop; its exit status if it has, else None
+        (blocking: a worker thread's). A monitor's wait is a loop of these, so that no engine call is unbounded."""
         try:
             self.client.wait(container_id, timeout=WAIT_SLICE_S)
         except requests.exceptions.ReadTimeout:

@@ -332,6 +332,13 @@ class ShepherdClient:
         """The current shepherd's pid (None before the first job, or after it died until the next one)."""
         return self._conn.pid if self._conn is not None and self._conn.alive else None
 
+    def disconnect(self) -> None:
+        """Shut this boot's side of the control socket down, as a crash of the supervisor would: the shepherd writes
+        its records next to the logs and goes on alone (ADR 0004). A seam for the tests of that path; a supervisor
+        that stops in order asks the shepherd to stop instead."""
+        if self._conn is not None:
+            self._conn.sock.shutdown(socket.SHUT_RDWR)
+
     async def _ensure(self, marker: Path | None) -> _Connection:
         async with self._ensure_lock:
             if self._conn is not None and self._conn.alive:

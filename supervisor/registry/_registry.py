@@ -1,10 +1,11 @@
 """``Registry``: the single source of truth for every job row, the one interface the core speaks to.
 
-It is the registry's rules (``_engine.Rules``) over a ``Backend``: where the rows are kept and how a transaction is
-made there. Every method is one of two shapes: a change (or a check that decides, a token's) is a ``Rules`` method in
-a write, and a plain read is a function of ``_tables`` in a read -- so "where is this decided?" has one answer. SQLite (``sqlite``, the embedded default), PostgreSQL (``postgres``, a fleet's) and a process's memory
-(``memory``, for fast tests) are backends; each of ``SqliteRegistry``, ``PostgresRegistry`` and ``MemoryRegistry`` is
-this class over its own. One contract suite (``tests/registry/``) runs over every one of them.
+It is the registry's rules (``_engine.Rules``) over a ``Backend``: where the rows are kept and how a transaction is made
+there. Every method is one of two shapes: a change (or a check that decides, a token's) is a ``Rules`` method in a
+write, and a plain read is a function of ``_tables`` in a read -- so "where is this decided?" has one answer. SQLite
+(``sqlite``, the embedded default), PostgreSQL (``postgres``, a fleet's) and a process's memory (``memory``, for fast
+tests) are backends; each of ``SqliteRegistry``, ``PostgresRegistry`` and ``MemoryRegistry`` is this class over its own.
+One contract suite (``tests/registry/``) runs over every one of them.
 
 The rules every backend keeps, because they are written once (named in the decision records; the suite tests each):
 

@@ -103,8 +103,7 @@ def test_the_client_asks_only_for_declared_routes() -> None:
         asked.append((request.method, request.url.path))
         return httpx.Response(200, json={})
 
-    client = Client("http://localhost")
-    client._http = httpx.Client(base_url=client.base_url, transport=httpx.MockTransport(answer))
+    client = Client("http://localhost", transport=httpx.MockTransport(answer))
     calls = [
         (name, method)
         for name, method in inspect.getmembers(client, inspect.ismethod)

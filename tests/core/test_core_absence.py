@@ -138,7 +138,7 @@ def test_INV_OWN_ABSENCE_NOT_THE_JOBS_a_gap_between_check_ins_moves_every_jobs_c
     mono[0] = 10.0
     assert tracker.check_in() == 0.0  # no check-in task: nothing is an absence
     assert tracker.signals(job, ALIVE).progress_age_s == 10
-    tracker._checked_in = mono[0]  # as keep_checking_in does when it starts
+    tracker.begin_check_ins()  # as keep_checking_in does when it starts
     mono[0] += ABSENT_AFTER_S  # a loop busy for this long is not absent
     assert tracker.check_in() == 0.0
     mono[0] += 8.0  # frozen for 8 s

@@ -55,14 +55,15 @@ async def test_cancel_in_the_spawn_window_is_carried_out_when_spawn_completes(
     sup = make_supervisor()
     release = trio.Event()
     in_spawn = trio.Event()
-    real_start = sup.drainer._start
+    real_start = sup.boot.executor.start
 
-    async def slow_start(job, token):  # type: ignore[no-untyped-def]
+    async def slow_start(launch):  # type: ignore[no-untyped-def]
         in_spawn.set()
         await release.wait()
-        return await real_start(job, token)
+        return await real_start(launch)
 
-    monkeypatch.setattr(sup.drainer, "_start", slow_start)
+    # The executor's start (the seam every exec mode implements) held open: the row is RUNNING, with no process yet.
+    monkeypatch.setattr(sup.boot.executor, "start", slow_start)
     argv = sup.kinds.get("sleep").render_argv({"seconds": 60.0})
     queued = (await enqueue_raw(sup, "sleep", {"seconds": 60.0}, argv))
     async with trio.open_nursery() as nursery:

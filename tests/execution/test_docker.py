@@ -148,13 +148,13 @@ async def test_a_monitor_waits_in_slices_and_a_slice_ending_is_no_engine_trouble
 ) -> None:
     monkeypatch.setattr(docker_execution, "WAIT_SLICE_S", 0.2)  # a 1 s job outlasts several slices
     slices: list[object] = []
-    real_slice = docker_execution.DockerExecutor._wait_slice
+    real_slice = docker_execution.DockerExecutor.wait_slice
 
     def counted(self: docker_execution.DockerExecutor, container_id: str) -> object:
         slices.append(container_id)
         return real_slice(self, container_id)
 
-    monkeypatch.setattr(docker_execution.DockerExecutor, "_wait_slice", counted)
+    monkeypatch.setattr(docker_execution.DockerExecutor, "wait_slice", counted)
     sup = make()
     with capture_logs() as logs:
         job = (await sup.enqueue("sleep", {"seconds": 1.0})).job

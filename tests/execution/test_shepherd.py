@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -141,8 +140,8 @@ async def test_the_shepherd_exits_once_idle_and_orphaned_its_records_next_to_the
     assert start is not None and start.shepherd is not None
     shepherd = start.shepherd
     # Orphan it: end this boot's side of the control socket, as a supervisor crash would.
-    assert shepherd_of(sup)._conn is not None
-    shepherd_of(sup)._conn.sock.shutdown(socket.SHUT_RDWR)
+    assert shepherd_of(sup).pid is not None
+    shepherd_of(sup).disconnect()
 
     async def shepherd_gone() -> bool | None:
         return True if probe(shepherd) is Liveness.DEAD else None

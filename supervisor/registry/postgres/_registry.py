@@ -420,6 +420,3 @@ class PostgresRegistry(Registry):
         """Bring the schema up to date now (``supervisor migrate``); its version after."""
         return await self.postgres.migrate()
 
-    async def _transaction(self, work: Callable[[Any], Awaitable[T]], **kwargs: Any) -> T:
-        """A transaction of the backend's, for tests that look at a session's settings."""
-        return await self.postgres._transaction(work, **kwargs)

@@ -64,7 +64,7 @@ async def test_each_transaction_through_the_pooler_runs_on_its_own_settings_what
     found: list[tuple[str, str, int]] = []
 
     async def one() -> None:
-        found.append(await reg._transaction(seen, write=False))
+        found.append(await reg.backend.read(lambda store: seen(store.conn)))
 
     with trio.fail_after(LIMIT_S):
         async with trio.open_nursery() as nursery:
