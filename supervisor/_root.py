@@ -35,7 +35,7 @@ from typing import Any
 import trio
 
 from .api import HttpLimits, bind_socket, public_base_url, serve_http
-from .core import DataDirLock, Supervisor
+from .core import DataDirLock, Supervisor, start_tree
 from .domain import (
     ApiToken,
     Config,
@@ -127,13 +127,6 @@ async def _reload_named_tokens(credentials: Credentials) -> None:
         log.warning("api_tokens_file_removed", path=str(path), kept="no named token; the API still needs a token")
         return
     log.info("api_tokens_reloaded", path=str(path), tokens=count, required=credentials.required)
-
-
-async def _run_job_nursery(*, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    """Own every monitor. Cancelled last at shutdown; cancelling a monitor never kills its job."""
-    async with trio.open_nursery() as nursery:
-        task_status.started(nursery)
-        await trio.sleep_forever()
 
 
 async def run_supervisor(
@@ -254,19 +247,7 @@ async def _serve_boot(
     notifier = Notifier()  # systemd's notify socket, when run by systemd (Type=notify)
     try:
         async with trio.open_nursery() as root:
-            supervisor.attach(await root.start(_run_job_nursery))
-            # This host's lease, the fleet's lead and its limit (ADR 0012): settled before anything promotes.
-            await root.start(supervisor.run_fleet)
-            await root.start(supervisor.run_drainer)
-            # Listening before the startup sweep: a change made after this is heard, one made before is swept.
-            await root.start(supervisor.run_wakeups)
-            # Started before the first sweep, so that events left undelivered by a previous boot go out first.
-            await root.start(supervisor.webhooks.run)
-            # This process's own presence, noted every half second: an absence (a freeze) is not the jobs'.
-            await root.start(supervisor.absence.tracker.keep_checking_in)
-            # The startup sweep runs before serving; it never waits on a job, so /api/health is not delayed.
-            await root.start(supervisor.run_sweeper)
-            await root.start(supervisor.heartbeats.run)  # the beats the API takes, written behind (ADR 0018)
+            await start_tree(supervisor, root)  # the core's tasks, in order (core/_tree.py)
             serve = functools.partial(serve_http, limits=limits)
             await root.start(serve, supervisor, credentials, sock, shutdown, http_done)
             log.info(

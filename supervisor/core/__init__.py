@@ -20,6 +20,7 @@ _pause        the operator's pause file, mirrored into the registry's pause
 _prune        retention: finished jobs past it removed with their files, a batch at a time
 _succession   the data dir's lock: which previous boot of this host is proved gone
 _supervisor   Supervisor: the front door the HTTP layer and the CLI call; wires the above
+_tree         start_tree: the boot's tasks started in order, in a nursery given (run_supervisor's, a scenario's)
 """
 
 from ._absence import ABSENT_AFTER_S, CHECK_IN_S, AbsenceJudge, AbsenceTracker
@@ -63,6 +64,7 @@ from ._standing import Standing
 from ._succession import DataDirLock
 from ._supervisor import LOG_CHUNK_BYTES, Health, LogSlice, QueueState, Supervisor
 from ._sweeper import Sweeper, run_sweeper
+from ._tree import run_job_nursery, start_tree
 from ._wakeups import WakeupListener
 
 __all__ = [
@@ -120,5 +122,7 @@ __all__ = [
     "merged",
     "outcome",
     "past_window",
+    "run_job_nursery",
     "run_sweeper",
+    "start_tree",
 ]

@@ -121,9 +121,123 @@ class LocalStore:
         """Nobody else hears this registry."""
 
 
-class Rules:
-    """The registry's rules over a store. ``boot_id``: who makes the changes (written into each event); ``outbox``:
-    write events at all (a supervisor with no webhook turns it off: nothing would send them)."""
+class FleetRules:
+    """The fleet's rules (ADR 0012): leases, the lead, forget, the fleet's settings. Part of ``Rules``."""
+
+
+    @staticmethod
+    async def renew_lease(
+        store: Store, host_id: str, boot_id: str, lease_s: float, lead: bool, succeeds: str | None = None
+    ) -> Lease:
+        # One step for the host row and the lead, under the leases' lock: two hosts asking at once take turns and
+        # never both lead (INV-ONE-LEADER). ``succeeds``: a boot of this host proved gone (its data dir's lock): its
+        # lead passes at once, as if its lease had expired; any other holder's only once its lease has.
+        await store.lock(tables.LEASES)
+        now = await store.lease_now()  # INV-LEASE-ON-REGISTRY-CLOCK: read once the lock is held
+        expires = now + timedelta(seconds=lease_s)
+        fence = (("host_id", "=", host_id), ("boot_id", "=", boot_id))
+        if await store.count(tables.FORGOTTEN, fence):
+            raise HostForgotten(host_id, boot_id)  # INV-FORGET-IS-FENCED: never a lease again
+        before = await tables.host(store, host_id, now)
+        replaced = before if before is not None and before.boot_id != boot_id else None
+        started = now if before is None or replaced is not None else before.started_at
+        await store.put(tables.HOSTS, tables.host_row(Host(host_id, boot_id, started, now, expires, now)), ("host_id",))
+        current = await tables.leader(store, now)
+        succeeded = current is not None and (current.host_id, current.boot_id) == (host_id, succeeds)
+        if current is not None and (current.host_id, current.boot_id) == (host_id, boot_id):
+            await put_leader(store, replace(current, last_seen_at=now, lease_expires_at=expires) if lead else None)
+        elif lead and (current is None or not current.live or succeeded):
+            # One row, replaced only once its holder's lease has expired or its holder is proved gone (this host's own
+            # previous boot, by its data dir's lock): two hosts never both lead.
+            await put_leader(store, Host(host_id, boot_id, now, now, expires, as_of=now))
+        host = await tables.host(store, host_id, now)
+        assert host is not None
+        return Lease(host, await tables.leader(store, now), replaced)
+
+
+    @staticmethod
+    async def release_lease(store: Store, host_id: str, boot_id: str) -> None:
+        now = await store.lease_now()
+        mine = (("host_id", "=", host_id), ("boot_id", "=", boot_id))
+        await store.update(tables.HOSTS, mine, {"lease_expires_at": now})
+        await store.delete(tables.LEADER, mine)
+
+
+    @staticmethod
+    async def forget_host(store: Store, host_id: str) -> Host | None:
+        await store.lock(tables.LEASES)  # INV-FORGET-IS-FENCED: no renewal lands between the check and the fence
+        now = await store.lease_now()  # INV-LEASE-ON-REGISTRY-CLOCK
+        host = await tables.host(store, host_id, now)
+        if host is not None and host.live:
+            raise Conflict(
+                f"host {host_id} holds a live lease until {to_iso(host.lease_expires_at)}: its jobs may be running; "
+                "stop its supervisor first"
+            )
+        if host is not None:
+            fenced = {"host_id": host_id, "boot_id": host.boot_id, "forgotten_at": now}
+            await store.put(tables.FORGOTTEN, fenced, ("host_id", "boot_id"))
+        for table in (tables.HOSTS, tables.LEADER):
+            await store.delete(table, (("host_id", "=", host_id),))
+        # Its running rows are ended by the caller (ADR 0012): their slots are free for any host.
+        await store.notify(Wakeup(WAKE_FREED, host_id=host_id))
+        return host
+
+
+    @staticmethod
+    async def record_setting(store: Store, name: str, value: str, host_id: str, replace: bool) -> FleetSetting:
+        current = await tables.setting(store, name)
+        if replace or current is None:
+            current = FleetSetting(name, value, host_id, store.now())
+            await put_setting(store, current)
+        return current
+
+
+class Housekeeping:
+    """What keeps the registry bounded: retention, expired keys, the outbox's bound. Part of ``Rules``."""
+
+
+    @staticmethod
+    async def prune_jobs(
+        store: Store, ended_before: datetime | None, keep_latest: int | None, limit: int, *, remove: bool
+    ) -> list[PrunedJob]:
+        """The finished rows a prune takes (``Registry.prune_jobs``): each that ended before ``ended_before``, and
+        each older than the newest ``keep_latest`` finished ones; never one with an event still in the outbox."""
+        check_prune(keep_latest, limit)
+        edge = await tables.finished_edge(store, keep_latest) if keep_latest is not None else None
+        if ended_before is None and edge is None:
+            return []
+        # Locked when removed: two supervisors pruning at once take different rows (where the backend locks rows).
+        gone = await tables.prunable(store, ended_before, edge, limit, lock=remove)
+        if remove and gone:
+            await store.delete(JOBS, (("job_id", "in", tuple(job.job_id for job in gone)),))
+        return gone
+
+
+    @staticmethod
+    async def expire_keys(store: Store, limit: int) -> int:
+        """Remove up to ``limit`` expired idempotency keys' rows (the jobs they answered may be pruned after)."""
+        expired = await store.select(
+            tables.KEYS, (("expires_at", "<=", store.now()),), Read(columns=("idempotency_key",), limit=limit)
+        )
+        keys = tuple({row["idempotency_key"] for row in expired})
+        return await store.delete(tables.KEYS, (("idempotency_key", "in", keys),)) if keys else 0
+
+
+    @staticmethod
+    async def outbox_prune(store: Store, max_events: int, max_age_s: float) -> PruneResult:
+        by_age = await store.delete(OUTBOX, (("created_at", "<", store.now() - timedelta(seconds=max_age_s)),))
+        excess = await store.count(OUTBOX) - max_events
+        by_count = 0
+        if excess > 0:  # the oldest go: every event up to the one at ``excess``
+            [last] = await store.select(OUTBOX, (), Read(columns=("seq",), order=("seq",), limit=1, offset=excess - 1))
+            by_count = await store.delete(OUTBOX, (("seq", "<=", last["seq"]),))
+        return PruneResult(by_age, by_count)
+
+
+class Rules(FleetRules, Housekeeping):
+    """The registry's rules over a store: the jobs' here, the fleet's and the housekeeping inherited, so that every
+    change the registry makes is a method of this one class. ``boot_id``: who makes the changes (written into each
+    event); ``outbox``: write events at all (a supervisor with no webhook turns it off: nothing would send them)."""
 
     def __init__(self, *, boot_id: str | None, outbox: bool) -> None:
         self.boot_id = boot_id
@@ -443,117 +557,6 @@ class Rules:
         await store.update(tables.QUEUE, (), {"paused": state.paused, "paused_by": state.by, "paused_at": state.since})
         await store.notify(Wakeup(WAKE_PAUSE))
         return state
-
-
-    # -- the fleet (ADR 0012) -----------------------------------------------------------------------------
-
-
-    @staticmethod
-    async def renew_lease(
-        store: Store, host_id: str, boot_id: str, lease_s: float, lead: bool, succeeds: str | None = None
-    ) -> Lease:
-        # One step for the host row and the lead, under the leases' lock: two hosts asking at once take turns and
-        # never both lead (INV-ONE-LEADER). ``succeeds``: a boot of this host proved gone (its data dir's lock): its
-        # lead passes at once, as if its lease had expired; any other holder's only once its lease has.
-        await store.lock(tables.LEASES)
-        now = await store.lease_now()  # INV-LEASE-ON-REGISTRY-CLOCK: read once the lock is held
-        expires = now + timedelta(seconds=lease_s)
-        fence = (("host_id", "=", host_id), ("boot_id", "=", boot_id))
-        if await store.count(tables.FORGOTTEN, fence):
-            raise HostForgotten(host_id, boot_id)  # INV-FORGET-IS-FENCED: never a lease again
-        before = await tables.host(store, host_id, now)
-        replaced = before if before is not None and before.boot_id != boot_id else None
-        started = now if before is None or replaced is not None else before.started_at
-        await store.put(tables.HOSTS, tables.host_row(Host(host_id, boot_id, started, now, expires, now)), ("host_id",))
-        current = await tables.leader(store, now)
-        succeeded = current is not None and (current.host_id, current.boot_id) == (host_id, succeeds)
-        if current is not None and (current.host_id, current.boot_id) == (host_id, boot_id):
-            await put_leader(store, replace(current, last_seen_at=now, lease_expires_at=expires) if lead else None)
-        elif lead and (current is None or not current.live or succeeded):
-            # One row, replaced only once its holder's lease has expired or its holder is proved gone (this host's own
-            # previous boot, by its data dir's lock): two hosts never both lead.
-            await put_leader(store, Host(host_id, boot_id, now, now, expires, as_of=now))
-        host = await tables.host(store, host_id, now)
-        assert host is not None
-        return Lease(host, await tables.leader(store, now), replaced)
-
-
-    @staticmethod
-    async def release_lease(store: Store, host_id: str, boot_id: str) -> None:
-        now = await store.lease_now()
-        mine = (("host_id", "=", host_id), ("boot_id", "=", boot_id))
-        await store.update(tables.HOSTS, mine, {"lease_expires_at": now})
-        await store.delete(tables.LEADER, mine)
-
-
-    @staticmethod
-    async def forget_host(store: Store, host_id: str) -> Host | None:
-        await store.lock(tables.LEASES)  # INV-FORGET-IS-FENCED: no renewal lands between the check and the fence
-        now = await store.lease_now()  # INV-LEASE-ON-REGISTRY-CLOCK
-        host = await tables.host(store, host_id, now)
-        if host is not None and host.live:
-            raise Conflict(
-                f"host {host_id} holds a live lease until {to_iso(host.lease_expires_at)}: its jobs may be running; "
-                "stop its supervisor first"
-            )
-        if host is not None:
-            fenced = {"host_id": host_id, "boot_id": host.boot_id, "forgotten_at": now}
-            await store.put(tables.FORGOTTEN, fenced, ("host_id", "boot_id"))
-        for table in (tables.HOSTS, tables.LEADER):
-            await store.delete(table, (("host_id", "=", host_id),))
-        # Its running rows are ended by the caller (ADR 0012): their slots are free for any host.
-        await store.notify(Wakeup(WAKE_FREED, host_id=host_id))
-        return host
-
-
-    @staticmethod
-    async def record_setting(store: Store, name: str, value: str, host_id: str, replace: bool) -> FleetSetting:
-        current = await tables.setting(store, name)
-        if replace or current is None:
-            current = FleetSetting(name, value, host_id, store.now())
-            await put_setting(store, current)
-        return current
-
-
-    # -- retention and the outbox -------------------------------------------------------------------------
-
-
-    @staticmethod
-    async def prune_jobs(
-        store: Store, ended_before: datetime | None, keep_latest: int | None, limit: int, *, remove: bool
-    ) -> list[PrunedJob]:
-        """The finished rows a prune takes (``Registry.prune_jobs``): each that ended before ``ended_before``, and
-        each older than the newest ``keep_latest`` finished ones; never one with an event still in the outbox."""
-        check_prune(keep_latest, limit)
-        edge = await tables.finished_edge(store, keep_latest) if keep_latest is not None else None
-        if ended_before is None and edge is None:
-            return []
-        # Locked when removed: two supervisors pruning at once take different rows (where the backend locks rows).
-        gone = await tables.prunable(store, ended_before, edge, limit, lock=remove)
-        if remove and gone:
-            await store.delete(JOBS, (("job_id", "in", tuple(job.job_id for job in gone)),))
-        return gone
-
-
-    @staticmethod
-    async def expire_keys(store: Store, limit: int) -> int:
-        """Remove up to ``limit`` expired idempotency keys' rows (the jobs they answered may be pruned after)."""
-        expired = await store.select(
-            tables.KEYS, (("expires_at", "<=", store.now()),), Read(columns=("idempotency_key",), limit=limit)
-        )
-        keys = tuple({row["idempotency_key"] for row in expired})
-        return await store.delete(tables.KEYS, (("idempotency_key", "in", keys),)) if keys else 0
-
-
-    @staticmethod
-    async def outbox_prune(store: Store, max_events: int, max_age_s: float) -> PruneResult:
-        by_age = await store.delete(OUTBOX, (("created_at", "<", store.now() - timedelta(seconds=max_age_s)),))
-        excess = await store.count(OUTBOX) - max_events
-        by_count = 0
-        if excess > 0:  # the oldest go: every event up to the one at ``excess``
-            [last] = await store.select(OUTBOX, (), Read(columns=("seq",), order=("seq",), limit=1, offset=excess - 1))
-            by_count = await store.delete(OUTBOX, (("seq", "<=", last["seq"]),))
-        return PruneResult(by_age, by_count)
 
 
 # -- idempotency keys (ADR 0016) -------------------------------------------------------------------------

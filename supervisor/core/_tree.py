@@ -1,0 +1,35 @@
+"""One boot's nursery tree, started in order: the tasks ``run_supervisor`` starts before it serves HTTP, and all that
+the scenario kit (``supervisor.testing``) starts, so that a scenario runs the production tree and nothing else."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from ._supervisor import Supervisor
+
+
+async def run_job_nursery(*, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """Own every monitor. Cancelled last at shutdown; cancelling a monitor never kills its job."""
+    async with trio.open_nursery() as nursery:
+        task_status.started(nursery)
+        await trio.sleep_forever()
+
+
+async def start_tree(supervisor: Supervisor, root: trio.Nursery) -> None:
+    """Start ``supervisor``'s tasks in ``root``, each with ``root.start`` (it returns once each is ready); cancelling
+    ``root`` ends the boot, and its jobs run on (they are the executor's, not the tree's)."""
+    supervisor.attach(await root.start(run_job_nursery))
+    # This host's lease, the fleet's lead and its limit (ADR 0012): settled before anything promotes.
+    await root.start(supervisor.run_fleet)
+    await root.start(supervisor.run_drainer)
+    # Listening before the startup sweep: a change made after this is heard, one made before is swept.
+    await root.start(supervisor.run_wakeups)
+    # Started before the first sweep, so that events left undelivered by a previous boot go out first.
+    await root.start(supervisor.webhooks.run)
+    # This process's own presence, noted every half second: an absence (a freeze) is not the jobs'.
+    await root.start(supervisor.absence.tracker.keep_checking_in)
+    # The startup sweep runs before serving; it never waits on a job, so /api/health is not delayed.
+    await root.start(supervisor.run_sweeper)
+    await root.start(supervisor.heartbeats.run)  # the beats the API takes, written behind (ADR 0018)
