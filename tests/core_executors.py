@@ -20,8 +20,9 @@ from supervisor import Config, Executor, Job, Liveness, Supervisor
 from supervisor.domain import PageRequest
 from supervisor.execution import create_executor
 from supervisor.execution.docker import LABEL_JOB, DockerExecutor, container_id_of, make_client
-from supervisor.execution.memory import MemoryExecutor, MemoryJob
+from supervisor.execution.memory import MemoryJob
 from supervisor.execution.subprocess import JobFiles, identity_of, probe, read_exit, read_start
+from supervisor.testing import ScriptedExecutor
 
 IMAGE = "podcast-job-supervisor:local"
 
@@ -180,12 +181,15 @@ async def _const(code: int) -> int:
 
 
 class MemoryWorld(World):
+    """The scenario kit's executor (``supervisor.testing.ScriptedExecutor``), running the contract's programs: the
+    kit's machine passes the suite the real executors pass, so a scenario cannot drift from them."""
+
     name = "memory"
     killed_reason = "killed_by_SIGKILL"
     lost_reason = "orphan_reconciled_dead_pid"
 
     def __init__(self, nursery: trio.Nursery) -> None:
-        self.machine = MemoryExecutor(PROGRAMS, nursery)
+        self.machine = ScriptedExecutor(PROGRAMS, nursery)
 
     def executor(self, config: Config) -> Executor:
         return self.machine  # the same "machine" for every boot

@@ -30,6 +30,7 @@ PACKAGES = [
     "supervisor.observe",
     "supervisor.api",
     "supervisor.cli",
+    "supervisor.testing",
 ]
 TESTS = Path(__file__).resolve().parent
 SOURCE = TESTS.parent / "supervisor"

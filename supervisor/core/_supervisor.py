@@ -24,6 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import trio
 
 from ..domain import (
@@ -196,6 +197,7 @@ class Supervisor:
         standalone: bool = False,
         succeeds: str | None = None,
         heartbeat_base_url: str | None = None,
+        webhook_transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         """``wall_clock``: the time this boot stamps and judges by; ``supervisor serve`` gives the registry's own
         ``SteadyWallClock`` (steps of the system clock move neither). Default: the system's wall clock.
@@ -204,7 +206,8 @@ class Supervisor:
         the fleet task's first renewal opens those gates (``run_supervisor`` starts it first). ``succeeds``: this
         host's previous boot on this data dir, proved gone (``_succession.DataDirLock``). ``heartbeat_base_url``: how
         jobs reach the HTTP API for their heartbeats (``run_supervisor`` binds its socket first; default: the
-        config's, else no URL)."""
+        config's, else no URL). ``webhook_transport``: httpx's seam for where webhooks go (default: the network; the
+        scenario kit records them instead)."""
         env = dict(base_env if base_env is not None else os.environ)
         for name in _PRIVATE_ENV:
             env.pop(name, None)
@@ -257,7 +260,9 @@ class Supervisor:
         # The durable copy of each event is the registry's outbox row, written in the change's own transaction; the
         # sender (a root-nursery task) delivers it and is woken by the bus. INV-ONE-LEADER: one sender for the fleet
         # keeps delivery in order.
-        self.webhooks = WebhookSender(config, registry, may_send=self.boot.standing.may_lead)
+        self.webhooks = WebhookSender(
+            config, registry, may_send=self.boot.standing.may_lead, transport=webhook_transport
+        )
         self.events.subscribe(self.webhooks.wake)
         # The event stream's readers (GET /api/events): numbered, kept for resume, each with its own bounded queue.
         self.event_log = EventLog(

@@ -1,7 +1,7 @@
 """The supervisor's vocabulary, shared by every part and doing no I/O: the job row and its lifecycle, the error
 tree, the validated configuration, and the job kinds an operator declares."""
 
-from ._config import ApiToken, Config, is_loopback, load_config
+from ._config import ApiToken, Config, config_from, is_loopback, load_config
 from ._doorbell import Doorbell
 from ._errors import (
     BodyTooLarge,
@@ -191,6 +191,7 @@ __all__ = [
     "builtin_kinds",
     "check_transition",
     "coalesce_key",
+    "config_from",
     "fingerprint",
     "follow_up_key",
     "from_iso",

@@ -19,6 +19,7 @@ from typing import Any
 
 from ._errors import ConfigError
 from ._settings import (
+    SETTINGS,
     TOML_KEYS,
     ExecMode,
     Loader,
@@ -229,6 +230,26 @@ def load_config(
     if loader.problems:
         raise ConfigError(loader.problems)
     return Config(**values), loader.warnings
+
+
+def config_from(values: Mapping[str, object]) -> Config:
+    """A ``Config`` from settings given by field name (``max_concurrent=2``, ``stall_action="terminate"``), each read
+    and checked as a config file's value of that name is: a ``ConfigError`` names every bad one. An embedder's and
+    the scenario kit's way to a config, with no environment."""
+    loader = Loader()
+    attr_of = {setting.toml: setting.attr for setting in SETTINGS}
+    loader.problems.extend(f"{name}: no such setting" for name in sorted(set(values) - set(attr_of.values())))
+
+    def raw(env_name: str, toml_key: str) -> tuple[str, object] | None:
+        attr = attr_of.get(toml_key, toml_key)
+        return (attr, values[attr]) if attr in values else None
+
+    read = read_settings(raw, loader, Config())
+    # A fallback is an operator's convenience at start-up (said as a WARNING); a caller that passes a value gets an
+    # error instead, never a value it did not ask for.
+    if loader.problems or loader.warnings:
+        raise ConfigError(loader.problems + loader.warnings)
+    return Config(**read)
 
 
 def _check_docker_settings(values: dict[str, Any], loader: Loader) -> None:

@@ -173,3 +173,10 @@ class MemoryRegistry(Registry):
         self, *, boot_id: str | None = None, outbox: bool = True, clock: Callable[[], datetime] = utc_now
     ) -> None:
         super().__init__(MemoryBackend(clock=clock), boot_id=boot_id, outbox=outbox)
+
+    def reopened(self, *, boot_id: str | None) -> MemoryRegistry:
+        """The same rows opened by another boot, as a restarted process opens the same file: its changes are that
+        boot's (each event names it)."""
+        again = MemoryRegistry(boot_id=boot_id, outbox=self.rules.outbox)
+        again.backend = self.backend
+        return again

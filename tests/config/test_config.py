@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from supervisor import ConfigError, load_config
+from supervisor.domain import config_from
 
 
 def test_defaults() -> None:
@@ -373,3 +374,24 @@ def test_a_host_id_that_could_name_anything_is_an_error() -> None:
     for junk in ("web 2", "-web", "a/b", "x" * 65):
         with pytest.raises(ConfigError, match="PODCAST_JOB_HOST_ID"):
             load_config({"PODCAST_JOB_HOST_ID": junk})
+
+
+# -- a config from values, with no environment (embedders, the scenario kit) ------------------------------------
+
+
+def test_config_from_reads_each_value_as_a_config_files_value() -> None:
+    config = config_from({"max_concurrent": 3, "stall_action": "terminate", "data_dir": "/tmp/x"})
+    assert (config.max_concurrent, config.stall_action, str(config.data_dir)) == (3, "terminate", "/tmp/x")
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"max_concurrent": 0}, "max_concurrent"),  # a file falls back to 1 with a WARNING; a caller gets an error
+        ({"stall_action": "explode"}, "stall_action"),
+        ({"no_such": 1}, "no_such: no such setting"),
+    ],
+)
+def test_config_from_refuses_what_a_file_would_fall_back_from(values: dict[str, object], named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        config_from(values)

@@ -24,6 +24,7 @@ from supervisor.core import ABSENT_AFTER_S, CHECK_IN_S, AbsenceTracker, Signals,
 from supervisor.domain import from_iso
 from supervisor.execution.subprocess import identify, probe
 from supervisor.observe import EventName, JobEvent
+from supervisor.testing import SCENARIO_EPOCH, Scenario
 
 ALIVE, DEAD, UNKNOWN = Liveness.ALIVE, Liveness.DEAD, Liveness.UNKNOWN
 S, Q, R = EventName.STALLED, EventName.SILENT, EventName.RECOVERED
@@ -252,30 +253,21 @@ async def _beat(sup: Supervisor, job: Job, units: int) -> None:
     await sup.heartbeats.flush()  # written now, as the writer task would within its interval
 
 
-async def test_stalled_at_the_first_sweep_past_the_threshold_and_not_one_before(
-    autojump_clock: trio.testing.MockClock,  # pytest-trio runs the test on a clock the test itself requests
-    make_sup: Callable[..., Supervisor],
-    bystander: subprocess.Popen[bytes],
-    frozen_wall: Callable[[Supervisor, Job], None],
-) -> None:
-    sup = make_sup(boot_id="now", progress_stale_after_s=1800.0, sweep_interval_s=SWEEP_S)
-    identity = identify(bystander.pid)
-    job = await insert_running(sup, boot_id="before", identity=identity)
-    frozen_wall(sup, job)
-    seen = Recorder(sup)
-    flags: dict[float, bool] = {}
-    for _ in range(63):
-        await sup.sweep()
-        flags[trio.current_time() - seen.start] = (await sup.get(job.job_id)).stalled
-        await trio.sleep(SWEEP_S)
-    assert flags[1800.0] is False  # exactly at the threshold: not past it
-    assert flags[1830.0] is True
-    assert seen.at(EventName.STALLED) == [1830.0]  # announced once, at the first sweep past the threshold
-    row = await sup.get(job.job_id)
-    assert (row.status, row.stalled, row.silent) == (JobStatus.RUNNING, True, False)
-    assert row.stalled_since is not None
+async def test_stalled_at_the_first_sweep_past_the_threshold_and_not_one_before(supervisor_scenario: Scenario) -> None:
+    """The production tree in virtual time (the scenario kit): a job that beats every 5 s and never progresses,
+    swept every 30 s, is flagged at the first sweep past 1800 s of no progress, once, and keeps running."""
+    sc = supervisor_scenario
+    await sc.start(kinds={"spin": sc.script(beats_every=5)}, progress_stale_after_s=1800.0, sweep_interval_s=SWEEP_S)
+    job_id = await sc.enqueue("spin")  # promoted at once: its progress is aged from its start, at 0
+    await sc.advance(1800)
+    assert not (await sc.job(job_id)).stalled  # exactly at the threshold: not past it
+    await sc.advance(SWEEP_S)
+    row = await sc.job(job_id)
     # INV-SWEEP-NEVER-EVICTS-LIVE: with the default action (alert) the job keeps running and keeps its slot.
-    assert probe(identity) is Liveness.ALIVE  # type: ignore[arg-type]
+    assert (row.status, row.stalled, row.silent) == (JobStatus.RUNNING, True, False)
+    assert row.stalled_since == SCENARIO_EPOCH + timedelta(seconds=1830)
+    await sc.advance(3600)
+    assert [hook["event"] for hook in sc.webhooks()].count("job.stalled") == 1  # announced once
 
 
 async def test_rising_progress_clears_a_stall_and_a_beat_without_progress_does_not(
