@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
+import trio
+
 from ..domain import (
     SUPERVISOR,
     Conflict,
@@ -14,6 +16,7 @@ from ..domain import (
     Job,
     JobRequest,
     JobStatus,
+    Liveness,
     RequestKey,
     ValidationError,
     coalesce_key,
@@ -93,6 +96,8 @@ class Enqueuer:
                 f"({'cancel it first, or wait for it' if old.status is JobStatus.RUNNING else 'it has not run yet'})",
                 field="job_id",
             )
+        if old.status is JobStatus.STALE:
+            await self._refuse_while_it_may_run(old)
         try:
             new = self.validate(old.kind, old.params, by)
         except ValidationError as exc:
@@ -103,6 +108,30 @@ class Enqueuer:
             log.info("job_retried", job_id=result.job.job_id, retry_of=old.job_id, kind=old.kind)
         self.announce([result])
         return result
+
+    async def _refuse_while_it_may_run(self, old: Job) -> None:
+        """A stale row ended on an operator's word, not on proof that its process is gone (ADR 0001 §6): a retry
+        while that process may still run would make a second writer of the same work. Refused (a ``Conflict``)
+        unless this host's evidence says the process is gone; a process this host cannot see (another host's) or
+        cannot judge now (an engine that does not answer) counts as running: unknown never proves an end."""
+        boot = self.boot
+        if not boot.owns(old):
+            raise Conflict(
+                f"job {old.job_id} was marked stale on host {old.host_id}, whose processes this host cannot see: "
+                "retry it from that host once its process has ended",
+                field="job_id",
+            )
+        [found] = await trio.to_thread.run_sync(lambda: boot.executor.gather_evidence([old], boot_id=boot.boot_id))
+        if found.liveness is None or found.liveness is Liveness.DEAD:
+            return
+        process = ", ".join(f"{k} {v}" for k, v in old.identity.fields.items()) if old.identity else "its process"
+        state = "is still running" if found.liveness is Liveness.ALIVE else "may still run (its liveness is unknown)"
+        log.warning("retry_refused_process_alive", job_id=old.job_id, liveness=found.liveness.value)
+        raise Conflict(
+            f"job {old.job_id} was marked stale, but its process ({process}) {state}: a retry now would run the same "
+            "work twice at once. Stop that process first (or wait for it to end), then retry",
+            field="job_id",
+        )
 
     def announce(self, results: list[EnqueueResult]) -> None:
         for result in results:

@@ -30,6 +30,8 @@ class ReconcileDetail:
     reason: str
     liveness: str | None
     prior_boot: bool
+    # An operator's stale mark of a process verified alive (ADR 0001 §6): the row ended, the process runs on.
+    still_running: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ class Reconciler:
         updated = 0
         for job, found in zip(rows, evidence, strict=True):
             this_boot = job.boot_id == boot.boot_id
+            still_running = False
             liveness = found.liveness
             if found.found is not None:
                 # A prior boot died between the start and recording the identity: what the executor wrote before the
@@ -114,6 +117,14 @@ class Reconciler:
                 if await self.monitors.finalize(job, Outcome(decision.status, decision.reason), expect=job):
                     updated += 1
                     action = str(decision.status)
+                    if decision.status is JobStatus.STALE and liveness is Liveness.ALIVE:
+                        still_running = True
+                        log.warning(
+                            "job_marked_stale_while_running",
+                            job_id=job.job_id,
+                            **(dict(job.identity.fields) if job.identity else {}),
+                            hint="its slot is free but its process runs on: stop it before any retry of this job",
+                        )
                     if found.handle is not None and liveness is not Liveness.ALIVE:
                         await boot.executor.release(found.handle)  # a never-started container, say
                 else:
@@ -164,7 +175,7 @@ class Reconciler:
                     started_at=str(job.started_at),
                 )
             seen = liveness.value if liveness else None
-            details.append(ReconcileDetail(job.job_id, action, decision.reason, seen, not this_boot))
+            details.append(ReconcileDetail(job.job_id, action, decision.reason, seen, not this_boot, still_running))
         if updated:
             self._wake_drainer()
         return ReconcileReport(updated, details)
