@@ -77,6 +77,7 @@ class Drainer:
         self._lease_held = False  # holding because this host's lease is not fresh (INV-NO-PROMOTION-WITHOUT-LEASE)
         self.last_promotion_at = boot.wall_clock()  # this host's last promotion (its boot's start before any)
         self._log_dir_made = False
+        self._kind_limits = boot.kinds.running_limits()  # each kind's max_running, counted by the registry's step
         self._next_at: datetime | None = None  # the earliest end of a queued row's backoff, at the last promotion
         # Rounds asked for by ``round`` (a request that moves the queue) and the last of them a round has answered.
         self._asked = 0
@@ -150,6 +151,7 @@ class Drainer:
                     self.boot.log_dir,
                     self.boot.host_id,
                     self.boot.config.host_max_concurrent,
+                    self._kind_limits,
                 )
                 # INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING: from the promotion's commit until its rows are held in the
                 # ledger, reconcile must not take them for starts that nobody holds (JobLedger.promoting).

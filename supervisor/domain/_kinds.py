@@ -17,6 +17,8 @@ A kind is declared in TOML::
     retry_backoff_seconds = 60           # the wait before the first resubmission, doubling with each one ...
     retry_backoff_max_seconds = 3600     # ... up to this
     retry_on_exit_codes = [75]           # exit codes (1-255, none in exit_reasons) that mean "try again"
+    max_running = 1                      # never more jobs of this kind running at once, fleet-wide (default: no
+                                         # limit but the supervisor's own max_concurrent)
 
 Braces in argv:
 
@@ -94,6 +96,7 @@ MAX_EPISODES = 1_000_000
 FEED_URL_MAX_LENGTH = 2048
 # Resubmission (ADR-150 D4), per kind: the defaults (a kind that declares nothing is never resubmitted) ...
 DEFAULT_MAX_ATTEMPTS = 1
+MAX_RUNNING_LIMIT = 10_000
 DEFAULT_RETRY_BACKOFF_S = 60.0
 DEFAULT_RETRY_BACKOFF_MAX_S = 3600.0
 # ... and the bounds. TOML integers and floats are unbounded (99999999999999999999, inf), and a value must stay one
@@ -125,6 +128,9 @@ class JobKind:
     retry_backoff_s: float = DEFAULT_RETRY_BACKOFF_S
     retry_backoff_max_s: float = DEFAULT_RETRY_BACKOFF_MAX_S
     retry_on_exit_codes: frozenset[int] = frozenset()
+    # Never more jobs of this kind RUNNING at once, fleet-wide: counted from the running rows in the promotion's own
+    # step, like max_concurrent (a count of rows, never a semaphore beside them). None: no limit of its own.
+    max_running: int | None = None
 
     def validate_params(self, params: object) -> dict[str, ParamValue]:
         """Return the params converted to their declared types, or raise ``ValidationError`` naming the field.
@@ -273,6 +279,10 @@ class KindCatalog:
     def __contains__(self, name: object) -> bool:
         return name in self._kinds
 
+    def running_limits(self) -> dict[str, int]:
+        """Each kind's ``max_running``, for the kinds that have one: what a promotion counts per kind."""
+        return {name: kind.max_running for name, kind in self._kinds.items() if kind.max_running is not None}
+
     def fingerprint(self) -> str:
         """A digest of every kind's definition (its argv template, params, outcome and retry rules): equal on two
         supervisors whose kinds are the same, whatever their files' layout or comments."""
@@ -357,6 +367,7 @@ _KIND_KEYS = {
     "retry_backoff_seconds",
     "retry_backoff_max_seconds",
     "retry_on_exit_codes",
+    "max_running",
 }
 
 
@@ -406,6 +417,13 @@ def parse_kind(name: str, spec: object) -> JobKind:
             f"retry_backoff_seconds ({backoff_s:g})"
         )
     retry_codes = _retry_codes(where, spec.get("retry_on_exit_codes", []), exit_reasons)
+    max_running = spec.get("max_running")
+    if max_running is not None and (
+        isinstance(max_running, bool) or not isinstance(max_running, int) or not 1 <= max_running <= MAX_RUNNING_LIMIT
+    ):
+        raise KindsFileError(
+            f"{where}: max_running must be a whole number from 1 to {MAX_RUNNING_LIMIT}, not {max_running!r}"
+        )
     return JobKind(
         name=name,
         argv=tuple(argv),
@@ -420,6 +438,7 @@ def parse_kind(name: str, spec: object) -> JobKind:
         retry_backoff_s=backoff_s,
         retry_backoff_max_s=backoff_max_s,
         retry_on_exit_codes=retry_codes,
+        max_running=max_running,
     )
 
 

@@ -353,19 +353,17 @@ class Rules(FleetRules, Housekeeping):
         ``started_at`` in the same step (INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING). The rows promoted, and whether a slot
         it could have filled is left free (too few rows ready)."""
         await store.lock(tables.PROMOTION)
-        hosts = [
-            row["host_id"]
-            for row in await store.select(JOBS, (("status", "=", tables.RUNNING),), Read(columns=("host_id",)))
-        ]
+        running = await store.select(JOBS, (("status", "=", tables.RUNNING),), Read(columns=("host_id", "kind")))
+        hosts = [row["host_id"] for row in running]
         free = request.free_slots(len(hosts), hosts.count(request.host_id))
         if free <= 0:
             return [], False
         now = store.now()
         promoted: list[Job] = []
-        # FIFO among the rows whose backoff has passed (a resubmitted row keeps its place: its insertion order).
-        for job, token_hash in zip(
-            await tables.promotable(store, now, free, lock=True), request.token_hashes, strict=False
-        ):
+        # FIFO among the rows whose backoff has passed (a resubmitted row keeps its place: its insertion order), but
+        # the rows of a kind at its max_running, counted here from the running rows (INV-KIND-LIMIT-IS-A-COUNT).
+        chosen = await self._fill(store, now, free, request.kind_limits, [row["kind"] for row in running])
+        for job, token_hash in zip(chosen, request.token_hashes, strict=False):
             attempt = job.attempts + 1
             log_path = str(request.log_dir / log_name(job.job_id, attempt)) if request.log_dir is not None else None
             fields: dict[str, object] = {
@@ -381,6 +379,30 @@ class Rules(FleetRules, Housekeeping):
             await self.set_status(store, job, JobStatus.RUNNING, fields)
             promoted.append(replace(job, status=JobStatus.RUNNING, queue_position=None, **fields))  # type: ignore[arg-type]
         return promoted, len(promoted) < free
+
+    @staticmethod
+    async def _fill(
+        store: Store, now: datetime, free: int, limits: Mapping[str, int], running_kinds: Sequence[str]
+    ) -> list[Job]:
+        """Up to ``free`` of the oldest ready rows whose kind has room. A kind that fills up within a batch is left
+        out of the next read, so a full kind never holds up the rows of other kinds, and nothing past them is read."""
+        room = {kind: limit - running_kinds.count(kind) for kind, limit in limits.items()}
+        chosen: list[Job] = []
+        after: int | None = None
+        while len(chosen) < free:
+            full = tuple(sorted(kind for kind, left in room.items() if left <= 0))
+            batch = await tables.promotable(store, now, free - len(chosen), lock=True, skip_kinds=full, after=after)
+            if not batch:
+                break
+            for job in batch:
+                left = room.get(job.kind)
+                if left is not None:
+                    if left <= 0:
+                        continue  # its kind filled up within this batch
+                    room[job.kind] = left - 1
+                chosen.append(job)
+            after = batch[-1].seq
+        return chosen
 
     async def promote(self, store: Store, request: PromoteRequest) -> Promotion:
         if (await tables.pause(store)).paused:

@@ -59,9 +59,12 @@ class SqlStore:
             column, op, value = cond
             if value is None:
                 parts.append(f"{column} IS {'NOT ' if op == '!=' else ''}NULL")
-            elif op == "in":
+            elif op in ("in", "not in"):
                 marks = [self._arg(args, column, item) for item in value]
-                parts.append(f"{column} IN ({', '.join(marks)})" if marks else "FALSE")
+                if op == "in":
+                    parts.append(f"{column} IN ({', '.join(marks)})" if marks else "FALSE")
+                elif marks:
+                    parts.append(f"{column} NOT IN ({', '.join(marks)})")
             else:
                 parts.append(f"{column} {op} {self._arg(args, column, value)}")
         return " AND ".join(parts)

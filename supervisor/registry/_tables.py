@@ -176,11 +176,25 @@ async def running(store: Store) -> list[Job]:
     return [job_of(row) for row in await store.select(JOBS, (_is("status", RUNNING),), Read(order=("seq",)))]
 
 
-async def promotable(store: Store, now: datetime, limit: int, *, lock: bool = False) -> list[Job]:
-    """The oldest queued rows whose backoff has passed. Locked (a promotion's): a row a concurrent cancel is ending
-    is waited for, then skipped if no longer queued; a plain read (the queue's watch) locks nothing."""
+async def promotable(
+    store: Store,
+    now: datetime,
+    limit: int,
+    *,
+    lock: bool = False,
+    skip_kinds: tuple[str, ...] = (),
+    after: int | None = None,
+) -> list[Job]:
+    """The oldest queued rows whose backoff has passed (of no kind in ``skip_kinds``; past the row ``after``, by
+    ``seq``). Locked (a promotion's): a row a concurrent cancel is ending is waited for, then skipped if no longer
+    queued; a plain read (the queue's watch) locks nothing."""
     ready = Either(((_is("not_before", None),), (("not_before", "<=", now),)))
-    rows = await store.select(JOBS, (_is("status", QUEUED), ready), Read(order=("seq",), limit=limit, lock=lock))
+    where: Where = (_is("status", QUEUED), ready)
+    if skip_kinds:
+        where += (("kind", "not in", skip_kinds),)
+    if after is not None:
+        where += (("seq", ">", after),)
+    rows = await store.select(JOBS, where, Read(order=("seq",), limit=limit, lock=lock))
     return [job_of(row) for row in rows]
 
 

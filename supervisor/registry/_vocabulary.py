@@ -80,6 +80,9 @@ class PromoteRequest:
     # This host's own cap (PODCAST_JOB_HOST_MAX_CONCURRENT): its RUNNING rows, counted in the same atomic step as the
     # fleet's. None: only the fleet-wide limit.
     host_max_concurrent: int | None = None
+    # Each limited kind's max_running (fleet-wide), counted from the RUNNING rows in the same step: a queued row of a
+    # full kind is passed over, never holding up the rows of other kinds behind it.
+    kind_limits: Mapping[str, int] = field(default_factory=dict)
 
     def free_slots(self, running: int, running_here: int) -> int:
         """How many rows this promotion may flip, given the RUNNING rows (all, and this host's)."""

@@ -53,6 +53,8 @@ def _holds(row: Row, where: Where) -> bool:
             met = (have is None) == (op == "=")
         elif op == "in":
             met = have in value
+        elif op == "not in":
+            met = have is not None and have not in value
         else:
             met = have is not None and _COMPARE[op](have, value)
         if not met:

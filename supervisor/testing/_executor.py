@@ -29,8 +29,8 @@ class Script:
     ``beats_every``: a heartbeat that often (None: at each progress step, or never); ``progress_every``: its watermark
     (``completed_units``) goes up by one that often (None: it never progresses: beats alone are a silent spin);
     ``ignore_sigterm``: a stop's SIGTERM does nothing, only the SIGKILL after the grace ends it. ``max_attempts`` and
-    ``retry_backoff_s`` are its kind's resubmission settings, as in a kinds file. Out of range is a ``ValueError``
-    naming the field."""
+    ``retry_backoff_s`` are its kind's resubmission settings and ``max_running`` its limit, as in a kinds file. Out of
+    range is a ``ValueError`` naming the field."""
 
     run_for: float | None = None
     exit_code: int = 0
@@ -39,6 +39,7 @@ class Script:
     ignore_sigterm: bool = False
     max_attempts: int = 1
     retry_backoff_s: float = 60.0
+    max_running: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("run_for", "beats_every", "progress_every", "retry_backoff_s"):
@@ -52,6 +53,8 @@ class Script:
             raise ValueError(f"exit_code must be 0-255, not {self.exit_code!r}")
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, not {self.max_attempts!r}")
+        if self.max_running is not None and self.max_running < 1:
+            raise ValueError(f"max_running must be at least 1, not {self.max_running!r}")
 
     def kind(self, name: str) -> JobKind:
         """The job kind this script runs as (no params; argv only names it: nothing is executed)."""
@@ -61,6 +64,7 @@ class Script:
             max_attempts=self.max_attempts,
             retry_backoff_s=self.retry_backoff_s,
             retry_backoff_max_s=max(self.retry_backoff_s, 1.0),
+            max_running=self.max_running,
         )
 
     def program(self, beat: BeatSink | None) -> Program:

@@ -481,3 +481,19 @@ def test_the_pipeline_kind_declares_what_the_runner_checks() -> None:
     assert pipeline.validate_params({"feed": "https://e.org/f", "max_episodes": 1_000_000})["max_episodes"] == 10**6
     assert pipeline.failure_reasons[2] == "invalid_params"
     assert 2 not in pipeline.retry_on_exit_codes
+
+
+# -- bounds per kind --------------------------------------------------------------------------------------------
+
+
+def test_max_running_is_read_as_declared_and_none_by_default(tmp_path: Path) -> None:
+    kinds = load_kinds(_write(tmp_path, SLEEP + "max_running = 2\n"))
+    assert kinds.get("sleep").max_running == 2
+    assert kinds.running_limits() == {"sleep": 2}  # the built-ins declare none
+    assert load_kinds(_write(tmp_path, SLEEP)).get("sleep").max_running is None
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1.5", "true", '"2"', "10001"])
+def test_a_bad_max_running_names_the_kind_and_the_key(tmp_path: Path, value: str) -> None:
+    with pytest.raises(KindsFileError, match=r"kind 'sleep': max_running must be a whole number from 1"):
+        load_kinds(_write(tmp_path, SLEEP + f"max_running = {value}\n"))
