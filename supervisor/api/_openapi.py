@@ -309,7 +309,7 @@ _SCHEMAS: dict[str, Any] = {
                 "type": "array",
                 "items": {
                     "type": "object",
-                    "required": ["job_id", "action", "reason", "liveness", "prior_boot"],
+                    "required": ["job_id", "action", "reason", "liveness", "prior_boot", "still_running"],
                     "properties": {
                         "job_id": {"type": "string"},
                         "action": {
@@ -322,6 +322,11 @@ _SCHEMAS: dict[str, Any] = {
                         "reason": {"type": "string"},
                         "liveness": {"type": ["string", "null"], "enum": ["alive", "dead", "unknown", None]},
                         "prior_boot": {"type": "boolean"},
+                        "still_running": {
+                            "type": "boolean",
+                            "description": "marked stale while its process was verified alive: the slot is free, the "
+                            "process runs on (stop it before any retry of the job)",
+                        },
                     },
                 },
             },
@@ -353,6 +358,20 @@ _SCHEMAS: dict[str, Any] = {
                 "properties": {"reason": {"type": "string"}, "since": {"type": "string", "format": "date-time"}},
                 "description": "the queue stuck (PODCAST_JOB_QUEUE_STUCK_SECONDS; behind a pause, "
                 "PODCAST_JOB_PAUSE_WARN_SECONDS) and why; null: it moves, is busy, or nothing waits",
+            },
+            "kinds": {
+                "type": "object",
+                "additionalProperties": {
+                    "type": "object",
+                    "required": ["running", "queued", "max_running"],
+                    "properties": {
+                        "running": {"type": "integer"},
+                        "queued": {"type": "integer"},
+                        "max_running": {"type": ["integer", "null"]},
+                    },
+                },
+                "description": "each kind with jobs running or queued fleet-wide, or with a max_running of its own: "
+                "its jobs, and its limit (null: none but max_concurrent)",
             },
         },
     },

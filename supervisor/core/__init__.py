@@ -36,7 +36,7 @@ from ._heartbeats import (
     merged,
 )
 from ._ledger import JobLedger, Watched
-from ._queue_watch import HOLD_REASONS, NOT_PROMOTED, QueueRule, QueueWatch, Stuck
+from ._queue_watch import HOLD_REASONS, NOT_PROMOTED, KindLoad, QueueRule, QueueWatch, Stuck
 from ._reconcile import ReconcileDetail, ReconcileReport
 from ._rules import (
     CANCELLED,
@@ -98,6 +98,7 @@ __all__ = [
     "JobLedger",
     "JobTokens",
     "JobTree",
+    "KindLoad",
     "LogSlice",
     "QueueRule",
     "QueueState",

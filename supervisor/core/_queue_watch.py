@@ -133,6 +133,15 @@ class _Look:
 
 
 @dataclass(frozen=True)
+class KindLoad:
+    """One kind's jobs running and queued, fleet-wide, and its ``max_running`` (None: no limit of its own)."""
+
+    running: int
+    queued: int
+    max_running: int | None
+
+
+@dataclass(frozen=True)
 class QueueSignals:
     """The queue's signals as of one look (``GET /api/queue``, ``/metrics``)."""
 
@@ -180,7 +189,8 @@ class QueueWatch:
         pause = await registry.pause_state()
         if pause.paused:
             out.pauses.add("pause_operator" if pause.by == PAUSED_BY_OPERATOR else "pause_file")
-        oldest = await registry.oldest_waiting()
+        # A row of a kind at its max_running waits on its kind, not on the queue: busy, never stuck.
+        oldest = await registry.oldest_waiting(self.boot.kinds.running_limits())
         running = await registry.running_jobs()
         free = self.boot.max_concurrent - len(running)
         cap = self.boot.config.host_max_concurrent
@@ -247,6 +257,15 @@ class QueueWatch:
             await self._announce(what, stuck, now)
             self._pending = None
         return self.latest
+
+    async def kinds(self) -> dict[str, KindLoad]:
+        """Each kind with jobs running or queued fleet-wide, or with a limit of its own: what it runs, what waits."""
+        limits = self.boot.kinds.running_limits()
+        counts = await self.boot.registry.kind_counts()
+        return {
+            kind: KindLoad(*counts.get(kind, (0, 0)), limits.get(kind))
+            for kind in sorted({*counts, *limits})
+        }
 
     def gauges(self) -> QueueGauges | None:
         """The signals as ``/metrics`` shows them (None before the first sweep): one series per hold reason."""

@@ -16,6 +16,7 @@ the nursery tree the tasks to start:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -152,6 +153,8 @@ class QueueState:
     last_promotion_at: str | None = None
     held: dict[str, str] = field(default_factory=dict)
     stuck: dict[str, str] | None = None
+    # Each kind's running and queued jobs (fleet-wide) and its max_running (None: no limit of its own).
+    kinds: dict[str, dict[str, int | None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -440,6 +443,7 @@ class Supervisor:
             {"reason": signals.stuck.reason, "since": to_iso(signals.stuck.since)}
             if signals and signals.stuck
             else None,
+            {kind: dataclasses.asdict(load) for kind, load in (await self.queue_watch.kinds()).items()},
         )
 
     async def pause(self) -> QueueState:
@@ -557,5 +561,6 @@ class Supervisor:
             streams=self.event_log.stats(),
             conditions=dict(self.boot.tally.counts),
             queue=self.queue_watch.gauges(),
+            kinds={kind: dataclasses.astuple(load) for kind, load in (await self.queue_watch.kinds()).items()},
         )
         return self.metrics.render(snapshot)

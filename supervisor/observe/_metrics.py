@@ -63,6 +63,7 @@ class Snapshot:
     streams: Mapping[str, int] = field(default_factory=dict)  # the event stream's EventLog.stats()
     conditions: Mapping[str, int] = field(default_factory=dict)  # the background tasks' conditions, by step
     queue: QueueGauges | None = None  # None before the first sweep
+    kinds: Mapping[str, tuple[int, int, int | None]] = field(default_factory=dict)  # running, queued, max_running
 
 
 def _queue_families(queue: QueueGauges) -> Iterator[Metric]:
@@ -113,6 +114,19 @@ class _SnapshotCollector:
             jobs.add_metric([status], n)
         yield jobs
         yield GaugeMetricFamily("podcast_queue_paused", "1 while promotion is paused.", value=int(snap.paused))
+        by_kind = GaugeMetricFamily(
+            "podcast_queue_jobs", "Jobs running and queued fleet-wide, by kind.", labels=["kind", "status"]
+        )
+        limits = GaugeMetricFamily(
+            "podcast_queue_kind_max_running", "A kind's max_running (kinds with a limit of their own).", labels=["kind"]
+        )
+        for kind, (kind_running, kind_queued, max_running) in sorted(snap.kinds.items()):
+            by_kind.add_metric([kind, "running"], kind_running)
+            by_kind.add_metric([kind, "queued"], kind_queued)
+            if max_running is not None:
+                limits.add_metric([kind], max_running)
+        yield by_kind
+        yield limits
         yield GaugeMetricFamily("podcast_max_concurrent", "Jobs allowed to run at once.", value=snap.max_concurrent)
         yield GaugeMetricFamily(
             "podcast_webhook_outbox_depth", "Events in the outbox, not yet delivered.", value=snap.outbox_depth

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
 from ..domain import FIRST_PAGE, IdempotencyKey, Job, PageRequest, RequestError
@@ -231,10 +232,15 @@ class Registry:
         shift a page."""
         return await self.backend.read(lambda store: tables.list_page(store, page))
 
-    async def oldest_waiting(self) -> Job | None:
-        """The queued row that runs next (FIFO among those whose backoff has passed), or None: how long the queue
-        has made a job wait (docs/operations.md § The queue's watch)."""
-        return await self.backend.read(lambda store: _first(tables.promotable(store, store.now(), 1)))
+    async def oldest_waiting(self, kind_limits: Mapping[str, int] = MappingProxyType({})) -> Job | None:
+        """The queued row that runs next (FIFO among those whose backoff has passed and whose kind is below its
+        ``kind_limits``), or None: how long the queue has made a job wait (docs/operations.md § The queue's watch).
+        Rows of a full kind are not waiting on the queue but on their kind."""
+        return await self.backend.read(lambda store: tables.next_to_run(store, store.now(), kind_limits))
+
+    async def kind_counts(self) -> dict[str, tuple[int, int]]:
+        """Each kind with rows running or queued, fleet-wide: (running, queued)."""
+        return await self.backend.read(tables.kind_counts)
 
     async def counts(self) -> dict[str, int]:
         """Rows per status (every status present)."""
@@ -326,6 +332,3 @@ async def _at_lease_now(store: Store, read: Callable[[Store, datetime], Awaitabl
     return await read(store, await store.lease_now())
 
 
-async def _first(jobs: Awaitable[list[Job]]) -> Job | None:
-    found = await jobs
-    return found[0] if found else None

@@ -100,8 +100,10 @@ class SqlStore:
         [[found]] = await self.fetch(self._filtered(f"SELECT COUNT(*) FROM {table}", where, args), args)
         return int(found)
 
-    async def tally(self, table: str, column: str) -> dict[Any, int]:
-        rows = await self.fetch(f"SELECT {column}, COUNT(*) FROM {table} GROUP BY {column}", ())
+    async def tally(self, table: str, column: str, where: Where = ()) -> dict[Any, int]:
+        args: list[object] = []
+        sql = self._filtered(f"SELECT {column}, COUNT(*) FROM {table}", where, args)
+        rows = await self.fetch(f"{sql} GROUP BY {column}", args)
         return {row[0]: row[1] for row in rows}
 
     def _insert(self, table: str, names: Sequence[str]) -> str:

@@ -101,7 +101,7 @@ class Store(Protocol):
     async def lock(self, name: str, key: str | None = None) -> None: ...
     async def select(self, table: str, where: Where = (), read: Read = EVERY) -> list[dict[str, Any]]: ...
     async def count(self, table: str, where: Where = ()) -> int: ...
-    async def tally(self, table: str, column: str) -> dict[Any, int]: ...
+    async def tally(self, table: str, column: str, where: Where = ()) -> dict[Any, int]: ...
     async def insert(self, table: str, rows: Sequence[Mapping[str, Any]]) -> None: ...
     async def put(self, table: str, row: Mapping[str, Any], key: Sequence[str]) -> None: ...
     async def update(self, table: str, where: Where, values: Mapping[str, Any]) -> int: ...
@@ -196,6 +196,22 @@ async def promotable(
         where += (("seq", ">", after),)
     rows = await store.select(JOBS, where, Read(order=("seq",), limit=limit, lock=lock))
     return [job_of(row) for row in rows]
+
+
+async def next_to_run(store: Store, now: datetime, limits: Mapping[str, int]) -> Job | None:
+    """The queued row a promotion would take next: the oldest ready one whose kind is below its ``limits`` (each
+    kind's max_running, counted from the running rows as a promotion counts them)."""
+    running = await store.tally(JOBS, "kind", (_is("status", RUNNING),)) if limits else {}
+    full = tuple(sorted(kind for kind, limit in limits.items() if running.get(kind, 0) >= limit))
+    rows = await promotable(store, now, 1, skip_kinds=full)
+    return rows[0] if rows else None
+
+
+async def kind_counts(store: Store) -> dict[str, tuple[int, int]]:
+    """Each kind with rows running or queued: (running, queued)."""
+    running = await store.tally(JOBS, "kind", (_is("status", RUNNING),))
+    queued = await store.tally(JOBS, "kind", (_is("status", QUEUED),))
+    return {kind: (running.get(kind, 0), queued.get(kind, 0)) for kind in sorted({*running, *queued})}
 
 
 async def next_backoff_end(store: Store, now: datetime) -> datetime | None:

@@ -92,8 +92,8 @@ class MemoryStore(LocalStore):
     async def count(self, table: str, where: Where = ()) -> int:
         return sum(1 for row in self.t.rows[table] if _holds(row, where))
 
-    async def tally(self, table: str, column: str) -> dict[Any, int]:
-        return dict(Counter(row[column] for row in self.t.rows[table]))
+    async def tally(self, table: str, column: str, where: Where = ()) -> dict[Any, int]:
+        return dict(Counter(row[column] for row in self.t.rows[table] if _holds(row, where)))
 
     async def insert(self, table: str, rows: Sequence[Mapping[str, Any]]) -> None:
         for row in rows:

@@ -275,7 +275,14 @@ async def test_reconcile_reports_each_running_row(harness: Harness) -> None:
     assert report == {
         "updated": 0,
         "details": [
-            {"job_id": answer["job_id"], "action": "keep", "reason": "alive", "liveness": "alive", "prior_boot": False}
+            {
+                "job_id": answer["job_id"],
+                "action": "keep",
+                "reason": "alive",
+                "liveness": "alive",
+                "prior_boot": False,
+                "still_running": False,
+            }
         ],
     }
 
@@ -288,7 +295,7 @@ async def test_operator_reconcile_marks_a_live_job_past_the_window_stale(open_ha
         status, report = await harness.json("POST", "/api/jobs/reconcile")
         assert status == 200
         assert report["updated"] == 1
-        assert report["details"][0]["action"] == "stale"
+        assert (report["details"][0]["action"], report["details"][0]["still_running"]) == ("stale", True)
         job = await harness.supervisor.get(answer["job_id"])
         assert (job.status, job.error_reason) == ("stale", "wall_clock_stale")
         # A stale verdict sends no signal: the process is ours to stop, then its monitor reaps it.

@@ -57,3 +57,19 @@ async def test_a_real_supervisor_keeps_a_kinds_limit(
     for job_id in (second, other):
         await sup.cancel(job_id)
         await wait_status(sup, job_id, {JobStatus.CANCELLED})
+
+
+async def test_jobs_waiting_on_their_full_kind_are_a_busy_queue_never_stuck(supervisor_scenario: Scenario) -> None:
+    sc = supervisor_scenario
+    await sc.start(kinds={"a": sc.script(run_for=3600, max_running=1)}, max_concurrent=3, queue_stuck_s=60)
+    for _ in range(3):
+        await sc.enqueue("a")
+    await sc.advance(30 * 60)  # two slots free for half an hour, and two a's waiting: on their kind, not the queue
+    assert sc.supervisor is not None
+    state = await sc.supervisor.queue_state()
+    assert state.stuck is None and state.oldest_queued_age_s == 0
+    assert state.kinds == {"a": {"running": 1, "queued": 2, "max_running": 1}}
+    assert "queue.stuck" not in [hook["event"] for hook in sc.webhooks()]
+    metrics = (await sc.supervisor.render_metrics()).decode()
+    assert 'podcast_queue_jobs{kind="a",status="queued"} 2.0' in metrics
+    assert 'podcast_queue_kind_max_running{kind="a"} 1.0' in metrics

@@ -84,3 +84,13 @@ async def test_concurrent_promotions_from_two_hosts_never_exceed_a_kinds_limit_I
                 nursery.start_soon(drain, "h1", worker)
                 nursery.start_soon(drain, "h2", worker)
     assert sorted(promoted) == sorted(a + b) and peak >= 1
+
+
+async def test_the_reads_see_each_kinds_load_and_pass_over_a_full_kinds_rows(registry: Registry) -> None:
+    a = await enqueue(registry, 2, kind="a")
+    b = await enqueue(registry, 1, kind="b", start=2)
+    await registry.promote(limited(1, "t1"))  # a[0] runs
+    assert await registry.kind_counts() == {"a": (1, 1), "b": (0, 1)}
+    assert (await registry.oldest_waiting()).job_id == a[1]  # type: ignore[union-attr]
+    assert (await registry.oldest_waiting({"a": 1})).job_id == b[0]  # type: ignore[union-attr]
+    assert await registry.oldest_waiting({"a": 1, "b": 0}) is None

@@ -288,6 +288,7 @@ CALLS: dict[str, Callable[[Registry], Awaitable[object]]] = {
     "prune_jobs": lambda r: r.prune_jobs(ended_before=None, keep_latest=0, limit=1),
     "expire_keys": lambda r: r.expire_keys(limit=1),
     "oldest_waiting": lambda r: r.oldest_waiting(),
+    "kind_counts": lambda r: r.kind_counts(),
     "setting": lambda r: r.setting("max_concurrent"),
     "record_queue_event": lambda r: r.record_queue_event(
         "queue.stuck", host_id="h", job_id="j", details={}, reason="pause_file", announced=""
