@@ -1,4 +1,4 @@
-"""``JobLedger``: the jobs this boot watches or is starting, and the stops it makes for stalls: the one mutable state
+"""``JobLedger``: the jobs this boot watches or is starting, and the stops it makes itself: the one mutable state
 the core's parts share (ADR 0015 §5; the rest of a ``Boot`` is frozen).
 
 Who writes what, by verb:
@@ -6,10 +6,10 @@ Who writes what, by verb:
     drainer     promoting() around a promotion; hold(rows) once promoted; handed(job, handle) once started;
                 release(job) / release_each(jobs) for a start dropped or undone
     monitors    adopt(job, handle) (a prior boot's job); release(job) when a monitor ends
-    reconciler  stop_for_stall(job) (stall_action = terminate)
-    monitors    stall_stop_done(job) once its end is recorded
+    reconciler  stop_for(job, why) (a stall under stall_action = terminate; a kind's deadline)
+    monitors    stop_done(job) once its end is recorded
 
-Everyone reads (``entry``, ``in``, ``being_started``, ``promotion_mark``, ``stopping_for_stall``). Every verb is
+Everyone reads (``entry``, ``in``, ``being_started``, ``promotion_mark``, ``stopping_for``). Every verb is
 synchronous, with no checkpoint inside, and is called on the event loop only (never from a worker thread): each is
 whole with respect to every other task, which is all the guarding Trio needs.
 """
@@ -50,7 +50,7 @@ class JobLedger:
 
     def __init__(self) -> None:
         self._entries: dict[str, Watched] = {}
-        self._stall_stops: set[str] = set()
+        self._stops: dict[str, str] = {}  # job id -> why this boot stops it (``_rules.STOPS``)
         # Promotions asked of the registry whose rows are not held yet (the await of its promote), and how many have
         # begun: a read of the rows that overlapped one may show rows nobody holds yet (``promotion_mark``).
         self._promotions_in_flight = 0
@@ -134,18 +134,20 @@ class JobLedger:
         they are being started, not unheld)."""
         return self._promotions_in_flight, self._promotions_begun
 
-    # -- stops for a stall -------------------------------------------------------------------------------
+    # -- the supervisor's own stops ----------------------------------------------------------------------
 
-    def stop_for_stall(self, job_id: str) -> bool:
-        """Mark a job as being stopped because it stalled (it ends stale, not cancelled); False if it already is."""
-        if job_id in self._stall_stops:
+    def stop_for(self, job_id: str, why: str) -> bool:
+        """Mark a job as being stopped by the supervisor for ``why`` (a stall, its deadline: it ends with that
+        outcome, not cancelled); False if it already is, for whatever reason (the first one stands)."""
+        if job_id in self._stops:
             return False
-        self._stall_stops.add(job_id)
+        self._stops[job_id] = why
         return True
 
-    def stopping_for_stall(self, job_id: str) -> bool:
-        return job_id in self._stall_stops
+    def stopping_for(self, job_id: str) -> str | None:
+        """Why the supervisor is stopping the job (None: it is not)."""
+        return self._stops.get(job_id)
 
-    def stall_stop_done(self, job_id: str) -> None:
+    def stop_done(self, job_id: str) -> None:
         """The job's end is recorded (or it was never this boot's to stop): the mark goes."""
-        self._stall_stops.discard(job_id)
+        self._stops.pop(job_id, None)

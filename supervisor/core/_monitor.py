@@ -136,7 +136,7 @@ class Monitors:
             status,
             kind=kind,
             cancel_asked=cancel_asked,
-            stall_stop=boot.ledger.stopping_for_stall(job.job_id),
+            stop=boot.ledger.stopping_for(job.job_id),
             orphan_reason=orphan_reason or boot.executor.orphan_reason,
             attempts=job.attempts,
             policy=RetryPolicy.of(kind, job.max_attempts),
@@ -149,7 +149,7 @@ class Monitors:
         guard = Expect(expect.identity, host_silent=host_silent) if expect is not None else None
         await self._write_beats()  # its last beats before its end (ADR 0018)
         change = await boot.registry.finalize(job.job_id, decided, expect=guard)
-        boot.ledger.stall_stop_done(job.job_id)
+        boot.ledger.stop_done(job.job_id)
         if not change.changed:
             return False
         final = change.job

@@ -18,7 +18,7 @@ from ..observe import get_logger
 from ..registry import Expect, IdentityClaim, Outcome
 from ._boot import Boot
 from ._monitor import Monitors
-from ._rules import attempt_ended, judge, past_window
+from ._rules import STOP_DEADLINE, STOP_STALL, attempt_ended, judge, past_window
 
 log = get_logger()
 
@@ -181,14 +181,38 @@ class Reconciler:
         return ReconcileReport(updated, details)
 
     async def stop_stalled(self, job: Job) -> None:
-        """stall_action = terminate: stop a stalled job whose process is verified alive, as a cancel does.
+        """stall_action = terminate: stop a stalled job whose process is verified alive, as a cancel does; it ends
+        ``stale`` / ``progress_stalled`` (``stop``)."""
+        await self.stop(job, STOP_STALL)
+
+    async def stop_past_deadlines(self) -> None:
+        """Stop each of this host's running jobs whose kind's ``deadline_seconds`` has passed since its attempt's
+        recorded start (``started_at``: it holds across a restart and for an adopted job); it ends failed /
+        ``deadline_exceeded`` once its process is gone (``stop``)."""
+        boot = self.boot
+        deadlines = boot.kinds.deadlines()
+        if not deadlines:
+            return
+        now = boot.wall_clock()
+        for job in await boot.registry.running_jobs():
+            limit = deadlines.get(job.kind)
+            if limit is None or job.started_at is None or not boot.owns(job):
+                continue  # INV-OWNER-JUDGES: another host's process is that host's to stop
+            if (now - job.started_at).total_seconds() > limit:
+                await self.stop(job, STOP_DEADLINE)
+
+    async def stop(self, job: Job, why: str) -> None:
+        """Stop a job for ``why`` (``STOPS``) whose process is verified alive, as a cancel does: SIGTERM, SIGKILL
+        after the grace, through the identity-verified path only (INV-NEVER-BLIND-SIGNAL).
 
         The row stays RUNNING (and holds its slot) until the job's monitor sees the process gone; only then is it
-        finalized ``stale`` / ``progress_stalled``.
+        finalized with that stop's outcome. A job whose liveness cannot be verified now is never signalled: said,
+        and tried again at the next sweep (INV-UNKNOWN-KEEPS-SLOT).
         """
         boot = self.boot
-        if boot.ledger.stopping_for_stall(job.job_id):
+        if boot.ledger.stopping_for(job.job_id) is not None:
             return
+        what = "stalled_job" if why == STOP_STALL else "deadline_job"
         watched = boot.ledger.entry(job.job_id)
         adopt: JobHandle | None = None
         if watched is None:
@@ -197,11 +221,11 @@ class Reconciler:
             if found.handle is None or found.liveness is not Liveness.ALIVE or not boot.tree.attached:
                 # Unless its monitor ended it since the rows were read (nothing to stop then, and nothing to say).
                 if (await boot.registry.get(job.job_id)).status is JobStatus.RUNNING:
-                    log.warning("stalled_job_not_terminated", job_id=job.job_id, why="no verified live process")
+                    log.warning(f"{what}_not_terminated", job_id=job.job_id, why="no verified live process")
                 return
             adopt = found.handle
-        boot.ledger.stop_for_stall(job.job_id)
-        log.warning("stalled_job_terminating", job_id=job.job_id, grace_s=boot.config.cancel_grace_s)
+        boot.ledger.stop_for(job.job_id, why)
+        log.warning(f"{what}_terminating", job_id=job.job_id, grace_s=boot.config.cancel_grace_s)
         if watched is not None:
             watched.request_cancel()  # its monitor: SIGTERM, SIGKILL after the grace, then finalize once it is gone
         elif adopt is not None:

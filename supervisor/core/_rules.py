@@ -24,6 +24,11 @@ from ..registry import Ending, Outcome, Retry
 
 CANCELLED = Outcome(JobStatus.CANCELLED, "cancelled")
 STALLED_STOP = Outcome(JobStatus.STALE, "progress_stalled")
+# A kind's deadline_seconds passed (the attempt's recorded start + the deadline): stopped, and never resubmitted.
+DEADLINE_STOP = Outcome(JobStatus.FAILED, "deadline_exceeded")
+# Why the supervisor stops a job itself (``JobLedger.stop_for``), and the outcome it then ends with.
+STOP_STALL, STOP_DEADLINE = "stall", "deadline"
+STOPS = {STOP_STALL: STALLED_STOP, STOP_DEADLINE: DEADLINE_STOP}
 
 Action = Literal["finalize", "finalize_exit", "finalize_lost", "requeue", "keep", "untouched"]
 NEVER_STARTED = "never_started"
@@ -170,7 +175,7 @@ def ending(
     *,
     kind: JobKind | None,
     cancel_asked: bool,
-    stall_stop: bool,
+    stop: str | None,
     orphan_reason: str,
     attempts: int = 1,
     policy: RetryPolicy = NO_RETRY,
@@ -180,20 +185,22 @@ def ending(
     """How a job whose process ended is finalized.
 
     ``status`` None: gone, and nothing recorded how it ended (its shepherd was killed, its container removed): never
-    a guess, an orphan. ``cancel_asked``: this boot stopped it for a cancel. ``stall_stop``: the sweeper stopped it
-    for a stall (``stall_action = terminate``): it ends stale, unless a cancel reached the row first. In every case a
-    cancel on the row by the time the end commits makes it ``cancelled``.
+    a guess, an orphan. ``cancel_asked``: this boot stopped it for a cancel. ``stop``: the sweeper stopped it itself
+    (``STOPS``): for a stall (``stall_action = terminate``) it ends stale, past its kind's deadline failed /
+    ``deadline_exceeded``, unless a cancel reached the row first. In every case a cancel on the row by the time the
+    end commits makes it ``cancelled``.
 
     Resubmitted (while ``attempts`` < ``policy.max_attempts``), ``now`` + the backoff: a crash (gone with nothing
     recorded, killed by a signal the supervisor did not send, the OOM killer), a stall stop, and an exit code the
-    kind lists as "try again". Never: a cancel, a planned outcome (a budget), any other exit code. Not decided here:
+    kind lists as "try again". Never: a cancel, a deadline (a second attempt would only spend it again), a planned
+    outcome (a budget), any other exit code. Not decided here:
     a spawn failure and an operator's stale mark end the row with their own outcome, never resubmitted.
     """
     exit_code = status.returncode if status is not None else None
-    if cancel_asked and not stall_stop:
+    if cancel_asked and stop is None:
         return Ending(CANCELLED, exit_code=exit_code)
-    if stall_stop:
-        chosen, crash = STALLED_STOP, True
+    if stop is not None:
+        chosen, crash = STOPS[stop], stop == STOP_STALL
     elif status is None:
         chosen, crash = Outcome(JobStatus.FAILED, orphan_reason), True
     else:

@@ -63,8 +63,8 @@ class Sweeper:
         pruner: Pruner,
         queue_watch: QueueWatch,
     ) -> None:
-        """The steps of a sweep, in their order: the pause file, reconcile, the absence judge, the drainer, the
-        queue's watch, the leftovers, the pruner; ``boot`` gives its clock and tally."""
+        """The steps of a sweep, in their order: the pause file, reconcile, the absence judge, the kinds' deadlines,
+        the drainer, the queue's watch, the leftovers, the pruner; ``boot`` gives its clock and tally."""
         self.reconciler = reconciler
         self.absence = absence
         self.drainer = drainer
@@ -95,6 +95,9 @@ class Sweeper:
         with boundary("absence_judgement_failed", tally):
             # INV-STALE-SET-BY-SUPERVISOR: progress age is judged here, after reconcile, on this sweep's evidence.
             await self.absence.judge({d.job_id: Liveness(d.liveness) if d.liveness else None for d in details})
+        with boundary("deadline_check_failed", tally):
+            # Each kind's deadline_seconds, judged on the attempts' recorded starts: a stop, never a guess.
+            await self.reconciler.stop_past_deadlines()
         with boundary("drain_failed", tally):
             await self.drainer.drain()
         with boundary("queue_watch_failed", tally):

@@ -19,6 +19,8 @@ A kind is declared in TOML::
     retry_on_exit_codes = [75]           # exit codes (1-255, none in exit_reasons) that mean "try again"
     max_running = 1                      # never more jobs of this kind running at once, fleet-wide (default: no
                                          # limit but the supervisor's own max_concurrent)
+    deadline_seconds = 3600              # one attempt's wall-clock bound from its start: past it, stopped and
+                                         # failed / deadline_exceeded, never resubmitted (default: none)
 
 Braces in argv:
 
@@ -131,6 +133,9 @@ class JobKind:
     # Never more jobs of this kind RUNNING at once, fleet-wide: counted from the running rows in the promotion's own
     # step, like max_concurrent (a count of rows, never a semaphore beside them). None: no limit of its own.
     max_running: int | None = None
+    # One attempt's wall-clock bound, from its recorded start: past it the sweeper stops it (identity-verified),
+    # and it ends failed / deadline_exceeded. None: no bound of its own.
+    deadline_s: float | None = None
 
     def validate_params(self, params: object) -> dict[str, ParamValue]:
         """Return the params converted to their declared types, or raise ``ValidationError`` naming the field.
@@ -279,6 +284,10 @@ class KindCatalog:
     def __contains__(self, name: object) -> bool:
         return name in self._kinds
 
+    def deadlines(self) -> dict[str, float]:
+        """Each kind's ``deadline_seconds``, for the kinds that have one."""
+        return {name: kind.deadline_s for name, kind in self._kinds.items() if kind.deadline_s is not None}
+
     def running_limits(self) -> dict[str, int]:
         """Each kind's ``max_running``, for the kinds that have one: what a promotion counts per kind."""
         return {name: kind.max_running for name, kind in self._kinds.items() if kind.max_running is not None}
@@ -368,6 +377,7 @@ _KIND_KEYS = {
     "retry_backoff_max_seconds",
     "retry_on_exit_codes",
     "max_running",
+    "deadline_seconds",
 }
 
 
@@ -424,6 +434,9 @@ def parse_kind(name: str, spec: object) -> JobKind:
         raise KindsFileError(
             f"{where}: max_running must be a whole number from 1 to {MAX_RUNNING_LIMIT}, not {max_running!r}"
         )
+    deadline = spec.get("deadline_seconds")
+    if deadline is not None:
+        deadline = _seconds(where, "deadline_seconds", deadline)
     return JobKind(
         name=name,
         argv=tuple(argv),
@@ -439,6 +452,7 @@ def parse_kind(name: str, spec: object) -> JobKind:
         retry_backoff_max_s=backoff_max_s,
         retry_on_exit_codes=retry_codes,
         max_running=max_running,
+        deadline_s=deadline,
     )
 
 

@@ -29,8 +29,8 @@ class Script:
     ``beats_every``: a heartbeat that often (None: at each progress step, or never); ``progress_every``: its watermark
     (``completed_units``) goes up by one that often (None: it never progresses: beats alone are a silent spin);
     ``ignore_sigterm``: a stop's SIGTERM does nothing, only the SIGKILL after the grace ends it. ``max_attempts`` and
-    ``retry_backoff_s`` are its kind's resubmission settings and ``max_running`` its limit, as in a kinds file. Out of
-    range is a ``ValueError`` naming the field."""
+    ``retry_backoff_s`` are its kind's resubmission settings, ``max_running`` and ``deadline_s`` (the kinds file's
+    ``deadline_seconds``) its bounds, as in a kinds file. Out of range is a ``ValueError`` naming the field."""
 
     run_for: float | None = None
     exit_code: int = 0
@@ -40,9 +40,10 @@ class Script:
     max_attempts: int = 1
     retry_backoff_s: float = 60.0
     max_running: int | None = None
+    deadline_s: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("run_for", "beats_every", "progress_every", "retry_backoff_s"):
+        for name in ("run_for", "beats_every", "progress_every", "retry_backoff_s", "deadline_s"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number of seconds >= 0, not {value!r}")
@@ -65,6 +66,7 @@ class Script:
             retry_backoff_s=self.retry_backoff_s,
             retry_backoff_max_s=max(self.retry_backoff_s, 1.0),
             max_running=self.max_running,
+            deadline_s=self.deadline_s,
         )
 
     def program(self, beat: BeatSink | None) -> Program:

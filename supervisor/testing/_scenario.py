@@ -70,11 +70,13 @@ class Scenario:
         max_attempts: int = 1,
         retry_backoff_s: float = 60.0,
         max_running: int | None = None,
+        deadline_s: float | None = None,
     ) -> Script:
         """A kind whose "process" behaves so in virtual time (``Script`` says what each argument means)."""
         return Script(
-            run_for, exit_code, beats_every, progress_every, ignore_sigterm, max_attempts, retry_backoff_s, max_running
-        )
+            run_for, exit_code, beats_every, progress_every, ignore_sigterm, max_attempts, retry_backoff_s, max_running,
+            deadline_s,
+        )  # fmt: skip
 
     async def start(self, *, kinds: Mapping[str, Script], **settings: Any) -> None:
         """The first boot: ``kinds`` by name; ``settings`` by ``Config``'s field names (``max_concurrent``,

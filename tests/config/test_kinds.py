@@ -497,3 +497,15 @@ def test_max_running_is_read_as_declared_and_none_by_default(tmp_path: Path) -> 
 def test_a_bad_max_running_names_the_kind_and_the_key(tmp_path: Path, value: str) -> None:
     with pytest.raises(KindsFileError, match=r"kind 'sleep': max_running must be a whole number from 1"):
         load_kinds(_write(tmp_path, SLEEP + f"max_running = {value}\n"))
+
+
+def test_deadline_seconds_is_read_as_declared_and_none_by_default(tmp_path: Path) -> None:
+    kinds = load_kinds(_write(tmp_path, SLEEP + "deadline_seconds = 90.5\n"))
+    assert kinds.get("sleep").deadline_s == 90.5 and kinds.deadlines() == {"sleep": 90.5}
+    assert load_kinds(_write(tmp_path, SLEEP)).get("sleep").deadline_s is None
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "true", '"60"', "nan", "inf"])
+def test_a_bad_deadline_names_the_kind_and_the_key(tmp_path: Path, value: str) -> None:
+    with pytest.raises(KindsFileError, match=r"kind 'sleep': deadline_seconds must be a number of seconds above 0"):
+        load_kinds(_write(tmp_path, SLEEP + f"deadline_seconds = {value}\n"))

@@ -318,7 +318,7 @@ async def test_a_stalled_job_its_monitor_ended_since_the_rows_were_read_is_no_wa
         await sup.reconciler.stop_stalled(as_read)
     assert [e["event"] for e in logs if e["log_level"] == "warning"] == []
     assert (await sup.get(job.job_id)).status is JobStatus.FAILED
-    assert job.job_id not in sup.boot.ledger and not sup.boot.ledger.stopping_for_stall(job.job_id)
+    assert job.job_id not in sup.boot.ledger and sup.boot.ledger.stopping_for(job.job_id) is None
 
 
 async def test_a_start_whose_outcome_is_unknown_is_kept_not_failed_and_adopted_once_it_runs(

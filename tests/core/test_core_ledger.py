@@ -67,11 +67,11 @@ def test_a_monitor_releasing_its_entry_never_drops_a_later_adoption_of_the_job()
 
 def test_a_stall_stop_is_marked_once_and_done_once() -> None:
     ledger = JobLedger()
-    assert ledger.stop_for_stall("j")
-    assert not ledger.stop_for_stall("j")
-    assert ledger.stopping_for_stall("j")
-    ledger.stall_stop_done("j")
-    assert not ledger.stopping_for_stall("j")
+    assert ledger.stop_for("j", "stall")
+    assert not ledger.stop_for("j", "deadline")  # the first reason stands
+    assert ledger.stopping_for("j") == "stall"
+    ledger.stop_done("j")
+    assert ledger.stopping_for("j") is None
 
 
 def _late_wiring(path: Path, base: Path = ROOT) -> list[str]:

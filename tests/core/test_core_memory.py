@@ -152,7 +152,7 @@ def test_dockers_128_plus_n_stays_an_exit_code_and_only_the_oom_killer_is_named(
     )
     assert outcome(ExitStatus(signal=9), exit_reasons={}) == Outcome(JobStatus.FAILED, "killed_by_SIGKILL")
     # A cancel wins over how the stopped job ended.
-    cancelled = ending(ExitStatus(code=137, oom_killed=True), kind=None, cancel_asked=True, stall_stop=False,
+    cancelled = ending(ExitStatus(code=137, oom_killed=True), kind=None, cancel_asked=True, stop=None,
                        orphan_reason="orphan_reconciled_no_container")
     assert cancelled.chosen(cancel_requested=False) == Outcome(JobStatus.CANCELLED, "cancelled")
 

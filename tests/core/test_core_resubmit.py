@@ -16,7 +16,7 @@ import trio.testing
 from core_executors import PROGRAMS  # type: ignore[import-not-found]
 
 from supervisor import Config, ExitStatus, Supervisor, load_kinds
-from supervisor.core import NO_RETRY, RetryPolicy, attempt_ended, backoff_s, ending
+from supervisor.core import NO_RETRY, STOP_STALL, RetryPolicy, attempt_ended, backoff_s, ending
 from supervisor.domain import JobKind, JobStatus
 from supervisor.execution.memory import MemoryExecutor
 from supervisor.observe import EventName, JobEvent
@@ -41,7 +41,7 @@ def end(status: ExitStatus | None, *, attempts: int = 1, cancel: bool = False, s
         status,
         kind=KIND,
         cancel_asked=cancel,
-        stall_stop=stall,
+        stop=STOP_STALL if stall else None,
         orphan_reason="orphan_reconciled_dead_pid",
         attempts=attempts,
         policy=POLICY,
@@ -99,7 +99,7 @@ def test_a_cancel_is_never_resubmitted_and_wins_over_a_crash() -> None:
         None,
         kind=KIND,
         cancel_asked=False,
-        stall_stop=False,
+        stop=None,
         orphan_reason="o",
         attempts=1,
         policy=POLICY,
@@ -110,7 +110,7 @@ def test_a_cancel_is_never_resubmitted_and_wins_over_a_crash() -> None:
 
 def test_the_last_attempt_ends_with_its_crash_and_no_policy_never_retries() -> None:
     assert end(None, attempts=3) == (JobStatus.FAILED, "orphan_reconciled_dead_pid", None)
-    assert ending(None, kind=None, cancel_asked=False, stall_stop=False, orphan_reason="o", now=NOW).retry is None
+    assert ending(None, kind=None, cancel_asked=False, stop=None, orphan_reason="o", now=NOW).retry is None
     assert NO_RETRY.max_attempts == 1
 
 
@@ -122,7 +122,7 @@ def test_the_backoff_doubles_up_to_its_cap_times_the_jitter() -> None:
         ExitStatus(code=75),
         kind=KIND,
         cancel_asked=False,
-        stall_stop=False,
+        stop=None,
         orphan_reason="o",
         policy=POLICY,
         now=NOW,

@@ -1,0 +1,65 @@
+"""A kind's deadline_seconds, end to end: past it the attempt is stopped through the identity-verified path and ends
+failed / deadline_exceeded, never resubmitted -- in virtual time with the production tree, across a restart, and
+with a real process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+from core_helpers import KINDS, wait_terminal  # type: ignore[import-not-found]
+
+from supervisor import JobStatus, Supervisor
+from supervisor.testing import SCENARIO_EPOCH, Scenario
+
+
+async def test_an_attempt_past_its_deadline_is_stopped_and_fails(supervisor_scenario: Scenario) -> None:
+    sc = supervisor_scenario
+    await sc.start(
+        kinds={"slow": sc.script(run_for=30, deadline_s=2, max_attempts=3)}, sweep_interval_s=1, cancel_grace_s=5
+    )
+    job_id = await sc.enqueue("slow")
+    await sc.advance(2)
+    assert (await sc.job(job_id)).status == "running"  # at the deadline: not past it
+    await sc.advance(2 + 1)  # the first sweep past it stops it: SIGTERM ends this one at once
+    job = await sc.job(job_id)
+    assert (job.status, job.error_reason, job.exit_code, job.attempts) == ("failed", "deadline_exceeded", -15, 1)
+    assert job.ended_at is not None and job.ended_at <= SCENARIO_EPOCH.replace(second=2 + 5 + 1)
+    assert "deadline_job_terminating" in [line["event"] for line in sc.log()]
+
+
+async def test_a_deadline_outlives_a_crash_of_the_supervisor(supervisor_scenario: Scenario) -> None:
+    sc = supervisor_scenario
+    await sc.start(kinds={"hung": sc.script(deadline_s=60, ignore_sigterm=True)}, cancel_grace_s=5)
+    job_id = await sc.enqueue("hung")
+    await sc.advance(30)
+    await sc.crash()
+    await sc.advance(60)  # past its deadline while no supervisor runs
+    await sc.restart()  # the startup sweep finds it past the deadline of its recorded start, and stops it
+    await sc.advance(5 + 1)
+    job = await sc.job(job_id)
+    assert (job.status, job.error_reason, job.exit_code) == ("failed", "deadline_exceeded", -9)  # SIGKILL after grace
+
+
+SLOW = """
+[kinds.slow]
+argv = ["sleep", "{seconds}"]
+params = { seconds = "float" }
+deadline_seconds = 2
+"""
+
+
+async def test_a_real_process_past_its_deadline_is_stopped(
+    make_supervisor: Callable[..., Supervisor], tmp_path: Path
+) -> None:
+    kinds = tmp_path / "deadline.toml"
+    kinds.write_text(KINDS + SLOW)
+    sup = make_supervisor(kinds_file=kinds, cancel_grace_s=2)
+    job_id = (await sup.enqueue("slow", {"seconds": 30})).job.job_id
+    with trio.fail_after(20):
+        while (await sup.get(job_id)).status is not JobStatus.FAILED:
+            await sup.sweep()  # the sweeper's step, driven here (this test runs no sweeper task)
+            await trio.sleep(0.5)
+    job = await wait_terminal(sup, job_id)
+    assert (job.error_reason, job.exit_code) == ("deadline_exceeded", -15)
