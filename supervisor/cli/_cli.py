@@ -41,6 +41,7 @@ from ..domain import (
     TokenFile,
     is_loopback,
     key_problem,
+    kind_warnings,
     load_config,
     load_kinds,
     read_token_file,
@@ -101,7 +102,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         for problem in problems:
             print(f"error: {problem}", file=sys.stderr)
         return EXIT_CONFIG
-    for warning in warnings:
+    for warning in [*warnings, *kind_warnings(kinds)]:
         print(f"warning: {warning}", file=sys.stderr)
     effective = config.describe()
     effective["kinds"] = kinds.names()

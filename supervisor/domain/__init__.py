@@ -52,6 +52,7 @@ from ._kinds import (
     KindCatalog,
     builtin_kinds,
     coalesce_key,
+    kind_warnings,
     load_kinds,
     parse_kind,
 )
@@ -198,6 +199,7 @@ __all__ = [
     "hash_token",
     "is_loopback",
     "key_problem",
+    "kind_warnings",
     "load_config",
     "load_kinds",
     "name_problem",

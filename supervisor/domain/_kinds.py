@@ -21,6 +21,8 @@ A kind is declared in TOML::
                                          # limit but the supervisor's own max_concurrent)
     deadline_seconds = 3600              # one attempt's wall-clock bound from its start: past it, stopped and
                                          # failed / deadline_exceeded, never resubmitted (default: none)
+    heartbeats = true                    # its program posts heartbeats (PODCAST_JOB_HEARTBEAT_URL): a hang is
+                                         # noticed by the absence judge (check-config warns of a kind with neither)
 
 Braces in argv:
 
@@ -136,6 +138,9 @@ class JobKind:
     # One attempt's wall-clock bound, from its recorded start: past it the sweeper stops it (identity-verified),
     # and it ends failed / deadline_exceeded. None: no bound of its own.
     deadline_s: float | None = None
+    # Its program posts heartbeats (a declaration: check-config warns of a kind that neither beats nor has a deadline,
+    # for nothing would notice it hang).
+    heartbeats: bool = False
 
     def validate_params(self, params: object) -> dict[str, ParamValue]:
         """Return the params converted to their declared types, or raise ``ValidationError`` naming the field.
@@ -346,6 +351,7 @@ _BUILTINS: dict[str, dict[str, Any]] = {
         "failure_reasons": PIPELINE_FAILURE_REASONS,
         "max_attempts": PIPELINE_MAX_ATTEMPTS,
         "retry_on_exit_codes": PIPELINE_RETRY_EXIT_CODES,
+        "heartbeats": True,
     },
     "enrichment": {
         "argv": ["{python}", "-m", "pipeline_runner", "enrich"],
@@ -356,8 +362,41 @@ _BUILTINS: dict[str, dict[str, Any]] = {
         "failure_reasons": PIPELINE_FAILURE_REASONS,
         "max_attempts": PIPELINE_MAX_ATTEMPTS,
         "retry_on_exit_codes": PIPELINE_RETRY_EXIT_CODES,
+        "heartbeats": True,
     },
 }
+
+
+# A reboot stops a running job with SIGTERM (a program that handles it exits 143) and Docker's kill reports 137:
+# a kind meant to survive one resubmits on them.
+REBOOT_EXIT_CODES = frozenset({137, 143})
+
+
+def kind_warnings(kinds: KindCatalog) -> list[str]:
+    """What ``supervisor check-config`` warns about an operator's kinds (the built-ins are safe): a kind that a
+    reboot fails for good, and one that nothing would notice hang (no deadline, no heartbeats)."""
+    builtin = set(_BUILTINS)
+    out: list[str] = []
+    for name in kinds.names():
+        kind = kinds.get(name)
+        if name in builtin:
+            continue
+        if kind.max_attempts == 1:
+            out.append(
+                f"kind {name!r}: a reboot fails its running jobs for good (max_attempts = 1): if its work may run "
+                "again, set max_attempts = 3 and retry_on_exit_codes = [137, 143]"
+            )
+        elif not kind.retry_on_exit_codes >= REBOOT_EXIT_CODES:
+            out.append(
+                f"kind {name!r}: a job that exits 143 on a reboot's SIGTERM (137 when Docker kills it) is not "
+                "resubmitted: add 137 and 143 to retry_on_exit_codes"
+            )
+        if kind.deadline_s is None and not kind.heartbeats:
+            out.append(
+                f"kind {name!r}: nothing would notice a job of it that hangs: set deadline_seconds, or have it post "
+                "heartbeats to PODCAST_JOB_HEARTBEAT_URL and declare heartbeats = true"
+            )
+    return out
 
 
 def builtin_kinds() -> dict[str, JobKind]:
@@ -378,6 +417,7 @@ _KIND_KEYS = {
     "retry_on_exit_codes",
     "max_running",
     "deadline_seconds",
+    "heartbeats",
 }
 
 
@@ -434,6 +474,9 @@ def parse_kind(name: str, spec: object) -> JobKind:
         raise KindsFileError(
             f"{where}: max_running must be a whole number from 1 to {MAX_RUNNING_LIMIT}, not {max_running!r}"
         )
+    heartbeats = spec.get("heartbeats", False)
+    if not isinstance(heartbeats, bool):
+        raise KindsFileError(f"{where}: heartbeats must be true or false")
     deadline = spec.get("deadline_seconds")
     if deadline is not None:
         deadline = _seconds(where, "deadline_seconds", deadline)
@@ -453,6 +496,7 @@ def parse_kind(name: str, spec: object) -> JobKind:
         retry_on_exit_codes=retry_codes,
         max_running=max_running,
         deadline_s=deadline,
+        heartbeats=heartbeats,
     )
 
 

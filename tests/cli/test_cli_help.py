@@ -121,3 +121,25 @@ def test_a_reader_that_goes_away_ends_the_command_quietly_with_141() -> None:
         os.close(write_end)
     assert done.stderr == b"", done.stderr.decode()
     assert done.returncode == 141
+
+
+def test_check_config_warns_of_an_own_kind_that_a_reboot_fails_or_nothing_would_notice_hang(tmp_path: Path) -> None:
+    kinds = tmp_path / "kinds.toml"
+    kinds.write_text(
+        '[kinds.fragile]\nargv = ["true"]\n'  # one attempt, no deadline, no heartbeats: both warnings
+        '[kinds.half]\nargv = ["true"]\nmax_attempts = 3\nheartbeats = true\n'  # resubmits, but not on 137/143
+        '[kinds.safe]\nargv = ["true"]\nmax_attempts = 3\nretry_on_exit_codes = [137, 143]\ndeadline_seconds = 60\n'
+    )
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("PODCAST_")},
+        "PYTHONPATH": str(REPO_ROOT),
+        "PODCAST_JOB_KINDS_FILE": str(kinds),
+        "PODCAST_JOB_DATA_DIR": str(tmp_path / "data"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "supervisor", "check-config"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    warned = [line for line in done.stderr.splitlines() if line.startswith("warning: kind")]
+    assert [line.split("'")[1] for line in warned] == ["fragile", "fragile", "half"]
+    assert "max_attempts = 1" in warned[0] and "deadline_seconds" in warned[1] and "137 and 143" in warned[2]
