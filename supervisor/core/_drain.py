@@ -407,6 +407,7 @@ class Drainer:
             log=Path(job.log_path),
             log_max_bytes=boot.config.log_max_bytes,
             attempt=max(1, job.attempts),
+            memory_max_mb=boot.kinds.get(job.kind).memory_max_mb if job.kind in boot.kinds else None,
         )
         try:
             return await boot.executor.start(launch)

@@ -21,6 +21,8 @@ A kind is declared in TOML::
                                          # limit but the supervisor's own max_concurrent)
     deadline_seconds = 3600              # one attempt's wall-clock bound from its start: past it, stopped and
                                          # failed / deadline_exceeded, never resubmitted (default: none)
+    memory_max_mb = 512                  # one job's memory bound: docker, the container's limit (swap included);
+                                         # subprocess, its address space (ulimit -v) (default: none)
     heartbeats = true                    # its program posts heartbeats (PODCAST_JOB_HEARTBEAT_URL): a hang is
                                          # noticed by the absence judge (check-config warns of a kind with neither)
 
@@ -141,6 +143,10 @@ class JobKind:
     # Its program posts heartbeats (a declaration: check-config warns of a kind that neither beats nor has a deadline,
     # for nothing would notice it hang).
     heartbeats: bool = False
+    # One job's memory bound in MiB: in docker mode the container's limit, swap included (the kernel kills it:
+    # killed_out_of_memory); in subprocess mode its address space (RLIMIT_AS: allocations past it fail, and the
+    # program ends as it handles that). None: no bound of its own.
+    memory_max_mb: int | None = None
 
     def validate_params(self, params: object) -> dict[str, ParamValue]:
         """Return the params converted to their declared types, or raise ``ValidationError`` naming the field.
@@ -418,6 +424,7 @@ _KIND_KEYS = {
     "max_running",
     "deadline_seconds",
     "heartbeats",
+    "memory_max_mb",
 }
 
 
@@ -474,6 +481,9 @@ def parse_kind(name: str, spec: object) -> JobKind:
         raise KindsFileError(
             f"{where}: max_running must be a whole number from 1 to {MAX_RUNNING_LIMIT}, not {max_running!r}"
         )
+    memory = spec.get("memory_max_mb")
+    if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int) or not 16 <= memory <= 1 << 22):
+        raise KindsFileError(f"{where}: memory_max_mb must be a whole number of MiB from 16 to 4194304, not {memory!r}")
     heartbeats = spec.get("heartbeats", False)
     if not isinstance(heartbeats, bool):
         raise KindsFileError(f"{where}: heartbeats must be true or false")
@@ -497,6 +507,7 @@ def parse_kind(name: str, spec: object) -> JobKind:
         max_running=max_running,
         deadline_s=deadline,
         heartbeats=heartbeats,
+        memory_max_mb=memory,
     )
 
 

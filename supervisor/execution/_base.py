@@ -94,6 +94,7 @@ class Launch:
     log: Path  # where its output goes (fixed in the row at promotion)
     log_max_bytes: int
     attempt: int = 1  # which start of the job this is (a resubmitted job's later attempts: 2, 3, ...)
+    memory_max_mb: int | None = None  # its kind's memory bound (docker: the container's limit; subprocess: RLIMIT_AS)
 
 
 class JobHandle:

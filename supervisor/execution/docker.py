@@ -73,6 +73,7 @@ from ._base import (
     ProofOfEnd,
     check_log_writable,
 )
+from .shepherd import JOB_OOM_SCORE_ADJ
 
 log = get_logger()
 
@@ -407,6 +408,13 @@ class DockerExecutor(Executor):
             binds={self.data_volume: {"bind": str(launch.data_dir), "mode": "rw"}},
             network_mode=self.network,
             log_config=LogConfig(type="json-file", config={"max-size": str(launch.log_max_bytes), "max-file": "2"}),
+            oom_score_adj=JOB_OOM_SCORE_ADJ,  # the job, never the engine or the supervisor, is the OOM killer's pick
+            # The kind's memory_max_mb, swap included: past it the kernel kills the job (killed_out_of_memory).
+            **(
+                {"mem_limit": f"{launch.memory_max_mb}m", "memswap_limit": f"{launch.memory_max_mb}m"}
+                if launch.memory_max_mb is not None
+                else {}
+            ),
         )
         labels = {LABEL_JOB: launch.job_id, LABEL_BOOT: launch.boot_id, LABEL_KIND: launch.kind}
         labels[LABEL_ATTEMPT] = str(launch.attempt)

@@ -105,7 +105,17 @@ def _kernel_boot_id() -> str | None:
 # closes it, enters the job's directory and execs the job's program (PATH from the job's environment, as execvpe).
 GATE_SHELL = "/bin/sh"
 GATE_FD = 3
-GATE_SCRIPT = 'IFS= read -r gate <&3; exec 3<&-; [ "$gate" = g ] || exit 125; cd -- "$1" || exit 126; shift; exec "$@"'
+# Every job is a likelier choice for the kernel's OOM killer than the supervisor and its shepherd (0): a runaway job
+# is the one killed, never the process that would record its end (the docker executor sets the same on containers).
+JOB_OOM_SCORE_ADJ = 500
+# $1: the job's directory; $2: its address-space bound in KiB ("-": none). Before the exec, in the process that becomes
+# the program (same pid): a likelier OOM victim than the shepherd (JOB_OOM_SCORE_ADJ; raising one's own is allowed),
+# and the kind's memory bound (ulimit -v: RLIMIT_AS, inherited by exec).
+GATE_SCRIPT = (
+    'IFS= read -r gate <&3; exec 3<&-; [ "$gate" = g ] || exit 125; '
+    f'{{ echo {JOB_OOM_SCORE_ADJ} >/proc/self/oom_score_adj; }} 2>/dev/null; '
+    '[ "$2" = - ] || ulimit -v "$2" || exit 124; cd -- "$1" || exit 126; shift 2; exec "$@"'
+)
 # Dispositions the shepherd changes for itself that a job must not inherit (an ignored signal survives exec).
 JOB_DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGCHLD)
 
@@ -564,6 +574,8 @@ class ShepherdProcess:
             {"pid": str(req.get("run_pid_file") or ""), "exit": str(req.get("run_exit_file") or "")},
         )
         cwd = str(req["cwd"])
+        memory = req.get("memory_max_mb")
+        memory_kib = str(int(str(memory)) * 1024) if memory is not None else "-"
         try:
             check_log_writable(log_path)
         except OSError as exc:
@@ -595,7 +607,7 @@ class ShepherdProcess:
             # INV-IDENTITY-BEFORE-PROGRAM: the .pid file exists before the program runs.
             pid = os.posix_spawn(
                 GATE_SHELL,
-                [GATE_SHELL, "-c", GATE_SCRIPT, "podcast-job-gate", cwd, *argv],
+                [GATE_SHELL, "-c", GATE_SCRIPT, "podcast-job-gate", cwd, memory_kib, *argv],
                 env,
                 file_actions=[
                     (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),

@@ -494,6 +494,7 @@ class ShepherdClient:
         files: JobFiles,
         log_max_bytes: int,
         marker: Path | None = None,
+        memory_max_mb: int | None = None,
     ) -> StartedJob:
         """Start a job; raise ``SpawnError`` with a one-line reason when it cannot start. ``env``: the job's own
         variables, laid over the base environment given at construction. ``marker``: where a shepherd started for
@@ -518,6 +519,7 @@ class ShepherdClient:
                     "run_pid_file": str(files.run_pid) if files.run_pid else None,
                     "run_exit_file": str(files.run_exit) if files.run_exit else None,
                     "cap": log_max_bytes,
+                    "memory_max_mb": memory_max_mb,
                 },
             )
             with trio.move_on_after(START_TIMEOUT_S):
@@ -753,6 +755,7 @@ class SubprocessExecutor(Executor):
             files=files,
             log_max_bytes=launch.log_max_bytes,
             marker=marker_path(launch.log.parent, launch.boot_id),
+            memory_max_mb=launch.memory_max_mb,
         )
         return ProcessHandle(launch.job_id, started.pid, started.identity, files)
 

@@ -126,3 +126,11 @@ async def test_supervisor_says_ready_once_serving_and_stopping_at_shutdown(
         assert sup.last_sweep_done is not None
         shutdown.set()
     assert received(sock)[-1] == "STOPPING=1"
+
+
+def test_the_unit_leaves_jobs_running_and_survives_a_jobs_oom_kill() -> None:
+    """deploy/'s unit: a restart signals the supervisor only (KillMode=process), and a job's OOM kill is the job's
+    outcome, not the unit's (OOMPolicy=continue; systemd's default would stop the supervisor too)."""
+    unit = (Path(__file__).resolve().parents[2] / "deploy" / "podcast-supervisor.service").read_text()
+    settings = dict(line.split("=", 1) for line in unit.splitlines() if "=" in line and not line.startswith("#"))
+    assert (settings["KillMode"], settings["OOMPolicy"], settings["Type"]) == ("process", "continue", "notify")

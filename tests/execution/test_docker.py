@@ -24,6 +24,7 @@ from supervisor.domain import Job, PageRequest, parse_kind
 from supervisor.execution import Executor, create_executor
 from supervisor.execution import docker as docker_execution
 from supervisor.execution.docker import LABEL_ATTEMPT, LABEL_BOOT, LABEL_JOB, LABEL_KIND
+from supervisor.execution.shepherd import JOB_OOM_SCORE_ADJ
 from supervisor.execution.subprocess import identify, probe
 from supervisor.registry import NewJob
 
@@ -364,3 +365,29 @@ async def test_containers_a_dead_boot_recorded_as_ended_but_never_removed_are_re
         assert (await wait_terminal(new, again.job_id)).status is JobStatus.CANCELLED
     finally:
         await trio.to_thread.run_sync(lambda: world.client.remove_container(foreign, force=True))
+
+
+GREEDY = """
+[kinds.greedy]
+argv = [
+    "{python}", "-c", "import sys; x = bytearray(int(sys.argv[1]) * 2**20); x[::4096] = b'x' * len(x[::4096])", "{mb}"
+]
+params = { mb = "int" }
+memory_max_mb = 32
+"""
+
+
+async def test_a_container_past_its_memory_bound_is_killed_out_of_memory_and_nothing_else_is(
+    make: Callable[..., Supervisor], world: DockerWorld, tmp_path: Path
+) -> None:
+    kinds = tmp_path / "greedy.toml"
+    kinds.write_text(KINDS + GREEDY)
+    sup = make(kinds_file=kinds, max_concurrent=2)
+    bystander = await wait_running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)
+    greedy = await wait_terminal(sup, (await sup.enqueue("greedy", {"mb": 200})).job.job_id, timeout_s=60)
+    assert (greedy.status, greedy.error_reason) == (JobStatus.FAILED, "killed_out_of_memory")
+    info = await trio.to_thread.run_sync(world.client.inspect_container, container_of(bystander))
+    assert info["HostConfig"]["OomScoreAdj"] == JOB_OOM_SCORE_ADJ  # every job, the OOM killer's likelier pick
+    assert (await sup.get(bystander.job_id)).status is JobStatus.RUNNING
+    await sup.cancel(bystander.job_id)
+    await wait_terminal(sup, bystander.job_id, timeout_s=60)
