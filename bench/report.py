@@ -411,14 +411,14 @@ def chaos_block(inputs: Inputs) -> list[str]:
     """The latest chaos run of each exec mode (files before issue 25 name no mode: subprocess)."""
     if not inputs.chaos:
         return ["_No chaos results in the files rendered: run `make chaos`._"]
-    latest: dict[str, Loaded] = {}
-    for f in inputs.chaos:
-        latest[f.data.get("mode", "subprocess")] = f
+    latest: dict[tuple[str, int], Loaded] = {}
+    for f in inputs.chaos:  # per mode, and per fleet size: a 3-host run is not the lone host's latest
+        latest[(f.data.get("mode", "subprocess"), int(f.data.get("args", {}).get("hosts", 1) or 1))] = f
     lines: list[str] = []
-    for mode in sorted(latest):
+    for mode, hosts in sorted(latest):
         if lines:
             lines.append("")
-        lines += chaos_run_block(mode, latest[mode])
+        lines += chaos_run_block(mode if hosts == 1 else f"{mode}, {hosts} hosts", latest[(mode, hosts)])
     return lines
 
 
@@ -441,14 +441,14 @@ def chaos_run_block(mode: str, f: Loaded) -> list[str]:
         f"_`tests/longrun/chaos.py`, {day(d['date'])}, {machine_text(d)}; {revision_text(d)}; "
         f"`bench/results/{f.path.name}`._",
         "",
-        f"{what}{elapsed}. Verdict: **{d.get('verdict', '?')}**.",
+        f"- {what}{elapsed}. Verdict: **{d.get('verdict', '?')}**.",
     ]
     if d.get("source", "measured") != "measured":
         lines[-1] += f" ({d['source']}.)"
     # The checks passed are counted, the others named (docs/reliability.md says what each check is).
     checks = d.get("checks", [])
     passed = [c for c in checks if c["verdict"] == "PASS"]
-    lines += ["", f"- checks: {len(passed)} of {len(checks)} PASS"]
+    lines += [f"- checks: {len(passed)} of {len(checks)} PASS"]
     lines += [f"- **{c['verdict']}**: {c['name']}" for c in checks if c["verdict"] != "PASS"]
     outcomes = d.get("outcomes", [])
     if outcomes:
