@@ -114,6 +114,13 @@ from supervisor.registry import Host, NewJob, PostgresRegistry  # noqa: E402
 
 MODES = ("subprocess", "docker")
 KIND = "work"
+# A kind with max_running = 1 (INV-KIND-LIMIT-IS-A-COUNT), every fourth job: never two of them at once, across kills.
+SOLO = "solo"
+
+
+def kind_of(n: int) -> str:
+    return SOLO if n % 4 == 0 else KIND
+
 MAX_ATTEMPTS = 3
 # How each mode records a SIGKILL from outside: the signal itself (a child of the shepherd), or the 128 + 9 the engine
 # reports (it cannot tell a signal from an exit code; the kind lists 137 as "try again", as the pipeline kind does).
@@ -140,10 +147,11 @@ note("end")
 
 def kinds_toml(journal: Path) -> str:
     argv = ["{python}", "-c", JOB, "{seconds}", str(journal)]
-    return (
-        f'[kinds.{KIND}]\nargv = {json.dumps(argv)}\nparams = {{ seconds = "float" }}\n'
+    return "".join(
+        f'[kinds.{name}]\nargv = {json.dumps(argv)}\nparams = {{ seconds = "float" }}\n'
         f"max_attempts = {MAX_ATTEMPTS}\nretry_backoff_seconds = 0.2\nretry_backoff_max_seconds = 1.0\n"
-        "retry_on_exit_codes = [137]\n"
+        f"retry_on_exit_codes = [137]\n{extra}"
+        for name, extra in ((KIND, ""), (SOLO, "max_running = 1\n"))
     )
 
 
@@ -567,21 +575,21 @@ class Enqueuer:
         try:
             with httpx.Client(timeout=10.0) as client:
                 for n, seconds in enumerate(self.durations):
-                    self._one(client, seconds, f"chaos-{n}")
+                    self._one(client, seconds, f"chaos-{n}", kind_of(n))
                     if self.stop.wait(self.rng.uniform(0, 2 * self.gap_s)):
                         return
             self.done.set()
         except BaseException as exc:
             self.error = exc
 
-    def _one(self, client: httpx.Client, seconds: float, key: str) -> None:
+    def _one(self, client: httpx.Client, seconds: float, key: str, kind: str) -> None:
         while not self.stop.is_set():
             url = self.urls[self._next % len(self.urls)]
             self._next += 1  # round-robin; a refused or lost request goes on to the next host
             try:
                 answer = client.post(
                     f"{url}/api/jobs",
-                    json={"kind": KIND, "params": {"seconds": seconds}},
+                    json={"kind": kind, "params": {"seconds": seconds}},
                     headers={"Idempotency-Key": key},
                     timeout=10.0,
                 )
@@ -796,12 +804,13 @@ def all_rows(store: Store) -> list[Job]:
 
 def enqueue_direct(store: Store, kinds: Path, durations: list[float], python: str) -> list[str]:
     """Jobs written straight into the registry before the first boot, as a CLI in another process would."""
-    kind = load_kinds(kinds).get(KIND)
+    catalog = load_kinds(kinds)
     acked = []
-    for seconds in durations:
+    for n, seconds in enumerate(durations):
+        kind = catalog.get(kind_of(n + 1))  # odd places: the API's enqueuer takes the others' turn
         params = kind.validate_params({"seconds": seconds})
         argv = kind.render_argv(params, python=python)
-        acked.append(store.enqueue(NewJob(KIND, params, argv, max_attempts=kind.max_attempts)))
+        acked.append(store.enqueue(NewJob(kind.name, params, argv, max_attempts=kind.max_attempts)))
     return acked
 
 
@@ -1443,6 +1452,8 @@ def judge(
             wrong.append(f"{row.job_id}: attempt {row.attempts} of {MAX_ATTEMPTS} {what}, recorded {got}")
     killed_runs = [r for runs in journal.runs.values() for r in runs if r.killed_at is not None]
     peak = max_overlap(journal.runs)
+    solo = {row.job_id for row in rows if row.kind == SOLO}
+    solo_peak = max_overlap({job_id: runs for job_id, runs in journal.runs.items() if job_id in solo})
     outcomes = collections.Counter((str(r.status), r.error_reason) for r in rows)
     resubmits = sum(len(r.history) for r in rows)
     checks = {
@@ -1461,6 +1472,9 @@ def judge(
         <= plan.slots
         and observer.peak_running_rows <= plan.slots,
         "nothing stuck: no job process or container of the run left": not left,
+        f"never more than 1 {SOLO} job at once, its max_running ({len(solo)} of them, journal peak {solo_peak})": (
+            solo_peak <= 1
+        ),
     }
     violations = lost + [f"{job_id}: a row no answer acknowledged" for job_id in unacknowledged]
     violations += not_terminal + api_mismatches + unknown_runs + twice + wrong + left
@@ -1484,6 +1498,7 @@ def judge(
         "jobs_out_of_attempts": sum(1 for r in rows if r.error_reason == kill_reason),
         "starts": sum(len(runs) for runs in journal.runs.values()),
         "peak_concurrency_journal": peak,
+        "peak_solo_journal": solo_peak,
         "peak_running_rows": observer.peak_running_rows,
         "registry_samples": observer.samples,
         "outcomes": [

@@ -27,7 +27,7 @@ import pytest
 TEST_DATABASE_URL_VAR = "PODCAST_JOB_TEST_DATABASE_URL"
 
 CHAOS = Path(__file__).resolve().parent / "chaos.py"
-CHECKS = 8  # issue 35 added: as many rows as acknowledged jobs
+CHECKS = 9  # since idempotency keys: as many rows as acknowledged jobs; since max_running: never two solo jobs
 FLEET_CHECKS = CHECKS + 2
 
 
