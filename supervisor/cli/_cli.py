@@ -748,6 +748,8 @@ def _show_queue(io: _Io, state: Mapping[str, Any], as_json: bool) -> None:
         return
     paused = "paused" if state["paused"] else "active"
     io.print(f"queue {paused}: {state['running']} running (max {state['max_concurrent']}), {state['queued']} queued")
+    if _live.kinds_text(state):
+        io.print(f"by kind (running[/max_running] +queued): {_live.kinds_text(state)}")
     # The queue's watch (docs/operations.md § The queue's watch), as of the server's last sweep: what holds it, and
     # whether it is stuck.
     for reason, since in sorted((state.get("held") or {}).items()):

@@ -126,6 +126,15 @@ def _status_text(job: Mapping[str, Any]) -> Text:
     return text
 
 
+
+def kinds_text(queue: Mapping[str, Any]) -> str:
+    """Each kind's running (of its max_running) and queued jobs, as the queue state gives them: ``pipeline 2/2 +3``."""
+    parts = []
+    for kind, load in sorted((queue.get("kinds") or {}).items()):
+        limit = load.get("max_running")
+        parts.append(f"{kind} {load.get('running')}{f'/{limit}' if limit is not None else ''} +{load.get('queued')}")
+    return ", ".join(parts)
+
 class Output:
     """Where a live command writes: a rich console over ``out``, live on a terminal."""
 
@@ -385,6 +394,8 @@ class WatchView:
             head = Text.assemble(
                 "queue ", paused, f"   running {q.get('running')}/{q.get('max_concurrent')}   queued {q.get('queued')}"
             )
+            if kinds_text(q):
+                head.append(f"   {kinds_text(q)}", style="dim")
         else:
             head = Text("queue ...")
         stalled = sum(1 for j in self.running if j.get("stalled"))
@@ -421,6 +432,7 @@ class WatchView:
         lines = [
             f"queue {'PAUSED' if q.get('paused') else 'active'}: running {q.get('running')}/{q.get('max_concurrent')},"
             f" queued {q.get('queued')}"
+            + (f"; {kinds_text(q)}" if kinds_text(q) else "")
         ]
         for job in self.running:
             flags = " ".join(f.upper() for f in _flags(job))

@@ -353,10 +353,12 @@ async def test_enqueue_sends_its_request_again_after_a_lost_answer_and_makes_one
 async def test_queue_says_what_holds_the_queue_as_of_the_last_sweep(live: Live) -> None:
     await cli(live.url, "pause")
     await live.supervisor.sweep()  # the queue's watch looks at every sweep (issue 40)
+    await live.supervisor.enqueue("sleep", {"seconds": 1})
     shown = await cli(live.url, "queue")
     assert shown.code == EXIT_OK
-    first, held = shown.out.splitlines()
+    first, kinds, held = shown.out.splitlines()
     assert first.startswith("queue paused:") and held.startswith("held by pause_operator since ")
+    assert kinds == "by kind (running[/max_running] +queued): sleep 0 +1"
 
 
 async def test_more_waits_than_event_stream_slots_each_exit_with_their_jobs_outcome(make_live: MakeLive) -> None:
