@@ -17,9 +17,11 @@ from ..domain import (
     MAX_BATCH,
     MAX_STAGE_LEN,
     MAX_UNITS,
+    PARAM_PREFIX,
     BodyTooLarge,
     InvalidHeader,
     JobRequest,
+    KindCatalog,
     MalformedRequest,
     PageRequest,
     Progress,
@@ -195,17 +197,19 @@ def int_query(query: Mapping[str, str], name: str, default: int | None) -> int |
     return int(text)
 
 
-def parse_page(given: Mapping[str, str]) -> PageRequest:
-    """The job list's query (status, kind, limit, cursor, idempotency_key) as a page request; a 422 names the field."""
+def parse_page(given: Mapping[str, str], kinds: KindCatalog | None = None) -> PageRequest:
+    """The job list's query (the filter's names and ``param.NAME``, limit, cursor) as a page request; a 422 names
+    the field. ``kinds``: what a ``param.NAME``'s value is compared as."""
     limit = int_query(given, "limit", DEFAULT_LIST_LIMIT)
     assert limit is not None
-    return PageRequest.parse(
-        status=given.get("status"),
-        kind=given.get("kind"),
-        limit=limit,
-        cursor=given.get("cursor"),
-        idempotency_key=given.get("idempotency_key"),
-    )
+    filters = {name: text for name, text in given.items() if name not in ("limit", "cursor")}
+    return PageRequest.parse(limit=limit, cursor=given.get("cursor"), kinds=kinds, **filters)
+
+
+def query_with_params(allowed: Iterable[str]) -> dict[str, str]:
+    """``query``, where any ``param.NAME`` is allowed too (a filter on a declared param)."""
+    names = [*allowed, *(name for name in request.args if name.startswith(PARAM_PREFIX))]
+    return query(names)
 
 
 def bool_query(name: str, *, default: bool) -> bool:

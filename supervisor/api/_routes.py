@@ -19,6 +19,7 @@ from ..core import Supervisor
 from ..domain import (
     CURSOR_PATTERN,
     DEFAULT_LIST_LIMIT,
+    FILTER_NAMES,
     IDEMPOTENCY_KEY_HEADER,
     KEY_SCHEMA,
     MAX_LIST_LIMIT,
@@ -47,10 +48,20 @@ from ._parse import (
     parse_page,
     parse_progress,
     query,
+    query_with_params,
 )
 from ._route_table import INVALID, NOT_FOUND, RouteTable, error, json_answer, ref, text_answer
 
 ROUTES = RouteTable()
+_TIME = {"type": "string", "format": "date-time"}
+# The list's filters beside status, kind and the key (JobFilter); param.NAME (a declared param's value) as well.
+FILTER_PARAMETERS = (
+    {"name": "reason", "in": "query", "schema": {"type": "string"}, "description": "the error or outcome reason"},
+    {"name": "host", "in": "query", "schema": {"type": "string"}, "description": "the host that ran it"},
+    {"name": "since", "in": "query", "schema": _TIME, "description": "created at or after (with its UTC offset)"},
+    {"name": "until", "in": "query", "schema": _TIME, "description": "created before"},
+    {"name": "ended_since", "in": "query", "schema": _TIME, "description": "ended at or after"},
+)
 
 MISSING_JOB_TOKEN = "missing job token (Authorization: Bearer $PODCAST_JOB_TOKEN)"
 # How long a browser's EventSource waits before it reconnects after a dropped connection.
@@ -182,12 +193,13 @@ async def enqueue_batch(supervisor: Supervisor) -> Any:
             "schema": KEY_SCHEMA,
             "description": "only the jobs an enqueue with this Idempotency-Key answered, while the key is kept",
         },
+        *FILTER_PARAMETERS,
     ),
     responses={"200": json_answer(ref("JobList"), "one page"), "422": INVALID},
 )
 async def list_jobs(supervisor: Supervisor) -> Any:
     """List jobs, newest first, one page at a time."""
-    page = parse_page(query(("status", "kind", "limit", "cursor", "idempotency_key")))
+    page = parse_page(query_with_params((*FILTER_NAMES, "limit", "cursor")), supervisor.kinds)
     # A page's rows are read and encoded a few pages at a time (HttpLimits.max_page_builds): the encoding holds the
     # event loop, and hundreds of them queued at once kept heartbeats and /api/health waiting behind them.
     async with current_app.extensions["supervisor.page_builds"]:

@@ -590,12 +590,45 @@ def cmd_wait(client: Client, args: argparse.Namespace, io: _Io) -> int:
     )
 
 
+def _filter_arguments(p: argparse.ArgumentParser) -> None:
+    """The list's filters beside --status, --kind and --idempotency-key (the API's names; checked by the server)."""
+    p.add_argument("--reason", help="the error or planned-outcome reason (all_feeds_unavailable, exit_code_1, ...)")
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="a declared param's value")
+    p.add_argument("--since", metavar="TIME", help="created at or after TIME (ISO 8601 with its offset: ...Z)")
+    p.add_argument("--until", metavar="TIME", help="created before TIME")
+    p.add_argument("--ended-since", metavar="TIME", help="ended at or after TIME")
+    p.add_argument("--host", help="run by this host")
+
+
+def _filters(args: argparse.Namespace) -> dict[str, str]:
+    """The filter arguments as the API's query names; a --param without '=' is a usage error (ValueError)."""
+    out = {
+        name: value
+        for name, value in (
+            ("reason", args.reason), ("since", args.since), ("until", args.until), ("ended_since", args.ended_since),
+            ("host", args.host),
+        )
+        if value is not None
+    }  # fmt: skip
+    for given in args.param:
+        name, sep, value = given.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--param {given!r}: give NAME=VALUE")
+        out[f"param.{name}"] = value
+    return out
+
+
 def cmd_jobs(client: Client, args: argparse.Namespace, io: _Io) -> int:
+    try:
+        filters = _filters(args)
+    except ValueError as exc:
+        io.error(str(exc))
+        return EXIT_USAGE
     if args.watch:
-        if args.json or args.cursor or args.status or args.kind or args.idempotency_key:
+        if args.json or args.cursor or args.status or args.kind or args.idempotency_key or filters:
             io.error(
-                "--watch shows the running jobs and the queue: it takes no --json, --status, --kind, --cursor or "
-                "--idempotency-key"
+                "--watch shows the running jobs and the queue: it takes no --json, --cursor and no filter (--status, "
+                "--kind, --idempotency-key, --reason, --param, --since, --until, --ended-since, --host)"
             )
             return EXIT_USAGE
         args.interrupted_exit = EXIT_OK  # Ctrl-C is how a watch ends
@@ -607,6 +640,7 @@ def cmd_jobs(client: Client, args: argparse.Namespace, io: _Io) -> int:
         limit=args.limit,
         cursor=args.cursor,
         idempotency_key=args.idempotency_key,
+        filters=filters,
     )
     if args.json:
         io.json(answer)
@@ -961,6 +995,7 @@ def _add_client_commands(sub: Any) -> None:
     p.add_argument(
         "--idempotency-key", type=_idempotency_key, metavar="KEY", help="only the jobs an enqueue with KEY answered"
     )
+    _filter_arguments(p)
     p.add_argument(
         "-w",
         "--watch",

@@ -203,9 +203,11 @@ class Client:
         limit: int | None = None,
         cursor: str | None = None,
         idempotency_key: str | None = None,
+        filters: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
+        """A page of the list; ``filters``: the others by their query names (``reason``, ``since``, ``param.feed``)."""
         query = {"status": status, "kind": kind, "limit": limit, "cursor": cursor, "idempotency_key": idempotency_key}
-        return self._json("GET", "/api/jobs", shape="page", params=query)
+        return self._json("GET", "/api/jobs", shape="page", params={**query, **(filters or {})})
 
     def get_job(self, job_id: str) -> dict[str, Any]:
         return self._json("GET", f"/api/jobs/{_segment(job_id)}", shape="job")

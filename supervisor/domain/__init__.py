@@ -78,7 +78,16 @@ from ._model import (
     to_iso,
     utc_now,
 )
-from ._page import CURSOR_PATTERN, DEFAULT_LIST_LIMIT, FIRST_PAGE, MAX_LIST_LIMIT, PageRequest
+from ._page import (
+    CURSOR_PATTERN,
+    DEFAULT_LIST_LIMIT,
+    FILTER_NAMES,
+    FIRST_PAGE,
+    MAX_LIST_LIMIT,
+    PARAM_PREFIX,
+    JobFilter,
+    PageRequest,
+)
 from ._params import INT64_MAX, INT64_MIN, INT_TEXT, URL_PATTERN, ParamRule
 from ._settings import (
     EXEC_MODES,
@@ -113,6 +122,7 @@ __all__ = [
     "DEFAULT_LIST_LIMIT",
     "EXEC_MODES",
     "FEED_URL_MAX_LENGTH",
+    "FILTER_NAMES",
     "FIRST_PAGE",
     "FOLLOW_UP_PREFIX",
     "IDEMPOTENCY_KEY_HEADER",
@@ -128,6 +138,7 @@ __all__ = [
     "MAX_STR_PARAM_LEN",
     "MAX_UNITS",
     "OPERATOR",
+    "PARAM_PREFIX",
     "REPLAYED_HEADER",
     "RESUBMITTED",
     "SCOPES",
@@ -159,6 +170,7 @@ __all__ = [
     "InsufficientScope",
     "InvalidHeader",
     "Job",
+    "JobFilter",
     "JobKind",
     "JobNotFound",
     "JobRequest",

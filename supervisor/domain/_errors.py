@@ -28,6 +28,7 @@
     ├── StartOutcomeUnknown         a start was asked and not answered in time: the job may run or never will
     ├── HostForgotten               an operator forgot this boot of the host: its lease is never renewed again
     ├── Unwatchable                 (execution/_base.py) a job that can no longer be watched: its row keeps its slot
+    ├── ScenarioError               (supervisor.testing) a scenario used out of order, or not in virtual time
     ├── ApiError                    (CLI client, _client.py) the server answered with an error
     └── Unreachable                 (CLI client, _client.py) no usable answer from the server
         └── NotTheApi               (CLI client) an answer came, but not this API's (another shape, an HTML page)

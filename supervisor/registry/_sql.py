@@ -59,6 +59,9 @@ class SqlStore:
             column, op, value = cond
             if value is None:
                 parts.append(f"{column} IS {'NOT ' if op == '!=' else ''}NULL")
+            elif op == "json=":
+                key, wanted = value
+                parts.append(self.json_equals(column, key, wanted, args))
             elif op in ("in", "not in"):
                 marks = [self._arg(args, column, item) for item in value]
                 if op == "in":
@@ -68,6 +71,13 @@ class SqlStore:
             else:
                 parts.append(f"{column} {op} {self._arg(args, column, value)}")
         return " AND ".join(parts)
+
+    def json_equals(self, column: str, key: str, value: object, args: list[object]) -> str:
+        """A JSON column's member ``key`` equals ``value`` (SQLite's JSON1; PostgreSQL overrides it)."""
+        args.append(f'$."{key}"')
+        path = self.mark(len(args))
+        args.append(int(value) if isinstance(value, bool) else value)
+        return f"json_extract({column}, {path}) = {self.mark(len(args))}"
 
     def _arg(self, args: list[object], column: str, value: object) -> str:
         args.append(self.encode(column, value))

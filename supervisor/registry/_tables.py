@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from ..domain import TERMINAL, Attempt, IdentityRecord, Job, JobStatus, PageRequest
+from ..domain import TERMINAL, Attempt, IdentityRecord, Job, JobFilter, JobStatus, PageRequest
 from ._vocabulary import (
     FleetSetting,
     Host,
@@ -324,12 +324,27 @@ async def prunable(
     return found[:limit]
 
 
+async def matching(store: Store, wanted: JobFilter) -> Where:
+    """The conditions of ``wanted`` on the jobs table (a live key's jobs read first)."""
+    filters = (
+        ("status", "=", wanted.status.value if wanted.status is not None else None),
+        ("kind", "=", wanted.kind),
+        ("error_reason", "=", wanted.reason),
+        ("created_at", ">=", wanted.created_since),
+        ("created_at", "<", wanted.created_until),
+        ("ended_at", ">=", wanted.ended_since),
+        ("host_id", "=", wanted.host),
+    )
+    where: Where = tuple(cond for cond in filters if cond[2] is not None)
+    where += tuple(("params", "json=", (name, value)) for name, value in wanted.params)
+    if wanted.idempotency_key is not None:
+        where += (("job_id", "in", tuple(await keyed(store, key=wanted.idempotency_key))),)
+    return where
+
+
 async def list_page(store: Store, page: PageRequest) -> tuple[list[Job], str | None]:
     """A page of rows, newest first, and the cursor of the next (None: the last page)."""
-    filters = (("seq", "<", page.before), ("status", "=", page.status), ("kind", "=", page.kind))
-    where: Where = tuple(cond for cond in filters if cond[2] is not None)
-    if page.idempotency_key is not None:
-        where += (("job_id", "in", tuple(await keyed(store, key=page.idempotency_key))),)
+    where = (*await matching(store, page.filter), *((("seq", "<", page.before),) if page.before is not None else ()))
     rows = await store.select(JOBS, where, Read(order=("-seq",), limit=page.limit + 1))
     found = rows[: page.limit]
     positions: dict[int, int] = {}

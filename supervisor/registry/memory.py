@@ -55,6 +55,10 @@ def _holds(row: Row, where: Where) -> bool:
             met = have in value
         elif op == "not in":
             met = have is not None and have not in value
+        elif op == "json=":
+            key, wanted = value
+            member = json.loads(have).get(key) if have is not None else None
+            met = type(member) is type(wanted) and member == wanted
         else:
             met = have is not None and _COMPARE[op](have, value)
         if not met:

@@ -425,3 +425,22 @@ async def test_an_interrupted_enqueue_from_file_says_what_it_stored_and_its_reru
         if cursor is None:
             break
     assert len(rows) == 2500  # none stored twice
+
+
+async def test_jobs_filters_by_reason_param_time_and_host(live: Live) -> None:
+    failed = (await live.supervisor.enqueue("fail", {})).job.job_id
+    three = (await live.supervisor.enqueue("typed", {"n": 3, "ratio": 0.5, "flag": True, "name": "x"})).job.job_id
+    four = (await live.supervisor.enqueue("typed", {"n": 4, "ratio": 0.5, "flag": False, "name": "x"})).job.job_id
+    for job_id in (failed, three, four):
+        await wait_terminal(live.supervisor, job_id)
+    since = "2000-01-01T00:00:00Z"
+    found = await cli(live.url, "jobs", "--json", "--reason", "exit_code_3", "--since", since)
+    assert found.code == EXIT_OK, found.err
+    assert [job["job_id"] for job in found.json()["jobs"]] == [failed]
+    host = live.supervisor.config.host_id
+    found = await cli(live.url, "jobs", "--json", "--param", "n=3", "--param", "flag=true", "--host", host)
+    assert [job["job_id"] for job in found.json()["jobs"]] == [three]
+    bad = await cli(live.url, "jobs", "--param", "n=three")
+    assert bad.code != EXIT_OK and "param.n must be an int" in bad.err
+    usage = await cli(live.url, "jobs", "--param", "n")
+    assert usage.code == EXIT_USAGE and "NAME=VALUE" in usage.err

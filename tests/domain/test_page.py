@@ -2,14 +2,46 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta, timezone
+
 import pytest
 
-from supervisor.domain import MAX_LIST_LIMIT, JobStatus, PageRequest, ValidationError
+from supervisor.domain import (
+    MAX_LIST_LIMIT,
+    JobFilter,
+    JobStatus,
+    KindCatalog,
+    PageRequest,
+    ValidationError,
+    builtin_kinds,
+)
+
+KINDS = KindCatalog(builtin_kinds())
 
 
 def test_the_wire_text_becomes_typed_values() -> None:
     page = PageRequest.parse(status="queued", kind="pipeline", limit=5, cursor="42", idempotency_key="k")
-    assert page == PageRequest(JobStatus.QUEUED, "pipeline", 5, 42, "k")
+    assert page == PageRequest(JobFilter(JobStatus.QUEUED, "pipeline", idempotency_key="k"), 5, 42)
+
+
+def test_every_filter_is_read_from_its_text_and_a_param_as_its_declared_type() -> None:
+    wanted = JobFilter.parse(
+        {
+            "status": "failed",
+            "reason": "all_feeds_unavailable",
+            "param.max_episodes": "5",
+            "param.feed": "https://x.example/feed",
+            "since": "2026-12-07T02:00:00Z",
+            "until": "2026-12-07T04:00:00+02:00",
+            "ended_since": "2026-12-07T03:00:00Z",
+            "host": "h1",
+        },
+        KINDS,
+    )
+    assert wanted.params == (("feed", "https://x.example/feed"), ("max_episodes", 5))
+    assert wanted.created_since == datetime(2026, 12, 7, 2, tzinfo=UTC)
+    assert wanted.created_until == datetime(2026, 12, 7, 4, tzinfo=timezone(timedelta(hours=2)))
+    assert (wanted.reason, wanted.host, wanted.status) == ("all_feeds_unavailable", "h1", JobStatus.FAILED)
 
 
 @pytest.mark.parametrize(
@@ -19,9 +51,16 @@ def test_the_wire_text_becomes_typed_values() -> None:
         (lambda: PageRequest(limit=MAX_LIST_LIMIT + 1), "limit"),
         (lambda: PageRequest(before=-1), "cursor"),
         (lambda: PageRequest(before=10**18), "cursor"),
-        (lambda: PageRequest(idempotency_key=""), "idempotency_key"),
+        (lambda: JobFilter(idempotency_key=""), "idempotency_key"),
+        (lambda: JobFilter(created_since=datetime(2026, 1, 1)), "since"),  # no offset: whose 02:00?
         (lambda: PageRequest.parse(status="QUEUED"), "status"),
         (lambda: PageRequest.parse(cursor="1_0"), "cursor"),
+        (lambda: JobFilter.parse({"colour": "red"}), "colour"),
+        (lambda: JobFilter.parse({"since": "yesterday"}), "since"),
+        (lambda: JobFilter.parse({"since": "2026-12-07T02:00:00"}), "since"),
+        (lambda: JobFilter.parse({"param.max_episodes": "five"}, KINDS), "param.max_episodes"),
+        (lambda: JobFilter.parse({"param.colour": "red"}, KINDS), "param.colour"),
+        (lambda: JobFilter.parse({"kind": "enrichment", "param.feed": "x"}, KINDS), "param.feed"),
     ],
 )
 def test_out_of_bounds_is_a_validation_error_naming_the_field(built: object, field: str) -> None:

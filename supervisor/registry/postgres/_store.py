@@ -131,6 +131,13 @@ class PostgresStore(SqlStore):
             return value.astimezone(UTC)
         return super().decode(column, value)
 
+    def json_equals(self, column: str, key: str, value: object, args: list[object]) -> str:
+        # ->> gives the member as text: a value compares as the text JSON writes it with (true, 2.0, 5, the string).
+        args.append(key)
+        path = self.mark(len(args))
+        args.append(value if isinstance(value, str) else json.dumps(value))
+        return f"(({column})::jsonb ->> {path}) = {self.mark(len(args))}"
+
     def locking(self, skip_locked: bool) -> str:
         return " FOR UPDATE SKIP LOCKED" if skip_locked else " FOR UPDATE"
 
