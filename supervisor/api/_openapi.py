@@ -167,6 +167,41 @@ _SCHEMAS: dict[str, Any] = {
             "coalesced": {"type": "boolean", "description": "true: an identical queued job was returned"},
         },
     },
+    "BulkRequest": {
+        "type": "object",
+        "required": ["action"],
+        "additionalProperties": False,
+        "properties": {
+            "action": {"enum": ["cancel", "retry"]},
+            "filter": {
+                "type": "object",
+                "additionalProperties": {"type": ["string", "number", "boolean"]},
+                "description": "the list's filters by their query names (status, kind, reason, host, since, until, "
+                "ended_since, idempotency_key, param.NAME); with dry_run",
+            },
+            "dry_run": {"type": "boolean", "default": False, "description": "select only: nothing is acted on"},
+            "selection": {"type": "string", "description": "a dry run's selection: act on exactly its jobs, once"},
+        },
+    },
+    "BulkAnswer": {
+        "type": "object",
+        "required": ["action", "selection", "count", "expires_at", "dry_run"],
+        "properties": {
+            "action": {"enum": ["cancel", "retry"]},
+            "selection": {"type": "string"},
+            "count": {"type": "integer"},
+            "expires_at": {"type": "string", "format": "date-time"},
+            "dry_run": {"type": "boolean"},
+            "job_ids": {"type": "array", "items": {"type": "string"}, "description": "a dry run's selection"},
+            "results": {
+                "type": "object",
+                "additionalProperties": {"type": "string"},
+                "description": "each job's outcome: cancelled, cancel_requested, already_ended, retried, refused: why",
+            },
+            "new_job_ids": {"type": "object", "additionalProperties": {"type": "string"}},
+            "outcomes": {"type": "object", "additionalProperties": {"type": "integer"}},
+        },
+    },
     "PruneReport": {
         "type": "object",
         "required": ["dry_run", "pruned", "limit_reached", "retention", "jobs"],

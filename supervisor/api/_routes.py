@@ -24,6 +24,7 @@ from ..domain import (
     KEY_SCHEMA,
     MAX_LIST_LIMIT,
     REPLAYED_HEADER,
+    BulkRequest,
     Job,
     JobStatus,
     KindCatalog,
@@ -169,6 +170,24 @@ async def enqueue_batch(supervisor: Supervisor) -> Any:
     answers = [(r.receipt.job_id, str(r.receipt.status), r.receipt.coalesced) for r in results]
     jobs = [{"job_id": job_id, "status": status, "coalesced": coalesced} for job_id, status, coalesced in answers]
     return {"jobs": jobs}, 202, _replayed(results)
+
+
+@ROUTES.post(
+    "/api/jobs/bulk",
+    "bulkAction",
+    auth="operator",
+    body="BulkRequest",
+    over_registry=True,
+    responses={
+        "200": json_answer(ref("BulkAnswer"), "a dry run's selection, or what the action did to each of its jobs"),
+        "422": INVALID,
+    },
+)
+async def bulk_action(supervisor: Supervisor) -> Any:
+    """Cancel or retry every job a filter selects: a dry run answers the selection, the action acts on it once."""
+    request = BulkRequest.parse(await json_body(), supervisor.kinds)
+    answer = await supervisor.bulk_action(request, by=caller_name())
+    return {**dataclasses.asdict(answer), "expires_at": to_iso(answer.expires_at)}
 
 
 @ROUTES.get(

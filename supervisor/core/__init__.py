@@ -1,5 +1,6 @@
 """The core: the rules of supervision and the tasks that carry them out, one module per branch of the nursery tree.
 
+_bulk         Bulk: the operator's bulk cancel and retry, a dry run's selection acted on once
 _boot         Boot: one boot's settings and parts, a value handed to every part; the tasks' error boundary
 _ledger       JobLedger: the jobs watched or being started, and the stops for stalls (the one shared mutable state)
 _standing     Standing: what the fleet lets this host do now (promote, lead, the limit), written by the fleet task
@@ -25,6 +26,7 @@ _tree         start_tree: the boot's tasks started in order, in a nursery given 
 
 from ._absence import ABSENT_AFTER_S, CHECK_IN_S, AbsenceJudge, AbsenceTracker
 from ._boot import Boot, JobTree, Tally
+from ._bulk import Bulk, BulkAnswer
 from ._drain import PROMOTE_BATCH, Drainer
 from ._heartbeats import (
     FLUSH_INTERVAL_S,
@@ -97,6 +99,8 @@ __all__ = [
     "AbsenceTracker",
     "Admission",
     "Boot",
+    "Bulk",
+    "BulkAnswer",
     "CurrentRows",
     "DataDirLock",
     "Decision",

@@ -84,7 +84,7 @@ class Enqueuer:
         self.announce(results)
         return results
 
-    async def retry(self, job_id: str, by: str | None = None) -> EnqueueResult:
+    async def retry(self, job_id: str, by: str | None = None, *, key: IdempotencyKey | None = None) -> EnqueueResult:
         """The operator's explicit second try of a finished job: a new job of the same kind with the same params
         (checked again against the kind as it is declared now), whose row names the old one (``retry_of``). Only a
         finished job: a queued or running one is a ``Conflict`` naming its state. (Automatic resubmission of a crash
@@ -103,7 +103,8 @@ class Enqueuer:
         except ValidationError as exc:
             # Not the caller's input: the kinds file changed since the job ran.
             raise Conflict(f"job {job_id} cannot be retried as it was: {exc}", field=exc.field) from None
-        result = await self.boot.registry.enqueue(dataclasses.replace(new, retry_of=old.job_id))
+        # ``key``: a bulk retry's, one per selection and job: a repeat answers the job made the first time.
+        result = await self.boot.registry.enqueue(dataclasses.replace(new, retry_of=old.job_id), key=key)
         if not result.coalesced:
             log.info("job_retried", job_id=result.job.job_id, retry_of=old.job_id, kind=old.kind)
         self.announce([result])

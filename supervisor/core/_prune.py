@@ -16,7 +16,7 @@ from pathlib import Path
 
 import trio
 
-from ..domain import MAX_LIST_LIMIT, Config, ValidationError
+from ..domain import MAX_LIST_LIMIT, SELECTION_PREFIX, SELECTION_TTL_S, Config, ValidationError
 from ..observe import get_logger
 from ..registry import PrunedJob, Registry, log_name
 
@@ -95,6 +95,11 @@ class Pruner:
         expired = await self.registry.expire_keys(limit=self.batch_keys)
         if expired:
             log.info("idempotency_keys_expired", rows=expired)
+        # Bulk selections past their time: their ids are no use to anybody now (a repeat makes a new dry run).
+        cutoff = self.wall_clock() - timedelta(seconds=SELECTION_TTL_S)
+        dropped = await self.registry.drop_settings(SELECTION_PREFIX, cutoff)
+        if dropped:
+            log.info("bulk_selections_expired", rows=dropped)
         if not self.enabled:
             return []
         return await self.prune(limit=self.batch_jobs)

@@ -30,6 +30,7 @@ import trio
 
 from ..domain import (
     FIRST_PAGE,
+    BulkRequest,
     Config,
     Conflict,
     Doorbell,
@@ -48,6 +49,7 @@ from ..observe import EventBus, EventLog, Metrics, Snapshot, Subscription, Webho
 from ..registry import PAUSED_BY_OPERATOR, EnqueueResult, PrunedJob, Registry, log_name
 from ._absence import AbsenceJudge, AbsenceTracker
 from ._boot import Boot
+from ._bulk import Bulk, BulkAnswer
 from ._drain import Drainer
 from ._enqueue import Enqueuer
 from ._fleet import Fleet
@@ -244,6 +246,7 @@ class Supervisor:
         self.monitors = Monitors(
             self.boot, wake, self.enqueuer.follow_up_of, self.enqueuer.announce, self.heartbeats.flush
         )
+        self.bulk = Bulk(self.boot, self.enqueuer, self.monitors.cancel)
         self.pause_file = PauseFile(config.pause_flag_path, registry, config.host_id)
         base_url = heartbeat_base_url or config.heartbeat_base_url
         self.drainer = Drainer(self.boot, self.drain_bell, self.monitors.start, self.pause_file, base_url)
@@ -475,6 +478,10 @@ class Supervisor:
 
     async def cancel(self, job_id: str, *, by: By = None) -> Job:
         return await self.monitors.cancel(job_id, by)
+
+    async def bulk_action(self, request: BulkRequest, *, by: By = None) -> BulkAnswer:
+        """An operator's dry run or bulk action (``Bulk``): cancel or retry every job a selection names."""
+        return await self.bulk.run(request, by)
 
     async def reconcile(self, *, stale_marks_live_processes: bool) -> ReconcileReport:
         return await self.reconciler.reconcile(stale_marks_live_processes=stale_marks_live_processes)

@@ -1,6 +1,7 @@
 """The supervisor's vocabulary, shared by every part and doing no I/O: the job row and its lifecycle, the error
 tree, the validated configuration, and the job kinds an operator declares."""
 
+from ._bulk import BULK_ACTIONS, MAX_SELECTION, SELECTION_PREFIX, SELECTION_TTL_S, BulkRequest, Selection
 from ._config import ApiToken, Config, config_from, is_loopback, load_config
 from ._doorbell import Doorbell
 from ._errors import (
@@ -118,6 +119,7 @@ from ._tokens import (
 __all__ = [
     "ANONYMOUS",
     "ASCII_FLOAT",
+    "BULK_ACTIONS",
     "CURSOR_PATTERN",
     "DEFAULT_LIST_LIMIT",
     "EXEC_MODES",
@@ -134,6 +136,7 @@ __all__ = [
     "MAX_EPISODES",
     "MAX_FLOAT",
     "MAX_LIST_LIMIT",
+    "MAX_SELECTION",
     "MAX_STAGE_LEN",
     "MAX_STR_PARAM_LEN",
     "MAX_UNITS",
@@ -142,6 +145,8 @@ __all__ = [
     "REPLAYED_HEADER",
     "RESUBMITTED",
     "SCOPES",
+    "SELECTION_PREFIX",
+    "SELECTION_TTL_S",
     "SETTINGS",
     "STALL_ACTIONS",
     "SUPERVISOR",
@@ -151,6 +156,7 @@ __all__ = [
     "ApiToken",
     "Attempt",
     "BodyTooLarge",
+    "BulkRequest",
     "Caller",
     "Config",
     "ConfigError",
@@ -190,6 +196,7 @@ __all__ = [
     "RequestError",
     "RequestKey",
     "Scope",
+    "Selection",
     "Setting",
     "SpawnError",
     "StallAction",

@@ -134,7 +134,7 @@ def _param_value(name: str, text: str, kind: str | None, kinds: KindCatalog | No
         if type_name == "bool":
             return {"true": True, "false": False}[text]
     except (ValueError, KeyError):
-        wanted = {"int": "an int", "float": "a finite float", "bool": "true or false"}[type_name]
+        wanted = {"int": "an int", "float": "a finite float", "bool": "true or false"}[str(type_name)]
         raise ValidationError(f"{where} must be {wanted}, not {text!r}", field=where) from None
     return text
 

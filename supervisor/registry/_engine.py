@@ -195,6 +195,13 @@ class FleetRules:
 class Housekeeping:
     """What keeps the registry bounded: retention, expired keys, the outbox's bound. Part of ``Rules``."""
 
+    @staticmethod
+    async def drop_settings(store: Store, prefix: str, recorded_before: datetime) -> int:
+        # Names from ``prefix`` up to the next prefix (its last character + 1): a range, no pattern match needed.
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        span = (("name", ">=", prefix), ("name", "<", end), ("recorded_at", "<", recorded_before))
+        return await store.delete(tables.SETTINGS, span)
+
 
     @staticmethod
     async def prune_jobs(

@@ -27,7 +27,7 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
-from ..domain import FIRST_PAGE, IdempotencyKey, Job, PageRequest, RequestError
+from ..domain import FIRST_PAGE, IdempotencyKey, Job, JobFilter, PageRequest, RequestError
 from . import _tables as tables
 from ._engine import Independent, Rules, Step
 from ._health import RegistryFault
@@ -237,6 +237,14 @@ class Registry:
         ``kind_limits``), or None: how long the queue has made a job wait (docs/operations.md § The queue's watch).
         Rows of a full kind are not waiting on the queue but on their kind."""
         return await self.backend.read(lambda store: tables.next_to_run(store, store.now(), kind_limits))
+
+    async def select_ids(self, wanted: JobFilter, limit: int) -> list[str]:
+        """The ids of up to ``limit`` rows under ``wanted``, newest first."""
+        return await self.backend.read(lambda store: tables.select_ids(store, wanted, limit))
+
+    async def drop_settings(self, prefix: str, recorded_before: datetime) -> int:
+        """Remove the fleet settings named ``prefix...`` recorded before then (an expired bulk selection); how many."""
+        return await self.backend.write(lambda store: self.rules.drop_settings(store, prefix, recorded_before))
 
     async def kind_counts(self) -> dict[str, tuple[int, int]]:
         """Each kind with rows running or queued, fleet-wide: (running, queued)."""

@@ -342,6 +342,13 @@ async def matching(store: Store, wanted: JobFilter) -> Where:
     return where
 
 
+async def select_ids(store: Store, wanted: JobFilter, limit: int) -> list[str]:
+    """The ids of up to ``limit`` rows under ``wanted``, newest first (a bulk action's selection)."""
+    read = Read(columns=("job_id",), order=("-seq",), limit=limit)
+    rows = await store.select(JOBS, await matching(store, wanted), read)
+    return [row["job_id"] for row in rows]
+
+
 async def list_page(store: Store, page: PageRequest) -> tuple[list[Job], str | None]:
     """A page of rows, newest first, and the cursor of the next (None: the last page)."""
     where = (*await matching(store, page.filter), *((("seq", "<", page.before),) if page.before is not None else ()))

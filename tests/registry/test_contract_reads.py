@@ -11,7 +11,16 @@ from typing import Any
 import pytest
 from registry_helpers import WallClock, enqueue, new_job, one_running, request, running
 
-from supervisor.domain import MAX_LIST_LIMIT, Job, JobNotFound, JobStatus, PageRequest, RegistryError, ValidationError
+from supervisor.domain import (
+    MAX_LIST_LIMIT,
+    Job,
+    JobFilter,
+    JobNotFound,
+    JobStatus,
+    PageRequest,
+    RegistryError,
+    ValidationError,
+)
 from supervisor.registry import (
     PAUSED_BY_FILE,
     PAUSED_BY_OPERATOR,
@@ -289,6 +298,8 @@ CALLS: dict[str, Callable[[Registry], Awaitable[object]]] = {
     "expire_keys": lambda r: r.expire_keys(limit=1),
     "oldest_waiting": lambda r: r.oldest_waiting(),
     "kind_counts": lambda r: r.kind_counts(),
+    "select_ids": lambda r: r.select_ids(JobFilter(), 10),
+    "drop_settings": lambda r: r.drop_settings("bulk/", datetime(2030, 1, 1, tzinfo=UTC)),
     "setting": lambda r: r.setting("max_concurrent"),
     "record_queue_event": lambda r: r.record_queue_event(
         "queue.stuck", host_id="h", job_id="j", details={}, reason="pause_file", announced=""

@@ -65,3 +65,17 @@ async def test_every_filter_alone_and_combined_with_paging(registry: Registry, c
     assert await ids(registry, JobFilter(host="h1", status=JobStatus.FAILED, created_since=hour)) == [b1]
     assert await ids(registry, JobFilter(status=JobStatus.QUEUED, params=(("feed", "https://a.example/"),))) == [a3]
     assert await ids(registry, JobFilter(kind="enrichment")) == []
+
+
+async def test_a_selections_ids_and_its_expiry(registry: Registry, clock: WallClock) -> None:
+    first = await add(registry, "https://a.example/", 1)
+    second = await add(registry, "https://a.example/", 2)
+    assert await registry.select_ids(JobFilter(params=(("feed", "https://a.example/"),)), 10) == [second, first]
+    assert await registry.select_ids(JobFilter(), 1) == [second]
+    await registry.record_setting("bulk/old", "{}", "h1", replace=False)
+    clock.advance(10)
+    await registry.record_setting("bulk/new", "{}", "h1", replace=False)
+    await registry.record_setting("max_concurrent", "3", "h1", replace=False)
+    assert await registry.drop_settings("bulk/", clock.now) == 1  # only bulk/old was recorded before now
+    assert await registry.setting("bulk/old") is None
+    assert await registry.setting("bulk/new") is not None and await registry.setting("max_concurrent") is not None
