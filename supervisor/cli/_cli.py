@@ -600,6 +600,15 @@ def _filter_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", help="run by this host")
 
 
+def _bulk_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--all", action="store_true", help="every job the filters select (a dry run first, then once each)")
+    p.add_argument("--status", choices=[s.value for s in JobStatus])
+    p.add_argument("--kind")
+    _filter_arguments(p)
+    p.add_argument("--dry-run", action="store_true", help="only say which jobs it would act on")
+    p.add_argument("--yes", action="store_true", help=f"act on more than {BULK_CONFIRM_ABOVE} jobs without asking")
+
+
 def _filters(args: argparse.Namespace) -> dict[str, str]:
     """The filter arguments as the API's query names; a --param without '=' is a usage error (ValueError)."""
     out = {
@@ -697,7 +706,52 @@ def cmd_show(client: Client, args: argparse.Namespace, io: _Io) -> int:
     return EXIT_OK
 
 
+# A bulk action on more jobs than this asks first on a terminal; without one, it needs --yes.
+BULK_CONFIRM_ABOVE = 10
+
+
+def cmd_bulk(client: Client, args: argparse.Namespace, io: _Io, action: str) -> int:
+    """``cancel --all`` / ``retry --all``: a dry run of the filters, a confirmation above ``BULK_CONFIRM_ABOVE``
+    jobs, then the action on exactly the dry run's jobs (sent again on a lost answer: each job is acted on once)."""
+    try:
+        filters = _filters(args)
+    except ValueError as exc:
+        io.error(str(exc))
+        return EXIT_USAGE
+    filters |= {k: v for k, v in (("status", args.status), ("kind", args.kind)) if v is not None}
+    dry = client.bulk(action, filters=filters, dry_run=True)
+    if args.dry_run or not dry["count"]:
+        if args.json:
+            io.json(dry)
+        else:
+            io.print(f"{action} would act on {dry['count']} job(s){':' if dry['count'] else ''}")
+            for job_id in dry["job_ids"]:
+                io.print(f"  {job_id}")
+        return EXIT_OK
+    if dry["count"] > BULK_CONFIRM_ABOVE and not args.yes:
+        if not _is_terminal(io) or not sys.stdin.isatty():
+            io.error(f"{action} of {dry['count']} jobs: give --yes to act without a terminal to confirm on")
+            return EXIT_USAGE
+        io.out.write(f"{action} {dry['count']} job(s)? [y/N] ")
+        io.out.flush()
+        if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+            io.print("nothing done")
+            return EXIT_ERROR
+    done = client.bulk(action, selection=dry["selection"])
+    if args.json:
+        io.json(done)
+    else:
+        outcomes = ", ".join(f"{what} {n}" for what, n in sorted(done["outcomes"].items()))
+        io.print(f"{action}: {done['count']} job(s): {outcomes}")
+        for job_id, result in sorted(done["results"].items()):
+            if result.startswith("refused"):
+                io.print(f"  {job_id}  {result}")
+    return EXIT_ERROR if any(r.startswith("refused") for r in done["results"].values()) else EXIT_OK
+
+
 def cmd_retry(client: Client, args: argparse.Namespace, io: _Io) -> int:
+    if args.all or args.job_id is None:
+        return _bulk_or_usage(client, args, io, "retry")
     answer = client.retry(args.job_id)
     if args.json:
         io.json(answer)
@@ -753,7 +807,19 @@ def cmd_prune(client: Client, args: argparse.Namespace, io: _Io) -> int:
     return EXIT_OK
 
 
+def _bulk_or_usage(client: Client, args: argparse.Namespace, io: _Io, action: str) -> int:
+    if args.all and args.job_id is not None:
+        io.error(f"{action}: give a JOB_ID or --all with filters, not both")
+        return EXIT_USAGE
+    if not args.all:
+        io.error(f"{action}: give a JOB_ID, or --all with filters (--status, --kind, --reason, --param, --since, ...)")
+        return EXIT_USAGE
+    return cmd_bulk(client, args, io, action)
+
+
 def cmd_cancel(client: Client, args: argparse.Namespace, io: _Io) -> int:
+    if args.all or args.job_id is None:
+        return _bulk_or_usage(client, args, io, "cancel")
     job = client.cancel(args.job_id)
     if args.json:
         io.json(job)
@@ -1004,15 +1070,17 @@ def _add_client_commands(sub: Any) -> None:
     )
     p = add("show", cmd_show, "show one job")
     p.add_argument("job_id", type=_job_id)
-    p = add("cancel", cmd_cancel, "cancel a job (idempotent)")
-    p.add_argument("job_id", type=_job_id)
+    p = add("cancel", cmd_cancel, "cancel a job (idempotent), or --all the jobs the filters select")
+    p.add_argument("job_id", type=_job_id, nargs="?")
+    _bulk_arguments(p)
     p = add(
         "retry",
         cmd_retry,
         "enqueue a finished job's kind and params again as a new job (its retry_of names the old one; "
-        "supervisor show lists a job's retries)",
+        "supervisor show lists a job's retries), or --all the finished jobs the filters select",
     )
-    p.add_argument("job_id", type=_job_id)
+    p.add_argument("job_id", type=_job_id, nargs="?")
+    _bulk_arguments(p)
     add("reconcile", cmd_reconcile, "operator reconcile: may mark live jobs past the wall-clock window stale")
     p = add(
         "prune",

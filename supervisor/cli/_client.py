@@ -90,6 +90,7 @@ _STATUSES = frozenset(status.value for status in JobStatus)
 _SHAPES: dict[str, dict[str, type | tuple[type, ...]]] = {
     "job": {"job_id": str, "status": str, "kind": str},
     "enqueued": {"job_id": str, "status": str},
+    "bulk": {"action": str, "selection": str, "count": int, "outcomes": dict, "results": dict},
     "page": {"jobs": list},  # a page of rows: each checked as a job
     "queue": {"paused": bool, "running": int, "queued": int, "max_concurrent": int},
     "reconcile": {"details": list},
@@ -214,6 +215,23 @@ class Client:
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._json("POST", f"/api/jobs/{_segment(job_id)}/cancel", shape="job")
+
+    def bulk(
+        self,
+        action: str,
+        *,
+        filters: Mapping[str, str] | None = None,
+        selection: str | None = None,
+        dry_run: bool = False,
+    ) -> dict[str, Any]:
+        """``POST /api/jobs/bulk``: a dry run of ``filters``, or the action on a dry run's ``selection`` (safe to
+        send again: it acts on each job once)."""
+        body: dict[str, Any] = {"action": action}
+        if selection is not None:
+            body["selection"] = selection
+        else:
+            body |= {"filter": dict(filters or {}), "dry_run": dry_run}
+        return self._json("POST", "/api/jobs/bulk", shape="bulk", body=body)
 
     def retry(self, job_id: str) -> dict[str, Any]:
         return self._json("POST", f"/api/jobs/{_segment(job_id)}/retry", shape="enqueued")

@@ -282,7 +282,7 @@ async def test_a_log_window_is_accepted_exactly_when_the_document_says_it_is_val
 async def test_a_fixed_route_under_jobs_is_that_route_for_every_method_never_a_job_id(harness: Harness) -> None:
     doc = openapi_document(harness.supervisor.kinds)
     fixed = {path.rsplit("/", 1)[1] for path in doc["paths"] if re.fullmatch(r"/api/jobs/[^/{}]+", path)}
-    assert set(JOBS_SUBROUTES) == fixed == {"batch", "prune", "reconcile"}
+    assert set(JOBS_SUBROUTES) == fixed == {"batch", "bulk", "prune", "reconcile"}
     for name in sorted(fixed):
         path = f"/api/jobs/{name}"
         assert set(doc["paths"][path]) == {"post"}

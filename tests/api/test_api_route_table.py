@@ -32,7 +32,7 @@ def test_the_api_page_shows_the_declared_routes() -> None:
 
 def test_the_unauthenticated_routes_and_the_fixed_names_follow_the_declarations() -> None:
     assert {"health", "metrics", "heartbeat"} == PUBLIC_ENDPOINTS
-    assert JOBS_SUBROUTES == ("batch", "prune", "reconcile")
+    assert JOBS_SUBROUTES == ("batch", "bulk", "prune", "reconcile")
 
 
 def test_what_every_route_of_a_kind_answers_is_added_once() -> None:
@@ -90,6 +90,7 @@ SAMPLES: dict[str, Any] = {
     "job_id": "abc123",
     "host_id": "host-a",
     "dry_run": True,
+    "action": "retry",
 }
 
 

@@ -615,3 +615,35 @@ async def test_a_batch_may_be_larger_than_one_job_request_but_not_unbounded(harn
     status, body = await harness.json("POST", "/api/jobs/batch", json={"jobs": huge})
     assert status == 413
     assert_error(body, "body_too_large")
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"action": "delete", "filter": {}, "dry_run": True}, "action"),
+        ({"action": "retry", "filter": {"colour": "red"}, "dry_run": True}, "filter.colour"),
+        ({"action": "retry", "filter": {"since": "yesterday"}, "dry_run": True}, "filter.since"),
+        ({"action": "retry", "filter": {"status": "failed"}}, "selection"),  # acting needs a dry run's selection
+        ({"action": "retry", "selection": "not-one-of-ours!"}, "selection"),
+        ({"action": "retry", "selection": "a" * 32}, "selection"),  # well formed, but no such selection
+        ({"action": "retry", "dry_run": True}, "filter"),
+        ({"action": "retry", "filter": {}, "dry_run": True, "extra": 1}, "extra"),
+    ],
+)
+async def test_a_bad_bulk_request_is_a_422_naming_the_field(
+    harness: Harness, body: dict[str, object], field: str
+) -> None:
+    status, answer = await harness.json("POST", "/api/jobs/bulk", json=body)
+    assert (status, answer["error"]["field"]) == (422, field), answer
+
+
+async def test_a_bulk_dry_run_and_its_action_through_http(harness: Harness) -> None:
+    _, queued = await harness.json("POST", "/api/jobs", json={"kind": "sleep", "params": {"seconds": 30}})
+    status, dry = await harness.json(
+        "POST", "/api/jobs/bulk", json={"action": "cancel", "filter": {"kind": "sleep"}, "dry_run": True}
+    )
+    assert (status, dry["count"], dry["job_ids"], dry["dry_run"]) == (200, 1, [queued["job_id"]], True)
+    act = {"action": "cancel", "selection": dry["selection"]}
+    status, done = await harness.json("POST", "/api/jobs/bulk", json=act)
+    assert status == 200 and done["results"][queued["job_id"]] in ("cancelled", "cancel_requested")
+    await wait_terminal(harness.supervisor, queued["job_id"])

@@ -444,3 +444,25 @@ async def test_jobs_filters_by_reason_param_time_and_host(live: Live) -> None:
     assert bad.code != EXIT_OK and "param.n must be an int" in bad.err
     usage = await cli(live.url, "jobs", "--param", "n")
     assert usage.code == EXIT_USAGE and "NAME=VALUE" in usage.err
+
+
+async def test_retry_all_acts_on_the_dry_runs_jobs_once_and_asks_for_yes_above_the_threshold(live: Live) -> None:
+    failed = [(await live.supervisor.enqueue("fail", {})).job.job_id for _ in range(3)]
+    for job_id in failed:
+        await wait_terminal(live.supervisor, job_id)
+    dry = await cli(live.url, "retry", "--all", "--kind", "fail", "--status", "failed", "--dry-run")
+    assert dry.code == EXIT_OK, dry.err
+    assert dry.out.splitlines()[0] == "retry would act on 3 job(s):" and set(failed) <= set(dry.out.split())
+    done = await cli(live.url, "retry", "--all", "--kind", "fail", "--status", "failed")
+    assert done.code == EXIT_OK, done.err
+    assert done.out.splitlines()[0] == "retry: 3 job(s): retried 3"
+    rows, _ = await live.supervisor.list_jobs(PageRequest.parse(kind="fail"))
+    assert sorted(row.retry_of for row in rows if row.retry_of) == sorted(failed)
+    assert (await cli(live.url, "cancel")).code == EXIT_USAGE  # neither a job nor --all
+    many = [(await live.supervisor.enqueue("sleep", {"seconds": 60})).job.job_id for _ in range(11)]
+    refused = await cli(live.url, "cancel", "--all", "--kind", "sleep")  # no terminal to ask on: --yes is needed
+    assert refused.code == EXIT_USAGE and "--yes" in refused.err
+    cancelled = await cli(live.url, "cancel", "--all", "--kind", "sleep", "--yes", "--json")
+    assert cancelled.code == EXIT_OK and cancelled.json()["count"] == 11
+    for job_id in many:
+        await wait_terminal(live.supervisor, job_id)
