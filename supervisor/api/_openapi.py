@@ -21,6 +21,7 @@ from ..domain import (
     INT64_MAX,
     INT64_MIN,
     INT_TEXT,
+    KEY_SCHEMA,
     MAX_BATCH,
     MAX_FLOAT,
     MAX_STAGE_LEN,
@@ -165,23 +166,52 @@ _SCHEMAS: dict[str, Any] = {
             "status": {"enum": _STATUSES},
             "queue_position": {**_NULLABLE_INT, "description": "1-based; null once the job left the queue"},
             "coalesced": {"type": "boolean", "description": "true: an identical queued job was returned"},
+            "skipped": {"type": "boolean", "description": "an if_idle tick skipped: job_id is the schedule's job"},
+            "schedule": {"type": "string"},
         },
     },
     "BulkRequest": {
-        "type": "object",
-        "required": ["action"],
-        "additionalProperties": False,
-        "properties": {
-            "action": {"enum": ["cancel", "retry"]},
-            "filter": {
+        "description": "a dry run of a filter (nothing is acted on), or the action on a dry run's selection",
+        "oneOf": [
+            {
                 "type": "object",
-                "additionalProperties": {"type": ["string", "number", "boolean"]},
-                "description": "the list's filters by their query names (status, kind, reason, host, since, until, "
-                "ended_since, idempotency_key, param.NAME); with dry_run",
+                "required": ["action", "filter", "dry_run"],
+                "additionalProperties": False,
+                "properties": {
+                    "action": {"enum": ["cancel", "retry"]},
+                    "filter": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "description": "the list's filters by their query names; param.NAME (a declared param's "
+                        "value) is taken too",
+                        "properties": {
+                            "status": {"enum": _STATUSES},
+                            "kind": {"type": "string"},
+                            "reason": {"type": "string"},
+                            "host": {"type": "string"},
+                            "since": {"type": "string", "format": "date-time"},
+                            "until": {"type": "string", "format": "date-time"},
+                            "ended_since": {"type": "string", "format": "date-time"},
+                            "idempotency_key": KEY_SCHEMA,
+                        },
+                    },
+                    "dry_run": {"const": True},
+                },
             },
-            "dry_run": {"type": "boolean", "default": False, "description": "select only: nothing is acted on"},
-            "selection": {"type": "string", "description": "a dry run's selection: act on exactly its jobs, once"},
-        },
+            {
+                "type": "object",
+                "required": ["action", "selection"],
+                "additionalProperties": False,
+                "properties": {
+                    "action": {"enum": ["cancel", "retry"]},
+                    "selection": {
+                        "type": "string",
+                        "pattern": "^[A-Za-z0-9_-]{16,64}$",
+                        "description": "a dry run's selection: act on exactly its jobs, each once",
+                    },
+                },
+            },
+        ],
     },
     "BulkAnswer": {
         "type": "object",
@@ -293,6 +323,11 @@ _SCHEMAS: dict[str, Any] = {
             "cancelled_by": {
                 **_NULLABLE_STR,
                 "description": "the name of the API token whose request cancelled it (the first); null when none did",
+            },
+            "schedule": {**_NULLABLE_STR, "description": "the schedule whose tick enqueued it; null for any other job"},
+            "schedule_every_s": {
+                "type": ["number", "null"],
+                "description": "that schedule's period in seconds; null for any other job",
             },
             "retried_by": {
                 "type": "array",

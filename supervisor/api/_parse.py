@@ -26,6 +26,7 @@ from ..domain import (
     PageRequest,
     Progress,
     RequestKey,
+    Schedule,
     UnsupportedMediaType,
     ValidationError,
 )
@@ -204,6 +205,11 @@ def parse_page(given: Mapping[str, str], kinds: KindCatalog | None = None) -> Pa
     assert limit is not None
     filters = {name: text for name, text in given.items() if name not in ("limit", "cursor")}
     return PageRequest.parse(limit=limit, cursor=given.get("cursor"), kinds=kinds, **filters)
+
+
+def parse_schedule(text: str | None) -> Schedule | None:
+    """An enqueue's ``?schedule=NAME/PERIOD_S[/if_idle]`` as a ``Schedule``; None without one."""
+    return Schedule.parse(text) if text is not None else None
 
 
 def query_with_params(allowed: Iterable[str]) -> dict[str, str]:

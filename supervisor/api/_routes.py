@@ -24,6 +24,7 @@ from ..domain import (
     KEY_SCHEMA,
     MAX_LIST_LIMIT,
     REPLAYED_HEADER,
+    SCHEDULE_QUERY,
     BulkRequest,
     Job,
     JobStatus,
@@ -48,6 +49,7 @@ from ._parse import (
     parse_batch,
     parse_page,
     parse_progress,
+    parse_schedule,
     query,
     query_with_params,
 )
@@ -133,17 +135,34 @@ def _replayed(results: list[EnqueueResult]) -> dict[str, str]:
     auth="enqueue",
     body="EnqueueRequest",
     over_registry=True,
-    parameters=(_KEY_HEADER,),
-    responses=_enqueue_answers(
-        json_answer(ref("EnqueueResponse"), "queued (or coalesced into a queued job), or a key's replay"),
-        "unknown kind, or a missing, unknown or mistyped param; error.field names it",
+    parameters=(
+        _KEY_HEADER,
+        {
+            "name": "schedule",
+            "in": "query",
+            "schema": {"type": "string", "pattern": SCHEDULE_QUERY.pattern},
+            "description": "the schedule whose tick this is (docs/operations.md, Periodic runs), recorded on the row: "
+            "NAME/PERIOD_S, and /if_idle to skip the tick (200, skipped) while a job of it is queued or running",
+        },
     ),
+    responses={
+        **_enqueue_answers(
+            json_answer(ref("EnqueueResponse"), "queued (or coalesced into a queued job), or a key's replay"),
+            "unknown kind, or a missing, unknown or mistyped param; error.field names it",
+        ),
+        "200": json_answer(ref("EnqueueResponse"), "an if_idle tick skipped: the schedule's job queued or running"),
+    },
 )
 async def enqueue(supervisor: Supervisor) -> Any:
     """Enqueue a job of a kind with its params."""
     key = idempotency_key()
+    schedule = parse_schedule(query(("schedule",)).get("schedule"))
     body = envelope(await json_body(), allowed=("kind", "params"), required=("kind",))
-    result = await supervisor.enqueue(body["kind"], body.get("params"), idempotency_key=key, by=caller_name())
+    result = await supervisor.enqueue(
+        body["kind"], body.get("params"), idempotency_key=key, by=caller_name(), schedule=schedule
+    )
+    if result.skipped:
+        return {**_enqueued(result), "skipped": True, "schedule": result.job.schedule}, 200
     return _enqueued(result), 202, _replayed([result])
 
 
@@ -180,6 +199,7 @@ async def enqueue_batch(supervisor: Supervisor) -> Any:
     over_registry=True,
     responses={
         "200": json_answer(ref("BulkAnswer"), "a dry run's selection, or what the action did to each of its jobs"),
+        "404": NOT_FOUND,
         "422": INVALID,
     },
 )

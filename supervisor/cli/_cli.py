@@ -22,6 +22,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO, TypeVar
 
@@ -37,6 +38,8 @@ from ..domain import (
     KindsFileError,
     RegistryError,
     RegistryNotOpened,
+    RequestError,
+    Schedule,
     SupervisorError,
     TokenFile,
     is_loopback,
@@ -44,6 +47,7 @@ from ..domain import (
     kind_warnings,
     load_config,
     load_kinds,
+    parse_period,
     read_token_file,
     to_iso,
     utc_now,
@@ -548,10 +552,26 @@ def cmd_enqueue(client: Client, args: argparse.Namespace, io: _Io) -> int:
             return EXIT_USAGE
         # Sent as a string: the server converts it to the kind's declared int/float/bool, or names the field.
         params[key] = value
-    key = args.idempotency_key or _invocation_key()
-    answer = with_retries(lambda: client.enqueue(args.kind, params, idempotency_key=key), on_retry=_retrying(io, key))
+    schedule: Schedule | None = None
+    if args.schedule is not None or args.every is not None or args.if_idle or args.tick is not None:
+        try:
+            schedule = _schedule(args)
+        except (ValueError, RequestError) as exc:
+            io.error(str(exc))
+            return EXIT_USAGE
+        # The tick names the request: every timer or host firing within one period makes one job, fleet-wide.
+        tick = schedule.tick(datetime.fromisoformat(args.tick) if args.tick else datetime.now(UTC))
+        key = schedule.key(tick)
+    else:
+        key = args.idempotency_key or _invocation_key()
+    query = schedule.query if schedule is not None else None
+    answer = with_retries(
+        lambda: client.enqueue(args.kind, params, idempotency_key=key, schedule=query), on_retry=_retrying(io, key)
+    )
     if args.json:
         io.json(answer)
+    elif answer.get("skipped"):
+        io.print(f"skipped: schedule {answer['schedule']} has job {answer['job_id']} {answer['status']} (--if-idle)")
     elif answer["coalesced"]:
         io.print(f"{answer['job_id']}  coalesced into the identical queued job (position {answer['queue_position']})")
     elif answer["status"] == "queued":
@@ -559,6 +579,22 @@ def cmd_enqueue(client: Client, args: argparse.Namespace, io: _Io) -> int:
     else:
         io.print(f"{answer['job_id']}  {answer['status']}")
     return EXIT_OK
+
+
+def _schedule(args: argparse.Namespace) -> Schedule:
+    """--schedule NAME --every PERIOD [--if-idle] [--tick TIME] as a ``Schedule``; a usage error names what is wrong."""
+    if args.schedule is None or args.every is None:
+        raise ValueError("--schedule NAME and --every PERIOD go together (and --if-idle, --tick with them)")
+    if args.idempotency_key is not None:
+        raise ValueError("a schedule's tick is its key: give --schedule or --idempotency-key, not both")
+    if args.tick is not None:
+        try:
+            given = datetime.fromisoformat(args.tick)
+        except ValueError:
+            raise ValueError(f"--tick {args.tick!r}: an ISO 8601 time with its offset (2026-12-07T02:00:00Z)") from None
+        if given.tzinfo is None:
+            raise ValueError(f"--tick {args.tick!r}: give its UTC offset (Z or +00:00)")
+    return Schedule(args.schedule, parse_period(args.every), args.if_idle)
 
 
 def _is_terminal(io: _Io) -> bool:
@@ -1052,6 +1088,12 @@ def _add_client_commands(sub: Any) -> None:
         help="this request's name (1-255 printable ASCII): the same KEY with the same request never makes a second "
         "job, and answers what it answered (default: a new key per invocation, kept across its own retries; with "
         "--from-file, KEY.N names its Nth batch of 1000)",
+    )
+    p.add_argument("--schedule", metavar="NAME", help="a schedule's tick (a systemd timer's): one job per period")
+    p.add_argument("--every", metavar="PERIOD", help="the schedule's period: 15m, 1h, 1d (at least a minute)")
+    p.add_argument("--tick", metavar="TIME", help="the tick to enqueue (default: now, floored to the period, UTC)")
+    p.add_argument(
+        "--if-idle", action="store_true", help="skip the tick (exit 0) while a job of the schedule is queued or running"
     )
     p = add("jobs", cmd_jobs, "list jobs, newest first; or watch the running ones live (--watch)")
     p.add_argument("--status", choices=[s.value for s in JobStatus])

@@ -188,9 +188,20 @@ class Client:
     def health(self) -> dict[str, Any]:
         return self._json("GET", "/api/health", shape="health")
 
-    def enqueue(self, kind: str, params: Mapping[str, Any], *, idempotency_key: str | None = None) -> dict[str, Any]:
+    def enqueue(
+        self,
+        kind: str,
+        params: Mapping[str, Any],
+        *,
+        idempotency_key: str | None = None,
+        schedule: str | None = None,
+    ) -> dict[str, Any]:
+        """``schedule``: ``NAME/PERIOD_S[/if_idle]``, the tick's schedule (its key is the caller's to give)."""
         body = {"kind": kind, "params": dict(params)}
-        return self._json("POST", "/api/jobs", shape="enqueued", body=body, headers=_keyed(idempotency_key))
+        query = {"schedule": schedule} if schedule is not None else None
+        return self._json(
+            "POST", "/api/jobs", shape="enqueued", body=body, headers=_keyed(idempotency_key), params=query
+        )
 
     def enqueue_batch(self, jobs: list[dict[str, Any]], *, idempotency_key: str | None = None) -> dict[str, Any]:
         batch = {"jobs": jobs}

@@ -22,6 +22,7 @@ from ..domain import (
     JobStatus,
     RequestError,
     Selection,
+    SelectionNotFound,
     ValidationError,
     fingerprint,
 )
@@ -85,7 +86,7 @@ class Bulk:
         kept = await self.boot.registry.setting(f"{SELECTION_PREFIX}{request.selection}")
         chosen = Selection.from_json(request.selection, kept.value) if kept is not None else None
         if chosen is None or chosen.expires_at <= self.boot.wall_clock():
-            raise ValidationError("selection is unknown or expired: make a new dry run", field="selection")
+            raise SelectionNotFound(request.selection)
         if chosen.action != request.action:
             raise ValidationError(f"selection was made for {chosen.action}, not {request.action}", field="action")
         results: dict[str, str] = {}

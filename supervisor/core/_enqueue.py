@@ -18,6 +18,7 @@ from ..domain import (
     JobStatus,
     Liveness,
     RequestKey,
+    Schedule,
     ValidationError,
     coalesce_key,
     fingerprint,
@@ -53,15 +54,23 @@ class Enqueuer:
         if key is None:
             return None
         request = fingerprint(route, [(job.kind, job.params) for job in jobs])
-        return IdempotencyKey(key.text, request, self.boot.config.idempotency_ttl_s)
+        # A schedule's tick key lives at least one period: a timer that fires late in it still finds it.
+        periods = [job.schedule.every_s for job in jobs if job.schedule is not None]
+        return IdempotencyKey(key.text, request, max([self.boot.config.idempotency_ttl_s, *periods]))
 
     async def enqueue(
-        self, kind_name: object, params: object, key: RequestKey | None = None, by: str | None = None
+        self,
+        kind_name: object,
+        params: object,
+        key: RequestKey | None = None,
+        by: str | None = None,
+        schedule: Schedule | None = None,
     ) -> EnqueueResult:
         """Validate and store a job, and have the drainer start it when a slot is free: never waits for a spawn.
         ``key``: the request's idempotency key (a retry of the request answers the first answer, ``replayed``);
-        ``by``: who asks (the row's ``enqueued_by``)."""
-        new = self.validate(kind_name, params, by)
+        ``by``: who asks (the row's ``enqueued_by``); ``schedule``: the schedule whose tick this is (with
+        ``if_idle``, skipped while a job of it is queued or running: ``skipped``)."""
+        new = dataclasses.replace(self.validate(kind_name, params, by), schedule=schedule)
         result = await self.boot.registry.enqueue(new, key=self.keyed(key, "enqueue", [new]))
         self.announce([result])
         return result
@@ -136,6 +145,10 @@ class Enqueuer:
 
     def announce(self, results: list[EnqueueResult]) -> None:
         for result in results:
+            if result.skipped:
+                log.info("schedule_skipped", schedule=result.job.schedule, job_id=result.job.job_id,
+                         status=str(result.job.status))  # fmt: skip
+                continue
             if result.replayed is not None:
                 # Nothing was written: the request's key had answered it already (a client's retry).
                 log.info("enqueue_replayed", job_id=result.job.job_id, idempotency_key=result.job.idempotency_key)

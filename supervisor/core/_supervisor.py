@@ -41,6 +41,7 @@ from ..domain import (
     PageRequest,
     RegistryError,
     RequestKey,
+    Schedule,
     to_iso,
     utc_now,
 )
@@ -70,6 +71,7 @@ log = get_logger()
 # The request-facing methods' types: an Idempotency-Key, who asks (an API token's name), what an enqueue answers.
 Key = RequestKey | None
 By = str | None
+Sched = Schedule | None
 Enqueued = EnqueueResult
 T = TypeVar("T")
 
@@ -380,10 +382,13 @@ class Supervisor:
 
     # -- enqueue ------------------------------------------------------------------------------------------
 
-    async def enqueue(self, kind: object, params: object, *, idempotency_key: Key = None, by: By = None) -> Enqueued:
+    async def enqueue(
+        self, kind: object, params: object, *, idempotency_key: Key = None, by: By = None, schedule: Sched = None
+    ) -> Enqueued:
         """Validate and store a job (``Enqueuer.enqueue``): never waits for a spawn. With ``idempotency_key``, a retry
-        of the request answers the first answer; ``by``: who asks (the API token's name: the row's ``enqueued_by``)."""
-        return await self.enqueuer.enqueue(kind, params, idempotency_key, by)
+        of the request answers the first answer; ``by``: who asks (the API token's name: the row's ``enqueued_by``);
+        ``schedule``: the schedule whose tick it is (a skipped tick makes no job: ``skipped``)."""
+        return await self.enqueuer.enqueue(kind, params, idempotency_key, by, schedule)
 
     async def enqueue_many(
         self, requests: Sequence[JobRequest], *, idempotency_key: Key = None, by: By = None

@@ -24,6 +24,7 @@ from ._errors import (
     RegistryNotOpened,
     RegistryUnavailable,
     RequestError,
+    SelectionNotFound,
     SpawnError,
     StartOutcomeUnknown,
     SupervisorError,
@@ -90,6 +91,7 @@ from ._page import (
     PageRequest,
 )
 from ._params import INT64_MAX, INT64_MIN, INT_TEXT, URL_PATTERN, ParamRule
+from ._schedule import SCHEDULE_PREFIX, SCHEDULE_QUERY, Schedule, parse_period
 from ._settings import (
     EXEC_MODES,
     SETTINGS,
@@ -144,6 +146,8 @@ __all__ = [
     "PARAM_PREFIX",
     "REPLAYED_HEADER",
     "RESUBMITTED",
+    "SCHEDULE_PREFIX",
+    "SCHEDULE_QUERY",
     "SCOPES",
     "SELECTION_PREFIX",
     "SELECTION_TTL_S",
@@ -195,8 +199,10 @@ __all__ = [
     "RegistryUnavailable",
     "RequestError",
     "RequestKey",
+    "Schedule",
     "Scope",
     "Selection",
+    "SelectionNotFound",
     "Setting",
     "SpawnError",
     "StallAction",
@@ -224,6 +230,7 @@ __all__ = [
     "name_problem",
     "parse_bind",
     "parse_kind",
+    "parse_period",
     "read_token_file",
     "redacted_url",
     "scope_allows",

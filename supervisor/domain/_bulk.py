@@ -18,7 +18,7 @@ from datetime import datetime
 from ._errors import ValidationError
 from ._kinds import KindCatalog
 from ._model import from_iso, to_iso
-from ._page import JobFilter
+from ._page import PARAM_PREFIX, JobFilter
 
 BULK_ACTIONS = ("cancel", "retry")
 # At most this many jobs in one selection: a bigger one is a narrower filter, or several.
@@ -76,11 +76,14 @@ class BulkRequest:
                 raise ValidationError("filter must be an object of the list's filters", field="filter")
             texts: dict[str, str] = {}
             for name, value in raw.items():
-                if isinstance(value, bool):
-                    value = "true" if value else "false"
-                if not isinstance(value, str | int | float):
-                    raise ValidationError(f"filter.{name} must be a string or a number", field=f"filter.{name}")
-                texts[str(name)] = str(value)
+                # A filter's value is its text, as in the list's query; a param's may be its JSON value too.
+                if str(name).startswith(PARAM_PREFIX) and not isinstance(value, str):
+                    if not isinstance(value, bool | int | float):
+                        raise ValidationError(f"filter.{name} must be a string or a number", field=f"filter.{name}")
+                    value = json.dumps(value)
+                if not isinstance(value, str):
+                    raise ValidationError(f"filter.{name} must be a string", field=f"filter.{name}")
+                texts[str(name)] = value
             try:
                 wanted = JobFilter.parse(texts, kinds)
             except ValidationError as exc:

@@ -14,6 +14,7 @@
     │   │   └── IdempotencyKeyReused  an idempotency key sent again with another request (422)
     │   ├── JobNotFound             no job has that id (404)
     │   ├── HostNotFound            no host of the fleet has that id (404)
+    │   ├── SelectionNotFound       no live bulk selection has that token (404; expired, or never made)
     │   ├── Unauthorized            missing or wrong credentials (401)
     │   ├── Conflict                the job's state does not allow it (409)
     │   └── TooManyStreams          every event-stream slot is taken (503; not the caller's fault: retry later)
@@ -152,6 +153,18 @@ class Unauthorized(RequestError):
 
     code = "unauthorized"
     http_status = 401
+
+
+class SelectionNotFound(RequestError):
+    """No live bulk selection has the given token: it expired (an hour), or no dry run made it."""
+
+    code = "not_found"
+    http_status = 404
+
+    def __init__(self, token: str) -> None:
+        super().__init__(
+            f"no bulk selection {token!r}: it expired or was never made (make a new dry run)", field="selection"
+        )
 
 
 class HostNotFound(RequestError):

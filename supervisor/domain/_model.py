@@ -309,6 +309,10 @@ class Job:
     # cancel (the first such request). None: not asked, or a row older than the record.
     enqueued_by: str | None = None
     cancelled_by: str | None = None
+    # The schedule whose tick enqueued it, and that schedule's period (docs/operations.md, "Periodic runs"); None for
+    # any other job.
+    schedule: str | None = None
+    schedule_every_s: float | None = None
 
     @property
     def spawned(self) -> bool:

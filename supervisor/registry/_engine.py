@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar
 
 from ..domain import (
     RESUBMITTED,
+    SCHEDULE_PREFIX,
     TERMINAL,
     Attempt,
     Conflict,
@@ -317,7 +318,8 @@ class Rules(FleetRules, Housekeeping):
                "status": QUEUED, "created_at": store.now(), "coalesce_key": new.coalesce_key, "attempts": 0,
                "token_hash": None, "log_path": None, "max_attempts": new.max_attempts, "next_attempt_at": None,
                "history": (), "retry_of": new.retry_of, "idempotency_key": new.idempotency_key,
-               "enqueued_by": new.enqueued_by}  # fmt: skip
+               "enqueued_by": new.enqueued_by, "schedule": new.schedule.name if new.schedule else None,
+               "schedule_every_s": new.schedule.every_s if new.schedule else None}  # fmt: skip
         await store.insert(JOBS, [stored(row)])
         await self.event(store, job_id, "job.transition", None, "enqueued")
         return job_id, False
@@ -328,6 +330,15 @@ class Rules(FleetRules, Housekeeping):
             if replayed is not None:
                 return replayed[0]  # INV-KEY-ONCE: a key's request never makes a second row
             new = replace(new, idempotency_key=key.key)
+        if new.schedule is not None and new.schedule.if_idle:
+            # Ticks of one schedule take turns: two at once would both find it idle, and both enqueue.
+            await store.lock(tables.COALESCE_LOCK, f"{SCHEDULE_PREFIX}{new.schedule.name}")
+            busy = await tables.schedule_busy(store, new.schedule.name)
+            if busy is not None:
+                # Skipped, and kept under no key: the same tick asked again is judged again.
+                why = f"schedule {new.schedule.name}: job {busy.job_id} is {busy.status}"
+                await self.event(store, busy.job_id, "schedule.skipped", str(busy.status), why)
+                return EnqueueResult(busy, coalesced=False, skipped=True)
         job_id, coalesced = await self.add(store, new)
         if not coalesced:
             await store.notify(Wakeup(WAKE_QUEUED))

@@ -36,7 +36,7 @@ COLUMNS: Mapping[str, tuple[str, ...]] = {
         "ended_at", "attempts", "cancel_requested", "boot_id", "identity", "token_hash", "completed_units",
         "total_units", "stage", "last_heartbeat_at", "last_progress_at", "log_path", "stalled", "stalled_since",
         "silent", "max_attempts", "not_before", "history", "host_id", "retry_of", "idempotency_key", "enqueued_by",
-        "cancelled_by",
+        "cancelled_by", "schedule", "schedule_every_s",
     ),
     OUTBOX: ("seq", "event_id", "job_id", "event", "created_at", "previous_status", "reason", "boot_id", "job"),
     KEYS: ("idempotency_key", "answer_index", "fingerprint", "job_id", "status", "queue_position", "coalesced",
@@ -340,6 +340,22 @@ async def matching(store: Store, wanted: JobFilter) -> Where:
     if wanted.idempotency_key is not None:
         where += (("job_id", "in", tuple(await keyed(store, key=wanted.idempotency_key))),)
     return where
+
+
+async def schedule_busy(store: Store, name: str) -> Job | None:
+    """The newest job of schedule ``name`` that is queued or running, if any."""
+    where = (_is("schedule", name), ("status", "in", (QUEUED, RUNNING)))
+    rows = await store.select(JOBS, where, Read(order=("-seq",), limit=1))
+    return job_of(rows[0]) if rows else None
+
+
+async def newest_of_schedules(store: Store, limit: int) -> dict[str, tuple[datetime, float]]:
+    """Each schedule's newest job's creation and period, read from the newest ``limit`` scheduled rows."""
+    read = Read(columns=("schedule", "schedule_every_s", "created_at"), order=("-seq",), limit=limit)
+    newest: dict[str, tuple[datetime, float]] = {}
+    for row in await store.select(JOBS, (("schedule", "!=", None),), read):
+        newest.setdefault(row["schedule"], (row["created_at"], row["schedule_every_s"]))
+    return newest
 
 
 async def select_ids(store: Store, wanted: JobFilter, limit: int) -> list[str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from ..domain import IdempotencyKey, IdentityRecord, Job, JobStatus
+from ..domain import IdempotencyKey, IdentityRecord, Job, JobStatus, Schedule
 
 # The fleet setting that records, per host, the stuck queue its watch announced (docs/operations.md § The queue's
 # watch): ``queue_stuck/<host>``.
@@ -65,6 +65,7 @@ class NewJob:
     retry_of: str | None = None  # the finished job this one is an operator's explicit retry of
     idempotency_key: str | None = None  # the key of the request that makes it (recorded on its row)
     enqueued_by: str | None = None  # who asks for it: an API token's name, or the supervisor's own (ADR 0017)
+    schedule: Schedule | None = None  # the schedule whose tick makes it (recorded on its row)
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,8 @@ class EnqueueResult:
     coalesced: bool  # an identical queued row was returned instead of a new one
     # A replay: the request's idempotency key had answered this already, and nothing was written; what it answered.
     replayed: Receipt | None = None
+    # An --if-idle tick skipped: ``job`` is the schedule's job still queued or running, and nothing was written.
+    skipped: bool = False
 
     @property
     def receipt(self) -> Receipt:

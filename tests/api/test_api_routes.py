@@ -625,7 +625,6 @@ async def test_a_batch_may_be_larger_than_one_job_request_but_not_unbounded(harn
         ({"action": "retry", "filter": {"since": "yesterday"}, "dry_run": True}, "filter.since"),
         ({"action": "retry", "filter": {"status": "failed"}}, "selection"),  # acting needs a dry run's selection
         ({"action": "retry", "selection": "not-one-of-ours!"}, "selection"),
-        ({"action": "retry", "selection": "a" * 32}, "selection"),  # well formed, but no such selection
         ({"action": "retry", "dry_run": True}, "filter"),
         ({"action": "retry", "filter": {}, "dry_run": True, "extra": 1}, "extra"),
     ],
@@ -635,6 +634,11 @@ async def test_a_bad_bulk_request_is_a_422_naming_the_field(
 ) -> None:
     status, answer = await harness.json("POST", "/api/jobs/bulk", json=body)
     assert (status, answer["error"]["field"]) == (422, field), answer
+
+
+async def test_an_unknown_or_expired_selection_is_a_404(harness: Harness) -> None:
+    status, answer = await harness.json("POST", "/api/jobs/bulk", json={"action": "retry", "selection": "a" * 32})
+    assert (status, answer["error"]["field"]) == (404, "selection")
 
 
 async def test_a_bulk_dry_run_and_its_action_through_http(harness: Harness) -> None:

@@ -466,3 +466,29 @@ async def test_retry_all_acts_on_the_dry_runs_jobs_once_and_asks_for_yes_above_t
     assert cancelled.code == EXIT_OK and cancelled.json()["count"] == 11
     for job_id in many:
         await wait_terminal(live.supervisor, job_id)
+
+
+async def test_a_schedules_tick_makes_one_job_however_often_the_timer_fires(live: Live) -> None:
+    tick = ("--schedule", "feed-a", "--every", "1h", "--tick", "2026-12-07T02:17:00Z")
+    runs = [await cli(live.url, "enqueue", "sleep", "-p", "seconds=30", *tick, "--json") for _ in range(3)]
+    assert [run.code for run in runs] == [EXIT_OK] * 3, runs[0].err
+    assert len({run.json()["job_id"] for run in runs}) == 1  # three firings of one tick: one job
+    job = await live.supervisor.get(runs[0].json()["job_id"])
+    assert (job.schedule, job.schedule_every_s, job.idempotency_key) == (
+        "feed-a",
+        3600.0,
+        "schedule/feed-a/2026-12-07T02:00:00Z",
+    )
+    # The next tick, with --if-idle, while the first still runs: skipped, exit 0, one line, no job.
+    skipped = await cli(
+        live.url, "enqueue", "sleep", "-p", "seconds=30", "--schedule", "feed-a", "--every", "1h",
+        "--tick", "2026-12-07T03:05:00Z", "--if-idle",
+    )  # fmt: skip
+    assert skipped.code == EXIT_OK, skipped.err
+    assert skipped.out.strip() == f"skipped: schedule feed-a has job {job.job_id} running (--if-idle)"
+    rows, _ = await live.supervisor.list_jobs(PageRequest.parse(kind="sleep"))
+    assert [row.job_id for row in rows] == [job.job_id]
+    usage = await cli(live.url, "enqueue", "sleep", "-p", "seconds=1", "--schedule", "feed-a")
+    assert usage.code == EXIT_USAGE and "--every" in usage.err
+    await live.supervisor.cancel(job.job_id)
+    await wait_terminal(live.supervisor, job.job_id)

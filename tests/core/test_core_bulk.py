@@ -7,7 +7,7 @@ import pytest
 import trio
 import trio.lowlevel
 
-from supervisor.domain import BulkRequest, JobFilter, JobStatus, PageRequest, ValidationError
+from supervisor.domain import BulkRequest, JobFilter, JobStatus, PageRequest, SelectionNotFound, ValidationError
 from supervisor.testing import Scenario
 
 FAILED = JobFilter(status=JobStatus.FAILED, kind="flaky")
@@ -95,7 +95,7 @@ async def test_a_selection_is_for_its_own_action_and_expires(supervisor_scenario
     with pytest.raises(ValidationError, match="made for retry"):
         await sc.supervisor.bulk_action(BulkRequest("cancel", selection=dry.selection))
     await sc.advance(3601)
-    with pytest.raises(ValidationError, match="unknown or expired"):
+    with pytest.raises(SelectionNotFound, match="expired or was never made"):
         await sc.supervisor.bulk_action(BulkRequest("retry", selection=dry.selection))
     with pytest.raises(ValidationError, match="dry run's selection"):
         BulkRequest("retry", FAILED)  # acting needs a selection: the dry run comes first

@@ -7,7 +7,7 @@ import dataclasses
 
 from registry_helpers import EPOCH, WallClock, request
 
-from supervisor.domain import JobFilter, JobStatus, PageRequest
+from supervisor.domain import JobFilter, JobStatus, PageRequest, Schedule
 from supervisor.registry import Ending, NewJob, Outcome, Registry
 
 UNAVAILABLE = Ending(Outcome(JobStatus.FAILED, "all_feeds_unavailable"), exit_code=75)
@@ -79,3 +79,18 @@ async def test_a_selections_ids_and_its_expiry(registry: Registry, clock: WallCl
     assert await registry.drop_settings("bulk/", clock.now) == 1  # only bulk/old was recorded before now
     assert await registry.setting("bulk/old") is None
     assert await registry.setting("bulk/new") is not None and await registry.setting("max_concurrent") is not None
+
+
+async def test_an_if_idle_tick_is_skipped_while_its_schedules_job_is_queued_or_running(registry: Registry) -> None:
+    hourly = Schedule("feed-a", 3600.0, if_idle=True)
+    first = await registry.enqueue(NewJob("pipeline", {"feed": "a"}, ["run"], schedule=hourly))
+    assert (first.job.schedule, first.job.schedule_every_s, first.skipped) == ("feed-a", 3600.0, False)
+    skipped = await registry.enqueue(NewJob("pipeline", {"feed": "a"}, ["run"], schedule=hourly))
+    assert (skipped.skipped, skipped.job.job_id) == (True, first.job.job_id)  # nothing written
+    feed_b = Schedule("feed-b", 3600.0, if_idle=True)
+    other = await registry.enqueue(NewJob("pipeline", {"feed": "b"}, ["run"], schedule=feed_b))
+    assert not other.skipped  # another schedule is its own
+    await registry.request_cancel(first.job.job_id)  # the queued one ends
+    again = await registry.enqueue(NewJob("pipeline", {"feed": "a"}, ["run"], schedule=hourly))
+    assert not again.skipped and again.job.job_id != first.job.job_id
+    assert len(await ids(registry, JobFilter(kind="pipeline"))) == 3

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from registry_v3 import CONTAINER, MIGRATIONS, PROCESS, ROW, V3_EVENTS, at, build_v3, old_public, sql, ts
 
-from supervisor.domain import IdempotencyKey, Job, JobStatus, RegistryError
+from supervisor.domain import IdempotencyKey, Job, JobStatus, RegistryError, Schedule
 from supervisor.registry import (
     Ending,
     IdentityRecord,
@@ -45,13 +45,18 @@ def columns(path: Path, table: str) -> list[str]:
 # -- from version 3 -----------------------------------------------------------------------------------------
 
 
-def test_this_code_is_schema_version_11() -> None:
-    """The migration tests below are from 3 to 10: a new migration needs its own test of the file before it."""
-    assert SCHEMA_VERSION == 11
+def test_this_code_is_schema_version_12() -> None:
+    """The migration tests below are from 3 to 11: a new migration needs its own test of the file before it."""
+    assert SCHEMA_VERSION == 12
 
 
 # What each migration from version 9 on added, undone: a file of the current version back to an earlier one's tables.
 UNDO = {
+    12: (
+        "DROP INDEX jobs_schedule",
+        "ALTER TABLE jobs DROP COLUMN schedule",
+        "ALTER TABLE jobs DROP COLUMN schedule_every_s",
+    ),
     11: ("ALTER TABLE jobs DROP COLUMN enqueued_by", "ALTER TABLE jobs DROP COLUMN cancelled_by"),
     10: ("DROP TABLE idempotency_keys", "ALTER TABLE jobs DROP COLUMN idempotency_key"),
     9: ("DROP TABLE forgotten_hosts",),
@@ -70,6 +75,23 @@ def back_to(path: Path, version: int) -> None:
         conn.commit()
     finally:
         conn.close()
+
+
+async def test_a_version_11_file_gets_schedules_and_its_rows_have_none(path: Path) -> None:
+    """Version 12 (issue 57): a row written before schedules has none; a scheduled one records its schedule."""
+    reg = await SqliteRegistry.open(path)
+    old = await reg.enqueue(NewJob("k", {}, ["true"]))
+    await reg.aclose()
+    back_to(path, 11)
+    reg = await SqliteRegistry.open(path)
+    try:
+        assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+        before = await reg.get(old.job.job_id)
+        assert (before.schedule, before.schedule_every_s) == (None, None)
+        new = await reg.enqueue(NewJob("k", {}, ["true"], schedule=Schedule("nightly", 86400.0)))
+        assert (new.job.schedule, new.job.schedule_every_s) == ("nightly", 86400.0)
+    finally:
+        await reg.aclose()
 
 
 async def test_a_version_10_file_gets_attribution_and_its_rows_name_no_one(path: Path) -> None:
