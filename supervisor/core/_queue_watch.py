@@ -31,6 +31,8 @@ from ._boot import Boot
 
 log = get_logger()
 
+# Where a missed schedule's announcement is recorded: the newest job it was announced for (once per job).
+SCHEDULE_MISSED = "schedule_missed/"
 # Each reason this host's promotion can be held, and what an operator does about it (docs/operations.md).
 HOLD_REASONS: dict[str, str] = {
     "pause_operator": "an operator paused the queue (API or CLI): `supervisor resume` ends it",
@@ -175,6 +177,7 @@ class QueueWatch:
         self._restored = False  # the announced state read back (once per boot, at the first look)
         self._pending: tuple[str, Stuck] | None = None  # a start or end said, its webhook not yet written
         self._look = _Look()  # the queue as the registry last said it
+        self.schedules_missed: dict[str, int] = {}  # each schedule: 1 while it misses its runs (the last judgement)
 
     def own_holds(self) -> set[str]:
         """The reasons this host knows without reading the registry: its drainer's holds and the registry's fault."""
@@ -257,6 +260,32 @@ class QueueWatch:
             await self._announce(what, stuck, now)
             self._pending = None
         return self.latest
+
+    async def judge_schedules(self) -> None:
+        """A schedule whose newest job is older than twice its period missed its runs (a timer that stopped, a host
+        that is down): a log line, a metric and one webhook, once per newest job. The leader's duty alone (one
+        announcement for the fleet)."""
+        if not self.boot.standing.may_lead():
+            return
+        registry, now = self.boot.registry, self.boot.wall_clock()
+        missed: dict[str, int] = {}
+        for name, (created, every_s, job_id) in (await registry.newest_of_schedules()).items():
+            late = (now - created).total_seconds() > 2 * every_s
+            missed[name] = int(late)
+            if not late:
+                continue
+            said = await registry.setting(f"{SCHEDULE_MISSED}{name}")
+            if said is not None and said.value == job_id:
+                continue  # announced already, for this newest job
+            details = {"schedule": name, "every_s": every_s, "newest_job_id": job_id}
+            details["newest_created_at"] = to_iso(created)
+            log.warning("schedule_missed", **details, meaning="no run for two periods: is its timer still running?")
+            await registry.record_queue_event(
+                "schedule.missed", host_id=self.boot.host_id, job_id=job_id, details=details,
+                reason="schedule_missed", announced=job_id, setting=f"{SCHEDULE_MISSED}{name}",
+            )  # fmt: skip
+            self.wake_sender()
+        self.schedules_missed = missed
 
     async def kinds(self) -> dict[str, KindLoad]:
         """Each kind with jobs running or queued fleet-wide, or with a limit of its own: what it runs, what waits."""

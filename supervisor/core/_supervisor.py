@@ -574,5 +574,6 @@ class Supervisor:
             conditions=dict(self.boot.tally.counts),
             queue=self.queue_watch.gauges(),
             kinds={kind: dataclasses.astuple(load) for kind, load in (await self.queue_watch.kinds()).items()},
+            schedules_missed=dict(self.queue_watch.schedules_missed),
         )
         return self.metrics.render(snapshot)

@@ -103,6 +103,8 @@ class Sweeper:
         with boundary("queue_watch_failed", tally):
             # After the drain: the queue as this sweep left it (docs/operations.md § The queue's watch).
             await self.queue_watch.judge()
+        with boundary("schedule_watch_failed", tally):
+            await self.queue_watch.judge_schedules()  # a schedule whose runs stopped coming
         if not self.leftovers_released:
             with boundary("leftovers_not_released", tally):
                 self.leftovers_released = await self.reconciler.release_leftovers()

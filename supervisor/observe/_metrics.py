@@ -64,6 +64,7 @@ class Snapshot:
     conditions: Mapping[str, int] = field(default_factory=dict)  # the background tasks' conditions, by step
     queue: QueueGauges | None = None  # None before the first sweep
     kinds: Mapping[str, tuple[int, int, int | None]] = field(default_factory=dict)  # running, queued, max_running
+    schedules_missed: Mapping[str, int] = field(default_factory=dict)  # each schedule: 1 while it misses its runs
 
 
 def _queue_families(queue: QueueGauges) -> Iterator[Metric]:
@@ -127,6 +128,14 @@ class _SnapshotCollector:
                 limits.add_metric([kind], max_running)
         yield by_kind
         yield limits
+        missed = GaugeMetricFamily(
+            "podcast_schedule_missed",
+            "1 while a schedule's newest job is older than twice its period (the leader's judgement).",
+            labels=["schedule"],
+        )
+        for name, value in sorted(snap.schedules_missed.items()):
+            missed.add_metric([name], value)
+        yield missed
         yield GaugeMetricFamily("podcast_max_concurrent", "Jobs allowed to run at once.", value=snap.max_concurrent)
         yield GaugeMetricFamily(
             "podcast_webhook_outbox_depth", "Events in the outbox, not yet delivered.", value=snap.outbox_depth

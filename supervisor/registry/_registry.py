@@ -167,13 +167,22 @@ class Registry:
         return await self.backend.write(lambda store: self.rules.record_event(store, job_id, event, reason))
 
     async def record_queue_event(
-        self, event: str, *, host_id: str, job_id: str, details: Mapping[str, Any], reason: str, announced: str
+        self,
+        event: str,
+        *,
+        host_id: str,
+        job_id: str,
+        details: Mapping[str, Any],
+        reason: str,
+        announced: str,
+        setting: str | None = None,
     ) -> None:
         """The queue's watch (docs/operations.md § The queue's watch): ``event`` (``queue.stuck``, ``queue.moving``)
         about this host's queue, its ``details`` the body receivers get, into the outbox (when events are written), and
         ``announced`` recorded as this host's announced state (``queue_stuck/<host>``: the stuck queue announced, empty
-        once it moved), in one step."""
-        name = f"{QUEUE_ANNOUNCED}{host_id}"
+        once it moved), in one step. ``setting``: where else the announcement is recorded (a missed schedule's
+        ``schedule_missed/<name>``)."""
+        name = setting if setting is not None else f"{QUEUE_ANNOUNCED}{host_id}"
         await self.backend.write(
             lambda store: self.rules.queue_event(
                 store, event, job_id, details, reason, FleetSetting(name, announced, host_id, store.now())
@@ -237,6 +246,10 @@ class Registry:
         ``kind_limits``), or None: how long the queue has made a job wait (docs/operations.md § The queue's watch).
         Rows of a full kind are not waiting on the queue but on their kind."""
         return await self.backend.read(lambda store: tables.next_to_run(store, store.now(), kind_limits))
+
+    async def newest_of_schedules(self) -> dict[str, tuple[datetime, float, str]]:
+        """Each schedule's newest job: its creation, the schedule's period and its id."""
+        return await self.backend.read(lambda store: tables.newest_of_schedules(store, 1000))
 
     async def select_ids(self, wanted: JobFilter, limit: int) -> list[str]:
         """The ids of up to ``limit`` rows under ``wanted``, newest first."""

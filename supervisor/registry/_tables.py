@@ -349,12 +349,13 @@ async def schedule_busy(store: Store, name: str) -> Job | None:
     return job_of(rows[0]) if rows else None
 
 
-async def newest_of_schedules(store: Store, limit: int) -> dict[str, tuple[datetime, float]]:
-    """Each schedule's newest job's creation and period, read from the newest ``limit`` scheduled rows."""
-    read = Read(columns=("schedule", "schedule_every_s", "created_at"), order=("-seq",), limit=limit)
-    newest: dict[str, tuple[datetime, float]] = {}
+async def newest_of_schedules(store: Store, limit: int) -> dict[str, tuple[datetime, float, str]]:
+    """Each schedule's newest job (its creation, the period, its id), read from the newest ``limit`` scheduled rows
+    (the partial index on ``schedule``)."""
+    read = Read(columns=("schedule", "schedule_every_s", "created_at", "job_id"), order=("-seq",), limit=limit)
+    newest: dict[str, tuple[datetime, float, str]] = {}
     for row in await store.select(JOBS, (("schedule", "!=", None),), read):
-        newest.setdefault(row["schedule"], (row["created_at"], row["schedule_every_s"]))
+        newest.setdefault(row["schedule"], (row["created_at"], row["schedule_every_s"], row["job_id"]))
     return newest
 
 
