@@ -116,6 +116,13 @@ threading.Event().wait(60)
 TERMINAL = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.STALE}
 
 
+def kinds_file_with(tmp_path: Path, extra: str) -> Path:
+    """A kinds file of the test's own: the shared ``KINDS`` and the ``extra`` kinds a test declares."""
+    path = tmp_path / "kinds-with.toml"
+    path.write_text(KINDS + extra)
+    return path
+
+
 def serve_env(tmp_path: Path, kinds: str = KINDS, *, data_dir: Path | None = None, **settings: str) -> dict[str, str]:
     """The environment of a real ``supervisor serve`` in a test: none of the caller's own ``PODCAST_*`` settings, the
     test's kinds (written to ``tmp_path``), its data dir (default ``tmp_path / "data"``), loopback on a free port and

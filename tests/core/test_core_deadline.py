@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import trio
-from core_helpers import KINDS, wait_terminal  # type: ignore[import-not-found]
+from core_helpers import kinds_file_with, wait_terminal  # type: ignore[import-not-found]
 
 from supervisor import JobStatus, Supervisor
 from supervisor.testing import SCENARIO_EPOCH, Scenario
@@ -53,8 +53,7 @@ deadline_seconds = 2
 async def test_a_real_process_past_its_deadline_is_stopped(
     make_supervisor: Callable[..., Supervisor], tmp_path: Path
 ) -> None:
-    kinds = tmp_path / "deadline.toml"
-    kinds.write_text(KINDS + SLOW)
+    kinds = kinds_file_with(tmp_path, SLOW)
     sup = make_supervisor(kinds_file=kinds, cancel_grace_s=2)
     job_id = (await sup.enqueue("slow", {"seconds": 30})).job.job_id
     with trio.fail_after(20):

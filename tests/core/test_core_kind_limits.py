@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from core_helpers import KINDS, wait_running, wait_status  # type: ignore[import-not-found]
+from core_helpers import kinds_file_with, wait_running, wait_status  # type: ignore[import-not-found]
 
 from supervisor import JobStatus, Supervisor
 from supervisor.testing import Scenario
@@ -43,8 +43,7 @@ max_running = 1
 async def test_a_real_supervisor_keeps_a_kinds_limit(
     make_supervisor: Callable[..., Supervisor], tmp_path: Path
 ) -> None:
-    kinds = tmp_path / "limited.toml"
-    kinds.write_text(KINDS + LIMITED)
+    kinds = kinds_file_with(tmp_path, LIMITED)
     sup = make_supervisor(kinds_file=kinds, max_concurrent=3)
     first = (await sup.enqueue("one_at_a_time", {"seconds": 30})).job.job_id
     second = (await sup.enqueue("one_at_a_time", {"seconds": 30})).job.job_id

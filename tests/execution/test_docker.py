@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import trio
 from core_executors import IMAGE, DockerWorld, supervisors_in  # type: ignore[import-not-found]
-from core_helpers import KINDS, container_of, pid_of, poll, serve_env, wait_running, wait_terminal  # type: ignore[import-not-found]
+from core_helpers import KINDS, container_of, kinds_file_with, pid_of, poll, serve_env, wait_running, wait_terminal  # type: ignore[import-not-found]
 from structlog.testing import capture_logs
 
 from supervisor import Config, JobStatus, Liveness, SqliteRegistry, Supervisor
@@ -380,8 +380,7 @@ memory_max_mb = 32
 async def test_a_container_past_its_memory_bound_is_killed_out_of_memory_and_nothing_else_is(
     make: Callable[..., Supervisor], world: DockerWorld, tmp_path: Path
 ) -> None:
-    kinds = tmp_path / "greedy.toml"
-    kinds.write_text(KINDS + GREEDY)
+    kinds = kinds_file_with(tmp_path, GREEDY)
     sup = make(kinds_file=kinds, max_concurrent=2)
     bystander = await wait_running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)
     greedy = await wait_terminal(sup, (await sup.enqueue("greedy", {"mb": 200})).job.job_id, timeout_s=60)

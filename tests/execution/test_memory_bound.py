@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from core_helpers import KINDS, pid_of, wait_running, wait_terminal  # type: ignore[import-not-found]
+from core_helpers import kinds_file_with, pid_of, wait_running, wait_terminal  # type: ignore[import-not-found]
 
 from supervisor import JobStatus, Supervisor, load_kinds
 from supervisor.domain import KindsFileError
@@ -31,8 +31,7 @@ def oom_score_adj(pid: int) -> int:
 async def test_a_job_past_its_memory_bound_fails_and_nothing_else_does(
     make_supervisor: Callable[..., Supervisor], tmp_path: Path
 ) -> None:
-    kinds = tmp_path / "bounded.toml"
-    kinds.write_text(KINDS + BOUNDED)
+    kinds = kinds_file_with(tmp_path, BOUNDED)
     sup = make_supervisor(kinds_file=kinds, max_concurrent=3)
     bystander = await wait_running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)
     greedy = await wait_terminal(sup, (await sup.enqueue("greedy", {"mb": 300})).job.job_id)
