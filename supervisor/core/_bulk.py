@@ -15,7 +15,6 @@ from ..domain import (
     SELECTION_PREFIX,
     SELECTION_TTL_S,
     BulkRequest,
-    Conflict,
     IdempotencyKey,
     Job,
     JobNotFound,
@@ -129,8 +128,6 @@ class Bulk:
                 self.boot.config.idempotency_ttl_s,
             )
             result = await self.enqueuer.retry(job_id, by, key=key)
-        except (Conflict, JobNotFound) as exc:
-            return f"refused: {exc}", None
-        except RequestError as exc:  # pragma: no cover - another request error names itself the same way
+        except RequestError as exc:  # a Conflict (its state, its live process), a job pruned since: said, not raised
             return f"refused: {exc}", None
         return "retried", result.job.job_id
