@@ -114,7 +114,7 @@ class Enqueuer:
             raise Conflict(f"job {job_id} cannot be retried as it was: {exc}", field=exc.field) from None
         # ``key``: a bulk retry's, one per selection and job: a repeat answers the job made the first time.
         result = await self.boot.registry.enqueue(dataclasses.replace(new, retry_of=old.job_id), key=key)
-        if not result.coalesced:
+        if not result.coalesced and result.replayed is None:  # a bulk retry repeated made nothing new
             log.info("job_retried", job_id=result.job.job_id, retry_of=old.job_id, kind=old.kind)
         self.announce([result])
         return result
