@@ -27,18 +27,25 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 # The tests marked `docker` share one engine, which some of them stop and start (scripts/docker-engine.sh down/up) or
-# fill with a compose stack: they run first, one after another. Every other test keeps to its own temporary
-# directory, ports, schema or database session, and they run on two pytest-xdist workers: the suite mostly waits on
-# real processes, servers and engines, so two keep both cores busy. (Not one run with `--dist loadgroup`: with
-# pytest 9, pytest-xdist 3.8's group suffix no longer reaches the node ids, and the groups are not kept together.)
+# fill with a compose stack: they run one after another, in a pytest of their own. Every other test keeps to its own
+# temporary directory, ports, schema or database session, and they run on two pytest-xdist workers. The two runs go
+# side by side: both mostly wait (on the engine, on real processes and servers), and one after the other they took
+# most of make test's ten minutes. The docker run's output is shown after the other's; each run's exit status counts
+# (5, no test collected, fails too). (Not one run with `--dist loadgroup`: with pytest 9, pytest-xdist 3.8's group
+# suffix no longer reaches the node ids, and the groups are not kept together.)
 # `make test PYTEST_WORKERS=0` runs everything in one process.
 PYTEST_WORKERS ?= 2
+DOCKER_TESTS_LOG := $(VENV)/docker-tests.log
 pytest: $(STAMP)
 ifeq ($(PYTEST_WORKERS),0)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 else
-	$(VENV)/bin/pytest -m docker $(PYTEST_ARGS)
-	$(VENV)/bin/pytest -m "not docker" -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	@$(VENV)/bin/pytest -m docker -p no:cacheprovider $(PYTEST_ARGS) > $(DOCKER_TESTS_LOG) 2>&1 & docker=$$!; \
+	$(VENV)/bin/pytest -m "not docker" -n $(PYTEST_WORKERS) $(PYTEST_ARGS); others=$$?; \
+	wait $$docker; docker_status=$$?; \
+	echo "== the docker tests (run beside the others) =="; cat $(DOCKER_TESTS_LOG); \
+	echo "pytest exit status: docker tests $$docker_status, the others $$others"; \
+	[ $$others -eq 0 ] && [ $$docker_status -eq 0 ]
 endif
 
 test: lint typecheck pytest

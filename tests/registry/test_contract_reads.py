@@ -299,6 +299,7 @@ CALLS: dict[str, Callable[[Registry], Awaitable[object]]] = {
     "oldest_waiting": lambda r: r.oldest_waiting(),
     "kind_counts": lambda r: r.kind_counts(),
     "select_ids": lambda r: r.select_ids(JobFilter(), 10),
+    "newest_of_schedules": lambda r: r.newest_of_schedules(),
     "drop_settings": lambda r: r.drop_settings("bulk/", datetime(2030, 1, 1, tzinfo=UTC)),
     "setting": lambda r: r.setting("max_concurrent"),
     "record_queue_event": lambda r: r.record_queue_event(
