@@ -52,8 +52,9 @@ class Scenario:
         self._kinds: KindCatalog | None = None
         self._registry: MemoryRegistry | None = None
         self._machine: ScriptedExecutor | None = None
-        self._boot: trio.CancelScope | None = None
-        self._boot_ended = trio.Event()
+        # The running boot: its root's cancel scope, and the event its task sets when it has ended (each boot its own
+        # pair, so no waiter is ever left on an event a later boot replaced).
+        self._boot: tuple[trio.CancelScope, trio.Event] | None = None
         self._boots = 0
         self.supervisor: Supervisor | None = None  # the boot running now (None after a crash, until restart)
 
@@ -139,8 +140,10 @@ class Scenario:
         with no record of how it ended."""
         if self._boot is None or self.supervisor is None:
             raise ScenarioError("no boot is running: start() or restart() first")
-        self._boot.cancel()
-        await self._boot_ended.wait()
+        scope, ended = self._boot
+        scope.cancel()
+        await ended.wait()
+        self._boot = None
         self.supervisor = None
         if box:
             machine = self._started_machine()
@@ -181,8 +184,8 @@ class Scenario:
             self._config, self._kinds, registry, boot_id=boot_id, executor=self._started_machine(),
             wall_clock=self.now, succeeds=succeeds, webhook_transport=httpx.MockTransport(self._received),
         )  # fmt: skip
-        self._boot_ended = trio.Event()
-        self._boot = await self._nursery.start(self._run_boot, supervisor, self._boot_ended)
+        ended = trio.Event()
+        self._boot = (await self._nursery.start(self._run_boot, supervisor, ended), ended)
         self.supervisor = supervisor
 
     @staticmethod
