@@ -37,6 +37,7 @@ from ..domain import (
     Job,
     JobNotFound,
     JobRequest,
+    JobStatus,
     KindCatalog,
     PageRequest,
     RegistryError,
@@ -111,13 +112,17 @@ class LogSlice:
             yield data
 
 
-async def log_slice_of(job: Job, tail_bytes: int | None, offset: int | None, attempt: int | None) -> LogSlice:
+async def log_slice_of(
+    job: Job, tail_bytes: int | None, offset: int | None, attempt: int | None, executor: Executor | None = None
+) -> LogSlice:
     """Which bytes of ``job``'s log a read gets: whole, its last ``tail_bytes``, or from byte ``offset`` on, up to its
     size now; ``attempt``: that attempt's log (each attempt has its own; default the latest). A log file is
     append-only (capped, never rotated), so an offset stays valid while it grows. An attempt the job never had is not
     there (``JobNotFound`` naming it, a 404), before any byte is read."""
     if attempt is not None and not 1 <= attempt <= max(job.attempts, 1):
         raise JobNotFound(job.job_id, attempt=attempt, attempts=job.attempts)
+    if executor is not None and job.status is JobStatus.RUNNING and attempt in (None, job.attempts):
+        await executor.refresh_log(job)  # ``executor``: the job's own host's, which can read its process
     if job.log_path is None:
         return LogSlice(None, 0, 0)
     path = Path(job.log_path)
@@ -557,8 +562,10 @@ class Supervisor:
     async def log_slice(
         self, job_id: str, *, tail_bytes: int | None = None, offset: int | None = None, attempt: int | None = None
     ) -> LogSlice:
-        """Which bytes of a job's log a read gets (``log_slice_of``). Raises for an unknown job first."""
-        return await log_slice_of(await self.boot.registry.get(job_id), tail_bytes, offset, attempt)
+        """Which bytes of a job's log a read gets (``log_slice_of``; an unknown job raises first), a running job's log
+        brought up to date first where output reaches it only at the end (``Executor.refresh_log``)."""
+        job = await self.boot.registry.get(job_id)
+        return await log_slice_of(job, tail_bytes, offset, attempt, self.boot.executor if self.boot.owns(job) else None)
 
     async def render_metrics(self) -> bytes:
         """``GET /metrics``: the counters as they stand and the registry's state as of now."""

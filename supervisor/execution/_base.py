@@ -210,6 +210,10 @@ class Executor(abc.ABC):
         here. Never raises for an engine that does not answer. By default this host can see none of it."""
         return [None for _ in jobs]
 
+    async def refresh_log(self, job: Job) -> None:  # noqa: B027 - nothing to do where output is live
+        """Bring a running job's log up to what it has printed, where output reaches the log only at the end (a
+        container's): a reader following the log calls it. Nothing by default (a process writes its log itself)."""
+
     async def collect(self, handle: JobHandle) -> None:  # noqa: B027 - nothing to do where output is live
         """Make sure an ended job's output is in its log before the row is finalized."""
 

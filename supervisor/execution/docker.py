@@ -33,11 +33,12 @@ capacity limiter; waits for an exit are slices of ``WAIT_SLICE_S``, so no thread
 
 from __future__ import annotations
 
+import contextlib
 import math
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -87,6 +88,8 @@ WAIT_SLICE_S = 10.0  # one blocking wait for a container's exit; the monitor the
 RETRY_MIN_S = 0.5  # an unreachable engine is asked again after this, doubling up to RETRY_MAX_S
 RETRY_MAX_S = 5.0
 MAX_CALLS = 16  # SDK calls at once (a wait slice holds its own limiter)
+# A followed container's output is copied into its log at most this often (and only while someone reads it).
+LIVE_LOG_EVERY_S = 0.5
 MAX_WAITS = 256  # wait slices at once (one per watched job; beyond it a job waits its turn for a thread)
 # Engine trouble ends with a start made, or with a call answered once no call has failed for this long: longer than
 # any retry's wait (5 s for a job's calls, 10 s for the drainer's), so that an engine answering some calls and failing
@@ -292,6 +295,57 @@ class _Outage:
         self.delay = RETRY_MIN_S
 
 
+class LiveLogs:
+    """A followed container's output, copied into its log while the job runs (``refresh``, at most every
+    ``LIVE_LOG_EVERY_S`` and only while someone reads it), and the end's copy (``DockerExecutor.collect``), taking
+    turns per job (``turn``) so that no live append lands after the end's copy. The end's copy stays the record: past
+    the cap it keeps the newest output, where the live copy stopped at the cap."""
+
+    def __init__(self, client: docker.APIClient, log_max_bytes: int) -> None:
+        self.client = client
+        self.log_max_bytes = log_max_bytes
+        self._turns: dict[str, trio.Lock] = {}
+        self._copied_at: dict[str, float] = {}
+
+    def turn(self, job_id: str) -> trio.Lock:
+        return self._turns.setdefault(job_id, trio.Lock())
+
+    def forget(self, job_id: str) -> None:
+        self._turns.pop(job_id, None)
+        self._copied_at.pop(job_id, None)
+
+    async def refresh(self, job: Job, call: Callable[[Callable[[], None]], Awaitable[None]]) -> None:
+        """``call``: how the executor runs a blocking engine call (a worker thread, bounded). An engine that does not
+        answer leaves the log as it is: no fault of the job's, and the end's copy comes anyway."""
+        container_id = container_id_of(job)
+        if container_id is None or job.log_path is None:
+            return
+        async with self.turn(job.job_id):
+            now = trio.current_time()
+            if now - self._copied_at.get(job.job_id, -math.inf) < LIVE_LOG_EVERY_S:
+                return
+            self._copied_at[job.job_id] = now
+            path = Path(job.log_path)
+            with contextlib.suppress(NotFound, OSError, *ENGINE_ERRORS):
+                await call(lambda: self._append(container_id, path))
+
+    def _append(self, container_id: str, path: Path) -> None:
+        """What the container printed past the log's size, up to the cap (blocking). The engine's log is the same
+        bytes in the same order until it rotates, past the cap: the live copy stops at the cap."""
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            size = 0
+        # Only while it runs: once it stopped, the end's copy (in its turn) is the log, never appended to.
+        if size >= self.log_max_bytes or not self.client.inspect_container(container_id)["State"]["Running"]:
+            return
+        output = self.client.logs(container_id, stdout=True, stderr=True, stream=False)
+        if len(output) > size:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("ab") as fh:
+                fh.write(output[size : self.log_max_bytes])
+
+
 class DockerExecutor(Executor):
     """Jobs as containers of ``image`` on the engine, with the data volume mounted at the supervisor's data dir."""
 
@@ -326,6 +380,7 @@ class DockerExecutor(Executor):
         # not stopped: it may still make and start the container).
         self._starting: set[str] = set()
         self._reader = ContainerReader(self.client, self.health, log_dir, log_max_bytes)
+        self._live = LiveLogs(self.client, log_max_bytes)
 
     @classmethod
     def from_config(cls, config: Config) -> DockerExecutor:
@@ -533,10 +588,19 @@ class DockerExecutor(Executor):
         # The state decides, not the wait's answer: an engine shutting down may answer a wait without an exit.
         return _exit_status(self.client.inspect_container(container_id)["State"])
 
+    async def refresh_log(self, job: Job) -> None:
+        """A running container's output so far into its log (``LiveLogs.refresh``), for a reader that follows it."""
+        await self._live.refresh(job, lambda fn: self._call(fn, call="logs", report=False))
+
     async def collect(self, handle: JobHandle) -> None:
         assert isinstance(handle, ContainerHandle)
         if handle.collected:
             return
+        async with self._live.turn(handle.job_id):  # after any live copy under way: never appended to after this
+            await self._collect(handle)
+        self._live.forget(handle.job_id)
+
+    async def _collect(self, handle: ContainerHandle) -> None:
         outage = _Outage("job_output_unavailable", job_id=handle.job_id, container_id=handle.container_id[:12])
         while True:
             try:

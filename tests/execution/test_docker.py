@@ -390,3 +390,32 @@ async def test_a_container_past_its_memory_bound_is_killed_out_of_memory_and_not
     assert (await sup.get(bystander.job_id)).status is JobStatus.RUNNING
     await sup.cancel(bystander.job_id)
     await wait_terminal(sup, bystander.job_id, timeout_s=60)
+
+
+TALKER = """
+[kinds.talker]
+argv = [
+    "{python}",
+    "-c",
+    "import sys, time\\nfor i in range(3):\\n    print('line', i, flush=True)\\ntime.sleep(float(sys.argv[1]))",
+    "{seconds}",
+]
+params = { seconds = "float" }
+"""
+
+
+async def test_a_running_containers_output_reaches_its_log_while_it_runs_and_once_at_its_end(
+    make: Callable[..., Supervisor], tmp_path: Path
+) -> None:
+    sup = make(kinds_file=kinds_file_with(tmp_path, TALKER))
+    job = await wait_running(sup, (await sup.enqueue("talker", {"seconds": 60})).job.job_id)
+
+    async def live() -> bytes | None:
+        data = await sup.read_log(job.job_id)  # what `logs --follow` reads, a running job's brought up to date
+        return data if b"line 2" in data else None
+
+    assert await poll(live, timeout_s=30) == b"line 0\nline 1\nline 2\n"
+    assert (await sup.get(job.job_id)).status is JobStatus.RUNNING  # seen while it runs, not copied at its end
+    await sup.cancel(job.job_id)
+    await wait_terminal(sup, job.job_id, timeout_s=60)
+    assert await sup.read_log(job.job_id) == b"line 0\nline 1\nline 2\n"  # the end's copy: each line once
