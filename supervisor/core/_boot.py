@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import trio
 
 from ..domain import Config, Job, JobStatus, KindCatalog, RegistryUnavailable, SupervisorError, utc_now
-from ..execution import Executor
+from ..execution import Evidence, Executor
 from ..observe import EventBus, EventName, JobEvent, get_logger
 from ..registry import Registry
 from ._ledger import JobLedger
@@ -146,6 +146,10 @@ class Boot:
         """This host promoted the row (or no host was recorded: a row from before hosts), so only this host's
         evidence judges its process (ADR 0012: no host judges a process it cannot see)."""
         return job.host_id is None or job.host_id == self.config.host_id
+
+    async def evidence(self, rows: list[Job]) -> list[Evidence]:
+        """The executor's evidence for ``rows`` (blocking probes: a worker thread, never during a registry write)."""
+        return await trio.to_thread.run_sync(lambda: self.executor.gather_evidence(rows, boot_id=self.boot_id))
 
     async def run_in_tree(self, work: Callable[[], Awaitable[T]], step: str) -> T:
         """Run ``work`` as a task of the job nursery and wait for its result. A caller that goes away (a request

@@ -7,8 +7,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-import trio
-
 from ..domain import (
     SUPERVISOR,
     Conflict,
@@ -131,7 +129,7 @@ class Enqueuer:
                 "retry it from that host once its process has ended",
                 field="job_id",
             )
-        [found] = await trio.to_thread.run_sync(lambda: boot.executor.gather_evidence([old], boot_id=boot.boot_id))
+        [found] = await boot.evidence([old])
         if found.liveness is None or found.liveness is Liveness.DEAD:
             return
         process = ", ".join(f"{k} {v}" for k, v in old.identity.fields.items()) if old.identity else "its process"

@@ -61,9 +61,8 @@ class Monitors:
         self._random = random.Random()
 
     async def evidence(self, rows: list[Job]) -> list[Evidence]:
-        """The executor's evidence for ``rows`` (blocking probes: a worker thread, never during a registry write)."""
-        boot = self.boot
-        return await trio.to_thread.run_sync(lambda: boot.executor.gather_evidence(rows, boot_id=boot.boot_id))
+        """The executor's evidence for ``rows`` (``Boot.evidence``), as reconcile and a cancel ask for it."""
+        return await self.boot.evidence(rows)
 
     async def start(self, watched: Watched, job: Job) -> None:
         """Start ``job``'s monitor in the job nursery; returns once it watches."""

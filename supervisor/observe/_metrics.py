@@ -78,13 +78,13 @@ def _queue_families(queue: QueueGauges) -> Iterator[Metric]:
         "When this host last promoted a job (its boot's start before any), Unix time.",
         value=queue.last_promotion_s,
     )
-    yield _by_reason("podcast_queue_held", "1 while this host's promotion is held, one series per reason.", queue.held)
-    yield _by_reason(
+    yield _by_label("podcast_queue_held", "1 while this host's promotion is held, one series per reason.", queue.held)
+    yield _by_label(
         "podcast_queue_held_since_timestamp_seconds",
         "Since when each reason holds promotion, Unix time.",
         queue.held_since_s,
     )
-    yield _by_reason(
+    yield _by_label(
         "podcast_queue_stuck",
         "1 while the queue is stuck (PODCAST_JOB_QUEUE_STUCK_SECONDS; behind a pause, PODCAST_JOB_PAUSE_WARN_SECONDS), "
         "for its reason.",
@@ -92,8 +92,11 @@ def _queue_families(queue: QueueGauges) -> Iterator[Metric]:
     )
 
 
-def _by_reason(name: str, documentation: str, values: Mapping[str, float]) -> GaugeMetricFamily:
-    family = GaugeMetricFamily(name, documentation, labels=["reason"])
+def _by_label(
+    name: str, documentation: str, values: Mapping[str, float], *, label: str = "reason"
+) -> GaugeMetricFamily:
+    """One series per key of ``values``, the key as its ``label``."""
+    family = GaugeMetricFamily(name, documentation, labels=[label])
     for reason, value in sorted(values.items()):
         family.add_metric([reason], value)
     return family
@@ -128,14 +131,12 @@ class _SnapshotCollector:
                 limits.add_metric([kind], max_running)
         yield by_kind
         yield limits
-        missed = GaugeMetricFamily(
+        yield _by_label(
             "podcast_schedule_missed",
             "1 while a schedule's newest job is older than twice its period (the leader's judgement).",
-            labels=["schedule"],
+            snap.schedules_missed,
+            label="schedule",
         )
-        for name, value in sorted(snap.schedules_missed.items()):
-            missed.add_metric([name], value)
-        yield missed
         yield GaugeMetricFamily("podcast_max_concurrent", "Jobs allowed to run at once.", value=snap.max_concurrent)
         yield GaugeMetricFamily(
             "podcast_webhook_outbox_depth", "Events in the outbox, not yet delivered.", value=snap.outbox_depth
