@@ -241,3 +241,15 @@ async def test_a_crash_is_exit_1_with_the_error(autojump_clock: MockClock, tmp_p
 def test_drip_refuses_a_negative_interval() -> None:
     with pytest.raises(ValueError, match="every_s"):
         drip(b"x", every_s=-1)
+
+
+async def test_an_empty_heartbeat_url_turns_heartbeats_off_as_for_the_process(
+    autojump_clock: MockClock, tmp_path: Path
+) -> None:
+    net = show("ep-1")
+    net.route(cdn("ep-1"), respond(body=b"audio", after_s=3600))
+    result = await run_in_process(
+        "run", "--feed", FEED, "--read-timeout-seconds", "7200",
+        transport=net, data_dir=tmp_path, env={"PODCAST_JOB_HEARTBEAT_URL": ""},
+    )  # fmt: skip
+    assert (result.exit_code, result.elapsed_s, result.heartbeats) == (EXIT_OK, 3600.0, [])
