@@ -154,11 +154,15 @@ async def amain(
     *,
     events: EventSink | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
+    stop: StopSignal | None = None,
+    watch_signals: bool = True,
 ) -> RunOutcome:
-    """The whole process minus argument parsing; tests call it with a fake transport."""
+    """The whole process minus argument parsing. ``pipeline_runner.testing`` runs it in-process: a scripted
+    ``transport`` (feeds, enclosures, provider and heartbeats alike), its own ``stop`` for a SIGTERM in virtual time,
+    and no signal watcher (the process's signals are the test runner's)."""
     events = events or EventSink(config.job_id)
     heartbeat = Heartbeat(config.heartbeat, transport=transport)
-    stop = StopSignal()
+    stop = stop or StopSignal()
     # The services (event writer, heartbeat) outlive the run so the last events and the final beat go
     # out; they are drained rather than cancelled. On an exception they are cancelled with everything.
     async with trio.open_nursery() as services:
@@ -166,7 +170,8 @@ async def amain(
         await services.start(heartbeat.run)
         try:
             async with trio.open_nursery() as guard:
-                await guard.start(_watch_signals, stop)
+                if watch_signals:
+                    await guard.start(_watch_signals, stop)
                 job = (
                     PipelineRun(config, events=events, heartbeat=heartbeat, stop=stop, transport=transport)
                     if command == "run"

@@ -1,13 +1,15 @@
 """Blocking file I/O, always off the event loop, and the atomic-write primitives the corpus is built on.
 
-Every blocking call goes through :func:`run_blocking`, one seam. Tests on a ``MockClock`` replace it
-with an inline runner: a task waiting on a worker thread looks idle to the autojump clock, which
-would otherwise jump virtual time to the next deadline while an fsync is still running.
+Every blocking call goes through :func:`run_blocking`, one seam. A run on a ``MockClock``
+(``pipeline_runner.testing``) makes it inline with :func:`blocking_inline`: a task waiting on a worker
+thread looks idle to the autojump clock, which would otherwise jump virtual time to the next deadline
+while an fsync is still running.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import fcntl
 import json
 import os
@@ -21,10 +23,26 @@ import trio
 
 T = TypeVar("T")
 
+# Set by blocking_inline() in the task that starts a run; Trio copies it into every task that task starts.
+_INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("pipeline_runner_blocking_inline", default=False)
+
 
 async def run_blocking(fn: Callable[..., T], *args: Any) -> T:
     """Run ``fn(*args)`` in a worker thread. Not abandoned on cancel: a half-done fsync/rename must finish."""
+    if _INLINE.get():
+        await trio.lowlevel.checkpoint()
+        return fn(*args)
     return await trio.to_thread.run_sync(fn, *args)
+
+
+@contextlib.contextmanager
+def blocking_inline() -> Iterator[None]:
+    """Within the block, the current task and every task it starts run blocking calls inline (virtual time only)."""
+    token = _INLINE.set(True)
+    try:
+        yield
+    finally:
+        _INLINE.reset(token)
 
 
 def fsync_dir(path: Path) -> None:

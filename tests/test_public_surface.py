@@ -31,6 +31,7 @@ PACKAGES = [
     "supervisor.api",
     "supervisor.cli",
     "supervisor.testing",
+    "pipeline_runner.testing",
 ]
 TESTS = Path(__file__).resolve().parent
 SOURCE = TESTS.parent / "supervisor"

@@ -104,6 +104,7 @@ from ._settings import (
     redacted_url,
     settings_table,
 )
+from ._signing import WEBHOOK_SECRET_PREFIX, webhook_signing_key
 from ._tokens import (
     ANONYMOUS,
     OPERATOR,
@@ -157,6 +158,7 @@ __all__ = [
     "TERMINAL",
     "TRANSITIONS",
     "URL_PATTERN",
+    "WEBHOOK_SECRET_PREFIX",
     "ApiToken",
     "Attempt",
     "BodyTooLarge",
@@ -237,4 +239,5 @@ __all__ = [
     "settings_table",
     "to_iso",
     "utc_now",
+    "webhook_signing_key",
 ]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, get_args
 
 from ._errors import ConfigError
+from ._signing import webhook_signing_key
 
 # The one list of exec modes (``execution.create_executor`` builds each; the OpenAPI document enumerates these).
 ExecMode = Literal["subprocess", "docker"]
@@ -256,6 +257,17 @@ def _http_url(loader: Loader, where: str, raw: object, values: dict[str, Any]) -
     return KEEP
 
 
+def _webhook_secret(loader: Loader, where: str, raw: object, values: dict[str, Any]) -> Any:
+    secret = str(raw).strip()
+    try:
+        webhook_signing_key(secret)
+    except ValueError as exc:
+        # Never the value itself: the secret stays out of every message (check-config prints "(set)").
+        loader.problems.append(f"{where}: {exc}")
+        return KEEP
+    return secret or None
+
+
 def _heartbeat_url(loader: Loader, where: str, raw: object, values: dict[str, Any]) -> Any:
     url = str(raw).strip()
     if re.fullmatch(r"https?://[^/\s?#]+(/[^\s?#]*)?", url):
@@ -477,10 +489,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "webhook_secret",
         "PODCAST_JOB_WEBHOOK_SECRET",
-        TEXT,
+        Custom(_webhook_secret),
         default="unset (unsigned)",
+        rule="`whsec_` not followed by the base64 of 24 to 64 bytes → **error**",
         help=(
-            "HMAC-SHA256 key: each delivery carries `X-Podcast-Signature: sha256=<hex>`. Never printed "
+            "signs each delivery to the Standard Webhooks specification (`webhook-id`, `webhook-timestamp`, "
+            "`webhook-signature: v1,…`; [Webhooks](api.md#webhooks)): a `whsec_` secret is the base64 of the key, "
+            "any other is its own UTF-8 bytes. Also `X-Podcast-Signature` (deprecated). Never printed "
             "(`check-config` shows `(set)`), never passed to jobs"
         ),
     ),

@@ -9,7 +9,7 @@ from ._logging import ResilientStream, configure_logging, get_logger
 from ._metrics import Metrics, QueueGauges, Snapshot
 from ._notify import Notifier, run_watchdog
 from ._stream import EVENT_NAMES, GAP, LAST_EVENT_ID, EventLog, StreamEnded, StreamEvent, Subscription
-from ._webhook import BACKOFF_MAX_S, WebhookSender, backoff_s, render_event, sign
+from ._webhook import BACKOFF_MAX_S, WebhookSender, backoff_s, render_event, sign, sign_standard
 
 __all__ = [
     "BACKOFF_MAX_S",
@@ -36,4 +36,5 @@ __all__ = [
     "render_event",
     "run_watchdog",
     "sign",
+    "sign_standard",
 ]

@@ -17,12 +17,17 @@ The outbox is bounded by age and count (``webhook_outbox_max_age_s``, ``webhook_
 either bound are dropped, counted (``outcomes["dropped"]``) and logged, never silently. The bounds hold during a
 backoff too (events keep coming while the receiver is down): applied at most once a second while events arrive.
 
-Signature: with ``PODCAST_JOB_WEBHOOK_SECRET``, ``X-Podcast-Signature: sha256=<hex HMAC-SHA256 of the raw body>``;
-``X-Podcast-Timestamp`` carries the send time (Unix seconds), the body's ``ts`` the time of the change.
+Signature: with ``PODCAST_JOB_WEBHOOK_SECRET``, each attempt is signed to the Standard Webhooks specification, so a
+receiver verifies it with a maintained library: ``webhook-id`` (the event's ``event_id``, the same at every attempt),
+``webhook-timestamp`` (the attempt's send time, Unix seconds: a replay is refused by its age) and
+``webhook-signature: v1,<base64 HMAC-SHA256 of "<id>.<timestamp>.<raw body>">`` under ``domain.webhook_signing_key``.
+The home-made ``X-Podcast-Signature: sha256=<hex HMAC-SHA256 of the raw body>`` (keyed by the secret's UTF-8 bytes,
+as before) is sent beside it for one release, deprecated (docs/api.md § Webhooks).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
@@ -35,15 +40,19 @@ from typing import Any
 import httpx
 import trio
 
-from ..domain import Config, Doorbell, RegistryError, to_iso
+from ..domain import Config, ConfigError, Doorbell, RegistryError, to_iso, webhook_signing_key
 from ..registry import OutboxEvent, Registry
 from ._events import JobEvent
 from ._logging import get_logger
 
 log = get_logger()
 
-SIGNATURE_HEADER = "X-Podcast-Signature"
+SIGNATURE_HEADER = "X-Podcast-Signature"  # deprecated: the standard headers below replace it
 TIMESTAMP_HEADER = "X-Podcast-Timestamp"
+# Standard Webhooks (https://www.standardwebhooks.com/): what every receiver library reads.
+STANDARD_ID_HEADER = "webhook-id"
+STANDARD_TIMESTAMP_HEADER = "webhook-timestamp"
+STANDARD_SIGNATURE_HEADER = "webhook-signature"
 EVENT_ID_HEADER = "X-Podcast-Event-Id"
 EVENT_HEADER = "X-Podcast-Event"
 BACKOFF_FIRST_S = 1.0
@@ -56,8 +65,15 @@ RESPONSE_BODY_MAX_BYTES = 64 * 1024
 
 
 def sign(secret: str, body: bytes) -> str:
-    """The ``X-Podcast-Signature`` value for ``body``."""
+    """The deprecated ``X-Podcast-Signature`` value for ``body``."""
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def sign_standard(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
+    """The Standard Webhooks ``webhook-signature`` value: ``v1,`` and the base64 HMAC-SHA256 under ``key`` of
+    ``<msg_id>.<timestamp>.<body>``, the body byte for byte as sent."""
+    digest = hmac.new(key, f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode()
 
 
 QUEUE_EVENT_PREFIX = "queue."  # queue.stuck, queue.moving: the queue's watch (core/_queue_watch.py)
@@ -108,6 +124,7 @@ class WebhookSender:
         # Another process may write events (an enqueue straight into the registry): look at least this often.
         self.poll_s = poll_s if poll_s is not None else config.sweep_interval_s
         self._transport = transport
+        self._key = _signing_key(config)
         self._wake = Doorbell()
         self._next_prune = -math.inf
         self.outcomes: Counter[str] = Counter()
@@ -235,13 +252,17 @@ class WebhookSender:
         self, client: httpx.AsyncClient, url: str, transport_timeout: httpx.Timeout, item: OutboxEvent, attempt: int
     ) -> bool:
         body = render_event(item)
+        sent_at = int(time.time())  # each attempt is signed anew: a receiver refuses an old one as a replay
         headers = {
             "Content-Type": "application/json",
             EVENT_ID_HEADER: item.event_id,
             EVENT_HEADER: item.event,
-            TIMESTAMP_HEADER: str(int(time.time())),
+            TIMESTAMP_HEADER: str(sent_at),
+            STANDARD_ID_HEADER: item.event_id,
+            STANDARD_TIMESTAMP_HEADER: str(sent_at),
         }
-        if self.config.webhook_secret:
+        if self._key is not None and self.config.webhook_secret:
+            headers[STANDARD_SIGNATURE_HEADER] = sign_standard(self._key, item.event_id, sent_at, body)
             headers[SIGNATURE_HEADER] = sign(self.config.webhook_secret, body)
         problem: str | None = None
         # The transport timeout bounds each phase; this bounds the whole attempt (a receiver dripping its answer).
@@ -272,6 +293,17 @@ class WebhookSender:
             retry_in_s=backoff_s(attempt),
         )
         return False
+
+
+def _signing_key(config: Config) -> bytes | None:
+    """The key, read once at start. The settings refuse a bad ``whsec_`` secret before this; an embedder's own
+    ``Config`` meets the same refusal here, as a ``ConfigError`` naming the setting."""
+    if not config.webhook_secret:
+        return None
+    try:
+        return webhook_signing_key(config.webhook_secret)
+    except ValueError as exc:
+        raise ConfigError([f"webhook_secret: {exc}"]) from None
 
 
 def _small_body(response: httpx.Response) -> bool:
