@@ -16,6 +16,7 @@ import json
 import logging
 import sys
 import threading
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -104,7 +105,7 @@ def request_fields() -> dict[str, str]:
     return scope.fields() if scope is not None else {}
 
 
-def _add_request_fields(_logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def _add_request_fields(_logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     for key, value in request_fields().items():
         event_dict.setdefault(key, value)  # a line that names its own request keeps it
     return event_dict
