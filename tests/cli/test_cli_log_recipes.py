@@ -191,7 +191,7 @@ def test_the_page_has_exactly_the_recipes_the_suite_runs() -> None:
 def test_one_jobs_story(workload: Workload) -> None:
     story = _json_lines(run_recipe("job-story", workload, JOB=workload.bad_job))
     job = workload.bad_job
-    assert story == [e for e in workload.lines() if job in (e.get("job_id"), e.get("retry_of"))]
+    assert story == [e for e in workload.lines() if job in (e.get("job_id"), e.get("retry_of"), e.get("follow_up"))]
     transitions = [e["to"] for e in story if e["event"] == "job_transition"]
     assert transitions == ["queued", "running", "failed"]
     events = [e["event"] for e in story]
