@@ -96,9 +96,10 @@ LOG_EVENTS: tuple[LogEvent, ...] = (
       "A setting was malformed or below its floor and fell back (to its default or floor), or a `PODCAST_JOB_*` "
       "variable is no setting; `detail` names it.", "Fix the variable or TOML key it names (`check-config`)."),
     E("container_left_behind", "warning/error", "job_id container_id error why",
-      "Docker mode: a container whose start failed could not be removed (ERROR), or its start's outcome is unknown "
-      "(WARNING: it may yet start, and the row keeps its slot).",
-      "ERROR: remove the container by hand (`docker rm -f`) once the engine answers. WARNING: nothing."),
+      "Docker mode: a container whose start failed could not be removed. ERROR: its start may yet happen (the row "
+      "keeps its slot until the evidence says); WARNING: it was created and never started.",
+      "ERROR: remove it by hand (`docker rm -f`, the `container_id`) once the engine answers. WARNING: nothing, the "
+      "job's next start removes it."),
     E("container_never_started_removed", "warning", "job_id container_id",
       "Docker mode: a container created for a job but never started was removed.", _NOTHING),
     E("container_not_removed", "warning", "job_id container_id error",
@@ -311,7 +312,8 @@ LOG_EVENTS: tuple[LogEvent, ...] = (
       "A schedule has had no run for two periods (the leader says it once per newest job).",
       "Check the timer that enqueues it (cron, systemd timer)."),
     E("schedule_skipped", "info", "schedule job_id status",
-      "A scheduled enqueue was skipped: the schedule's previous job has not ended.", _NOTHING),
+      "An `--if-idle` tick of a schedule was skipped: a job of the schedule (`job_id`) is still queued or running.",
+      "Nothing, unless every tick is skipped: then that job runs longer than the period (`supervisor show`)."),
     E("schedule_watch_failed", "debug/error", "error", f"The schedules' watch: {_STEP}.", _STEP_DO),
     E("sd_notify_failed", "warning", "state error",
       "A message to systemd (`READY=1`, `WATCHDOG=1`) could not be sent.",
