@@ -129,7 +129,8 @@ async def _run_workload(tmp_path: Path) -> Workload:
     )  # fmt: skip
     (tmp_path / "b").mkdir()
     beta = tmp_path / "beta.log"
-    async with serve_process(env_b, tmp_path / "b", beta) as process, httpx.AsyncClient(base_url=url_b) as http:
+    client_b = httpx.AsyncClient(base_url=url_b, timeout=5.0)
+    async with serve_process(env_b, tmp_path / "b", beta) as process, client_b as http:
         await _until_serving(http)
         assert await stop(process, WAIT_LIMIT_S) == 0
     return Workload(alpha, beta, ok_job, bad_job, retried_job, retry.headers["X-Request-Id"], since)
