@@ -1,13 +1,14 @@
 """Write the tables of the docs that are generated from declarations in the code, so neither can drift:
 
-- the settings table of ``docs/operations.md``, from the settings' declarations (``supervisor/domain/_settings.py``);
-- the route table of ``docs/api.md``, from the routes' declarations (``supervisor/api/_routes.py``).
+- the settings table of ``docs/settings.md``, from the settings' declarations (``supervisor/domain/_settings.py``);
+- the route table of ``docs/api.md``, from the routes' declarations (``supervisor/api/_routes.py``);
+- the log events of ``docs/log-events.md``, from their catalogue (``supervisor/observe/_log_events.py``).
 
 Usage: .venv/bin/python tools/doc_tables.py [--check]
 
 Each table sits between two markers on its page; everything else on the page is left as it is. ``--check``: exit 1
 when a page differs from the declarations (tests/config/test_settings.py and tests/api/test_api_openapi.py do the
-same in ``make test``).
+same in ``make test``, and tests/test_log_events.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from supervisor.api import routes_table
 from supervisor.domain import settings_table
+from supervisor.observe import log_events_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,9 +49,10 @@ class Table:
         return f"{head}{self.begin}{self.render()}\n{self.end}{tail}"
 
 
-SETTINGS = Table(ROOT / "docs" / "operations.md", "supervisor/domain/_settings.py", settings_table)
+SETTINGS = Table(ROOT / "docs" / "settings.md", "supervisor/domain/_settings.py", settings_table)
 ROUTES = Table(ROOT / "docs" / "api.md", "supervisor/api/_routes.py", routes_table)
-TABLES = (SETTINGS, ROUTES)
+LOG_EVENTS = Table(ROOT / "docs" / "log-events.md", "supervisor/observe/_log_events.py", log_events_table)
+TABLES = (SETTINGS, ROUTES, LOG_EVENTS)
 
 
 def main(argv: list[str]) -> int:

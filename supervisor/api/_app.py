@@ -31,9 +31,10 @@ from ..domain import (
     RegistryUnavailable,
     RequestError,
     Unauthorized,
+    hash_token,
     scope_allows,
 )
-from ..observe import get_logger
+from ..observe import enter_request, get_logger
 from ._limits import HttpLimits
 from ._parse import MAX_BATCH_BODY_BYTES, bearer_token
 from ._route_table import Handler
@@ -65,6 +66,31 @@ def _log_registry_failure(exc: RegistryError, request_id: str, method: str, path
         log.debug("request_failed", **fields)
     else:
         log.error("request_failed", **fields)
+
+
+def _job_of_request() -> dict[str, str]:
+    """The job a request is about (its route's ``job_id``), for its log lines: every line about a job names it."""
+    job_id = (request.view_args or {}).get("job_id")
+    return {"job_id": job_id} if isinstance(job_id, str) else {}
+
+
+def _log_refusal(exc: RequestError) -> None:
+    """A request refused for its credentials, whatever its method (docs/log-events.md): who, if known, else which
+    token by the start of its digest (never the token), so that a client left with a stale one can be found."""
+    caller = g.get("caller")
+    token = bearer_token()
+    log.warning(
+        "api_request_refused",
+        method=request.method,
+        path=request.path,
+        status=exc.http_status,
+        code=exc.code,
+        why=str(exc),
+        by=caller.name if caller is not None else None,
+        token_digest=hash_token(token)[:12] if token is not None else None,
+        request_id=g.get("request_id"),
+        **_job_of_request(),
+    )
 
 
 def _error_body(code: str, message: str, field: str | None) -> dict[str, Any]:
@@ -115,6 +141,7 @@ def create_app(
     @app.before_request
     async def authenticate() -> None:
         g.request_id = secrets.token_hex(8)
+        g.log_scope = enter_request(g.request_id)  # every line written for this request names it (and its token)
         if request.method not in _SAFE_METHODS and "Origin" in request.headers:
             # Browsers send Origin on every cross-site POST, and a bodyless POST (pause, reconcile) needs no CORS
             # preflight: without this, any web page could drive a token-less loopback supervisor. The CLI, the
@@ -132,6 +159,7 @@ def create_app(
         if caller is None:
             raise Unauthorized("missing, unknown or revoked API token (Authorization: Bearer <token>)")
         g.caller = caller
+        g.log_scope.by = caller.name
         if not scope_allows(caller.scope, needed):
             raise InsufficientScope(caller.name, caller.scope, needed)
 
@@ -149,13 +177,22 @@ def create_app(
                 status=response.status_code,
                 by=caller.name if caller is not None else None,
                 request_id=g.get("request_id"),
+                **_job_of_request(),
             )
         # A job's log is served as text/plain; a browser must never sniff it into HTML.
         response.headers["X-Content-Type-Options"] = "nosniff"
         return response
 
+    @app.teardown_request
+    async def close_log_scope(_exc: BaseException | None) -> None:
+        scope = g.get("log_scope")
+        if scope is not None:
+            scope.open = False  # what the request started and outlives it no longer names it
+
     @app.errorhandler(RequestError)
     async def request_error(exc: RequestError) -> Any:
+        if isinstance(exc, (Unauthorized, Forbidden)):
+            _log_refusal(exc)
         headers = {}
         if isinstance(exc, InsufficientScope):
             # RFC 6750 section 3: the scope the request needs, for a client to read.

@@ -1,7 +1,7 @@
 """Every setting of the supervisor, declared once (``SETTINGS``): its ``Config`` field, its environment variable and
 TOML key, how a raw value is read (its type, unit, floor, ceiling, what junk falls back to, or that there is no safe
 fallback), how its default is shown, and what it means. Loading (``_config.load_config``), the TOML keys a file may
-hold, ``check-config`` and the settings table of ``docs/operations.md`` (``settings_table``; a test holds the page
+hold, ``check-config`` and the settings table of ``docs/settings.md`` (``settings_table``; a test holds the page
 to it) all follow from this one table.
 
 Rules (ADR-0002, INV-MALFORMED-NEVER-UNBOUNDED): a malformed number falls back to its default with a WARNING naming
@@ -469,7 +469,7 @@ SETTINGS: tuple[Setting, ...] = (
         PATH,
         default="unset (built-ins only)",
         rule="invalid file → **error**",
-        help="TOML file of job kinds (below)",
+        help="TOML file of job kinds ([job-kinds.md](job-kinds.md))",
     ),
     Setting(
         "webhook_url",
@@ -710,7 +710,7 @@ SETTINGS: tuple[Setting, ...] = (
             "docker mode: how long any call to the engine waits for its answer (a `docker stop` adds its grace; a"
             " wait for a container's exit is a slice of its own). An engine that accepts and never answers is "
             "*unknown* after it, never a hang. Too short for your engine's `docker start` and a slow start fails "
-            "its job (see below)"
+            "its job ([operations.md, Docker mode](operations.md#docker-mode))"
         ),
     ),
     Setting(
@@ -758,7 +758,7 @@ SETTINGS: tuple[Setting, ...] = (
         rule="not true/false → **error**",
         help=(
             "PostgreSQL: bring the schema up to date at start. `false`: a supervisor refuses a schema that is not"
-            " current, and the operator migrates (see below)"
+            " current, and the operator migrates ([fleet.md](fleet.md#the-registry-on-postgresql))"
         ),
     ),
     Setting(
@@ -846,7 +846,7 @@ TABLE_HEADER = ("| variable (TOML key) | default | floor / fallback | meaning |"
 
 
 def settings_table() -> str:
-    """The settings table of ``docs/operations.md``, one row per declared setting."""
+    """The settings table of ``docs/settings.md``, one row per declared setting."""
     rows = [f"| `{s.env}` (`{s.toml}`) | {s.default} | {s.rule_text} | {s.help} |" for s in SETTINGS]
     return "\n".join([*TABLE_HEADER, *rows])
 

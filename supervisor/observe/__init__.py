@@ -1,11 +1,12 @@
-"""What the supervisor tells the world: the event bus and its log lines, the webhook sender, the event stream
-(``GET /api/events``), the metrics, systemd.
+"""What the supervisor tells the world: the event bus and its log lines (every log event declared once:
+``LOG_EVENTS``), the webhook sender, the event stream (``GET /api/events``), the metrics, systemd.
 
 Nothing here decides anything about a job: the core announces (``EventBus.emit``), these parts report.
 """
 
 from ._events import EventBus, EventName, JobEvent, log_event
-from ._logging import ResilientStream, configure_logging, get_logger
+from ._log_events import LOG_EVENTS, LogEvent, log_events_table
+from ._logging import RequestScope, ResilientStream, configure_logging, enter_request, get_logger, request_fields
 from ._metrics import Metrics, QueueGauges, Snapshot
 from ._notify import Notifier, run_watchdog
 from ._stream import EVENT_NAMES, GAP, LAST_EVENT_ID, EventLog, StreamEnded, StreamEvent, Subscription
@@ -16,13 +17,16 @@ __all__ = [
     "EVENT_NAMES",
     "GAP",
     "LAST_EVENT_ID",
+    "LOG_EVENTS",
     "EventBus",
     "EventLog",
     "EventName",
     "JobEvent",
+    "LogEvent",
     "Metrics",
     "Notifier",
     "QueueGauges",
+    "RequestScope",
     "ResilientStream",
     "Snapshot",
     "StreamEnded",
@@ -31,9 +35,12 @@ __all__ = [
     "WebhookSender",
     "backoff_s",
     "configure_logging",
+    "enter_request",
     "get_logger",
     "log_event",
+    "log_events_table",
     "render_event",
+    "request_fields",
     "run_watchdog",
     "sign",
     "sign_standard",

@@ -4,14 +4,20 @@ Not only ours: the standard-library logging of the libraries in the server proce
 full" under the Docker SDK, asyncio's "task exception was never retrieved" under trio-asyncio, asyncpg's) and Python's
 warnings go through the same renderer, with their logger's name, so that a log pipeline reading these lines never
 meets a plain-text traceback. Those libraries speak from WARNING up: their INFO and DEBUG are for their developers.
+
+Every event is declared in ``_log_events.LOG_EVENTS`` (docs/log-events.md). A line written while an API request is
+served carries that request's ``request_id`` and ``by`` (``RequestScope``), whichever part of the code writes it.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import sys
 import threading
+from collections.abc import MutableMapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -67,6 +73,44 @@ class ResilientStream:
                 pass  # what the stream still holds is written with its next line, once it can be
 
 
+@dataclass
+class RequestScope:
+    """The API request being served: its id and, once authenticated, its token's name (``by``). Set by the HTTP
+    layer at the request's start (``enter_request``) and closed at its end: a task the request started (a job's
+    monitor) inherits the scope with the context, and its lines stop naming the request once that is over."""
+
+    request_id: str
+    by: str | None = None
+    open: bool = True
+
+    def fields(self) -> dict[str, str]:
+        if not self.open:
+            return {}
+        return {"request_id": self.request_id, **({"by": self.by} if self.by is not None else {})}
+
+
+_REQUEST: contextvars.ContextVar[RequestScope | None] = contextvars.ContextVar("supervisor_request", default=None)
+
+
+def enter_request(request_id: str) -> RequestScope:
+    """Every line this task (and what it starts) writes until the scope is closed names this request."""
+    scope = RequestScope(request_id)
+    _REQUEST.set(scope)
+    return scope
+
+
+def request_fields() -> dict[str, str]:
+    """``request_id`` and ``by`` of the request being served here (empty: none)."""
+    scope = _REQUEST.get()
+    return scope.fields() if scope is not None else {}
+
+
+def _add_request_fields(_logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    for key, value in request_fields().items():
+        event_dict.setdefault(key, value)  # a line that names its own request keeps it
+    return event_dict
+
+
 def configure_logging(level: int = logging.INFO) -> None:
     global _configured
     if _configured:
@@ -79,7 +123,7 @@ def configure_logging(level: int = logging.INFO) -> None:
     ]
     render: list[Any] = [structlog.processors.format_exc_info, structlog.processors.JSONRenderer(sort_keys=True)]
     structlog.configure(
-        processors=[structlog.contextvars.merge_contextvars, *stamped, *render],
+        processors=[structlog.contextvars.merge_contextvars, _add_request_fields, *stamped, *render],
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(out),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,  # the server process only (tests never call this): no bind per line

@@ -35,7 +35,7 @@ import json
 import re
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -44,7 +44,7 @@ import trio
 from ..domain import TooManyStreams, ValidationError
 from ..registry import OutboxEvent
 from ._events import EventName, JobEvent
-from ._logging import get_logger
+from ._logging import get_logger, request_fields
 from ._webhook import render_event
 
 log = get_logger()
@@ -128,6 +128,8 @@ class Subscription:
     _on_close: Callable[[Subscription], None] | None = None
     on_drop: Callable[[], None] | None = None  # what ends the reader's request at once (set by the HTTP layer)
     ended: str | None = None  # why it ended: "dropped" | "shutdown" | "closed"
+    # Its reader's request (``request_id``, ``by``), taken where it subscribes: its drop is said from another task.
+    request: dict[str, str] = field(default_factory=request_fields)
 
     def matches(self, event: StreamEvent) -> bool:
         return (not self.jobs or event.job_id in self.jobs) and (not self.kinds or event.name in self.kinds)
@@ -210,6 +212,7 @@ class EventLog:
             "event_stream_client_dropped",
             why=f"its queue of {self._buffer} events was full: it does not read",
             jobs=sorted(sub.jobs) or None,
+            **sub.request,
         )
         sub.close("dropped")
         if sub.on_drop is not None:

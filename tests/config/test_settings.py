@@ -1,5 +1,5 @@
-"""The settings are declared once (supervisor/domain/_settings.py): the loader, the TOML keys and the operations
-page's table all come from that declaration, so none of them can drift from the others."""
+"""The settings are declared once (supervisor/domain/_settings.py): the loader, the TOML keys and the settings
+page's table (docs/settings.md) all come from that declaration, so none of them can drift from the others."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ NUMBERS = [s for s in SETTINGS if type(s.read).__name__ == "Num"]
 CHOICES = [s for s in SETTINGS if type(s.read).__name__ == "Choice"]
 
 
-def test_the_operations_page_shows_the_declared_settings() -> None:
+def test_the_settings_page_shows_the_declared_settings() -> None:
     page = doc_tables.SETTINGS.page.read_text()
-    stale = "docs/operations.md is stale: run .venv/bin/python tools/doc_tables.py"
+    stale = "docs/settings.md is stale: run .venv/bin/python tools/doc_tables.py"
     assert doc_tables.SETTINGS.rendered(page) == page, stale
     for setting in SETTINGS:
         assert f"`{setting.env}` (`{setting.toml}`)" in settings_table()
