@@ -91,7 +91,7 @@ from ._page import (
     PageRequest,
 )
 from ._params import INT64_MAX, INT64_MIN, INT_TEXT, URL_PATTERN, ParamRule
-from ._schedule import SCHEDULE_PREFIX, SCHEDULE_QUERY, Schedule, parse_period
+from ._schedule import SCHEDULE_PREFIX, SCHEDULE_QUERY, Schedule, parse_period, parse_tick
 from ._settings import (
     EXEC_MODES,
     SETTINGS,
@@ -231,6 +231,7 @@ __all__ = [
     "parse_bind",
     "parse_kind",
     "parse_period",
+    "parse_tick",
     "read_token_file",
     "redacted_url",
     "scope_allows",
