@@ -608,6 +608,12 @@ async def replay(store: Store, key: IdempotencyKey) -> list[EnqueueResult] | Non
     retry that arrives while the first request is in its transaction waits for it, then replays it."""
     # Two requests of one key, on any host, take turns: the second reads what the first committed and replays it.
     await store.lock(tables.KEY_LOCK, key.key)
+    return await answer_of(store, key)
+
+
+async def answer_of(store: Store, key: IdempotencyKey) -> list[EnqueueResult] | None:
+    """``replay``'s read, without the key's lock (a read: a request of the key still in its transaction is not
+    seen; its own ``replay`` waits for it)."""
     found = await tables.receipts(store, key.key, store.now())
     if found is None:
         return None
