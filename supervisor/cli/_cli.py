@@ -67,6 +67,9 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_CONFIG = 3
 EXIT_UNREACHABLE = 4
+# sysexits' EX_TEMPFAIL: a temporary condition (the registry locked by another process at start), not a broken
+# configuration; the same start may succeed later.
+EXIT_TEMPFAIL = 75
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a command whose reader went away
 SWITCH_INTERVAL_S = 0.0005  # `serve` only: see cmd_serve
@@ -194,11 +197,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except BaseException as exc:
         # A registry that cannot be opened is the operator's to fix (configuration, exit 3), said in one line; the
         # same error inside the registry runtime's own nursery (PostgreSQL's asyncio loop) comes wrapped in a group.
+        # One only locked by another process is a moment's: exit 75, which a unit restarts and an operator retries.
         opening = _only(exc, RegistryNotOpened)
         if opening is None:
             raise
         print(f"error: {opening}", file=sys.stderr)
-        return EXIT_CONFIG
+        return EXIT_TEMPFAIL if opening.temporary else EXIT_CONFIG
     return EXIT_OK
 
 
