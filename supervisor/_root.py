@@ -43,6 +43,7 @@ from .domain import (
     Credentials,
     KindCatalog,
     RegistryError,
+    RegistryLocked,
     RegistryNotOpened,
     SteadyWallClock,
     redacted_url,
@@ -198,7 +199,8 @@ async def _run_with_registry(
     try:
         registry = await open_registry(config, boot_id=boot_id, outbox=config.webhook_url is not None, clock=clock)
     except RegistryError as exc:
-        raise RegistryNotOpened(str(exc)) from exc
+        # A lock another process holds is a moment's, not the configuration's: said apart (its own exit code).
+        raise RegistryNotOpened(str(exc), temporary=isinstance(exc, RegistryLocked)) from exc
     try:
         # The data dir's lock, held to the end of this process: the boot it names is proved gone (ADR 0012 §9). Taken
         # once the registry is open: a registry that cannot be opened leaves the data dir as it found it.

@@ -170,48 +170,49 @@ _SCHEMAS: dict[str, Any] = {
             "schedule": {"type": "string"},
         },
     },
+    # Each object a schema of its own, named once, and each union a oneOf of references: a client generator makes one
+    # typed model of each (an inline object inside a union it names twice, or drops).
     "BulkRequest": {
         "description": "a dry run of a filter (nothing is acted on), or the action on a dry run's selection",
-        "oneOf": [
-            {
-                "type": "object",
-                "required": ["action", "filter", "dry_run"],
-                "additionalProperties": False,
-                "properties": {
-                    "action": {"enum": ["cancel", "retry"]},
-                    "filter": {
-                        "type": "object",
-                        "additionalProperties": False,
-                        "description": "the list's filters by their query names; param.NAME (a declared param's "
-                        "value) is taken too",
-                        "properties": {
-                            "status": {"enum": _STATUSES},
-                            "kind": {"type": "string"},
-                            "reason": {"type": "string"},
-                            "host": {"type": "string"},
-                            "since": {"type": "string", "format": "date-time"},
-                            "until": {"type": "string", "format": "date-time"},
-                            "ended_since": {"type": "string", "format": "date-time"},
-                            "idempotency_key": KEY_SCHEMA,
-                        },
-                    },
-                    "dry_run": {"const": True},
-                },
+        "oneOf": [ref("BulkDryRun"), ref("BulkAct")],
+    },
+    "BulkDryRun": {
+        "type": "object",
+        "required": ["action", "filter", "dry_run"],
+        "additionalProperties": False,
+        "properties": {
+            "action": {"enum": ["cancel", "retry"]},
+            "filter": ref("BulkFilter"),
+            "dry_run": {"const": True},
+        },
+    },
+    "BulkFilter": {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "the list's filters by their query names; param.NAME (a declared param's value) is taken too",
+        "properties": {
+            "status": {"enum": _STATUSES},
+            "kind": {"type": "string"},
+            "reason": {"type": "string"},
+            "host": {"type": "string"},
+            "since": {"type": "string", "format": "date-time"},
+            "until": {"type": "string", "format": "date-time"},
+            "ended_since": {"type": "string", "format": "date-time"},
+            "idempotency_key": KEY_SCHEMA,
+        },
+    },
+    "BulkAct": {
+        "type": "object",
+        "required": ["action", "selection"],
+        "additionalProperties": False,
+        "properties": {
+            "action": {"enum": ["cancel", "retry"]},
+            "selection": {
+                "type": "string",
+                "pattern": "^[A-Za-z0-9_-]{16,64}$",
+                "description": "a dry run's selection: act on exactly its jobs, each once",
             },
-            {
-                "type": "object",
-                "required": ["action", "selection"],
-                "additionalProperties": False,
-                "properties": {
-                    "action": {"enum": ["cancel", "retry"]},
-                    "selection": {
-                        "type": "string",
-                        "pattern": "^[A-Za-z0-9_-]{16,64}$",
-                        "description": "a dry run's selection: act on exactly its jobs, each once",
-                    },
-                },
-            },
-        ],
+        },
     },
     "BulkAnswer": {
         "type": "object",
@@ -524,8 +525,9 @@ def _param_schema(type_name: str, rule: ParamRule | None = None) -> dict[str, An
     return {"oneOf": [{"type": "boolean"}, {"type": "string", "pattern": _BOOL_TEXT}]}
 
 
-def _enqueue_schema(kind: JobKind) -> dict[str, Any]:
-    """The body that enqueues ``kind``: its name and exactly its declared params; those with a default optional."""
+def _enqueue_schemas(kind: JobKind, request: str, params_name: str) -> dict[str, dict[str, Any]]:
+    """The body that enqueues ``kind`` (named ``request``): its name and exactly its declared params (the schema
+    ``params_name``); those with a default optional."""
     properties: dict[str, Any] = {}
     for name, type_name in sorted(kind.params.items()):
         properties[name] = _param_schema(type_name, kind.param_rules.get(name))
@@ -533,28 +535,54 @@ def _enqueue_schema(kind: JobKind) -> dict[str, Any]:
             properties[name]["default"] = kind.param_defaults[name]
     required = sorted(set(kind.params) - set(kind.param_defaults))
     params = {"type": "object", "additionalProperties": False, "required": required, "properties": properties}
-    if not required:
-        # A kind that requires no param may omit params, or send null or {}.
-        params["type"] = ["object", "null"]
-    return {
-        "title": kind.name,
+    # A kind that requires no param may omit params, or send null or {}.
+    params_ref = ref(params_name) if required else {"oneOf": [ref(params_name), {"type": "null"}]}
+    body = {  # no title: a generator would name its class by it, past the unique names below
         "type": "object",
         "additionalProperties": False,
         "required": ["kind", "params"] if required else ["kind"],
-        "properties": {"kind": {"const": kind.name}, "params": params},
+        "properties": {"kind": {"const": kind.name}, "params": params_ref},
     }
+    return {request: body, params_name: params}
+
+
+def _folded(name: str) -> str:
+    """What a client generator's class (and module) name of ``name`` comes to, whatever its case and separators:
+    ``Enqueue_my-kind`` and ``Enqueue_my_Kind`` are one ``EnqueueMyKind``."""
+    return name.replace("_", "").replace("-", "").lower()
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    """``name``, or ``name_2``, ``name_3``, ... : the first whose folded form no schema has yet (taken: added)."""
+    chosen, n = name, 1
+    while _folded(chosen) in taken:
+        n += 1
+        chosen = f"{name}_{n}"
+    taken.add(_folded(chosen))
+    return chosen
 
 
 def document(kinds: KindCatalog, paths: dict[str, Any]) -> dict[str, Any]:
     """A fresh document of ``paths`` (the route table's) for a server running ``kinds``.
 
-    The enqueue body is one schema per kind: a kind the operator did not declare, or a param it does not take,
-    is invalid in the document exactly as the server refuses it (422).
+    The enqueue body is one schema per kind (``Enqueue_<kind>``, its params ``Enqueue_<kind>_params``): a kind the
+    operator did not declare, or a param it does not take, is invalid in the document exactly as the server refuses
+    it (422). Every schema is named once, and no two names come to one class name in a generated client.
     """
     document = copy.deepcopy(_DOCUMENT)
     document["paths"] = copy.deepcopy(paths)
-    document["components"]["schemas"]["EnqueueRequest"] = {
+    schemas = document["components"]["schemas"]
+    taken = {_folded(name) for name in [*schemas, "EnqueueRequest"]}
+    branches = []
+    for name in kinds.names():
+        request = _unique(f"Enqueue_{name}", taken)
+        params_name = _unique(f"{request}_params", taken)
+        schemas.update(_enqueue_schemas(kinds.get(name), request, params_name))
+        # A generator names a param's own model (its choices: an enum) after it: no later kind may come to that name.
+        taken.update(_folded(f"{params_name}_{param}") for param in kinds.get(name).params)
+        branches.append(ref(request))
+    schemas["EnqueueRequest"] = {
         "description": "a kind declared by the operator (or built in), with that kind's params",
-        "oneOf": [_enqueue_schema(kinds.get(name)) for name in kinds.names()],
+        "oneOf": branches,
     }
     return document

@@ -4,7 +4,16 @@
 (``_client.Client``); ``events``, ``wait`` and ``jobs --watch`` read its event stream on trio (``_stream``, ``_live``).
 """
 
-from ._cli import EXIT_CONFIG, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, main
+from ._cli import (
+    EXIT_CONFIG,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TEMPFAIL,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    main,
+)
 from ._client import Answer, ApiError, Client, NotTheApi, Unreachable, with_retries
 from ._live import EXIT_CANCELLED, EXIT_FAILED, EXIT_STALE, EXIT_SUCCEEDED, EXIT_TIMEOUT
 
@@ -17,6 +26,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_STALE",
     "EXIT_SUCCEEDED",
+    "EXIT_TEMPFAIL",
     "EXIT_TIMEOUT",
     "EXIT_UNREACHABLE",
     "EXIT_USAGE",

@@ -48,6 +48,7 @@ from ..domain import (
     load_config,
     load_kinds,
     parse_period,
+    parse_tick,
     read_token_file,
     to_iso,
     utc_now,
@@ -66,6 +67,9 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_CONFIG = 3
 EXIT_UNREACHABLE = 4
+# sysexits' EX_TEMPFAIL: a temporary condition (the registry locked by another process at start), not a broken
+# configuration; the same start may succeed later.
+EXIT_TEMPFAIL = 75
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a command whose reader went away
 SWITCH_INTERVAL_S = 0.0005  # `serve` only: see cmd_serve
@@ -193,11 +197,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except BaseException as exc:
         # A registry that cannot be opened is the operator's to fix (configuration, exit 3), said in one line; the
         # same error inside the registry runtime's own nursery (PostgreSQL's asyncio loop) comes wrapped in a group.
+        # One only locked by another process is a moment's: exit 75, which a unit restarts and an operator retries.
         opening = _only(exc, RegistryNotOpened)
         if opening is None:
             raise
         print(f"error: {opening}", file=sys.stderr)
-        return EXIT_CONFIG
+        return EXIT_TEMPFAIL if opening.temporary else EXIT_CONFIG
     return EXIT_OK
 
 
@@ -555,13 +560,10 @@ def cmd_enqueue(client: Client, args: argparse.Namespace, io: _Io) -> int:
     schedule: Schedule | None = None
     if args.schedule is not None or args.every is not None or args.if_idle or args.tick is not None:
         try:
-            schedule = _schedule(args)
+            schedule, key = _schedule(args)
         except (ValueError, RequestError) as exc:
             io.error(str(exc))
             return EXIT_USAGE
-        # The tick names the request: every timer or host firing within one period makes one job, fleet-wide.
-        tick = schedule.tick(datetime.fromisoformat(args.tick) if args.tick else datetime.now(UTC))
-        key = schedule.key(tick)
     else:
         key = args.idempotency_key or _invocation_key()
     query = schedule.query if schedule is not None else None
@@ -581,20 +583,18 @@ def cmd_enqueue(client: Client, args: argparse.Namespace, io: _Io) -> int:
     return EXIT_OK
 
 
-def _schedule(args: argparse.Namespace) -> Schedule:
-    """--schedule NAME --every PERIOD [--if-idle] [--tick TIME] as a ``Schedule``; a usage error names what is wrong."""
+def _schedule(args: argparse.Namespace) -> tuple[Schedule, str]:
+    """--schedule NAME --every PERIOD [--if-idle] [--tick TIME] as a ``Schedule`` and its tick's key, every argument
+    checked here (the period's bounds, the tick's form and range, its period's start a time): a usage error names
+    what is wrong, before anything is sent."""
     if args.schedule is None or args.every is None:
         raise ValueError("--schedule NAME and --every PERIOD go together (and --if-idle, --tick with them)")
     if args.idempotency_key is not None:
         raise ValueError("a schedule's tick is its key: give --schedule or --idempotency-key, not both")
-    if args.tick is not None:
-        try:
-            given = datetime.fromisoformat(args.tick)
-        except ValueError:
-            raise ValueError(f"--tick {args.tick!r}: an ISO 8601 time with its offset (2026-12-07T02:00:00Z)") from None
-        if given.tzinfo is None:
-            raise ValueError(f"--tick {args.tick!r}: give its UTC offset (Z or +00:00)")
-    return Schedule(args.schedule, parse_period(args.every), args.if_idle)
+    schedule = Schedule(args.schedule, parse_period(args.every), args.if_idle)
+    at = parse_tick(args.tick) if args.tick is not None else datetime.now(UTC)
+    # The tick names the request: every timer or host firing within one period makes one job, fleet-wide.
+    return schedule, schedule.key(schedule.tick(at))
 
 
 def _is_terminal(io: _Io) -> bool:

@@ -95,7 +95,15 @@ class Enqueuer:
         """The operator's explicit second try of a finished job: a new job of the same kind with the same params
         (checked again against the kind as it is declared now), whose row names the old one (``retry_of``). Only a
         finished job: a queued or running one is a ``Conflict`` naming its state. (Automatic resubmission of a crash
-        is another thing: it keeps the job's own id.) A kind that coalesces may return the identical queued job."""
+        is another thing: it keeps the job's own id.) A kind that coalesces may return the identical queued job.
+        ``key``: a repeat answers what the key answered the first time, before any check (the job's state, its
+        process, its kind as declared now: a kinds file changed since then does not turn a retry made into a
+        refusal)."""
+        if key is not None:
+            answered = await self.boot.registry.answer_of(key)
+            if answered is not None:  # INV-KEY-ONCE: a key's stored answer comes before any new check
+                self.announce(answered)
+                return answered[0]
         old = await self.boot.registry.get(job_id)
         if not old.status.is_terminal:
             raise Conflict(

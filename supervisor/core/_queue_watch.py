@@ -26,12 +26,12 @@ import trio
 
 from ..domain import SupervisorError, from_iso, to_iso
 from ..observe import QueueGauges, get_logger
-from ..registry import PAUSED_BY_OPERATOR, QUEUE_ANNOUNCED
+from ..registry import PAUSED_BY_OPERATOR, QUEUE_ANNOUNCED, SCHEDULE_TICK
 from ._boot import Boot
 
 log = get_logger()
 
-# Where a missed schedule's announcement is recorded: the newest job it was announced for (once per job).
+# Where a missed schedule's announcement is recorded: the last tick it was announced for (once per tick).
 SCHEDULE_MISSED = "schedule_missed/"
 # Each reason this host's promotion can be held, and what an operator does about it (docs/operations.md).
 HOLD_REASONS: dict[str, str] = {
@@ -262,27 +262,34 @@ class QueueWatch:
         return self.latest
 
     async def judge_schedules(self) -> None:
-        """A schedule whose newest job is older than twice its period missed its runs (a timer that stopped, a host
-        that is down): a log line, a metric and one webhook, once per newest job. The leader's duty alone (one
+        """A schedule whose last tick -- a job made, or a tick skipped, coalesced or replayed: each proves the timer
+        fires (INV-EVERY-TICK-COUNTS) -- is older than twice its period missed its runs (a timer that stopped, a host
+        that is down): a log line, a metric and one webhook, once per last tick. The leader's duty alone (one
         announcement for the fleet)."""
         if not self.boot.standing.may_lead():
             return
         registry, now = self.boot.registry, self.boot.wall_clock()
         missed: dict[str, int] = {}
         for name, (created, every_s, job_id) in (await registry.newest_of_schedules()).items():
-            late = (now - created).total_seconds() > 2 * every_s
+            tick = await registry.setting(f"{SCHEDULE_TICK}{name}")
+            last = max(created, tick.recorded_at) if tick is not None else created
+            late = (now - last).total_seconds() > 2 * every_s
             missed[name] = int(late)
             if not late:
                 continue
+            # The announcement's mark: the newest job, and the last tick when it made none (so a timer that comes
+            # back with skips only, then stops again, is said again).
+            mark = job_id if last == created else f"{job_id}@{to_iso(last)}"
             said = await registry.setting(f"{SCHEDULE_MISSED}{name}")
-            if said is not None and said.value == job_id:
-                continue  # announced already, for this newest job
+            if said is not None and said.value == mark:
+                continue  # announced already, for this last tick
             details = {"schedule": name, "every_s": every_s, "newest_job_id": job_id}
             details["newest_created_at"] = to_iso(created)
-            log.warning("schedule_missed", **details, meaning="no run for two periods: is its timer still running?")
+            details["last_tick_at"] = to_iso(last)
+            log.warning("schedule_missed", **details, meaning="no tick for two periods: is its timer still running?")
             await registry.record_queue_event(
                 "schedule.missed", host_id=self.boot.host_id, job_id=job_id, details=details,
-                reason="schedule_missed", announced=job_id, setting=f"{SCHEDULE_MISSED}{name}",
+                reason="schedule_missed", announced=mark, setting=f"{SCHEDULE_MISSED}{name}",
             )  # fmt: skip
             self.wake_sender()
         self.schedules_missed = missed

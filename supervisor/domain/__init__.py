@@ -21,6 +21,7 @@ from ._errors import (
     MalformedRequest,
     RegistryDamaged,
     RegistryError,
+    RegistryLocked,
     RegistryNotOpened,
     RegistryUnavailable,
     RequestError,
@@ -91,7 +92,7 @@ from ._page import (
     PageRequest,
 )
 from ._params import INT64_MAX, INT64_MIN, INT_TEXT, URL_PATTERN, ParamRule
-from ._schedule import SCHEDULE_PREFIX, SCHEDULE_QUERY, Schedule, parse_period
+from ._schedule import SCHEDULE_PREFIX, SCHEDULE_QUERY, Schedule, parse_period, parse_tick
 from ._settings import (
     EXEC_MODES,
     SETTINGS,
@@ -197,6 +198,7 @@ __all__ = [
     "Progress",
     "RegistryDamaged",
     "RegistryError",
+    "RegistryLocked",
     "RegistryNotOpened",
     "RegistryUnavailable",
     "RequestError",
@@ -233,6 +235,7 @@ __all__ = [
     "parse_bind",
     "parse_kind",
     "parse_period",
+    "parse_tick",
     "read_token_file",
     "redacted_url",
     "scope_allows",

@@ -21,6 +21,7 @@
     ├── IllegalTransition           a state change the lifecycle forbids: a bug in the caller, not bad input
     ├── RegistryError               the registry could not be read or written (storage, lock timeout)
     │   ├── RegistryUnavailable     a write cannot be made now (a full disk, a lock held too long): retried, 503
+    │   │   └── RegistryLocked      another process held the file's lock past the busy timeout (a backup, a shell)
     │   ├── RegistryDamaged         the file is not a registry (damaged): never opened for writing, never changed
     │   └── RegistryNotOpened       the registry could not be opened at start (damaged, newer, unreachable, ...)
     ├── SpawnError                  a job's process could not be started
@@ -213,6 +214,11 @@ class RegistryUnavailable(RegistryError):
     answers 503 (the API); it never drops what it was recording."""
 
 
+class RegistryLocked(RegistryUnavailable):
+    """Another process held the registry's lock past the busy timeout (a backup, an operator's ``sqlite3`` shell): a
+    temporary condition, nobody's configuration; the same call may succeed once it lets go."""
+
+
 class RegistryDamaged(RegistryError):
     """The registry's file is not a database its backend can read (damaged, truncated, not one at all). It is neither
     opened for writing nor modified: the supervisor refuses to start on it."""
@@ -221,7 +227,13 @@ class RegistryDamaged(RegistryError):
 class RegistryNotOpened(RegistryError):
     """The registry could not be opened at start: its file damaged or its schema newer than this code, its data dir
     not a directory (or not one this user can make), its database unreachable or refusing these credentials. The
-    operator's to fix; the message says what and where, and nothing was changed."""
+    operator's to fix; the message says what and where, and nothing was changed. ``temporary``: the registry was
+    only locked by another process (``RegistryLocked``), no configuration is at fault: starting again later may
+    succeed (``supervisor serve`` exits 75, not 3)."""
+
+    def __init__(self, message: str, *, temporary: bool = False) -> None:
+        super().__init__(message)
+        self.temporary = temporary
 
 
 class SpawnError(SupervisorError):

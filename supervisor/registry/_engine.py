@@ -43,6 +43,7 @@ from ._tables import JOBS, OUTBOX, QUEUED, Read, Store, Where, stored
 from ._vocabulary import (
     BACK_IN_QUEUE,
     PAUSED_BY_OPERATOR,
+    SCHEDULE_TICK,
     WAKE_CANCEL,
     WAKE_FREED,
     WAKE_PAUSE,
@@ -325,6 +326,11 @@ class Rules(FleetRules, Housekeeping):
         return job_id, False
 
     async def enqueue(self, store: Store, new: NewJob, key: IdempotencyKey | None = None) -> EnqueueResult:
+        if new.schedule is not None:
+            # INV-EVERY-TICK-COUNTS: every tick the timer made is recorded, whatever it makes below (a job, a skip, a
+            # coalesce, a replay of its key): the missed-run judge counts ticks, not jobs.
+            tick = FleetSetting(f"{SCHEDULE_TICK}{new.schedule.name}", key.key if key else "", "", store.now())
+            await put_setting(store, tick)
         if key is not None:
             replayed = await replay(store, key)
             if replayed is not None:
@@ -608,6 +614,12 @@ async def replay(store: Store, key: IdempotencyKey) -> list[EnqueueResult] | Non
     retry that arrives while the first request is in its transaction waits for it, then replays it."""
     # Two requests of one key, on any host, take turns: the second reads what the first committed and replays it.
     await store.lock(tables.KEY_LOCK, key.key)
+    return await answer_of(store, key)
+
+
+async def answer_of(store: Store, key: IdempotencyKey) -> list[EnqueueResult] | None:
+    """``replay``'s read, without the key's lock (a read: a request of the key still in its transaction is not
+    seen; its own ``replay`` waits for it)."""
     found = await tables.receipts(store, key.key, store.now())
     if found is None:
         return None

@@ -29,7 +29,7 @@ from typing import Any, Protocol, TypeVar
 
 from ..domain import FIRST_PAGE, IdempotencyKey, Job, JobFilter, PageRequest, RequestError
 from . import _tables as tables
-from ._engine import Independent, Rules, Step
+from ._engine import Independent, Rules, Step, answer_of
 from ._health import RegistryFault
 from ._tables import OUTBOX, Store
 from ._vocabulary import (
@@ -99,6 +99,12 @@ class Registry:
         and nothing is written; one that answered another request raises ``IdempotencyKeyReused``; else the answer
         is kept under the key, in the same step."""
         return await self.backend.write(lambda store: self.rules.enqueue(store, job, key))
+
+    async def answer_of(self, key: IdempotencyKey) -> list[EnqueueResult] | None:
+        """What ``key`` answered while it is live, the rows as they are now (``EnqueueResult.replayed``); None: it
+        answered nothing yet. Another request under it is ``IdempotencyKeyReused``. Read only: a caller that checks
+        anything before its keyed write asks this first, so a repeat answers as the first time (INV-KEY-ONCE)."""
+        return await self.backend.read(lambda store: answer_of(store, key))
 
     async def enqueue_many(self, jobs: Sequence[NewJob], *, key: IdempotencyKey | None = None) -> list[EnqueueResult]:
         """Add several rows at once, all or nothing, in order (answers carry no queue position); ``key`` covers the

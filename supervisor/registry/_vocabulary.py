@@ -17,6 +17,10 @@ from ..domain import IdempotencyKey, IdentityRecord, Job, JobStatus, Schedule
 # The fleet setting that records, per host, the stuck queue its watch announced (docs/operations.md § The queue's
 # watch): ``queue_stuck/<host>``.
 QUEUE_ANNOUNCED = "queue_stuck/"
+# The fleet setting that records each schedule's last tick, whatever it made (a job, a skip, a coalesce, a replay):
+# ``schedule_tick/<name>``, its value the tick's key, ``recorded_at`` when the timer fired (docs/operations.md,
+# "Periodic runs"). The missed-run judge reads it: a tick that made no job still proves the timer runs.
+SCHEDULE_TICK = "schedule_tick/"
 
 
 # What a row that goes back to the queue (a requeue, a resubmission) forgets: the attempt's process, token, progress

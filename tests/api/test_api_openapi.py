@@ -15,7 +15,7 @@ from api_support import Harness, wait_log_line
 from werkzeug.routing import Rule
 
 from supervisor.api import JOBS_SUBROUTES, PUBLIC_ENDPOINTS, SCOPE_OF, openapi_document
-from supervisor.domain import KindCatalog, load_kinds
+from supervisor.domain import JobKind, KindCatalog, load_kinds
 
 HTTP_METHODS = {"get", "post", "put", "patch", "delete"}
 
@@ -118,45 +118,77 @@ def parameter_schema(doc: dict[str, Any], operation_id: str, name: str) -> dict[
     return next(p["schema"] for p in op["parameters"] if p["name"] == name)
 
 
-def doc_accepts(schema: dict[str, Any], value: Any) -> bool:
-    # Draft 2020-12 is OpenAPI 3.1's dialect; patterns are ECMA regexes there, as in every OpenAPI tool.
+def doc_accepts(schema: dict[str, Any], value: Any, doc: dict[str, Any] | None = None) -> bool:
+    # Draft 2020-12 is OpenAPI 3.1's dialect; patterns are ECMA regexes there, as in every OpenAPI tool. With ``doc``,
+    # the schema's references (#/components/schemas/...) resolve in it.
+    if doc is not None:
+        schema = {**schema, "components": doc["components"]}
     return bool(jsonschema_rs.Draft202012Validator(schema).is_valid(value))
+
+
+def schema_of(doc: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
+    """The component a ``{"$ref": "#/components/schemas/NAME"}`` names."""
+    name = reference["$ref"].removeprefix("#/components/schemas/")
+    schema: dict[str, Any] = doc["components"]["schemas"][name]
+    return schema
+
+
+def enqueue_bodies(doc: dict[str, Any]) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """Each kind's enqueue body and its params' schema, by kind (each a component of its own)."""
+    out = {}
+    for reference in doc["components"]["schemas"]["EnqueueRequest"]["oneOf"]:
+        body = schema_of(doc, reference)
+        params = body["properties"]["params"]
+        out[body["properties"]["kind"]["const"]] = (body, schema_of(doc, params.get("oneOf", [params])[0]))
+    return out
 
 
 def test_the_enqueue_body_is_one_schema_per_kind_with_exactly_its_params() -> None:
     kinds: KindCatalog = load_kinds(None)
-    body = openapi_document(kinds)["components"]["schemas"]["EnqueueRequest"]
-    by_kind = {branch["properties"]["kind"]["const"]: branch for branch in body["oneOf"]}
+    by_kind = enqueue_bodies(openapi_document(kinds))
     assert sorted(by_kind) == kinds.names()
-    for name, branch in by_kind.items():
+    for name, (_, params) in by_kind.items():
         declared = kinds.get(name).params
-        assert set(branch["properties"]["params"]["properties"]) == set(declared), name
-        assert branch["properties"]["params"]["additionalProperties"] is False
+        assert set(params["properties"]) == set(declared), name
+        assert params["additionalProperties"] is False
 
 
 async def test_a_param_with_a_default_is_not_required_and_shows_its_default(harness: Harness) -> None:
-    body = openapi_document(harness.supervisor.kinds)["components"]["schemas"]["EnqueueRequest"]
-    by_kind = {branch["properties"]["kind"]["const"]: branch for branch in body["oneOf"]}
-    paged, knobs = by_kind["paged"], by_kind["knobs"]
+    doc = openapi_document(harness.supervisor.kinds)
+    by_kind = enqueue_bodies(doc)
+    (paged, paged_params), (knobs, knobs_params) = by_kind["paged"], by_kind["knobs"]
     assert paged["required"] == ["kind", "params"]
-    assert paged["properties"]["params"]["required"] == ["feed"]
-    assert paged["properties"]["params"]["properties"]["limit"]["default"] == 0
-    assert "default" not in paged["properties"]["params"]["properties"]["feed"]
+    assert paged_params["required"] == ["feed"]
+    assert paged_params["properties"]["limit"]["default"] == 0
+    assert "default" not in paged_params["properties"]["feed"]
     # A kind whose every param has a default may be enqueued without params, as one that has none.
     assert knobs["required"] == ["kind"]
-    assert knobs["properties"]["params"]["required"] == []
-    assert knobs["properties"]["params"]["type"] == ["object", "null"]
-    defaults = {name: prop["default"] for name, prop in knobs["properties"]["params"]["properties"].items()}
+    assert knobs_params["required"] == []
+    assert {"type": "null"} in knobs["properties"]["params"]["oneOf"]
+    for params in ({}, None):
+        assert doc_accepts(knobs, {"kind": "knobs", "params": params}, doc)
+    defaults = {name: prop["default"] for name, prop in knobs_params["properties"].items()}
     assert defaults == {"ratio": 0.5, "flag": True}
     # Each default is valid by its own schema.
-    assert doc_accepts(knobs["properties"]["params"]["properties"]["ratio"], 0.5)
+    assert doc_accepts(knobs_params["properties"]["ratio"], 0.5)
 
 
 async def test_the_built_in_pipeline_documents_max_episodes_as_optional() -> None:
-    body = openapi_document(load_kinds(None))["components"]["schemas"]["EnqueueRequest"]
-    pipeline = next(b for b in body["oneOf"] if b["properties"]["kind"]["const"] == "pipeline")
-    assert pipeline["properties"]["params"]["required"] == ["feed"]
-    assert pipeline["properties"]["params"]["properties"]["max_episodes"]["default"] == 0
+    _, pipeline = enqueue_bodies(openapi_document(load_kinds(None)))["pipeline"]
+    assert pipeline["required"] == ["feed"]
+    assert pipeline["properties"]["max_episodes"]["default"] == 0
+
+
+def test_every_schema_is_named_once_and_no_two_names_make_one_class() -> None:
+    """A client generator names a model by its schema's name, whatever its case and separators: kinds whose names
+    differ only so (``my-kind``, ``my_kind``, ``My_Kind``), or that spell another schema's name, each get their own."""
+    kinds = KindCatalog({name: JobKind(name=name, argv=("true",)) for name in ("my-kind", "my_kind", "My_Kind", "Job")})
+    doc = openapi_document(kinds)
+    names = list(doc["components"]["schemas"])
+    folded = [name.replace("_", "").replace("-", "").lower() for name in names]
+    assert len(set(folded)) == len(folded), names
+    assert sorted(enqueue_bodies(doc)) == ["Job", "My_Kind", "my-kind", "my_kind"]
+    assert all("title" not in schema for schema in doc["components"]["schemas"].values())
 
 
 # (body, valid?) - each valid one is accepted (202), each invalid one refused (422); the queue is paused.
@@ -222,8 +254,8 @@ async def test_an_enqueue_body_is_accepted_exactly_when_the_document_says_it_is_
     harness: Harness, body: dict[str, Any], valid: bool
 ) -> None:
     await harness.supervisor.pause()
-    schema = openapi_document(harness.supervisor.kinds)["components"]["schemas"]["EnqueueRequest"]
-    assert doc_accepts(schema, body) is valid
+    doc = openapi_document(harness.supervisor.kinds)
+    assert doc_accepts(doc["components"]["schemas"]["EnqueueRequest"], body, doc) is valid
     status, answer = await harness.json("POST", "/api/jobs", json=body)
     assert status == (202 if valid else 422), answer
 

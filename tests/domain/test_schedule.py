@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from supervisor.domain import Schedule, ValidationError, parse_period
+from supervisor.domain import Schedule, ValidationError, parse_period, parse_tick
 
 
 def test_a_tick_is_the_time_floored_to_the_period_in_utc_whatever_the_offset() -> None:
@@ -36,3 +36,34 @@ def test_the_query_form_round_trips_and_bounds_hold() -> None:
             Schedule.parse(bad)
     with pytest.raises(ValidationError, match="period"):
         Schedule("x", 30.0)
+
+
+def test_a_key_is_iso_8601_in_utc_with_four_digits_of_year() -> None:
+    daily = Schedule("t", 86400.0)
+    tick = daily.tick(datetime(1, 1, 1, 5, tzinfo=UTC))
+    assert tick == datetime(1, 1, 1, tzinfo=UTC)
+    assert daily.key(tick) == "schedule/t/0001-01-01T00:00:00Z"
+    assert daily.key(daily.tick(datetime(9999, 12, 31, 23, tzinfo=UTC))) == "schedule/t/9999-12-31T00:00:00Z"
+
+
+@pytest.mark.parametrize(
+    ("every_s", "text"),
+    [
+        (400 * 86400.0, "0001-01-01T00:00:00+00:00"),  # its period began in year 0
+        (86400.0, "0001-01-01T00:00:00+01:00"),  # year 0 in UTC
+        (3600.0, "9999-12-31T23:59:59-01:00"),  # year 10000 in UTC
+    ],
+)
+def test_a_tick_whose_period_does_not_begin_within_the_calendar_is_a_validation_error(
+    every_s: float, text: str
+) -> None:
+    with pytest.raises(ValidationError, match="0001-01-01 to 9999-12-31") as raised:
+        Schedule("t", every_s).tick(parse_tick(text))
+    assert raised.value.field == "tick"
+
+
+@pytest.mark.parametrize("text", ["yesterday", "2026-12-07T02:00:00", ""])
+def test_a_tick_is_an_iso_time_with_its_offset(text: str) -> None:
+    with pytest.raises(ValidationError) as raised:
+        parse_tick(text)
+    assert raised.value.field == "tick"

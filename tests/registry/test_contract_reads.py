@@ -13,6 +13,7 @@ from registry_helpers import WallClock, enqueue, new_job, one_running, request, 
 
 from supervisor.domain import (
     MAX_LIST_LIMIT,
+    IdempotencyKey,
     Job,
     JobFilter,
     JobNotFound,
@@ -300,6 +301,7 @@ CALLS: dict[str, Callable[[Registry], Awaitable[object]]] = {
     "kind_counts": lambda r: r.kind_counts(),
     "select_ids": lambda r: r.select_ids(JobFilter(), 10),
     "newest_of_schedules": lambda r: r.newest_of_schedules(),
+    "answer_of": lambda r: r.answer_of(IdempotencyKey("k", "f", 60.0)),
     "drop_settings": lambda r: r.drop_settings("bulk/", datetime(2030, 1, 1, tzinfo=UTC)),
     "setting": lambda r: r.setting("max_concurrent"),
     "record_queue_event": lambda r: r.record_queue_event(

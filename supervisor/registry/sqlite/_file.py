@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ...domain import RegistryDamaged, RegistryError, RegistryUnavailable
+from ...domain import RegistryDamaged, RegistryError, RegistryLocked, RegistryUnavailable
 from ._schema import migrate
 
 BUSY_TIMEOUT_MS = 10_000
@@ -58,6 +58,8 @@ def failure(exc: sqlite3.Error, what: str) -> RegistryError:
     (the caller retries, or answers 503), else ``RegistryError``. The cause is chained by the caller's ``from``."""
     code = getattr(exc, "sqlite_errorcode", None)
     primary = code & 0xFF if isinstance(code, int) else None  # extended codes (SQLITE_IOERR_WRITE...) keep the primary
+    if primary in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        return RegistryLocked(f"{what}: {exc} (another process holds it: a backup, a sqlite3 shell?)")
     if primary in _UNAVAILABLE_CODES:
         return RegistryUnavailable(f"{what}: {exc}")
     return RegistryError(f"{what}: {exc}")
