@@ -66,6 +66,7 @@ from ._rules import (
     outcome,
     past_window,
 )
+from ._scrape import SCRAPE_BUDGET_S, RegistryReads
 from ._standing import Standing
 from ._succession import DataDirLock
 from ._supervisor import LOG_CHUNK_BYTES, Health, LogSlice, QueueState, Supervisor
@@ -90,6 +91,7 @@ __all__ = [
     "REASON_RECOVERED",
     "REASON_SILENT",
     "REASON_STALLED",
+    "SCRAPE_BUDGET_S",
     "STALLED_STOP",
     "STOPS",
     "STOP_DEADLINE",
@@ -117,6 +119,7 @@ __all__ = [
     "QueueWatch",
     "ReconcileDetail",
     "ReconcileReport",
+    "RegistryReads",
     "RetryPolicy",
     "Signals",
     "Standing",

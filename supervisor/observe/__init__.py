@@ -6,7 +6,7 @@ Nothing here decides anything about a job: the core announces (``EventBus.emit``
 
 from ._events import EventBus, EventName, JobEvent, log_event
 from ._logging import ResilientStream, configure_logging, get_logger
-from ._metrics import Metrics, QueueGauges, Snapshot
+from ._metrics import Metrics, QueueGauges, RegistryView, Snapshot
 from ._notify import Notifier, run_watchdog
 from ._stream import EVENT_NAMES, GAP, LAST_EVENT_ID, EventLog, StreamEnded, StreamEvent, Subscription
 from ._webhook import BACKOFF_MAX_S, WebhookSender, backoff_s, render_event, sign
@@ -23,6 +23,7 @@ __all__ = [
     "Metrics",
     "Notifier",
     "QueueGauges",
+    "RegistryView",
     "ResilientStream",
     "Snapshot",
     "StreamEnded",
