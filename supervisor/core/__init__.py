@@ -38,7 +38,7 @@ from ._heartbeats import (
     merged,
 )
 from ._ledger import JobLedger, Watched
-from ._queue_watch import HOLD_REASONS, NOT_PROMOTED, KindLoad, QueueRule, QueueWatch, Stuck
+from ._queue_watch import HOLD_REASONS, NOT_PROMOTED, ROOT_CAUSE_ORDER, KindLoad, QueueRule, QueueWatch, Stuck
 from ._reconcile import ReconcileDetail, ReconcileReport
 from ._rules import (
     CANCELLED,
@@ -91,6 +91,7 @@ __all__ = [
     "REASON_RECOVERED",
     "REASON_SILENT",
     "REASON_STALLED",
+    "ROOT_CAUSE_ORDER",
     "SCRAPE_BUDGET_S",
     "STALLED_STOP",
     "STOPS",
