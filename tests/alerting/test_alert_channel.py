@@ -165,9 +165,12 @@ async def _scenarios(stack: Stack, start_vmalert: Any, server: trio.Process, api
         lock_s = time.monotonic() - locked_at
         # While locked: the progressing job's progress kept moving, every scrape answered within its second.
         window = f"{int(lock_s)}s"
+        progress = f'podcast_job_last_progress_timestamp_seconds{{job_id="{rising}"}}'
+        scraped = await scalar(stack, f"count_over_time({progress}[{window}])")
+        assert scraped >= lock_s - 3, f"{scraped} scrapes of the progressing job in {lock_s:.1f} s"
         oldest = await scalar(
             stack,
-            f'max_over_time((time() - podcast_job_last_progress_timestamp_seconds{{job_id="{rising}"}})[{window}:1s])',
+            f"max_over_time((time() - {progress})[{window}:1s])",
         )
         assert oldest < STALL_S, f"the progressing job's progress was {oldest} s old while the registry was locked"
         slowest = await scalar(stack, f'max_over_time(scrape_duration_seconds{{job="podcast-supervisor"}}[{window}])')
