@@ -165,7 +165,7 @@ class Heartbeats:
     def take(self, admission: Admission, progress: Progress) -> None:
         """The second: the beat is taken (the 204), to be written behind."""
         beat = Beat(admission.job_id, admission.token, progress.completed_units, progress.total_units, progress.stage)
-        self._take({(admission.job_id, admission.token): beat}, trio.current_time())
+        self._take({(admission.job_id, admission.token): beat}, trio.current_time(), newest=True)
         self._saw(admission.job_id, progress.completed_units)
 
     def _saw(self, job_id: str, units: int) -> None:
@@ -205,13 +205,16 @@ class Heartbeats:
             await self._registry.check_job_token(admission.job_id, admission.token)
         raise error
 
-    def _take(self, beats: Mapping[tuple[str, str], Beat], taken_at: float) -> None:
-        """Add ``beats`` (taken at ``taken_at``) to what is pending, each merged with the newer ones already there, and
-        wake the writer."""
+    def _take(self, beats: Mapping[tuple[str, str], Beat], taken_at: float, *, newest: bool = False) -> None:
+        """Add ``beats`` (taken at ``taken_at``) to what is pending and wake the writer: ``newest``, a beat just taken,
+        newer than what is pending (its total and stage win); else a failed write's, older than what came since."""
         for key, beat in beats.items():
             pending = self._pending.get(key)
             # Whichever came first, the watermark is the maximum: nothing is counted twice, nothing goes back.
-            self._pending[key] = beat if pending is None else merged(beat, pending)
+            if pending is None:
+                self._pending[key] = beat
+            else:
+                self._pending[key] = merged(pending, beat) if newest else merged(beat, pending)
         if beats:
             self._oldest_at = taken_at if self._oldest_at is None else min(self._oldest_at, taken_at)
             self._arrived.ring()
