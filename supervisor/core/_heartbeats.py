@@ -183,6 +183,7 @@ class Heartbeats:
         seen = self._seen.get(job.job_id)
         if seen is None or job.status is not JobStatus.RUNNING:
             return job
+        # INV-PROGRESS-NOT-LIVENESS: a beat moves the heartbeat; only a higher watermark moves the progress time.
         beat_at = seen.beat_at if job.last_heartbeat_at is None else max(seen.beat_at, job.last_heartbeat_at)
         if seen.completed_units <= job.completed_units:
             return dataclasses.replace(job, last_heartbeat_at=beat_at)

@@ -50,7 +50,7 @@ def boot(nursery: trio.Nursery, tmp_path: Path, registry: MemoryRegistry) -> Sup
     return sup
 
 
-async def test_a_progressing_job_shows_its_progress_while_the_registry_cannot_write_its_beats(
+async def test_INV_PROGRESS_NOT_LIVENESS_a_progressing_job_shows_its_progress_while_the_registry_cannot_write_its_beats(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     registry = MemoryRegistry(clock=wall, outbox=False)
