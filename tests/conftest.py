@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -81,9 +82,24 @@ def _require(problem: str | None, *, fail_as: str, skip_as: str, how: str) -> No
     pytest.skip(f"{skip_as}: {problem} ({how})")
 
 
+def alerting_problem() -> str | None:
+    """Why the alerting tests cannot run here (a binary missing), or None when they can."""
+    missing = [name for name in ("victoria-metrics", "vmalert") if shutil.which(name) is None]
+    if shutil.which("prometheus-alertmanager") is None and shutil.which("alertmanager") is None:
+        missing.append("alertmanager")
+    return f"not installed: {', '.join(missing)}" if missing else None
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Tests marked ``docker`` (``postgres``, ``pgbouncer``) need the real engine (server, pooler): in CI its
-    absence is a failure, elsewhere a skip that says why."""
+    """Tests marked ``docker`` (``postgres``, ``pgbouncer``, ``alerting``) need the real engine (server, pooler,
+    alerting stack): in CI its absence is a failure, elsewhere a skip that says why."""
+    if item.get_closest_marker("alerting") is not None:
+        _require(
+            alerting_problem(),
+            fail_as="the alerting stack is not installed",
+            skip_as="no alerting stack",
+            how="apt-get install victoria-metrics prometheus-alertmanager",
+        )
     if item.get_closest_marker("docker") is not None:
         _require(
             docker_engine_problem(),

@@ -38,7 +38,7 @@ from ._heartbeats import (
     merged,
 )
 from ._ledger import JobLedger, Watched
-from ._queue_watch import HOLD_REASONS, NOT_PROMOTED, KindLoad, QueueRule, QueueWatch, Stuck
+from ._queue_watch import HOLD_REASONS, NOT_PROMOTED, ROOT_CAUSE_ORDER, KindLoad, QueueRule, QueueWatch, Stuck
 from ._reconcile import ReconcileDetail, ReconcileReport
 from ._rules import (
     CANCELLED,
@@ -66,6 +66,7 @@ from ._rules import (
     outcome,
     past_window,
 )
+from ._scrape import SCRAPE_BUDGET_S, RegistryReads
 from ._standing import Standing
 from ._succession import DataDirLock
 from ._supervisor import LOG_CHUNK_BYTES, Health, LogSlice, QueueState, Supervisor
@@ -90,6 +91,8 @@ __all__ = [
     "REASON_RECOVERED",
     "REASON_SILENT",
     "REASON_STALLED",
+    "ROOT_CAUSE_ORDER",
+    "SCRAPE_BUDGET_S",
     "STALLED_STOP",
     "STOPS",
     "STOP_DEADLINE",
@@ -117,6 +120,7 @@ __all__ = [
     "QueueWatch",
     "ReconcileDetail",
     "ReconcileReport",
+    "RegistryReads",
     "RetryPolicy",
     "Signals",
     "Standing",

@@ -9,13 +9,19 @@ write each beat waited for was most of a beat's cost. Every reader of progress g
 writes what is pending first (a 204 is seen by the next read, the next absence judgement, the next scrape), and a
 crash loses at most the beats of one interval: liveness, which the job's next beat gives again with its watermark
 (INV-PROGRESS-NOT-LIVENESS: the watermark is a maximum, so nothing is counted twice).
+
+What the supervisor knows of a job's progress is more than its row while the registry cannot write (a lock held
+elsewhere, a full disk): the beats taken meanwhile wait here. ``Heartbeats.known`` brings a row up to them, so
+``/metrics`` never says a job stalled that beats and progresses (docs/alerting.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, NoReturn
 
 import trio
@@ -30,6 +36,7 @@ from ..domain import (
     RegistryError,
     RequestError,
     hash_token,
+    utc_now,
 )
 from ..observe import EventName, JobEvent, get_logger
 from ..registry import Beat, Registry
@@ -103,6 +110,16 @@ def merged(older: Beat | None, newer: Beat) -> Beat:
 
 
 @dataclass(frozen=True)
+class Seen:
+    """A running job's beats as this boot took them: the highest watermark, when it was first reached (the last rise
+    this boot saw), and the last beat (wall clock)."""
+
+    completed_units: int
+    rose_at: datetime
+    beat_at: datetime
+
+
+@dataclass(frozen=True)
 class Admission:
     """A beat whose token was admitted (``Heartbeats.admit``); ``from_memory``: without asking the registry."""
 
@@ -115,10 +132,15 @@ class Heartbeats:
     """Takes heartbeats and writes them behind (``run``, a task of the root nursery); ``recorded`` sees each row
     after its beat is written (the absence tracker's ``beat``)."""
 
-    def __init__(self, registry: Registry, recorded: Callable[[Job], None]) -> None:
+    def __init__(
+        self, registry: Registry, recorded: Callable[[Job], None], wall_clock: Callable[[], datetime] = utc_now
+    ) -> None:
+        """``wall_clock``: the clock the registry stamps beats by (the boot's)."""
         self._registry = registry
         self._recorded = recorded
+        self._wall_clock = wall_clock
         self.tokens = JobTokens()
+        self._seen: dict[str, Seen] = {}  # each running job's beats taken by this boot (``known``)
         self._pending: dict[tuple[str, str], Beat] = {}  # (job id, token) -> its beats taken since the last write
         self._oldest_at: float | None = None  # when the oldest pending beat was taken (None: nothing pending)
         # Rung when beats are taken; the writer waits on it while nothing is pending. Never replaced: a replaced
@@ -143,7 +165,38 @@ class Heartbeats:
     def take(self, admission: Admission, progress: Progress) -> None:
         """The second: the beat is taken (the 204), to be written behind."""
         beat = Beat(admission.job_id, admission.token, progress.completed_units, progress.total_units, progress.stage)
-        self._take({(admission.job_id, admission.token): beat}, trio.current_time())
+        self._take({(admission.job_id, admission.token): beat}, trio.current_time(), newest=True)
+        self._saw(admission.job_id, progress.completed_units)
+
+    def _saw(self, job_id: str, units: int) -> None:
+        now, seen = self._wall_clock(), self._seen.get(job_id)
+        if seen is not None and units <= seen.completed_units:
+            self._seen[job_id] = dataclasses.replace(seen, beat_at=now)
+            return
+        if seen is None and len(self._seen) >= MAX_TOKENS:
+            self._seen.clear()  # a bound, as for the tokens: entries of jobs ended by another process
+        self._seen[job_id] = Seen(units, now, now)
+
+    def known(self, job: Job) -> Job:
+        """``job``'s row brought up to the beats this boot took for it, written or not: a higher watermark than the
+        row's and when it rose, a later beat. The row as it is when this boot took none newer."""
+        seen = self._seen.get(job.job_id)
+        if seen is None or job.status is not JobStatus.RUNNING:
+            return job
+        # INV-PROGRESS-NOT-LIVENESS: a beat moves the heartbeat; only a higher watermark moves the progress time.
+        beat_at = seen.beat_at if job.last_heartbeat_at is None else max(seen.beat_at, job.last_heartbeat_at)
+        if seen.completed_units <= job.completed_units:
+            return dataclasses.replace(job, last_heartbeat_at=beat_at)
+        return dataclasses.replace(
+            job, completed_units=seen.completed_units, last_progress_at=seen.rose_at, last_heartbeat_at=beat_at
+        )
+
+    def on_event(self, event: JobEvent) -> None:
+        """The event bus's subscriber: the tokens' (``JobTokens.on_event``), and a job that stops running is no
+        longer known here."""
+        self.tokens.on_event(event)
+        if event.event is EventName.TRANSITION and event.job.status is not JobStatus.RUNNING:
+            self._seen.pop(event.job.job_id, None)
 
     async def refuse(self, admission: Admission, error: RequestError) -> NoReturn:
         """Or the second, when the edge could not read the body: its own ``error``, unless the token no longer
@@ -153,13 +206,16 @@ class Heartbeats:
             await self._registry.check_job_token(admission.job_id, admission.token)
         raise error
 
-    def _take(self, beats: Mapping[tuple[str, str], Beat], taken_at: float) -> None:
-        """Add ``beats`` (taken at ``taken_at``) to what is pending, each merged with the newer ones already there, and
-        wake the writer."""
+    def _take(self, beats: Mapping[tuple[str, str], Beat], taken_at: float, *, newest: bool = False) -> None:
+        """Add ``beats`` (taken at ``taken_at``) to what is pending and wake the writer: ``newest``, a beat just taken,
+        newer than what is pending (its total and stage win); else a failed write's, older than what came since."""
         for key, beat in beats.items():
             pending = self._pending.get(key)
             # Whichever came first, the watermark is the maximum: nothing is counted twice, nothing goes back.
-            self._pending[key] = beat if pending is None else merged(beat, pending)
+            if pending is None:
+                self._pending[key] = beat
+            else:
+                self._pending[key] = merged(pending, beat) if newest else merged(beat, pending)
         if beats:
             self._oldest_at = taken_at if self._oldest_at is None else min(self._oldest_at, taken_at)
             self._arrived.ring()

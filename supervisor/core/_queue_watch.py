@@ -42,6 +42,13 @@ HOLD_REASONS: dict[str, str] = {
     "lease_not_fresh": "this host's lease could not be renewed (the database unreachable?): nothing is promoted here",
 }
 PAUSES = frozenset({"pause_operator", "pause_file"})
+# Which reason a stuck queue names when several hold (docs/alerting.md § One fault, one page): the root cause first.
+# A registry that cannot write is why a lease cannot be renewed (the renewal is a write), so a lock held elsewhere
+# names the registry, never the lease it starves; the engine is a fault of its own; a pause is held on purpose.
+ROOT_CAUSE_ORDER = ("registry_unwritable", "lease_not_fresh", "engine_unreachable", "pause_operator", "pause_file")
+# A reason that follows from another while that other clears: a stuck queue keeps naming the cause (the lease is
+# renewed a moment after the registry writes again) rather than page anew for its echo.
+CONSEQUENCE_OF = {"lease_not_fresh": "registry_unwritable"}
 # Jobs wait, a slot is free, and nothing holds promotion: the drainer should have promoted them.
 NOT_PROMOTED = "slots_free_not_promoted"
 NOT_PROMOTED_MEANS = "jobs wait while slots are free and nothing holds promotion: look at the log for the drainer"
@@ -106,21 +113,20 @@ class QueueRule:
         if self.stuck is None and now_s - self._since_s > limit:
             self.stuck = Stuck(reason, self._since, oldest_job_id, oldest_age_s, free_slots)
             return "stuck", self.stuck
-        if self.stuck is not None and self.stuck.reason != reason:
+        if self.stuck is not None and self.stuck.reason != reason and CONSEQUENCE_OF.get(reason) != self.stuck.reason:
             # Still stuck, for another reason now (the engine came back, the pause did not end): say it as it is.
             self.stuck = Stuck(reason, self.stuck.since, oldest_job_id, oldest_age_s, free_slots)
         return None
 
     @staticmethod
     def _condition(held: set[str], waiting: bool, free_slots: int) -> str | None:
-        """Why the queue does not move (None: it moves, is busy, or nothing waits)."""
+        """Why the queue does not move (None: it moves, is busy, or nothing waits): the root cause of what holds it
+        (``ROOT_CAUSE_ORDER``)."""
         if not waiting:
             return None
-        holds = sorted(held - PAUSES)
-        if holds:
-            return holds[0]
-        if held & PAUSES:
-            return sorted(held & PAUSES)[0]
+        for reason in ROOT_CAUSE_ORDER:
+            if reason in held:
+                return reason
         return NOT_PROMOTED if free_slots > 0 else None
 
 

@@ -62,6 +62,7 @@ from ._pause import PauseFile
 from ._prune import Pruner
 from ._queue_watch import QueueWatch
 from ._reconcile import Reconciler, ReconcileReport
+from ._scrape import RegistryReads, brought_up, read_registry
 from ._silent import SilentHostJobs
 from ._standing import Standing
 from ._sweeper import Sweeper, run_sweeper
@@ -246,7 +247,7 @@ class Supervisor:
         self.drain_bell = Doorbell()
         wake = self.drain_bell.ring
         tracker = AbsenceTracker(wall_clock=self.boot.wall_clock)
-        self.heartbeats = Heartbeats(registry, tracker.beat)
+        self.heartbeats = Heartbeats(registry, tracker.beat, self.boot.wall_clock)
         # Every read that judges or shows progress goes through here: it sees every beat taken before it (ADR 0018).
         self.rows = CurrentRows(registry, self.heartbeats)
         self.enqueuer = Enqueuer(self.boot, wake)
@@ -311,7 +312,8 @@ class Supervisor:
         # What other hosts change (an enqueue, a cancel of a job here, the pause), heard at once; the sweep is the
         # guarantee (INV-NOTIFY-IS-A-HINT).
         self.wakeups = WakeupListener(self.boot, wake, self.monitors)
-        self.events.subscribe(self.heartbeats.tokens.on_event)
+        self.registry_reads = RegistryReads(self.boot, lambda: read_registry(self.boot, self.queue_watch))
+        self.events.subscribe(self.heartbeats.on_event)
 
     # -- what the root of the nursery tree and the HTTP layer read -------------------------------------------
 
@@ -568,19 +570,18 @@ class Supervisor:
         return await log_slice_of(job, tail_bytes, offset, attempt, self.boot.executor if self.boot.owns(job) else None)
 
     async def render_metrics(self) -> bytes:
-        """``GET /metrics``: the counters as they stand and the registry's state as of now."""
-        registry = self.boot.registry
+        """``GET /metrics``: what this boot knows now over the registry's latest read (``_scrape.RegistryReads``)."""
+        view, age_s = await self.registry_reads.latest()
+        fault = self.boot.registry.fault()
         snapshot = Snapshot(
-            counts=await registry.counts(),
-            paused=await self.is_paused(),
+            registry=brought_up(view, self.heartbeats.known) if view is not None else None,
+            registry_age_s=age_s,
             max_concurrent=self.boot.max_concurrent,
-            running=await self.rows.running_jobs(),
-            outbox_depth=await registry.outbox_depth(),
+            writes_failing_since_s=fault.since.timestamp() if fault is not None else None,
             deliveries=dict(self.webhooks.outcomes),
             streams=self.event_log.stats(),
             conditions=dict(self.boot.tally.counts),
             queue=self.queue_watch.gauges(),
-            kinds={kind: dataclasses.astuple(load) for kind, load in (await self.queue_watch.kinds()).items()},
             schedules_missed=dict(self.queue_watch.schedules_missed),
         )
         return self.metrics.render(snapshot)

@@ -7,7 +7,7 @@ Nothing here decides anything about a job: the core announces (``EventBus.emit``
 from ._events import EventBus, EventName, JobEvent, log_event
 from ._log_events import LOG_EVENTS, LogEvent, log_events_table
 from ._logging import RequestScope, ResilientStream, configure_logging, enter_request, get_logger, request_fields
-from ._metrics import Metrics, QueueGauges, Snapshot
+from ._metrics import Metrics, QueueGauges, RegistryView, Snapshot
 from ._notify import Notifier, run_watchdog
 from ._stream import EVENT_NAMES, GAP, LAST_EVENT_ID, EventLog, StreamEnded, StreamEvent, Subscription
 from ._webhook import BACKOFF_MAX_S, WebhookSender, backoff_s, render_event, sign, sign_standard
@@ -26,6 +26,7 @@ __all__ = [
     "Metrics",
     "Notifier",
     "QueueGauges",
+    "RegistryView",
     "RequestScope",
     "ResilientStream",
     "Snapshot",

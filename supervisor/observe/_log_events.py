@@ -269,6 +269,9 @@ LOG_EVENTS: tuple[LogEvent, ...] = (
     E("log_lines_dropped", "warning", "dropped",
       "Log lines could not be written (a full disk, a closed pipe) and were dropped; `dropped` counts them.",
       "Free the disk the log is written to."),
+    E("metrics_read_failed", "debug/error", "error",
+      f"The background registry read behind `/metrics` (a scrape shows the last read and its age, "
+      f"`podcast_metrics_registry_age_seconds`, meanwhile): {_STEP}.", _STEP_DO),
     E("monitor_failed", "error", "job_id",
       "A job's monitor failed; the row stays running and the sweeper's rules finalize it.",
       "Read `exception`; report it if it is no disk or database fault."),

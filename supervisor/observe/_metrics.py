@@ -4,9 +4,13 @@ Two sources, neither of them the HTTP layer:
 
 - counters and the sweep histogram move as things happen: ``on_event`` is an event-bus subscriber (transitions),
   the sweep observes its own duration and the liveness it could not establish;
-- gauges are a snapshot of the registry taken at scrape time (``Supervisor.render_metrics``): the jobs by status,
-  and one series per *running* job. A job's series are therefore gone from the first scrape after it ends, and a
-  restarted supervisor shows exactly the registry's truth, whoever made the change.
+- gauges are what the supervisor knows at scrape time (``Supervisor.render_metrics``): its own state (the queue's
+  watch, the registry's write fault, the beats it has taken and not yet written) over the registry's last read
+  (``RegistryView``: the jobs by status, one series per *running* job). A scrape starts a fresh read and waits for
+  it a moment at most; a registry that does not answer within that (a lock held elsewhere, a database cut off)
+  never makes a scrape late: it shows the last read, and ``podcast_metrics_registry_age_seconds`` how old it is
+  (docs/alerting.md). A job's series are gone from the first read after it ends, and a restarted supervisor shows
+  the registry's truth, whoever made the change.
 
 Each ``Metrics`` has its own ``CollectorRegistry`` (never the process-global one), so two supervisors in one
 process never collide.
@@ -51,19 +55,30 @@ class QueueGauges:
 
 
 @dataclass(frozen=True)
-class Snapshot:
-    """What a scrape shows, read from the registry just before it is rendered."""
+class RegistryView:
+    """The registry's part of a scrape, as one background read found it. ``running``: each running job's row, its
+    progress already brought up to what the supervisor knows (beats taken, not yet written)."""
 
     counts: Mapping[str, int]
     paused: bool
-    max_concurrent: int
     running: list[Job]
     outbox_depth: int
+    kinds: Mapping[str, tuple[int, int, int | None]] = field(default_factory=dict)  # running, queued, max_running
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a scrape shows: the registry's last read (None: none has completed yet) and how old it is, and what the
+    supervisor holds itself."""
+
+    registry: RegistryView | None
+    registry_age_s: float
+    max_concurrent: int
+    writes_failing_since_s: float | None = None  # the registry's write fault: since when, Unix time (None: none)
     deliveries: Mapping[str, int] = field(default_factory=dict)
     streams: Mapping[str, int] = field(default_factory=dict)  # the event stream's EventLog.stats()
     conditions: Mapping[str, int] = field(default_factory=dict)  # the background tasks' conditions, by step
     queue: QueueGauges | None = None  # None before the first sweep
-    kinds: Mapping[str, tuple[int, int, int | None]] = field(default_factory=dict)  # running, queued, max_running
     schedules_missed: Mapping[str, int] = field(default_factory=dict)  # each schedule: 1 while it misses its runs
 
 
@@ -113,95 +128,130 @@ class _SnapshotCollector:
         snap = self.snapshot
         if snap is None:
             return
-        jobs = GaugeMetricFamily("podcast_jobs", "Jobs in the registry, by status.", labels=["status"])
-        for status, n in snap.counts.items():
-            jobs.add_metric([status], n)
-        yield jobs
-        yield GaugeMetricFamily("podcast_queue_paused", "1 while promotion is paused.", value=int(snap.paused))
-        by_kind = GaugeMetricFamily(
-            "podcast_queue_jobs", "Jobs running and queued fleet-wide, by kind.", labels=["kind", "status"]
+        if snap.registry is not None:
+            yield GaugeMetricFamily(
+                "podcast_metrics_registry_age_seconds",
+                "How old the registry's part of this scrape is: a scrape never waits long on the registry, it shows "
+                "the last read (absent until the first).",
+                value=snap.registry_age_s,
+            )
+        failing = snap.writes_failing_since_s
+        yield GaugeMetricFamily(
+            "podcast_registry_writes_failing", "1 while the registry's writes fail.", value=int(failing is not None)
         )
-        limits = GaugeMetricFamily(
-            "podcast_queue_kind_max_running", "A kind's max_running (kinds with a limit of their own).", labels=["kind"]
+        since = GaugeMetricFamily(
+            "podcast_registry_writes_failing_since_timestamp_seconds",
+            "Since when the registry's writes fail, Unix time (absent while they work).",
+            labels=[],
         )
-        for kind, (kind_running, kind_queued, max_running) in sorted(snap.kinds.items()):
-            by_kind.add_metric([kind, "running"], kind_running)
-            by_kind.add_metric([kind, "queued"], kind_queued)
-            if max_running is not None:
-                limits.add_metric([kind], max_running)
-        yield by_kind
-        yield limits
-        yield _by_label(
-            "podcast_schedule_missed",
-            "1 while a schedule's newest job is older than twice its period (the leader's judgement).",
-            snap.schedules_missed,
-            label="schedule",
-        )
+        if failing is not None:
+            since.add_metric([], failing)
+        yield since
         yield GaugeMetricFamily("podcast_max_concurrent", "Jobs allowed to run at once.", value=snap.max_concurrent)
-        yield GaugeMetricFamily(
-            "podcast_webhook_outbox_depth", "Events in the outbox, not yet delivered.", value=snap.outbox_depth
-        )
-        deliveries = CounterMetricFamily(
-            "podcast_webhook_deliveries",
-            "Webhook delivery attempts by outcome since this boot (dropped: removed by the outbox bounds).",
-            labels=["outcome"],
-        )
-        for outcome in DELIVERY_OUTCOMES:
-            deliveries.add_metric([outcome], snap.deliveries.get(outcome, 0))
-        yield deliveries
-        streams = snap.streams
-        yield GaugeMetricFamily(
-            "podcast_event_stream_clients", "Readers of GET /api/events now.", value=streams.get("clients", 0)
-        )
-        yield GaugeMetricFamily(
-            "podcast_event_stream_buffered_events",
-            "Events queued for the event stream's readers now, over every reader.",
-            value=streams.get("buffered", 0),
-        )
-        yield CounterMetricFamily(
-            "podcast_event_stream_dropped_clients",
-            "Event-stream readers dropped since this boot because their queue was full (they did not read).",
-            value=streams.get("dropped", 0),
-        )
-        conditions = CounterMetricFamily(
-            "podcast_background_conditions",
-            "Conditions (the registry, the engine or a disk failing) a background task met since this boot, by step; "
-            "each was logged and the step tried again.",
-            labels=["step"],
-        )
-        for step, n in sorted(snap.conditions.items()):
-            conditions.add_metric([step], n)
-        yield conditions
+        yield from _memory_families(snap)
         if snap.queue is not None:
             yield from _queue_families(snap.queue)
-        labels = ["job_id", "kind"]
-        running = GaugeMetricFamily("podcast_job_running", "1 while the job runs.", labels=labels)
-        progress = GaugeMetricFamily(
-            "podcast_job_last_progress_timestamp_seconds",
-            "When the job's progress watermark last rose (its start while it has made none), Unix time.",
-            labels=labels,
-        )
-        beat = GaugeMetricFamily(
-            "podcast_job_last_heartbeat_timestamp_seconds",
-            "When the job last sent a heartbeat, Unix time (absent until its first).",
-            labels=labels,
-        )
-        units = GaugeMetricFamily("podcast_job_completed_units", "The job's progress watermark.", labels=labels)
-        stalled = GaugeMetricFamily("podcast_job_stalled", "1 while the sweeper judges the job stalled.", labels=labels)
-        silent = GaugeMetricFamily("podcast_job_silent", "1 while the sweeper judges the job silent.", labels=labels)
-        for job in snap.running:
-            key = [job.job_id, job.kind]
-            running.add_metric(key, 1)
-            progressed = _epoch(job.last_progress_at or job.started_at)
-            if progressed is not None:
-                progress.add_metric(key, progressed)
-            beaten = _epoch(job.last_heartbeat_at)
-            if beaten is not None:
-                beat.add_metric(key, beaten)
-            units.add_metric(key, job.completed_units)
-            stalled.add_metric(key, int(job.stalled))
-            silent.add_metric(key, int(job.silent))
-        yield from (running, progress, beat, units, stalled, silent)
+        if snap.registry is not None:
+            yield from _registry_families(snap.registry)
+
+
+def _memory_families(snap: Snapshot) -> Iterator[Metric]:
+    """What the supervisor counts itself: the schedules' judgement, webhook deliveries, the event stream, conditions."""
+    yield _by_label(
+        "podcast_schedule_missed",
+        "1 while a schedule's newest job is older than twice its period (the leader's judgement).",
+        snap.schedules_missed,
+        label="schedule",
+    )
+    deliveries = CounterMetricFamily(
+        "podcast_webhook_deliveries",
+        "Webhook delivery attempts by outcome since this boot (dropped: removed by the outbox bounds).",
+        labels=["outcome"],
+    )
+    for outcome in DELIVERY_OUTCOMES:
+        deliveries.add_metric([outcome], snap.deliveries.get(outcome, 0))
+    yield deliveries
+    streams = snap.streams
+    yield GaugeMetricFamily(
+        "podcast_event_stream_clients", "Readers of GET /api/events now.", value=streams.get("clients", 0)
+    )
+    yield GaugeMetricFamily(
+        "podcast_event_stream_buffered_events",
+        "Events queued for the event stream's readers now, over every reader.",
+        value=streams.get("buffered", 0),
+    )
+    yield CounterMetricFamily(
+        "podcast_event_stream_dropped_clients",
+        "Event-stream readers dropped since this boot because their queue was full (they did not read).",
+        value=streams.get("dropped", 0),
+    )
+    conditions = CounterMetricFamily(
+        "podcast_background_conditions",
+        "Conditions (the registry, the engine or a disk failing) a background task met since this boot, by step; "
+        "each was logged and the step tried again.",
+        labels=["step"],
+    )
+    for step, n in sorted(snap.conditions.items()):
+        conditions.add_metric([step], n)
+    yield conditions
+
+
+def _registry_families(view: RegistryView) -> Iterator[Metric]:
+    """The registry's last read: the jobs by status and by kind, the pause, the outbox, one series per running job."""
+    jobs = GaugeMetricFamily("podcast_jobs", "Jobs in the registry, by status.", labels=["status"])
+    for status, n in view.counts.items():
+        jobs.add_metric([status], n)
+    yield jobs
+    yield GaugeMetricFamily("podcast_queue_paused", "1 while promotion is paused.", value=int(view.paused))
+    by_kind = GaugeMetricFamily(
+        "podcast_queue_jobs", "Jobs running and queued fleet-wide, by kind.", labels=["kind", "status"]
+    )
+    limits = GaugeMetricFamily(
+        "podcast_queue_kind_max_running", "A kind's max_running (kinds with a limit of their own).", labels=["kind"]
+    )
+    for kind, (kind_running, kind_queued, max_running) in sorted(view.kinds.items()):
+        by_kind.add_metric([kind, "running"], kind_running)
+        by_kind.add_metric([kind, "queued"], kind_queued)
+        if max_running is not None:
+            limits.add_metric([kind], max_running)
+    yield by_kind
+    yield limits
+    yield GaugeMetricFamily(
+        "podcast_webhook_outbox_depth", "Events in the outbox, not yet delivered.", value=view.outbox_depth
+    )
+    yield from _job_families(view.running)
+
+
+def _job_families(running: list[Job]) -> Iterator[Metric]:
+    labels = ["job_id", "kind"]
+    up = GaugeMetricFamily("podcast_job_running", "1 while the job runs.", labels=labels)
+    progress = GaugeMetricFamily(
+        "podcast_job_last_progress_timestamp_seconds",
+        "When the job's progress watermark last rose (its start while it has made none), Unix time; beats taken "
+        "and not yet written included.",
+        labels=labels,
+    )
+    beat = GaugeMetricFamily(
+        "podcast_job_last_heartbeat_timestamp_seconds",
+        "When the job last sent a heartbeat, Unix time (absent until its first).",
+        labels=labels,
+    )
+    units = GaugeMetricFamily("podcast_job_completed_units", "The job's progress watermark.", labels=labels)
+    stalled = GaugeMetricFamily("podcast_job_stalled", "1 while the sweeper judges the job stalled.", labels=labels)
+    silent = GaugeMetricFamily("podcast_job_silent", "1 while the sweeper judges the job silent.", labels=labels)
+    for job in running:
+        key = [job.job_id, job.kind]
+        up.add_metric(key, 1)
+        progressed = _epoch(job.last_progress_at or job.started_at)
+        if progressed is not None:
+            progress.add_metric(key, progressed)
+        beaten = _epoch(job.last_heartbeat_at)
+        if beaten is not None:
+            beat.add_metric(key, beaten)
+        units.add_metric(key, job.completed_units)
+        stalled.add_metric(key, int(job.stalled))
+        silent.add_metric(key, int(job.silent))
+    yield from (up, progress, beat, units, stalled, silent)
 
 
 class Metrics:

@@ -160,18 +160,19 @@ async def test_beats_taken_within_an_interval_are_one_write_of_one_change_per_jo
     async with trio.open_nursery() as nursery:
         await nursery.start(sup.heartbeats.run)
         start = trio.current_time()
-        for n in (4, 9, 2):  # out of order: the watermark is the highest
-            await take_beat(sup.heartbeats, one.job_id, "t", _units(n, "fetch" if n == 4 else None))
+        # Out of order: the watermark is the highest; the stage the newest beat's that has one (it was the first's).
+        for n, stage in ((4, "fetch"), (9, "write"), (2, None)):
+            await take_beat(sup.heartbeats, one.job_id, "t", _units(n, stage))
         await take_beat(sup.heartbeats, two.job_id, "t", _units(1))
         assert writes == []  # taken, not yet written: each 204 went out without a registry write
         await _until(lambda: bool(writes))
         assert writes[0][0] - start == pytest.approx(FLUSH_INTERVAL_S)
-        assert writes[0][1] == [Beat(one.job_id, "t", 9, None, "fetch"), Beat(two.job_id, "t", 1)]
+        assert writes[0][1] == [Beat(one.job_id, "t", 9, None, "write"), Beat(two.job_id, "t", 1)]
         nursery.cancel_scope.cancel()
     rows = {job.job_id: job for job in (await sup.registry.get(one.job_id), await sup.registry.get(two.job_id))}
     assert (rows[one.job_id].completed_units, rows[one.job_id].stage, rows[two.job_id].completed_units) == (
         9,
-        "fetch",
+        "write",
         1,
     )
     assert len(writes) == 1 and sup.heartbeats.pending == 0

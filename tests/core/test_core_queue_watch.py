@@ -14,7 +14,7 @@ import trio.testing
 from structlog.testing import capture_logs
 
 from supervisor import Config, RegistryUnavailable, Supervisor, load_kinds
-from supervisor.core import NOT_PROMOTED, QueueRule
+from supervisor.core import HOLD_REASONS, NOT_PROMOTED, ROOT_CAUSE_ORDER, QueueRule
 from supervisor.execution.memory import MemoryExecutor
 from supervisor.observe import render_event
 from supervisor.registry import MemoryRegistry, OutboxEvent
@@ -63,6 +63,34 @@ def test_jobs_waiting_behind_a_pause_are_stuck_only_past_the_pause_threshold() -
     # A hold that is not a pause names itself, not the pause, while both hold.
     assert look(rule, PAUSE_S + 630, held={"pause_file", "lease_not_fresh"}) is None
     assert rule.stuck is not None and rule.stuck.reason == "lease_not_fresh"
+
+
+def test_one_registry_fault_names_its_root_cause_once_not_the_lease_it_starves() -> None:
+    """A lock held elsewhere: the registry's writes fail, then the lease (a write) goes stale; the registry writes
+    again a moment before the lease is renewed. One stuck queue, one reason: the registry (it paged twice, first the
+    registry then the lease, when the alphabetically first reason won)."""
+    assert sorted(ROOT_CAUSE_ORDER) == sorted(HOLD_REASONS)
+    rule = QueueRule(STUCK_S, PAUSE_S)
+    look(rule, 0, held={"registry_unwritable"})
+    what, stuck = look(rule, STUCK_S + 30, held={"registry_unwritable"})  # type: ignore[misc]
+    assert (what, stuck.reason) == ("stuck", "registry_unwritable")
+    assert look(rule, STUCK_S + 60, held={"registry_unwritable", "lease_not_fresh"}) is None
+    assert rule.stuck is not None and rule.stuck.reason == "registry_unwritable"
+    assert look(rule, STUCK_S + 90, held={"lease_not_fresh"}) is None  # its echo, until the next renewal
+    assert rule.stuck is not None and rule.stuck.reason == "registry_unwritable"
+    what, ended = look(rule, STUCK_S + 120, held=set(), free=0)  # type: ignore[misc]
+    assert (what, ended.reason) == ("moving", "registry_unwritable")
+    # Every hold at once: the root cause is named, whatever the names' order.
+    both = QueueRule(STUCK_S, PAUSE_S)
+    everything = {"lease_not_fresh", "engine_unreachable", "registry_unwritable", "pause_file"}
+    look(both, 0, held=everything)
+    what, stuck = look(both, STUCK_S + 30, held=everything)  # type: ignore[misc]
+    assert stuck.reason == "registry_unwritable"
+    # The lease alone is a cause of its own (a host cut off from its database before any write failed).
+    lease = QueueRule(STUCK_S, PAUSE_S)
+    look(lease, 0, held={"lease_not_fresh", "engine_unreachable"})
+    what, stuck = look(lease, STUCK_S + 30, held={"lease_not_fresh", "engine_unreachable"})  # type: ignore[misc]
+    assert stuck.reason == "lease_not_fresh"
 
 
 def test_a_break_starts_the_count_again_and_an_empty_queue_is_never_stuck() -> None:
