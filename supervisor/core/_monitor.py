@@ -160,8 +160,9 @@ class Monitors:
         if final.status is JobStatus.QUEUED:
             # Resubmitted: the attempt's outcome is in the row's history; the drainer starts it once its backoff
             # has passed (woken by the monitor's end, it learns when from the promotion).
-            assert decided.retry is not None
-            reason = RESUBMITTED + decided.retry.why
+            # Said as the registry chose it (the ending of a stop the row records, perhaps): the attempt it recorded.
+            attempt = final.history[-1]
+            reason = RESUBMITTED + (attempt.reason or str(attempt.status))
             boot.announce(final, str(change.previous), reason, exit_code=decided.exit_code, **ended)
             return True
         boot.announce_end(final, change.previous, **ended)
