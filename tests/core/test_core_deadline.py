@@ -97,7 +97,11 @@ async def test_INV_STOP_REASON_BEFORE_SIGNAL_a_stall_stop_cut_off_by_a_crash_end
     sc = supervisor_scenario
     stuck = sc.script(run_for=8, exit_code=143, ignore_sigterm=True, max_attempts=2, retry_backoff_s=600)
     await sc.start(
-        kinds={"stuck": stuck}, sweep_interval_s=1, cancel_grace_s=30, progress_stale_after_s=2, stall_action="terminate"
+        kinds={"stuck": stuck},
+        sweep_interval_s=1,
+        cancel_grace_s=30,
+        progress_stale_after_s=2,
+        stall_action="terminate",
     )
     job_id = await sc.enqueue("stuck")
     await sc.advance(4.5)  # no progress for more than 2 s: stopped
