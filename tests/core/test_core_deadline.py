@@ -115,3 +115,29 @@ async def test_INV_STOP_REASON_BEFORE_SIGNAL_a_stall_stop_cut_off_by_a_crash_end
     [attempt] = job.history
     assert (attempt.status, attempt.reason, attempt.exit_code) == ("stale", "progress_stalled", 143)
     assert job.stop_reason is None  # the next attempt begins with no stop
+
+
+async def test_INV_STOP_REASON_BEFORE_SIGNAL_a_boot_that_adopts_a_job_being_stopped_carries_the_stop_on(
+    supervisor_scenario: Scenario,
+) -> None:
+    """The next boot comes back while the job still runs (it ignores SIGTERM): it adopts the job and carries the
+    recorded stall stop on at once -- SIGTERM, SIGKILL after its grace -- without judging the stall again."""
+    sc = supervisor_scenario
+    await sc.start(
+        kinds={"stuck": sc.script(ignore_sigterm=True)},
+        sweep_interval_s=1,
+        cancel_grace_s=10,
+        progress_stale_after_s=2,
+        stall_action="terminate",
+    )
+    job_id = await sc.enqueue("stuck")
+    await sc.advance(4.5)  # stalled at the sweep at 3 s: stopped, the SIGTERM ignored
+    await sc.crash()
+    await sc.advance(0.5)
+    await sc.restart()  # at 5 s: the stop's grace begins anew here
+    await sc.advance(10 + 1)
+    job = await sc.job(job_id)
+    assert (job.status, job.error_reason, job.exit_code, job.attempts) == ("stale", "progress_stalled", -9, 1)
+    assert job.ended_at is not None and job.ended_at <= SCENARIO_EPOCH.replace(second=5 + 10 + 1)
+    said = [line["event"] for line in sc.log()]
+    assert said.count("stalled_job_terminating") == 1  # begun once, by the first boot; carried on by the second
