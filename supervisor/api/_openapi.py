@@ -326,8 +326,7 @@ _SCHEMAS: dict[str, Any] = {
             },
             "schedule": {**_NULLABLE_STR, "description": "the schedule whose tick enqueued it; null for any other job"},
             "stop_reason": {
-                "type": ["string", "null"],
-                "enum": ["deadline", "stall", None],
+                **_NULLABLE_STR,
                 "description": "why the supervisor itself began to stop this attempt (deadline: its kind's "
                 "deadline_seconds passed; stall: stall_action = terminate), recorded before the signal; its end is "
                 "that stop's, whichever boot records it. null when it began none",
