@@ -234,6 +234,7 @@ class Reconciler:
         why = recorded.stop_reason or why  # a stop already recorded keeps its reason (the first stands)
         if not boot.ledger.stop_for(job.job_id, why):
             return  # another stop of it began meanwhile (this boot's adoption of a recorded one)
+        what = "stalled_job" if why == STOP_STALL else "deadline_job"
         log.warning(f"{what}_terminating", job_id=job.job_id, grace_s=boot.config.cancel_grace_s)
         if watched is not None:
             watched.request_cancel()  # its monitor: SIGTERM, SIGKILL after the grace, then finalize once it is gone
