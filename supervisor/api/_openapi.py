@@ -326,6 +326,12 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "the name of the API token whose request cancelled it (the first); null when none did",
             },
             "schedule": {**_NULLABLE_STR, "description": "the schedule whose tick enqueued it; null for any other job"},
+            "stop_reason": {
+                **_NULLABLE_STR,
+                "description": "why the supervisor itself began to stop this attempt (deadline: its kind's "
+                "deadline_seconds passed; stall: stall_action = terminate), recorded before the signal; its end is "
+                "that stop's, whichever boot records it. null when it began none",
+            },
             "schedule_every_s": {
                 "type": ["number", "null"],
                 "description": "that schedule's period in seconds; null for any other job",

@@ -6,7 +6,8 @@ Who writes what, by verb:
     drainer     promoting() around a promotion; hold(rows) once promoted; handed(job, handle) once started;
                 release(job) / release_each(jobs) for a start dropped or undone
     monitors    adopt(job, handle) (a prior boot's job); release(job) when a monitor ends
-    reconciler  stop_for(job, why) (a stall under stall_action = terminate; a kind's deadline)
+    reconciler  stop_for(job, why) (a stall under stall_action = terminate; a kind's deadline), once the row records it
+    monitors    stop_for(job, why) on adopting a job whose row records a stop a prior boot began
     monitors    stop_done(job) once its end is recorded
 
 Everyone reads (``entry``, ``in``, ``being_started``, ``promotion_mark``, ``stopping_for``). Every verb is

@@ -160,8 +160,9 @@ class Monitors:
         if final.status is JobStatus.QUEUED:
             # Resubmitted: the attempt's outcome is in the row's history; the drainer starts it once its backoff
             # has passed (woken by the monitor's end, it learns when from the promotion).
-            assert decided.retry is not None
-            reason = RESUBMITTED + decided.retry.why
+            # Said as the registry chose it (the ending of a stop the row records, perhaps): the attempt it recorded.
+            attempt = final.history[-1]
+            reason = RESUBMITTED + (attempt.reason or str(attempt.status))
             boot.announce(final, str(change.previous), reason, exit_code=decided.exit_code, **ended)
             return True
         boot.announce_end(final, change.previous, **ended)
@@ -195,6 +196,11 @@ class Monitors:
     async def adopt(self, job: Job, handle: JobHandle, *, cancel: bool = False) -> None:
         """Watch a job this boot did not start (a prior boot's): its monitor finalizes it with its true outcome."""
         ledger = self.boot.ledger
+        if job.stop_reason is not None:
+            # INV-STOP-REASON-BEFORE-SIGNAL: a stop a prior boot began is carried on, as a pending cancel is (its
+            # grace anew); the row's reason decides its end.
+            cancel = True
+            ledger.stop_for(job.job_id, job.stop_reason)
         entry = ledger.adopt(job.job_id, handle)  # before the first await: a second adoption meanwhile finds it
         if entry is None:  # watched already: that entry stays the authority
             existing = ledger.entry(job.job_id)
@@ -208,8 +214,9 @@ class Monitors:
             await self.start(entry, job)
         except BaseException:
             # Cancelled (or failed) before its monitor watches: the entry must not look watched, or no reconcile
-            # would ever judge the row again. The next one adopts it (a pending cancel is on the row).
+            # would ever judge the row again. The next one adopts it (a pending cancel or stop is on the row).
             ledger.release(job.job_id, entry)
+            ledger.stop_done(job.job_id)
             raise
 
     async def _announce_adopted(self, job: Job, handle: JobHandle) -> None:

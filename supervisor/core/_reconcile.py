@@ -207,7 +207,9 @@ class Reconciler:
 
         The row stays RUNNING (and holds its slot) until the job's monitor sees the process gone; only then is it
         finalized with that stop's outcome. A job whose liveness cannot be verified now is never signalled: said,
-        and tried again at the next sweep (INV-UNKNOWN-KEEPS-SLOT).
+        and tried again at the next sweep (INV-UNKNOWN-KEEPS-SLOT). The reason is on the row before the signal
+        (``Registry.request_stop``), so a boot that dies in the grace leaves the next one to end the job as planned;
+        a row the write cannot reach is not signalled now (the next sweep tries again).
         """
         boot = self.boot
         if boot.ledger.stopping_for(job.job_id) is not None:
@@ -224,7 +226,15 @@ class Reconciler:
                     log.warning(f"{what}_not_terminated", job_id=job.job_id, why="no verified live process")
                 return
             adopt = found.handle
-        boot.ledger.stop_for(job.job_id, why)
+        # INV-STOP-REASON-BEFORE-SIGNAL: recorded before any signal, so whichever boot records the end finishes it as
+        # this stop planned (a deadline's: never resubmitted), even when this one dies in the grace.
+        recorded = (await boot.registry.request_stop(job.job_id, why, expect=Expect(job.identity))).job
+        if recorded.status is not JobStatus.RUNNING or recorded.identity != job.identity:
+            return  # it ended (or runs as another attempt) since the rows were read: nothing of this one to stop
+        why = recorded.stop_reason or why  # a stop already recorded keeps its reason (the first stands)
+        if not boot.ledger.stop_for(job.job_id, why):
+            return  # another stop of it began meanwhile (this boot's adoption of a recorded one)
+        what = "stalled_job" if why == STOP_STALL else "deadline_job"
         log.warning(f"{what}_terminating", job_id=job.job_id, grace_s=boot.config.cancel_grace_s)
         if watched is not None:
             watched.request_cancel()  # its monitor: SIGTERM, SIGKILL after the grace, then finalize once it is gone

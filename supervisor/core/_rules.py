@@ -4,7 +4,7 @@
 - ``outcome``: what an exit status means for a kind (ADR 0002 D5);
 - ``ending``: how a job whose process ended is finalized: the outcome, a stall stop, a cancel, and whether a crash
   is resubmitted (ADR-150 D4), given as data to the registry (which picks the cancel's outcome, never resubmitted,
-  if the row says a cancel was requested by the time it commits);
+  if the row says a cancel was requested by the time it commits, and else the end of a stop the row records);
 - ``attempt_ended``: may what an executor holds of an attempt be released (INV-RELEASE-AFTER-END);
 - ``judge_absence``: stalled / silent (ADR 0002 D8-D9).
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -188,7 +188,8 @@ def ending(
     a guess, an orphan. ``cancel_asked``: this boot stopped it for a cancel. ``stop``: the sweeper stopped it itself
     (``STOPS``): for a stall (``stall_action = terminate``) it ends stale, past its kind's deadline failed /
     ``deadline_exceeded``, unless a cancel reached the row first. In every case a cancel on the row by the time the
-    end commits makes it ``cancelled``.
+    end commits makes it ``cancelled``, and else a stop the row records (``Job.stop_reason``, whichever boot began
+    it: ``Ending.if_stopped``) makes it that stop's end, whatever ``stop`` and the exit say.
 
     Resubmitted (while ``attempts`` < ``policy.max_attempts``), ``now`` + the backoff: a crash (gone with nothing
     recorded, killed by a signal the supervisor did not send, the OOM killer), a stall stop, and an exit code the
@@ -197,11 +198,22 @@ def ending(
     a spawn failure and an operator's stale mark end the row with their own outcome, never resubmitted.
     """
     exit_code = status.returncode if status is not None else None
+    # INV-STOP-REASON-BEFORE-SIGNAL: the end of each stop the row may record (any boot's), which the registry picks
+    # at commit as it picks a cancel's: a stop cut off by a restart ends as it was planned, never as its exit says.
+    stops = {
+        why: Ending(
+            planned,
+            if_cancel_requested=CANCELLED,
+            exit_code=exit_code,
+            retry=_retry(why == STOP_STALL, planned, attempts, policy, now, jitter),  # a deadline's: never
+        )
+        for why, planned in STOPS.items()
+    }
     if cancel_asked and stop is None:
-        return Ending(CANCELLED, exit_code=exit_code)
+        return Ending(CANCELLED, exit_code=exit_code, if_stopped=stops)
     if stop is not None:
-        chosen, crash = STOPS[stop], stop == STOP_STALL
-    elif status is None:
+        return replace(stops[stop], if_stopped=stops)
+    if status is None:
         chosen, crash = Outcome(JobStatus.FAILED, orphan_reason), True
     else:
         chosen = outcome(
@@ -212,11 +224,18 @@ def ending(
         # A listed exit code is "try again" only as a failure: never a success or a planned stop (a budget).
         retryable = chosen.status is JobStatus.FAILED and status.code in policy.retry_on_exit_codes
         crash = status.oom_killed or status.signal is not None or retryable
-    retry = None
-    if crash and attempts < policy.max_attempts and now is not None:
-        # ADR-150 D4: kill and resubmit, bounded by the attempt count (the poison-pill memo makes it safe).
-        retry = Retry(now + timedelta(seconds=backoff_s(attempts, policy, jitter)), chosen.reason or str(chosen.status))
-    return Ending(chosen, if_cancel_requested=CANCELLED, exit_code=exit_code, retry=retry)
+    retry = _retry(crash, chosen, attempts, policy, now, jitter)
+    return Ending(chosen, if_cancel_requested=CANCELLED, exit_code=exit_code, retry=retry, if_stopped=stops)
+
+
+def _retry(
+    crash: bool, chosen: Outcome, attempts: int, policy: RetryPolicy, now: datetime | None, jitter: float
+) -> Retry | None:
+    """A crash's resubmission while attempts remain (ADR-150 D4: kill and resubmit, bounded by the attempt count; the
+    poison-pill memo makes it safe), ``now`` + the backoff; None otherwise."""
+    if not crash or attempts >= policy.max_attempts or now is None:
+        return None
+    return Retry(now + timedelta(seconds=backoff_s(attempts, policy, jitter)), chosen.reason or str(chosen.status))
 
 
 def attempt_ended(job: Job, attempt: int) -> bool:

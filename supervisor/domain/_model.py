@@ -313,6 +313,9 @@ class Job:
     # any other job.
     schedule: str | None = None
     schedule_every_s: float | None = None
+    # Why the supervisor itself began to stop this attempt (``deadline``, ``stall``), recorded before its signal
+    # (INV-STOP-REASON-BEFORE-SIGNAL); None when it began none. Its end is that stop's, whichever boot records it.
+    stop_reason: str | None = None
 
     @property
     def spawned(self) -> bool:

@@ -457,6 +457,8 @@ class Rules(FleetRules, Housekeeping):
             host = await tables.host(store, job.host_id, await store.lease_now())
             if host is not None and host.live:
                 return Change(job, changed=False)  # INV-SILENT-HOST-ENDS-BY-PROOF: it is back, its rows its own
+        # INV-STOP-REASON-BEFORE-SIGNAL: a stop the supervisor began is on the row; it ends as planned, whoever ends it.
+        ending = ending.for_stop(job.stop_reason)
         chosen = ending.chosen(job.cancel_requested)
         if job.status is not JobStatus.RUNNING:
             raise IllegalTransition(job_id, job.status, chosen.status)  # only a running job ends this way
@@ -529,6 +531,15 @@ class Rules(FleetRules, Housekeeping):
             await store.notify(Wakeup(WAKE_CANCEL, job_id=job_id, host_id=job.host_id))
             return Change(await self.get(store, job_id), changed=True)
         return Change(job, changed=False)
+
+    async def request_stop(self, store: Store, job_id: str, why: str, expect: Expect) -> Change:
+        job = await self.get(store, job_id, lock=True)
+        if job.status is not JobStatus.RUNNING or job.identity != expect.identity:
+            return Change(job, changed=False)
+        if job.stop_reason is not None:
+            return Change(job, changed=False)  # the first stop's reason stands
+        await update_job(store, job_id, {"stop_reason": why}, status=JobStatus.RUNNING)
+        return Change(replace(job, stop_reason=why), changed=True)
 
     # -- what a running job says, and what the sweeper judges ------------------------------------------------
 

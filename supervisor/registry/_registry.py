@@ -147,6 +147,13 @@ class Registry:
         who asked (``cancelled_by``, kept from the first request that changed the row)."""
         return await self.backend.write(lambda store: self.rules.request_cancel(store, job_id, by))
 
+    async def request_stop(self, job_id: str, why: str, *, expect: Expect) -> Change:
+        """Record on a RUNNING row that the supervisor begins to stop it, and ``why`` (``Job.stop_reason``): from then
+        on ``finalize`` ends it as ``Ending.if_stopped[why]`` says, whichever boot records its end. Only if the row
+        still records ``expect``'s identity; a row that records a stop already keeps its first reason. The row after
+        it (``changed=False`` when nothing was written: the caller reads the row to see whether a stop is on it)."""
+        return await self.backend.write(lambda store: self.rules.request_stop(store, job_id, why, expect))
+
     # -- what a running job says, and what the sweeper judges -----------------------------------------------
 
     async def record_heartbeats(self, beats: Sequence[Beat]) -> list[Job | RequestError]:

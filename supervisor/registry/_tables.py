@@ -36,7 +36,7 @@ COLUMNS: Mapping[str, tuple[str, ...]] = {
         "ended_at", "attempts", "cancel_requested", "boot_id", "identity", "token_hash", "completed_units",
         "total_units", "stage", "last_heartbeat_at", "last_progress_at", "log_path", "stalled", "stalled_since",
         "silent", "max_attempts", "not_before", "history", "host_id", "retry_of", "idempotency_key", "enqueued_by",
-        "cancelled_by", "schedule", "schedule_every_s",
+        "cancelled_by", "schedule", "schedule_every_s", "stop_reason",
     ),
     OUTBOX: ("seq", "event_id", "job_id", "event", "created_at", "previous_status", "reason", "boot_id", "job"),
     KEYS: ("idempotency_key", "answer_index", "fingerprint", "job_id", "status", "queue_position", "coalesced",

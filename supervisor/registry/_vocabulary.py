@@ -44,6 +44,7 @@ BACK_IN_QUEUE: Mapping[str, object] = MappingProxyType(
         "silent": False,
         "cancel_requested": False,
         "cancelled_by": None,
+        "stop_reason": None,
     }
 )
 
@@ -172,6 +173,10 @@ class Ending:
     the write and no callback inside it. With ``retry``, the ``outcome`` is not final: it goes into the row's
     history and the row is resubmitted (never when the cancel's outcome is chosen). With ``then``, a success enqueues
     that follow-up in the same step (``Change.follow_up``).
+
+    What the row records of a stop is read the same way: a row whose ``stop_reason`` (a stop the supervisor began,
+    whichever boot began it) is a key of ``if_stopped`` ends as that ending says (its own cancel rule included), so
+    a stop cut off by a restart still ends as it was planned (INV-STOP-REASON-BEFORE-SIGNAL).
     """
 
     outcome: Outcome
@@ -183,6 +188,8 @@ class Ending:
     then: NewJob | None = None
     # The key the follow-up is enqueued under (``then/<parent id>``): a finalize run again never queues a second one.
     then_key: IdempotencyKey | None = None
+    # The ending instead, by the reason of a stop the row records (``Job.stop_reason``).
+    if_stopped: Mapping[str, Ending] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for chosen in (self.outcome, self.if_cancel_requested):
@@ -193,6 +200,12 @@ class Ending:
         if cancel_requested and self.if_cancel_requested is not None:
             return self.if_cancel_requested
         return self.outcome
+
+    def for_stop(self, stop_reason: str | None) -> Ending:
+        """The ending for a row that records ``stop_reason`` (None: it records no stop)."""
+        if stop_reason is None:
+            return self
+        return self.if_stopped.get(stop_reason, self)
 
 
 @dataclass(frozen=True)

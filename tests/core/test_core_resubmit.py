@@ -16,7 +16,7 @@ import trio.testing
 from core_executors import PROGRAMS  # type: ignore[import-not-found]
 
 from supervisor import Config, ExitStatus, Supervisor, load_kinds
-from supervisor.core import NO_RETRY, STOP_STALL, RetryPolicy, attempt_ended, backoff_s, ending
+from supervisor.core import NO_RETRY, STOP_DEADLINE, STOP_STALL, RetryPolicy, attempt_ended, backoff_s, ending
 from supervisor.domain import JobKind, JobStatus
 from supervisor.execution.memory import MemoryExecutor
 from supervisor.observe import EventName, JobEvent
@@ -106,6 +106,45 @@ def test_a_cancel_is_never_resubmitted_and_wins_over_a_crash() -> None:
         now=NOW,
     )
     assert decided.retry is not None and decided.chosen(cancel_requested=True).status is JobStatus.CANCELLED
+
+
+# What the process's end says (an exit the kind retries, the SIGKILL after the grace, nothing recorded) x the stop the
+# row records -> how the row ends: the stop's plan, whichever boot reads the end (a deadline: never resubmitted).
+STOPPED = [
+    (ExitStatus(code=75), None, (JobStatus.FAILED, "exit_code_75", "exit_code_75")),
+    (ExitStatus(code=75), STOP_DEADLINE, (JobStatus.FAILED, "deadline_exceeded", None)),
+    (ExitStatus(code=75), STOP_STALL, (JobStatus.STALE, "progress_stalled", "progress_stalled")),
+    (ExitStatus(signal=signal.SIGKILL), STOP_DEADLINE, (JobStatus.FAILED, "deadline_exceeded", None)),
+    (ExitStatus(signal=signal.SIGKILL), STOP_STALL, (JobStatus.STALE, "progress_stalled", "progress_stalled")),
+    (None, STOP_DEADLINE, (JobStatus.FAILED, "deadline_exceeded", None)),
+    (ExitStatus(code=0), STOP_DEADLINE, (JobStatus.FAILED, "deadline_exceeded", None)),
+    (ExitStatus(code=10), STOP_STALL, (JobStatus.STALE, "progress_stalled", "progress_stalled")),
+]
+
+
+@pytest.mark.parametrize(
+    ("status", "recorded", "expected", "cancel_asked"),
+    # cancel_asked with no stop recorded is an operator's cancel (tested above).
+    [(*row, asked) for row in STOPPED for asked in (False, True) if row[1] is not None or not asked],
+)
+def test_INV_STOP_REASON_BEFORE_SIGNAL_the_stop_the_row_records_decides_its_end_whatever_the_exit(
+    status: ExitStatus | None, recorded: str | None, expected: object, cancel_asked: bool
+) -> None:
+    """Decided by a boot that did not begin the stop (no ``stop`` of its own; ``cancel_asked``: it carried the stop on
+    as a cancel): the registry takes the ending for the stop the row records, and a cancel on the row still wins."""
+    decided = ending(
+        status, kind=KIND, cancel_asked=cancel_asked, stop=None, orphan_reason="o", policy=POLICY, now=NOW
+    ).for_stop(recorded)
+    chosen = decided.chosen(cancel_requested=False)
+    assert (chosen.status, chosen.reason, None if decided.retry is None else decided.retry.why) == expected
+    assert decided.chosen(cancel_requested=True).status is JobStatus.CANCELLED
+    assert decided.exit_code == (status.returncode if status is not None else None)
+
+
+def test_a_stall_stop_on_the_last_attempt_is_not_resubmitted() -> None:
+    last = ending(ExitStatus(code=75), kind=KIND, cancel_asked=False, stop=None, orphan_reason="o", attempts=3,
+                  policy=POLICY, now=NOW).for_stop(STOP_STALL)  # fmt: skip
+    assert (last.outcome.reason, last.retry) == ("progress_stalled", None)
 
 
 def test_the_last_attempt_ends_with_its_crash_and_no_policy_never_retries() -> None:

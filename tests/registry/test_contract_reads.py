@@ -278,6 +278,7 @@ CALLS: dict[str, Callable[[Registry], Awaitable[object]]] = {
     "record_identities": lambda r: r.record_identities([IdentityClaim("x", IdentityRecord("process", {}))]),
     "finalize": lambda r: r.finalize("x", SUCCEEDED),
     "request_cancel": lambda r: r.request_cancel("x"),
+    "request_stop": lambda r: r.request_stop("x", "deadline", expect=Expect(None)),
     "requeue": lambda r: r.requeue("x", expect=Expect(None), reason="never_started"),
     "record_heartbeats": lambda r: r.record_heartbeats([Beat("x", "t", 1)]),
     "check_job_token": lambda r: r.check_job_token("x", "t"),

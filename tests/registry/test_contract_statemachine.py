@@ -48,6 +48,24 @@ ENDINGS = [
         if_cancel_requested=Outcome(JobStatus.CANCELLED, "cancelled"),
         exit_code=-15,
     ),
+    # A monitor's ending with the end of each stop the row may record (INV-STOP-REASON-BEFORE-SIGNAL).
+    Ending(
+        Outcome(JobStatus.FAILED, "exit_code_143"),
+        if_cancel_requested=Outcome(JobStatus.CANCELLED, "cancelled"),
+        exit_code=143,
+        if_stopped={
+            "deadline": Ending(
+                Outcome(JobStatus.FAILED, "deadline_exceeded"),
+                if_cancel_requested=Outcome(JobStatus.CANCELLED, "cancelled"),
+                exit_code=143,
+            ),
+            "stall": Ending(
+                Outcome(JobStatus.STALE, "progress_stalled"),
+                if_cancel_requested=Outcome(JobStatus.CANCELLED, "cancelled"),
+                exit_code=143,
+            ),
+        },
+    ),
 ]
 
 
@@ -70,6 +88,7 @@ class RegistryMachine(RuleBasedStateMachine):
         self.token_names: dict[str, str] = {}  # every token handed to a promotion, by its hash
         self.identities: dict[str, IdentityRecord] = {}
         self.cancel_requested: set[str] = set()
+        self.stops: dict[str, str] = {}  # a running row's recorded stop reason (the first)
         self.terminal: dict[str, Job] = {}  # each terminal row as it was when it ended
         self.paused = False
         self.promotions = 0
@@ -176,7 +195,7 @@ class RegistryMachine(RuleBasedStateMachine):
             assert not change.changed and change.job.status is before
         else:
             assert change.changed and change.previous is JobStatus.RUNNING
-            chosen = ending.chosen(job_id in self.cancel_requested)
+            chosen = ending.for_stop(self.stops.get(job_id)).chosen(job_id in self.cancel_requested)
             assert (change.job.status, change.job.error_reason) == (chosen.status, chosen.reason)
             self._end(change.job)
 
@@ -195,6 +214,21 @@ class RegistryMachine(RuleBasedStateMachine):
             self.cancel_requested.add(job_id)
         else:
             assert not change.changed and change.job == self.terminal[job_id]
+
+    @precondition(lambda self: bool(self.model))
+    @rule(pick=st.integers(0, 1000), why=st.sampled_from(["deadline", "stall"]), same=st.booleans())
+    def request_stop(self, pick: int, why: str, same: bool) -> None:
+        job_id = self._pick(pick)
+        recorded = self.identities.get(job_id)
+        expect = Expect(recorded if same else IdentityRecord("process", {"pid": -1}))
+        change = self.run(self.reg.request_stop, job_id, why, expect=expect)
+        before = self.model[job_id]
+        if before is JobStatus.RUNNING and same and job_id not in self.stops:
+            assert change.changed and change.job.status is JobStatus.RUNNING
+            self.stops[job_id] = why
+        else:
+            assert not change.changed and change.job.status is before
+        assert change.job.stop_reason == self.stops.get(job_id)  # the first reason stands
 
     @precondition(lambda self: bool(self._with(JobStatus.RUNNING)))
     @rule(pick=st.integers(0, 1000), pid=st.integers(1, 3))

@@ -16,6 +16,7 @@ from registry_v3 import CONTAINER, MIGRATIONS, PROCESS, ROW, V3_EVENTS, at, buil
 from supervisor.domain import IdempotencyKey, Job, JobStatus, RegistryError, Schedule
 from supervisor.registry import (
     Ending,
+    Expect,
     IdentityRecord,
     NewJob,
     Outcome,
@@ -45,13 +46,14 @@ def columns(path: Path, table: str) -> list[str]:
 # -- from version 3 -----------------------------------------------------------------------------------------
 
 
-def test_this_code_is_schema_version_12() -> None:
-    """The migration tests below are from 3 to 11: a new migration needs its own test of the file before it."""
-    assert SCHEMA_VERSION == 12
+def test_this_code_is_schema_version_13() -> None:
+    """The migration tests below are from 3 to 12: a new migration needs its own test of the file before it."""
+    assert SCHEMA_VERSION == 13
 
 
 # What each migration from version 9 on added, undone: a file of the current version back to an earlier one's tables.
 UNDO = {
+    13: ("ALTER TABLE jobs DROP COLUMN stop_reason",),
     12: (
         "DROP INDEX jobs_schedule",
         "ALTER TABLE jobs DROP COLUMN schedule",
@@ -75,6 +77,26 @@ def back_to(path: Path, version: int) -> None:
         conn.commit()
     finally:
         conn.close()
+
+
+async def test_INV_STOP_REASON_BEFORE_SIGNAL_a_version_12_file_gets_stop_reasons_and_its_rows_have_none(
+    path: Path,
+) -> None:
+    """Version 13: a row running before the migration records no stop; one may be recorded on it after."""
+    reg = await SqliteRegistry.open(path)
+    await reg.enqueue(NewJob("k", {}, ["true"]))
+    [old] = (await reg.promote(PromoteRequest(1, "boot-old", [hash_token("a")]))).jobs
+    await reg.aclose()
+    back_to(path, 12)
+    assert "stop_reason" not in columns(path, "jobs")
+    reg = await SqliteRegistry.open(path)
+    try:
+        assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+        assert (await reg.get(old.job_id)).stop_reason is None
+        stopped = await reg.request_stop(old.job_id, "deadline", expect=Expect(None))
+        assert stopped.changed and (await reg.get(old.job_id)).stop_reason == "deadline"
+    finally:
+        await reg.aclose()
 
 
 async def test_a_version_11_file_gets_schedules_and_its_rows_have_none(path: Path) -> None:
