@@ -10,7 +10,9 @@
 - the registry's tables named in the data layout of ``docs/architecture.md`` are the tables its migrations make,
   and every backend of the contract suite is named where the page says which pass it;
 - every ``Class.attribute`` the nursery tree of ``docs/architecture.md`` draws is an attribute of a class of
-  ``supervisor``.
+  ``supervisor``; every name the page writes as code (``JobLedger.stop_for``, ``core._rules.judge``, ``hold``), and
+  every ``Class.method`` its drawings write bare, is in the code; its event bus drawing names each subscriber a
+  built boot's bus has, and no other.
 Each check is shown to fail on a reference that does not exist.
 """
 
@@ -22,7 +24,12 @@ import pkgutil
 import re
 from pathlib import Path
 
+import trio
+
 import supervisor
+from supervisor import Config, KindCatalog, MemoryRegistry, Supervisor
+from supervisor.execution.memory import MemoryExecutor
+from supervisor.observe import Metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 # The pages that describe the code as it is: the guides and the index of the decision records. A record itself is
@@ -207,6 +214,108 @@ def test_every_task_the_nursery_tree_draws_is_in_the_code() -> None:
     assert missing_tree_tasks(names, _classes()) == []
 
 
+NAME = re.compile(r"`([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?:\(\w*\))?`")  # `judge`, `Boot.ledger`, `core._rules.judge()`
+FENCE = re.compile(r"^```\w*\n(.*?)^```", re.M | re.S)
+DRAWN = re.compile(r"(?<![\w./`])([A-Z]\w*(?:\.[a-z_]\w*)+)")  # `Class.method` written bare in a drawing
+
+
+def drawn_names(page: str) -> list[str]:
+    """The names of the code a page draws: each code-formatted name (a paths' token is the path check's), and each
+    ``Class.method`` its fenced drawings write."""
+    names = NAME.findall(page)
+    for block in FENCE.findall(page):
+        names += DRAWN.findall(block)
+    return list(dict.fromkeys(names))
+
+
+def _has_attribute(cls: type, attribute: str) -> bool:
+    """A class attribute, method or field of ``cls``, or an attribute its methods assign (``self.events = ...``)."""
+    if hasattr(cls, attribute) or any(attribute in getattr(k, "__annotations__", {}) for k in cls.__mro__):
+        return True
+    try:
+        return re.search(rf"\bself\.{attribute}\s*[:=]", inspect.getsource(cls)) is not None
+    except (OSError, TypeError):
+        return False
+
+
+def missing_names(names: list[str], classes: dict[str, list[type]], code: str) -> list[str]:
+    """The names in ``names`` the code does not have: ``Class.attribute`` an attribute of a class of ``supervisor``
+    (the rest of a chain, a word of the code); ``module.name`` (``core._rules.judge``, ``trio.sleep_until``) a name
+    of a module loaded whose name ends so; a word, a word of ``code``; else written in ``code`` as it is (an event's
+    name, ``job.transition``; a label, ``ps.job_id``)."""
+    words = set(re.findall(r"\w+", code))
+    modules = {name: module for name, module in __import__("sys").modules.items() if module is not None}
+
+    def walk(found: object, rest: list[str]) -> bool:
+        for at, part in enumerate(rest):
+            if inspect.isclass(found) and not hasattr(found, part):  # an instance's attribute: the rest, words
+                return _has_attribute(found, part) and all(later in words for later in rest[at + 1 :])
+            if not hasattr(found, part):
+                return False
+            found = getattr(found, part)
+        return True
+
+    def resolves(parts: list[str]) -> bool:
+        if parts[0] in classes:
+            return any(walk(cls, parts[1:]) for cls in classes[parts[0]])
+        for cut in range(len(parts) - 1, 0, -1):
+            head = ".".join(parts[:cut])
+            named = [module for name, module in modules.items() if name == head or name.endswith("." + head)]
+            if any(walk(module, parts[cut:]) for module in named):
+                return True
+        return False
+
+    missing = []
+    for name in names:
+        parts = name.split(".")
+        if len(parts) == 1:
+            known = name in words
+        else:
+            known = resolves(parts) or re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", code) is not None
+        if not known:
+            missing.append(name)
+    return missing
+
+
+def _code_text() -> str:
+    return "\n".join(p.read_text() for p in [*CODE, *ROOT.glob("tools/*.py"), *ROOT.glob("bench/*.py")])
+
+
+def test_every_name_the_architecture_page_draws_is_in_the_code() -> None:
+    """What ``docs/architecture.md`` names (its drawings, tables and prose) cannot drift from the code: a method gone
+    or renamed is named nowhere."""
+    names = drawn_names((ROOT / "docs" / "architecture.md").read_text())
+    assert len(names) >= 100, names  # the names were found
+    assert missing_names(names, _classes(), _code_text()) == []
+
+
+def bus_subscribers_drawn(page: str) -> set[str]:
+    """The subscribers the event seam's drawing hangs under ``Supervisor.events``."""
+    block = page.split("Supervisor.events (EventBus)", 1)[1].split("```", 1)[0]
+    return set(re.findall(r"[├└]── (\w+(?:\.\w+)?)", block))
+
+
+def subscriber_name(subscriber: object) -> str:
+    """``Class.method`` for a bound method, a function's own name."""
+    owner = getattr(subscriber, "__self__", None)
+    name = getattr(subscriber, "__name__", repr(subscriber))
+    return f"{type(owner).__name__}.{name}" if owner is not None else name
+
+
+async def test_the_event_bus_drawing_names_every_subscriber_of_a_boot(tmp_path: Path) -> None:
+    """Every subscriber a built boot's bus calls is drawn, and nothing else: one subscribed inside a constructor
+    too (the drawing says where)."""
+    async with trio.open_nursery() as machine:
+        config = Config(data_dir=tmp_path, bind_port=0)
+        boot = Supervisor(
+            config, KindCatalog({}), MemoryRegistry(), executor=MemoryExecutor({}, machine), standalone=True
+        )
+        subscribed = {subscriber_name(s) for s in boot.events._subscribers}  # the bus keeps them in this list
+        machine.cancel_scope.cancel()
+    drawn = bus_subscribers_drawn((ROOT / "docs" / "architecture.md").read_text())
+    assert drawn == subscribed
+
+
 def registry_tables_named(page: str) -> set[str]:
     """The tables the data layout of ``docs/architecture.md`` names for the registry."""
     entry = page.split("jobs.sqlite3 (+ -wal, -shm)", 1)[1].split("tables:", 1)[1].split("\n    jobs/", 1)[0]
@@ -253,3 +362,15 @@ def test_the_checks_fail_on_references_that_do_not_exist(tmp_path: Path) -> None
     found = issue_numbers({"c.py": "# the fix of issue 36 (ADR 0012 §9); Issue 9's"})
     assert found == ["c.py: issue 36", "c.py: Issue 9"]
     assert missing_tree_tasks(["Drainer.run", "Drainer.no_such_task"], _classes()) == ["Drainer.no_such_task"]
+    drawing = (
+        "the monitors (`adopt`, `stall_stop_done`), reconcile (`JobLedger.stop_for_stall`, `core._rules.judge`)\n"
+        "```\n├── Drainer.run   Fleet._silent_host_rounds, Boot.run_in_tree_gone(work)  trio.sleep_until\n```\n"
+    )
+    names = drawn_names(drawing)
+    assert names[:4] == ["adopt", "stall_stop_done", "JobLedger.stop_for_stall", "core._rules.judge"]
+    assert missing_names(names, _classes(), "def adopt(): ...") == [
+        "stall_stop_done", "JobLedger.stop_for_stall", "Boot.run_in_tree_gone",
+    ]  # fmt: skip
+    bus = "Supervisor.events (EventBus)\n  ├── log_event   lines\n  └── WebhookSender.wake   rings\n```"
+    assert bus_subscribers_drawn(bus) == {"log_event", "WebhookSender.wake"}
+    assert subscriber_name(Metrics().on_event) == "Metrics.on_event"
