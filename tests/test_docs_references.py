@@ -289,6 +289,29 @@ def test_every_name_the_architecture_page_draws_is_in_the_code() -> None:
     assert missing_names(names, _classes(), _code_text()) == []
 
 
+def module_map_names(page: str) -> dict[str, set[str]]:
+    """Each package of the module map of ``docs/architecture.md`` and the private modules (``_engine``) its entry
+    names."""
+    block = page.split("## Module map", 1)[1].split("```", 2)[1]
+    entries = re.findall(r"^  (\w+)/ +(.*(?:\n {4,}.*)*)", block, re.M)
+    return {package: set(re.findall(r"(?<![\w.])(_[a-z]\w*)\b", entry)) for package, entry in entries}
+
+
+def missing_modules(named: dict[str, set[str]], root: Path) -> list[str]:
+    """``package/_module`` for each module named that is no module (or folder) of ``package`` under ``root``."""
+    missing = []
+    for package, modules in sorted(named.items()):
+        found = {p.stem for p in (root / package).rglob("*.py")} | {p.name for p in (root / package).rglob("*/")}
+        missing += [f"{package}/{module}" for module in sorted(modules - found)]
+    return missing
+
+
+def test_every_module_the_module_map_names_is_there() -> None:
+    named = module_map_names((ROOT / "docs" / "architecture.md").read_text())
+    assert {"domain", "registry", "execution", "core", "observe", "api", "cli"} <= set(named)  # the map was found
+    assert missing_modules(named, ROOT / "supervisor") == []
+
+
 def bus_subscribers_drawn(page: str) -> set[str]:
     """The subscribers the event seam's drawing hangs under ``Supervisor.events``."""
     block = page.split("Supervisor.events (EventBus)", 1)[1].split("```", 1)[0]
@@ -374,3 +397,6 @@ def test_the_checks_fail_on_references_that_do_not_exist(tmp_path: Path) -> None
     bus = "Supervisor.events (EventBus)\n  ├── log_event   lines\n  └── WebhookSender.wake   rings\n```"
     assert bus_subscribers_drawn(bus) == {"log_event", "WebhookSender.wake"}
     assert subscriber_name(Metrics().on_event) == "Metrics.on_event"
+    module_map = "## Module map\n```\n  core/    _drain (Drainer), _gone\n           _boot\ntools/x.py  _nothing\n```"
+    assert module_map_names(module_map) == {"core": {"_drain", "_gone", "_boot"}}
+    assert missing_modules(module_map_names(module_map), ROOT / "supervisor") == ["core/_gone"]
