@@ -4,9 +4,9 @@
   directory of the repository (a path may be written from any package root: it is matched as a suffix);
 - every ADR a page or a comment names (``ADR 0019``, ``ADR-0012``) has its record in ``docs/adr/``;
 - every results file kept in ``bench/results/`` is cited by a page;
-- a comment that points into a page (``docs/operations.md § Pausing``) names one of its headings, and a comment
-  names the decision it upholds, never an issue number ("issue 36" says nothing once the tracker is gone; the
-  migrations, written once, keep theirs);
+- a comment that points into a page (``docs/operations.md § Pausing``) names one of its headings, and a comment,
+  a page or a test names the decision it upholds, never an issue number (a tracker's number says nothing once the
+  tracker is gone; the migrations, written once, keep theirs, and so do the results files, which are data);
 - the registry's tables named in the data layout of ``docs/architecture.md`` are the tables its migrations make,
   and every backend of the contract suite is named where the page says which pass it;
 - every ``Class.attribute`` the nursery tree of ``docs/architecture.md`` draws is an attribute of a class of
@@ -23,13 +23,15 @@ import inspect
 import pkgutil
 import re
 from pathlib import Path
+from typing import Any
 
+import pytest
 import trio
 
 import supervisor
 from supervisor import Config, KindCatalog, MemoryRegistry, Supervisor
 from supervisor.execution.memory import MemoryExecutor
-from supervisor.observe import Metrics
+from supervisor.observe import EventBus, Metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 # The pages that describe the code as it is: the guides and the index of the decision records. A record itself is
@@ -171,13 +173,27 @@ def issue_numbers(texts: dict[str, str]) -> list[str]:
 
 
 def test_every_section_a_comment_points_to_is_a_heading_of_its_page() -> None:
-    texts = {str(p.relative_to(ROOT)): p.read_text() for p in CODE_AND_TOOLING}
+    """From the code, the tooling, the pages and the tests (but this file, whose examples point nowhere)."""
+    named = [p for p in [*CODE_AND_TOOLING, *DOCS_AND_TESTS] if p != Path(__file__).resolve()]
+    texts = {str(p.relative_to(ROOT)): p.read_text() for p in named}
     pages = {str(p.relative_to(ROOT)): p.read_text() for p in ROOT.glob("docs/*.md")}
     assert missing_sections(texts, pages) == []
 
 
+# The pages (and what renders one: the performance page's template), and the tests: a test says what it holds.
+DOCS_AND_TESTS = [
+    *ROOT.glob("docs/**/*.md"), *ROOT.glob("docs/**/*.yml"), ROOT / "README.md", *ROOT.glob("bench/*.md"),
+    *ROOT.glob("tests/**/*.py"),
+]  # fmt: skip
+
+
 def test_the_code_names_decisions_not_issue_numbers() -> None:
     assert issue_numbers({str(p.relative_to(ROOT)): p.read_text() for p in CODE_AND_TOOLING}) == []
+
+
+def test_the_docs_and_the_tests_name_decisions_not_issue_numbers() -> None:
+    assert len(DOCS_AND_TESTS) > 100  # the pages and the tests were found
+    assert issue_numbers({str(p.relative_to(ROOT)): p.read_text() for p in DOCS_AND_TESTS}) == []
 
 
 def _classes() -> dict[str, list[type]]:
@@ -325,16 +341,24 @@ def subscriber_name(subscriber: object) -> str:
     return f"{type(owner).__name__}.{name}" if owner is not None else name
 
 
-async def test_the_event_bus_drawing_names_every_subscriber_of_a_boot(tmp_path: Path) -> None:
-    """Every subscriber a built boot's bus calls is drawn, and nothing else: one subscribed inside a constructor
-    too (the drawing says where)."""
+async def test_the_event_bus_drawing_names_every_subscriber_of_a_boot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every subscriber a boot's bus is given while the boot is built is drawn, and nothing else: one subscribed
+    inside a constructor too (the drawing says where)."""
+    subscribed: set[str] = set()
+    subscribe = EventBus.subscribe
+
+    def noted(bus: EventBus, subscriber: Any) -> None:
+        subscribed.add(subscriber_name(subscriber))
+        subscribe(bus, subscriber)
+
+    monkeypatch.setattr(EventBus, "subscribe", noted)
     async with trio.open_nursery() as machine:
         config = Config(data_dir=tmp_path, bind_port=0)
-        boot = Supervisor(
-            config, KindCatalog({}), MemoryRegistry(), executor=MemoryExecutor({}, machine), standalone=True
-        )
-        subscribed = {subscriber_name(s) for s in boot.events._subscribers}  # the bus keeps them in this list
+        Supervisor(config, KindCatalog({}), MemoryRegistry(), executor=MemoryExecutor({}, machine), standalone=True)
         machine.cancel_scope.cancel()
+    assert "log_event" in subscribed  # the subscriptions were seen
     drawn = bus_subscribers_drawn((ROOT / "docs" / "architecture.md").read_text())
     assert drawn == subscribed
 
@@ -382,8 +406,9 @@ def test_the_checks_fail_on_references_that_do_not_exist(tmp_path: Path) -> None
         "c.py: docs/ops.md § Pausing -- gone, and docs/no.m",
         "c.py: docs/no.md § Ops.",
     ]
-    found = issue_numbers({"c.py": "# the fix of issue 36 (ADR 0012 §9); Issue 9's"})
-    assert found == ["c.py: issue 36", "c.py: Issue 9"]
+    tracker = "issue"  # written apart, or this file would hold what it checks for
+    found = issue_numbers({"c.py": f"# the fix of {tracker} 36 (ADR 0012 §9); {tracker.title()} 9's, {tracker}s 3"})
+    assert found == [f"c.py: {tracker} 36", f"c.py: {tracker.title()} 9", f"c.py: {tracker}s 3"]
     assert missing_tree_tasks(["Drainer.run", "Drainer.no_such_task"], _classes()) == ["Drainer.no_such_task"]
     drawing = (
         "the monitors (`adopt`, `stall_stop_done`), reconcile (`JobLedger.stop_for_stall`, `core._rules.judge`)\n"

@@ -1,4 +1,4 @@
-"""A schedule left without runs is noticed (issue 57): once its newest job is older than twice its period, a log
+"""A schedule left without runs is noticed (Periodic runs): once its newest job is older than twice its period, a log
 line, a metric and one webhook say so -- once, until a new run comes and stops coming again."""
 
 from __future__ import annotations
