@@ -75,6 +75,7 @@ log = get_logger()
 Key = RequestKey | None
 By = str | None
 Sched = Schedule | None
+Params = Mapping[str, object] | None  # a JSON object's names and values (parsed at the edge: api.parse_job)
 Enqueued = EnqueueResult
 T = TypeVar("T")
 
@@ -390,7 +391,7 @@ class Supervisor:
     # -- enqueue ------------------------------------------------------------------------------------------
 
     async def enqueue(
-        self, kind: object, params: object, *, idempotency_key: Key = None, by: By = None, schedule: Sched = None
+        self, kind: str, params: Params, *, idempotency_key: Key = None, by: By = None, schedule: Sched = None
     ) -> Enqueued:
         """Validate and store a job (``Enqueuer.enqueue``): never waits for a spawn. With ``idempotency_key``, a retry
         of the request answers the first answer; ``by``: who asks (the API token's name: the row's ``enqueued_by``);
