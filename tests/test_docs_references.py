@@ -293,6 +293,40 @@ def missing_names(names: list[str], classes: dict[str, list[type]], code: str) -
     return missing
 
 
+def missing_dotted(names: list[str]) -> list[str]:
+    """Of ``names``, each ``supervisor.x.y`` / ``pipeline_runner.x.y`` that is not a module, or a name in one (a
+    class's attribute too)."""
+    missing = []
+    for name in names:
+        if not name.startswith(("supervisor.", "pipeline_runner.")):
+            continue
+        parts, found = name.split("."), None
+        for cut in range(len(parts), 0, -1):
+            try:
+                found = importlib.import_module(".".join(parts[:cut]))
+            except ImportError:
+                continue
+            for at, part in enumerate(parts[cut:]):
+                if inspect.isclass(found) and not hasattr(found, part):
+                    found = found if _has_attribute(found, part) and at == len(parts[cut:]) - 1 else None
+                    break
+                found = getattr(found, part, None)
+            break
+        if found is None:
+            missing.append(name)
+    return missing
+
+
+def test_every_module_name_a_page_writes_is_in_the_code() -> None:
+    """``supervisor.core.Supervisor``, ``pipeline_runner.testing.run_in_process``: on every page, not just the
+    architecture's."""
+    prefixes = ("supervisor.", "pipeline_runner.")
+    named = [n for page in PAGES for n in drawn_names(page.read_text()) if n.startswith(prefixes)]
+    assert len(named) >= 5, named  # such names were found
+    missing = {page.relative_to(ROOT).as_posix(): missing_dotted(drawn_names(page.read_text())) for page in PAGES}
+    assert {page: names for page, names in missing.items() if names} == {}
+
+
 def _code_text() -> str:
     return "\n".join(p.read_text() for p in [*CODE, *ROOT.glob("tools/*.py"), *ROOT.glob("bench/*.py")])
 
@@ -419,6 +453,12 @@ def test_the_checks_fail_on_references_that_do_not_exist(tmp_path: Path) -> None
     assert missing_names(names, _classes(), "def adopt(): ...") == [
         "stall_stop_done", "JobLedger.stop_for_stall", "Boot.run_in_tree_gone",
     ]  # fmt: skip
+    assert missing_dotted(["supervisor.core.Supervisor.enqueue", "supervisor._core.Supervisor", "Drainer.run"]) == [
+        "supervisor._core.Supervisor"
+    ]
+    assert missing_dotted(["supervisor.core.Supervisor.gone", "pipeline_runner.testing.run_in_process"]) == [
+        "supervisor.core.Supervisor.gone"
+    ]
     bus = "Supervisor.events (EventBus)\n  ├── log_event   lines\n  └── WebhookSender.wake   rings\n```"
     assert bus_subscribers_drawn(bus) == {"log_event", "WebhookSender.wake"}
     assert subscriber_name(Metrics().on_event) == "Metrics.on_event"
