@@ -12,14 +12,18 @@
 - every ``Class.attribute`` the nursery tree of ``docs/architecture.md`` draws is an attribute of a class of
   ``supervisor``; every name the page writes as code (``JobLedger.stop_for``, ``core._rules.judge``, ``hold``), and
   every ``Class.method`` its drawings write bare, is in the code; its event bus drawing names each subscriber a
-  built boot's bus has, and no other.
+  built boot's bus has, and no other; its nursery tree and ``Supervisor``'s docstring draw every task
+  ``core.start_tree`` starts, in its order; every private module its module map names is there;
+- every ``supervisor.x`` / ``pipeline_runner.x`` name a page writes is in the code.
 Each check is shown to fail on a reference that does not exist.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
+import itertools
 import pkgutil
 import re
 from pathlib import Path
@@ -30,6 +34,7 @@ import trio
 
 import supervisor
 from supervisor import Config, KindCatalog, MemoryRegistry, Supervisor
+from supervisor.core import run_job_nursery, start_tree
 from supervisor.execution.memory import MemoryExecutor
 from supervisor.observe import EventBus, Metrics
 
@@ -397,6 +402,54 @@ async def test_the_event_bus_drawing_names_every_subscriber_of_a_boot(
     assert drawn == subscribed
 
 
+class _RecordingRoot:
+    """Stands for the root nursery given to ``start_tree``: notes each task asked of it and starts none (the job
+    nursery it asks for is a real one)."""
+
+    def __init__(self, job_nursery: trio.Nursery) -> None:
+        self.job_nursery = job_nursery
+        self.tasks: list[Any] = []
+
+    async def start(self, task: Any, *args: Any) -> Any:
+        self.tasks.append(task)
+        return self.job_nursery if task is run_job_nursery else None
+
+
+def task_part(task: Any, supervisor: Supervisor) -> str:
+    """The class whose task it is (``Supervisor.run_fleet`` is its ``fleet``'s), or the function's own name."""
+    owner = getattr(task, "__self__", None)
+    if isinstance(owner, Supervisor) and task.__name__.startswith("run_"):
+        owner = getattr(supervisor, task.__name__.removeprefix("run_"), owner)
+    return type(owner).__name__ if owner is not None else task.__name__
+
+
+def drawn_in_order(parts: list[str], drawing: str) -> list[str]:
+    """The parts ``drawing`` does not name, or names out of ``parts``' order (each at its first mention)."""
+    at = {part: drawing.find(part) for part in parts}
+    missing = [part for part in parts if at[part] < 0]
+    named = [part for part in parts if at[part] >= 0]
+    return missing + [f"{a} after {b}" for a, b in itertools.pairwise(named) if at[a] > at[b]]
+
+
+async def test_the_tasks_start_tree_starts_are_drawn_in_its_order(tmp_path: Path) -> None:
+    """The nursery tree of ``docs/architecture.md`` and the tree of ``Supervisor``'s docstring draw every task the
+    boot's tree starts (``core.start_tree``), in the order it starts them: neither can leave one out again."""
+    async with trio.open_nursery() as machine:
+        config = Config(data_dir=tmp_path, bind_port=0)
+        supervisor = Supervisor(config, KindCatalog({}), MemoryRegistry(), executor=MemoryExecutor({}, machine))
+        root = _RecordingRoot(machine)
+        await start_tree(supervisor, root)  # type: ignore[arg-type]
+        machine.cancel_scope.cancel()
+    parts = [task_part(task, supervisor) for task in root.tasks]
+    assert len(parts) >= 8 and "Fleet" in parts, parts  # the tasks were seen
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    tree = page.split("## The nursery tree", 1)[1].split("```", 2)[1]
+    children = re.findall(r"^    [├└]── (.+)", tree.split("└── root nursery", 1)[1], re.M)  # the root's own
+    assert drawn_in_order(parts, "\n".join(children)) == []
+    front_door = ast.get_docstring(ast.parse((ROOT / "supervisor" / "core" / "_supervisor.py").read_text())) or ""
+    assert drawn_in_order([part for part in parts if part != "run_job_nursery"], front_door) == []
+
+
 def registry_tables_named(page: str) -> set[str]:
     """The tables the data layout of ``docs/architecture.md`` names for the registry."""
     entry = page.split("jobs.sqlite3 (+ -wal, -shm)", 1)[1].split("tables:", 1)[1].split("\n    jobs/", 1)[0]
@@ -462,6 +515,9 @@ def test_the_checks_fail_on_references_that_do_not_exist(tmp_path: Path) -> None
     bus = "Supervisor.events (EventBus)\n  ├── log_event   lines\n  └── WebhookSender.wake   rings\n```"
     assert bus_subscribers_drawn(bus) == {"log_event", "WebhookSender.wake"}
     assert subscriber_name(Metrics().on_event) == "Metrics.on_event"
+    assert drawn_in_order(["Fleet", "Drainer", "Heartbeats"], "├── Drainer.run\n├── Fleet.run") == [
+        "Heartbeats", "Fleet after Drainer",
+    ]  # fmt: skip
     module_map = "## Module map\n```\n  core/    _drain (Drainer), _gone\n           _boot\ntools/x.py  _nothing\n```"
     assert module_map_names(module_map) == {"core": {"_drain", "_gone", "_boot"}}
     assert missing_modules(module_map_names(module_map), ROOT / "supervisor") == ["core/_gone"]
