@@ -153,10 +153,10 @@ def test_every_adr_a_page_or_a_comment_names_exists() -> None:
 
 
 SECTION = re.compile(r"(docs/[\w./-]+\.md) § ")
-ISSUE = re.compile(r"\b[Ii]ssues? #?\d+")
+ISSUE = re.compile(r"\b[Ii]ssues?:? #?\d+")  # a tracker's number, in a sentence or a record's header
 CODE_AND_TOOLING = [
     *CODE, *ROOT.glob("tools/*.py"), *ROOT.glob("scripts/*.sh"), *ROOT.glob("compose/*.yml"), ROOT / "Makefile",
-    ROOT / ".ci" / "run",
+    ROOT / ".ci" / "run", *ROOT.glob("bench/*.py"),
 ]  # fmt: skip
 
 
@@ -496,6 +496,7 @@ def test_the_checks_fail_on_references_that_do_not_exist(tmp_path: Path) -> None
     tracker = "issue"  # written apart, or this file would hold what it checks for
     found = issue_numbers({"c.py": f"# the fix of {tracker} 36 (ADR 0012 §9); {tracker.title()} 9's, {tracker}s 3"})
     assert found == [f"c.py: {tracker} 36", f"c.py: {tracker.title()} 9", f"c.py: {tracker}s 3"]
+    assert issue_numbers({"0001.md": f"- {tracker.title()}: #27 (a fleet)"}) == [f"0001.md: {tracker.title()}: #27"]
     assert missing_tree_tasks(["Drainer.run", "Drainer.no_such_task"], _classes()) == ["Drainer.no_such_task"]
     drawing = (
         "the monitors (`adopt`, `stall_stop_done`), reconcile (`JobLedger.stop_for_stall`, `core._rules.judge`)\n"
