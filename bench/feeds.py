@@ -10,7 +10,7 @@ What is measured, and how:
   cannot hide a peak; and, in another child, the tracemalloc peak of Python allocations (tracemalloc
   slows the parse, so it is never timed).
 
-Target (issue 13): the 20 MB feed parsed in under 2 s with under 200 MB extra memory. The results are added to
+Target (ADR 0003): the 20 MB feed parsed in under 2 s with under 200 MB extra memory. The results are added to
 the results file named by ``--results`` (``make bench`` names its run's; alone: bench/results/<UTC date>-feeds.json)
 unless ``--no-write``; bench/report.py renders them. ``--smoke`` runs tiny data sets and writes nothing unless
 ``--results`` names a file (the test suite runs it so this script cannot rot). ``--compare`` also measures

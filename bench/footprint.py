@@ -132,7 +132,7 @@ async def heartbeat_load(
 
 
 FLOOR_KINDS = ("quart", "hypercorn", "trio")  # http_floor.py's servers
-# Issue 39's guard: heartbeats through the supervisor's one dispatcher at least this share of the rate of the stack's
+# The heartbeat guard: heartbeats through the supervisor's one dispatcher at least this share of the rate of the stack's
 # own floor (quart-trio with one trivial heartbeat-shaped route), measured side by side in the same run.
 QUART_FLOOR_SHARE = 0.6
 FLOOR_START_TIMEOUT_S = 30.0
@@ -381,7 +381,7 @@ def measure(
 
 
 def heartbeat_guard(*, smoke: bool, runs: int) -> list[Section]:
-    """Issue 39's guard: 4 jobs beating back to back, each over its own keep-alive connection, against the stack's
+    """The heartbeat guard: 4 jobs beating back to back, each over its own keep-alive connection, against the stack's
     own floor in the same run (``make bench`` runs it, and ``--heartbeats-guard`` alone)."""
     return measure(smoke=smoke, runs=runs, n=4, connections=4, heartbeats_only=True, floor_share=QUART_FLOOR_SHARE)
 

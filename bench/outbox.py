@@ -1,4 +1,4 @@
-"""What the transactional outbox costs the registry's write paths (issue 12).
+"""What the transactional outbox costs the registry's write paths (ADR 0002 D10).
 
 Usage: .venv/bin/python bench/outbox.py [--results FILE] [--no-write] [--smoke]
 

@@ -1,4 +1,4 @@
-"""What a pooler in transaction mode costs the registry's calls (issue 27: ``PODCAST_JOB_DATABASE_POOLER``).
+"""What a pooler in transaction mode costs the registry's calls (ADR 0011: ``PODCAST_JOB_DATABASE_POOLER``).
 
 Usage: .venv/bin/python bench/pooler.py [--database-url URL --pooler-url URL] [--rounds R] [--results FILE]
                                         [--no-write] [--smoke]

@@ -51,7 +51,7 @@ PAGE = REPO / "docs" / "performance.md"
 PLOT_NAME = "bench-latest.png"
 PLACEHOLDER = re.compile(r"^\{\{\s*([a-z_]+)(?::([^}]*))?\s*\}\}$")
 SCENARIO_KINDS = ("make-bench", "feeds", "outbox", "exec-modes", "fleet", "pooler", "heartbeats")
-QUART_FLOOR_4 = "quart-trio floor, 4 conns"  # the plot's bar of the stack's floor under issue 39's guard load
+QUART_FLOOR_4 = "quart-trio floor, 4 conns"  # the plot's bar of the stack's floor under the heartbeat guard's load
 
 
 @dataclass
@@ -300,7 +300,7 @@ def plot_data(inputs: Inputs) -> tuple[list[tuple[str, Measure]], list[tuple[str
                 # jobs/s: the fastest run is the largest rate
                 tools.append((str(row.cells.get("tool", row.key)), Measure(n / cell.median, n / cell.hi, n / cell.lo)))
     servers: list[tuple[str, Measure]] = []
-    # Issue 39's guard first (4 jobs over 4 keep-alive connections, and the quart-trio floor under the same load), then
+    # The heartbeat guard first (4 jobs over 4 keep-alive connections, and the quart-trio floor under that load), then
     # the 500-job load and its bare floors.
     for key, label in (("heartbeats_4_jobs", "supervisor, 4 jobs, 4 conns"), ("heartbeats", None)):
         found = inputs.scenarios.get(key)
@@ -366,7 +366,7 @@ def draw_plot(inputs: Inputs, out: Path) -> str | None:
             color="tab:red",
             linestyle="--",
             linewidth=0.8,
-            label=f"target: {share:g} x quart floor (issue 39)",
+            label=f"target: {share:g} x quart floor (ADR 0015)",
         )
         axes[1].legend(loc="lower right", fontsize="small")
     data = inputs.run.data
@@ -408,7 +408,7 @@ def _relpath(path: Path, start: Path) -> str:
 
 
 def chaos_block(inputs: Inputs) -> list[str]:
-    """The latest chaos run of each exec mode (files before issue 25 name no mode: subprocess)."""
+    """The latest chaos run of each exec mode (files older than docker chaos runs name no mode: subprocess)."""
     if not inputs.chaos:
         return ["_No chaos results in the files rendered: run `make chaos`._"]
     latest: dict[tuple[str, int], Loaded] = {}

@@ -1,11 +1,11 @@
-"""Restart to full duty after a crash (issue 36): a lone ``supervisor serve`` (SQLite, subprocess mode) is SIGKILLed
+"""Restart to full duty after a crash (ADR 0012 §9): a lone ``supervisor serve`` (SQLite, subprocess mode) is SIGKILLed
 and started again, N times, with a job running throughout; each restart is timed from the new process's exec to
 full duty: ``/api/health`` answers with ``leader: true`` and the first webhook of the new boot (its reconcile adopting
 the running job, ``job.adopted``) has reached a receiver on loopback.
 
 Usage: .venv/bin/python bench/restart.py [--restarts 50] [--no-write]
 
-Before issue 36 a restarted boot waited for its dead boot's lease (15 s by default) before it led, and so before
+Before ADR 0012 §9 a restarted boot waited for its dead boot's lease (15 s by default) before it led, and so before
 it sent a webhook. The figure is compared with the process's own floor: the time from exec to its
 ``supervisor_started`` line (interpreter, imports, registry, startup sweep), measured in the same restarts. The raw
 results go to ``bench/results/<UTC date>-restart.json``.

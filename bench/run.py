@@ -1,4 +1,4 @@
-"""``make bench``: every benchmark of issue 10, side by side in one run; raw results kept as a dated JSON file.
+"""``make bench``: every benchmark of the supervisor, side by side in one run; raw results kept as a dated JSON file.
 
 Usage: .venv/bin/python bench/run.py [--smoke] [--no-write] [--results FILE] [--label TEXT] [--only NAME[,NAME...]]
                                      [--runs R]

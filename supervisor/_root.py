@@ -7,13 +7,14 @@
     └── registry runtime        (PostgreSQL) trio-asyncio's loop, under which asyncpg runs: open around all of it
         root nursery (_serve_boot)
         ├── job nursery         one monitor task per running job (its own or adopted), and the shepherd's reader
-        ├── drainer             drains when woken (an enqueue, a job's end, a cancel), many wakes making one drain
         ├── fleet               this host's lease on the registry, renewed every third of it; the fleet's lead
+        ├── drainer             drains when woken (an enqueue, a job's end, a cancel), many wakes making one drain
         ├── wake-ups            (PostgreSQL) LISTEN: other hosts' enqueues, cancels of this host's jobs, the pause
         ├── webhook sender      (the leader only) delivers the outbox to PODCAST_JOB_WEBHOOK_URL, in order, with
         │                       backoff
         ├── check-in            this process's presence every 0.5 s: a gap (a freeze) never ages a job
         ├── sweeper             startup sweep (before serving), then reconcile -> drain every sweep_interval_s
+        ├── heartbeat writer    the beats the HTTP server took, written to the registry within 50 ms (ADR 0018)
         ├── HTTP server         hypercorn's trio worker serving the quart-trio app (and the event streams, which
         │                       end at shutdown before the graceful deadline)
         └── watchdog            (under systemd with WatchdogSec) WATCHDOG=1 while the sweeper keeps sweeping

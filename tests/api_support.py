@@ -93,7 +93,7 @@ KINDS: dict[str, dict[str, Any]] = {
         "retry_backoff_max_seconds": 0.1,
         "retry_on_exit_codes": [75],
     },
-    # Two attempts of 40 lines each (issue 53): the first exits 75 ("try again later"), the second 0. The marker file
+    # Two attempts of 40 lines each: the first exits 75 ("try again later"), the second 0. The marker file
     # (a param) tells the attempts apart.
     "twice": {
         "argv": [

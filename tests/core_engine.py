@@ -1,4 +1,4 @@
-"""A fake Docker engine on a unix socket, for the engine's faults (issue 26).
+"""A fake Docker engine on a unix socket, for the engine's faults (ADR 0010).
 
 The executor is pointed at it with ``DOCKER_HOST=unix://<its socket>``. Its mode is flipped by the test:
 
@@ -14,7 +14,7 @@ The executor is pointed at it with ``DOCKER_HOST=unix://<its socket>``. Its mode
 - ``slow``: as ``ping_only``, each answer after ``SLOW_S`` (calls that overlap: the client's connection pool fills).
 - ``withhold_start``: every request goes to the real engine and its answer back, one request at a time, but a
   container's start is never answered (sent on to the engine first when ``start_reaches_engine``: the container then
-  runs) and a removal never answered nor sent: a start whose outcome the client cannot know (issue 38).
+  runs) and a removal never answered nor sent: a start whose outcome the client cannot know (ADR 0014).
 
 Flipping the mode closes every connection it holds (and waits until they are closed), so that a pooled connection
 of the client's is never served by the mode before.

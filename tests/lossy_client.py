@@ -1,4 +1,4 @@
-"""Enqueues through a lossy network the way a careful client does (issue 35): each request has its own
+"""Enqueues through a lossy network the way a careful client does (ADR 0016): each request has its own
 Idempotency-Key, and a request whose answer did not come back is sent again with that key -- by the CLI's own retry
 (``supervisor.cli.with_retries``) -- to the next of ``urls`` each time (a client that switches host on each retry).
 What it returns is what was acknowledged: the job ids of the answers that came back. A module of ``tests/``,

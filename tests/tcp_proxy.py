@@ -72,7 +72,7 @@ class LossyProxy(TcpProxy):
     server (the client's bytes are read and dropped), ``lose_answer`` of them reach it and are answered, and the
     answer is thrown away, and ``lose_head`` of them reach it cut short: a random part of the request's head is
     forwarded, the client is reset at once, and the server's side is closed once the server answers (its 400, 408 or
-    timeout), as the lossy middlebox of issue 52 did. The client's connection is reset (RST), as a dropped link or a
+    timeout), as the lossy middlebox ADR 0019 met did. The client's connection is reset (RST), as a dropped link or a
     restarted middlebox does. Seeded: the same seed loses the same connections."""
 
     def __init__(

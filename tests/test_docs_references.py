@@ -4,25 +4,39 @@
   directory of the repository (a path may be written from any package root: it is matched as a suffix);
 - every ADR a page or a comment names (``ADR 0019``, ``ADR-0012``) has its record in ``docs/adr/``;
 - every results file kept in ``bench/results/`` is cited by a page;
-- a comment that points into a page (``docs/operations.md § Pausing``) names one of its headings, and a comment
-  names the decision it upholds, never an issue number ("issue 36" says nothing once the tracker is gone; the
-  migrations, written once, keep theirs);
+- a comment that points into a page (``docs/operations.md § Pausing``) names one of its headings, and a comment,
+  a page or a test names the decision it upholds, never an issue number (a tracker's number says nothing once the
+  tracker is gone; the migrations, written once, keep theirs, and so do the results files, which are data);
 - the registry's tables named in the data layout of ``docs/architecture.md`` are the tables its migrations make,
   and every backend of the contract suite is named where the page says which pass it;
 - every ``Class.attribute`` the nursery tree of ``docs/architecture.md`` draws is an attribute of a class of
-  ``supervisor``.
+  ``supervisor``; every name the page writes as code (``JobLedger.stop_for``, ``core._rules.judge``, ``hold``), and
+  every ``Class.method`` its drawings write bare, is in the code; its event bus drawing names each subscriber a
+  built boot's bus has, and no other; its nursery tree and ``Supervisor``'s docstring draw every task
+  ``core.start_tree`` starts, in its order; every private module its module map names is there;
+- every ``supervisor.x`` / ``pipeline_runner.x`` name a page writes is in the code.
 Each check is shown to fail on a reference that does not exist.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
+import itertools
 import pkgutil
 import re
 from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
 
 import supervisor
+from supervisor import Config, KindCatalog, MemoryRegistry, Supervisor
+from supervisor.core import run_job_nursery, start_tree
+from supervisor.execution.memory import MemoryExecutor
+from supervisor.observe import EventBus, Metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 # The pages that describe the code as it is: the guides and the index of the decision records. A record itself is
@@ -139,10 +153,10 @@ def test_every_adr_a_page_or_a_comment_names_exists() -> None:
 
 
 SECTION = re.compile(r"(docs/[\w./-]+\.md) § ")
-ISSUE = re.compile(r"\b[Ii]ssues? #?\d+")
+ISSUE = re.compile(r"\b[Ii]ssues?:? #?\d+")  # a tracker's number, in a sentence or a record's header
 CODE_AND_TOOLING = [
     *CODE, *ROOT.glob("tools/*.py"), *ROOT.glob("scripts/*.sh"), *ROOT.glob("compose/*.yml"), ROOT / "Makefile",
-    ROOT / ".ci" / "run",
+    ROOT / ".ci" / "run", *ROOT.glob("bench/*.py"),
 ]  # fmt: skip
 
 
@@ -164,13 +178,27 @@ def issue_numbers(texts: dict[str, str]) -> list[str]:
 
 
 def test_every_section_a_comment_points_to_is_a_heading_of_its_page() -> None:
-    texts = {str(p.relative_to(ROOT)): p.read_text() for p in CODE_AND_TOOLING}
+    """From the code, the tooling, the pages and the tests (but this file, whose examples point nowhere)."""
+    named = [p for p in [*CODE_AND_TOOLING, *DOCS_AND_TESTS] if p != Path(__file__).resolve()]
+    texts = {str(p.relative_to(ROOT)): p.read_text() for p in named}
     pages = {str(p.relative_to(ROOT)): p.read_text() for p in ROOT.glob("docs/*.md")}
     assert missing_sections(texts, pages) == []
 
 
+# The pages (and what renders one: the performance page's template), and the tests: a test says what it holds.
+DOCS_AND_TESTS = [
+    *ROOT.glob("docs/**/*.md"), *ROOT.glob("docs/**/*.yml"), ROOT / "README.md", *ROOT.glob("bench/*.md"),
+    *ROOT.glob("tests/**/*.py"),
+]  # fmt: skip
+
+
 def test_the_code_names_decisions_not_issue_numbers() -> None:
     assert issue_numbers({str(p.relative_to(ROOT)): p.read_text() for p in CODE_AND_TOOLING}) == []
+
+
+def test_the_docs_and_the_tests_name_decisions_not_issue_numbers() -> None:
+    assert len(DOCS_AND_TESTS) > 100  # the pages and the tests were found
+    assert issue_numbers({str(p.relative_to(ROOT)): p.read_text() for p in DOCS_AND_TESTS}) == []
 
 
 def _classes() -> dict[str, list[type]]:
@@ -205,6 +233,221 @@ def test_every_task_the_nursery_tree_draws_is_in_the_code() -> None:
     names = tree_names((ROOT / "docs" / "architecture.md").read_text())
     assert len(names) >= 10, names  # the drawing was found
     assert missing_tree_tasks(names, _classes()) == []
+
+
+NAME = re.compile(r"`([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?:\(\w*\))?`")  # `judge`, `Boot.ledger`, `core._rules.judge()`
+FENCE = re.compile(r"^```\w*\n(.*?)^```", re.M | re.S)
+DRAWN = re.compile(r"(?<![\w./`])([A-Z]\w*(?:\.[a-z_]\w*)+)")  # `Class.method` written bare in a drawing
+
+
+def drawn_names(page: str) -> list[str]:
+    """The names of the code a page draws: each code-formatted name (a paths' token is the path check's), and each
+    ``Class.method`` its fenced drawings write."""
+    names = NAME.findall(page)
+    for block in FENCE.findall(page):
+        names += DRAWN.findall(block)
+    return list(dict.fromkeys(names))
+
+
+def _has_attribute(cls: type, attribute: str) -> bool:
+    """A class attribute, method or field of ``cls``, or an attribute its methods assign (``self.events = ...``)."""
+    if hasattr(cls, attribute) or any(attribute in getattr(k, "__annotations__", {}) for k in cls.__mro__):
+        return True
+    try:
+        return re.search(rf"\bself\.{attribute}\s*[:=]", inspect.getsource(cls)) is not None
+    except (OSError, TypeError):
+        return False
+
+
+def missing_names(names: list[str], classes: dict[str, list[type]], code: str) -> list[str]:
+    """The names in ``names`` the code does not have: ``Class.attribute`` an attribute of a class of ``supervisor``
+    (the rest of a chain, a word of the code); ``module.name`` (``core._rules.judge``, ``trio.sleep_until``) a name
+    of a module loaded whose name ends so; a word, a word of ``code``; else written in ``code`` as it is (an event's
+    name, ``job.transition``; a label, ``ps.job_id``)."""
+    words = set(re.findall(r"\w+", code))
+    modules = {name: module for name, module in __import__("sys").modules.items() if module is not None}
+
+    def walk(found: object, rest: list[str]) -> bool:
+        for at, part in enumerate(rest):
+            if inspect.isclass(found) and not hasattr(found, part):  # an instance's attribute: the rest, words
+                return _has_attribute(found, part) and all(later in words for later in rest[at + 1 :])
+            if not hasattr(found, part):
+                return False
+            found = getattr(found, part)
+        return True
+
+    def resolves(parts: list[str]) -> bool:
+        if parts[0] in classes:
+            return any(walk(cls, parts[1:]) for cls in classes[parts[0]])
+        for cut in range(len(parts) - 1, 0, -1):
+            head = ".".join(parts[:cut])
+            named = [module for name, module in modules.items() if name == head or name.endswith("." + head)]
+            if any(walk(module, parts[cut:]) for module in named):
+                return True
+        return False
+
+    missing = []
+    for name in names:
+        parts = name.split(".")
+        if len(parts) == 1:
+            known = name in words
+        else:
+            known = resolves(parts) or re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", code) is not None
+        if not known:
+            missing.append(name)
+    return missing
+
+
+def missing_dotted(names: list[str]) -> list[str]:
+    """Of ``names``, each ``supervisor.x.y`` / ``pipeline_runner.x.y`` that is not a module, or a name in one (a
+    class's attribute too)."""
+    missing = []
+    for name in names:
+        if not name.startswith(("supervisor.", "pipeline_runner.")):
+            continue
+        parts, found = name.split("."), None
+        for cut in range(len(parts), 0, -1):
+            try:
+                found = importlib.import_module(".".join(parts[:cut]))
+            except ImportError:
+                continue
+            for at, part in enumerate(parts[cut:]):
+                if inspect.isclass(found) and not hasattr(found, part):
+                    found = found if _has_attribute(found, part) and at == len(parts[cut:]) - 1 else None
+                    break
+                found = getattr(found, part, None)
+            break
+        if found is None:
+            missing.append(name)
+    return missing
+
+
+def test_every_module_name_a_page_writes_is_in_the_code() -> None:
+    """``supervisor.core.Supervisor``, ``pipeline_runner.testing.run_in_process``: on every page, not just the
+    architecture's."""
+    prefixes = ("supervisor.", "pipeline_runner.")
+    named = [n for page in PAGES for n in drawn_names(page.read_text()) if n.startswith(prefixes)]
+    assert len(named) >= 5, named  # such names were found
+    missing = {page.relative_to(ROOT).as_posix(): missing_dotted(drawn_names(page.read_text())) for page in PAGES}
+    assert {page: names for page, names in missing.items() if names} == {}
+
+
+def _code_text() -> str:
+    return "\n".join(p.read_text() for p in [*CODE, *ROOT.glob("tools/*.py"), *ROOT.glob("bench/*.py")])
+
+
+def test_every_name_the_architecture_page_draws_is_in_the_code() -> None:
+    """What ``docs/architecture.md`` names (its drawings, tables and prose) cannot drift from the code: a method gone
+    or renamed is named nowhere."""
+    names = drawn_names((ROOT / "docs" / "architecture.md").read_text())
+    assert len(names) >= 100, names  # the names were found
+    assert missing_names(names, _classes(), _code_text()) == []
+
+
+def module_map_names(page: str) -> dict[str, set[str]]:
+    """Each package of the module map of ``docs/architecture.md`` and the private modules (``_engine``) its entry
+    names."""
+    block = page.split("## Module map", 1)[1].split("```", 2)[1]
+    entries = re.findall(r"^  (\w+)/ +(.*(?:\n {4,}.*)*)", block, re.M)
+    return {package: set(re.findall(r"(?<![\w.])(_[a-z]\w*)\b", entry)) for package, entry in entries}
+
+
+def missing_modules(named: dict[str, set[str]], root: Path) -> list[str]:
+    """``package/_module`` for each module named that is no module (or folder) of ``package`` under ``root``."""
+    missing = []
+    for package, modules in sorted(named.items()):
+        found = {p.stem for p in (root / package).rglob("*.py")} | {p.name for p in (root / package).rglob("*/")}
+        missing += [f"{package}/{module}" for module in sorted(modules - found)]
+    return missing
+
+
+def test_every_module_the_module_map_names_is_there() -> None:
+    named = module_map_names((ROOT / "docs" / "architecture.md").read_text())
+    assert {"domain", "registry", "execution", "core", "observe", "api", "cli"} <= set(named)  # the map was found
+    assert missing_modules(named, ROOT / "supervisor") == []
+
+
+def bus_subscribers_drawn(page: str) -> set[str]:
+    """The subscribers the event seam's drawing hangs under ``Supervisor.events``."""
+    block = page.split("Supervisor.events (EventBus)", 1)[1].split("```", 1)[0]
+    return set(re.findall(r"[├└]── (\w+(?:\.\w+)?)", block))
+
+
+def subscriber_name(subscriber: object) -> str:
+    """``Class.method`` for a bound method, a function's own name."""
+    owner = getattr(subscriber, "__self__", None)
+    name = getattr(subscriber, "__name__", repr(subscriber))
+    return f"{type(owner).__name__}.{name}" if owner is not None else name
+
+
+async def test_the_event_bus_drawing_names_every_subscriber_of_a_boot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every subscriber a boot's bus is given while the boot is built is drawn, and nothing else: one subscribed
+    inside a constructor too (the drawing says where)."""
+    subscribed: set[str] = set()
+    subscribe = EventBus.subscribe
+
+    def noted(bus: EventBus, subscriber: Any) -> None:
+        subscribed.add(subscriber_name(subscriber))
+        subscribe(bus, subscriber)
+
+    monkeypatch.setattr(EventBus, "subscribe", noted)
+    async with trio.open_nursery() as machine:
+        config = Config(data_dir=tmp_path, bind_port=0)
+        Supervisor(config, KindCatalog({}), MemoryRegistry(), executor=MemoryExecutor({}, machine), standalone=True)
+        machine.cancel_scope.cancel()
+    assert "log_event" in subscribed  # the subscriptions were seen
+    drawn = bus_subscribers_drawn((ROOT / "docs" / "architecture.md").read_text())
+    assert drawn == subscribed
+
+
+class _RecordingRoot:
+    """Stands for the root nursery given to ``start_tree``: notes each task asked of it and starts none (the job
+    nursery it asks for is a real one)."""
+
+    def __init__(self, job_nursery: trio.Nursery) -> None:
+        self.job_nursery = job_nursery
+        self.tasks: list[Any] = []
+
+    async def start(self, task: Any, *args: Any) -> Any:
+        self.tasks.append(task)
+        return self.job_nursery if task is run_job_nursery else None
+
+
+def task_part(task: Any, supervisor: Supervisor) -> str:
+    """The class whose task it is (``Supervisor.run_fleet`` is its ``fleet``'s), or the function's own name."""
+    owner = getattr(task, "__self__", None)
+    if isinstance(owner, Supervisor) and task.__name__.startswith("run_"):
+        owner = getattr(supervisor, task.__name__.removeprefix("run_"), owner)
+    return type(owner).__name__ if owner is not None else task.__name__
+
+
+def drawn_in_order(parts: list[str], drawing: str) -> list[str]:
+    """The parts ``drawing`` does not name, or names out of ``parts``' order (each at its first mention)."""
+    at = {part: drawing.find(part) for part in parts}
+    missing = [part for part in parts if at[part] < 0]
+    named = [part for part in parts if at[part] >= 0]
+    return missing + [f"{a} after {b}" for a, b in itertools.pairwise(named) if at[a] > at[b]]
+
+
+async def test_the_tasks_start_tree_starts_are_drawn_in_its_order(tmp_path: Path) -> None:
+    """The nursery tree of ``docs/architecture.md`` and the tree of ``Supervisor``'s docstring draw every task the
+    boot's tree starts (``core.start_tree``), in the order it starts them: neither can leave one out again."""
+    async with trio.open_nursery() as machine:
+        config = Config(data_dir=tmp_path, bind_port=0)
+        supervisor = Supervisor(config, KindCatalog({}), MemoryRegistry(), executor=MemoryExecutor({}, machine))
+        root = _RecordingRoot(machine)
+        await start_tree(supervisor, root)  # type: ignore[arg-type]
+        machine.cancel_scope.cancel()
+    parts = [task_part(task, supervisor) for task in root.tasks]
+    assert len(parts) >= 8 and "Fleet" in parts, parts  # the tasks were seen
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    tree = page.split("## The nursery tree", 1)[1].split("```", 2)[1]
+    children = re.findall(r"^    [├└]── (.+)", tree.split("└── root nursery", 1)[1], re.M)  # the root's own
+    assert drawn_in_order(parts, "\n".join(children)) == []
+    front_door = ast.get_docstring(ast.parse((ROOT / "supervisor" / "core" / "_supervisor.py").read_text())) or ""
+    assert drawn_in_order([part for part in parts if part != "run_job_nursery"], front_door) == []
 
 
 def registry_tables_named(page: str) -> set[str]:
@@ -250,6 +493,32 @@ def test_the_checks_fail_on_references_that_do_not_exist(tmp_path: Path) -> None
         "c.py: docs/ops.md § Pausing -- gone, and docs/no.m",
         "c.py: docs/no.md § Ops.",
     ]
-    found = issue_numbers({"c.py": "# the fix of issue 36 (ADR 0012 §9); Issue 9's"})
-    assert found == ["c.py: issue 36", "c.py: Issue 9"]
+    tracker = "issue"  # written apart, or this file would hold what it checks for
+    found = issue_numbers({"c.py": f"# the fix of {tracker} 36 (ADR 0012 §9); {tracker.title()} 9's, {tracker}s 3"})
+    assert found == [f"c.py: {tracker} 36", f"c.py: {tracker.title()} 9", f"c.py: {tracker}s 3"]
+    assert issue_numbers({"0001.md": f"- {tracker.title()}: #27 (a fleet)"}) == [f"0001.md: {tracker.title()}: #27"]
     assert missing_tree_tasks(["Drainer.run", "Drainer.no_such_task"], _classes()) == ["Drainer.no_such_task"]
+    drawing = (
+        "the monitors (`adopt`, `stall_stop_done`), reconcile (`JobLedger.stop_for_stall`, `core._rules.judge`)\n"
+        "```\n├── Drainer.run   Fleet._silent_host_rounds, Boot.run_in_tree_gone(work)  trio.sleep_until\n```\n"
+    )
+    names = drawn_names(drawing)
+    assert names[:4] == ["adopt", "stall_stop_done", "JobLedger.stop_for_stall", "core._rules.judge"]
+    assert missing_names(names, _classes(), "def adopt(): ...") == [
+        "stall_stop_done", "JobLedger.stop_for_stall", "Boot.run_in_tree_gone",
+    ]  # fmt: skip
+    assert missing_dotted(["supervisor.core.Supervisor.enqueue", "supervisor._core.Supervisor", "Drainer.run"]) == [
+        "supervisor._core.Supervisor"
+    ]
+    assert missing_dotted(["supervisor.core.Supervisor.gone", "pipeline_runner.testing.run_in_process"]) == [
+        "supervisor.core.Supervisor.gone"
+    ]
+    bus = "Supervisor.events (EventBus)\n  ├── log_event   lines\n  └── WebhookSender.wake   rings\n```"
+    assert bus_subscribers_drawn(bus) == {"log_event", "WebhookSender.wake"}
+    assert subscriber_name(Metrics().on_event) == "Metrics.on_event"
+    assert drawn_in_order(["Fleet", "Drainer", "Heartbeats"], "├── Drainer.run\n├── Fleet.run") == [
+        "Heartbeats", "Fleet after Drainer",
+    ]  # fmt: skip
+    module_map = "## Module map\n```\n  core/    _drain (Drainer), _gone\n           _boot\ntools/x.py  _nothing\n```"
+    assert module_map_names(module_map) == {"core": {"_drain", "_gone", "_boot"}}
+    assert missing_modules(module_map_names(module_map), ROOT / "supervisor") == ["core/_gone"]

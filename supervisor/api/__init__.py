@@ -6,7 +6,7 @@ document made from it."""
 from ._app import REQUEST_ID_HEADER, create_app
 from ._edge import EdgeH11Protocol, EdgeTCPServer
 from ._limits import HttpLimits
-from ._parse import MAX_BATCH_BODY_BYTES, MAX_BODY_BYTES, parse_batch, parse_page, parse_progress
+from ._parse import MAX_BATCH_BODY_BYTES, MAX_BODY_BYTES, parse_batch, parse_bulk, parse_job, parse_page, parse_progress
 from ._route_table import Route, RouteTable
 from ._routes import CONVERTERS, JOBS_SUBROUTES, PUBLIC_ENDPOINTS, ROUTES, SCOPE_OF, openapi_document, routes_table
 from ._serve import bind_socket, public_base_url, serve_http
@@ -29,6 +29,8 @@ __all__ = [
     "create_app",
     "openapi_document",
     "parse_batch",
+    "parse_bulk",
+    "parse_job",
     "parse_page",
     "parse_progress",
     "public_base_url",

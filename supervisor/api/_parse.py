@@ -1,6 +1,7 @@
 """Reading a request: its bearer token, its JSON body and its query string, each refused with the error that names
 what is wrong (415, 413, 400, or a 422 naming the field), and the wire shapes the core takes as typed values
-(``parse_progress``: a heartbeat's body; ``parse_batch``: a batch's jobs)."""
+(``parse_progress``: a heartbeat's body; ``parse_job``, ``parse_batch``: one job, a batch's jobs; ``parse_bulk``: a
+bulk action)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from ..domain import (
     MAX_UNITS,
     PARAM_PREFIX,
     BodyTooLarge,
+    BulkRequest,
     InvalidHeader,
+    JobFilter,
     JobRequest,
     KindCatalog,
     MalformedRequest,
@@ -57,10 +60,61 @@ def parse_progress(body: object) -> Progress:
     return Progress(completed, total, stage)
 
 
+def parse_job(body: object, where: str = "") -> JobRequest:
+    """One job's object (``EnqueueRequest``, an element of a batch): ``kind``, a string, and ``params``, an object
+    or null, nothing else; anything else is a 422 naming the field (``kind``; ``jobs[3].params`` when ``where`` is
+    ``jobs[3].``). Which kinds exist and what their params must be is the core's to check."""
+    fields = envelope(body, allowed=("kind", "params"), required=("kind",), where=where)
+    kind, params = fields["kind"], fields.get("params")
+    if not isinstance(kind, str):
+        raise ValidationError(f"{where}kind must be a kind's name (a string), not {kind!r}", field=f"{where}kind")
+    if params is not None and not isinstance(params, dict):
+        raise ValidationError(f"{where}params must be an object", field=f"{where}params")
+    return JobRequest(kind, params)
+
+
+def parse_bulk(body: object, kinds: KindCatalog | None = None) -> BulkRequest:
+    """A bulk action's body (``BulkRequest``): its action, and a dry run's filter (the list's filters, as in its
+    query; a param's value may be its JSON value too) or a selection; anything else is a 422 naming the field."""
+    if not isinstance(body, Mapping):
+        raise ValidationError("the body must be a JSON object", field="body")
+    unknown = sorted(set(body) - {"action", "filter", "selection", "dry_run"})
+    if unknown:
+        raise ValidationError(f"unknown field {unknown[0]!r}", field=unknown[0])
+    action, dry_run, selection = body.get("action"), body.get("dry_run", False), body.get("selection")
+    if not isinstance(action, str):
+        raise ValidationError("action must be a string", field="action")
+    if not isinstance(dry_run, bool):
+        raise ValidationError("dry_run must be true or false", field="dry_run")
+    if selection is not None and not isinstance(selection, str):
+        raise ValidationError("selection must be a string", field="selection")
+    raw = body.get("filter")
+    wanted: JobFilter | None = None
+    if raw is not None:
+        if not isinstance(raw, Mapping):
+            raise ValidationError("filter must be an object of the list's filters", field="filter")
+        texts: dict[str, str] = {}
+        for name, value in raw.items():
+            # A filter's value is its text, as in the list's query; a param's may be its JSON value too.
+            if str(name).startswith(PARAM_PREFIX) and not isinstance(value, str):
+                if not isinstance(value, bool | int | float):
+                    raise ValidationError(f"filter.{name} must be a string or a number", field=f"filter.{name}")
+                value = json.dumps(value)
+            if not isinstance(value, str):
+                raise ValidationError(f"filter.{name} must be a string", field=f"filter.{name}")
+            texts[str(name)] = value
+        try:
+            wanted = JobFilter.parse(texts, kinds)
+        except ValidationError as exc:
+            field = f"filter.{exc.field}" if exc.field else "filter"
+            raise ValidationError(f"filter: {exc}", field=field) from None
+    return BulkRequest(action, wanted, selection, dry_run)
+
+
 def parse_batch(body: object) -> list[JobRequest]:
     """A batch's body (``BatchRequest``): ``{"jobs": [...]}``, 1 to ``MAX_BATCH`` objects of ``kind`` and
-    ``params``, as ``JobRequest``s; anything else is a 422 naming the field (``jobs``, ``jobs[3].priority``). What
-    each job's kind and params must be is the core's to check."""
+    ``params``, as ``JobRequest``s (``parse_job``); anything else is a 422 naming the field (``jobs``,
+    ``jobs[3].priority``)."""
     items = envelope(body, allowed=("jobs",), required=("jobs",))["jobs"]
     if not isinstance(items, list) or not items:
         raise ValidationError("jobs must be a non-empty list", field="jobs")
@@ -68,15 +122,9 @@ def parse_batch(body: object) -> list[JobRequest]:
         raise ValidationError(f"at most {MAX_BATCH} jobs in one batch, not {len(items)}", field="jobs")
     requests = []
     for index, item in enumerate(items):
-        where = f"jobs[{index}]"
         if not isinstance(item, Mapping):
-            raise ValidationError(f"{where} must be an object with kind and params", field=where)
-        unknown = sorted(set(item) - {"kind", "params"})
-        if unknown:
-            raise ValidationError(f"{where}: unknown field {unknown[0]!r}", field=f"{where}.{unknown[0]}")
-        if "kind" not in item:
-            raise ValidationError(f"{where}: missing field 'kind'", field=f"{where}.kind")
-        requests.append(JobRequest(item["kind"], item.get("params")))
+            raise ValidationError(f"jobs[{index}] must be an object with kind and params", field=f"jobs[{index}]")
+        requests.append(parse_job(dict(item), where=f"jobs[{index}]."))
     return requests
 
 
@@ -161,17 +209,19 @@ def _reject_constant(name: str) -> Any:
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
-def envelope(body: Any, allowed: Iterable[str], required: Iterable[str] = ()) -> dict[str, Any]:
+def envelope(body: Any, allowed: Iterable[str], required: Iterable[str] = (), where: str = "") -> dict[str, Any]:
     """A parsed body that must be a JSON object with only ``allowed`` keys and every ``required`` one; raises the
-    422 naming the field."""
+    422 naming the field (after ``where``, the object's own place: ``jobs[3].``)."""
     if not isinstance(body, dict):
         raise ValidationError("the body must be a JSON object", field="body")
     unknown = sorted(set(body) - set(allowed))
     if unknown:
-        raise ValidationError(f"unknown field {unknown[0]!r}", field=unknown[0])
+        said = f"{where[:-1]}: " if where else ""
+        raise ValidationError(f"{said}unknown field {unknown[0]!r}", field=f"{where}{unknown[0]}")
     for name in required:
         if name not in body:
-            raise ValidationError(f"missing field {name!r}", field=name)
+            said = f"{where[:-1]}: " if where else ""
+            raise ValidationError(f"{said}missing field {name!r}", field=f"{where}{name}")
     return body
 
 

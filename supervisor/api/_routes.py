@@ -25,7 +25,6 @@ from ..domain import (
     MAX_LIST_LIMIT,
     REPLAYED_HEADER,
     SCHEDULE_QUERY,
-    BulkRequest,
     Job,
     JobStatus,
     KindCatalog,
@@ -42,11 +41,12 @@ from ._parse import (
     bearer_token,
     bool_query,
     caller_name,
-    envelope,
     idempotency_key,
     int_query,
     json_body,
     parse_batch,
+    parse_bulk,
+    parse_job,
     parse_page,
     parse_progress,
     parse_schedule,
@@ -157,10 +157,8 @@ async def enqueue(supervisor: Supervisor) -> Any:
     """Enqueue a job of a kind with its params."""
     key = idempotency_key()
     schedule = parse_schedule(query(("schedule",)).get("schedule"))
-    body = envelope(await json_body(), allowed=("kind", "params"), required=("kind",))
-    result = await supervisor.enqueue(
-        body["kind"], body.get("params"), idempotency_key=key, by=caller_name(), schedule=schedule
-    )
+    job = parse_job(await json_body())
+    result = await supervisor.enqueue(job.kind, job.params, idempotency_key=key, by=caller_name(), schedule=schedule)
     if result.skipped:
         return {**_enqueued(result), "skipped": True, "schedule": result.job.schedule}, 200
     return _enqueued(result), 202, _replayed([result])
@@ -205,7 +203,7 @@ async def enqueue_batch(supervisor: Supervisor) -> Any:
 )
 async def bulk_action(supervisor: Supervisor) -> Any:
     """Cancel or retry every job a filter selects: a dry run answers the selection, the action acts on it once."""
-    request = BulkRequest.parse(await json_body(), supervisor.kinds)
+    request = parse_bulk(await json_body(), supervisor.kinds)
     answer = await supervisor.bulk_action(request, by=caller_name())
     return {**dataclasses.asdict(answer), "expires_at": to_iso(answer.expires_at)}
 

@@ -4,6 +4,7 @@ halfway: what was done is on the rows and in the idempotency keys, so the repeat
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -24,6 +25,8 @@ from ..domain import (
     SelectionNotFound,
     ValidationError,
     fingerprint,
+    from_iso,
+    to_iso,
 )
 from ..observe import get_logger
 from ._boot import Boot
@@ -76,14 +79,14 @@ class Bulk:
         expires = self.boot.wall_clock() + timedelta(seconds=SELECTION_TTL_S)
         chosen = Selection(secrets.token_urlsafe(24), request.action, tuple(ids), by, expires)
         setting = f"{SELECTION_PREFIX}{chosen.token}"
-        await self.boot.registry.record_setting(setting, chosen.to_json(), self.boot.host_id, replace=False)
+        await self.boot.registry.record_setting(setting, _selection_text(chosen), self.boot.host_id, replace=False)
         log.info("bulk_selected", action=request.action, by=by, selection=chosen.token, count=len(ids))
         return BulkAnswer(request.action, chosen.token, len(ids), expires, True, job_ids=chosen.job_ids)
 
     async def _act(self, request: BulkRequest, by: str | None) -> BulkAnswer:
         assert request.selection is not None
         kept = await self.boot.registry.setting(f"{SELECTION_PREFIX}{request.selection}")
-        chosen = Selection.from_json(request.selection, kept.value) if kept is not None else None
+        chosen = _selection_of(request.selection, kept.value) if kept is not None else None
         if chosen is None or chosen.expires_at <= self.boot.wall_clock():
             raise SelectionNotFound(request.selection)
         if chosen.action != request.action:
@@ -131,3 +134,14 @@ class Bulk:
         except RequestError as exc:  # a Conflict (its state, its live process), a job pruned since: said, not raised
             return f"refused: {exc}", None
         return "retried", result.job.job_id
+
+
+# A selection is kept as a fleet setting's text (``bulk/<token>``), as JSON: written and read here only.
+def _selection_text(chosen: Selection) -> str:
+    fields = {"action": chosen.action, "job_ids": list(chosen.job_ids), "by": chosen.by}
+    return json.dumps({**fields, "expires_at": to_iso(chosen.expires_at)})
+
+
+def _selection_of(token: str, text: str) -> Selection:
+    data = json.loads(text)
+    return Selection(token, data["action"], tuple(data["job_ids"]), data["by"], from_iso(data["expires_at"]))

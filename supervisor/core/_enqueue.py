@@ -5,7 +5,7 @@ spawn: the drainer starts what a free slot allows."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ..domain import (
     SUPERVISOR,
@@ -37,7 +37,7 @@ class Enqueuer:
         self.boot = boot
         self.wake_drainer = wake_drainer
 
-    def validate(self, kind_name: object, params: object, by: str | None = None) -> NewJob:
+    def validate(self, kind_name: str, params: Mapping[str, object] | None, by: str | None = None) -> NewJob:
         """A job request checked against its kind (``ValidationError`` naming the field); ``by``: who asks."""
         kind = self.boot.kinds.get(kind_name)
         validated = kind.validate_params({} if params is None else params)
@@ -58,8 +58,8 @@ class Enqueuer:
 
     async def enqueue(
         self,
-        kind_name: object,
-        params: object,
+        kind_name: str,
+        params: Mapping[str, object] | None,
         key: RequestKey | None = None,
         by: str | None = None,
         schedule: Schedule | None = None,

@@ -3,15 +3,17 @@
 It holds no rule itself (``_rules`` does) and runs no task itself: it wires one boot's parts and hands the root of
 the nursery tree the tasks to start:
 
-    Supervisor
-    ├── drainer        (root nursery)  promotes and starts jobs when woken                  _drain.Drainer
-    ├── wake-ups       (root nursery)  acts on other hosts' changes at once (LISTEN/NOTIFY)  _wakeups.WakeupListener
-    ├── check-in       (root nursery)  this process's presence: its own absence ages no job    _absence.AbsenceTracker
-    ├── sweeper        (root nursery)  reconcile -> absence -> drain, at startup and on a timer  _sweeper.Sweeper
-    ├── webhook sender (root nursery)  delivers the registry's outbox                       observe.WebhookSender
-    └── job nursery    (handed in by ``attach``)
-        ├── one monitor per running job, and each cancel's stop task                     _monitor.Monitors
-        └── whatever the executor runs there (the shepherd's reader)                      execution/
+    Supervisor              its tasks in the order ``_tree.start_tree`` starts them in the root nursery:
+    ├── fleet               this host's lease, the lead, the leader's silent-host rounds       _fleet.Fleet
+    ├── drainer             promotes and starts jobs when woken                                _drain.Drainer
+    ├── wake-ups            acts on other hosts' changes at once (LISTEN/NOTIFY)               _wakeups.WakeupListener
+    ├── webhook sender      delivers the registry's outbox                                     observe.WebhookSender
+    ├── check-in            this process's presence: its own absence ages no job               _absence.AbsenceTracker
+    ├── sweeper             reconcile -> absence -> drain -> the queue's watch, on a timer     _sweeper.Sweeper
+    ├── heartbeat writer    the beats the API took, written behind (ADR 0018)                  _heartbeats.Heartbeats
+    └── job nursery         (handed in by ``attach``)
+        ├── one monitor per running job, and each cancel's stop task                           _monitor.Monitors
+        └── whatever the executor runs there (the shepherd's reader)                           execution/
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ log = get_logger()
 Key = RequestKey | None
 By = str | None
 Sched = Schedule | None
+Params = Mapping[str, object] | None  # a JSON object's names and values (parsed at the edge: api.parse_job)
 Enqueued = EnqueueResult
 T = TypeVar("T")
 
@@ -390,7 +393,7 @@ class Supervisor:
     # -- enqueue ------------------------------------------------------------------------------------------
 
     async def enqueue(
-        self, kind: object, params: object, *, idempotency_key: Key = None, by: By = None, schedule: Sched = None
+        self, kind: str, params: Params, *, idempotency_key: Key = None, by: By = None, schedule: Sched = None
     ) -> Enqueued:
         """Validate and store a job (``Enqueuer.enqueue``): never waits for a spawn. With ``idempotency_key``, a retry
         of the request answers the first answer; ``by``: who asks (the API token's name: the row's ``enqueued_by``);

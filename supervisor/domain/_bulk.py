@@ -9,16 +9,12 @@ made the first time, INV-KEY-ONCE).
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 from ._errors import ValidationError
-from ._kinds import KindCatalog
-from ._model import from_iso, to_iso
-from ._page import PARAM_PREFIX, JobFilter
+from ._page import JobFilter
 
 BULK_ACTIONS = ("cancel", "retry")
 # At most this many jobs in one selection: a bigger one is a narrower filter, or several.
@@ -31,7 +27,8 @@ TOKEN = re.compile(r"[A-Za-z0-9_-]{16,64}")
 
 @dataclass(frozen=True)
 class BulkRequest:
-    """A dry run (``filter``, ``dry_run``) or the action on a dry run's ``selection``; nothing else."""
+    """A dry run (``filter``, ``dry_run``) or the action on a dry run's ``selection``; nothing else (its body is read
+    at the edge: ``api.parse_bulk``)."""
 
     action: str
     filter: JobFilter | None = None
@@ -54,43 +51,6 @@ class BulkRequest:
         if self.selection is not None and not TOKEN.fullmatch(self.selection):
             raise ValidationError("selection is not a token this server issued", field="selection")
 
-    @classmethod
-    def parse(cls, body: object, kinds: KindCatalog | None = None) -> BulkRequest:
-        """The request from its JSON body; a 422 names the field."""
-        if not isinstance(body, Mapping):
-            raise ValidationError("the body must be a JSON object", field="body")
-        unknown = sorted(set(body) - {"action", "filter", "selection", "dry_run"})
-        if unknown:
-            raise ValidationError(f"unknown field {unknown[0]!r}", field=unknown[0])
-        action, dry_run, selection = body.get("action"), body.get("dry_run", False), body.get("selection")
-        if not isinstance(action, str):
-            raise ValidationError("action must be a string", field="action")
-        if not isinstance(dry_run, bool):
-            raise ValidationError("dry_run must be true or false", field="dry_run")
-        if selection is not None and not isinstance(selection, str):
-            raise ValidationError("selection must be a string", field="selection")
-        raw = body.get("filter")
-        wanted: JobFilter | None = None
-        if raw is not None:
-            if not isinstance(raw, Mapping):
-                raise ValidationError("filter must be an object of the list's filters", field="filter")
-            texts: dict[str, str] = {}
-            for name, value in raw.items():
-                # A filter's value is its text, as in the list's query; a param's may be its JSON value too.
-                if str(name).startswith(PARAM_PREFIX) and not isinstance(value, str):
-                    if not isinstance(value, bool | int | float):
-                        raise ValidationError(f"filter.{name} must be a string or a number", field=f"filter.{name}")
-                    value = json.dumps(value)
-                if not isinstance(value, str):
-                    raise ValidationError(f"filter.{name} must be a string", field=f"filter.{name}")
-                texts[str(name)] = value
-            try:
-                wanted = JobFilter.parse(texts, kinds)
-            except ValidationError as exc:
-                field = f"filter.{exc.field}" if exc.field else "filter"
-                raise ValidationError(f"filter: {exc}", field=field) from None
-        return cls(action, wanted, selection, dry_run)
-
 
 @dataclass(frozen=True)
 class Selection:
@@ -101,13 +61,3 @@ class Selection:
     job_ids: tuple[str, ...]
     by: str | None
     expires_at: datetime
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {"action": self.action, "job_ids": list(self.job_ids), "by": self.by, "expires_at": to_iso(self.expires_at)}
-        )
-
-    @classmethod
-    def from_json(cls, token: str, text: str) -> Selection:
-        data = json.loads(text)
-        return cls(token, data["action"], tuple(data["job_ids"]), data["by"], from_iso(data["expires_at"]))

@@ -250,11 +250,11 @@ MAX_BATCH = 1000
 
 @dataclass(frozen=True)
 class JobRequest:
-    """One job of a batch, as the API takes it (its envelope checked at the edge): a kind's name and its params,
-    which the core checks against the kind."""
+    """One job asked for (alone, or in a batch), as the edge parsed it: a kind's name and its params (a JSON
+    object's names and values; None: none given), which the core checks against the kind."""
 
-    kind: object
-    params: object = None
+    kind: str
+    params: Mapping[str, object] | None = None
 
 
 @dataclass(frozen=True)

@@ -365,7 +365,7 @@ async def test_shutdown_ends_open_streams_at_once(make_live: MakeLive) -> None:
 
 
 async def test_a_full_stream_answers_503_too_many_streams_with_retry_after(make_live: MakeLive) -> None:
-    """Issue 52: the 503 had no Retry-After, and the CLI took it for a server that was not there."""
+    """The 503 had no Retry-After, and the CLI took it for a server that was not there."""
     live = await make_live(api_token=API_TOKEN, events_max_clients=1)
     headers = {"Authorization": f"Bearer {API_TOKEN}"}
     async with (

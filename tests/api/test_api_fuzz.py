@@ -1,5 +1,5 @@
 """Schemathesis against a live server: the control API holds to its own OpenAPI document under generated requests,
-and no request leaves the server unsound (issue 9, "Keep it fixed").
+and no request leaves the server unsound: what fuzzing once found stays fixed.
 
 schemathesis's engine (the runner behind ``schemathesis run``: coverage, fuzzing and stateful phases, every check)
 runs in a worker thread against ``run_supervisor`` on port 0, served by this test's trio loop. Generation is seeded
@@ -51,7 +51,7 @@ FUZZ_KINDS: dict[str, dict[str, Any]] = {
             "max_episodes": {"type": "int", "default": 0, "min": 0, "max": 1_000_000},
         },
     },
-    # Every rule the document can state exactly (issue 41): a range across zero, int and str choices, a length.
+    # Every rule the document can state exactly (ADR 0017): a range across zero, int and str choices, a length.
     # (A bounded float is not here: its text form, "2.5", cannot carry the bound in a pattern; see _openapi.)
     "ruled": {
         "argv": ["{python}", "-c", "pass", "{n}", "{pick}", "{mode}", "{note}"],
@@ -227,7 +227,7 @@ def consume(stream: Any) -> FuzzRun:
                         run.failures.setdefault(key, check.failure_info.code_sample.replace("\n", " ")[:500])
         elif isinstance(event, events.NonFatalError):
             if isinstance(event.value, requests.Timeout):
-                # The server stopped answering on a connection (what issue 9 item 5 was). Each stall costs a request
+                # The server stopped answering on a connection (a defect fuzzing once found). Each stall costs a request
                 # timeout, so the run stops at the first one.
                 if run.stalled is None:
                     run.stalled = f"{event.label}: {event.info.code_sample or event.info.message}"

@@ -1,4 +1,4 @@
-"""Idempotency-Key on POST /api/jobs and /api/jobs/batch (issue 35): the same key with the same request answers what
+"""Idempotency-Key on POST /api/jobs and /api/jobs/batch (ADR 0016): the same key with the same request answers what
 the first was answered, with ``Idempotent-Replayed: true``, and makes no job; with another request it is a 422 naming
 the key; a key that is no key is a 400 naming the header; GET /api/jobs?idempotency_key= finds what a key made."""
 

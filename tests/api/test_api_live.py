@@ -78,7 +78,7 @@ async def test_shutdown_with_a_keep_alive_client_completes_within_a_bound(make_l
 async def test_serve_freezes_what_startup_built_out_of_the_collectors_sight(
     nursery: trio.Nursery, tmp_path: Path, kinds_path: Path, kinds: KindCatalog
 ) -> None:
-    # `supervisor serve` passes freeze_heap: a full collection must not scan the startup heap again (issue 10: a
+    # `supervisor serve` passes freeze_heap: a full collection must not scan the startup heap again (it was a
     # 25-45 ms stop of the event loop, the enqueue and promotion tails). Startup's garbage is collected first.
     gc.unfreeze()
     shutdown, stopped = trio.Event(), trio.Event()

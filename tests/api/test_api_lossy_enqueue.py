@@ -1,4 +1,4 @@
-"""Exactly-once enqueue through a lossy network (issue 35), end to end: a real ``supervisor serve`` behind a TCP proxy
+"""Exactly-once enqueue through a lossy network (ADR 0016), end to end: a real ``supervisor serve`` behind a TCP proxy
 that loses a share of the requests and a share of the answers (the connection reset either way), and a client that
 sends each request again with its Idempotency-Key until an answer comes back (the CLI's own retry). A thousand jobs,
 one request each and in batches: as many rows as acknowledged jobs, and each job ran once (its own log, once)."""
@@ -110,7 +110,7 @@ async def test_INV_KEY_ONCE_a_thousand_enqueues_through_a_lossy_network_make_a_t
 async def test_INV_KEY_ONCE_enqueues_through_a_proxy_that_cuts_requests_in_their_head_leave_the_server_up(
     server: str, nursery: trio.Nursery
 ) -> None:
-    """Issue 52: a lossy proxy that forwarded a request's first segment and closed the connection once the answer
+    """A lossy proxy that forwarded a request's first segment and closed the connection once the answer
     came stopped the server within a minute (a write racing hypercorn's send_eof). Here a share of the requests is
     cut in its head, and of the answers lost: every key is acknowledged once, and the server stays up."""
     host, port = server.removeprefix("http://").rsplit(":", 1)

@@ -1,5 +1,5 @@
 """The OpenAPI document describes exactly the app's routes, its Job schema exactly a public row, and its value rules
-exactly what the server accepts (issue 9 item 6): a value the document calls valid is accepted, one it calls invalid is
+exactly what the server accepts (ADR 0015): a value the document calls valid is accepted, one it calls invalid is
 refused. The fuzz test (test_api_fuzz.py) holds the server to the same document with generated requests."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ async def test_security_follows_the_public_endpoints(harness: Harness) -> None:
         if rule.endpoint in PUBLIC_ENDPOINTS:
             assert "security" in ops[key] and ops[key]["security"] != doc["security"], key
         else:
-            # The API token, with the scope the route needs (issue 41); a scope above read may be refused (403).
+            # The API token, with the scope the route needs (ADR 0017); a scope above read may be refused (403).
             scope = SCOPE_OF[rule.endpoint]
             assert ops[key]["security"] == [{"apiToken": [scope]}], key
             assert "401" in ops[key]["responses"], key
@@ -110,7 +110,7 @@ async def test_the_document_is_served(harness: Harness) -> None:
     assert body["openapi"].startswith("3.1")
 
 
-# -- the document's value rules are the server's (issue 9 item 6) ------------------------------------------------
+# -- the document's value rules are the server's -------------------------------------------------------------
 
 
 def parameter_schema(doc: dict[str, Any], operation_id: str, name: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Every param checked at enqueue (issue 41): the built-in pipeline's params and a kind's declared rules, at their
+"""Every param checked at enqueue (ADR 0017): the built-in pipeline's params and a kind's declared rules, at their
 edges, through the API (422 naming ``params.NAME``, nothing stored) and the CLI (exit 1, the field named). Before,
 ``-p feed=notaurl`` and ``-p max_episodes=-3`` were queued, took a slot and failed with ``exit_code_2``."""
 

@@ -1,4 +1,4 @@
-"""The two pauses (issue 53), through a live server: the operator's pause (the API) and the operator's pause file.
+"""The two pauses, through a live server: the operator's pause (the API) and the operator's pause file.
 ``docs/operations.md``: a pause made through the API is never ended by the file's removal; a pause flag the server
 cannot remove is a 409 naming it, never a 500."""
 

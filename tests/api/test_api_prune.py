@@ -1,4 +1,4 @@
-"""``POST /api/jobs/prune`` (issue 28): the finished jobs past the retention go now, with their logs, oldest first;
+"""``POST /api/jobs/prune``: the finished jobs past the retention go now, with their logs, oldest first;
 ``dry_run=true`` only lists them. Bad query values are a 422 naming the field."""
 
 from __future__ import annotations

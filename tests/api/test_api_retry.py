@@ -1,4 +1,4 @@
-"""``POST /api/jobs/{job_id}/retry`` (issue 28): an operator's explicit second try of a finished job is a new job of
+"""``POST /api/jobs/{job_id}/retry``: an operator's explicit second try of a finished job is a new job of
 the same kind and params whose ``retry_of`` names the old one, and the old one's row lists it (``retried_by``). Only
 a finished job; a kind that left the kinds file is named."""
 

@@ -1,5 +1,5 @@
 """Each route is declared once (supervisor/api/_routes.py): the app's route map, the routes that need no API token,
-the OpenAPI document's paths and the route table of docs/api.md are made from those declarations (issue 39 item 3),
+the OpenAPI document's paths and the route table of docs/api.md are made from those declarations (ADR 0015),
 and the CLI's client asks only for routes that are declared, with their methods."""
 
 from __future__ import annotations

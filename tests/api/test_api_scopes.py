@@ -1,4 +1,4 @@
-"""Scoped API tokens (issue 41, ADR 0017): every route x every scope x {no token, unknown, revoked}.
+"""Scoped API tokens (ADR 0017): every route x every scope x {no token, unknown, revoked}.
 
 The table of expected answers is made from the route declarations (``ROUTES``: each route's ``auth``), so a route
 added later is in it without editing this file: a token of at least the route's scope passes authentication; a

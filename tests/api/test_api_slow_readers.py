@@ -1,4 +1,4 @@
-"""Clients that do not read (issue 52), against a real ``supervisor serve``: 300 of them, each asking for a 1.8 MB page
+"""Clients that do not read (ADR 0019), against a real ``supervisor serve``: 300 of them, each asking for a 1.8 MB page
 of jobs and never reading it, beside a job that beats and progresses and an operator's ``/api/health``. Before: the
 server's RSS went 107 -> 648 MiB until the 60 s answer deadline cut them, /api/health took 12 s, and the job's beats
 waited behind the pages' encoding. Now: the pages are built two at a time, the answers not taken hold at most the

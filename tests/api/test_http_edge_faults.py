@@ -1,4 +1,4 @@
-"""The HTTP edge under faults (issue 52): one connection's failure ends that connection, never the server; the server
+"""The HTTP edge under faults (ADR 0019): one connection's failure ends that connection, never the server; the server
 itself is a supervised child, started again on the same socket; no client can take every connection.
 
 Each case speaks bytes to ``run_supervisor`` on port 0 (hypercorn + quart-trio, as in production). The server runs in

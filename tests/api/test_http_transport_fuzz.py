@@ -1,4 +1,4 @@
-"""A transport-level fuzzer against a real ``supervisor serve`` (issue 52): hundreds of connections that cut their
+"""A transport-level fuzzer against a real ``supervisor serve`` (ADR 0019): hundreds of connections that cut their
 request heads and bodies at random bytes, pipeline requests, hang up at random points and around each of the
 edge's timeouts (keep-alive, body, answer), with and without tokens, on every kind of route -- beside a job that
 beats every 0.2 s and an operator's well-formed requests.

@@ -1,4 +1,4 @@
-"""The benchmarks' smoke runs (issue 10): every bench script still runs end to end on a tiny N, so none can rot.
+"""The benchmarks' smoke runs (bench/README.md): every bench script still runs end to end on a tiny N, so none can rot.
 
 What is checked is that each script runs and reports every scenario, and the one structural fact the footprint
 establishes (no per-job helper process) — never how fast anything is: speed targets are PASS/MISS lines of

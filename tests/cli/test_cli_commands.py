@@ -352,7 +352,7 @@ async def test_enqueue_sends_its_request_again_after_a_lost_answer_and_makes_one
 
 async def test_queue_says_what_holds_the_queue_as_of_the_last_sweep(live: Live) -> None:
     await cli(live.url, "pause")
-    await live.supervisor.sweep()  # the queue's watch looks at every sweep (issue 40)
+    await live.supervisor.sweep()  # the queue's watch looks at every sweep
     await live.supervisor.enqueue("sleep", {"seconds": 1})
     shown = await cli(live.url, "queue")
     assert shown.code == EXIT_OK
@@ -362,7 +362,7 @@ async def test_queue_says_what_holds_the_queue_as_of_the_last_sweep(live: Live) 
 
 
 async def test_more_waits_than_event_stream_slots_each_exit_with_their_jobs_outcome(make_live: MakeLive) -> None:
-    """Issue 52: with every stream slot taken, `wait` exited 4 "cannot reach the supervisor" -- a busy server reported
+    """With every stream slot taken, `wait` exited 4 "cannot reach the supervisor" -- a busy server reported
     as a dead one. A full stream is busy: each `wait` says so, learns its job's outcome from the rows meanwhile, and
     exits with it."""
     live = await make_live(events_max_clients=1, max_concurrent=4)
@@ -383,7 +383,7 @@ async def test_more_waits_than_event_stream_slots_each_exit_with_their_jobs_outc
 async def test_logs_follow_prints_every_attempt_of_a_resubmitted_job_whole_and_in_order(
     live: Live, tmp_path: Path
 ) -> None:
-    """Issue 53: the follower kept one byte offset across attempts while the API served the current attempt's log,
+    """The follower kept one byte offset across attempts while the API served the current attempt's log,
     so the second attempt was printed from the wrong place (or not at all)."""
     job_id = (await live.supervisor.enqueue("twice", {"marker": str(tmp_path / "marker")})).job.job_id
     followed = await cli(live.url, "logs", job_id, "--follow")
@@ -402,7 +402,7 @@ async def test_logs_follow_prints_every_attempt_of_a_resubmitted_job_whole_and_i
 async def test_an_interrupted_enqueue_from_file_says_what_it_stored_and_its_rerun_stores_only_the_rest(
     live: Live, tmp_path: Path, nursery: trio.Nursery
 ) -> None:
-    """Issue 53: 4,000 jobs in a file, the server gone after the first two batches: the CLI said only "cannot reach",
+    """4,000 jobs in a file, the server gone after the first two batches: the CLI said only "cannot reach",
     and the obvious rerun stored all 4,000 again (a new key per invocation). Now a file's batches are keyed by its
     content: the rerun stores only what the first run did not."""
     await live.supervisor.pause()  # the jobs stay queued: only their rows are counted

@@ -1,4 +1,4 @@
-"""Every client command pointed at the wrong thing (issue 53): a server answering JSON of another shape, an HTML page,
+"""Every client command pointed at the wrong thing: a server answering JSON of another shape, an HTML page,
 a closed port, and absurd arguments. Each ends in one ``error:`` line, never a traceback, with the exit code of
 ``docs/api.md``'s table: 4 when no usable answer came (unreachable, or not this API's answer), 2 for arguments."""
 

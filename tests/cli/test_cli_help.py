@@ -57,7 +57,7 @@ def test_every_verb_s_help_ends_with_an_example(verb: str, capsys: pytest.Captur
 
 
 def test_the_help_reads_as_plain_words(capsys: pytest.CaptureFixture[str]) -> None:
-    """No reStructuredText literals, Markdown code spans or the code's own module names in any help (issue 41)."""
+    """No reStructuredText literals, Markdown code spans or the code's own module names in any help (ADR 0017)."""
     texts = []
     for argv in ([], *([verb] for verb in VERBS)):
         with pytest.raises(SystemExit):

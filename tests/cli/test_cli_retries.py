@@ -1,4 +1,4 @@
-"""The CLI's own retry of a keyed enqueue (issue 35, ``supervisor.cli.with_retries``): again after no answer or a 503
+"""The CLI's own retry of a keyed enqueue (ADR 0016, ``supervisor.cli.with_retries``): again after no answer or a 503
 (waiting the server's Retry-After, bounded, or else the backoff), at most a bounded number of times; never after an
 answer that is the caller's fault."""
 

@@ -120,7 +120,7 @@ def test_other_libraries_logs_and_python_warnings_are_json_lines_like_the_server
 
 
 async def test_serve_runs_docker_mode_and_pins_it_in_its_start_line_and_health(tmp_path: Path) -> None:
-    """Issue 11: serve no longer refuses docker mode. Starting needs no engine: the client does no I/O until a job
+    """Serve no longer refuses docker mode. Starting needs no engine: the client does no I/O until a job
     runs (the engine's absence is then UNKNOWN, never a failed start)."""
     url = f"http://127.0.0.1:{free_port()}"
     env = cli_env(
@@ -168,7 +168,7 @@ def _newer_registry(path: Path) -> None:
 async def test_a_registry_that_cannot_be_opened_ends_serve_in_one_line_with_exit_3_and_is_left_untouched(
     tmp_path: Path, case: str, expected: str
 ) -> None:
-    """Issue 39: every foreseeable way the registry cannot be opened was a Python traceback and exit 1."""
+    """Every foreseeable way the registry cannot be opened was a Python traceback and exit 1."""
     data = tmp_path / "data"
     registry = data / ".viewer" / "jobs.sqlite3"
     if case == "data_dir_is_a_file":
@@ -192,7 +192,7 @@ async def test_a_registry_that_cannot_be_opened_ends_serve_in_one_line_with_exit
 
 
 async def test_serve_raises_its_open_files_soft_limit_and_fits_its_connection_bound_to_it(tmp_path: Path) -> None:
-    """Issue 52: a soft limit of 1,024 descriptors (the usual default) meant EMFILE for every client past it, and
+    """A soft limit of 1,024 descriptors (the usual default) meant EMFILE for every client past it, and
     for the jobs' starts. ``serve`` raises its soft limit to the hard one, and bounds its connections to what fits."""
     url = f"http://127.0.0.1:{free_port()}"
     env = cli_env(tmp_path, PODCAST_JOB_BIND=url.removeprefix("http://"))

@@ -1,5 +1,5 @@
 """``supervisor token add|list|revoke`` and a real ``supervisor serve`` that applies the tokens file on SIGHUP
-(issue 41): a new token printed once and alone on stdout, the file holding digests only (mode 0600), a ``read`` token
+(ADR 0017): a new token printed once and alone on stdout, the file holding digests only (mode 0600), a ``read`` token
 refused every change, an ``enqueue`` token's job attributed to its name, a revoked token refused."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Signals at start-up (issue 53): ``supervisor serve`` started as an operator starts it (the console script),
+"""Signals at start-up: ``supervisor serve`` started as an operator starts it (the console script),
 signalled at 0.05 s steps through its first second, and while another process holds the registry's lock.
 
 SIGHUP (the token reload) never ends it; SIGTERM and SIGINT end it with exit 0, every line of its output a JSON

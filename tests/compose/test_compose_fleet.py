@@ -1,4 +1,4 @@
-"""The fleet compose file (compose/docker-compose.fleet.yml), run for real on the Docker engine, end to end (issue 27).
+"""The fleet compose file (compose/docker-compose.fleet.yml), run for real on the Docker engine, end to end (ADR 0012).
 
 What runs is the shipped file, unchanged, brought up with ``docker-compose up -d --no-build``, with only its variables
 set: a unique project name and ``PODCAST_FLEET`` (the jobs network and the three volumes), free host ports for both

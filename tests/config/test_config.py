@@ -289,7 +289,7 @@ def test_the_run_directory_is_auto_off_or_an_absolute_path_and_nothing_else(tmp_
     assert traced.shepherd_trace_file == Path("/tmp/trace.ndjson")
 
 
-# -- the registry: SQLite by default, PostgreSQL by URL (issue 27) ---------------------------------------------
+# -- the registry: SQLite by default, PostgreSQL by URL (ADR 0012) ---------------------------------------------
 
 
 def test_sqlite_is_the_default_and_a_postgresql_url_selects_postgresql() -> None:

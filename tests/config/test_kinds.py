@@ -393,7 +393,7 @@ def test_missing_kinds_file_is_an_error(tmp_path: Path) -> None:
         load_kinds(tmp_path / "absent.toml")
 
 
-# -- param rules (issue 41) ---------------------------------------------------------------------------------------
+# -- param rules (ADR 0017) ---------------------------------------------------------------------------------------
 
 RULED = """
 [kinds.ruled]
@@ -467,7 +467,7 @@ def test_a_param_at_the_edge_of_its_rule_is_taken(tmp_path: Path, name: str, val
 
 
 def test_the_pipeline_kind_declares_what_the_runner_checks() -> None:
-    """A pipeline job the runner would refuse (exit 2) is refused at enqueue instead (issue 41)."""
+    """A pipeline job the runner would refuse (exit 2) is refused at enqueue instead (ADR 0017)."""
     pipeline = load_kinds(None).get("pipeline")
     feed = "https://e.org/f"
     for bad in (

@@ -84,7 +84,7 @@ FLOORED = [s for s in NUMBERS if s.read.floor is not None and below_floor(s) is 
 
 @pytest.mark.parametrize("setting", FLOORED, ids=lambda s: s.env)
 def test_a_number_below_its_floor_is_the_floor_and_says_so(setting) -> None:  # type: ignore[no-untyped-def]
-    """E.g. PODCAST_JOB_IDEMPOTENCY_TTL_SECONDS=60 keeps keys an hour (issue 35: a floor of 1 h, not 'no key')."""
+    """E.g. PODCAST_JOB_IDEMPOTENCY_TTL_SECONDS=60 keeps keys an hour (ADR 0016: a floor of 1 h, not 'no key')."""
     assert "PODCAST_JOB_IDEMPOTENCY_TTL_SECONDS" in {s.env for s in FLOORED}
     below = below_floor(setting)
     config, warnings = load_config({setting.env: str(below)})

@@ -1,4 +1,4 @@
-"""Absence detection (issue 12; ADR 0002 D8-D9): progress age and heartbeat silence, judged by the sweeper.
+"""Absence detection (ADR 0002 D8-D9): progress age and heartbeat silence, judged by the sweeper.
 
 The rules are a pure table (``judge_absence``). The sweeper tests run on a virtual clock and assert the virtual time
 at which a flag is judged; the jobs are real processes (bystanders this boot adopts), so liveness is real evidence.

@@ -1,4 +1,4 @@
-"""End to end (issue 52) with the real ``supervisor serve``: a job that works is never judged stalled or silent, and
+"""End to end (ADR 0019) with the real ``supervisor serve``: a job that works is never judged stalled or silent, and
 never stopped for it -- not after an operator read it (the heartbeat writer), not for the supervisor's own outage (a
 restart longer than the thresholds, a SIGSTOP) -- while a job truly stalled is still flagged, a threshold and a sweep
 after the new boot.

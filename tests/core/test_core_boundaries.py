@@ -1,4 +1,4 @@
-"""Issue 38: failure and cancellation boundaries. A drain cancelled at any of its checkpoints, a start whose outcome is
+"""Failure and cancellation boundaries. A drain cancelled at any of its checkpoints, a start whose outcome is
 unknown, a registry that fails in a background task, a registry that answers slowly to the leader: none strands a job,
 a slot or the truth. On a virtual clock, with the in-memory registry and executor (the real shepherd's case is in
 ``tests/execution/test_shepherd_stopped.py``)."""
@@ -149,7 +149,7 @@ async def _drain_cancelled_at(sup: Supervisor, step: int) -> bool:
 async def test_a_drain_cancelled_at_any_checkpoint_leaves_each_promoted_row_started_queued_or_for_reconcile(
     autojump_clock: trio.testing.MockClock, make_world: Callable[..., World]
 ) -> None:
-    """Item 2 of issue 38, at every checkpoint of a drain in turn: once it is cancelled, no row stays held as "being
+    """At every checkpoint of a drain in turn: once it is cancelled, no row stays held as "being
     started" by nobody; each promoted row is spawned and watched by a monitor, back in the queue, or running unheld
     for reconcile to judge -- and reconcile then judges every one, so that each job runs exactly once and succeeds
     (a start that never happened is not counted as an attempt)."""
@@ -467,7 +467,7 @@ async def test_a_bug_in_a_start_task_ends_the_supervisor(
 
 
 async def test_the_gates_a_boot_carries_refuse_until_opened(tmp_path: Path) -> None:
-    """Issue 38: may promote and leader duties default to refusing: a Supervisor whose fleet task has not renewed a
+    """May promote and leader duties default to refusing: a Supervisor whose fleet task has not renewed a
     lease (and that is not declared standalone) promotes nothing and leads nothing."""
     config = Config(data_dir=tmp_path / "data", bind_port=0)
     async with trio.open_nursery() as machines:
@@ -523,7 +523,7 @@ class SlowRegistry(MemoryRegistry):
 async def test_the_lease_renews_on_its_own_clock_however_slow_the_leaders_other_rounds(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
-    """Item 4 of issue 38: the leader renewed, then ran its silent-host round (up to a third of the lease), then
+    """ADR 0014: the leader renewed, then ran its silent-host round (up to a third of the lease), then
     slept a third: with a renewal that takes half a period, two renewals' requests were 2.5 periods apart, past the
     2.4 a renewal keeps fresh, and a healthy leader stepped down and stopped promoting. Now the renewals keep their
     own period whatever the round does."""

@@ -1,4 +1,4 @@
-"""Bulk actions (issue 57): a dry run's selection is exactly what is acted on, each job once, whatever arrives
+"""Bulk actions: a dry run's selection is exactly what is acted on, each job once, whatever arrives
 meanwhile, however often the action is repeated, and when it was cut off halfway."""
 
 from __future__ import annotations

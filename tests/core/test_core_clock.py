@@ -1,4 +1,4 @@
-"""A stepped system clock (issue 26): an hour forward or back fires no rule wrongly -- no stall, no wall-clock stale,
+"""A stepped system clock (ADR 0010): an hour forward or back fires no rule wrongly -- no stall, no wall-clock stale,
 no backoff skipped or stretched -- because one ``SteadyWallClock`` (the system's time at boot, moved by the
 monotonic clock) stamps every row and times every rule of a boot (INV-MONOTONIC-DURATIONS). The sweeper says once
 that the system clock stepped away, and once that it agrees again.

@@ -220,7 +220,7 @@ async def test_a_boot_killed_between_start_and_recording_the_identity_is_adopted
 async def test_stall_action_terminate_stops_a_stalled_job_through_its_executor(
     make: Callable[..., Supervisor], world: World
 ) -> None:
-    """Issue 12's `terminate` in every exec mode: a job that makes no progress is stopped as a cancel would stop it
+    """`terminate` (ADR 0002 D9) in every exec mode: a job that makes no progress is stopped as a cancel would stop it
     (SIGTERM/SIGKILL through the shepherd, `docker stop`), and its row ends stale/progress_stalled once it is gone."""
     sup = make(progress_stale_after_s=0.3, stall_action="terminate", cancel_grace_s=1.0, sweep_interval_s=3600)
     job = await wait_running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)

@@ -156,7 +156,7 @@ async def test_every_transition_is_one_log_line_with_its_fields(make_supervisor:
 async def test_any_spawn_failure_finalizes_the_row_and_the_queue_moves_on_INV_SPAWN_FAILURE_FREES_SLOT(
     make_supervisor: Callable[..., Supervisor],
 ) -> None:
-    """Issue 9 #1: a defect inside one spawn (here an argv the OS cannot encode, enqueued by another process
+    """A defect inside one spawn (here an argv the OS cannot encode, enqueued by another process
     that bypassed validation) once raised out of drain and left the row RUNNING with no process, holding the
     only slot for ever."""
     sup = make_supervisor(max_concurrent=1)
@@ -333,7 +333,7 @@ async def test_the_pause_file_holds_promotion_and_its_removal_resumes(
 async def test_the_pause_file_holds_every_promotion_that_begins_after_it_exists(
     make_supervisor: Callable[..., Supervisor],
 ) -> None:
-    """Issue 36 (ADR-152 §7): a corpus repair can ``touch`` the file and start at once. Jobs are enqueued and drained
+    """ADR-152 §7: a corpus repair can ``touch`` the file and start at once. Jobs are enqueued and drained
     in a loop, with slots to spare, and the file appears partway: no job enqueued after the touch is promoted, by
     this loop's drains or by the drainer's own rounds. (A look at most once a second let them through.)"""
     sup = make_supervisor(max_concurrent=50)
@@ -421,7 +421,7 @@ async def test_a_round_waited_for_when_the_drainer_task_ends_returns(
 ) -> None:
     """A request waiting for a drainer round (a resume, the operator's reconcile) while the drainer task ends (the
     shutdown cancels it mid-round) is let go: nothing is left waiting for a round that will never come. Before,
-    it waited on an Event that only the ended task would have set (issue 52's pattern)."""
+    it waited on an Event that only the ended task would have set (the pattern ADR 0019's Doorbell ends)."""
     sup = make_supervisor(attach=False)
     in_round = trio.Event()
 

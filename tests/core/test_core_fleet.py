@@ -1,4 +1,4 @@
-"""A fleet of supervisors on one registry (issue 27, ADR 0012), on virtual time: two hosts, each with its own
+"""A fleet of supervisors on one registry (ADR 0012), on virtual time: two hosts, each with its own
 "machine" (an in-memory executor that only it can see), one shared in-memory registry.
 
 - no host judges a process it cannot see: another host's running rows are never finalized by this one's sweeps;
@@ -399,7 +399,7 @@ async def test_a_host_whose_kinds_differ_from_the_fleets_says_so_at_start(
 async def test_after_a_database_outage_the_first_host_to_lead_again_names_no_live_host_silent(
     jump_clock: trio.testing.MockClock, fleet: Callable[..., Host]
 ) -> None:
-    # Found by the PostgreSQL restart test (issue 27): every lease expires while the database is down; the first host
+    # Found by the PostgreSQL restart test (ADR 0012): every lease expires while the database is down; the first host
     # to renew and lead again named the other, whose renewal was a moment behind, silent (an ERROR and a forget
     # suggested for a live host), then back.
     a, b = fleet("a"), fleet("b")

@@ -1,4 +1,4 @@
-"""A fleet of real ``supervisor serve`` processes on one PostgreSQL schema (issue 27, ADR 0012), end to end.
+"""A fleet of real ``supervisor serve`` processes on one PostgreSQL schema (ADR 0012), end to end.
 
 Three supervisors, each with its own data dir and host id; one of them runs in its own PID namespace
 (``unshare --pid --fork --mount-proc``) so that it cannot see the others' processes, as another machine could not.
@@ -544,7 +544,7 @@ async def test_INV_PROMOTION_NEVER_OVERSHOOTS_across_three_hosts_none_lost_none_
 async def test_INV_KEY_ONCE_enqueues_through_a_lossy_network_to_two_hosts_make_each_job_once(
     fleet: Fleet, nursery: trio.Nursery
 ) -> None:
-    """Issue 35, fleet-wide: two hosts on one PostgreSQL, each behind a proxy that loses requests and answers; the
+    """INV-KEY-ONCE fleet-wide: two hosts on one PostgreSQL, each behind a proxy that loses requests and answers; the
     client sends each request again with its key to the other host. As many rows as acknowledged jobs, each run once
     (its own log), whichever host took which attempt."""
     hosts = [await fleet.start("h1"), await fleet.start("h2")]
@@ -598,7 +598,7 @@ async def leaders(fleet: Fleet, hosts: list[Host]) -> dict[str, bool]:
 async def test_INV_ONE_LEADER_two_machines_with_one_host_id_never_lead_together_a_restart_of_one_leads_at_once(
     fleet: Fleet,
 ) -> None:
-    """Issue 36: a boot succeeds only the boot its own data dir's lock names. A second machine given h1's id (its own
+    """A boot succeeds only the boot its own data dir's lock names. A second machine given h1's id (its own
     data dir) never takes a live h1's lead; h1 SIGKILLed and restarted on its own data dir leads at once."""
     first = await fleet.start("h1")
     assert (await fleet.get(first, "/api/health"))["leader"] is True
@@ -1237,7 +1237,7 @@ async def test_INV_SILENT_HOST_ENDS_BY_PROOF_a_silent_hosts_container_that_exite
 
 
 async def test_a_host_cut_off_from_its_database_says_its_queue_stuck_for_its_stale_lease(fleet: Fleet) -> None:
-    """Issue 40 on PostgreSQL: h1 reaches the database through a proxy the test cuts. A job waits on h1 (behind a
+    """Watched on PostgreSQL: h1 reaches the database through a proxy the test cuts. A job waits on h1 (behind a
     pause, whose own threshold is far off); once cut, h1 can read nothing, its lease goes stale, and its watch judges
     on what needs no read: the queue stuck for lease_not_fresh, in its log and its health, within the threshold."""
     database = httpx.URL(fleet.database_url)

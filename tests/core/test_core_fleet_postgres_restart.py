@@ -1,4 +1,4 @@
-"""PostgreSQL stopped and restarted under a fleet's load (issue 27, ADR 0012), end to end.
+"""PostgreSQL stopped and restarted under a fleet's load (ADR 0012), end to end.
 
 Two real ``supervisor serve`` hosts on a PRIVATE cluster (``scripts/postgres.sh up`` on a port of its own, never the
 shared one the other tests use: this test stops it), leases of 3 s, a database timeout of 1 s. Four gated jobs run,

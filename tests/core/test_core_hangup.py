@@ -1,4 +1,4 @@
-"""Issue 38, end to end through a real ``supervisor serve``: a client that hangs up on a request that moves the queue
+"""ADR 0014 end to end through a real ``supervisor serve``: a client that hangs up on a request that moves the queue
 (``POST /api/queue/resume``, the operator's ``POST /api/jobs/reconcile``) a few milliseconds after sending it -- a
 Ctrl-C of the CLI, a script's timeout, a flaky link -- never strands a job or a slot. Before the fix, the drain ran in
 the request's own task: the reset cancelled it between the promotion and the starts, and the promoted rows held every

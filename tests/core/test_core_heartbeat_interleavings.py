@@ -1,4 +1,4 @@
-"""The heartbeat writer's protocol between tasks, driven through random interleavings (issue 52): beats taken by the
+"""The heartbeat writer's protocol between tasks, driven through random interleavings (ADR 0019): beats taken by the
 API, reads that write what is pending first, a writer task, failing and slow registry writes, cancelled reads and a
 shutdown that writes on the way out. A hypothesis state machine picks the order; a ``MockClock`` that only the rules
 move makes each step deterministic.
@@ -234,7 +234,7 @@ TestHeartbeatWriter.settings = settings(max_examples=60, stateful_step_count=40,
 async def test_a_beat_taken_after_a_read_is_written_by_the_writer_alone(
     autojump_clock: trio.testing.MockClock, after_read: bool
 ) -> None:
-    """The defect of issue 52, as it was met: once a read had written the pending beats while the writer waited, no
+    """The defect ADR 0019 names, as it was met: once a read had written the pending beats while the writer waited, no
     beat was written again until the next read (the read replaced the writer's wake-up ``Event``)."""
     registry = FakeRegistry()
     beats = Heartbeats(registry, lambda job: None)  # type: ignore[arg-type]

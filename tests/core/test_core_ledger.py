@@ -1,4 +1,4 @@
-"""The core's one shared mutable state (``JobLedger``) and its wiring in one place (issue 54).
+"""The core's one shared mutable state (``JobLedger``) and its wiring in one place (ADR 0015 §5).
 
 The ledger's verbs are what INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING rests on: a promotion under way is seen by a read
 that overlaps it, a held start is ``being_started`` until it is handed or released, and a monitor's release never

@@ -1,4 +1,4 @@
-"""The supervisor's log may sit on the disk that filled up (issue 36): a line that cannot be written is dropped and
+"""The supervisor's log may sit on the disk that filled up (ADR 0010): a line that cannot be written is dropped and
 counted, never raised into the code that logs -- the lease's renewal logs too, and must never stop for it -- and the
 first line written once the disk takes writes again says how many were lost."""
 

@@ -270,7 +270,7 @@ class _SlowStarts(MemoryExecutor):
 async def test_a_slow_start_never_holds_back_the_next_jobs_start(
     make_supervisor: Callable[..., Supervisor], nursery: trio.Nursery
 ) -> None:
-    # Issue 10 (promotion latency): jobs a job's end promoted are started by the drainer; one start waiting on its
+    # Promotion latency (ADR 0004): jobs a job's end promoted are started by the drainer; one start waiting on its
     # executor must not keep the next ending job's successor waiting behind it.
     machine = _SlowStarts(nursery)
     sup = make_supervisor(executor=lambda config: machine, max_concurrent=2, sweep_interval_s=3600)

@@ -1,4 +1,4 @@
-"""History that does not grow forever (issue 28): the sweeper removes finished jobs past the retention -- their rows,
+"""History that does not grow forever: the sweeper removes finished jobs past the retention -- their rows,
 each attempt's log and the shepherd's records beside it -- oldest first, a small batch at most once a minute; never a
 queued job. On a virtual clock: a day of retention passes in no time."""
 
@@ -147,7 +147,7 @@ async def test_the_count_rule_keeps_the_newest_finished_jobs(
 async def test_the_sweeper_expires_idempotency_keys_and_a_keyed_job_outlives_the_retention_until_then(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    """Issue 35: a job a live key answered is kept past the retention until its key expires, so that a late retry
+    """A job a live key answered is kept past the retention until its key expires, so that a late retry
     still replays it; then the key goes, and the job after it."""
     config = Config(
         data_dir=tmp_path / "data",

@@ -1,4 +1,4 @@
-"""The queue's own watch (issue 40): the stuck rule, said once when it starts and once when it ends; never for a
+"""The queue's own watch: the stuck rule, said once when it starts and once when it ends; never for a
 queue that is only busy. The rule is pure (its observations carry their own times); the supervisor's side runs on a
 virtual clock: hours of waiting pass in no time."""
 
@@ -152,7 +152,7 @@ async def test_a_queue_paused_too_long_is_said_stuck_in_the_log_metrics_health_a
 async def test_queue_stuck_and_moving_go_through_the_outbox_once_each_and_a_restart_does_not_say_stuck_twice(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    """The webhooks (issue 40): one ``queue.stuck`` with the reason, the oldest job and its age, the free slots and
+    """The webhooks: one ``queue.stuck`` with the reason, the oldest job and its age, the free slots and
     the host; none at the sweeps after; a new boot on the same registry, the queue still stuck, announces nothing
     again; one ``queue.moving`` when it moves, rendered for a receiver with the queue's details in place of a row."""
     config = Config(data_dir=tmp_path / "data", bind_port=0, pause_warn_s=3600.0, host_id="h1")

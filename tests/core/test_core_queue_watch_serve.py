@@ -1,4 +1,4 @@
-"""The queue's watch end to end (issue 40): a real ``supervisor serve`` with a webhook receiver on loopback, short
+"""The queue's watch end to end: a real ``supervisor serve`` with a webhook receiver on loopback, short
 thresholds (1 s; sweeps every second). A pause file left behind and a pause made through the API each show on
 ``/metrics`` within a sweep, send one ``queue.stuck`` past the threshold, nothing more while they hold -- across a
 ``kill -9`` and a restart too -- and one ``queue.moving`` when they clear."""

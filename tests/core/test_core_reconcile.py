@@ -1,4 +1,4 @@
-"""Reconcile: tri-state evidence and the rules table of issue 3, each row named by the invariant it holds."""
+"""Reconcile: tri-state evidence and the rules table of ADR 0001, each row named by the invariant it holds."""
 
 from __future__ import annotations
 
@@ -178,7 +178,7 @@ async def test_this_boot_spawn_window_is_untouched_INV_RUNNING_MEANS_SPAWNED_OR_
 async def test_this_boot_start_that_nobody_holds_and_never_happened_goes_back_to_the_queue(
     make_supervisor: Callable[..., Supervisor],
 ) -> None:
-    """Issue 38: a row this boot promoted whose start nobody holds any more (a drain cancelled part way) was untouched
+    """A row this boot promoted whose start nobody holds any more (a drain cancelled part way) was untouched
     for ever as a "spawn window", holding its slot. It is judged on the evidence: no start was ever asked of the
     shepherd and none is recorded, so it provably never ran: back to the queue, the start not counted."""
     sup = make_supervisor(boot_id="me", attach=False)
@@ -244,7 +244,7 @@ async def test_a_disabled_window_never_marks_stale(
         (True, True, False, None, True, True, Decision("untouched", reason="spawn_window")),
         # INV-IDENTITY-BEFORE-PROGRAM: a prior boot's row with no process, none still coming: back to the queue
         (False, False, False, None, False, False, Decision("requeue", reason=NEVER_STARTED)),
-        # issue 38: one of this boot's whose start nobody holds any more (given up on, a drain cancelled part way) is
+        # ADR 0014: one of this boot's whose start nobody holds any more (given up on, a drain cancelled part way) is
         # judged on the evidence like a prior boot's: provably never started, back to the queue ...
         (True, False, False, None, True, True, Decision("requeue", reason=NEVER_STARTED)),
         # ... kept while the start may still happen (its shepherd has not answered), never recorded failed

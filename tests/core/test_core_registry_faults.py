@@ -1,7 +1,7 @@
 """A registry that cannot take writes, under a real ``supervisor serve``: a full disk, a database locked past the
 busy timeout, a file deleted or made read-only while running, a damaged file at startup.
 
-The promise (issue 26, ADR 0010): the supervisor never exits because of it; writes are retried, never dropped; the
+The promise (ADR 0010): the supervisor never exits because of it; writes are retried, never dropped; the
 API answers 503 with ``Retry-After`` for writes and keeps answering reads and health (which says what is degraded);
 running jobs keep their slots; a job that ends during the fault has its true outcome recorded once the fault ends;
 one ERROR when the fault starts and one INFO when it ends.
@@ -132,7 +132,7 @@ async def _run_a_fault(
             return True if failed is not None and int(failed.group(1)) >= 3 else None
 
         await poll(retried_at_least_twice, timeout_s=WAIT_S)
-        # The queue's watch (issue 40) names what holds the queue, within a sweep.
+        # The queue's watch names what holds the queue, within a sweep.
         await poll(lambda: _held(client, server.url, "registry_unwritable"), timeout_s=WAIT_S)
         await trio.sleep(lasting_s)  # a fault that lasts (past a lease, say): a duration of the scenario
         assert (await _job(client, server.url, job_id))["status"] == "running"  # the slot is kept meanwhile
@@ -184,7 +184,7 @@ async def test_a_full_disk_that_holds_its_log_too_heals_once_space_is_back(
     start_server: Callable[..., Awaitable[Any]], small_filesystem: Path, tmp_path: Path, env: dict[str, str],
     on_the_disk: str,
 ) -> None:  # fmt: skip
-    """Issue 36, as reported from outside: with the supervisor's own output on the full disk as well (an operator
+    """As reported from outside: with the supervisor's own output on the full disk as well (an operator
     redirects it there), a supervisor stayed up but never healed -- its lease stale, every enqueue a 503 long after the
     space was back. Here the fault outlasts the lease, with the log on the disk: the lease is renewed, enqueues are
     taken and run, the job that ended meanwhile gets its true outcome, and the fault's start and end are said once

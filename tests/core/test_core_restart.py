@@ -272,7 +272,7 @@ def _started_line(log: Path) -> dict[str, object]:
 async def test_a_crash_restarted_box_leads_at_once_for_its_previous_boot_is_proved_gone(
     start_server: Callable[[], trio.Process], registry: SqliteRegistry, tmp_path: Path
 ) -> None:
-    """Issue 36: after a SIGKILL the restarted boot waited out its dead boot's lease (15 s by default) before it led,
+    """After a SIGKILL the restarted boot waited out its dead boot's lease (15 s by default) before it led,
     and so before it sent a webhook, pruned or watched silent hosts. The data dir's lock proves that boot gone: the
     new boot takes its lead at its first renewal, before it serves."""
     first = await start_server()  # type: ignore[misc]

@@ -1,4 +1,4 @@
-"""A long-running supervisor keeps flat resources while Trio retires its idle worker threads (issue 8).
+"""A long-running supervisor keeps flat resources while Trio retires its idle worker threads.
 
 Trio's thread cache ends a worker thread after ``IDLE_TIMEOUT`` (10 s) idle, so at the default 30 s sweep nearly
 every registry call lands on a new thread. Here the timeout is 0: every call lands on a new thread, and a few

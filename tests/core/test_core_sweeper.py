@@ -43,7 +43,7 @@ async def test_startup_sweep_runs_before_started_then_every_interval(autojump_cl
 async def test_a_condition_in_a_sweep_does_not_stop_the_loop_and_is_counted(
     autojump_clock: trio.testing.MockClock, error: Exception
 ) -> None:
-    """The sweeper's error boundary (issue 38): the registry, the engine or a disk failing is a condition: logged,
+    """The sweeper's error boundary (ADR 0014): the registry, the engine or a disk failing is a condition: logged,
     counted, and the next sweep runs on time."""
     target = FakeTarget(fail_on={1, 2}, error=error)
     tally = Tally()
@@ -59,7 +59,7 @@ async def test_a_condition_in_a_sweep_does_not_stop_the_loop_and_is_counted(
 async def test_a_bug_in_a_sweep_ends_the_sweeper_and_with_it_the_supervisor(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """Crash-only (issue 38): a bug is not a condition to log and go on with; it ends the nursery tree (systemd
+    """Crash-only (ADR 0014): a bug is not a condition to log and go on with; it ends the nursery tree (systemd
     restarts the supervisor; the next boot adopts its jobs)."""
     target = FakeTarget(fail_on={2}, error=RuntimeError("a bug"))
     start = trio.current_time()

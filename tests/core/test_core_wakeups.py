@@ -222,7 +222,7 @@ async def test_a_lost_session_is_said_once_reopened_with_backoff_said_back_and_c
 async def test_a_long_outage_is_retried_every_five_seconds_at_most_so_the_session_is_back_soon_after_the_server(
     jump_clock: trio.testing.MockClock, host: Callable[[], Any]
 ) -> None:
-    # Found by the PostgreSQL restart test (issue 27): doubling to 30 s, a session lost in a minute-long database
+    # Found by the PostgreSQL restart test (ADR 0012): doubling to 30 s, a session lost in a minute-long database
     # restart came back up to 30 s after the server did.
     sup, registry = host()
     [feed] = registry.feeds

@@ -1,4 +1,4 @@
-"""Wake-ups across a fleet (issue 27, ADR 0012 §7): real ``supervisor serve`` processes on one PostgreSQL schema.
+"""Wake-ups across a fleet (ADR 0012 §7): real ``supervisor serve`` processes on one PostgreSQL schema.
 
 With a sweep interval far longer than the test's bounds, polling cannot explain what happens: the hosts' sweep
 counts are checked unchanged.

@@ -1,5 +1,5 @@
 """``Doorbell``: the wake-up the drainer, the webhook sender, the fleet's timekeeper and the heartbeat writer wait on
-(issue 52). A hypothesis state machine rings it from other tasks, cancels the waiter's waits and lets virtual time
+(ADR 0019). A hypothesis state machine rings it from other tasks, cancels the waiter's waits and lets virtual time
 pass while the waiter is busy between waits; a ``MockClock`` that only the rules move keeps every step deterministic.
 
 Invariants: no ring is lost (a ring is always followed by a return of ``wait`` once the waiter waits again); rings

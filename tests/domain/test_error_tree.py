@@ -1,4 +1,4 @@
-"""The one error tree, as ``domain/_errors.py``'s docstring draws it, is the tree the code defines (issue 54): every
+"""The one error tree, as ``domain/_errors.py``'s docstring draws it, is the tree the code defines: every
 class under ``SupervisorError`` anywhere in ``supervisor`` is drawn, under its own base, and nothing drawn is gone."""
 
 from __future__ import annotations

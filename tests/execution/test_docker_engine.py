@@ -1,4 +1,4 @@
-"""Docker mode when its engine is in trouble (issue 26): stopped (its socket refuses, or is not there), hung (it
+"""Docker mode when its engine is in trouble (ADR 0010): stopped (its socket refuses, or is not there), hung (it
 accepts and never answers), or answering 500 (to everything, or to all but ``/_ping``, or to all but the container
 list). Probes are UNKNOWN within the configured timeout, slots are kept, no job fails, the queue is held while starts
 cannot be made, one WARNING says so per episode and one INFO when it ends, ``/api/health`` names it; and everything
@@ -161,7 +161,7 @@ async def test_engine_trouble_keeps_slots_fails_nothing_holds_the_queue_and_warn
     assert "not answering since" in health.degraded["engine"]
     if trouble == "hang":
         assert "timed out" in health.degraded["engine"].lower()
-    # The queue's watch (issue 40) names what holds it: the engine, with a job waiting and a slot free.
+    # The queue's watch names what holds it: the engine, with a job waiting and a slot free.
     signals = await sup.queue_watch.judge()
     assert set(signals.held) == {"engine_unreachable"} and signals.stuck is None  # not stuck before 900 s
     metrics = (await sup.render_metrics()).decode()
@@ -286,7 +286,7 @@ async def _follow_up_of(sup: Supervisor, parent: Job) -> Job:
 async def test_a_start_the_engine_never_answers_is_not_failed_and_is_judged_once_it_answers(
     reaches: bool, engine: FakeEngine, make: Callable[..., Supervisor]
 ) -> None:
-    """Issue 38 in docker mode: the container is made, its start is never answered and its removal neither, so
+    """ADR 0014 in docker mode: the container is made, its start is never answered and its removal neither, so
     nobody here can know whether it runs. Before: ``failed / spawn_failed: docker start: …`` with its slot freed, and
     a container that had started ran unwatched. Now the row keeps its slot, running, until the engine answers: the
     container that started is found and its true end recorded; the one that never started is removed and the job

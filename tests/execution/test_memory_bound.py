@@ -1,4 +1,4 @@
-"""A kind's memory_max_mb, and the OOM score of every job (issue 56): a job that allocates past its bound ends
+"""A kind's memory_max_mb, and the OOM score of every job (ADR 0020): a job that allocates past its bound ends
 failed while the supervisor, the shepherd and the other jobs keep running; every job is a likelier OOM victim than
 the supervisor and its shepherd."""
 

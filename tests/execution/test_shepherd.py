@@ -1,4 +1,4 @@
-"""The job shepherd (issue 10): true outcomes, adoption, and what happens when the shepherd itself dies."""
+"""The job shepherd (ADR 0004): true outcomes, adoption, and what happens when the shepherd itself dies."""
 
 from __future__ import annotations
 
@@ -197,7 +197,7 @@ async def test_a_prior_boots_job_never_started_goes_back_to_the_queue(
 async def test_a_boot_killed_after_a_promotion_has_that_job_run_by_the_next_at_once_its_shepherd_answers(
     make_supervisor: Callable[..., Supervisor],
 ) -> None:
-    """Issue 25: the boot dies after promoting a job and before its shepherd started it (the start never sent), with
+    """The boot dies after promoting a job and before its shepherd started it (the start never sent), with
     its shepherd alive (it runs another job). While that shepherd is connected it might still start it: the slot is
     kept. Its marker turns ``closed`` once it has read its supervisor's socket to the end; from then on the next boot
     knows the job never started and runs it, as its first attempt, without any wait."""
@@ -291,7 +291,7 @@ def spares_of(log_dir: Path, shepherd_pid: int | None) -> list[str]:
 async def test_records_are_renamed_from_spares_made_while_idle_and_a_dead_shepherds_are_swept(
     make_supervisor: Callable[..., Supervisor], tmp_path: Path
 ) -> None:
-    # Issue 10 (promotion latency): making a file is a metadata change; spares made while the shepherd idles leave
+    # Promotion latency (ADR 0004): making a file is a metadata change; spares made while the shepherd idles leave
     # one rename on the way from a job's exit to the next job's start (wherever the records are written).
     sup = make_supervisor()
     run_dir = shepherd_of(sup).run_dir

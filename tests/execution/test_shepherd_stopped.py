@@ -1,4 +1,4 @@
-"""Issue 38, with the real shepherd: a start whose outcome is unknown is never recorded ``failed``.
+"""ADR 0014, with the real shepherd: a start whose outcome is unknown is never recorded ``failed``.
 
 The shepherd stopped (SIGSTOP, as a hung or swapped-out process is) while a job is promoted: its start is sent and not
 answered. Before the fix, the row ended ``failed / spawn_failed: the shepherd did not answer within 30 s`` and its slot

@@ -1,4 +1,4 @@
-"""Clients that misuse an HTTP connection to the supervisor (issue 52): each connection cuts its request's head or body
+"""Clients that misuse an HTTP connection to the supervisor (ADR 0019): each connection cuts its request's head or body
 at a random byte, pipelines requests, reads part of an answer or nothing, and hangs up at a random moment or around
 one of the edge's timeouts, with no token, a wrong one or a good one, on every kind of route. Used by the transport
 fuzzer in ``make test`` (``tests/api/test_http_transport_fuzz.py``) and by ``make soak`` for its whole run.

@@ -24,7 +24,7 @@ the API of the last boot:
 - nothing lost: every acknowledged job has a row, every row is terminal, and the API says what the registry says;
 - nothing made twice: every ``POST /api/jobs`` carries its job's own ``Idempotency-Key``, the client throws away
   ``--lose-answers`` of the answers that do come back (the lossy client: a network that loses them) and asks again,
-  to the next host, with the key; there are exactly as many rows as acknowledged jobs (issue 35: before keys, a
+  to the next host, with the key; there are exactly as many rows as acknowledged jobs (ADR 0016: before keys, a
   retried request whose first answer was lost made a second row, 1,001 rows for 1,000 jobs);
 - nothing runs twice except as a recorded resubmit: each row's ``attempts`` is the number of its journal starts, its
   ``history`` holds one entry per earlier attempt, and no attempt starts before the previous one ended;
@@ -35,7 +35,7 @@ the API of the last boot:
   it) and the registry's ``running`` count, sampled throughout;
 - nothing stuck: the last boot drains everything; no job process (or container) of the run is left.
 
-With ``--hosts N`` (N >= 2; subprocess mode; issue 27, ADR 0012) it is a fleet: N supervisors on a fresh schema of
+With ``--hosts N`` (N >= 2; subprocess mode; ADR 0012) it is a fleet: N supervisors on a fresh schema of
 one PostgreSQL server (``--database-url``, default ``$PODCAST_JOB_TEST_DATABASE_URL``; the schema is dropped after),
 each with its own data dir, port and ``PODCAST_JOB_HOST_ID`` (h1, h2, ...), a 3 s host lease and the fleet-wide
 ``--slots``. Each lives 0.5-3 s, is SIGKILLed, stays down 0.2-5 s (past its lease at times: its running jobs keep their
@@ -558,7 +558,7 @@ class Enqueuer:
     durations: list[float]
     gap_s: float
     rng: random.Random
-    # The lossy client (issue 35): this share of the answers that do come back is thrown away, as a network that
+    # The lossy client (ADR 0016): this share of the answers that do come back is thrown away, as a network that
     # loses them would, and the request sent again with its Idempotency-Key (every request carries one).
     lose_answers: float = 0.0
     acked: list[str] = field(default_factory=list)
@@ -1404,7 +1404,7 @@ def judge(
     kill_reason, kill_code = KILLED[plan.mode]
     by_id = {r.job_id: r for r in rows}
     lost = [job_id for job_id in acked if job_id not in by_id]
-    # INV-KEY-ONCE (issue 35): every request carries a key, so a retry after a lost answer never makes a second row.
+    # INV-KEY-ONCE (ADR 0016): every request carries a key, so a retry after a lost answer never makes a second row.
     unacknowledged = sorted(set(by_id) - set(acked))
     not_terminal = [r.job_id for r in rows if not r.status.is_terminal]
     unknown_runs = [job_id for job_id in journal.runs if job_id not in by_id]
@@ -1595,7 +1595,7 @@ def main() -> int:
         type=float,
         default=0.1,
         help="the share of 202 answers the API client throws away and asks again for, with the request's "
-        "Idempotency-Key (the lossy client: issue 35)",
+        "Idempotency-Key (the lossy client: ADR 0016)",
     )
     args = parser.parse_args()
     if not 0 <= args.lose_answers < 1:

@@ -1,4 +1,4 @@
-"""Soak benchmark (issue 8): a real ``supervisor serve`` under a light workload for a long time; its resources must
+"""Soak benchmark: a real ``supervisor serve`` under a light workload for a long time; its resources must
 stay flat.
 
 Usage: make soak   (or .venv/bin/python tests/longrun/soak.py [--duration-s 3600] [--sample-s 5] [--plot soak.png]
@@ -21,7 +21,7 @@ soak another checkout), with its data directory in a temporary directory, bound 
   without tokens, on every route kind but the queue's resume, which would lift the workload's own pause; ADR 0019);
 - then an idle gap, cycling through ``--idle-gaps-s`` (default 12, 15 and 31 s): all longer than the 10 s after which
   Trio's thread cache retires an idle worker thread, so the next registry call lands on a fresh thread. That is
-  what exposed the leak of issue 8 (a connection, two descriptors, per fresh thread).
+  what exposed the leak before the registry's pool (a connection, two descriptors, per fresh thread).
 
 Every outcome is checked (statuses, exit reasons, heartbeat units, log contents); an unexpected one, an HTTP error or
 a 5xx counts as a workload error.
@@ -40,7 +40,7 @@ metric's growth.
   legitimately fill to 2 MiB each as the file grows; the rest is allocator noise).
 - SQLite connections fail when any sample exceeds a bound (``--max-connections`` 4, the registry pool's size), not
   on growth: the pool opens its connections lazily and keeps them, so a step up to its size is no leak. A leak of
-  one connection per idle gap (issue 8) passes the bound within a few gaps.
+  one connection per idle gap (the leak the registry's pool ended) passes the bound within a few gaps.
 - The registry file grows with its rows, so it is reported (bytes per row), not judged; so is the total of
   descriptors.
 - A dead supervisor, too few samples to judge, or any workload error also fail the run.
@@ -740,7 +740,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if min(args.idle_gaps_s) <= TRIO_IDLE_TIMEOUT_S and args.from_csv is None:
         print(
             f"soak: note: an idle gap of {min(args.idle_gaps_s):g} s does not outlast Trio's {TRIO_IDLE_TIMEOUT_S:g} s "
-            "worker idle timeout; that path (issue 8) is exercised only by the longer gaps",
+            "worker idle timeout; that path (a connection per fresh thread) is exercised only by the longer gaps",
             file=sys.stderr,
         )
     return args
@@ -828,7 +828,7 @@ def results(
 
 
 def _misbehave_until(served: Served, at_once: int, stop: threading.Event, tally: dict[str, int]) -> None:
-    """The misbehaving clients (issue 52), ``at_once`` connections at a time until ``stop``; the edge's timeouts are
+    """The misbehaving clients (ADR 0019), ``at_once`` connections at a time until ``stop``; the edge's timeouts are
     the server's defaults, which they hang up around."""
     from supervisor.api import HttpLimits
 

@@ -64,7 +64,7 @@ def test_INV_ONE_LEADER_a_lead_taken_before_the_holders_lease_ran_out_is_reporte
 
 
 def test_INV_KEY_ONCE_one_row_more_than_the_acknowledged_jobs_fails_the_run(tmp_path: Path) -> None:
-    """Issue 35: the chaos run's verdict counts rows against acknowledged jobs, and one extra row (a retried request
+    """The chaos run's verdict counts rows against acknowledged jobs, and one extra row (a retried request
     that made a second job) fails it, even when that job ran once and ended well."""
     import random
 

@@ -8,7 +8,7 @@ outside recorded as that kill and resubmitted while attempts remain, an exit 0 a
 at once; nothing left running. Its results file goes to a temp dir. The smoke run goes on until a few outside kills
 have landed, so each run exercises resubmission whatever the machine's speed.
 
-The fleet version (``--hosts 2``, issue 27) runs two supervisors on a fresh schema of the test PostgreSQL server, each
+The fleet version (``--hosts 2``, ADR 0012) runs two supervisors on a fresh schema of the test PostgreSQL server, each
 SIGKILLed at random and restarted with its host id, and adds two checks: never two leaders (every host's health, the
 leader table's handovers: INV-ONE-LEADER), and no attempt ended by a host that did not run it (INV-OWNER-JUDGES).
 """
@@ -53,7 +53,7 @@ def check_figures(data: dict[str, Any], mode: str, checks: int = CHECKS) -> None
     assert data["kind"] == "chaos" and data["mode"] == mode and data["smoke"] is True
     assert data["verdict"] == "PASS" and [c["verdict"] for c in data["checks"]] == ["PASS"] * checks
     # 16 acknowledged, 16 rows: a request whose answer was lost (or thrown away by the lossy client) was sent again
-    # with its Idempotency-Key, and made no second row (issue 35).
+    # with its Idempotency-Key, and made no second row (ADR 0016).
     assert data["acknowledged"] == 16 == data["rows"] and data["rows_no_answer_acknowledged"] == 0
     assert sum(o["count"] for o in data["outcomes"]) == data["rows"]
     assert data["supervisor_kills"] >= 4 and data["machine"]["nproc"]

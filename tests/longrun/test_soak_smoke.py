@@ -63,7 +63,7 @@ def test_sqlite_connections_may_step_up_to_the_pool_size_but_not_past_it() -> No
     flat = [14] * 40
     pool_filling = [1] * 10 + [2] * 10 + [4] * 20  # lazily opened, then kept: not a leak
     assert all(t.ok for t in soak.judge(samples(flat, conns=pool_filling), warmup_s=0, slack=soak.Slack()))
-    leaking = [1 + i // 4 for i in range(40)]  # one more connection every idle gap (issue 8)
+    leaking = [1 + i // 4 for i in range(40)]  # one more connection every idle gap (as before the pool)
     conns = soak.judge(samples(flat, conns=leaking), warmup_s=0, slack=soak.Slack())[1]
     assert (conns.metric, conns.high, conns.ok) == ("registry_conns", 10, False)
 

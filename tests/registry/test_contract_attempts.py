@@ -1,4 +1,4 @@
-"""The contract for crash-only recovery (ADR-150 D4, issue 25), on every backend: a resubmitted job keeps its id and
+"""The contract for crash-only recovery (ADR-150 D4, ADR 0009), on every backend: a resubmitted job keeps its id and
 goes back to the queue in the same step as the attempt's outcome; it waits out its backoff; a start that never
 happened goes back to the head of the queue and does not count."""
 

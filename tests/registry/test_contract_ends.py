@@ -299,7 +299,7 @@ async def test_the_token_ends_with_the_job(registry: Registry, how: str) -> None
         await registry.check_job_token(job.job_id, "mine")
 
 
-# -- who asked (issue 41, ADR 0017) -----------------------------------------------------------------------------
+# -- who asked (ADR 0017) -----------------------------------------------------------------------------
 
 
 async def test_a_row_names_who_enqueued_it_and_who_first_asked_for_its_cancel(registry: Registry) -> None:

@@ -371,7 +371,7 @@ async def test_record_identities_for_an_unknown_job_records_none_of_the_batch(re
 
 
 async def test_the_oldest_waiting_row_is_read_in_a_read_only_snapshot(registry: Registry) -> None:
-    """Issue 40's read (the queue's watch, at every sweep): the row that runs next, in a read-only snapshot (on
+    """The queue's watch's read (at every sweep): the row that runs next, in a read-only snapshot (on
     PostgreSQL a FOR UPDATE there is refused: the watch could never look), or None when nothing waits."""
     assert await registry.oldest_waiting() is None
     ids = await enqueue(registry, 3)

@@ -86,7 +86,7 @@ async def test_INV_ONE_LEADER_the_lead_passes_only_once_the_holders_lease_has_ex
 async def test_a_boot_that_succeeds_its_hosts_previous_boot_takes_its_lead_at_once(
     registry: Registry, clock: WallClock
 ) -> None:
-    """Issue 36: a crash-restarted host proved its previous boot gone (the data dir's lock): that boot's lead is taken
+    """A crash-restarted host proved its previous boot gone (the data dir's lock): that boot's lead is taken
     at once, not after its lease. Only that boot's: a claim to succeed another boot, or another host's, moves
     nothing, so two machines given one host id never lead together."""
     await registry.renew_lease("h", "boot-1", lease_s=LEASE_S, lead=True)

@@ -1,4 +1,4 @@
-"""Idempotency keys (issue 35, ADR 0016), on every backend: a keyed request makes its rows once, in the transaction
+"""Idempotency keys (ADR 0016), on every backend: a keyed request makes its rows once, in the transaction
 that records the key; a retry of it answers the first answer and writes nothing; the key with another request is
 refused; a rolled-back request leaves the key free; a key expires, and until then the jobs it answered are never
 pruned. INV-KEY-ONCE is the name the engine's code gives the rule."""

@@ -196,7 +196,7 @@ async def test_pause_state_says_who_paused_and_since_when(registry: Registry, cl
 async def test_an_operators_pause_takes_over_a_files_so_only_a_resume_ends_it(
     registry: Registry, clock: WallClock
 ) -> None:
-    """Issue 53: the file paused first, the operator paused too; the pause stayed the file's, and the file's removal
+    """The file paused first, the operator paused too; the pause stayed the file's, and the file's removal
     (its host's resume, ``by`` the file) ended the operator's pause."""
     paused_at = clock.advance(10)
     await registry.set_paused(True, by=PAUSED_BY_FILE)

@@ -241,7 +241,7 @@ async def test_sigterm_ends_hung_workers_and_process_quickly(
         with trio.fail_after(5):
             await live.drain()
             code = await live.process.wait()
-    assert code == EXIT_TERMINATED  # its own code for a polite kill, which the kinds resubmit (issue 38)
+    assert code == EXIT_TERMINATED  # its own code for a polite kill, which the kinds resubmit (ADR 0014)
     assert live.events[-1]["event"] == "run_finished" and live.events[-1]["reason"] == "terminated"
     assert manifest(tmp_path)["counts"]["cancelled"] == 3
 
@@ -379,7 +379,7 @@ async def test_an_episode_that_kills_the_process_is_poisoned_after_n_kills(
 async def test_every_line_of_a_jobs_output_is_one_json_object_its_warnings_too(
     tmp_path: Path, closed_port_url: str
 ) -> None:
-    """Issue 36: a feed that cannot be reached made a plain-text ``WARNING pipeline_runner._run: ...`` line among the
+    """A feed that cannot be reached made a plain-text ``WARNING pipeline_runner._run: ...`` line among the
     JSON events of the job's log. Now the log is JSON on stderr, shaped like an event."""
     result = await run_runner(["run", "--feed", closed_port_url, *FAST], runner_env(tmp_path), cwd=tmp_path)
     assert result.returncode == EXIT_TRANSIENT, result.stderr

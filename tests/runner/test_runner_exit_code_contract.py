@@ -56,7 +56,7 @@ def test_the_table_names_every_exit_constant_once() -> None:
 
 
 def test_a_polite_kill_is_terminated_and_started_again_while_a_crash_is_not() -> None:
-    """The incident class of issue 38: SIGTERM from outside ended a pipeline job for good (exit 1)."""
+    """The incident class of ADR 0014: SIGTERM from outside ended a pipeline job for good (exit 1)."""
     terminated = _ending("pipeline", pipeline_runner.EXIT_TERMINATED)
     assert (terminated.outcome.status, terminated.outcome.reason) == (JobStatus.FAILED, "terminated")
     assert terminated.retry is not None
@@ -67,7 +67,7 @@ def test_a_polite_kill_is_terminated_and_started_again_while_a_crash_is_not() ->
 
 
 def test_the_pipeline_kind_declares_the_bounds_the_runner_checks() -> None:
-    """Issue 41: a pipeline job the runner would refuse (exit 2, invalid_params) is refused at enqueue instead."""
+    """A pipeline job the runner would refuse (exit 2, invalid_params) is refused at enqueue instead."""
     from supervisor.domain import FEED_URL_MAX_LENGTH, MAX_EPISODES, URL_PATTERN
 
     assert (MAX_EPISODES, FEED_URL_MAX_LENGTH) == (pipeline_runner.MAX_EPISODES, pipeline_runner.FEED_URL_MAX_LENGTH)

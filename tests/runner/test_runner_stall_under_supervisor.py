@@ -1,4 +1,4 @@
-"""End to end (issue 12): a real `pipeline` job whose feed server stops answering mid-run keeps heartbeating but
+"""End to end (ADR 0002 D9-D10): a real `pipeline` job whose feed server stops answering mid-run keeps heartbeating but
 makes no progress; the supervisor's sweeper flags it stalled, not dead, and it keeps running until cancelled."""
 
 from __future__ import annotations

@@ -158,7 +158,7 @@ async def test_an_episode_that_kills_every_attempt_is_poisoned_by_the_third_and_
 async def test_a_pipeline_job_terminated_from_outside_mid_download_is_started_again_and_its_half_episode_never_counts(
     http_server: HttpServer, tmp_path: Path, exec_mode: Literal["subprocess", "docker"]
 ) -> None:
-    """Issue 38: a polite kill is a kill. SIGTERM (``kill``; ``docker stop`` in docker mode) while an enclosure is
+    """A polite kill is a kill. SIGTERM (``kill``; ``docker stop`` in docker mode) while an enclosure is
     half downloaded: the runner stops gracefully with its own code for it, and the built-in kind resubmits the job
     (attempt 2) instead of failing it for good; the half-written episode never reaches the corpus, and the poison-pill
     memo does not count it (the second attempt fetches and keeps it)."""

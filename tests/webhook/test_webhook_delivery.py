@@ -1,4 +1,4 @@
-"""Webhooks from the transactional outbox, to a real local receiver (issue 12; ADR 0002 D10)."""
+"""Webhooks from the transactional outbox, to a real local receiver (ADR 0002 D10)."""
 
 from __future__ import annotations
 

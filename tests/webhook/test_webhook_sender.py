@@ -162,7 +162,7 @@ async def test_without_a_webhook_url_the_buses_wakes_cost_no_registry_call(
     autojump_clock: trio.testing.MockClock, reg: _CountingRegistry
 ) -> None:
     # Every job change wakes the sender; with no URL this process writes no event, so only the clock makes it look
-    # (for events other processes wrote). Issue 10: a prune per job change was 6 % of the CPU under load.
+    # (for events other processes wrote). A prune per job change was 6 % of the CPU under load.
     registry = reg
     sender = WebhookSender(Config(), registry, may_send=ALONE, poll_s=10)
     async with trio.open_nursery() as nursery:
@@ -332,7 +332,7 @@ def thread_clock() -> trio.testing.MockClock:
 async def test_an_unreachable_registry_never_ends_the_sender_and_what_waited_goes_out_after(
     thread_clock: trio.testing.MockClock, tmp_path: Path, webhook_url: str | None
 ) -> None:
-    # Found by the partition test (issue 27): an outbox call that failed ended the sender's task, and with it the
+    # Found by the partition test (ADR 0012): an outbox call that failed ended the sender's task, and with it the
     # whole supervisor, on a database that merely did not answer for a moment.
     registry = _UnreachableRegistry(tmp_path / "jobs.sqlite3")
     delivered: list[str] = []
@@ -372,7 +372,7 @@ async def test_an_unreachable_registry_never_ends_the_sender_and_what_waited_goe
 async def test_a_sender_that_loses_the_lead_while_the_registry_is_unreachable_ends_the_episode_it_said(
     thread_clock: trio.testing.MockClock, tmp_path: Path, webhook_url: str | None
 ) -> None:
-    # Found by the PostgreSQL restart test (issue 27): the leader said webhook_outbox_unreachable, lost the lead
+    # Found by the PostgreSQL restart test (ADR 0012): the leader said webhook_outbox_unreachable, lost the lead
     # while the database was down (every lease expired), and never said anything more -- its episode never ended.
     registry = _UnreachableRegistry(tmp_path / "jobs.sqlite3")
     leading = True

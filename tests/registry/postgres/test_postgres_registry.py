@@ -189,7 +189,7 @@ class ServerGoesAway(TcpProxy):
 async def test_a_server_that_goes_away_is_unavailable_and_nothing_reconnects_behind_the_calls_back(
     pg_open: OpenPg, clock: WallClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Found by the PostgreSQL restart test (issue 27): asyncpg's pool kept a floor of one connection by reconnecting
+    # Found by the PostgreSQL restart test (ADR 0012): asyncpg's pool kept a floor of one connection by reconnecting
     # in a task of its own while the server was down, outside every call's bound, and logged each failed attempt
     # with a traceback through the standard logging -- lines that are not the supervisor's JSON.
     database = httpx.URL(postgres_test_url() or "")
@@ -273,7 +273,7 @@ async def test_a_key_enqueued_by_several_registries_at_once_makes_one_queued_row
 
 
 async def test_INV_KEY_ONCE_one_idempotency_key_sent_to_several_hosts_at_once_makes_one_row(pg_open: OpenPg) -> None:
-    """Issue 35, fleet-wide: three registries on one schema (three hosts), twelve requests with one key at once (a
+    """INV-KEY-ONCE fleet-wide: three registries on one schema (three hosts), twelve requests with one key at once (a
     client that switches host at each retry). One row; every answer names it; the key's lock makes the others wait
     for the first transaction and replay it."""
     first = await pg_open()

@@ -112,7 +112,7 @@ async def test_supervisor_migrate_brings_a_fresh_schema_up_to_date_and_says_so(t
 
 @pytest.mark.parametrize("case", ["unreachable", "wrong_credentials", "newer"])
 async def test_a_database_that_cannot_be_opened_ends_serve_in_one_line_with_exit_3(tmp_path: Path, case: str) -> None:
-    """Issue 39: unreachable, refused credentials, or a schema a newer supervisor migrated (a downgrade)."""
+    """Unreachable, refused credentials, or a schema a newer supervisor migrated (a downgrade)."""
     dsn = postgres_test_url()
     assert dsn is not None
     schema = f"test_open_{uuid.uuid4().hex[:16]}"

@@ -1,4 +1,4 @@
-"""The SQLite registry under a storage that misbehaves (issue 26): a full disk, a lock held past the busy timeout, a
+"""The SQLite registry under a storage that misbehaves (ADR 0010): a full disk, a lock held past the busy timeout, a
 file replaced under it, a damaged file at open. A write that cannot be made is ``RegistryUnavailable`` (the caller
 retries or answers 503) and ``fault()`` says so until a write that wrote a row proves it over; a damaged file is
 ``RegistryDamaged`` and is never modified."""
@@ -93,7 +93,7 @@ async def test_a_lock_held_past_the_busy_timeout_is_unavailable_not_an_error(pat
 async def test_an_open_waiting_for_another_process_lock_gives_up_at_a_cancel_without_waiting_for_the_lock(
     path: Path,
 ) -> None:
-    """Issue 53: ``serve`` stopped while its start waits for the lock (the busy timeout). The open waited for its
+    """``serve`` stopped while its start waits for the lock (the busy timeout). The open waited for its
     thread, so the stop waited for the lock; now the cancel comes back while the lock is still held, and the thread,
     left to finish, closes what it opened: the file's last connection gone, SQLite removes its ``-wal``. (Another
     thread lets the lock go after 5 s, so that an open which waits for it ends too, and fails the check.)"""

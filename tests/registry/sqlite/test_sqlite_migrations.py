@@ -100,7 +100,7 @@ async def test_INV_STOP_REASON_BEFORE_SIGNAL_a_version_12_file_gets_stop_reasons
 
 
 async def test_a_version_11_file_gets_schedules_and_its_rows_have_none(path: Path) -> None:
-    """Version 12 (issue 57): a row written before schedules has none; a scheduled one records its schedule."""
+    """Version 12 (schedules): a row written before schedules has none; a scheduled one records its schedule."""
     reg = await SqliteRegistry.open(path)
     old = await reg.enqueue(NewJob("k", {}, ["true"]))
     await reg.aclose()
@@ -117,7 +117,7 @@ async def test_a_version_11_file_gets_schedules_and_its_rows_have_none(path: Pat
 
 
 async def test_a_version_10_file_gets_attribution_and_its_rows_name_no_one(path: Path) -> None:
-    """Version 11 (issue 41): a row written before attribution names no one; a new one names who asked."""
+    """Version 11 (ADR 0017): a row written before attribution names no one; a new one names who asked."""
     reg = await SqliteRegistry.open(path)
     old = await reg.enqueue(NewJob("k", {}, ["true"]))
     await reg.aclose()
@@ -135,7 +135,7 @@ async def test_a_version_10_file_gets_attribution_and_its_rows_name_no_one(path:
 
 
 async def test_a_version_9_file_gets_idempotency_keys_and_its_rows_were_made_without_one(path: Path) -> None:
-    """Version 10 (issue 35): a row written before keys existed has none; a keyed enqueue then answers once."""
+    """Version 10 (ADR 0016): a row written before keys existed has none; a keyed enqueue then answers once."""
     reg = await SqliteRegistry.open(path)
     old = await reg.enqueue(NewJob("k", {}, ["true"]))
     await reg.aclose()
@@ -154,7 +154,7 @@ async def test_a_version_9_file_gets_idempotency_keys_and_its_rows_were_made_wit
 
 
 async def test_a_version_8_file_gets_the_forgotten_hosts_fence_with_its_hosts_intact(path: Path) -> None:
-    """Version 9 (issue 27, INV-FORGET-IS-FENCED): no boot forgotten yet; its hosts renew as before."""
+    """Version 9 (ADR 0012, INV-FORGET-IS-FENCED): no boot forgotten yet; its hosts renew as before."""
     reg = await SqliteRegistry.open(path)
     await reg.renew_lease("h", "boot-h", lease_s=15, lead=False)
     await reg.aclose()
@@ -170,7 +170,7 @@ async def test_a_version_8_file_gets_the_forgotten_hosts_fence_with_its_hosts_in
 
 
 async def test_a_version_7_file_gets_the_fleet_settings_table_with_nothing_recorded(path: Path) -> None:
-    """Version 8 (issue 27): nothing recorded, so the first supervisor to start records its limit."""
+    """Version 8 (ADR 0012): nothing recorded, so the first supervisor to start records its limit."""
     reg = await SqliteRegistry.open(path)
     await reg.aclose()
     back_to(path, 7)
@@ -184,7 +184,7 @@ async def test_a_version_7_file_gets_the_fleet_settings_table_with_nothing_recor
 
 
 async def test_a_version_6_file_gets_retry_links_and_its_history_can_be_pruned(path: Path) -> None:
-    """Version 7 (issue 28): rows written before retries existed retry nothing; finished ones are pruned, and one
+    """Version 7: rows written before retries existed retry nothing; finished ones are pruned, and one
     with an event still in the outbox is kept."""
     conn = sqlite3.connect(path)
     try:
@@ -219,7 +219,7 @@ async def test_a_version_6_file_gets_retry_links_and_its_history_can_be_pruned(p
 
 
 async def test_a_version_5_file_gets_the_fleet_tables_and_its_running_rows_belong_to_no_host(path: Path) -> None:
-    """Version 6 (issue 27): a row promoted before hosts were recorded names none (this host judges it, as then);
+    """Version 6 (ADR 0012): a row promoted before hosts were recorded names none (this host judges it, as then);
     no host is registered and nobody leads until a supervisor renews its lease."""
     conn = sqlite3.connect(path)
     try:
@@ -254,7 +254,7 @@ async def test_a_version_5_file_gets_the_fleet_tables_and_its_running_rows_belon
 
 
 async def test_a_version_4_file_gets_the_attempt_columns_with_nothing_to_retry(path: Path) -> None:
-    """Version 5 (issue 25): rows written before resubmission existed may have one start, are due now, and have no
+    """Version 5 (ADR 0009): rows written before resubmission existed may have one start, are due now, and have no
     earlier attempt."""
     conn = sqlite3.connect(path)
     try:

@@ -1,4 +1,4 @@
-"""The SQLite registry's connections are bounded and owned by it, whatever threads call it (issue 8).
+"""The SQLite registry's connections are bounded and owned by it, whatever threads call it.
 
 Before: one connection per calling thread, closed only at ``close()``. Trio retires idle worker threads after about
 10 s, so nearly every sweep opened a new connection (and WAL descriptor) that was never closed.
