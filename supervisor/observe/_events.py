@@ -4,7 +4,7 @@ The bus is synchronous and never blocks: ``emit`` calls each subscriber in turn,
 something that cannot wait (write a log line, move a counter, set a ``trio.Event``). Subscribers today: the log
 (``log_event``, below), the metrics (``_metrics.Metrics.on_event``), the webhook sender's wake-up
 (``_webhook.WebhookSender.wake``), the event stream (``_stream.EventLog.on_event``), the job tokens the heartbeat
-route knows (``core._heartbeats.JobTokens.on_event``) and the absence tracker
+route knows and the latest beats (``core._heartbeats.Heartbeats.on_event``) and the absence tracker
 (``core._absence.AbsenceTracker.on_event``). A subscriber that raises is logged and skipped: announcing a change can
 never undo it or stop the others hearing of it.
 
