@@ -41,7 +41,8 @@ class Monitors:
     """The monitors of the jobs this boot watches, and cancel. ``wake_drainer``: a slot was freed; ``follow_up_of``:
     the job a kind's ``then`` enqueues after a success (with the success, in one registry step); ``announce_enqueued``:
     tell the event bus of it; ``write_beats``: write the heartbeats taken and not yet written (``Heartbeats.flush``):
-    a row that ends takes no beat after, so its last ones are written first (ADR 0018)."""
+    a row that ends takes no beat after, so its last ones are written first (ADR 0018); ``jitter``: where the draws
+    that spread resubmissions apart come from (default: a generator of its own)."""
 
     def __init__(
         self,
@@ -50,6 +51,7 @@ class Monitors:
         follow_up_of: FollowUpOf,
         announce_enqueued: AnnounceEnqueued,
         write_beats: Callable[[], Awaitable[None]],
+        jitter: random.Random | None = None,
     ) -> None:
         self.boot = boot
         self._wake_drainer = wake_drainer
@@ -57,8 +59,8 @@ class Monitors:
         self._announce_enqueued = announce_enqueued
         self._write_beats = write_beats
         # Its own generator: the module's shared one belongs to whoever else runs in this process (a test's
-        # property-based generator notices another thread drawing from it).
-        self._random = random.Random()
+        # property-based generator notices another thread drawing from it). A seeded one makes a scenario repeat.
+        self._random = jitter if jitter is not None else random.Random()
 
     async def evidence(self, rows: list[Job]) -> list[Evidence]:
         """The executor's evidence for ``rows`` (``Boot.evidence``), as reconcile and a cancel ask for it."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -210,6 +211,7 @@ class Supervisor:
         succeeds: str | None = None,
         heartbeat_base_url: str | None = None,
         webhook_transport: httpx.AsyncBaseTransport | None = None,
+        jitter: random.Random | None = None,
     ) -> None:
         """``wall_clock``: the time this boot stamps and judges by; ``supervisor serve`` gives the registry's own
         ``SteadyWallClock`` (steps of the system clock move neither). Default: the system's wall clock.
@@ -219,7 +221,8 @@ class Supervisor:
         host's previous boot on this data dir, proved gone (``_succession.DataDirLock``). ``heartbeat_base_url``: how
         jobs reach the HTTP API for their heartbeats (``run_supervisor`` binds its socket first; default: the
         config's, else no URL). ``webhook_transport``: httpx's seam for where webhooks go (default: the network; the
-        scenario kit records them instead)."""
+        scenario kit records them instead). ``jitter``: the generator of a resubmission's jitter (default: one of its
+        own; the scenario kit gives a seeded one, so that a scenario repeats)."""
         env = dict(base_env if base_env is not None else os.environ)
         for name in _PRIVATE_ENV:
             env.pop(name, None)
@@ -251,7 +254,7 @@ class Supervisor:
         self.rows = CurrentRows(registry, self.heartbeats)
         self.enqueuer = Enqueuer(self.boot, wake)
         self.monitors = Monitors(
-            self.boot, wake, self.enqueuer.follow_up_of, self.enqueuer.announce, self.heartbeats.flush
+            self.boot, wake, self.enqueuer.follow_up_of, self.enqueuer.announce, self.heartbeats.flush, jitter
         )
         self.bulk = Bulk(self.boot, self.enqueuer, self.monitors.cancel)
         self.pause_file = PauseFile(config.pause_flag_path, registry, config.host_id)
