@@ -108,7 +108,6 @@ class JobTree:
             raise SupervisorError("the supervisor has no job nursery: call attach() first")
         return self._nursery
 
-
 @dataclass(frozen=True)
 class Boot:
     """One boot's settings, parts and ids: a value, made once by ``Supervisor`` and handed to every part. What

@@ -29,6 +29,7 @@ from ._boot import Boot
 log = get_logger()
 
 
+
 class Enqueuer:
     """Validates and stores job requests; ``wake_drainer`` once stored."""
 

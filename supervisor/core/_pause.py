@@ -15,7 +15,7 @@ holds its own host exactly (its corpus is that host's: data dirs are never share
 moment the mirror commits, which is this host's next look (its next promotion round, or sweep), and read in each of
 their promotions' own registry step. The sweeper looks at every sweep too. A look is one ``stat`` in a worker thread
 (two thread hops per round that promotes: tens of microseconds each); the registry is written only when the file
-appeared or went since the last look."""
+appeared or went since the last look. """
 
 from __future__ import annotations
 

@@ -291,7 +291,10 @@ class QueueWatch:
         """Each kind with jobs running or queued fleet-wide, or with a limit of its own: what it runs, what waits."""
         limits = self.boot.kinds.running_limits()
         counts = await self.boot.registry.kind_counts()
-        return {kind: KindLoad(*counts.get(kind, (0, 0)), limits.get(kind)) for kind in sorted({*counts, *limits})}
+        return {
+            kind: KindLoad(*counts.get(kind, (0, 0)), limits.get(kind))
+            for kind in sorted({*counts, *limits})
+        }
 
     def gauges(self) -> QueueGauges | None:
         """The signals as ``/metrics`` shows them (None before the first sweep): one series per hold reason."""
