@@ -65,7 +65,7 @@ from ._queue_watch import QueueWatch
 from ._reconcile import Reconciler, ReconcileReport
 from ._silent import SilentHostJobs
 from ._standing import Standing
-from ._sweeper import Sweeper, run_sweeper
+from ._sweeper import QuietSweeps, Sweeper, run_sweeper
 from ._wakeups import WakeupListener
 
 log = get_logger()
@@ -383,9 +383,12 @@ class Supervisor:
             raise Conflict(f"host {host_id} is this supervisor: it cannot forget itself")
         return await self._in_tree(lambda: self.host_admin.forget(host_id), "host_forget_failed")
 
-    async def run_sweeper(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def run_sweeper(
+        self, *, quiet: QuietSweeps | None = None, task_status: Any = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The sweeper task (``_sweeper.run_sweeper``); ``quiet``: virtual time's skip of sweeps with nothing to do."""
         await run_sweeper(
-            self.sweeper, self.boot.config.sweep_interval_s, tally=self.boot.tally, task_status=task_status
+            self.sweeper, self.boot.config.sweep_interval_s, tally=self.boot.tally, quiet=quiet, task_status=task_status
         )
 
     # -- enqueue ------------------------------------------------------------------------------------------

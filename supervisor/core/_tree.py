@@ -3,11 +3,13 @@ the scenario kit (``supervisor.testing``) starts, so that a scenario runs the pr
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import trio
 
 from ._supervisor import Supervisor
+from ._sweeper import QuietSweeps
 
 
 async def run_job_nursery(*, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -17,13 +19,17 @@ async def run_job_nursery(*, task_status: Any = trio.TASK_STATUS_IGNORED) -> Non
         await trio.sleep_forever()
 
 
-async def start_tree(supervisor: Supervisor, root: trio.Nursery, *, virtual_time: bool = False) -> None:
+async def start_tree(
+    supervisor: Supervisor, root: trio.Nursery, *, virtual_time: bool = False, quiet_sweeps: QuietSweeps | None = None
+) -> None:
     """Start ``supervisor``'s tasks in ``root``, each with ``root.start`` (it returns once each is ready); cancelling
     ``root`` ends the boot, and its jobs run on (they are the executor's, not the tree's).
 
     ``virtual_time``: the boot runs on ``trio.testing.MockClock`` (the scenario kit), where time moves only when every
     task waits, so this process can never be frozen while time passes: the check-in that notices such a freeze is not
-    started (INV-OWN-ABSENCE-NOT-THE-JOBS holds without it), and its wake-ups (two a second) cost nothing."""
+    started (INV-OWN-ABSENCE-NOT-THE-JOBS holds without it), and its wake-ups (two a second) cost nothing.
+    ``quiet_sweeps`` (virtual time only): says when the sweeps have nothing to act on, so that the sweeper sleeps
+    through those ticks (``_sweeper.run_sweeper``)."""
     supervisor.attach(await root.start(run_job_nursery))
     # This host's lease, the fleet's lead and its limit (ADR 0012): settled before anything promotes.
     await root.start(supervisor.run_fleet)
@@ -36,5 +42,5 @@ async def start_tree(supervisor: Supervisor, root: trio.Nursery, *, virtual_time
     if not virtual_time:
         await root.start(supervisor.absence.tracker.keep_checking_in)
     # The startup sweep runs before serving; it never waits on a job, so /api/health is not delayed.
-    await root.start(supervisor.run_sweeper)
+    await root.start(functools.partial(supervisor.run_sweeper, quiet=quiet_sweeps))
     await root.start(supervisor.heartbeats.run)  # the beats the API takes, written behind (ADR 0018)

@@ -5,9 +5,10 @@ that ``advance_until`` waits on), the registry it can cut, the seed its draws co
 from __future__ import annotations
 
 import json
+import math
 import random
 import uuid
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,7 +18,8 @@ from typing import Any, TypeVar
 import structlog.testing
 import trio
 
-from ..domain import Doorbell, RegistryUnavailable
+from ..core import Supervisor
+from ..domain import Doorbell, RegistryError, RegistryUnavailable
 from ..observe import EventName, JobEvent
 from ..registry import RegistryFault
 from ..registry.memory import MemoryBackend
@@ -43,22 +45,28 @@ class Transition:
 
 
 class Record:
-    """The scenario's observations, in the order they happened; ``changed`` is rung by each."""
+    """The scenario's observations, in the order they happened; ``changed`` (the test's ``advance_until``) and
+    ``moved`` (the boot's quiet sweeper, ``QuietGate``) are rung by each."""
 
     def __init__(self) -> None:
         self.logs: list[MutableMapping[str, Any]] = []
         self.webhooks: list[dict[str, Any]] = []
         self.transitions: list[Transition] = []
         self.changed = Doorbell()
+        self.moved = Doorbell()
+
+    def ring(self) -> None:
+        self.changed.ring()
+        self.moved.ring()
 
     def _heard(self, _logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
         """A structlog processor ahead of the capture: a line is something happening (``advance_until`` looks)."""
-        self.changed.ring()
+        self.ring()
         return event
 
     def webhook(self, body: bytes) -> None:
         self.webhooks.append(json.loads(body))
-        self.changed.ring()
+        self.ring()
 
     def on_event(self, event: JobEvent) -> None:
         """A boot's bus subscriber: every transition, in the order its boot announced them."""
@@ -67,7 +75,7 @@ class Record:
             self.transitions.append(
                 Transition(trio.current_time(), job.job_id, job.kind, str(job.status), event.reason, event.boot_id)
             )
-        self.changed.ring()
+        self.ring()
 
     @contextmanager
     def capturing_logs(self) -> Iterator[None]:
@@ -75,6 +83,37 @@ class Record:
         with structlog.testing.capture_logs(processors=[self._heard]) as lines:
             self.logs = lines
             yield
+
+
+class QuietGate:
+    """The scenario's answer to a boot's sweeper (``core.QuietSweeps``): the sweeps have nothing to act on while the
+    registry holds no job at all (none queued, running or ended: so no key, no retention, no deadline, no absence to
+    judge), the queue is not paused, no pause file is there, no schedule has a job, no bulk selection was made and the
+    last boot's leftovers are released. Each sweep of such a stretch would only look: in virtual time it is slept
+    through, and the sweeper wakes at whatever the scenario records (a transition, a log line) or does."""
+
+    def __init__(self, supervisor: Supervisor, moved: Doorbell, *, bulk_used: Callable[[], bool]) -> None:
+        self._supervisor = supervisor
+        self._moved = moved
+        self._bulk_used = bulk_used
+
+    async def quiet_until(self) -> float:
+        self._moved.discard()  # what rang before this look is seen by it
+        now = trio.current_time()
+        supervisor, registry = self._supervisor, self._supervisor.registry
+        if self._bulk_used() or not supervisor.sweeper.leftovers_released:
+            return now
+        try:
+            if any((await registry.counts()).values()) or (await registry.pause_state()).paused:
+                return now
+            if await registry.newest_of_schedules():
+                return now
+        except RegistryError:
+            return now
+        return now if supervisor.config.pause_flag_path.exists() else math.inf
+
+    async def changed(self) -> None:
+        await self._moved.wait()
 
 
 class CuttableBackend(MemoryBackend):

@@ -9,6 +9,7 @@ file's write) run inline while a scenario is open, so virtual time never runs ah
 
 from __future__ import annotations
 
+import math
 import signal as signals
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
 from contextlib import asynccontextmanager, suppress
@@ -40,16 +41,16 @@ from ..domain import (
 from ..execution.memory import Program
 from ..registry import MemoryRegistry, PrunedJob
 from ._executor import Script, ScriptedExecutor, ScriptOf, check_kind_settings, chosen_by
-from ._record import CuttableBackend, Draws, Record, Transition, kinds_toml_of, write_kinds_file
+from ._record import CuttableBackend, Draws, QuietGate, Record, Transition, kinds_toml_of, write_kinds_file
 
 # The wall-clock time at virtual time 0: every scenario starts on the same date, so that its rows and events repeat.
 SCENARIO_EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 # Where the outbox's webhooks go: nowhere on the network (the scenario's transport records them).
 WEBHOOK_URL = "http://webhooks.scenario.invalid/events"
 HOST_ID = "scenario"
-# One host: nothing waits on its lease, so it is renewed a few minutes apart, not every 5 s (a scenario that tests a
-# registry outage's effect on the lease sets host_lease_s itself).
-SCENARIO_LEASE_S = 600
+# One host: nothing waits on its lease, so it is renewed every 20 minutes, not every 5 s (a scenario that tests an
+# outage's effect on the lease sets host_lease_s itself).
+SCENARIO_LEASE_S = 3600
 Predicate = Callable[[], bool | Awaitable[bool]]
 Behaviour = Script | ScriptOf
 
@@ -80,6 +81,7 @@ class Scenario:
         # pair, so no waiter is ever left on an event a later boot replaced).
         self._boot: tuple[trio.CancelScope, trio.Event] | None = None
         self._boots = 0
+        self._bulk_used = False  # a bulk selection expires in an hour: sweeps are never quiet after one
         self.supervisor: Supervisor | None = None  # the boot running now (None after a crash, until restart)
 
     # -- setting it up -------------------------------------------------------------------------------------
@@ -269,6 +271,7 @@ class Scenario:
         (``status="failed"``, ``kind="x"``, ``reason=...``). ``dry_run=True``: only the selection; else the dry run,
         then the action on exactly its selection (each job's result in ``results``, their counts in ``outcomes``)."""
         supervisor = self._running()
+        self._bulk_used = True
         body = {"action": action, "filter": dict(filters), "dry_run": True}
         selected = await supervisor.bulk_action(BulkRequest.parse(body, supervisor.kinds), by="scenario")
         if dry_run:
@@ -279,6 +282,7 @@ class Scenario:
     async def pause(self) -> None:
         """``POST /api/queue/pause``: nothing more is promoted; running jobs run on."""
         await self._running().pause()
+        self._record.ring()
 
     async def resume(self) -> None:
         """``POST /api/queue/resume``: promotion resumes, whoever paused it (the pause file goes too)."""
@@ -293,6 +297,7 @@ class Scenario:
             path.touch()
         else:
             path.unlink(missing_ok=True)
+        self._record.ring()  # the quiet sweeper looks again
 
     async def reconcile(self) -> ReconcileReport:
         """``POST /api/reconcile``: the operator's reconcile (it may evict a live job past the wall-clock window)."""
@@ -311,6 +316,7 @@ class Scenario:
             self._started_backend().cut(self.now())
         else:
             raise ValueError(f"what must be 'engine' or 'registry', not {what!r}")
+        self._record.ring()
 
     def make_reachable(self, what: str) -> None:
         """The engine or the registry answers again."""
@@ -318,8 +324,11 @@ class Scenario:
             self._started_machine().reachable()
         elif what == "registry":
             self._started_backend().mend()
+            if self.supervisor is not None:
+                self.supervisor.webhooks.wake()  # what the outage held in the outbox goes out
         else:
             raise ValueError(f"what must be 'engine' or 'registry', not {what!r}")
+        self._record.ring()
 
     # -- what the test reads -----------------------------------------------------------------------------------
 
@@ -356,23 +365,32 @@ class Scenario:
             jitter=self._draws.jitter,
         )  # fmt: skip
         supervisor.events.subscribe(self._record.on_event)
+        # The sender looks at the outbox every sweep interval for events another process wrote: in a scenario only
+        # this boot writes them, and each wakes it (an outage's held events go out as the registry answers again).
+        supervisor.webhooks.poll_s = math.inf
         ended = trio.Event()
-        self._boot = (await self._nursery.start(self._run_boot, supervisor, ended), ended)
+        quiet = QuietGate(supervisor, self._record.moved, bulk_used=lambda: self._bulk_used)
+        self._boot = (await self._nursery.start(self._run_boot, supervisor, ended, quiet), ended)
         self.supervisor = supervisor
 
     @staticmethod
     async def _run_boot(
-        supervisor: Supervisor, ended: trio.Event, *, task_status: trio.TaskStatus[trio.CancelScope]
+        supervisor: Supervisor,
+        ended: trio.Event,
+        quiet: QuietGate,
+        *,
+        task_status: trio.TaskStatus[trio.CancelScope],
     ) -> None:
         try:
             async with trio.open_nursery() as root:
-                await start_tree(supervisor, root, virtual_time=True)
+                await start_tree(supervisor, root, virtual_time=True, quiet_sweeps=quiet)
                 task_status.started(root.cancel_scope)
                 await trio.sleep_forever()
         finally:
             ended.set()
 
     def _received(self, request: httpx.Request) -> httpx.Response:
+        """The webhook receiver: each body recorded, answered 200."""
         self._record.webhook(request.content)
         return httpx.Response(200)
 
