@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import random
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -65,7 +64,7 @@ from ._queue_watch import QueueWatch
 from ._reconcile import Reconciler, ReconcileReport
 from ._silent import SilentHostJobs
 from ._standing import Standing
-from ._sweeper import QuietSweeps, Sweeper, run_sweeper
+from ._sweeper import Sweeper, run_sweeper
 from ._wakeups import WakeupListener
 
 log = get_logger()
@@ -211,7 +210,6 @@ class Supervisor:
         succeeds: str | None = None,
         heartbeat_base_url: str | None = None,
         webhook_transport: httpx.AsyncBaseTransport | None = None,
-        jitter: random.Random | None = None,
     ) -> None:
         """``wall_clock``: the time this boot stamps and judges by; ``supervisor serve`` gives the registry's own
         ``SteadyWallClock`` (steps of the system clock move neither). Default: the system's wall clock.
@@ -221,8 +219,7 @@ class Supervisor:
         host's previous boot on this data dir, proved gone (``_succession.DataDirLock``). ``heartbeat_base_url``: how
         jobs reach the HTTP API for their heartbeats (``run_supervisor`` binds its socket first; default: the
         config's, else no URL). ``webhook_transport``: httpx's seam for where webhooks go (default: the network; the
-        scenario kit records them instead). ``jitter``: the generator of a resubmission's jitter (default: one of its
-        own; the scenario kit gives a seeded one, so that a scenario repeats)."""
+        scenario kit records them instead)."""
         env = dict(base_env if base_env is not None else os.environ)
         for name in _PRIVATE_ENV:
             env.pop(name, None)
@@ -254,7 +251,7 @@ class Supervisor:
         self.rows = CurrentRows(registry, self.heartbeats)
         self.enqueuer = Enqueuer(self.boot, wake)
         self.monitors = Monitors(
-            self.boot, wake, self.enqueuer.follow_up_of, self.enqueuer.announce, self.heartbeats.flush, jitter
+            self.boot, wake, self.enqueuer.follow_up_of, self.enqueuer.announce, self.heartbeats.flush
         )
         self.bulk = Bulk(self.boot, self.enqueuer, self.monitors.cancel)
         self.pause_file = PauseFile(config.pause_flag_path, registry, config.host_id)
@@ -383,12 +380,9 @@ class Supervisor:
             raise Conflict(f"host {host_id} is this supervisor: it cannot forget itself")
         return await self._in_tree(lambda: self.host_admin.forget(host_id), "host_forget_failed")
 
-    async def run_sweeper(
-        self, *, quiet: QuietSweeps | None = None, task_status: Any = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        """The sweeper task (``_sweeper.run_sweeper``); ``quiet``: virtual time's skip of sweeps with nothing to do."""
+    async def run_sweeper(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         await run_sweeper(
-            self.sweeper, self.boot.config.sweep_interval_s, tally=self.boot.tally, quiet=quiet, task_status=task_status
+            self.sweeper, self.boot.config.sweep_interval_s, tally=self.boot.tally, task_status=task_status
         )
 
     # -- enqueue ------------------------------------------------------------------------------------------

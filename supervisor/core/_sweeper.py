@@ -34,8 +34,8 @@ class Sweepable(Protocol):
 
 
 class QuietSweeps(Protocol):
-    """Virtual time only (the scenario kit, ``docs/testing.md`` § Virtual time is free): whether the sweeps to come
-    have nothing to act on, and a wake-up when that may have changed."""
+    """Virtual time only (the scenario kit): whether the sweeps to come have nothing to act on, and a wake-up when
+    that may have changed. See docs/testing.md § Virtual time is free."""
 
     async def quiet_until(self) -> float:
         """The virtual time until which every sweep would find nothing to do (``math.inf``: until ``changed``), or

@@ -9,7 +9,7 @@ from typing import Any
 import trio
 
 from ._supervisor import Supervisor
-from ._sweeper import QuietSweeps
+from ._sweeper import QuietSweeps, run_sweeper
 
 
 async def run_job_nursery(*, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -42,5 +42,9 @@ async def start_tree(
     if not virtual_time:
         await root.start(supervisor.absence.tracker.keep_checking_in)
     # The startup sweep runs before serving; it never waits on a job, so /api/health is not delayed.
-    await root.start(functools.partial(supervisor.run_sweeper, quiet=quiet_sweeps))
+    if quiet_sweeps is None:
+        await root.start(supervisor.run_sweeper)
+    else:  # virtual time: the sweeper sleeps through ticks with nothing to act on
+        every_s, tally = supervisor.config.sweep_interval_s, supervisor.boot.tally
+        await root.start(functools.partial(run_sweeper, supervisor.sweeper, every_s, tally=tally, quiet=quiet_sweeps))
     await root.start(supervisor.heartbeats.run)  # the beats the API takes, written behind (ADR 0018)

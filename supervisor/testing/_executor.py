@@ -6,8 +6,8 @@ script's job beats through the supervisor's own heartbeat calls (``Heartbeats.ad
 route calls), so the absence judge sees what it would see from a real runner.
 
 A script is one task that walks its own timeline (beats, then the exit), so that what happens at one virtual instant
-happens in one order, every run: a beat due at the exit's instant is sent before the exit (``docs/testing.md`` §
-Deterministic).
+happens in one order, every run: a beat due at the exit's instant is sent before the exit.
+See docs/testing.md § Deterministic.
 """
 
 from __future__ import annotations

@@ -362,8 +362,8 @@ class Scenario:
         supervisor = Supervisor(
             self._config, self._kinds, registry, boot_id=boot_id, executor=self._started_machine(),
             wall_clock=self.now, succeeds=succeeds, webhook_transport=httpx.MockTransport(self._received),
-            jitter=self._draws.jitter,
         )  # fmt: skip
+        supervisor.monitors.jitter = self._draws.jitter  # one seeded generator across boots: the scenario repeats
         supervisor.events.subscribe(self._record.on_event)
         # The sender looks at the outbox every sweep interval for events another process wrote: in a scenario only
         # this boot writes them, and each wakes it (an outage's held events go out as the registry answers again).
