@@ -13,7 +13,14 @@ import pytest
 import trio
 import trio.testing
 
-from supervisor.testing import KindsFileError, Scenario, ScenarioTimeout, open_scenario
+from supervisor.testing import (
+    JobNotFound,
+    KindsFileError,
+    RegistryUnavailable,
+    Scenario,
+    ScenarioTimeout,
+    open_scenario,
+)
 
 HOUR = 3600.0
 
@@ -157,3 +164,48 @@ def test_the_seed_chooses_the_draws(tmp_path: Path) -> None:
 
     one, again, other = (run_scenario(tmp_path / str(s), lambda sc, s=s: body(sc, s % 2)) for s in (0, 2, 1))
     assert one == again and one != other
+
+
+async def test_the_operators_verbs_are_the_apis(supervisor_scenario: Scenario) -> None:
+    sc = supervisor_scenario
+    await sc.start(
+        kinds_toml='[kinds.w]\nargv = ["w"]\n[kinds.idle]\nargv = ["idle"]\n',
+        behave={"w": sc.script(run_for=10, exit_code=4)},
+        retention_days=1,
+    )
+    failed = [await sc.enqueue("w") for _ in range(3)]
+    for job_id in failed:
+        await sc.advance_until_ended(job_id, within=HOUR)
+    dry = await sc.bulk("retry", dry_run=True, status="failed")
+    assert (dry.dry_run, sorted(dry.job_ids)) == (True, sorted(failed))
+    done = await sc.bulk("retry", status="failed")
+    assert done.outcomes == {"retried": 3}
+    with pytest.raises(JobNotFound):
+        await sc.cancel("no-such-job")
+    unscripted = await sc.enqueue("idle")  # a kind with no behaviour cannot start
+    job = await sc.advance_until_ended(unscripted, within=60)
+    assert job.status == "failed"
+    report = await sc.reconcile()
+    assert report.details == [] or all(d.job_id for d in report.details)
+    assert await sc.prune(dry_run=True) == []  # nothing has been over for a day yet
+    await sc.advance(2 * 86400)  # the sweeps' retention (one day) removes them; the operator's prune finds the rest
+    await sc.prune()
+    for job_id in failed:
+        with pytest.raises(JobNotFound):
+            await sc.job(job_id)
+
+
+async def test_an_unreachable_registry_fails_every_call_until_it_answers(supervisor_scenario: Scenario) -> None:
+    sc = supervisor_scenario
+    await sc.start(kinds={"w": sc.script(run_for=100, progress_every=10)})
+    job_id = await sc.enqueue("w")
+    await sc.advance(20)
+    sc.make_unreachable("registry")
+    with pytest.raises(RegistryUnavailable):
+        await sc.enqueue("w")
+    assert sc.supervisor is not None and "registry" in (await sc.supervisor.health()).degraded
+    await sc.advance(200)  # the job ended meanwhile: its end waits until it can be written
+    sc.make_reachable("registry")
+    job = await sc.advance_until_ended(job_id, within=120)
+    assert (job.status, job.completed_units) == ("succeeded", 10)
+    assert [h["job"]["status"] for h in sc.webhooks(job_id)] == ["queued", "running", "succeeded"]
