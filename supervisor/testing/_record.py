@@ -153,10 +153,9 @@ class Draws:
     event ids: ``uuid.uuid4``, drawn from the seed while the scenario is open) and Trio's choice among tasks that
     are ready at one instant. So a scenario with one seed repeats exactly, run after run."""
 
-    def __init__(self, seed: int = 0) -> None:
-        self.jitter = random.Random()
-        self.ids = random.Random()
-        self.seed(seed)
+    def __init__(self) -> None:
+        self.jitter = random.Random(0)
+        self.ids = random.Random("ids-0")
 
     def seed(self, seed: int) -> None:
         self.jitter.seed(seed)
@@ -171,6 +170,7 @@ class Draws:
         """``uuid.uuid4`` drawn from the seed, and Trio's scheduler seeded, while the block runs."""
         trio_random = _trio_random()
         saved, real_uuid4 = trio_random.getstate(), uuid.uuid4
+        trio_random.seed("trio-0")  # until start() says the scenario's seed
         uuid.uuid4 = self.uuid4
         try:
             yield

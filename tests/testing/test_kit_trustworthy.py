@@ -4,6 +4,9 @@ its scripts say what real jobs do without internals, and a scenario repeats exac
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
@@ -209,3 +212,46 @@ async def test_an_unreachable_registry_fails_every_call_until_it_answers(supervi
     job = await sc.advance_until_ended(job_id, within=120)
     assert (job.status, job.completed_units) == ("succeeded", 10)
     assert [h["job"]["status"] for h in sc.webhooks(job_id)] == ["queued", "running", "succeeded"]
+
+
+SCENARIO_IN_A_PROCESS = """
+import hashlib, json, sys, trio, trio.testing
+from pathlib import Path
+from supervisor.testing import open_scenario
+
+async def main():
+    async with open_scenario(Path(sys.argv[1])) as sc:
+        await sc.start(
+            kinds={"w": sc.script(run_for=600, progress_every=30), "r": sc.script(run_for=70, max_attempts=3),
+                   "s": sc.script(beats_every=5)},
+            max_concurrent=3, progress_stale_after_s=300, stall_action="terminate",
+        )
+        retried = [await sc.enqueue(kind) for kind in ("w", "r", "s")][1]
+        await sc.advance(50)
+        sc.kill(retried)
+        await sc.advance(3600)
+        seen = json.dumps([sc.webhooks(), sc.log()], sort_keys=True, default=str).replace(sys.argv[1], "DATA")
+        print(hashlib.sha256(seen.encode()).hexdigest())
+
+trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+"""
+
+
+@pytest.mark.e2e
+def test_a_scenario_repeats_in_processes_with_other_hash_seeds(tmp_path: Path) -> None:
+    """Set orders differ between processes (PYTHONHASHSEED): what a scenario shows does not."""
+    (tmp_path / "scenario.py").write_text(SCENARIO_IN_A_PROCESS)
+    digests = set()
+    for seed in ("1", "2"):
+        done = subprocess.run(
+            [sys.executable, "scenario.py", str(tmp_path / f"data-{seed}")],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        digests.add(done.stdout.strip())
+    assert len(digests) == 1
