@@ -26,7 +26,7 @@ from ..execution.memory import MemoryExecutor, MemoryJob, Program
 # Where a scripted job's beats go: (job id, its token, the beat) -> whoever takes them now (the current boot).
 BeatSink = Callable[[str, str, Progress], Awaitable[None]]
 # A behaviour chosen from the job's params (its row's, validated and with defaults): params -> the script to run.
-ScriptOf = Callable[[Mapping[str, Any]], "Script"]
+ScriptOf = Callable[[dict[str, Any]], object]  # checked as it runs: a Script, or a TypeError
 # What a scripted job's params are read from: its job id -> its row's params.
 ParamsOf = Callable[[str], Awaitable[Mapping[str, Any]]]
 # The kind settings a script may carry (the ``kinds={...}`` form), by the kinds file's key.

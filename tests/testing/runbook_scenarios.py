@@ -82,6 +82,7 @@ async def test_a_deadline_ends_a_job_deadline_exceeded(supervisor_scenario: Scen
     job_id = await sc.enqueue("index")
     job = await sc.advance_until_ended(job_id, within=HOUR)
     assert (job.status, job.error_reason) == ("failed", "deadline_exceeded")
+    assert job.ended_at is not None and job.started_at is not None
     assert 600 <= (job.ended_at - job.started_at).total_seconds() <= 600 + 60  # found at the sweep past it
 
 

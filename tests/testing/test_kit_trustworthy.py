@@ -113,6 +113,7 @@ async def test_a_silent_job_written_without_internals(supervisor_scenario: Scena
     await sc.advance_until(lambda: any(h["event"] == "job.silent" for h in sc.webhooks(job_id)), within=HOUR)
     job = await sc.job(job_id)
     assert (job.status, job.silent) == ("running", True)  # the process lives on: silent, not dead
+    assert job.started_at is not None
     assert 600 + 300 <= (sc.now() - job.started_at).total_seconds() <= 600 + 300 + 60  # its threshold and a sweep
 
 
