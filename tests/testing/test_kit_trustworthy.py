@@ -256,3 +256,19 @@ def test_a_scenario_repeats_in_processes_with_other_hash_seeds(tmp_path: Path) -
         assert done.returncode == 0, done.stderr
         digests.add(done.stdout.strip())
     assert len(digests) == 1
+
+
+async def test_quiet_sweeps_are_slept_through_on_the_same_ticks(supervisor_scenario: Scenario) -> None:
+    """A quiet stretch costs no sweep, and the sweeps after it fall on the ticks they always would (every 30 s from
+    the startup sweep), not 30 s after whatever woke the sweeper."""
+    sc = supervisor_scenario
+    await sc.start(kinds={"spin": sc.script(beats_every=5)}, progress_stale_after_s=300)
+    assert sc.supervisor is not None
+    sweeps = sc.supervisor.render_metrics
+    before = [line for line in (await sweeps()).decode().splitlines() if "sweep_duration_seconds_count" in line]
+    await sc.advance(1000)  # nothing in the registry: not one sweep
+    after = [line for line in (await sweeps()).decode().splitlines() if "sweep_duration_seconds_count" in line]
+    assert before == after and before, before
+    await sc.enqueue("spin")
+    await sc.advance_until(lambda: any(h["event"] == "job.stalled" for h in sc.webhooks()), within=3600)
+    assert trio.current_time() == 1320  # the first tick (a multiple of 30 s) past 1000 + 300
