@@ -272,3 +272,19 @@ async def test_quiet_sweeps_are_slept_through_on_the_same_ticks(supervisor_scena
     await sc.enqueue("spin")
     await sc.advance_until(lambda: any(h["event"] == "job.stalled" for h in sc.webhooks()), within=3600)
     assert trio.current_time() == 1320  # the first tick (a multiple of 30 s) past 1000 + 300
+
+
+async def test_coalescing_and_then_are_the_kinds_files(supervisor_scenario: Scenario) -> None:
+    sc = supervisor_scenario
+    kinds = '[kinds.fetch]\nargv = ["f"]\nthen = "index"\n[kinds.index]\nargv = ["i"]\ncoalesce = true\n'
+    behave = {"fetch": sc.script(run_for=10), "index": sc.script(run_for=100)}
+    await sc.start(kinds_toml=kinds, behave=behave, max_concurrent=1)
+    await sc.pause()
+    queued = {await sc.enqueue("index") for _ in range(3)}
+    assert len(queued) == 1  # identical queued jobs are one
+    fetch = await sc.enqueue("fetch")
+    await sc.resume()
+    await sc.advance_until_ended(fetch, within=HOUR)
+    await sc.advance(HOUR)
+    index_jobs = [t.job_id for t in sc.transitions() if t.kind == "index" and t.status == "succeeded"]
+    assert len(index_jobs) == 2 and index_jobs[0] in queued  # and one more, the fetch's follow-up
