@@ -288,3 +288,13 @@ async def test_coalescing_and_then_are_the_kinds_files(supervisor_scenario: Scen
     await sc.advance(HOUR)
     index_jobs = [t.job_id for t in sc.transitions() if t.kind == "index" and t.status == "succeeded"]
     assert len(index_jobs) == 2 and index_jobs[0] in queued  # and one more, the fetch's follow-up
+
+
+async def test_a_kinds_file_on_disk_is_read_as_serve_reads_it(supervisor_scenario: Scenario, tmp_path: Path) -> None:
+    sc = supervisor_scenario
+    path = tmp_path / "kinds.toml"
+    path.write_text('[kinds.nightly]\nargv = ["n", "{day}"]\nparams = { day = "int" }\nmax_attempts = 2\n')
+    await sc.start(kinds_file=path, behave={"nightly": lambda params: sc.script(run_for=params["day"])})
+    job = await sc.advance_until_ended(await sc.enqueue("nightly", day="7"), within=60)  # the CLI's text, converted
+    assert (job.status, job.params, job.max_attempts, trio.current_time()) == ("succeeded", {"day": 7}, 2, 7)
+    assert sc.supervisor is not None and sc.supervisor.config.kinds_file == path
