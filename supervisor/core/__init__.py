@@ -70,7 +70,7 @@ from ._scrape import SCRAPE_BUDGET_S, RegistryReads
 from ._standing import Standing
 from ._succession import DataDirLock
 from ._supervisor import LOG_CHUNK_BYTES, Health, LogSlice, QueueState, Supervisor
-from ._sweeper import Sweeper, run_sweeper
+from ._sweeper import QuietSweeps, Sweeper, run_sweeper
 from ._tree import run_job_nursery, start_tree
 from ._wakeups import WakeupListener
 
@@ -118,6 +118,7 @@ __all__ = [
     "QueueRule",
     "QueueState",
     "QueueWatch",
+    "QuietSweeps",
     "ReconcileDetail",
     "ReconcileReport",
     "RegistryReads",

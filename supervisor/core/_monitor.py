@@ -41,7 +41,8 @@ class Monitors:
     """The monitors of the jobs this boot watches, and cancel. ``wake_drainer``: a slot was freed; ``follow_up_of``:
     the job a kind's ``then`` enqueues after a success (with the success, in one registry step); ``announce_enqueued``:
     tell the event bus of it; ``write_beats``: write the heartbeats taken and not yet written (``Heartbeats.flush``):
-    a row that ends takes no beat after, so its last ones are written first (ADR 0018)."""
+    a row that ends takes no beat after, so its last ones are written first (ADR 0018). ``jitter``: the generator of
+    the draws that spread resubmissions apart (the scenario kit gives a seeded one, so that a scenario repeats)."""
 
     def __init__(
         self,
@@ -58,7 +59,7 @@ class Monitors:
         self._write_beats = write_beats
         # Its own generator: the module's shared one belongs to whoever else runs in this process (a test's
         # property-based generator notices another thread drawing from it).
-        self._random = random.Random()
+        self.jitter = random.Random()
 
     async def evidence(self, rows: list[Job]) -> list[Evidence]:
         """The executor's evidence for ``rows`` (``Boot.evidence``), as reconcile and a cancel ask for it."""
@@ -140,7 +141,7 @@ class Monitors:
             attempts=job.attempts,
             policy=RetryPolicy.of(kind, job.max_attempts),
             now=boot.wall_clock(),
-            jitter=self._random.uniform(*JITTER),  # spreads retries of jobs that crashed together apart
+            jitter=self.jitter.uniform(*JITTER),  # spreads retries of jobs that crashed together apart
         )
         follow_up = self._follow_up_of(job, kind.then) if kind is not None and kind.then else None
         if follow_up is not None:

@@ -8,6 +8,7 @@ precisely when ghost rows exist. Each sweep also mirrors the operator's pause fi
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol
 
 import trio
@@ -32,10 +33,33 @@ class Sweepable(Protocol):
     async def sweep(self) -> None: ...
 
 
+class QuietSweeps(Protocol):
+    """Virtual time only (the scenario kit): whether the sweeps to come have nothing to act on, and a wake-up when
+    that may have changed. See docs/testing.md § Virtual time is free."""
+
+    async def quiet_until(self) -> float:
+        """The virtual time until which every sweep would find nothing to do (``math.inf``: until ``changed``), or
+        the current time when a sweep may have work. Rings before this call are taken by it."""
+        ...
+
+    async def changed(self) -> None:
+        """Return once something may have given the sweeps work (a job enqueued, a pause, a verb of the scenario)."""
+        ...
+
+
 async def run_sweeper(
-    target: Sweepable, interval_s: float, *, tally: Tally | None = None, task_status: Any = trio.TASK_STATUS_IGNORED
+    target: Sweepable,
+    interval_s: float,
+    *,
+    tally: Tally | None = None,
+    quiet: QuietSweeps | None = None,
+    task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """The sweeper task: sweep once, report started, then sweep every ``interval_s``.
+
+    ``quiet`` (virtual time only): while it says the sweeps have nothing to act on, the sweeper sleeps through their
+    ticks, each a sweep that would have done nothing, and sweeps again at the first tick after it is woken, on the
+    same ticks as ever. In virtual time a wake-up is the cost: a quiet day of sweeps would cost seconds.
 
     Error boundary: a condition (the registry, the engine, a disk) never ends the loop: it is logged
     (``sweep_failed``) and counted, and the next sweep runs on time. A bug ends the supervisor (crash-only)."""
@@ -43,7 +67,15 @@ async def run_sweeper(
         await target.sweep()
     task_status.started()
     while True:
-        await trio.sleep(interval_s)
+        began = trio.current_time()
+        until = await quiet.quiet_until() if quiet is not None else began
+        if quiet is not None and until > began:
+            with trio.move_on_at(until):
+                await quiet.changed()
+            ticks = max(1, math.ceil((trio.current_time() - began) / interval_s))
+            await trio.sleep_until(began + ticks * interval_s)
+        else:
+            await trio.sleep(interval_s)
         with boundary("sweep_failed", tally):
             await target.sweep()
 
