@@ -28,6 +28,7 @@ from ..domain import (
     BulkRequest,
     Config,
     Job,
+    JobFilter,
     JobStatus,
     KindCatalog,
     KindsFileError,
@@ -272,11 +273,12 @@ class Scenario:
         then the action on exactly its selection (each job's result in ``results``, their counts in ``outcomes``)."""
         supervisor = self._running()
         self._bulk_used = True
-        body = {"action": action, "filter": dict(filters), "dry_run": True}
-        selected = await supervisor.bulk_action(BulkRequest.parse(body, supervisor.kinds), by="scenario")
+        # The filters as the API's query reads them (JobFilter.parse), so a bad one is the API's 422 error.
+        dry = BulkRequest(action, JobFilter.parse(filters, supervisor.kinds), dry_run=True)
+        selected = await supervisor.bulk_action(dry, by="scenario")
         if dry_run:
             return selected
-        act = BulkRequest.parse({"action": action, "selection": selected.selection}, supervisor.kinds)
+        act = BulkRequest(action, selection=selected.selection)
         return await supervisor.bulk_action(act, by="scenario")
 
     async def pause(self) -> None:
