@@ -57,7 +57,11 @@ def documented_verify() -> Callable[[str, bytes, dict[str, str]], Any]:
 # -- the key a configured secret maps to, judged by the library ----------------------------------------------------
 
 
-@pytest.mark.parametrize("secret", [WHSEC, WHSEC.rstrip("="), PLAIN, "a secret, with spaces and ünïcode"])
+@pytest.mark.parametrize(
+    "secret",
+    [WHSEC, WHSEC.rstrip("="), PLAIN, "a secret, with spaces and ünïcode"],
+    ids=["whsec", "whsec-unpadded", "plain", "plain-unicode"],  # the key is random: ids every worker collects alike
+)
 def test_a_signature_made_here_verifies_with_the_library(secret: str) -> None:
     body = b'{"event":"job.transition","event_id":"0f3e"}'
     sent_at = int(time.time())
