@@ -76,8 +76,8 @@ class SqliteStore(LocalStore, SqlStore):
         until = tuple(c for c in where if _time_bound(c) and c[0] == "created_at")
         if not any(c[1] in ("<", "<=") for c in until):
             return ()
-        [newest] = await self.fetch(f"SELECT created_at FROM {JOBS} ORDER BY seq DESC LIMIT 1", []) or [[None]]
-        if newest[0] is None or all(self._holds(newest[0], c) for c in until):
+        rows = await self.fetch(f"SELECT created_at FROM {JOBS} ORDER BY seq DESC LIMIT 1", [])
+        if not rows or all(self._holds(rows[0][0], c) for c in until):
             return ()
         args: list[object] = []
         inner = f"SELECT seq FROM {JOBS} INDEXED BY jobs_created WHERE {self.where(until, args)} LIMIT ?"
