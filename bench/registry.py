@@ -11,7 +11,7 @@ What is measured, and why:
 - one job's registry round trip (enqueue → promote → set process → finalize), the cost drain pays per job;
 - ``list_jobs`` first page with a large history (the operator's view).
 
-``--filters``: every documented filter of the job list (``docs/api.md`` § The job list's filters) on a history of
+``--filters``: every documented filter of the job list (``docs/api.md § Routes``, the listing) on a history of
 ``--history`` rows (default 1,000,000) on SQLite and on PostgreSQL (``--database-url``, default
 ``$PODCAST_JOB_TEST_DATABASE_URL``; a fresh schema, dropped after): each filter's first page of 100 and the page after
 it (the cursor), a value that matches many rows, few, and none. A figure is the median of ``--calls`` calls through

@@ -1,5 +1,5 @@
 -- Every filter of the job list answers from an index, a value that matches nothing included (docs/performance.md
--- § The job list's filters at scale; docs/api.md § The job list's filters). Indexes only.
+-- § Registry hot paths; docs/api.md § Routes, the listing). Indexes only.
 --
 -- A param's value: containment (params::jsonb @> '{"ratio": 1e-05}') through a GIN index of the params as jsonb,
 -- which compares a number as a number whatever its spelling. Built in the migration's transaction (the migrations

@@ -1,5 +1,5 @@
 -- Every filter of the job list answers from an index, a value that matches nothing included (docs/performance.md
--- § The job list's filters at scale; docs/api.md § The job list's filters). New tables, indexes and triggers only.
+-- § Registry hot paths; docs/api.md § Routes, the listing). New tables, indexes and triggers only.
 --
 -- A param's value, one row per top-level scalar member of a job's params, kept by the triggers in the transaction
 -- that writes the job: `value` has no type affinity, so a number stays a number and compares as one (2 = 2.0,
