@@ -156,3 +156,37 @@ async def test_a_time_filter_at_the_ends_of_the_calendar(registry: Registry, clo
         with pytest.raises(ValidationError) as refused:
             await ids(registry, JobFilter(**given))
         assert refused.value.field == field
+
+
+async def test_a_time_filter_over_a_wide_history_whose_clock_stepped_back(registry: Registry, clock: WallClock) -> None:
+    """More rows than a narrow range holds (SQLite reads a narrow one from its index, walks a wide one down seq, from
+    the range's own newest row when it ends before the newest): every range answers exactly the rows in it, newest
+    first, page by page, though the creation times are not in seq order (the clock stepped back 400 s)."""
+    made: list[tuple[str, datetime]] = []  # (job id, created at), in insertion (seq) order
+    for step_back in (0, 400):
+        clock.advance(-step_back)
+        for _ in range(60):  # 20 rows every 10 s: 1,200 rows, then 1,200 more from 400 s before the last
+            clock.advance(10)
+            results = await registry.enqueue_many([NewJob("pipeline", {}, ["run"])] * 20)
+            made += [(r.job.job_id, r.job.created_at) for r in results]
+    start = EPOCH
+    at = [start + timedelta(seconds=s) for s in (0, 100, 250, 500, 700, 799, 900)]
+    ranges = [
+        JobFilter(created_since=at[0]),  # every row
+        JobFilter(created_since=at[5]),  # the newest row only
+        JobFilter(created_until=at[6]),  # every row
+        JobFilter(created_until=at[4]),  # 2,180 rows, ending before the newest
+        JobFilter(created_until=at[1]),  # the first 180
+        JobFilter(created_since=at[2], created_until=at[4]),  # 1,600 rows in two runs far apart in seq
+        JobFilter(created_since=at[3], created_until=at[4]),  # 620 rows in two runs
+        JobFilter(created_since=at[6]),  # none
+    ]
+    for wanted in ranges:
+        low, high = wanted.created_since, wanted.created_until
+        expected = [
+            job_id
+            for job_id, created in reversed(made)
+            if (low is None or created >= low) and (high is None or created < high)
+        ]
+        assert await ids(registry, wanted) == expected, wanted
+        assert await registry.select_ids(wanted, 1000) == expected[:1000], wanted
