@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO, TypeVar
 import trio
 
 from ..domain import (
+    FILTER_NAMES,
+    PARAM_PREFIX,
     SCOPES,
     Config,
     ConfigError,
@@ -42,11 +44,13 @@ from ..domain import (
     Schedule,
     SupervisorError,
     TokenFile,
+    ValidationError,
     is_loopback,
     key_problem,
     kind_warnings,
     load_config,
     load_kinds,
+    parse_filter_time,
     parse_period,
     parse_tick,
     read_token_file,
@@ -655,12 +659,36 @@ def _filters(args: argparse.Namespace) -> dict[str, str]:
         )
         if value is not None
     }  # fmt: skip
+    for name in ("since", "until", "ended_since"):
+        if name in out:
+            try:
+                parse_filter_time(out[name], name)  # the registry's limits, as the server checks them
+            except ValidationError as exc:
+                raise ValueError(f"{_filter_flag(name)}: {exc}") from None
     for given in args.param:
         name, sep, value = given.partition("=")
         if not sep or not name:
             raise ValueError(f"--param {given!r}: give NAME=VALUE")
         out[f"param.{name}"] = value
     return out
+
+
+def _filter_flag(field: str) -> str:
+    """The flag that gave a filter's field (``param.n``: ``--param n``; ``filter.ended_since``: ``--ended-since``)."""
+    field = field.removeprefix("filter.")
+    if field.startswith("param."):
+        return f"--param {field.removeprefix('param.')}"
+    return "--" + field.replace("_", "-")
+
+
+def _filter_refused(exc: ApiError, io: _Io) -> int:
+    """A filter the server refused (a 422 naming one: a type the kinds declare, a value beyond the registry's
+    limits) is the caller's usage error, named by its flag; any other error goes on up."""
+    field = (exc.field or "").removeprefix("filter.")
+    if exc.status != 422 or not (field in FILTER_NAMES or field.startswith(PARAM_PREFIX)):
+        raise exc
+    io.error(f"{_filter_flag(field)}: {str(exc).removeprefix('filter: ')}")
+    return EXIT_USAGE
 
 
 def cmd_jobs(client: Client, args: argparse.Namespace, io: _Io) -> int:
@@ -679,14 +707,17 @@ def cmd_jobs(client: Client, args: argparse.Namespace, io: _Io) -> int:
         args.interrupted_exit = EXIT_OK  # Ctrl-C is how a watch ends
         out = _live.Output(io.out, live=_is_terminal(io), err=io.err)
         return _run_live(client, lambda api: _live.run_watch(api, out))
-    answer = client.list_jobs(
-        status=args.status,
-        kind=args.kind,
-        limit=args.limit,
-        cursor=args.cursor,
-        idempotency_key=args.idempotency_key,
-        filters=filters,
-    )
+    try:
+        answer = client.list_jobs(
+            status=args.status,
+            kind=args.kind,
+            limit=args.limit,
+            cursor=args.cursor,
+            idempotency_key=args.idempotency_key,
+            filters=filters,
+        )
+    except ApiError as exc:
+        return _filter_refused(exc, io)
     if args.json:
         io.json(answer)
         return EXIT_OK
@@ -755,7 +786,10 @@ def cmd_bulk(client: Client, args: argparse.Namespace, io: _Io, action: str) -> 
         io.error(str(exc))
         return EXIT_USAGE
     filters |= {k: v for k, v in (("status", args.status), ("kind", args.kind)) if v is not None}
-    dry = client.bulk(action, filters=filters, dry_run=True)
+    try:
+        dry = client.bulk(action, filters=filters, dry_run=True)
+    except ApiError as exc:
+        return _filter_refused(exc, io)
     if args.dry_run or not dry["count"]:
         if args.json:
             io.json(dry)

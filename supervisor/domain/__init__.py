@@ -84,12 +84,15 @@ from ._model import (
 from ._page import (
     CURSOR_PATTERN,
     DEFAULT_LIST_LIMIT,
+    FILTER_INT_RANGE,
     FILTER_NAMES,
+    FILTER_TIME_RANGE,
     FIRST_PAGE,
     MAX_LIST_LIMIT,
     PARAM_PREFIX,
     JobFilter,
     PageRequest,
+    parse_filter_time,
 )
 from ._params import INT64_MAX, INT64_MIN, INT_TEXT, URL_PATTERN, ParamRule
 from ._schedule import SCHEDULE_PREFIX, SCHEDULE_QUERY, Schedule, parse_period, parse_tick
@@ -128,7 +131,9 @@ __all__ = [
     "DEFAULT_LIST_LIMIT",
     "EXEC_MODES",
     "FEED_URL_MAX_LENGTH",
+    "FILTER_INT_RANGE",
     "FILTER_NAMES",
+    "FILTER_TIME_RANGE",
     "FIRST_PAGE",
     "FOLLOW_UP_PREFIX",
     "IDEMPOTENCY_KEY_HEADER",
@@ -233,6 +238,7 @@ __all__ = [
     "load_kinds",
     "name_problem",
     "parse_bind",
+    "parse_filter_time",
     "parse_kind",
     "parse_period",
     "parse_tick",

@@ -11,12 +11,13 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from ._errors import ValidationError
 from ._idempotency import key_problem
 from ._kinds import KindCatalog, ParamValue
-from ._model import JobStatus, from_iso
+from ._model import JobStatus
+from ._params import INT64_MAX, INT64_MIN
 
 MAX_LIST_LIMIT = 1000
 DEFAULT_LIST_LIMIT = 100
@@ -27,6 +28,12 @@ CURSOR_PATTERN = re.compile(r"[0-9]{1,18}")
 PARAM_PREFIX = "param."
 # What a filter's text may name, beside ``param.NAME``: the wire's names, in the order they are documented.
 FILTER_NAMES = ("status", "kind", "reason", "host", "since", "until", "ended_since", "idempotency_key")
+# The registry's limits on a filter's value, stated once (the API's parse, the bulk body's and the CLI's check them
+# through ``JobFilter``): an int param is a 64-bit integer (what SQLite holds; every backend compares it as a
+# number); a float one is finite; a time is one that moves to UTC within the calendar a datetime holds (years 1 to
+# 9999), as every registry keeps and compares times in UTC.
+FILTER_INT_RANGE = (INT64_MIN, INT64_MAX)
+FILTER_TIME_RANGE = (datetime.min.replace(tzinfo=UTC), datetime.max.replace(tzinfo=UTC))
 
 
 @dataclass(frozen=True)
@@ -48,8 +55,13 @@ class JobFilter:
     def __post_init__(self) -> None:
         for name in ("created_since", "created_until", "ended_since"):
             value = getattr(self, name)
-            if value is not None and value.tzinfo is None:
-                raise ValidationError(f"{_wire(name)} needs its UTC offset (Z or +00:00)", field=_wire(name))
+            if value is not None:
+                object.__setattr__(self, name, filter_time(value, _wire(name)))
+        for name, value in self.params:
+            param_problem = _param_problem(value)
+            if param_problem is not None:
+                where = f"{PARAM_PREFIX}{name}"
+                raise ValidationError(f"{where} must be {param_problem}, not {value!r}", field=where)
         problem = key_problem(self.idempotency_key) if self.idempotency_key is not None else None
         if problem is not None:
             raise ValidationError(f"idempotency_key {problem}", field="idempotency_key")
@@ -93,16 +105,43 @@ def _wire(attr: str) -> str:
     return {"created_since": "since", "created_until": "until"}.get(attr, attr)
 
 
-def _time(given: Mapping[str, str], name: str) -> datetime | None:
-    text = given.get(name)
-    if text is None:
-        return None
+def filter_time(value: datetime, name: str) -> datetime:
+    """``value`` in UTC, as a filter's time (``name``: the wire's); a naive time, or one that leaves the calendar
+    on its move to UTC (``FILTER_TIME_RANGE``), is a ``ValidationError`` naming it."""
+    if value.tzinfo is None:
+        raise ValidationError(f"{name} needs its UTC offset (Z or +00:00)", field=name)
     try:
-        return from_iso(text)
+        return value.astimezone(UTC)
+    except OverflowError:
+        low, high = (t.isoformat() for t in FILTER_TIME_RANGE)
+        why = f"{name} must be from {low} to {high} in UTC, not {value.isoformat()}"
+        raise ValidationError(why, field=name) from None
+
+
+def parse_filter_time(text: str, name: str) -> datetime:
+    """A filter's time from its wire text (ISO 8601 with its offset), within ``FILTER_TIME_RANGE``."""
+    try:
+        value = datetime.fromisoformat(text)
     except ValueError:
         raise ValidationError(
             f"{name} must be an ISO 8601 time with its UTC offset (2026-12-07T02:00:00Z), not {text!r}", field=name
         ) from None
+    return filter_time(value, name)
+
+
+def _time(given: Mapping[str, str], name: str) -> datetime | None:
+    text = given.get(name)
+    return parse_filter_time(text, name) if text is not None else None
+
+
+def _param_problem(value: ParamValue) -> str | None:
+    """What a param filter's value must be when it is not (None: it is within the registry's limits)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        low, high = FILTER_INT_RANGE
+        return None if low <= value <= high else f"an int from {low} to {high} (64-bit)"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "a finite float"
+    return None
 
 
 def _param_value(name: str, text: str, kind: str | None, kinds: KindCatalog | None) -> ParamValue:
@@ -125,7 +164,10 @@ def _param_value(name: str, text: str, kind: str | None, kinds: KindCatalog | No
         if type_name == "int":
             if not re.fullmatch(r"-?[0-9]{1,19}", text):
                 raise ValueError
-            return int(text)
+            number = int(text)
+            if _param_problem(number) is not None:
+                raise ValueError
+            return number
         if type_name == "float":
             value = float(text)
             if not math.isfinite(value):
@@ -134,7 +176,10 @@ def _param_value(name: str, text: str, kind: str | None, kinds: KindCatalog | No
         if type_name == "bool":
             return {"true": True, "false": False}[text]
     except (ValueError, KeyError):
-        wanted = {"int": "an int", "float": "a finite float", "bool": "true or false"}[str(type_name)]
+        low, high = FILTER_INT_RANGE
+        wanted = {"int": f"an int from {low} to {high} (64-bit)", "float": "a finite float", "bool": "true or false"}[
+            str(type_name)
+        ]
         raise ValidationError(f"{where} must be {wanted}, not {text!r}", field=where) from None
     return text
 

@@ -88,9 +88,13 @@ class SqlStore:
         return f"{head} WHERE {cond}" if cond else head
 
     async def select(self, table: str, where: Where = (), read: Read = EVERY) -> list[dict[str, Any]]:
+        return await self.select_from(table, table, where, read)
+
+    async def select_from(self, table: str, source: str, where: Where, read: Read) -> list[dict[str, Any]]:
+        """``select`` from ``source``: ``table``, or ``table`` with a backend's hint of the index to read."""
         names = read.columns or COLUMNS[table]
         args: list[object] = []
-        sql = self._filtered(f"SELECT {', '.join(names)} FROM {table}", where, args)
+        sql = self._filtered(f"SELECT {', '.join(names)} FROM {source}", where, args)
         if read.order:
             sql += " ORDER BY " + ", ".join(f"{o[1:]} DESC" if o.startswith("-") else o for o in read.order)
         if read.limit is not None:

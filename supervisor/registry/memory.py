@@ -40,6 +40,15 @@ def _kept(column: str, value: Any) -> Any:
     return json.dumps(value, sort_keys=True) if value is not None and column in JSON_COLUMNS else value
 
 
+def _same_param(member: object, wanted: object) -> bool:
+    """A param's stored value is the filter's: numbers as numbers (2 is 2.0, 1e-05 is 0.00001), as the SQL registries
+    compare them; a bool, a string only as itself."""
+    number = (int, float)
+    if isinstance(member, bool) or isinstance(wanted, bool) or not isinstance(member, number):
+        return type(member) is type(wanted) and member == wanted
+    return isinstance(wanted, number) and member == wanted
+
+
 def _holds(row: Row, where: Where) -> bool:
     """Whether ``row`` meets every condition (a NULL meets no comparison, as in SQL)."""
     for cond in where:
@@ -58,7 +67,7 @@ def _holds(row: Row, where: Where) -> bool:
         elif op == "json=":
             key, wanted = value
             member = json.loads(have).get(key) if have is not None else None
-            met = type(member) is type(wanted) and member == wanted
+            met = _same_param(member, wanted)
         else:
             met = have is not None and _COMPARE[op](have, value)
         if not met:

@@ -155,6 +155,12 @@ async def test_body_too_large_is_413_and_stores_nothing(harness: Harness) -> Non
         ({"status": "sleeping"}, "status"),
         ({"cursor": "not-a-cursor"}, "cursor"),
         ({"colour": "red"}, "colour"),
+        # The registry's limits, checked at the edge: an int param is 64-bit, a time moves to UTC within the calendar.
+        ({"param.n": "9223372036854775808"}, "param.n"),
+        ({"kind": "typed", "param.n": "-9223372036854775809"}, "param.n"),
+        ({"since": "0001-01-01T00:00:00+01:00"}, "since"),
+        ({"until": "9999-12-31T23:59:59-01:00"}, "until"),
+        ({"ended_since": "0001-01-01T00:30:00+00:45"}, "ended_since"),
     ],
 )
 async def test_bad_list_query_is_422_naming_it(harness: Harness, query: dict[str, str], field: str) -> None:
@@ -627,6 +633,8 @@ async def test_a_batch_may_be_larger_than_one_job_request_but_not_unbounded(harn
         ({"action": "retry", "selection": "not-one-of-ours!"}, "selection"),
         ({"action": "retry", "dry_run": True}, "filter"),
         ({"action": "retry", "filter": {}, "dry_run": True, "extra": 1}, "extra"),
+        ({"action": "retry", "filter": {"param.n": 9223372036854775808}, "dry_run": True}, "filter.param.n"),
+        ({"action": "retry", "filter": {"until": "9999-12-31T23:59:59-01:00"}, "dry_run": True}, "filter.until"),
     ],
 )
 async def test_a_bad_bulk_request_is_a_422_naming_the_field(

@@ -441,7 +441,16 @@ async def test_jobs_filters_by_reason_param_time_and_host(live: Live) -> None:
     found = await cli(live.url, "jobs", "--json", "--param", "n=3", "--param", "flag=true", "--host", host)
     assert [job["job_id"] for job in found.json()["jobs"]] == [three]
     bad = await cli(live.url, "jobs", "--param", "n=three")
-    assert bad.code != EXIT_OK and "param.n must be an int" in bad.err
+    assert bad.code == EXIT_USAGE and "--param n: param.n must be an int" in bad.err
+    # Beyond the registry's limits: the caller's usage error (exit 2, one line naming the flag), never a server error.
+    for verb in (("jobs",), ("retry", "--all", "--dry-run"), ("cancel", "--all", "--dry-run")):
+        big = await cli(live.url, *verb, "--param", "n=9223372036854775808")
+        assert (big.code, big.err.count("\n")) == (EXIT_USAGE, 1), big.err
+        assert big.err.startswith("error: --param n: param.n must be an int from -9223372036854775808"), big.err
+        for flag, when in (("--since", "0001-01-01T00:00:00+01:00"), ("--until", "9999-12-31T23:59:59-01:00")):
+            early = await cli(live.url, *verb, flag, when)
+            assert (early.code, early.err.count("\n")) == (EXIT_USAGE, 1), early.err
+            assert early.err.startswith(f"error: {flag}: {flag[2:]} must be from 0001-01-01"), early.err
     usage = await cli(live.url, "jobs", "--param", "n")
     assert usage.code == EXIT_USAGE and "NAME=VALUE" in usage.err
 

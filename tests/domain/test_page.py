@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from supervisor.domain import (
+    FILTER_TIME_RANGE,
     MAX_LIST_LIMIT,
     JobFilter,
     JobStatus,
@@ -44,6 +45,22 @@ def test_every_filter_is_read_from_its_text_and_a_param_as_its_declared_type() -
     assert (wanted.reason, wanted.host, wanted.status) == ("all_feeds_unavailable", "h1", JobStatus.FAILED)
 
 
+def test_the_ends_of_the_registrys_limits_are_within_them() -> None:
+    wanted = JobFilter.parse(
+        {
+            "param.max_episodes": "-9223372036854775808",
+            "since": "0001-01-01T00:00:00+00:00",
+            "until": "9999-12-31T23:59:59.999999Z",
+            "ended_since": "0001-01-01T00:00:00-00:00",
+        },
+        KINDS,
+    )
+    assert wanted.params == (("max_episodes", -(2**63)),)
+    assert (wanted.created_since, wanted.created_until) == FILTER_TIME_RANGE
+    top = JobFilter.parse({"param.max_episodes": "9223372036854775807"}, KINDS)
+    assert top.params == (("max_episodes", 2**63 - 1),)
+
+
 @pytest.mark.parametrize(
     ("built", "field"),
     [
@@ -61,6 +78,15 @@ def test_every_filter_is_read_from_its_text_and_a_param_as_its_declared_type() -
         (lambda: JobFilter.parse({"param.max_episodes": "five"}, KINDS), "param.max_episodes"),
         (lambda: JobFilter.parse({"param.colour": "red"}, KINDS), "param.colour"),
         (lambda: JobFilter.parse({"kind": "enrichment", "param.feed": "x"}, KINDS), "param.feed"),
+        # The registry's limits (FILTER_INT_RANGE, FILTER_TIME_RANGE): 64 bits; a move to UTC within the calendar.
+        (lambda: JobFilter.parse({"param.max_episodes": "9223372036854775808"}, KINDS), "param.max_episodes"),
+        (lambda: JobFilter.parse({"param.max_episodes": "-9223372036854775809"}, KINDS), "param.max_episodes"),
+        (lambda: JobFilter(params=(("n", 2**63),)), "param.n"),
+        (lambda: JobFilter(params=(("ratio", float("nan")),)), "param.ratio"),
+        (lambda: JobFilter.parse({"since": "0001-01-01T00:00:00+01:00"}), "since"),
+        (lambda: JobFilter.parse({"until": "9999-12-31T23:59:59-01:00"}), "until"),
+        (lambda: JobFilter.parse({"ended_since": "9999-12-31T23:59:59.999999-00:01"}), "ended_since"),
+        (lambda: JobFilter(created_until=datetime.min.replace(tzinfo=timezone(timedelta(minutes=1)))), "until"),
     ],
 )
 def test_out_of_bounds_is_a_validation_error_naming_the_field(built: object, field: str) -> None:

@@ -4,10 +4,21 @@ times, host), each alone and combined, with paging, on every backend."""
 from __future__ import annotations
 
 import dataclasses
+from datetime import datetime, timedelta, timezone
 
+import pytest
 from registry_helpers import EPOCH, WallClock, request
 
-from supervisor.domain import JobFilter, JobStatus, PageRequest, Schedule
+from supervisor.domain import (
+    FILTER_TIME_RANGE,
+    INT64_MAX,
+    INT64_MIN,
+    JobFilter,
+    JobStatus,
+    PageRequest,
+    Schedule,
+    ValidationError,
+)
 from supervisor.registry import Ending, NewJob, Outcome, Registry
 
 UNAVAILABLE = Ending(Outcome(JobStatus.FAILED, "all_feeds_unavailable"), exit_code=75)
@@ -17,6 +28,10 @@ FAILED = Ending(Outcome(JobStatus.FAILED, "exit_code_1"), exit_code=1)
 async def add(reg: Registry, feed: str, n: int, *, urgent: bool = False) -> str:
     params = {"feed": feed, "n": n, "urgent": urgent, "ratio": n / 2}
     return (await reg.enqueue(NewJob("pipeline", params, ["run", feed]))).job.job_id
+
+
+async def add_params(reg: Registry, params: dict[str, float | int]) -> str:
+    return (await reg.enqueue(NewJob("pipeline", params, ["run"]))).job.job_id
 
 
 async def ids(reg: Registry, wanted: JobFilter, limit: int = 100) -> list[str]:
@@ -94,3 +109,84 @@ async def test_an_if_idle_tick_is_skipped_while_its_schedules_job_is_queued_or_r
     again = await registry.enqueue(NewJob("pipeline", {"feed": "a"}, ["run"], schedule=hourly))
     assert not again.skipped and again.job.job_id != first.job.job_id
     assert len(await ids(registry, JobFilter(kind="pipeline"))) == 3
+
+
+async def test_a_number_param_is_compared_as_a_number_whatever_its_spelling(registry: Registry) -> None:
+    # PostgreSQL keeps a JSON number in its own spelling (0.00001, 10000000000000000): a comparison of texts missed
+    # these rows there, and a float param stored as a whole number (2) missed 2.0 in memory.
+    ratios: list[float | int] = [1e-05, 1e-07, 1e16, 0.1, 2, 2.5e-300]
+    by_ratio = {ratio: await add_params(registry, {"ratio": ratio, "n": i}) for i, ratio in enumerate(ratios)}
+    for ratio, job_id in by_ratio.items():
+        assert await ids(registry, JobFilter(params=(("ratio", float(ratio)),))) == [job_id], ratio
+    assert await ids(registry, JobFilter(params=(("ratio", 0.00001),))) == [by_ratio[1e-05]]
+    assert await ids(registry, JobFilter(params=(("ratio", 1e-06),))) == []
+    assert await ids(registry, JobFilter(params=(("n", 1.0),))) == [by_ratio[1e-07]]  # an int param, as a number
+
+
+async def test_an_int_param_at_the_ends_of_64_bits_and_beyond(registry: Registry) -> None:
+    ends = [INT64_MIN, INT64_MAX, 2**53 + 1, -(2**53) - 1]
+    by_n = {n: await add_params(registry, {"n": n}) for n in ends}
+    for n, job_id in by_n.items():
+        assert await ids(registry, JobFilter(params=(("n", n),))) == [job_id], n
+    assert await ids(registry, JobFilter(params=(("n", 2**53),))) == []  # not the float's neighbour
+    # Beyond 64 bits no registry is asked (SQLite cannot bind it): the filter cannot be built, naming the param.
+    for beyond in (INT64_MAX + 1, INT64_MIN - 1):
+        with pytest.raises(ValidationError) as refused:
+            await ids(registry, JobFilter(params=(("n", beyond),)))
+        assert refused.value.field == "param.n"
+    assert await registry.select_ids(JobFilter(params=(("n", INT64_MAX),)), 10) == [by_n[INT64_MAX]]
+
+
+async def test_a_time_filter_at_the_ends_of_the_calendar(registry: Registry, clock: WallClock) -> None:
+    first = await add(registry, "https://a.example/", 1)
+    earliest, latest = FILTER_TIME_RANGE
+    assert await ids(registry, JobFilter(created_since=earliest)) == [first]
+    assert await ids(registry, JobFilter(created_until=latest)) == [first]
+    assert await ids(registry, JobFilter(created_since=latest)) == []
+    assert await ids(registry, JobFilter(created_until=earliest)) == []
+    assert await ids(registry, JobFilter(ended_since=earliest)) == []  # it has not ended
+    assert await registry.select_ids(JobFilter(created_since=earliest, created_until=latest), 10) == [first]
+    # A time whose move to UTC leaves the calendar cannot be built, naming the wire's field.
+    beyond = {
+        "since": {"created_since": datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1)))},
+        "until": {"created_until": datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone(timedelta(hours=-1)))},
+        "ended_since": {"ended_since": datetime(1, 1, 1, 0, 59, tzinfo=timezone(timedelta(hours=1)))},
+    }
+    for field, given in beyond.items():
+        with pytest.raises(ValidationError) as refused:
+            await ids(registry, JobFilter(**given))
+        assert refused.value.field == field
+
+
+async def test_a_time_filter_over_a_wide_history_whose_clock_stepped_back(registry: Registry, clock: WallClock) -> None:
+    """More rows than a narrow range holds (SQLite reads a narrow one from its index, walks a wide one down seq, from
+    the range's own newest row when it ends before the newest): every range answers exactly the rows in it, newest
+    first, page by page, though the creation times are not in seq order (the clock stepped back 400 s)."""
+    made: list[tuple[str, datetime]] = []  # (job id, created at), in insertion (seq) order
+    for step_back in (0, 400):
+        clock.advance(-step_back)
+        for _ in range(60):  # 20 rows every 10 s: 1,200 rows, then 1,200 more from 400 s before the last
+            clock.advance(10)
+            results = await registry.enqueue_many([NewJob("pipeline", {}, ["run"])] * 20)
+            made += [(r.job.job_id, r.job.created_at) for r in results]
+    start = EPOCH
+    at = [start + timedelta(seconds=s) for s in (0, 100, 250, 500, 700, 799, 900)]
+    ranges = [
+        JobFilter(created_since=at[0]),  # every row
+        JobFilter(created_since=at[5]),  # the newest row only
+        JobFilter(created_until=at[6]),  # every row
+        JobFilter(created_until=at[4]),  # 2,180 rows, ending before the newest
+        JobFilter(created_until=at[1]),  # the first 180
+        JobFilter(created_since=at[2], created_until=at[4]),  # 1,600 rows in two runs far apart in seq
+        JobFilter(created_since=at[3], created_until=at[4]),  # 620 rows in two runs
+        JobFilter(created_since=at[6]),  # none
+    ]
+    for wanted in ranges:
+        low, high = wanted.created_since, wanted.created_until
+        expected = [
+            job_id
+            for job_id, created in reversed(made)
+            if (low is None or created >= low) and (high is None or created < high)
+        ]
+        assert await ids(registry, wanted) == expected, wanted
+        assert await registry.select_ids(wanted, 1000) == expected[:1000], wanted

@@ -132,11 +132,10 @@ class PostgresStore(SqlStore):
         return super().decode(column, value)
 
     def json_equals(self, column: str, key: str, value: object, args: list[object]) -> str:
-        # ->> gives the member as text: a value compares as the text JSON writes it with (true, 2.0, 5, the string).
-        args.append(key)
-        path = self.mark(len(args))
-        args.append(value if isinstance(value, str) else json.dumps(value))
-        return f"(({column})::jsonb ->> {path}) = {self.mark(len(args))}"
+        # Containment compares as jsonb does: a number as a number (1e-05 is 0.00001, 2 is 2.0, whatever spelling
+        # the server stored), a string or a bool as itself; the GIN index on the params' jsonb answers it.
+        args.append(json.dumps({key: value}))
+        return f"({column})::jsonb @> {self.mark(len(args))}::jsonb"
 
     def locking(self, skip_locked: bool) -> str:
         return " FOR UPDATE SKIP LOCKED" if skip_locked else " FOR UPDATE"

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from registry_v3 import CONTAINER, MIGRATIONS, PROCESS, ROW, V3_EVENTS, at, build_v3, old_public, sql, ts
 
-from supervisor.domain import IdempotencyKey, Job, JobStatus, RegistryError, Schedule
+from supervisor.domain import IdempotencyKey, Job, JobFilter, JobStatus, RegistryError, Schedule
 from supervisor.registry import (
     Ending,
     Expect,
@@ -46,13 +46,22 @@ def columns(path: Path, table: str) -> list[str]:
 # -- from version 3 -----------------------------------------------------------------------------------------
 
 
-def test_this_code_is_schema_version_13() -> None:
-    """The migration tests below are from 3 to 12: a new migration needs its own test of the file before it."""
-    assert SCHEMA_VERSION == 13
+def test_this_code_is_schema_version_14() -> None:
+    """The migration tests below are from 3 to 13: a new migration needs its own test of the file before it."""
+    assert SCHEMA_VERSION == 14
 
 
 # What each migration from version 9 on added, undone: a file of the current version back to an earlier one's tables.
 UNDO = {
+    14: (
+        "DROP TRIGGER job_params_insert",
+        "DROP TRIGGER job_params_update",
+        "DROP TRIGGER job_params_delete",
+        "DROP TABLE job_params",
+        "DROP INDEX jobs_reason_seq",
+        "DROP INDEX jobs_host_seq",
+        "DROP INDEX jobs_created",
+    ),
     13: ("ALTER TABLE jobs DROP COLUMN stop_reason",),
     12: (
         "DROP INDEX jobs_schedule",
@@ -95,6 +104,29 @@ async def test_INV_STOP_REASON_BEFORE_SIGNAL_a_version_12_file_gets_stop_reasons
         assert (await reg.get(old.job_id)).stop_reason is None
         stopped = await reg.request_stop(old.job_id, "deadline", expect=Expect(None))
         assert stopped.changed and (await reg.get(old.job_id)).stop_reason == "deadline"
+    finally:
+        await reg.aclose()
+
+
+async def test_a_version_13_files_rows_are_found_by_their_params_and_later_rows_too(path: Path) -> None:
+    """Version 14: the param filter reads a side table; the migration fills it with the rows already there, the
+    triggers keep it with every insert and delete after (numbers as numbers)."""
+    reg = await SqliteRegistry.open(path)
+    old = await reg.enqueue(NewJob("k", {"ratio": 1e-05, "feed": "a", "flag": True, "n": 2**63 - 1}, ["true"]))
+    await reg.aclose()
+    back_to(path, 13)
+    reg = await SqliteRegistry.open(path)
+    try:
+        new = await reg.enqueue(NewJob("k", {"ratio": 0.00001, "n": 2}, ["true"]))
+        both, only_old = [new.job.job_id, old.job.job_id], [old.job.job_id]
+        assert await reg.select_ids(JobFilter(params=(("ratio", 1e-05),)), 10) == both
+        assert await reg.select_ids(JobFilter(params=(("flag", True), ("feed", "a"))), 10) == only_old
+        assert await reg.select_ids(JobFilter(params=(("n", 2**63 - 1),)), 10) == only_old
+        assert await reg.select_ids(JobFilter(params=(("n", 2.0),)), 10) == [new.job.job_id]
+        assert raw(path, "SELECT COUNT(*) FROM job_params") == [(6,)]
+        with sqlite3.connect(path) as conn:
+            conn.execute("DELETE FROM jobs WHERE job_id = ?", (old.job.job_id,))
+        assert raw(path, "SELECT COUNT(*) FROM job_params") == [(2,)]  # a pruned row's params go with it
     finally:
         await reg.aclose()
 
