@@ -88,12 +88,24 @@ class Script:
         if isinstance(self.output, str) or not all(isinstance(line, str) for line in self.output):
             raise ValueError("output must be a list of lines (strings)")
         if self.kind_settings():
-            parse_kind("script", self.kind_table("script"))  # a kinds file's refusal, as the kinds file says it
+            try:
+                parse_kind("script", self.kind_table("script"))  # a kinds file's refusal, as the kinds file says it
+            except KindsFileError as refused:
+                # Named as the test wrote it: the script's arguments, not a kind called 'script'.
+                reason = str(refused).removeprefix("kind 'script': ")
+                raise KindsFileError(f"{self.given()}: {reason}") from None
 
     def signum(self) -> signals.Signals | None:
         if self.signal is None:
             return None
         return signals.Signals[self.signal] if isinstance(self.signal, str) else signals.Signals(self.signal)
+
+    def given(self) -> str:
+        """The kind settings as written, beside the kinds file's keys they stand for (for an error's words)."""
+        fields = {field: getattr(self, field) for field in KIND_KEYS if getattr(self, field) is not None}
+        written = ", ".join(f"{field}={value!r}" for field, value in fields.items())
+        keys = ", ".join(f"{KIND_KEYS[field]} = {value!r}" for field, value in fields.items())
+        return f"script({written}) (a kinds file's {keys})"
 
     def kind_settings(self) -> dict[str, Any]:
         """The kind settings this script was given, by the kinds file's keys."""
@@ -156,10 +168,9 @@ class Script:
 def check_kind_settings(name: str, script: Script) -> None:
     """A script given to a kind of a kinds file (``behave``) says how its process behaves, never its kind's settings:
     those are the kinds file's."""
-    given = script.kind_settings()
-    if given:
+    if script.kind_settings():
         raise KindsFileError(
-            f"kind {name!r}: {sorted(given)[0]} belongs in the kinds file (kinds_toml / kinds_file), not in the script "
+            f"kind {name!r}: {script.given()} belongs in the kinds file (kinds_toml / kinds_file), not in the script "
             "of behave"
         )
 

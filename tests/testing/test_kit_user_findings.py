@@ -7,10 +7,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
-from supervisor.testing import Scenario, open_scenario
+from supervisor.testing import KindsFileError, Scenario, open_scenario
 
 
 def run_scenario(data_dir: Path, body: Callable[[Scenario], Awaitable[Any]]) -> Any:
@@ -40,3 +41,14 @@ def test_a_bulk_selection_repeats_from_run_to_run(tmp_path: Path) -> None:
     runs = [run_scenario(tmp_path / str(n), bulk_retry) for n in range(2)]
     assert runs[0][:2] == runs[1][:2]
     assert runs[0] == runs[1]
+
+
+def test_a_refused_scripts_kind_setting_is_named_as_written() -> None:
+    """``sc.script(retry_backoff_s=0)`` in ``kinds={"greedy": ...}``: the refusal named a kind 'script' that the test
+    never wrote, and a key it did not write. It names the script's argument, and the kinds file's key beside it."""
+    with pytest.raises(KindsFileError) as refused:
+        Scenario.script(run_for=1, retry_backoff_s=0)
+    message = str(refused.value)
+    assert "kind 'script'" not in message
+    assert message.startswith("script(retry_backoff_s=0) (a kinds file's retry_backoff_seconds = 0): ")
+    assert "must be a number of seconds above 0" in message
