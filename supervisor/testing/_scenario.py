@@ -223,11 +223,14 @@ class Scenario:
         return await self.job(job_id)
 
     def kill(self, job_id: str, signal: str | int = "SIGKILL") -> None:
-        """The job's process dies from outside (``kill -9`` by default; any signal by name or number)."""
+        """The job's process dies from outside (``kill -9`` by default; any signal by name or number). A script that
+        ignores SIGTERM lives on through a SIGTERM from outside, as a process that ignores it does."""
         signum = signals.Signals[signal] if isinstance(signal, str) else signals.Signals(signal)
         machine = self._started_machine()
         if job_id not in machine.jobs:
             raise ScenarioError(f"job {job_id} has no process (not started yet?)")
+        if signum is signals.SIGTERM and machine.jobs[job_id].ignores_sigterm:
+            return
         machine.kill(job_id, signum)
 
     async def crash(self, *, box: bool = False) -> None:

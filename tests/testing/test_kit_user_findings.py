@@ -52,3 +52,19 @@ def test_a_refused_scripts_kind_setting_is_named_as_written() -> None:
     assert "kind 'script'" not in message
     assert message.startswith("script(retry_backoff_s=0) (a kinds file's retry_backoff_seconds = 0): ")
     assert "must be a number of seconds above 0" in message
+
+
+async def test_a_sigterm_from_outside_does_not_kill_a_script_that_ignores_it(supervisor_scenario: Scenario) -> None:
+    """A host's shutdown (``kill -TERM``) of a job that ignores SIGTERM: the process lives on, as it would, until
+    a SIGKILL; before, ``sc.kill(job, "SIGTERM")`` ended it whatever ``ignore_sigterm`` said."""
+    sc = supervisor_scenario
+    await sc.start(kinds={"stubborn": sc.script(beats_every=5, ignore_sigterm=True)})
+    job_id = await sc.enqueue("stubborn")
+    await sc.advance(10)
+    sc.kill(job_id, "SIGTERM")
+    await sc.advance(60)
+    assert (await sc.job(job_id)).status == "running"
+    sc.kill(job_id)
+    await sc.advance(1)
+    job = await sc.job(job_id)
+    assert (job.status, job.error_reason) == ("failed", "killed_by_SIGKILL")
