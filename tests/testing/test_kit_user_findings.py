@@ -68,3 +68,13 @@ async def test_a_sigterm_from_outside_does_not_kill_a_script_that_ignores_it(sup
     await sc.advance(1)
     job = await sc.job(job_id)
     assert (job.status, job.error_reason) == ("failed", "killed_by_SIGKILL")
+
+
+async def test_a_settings_variable_name_is_answered_with_its_field(supervisor_scenario: Scenario) -> None:
+    """A runbook's author knows the knob as operations.md writes it (``PODCAST_JOB_SILENT_SECONDS``): the refusal
+    names the field a scenario takes for it, and where the two are listed side by side."""
+    sc = supervisor_scenario
+    with pytest.raises(TypeError, match=r"did you mean silent_after_s\? docs/settings\.md"):
+        await sc.start(kinds={"x": sc.script()}, PODCAST_JOB_SILENT_SECONDS=60)
+    with pytest.raises(TypeError, match=r"did you mean progress_stale_after_s\?"):
+        await sc.start(kinds={"x": sc.script()}, progress_stale_after=60)
