@@ -47,7 +47,9 @@ class Script:
     often (None: at each progress step, or never); ``progress_every``: its watermark (``completed_units``) goes up by
     one that often (None: it never progresses: beats alone are a silent spin). ``beats_until`` / ``progress_until``:
     from then on it sends no beat / makes no progress, and lives on (a hang). ``ignore_sigterm``: a stop's SIGTERM
-    does nothing, only the SIGKILL after the grace ends it. ``output``: lines it prints as it starts.
+    does nothing, only the SIGKILL after the grace ends it; ``exit_on_sigterm``: a SIGTERM (a stop's, or from outside)
+    ends it with this exit code, as the pipeline runner exits 143, not by the signal. ``output``: lines it prints as
+    it starts.
 
     ``max_attempts``, ``retry_backoff_s``, ``max_running`` and ``deadline_s`` are its kind's settings in the
     ``kinds={...}`` form only (a kinds file's ``max_attempts``, ``retry_backoff_seconds``, ``max_running``,
@@ -67,6 +69,7 @@ class Script:
     progress_until: float | None = None
     signal: str | int | None = None
     output: Sequence[str] = ()
+    exit_on_sigterm: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("run_for", "beats_every", "progress_every", "beats_until", "progress_until"):
@@ -76,8 +79,13 @@ class Script:
         for name in ("beats_every", "progress_every"):
             if getattr(self, name) == 0:
                 raise ValueError(f"{name} must be more than 0 seconds")
-        if isinstance(self.exit_code, bool) or not 0 <= self.exit_code <= 255:
-            raise ValueError(f"exit_code must be 0-255, not {self.exit_code!r}")
+        for name, code in (("exit_code", self.exit_code), ("exit_on_sigterm", self.exit_on_sigterm)):
+            if (code is not None or name == "exit_code") and (
+                isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= 255
+            ):
+                raise ValueError(f"{name} must be 0-255, not {code!r}")
+        if self.exit_on_sigterm is not None and self.ignore_sigterm:
+            raise ValueError("exit_on_sigterm and ignore_sigterm: a process either handles SIGTERM or ignores it")
         if self.signal is not None:
             try:
                 self.signum()
@@ -126,6 +134,7 @@ class Script:
     async def run(self, job: MemoryJob, beat: BeatSink | None) -> int:
         """The process: one task, its beats and its end on one timeline (a beat due at the end's instant first)."""
         job.ignores_sigterm = self.ignore_sigterm
+        job.exit_on_sigterm = self.exit_on_sigterm
         for line in self.output:
             job.print(line)
         started = trio.current_time()

@@ -78,3 +78,34 @@ async def test_a_settings_variable_name_is_answered_with_its_field(supervisor_sc
         await sc.start(kinds={"x": sc.script()}, PODCAST_JOB_SILENT_SECONDS=60)
     with pytest.raises(TypeError, match=r"did you mean progress_stale_after_s\?"):
         await sc.start(kinds={"x": sc.script()}, progress_stale_after=60)
+
+
+async def test_a_script_exits_143_on_sigterm_as_the_pipeline_runner_does(supervisor_scenario: Scenario) -> None:
+    """The built-in kinds' runner catches SIGTERM and exits 143 (docs/job-kinds.md), which they resubmit and, once
+    their attempts are spent, name ``terminated``. A script could only die by the signal (``killed_by_SIGTERM``):
+    a reboot's SIGTERM ended differently than in production. ``exit_on_sigterm=143`` says what the runner does."""
+    sc = supervisor_scenario
+    runner = sc.script(beats_every=5, progress_every=10, exit_on_sigterm=143)
+    await sc.start(behave={"pipeline": runner, "enrichment": sc.script(run_for=5)}, cancel_grace_s=30)
+    job_id = await sc.enqueue("pipeline", feed="https://example.org/feed.xml")
+    for _ in range(3):  # a host's shutdown, three times: the pipeline kind's max_attempts
+        await sc.advance_until(lambda: bool(sc.executor.jobs.get(job_id)), within=3600)
+        await sc.advance_until(lambda: sc.executor.jobs[job_id].status is None, within=3600)
+        await sc.advance(60)
+        sc.kill(job_id, "SIGTERM")
+        await sc.advance(1)
+    job = await sc.job(job_id)
+    assert (job.status, job.error_reason, job.exit_code, job.attempts) == ("failed", "terminated", 143, 3)
+    assert [attempt.exit_code for attempt in job.history] == [143, 143]
+    again = await sc.retry(job_id)
+    await sc.advance(60)
+    await sc.cancel(again)
+    cancelled = await sc.advance_until_ended(again, within=60)
+    assert (cancelled.status, cancelled.exit_code) == ("cancelled", 143)  # stopped at the SIGTERM, not the grace
+
+
+def test_a_script_that_handles_sigterm_does_not_also_ignore_it() -> None:
+    with pytest.raises(ValueError, match="either handles SIGTERM or ignores it"):
+        Scenario.script(exit_on_sigterm=143, ignore_sigterm=True)
+    with pytest.raises(ValueError, match="exit_on_sigterm must be 0-255"):
+        Scenario.script(exit_on_sigterm=300)
