@@ -307,11 +307,12 @@ class Scenario:
         self._record.ring()  # the quiet sweeper looks again
 
     async def reconcile(self) -> ReconcileReport:
-        """``POST /api/reconcile``: the operator's reconcile (it may evict a live job past the wall-clock window)."""
+        """``POST /api/jobs/reconcile``: the operator's reconcile (it may evict a live job past the wall-clock
+        window)."""
         return await self._running().operator_reconcile()
 
     async def prune(self, *, dry_run: bool = False, limit: int = 1000) -> list[PrunedJob]:
-        """``POST /api/prune``: up to ``limit`` finished jobs past the retention go now, with their files."""
+        """``POST /api/jobs/prune``: up to ``limit`` finished jobs past the retention go now, with their files."""
         return await self._running().prune(dry_run=dry_run, limit=limit)
 
     def make_unreachable(self, what: str) -> None:

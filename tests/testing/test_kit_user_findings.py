@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 import trio
 import trio.testing
 
+from supervisor.api import ROUTES
 from supervisor.testing import KindsFileError, Scenario, open_scenario
 
 
@@ -109,3 +111,18 @@ def test_a_script_that_handles_sigterm_does_not_also_ignore_it() -> None:
         Scenario.script(exit_on_sigterm=143, ignore_sigterm=True)
     with pytest.raises(ValueError, match="exit_on_sigterm must be 0-255"):
         Scenario.script(exit_on_sigterm=300)
+
+
+def test_the_routes_the_page_names_for_the_verbs_are_the_apis() -> None:
+    """docs/testing.md maps each operator verb to its API route, for a runbook's author who calls both: it named
+    ``POST /api/prune`` and ``POST /api/reconcile``, routes that do not exist (they are under ``/api/jobs/``)."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "testing.md").read_text()
+
+    def shape(path: str) -> str:
+        return re.sub(r"\{[^}]*\}", "{}", path)  # {id} on the page, {job_id} in the table
+
+    declared = {(route.method, shape(route.path)) for route in ROUTES}
+    named = re.findall(r"`(GET|POST|PUT|DELETE) (/api/[^`]*)`", page)
+    named += [("POST", "/api/queue" + rest) for rest in re.findall(r"`POST /api/queue/pause`, `(/resume)`", page)]
+    assert len(named) >= 6
+    assert sorted({(method, shape(path)) for method, path in named} - declared) == []
