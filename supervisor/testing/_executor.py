@@ -101,6 +101,8 @@ class Script:
             except KindsFileError as refused:
                 # Named as the test wrote it: the script's arguments, not a kind called 'script'.
                 reason = str(refused).removeprefix("kind 'script': ")
+                if "retry_backoff_max_seconds" in reason:  # a key the kinds={...} form does not take
+                    reason += " (a script sets no cap: declare the kind in kinds_toml to raise it)"
                 raise KindsFileError(f"{self.given()}: {reason}") from None
 
     def signum(self) -> signals.Signals | None:

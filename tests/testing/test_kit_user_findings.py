@@ -54,6 +54,8 @@ def test_a_refused_scripts_kind_setting_is_named_as_written() -> None:
     assert "kind 'script'" not in message
     assert message.startswith("script(retry_backoff_s=0) (a kinds file's retry_backoff_seconds = 0): ")
     assert "must be a number of seconds above 0" in message
+    with pytest.raises(KindsFileError, match=r"a script sets no cap: declare the kind in kinds_toml"):
+        Scenario.script(retry_backoff_s=7200)  # above the kinds file's default cap, which a script cannot raise
 
 
 async def test_a_sigterm_from_outside_does_not_kill_a_script_that_ignores_it(supervisor_scenario: Scenario) -> None:
