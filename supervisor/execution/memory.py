@@ -32,6 +32,7 @@ class MemoryJob:
     output: bytearray = field(default_factory=bytearray)
     terminated: trio.Event = field(default_factory=trio.Event)
     ignores_sigterm: bool = False
+    exit_on_sigterm: int | None = None  # it handles SIGTERM by exiting with this code (the runner's 143)
     ended: trio.Event = field(default_factory=trio.Event)
     status: ExitStatus | None = None
     lost: bool = False
@@ -158,6 +159,8 @@ class MemoryExecutor(Executor):
         code: int | None = None
         with job.scope:
             code = await program(job)
+        if code is None and job.killed_by == signal.SIGTERM and job.exit_on_sigterm is not None:
+            code = job.exit_on_sigterm  # a program that catches SIGTERM and exits (the runner's "terminated")
         job.status = ExitStatus(code=code) if code is not None else ExitStatus(signal=job.killed_by or signal.SIGKILL)
         job.ended.set()
 

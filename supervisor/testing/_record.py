@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import secrets
 import uuid
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
@@ -150,8 +151,9 @@ class CuttableBackend(MemoryBackend):
 
 class Draws:
     """Every draw a scenario makes from one seed: the resubmissions' jitter, the ids the registry makes (job ids,
-    event ids: ``uuid.uuid4``, drawn from the seed while the scenario is open) and Trio's choice among tasks that
-    are ready at one instant. So a scenario with one seed repeats exactly, run after run."""
+    event ids: ``uuid.uuid4``), the tokens the core makes (a bulk selection's, in its log lines and its jobs'
+    idempotency keys; a job's heartbeat token: ``secrets``), all drawn from the seed while the scenario is open, and
+    Trio's choice among tasks that are ready at one instant. So a scenario with one seed repeats exactly."""
 
     def __init__(self) -> None:
         self.jitter = random.Random(0)
@@ -165,17 +167,23 @@ class Draws:
     def uuid4(self) -> uuid.UUID:
         return uuid.UUID(int=self.ids.getrandbits(128), version=4)
 
+    def token_bytes(self, nbytes: int | None = None) -> bytes:
+        """``secrets.token_bytes``, which ``token_hex`` and ``token_urlsafe`` draw from (32 bytes by default)."""
+        return self.ids.randbytes(32 if nbytes is None else nbytes)
+
     @contextmanager
     def installed(self) -> Iterator[None]:
         """``uuid.uuid4`` drawn from the seed, and Trio's scheduler seeded, while the block runs."""
         trio_random = _trio_random()
-        saved, real_uuid4 = trio_random.getstate(), uuid.uuid4
+        saved, real_uuid4, real_token_bytes = trio_random.getstate(), uuid.uuid4, secrets.token_bytes
         trio_random.seed("trio-0")  # until start() says the scenario's seed
         uuid.uuid4 = self.uuid4
+        secrets.token_bytes = self.token_bytes
         try:
             yield
         finally:
             uuid.uuid4 = real_uuid4
+            secrets.token_bytes = real_token_bytes
             trio_random.setstate(saved)
 
 

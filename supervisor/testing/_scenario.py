@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Mutable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import fields
 from datetime import UTC, datetime, timedelta
+from difflib import get_close_matches
 from inspect import isawaitable
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import trio.testing
 
 from ..core import BulkAnswer, ReconcileReport, Supervisor, start_tree
 from ..domain import (
+    SETTINGS,
     BulkRequest,
     Config,
     Job,
@@ -109,7 +111,7 @@ class Scenario:
         known = {f.name for f in fields(Config)}
         unknown = sorted(set(settings) - known)
         if unknown:
-            raise TypeError(f"unknown setting {unknown[0]!r}: a scenario takes Config's field names")
+            raise TypeError(f"unknown setting {unknown[0]!r}: a scenario takes Config's field names{_hint(unknown[0])}")
         behaviours = self._kinds_file(kinds, kinds_toml, kinds_file, behave)
         if kinds_file is not None or kinds_toml is not None or kinds:
             settings["kinds_file"] = self._kinds_path if kinds_file is None else Path(kinds_file)
@@ -223,11 +225,14 @@ class Scenario:
         return await self.job(job_id)
 
     def kill(self, job_id: str, signal: str | int = "SIGKILL") -> None:
-        """The job's process dies from outside (``kill -9`` by default; any signal by name or number)."""
+        """The job's process dies from outside (``kill -9`` by default; any signal by name or number). A script that
+        ignores SIGTERM lives on through a SIGTERM from outside, as a process that ignores it does."""
         signum = signals.Signals[signal] if isinstance(signal, str) else signals.Signals(signal)
         machine = self._started_machine()
         if job_id not in machine.jobs:
             raise ScenarioError(f"job {job_id} has no process (not started yet?)")
+        if signum is signals.SIGTERM and machine.jobs[job_id].ignores_sigterm:
+            return
         machine.kill(job_id, signum)
 
     async def crash(self, *, box: bool = False) -> None:
@@ -302,11 +307,12 @@ class Scenario:
         self._record.ring()  # the quiet sweeper looks again
 
     async def reconcile(self) -> ReconcileReport:
-        """``POST /api/reconcile``: the operator's reconcile (it may evict a live job past the wall-clock window)."""
+        """``POST /api/jobs/reconcile``: the operator's reconcile (it may evict a live job past the wall-clock
+        window)."""
         return await self._running().operator_reconcile()
 
     async def prune(self, *, dry_run: bool = False, limit: int = 1000) -> list[PrunedJob]:
-        """``POST /api/prune``: up to ``limit`` finished jobs past the retention go now, with their files."""
+        """``POST /api/jobs/prune``: up to ``limit`` finished jobs past the retention go now, with their files."""
         return await self._running().prune(dry_run=dry_run, limit=limit)
 
     def make_unreachable(self, what: str) -> None:
@@ -434,6 +440,14 @@ class Scenario:
         if self._machine is None:
             raise ScenarioError("the scenario is not started: start() first")
         return self._machine
+
+
+def _hint(name: str) -> str:
+    """The field an unknown setting's name stands for: a variable's (``PODCAST_JOB_SILENT_SECONDS``), or a near one."""
+    by_env = {setting.env: setting.attr for setting in SETTINGS}
+    near = by_env.get(name.upper()) or next(iter(get_close_matches(name, [f.name for f in fields(Config)], n=1)), None)
+    where = "docs/settings.md names each beside its PODCAST_JOB_* variable"
+    return f" (did you mean {near}? {where})" if near else f" ({where})"
 
 
 @asynccontextmanager
