@@ -31,6 +31,7 @@
     ├── HostForgotten               an operator forgot this boot of the host: its lease is never renewed again
     ├── Unwatchable                 (execution/_base.py) a job that can no longer be watched: its row keeps its slot
     ├── ScenarioError               (supervisor.testing) a scenario used out of order, or not in virtual time
+    │   └── ScenarioTimeout         (supervisor.testing) what a scenario waited for did not come within its bound
     ├── ApiError                    (CLI client, _client.py) the server answered with an error
     └── Unreachable                 (CLI client, _client.py) no usable answer from the server
         └── NotTheApi               (CLI client) an answer came, but not this API's (another shape, an HTML page)
