@@ -197,6 +197,8 @@ async def _run_with_registry(
     clock = SteadyWallClock()
     try:
         registry = await open_registry(config, boot_id=boot_id, outbox=config.webhook_url is not None, clock=clock)
+    except RegistryNotOpened:
+        raise  # its own kind kept (SchemaNotHonoured: its own exit code)
     except RegistryError as exc:
         raise RegistryNotOpened(str(exc)) from exc
     try:

@@ -40,6 +40,7 @@ from ..domain import (
     RegistryNotOpened,
     RequestError,
     Schedule,
+    SchemaNotHonoured,
     SupervisorError,
     TokenFile,
     is_loopback,
@@ -66,6 +67,9 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_CONFIG = 3
 EXIT_UNREACHABLE = 4
+# serve: a newer release contracted the registry's schema; this release cannot run on it (a restart loop would not
+# help: the unit's RestartPreventExitStatus names it). As graphile-worker's exit on a breaking migration.
+EXIT_SCHEMA_CONTRACTED = 5
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a command whose reader went away
 SWITCH_INTERVAL_S = 0.0005  # `serve` only: see cmd_serve
@@ -197,7 +201,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if opening is None:
             raise
         print(f"error: {opening}", file=sys.stderr)
-        return EXIT_CONFIG
+        return EXIT_SCHEMA_CONTRACTED if isinstance(opening, SchemaNotHonoured) else EXIT_CONFIG
     return EXIT_OK
 
 

@@ -24,6 +24,7 @@ from ._errors import (
     RegistryNotOpened,
     RegistryUnavailable,
     RequestError,
+    SchemaNotHonoured,
     SelectionNotFound,
     SpawnError,
     StartOutcomeUnknown,
@@ -91,6 +92,7 @@ from ._page import (
     PageRequest,
 )
 from ._params import INT64_MAX, INT64_MIN, INT_TEXT, URL_PATTERN, ParamRule
+from ._release import RELEASE
 from ._schedule import SCHEDULE_PREFIX, SCHEDULE_QUERY, Schedule, parse_period
 from ._settings import (
     EXEC_MODES,
@@ -144,6 +146,7 @@ __all__ = [
     "MAX_UNITS",
     "OPERATOR",
     "PARAM_PREFIX",
+    "RELEASE",
     "REPLAYED_HEADER",
     "RESUBMITTED",
     "SCHEDULE_PREFIX",
@@ -200,6 +203,7 @@ __all__ = [
     "RequestError",
     "RequestKey",
     "Schedule",
+    "SchemaNotHonoured",
     "Scope",
     "Selection",
     "SelectionNotFound",

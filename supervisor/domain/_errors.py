@@ -23,6 +23,7 @@
     │   ├── RegistryUnavailable     a write cannot be made now (a full disk, a lock held too long): retried, 503
     │   ├── RegistryDamaged         the file is not a registry (damaged): never opened for writing, never changed
     │   └── RegistryNotOpened       the registry could not be opened at start (damaged, newer, unreachable, ...)
+    │       └── SchemaNotHonoured   a newer release contracted the schema: this release cannot run on it (exit 5)
     ├── SpawnError                  a job's process could not be started
     │   └── ShepherdLost            (execution/subprocess.py) this boot's shepherd went away before a job's exit
     ├── ExecutorUnavailable         no job can be started now (the engine does not answer); nothing of it runs
@@ -222,6 +223,11 @@ class RegistryNotOpened(RegistryError):
     """The registry could not be opened at start: its file damaged or its schema newer than this code, its data dir
     not a directory (or not one this user can make), its database unreachable or refusing these credentials. The
     operator's to fix; the message says what and where, and nothing was changed."""
+
+
+class SchemaNotHonoured(RegistryNotOpened):
+    """A newer release's contract migration was applied to the registry (docs/fleet.md § Upgrading a fleet): this
+    release cannot run on the schema. ``serve`` says it in one line and exits 5, changing nothing."""
 
 
 class SpawnError(SupervisorError):

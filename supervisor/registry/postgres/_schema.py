@@ -14,8 +14,22 @@ from typing import Any
 
 import asyncpg
 
-from ...domain import RegistryError
-from .._sql import Migration, load_migrations
+from ...domain import RELEASE, RegistryError
+from .._sql import (
+    CONTRACT,
+    EXPAND,
+    HostRecord,
+    Migration,
+    SchemaPlan,
+    contract_level,
+    contract_refused,
+    held_back_by,
+    level_of,
+    load_migrations,
+    plan,
+    refuse_contracted,
+    require_expanded,
+)
 
 # The advisory lock namespaces (the first key of pg_advisory_xact_lock(int, int)); the second key is the schema's
 # (``Keys``), so registries in different schemas of one database never wait on each other.
@@ -31,52 +45,107 @@ def migrations() -> list[Migration]:
     return load_migrations(__package__ or "")
 
 
-SCHEMA_VERSION = len(migrations())
+SCHEMA_VERSION = max(m.version for m in migrations())
+CONTRACT_LEVEL = contract_level(migrations())  # what this release honours (recorded with each host's lease)
 
 
 async def schema_version(conn: Any) -> int:
-    """The schema's version (0: never migrated)."""
+    """The schema's version: the highest migration applied (0: never migrated)."""
     exists = await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL")
     if not exists:
         return 0
     return int(await conn.fetchval("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"))
 
 
+async def applied(conn: Any) -> dict[int, str]:
+    """Each migration applied, by number: its phase (a schema migrated by a release before 1.0.0 recorded none: each
+    of its migrations was an expand)."""
+    if not await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL"):
+        return {}
+    phased = await conn.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'schema_migrations'::regclass "
+        "AND attname = 'phase' AND NOT attisdropped)"
+    )
+    rows = await conn.fetch(f"SELECT version, {'phase' if phased else repr(EXPAND)} FROM schema_migrations")
+    return {int(version): str(phase) for version, phase in rows}
+
+
+async def schema_plan(conn: Any) -> SchemaPlan:
+    return plan(migrations(), await applied(conn))
+
+
+async def _hosts(conn: Any) -> list[HostRecord]:
+    if not await conn.fetchval("SELECT to_regclass('hosts') IS NOT NULL"):
+        return []
+    recorded = await conn.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'hosts'::regclass "
+        "AND attname = 'contract_level' AND NOT attisdropped)"
+    )
+    rows = await conn.fetch(
+        f"SELECT host_id, {'release_version, contract_level' if recorded else 'NULL, NULL'}, "
+        "lease_expires_at > clock_timestamp(), (SELECT COUNT(*) FROM jobs WHERE jobs.host_id = hosts.host_id "
+        "AND jobs.status = 'running') FROM hosts"
+    )
+    return [HostRecord(row[0], row[1], row[2], bool(row[3]), int(row[4])) for row in rows]
+
+
 async def migrate(
-    conn: Any, *, schema_key: int, where: str, begin: Callable[[Any], Awaitable[None]] | None = None
+    conn: Any,
+    *,
+    schema_key: int,
+    where: str,
+    begin: Callable[[Any], Awaitable[None]] | None = None,
+    contracts: bool = False,
 ) -> int:
-    """Bring the schema to ``SCHEMA_VERSION``; its version after. Refuses a schema newer than this code. ``begin``:
-    what each transaction runs first (behind a transaction pooler: its settings)."""
-    for migration in [None, *migrations()]:
-        async with conn.transaction():
-            if begin is not None:
-                await begin(conn)
-            # Taken first in each transaction: whoever comes second reads the version the first one left.
-            await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", MIGRATE_LOCK, schema_key)
-            if migration is None:
-                await conn.execute(
-                    "CREATE TABLE IF NOT EXISTS schema_migrations ("
-                    "version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL)"
-                )
-                continue
-            version = await schema_version(conn)
-            if version > SCHEMA_VERSION:
-                raise RegistryError(
-                    f"registry {where} has schema version {version}, newer than this supervisor ({SCHEMA_VERSION})"
-                )
-            if version < migration.version:
-                try:
-                    # No arguments: the simple query protocol, which runs the whole script, statement by statement.
-                    await conn.execute(migration.script)
-                except asyncpg.PostgresError as exc:
-                    raise RegistryError(f"registry {where}: migration {migration.name} failed: {exc}") from exc
-                # The server's clock: when the schema changed is the database's own record, not a job's timestamp.
-                await conn.execute(
-                    "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, now())",
-                    migration.version,
-                    migration.name,
-                )
+    """Apply this release's migrations not yet applied, in order, each once (``schema_migrations`` records each one
+    and its phase); its version after. A new schema takes them all; an existing one the expands up to the first
+    contract migration, which waits for ``contracts`` (``supervisor migrate``) and for every host to honour it
+    (INV-CONTRACT-AFTER-FLEET). A schema a newer release contracted is refused (``SchemaNotHonoured``); one it only
+    expanded is used as it is. ``begin``: what each transaction runs first (behind a transaction pooler: its
+    settings)."""
+    known = migrations()
     async with conn.transaction():
         if begin is not None:
             await begin(conn)
+        # Taken first in each transaction: whoever comes second reads what the first one left.
+        await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", MIGRATE_LOCK, schema_key)
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations ("
+            "version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL)"
+        )
+        await conn.execute(
+            f"ALTER TABLE schema_migrations ADD COLUMN IF NOT EXISTS phase text NOT NULL DEFAULT '{EXPAND}'"
+        )
+        schema = await schema_plan(conn)
+    refuse_contracted(schema, where, RELEASE)
+    for migration in schema.next_batch(contracts=contracts):
+        async with conn.transaction():
+            if begin is not None:
+                await begin(conn)
+            await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", MIGRATE_LOCK, schema_key)
+            if migration.version in await applied(conn):
+                continue
+            if migration.phase == CONTRACT:
+                # Under the leases' lock too: no host registers between this judgement and the contract's commit.
+                await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", LEADER_LOCK, schema_key)
+                level = level_of(known, migration)
+                holders = held_back_by(await _hosts(conn), level)
+                if holders:
+                    raise contract_refused(migration, level, holders, where)
+            try:
+                # No arguments: the simple query protocol, which runs the whole script, statement by statement.
+                await conn.execute(migration.script)
+            except asyncpg.PostgresError as exc:
+                raise RegistryError(f"registry {where}: migration {migration.name} failed: {exc}") from exc
+            # The server's clock: when the schema changed is the database's own record, not a job's timestamp.
+            await conn.execute(
+                "INSERT INTO schema_migrations (version, name, applied_at, phase) VALUES ($1, $2, now(), $3)",
+                migration.version,
+                migration.name,
+                migration.phase,
+            )
+    async with conn.transaction():
+        if begin is not None:
+            await begin(conn)
+        require_expanded(await schema_plan(conn), where)
         return await schema_version(conn)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from registry_v3 import CONTAINER, MIGRATIONS, PROCESS, ROW, V3_EVENTS, at, build_v3, old_public, sql, ts
 
-from supervisor.domain import IdempotencyKey, Job, JobStatus, RegistryError, Schedule
+from supervisor.domain import IdempotencyKey, Job, JobStatus, RegistryError, Schedule, SchemaNotHonoured
 from supervisor.registry import (
     Ending,
     IdentityRecord,
@@ -24,7 +24,7 @@ from supervisor.registry import (
     SqliteRegistry,
     hash_token,
 )
-from supervisor.registry.sqlite import SCHEMA_VERSION, statements
+from supervisor.registry.sqlite import SCHEMA_VERSION, migrations, statements
 
 REPO = Path(__file__).resolve().parents[3]
 SUCCEEDED = Ending(Outcome(JobStatus.SUCCEEDED), exit_code=0)
@@ -45,13 +45,19 @@ def columns(path: Path, table: str) -> list[str]:
 # -- from version 3 -----------------------------------------------------------------------------------------
 
 
-def test_this_code_is_schema_version_12() -> None:
-    """The migration tests below are from 3 to 11: a new migration needs its own test of the file before it."""
-    assert SCHEMA_VERSION == 12
+def test_this_code_is_schema_version_16() -> None:
+    """The migration tests below are from 3 to 15: a new migration needs its own test of the file before it (13 to
+    15 are other branches' numbers, applied where they are missing)."""
+    assert SCHEMA_VERSION == 16
 
 
 # What each migration from version 9 on added, undone: a file of the current version back to an earlier one's tables.
 UNDO = {
+    16: (
+        "DROP TABLE host_drains",
+        "ALTER TABLE hosts DROP COLUMN release_version",
+        "ALTER TABLE hosts DROP COLUMN contract_level",
+    ),
     12: (
         "DROP INDEX jobs_schedule",
         "ALTER TABLE jobs DROP COLUMN schedule",
@@ -69,9 +75,10 @@ def back_to(path: Path, version: int) -> None:
     conn = sqlite3.connect(path)
     try:
         for undone in range(SCHEMA_VERSION, version, -1):
-            for statement in UNDO[undone]:
+            for statement in UNDO.get(undone, ()):
                 conn.execute(statement)
         conn.execute("UPDATE schema_version SET version = ?", (version,))
+        conn.execute("DELETE FROM schema_migrations WHERE version > ?", (version,))
         conn.commit()
     finally:
         conn.close()
@@ -360,14 +367,38 @@ async def test_reopening_a_migrated_file_migrates_nothing_again(path: Path) -> N
 # -- refusals and failures ----------------------------------------------------------------------------------
 
 
-async def test_a_file_newer_than_the_code_is_refused_and_left_alone(path: Path) -> None:
-    await (await SqliteRegistry.open(path)).aclose()
+def newer_release_applied(path: Path, phase: str) -> None:
+    """A newer release's migration recorded as applied to the file (its own script: a table this code never reads)."""
     conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE from_the_future (x INTEGER)")
+    conn.execute(
+        "INSERT INTO schema_migrations VALUES (?, 'from_the_future.sql', ?, '2030-01-01T00:00:00Z')",
+        (SCHEMA_VERSION + 1, phase),
+    )
     conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
     conn.commit()
     conn.close()
-    with pytest.raises(RegistryError, match="newer"):
+
+
+async def test_a_file_a_newer_release_contracted_is_refused_and_left_alone(path: Path) -> None:
+    """INV-CONTRACT-AFTER-FLEET: a contract this release does not know was applied: it cannot run on the file."""
+    await (await SqliteRegistry.open(path)).aclose()
+    newer_release_applied(path, "contract")
+    with pytest.raises(SchemaNotHonoured, match=f"contracted by a newer release .migration {SCHEMA_VERSION + 1}"):
         await SqliteRegistry.open(path)
+    assert raw(path, "SELECT MAX(version) FROM schema_migrations") == [(SCHEMA_VERSION + 1,)]
+
+
+async def test_a_file_a_newer_release_only_expanded_is_used_as_it_is(path: Path) -> None:
+    """The previous release runs on what the next one's expand migrations made (docs/fleet.md § Upgrading a fleet)."""
+    await (await SqliteRegistry.open(path)).aclose()
+    newer_release_applied(path, "expand")
+    reg = await SqliteRegistry.open(path)
+    try:
+        added = await reg.enqueue(NewJob("k", {}, ["true"]))
+        assert (await reg.get(added.job.job_id)).status is JobStatus.QUEUED
+    finally:
+        await reg.aclose()
     assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION + 1,)]
 
 
@@ -462,7 +493,7 @@ def test_the_migrations_ship_with_the_package() -> None:
     config = tomllib.loads((REPO / "pyproject.toml").read_text())
     patterns = config["tool"]["setuptools"]["package-data"].get("supervisor.registry.sqlite", [])
     shipped = [p.name for p in MIGRATIONS.iterdir() if p.name.endswith(".sql")]
-    assert len(shipped) == SCHEMA_VERSION
+    assert len(shipped) == len(migrations()) and f"{SCHEMA_VERSION:04d}" in {name[:4] for name in shipped}
     assert all(any(fnmatch(f"migrations/{name}", pattern) for pattern in patterns) for name in shipped)
 
 
