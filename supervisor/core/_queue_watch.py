@@ -40,8 +40,9 @@ HOLD_REASONS: dict[str, str] = {
     "engine_unreachable": "the executor's engine does not answer (Docker mode): bring the engine back",
     "registry_unwritable": "the registry cannot take writes (a full disk, a lock held elsewhere): free it",
     "lease_not_fresh": "this host's lease could not be renewed (the database unreachable?): nothing is promoted here",
+    "host_drained": "an operator drained this host (supervisor hosts drain): `supervisor hosts undrain HOST` ends it",
 }
-PAUSES = frozenset({"pause_operator", "pause_file"})
+PAUSES = frozenset({"pause_operator", "pause_file", "host_drained"})  # held on purpose
 # Jobs wait, a slot is free, and nothing holds promotion: the drainer should have promoted them.
 NOT_PROMOTED = "slots_free_not_promoted"
 NOT_PROMOTED_MEANS = "jobs wait while slots are free and nothing holds promotion: look at the log for the drainer"
