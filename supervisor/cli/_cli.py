@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
-import importlib.metadata
 import json
 import os
 import re
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO, TypeVar
 import trio
 
 from ..domain import (
+    RELEASE,
     SCOPES,
     Config,
     ConfigError,
@@ -1214,10 +1214,8 @@ def _add_client_commands(sub: Any) -> None:
 
 
 def _version() -> str:
-    try:
-        return importlib.metadata.version("podcast-job-supervisor")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown (not installed)"
+    """This code's release (docs/fleet.md § Upgrading a fleet), whatever an editable install's metadata says."""
+    return RELEASE
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
