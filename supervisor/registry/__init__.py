@@ -56,8 +56,8 @@ from ._vocabulary import (
 )
 from .memory import MemoryRegistry
 from .postgres import PostgresRegistry
+from . import sqlite
 from .sqlite import SqliteRegistry
-from .sqlite import migrate_file as migrate_sqlite_file
 
 __all__ = [
     "PAUSED_BY_FILE",
@@ -155,6 +155,6 @@ async def migrate_registry(config: Config) -> tuple[str, int]:
     sqlite = await SqliteRegistry.open(config.registry_path)  # its expands: SQLite migrates its file at every open
     await sqlite.aclose()
     version = await trio.to_thread.run_sync(
-        functools.partial(migrate_sqlite_file, config.registry_path, busy_timeout_ms=config.registry_busy_timeout_ms)
+        functools.partial(sqlite.migrate_file, config.registry_path, busy_timeout_ms=config.registry_busy_timeout_ms)
     )
     return str(config.registry_path), version
