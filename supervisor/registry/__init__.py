@@ -20,6 +20,7 @@ from datetime import datetime
 import trio
 
 from ..domain import Config, IdentityRecord, hash_token, utc_now
+from . import sqlite
 from ._health import RegistryFault
 from ._registry import Backend, Registry
 from ._vocabulary import (
@@ -56,7 +57,6 @@ from ._vocabulary import (
 )
 from .memory import MemoryRegistry
 from .postgres import PostgresRegistry
-from . import sqlite
 from .sqlite import SqliteRegistry
 
 __all__ = [
@@ -152,8 +152,8 @@ async def migrate_registry(config: Config) -> tuple[str, int]:
             return reg.where, await reg.migrate(contracts=True)
         finally:
             await reg.aclose()
-    sqlite = await SqliteRegistry.open(config.registry_path)  # its expands: SQLite migrates its file at every open
-    await sqlite.aclose()
+    opened = await SqliteRegistry.open(config.registry_path)  # its expands: SQLite migrates its file at every open
+    await opened.aclose()
     version = await trio.to_thread.run_sync(
         functools.partial(sqlite.migrate_file, config.registry_path, busy_timeout_ms=config.registry_busy_timeout_ms)
     )
