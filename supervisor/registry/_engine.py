@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 from ..domain import (
+    RELEASE,
     RESUBMITTED,
     SCHEDULE_PREFIX,
     TERMINAL,
@@ -351,7 +352,8 @@ class Rules(FleetRules, Housekeeping):
                "token_hash": None, "log_path": None, "max_attempts": new.max_attempts, "next_attempt_at": None,
                "history": (), "retry_of": new.retry_of, "idempotency_key": new.idempotency_key,
                "enqueued_by": new.enqueued_by, "schedule": new.schedule.name if new.schedule else None,
-               "schedule_every_s": new.schedule.every_s if new.schedule else None}  # fmt: skip
+               "schedule_every_s": new.schedule.every_s if new.schedule else None,
+               "enqueued_release": RELEASE}  # fmt: skip
         await store.insert(JOBS, [stored(row)])
         await self.event(store, job_id, "job.transition", None, "enqueued")
         return job_id, False

@@ -149,6 +149,9 @@ _NAME = re.compile(r"(\d{4})_[a-z0-9_]+\.sql")
 # A migration's phase, declared in a comment line of its own (``-- phase: contract``); none declared: an expand
 # (docs/fleet.md § Upgrading a fleet).
 _PHASE = re.compile(r"^--\s*phase:\s*(\S+)\s*$", re.MULTILINE)
+# PostgreSQL: a migration that cannot run in a transaction (CREATE INDEX CONCURRENTLY) declares it; it holds one
+# statement, and is run alone.
+_NO_TRANSACTION = re.compile(r"^--\s*transaction:\s*none\s*$", re.MULTILINE)
 EXPAND, CONTRACT = "expand", "contract"
 
 
@@ -160,6 +163,7 @@ class Migration:
     # EXPAND only adds (the previous release runs on its result); CONTRACT drops, renames or tightens (a release that
     # does not know it cannot run on its result: INV-CONTRACT-AFTER-FLEET).
     phase: str = EXPAND
+    transactional: bool = True  # False: ``-- transaction: none`` (PostgreSQL's CREATE INDEX CONCURRENTLY)
 
 
 def load_migrations(package: str) -> list[Migration]:
@@ -173,7 +177,10 @@ def load_migrations(package: str) -> list[Migration]:
             phases = _PHASE.findall(script)
             if len(phases) > 1 or any(phase not in (EXPAND, CONTRACT) for phase in phases):
                 raise RegistryError(f"migration {entry.name} declares its phase as {phases}: one of expand, contract")
-            found.append(Migration(int(match.group(1)), entry.name, script, phases[0] if phases else EXPAND))
+            transactional = _NO_TRANSACTION.search(script) is None
+            found.append(
+                Migration(int(match.group(1)), entry.name, script, phases[0] if phases else EXPAND, transactional)
+            )
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
     if len(set(versions)) != len(versions) or (versions and versions[0] < 1):

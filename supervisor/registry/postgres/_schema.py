@@ -9,6 +9,7 @@ it is never split on ``;``. asyncio code, run on trio-asyncio's loop by ``_regis
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -38,6 +39,9 @@ PROMOTE_LOCK = 0x706A7031  # "pjp1"
 COALESCE_LOCK = 0x706A6331  # "pjc1"
 KEY_LOCK = 0x706A6B31  # "pjk1": the requests of one idempotency key take turns (ADR 0016)
 LEADER_LOCK = 0x706A6C31  # "pjl1": host leases and the lead take turns (ADR 0012)
+
+
+TURN_POLL_S = 0.05  # how often a session waiting for the migrations' lock tries it again
 
 
 def migrations() -> list[Migration]:
@@ -89,6 +93,45 @@ async def _hosts(conn: Any) -> list[HostRecord]:
     return [HostRecord(row[0], row[1], row[2], bool(row[3]), int(row[4])) for row in rows]
 
 
+async def _run(conn: Any, migration: Migration, where: str) -> None:
+    try:
+        # No arguments: the simple query protocol, which runs the whole script, statement by statement.
+        await conn.execute(migration.script)
+    except asyncpg.PostgresError as exc:
+        raise RegistryError(f"registry {where}: migration {migration.name} failed: {exc}") from exc
+
+
+async def _record(conn: Any, migration: Migration) -> None:
+    # The server's clock: when the schema changed is the database's own record, not a job's timestamp.
+    await conn.execute(
+        "INSERT INTO schema_migrations (version, name, applied_at, phase) VALUES ($1, $2, now(), $3) "
+        "ON CONFLICT (version) DO NOTHING",
+        migration.version,
+        migration.name,
+        migration.phase,
+    )
+
+
+async def _apply_alone(conn: Any, migration: Migration, *, where: str) -> None:
+    """A migration outside any transaction (CREATE INDEX CONCURRENTLY: writes go on while it builds). Its script is
+    idempotent (``IF NOT EXISTS``), and an expand only."""
+    if migration.phase == CONTRACT:
+        raise RegistryError(f"migration {migration.name}: a contract runs in a transaction")
+    if migration.version not in await applied(conn):
+        await _run(conn, migration, where)
+        await _record(conn, migration)
+
+
+async def _take_turn(conn: Any, schema_key: int) -> None:
+    """The migrations' lock for this session, taken by trying, never by waiting in a statement: a session waiting
+    on a lock holds a snapshot, and CREATE INDEX CONCURRENTLY in the holder waits for every older snapshot to end (a
+    deadlock). Bounded by the caller's timeout."""
+    while True:
+        if await conn.fetchval("SELECT pg_try_advisory_lock($1, $2)", MIGRATE_LOCK, schema_key):
+            return
+        await asyncio.sleep(TURN_POLL_S)
+
+
 async def migrate(
     conn: Any,
     *,
@@ -103,6 +146,26 @@ async def migrate(
     (INV-CONTRACT-AFTER-FLEET). A schema a newer release contracted is refused (``SchemaNotHonoured``); one it only
     expanded is used as it is. ``begin``: what each transaction runs first (behind a transaction pooler: its
     settings)."""
+    if begin is None:
+        # A session of PostgreSQL's own: one migrating session at a time, for the whole of it (what a migration
+        # outside a transaction needs). Behind a transaction pooler a session lock cannot be held: each transaction
+        # takes the lock below instead, and a migration outside a transaction runs without it (idempotent).
+        await _take_turn(conn, schema_key)
+        try:
+            return await _migrate(conn, schema_key=schema_key, where=where, begin=begin, contracts=contracts)
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock($1, $2)", MIGRATE_LOCK, schema_key)
+    return await _migrate(conn, schema_key=schema_key, where=where, begin=begin, contracts=contracts)
+
+
+async def _migrate(
+    conn: Any,
+    *,
+    schema_key: int,
+    where: str,
+    begin: Callable[[Any], Awaitable[None]] | None,
+    contracts: bool,
+) -> int:
     known = migrations()
     async with conn.transaction():
         if begin is not None:
@@ -119,6 +182,9 @@ async def migrate(
         schema = await schema_plan(conn)
     refuse_contracted(schema, where, RELEASE)
     for migration in schema.next_batch(contracts=contracts):
+        if not migration.transactional:
+            await _apply_alone(conn, migration, where=where)
+            continue
         async with conn.transaction():
             if begin is not None:
                 await begin(conn)
@@ -132,18 +198,8 @@ async def migrate(
                 holders = held_back_by(await _hosts(conn), level)
                 if holders:
                     raise contract_refused(migration, level, holders, where)
-            try:
-                # No arguments: the simple query protocol, which runs the whole script, statement by statement.
-                await conn.execute(migration.script)
-            except asyncpg.PostgresError as exc:
-                raise RegistryError(f"registry {where}: migration {migration.name} failed: {exc}") from exc
-            # The server's clock: when the schema changed is the database's own record, not a job's timestamp.
-            await conn.execute(
-                "INSERT INTO schema_migrations (version, name, applied_at, phase) VALUES ($1, $2, now(), $3)",
-                migration.version,
-                migration.name,
-                migration.phase,
-            )
+            await _run(conn, migration, where)
+            await _record(conn, migration)
     async with conn.transaction():
         if begin is not None:
             await begin(conn)
