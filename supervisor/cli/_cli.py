@@ -147,8 +147,13 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
     try:
         where, version = trio.run(run)
-    except RegistryError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except BaseException as exc:
+        # A refusal (a contract held back by a host, named) or a failure, in one line; inside the registry runtime's
+        # own nursery (PostgreSQL's asyncio loop) it comes wrapped in a group.
+        refused = _only(exc, RegistryError)
+        if refused is None:
+            raise
+        print(f"error: {refused}", file=sys.stderr)
         return EXIT_ERROR
     print(f"registry {where}: schema version {version}")
     return EXIT_OK

@@ -228,10 +228,12 @@ class Fleet:
         namespaced: bool = False,
         database_url: str | None = None,
         env_extra: dict[str, str] | None = None,
+        python: Path | None = None,
     ) -> Host:
         """``supervisor serve`` as host ``host_id`` (its data dir the same across restarts), up when it logs its
         URL and its health answers. ``database_url``: how this host reaches the database (default: the fleet's).
-        ``env_extra``: settings that differ from this module's."""
+        ``env_extra``: settings that differ from this module's. ``python``: the interpreter of another release's venv
+        (default: this tree's code)."""
         home = self.root / host_id
         home.mkdir(exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("PODCAST_")}
@@ -248,7 +250,9 @@ class Fleet:
             PODCAST_JOB_CANCEL_GRACE_SECONDS="20",  # a cancel's SIGKILL never comes in these tests: SIGTERM does it
         )
         env.update(env_extra or {})
-        argv = [sys.executable, "-m", "supervisor", "serve"]
+        if python is not None:
+            del env["PYTHONPATH"]  # that venv's own installed release, not this tree
+        argv = [str(python or sys.executable), "-m", "supervisor", "serve"]
         if namespaced:
             # Its own PID namespace: it sees its own jobs only. --kill-child: killing unshare kills the supervisor.
             argv = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", *argv]
