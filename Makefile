@@ -81,6 +81,7 @@ bench: $(STAMP)
 	$(PY) bench/exec_modes.py --results $(BENCH_RESULTS)
 	$(PY) bench/fleet.py --results $(BENCH_RESULTS)
 	$(PY) bench/pooler.py --results $(BENCH_RESULTS)
+	PODCAST_JOB_TEST_DATABASE_URL= $(PY) bench/migration.py --results $(BENCH_RESULTS)
 	py=$(BENCH_VENV)/bin/python; [ -x "$$py" ] || py=$(PY); "$$py" bench/report.py
 
 # The alert rules and their unit tests (promtool comes with Debian's prometheus package; .ci/run installs it).
