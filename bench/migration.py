@@ -2,11 +2,12 @@
 
 Usage: .venv/bin/python bench/migration.py [--database-url URL] [--rows N] [--results FILE] [--no-write] [--smoke]
 
-A registry of the previous release's schema (1.0.0: this release's migrations 13-15 undone) holds ``--rows``
+A registry of the previous release's schema (1.0.0: this release's migrations 13-16 undone) holds ``--rows``
 (default 1,000,000) finished jobs and a queue of waiting ones. One task promotes and ends jobs through the
 ``Registry`` interface, one at a time, as fast as it can (what a busy host's drainer does); meanwhile the next
 release's expand migrations are applied by a second registry opening the schema, as the first host of the new release
-does at its start (13: a nullable column; 14: an index built CONCURRENTLY, outside a transaction). Measured: the
+does at its start (13: a nullable column; 14 and 15: indexes built CONCURRENTLY, outside a transaction; 15 is the
+queued rows' own index, which takes a promotion's read off the history). Measured: the
 longest promotion (one ``promote`` call) and the longest gap between two promotions' ends while the migration runs,
 against the same host's longest before it, and side by side the same index built the blocking way (``CREATE INDEX``
 in a transaction, what a migration without ``-- transaction: none`` would do). The target: no promotion held for a
@@ -58,8 +59,9 @@ SCRIPT_TIMEOUT_S = 300  # scripts/postgres.sh up may install PostgreSQL first
 
 UNDO_1_1_0 = (
     "DROP INDEX IF EXISTS jobs_host",
+    "DROP INDEX IF EXISTS jobs_queued_seq",
     "ALTER TABLE jobs DROP COLUMN IF EXISTS enqueued_release",
-    "DELETE FROM schema_migrations WHERE version IN (13, 14, 15)",
+    "DELETE FROM schema_migrations WHERE version IN (13, 14, 15, 16)",
 )
 FILL = """
 INSERT INTO jobs (job_id, kind, params, argv, status, created_at, started_at, ended_at, attempts, host_id, boot_id)
@@ -160,7 +162,7 @@ async def measure(dsn: str, rows: int) -> dict[str, dict[str, float]]:
                     await first.aclose()
 
                 concurrent = await one_way(dsn, schema, expand, Promoter(host))
-                print(f"expand (13 + 14, CONCURRENTLY): {concurrent}")
+                print(f"expand (13-15, CONCURRENTLY): {concurrent}")
 
                 async def blocking() -> None:
                     await sql(dsn, schema, "BEGIN; CREATE INDEX jobs_host_blocking ON jobs (host_id, seq) "
@@ -223,7 +225,7 @@ def main() -> int:
             Column("promotions", "promotions during it"),
         ],
     )
-    for key, label in (("concurrently", "CONCURRENTLY (migration 14)"), ("blocking", "in a transaction")):
+    for key, label in (("concurrently", "CONCURRENTLY (migrations 13-15)"), ("blocking", "in a transaction")):
         f = found[key]
         table.add(
             key,
@@ -236,7 +238,7 @@ def main() -> int:
         )
     section.notes.append(
         "one promoter (promote then finalize, one job at a time) on the same server; the migration is the first host "
-        "of the new release opening the schema (13: a nullable column; 14: CREATE INDEX CONCURRENTLY), then the same "
+        "of the new release opening the schema (13: a nullable column; 14, 15: CREATE INDEX CONCURRENTLY), then 14's "
         "index built in a transaction, each with the promoter running"
     )
     save_sections("migration", [section], results=args.results, smoke=args.smoke, no_write=args.no_write)

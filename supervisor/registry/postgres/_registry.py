@@ -38,7 +38,7 @@ from .._registry import Registry
 from .._sql import refuse_contracted, require_expanded
 from .._vocabulary import WakeupFeed
 from ._listen import listening
-from ._schema import CONTRACT_LEVEL, MIGRATE_LOCK, migrate, migrations, schema_plan
+from ._schema import CONTRACT_LEVEL, SCHEMA_LOCK, migrate, migrations, schema_plan
 from ._store import PostgresStore, wakeup_channel
 
 T = TypeVar("T")
@@ -259,7 +259,8 @@ class PostgresBackend:
         await self._pool.release(conn)
 
     async def _create_schema(self, conn: Any) -> None:
-        await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", MIGRATE_LOCK, self.schema_key)
+        # A lock of its own, not the migrations': a starter migrating holds theirs for as long as its migrations take.
+        await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", SCHEMA_LOCK, self.schema_key)
         await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote_ident(self.schema or '')}")
 
     async def migrate(self, *, contracts: bool = False) -> int:
@@ -267,9 +268,10 @@ class PostgresBackend:
         too, each once no host holds it back); the schema's version after."""
 
         async def migrate_now(conn: Any) -> int:
-            return await migrate(
-                conn, schema_key=self.schema_key, where=self.where, begin=self._begin, contracts=contracts
-            )
+            # ``begin`` only behind a transaction pooler: its absence is what says the session is PostgreSQL's own
+            # (the migrations then take turns on a lock the session holds).
+            begin = self._begin if self.transaction_pooler else None
+            return await migrate(conn, schema_key=self.schema_key, where=self.where, begin=begin, contracts=contracts)
 
         # One transaction per migration, which migrate() opens itself; each step under the call's bound.
         # Not a write the health route speaks of: a migration that fails ends the start (or `supervisor migrate`).

@@ -39,6 +39,7 @@ PROMOTE_LOCK = 0x706A7031  # "pjp1"
 COALESCE_LOCK = 0x706A6331  # "pjc1"
 KEY_LOCK = 0x706A6B31  # "pjk1": the requests of one idempotency key take turns (ADR 0016)
 LEADER_LOCK = 0x706A6C31  # "pjl1": host leases and the lead take turns (ADR 0012)
+SCHEMA_LOCK = 0x706A7331  # "pjs1": starters making the schema itself take turns
 
 
 TURN_POLL_S = 0.05  # how often a session waiting for the migrations' lock tries it again
@@ -122,9 +123,9 @@ async def _apply_alone(conn: Any, migration: Migration, *, where: str) -> None:
         await _record(conn, migration)
 
 
-async def _take_turn(conn: Any, schema_key: int) -> None:
-    """The migrations' lock for this session, taken by trying, never by waiting in a statement: a session waiting
-    on a lock holds a snapshot, and CREATE INDEX CONCURRENTLY in the holder waits for every older snapshot to end (a
+async def take_turn(conn: Any, schema_key: int) -> None:
+    """The migrations' lock for this session, taken by trying, never by waiting in a statement: a session waiting on
+    a lock holds a snapshot, and CREATE INDEX CONCURRENTLY in the holder waits for every older snapshot to end (a
     deadlock). Bounded by the caller's timeout."""
     while True:
         if await conn.fetchval("SELECT pg_try_advisory_lock($1, $2)", MIGRATE_LOCK, schema_key):
@@ -150,7 +151,7 @@ async def migrate(
         # A session of PostgreSQL's own: one migrating session at a time, for the whole of it (what a migration
         # outside a transaction needs). Behind a transaction pooler a session lock cannot be held: each transaction
         # takes the lock below instead, and a migration outside a transaction runs without it (idempotent).
-        await _take_turn(conn, schema_key)
+        await take_turn(conn, schema_key)
         try:
             return await _migrate(conn, schema_key=schema_key, where=where, begin=begin, contracts=contracts)
         finally:

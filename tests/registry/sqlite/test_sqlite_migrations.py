@@ -60,7 +60,7 @@ OPENED = max(m.version for m in migrations() if m.version < FIRST_CONTRACT)
 # What each migration from version 9 on added, undone: a file of the current version back to an earlier one's tables.
 UNDO = {
     18: ("DROP TRIGGER jobs_enqueued_release_insert", "DROP TRIGGER jobs_enqueued_release_update"),
-    17: ("DROP INDEX jobs_host", "ALTER TABLE jobs DROP COLUMN enqueued_release"),
+    17: ("DROP INDEX jobs_host", "DROP INDEX jobs_queued_seq", "ALTER TABLE jobs DROP COLUMN enqueued_release"),
     16: (
         "DROP TABLE host_drains",
         "ALTER TABLE hosts DROP COLUMN release_version",
