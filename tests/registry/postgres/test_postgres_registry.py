@@ -100,9 +100,9 @@ async def test_INV_CONTRACT_AFTER_FLEET_release_1_1_0s_contract_waits_for_every_
     pg_open: OpenPg, raw: Raw
 ) -> None:
     """A 1.0.0 schema (migrations to 12) opened by this release gets the expands (13: the column; 14 and 15: the
-    indexes, built concurrently and valid), not the contract (16); supervisor migrate refuses it while a host of 1.0.0 holds a live
-    lease, naming it, and applies it once that host is gone: then a row without its release (1.0.0's insert) is
-    refused, and the rows from before say 'before-1.1.0'."""
+    indexes, built concurrently and valid), not the contract (16); supervisor migrate refuses it while a host of 1.0.0
+    holds a live lease, naming it, and applies it once that host is gone: then a row without its release (1.0.0's
+    insert) is refused, and the rows from before say 'before-1.1.0'."""
     reg = await pg_open()
     schema = reg.schema
     await raw.execute(f'SET search_path = "{schema}"')
