@@ -10,7 +10,9 @@ it is never split on ``;``. asyncio code, run on trio-asyncio's loop by ``_regis
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import asyncpg
@@ -42,6 +44,7 @@ LEADER_LOCK = 0x706A6C31  # "pjl1": host leases and the lead take turns (ADR 001
 SCHEMA_LOCK = 0x706A7331  # "pjs1": starters making the schema itself take turns
 
 
+_CONCURRENTLY = re.compile(r"\bCONCURRENTLY\b", re.IGNORECASE)
 TURN_POLL_S = 0.05  # how often a session waiting for the migrations' lock tries it again
 
 
@@ -183,7 +186,18 @@ async def _migrate(
         schema = await schema_plan(conn)
     refuse_contracted(schema, where, RELEASE)
     for migration in schema.next_batch(contracts=contracts):
+        if not migration.transactional and begin is not None and not schema.applied:
+            # Behind a transaction pooler a statement outside a transaction has no schema of its own (each transaction
+            # sets it). A new schema has no rows to keep writing meanwhile: built in the transaction, at once.
+            migration = replace(migration, script=_CONCURRENTLY.sub("", migration.script), transactional=True)
         if not migration.transactional:
+            if begin is not None:
+                # On a schema in use: this one is for PostgreSQL itself.
+                raise RegistryError(
+                    f"registry {where}: migration {migration.name} runs outside a transaction, which a pooler in "
+                    "transaction mode cannot give: run `supervisor migrate` with PODCAST_JOB_DATABASE_URL naming "
+                    "PostgreSQL itself (docs/fleet.md § Upgrading a fleet)"
+                )
             await _apply_alone(conn, migration, where=where)
             continue
         async with conn.transaction():
