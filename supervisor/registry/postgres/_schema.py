@@ -186,18 +186,12 @@ async def _migrate(
         schema = await schema_plan(conn)
     refuse_contracted(schema, where, RELEASE)
     for migration in schema.next_batch(contracts=contracts):
-        if not migration.transactional and begin is not None and not schema.applied:
+        pooled_alone = not migration.transactional and begin is not None
+        if pooled_alone:
             # Behind a transaction pooler a statement outside a transaction has no schema of its own (each transaction
-            # sets it). A new schema has no rows to keep writing meanwhile: built in the transaction, at once.
+            # sets it). With no job rows there is nothing to keep writing meanwhile: built in a transaction, at once.
             migration = replace(migration, script=_CONCURRENTLY.sub("", migration.script), transactional=True)
         if not migration.transactional:
-            if begin is not None:
-                # On a schema in use: this one is for PostgreSQL itself.
-                raise RegistryError(
-                    f"registry {where}: migration {migration.name} runs outside a transaction, which a pooler in "
-                    "transaction mode cannot give: run `supervisor migrate` with PODCAST_JOB_DATABASE_URL naming "
-                    "PostgreSQL itself (docs/fleet.md § Upgrading a fleet)"
-                )
             await _apply_alone(conn, migration, where=where)
             continue
         async with conn.transaction():
@@ -206,6 +200,12 @@ async def _migrate(
             await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", MIGRATE_LOCK, schema_key)
             if migration.version in await applied(conn):
                 continue
+            if pooled_alone and await conn.fetchval("SELECT EXISTS (SELECT 1 FROM jobs)"):
+                raise RegistryError(
+                    f"registry {where}: migration {migration.name} runs outside a transaction, which a pooler in "
+                    "transaction mode cannot give: run `supervisor migrate` with PODCAST_JOB_DATABASE_URL naming "
+                    "PostgreSQL itself (docs/fleet.md § Upgrading a fleet)"
+                )
             if migration.phase == CONTRACT:
                 # Under the leases' lock too: no host registers between this judgement and the contract's commit.
                 await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", LEADER_LOCK, schema_key)
