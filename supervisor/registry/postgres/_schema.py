@@ -42,6 +42,9 @@ COALESCE_LOCK = 0x706A6331  # "pjc1"
 KEY_LOCK = 0x706A6B31  # "pjk1": the requests of one idempotency key take turns (ADR 0016)
 LEADER_LOCK = 0x706A6C31  # "pjl1": host leases and the lead take turns (ADR 0012)
 SCHEMA_LOCK = 0x706A7331  # "pjs1": starters making the schema itself take turns
+# "pjt1": starters of this release take turns migrating, holding it for all of it; not MIGRATE_LOCK, which a release
+# before 1.1.0 waits for in a statement: its snapshot would hold up a concurrent index build under it (a deadlock).
+TURN_LOCK = 0x706A7431
 
 
 _CONCURRENTLY = re.compile(r"\bCONCURRENTLY\b", re.IGNORECASE)
@@ -127,11 +130,12 @@ async def _apply_alone(conn: Any, migration: Migration, *, where: str) -> None:
 
 
 async def take_turn(conn: Any, schema_key: int) -> None:
-    """The migrations' lock for this session, taken by trying, never by waiting in a statement: a session waiting on
-    a lock holds a snapshot, and CREATE INDEX CONCURRENTLY in the holder waits for every older snapshot to end (a
-    deadlock). Bounded by the caller's timeout."""
+    """This release's turn to migrate, for this session, taken by trying, never by waiting in a statement: a session
+    waiting on a lock holds a snapshot, and CREATE INDEX CONCURRENTLY in the holder waits for every older snapshot to
+    end (a deadlock). Each transactional migration also takes MIGRATE_LOCK for itself, as every release does. Bounded
+    by the caller's timeout."""
     while True:
-        if await conn.fetchval("SELECT pg_try_advisory_lock($1, $2)", MIGRATE_LOCK, schema_key):
+        if await conn.fetchval("SELECT pg_try_advisory_lock($1, $2)", TURN_LOCK, schema_key):
             return
         await asyncio.sleep(TURN_POLL_S)
 
@@ -158,7 +162,7 @@ async def migrate(
         try:
             return await _migrate(conn, schema_key=schema_key, where=where, begin=begin, contracts=contracts)
         finally:
-            await conn.execute("SELECT pg_advisory_unlock($1, $2)", MIGRATE_LOCK, schema_key)
+            await conn.execute("SELECT pg_advisory_unlock($1, $2)", TURN_LOCK, schema_key)
     return await _migrate(conn, schema_key=schema_key, where=where, begin=begin, contracts=contracts)
 
 
