@@ -60,6 +60,8 @@ test: lint typecheck pytest
 # A fleet (ADR 0012): CHAOS_HOSTS=3 runs that many supervisors on a fresh schema of a PostgreSQL server
 # (--database-url in CHAOS_ARGS, or $$PODCAST_JOB_TEST_DATABASE_URL), in subprocess mode, SIGKILLing any of them:
 #   make chaos CHAOS_HOSTS=3 CHAOS_ARGS="--jobs 400 --kills 80 --seed 27 --job-kill-every-s 0.3"
+# The fleet upgraded host by host at full size (a minute of each mix of releases; make test runs a small one):
+#   .venv/bin/pytest --longrun tests/core/test_core_fleet_upgrade.py
 CHAOS_ARGS ?=
 CHAOS_HOSTS ?= 1
 chaos: $(STAMP)
@@ -81,6 +83,7 @@ bench: $(STAMP)
 	$(PY) bench/exec_modes.py --results $(BENCH_RESULTS)
 	$(PY) bench/fleet.py --results $(BENCH_RESULTS)
 	$(PY) bench/pooler.py --results $(BENCH_RESULTS)
+	PODCAST_JOB_TEST_DATABASE_URL= $(PY) bench/migration.py --results $(BENCH_RESULTS)
 	py=$(BENCH_VENV)/bin/python; [ -x "$$py" ] || py=$(PY); "$$py" bench/report.py
 
 # The alert rules and their unit tests (promtool comes with Debian's prometheus package; .ci/run installs it).

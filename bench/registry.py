@@ -64,8 +64,8 @@ def fill_history(reg: SqliteRegistry, n: int) -> None:
     now = to_iso(utc_now())
     with reg.file.tx() as conn:
         conn.executemany(
-            "INSERT INTO jobs (job_id, kind, params, argv, status, error_reason, created_at, ended_at) "
-            "VALUES (?, 'k', ?, '[]', ?, ?, ?, ?)",
+            "INSERT INTO jobs (job_id, kind, params, argv, status, error_reason, created_at, ended_at, "
+            "enqueued_release) VALUES (?, 'k', ?, '[]', ?, ?, ?, ?, 'bench')",
             (
                 (
                     f"h{i}",

@@ -6,8 +6,8 @@ Usage: python bench/report.py [RESULTS.json ...] [--out docs/performance.md] [--
 
 With no file named, the page is rendered from the latest ``*-make-bench.json`` of ``--results-dir`` and that
 directory's chaos and soak results. Named files are used instead: the last make-bench file is the run the page
-shows; a feeds, outbox, exec-modes, fleet, pooler or heartbeats file replaces that scenario; chaos and soak files
-feed their sections.
+shows; a feeds, outbox, exec-modes, fleet, pooler, heartbeats or migration file replaces that scenario; chaos and
+soak files feed their sections.
 With no file named, a single-scenario file newer than the latest make-bench file is used too (a scenario measured
 alone since the last full run, such as ``bench/fleet.py``'s).
 
@@ -21,7 +21,7 @@ template that is a placeholder, ``{{name}}`` or ``{{name:argument}}``, is replac
 - ``{{plot}}``: the plot (``make bench`` draws it with matplotlib from the bench venv; without matplotlib the
   existing PNG is kept and the page says so);
 - ``{{scenario:KEY}}``: a scenario's tables, figures and notes (KEY: throughput, promotion, enqueue, detection,
-  footprint, heartbeats, registry, feeds, outbox, exec_modes, fleet, pooler);
+  footprint, heartbeats, registry, feeds, outbox, exec_modes, fleet, pooler, migration);
 - ``{{chaos}}``, ``{{soak}}``: the latest chaos run; the latest soak of each kind (and the latest one-hour soak of a
   kind whose latest soak was shorter);
 - ``{{compare:BEFORE.json:AFTER.json}}``: a before/after table of two results files of ``--results-dir``;
@@ -50,7 +50,7 @@ TEMPLATE = REPO / "bench" / "performance.template.md"
 PAGE = REPO / "docs" / "performance.md"
 PLOT_NAME = "bench-latest.png"
 PLACEHOLDER = re.compile(r"^\{\{\s*([a-z_]+)(?::([^}]*))?\s*\}\}$")
-SCENARIO_KINDS = ("make-bench", "feeds", "outbox", "exec-modes", "fleet", "pooler", "heartbeats")
+SCENARIO_KINDS = ("make-bench", "feeds", "outbox", "exec-modes", "fleet", "pooler", "heartbeats", "migration")
 QUART_FLOOR_4 = "quart-trio floor, 4 conns"  # the plot's bar of the stack's floor under the heartbeat guard's load
 
 

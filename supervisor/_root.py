@@ -199,6 +199,8 @@ async def _run_with_registry(
     clock = SteadyWallClock()
     try:
         registry = await open_registry(config, boot_id=boot_id, outbox=config.webhook_url is not None, clock=clock)
+    except RegistryNotOpened:
+        raise  # its own kind kept (SchemaNotHonoured: its own exit code)
     except RegistryError as exc:
         # A lock another process holds is a moment's, not the configuration's: said apart (its own exit code).
         raise RegistryNotOpened(str(exc), temporary=isinstance(exc, RegistryLocked)) from exc

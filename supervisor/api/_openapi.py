@@ -96,7 +96,10 @@ _SCHEMAS: dict[str, Any] = {
     },
     "Host": {
         "type": "object",
-        "required": ["host_id", "boot_id", "started_at", "last_seen_at", "lease_expires_at", "live", "leader"],
+        "required": [
+            "host_id", "boot_id", "started_at", "last_seen_at", "lease_expires_at", "live", "leader", "release",
+            "contract_level", "running_jobs", "drain",
+        ],
         "properties": {
             "host_id": {"type": "string"},
             "boot_id": {"type": "string"},
@@ -109,6 +112,27 @@ _SCHEMAS: dict[str, Any] = {
                 "read: its jobs are its own to judge",
             },
             "leader": {"type": "boolean"},
+            "release": {**_NULLABLE_STR, "description": "the release its boot runs (null: one before 1.0.0)"},
+            "contract_level": {
+                "type": ["integer", "null"],
+                "description": "how many contract migrations its release knows (docs/fleet.md § Upgrading a fleet)",
+            },
+            "running_jobs": {"type": "integer", "description": "its running rows, fleet-wide count's share"},
+            "drain": {
+                "type": ["string", "null"],
+                "enum": [None, "draining", "drained"],
+                "description": "null: not drained; draining: drained, still running jobs or leading; drained: it "
+                "holds nothing (it may be stopped)",
+            },
+        },
+    },
+    "DrainHostResult": {
+        "type": "object",
+        "required": ["host_id", "changed", "drain"],
+        "properties": {
+            "host_id": {"type": "string"},
+            "changed": {"type": "boolean", "description": "false: it already was (or was not) drained"},
+            "drain": {"type": ["string", "null"], "enum": [None, "draining", "drained"]},
         },
     },
     "Hosts": {

@@ -368,6 +368,24 @@ async def forget_host(supervisor: Supervisor, host_id: str) -> Any:
     return await supervisor.forget_host(host_id)
 
 
+_DRAIN = {
+    "200": json_answer(ref("DrainHostResult"), "the host's drain now"),
+    "404": error("no host with that id has registered"),
+}
+
+
+@ROUTES.post("/api/hosts/{host_id}/drain", "drainHost", auth="operator", over_registry=True, responses=_DRAIN)
+async def drain_host(supervisor: Supervisor, host_id: str) -> Any:
+    """The host starts nothing new; its running jobs run to their end under its watch; it hands the lead over."""
+    return await supervisor.drain_host(host_id, True, caller_name())
+
+
+@ROUTES.post("/api/hosts/{host_id}/undrain", "undrainHost", auth="operator", over_registry=True, responses=_DRAIN)
+async def undrain_host(supervisor: Supervisor, host_id: str) -> Any:
+    """The host promotes again."""
+    return await supervisor.drain_host(host_id, False, caller_name())
+
+
 _QUEUE_STATE = {"200": json_answer(ref("QueueState"), "the queue")}
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
-import importlib.metadata
 import json
 import os
 import re
@@ -31,6 +30,7 @@ import trio
 from ..domain import (
     FILTER_NAMES,
     PARAM_PREFIX,
+    RELEASE,
     SCOPES,
     Config,
     ConfigError,
@@ -42,6 +42,7 @@ from ..domain import (
     RegistryNotOpened,
     RequestError,
     Schedule,
+    SchemaNotHonoured,
     SupervisorError,
     TokenFile,
     ValidationError,
@@ -74,6 +75,9 @@ EXIT_UNREACHABLE = 4
 # sysexits' EX_TEMPFAIL: a temporary condition (the registry locked by another process at start), not a broken
 # configuration; the same start may succeed later.
 EXIT_TEMPFAIL = 75
+# serve: a newer release contracted the registry's schema; this release cannot run on it (a restart loop would not
+# help: the unit's RestartPreventExitStatus names it). As graphile-worker's exit on a breaking migration.
+EXIT_SCHEMA_CONTRACTED = 5
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a command whose reader went away
 SWITCH_INTERVAL_S = 0.0005  # `serve` only: see cmd_serve
@@ -88,6 +92,7 @@ _TOKEN_HINT = (
 # logs --follow: poll quickly while output flows, back off to at most FOLLOW_MAX_INTERVAL_S while it is quiet.
 FOLLOW_MIN_INTERVAL_S = 0.2
 FOLLOW_MAX_INTERVAL_S = 2.0
+WAIT_DRAINED_POLL_S = 0.5  # hosts wait-drained: how often the hosts are read
 
 
 def _load(args: argparse.Namespace) -> tuple[Config, KindCatalog, list[str]]:
@@ -150,8 +155,13 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
     try:
         where, version = trio.run(run)
-    except RegistryError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except BaseException as exc:
+        # A refusal (a contract held back by a host, named) or a failure, in one line; inside the registry runtime's
+        # own nursery (PostgreSQL's asyncio loop) it comes wrapped in a group.
+        refused = _only(exc, RegistryError)
+        if refused is None:
+            raise
+        print(f"error: {refused}", file=sys.stderr)
         return EXIT_ERROR
     print(f"registry {where}: schema version {version}")
     return EXIT_OK
@@ -206,6 +216,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if opening is None:
             raise
         print(f"error: {opening}", file=sys.stderr)
+        if isinstance(opening, SchemaNotHonoured):
+            return EXIT_SCHEMA_CONTRACTED
         return EXIT_TEMPFAIL if opening.temporary else EXIT_CONFIG
     return EXIT_OK
 
@@ -937,17 +949,32 @@ def cmd_queue(client: Client, args: argparse.Namespace, io: _Io) -> int:
 
 
 def cmd_hosts(client: Client, args: argparse.Namespace, io: _Io) -> int:
-    """``hosts``: the fleet's hosts; ``hosts forget HOST``: end a lost host's jobs and free their slots."""
+    """``hosts``: the fleet's hosts; ``hosts forget HOST``: end a lost host's jobs and free their slots; ``hosts drain
+    HOST`` / ``undrain HOST``: take a host out of service on purpose and back; ``hosts wait-drained HOST``: wait until
+    a drained host holds nothing (docs/fleet.md § Draining a host)."""
+    if args.action != "list" and not args.host_id:
+        io.error(f"hosts {args.action}: name the host (supervisor hosts {args.action} HOST)")
+        return EXIT_USAGE
+    if args.timeout is not None and args.action != "wait-drained":
+        io.error("--timeout is wait-drained's (supervisor hosts wait-drained HOST --timeout S)")
+        return EXIT_USAGE
     if args.action == "forget":
-        if not args.host_id:
-            io.error("hosts forget: name the host (supervisor hosts forget HOST)")
-            return EXIT_USAGE
         answer = client.forget_host(args.host_id)
         if args.json:
             io.json(answer)
         else:
             io.print(f"forgot host {answer['host_id']}: {len(answer['jobs_ended'])} running job(s) ended")
         return EXIT_OK
+    if args.action in ("drain", "undrain"):
+        answer = client.drain_host(args.host_id) if args.action == "drain" else client.undrain_host(args.host_id)
+        if args.json:
+            io.json(answer)
+        else:
+            state = answer["drain"] or "not drained"
+            io.print(f"host {answer['host_id']}: {state}" + ("" if answer["changed"] else " (unchanged)"))
+        return EXIT_OK
+    if args.action == "wait-drained":
+        return _wait_drained(client, args, io)
     answer = client.hosts()
     if args.json:
         io.json(answer)
@@ -955,13 +982,41 @@ def cmd_hosts(client: Client, args: argparse.Namespace, io: _Io) -> int:
     for host in answer["hosts"]:
         state = "live" if host["live"] else "SILENT"
         lead = " leader" if host["leader"] and host["live"] else ""
+        drain = f"  {host['drain'].upper()}" if host.get("drain") else ""
         io.print(
-            f"{host['host_id']}  {state}{lead}  boot {host['boot_id'][:12]}  last seen {host['last_seen_at']}  "
+            f"{host['host_id']}  {state}{lead}{drain}  release {host.get('release') or 'before 1.0.0'}  "
+            f"running {host.get('running_jobs', 0)}  boot {host['boot_id'][:12]}  last seen {host['last_seen_at']}  "
             f"lease until {host['lease_expires_at']}"
         )
     if not answer["hosts"]:
         io.print("no host has registered")
     return EXIT_OK
+
+
+def _wait_drained(client: Client, args: argparse.Namespace, io: _Io) -> int:
+    """Poll the hosts until ``args.host_id`` is drained (0), the timeout passes (124, as ``wait``'s), or it cannot
+    become drained: unknown, or nobody drained it (1)."""
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    while True:
+        hosts = {host["host_id"]: host for host in client.hosts()["hosts"]}
+        host = hosts.get(args.host_id)
+        if host is None:
+            io.error(f"hosts wait-drained: no host {args.host_id} has registered")
+            return EXIT_ERROR
+        if host.get("drain") is None:
+            io.error(f"hosts wait-drained: host {args.host_id} is not drained (supervisor hosts drain {args.host_id})")
+            return EXIT_ERROR
+        if host["drain"] == "drained":
+            if args.json:
+                io.json(host)
+            else:
+                io.print(f"host {args.host_id}: drained (it may be stopped)")
+            return EXIT_OK
+        if deadline is not None and time.monotonic() >= deadline:
+            io.error(f"hosts wait-drained: host {args.host_id} still runs {host.get('running_jobs', 0)} job(s)")
+            return _live.EXIT_TIMEOUT
+        left = WAIT_DRAINED_POLL_S if deadline is None else deadline - time.monotonic()
+        time.sleep(max(0.0, min(WAIT_DRAINED_POLL_S, left)))
 
 
 def cmd_pause(client: Client, args: argparse.Namespace, io: _Io) -> int:
@@ -1061,7 +1116,10 @@ EXAMPLES = {
     "queue": "  supervisor queue",
     "hosts": (
         "  supervisor hosts                        # every host of the fleet: live or SILENT, and the leader\n"
-        "  supervisor hosts forget web-2           # a host that will never come back: its running jobs end"
+        "  supervisor hosts forget web-2           # a host that will never come back: its running jobs end\n"
+        "  supervisor hosts drain web-2            # nothing new starts there; its jobs run to their end\n"
+        "  supervisor hosts wait-drained web-2 --timeout 3600 && systemctl stop ...   # then stop it\n"
+        "  supervisor hosts undrain web-2          # back in service"
     ),
     "pause": "  supervisor pause",
     "resume": "  supervisor resume",
@@ -1166,9 +1224,16 @@ def _add_client_commands(sub: Any) -> None:
     )
     p.add_argument("--dry-run", action="store_true", help="only list what would go; remove nothing")
     add("queue", cmd_queue, "show the queue's state")
-    p = add("hosts", cmd_hosts, "list the fleet's hosts; hosts forget HOST: end a lost host's running jobs")
-    p.add_argument("action", nargs="?", choices=["list", "forget"], default="list")
+    p = add(
+        "hosts",
+        cmd_hosts,
+        "list the fleet's hosts; hosts forget HOST: end a lost host's running jobs; hosts drain / undrain HOST: take "
+        "a host out of service and back; hosts wait-drained HOST [--timeout S]: wait until it holds nothing "
+        "(0 drained, 124 timed out, 1 not drained or unknown)",
+    )
+    p.add_argument("action", nargs="?", choices=["list", "forget", "drain", "undrain", "wait-drained"], default="list")
     p.add_argument("host_id", nargs="?")
+    p.add_argument("--timeout", type=_timeout, metavar="S", help="wait-drained: give up after S seconds (exit 124)")
     add("pause", cmd_pause, "pause promotion (running jobs continue)")
     add("resume", cmd_resume, "resume promotion")
     p = add("logs", cmd_logs, "print a job's log", json_flag=False)
@@ -1190,10 +1255,8 @@ def _add_client_commands(sub: Any) -> None:
 
 
 def _version() -> str:
-    try:
-        return importlib.metadata.version("podcast-job-supervisor")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown (not installed)"
+    """This code's release (docs/fleet.md § Upgrading a fleet), whatever an editable install's metadata says."""
+    return RELEASE
 
 
 def cmd_completion(args: argparse.Namespace) -> int:

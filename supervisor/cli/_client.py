@@ -263,6 +263,12 @@ class Client:
     def forget_host(self, host_id: str) -> dict[str, Any]:
         return self._json("POST", f"/api/hosts/{quote(host_id, safe='')}/forget")
 
+    def drain_host(self, host_id: str) -> dict[str, Any]:
+        return self._json("POST", f"/api/hosts/{quote(host_id, safe='')}/drain")
+
+    def undrain_host(self, host_id: str) -> dict[str, Any]:
+        return self._json("POST", f"/api/hosts/{quote(host_id, safe='')}/undrain")
+
     def pause(self) -> dict[str, Any]:
         return self._json("POST", "/api/queue/pause", shape="queue")
 

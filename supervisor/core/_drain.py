@@ -229,6 +229,8 @@ class Drainer:
             out.add("engine_unreachable")
         if self._lease_held or not self.boot.standing.may_promote():
             out.add("lease_not_fresh")
+        if self.boot.standing.drained:
+            out.add("host_drained")
         return out
 
     def lease_renewed(self) -> None:

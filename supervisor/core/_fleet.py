@@ -184,6 +184,7 @@ class Fleet:
         if lease.leading:
             self._lead_renewed.ring()
         self._renewed.ring()
+        self._note_drained(lease.drained)
         self._note_leading()
         self._note_fresh()
         if first and lease.replaced is not None and lease.replaced.boot_id == self.succeeds:
@@ -297,10 +298,27 @@ class Fleet:
             self.on_fresh()  # the queue may have waited for this host
         self._was_fresh = now
 
+    def _note_drained(self, drained: bool) -> None:
+        """An operator drained or undrained this host (docs/fleet.md § Draining a host): said once per change."""
+        if drained and not self.standing.drained:
+            log.warning(
+                "host_draining",
+                host_id=self.host_id,
+                running_jobs=len(self.boot.ledger.entries()),
+                why="an operator drained this host: nothing new starts here, its running jobs run to their end, the "
+                "lead goes to another host; supervisor hosts undrain ends it",
+            )
+        elif self.standing.drained and not drained:
+            log.info("host_undrained", host_id=self.host_id, promotion="resumed")
+            self.on_fresh()  # the queue may have waited for this host
+        self.standing.drained = drained
+
     def _note_leading(self) -> None:
         now = self.leading
         if now and not self._was_leading:
             log.info("fleet_leader", host_id=self.host_id, boot_id=self.boot_id, lease_s=self.lease_s)
+        elif self._was_leading and not now and self.standing.drained and self.fresh:
+            log.info("fleet_leader_handed_over", host_id=self.host_id, why="this host is drained")
         elif self._was_leading and not now:
             log.warning("fleet_leader_stepped_down", host_id=self.host_id, why="the lease could not be renewed in time")
         self._was_leading = now
@@ -370,9 +388,15 @@ class Fleet:
         self._silent_hosts = silent
 
 
-def host_view(host: Host, leader: Host | None) -> dict[str, Any]:
-    """One host as the API lists it."""
+def host_view(host: Host, leader: Host | None, running: int = 0, drained: bool = False) -> dict[str, Any]:
+    """One host as the API lists it: ``drain`` is None (not drained), ``draining`` (drained, still running jobs or
+    leading) or ``drained`` (it holds nothing: it may be stopped)."""
+    leads = leader is not None and leader.live and (leader.host_id, leader.boot_id) == (host.host_id, host.boot_id)
     return {
+        "release": host.release,
+        "contract_level": host.contract_level,
+        "running_jobs": running,
+        "drain": None if not drained else "draining" if running or leads else "drained",
         "host_id": host.host_id,
         "boot_id": host.boot_id,
         "started_at": to_iso(host.started_at),

@@ -26,11 +26,31 @@ class HostAdmin:
         self.wake_drainer = wake_drainer
 
     async def view(self) -> dict[str, Any]:
-        """Every host of the fleet, live or silent, and which leads."""
-        hosts = await self.boot.registry.hosts()
-        leader = await self.boot.registry.leader()
+        """Every host of the fleet, live or silent, and which leads; each one's release, running jobs and drain."""
+        registry = self.boot.registry
+        hosts = await registry.hosts()
+        leader = await registry.leader()
+        drained = await registry.drained()
+        running: dict[str, int] = {}
+        for job in await registry.running_jobs():
+            if job.host_id is not None:
+                running[job.host_id] = running.get(job.host_id, 0) + 1
         live_leader = leader.host_id if leader is not None and leader.live else None
-        return {"hosts": [host_view(h, leader) for h in hosts], "leader": live_leader}
+        return {
+            "hosts": [host_view(h, leader, running.get(h.host_id, 0), h.host_id in drained) for h in hosts],
+            "leader": live_leader,
+        }
+
+    async def drain(self, host_id: str, drained: bool, by: str | None) -> dict[str, Any]:
+        """Drain ``host_id`` (it starts nothing new, its running jobs run to their end under its watch, it hands the
+        lead over; ``drained`` in the view once it holds nothing) or undrain it. Nothing is failed or cancelled."""
+        changed = await self.boot.registry.set_drained(host_id, drained, by=by)
+        if changed:
+            log.warning("host_drained" if drained else "host_undrained", host_id=host_id, by=by)
+        if not drained:
+            self.wake_drainer()  # this host's own promotion, when it is the one undrained
+        [host] = [h for h in (await self.view())["hosts"] if h["host_id"] == host_id] or [None]
+        return {"host_id": host_id, "changed": changed, "drain": host["drain"] if host is not None else None}
 
     async def forget(self, host_id: str) -> dict[str, Any]:
         """Host ``host_id`` will never come back: its running jobs end ``orphan_host_forgotten`` (resubmitted under

@@ -40,12 +40,15 @@ HOLD_REASONS: dict[str, str] = {
     "engine_unreachable": "the executor's engine does not answer (Docker mode): bring the engine back",
     "registry_unwritable": "the registry cannot take writes (a full disk, a lock held elsewhere): free it",
     "lease_not_fresh": "this host's lease could not be renewed (the database unreachable?): nothing is promoted here",
+    "host_drained": "an operator drained this host (supervisor hosts drain): `supervisor hosts undrain HOST` ends it",
 }
-PAUSES = frozenset({"pause_operator", "pause_file"})
+PAUSES = frozenset({"pause_operator", "pause_file", "host_drained"})  # held on purpose
 # Which reason a stuck queue names when several hold (docs/alerting.md § One fault, one page): the root cause first.
 # A registry that cannot write is why a lease cannot be renewed (the renewal is a write), so a lock held elsewhere
 # names the registry, never the lease it starves; the engine is a fault of its own; a pause is held on purpose.
-ROOT_CAUSE_ORDER = ("registry_unwritable", "lease_not_fresh", "engine_unreachable", "pause_operator", "pause_file")
+ROOT_CAUSE_ORDER = (
+    "registry_unwritable", "lease_not_fresh", "engine_unreachable", "pause_operator", "pause_file", "host_drained"
+)
 # A reason that follows from another while that other clears: a stuck queue keeps naming the cause (the lease is
 # renewed a moment after the registry writes again) rather than page anew for its echo.
 CONSEQUENCE_OF = {"lease_not_fresh": "registry_unwritable"}

@@ -24,6 +24,9 @@ class Standing:
         # monotonic: when this host must stop promoting / acting as leader unless renewed
         self.fresh_until = -math.inf
         self.lead_until = -math.inf
+        # An operator drained this host (as of its last renewal): the registry refuses its promotions
+        # (INV-DRAIN-STOPS-PROMOTION); this is what the queue's watch says it is held by.
+        self.drained = False
 
     def renewed(self, fresh_until: float, *, leading: bool) -> None:
         """A renewal landed: fresh until ``fresh_until`` (monotonic, counted from its request), leading as long if

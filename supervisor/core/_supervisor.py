@@ -265,6 +265,8 @@ class Supervisor:
         # The leader's judge of a silent host's jobs: only by proof of their end that this host can read (ADR 0012).
         self.silent_hosts = SilentHostJobs(self.boot, self.monitors, wake)
         self.host_admin = HostAdmin(self.boot, self.monitors, wake)
+        self.hosts = self.host_admin.view  # every host of the fleet, live or silent, and which leads
+        self.drain_host = self.host_admin.drain  # drain or undrain any host of the fleet, this one too
         self.metrics = Metrics()
         self.events.subscribe(self.metrics.on_event)
         self.fleet = Fleet(
@@ -373,10 +375,6 @@ class Supervisor:
 
     async def run_wakeups(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         await self.wakeups.run(task_status=task_status)
-
-    async def hosts(self) -> dict[str, Any]:
-        """Every host of the fleet, live or silent, and which leads."""
-        return await self.host_admin.view()
 
     async def forget_host(self, host_id: str) -> dict[str, Any]:
         """The operator says host ``host_id`` will never come back (``HostAdmin.forget``), in a task of the tree.

@@ -25,6 +25,7 @@ from ._errors import (
     RegistryNotOpened,
     RegistryUnavailable,
     RequestError,
+    SchemaNotHonoured,
     SelectionNotFound,
     SpawnError,
     StartOutcomeUnknown,
@@ -95,6 +96,7 @@ from ._page import (
     parse_filter_time,
 )
 from ._params import INT64_MAX, INT64_MIN, INT_TEXT, URL_PATTERN, ParamRule
+from ._release import RELEASE
 from ._schedule import SCHEDULE_PREFIX, SCHEDULE_QUERY, Schedule, parse_period, parse_tick
 from ._settings import (
     EXEC_MODES,
@@ -151,6 +153,7 @@ __all__ = [
     "MAX_UNITS",
     "OPERATOR",
     "PARAM_PREFIX",
+    "RELEASE",
     "REPLAYED_HEADER",
     "RESUBMITTED",
     "SCHEDULE_PREFIX",
@@ -209,6 +212,7 @@ __all__ = [
     "RequestError",
     "RequestKey",
     "Schedule",
+    "SchemaNotHonoured",
     "Scope",
     "Selection",
     "SelectionNotFound",

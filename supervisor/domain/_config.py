@@ -116,8 +116,8 @@ class Config:
     database_url: str | None = field(default=None, repr=False)
     # The bound of every call to a PostgreSQL registry, from asking for a connection to the commit.
     database_timeout_s: float = 10.0
-    # Whether a PostgreSQL registry brings its schema up to date at start (False: `supervisor migrate` does, and a
-    # supervisor refuses a schema that is not current).
+    # Whether a PostgreSQL registry applies its missing expand migrations at start (False: `supervisor migrate` does,
+    # and a supervisor refuses a schema that lacks them); contracts always wait for `supervisor migrate`.
     database_auto_migrate: bool = True
     # What stands between a PostgreSQL registry and its server: "none" (the server itself, or a pooler in session
     # mode), or "transaction" (a pooler in transaction mode, pgbouncer's pool_mode = transaction): then no statement

@@ -24,6 +24,7 @@
     │   │   └── RegistryLocked      another process held the file's lock past the busy timeout (a backup, a shell)
     │   ├── RegistryDamaged         the file is not a registry (damaged): never opened for writing, never changed
     │   └── RegistryNotOpened       the registry could not be opened at start (damaged, newer, unreachable, ...)
+    │       └── SchemaNotHonoured   a newer release contracted the schema: this release cannot run on it (exit 5)
     ├── SpawnError                  a job's process could not be started
     │   └── ShepherdLost            (execution/subprocess.py) this boot's shepherd went away before a job's exit
     ├── ExecutorUnavailable         no job can be started now (the engine does not answer); nothing of it runs
@@ -235,6 +236,11 @@ class RegistryNotOpened(RegistryError):
     def __init__(self, message: str, *, temporary: bool = False) -> None:
         super().__init__(message)
         self.temporary = temporary
+
+
+class SchemaNotHonoured(RegistryNotOpened):
+    """A newer release's contract migration was applied to the registry (docs/fleet.md § Upgrading a fleet): this
+    release cannot run on the schema. ``serve`` says it in one line and exits 5, changing nothing."""
 
 
 class SpawnError(SupervisorError):

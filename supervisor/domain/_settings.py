@@ -757,8 +757,9 @@ SETTINGS: tuple[Setting, ...] = (
         default="`true`",
         rule="not true/false → **error**",
         help=(
-            "PostgreSQL: bring the schema up to date at start. `false`: a supervisor refuses a schema that is not"
-            " current, and the operator migrates ([fleet.md](fleet.md#the-registry-on-postgresql))"
+            "PostgreSQL: apply this release's missing expand migrations at start (contracts wait for `supervisor"
+            " migrate`: [fleet.md](fleet.md#upgrading-a-fleet)). `false`: a supervisor refuses a schema that lacks"
+            " them, and the operator migrates (see below)"
         ),
     ),
     Setting(

@@ -12,11 +12,15 @@ else knows which one it talks to. ``IdentityRecord`` (what ``Expect`` and ``Iden
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from datetime import datetime
 
+import trio
+
 from ..domain import Config, IdentityRecord, hash_token, utc_now
+from . import sqlite
 from ._health import RegistryFault
 from ._registry import Backend, Registry
 from ._vocabulary import (
@@ -54,7 +58,6 @@ from ._vocabulary import (
 )
 from .memory import MemoryRegistry
 from .postgres import PostgresRegistry
-from .sqlite import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from .sqlite import SqliteRegistry
 
 __all__ = [
@@ -137,7 +140,9 @@ async def open_registry(
 
 async def migrate_registry(config: Config) -> tuple[str, int]:
     """Bring the registry ``config`` names up to date now, whatever ``database_auto_migrate`` says (``supervisor
-    migrate``); where it is and its schema version after. Inside ``registry_runtime``."""
+    migrate``): its expands, then its contracts, each contract once no host holds it back (a ``RegistryError``
+    naming those hosts: docs/fleet.md § Upgrading a fleet). Where it is and its schema version after. Inside
+    ``registry_runtime``."""
     if config.database_url is not None:
         reg = await PostgresRegistry.open(
             config.database_url,
@@ -146,9 +151,12 @@ async def migrate_registry(config: Config) -> tuple[str, int]:
             transaction_pooler=config.database_pooler == "transaction",
         )
         try:
-            return reg.where, await reg.migrate()
+            return reg.where, await reg.migrate(contracts=True)
         finally:
             await reg.aclose()
-    sqlite = await SqliteRegistry.open(config.registry_path)  # SQLite migrates its file at every open
-    await sqlite.aclose()
-    return str(config.registry_path), SQLITE_SCHEMA_VERSION
+    opened = await SqliteRegistry.open(config.registry_path)  # its expands: SQLite migrates its file at every open
+    await opened.aclose()
+    version = await trio.to_thread.run_sync(
+        functools.partial(sqlite.migrate_file, config.registry_path, busy_timeout_ms=config.registry_busy_timeout_ms)
+    )
+    return str(config.registry_path), version

@@ -20,12 +20,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 from ..domain import (
+    RELEASE,
     RESUBMITTED,
     SCHEDULE_PREFIX,
     TERMINAL,
     Attempt,
     Conflict,
     HostForgotten,
+    HostNotFound,
     IdempotencyKey,
     IdempotencyKeyReused,
     IllegalTransition,
@@ -129,7 +131,13 @@ class FleetRules:
 
     @staticmethod
     async def renew_lease(
-        store: Store, host_id: str, boot_id: str, lease_s: float, lead: bool, succeeds: str | None = None
+        store: Store,
+        host_id: str,
+        boot_id: str,
+        lease_s: float,
+        lead: bool,
+        succeeds: str | None = None,
+        release: tuple[str, int] | None = None,
     ) -> Lease:
         # One step for the host row and the lead, under the leases' lock: two hosts asking at once take turns and
         # never both lead (INV-ONE-LEADER). ``succeeds``: a boot of this host proved gone (its data dir's lock): its
@@ -143,7 +151,12 @@ class FleetRules:
         before = await tables.host(store, host_id, now)
         replaced = before if before is not None and before.boot_id != boot_id else None
         started = now if before is None or replaced is not None else before.started_at
-        await store.put(tables.HOSTS, tables.host_row(Host(host_id, boot_id, started, now, expires, now)), ("host_id",))
+        version, level = release if release is not None else (None, None)
+        row = Host(host_id, boot_id, started, now, expires, now, release=version, contract_level=level)
+        await store.put(tables.HOSTS, tables.host_row(row), ("host_id",))
+        # INV-DRAINED-HANDS-OVER: a drained host neither takes nor keeps the lead; another takes it at its renewal.
+        drained = host_id in await tables.drained(store)
+        lead = lead and not drained
         current = await tables.leader(store, now)
         succeeded = current is not None and (current.host_id, current.boot_id) == (host_id, succeeds)
         if current is not None and (current.host_id, current.boot_id) == (host_id, boot_id):
@@ -154,7 +167,7 @@ class FleetRules:
             await put_leader(store, Host(host_id, boot_id, now, now, expires, as_of=now))
         host = await tables.host(store, host_id, now)
         assert host is not None
-        return Lease(host, await tables.leader(store, now), replaced)
+        return Lease(host, await tables.leader(store, now), replaced, drained=drained)
 
 
     @staticmethod
@@ -178,12 +191,32 @@ class FleetRules:
         if host is not None:
             fenced = {"host_id": host_id, "boot_id": host.boot_id, "forgotten_at": now}
             await store.put(tables.FORGOTTEN, fenced, ("host_id", "boot_id"))
-        for table in (tables.HOSTS, tables.LEADER):
+        for table in (tables.HOSTS, tables.LEADER, tables.DRAINS):
             await store.delete(table, (("host_id", "=", host_id),))
         # Its running rows are ended by the caller (ADR 0012): their slots are free for any host.
         await store.notify(Wakeup(WAKE_FREED, host_id=host_id))
         return host
 
+
+    @staticmethod
+    async def set_drained(store: Store, host_id: str, drained: bool, by: str | None) -> bool:
+        """Drain or undrain ``host_id``; whether anything changed. A host never registered (a typo) is refused."""
+        # INV-DRAIN-STOPS-PROMOTION: under the promotion's lock, so a promotion of that host's either committed
+        # before this step or reads the drain after it: none starts on it once the drain is answered.
+        await store.lock(tables.PROMOTION)
+        here = (("host_id", "=", host_id),)
+        known = await store.count(tables.HOSTS, here)
+        is_drained = await store.count(tables.DRAINS, here) > 0
+        if not known and not is_drained:
+            raise HostNotFound(host_id)
+        if drained == is_drained:
+            return False
+        if drained:
+            await store.insert(tables.DRAINS, [{"host_id": host_id, "drained_at": store.now(), "drained_by": by}])
+        else:
+            await store.delete(tables.DRAINS, here)
+            await store.notify(Wakeup(WAKE_QUEUED))  # its drainer (wherever the undrain came through) looks again
+        return True
 
     @staticmethod
     async def record_setting(store: Store, name: str, value: str, host_id: str, replace: bool) -> FleetSetting:
@@ -320,7 +353,8 @@ class Rules(FleetRules, Housekeeping):
                "token_hash": None, "log_path": None, "max_attempts": new.max_attempts, "next_attempt_at": None,
                "history": (), "retry_of": new.retry_of, "idempotency_key": new.idempotency_key,
                "enqueued_by": new.enqueued_by, "schedule": new.schedule.name if new.schedule else None,
-               "schedule_every_s": new.schedule.every_s if new.schedule else None}  # fmt: skip
+               "schedule_every_s": new.schedule.every_s if new.schedule else None,
+               "enqueued_release": RELEASE}  # fmt: skip
         await store.insert(JOBS, [stored(row)])
         await self.event(store, job_id, "job.transition", None, "enqueued")
         return job_id, False
@@ -377,6 +411,8 @@ class Rules(FleetRules, Housekeeping):
         ``started_at`` in the same step (INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING). The rows promoted, and whether a slot
         it could have filled is left free (too few rows ready)."""
         await store.lock(tables.PROMOTION)
+        if request.host_id is not None and await store.count(tables.DRAINS, (("host_id", "=", request.host_id),)):
+            return [], False  # INV-DRAIN-STOPS-PROMOTION: a drained host starts nothing new
         running = await store.select(JOBS, (("status", "=", tables.RUNNING),), Read(columns=("host_id", "kind")))
         hosts = [row["host_id"] for row in running]
         free = request.free_slots(len(hosts), hosts.count(request.host_id))
@@ -675,4 +711,5 @@ async def put_leader(store: Store, host: Host | None) -> None:
         return
     row = {**tables.host_row(host), "one": 1}
     row["since"] = row.pop("started_at")
+    del row["release_version"], row["contract_level"]  # the hosts row keeps them
     await store.put(tables.LEADER, row, ("one",))

@@ -27,7 +27,7 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
-from ..domain import FIRST_PAGE, IdempotencyKey, Job, JobFilter, PageRequest, RequestError
+from ..domain import FIRST_PAGE, RELEASE, IdempotencyKey, Job, JobFilter, PageRequest, RequestError
 from . import _tables as tables
 from ._engine import Independent, Rules, Step, answer_of
 from ._health import RegistryFault
@@ -81,6 +81,10 @@ class Registry:
     """The registry's rules over ``backend``. ``boot_id``: the boot whose changes these are (written into each event;
     None for a process that is no supervisor); ``outbox``: write events with the changes (a supervisor with no
     webhook turns it off). Every method may raise ``RegistryError`` (storage unavailable, lock not in time)."""
+
+    # What this release honours of the schema (how many contract migrations it knows: each backend's own count),
+    # recorded with each host's lease (INV-CONTRACT-AFTER-FLEET).
+    contract_level = 0
 
     def __init__(self, backend: Backend, *, boot_id: str | None = None, outbox: bool = True) -> None:
         self.backend = backend
@@ -315,10 +319,22 @@ class Registry:
         clock (a new boot of the same host id replaces the old one's row); with ``lead``, also take the fleet's lead
         when nobody holds it or its holder's lease expired, or keep it when this boot holds it. One atomic step: two
         hosts never both lead. A boot an operator forgot is refused: ``HostForgotten`` (INV-FORGET-IS-FENCED).
-        ``succeeds``: a boot of this host id that is proved gone (``core._succession``): its lead is taken at once."""
+        ``succeeds``: a boot of this host id that is proved gone (``core._succession``): its lead is taken at once.
+        The row records this code's release and contract level. A drained host neither takes nor keeps the lead
+        (``Lease.drained``)."""
+        release = (RELEASE, self.contract_level)
         return await self.backend.write(
-            lambda store: self.rules.renew_lease(store, host_id, boot_id, lease_s, lead, succeeds)
+            lambda store: self.rules.renew_lease(store, host_id, boot_id, lease_s, lead, succeeds, release)
         )
+
+    async def set_drained(self, host_id: str, drained: bool, *, by: str | None = None) -> bool:
+        """Drain ``host_id`` (it promotes nothing from this step's commit on, and hands the lead over at its next
+        renewal) or undrain it; whether anything changed. ``HostNotFound`` for a host that never registered."""
+        return await self.backend.write(lambda store: self.rules.set_drained(store, host_id, drained, by))
+
+    async def drained(self) -> dict[str, datetime]:
+        """The drained hosts, and since when."""
+        return await self.backend.read(tables.drained)
 
     async def release_lease(self, host_id: str, boot_id: str) -> None:
         """A clean shutdown: this boot's host lease and lead (if it holds them) end now."""

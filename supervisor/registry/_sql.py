@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from ..domain import RegistryError
+from ..domain import RegistryError, SchemaNotHonoured
 from ._tables import COLUMNS, EVERY, JSON_COLUMNS, Either, Read, Where
 
 
@@ -150,23 +150,143 @@ class SqlStore:
 
 
 _NAME = re.compile(r"(\d{4})_[a-z0-9_]+\.sql")
+# A migration's phase, declared in a comment line of its own (``-- phase: contract``); none declared: an expand
+# (docs/fleet.md § Upgrading a fleet).
+_PHASE = re.compile(r"^--\s*phase:\s*(\S+)\s*$", re.MULTILINE)
+# PostgreSQL: a migration that cannot run in a transaction (CREATE INDEX CONCURRENTLY) declares it; it holds one
+# statement, and is run alone.
+_NO_TRANSACTION = re.compile(r"^--\s*transaction:\s*none\s*$", re.MULTILINE)
+EXPAND, CONTRACT = "expand", "contract"
 
 
 @dataclass(frozen=True)
 class Migration:
-    version: int  # the schema version after it
+    version: int  # its number: applied in this order, once
     name: str
     script: str
+    # EXPAND only adds (the previous release runs on its result); CONTRACT drops, renames or tightens (a release that
+    # does not know it cannot run on its result: INV-CONTRACT-AFTER-FLEET).
+    phase: str = EXPAND
+    transactional: bool = True  # False: ``-- transaction: none`` (PostgreSQL's CREATE INDEX CONCURRENTLY)
 
 
 def load_migrations(package: str) -> list[Migration]:
-    """Every migration ``package`` ships (``migrations/NNNN_name.sql``), in order (versions 1, 2, 3... with no gap)."""
+    """Every migration ``package`` ships (``migrations/NNNN_name.sql``), in order of their numbers (each number
+    once; a number may be missing: another branch's migration, merged later, is applied where it is missing)."""
     found: list[Migration] = []
     for entry in resources.files(package).joinpath("migrations").iterdir():
         match = _NAME.fullmatch(entry.name)
         if match is not None:
-            found.append(Migration(int(match.group(1)), entry.name, entry.read_text(encoding="utf-8")))
+            script = entry.read_text(encoding="utf-8")
+            phases = _PHASE.findall(script)
+            if len(phases) > 1 or any(phase not in (EXPAND, CONTRACT) for phase in phases):
+                raise RegistryError(f"migration {entry.name} declares its phase as {phases}: one of expand, contract")
+            transactional = _NO_TRANSACTION.search(script) is None
+            found.append(
+                Migration(int(match.group(1)), entry.name, script, phases[0] if phases else EXPAND, transactional)
+            )
     found.sort(key=lambda m: m.version)
-    if [m.version for m in found] != list(range(1, len(found) + 1)):
-        raise RegistryError(f"the registry's migrations are not numbered 1..n: {[m.name for m in found]}")
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions) or (versions and versions[0] < 1):
+        raise RegistryError(f"the registry's migrations are not numbered once each from 1: {[m.name for m in found]}")
     return found
+
+
+def contract_level(known: Sequence[Migration]) -> int:
+    """What a release can honour: how many contract migrations it knows. A host records it with its lease; a contract
+    migration numbered N among the contracts waits for every live host to honour N (INV-CONTRACT-AFTER-FLEET)."""
+    return sum(1 for m in known if m.phase == CONTRACT)
+
+
+@dataclass(frozen=True)
+class SchemaPlan:
+    """A schema as this release sees it: ``applied`` (number: phase, as the schema records them), what of this
+    release's is still to apply (``pending``, in order) and what was applied by a newer release (``unknown``)."""
+
+    applied: Mapping[int, str]
+    pending: tuple[Migration, ...]
+    unknown: tuple[int, ...]
+
+    @property
+    def contracted_beyond(self) -> tuple[int, ...]:
+        """The newer release's contract migrations applied here: this release cannot run on them."""
+        return tuple(v for v in self.unknown if self.applied[v] == CONTRACT)
+
+    def next_batch(self, *, contracts: bool) -> tuple[Migration, ...]:
+        """What to apply now, in order: everything (a new schema: nobody runs on it yet, or ``contracts``: the
+        operator's ``supervisor migrate``), else up to the first contract migration (``serve`` applies expands only)."""
+        if contracts or not self.applied:
+            return self.pending
+        out: list[Migration] = []
+        for migration in self.pending:
+            if migration.phase == CONTRACT:
+                break
+            out.append(migration)
+        return tuple(out)
+
+
+def require_expanded(schema: SchemaPlan, where: str) -> None:
+    """This release runs on a schema where every expand it ships is applied (its contracts may wait: it runs before
+    and after them). An expand behind a pending contract waits for that contract: ``supervisor migrate``."""
+    missing = [m.name for m in schema.pending if m.phase == EXPAND]
+    if missing:
+        waiting = [m.name for m in schema.pending if m.phase == CONTRACT and m.version < max(
+            m2.version for m2 in schema.pending if m2.phase == EXPAND)]
+        why = f" (behind the contract {', '.join(waiting)})" if waiting else ""
+        raise RegistryError(
+            f"registry {where} lacks this release's migrations {', '.join(missing)}{why}: run `supervisor migrate`"
+        )
+
+
+def plan(known: Sequence[Migration], applied: Mapping[int, str]) -> SchemaPlan:
+    versions = {m.version for m in known}
+    return SchemaPlan(
+        dict(applied),
+        tuple(m for m in known if m.version not in applied),
+        tuple(sorted(v for v in applied if v not in versions)),
+    )
+
+
+def level_of(known: Sequence[Migration], migration: Migration) -> int:
+    """A contract migration's number among the contracts (1 for the first): the level a host must honour."""
+    return contract_level([m for m in known if m.version <= migration.version])
+
+
+def refuse_contracted(schema: SchemaPlan, where: str, release: str) -> None:
+    """INV-CONTRACT-AFTER-FLEET: a release meeting a newer release's contract refuses to run, in one line."""
+    beyond = schema.contracted_beyond
+    if beyond:
+        raise SchemaNotHonoured(
+            f"registry {where} was contracted by a newer release (migration {', '.join(map(str, beyond))}): release "
+            f"{release} cannot run on it; start the newer release on this host"
+        )
+
+
+@dataclass(frozen=True)
+class HostRecord:
+    """A host as a contract migration judges it: which release it runs and what it honours (None: a host of a
+    release before 1.0.0, which recorded neither), whether its lease is live, and its running rows."""
+
+    host_id: str
+    release: str | None
+    level: int | None
+    live: bool
+    running: int
+
+
+def held_back_by(hosts: Sequence[HostRecord], level: int) -> list[str]:
+    """The hosts a contract migration of ``level`` waits for (INV-CONTRACT-AFTER-FLEET): each live host that honours
+    less, and each silent one that does and still holds running rows (it may come back, on its old code)."""
+    return [
+        f"{h.host_id} (release {h.release or 'before 1.0.0'}, {'live' if h.live else 'silent, holding jobs'})"
+        for h in sorted(hosts, key=lambda h: h.host_id)
+        if (h.level or 0) < level and (h.live or h.running > 0)
+    ]
+
+
+def contract_refused(migration: Migration, level: int, holders: Sequence[str], where: str) -> RegistryError:
+    return RegistryError(
+        f"registry {where}: contract migration {migration.name} (contract level {level}) held back by "
+        f"{', '.join(holders)}: drain, stop and upgrade each (docs/fleet.md § Upgrading a fleet; a host that will not "
+        "come back: supervisor hosts forget HOST), then run supervisor migrate again"
+    )

@@ -27,6 +27,7 @@ from ._vocabulary import (
 
 JOBS, OUTBOX, KEYS, QUEUE = "jobs", "outbox", "idempotency_keys", "queue_state"
 HOSTS, LEADER, SETTINGS, FORGOTTEN = "hosts", "leader", "fleet_settings", "forgotten_hosts"
+DRAINS = "host_drains"
 
 # Every column a select reads by table. A job's ``coalesce_key`` is written at insert and matched by an enqueue, never
 # read back; ``queue_state`` is one row (its key, ``singleton``, is the migration's).
@@ -42,16 +43,19 @@ COLUMNS: Mapping[str, tuple[str, ...]] = {
     KEYS: ("idempotency_key", "answer_index", "fingerprint", "job_id", "status", "queue_position", "coalesced",
            "created_at", "expires_at"),
     QUEUE: ("paused", "paused_by", "paused_at"),
-    HOSTS: ("host_id", "boot_id", "started_at", "last_seen_at", "lease_expires_at"),
+    HOSTS: ("host_id", "boot_id", "started_at", "last_seen_at", "lease_expires_at", "release_version",
+            "contract_level"),
     LEADER: ("one", "host_id", "boot_id", "since", "last_seen_at", "lease_expires_at"),
     SETTINGS: ("name", "value", "host_id", "recorded_at"),
     FORGOTTEN: ("host_id", "boot_id", "forgotten_at"),
+    DRAINS: ("host_id", "drained_at", "drained_by"),
 }  # fmt: skip
 AUTO_SEQ = frozenset({JOBS, OUTBOX})  # the store numbers these rows' ``seq`` at insert, in insertion order
 # How a column keeps its value, by name (a name means one thing in every table); each store has its own form of each.
 TIMESTAMPS = frozenset(
     {"created_at", "started_at", "ended_at", "last_heartbeat_at", "last_progress_at", "stalled_since", "not_before",
-     "paused_at", "since", "last_seen_at", "lease_expires_at", "recorded_at", "forgotten_at", "expires_at"}
+     "paused_at", "since", "last_seen_at", "lease_expires_at", "recorded_at", "forgotten_at", "expires_at",
+     "drained_at"}
 )  # fmt: skip
 BOOLEANS = frozenset({"cancel_requested", "stalled", "silent", "paused", "coalesced"})
 JSON_COLUMNS = frozenset({"params", "argv", "identity", "history", "job"})
@@ -140,12 +144,16 @@ def stored(fields: Mapping[str, object]) -> dict[str, object]:
 def host_of(row: Mapping[str, Any], now: datetime) -> Host:
     """A hosts row (or the leader's, whose ``since`` is when it took the lead) as of ``now``."""
     started = row["since"] if "since" in row else row["started_at"]
-    return Host(row["host_id"], row["boot_id"], started, row["last_seen_at"], row["lease_expires_at"], as_of=now)
+    return Host(
+        row["host_id"], row["boot_id"], started, row["last_seen_at"], row["lease_expires_at"], as_of=now,
+        release=row.get("release_version"), contract_level=row.get("contract_level"),
+    )  # fmt: skip
 
 
 def host_row(host: Host) -> dict[str, Any]:
     return {"host_id": host.host_id, "boot_id": host.boot_id, "started_at": host.started_at,
-            "last_seen_at": host.last_seen_at, "lease_expires_at": host.lease_expires_at}  # fmt: skip
+            "last_seen_at": host.last_seen_at, "lease_expires_at": host.lease_expires_at,
+            "release_version": host.release, "contract_level": host.contract_level}  # fmt: skip
 
 
 def _is(column: str, value: object) -> Cond:
@@ -241,6 +249,11 @@ async def hosts(store: Store, now: datetime) -> list[Host]:
 async def host(store: Store, host_id: str, now: datetime) -> Host | None:
     rows = await store.select(HOSTS, (_is("host_id", host_id),))
     return host_of(rows[0], now) if rows else None
+
+
+async def drained(store: Store) -> dict[str, datetime]:
+    """The hosts an operator drained, and since when."""
+    return {row["host_id"]: row["drained_at"] for row in await store.select(DRAINS)}
 
 
 async def leader(store: Store, now: datetime) -> Host | None:

@@ -301,6 +301,9 @@ class Host:
     last_seen_at: datetime  # its last renewal
     lease_expires_at: datetime
     as_of: datetime  # the registry's clock when it read (or wrote) this row
+    # The release its boot runs and the contract level it honours (None: a release before 1.0.0 recorded neither).
+    release: str | None = None
+    contract_level: int | None = None
 
     @property
     def live(self) -> bool:
@@ -316,6 +319,7 @@ class Lease:
     host: Host
     leader: Host | None
     replaced: Host | None = None
+    drained: bool = False  # an operator drained this host: it promotes nothing and hands the lead over
 
     @property
     def leading(self) -> bool:

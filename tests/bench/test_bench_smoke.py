@@ -222,6 +222,18 @@ def test_pooler_smoke_measures_a_round_trip_direct_and_behind_pgbouncer() -> Non
             assert found[2] == "1.00"
 
 
+@pytest.mark.postgres
+def test_migration_smoke_times_promotions_while_an_expand_migration_runs() -> None:
+    """bench/migration.py on the test server (a schema of its own, dropped after): both ways ran while the promoter
+    promoted, and each says its longest promotion."""
+    database_url = os.environ["PODCAST_JOB_TEST_DATABASE_URL"]  # the postgres mark skips without it
+    out = run_bench("migration.py", "--database-url", database_url)
+    assert "filled 20,000 rows" in out, out
+    for way in ("expand (13-15, CONCURRENTLY)", "the same index built in a transaction"):
+        found = re.search(rf"^{re.escape(way)}: .*'during_longest_s': ([0-9.e-]+)", out, re.M)
+        assert found and float(found[1]) > 0, out
+
+
 def test_deep_queue_smoke_times_an_end_and_a_promotion_at_each_depth() -> None:
     out = run_bench("deep_queue.py")
     for depth in (100, 1000):

@@ -33,6 +33,9 @@ COMMANDS: list[list[str]] = [
     ["queue"],
     ["hosts"],
     ["hosts", "forget", "h2"],
+    ["hosts", "drain", "h2"],
+    ["hosts", "undrain", "h2"],
+    ["hosts", "wait-drained", "h2", "--timeout", "5"],
     ["pause"],
     ["resume"],
     ["logs", JOB],
@@ -144,3 +147,13 @@ async def test_an_absurd_job_id_is_a_usage_error_in_one_line(verb: str, absurd: 
     _one_error_line(ran)
     assert ran.code == EXIT_USAGE, (ran.code, ran.err)
     assert "job id" in ran.err and len(ran.err) < 2000, ran.err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["hosts", "drain"], ["hosts", "undrain"], ["hosts", "wait-drained"], ["hosts", "drain", "h2", "--timeout", "5"]],
+)
+async def test_a_host_verb_without_its_host_or_with_a_foreign_flag_is_a_usage_error(argv: list[str]) -> None:
+    ran = await cli(_closed_port(), argv)
+    _one_error_line(ran)
+    assert ran.code == EXIT_USAGE, (ran.code, ran.err)

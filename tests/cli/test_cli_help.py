@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.cli import EXIT_OK, main
+from supervisor.domain import RELEASE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VERBS = [
@@ -74,7 +75,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["--version"], environ={})
     assert exited.value.code == 0
-    assert capsys.readouterr().out.startswith("supervisor 0.")
+    assert capsys.readouterr().out == f"supervisor {RELEASE}\n"
 
 
 @pytest.mark.parametrize("shell", ["bash", "zsh"])

@@ -228,10 +228,12 @@ class Fleet:
         namespaced: bool = False,
         database_url: str | None = None,
         env_extra: dict[str, str] | None = None,
+        python: Path | None = None,
     ) -> Host:
         """``supervisor serve`` as host ``host_id`` (its data dir the same across restarts), up when it logs its
         URL and its health answers. ``database_url``: how this host reaches the database (default: the fleet's).
-        ``env_extra``: settings that differ from this module's."""
+        ``env_extra``: settings that differ from this module's. ``python``: the interpreter of another release's venv
+        (default: this tree's code)."""
         home = self.root / host_id
         home.mkdir(exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("PODCAST_")}
@@ -248,7 +250,9 @@ class Fleet:
             PODCAST_JOB_CANCEL_GRACE_SECONDS="20",  # a cancel's SIGKILL never comes in these tests: SIGTERM does it
         )
         env.update(env_extra or {})
-        argv = [sys.executable, "-m", "supervisor", "serve"]
+        if python is not None:
+            del env["PYTHONPATH"]  # that venv's own installed release, not this tree
+        argv = [str(python or sys.executable), "-m", "supervisor", "serve"]
         if namespaced:
             # Its own PID namespace: it sees its own jobs only. --kill-child: killing unshare kills the supervisor.
             argv = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", *argv]
@@ -1269,3 +1273,67 @@ async def test_a_host_cut_off_from_its_database_says_its_queue_stuck_for_its_sta
         assert health["degraded"]["queue"].endswith("lease_not_fresh"), health
         proxy.heal()
         background.cancel_scope.cancel()
+
+
+# -- 6. a host drained on purpose (docs/fleet.md § Draining a host) -----------------------------------------------
+
+
+async def test_INV_DRAIN_STOPS_PROMOTION_a_drained_hosts_jobs_end_under_its_watch_and_nothing_new_starts_on_it(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """h1 runs two jobs and leads; drained through h2, it starts nothing more while h2 promotes everything enqueued
+    (through h1 too), hands the lead to h2, and its two jobs end under its watch with their true outcome, first
+    attempt. Then it says ``drained``, and ``supervisor hosts wait-drained`` returns 0."""
+    h1 = await fleet.start("h1")
+    gates = [tmp_path / f"gate-{n}" for n in range(2)]
+    mine = [await fleet.enqueue(h1, "gated", gate=str(gate), code=0) for gate in gates]
+
+    async def running_on_h1() -> bool:
+        return [(await fleet.job(h1, job_id))["status"] for job_id in mine] == ["running", "running"]
+
+    await until(running_on_h1, what="h1's two jobs to run")
+    h2 = await fleet.start("h2")
+    assert (await fleet.get(h2, "/api/hosts"))["leader"] == "h1"
+    drained = await fleet.post(h2, "/api/hosts/h1/drain")
+    assert (drained["changed"], drained["drain"]) == (True, "draining")
+    again = await fleet.post(h1, "/api/hosts/h1/drain")
+    assert again["changed"] is False
+
+    async def led_by_h2() -> bool:
+        return (await fleet.get(h1, "/api/hosts"))["leader"] == "h2"
+
+    await until(led_by_h2, what="the lead to pass to h2")
+    later = [await fleet.enqueue(h1, "work", seconds=0.1) for _ in range(6)]
+
+    async def later_ended() -> dict[str, dict[str, Any]] | None:
+        rows = {job_id: await fleet.job(h2, job_id) for job_id in later}
+        return rows if all(row["status"] == "succeeded" for row in rows.values()) else None
+
+    rows = await until(later_ended, what="the jobs enqueued through the drained host to run elsewhere")
+    assert {row["host_id"] for row in rows.values()} == {"h2"}
+    for job_id in mine:  # still running, on h1, untouched
+        row = await fleet.job(h2, job_id)
+        assert (row["status"], row["host_id"]) == ("running", "h1")
+    [view] = [h for h in (await fleet.get(h2, "/api/hosts"))["hosts"] if h["host_id"] == "h1"]
+    assert (view["drain"], view["running_jobs"], view["live"]) == ("draining", 2, True)
+    for gate in gates:
+        gate.touch()
+
+    async def mine_ended() -> list[dict[str, Any]] | None:
+        found = [await fleet.job(h2, job_id) for job_id in mine]
+        return found if all(row["status"] != "running" for row in found) else None
+
+    for row in await until(mine_ended, what="h1's jobs to end"):
+        assert (row["status"], row["attempts"], row["host_id"]) == ("succeeded", 1, "h1")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PODCAST_")}
+    env.update(PYTHONPATH=str(REPO_ROOT), PODCAST_JOB_URL=h2.url)
+    waited = await trio.run_process(
+        [sys.executable, "-m", "supervisor", "hosts", "wait-drained", "h1", "--timeout", "20"],
+        env=env, capture_stdout=True, capture_stderr=True, check=False,
+    )  # fmt: skip
+    assert (waited.returncode, waited.stdout.decode().strip()) == (0, "host h1: drained (it may be stopped)")
+    assert [line["event"] for line in h1.lines("host_draining")] == ["host_draining"]
+    assert h1.lines("fleet_leader_handed_over") and not h1.lines("fleet_leader_stepped_down")
+    undrained = await fleet.post(h2, "/api/hosts/h1/undrain")
+    assert (undrained["changed"], undrained["drain"]) == (True, None)
+    assert fleet.errors() == []

@@ -313,6 +313,8 @@ CALLS: dict[str, Callable[[Registry], Awaitable[object]]] = {
     "hosts": lambda r: r.hosts(),
     "leader": lambda r: r.leader(),
     "forget_host": lambda r: r.forget_host("h"),
+    "set_drained": lambda r: r.set_drained("h", True),
+    "drained": lambda r: r.drained(),
     "record_setting": lambda r: r.record_setting("max_concurrent", "1", "h", replace=False),
 }
 

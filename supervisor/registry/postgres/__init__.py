@@ -6,9 +6,10 @@ between Trio and asyncpg), ``_listen`` (the session that hears other hosts' wake
 """
 
 from ._registry import DEFAULT_CONNECTIONS, DEFAULT_TIMEOUT_S, PostgresRegistry, redacted
-from ._schema import SCHEMA_VERSION, migrations
+from ._schema import CONTRACT_LEVEL, SCHEMA_VERSION, migrations
 
 __all__ = [
+    "CONTRACT_LEVEL",
     "DEFAULT_CONNECTIONS",
     "DEFAULT_TIMEOUT_S",
     "SCHEMA_VERSION",

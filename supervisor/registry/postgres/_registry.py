@@ -31,13 +31,14 @@ import asyncpg
 import trio
 import trio_asyncio
 
-from ...domain import RegistryError, RegistryUnavailable, SupervisorError, redacted_url, utc_now
+from ...domain import RELEASE, RegistryError, RegistryUnavailable, SupervisorError, redacted_url, utc_now
 from .._engine import Step
 from .._health import RegistryFault, WriteHealth
 from .._registry import Registry
+from .._sql import refuse_contracted, require_expanded
 from .._vocabulary import WakeupFeed
 from ._listen import listening
-from ._schema import MIGRATE_LOCK, SCHEMA_VERSION, migrate, schema_version
+from ._schema import CONTRACT_LEVEL, SCHEMA_LOCK, migrate, migrations, schema_plan
 from ._store import PostgresStore, wakeup_channel
 
 T = TypeVar("T")
@@ -245,30 +246,37 @@ class PostgresBackend:
         if self._migrate:
             await self.migrate()
             return
-        version = await self._transaction(schema_version)
-        if version != SCHEMA_VERSION:
-            raise RegistryError(
-                f"registry {self.where} has schema version {version}, this supervisor needs {SCHEMA_VERSION}: run "
-                f"`supervisor migrate` (automatic migration is off)"
-            )
+        # Automatic migration off: only a look. A newer release's contract refuses this one; its expands do not.
+        found = await self._transaction(schema_plan)
+        refuse_contracted(found, self.where, RELEASE)
+        try:
+            require_expanded(found, self.where)
+        except RegistryError as exc:
+            raise RegistryError(f"{exc} (automatic migration is off)") from exc
 
     async def _first_connection(self) -> None:
         conn = await self._pool.acquire()
         await self._pool.release(conn)
 
     async def _create_schema(self, conn: Any) -> None:
-        await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", MIGRATE_LOCK, self.schema_key)
+        # A lock of its own, not the migrations': a starter migrating holds theirs for as long as its migrations take.
+        await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", SCHEMA_LOCK, self.schema_key)
         await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote_ident(self.schema or '')}")
 
-    async def _migrate_now(self, conn: Any) -> int:
-        return await migrate(conn, schema_key=self.schema_key, where=self.where, begin=self._begin)
+    async def migrate(self, *, contracts: bool = False) -> int:
+        """Apply this release's missing migrations now (at open, the expands; ``supervisor migrate``, ``contracts``
+        too, each once no host holds it back); the schema's version after."""
 
-    async def migrate(self) -> int:
-        """Bring the schema up to date now (``supervisor migrate``); its version after."""
+        async def migrate_now(conn: Any) -> int:
+            # ``begin`` only behind a transaction pooler: its absence is what says the session is PostgreSQL's own
+            # (the migrations then take turns on a lock the session holds).
+            begin = self._begin if self.transaction_pooler else None
+            return await migrate(conn, schema_key=self.schema_key, where=self.where, begin=begin, contracts=contracts)
+
         # One transaction per migration, which migrate() opens itself; each step under the call's bound.
         # Not a write the health route speaks of: a migration that fails ends the start (or `supervisor migrate`).
-        bound = self.timeout_s * (SCHEMA_VERSION + 1)
-        return await self._transaction(self._migrate_now, tx=False, timeout_s=bound, report=False)
+        bound = self.timeout_s * (len(migrations()) + 2)
+        return await self._transaction(migrate_now, tx=False, timeout_s=bound, report=False)
 
     # -- the boundary between Trio and asyncpg ----------------------------------------------------------
 
@@ -396,6 +404,8 @@ class PostgresRegistry(Registry):
     """The rules over a PostgreSQL database (see ``PostgresBackend`` for ``dsn`` and the rest); ``boot_id`` and
     ``outbox`` as ``Registry``'s."""
 
+    contract_level = CONTRACT_LEVEL
+
     def __init__(self, dsn: str, *, boot_id: str | None = None, outbox: bool = True, **kwargs: Any) -> None:
         self.postgres = PostgresBackend(dsn, **kwargs)
         super().__init__(self.postgres, boot_id=boot_id, outbox=outbox)
@@ -416,7 +426,8 @@ class PostgresRegistry(Registry):
             raise
         return reg
 
-    async def migrate(self) -> int:
-        """Bring the schema up to date now (``supervisor migrate``); its version after."""
-        return await self.postgres.migrate()
+    async def migrate(self, *, contracts: bool = False) -> int:
+        """Apply this release's missing migrations now (``contracts``: its contract migrations too, each once no host
+        holds it back: ``supervisor migrate``); the schema's version after."""
+        return await self.postgres.migrate(contracts=contracts)
 

@@ -8,15 +8,17 @@ Split by concern: ``_schema`` (migrations as SQL files), ``_store`` (connections
 from ._coalesce import Coalescer
 from ._file import BUSY_TIMEOUT_MS, SqliteFile, StandAlone
 from ._registry import SqliteRegistry
-from ._schema import SCHEMA_VERSION, migrations, statements
+from ._schema import CONTRACT_LEVEL, SCHEMA_VERSION, migrate_file, migrations, statements
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
+    "CONTRACT_LEVEL",
     "SCHEMA_VERSION",
     "Coalescer",
     "SqliteFile",
     "SqliteRegistry",
     "StandAlone",
+    "migrate_file",
     "migrations",
     "statements",
 ]

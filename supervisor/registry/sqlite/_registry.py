@@ -31,6 +31,7 @@ from .._registry import Registry
 from .._vocabulary import WakeupFeed
 from ._coalesce import Coalescer
 from ._file import BUSY_TIMEOUT_MS, DEFAULT_CONNECTIONS, SqliteFile, StandAlone
+from ._schema import CONTRACT_LEVEL
 from ._store import SqliteStore
 
 T = TypeVar("T")
@@ -110,6 +111,8 @@ class SqliteBackend:
 class SqliteRegistry(Registry):
     """Job rows in one SQLite file; see the module docstring. ``boot_id``, ``outbox``: as ``Registry``'s; ``clock``:
     the wall clock of every timestamp (and of the leases: one machine's file)."""
+
+    contract_level = CONTRACT_LEVEL
 
     def __init__(
         self,

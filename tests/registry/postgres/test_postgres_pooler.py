@@ -203,3 +203,24 @@ async def _until_ended(client: httpx.AsyncClient, url: str, job_id: str) -> dict
         if job["status"] not in ("queued", "running"):
             return job
         await trio.sleep(0.05)  # polling for a real job's end, under the caller's deadline
+
+
+async def test_an_index_built_outside_a_transaction_is_refused_through_the_pooler_once_there_are_rows(
+    pg_open: OpenPg,
+) -> None:
+    """A ``-- transaction: none`` migration (CREATE INDEX CONCURRENTLY) cannot run through a pooler in transaction
+    mode (a statement outside a transaction has no schema there): on a schema with rows it is refused, naming it and
+    what to do; on a new one it was built in the migration's transaction (the schema above opened through it)."""
+    reg = await pg_open(pooled=True)
+    await reg.enqueue(new_job(0))
+    conn = await trio_asyncio.aio_as_trio(asyncpg.connect)(postgres_test_url(), timeout=10)
+    try:
+        run = trio_asyncio.aio_as_trio(conn.execute)
+        await run(f'DROP INDEX "{reg.schema}".jobs_host')
+        await run(f'DELETE FROM "{reg.schema}".schema_migrations WHERE version = 14')
+    finally:
+        await trio_asyncio.aio_as_trio(conn.close)()
+    with pytest.raises(RegistryError, match=r"0014_jobs_host_index\.sql runs outside a transaction.*naming PostgreSQL"):
+        await pg_open(schema=reg.schema, pooled=True)
+    again = await pg_open(schema=reg.schema)  # PostgreSQL itself: built concurrently
+    assert (await again.counts())["queued"] == 1

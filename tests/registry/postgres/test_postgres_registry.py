@@ -9,6 +9,7 @@ import tomllib
 from datetime import timedelta
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
 import trio
@@ -16,8 +17,17 @@ from pg_helpers import OpenPg, Raw
 from registry_helpers import BOOT, WallClock, enqueue, new_job, new_schema, one_running, postgres_test_url, request
 from tcp_proxy import TcpProxy
 
-from supervisor.domain import Conflict, IdempotencyKey, JobStatus, RegistryError, RegistryUnavailable, fingerprint
-from supervisor.registry import Ending, Outcome, PostgresRegistry
+from supervisor.domain import (
+    RELEASE,
+    Conflict,
+    IdempotencyKey,
+    JobStatus,
+    RegistryError,
+    RegistryUnavailable,
+    SchemaNotHonoured,
+    fingerprint,
+)
+from supervisor.registry import Ending, NewJob, Outcome, PostgresRegistry
 from supervisor.registry.postgres import SCHEMA_VERSION, migrations
 
 pytestmark = pytest.mark.postgres
@@ -38,7 +48,7 @@ async def test_each_migration_is_recorded_once_in_order(pg_open: OpenPg, raw: Ra
     assert rows[-1]["version"] == SCHEMA_VERSION
     # A second registry on the same schema finds it current and applies nothing again.
     await pg_open(schema=reg.schema)
-    assert await raw.fetchval("SELECT COUNT(*) FROM schema_migrations") == SCHEMA_VERSION
+    assert await raw.fetchval("SELECT COUNT(*) FROM schema_migrations") == len(migrations())
 
 
 async def test_supervisors_starting_at_once_on_a_fresh_schema_take_turns(pg_open: OpenPg, raw: Raw) -> None:
@@ -47,21 +57,38 @@ async def test_supervisors_starting_at_once_on_a_fresh_schema_take_turns(pg_open
         for _ in range(4):
             nursery.start_soon(lambda: pg_open(schema=schema))
     await raw.execute(f'SET search_path = "{schema}"')
-    assert await raw.fetchval("SELECT COUNT(*) FROM schema_migrations") == SCHEMA_VERSION
+    assert await raw.fetchval("SELECT COUNT(*) FROM schema_migrations") == len(migrations())
 
 
-async def test_a_schema_newer_than_the_code_is_refused(pg_open: OpenPg, raw: Raw) -> None:
+@pytest.mark.parametrize("migrate", [True, False])
+async def test_a_schema_a_newer_release_contracted_is_refused(pg_open: OpenPg, raw: Raw, migrate: bool) -> None:
+    """INV-CONTRACT-AFTER-FLEET: a contract migration this release does not know was applied: it cannot run."""
     reg = await pg_open()
     await raw.execute(
-        f'INSERT INTO "{reg.schema}".schema_migrations VALUES ($1, $2, now())', SCHEMA_VERSION + 1, "9999_future.sql"
+        f'INSERT INTO "{reg.schema}".schema_migrations (version, name, applied_at, phase) '
+        "VALUES ($1, $2, now(), 'contract')",
+        SCHEMA_VERSION + 1,
+        "9999_future.sql",
     )
-    with pytest.raises(RegistryError, match=f"schema version {SCHEMA_VERSION + 1}, newer than this supervisor"):
-        await pg_open(schema=reg.schema)
+    with pytest.raises(SchemaNotHonoured, match=f"contracted by a newer release .migration {SCHEMA_VERSION + 1}"):
+        await pg_open(schema=reg.schema, migrate=migrate)
+
+
+async def test_a_schema_a_newer_release_only_expanded_is_used_as_it_is(pg_open: OpenPg, raw: Raw) -> None:
+    reg = await pg_open()
+    await raw.execute(f'CREATE TABLE "{reg.schema}".from_the_future (x integer)')
+    await raw.execute(
+        f'INSERT INTO "{reg.schema}".schema_migrations (version, name, applied_at) VALUES ($1, $2, now())',
+        SCHEMA_VERSION + 1,
+        "9999_future.sql",
+    )
+    again = await pg_open(schema=reg.schema)
+    assert (await again.enqueue(NewJob("k", {}, ["true"]))).job.status is JobStatus.QUEUED
 
 
 async def test_without_automatic_migration_an_old_schema_is_refused_until_migrated(pg_open: OpenPg) -> None:
     schema = new_schema()
-    refused = f"schema version 0, this supervisor needs {SCHEMA_VERSION}: run `supervisor migrate`"
+    refused = r"lacks this release's migrations 0001_jobs.sql, .*: run `supervisor migrate` \(automatic migration is"
     with pytest.raises(RegistryError, match=refused):
         await pg_open(schema=schema, migrate=False)
     await pg_open(schema=schema)  # migrates
@@ -69,11 +96,47 @@ async def test_without_automatic_migration_an_old_schema_is_refused_until_migrat
     assert (await reg.counts())["queued"] == 0
 
 
+async def test_INV_CONTRACT_AFTER_FLEET_release_1_1_0s_contract_waits_for_every_host_of_1_0_0(
+    pg_open: OpenPg, raw: Raw
+) -> None:
+    """A 1.0.0 schema (migrations to 12) opened by this release gets the expands (13: the column; 14 and 15: the
+    indexes, built concurrently and valid), not the contract (16); supervisor migrate refuses it while a host of 1.0.0
+    holds a live lease, naming it, and applies it once that host is gone: then a row without its release (1.0.0's
+    insert) is refused, and the rows from before say 'before-1.1.0'."""
+    reg = await pg_open()
+    schema = reg.schema
+    await raw.execute(f'SET search_path = "{schema}"')
+    # Back to 1.0.0's schema: the three migrations undone.
+    await raw.execute("ALTER TABLE jobs DROP COLUMN enqueued_release")  # its index and NOT NULL go with it
+    await raw.execute("DROP INDEX jobs_queued_seq")
+    await raw.execute("DELETE FROM schema_migrations WHERE version IN (13, 14, 15, 16)")
+    await raw.execute("INSERT INTO jobs (job_id, kind, params, argv, status, created_at) VALUES "
+                      "('old', 'k', '{}', '[]', 'succeeded', now())")  # fmt: skip
+    await raw.execute("INSERT INTO hosts VALUES ('old-host', 'b', now(), now(), now() + interval '1 hour', '1.0.0', 0)")
+    again = await pg_open(schema=schema)
+    phases = await raw.fetch("SELECT version, phase FROM schema_migrations WHERE version >= 12 ORDER BY version")
+    assert [(r["version"], r["phase"]) for r in phases] == [(v, "expand") for v in (12, 13, 14, 15)]
+    for index in ("jobs_host", "jobs_queued_seq"):
+        assert await raw.fetchval(f"SELECT indisvalid FROM pg_index WHERE indexrelid = '{index}'::regclass")
+    with pytest.raises(RegistryError, match=r"0017_enqueued_release_required.sql .* held back by old-host \(release 1"):
+        await again.migrate(contracts=True)
+    await raw.execute("UPDATE hosts SET lease_expires_at = now() WHERE host_id = 'old-host'")  # stopped
+    assert await again.migrate(contracts=True) == SCHEMA_VERSION
+    assert await raw.fetchval("SELECT enqueued_release FROM jobs WHERE job_id = 'old'") == "before-1.1.0"
+    with pytest.raises(asyncpg.NotNullViolationError):
+        await raw.execute("INSERT INTO jobs (job_id, kind, params, argv, status, created_at) VALUES "
+                          "('x', 'k', '{}', '[]', 'queued', now())")  # fmt: skip
+    added = await again.enqueue(NewJob("k", {}, ["true"]))
+    assert await raw.fetchval(f"SELECT enqueued_release FROM jobs WHERE job_id = '{added.job.job_id}'") == RELEASE
+
+
 def test_the_migrations_ship_with_the_package() -> None:
     with (REPO / "pyproject.toml").open("rb") as fh:
         data = tomllib.load(fh)
     assert data["tool"]["setuptools"]["package-data"]["supervisor.registry.postgres"] == ["migrations/*.sql"]
-    assert [m.version for m in migrations()] == list(range(1, SCHEMA_VERSION + 1))
+    # Each number once, in order; one may be missing (another branch's, applied where it is missing when merged).
+    versions = [m.version for m in migrations()]
+    assert versions == sorted(set(versions)) and versions[:8] == list(range(1, 9)) and versions[-1] == SCHEMA_VERSION
 
 
 # -- cancellation, bounds, faults -----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from pg_helpers import free_port, sql
 from registry_helpers import postgres_test_url
 from serve_process import serve_process, stop  # type: ignore[import-not-found]
 
-from supervisor.registry.postgres import SCHEMA_VERSION
+from supervisor.registry.postgres import SCHEMA_VERSION, migrations
 
 pytestmark = [pytest.mark.postgres, pytest.mark.e2e]
 
@@ -104,7 +104,7 @@ async def test_supervisor_migrate_brings_a_fresh_schema_up_to_date_and_says_so(t
                 assert done.returncode == 0, done.stderr
                 assert done.stdout.decode().strip().endswith(f"schema version {SCHEMA_VERSION}")
             rows = await trio_asyncio.aio_as_trio(sql)(f'SELECT version FROM "{schema}".schema_migrations')
-            assert [r["version"] for r in rows] == list(range(1, SCHEMA_VERSION + 1))
+            assert sorted(r["version"] for r in rows) == [m.version for m in migrations()]
         finally:
             with trio.CancelScope(shield=True):
                 await trio_asyncio.aio_as_trio(sql)(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
@@ -134,16 +134,21 @@ async def test_a_database_that_cannot_be_opened_ends_serve_in_one_line_with_exit
             await trio_asyncio.aio_as_trio(sql)(f'CREATE SCHEMA "{schema}"')
             await trio_asyncio.aio_as_trio(sql)(
                 f'CREATE TABLE "{schema}".schema_migrations '
-                "(version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL)"
+                "(version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL, phase text)"
             )
-            future = f"({SCHEMA_VERSION + 1}, 'from_the_future.sql', now())"
+            # A newer release's contract (docs/fleet.md § Upgrading a fleet): its own exit code, 5.
+            future = f"({SCHEMA_VERSION + 1}, 'from_the_future.sql', now(), 'contract')"
             await trio_asyncio.aio_as_trio(sql)(f'INSERT INTO "{schema}".schema_migrations VALUES {future}')
         try:
             done = await _supervisor_cli("serve", env, tmp_path)
             lines = done.stderr.decode().splitlines()
-            assert done.returncode == 3, done.stderr
+            assert done.returncode == (5 if case == "newer" else 3), done.stderr
             assert len(lines) == 1 and lines[0].startswith("error: "), lines
-            said = {"unreachable": "cannot connect to registry", "wrong_credentials": "nobody_here", "newer": "newer"}
+            said = {
+                "unreachable": "cannot connect to registry",
+                "wrong_credentials": "nobody_here",
+                "newer": "contracted by a newer release",
+            }
             assert said[case] in lines[0]
             if case == "newer":  # untouched: no migration ran over it
                 rows = await trio_asyncio.aio_as_trio(sql)(f'SELECT version FROM "{schema}".schema_migrations')

@@ -11,9 +11,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from registry_v3 import CONTAINER, MIGRATIONS, PROCESS, ROW, V3_EVENTS, at, build_v3, old_public, sql, ts
 
-from supervisor.domain import IdempotencyKey, Job, JobFilter, JobStatus, RegistryError, Schedule
+from supervisor.domain import (
+    RELEASE,
+    IdempotencyKey,
+    Job,
+    JobFilter,
+    JobStatus,
+    RegistryError,
+    Schedule,
+    SchemaNotHonoured,
+)
 from supervisor.registry import (
     Ending,
     Expect,
@@ -25,7 +35,7 @@ from supervisor.registry import (
     SqliteRegistry,
     hash_token,
 )
-from supervisor.registry.sqlite import SCHEMA_VERSION, statements
+from supervisor.registry.sqlite import SCHEMA_VERSION, migrate_file, migrations, statements
 
 REPO = Path(__file__).resolve().parents[3]
 SUCCEEDED = Ending(Outcome(JobStatus.SUCCEEDED), exit_code=0)
@@ -46,20 +56,32 @@ def columns(path: Path, table: str) -> list[str]:
 # -- from version 3 -----------------------------------------------------------------------------------------
 
 
-def test_this_code_is_schema_version_14() -> None:
-    """The migration tests below are from 3 to 13: a new migration needs its own test of the file before it."""
-    assert SCHEMA_VERSION == 14
+def test_this_code_is_schema_version_18() -> None:
+    """The migration tests below are from 3 to 17: a new migration needs its own test of the file before it (13 to
+    15 are other branches' numbers, applied where they are missing)."""
+    assert SCHEMA_VERSION == 18
+
+
+# An existing file opens to the expands before the first contract still to apply (18: supervisor migrate's).
+FIRST_CONTRACT = min(m.version for m in migrations() if m.phase == "contract")
+OPENED = max(m.version for m in migrations() if m.version < FIRST_CONTRACT)
 
 
 # What each migration from version 9 on added, undone: a file of the current version back to an earlier one's tables.
 UNDO = {
+    18: ("DROP TRIGGER jobs_enqueued_release_insert", "DROP TRIGGER jobs_enqueued_release_update"),
+    17: ("DROP INDEX jobs_host", "DROP INDEX jobs_queued_seq", "ALTER TABLE jobs DROP COLUMN enqueued_release"),
+    16: (
+        "DROP TABLE host_drains",
+        "ALTER TABLE hosts DROP COLUMN release_version",
+        "ALTER TABLE hosts DROP COLUMN contract_level",
+    ),
     14: (
         "DROP TRIGGER job_params_insert",
         "DROP TRIGGER job_params_update",
         "DROP TRIGGER job_params_delete",
         "DROP TABLE job_params",
         "DROP INDEX jobs_reason_seq",
-        "DROP INDEX jobs_host_seq",
         "DROP INDEX jobs_created",
     ),
     13: ("ALTER TABLE jobs DROP COLUMN stop_reason",),
@@ -80,9 +102,10 @@ def back_to(path: Path, version: int) -> None:
     conn = sqlite3.connect(path)
     try:
         for undone in range(SCHEMA_VERSION, version, -1):
-            for statement in UNDO[undone]:
+            for statement in UNDO.get(undone, ()):
                 conn.execute(statement)
         conn.execute("UPDATE schema_version SET version = ?", (version,))
+        conn.execute("DELETE FROM schema_migrations WHERE version > ?", (version,))
         conn.commit()
     finally:
         conn.close()
@@ -100,10 +123,50 @@ async def test_INV_STOP_REASON_BEFORE_SIGNAL_a_version_12_file_gets_stop_reasons
     assert "stop_reason" not in columns(path, "jobs")
     reg = await SqliteRegistry.open(path)
     try:
-        assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+        assert raw(path, "SELECT version FROM schema_version") == [(OPENED,)]
         assert (await reg.get(old.job_id)).stop_reason is None
         stopped = await reg.request_stop(old.job_id, "deadline", expect=Expect(None))
         assert stopped.changed and (await reg.get(old.job_id)).stop_reason == "deadline"
+    finally:
+        await reg.aclose()
+
+
+async def test_a_version_16_file_gets_the_release_column_and_the_contract_waits_for_every_host(path: Path) -> None:
+    """Release 1.1.0 on a 1.0.0 file (docs/fleet.md § Upgrading a fleet): opening applies the expand (17) only; the
+    contract (18) waits for supervisor migrate, which refuses it while a host of 1.0.0 holds a live lease, naming it
+    (INV-CONTRACT-AFTER-FLEET), and applies it once that host is gone; from then on a row without its release (what
+    1.0.0 inserts) is refused, and the rows from before carry 'before-1.1.0'."""
+    reg = await SqliteRegistry.open(path)
+    await reg.aclose()
+    back_to(path, 16)
+    conn = sqlite3.connect(path)
+    conn.execute("INSERT INTO jobs (job_id, kind, params, argv, status, created_at) VALUES ('old', 'k', '{}', '[]', "
+                 "'succeeded', '2026-12-07T00:00:00.000000Z')")  # fmt: skip
+    conn.commit()
+    conn.close()
+    reg = await SqliteRegistry.open(path)
+    try:
+        assert raw(path, "SELECT version FROM schema_version") == [(17,)]
+        new = await reg.enqueue(NewJob("k", {}, ["true"]))
+        assert raw(path, f"SELECT enqueued_release FROM jobs WHERE job_id = '{new.job.job_id}'") == [(RELEASE,)]
+        # A host of 1.0.0 (contract level 0) holds a live lease: the contract is refused, naming it.
+        await reg.renew_lease("old-host", "boot-1", lease_s=60, lead=True)
+        conn = sqlite3.connect(path)
+        conn.execute("UPDATE hosts SET release_version = '1.0.0', contract_level = 0 WHERE host_id = 'old-host'")
+        conn.commit()
+        conn.close()
+        with pytest.raises(RegistryError, match=r"contract migration 0018_.* held back by old-host \(release 1\.0\.0"):
+            await trio.to_thread.run_sync(lambda: migrate_file(path, busy_timeout_ms=5000))
+        assert raw(path, "SELECT version FROM schema_version") == [(17,)]
+        await reg.release_lease("old-host", "boot-1")  # stopped: its lease ends at once
+        assert await trio.to_thread.run_sync(lambda: migrate_file(path, busy_timeout_ms=5000)) == SCHEMA_VERSION
+        assert raw(path, "SELECT enqueued_release FROM jobs WHERE job_id = 'old'") == [("before-1.1.0",)]
+        conn = sqlite3.connect(path)
+        with pytest.raises(sqlite3.IntegrityError, match=r"NOT NULL constraint failed: jobs\.enqueued_release"):
+            conn.execute("INSERT INTO jobs (job_id, kind, params, argv, status, created_at) VALUES ('x', 'k', '{}', "
+                         "'[]', 'queued', '2026-12-07T00:00:00.000000Z')")  # fmt: skip
+        conn.close()
+        assert (await reg.enqueue(NewJob("k", {}, ["true"]))).job.status is JobStatus.QUEUED
     finally:
         await reg.aclose()
 
@@ -131,6 +194,23 @@ async def test_a_version_13_files_rows_are_found_by_their_params_and_later_rows_
         await reg.aclose()
 
 
+async def test_a_version_15_file_gets_host_releases_and_drains(path: Path) -> None:
+    """Version 16 (release 1.0.0): a host row from before records no release; a renewal records this one's."""
+    reg = await SqliteRegistry.open(path)
+    await reg.renew_lease("h", "boot-1", lease_s=60, lead=False)
+    await reg.aclose()
+    back_to(path, 15)
+    reg = await SqliteRegistry.open(path)
+    try:
+        [before] = await reg.hosts()
+        assert (before.release, before.contract_level) == (None, None)
+        lease = await reg.renew_lease("h", "boot-1", lease_s=60, lead=False)
+        assert (lease.host.release, lease.host.contract_level) == (RELEASE, reg.contract_level)
+        assert await reg.set_drained("h", True) is True
+    finally:
+        await reg.aclose()
+
+
 async def test_a_version_11_file_gets_schedules_and_its_rows_have_none(path: Path) -> None:
     """Version 12 (schedules): a row written before schedules has none; a scheduled one records its schedule."""
     reg = await SqliteRegistry.open(path)
@@ -139,7 +219,7 @@ async def test_a_version_11_file_gets_schedules_and_its_rows_have_none(path: Pat
     back_to(path, 11)
     reg = await SqliteRegistry.open(path)
     try:
-        assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+        assert raw(path, "SELECT version FROM schema_version") == [(OPENED,)]
         before = await reg.get(old.job.job_id)
         assert (before.schedule, before.schedule_every_s) == (None, None)
         new = await reg.enqueue(NewJob("k", {}, ["true"], schedule=Schedule("nightly", 86400.0)))
@@ -156,7 +236,7 @@ async def test_a_version_10_file_gets_attribution_and_its_rows_name_no_one(path:
     back_to(path, 10)
     reg = await SqliteRegistry.open(path)
     try:
-        assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+        assert raw(path, "SELECT version FROM schema_version") == [(OPENED,)]
         before = await reg.get(old.job.job_id)
         assert (before.enqueued_by, before.cancelled_by) == (None, None)
         new = await reg.enqueue(NewJob("k", {}, ["true"], enqueued_by="ci-bot"))
@@ -174,7 +254,7 @@ async def test_a_version_9_file_gets_idempotency_keys_and_its_rows_were_made_wit
     back_to(path, 9)
     reg = await SqliteRegistry.open(path)
     try:
-        assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+        assert raw(path, "SELECT version FROM schema_version") == [(OPENED,)]
         assert (await reg.get(old.job.job_id)).idempotency_key is None
         key = IdempotencyKey("k-1", "request", ttl_s=3600)
         first = await reg.enqueue(NewJob("k", {}, ["true"]), key=key)
@@ -193,7 +273,7 @@ async def test_a_version_8_file_gets_the_forgotten_hosts_fence_with_its_hosts_in
     back_to(path, 8)
     reg = await SqliteRegistry.open(path)
     try:
-        assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+        assert raw(path, "SELECT version FROM schema_version") == [(OPENED,)]
         assert raw(path, "SELECT COUNT(*) FROM forgotten_hosts") == [(0,)]
         lease = await reg.renew_lease("h", "boot-h", lease_s=15, lead=False)
         assert lease.host.boot_id == "boot-h" and lease.replaced is None
@@ -210,7 +290,7 @@ async def test_a_version_7_file_gets_the_fleet_settings_table_with_nothing_recor
     try:
         setting = await reg.record_setting("max_concurrent", "3", "h", replace=False)
         assert (setting.value, setting.host_id) == ("3", "h")
-        assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+        assert raw(path, "SELECT version FROM schema_version") == [(OPENED,)]
     finally:
         await reg.aclose()
 
@@ -245,7 +325,7 @@ async def test_a_version_6_file_gets_retry_links_and_its_history_can_be_pruned(p
         assert await reg.retries_of("a") == []
         [gone] = await reg.prune_jobs(ended_before=None, keep_latest=0, limit=10)
         assert gone.job_id == "a"
-        assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+        assert raw(path, "SELECT version FROM schema_version") == [(OPENED,)]
     finally:
         await reg.aclose()
 
@@ -280,7 +360,7 @@ async def test_a_version_5_file_gets_the_fleet_tables_and_its_running_rows_belon
         job = await reg.get("r")
         assert (job.status, job.boot_id, job.host_id) == (JobStatus.RUNNING, "old-boot", None)
         assert await reg.hosts() == [] and await reg.leader() is None
-        assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+        assert raw(path, "SELECT version FROM schema_version") == [(OPENED,)]
     finally:
         await reg.aclose()
 
@@ -307,7 +387,7 @@ async def test_a_version_4_file_gets_the_attempt_columns_with_nothing_to_retry(p
     try:
         job = await reg.get("q")
         assert (job.max_attempts, job.next_attempt_at, job.history, job.queue_position) == (1, None, (), 1)
-        assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+        assert raw(path, "SELECT version FROM schema_version") == [(OPENED,)]
     finally:
         await reg.aclose()
 
@@ -316,8 +396,8 @@ async def test_a_version_3_file_is_migrated_with_its_rows_intact(path: Path) -> 
     build_v3(path)
     reg = await SqliteRegistry.open(path)
     try:
-        assert reg.file.schema_version == SCHEMA_VERSION
-        assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+        assert reg.file.schema_version == OPENED
+        assert raw(path, "SELECT version FROM schema_version") == [(OPENED,)]
         proc = await reg.get("proc")
         assert proc == Job(
             job_id="proc", seq=2, kind="episodes", params={"n": 3}, argv=["run"], status=JobStatus.RUNNING,
@@ -404,7 +484,7 @@ async def test_reopening_a_migrated_file_migrates_nothing_again(path: Path) -> N
     await first.aclose()
     again = await SqliteRegistry.open(path)
     try:
-        assert again.file.schema_version == SCHEMA_VERSION
+        assert again.file.schema_version == OPENED
         assert (await again.list_jobs())[0] == rows
         assert await again.outbox_pending(10) == events
     finally:
@@ -414,14 +494,38 @@ async def test_reopening_a_migrated_file_migrates_nothing_again(path: Path) -> N
 # -- refusals and failures ----------------------------------------------------------------------------------
 
 
-async def test_a_file_newer_than_the_code_is_refused_and_left_alone(path: Path) -> None:
-    await (await SqliteRegistry.open(path)).aclose()
+def newer_release_applied(path: Path, phase: str) -> None:
+    """A newer release's migration recorded as applied to the file (its own script: a table this code never reads)."""
     conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE from_the_future (x INTEGER)")
+    conn.execute(
+        "INSERT INTO schema_migrations VALUES (?, 'from_the_future.sql', ?, '2030-01-01T00:00:00Z')",
+        (SCHEMA_VERSION + 1, phase),
+    )
     conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
     conn.commit()
     conn.close()
-    with pytest.raises(RegistryError, match="newer"):
+
+
+async def test_a_file_a_newer_release_contracted_is_refused_and_left_alone(path: Path) -> None:
+    """INV-CONTRACT-AFTER-FLEET: a contract this release does not know was applied: it cannot run on the file."""
+    await (await SqliteRegistry.open(path)).aclose()
+    newer_release_applied(path, "contract")
+    with pytest.raises(SchemaNotHonoured, match=f"contracted by a newer release .migration {SCHEMA_VERSION + 1}"):
         await SqliteRegistry.open(path)
+    assert raw(path, "SELECT MAX(version) FROM schema_migrations") == [(SCHEMA_VERSION + 1,)]
+
+
+async def test_a_file_a_newer_release_only_expanded_is_used_as_it_is(path: Path) -> None:
+    """The previous release runs on what the next one's expand migrations made (docs/fleet.md § Upgrading a fleet)."""
+    await (await SqliteRegistry.open(path)).aclose()
+    newer_release_applied(path, "expand")
+    reg = await SqliteRegistry.open(path)
+    try:
+        added = await reg.enqueue(NewJob("k", {}, ["true"]))
+        assert (await reg.get(added.job.job_id)).status is JobStatus.QUEUED
+    finally:
+        await reg.aclose()
     assert raw(path, "SELECT version FROM schema_version") == [(SCHEMA_VERSION + 1,)]
 
 
@@ -516,7 +620,7 @@ def test_the_migrations_ship_with_the_package() -> None:
     config = tomllib.loads((REPO / "pyproject.toml").read_text())
     patterns = config["tool"]["setuptools"]["package-data"].get("supervisor.registry.sqlite", [])
     shipped = [p.name for p in MIGRATIONS.iterdir() if p.name.endswith(".sql")]
-    assert len(shipped) == SCHEMA_VERSION
+    assert len(shipped) == len(migrations()) and f"{SCHEMA_VERSION:04d}" in {name[:4] for name in shipped}
     assert all(any(fnmatch(f"migrations/{name}", pattern) for pattern in patterns) for name in shipped)
 
 

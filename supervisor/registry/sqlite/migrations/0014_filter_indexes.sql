@@ -29,5 +29,5 @@ SELECT p.key, p.value, jobs.seq FROM jobs, json_each(jobs.params) AS p
 WHERE p.type IN ('integer', 'real', 'text', 'true', 'false');
 -- The reason, the host and the creation time, each with the list's order (seq) where an equality comes first.
 CREATE INDEX jobs_reason_seq ON jobs (error_reason, seq) WHERE error_reason IS NOT NULL;
-CREATE INDEX jobs_host_seq ON jobs (host_id, seq) WHERE host_id IS NOT NULL;
 CREATE INDEX jobs_created ON jobs (created_at);
+-- The host filter's index (host_id, seq) is migration 17's jobs_host, release 1.1.0's expand.
