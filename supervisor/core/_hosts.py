@@ -46,7 +46,10 @@ class HostAdmin:
         lead over; ``drained`` in the view once it holds nothing) or undrain it. Nothing is failed or cancelled."""
         changed = await self.boot.registry.set_drained(host_id, drained, by=by)
         if changed:
-            log.warning("host_drained" if drained else "host_undrained", host_id=host_id, by=by)
+            if drained:
+                log.warning("host_drain_requested", host_id=host_id, by=by)
+            else:
+                log.warning("host_undrain_requested", host_id=host_id, by=by)
         if not drained:
             self.wake_drainer()  # this host's own promotion, when it is the one undrained
         [host] = [h for h in (await self.view())["hosts"] if h["host_id"] == host_id] or [None]

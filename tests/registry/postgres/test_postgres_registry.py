@@ -99,8 +99,8 @@ async def test_without_automatic_migration_an_old_schema_is_refused_until_migrat
 async def test_INV_CONTRACT_AFTER_FLEET_release_1_1_0s_contract_waits_for_every_host_of_1_0_0(
     pg_open: OpenPg, raw: Raw
 ) -> None:
-    """A 1.0.0 schema (migrations to 12) opened by this release gets the expands (13: the column; 14 and 15: the
-    indexes, built concurrently and valid), not the contract (16); supervisor migrate refuses it while a host of 1.0.0
+    """A 1.0.0 schema (migrations to 12) opened by this release gets the expands (13: the column; 14 to 16: the
+    indexes, built concurrently and valid), not the contract (17); supervisor migrate refuses it while a host of 1.0.0
     holds a live lease, naming it, and applies it once that host is gone: then a row without its release (1.0.0's
     insert) is refused, and the rows from before say 'before-1.1.0'."""
     reg = await pg_open()
@@ -109,13 +109,13 @@ async def test_INV_CONTRACT_AFTER_FLEET_release_1_1_0s_contract_waits_for_every_
     # Back to 1.0.0's schema: the three migrations undone.
     await raw.execute("ALTER TABLE jobs DROP COLUMN enqueued_release")  # its index and NOT NULL go with it
     await raw.execute("DROP INDEX jobs_queued_seq")
-    await raw.execute("DELETE FROM schema_migrations WHERE version IN (13, 14, 15, 16)")
+    await raw.execute("DELETE FROM schema_migrations WHERE version IN (13, 14, 15, 16, 17)")
     await raw.execute("INSERT INTO jobs (job_id, kind, params, argv, status, created_at) VALUES "
                       "('old', 'k', '{}', '[]', 'succeeded', now())")  # fmt: skip
     await raw.execute("INSERT INTO hosts VALUES ('old-host', 'b', now(), now(), now() + interval '1 hour', '1.0.0', 0)")
     again = await pg_open(schema=schema)
     phases = await raw.fetch("SELECT version, phase FROM schema_migrations WHERE version >= 12 ORDER BY version")
-    assert [(r["version"], r["phase"]) for r in phases] == [(v, "expand") for v in (12, 13, 14, 15)]
+    assert [(r["version"], r["phase"]) for r in phases] == [(v, "expand") for v in (12, 13, 14, 15, 16)]
     for index in ("jobs_host", "jobs_queued_seq"):
         assert await raw.fetchval(f"SELECT indisvalid FROM pg_index WHERE indexrelid = '{index}'::regclass")
     with pytest.raises(RegistryError, match=r"0017_enqueued_release_required.sql .* held back by old-host \(release 1"):
