@@ -4,9 +4,7 @@ stops again (docs/operations.md, "Periodic runs")."""
 
 from __future__ import annotations
 
-import dataclasses
-
-from supervisor.domain import RequestKey, Schedule, coalesce_key
+from supervisor.domain import RequestKey, Schedule
 from supervisor.registry import EnqueueResult as Enqueued
 from supervisor.testing import Scenario
 
@@ -74,18 +72,18 @@ async def test_INV_EVERY_TICK_COUNTS_ticks_that_coalesce_into_a_queued_job_are_n
     supervisor_scenario: Scenario,
 ) -> None:
     sc = supervisor_scenario
-    # One at a time, the first run never ends: from the second tick on, a job waits in the queue.
-    await sc.start(kinds={"feed": sc.script(run_for=None, max_running=1)}, sweep_interval_s=30)
+    # One at a time, the first run never ends: from the second tick on, a job waits in the queue, and each tick after
+    # coalesces into it (the kind's `coalesce = true`, read from a kinds file as serve reads it).
+    kinds = '[kinds.feed]\nargv = ["feed"]\ncoalesce = true\nmax_running = 1\n'
+    await sc.start(kinds_toml=kinds, behave={"feed": sc.script(run_for=None)}, sweep_interval_s=30)
     sup = sc.supervisor
     assert sup is not None
     hourly = Schedule("feed-a", 3600.0)
 
     async def coalescing_tick() -> Enqueued:
-        # What the enqueuer does for a kind declared `coalesce = true` (the scenario's scripts declare none).
-        new = dataclasses.replace(sup.enqueuer.validate("feed", {}), coalesce_key=coalesce_key("feed", {}),
-                                  schedule=hourly)  # fmt: skip
-        key = sup.enqueuer.keyed(RequestKey(hourly.key(hourly.tick(sc.now()))), "enqueue", [new])
-        return await sup.boot.registry.enqueue(new, key=key)
+        # What `supervisor enqueue feed --schedule feed-a --every 1h` asks: the tick's key, the schedule.
+        key = RequestKey(hourly.key(hourly.tick(sc.now())))
+        return await sup.enqueue("feed", {}, idempotency_key=key, schedule=hourly)
 
     await coalescing_tick()
     await sc.advance(3600)
