@@ -249,6 +249,11 @@ class Registry:
         """Every RUNNING row, oldest first: O(running rows), whatever the history."""
         return await self.backend.read(tables.running)
 
+    async def running_per_host(self) -> dict[str | None, int]:
+        """How many rows run on each host (None: rows of no host): a count, no row read (the queue's watch asks it at
+        every sweep, where the rows themselves are not needed)."""
+        return await self.backend.read(tables.running_per_host)
+
     async def list_jobs(self, page: PageRequest = FIRST_PAGE) -> tuple[list[Job], str | None]:
         """A page of rows, newest first, and the cursor of the next (None at the end): rows added meanwhile never
         shift a page."""
