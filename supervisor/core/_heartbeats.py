@@ -265,7 +265,16 @@ class Heartbeats:
     async def flush(self) -> None:
         """Write every beat taken so far, now (a read that must see them calls this first). A write that fails, or
         is cancelled, keeps its beats (merged under the newer ones) and raises."""
-        async with self._writing:  # one write at a time: a flush that waited for one writes what came since
+        writing = self._writing
+        if not self._pending and not writing.locked():
+            return  # nothing taken and no write under way: every beat taken is written already
+        # One write at a time: a flush that waited for one writes what came since. Free, the lock is taken at once,
+        # with no checkpoint of its own (the registry's write is one): a scheduling round saved at every beat's write.
+        if writing.locked():
+            await writing.acquire()
+        else:
+            writing.acquire_nowait()
+        try:
             beats, taken_at = self._pending, self._oldest_at
             self._pending, self._oldest_at = {}, None
             if not beats or taken_at is None:
@@ -275,6 +284,8 @@ class Heartbeats:
             except BaseException:
                 self._take(beats, taken_at)
                 raise
+        finally:
+            writing.release()
         for beat, result in zip(beats.values(), results, strict=True):
             if isinstance(result, RequestError):
                 self.tokens.forget(beat.job_id)  # ended (perhaps by another process): the next beat asks the registry
