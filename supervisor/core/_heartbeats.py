@@ -146,6 +146,9 @@ class Heartbeats:
         # Rung when beats are taken; the writer waits on it while nothing is pending. Never replaced: a replaced
         # ``Event`` once left the writer waiting on one that nobody would set again (ADR 0019).
         self._arrived = Doorbell()
+        # The writer's wait for the oldest pending beat's write (``_until_due``): each beat taken moves its deadline,
+        # so a beat wakes the writer once, when it is due, not once to learn of it and once more to write it.
+        self._due: trio.CancelScope | None = None
         self._writing = trio.Lock()
 
     @property
@@ -219,6 +222,8 @@ class Heartbeats:
                 self._pending[key] = merged(pending, beat) if newest else merged(beat, pending)
         if beats:
             self._oldest_at = taken_at if self._oldest_at is None else min(self._oldest_at, taken_at)
+            if self._due is not None:
+                self._due.deadline = self._oldest_at + FLUSH_INTERVAL_S
             self._arrived.ring()
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -231,12 +236,12 @@ class Heartbeats:
         failing = False
         try:
             while True:
-                while self._oldest_at is None:
-                    await self._arrived.wait()
                 if failing:
+                    while self._oldest_at is None:
+                        await self._arrived.wait()
                     await trio.sleep(WRITE_RETRY_S)
                 else:
-                    await trio.sleep_until(self._oldest_at + FLUSH_INTERVAL_S)
+                    await self._until_due()
                 try:
                     await self.flush()
                 except RegistryError as exc:
@@ -253,6 +258,17 @@ class Heartbeats:
                     await self.flush()
                 except RegistryError as exc:
                     log.warning("heartbeats_write_failed", error=str(exc), pending=self.pending, at="shutdown")
+
+    async def _until_due(self) -> None:
+        """Until ``FLUSH_INTERVAL_S`` after the oldest pending beat was taken (a beat taken meanwhile sets when)."""
+        with trio.CancelScope() as due:
+            if self._oldest_at is not None:
+                due.deadline = self._oldest_at + FLUSH_INTERVAL_S
+            self._due = due
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._due = None
 
     async def before_read(self) -> None:
         """Write the beats taken so far, so that the read that follows sees them. A registry that cannot write does not
