@@ -329,3 +329,31 @@ class CurrentRows:
     async def list_jobs(self, page: PageRequest = FIRST_PAGE) -> tuple[list[Job], str | None]:
         await self._heartbeats.before_read()
         return await self._registry.list_jobs(page)
+
+    def for_sweep(self) -> SweepRows:
+        """The running rows for one sweep's steps (``SweepRows``)."""
+        return SweepRows(self._registry, self._heartbeats)
+
+
+class SweepRows:
+    """The running rows as of now for the steps of one sweep (reconcile, the absence judge, the kinds' deadlines): read
+    through ``CurrentRows``'s rule (the beats taken written first), and read again only when they may have changed
+    since: a write of this process began or ended since the read began (a beat's, an end, a promotion, a flag:
+    ``Registry.writes``), or beats were taken meanwhile. So a sweep in which nothing moved reads them once, and a step
+    never judges on rows older than this process's own last change. Another host's writes are as a read's always are:
+    seen at the next read (INV-OWNER-JUDGES: this host's rows change here)."""
+
+    def __init__(self, registry: Registry, heartbeats: Heartbeats) -> None:
+        self._registry = registry
+        self._heartbeats = heartbeats
+        self._read: tuple[int, list[Job]] | None = None  # (the registry's writes when the read began, its rows)
+
+    async def running_jobs(self) -> list[Job]:
+        read = self._read
+        if read is not None and read[0] == self._registry.writes and not self._heartbeats.pending:
+            return list(read[1])
+        await self._heartbeats.before_read()
+        writes = self._registry.writes
+        rows = await self._registry.running_jobs()
+        self._read = (writes, rows)
+        return list(rows)
