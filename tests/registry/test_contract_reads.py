@@ -307,6 +307,7 @@ CALLS: dict[str, Callable[[Registry], Awaitable[object]]] = {
     "pause_state": lambda r: r.pause_state(),
     "get": lambda r: r.get("x"),
     "running_jobs": lambda r: r.running_jobs(),
+    "running_per_host": lambda r: r.running_per_host(),
     "list_jobs": lambda r: r.list_jobs(),
     "counts": lambda r: r.counts(),
     "retries_of": lambda r: r.retries_of("j"),
