@@ -214,15 +214,13 @@ class AbsenceJudge:
         self.rows: RunningRows = rows if rows is not None else registry
         events.subscribe(self.tracker.on_event)
 
-    async def judge(self, liveness: Mapping[str, Liveness | None], source: RunningRows | None = None) -> None:
-        """One pass over the running rows (read from ``source``: a sweep's ``SweepRows``; else ``rows``); ``liveness``
-        is this sweep's reconcile evidence, by job id."""
+    async def judge(self, liveness: Mapping[str, Liveness | None]) -> None:
+        """One pass over the running rows; ``liveness`` is this sweep's reconcile evidence, by job id."""
         # ADR 0012: another host's jobs beat to that host; their absence is that host's to judge.
         host_id = self.config.host_id
         # A freeze ended just now is seen before any age is (the check-in task may not have run since it ended).
         self.tracker.note_presence()
-        read = source if source is not None else self.rows
-        rows = [job for job in await read.running_jobs() if job.host_id in (None, host_id)]
+        rows = [job for job in await self.rows.running_jobs() if job.host_id in (None, host_id)]
         self.tracker.keep_only({job.job_id for job in rows})
         for job in rows:
             signals = self.tracker.signals(job, liveness.get(job.job_id))

@@ -146,9 +146,6 @@ class Heartbeats:
         # Rung when beats are taken; the writer waits on it while nothing is pending. Never replaced: a replaced
         # ``Event`` once left the writer waiting on one that nobody would set again (ADR 0019).
         self._arrived = Doorbell()
-        # The writer's wait for the oldest pending beat's write (``_until_due``): each beat taken moves its deadline,
-        # so a beat wakes the writer once, when it is due, not once to learn of it and once more to write it.
-        self._due: trio.CancelScope | None = None
         self._writing = trio.Lock()
 
     @property
@@ -174,8 +171,7 @@ class Heartbeats:
     def _saw(self, job_id: str, units: int) -> None:
         now, seen = self._wall_clock(), self._seen.get(job_id)
         if seen is not None and units <= seen.completed_units:
-            # Built directly, not by dataclasses.replace: this runs at every beat, and replace costs a field walk.
-            self._seen[job_id] = Seen(seen.completed_units, seen.rose_at, now)
+            self._seen[job_id] = dataclasses.replace(seen, beat_at=now)
             return
         if seen is None and len(self._seen) >= MAX_TOKENS:
             self._seen.clear()  # a bound, as for the tokens: entries of jobs ended by another process
@@ -222,8 +218,6 @@ class Heartbeats:
                 self._pending[key] = merged(pending, beat) if newest else merged(beat, pending)
         if beats:
             self._oldest_at = taken_at if self._oldest_at is None else min(self._oldest_at, taken_at)
-            if self._due is not None:
-                self._due.deadline = self._oldest_at + FLUSH_INTERVAL_S
             self._arrived.ring()
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -236,12 +230,12 @@ class Heartbeats:
         failing = False
         try:
             while True:
+                while self._oldest_at is None:
+                    await self._arrived.wait()
                 if failing:
-                    while self._oldest_at is None:
-                        await self._arrived.wait()
                     await trio.sleep(WRITE_RETRY_S)
                 else:
-                    await self._until_due()
+                    await trio.sleep_until(self._oldest_at + FLUSH_INTERVAL_S)
                 try:
                     await self.flush()
                 except RegistryError as exc:
@@ -259,17 +253,6 @@ class Heartbeats:
                 except RegistryError as exc:
                     log.warning("heartbeats_write_failed", error=str(exc), pending=self.pending, at="shutdown")
 
-    async def _until_due(self) -> None:
-        """Until ``FLUSH_INTERVAL_S`` after the oldest pending beat was taken (a beat taken meanwhile sets when)."""
-        with trio.CancelScope() as due:
-            if self._oldest_at is not None:
-                due.deadline = self._oldest_at + FLUSH_INTERVAL_S
-            self._due = due
-            try:
-                await trio.sleep_forever()
-            finally:
-                self._due = None
-
     async def before_read(self) -> None:
         """Write the beats taken so far, so that the read that follows sees them. A registry that cannot write does not
         fail the read (reads keep answering during a write fault): the beats wait for the writer, which says so."""
@@ -281,16 +264,7 @@ class Heartbeats:
     async def flush(self) -> None:
         """Write every beat taken so far, now (a read that must see them calls this first). A write that fails, or
         is cancelled, keeps its beats (merged under the newer ones) and raises."""
-        writing = self._writing
-        if not self._pending and not writing.locked():
-            return  # nothing taken and no write under way: every beat taken is written already
-        # One write at a time: a flush that waited for one writes what came since. Free, the lock is taken at once,
-        # with no checkpoint of its own (the registry's write is one): a scheduling round saved at every beat's write.
-        if writing.locked():
-            await writing.acquire()
-        else:
-            writing.acquire_nowait()
-        try:
+        async with self._writing:  # one write at a time: a flush that waited for one writes what came since
             beats, taken_at = self._pending, self._oldest_at
             self._pending, self._oldest_at = {}, None
             if not beats or taken_at is None:
@@ -300,8 +274,6 @@ class Heartbeats:
             except BaseException:
                 self._take(beats, taken_at)
                 raise
-        finally:
-            writing.release()
         for beat, result in zip(beats.values(), results, strict=True):
             if isinstance(result, RequestError):
                 self.tokens.forget(beat.job_id)  # ended (perhaps by another process): the next beat asks the registry
@@ -329,31 +301,3 @@ class CurrentRows:
     async def list_jobs(self, page: PageRequest = FIRST_PAGE) -> tuple[list[Job], str | None]:
         await self._heartbeats.before_read()
         return await self._registry.list_jobs(page)
-
-    def for_sweep(self) -> SweepRows:
-        """The running rows for one sweep's steps (``SweepRows``)."""
-        return SweepRows(self._registry, self._heartbeats)
-
-
-class SweepRows:
-    """The running rows as of now for the steps of one sweep (reconcile, the absence judge, the kinds' deadlines): read
-    through ``CurrentRows``'s rule (the beats taken written first), and read again only when they may have changed
-    since: a write of this process began or ended since the read began (a beat's, an end, a promotion, a flag:
-    ``Registry.writes``), or beats were taken meanwhile. So a sweep in which nothing moved reads them once, and a step
-    never judges on rows older than this process's own last change. Another host's writes are as a read's always are:
-    seen at the next read (INV-OWNER-JUDGES: this host's rows change here)."""
-
-    def __init__(self, registry: Registry, heartbeats: Heartbeats) -> None:
-        self._registry = registry
-        self._heartbeats = heartbeats
-        self._read: tuple[int, list[Job]] | None = None  # (the registry's writes when the read began, its rows)
-
-    async def running_jobs(self) -> list[Job]:
-        read = self._read
-        if read is not None and read[0] == self._registry.writes and not self._heartbeats.pending:
-            return list(read[1])
-        await self._heartbeats.before_read()
-        writes = self._registry.writes
-        rows = await self._registry.running_jobs()
-        self._read = (writes, rows)
-        return list(rows)

@@ -203,12 +203,11 @@ class QueueWatch:
             out.pauses.add("pause_operator" if pause.by == PAUSED_BY_OPERATOR else "pause_file")
         # A row of a kind at its max_running waits on its kind, not on the queue: busy, never stuck.
         oldest = await registry.oldest_waiting(self.boot.kinds.running_limits())
-        # Counted, not read: the rows themselves are not needed here (a read of every running row each sweep was).
-        running = await registry.running_per_host()
-        free = self.boot.max_concurrent - sum(running.values())
+        running = await registry.running_jobs()
+        free = self.boot.max_concurrent - len(running)
         cap = self.boot.config.host_max_concurrent
         if cap is not None:
-            free = min(free, cap - running.get(self.boot.host_id, 0))
+            free = min(free, cap - sum(1 for job in running if job.host_id == self.boot.host_id))
         out.free_slots = max(0, free)
         if oldest is not None:
             out.oldest_job_id = oldest.job_id

@@ -16,7 +16,6 @@ from ..domain import Job, JobNotFound, JobStatus, Liveness
 from ..execution import JobHandle
 from ..observe import get_logger
 from ..registry import Expect, IdentityClaim, Outcome
-from ._absence import RunningRows
 from ._boot import Boot
 from ._monitor import Monitors
 from ._rules import STOP_DEADLINE, STOP_STALL, attempt_ended, judge, past_window
@@ -48,16 +47,13 @@ class Reconciler:
         self._wake_drainer = wake_drainer
         self._lock = trio.Lock()
 
-    async def reconcile(
-        self, *, stale_marks_live_processes: bool, source: RunningRows | None = None
-    ) -> ReconcileReport:
-        """One pass over this host's RUNNING rows (read from ``source``: a sweep's ``SweepRows``; else the
-        registry). One at a time (the sweep's, the operator's): each acts on evidence gathered before its writes, and
-        two at once would act twice on the same evidence."""
+    async def reconcile(self, *, stale_marks_live_processes: bool) -> ReconcileReport:
+        """One pass over this host's RUNNING rows. One at a time (the sweep's, the operator's): each acts on evidence
+        gathered before its writes, and two at once would act twice on the same evidence."""
         async with self._lock:
-            return await self._reconcile(stale_marks_live_processes=stale_marks_live_processes, source=source)
+            return await self._reconcile(stale_marks_live_processes=stale_marks_live_processes)
 
-    async def _reconcile(self, *, stale_marks_live_processes: bool, source: RunningRows | None) -> ReconcileReport:
+    async def _reconcile(self, *, stale_marks_live_processes: bool) -> ReconcileReport:
         boot = self.boot
         details: list[ReconcileDetail] = []
         rows: list[Job] = []
@@ -66,7 +62,7 @@ class Reconciler:
         # A monitor may end its job and let go of it while the rows are read and the evidence gathered: a row read
         # running and watched then is still its monitor's (the authority on what it watches), never adopted again.
         watched_before = ledger.job_ids()
-        running = await (source if source is not None else boot.registry).running_jobs()
+        running = await boot.registry.running_jobs()
         # A promotion under way during the read may have put rows in it whose starts are not yet held in the ledger.
         overlapped = mark[0] > 0 or ledger.promotion_mark()[1] != mark[1]
         # ADR 0012: another host's rows are that host's to judge; this one cannot see their processes.
@@ -189,7 +185,7 @@ class Reconciler:
         ``stale`` / ``progress_stalled`` (``stop``)."""
         await self.stop(job, STOP_STALL)
 
-    async def stop_past_deadlines(self, source: RunningRows | None = None) -> None:
+    async def stop_past_deadlines(self) -> None:
         """Stop each of this host's running jobs whose kind's ``deadline_seconds`` has passed since its attempt's
         recorded start (``started_at``: it holds across a restart and for an adopted job); it ends failed /
         ``deadline_exceeded`` once its process is gone (``stop``)."""
@@ -198,7 +194,7 @@ class Reconciler:
         if not deadlines:
             return
         now = boot.wall_clock()
-        for job in await (source if source is not None else boot.registry).running_jobs():
+        for job in await boot.registry.running_jobs():
             limit = deadlines.get(job.kind)
             if limit is None or job.started_at is None or not boot.owns(job):
                 continue  # INV-OWNER-JUDGES: another host's process is that host's to stop

@@ -313,7 +313,6 @@ class Supervisor:
             self.pause_file,
             self.pruner,
             self.queue_watch,
-            rows=self.rows,  # one read of the running rows for a sweep's steps while nothing moves between them
         )
         # What other hosts change (an enqueue, a cancel of a job here, the pause), heard at once; the sweep is the
         # guarantee (INV-NOTIFY-IS-A-HINT).

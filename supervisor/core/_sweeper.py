@@ -18,7 +18,6 @@ from ..observe import Metrics, get_logger
 from ._absence import AbsenceJudge
 from ._boot import Boot, Tally, boundary
 from ._drain import Drainer
-from ._heartbeats import CurrentRows
 from ._pause import PauseFile
 from ._prune import Pruner
 from ._queue_watch import QueueWatch
@@ -95,13 +94,9 @@ class Sweeper:
         pause_file: PauseFile,
         pruner: Pruner,
         queue_watch: QueueWatch,
-        rows: CurrentRows | None = None,
     ) -> None:
         """The steps of a sweep, in their order: the pause file, reconcile, the absence judge, the kinds' deadlines,
-        the drainer, the queue's watch, the leftovers, the pruner; ``boot`` gives its clock and tally. ``rows``: the
-        running rows are read once for reconcile, the absence judge and the deadlines while nothing moves between
-        them (``SweepRows``); None: each step reads its own."""
-        self.rows = rows
+        the drainer, the queue's watch, the leftovers, the pruner; ``boot`` gives its clock and tally."""
         self.reconciler = reconciler
         self.absence = absence
         self.drainer = drainer
@@ -126,16 +121,15 @@ class Sweeper:
         with boundary("pause_file_not_mirrored", tally, path=str(self.pause_file.path)):
             await self.pause_file.mirror()
         details: list[ReconcileDetail] = []
-        rows = self.rows.for_sweep() if self.rows is not None else None
         with boundary("reconcile_failed", tally):
-            details = (await self.reconciler.reconcile(stale_marks_live_processes=False, source=rows)).details
+            details = (await self.reconciler.reconcile(stale_marks_live_processes=False)).details
         self.metrics.liveness_unknown.inc(len([d for d in details if d.liveness == Liveness.UNKNOWN.value]))
         with boundary("absence_judgement_failed", tally):
             # INV-STALE-SET-BY-SUPERVISOR: progress age is judged here, after reconcile, on this sweep's evidence.
-            await self.absence.judge({d.job_id: Liveness(d.liveness) if d.liveness else None for d in details}, rows)
+            await self.absence.judge({d.job_id: Liveness(d.liveness) if d.liveness else None for d in details})
         with boundary("deadline_check_failed", tally):
             # Each kind's deadline_seconds, judged on the attempts' recorded starts: a stop, never a guess.
-            await self.reconciler.stop_past_deadlines(rows)
+            await self.reconciler.stop_past_deadlines()
         with boundary("drain_failed", tally):
             await self.drainer.drain()
         with boundary("queue_watch_failed", tally):

@@ -89,16 +89,6 @@ class Registry:
     def __init__(self, backend: Backend, *, boot_id: str | None = None, outbox: bool = True) -> None:
         self.backend = backend
         self.rules = Rules(boot_id=boot_id, outbox=outbox)
-        # Moved as each write through this object begins and as it ends: a read that saw it unmoved since it began
-        # missed no write of this process (what lets a sweep's steps share one read: core's ``SweepRows``).
-        self.writes = 0
-
-    async def _write(self, step: Step[T]) -> T:
-        self.writes += 1
-        try:
-            return await self.backend.write(step)
-        finally:
-            self.writes += 1
 
     @property
     def where(self) -> str:
@@ -112,7 +102,7 @@ class Registry:
         alone). With ``key``: a key that already answered this request answers it again (``EnqueueResult.replayed``)
         and nothing is written; one that answered another request raises ``IdempotencyKeyReused``; else the answer
         is kept under the key, in the same step."""
-        return await self._write(lambda store: self.rules.enqueue(store, job, key))
+        return await self.backend.write(lambda store: self.rules.enqueue(store, job, key))
 
     async def answer_of(self, key: IdempotencyKey) -> list[EnqueueResult] | None:
         """What ``key`` answered while it is live, the rows as they are now (``EnqueueResult.replayed``); None: it
@@ -123,22 +113,22 @@ class Registry:
     async def enqueue_many(self, jobs: Sequence[NewJob], *, key: IdempotencyKey | None = None) -> list[EnqueueResult]:
         """Add several rows at once, all or nothing, in order (answers carry no queue position); ``key`` covers the
         batch, as ``enqueue``'s covers one job."""
-        return await self._write(lambda store: self.rules.enqueue_many(store, jobs, key))
+        return await self.backend.write(lambda store: self.rules.enqueue_many(store, jobs, key))
 
     async def expire_keys(self, *, limit: int = 1000) -> int:
         """Remove up to ``limit`` rows of expired idempotency keys (the retention sweep's); how many went."""
-        return await self._write(lambda store: self.rules.expire_keys(store, limit))
+        return await self.backend.write(lambda store: self.rules.expire_keys(store, limit))
 
     async def promote(self, request: PromoteRequest) -> Promotion:
         """Flip the oldest queued rows whose backoff has passed to RUNNING, as many as slots are free
         (INV-PROMOTION-NEVER-OVERSHOOTS), each with this boot's id, ``started_at``, a token hash, ``attempts + 1`` and
         its log path; none while paused. ``Promotion.next_at``: when a row still waiting out its backoff may run, if
         this promotion left a slot free that it could have filled (None when it filled every one)."""
-        return await self._write(lambda store: self.rules.promote(store, request))
+        return await self.backend.write(lambda store: self.rules.promote(store, request))
 
     async def record_identities(self, claims: Sequence[IdentityClaim]) -> list[Job]:
         """Record started jobs' identities (a row no longer RUNNING is left alone); the rows after it, in order."""
-        return await self._write(lambda store: self.rules.record_identities(store, claims))
+        return await self.backend.write(lambda store: self.rules.record_identities(store, claims))
 
     # -- ends --------------------------------------------------------------------------------------------
 
@@ -146,27 +136,27 @@ class Registry:
         """End a RUNNING row as ``ending`` says (a terminal row is left alone: ``changed=False``; so is a row whose
         identity is not ``expect``'s, and, with ``expect.host_silent``, a row whose host's lease is live at the
         registry's clock). Ending a queued row raises ``IllegalTransition``."""
-        return await self._write(lambda store: self.rules.finalize(store, job_id, ending, expect))
+        return await self.backend.write(lambda store: self.rules.finalize(store, job_id, ending, expect))
 
     async def requeue(self, job_id: str, *, expect: Expect, reason: str) -> Change:
         """A RUNNING row whose start provably never happened goes back to the head of the queue: ``queued`` again
         with its job id and its place, the start not counted in ``attempts``. Only if the row still records
         ``expect``'s identity (changed=False otherwise, or when it is not running). A row whose cancel was requested
         ends ``cancelled`` instead (``cancelled_before_start`` if it never ran), the start still not counted."""
-        return await self._write(lambda store: self.rules.requeue(store, job_id, expect, reason))
+        return await self.backend.write(lambda store: self.rules.requeue(store, job_id, expect, reason))
 
     async def request_cancel(self, job_id: str, by: str | None = None) -> Change:
         """A queued row ends ``cancelled/cancelled_before_start`` at once; a running row is marked
         ``cancel_requested`` (its process is stopped by whoever watches it); a terminal row is left alone. ``by``:
         who asked (``cancelled_by``, kept from the first request that changed the row)."""
-        return await self._write(lambda store: self.rules.request_cancel(store, job_id, by))
+        return await self.backend.write(lambda store: self.rules.request_cancel(store, job_id, by))
 
     async def request_stop(self, job_id: str, why: str, *, expect: Expect) -> Change:
         """Record on a RUNNING row that the supervisor begins to stop it, and ``why`` (``Job.stop_reason``): from then
         on ``finalize`` ends it as ``Ending.if_stopped[why]`` says, whichever boot records its end. Only if the row
         still records ``expect``'s identity; a row that records a stop already keeps its first reason. The row after
         it (``changed=False`` when nothing was written: the caller reads the row to see whether a stop is on it)."""
-        return await self._write(lambda store: self.rules.request_stop(store, job_id, why, expect))
+        return await self.backend.write(lambda store: self.rules.request_stop(store, job_id, why, expect))
 
     # -- what a running job says, and what the sweeper judges -----------------------------------------------
 
@@ -175,7 +165,7 @@ class Registry:
         writes nothing; a row holds a token hash only while it runs, so a beat for a row that does not run earns
         ``Unauthorized``, as one for an unknown job). ``completed_units`` is a watermark (INV-PROGRESS-NOT-LIVENESS):
         every beat moves ``last_heartbeat_at``, only a higher count moves ``last_progress_at``."""
-        return await self._write(Independent(lambda store: self.rules.record_heartbeats(store, beats)))
+        return await self.backend.write(Independent(lambda store: self.rules.record_heartbeats(store, beats)))
 
     async def check_job_token(self, job_id: str, token: str) -> None:
         """Raise ``Unauthorized`` unless ``token`` is the running job's own (a missing job looks the same)."""
@@ -186,12 +176,12 @@ class Registry:
     ) -> Change:
         """Record the sweeper's absence flags on a RUNNING row with ``events`` ((name, reason) pairs);
         ``stalled_since`` is set when ``stalled`` turns on. A judgement that changes nothing writes nothing."""
-        return await self._write(lambda store: self.rules.set_absence(store, job_id, stalled, silent, events))
+        return await self.backend.write(lambda store: self.rules.set_absence(store, job_id, stalled, silent, events))
 
     async def record_event(self, job_id: str, event: str, reason: str | None) -> Job:
         """Write an event about a change the row does not show (this boot adopted the job); none for a finished row
         (its end is its last event). The row as it is."""
-        return await self._write(lambda store: self.rules.record_event(store, job_id, event, reason))
+        return await self.backend.write(lambda store: self.rules.record_event(store, job_id, event, reason))
 
     async def record_queue_event(
         self,
@@ -210,7 +200,7 @@ class Registry:
         once it moved), in one step. ``setting``: where else the announcement is recorded (a missed schedule's
         ``schedule_missed/<name>``)."""
         name = setting if setting is not None else f"{QUEUE_ANNOUNCED}{host_id}"
-        await self._write(
+        await self.backend.write(
             lambda store: self.rules.queue_event(
                 store, event, job_id, details, reason, FleetSetting(name, announced, host_id, store.now())
             )
@@ -229,7 +219,7 @@ class Registry:
     async def outbox_delete(self, seqs: Sequence[int]) -> None:
         """Forget delivered events."""
         if seqs:
-            await self._write(lambda store: store.delete(OUTBOX, (("seq", "in", tuple(seqs)),)))
+            await self.backend.write(lambda store: store.delete(OUTBOX, (("seq", "in", tuple(seqs)),)))
         else:
             await self.outbox_depth()  # a closed registry still refuses
 
@@ -242,13 +232,13 @@ class Registry:
         # Read first: a prune with nothing to drop takes no write lock.
         if not await self.backend.read(lambda store: tables.outbox_over(store, max_events, max_age_s)):
             return PruneResult(0, 0)
-        return await self._write(lambda store: self.rules.outbox_prune(store, max_events, max_age_s))
+        return await self.backend.write(lambda store: self.rules.outbox_prune(store, max_events, max_age_s))
 
     # -- the queue's pause ----------------------------------------------------------------------------------
 
     async def set_paused(self, paused: bool, *, by: str) -> PauseState:
         """Pause or resume promotion (``by``: who asked); the state after it."""
-        return await self._write(lambda store: self.rules.set_paused(store, paused, by))
+        return await self.backend.write(lambda store: self.rules.set_paused(store, paused, by))
 
     async def pause_state(self) -> PauseState:
         return await self.backend.read(lambda store: tables.pause(store))
@@ -262,11 +252,6 @@ class Registry:
     async def running_jobs(self) -> list[Job]:
         """Every RUNNING row, oldest first: O(running rows), whatever the history."""
         return await self.backend.read(tables.running)
-
-    async def running_per_host(self) -> dict[str | None, int]:
-        """How many rows run on each host (None: rows of no host): a count, no row read (the queue's watch asks it at
-        every sweep, where the rows themselves are not needed)."""
-        return await self.backend.read(tables.running_per_host)
 
     async def list_jobs(self, page: PageRequest = FIRST_PAGE) -> tuple[list[Job], str | None]:
         """A page of rows, newest first, and the cursor of the next (None at the end): rows added meanwhile never
@@ -289,7 +274,7 @@ class Registry:
 
     async def drop_settings(self, prefix: str, recorded_before: datetime) -> int:
         """Remove the fleet settings named ``prefix...`` recorded before then (an expired bulk selection); how many."""
-        return await self._write(lambda store: self.rules.drop_settings(store, prefix, recorded_before))
+        return await self.backend.write(lambda store: self.rules.drop_settings(store, prefix, recorded_before))
 
     async def kind_counts(self) -> dict[str, tuple[int, int]]:
         """Each kind with rows running or queued, fleet-wide: (running, queued)."""
@@ -321,7 +306,7 @@ class Registry:
         if dry_run or not found:
             return found
         # Chosen again in the write: a row's events written since the read keep it.
-        return await self._write(
+        return await self.backend.write(
             lambda store: self.rules.prune_jobs(store, ended_before, keep_latest, limit, remove=True)
         )
 
@@ -338,14 +323,14 @@ class Registry:
         The row records this code's release and contract level. A drained host neither takes nor keeps the lead
         (``Lease.drained``)."""
         release = (RELEASE, self.contract_level)
-        return await self._write(
+        return await self.backend.write(
             lambda store: self.rules.renew_lease(store, host_id, boot_id, lease_s, lead, succeeds, release)
         )
 
     async def set_drained(self, host_id: str, drained: bool, *, by: str | None = None) -> bool:
         """Drain ``host_id`` (it promotes nothing from this step's commit on, and hands the lead over at its next
         renewal) or undrain it; whether anything changed. ``HostNotFound`` for a host that never registered."""
-        return await self._write(lambda store: self.rules.set_drained(store, host_id, drained, by))
+        return await self.backend.write(lambda store: self.rules.set_drained(store, host_id, drained, by))
 
     async def drained(self) -> dict[str, datetime]:
         """The drained hosts, and since when."""
@@ -353,7 +338,7 @@ class Registry:
 
     async def release_lease(self, host_id: str, boot_id: str) -> None:
         """A clean shutdown: this boot's host lease and lead (if it holds them) end now."""
-        await self._write(lambda store: self.rules.release_lease(store, host_id, boot_id))
+        await self.backend.write(lambda store: self.rules.release_lease(store, host_id, boot_id))
 
     async def hosts(self) -> list[Host]:
         """Every registered host, by host id, each with ``as_of`` the registry's clock at this read."""
@@ -368,12 +353,12 @@ class Registry:
         (``Conflict``) while its lease is live at the registry's clock; else its boot is fenced (a renewal by it is
         refused from now on), its row and its lead go. Its running rows are the caller's to end after this step
         (each guarded by its identity). The row removed, or None when there was none (nothing is fenced)."""
-        return await self._write(lambda store: self.rules.forget_host(store, host_id))
+        return await self.backend.write(lambda store: self.rules.forget_host(store, host_id))
 
     async def record_setting(self, name: str, value: str, host_id: str, *, replace: bool) -> FleetSetting:
         """The fleet's value of setting ``name``: the one recorded first (``value``, by ``host_id``, when none was);
         with ``replace``, this one whatever was recorded (a host that starts alone)."""
-        return await self._write(lambda store: self.rules.record_setting(store, name, value, host_id, replace))
+        return await self.backend.write(lambda store: self.rules.record_setting(store, name, value, host_id, replace))
 
     def listen(self) -> AbstractAsyncContextManager[WakeupFeed | None]:
         """A session that hears other processes' changes (``Wakeup``), open while the context is: entering connects

@@ -184,11 +184,6 @@ async def running(store: Store) -> list[Job]:
     return [job_of(row) for row in await store.select(JOBS, (_is("status", RUNNING),), Read(order=("seq",)))]
 
 
-async def running_per_host(store: Store) -> dict[str | None, int]:
-    """How many RUNNING rows each host has (the status index; no row read)."""
-    return await store.tally(JOBS, "host_id", (_is("status", RUNNING),))
-
-
 async def promotable(
     store: Store,
     now: datetime,

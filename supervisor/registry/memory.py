@@ -100,17 +100,7 @@ class MemoryStore(LocalStore):
             rows.sort(key=operator.itemgetter(name.lstrip("-")), reverse=name.startswith("-"))
         rows = rows[read.offset : None if read.limit is None else read.offset + read.limit]
         names = read.columns or COLUMNS[table]
-        # Only the JSON columns are decoded (each read a fresh value: a caller never shares one with a row); the
-        # rest are copied as they are, with no test per column (a read of every row at every beat and sweep).
-        decode = [n for n in names if n in JSON_COLUMNS]
-        out: list[Row] = []
-        for r in rows:
-            got = {n: r[n] for n in names}
-            for n in decode:
-                if got[n] is not None:
-                    got[n] = json.loads(got[n])
-            out.append(got)
-        return out
+        return [{n: json.loads(r[n]) if r[n] is not None and n in JSON_COLUMNS else r[n] for n in names} for r in rows]
 
     async def count(self, table: str, where: Where = ()) -> int:
         return sum(1 for row in self.t.rows[table] if _holds(row, where))

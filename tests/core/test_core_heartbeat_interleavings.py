@@ -37,7 +37,7 @@ from trio_portal import Portal
 from supervisor.core import FLUSH_INTERVAL_S, WRITE_RETRY_S, CurrentRows, Heartbeats, JobTokens
 from supervisor.domain import Job, JobStatus, RegistryUnavailable, RequestError, from_iso, hash_token
 from supervisor.observe import EventName, JobEvent
-from supervisor.registry import Beat, MemoryRegistry, NewJob, PromoteRequest
+from supervisor.registry import Beat
 
 JOBS = ("a", "b", "c")
 LATENCIES = (0.0, 0.01, 0.2)
@@ -341,48 +341,3 @@ class JobTokensMachine(RuleBasedStateMachine):
 
 TestJobTokens = JobTokensMachine.TestCase
 TestJobTokens.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
-
-
-async def test_a_sweeps_running_rows_are_read_once_and_again_whenever_this_process_wrote_or_took_a_beat(
-    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``SweepRows`` (a sweep's reconcile, absence judge and deadlines share one read): the read is shared only while
-    nothing of this process moved -- a write (a beat's, a flag, an end) or a beat taken and not yet written makes the
-    next step read again, so no step judges on rows older than this process's last change (ADR 0018: a read sees
-    every beat taken before it)."""
-    registry = MemoryRegistry(outbox=False)
-    queued = await registry.enqueue(NewJob("k", {}, ["true"]))
-    await registry.promote(PromoteRequest(1, "boot", [hash_token("t")]))
-    job_id = queued.job.job_id
-    beats = Heartbeats(registry, lambda job: None)
-    reads = 0
-    read_rows = registry.running_jobs
-
-    async def counted() -> list[Job]:
-        nonlocal reads
-        reads += 1
-        return await read_rows()
-
-    monkeypatch.setattr(registry, "running_jobs", counted)
-    rows = CurrentRows(registry, beats).for_sweep()
-
-    async def units(n: int) -> None:
-        async def body() -> object:
-            return {"completed_units": n}
-
-        await take_beat(beats, job_id, "t", body)
-
-    [first] = await rows.running_jobs()
-    assert [await rows.running_jobs(), reads] == [[first], 1]  # nothing moved: the same rows, not read again
-    await units(3)  # taken, not yet written
-    [row] = await rows.running_jobs()
-    assert (row.completed_units, reads) == (3, 2)  # written first, then read again
-    assert [await rows.running_jobs(), reads] == [[row], 2]
-    await registry.request_cancel(job_id)  # a write of this process
-    [row] = await rows.running_jobs()
-    assert (row.cancel_requested, reads) == (True, 3)
-    await units(4)
-    await beats.flush()  # written by the writer (or another read) before the next step: a write, read again
-    [row] = await rows.running_jobs()
-    assert (row.completed_units, reads) == (4, 4)
-    assert CurrentRows(registry, beats).for_sweep() is not CurrentRows(registry, beats).for_sweep()  # one per sweep

@@ -234,7 +234,7 @@ async def test_a_host_cut_off_from_its_registry_still_says_its_stale_lease_holds
     async def unreachable(*args: object, **kwargs: object) -> None:
         raise RegistryUnavailable("no connection to the database")
 
-    for name in ("pause_state", "oldest_waiting", "running_per_host", "record_queue_event"):
+    for name in ("pause_state", "oldest_waiting", "running_jobs", "record_queue_event"):
         monkeypatch.setattr(registry, name, unreachable)
     monkeypatch.setattr(sup.boot.standing, "standalone", False)  # a fleet host whose lease went stale: no promotion
     with capture_logs() as logs:

@@ -76,7 +76,7 @@ async def test_sweep_order_is_reconcile_then_drain_and_reconcile_failure_still_d
     sup = make_supervisor()
     calls: list[str] = []
 
-    async def reconcile(*, stale_marks_live_processes: bool, source: object = None) -> ReconcileReport:
+    async def reconcile(*, stale_marks_live_processes: bool) -> ReconcileReport:
         calls.append(f"reconcile(stale_marks_live_processes={stale_marks_live_processes})")
         if "fail" in calls:
             raise RegistryError("the registry could not be read")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -71,19 +70,6 @@ async def test_running_jobs_are_every_running_row_oldest_first(registry: Registr
     rows = await registry.running_jobs()
     assert [r.job_id for r in rows] == [ids[0], ids[2], ids[3]]
     assert rows == [await registry.get(r.job_id) for r in rows]
-
-
-
-async def test_running_per_host_counts_the_running_rows_of_each_host(registry: Registry) -> None:
-    assert await registry.running_per_host() == {}
-    ids = await enqueue(registry, 5)
-    await registry.promote(request(2, "a", "b"))  # no host named: rows of no host
-    await registry.promote(replace(request(4, "c", "d"), host_id="h1"))
-    await registry.finalize(ids[0], SUCCEEDED)
-    counts = await registry.running_per_host()
-    assert counts == {None: 1, "h1": 2}
-    rows = await registry.running_jobs()  # the same rows as a read of them, counted
-    assert counts == {host: sum(1 for r in rows if r.host_id == host) for host in {r.host_id for r in rows}}
 
 
 # -- list_jobs ---------------------------------------------------------------------------------------------
@@ -307,7 +293,6 @@ CALLS: dict[str, Callable[[Registry], Awaitable[object]]] = {
     "pause_state": lambda r: r.pause_state(),
     "get": lambda r: r.get("x"),
     "running_jobs": lambda r: r.running_jobs(),
-    "running_per_host": lambda r: r.running_per_host(),
     "list_jobs": lambda r: r.list_jobs(),
     "counts": lambda r: r.counts(),
     "retries_of": lambda r: r.retries_of("j"),
