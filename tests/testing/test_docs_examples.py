@@ -10,37 +10,11 @@ author tests the runner without the supervisor kit, with plain pytest-trio and i
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "testing.md"
-RUNNER_SECTION = "## The runner's deadlines"
-
-
-def _code(text: str) -> str:
-    return "\n\n".join(re.findall(r"```python\n(.*?)```", text, re.S))
-
-
-def _split_runner_section() -> tuple[str, str]:
-    """(the page without the runner's section, the runner's section)."""
-    page = PAGE.read_text()
-    start = page.index(RUNNER_SECTION)
-    end = page.find("\n## ", start + len(RUNNER_SECTION))
-    end = len(page) if end < 0 else end
-    return page[:start] + page[end:], page[start:end]
-
-
-def examples() -> str:
-    return _code(_split_runner_section()[0])
-
-
-def runner_examples() -> str:
-    return _code(_split_runner_section()[1])
+from docs_testing_page import examples, pytest_outside_the_project, runner_examples
 
 
 def test_the_page_has_the_four_incidents() -> None:
@@ -50,33 +24,9 @@ def test_the_page_has_the_four_incidents() -> None:
 
 @pytest.mark.e2e
 def test_the_examples_pass_with_plain_pytest_outside_the_project(tmp_path: Path) -> None:
-    (tmp_path / "test_runbook.py").write_text(examples())
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PODCAST_"))}
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=0", "test_runbook.py"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
+    done = pytest_outside_the_project(tmp_path, examples())
     assert done.returncode == 0, done.stdout + done.stderr
     assert "6 passed" in done.stdout, done.stdout
-
-
-def _pytest_outside_the_project(tmp_path: Path, code: str) -> subprocess.CompletedProcess[str]:
-    (tmp_path / "test_stage.py").write_text(code)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PODCAST_"))}
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=0", "test_stage.py"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
 
 
 def test_the_runner_section_has_one_example_per_deadline_level_and_the_cost_cap() -> None:
@@ -91,6 +41,6 @@ def test_the_runner_section_has_one_example_per_deadline_level_and_the_cost_cap(
 
 @pytest.mark.e2e
 def test_the_runner_examples_pass_with_plain_pytest_outside_the_project(tmp_path: Path) -> None:
-    done = _pytest_outside_the_project(tmp_path, runner_examples())
+    done = pytest_outside_the_project(tmp_path, runner_examples())
     assert done.returncode == 0, done.stdout + done.stderr
     assert "4 passed" in done.stdout, done.stdout

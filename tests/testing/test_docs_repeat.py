@@ -11,10 +11,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -22,26 +19,19 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from docs_testing_page import PAGE, examples, pytest_outside_the_project
 
 import supervisor.testing
 from supervisor.testing import Scenario, open_scenario
 
 HERE = Path(__file__).resolve().parent
-PAGE = HERE.parents[1] / "docs" / "testing.md"
 RUNBOOK = HERE / "runbook_scenarios.py"
 RUNS = 3
-# Where the kit's part of the page ends, if another section follows it.
-NOT_THE_KITS = "\n## The runner's deadlines"
-
-
-def kit_examples() -> str:
-    page = PAGE.read_text().split(NOT_THE_KITS)[0]
-    return "\n\n".join(re.findall(r"```python\n(.*?)```", page, re.S))
 
 
 def load_examples(tmp_path: Path) -> Any:
     path = tmp_path / "page_examples.py"
-    path.write_text(kit_examples())
+    path.write_text(examples())
     spec = importlib.util.spec_from_file_location("page_examples", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -62,7 +52,7 @@ def run_once(data_dir: Path, test: Callable[[Scenario], Awaitable[None]]) -> str
     return seen.replace(str(data_dir), "DATA")
 
 
-@pytest.mark.parametrize("name", re.findall(r"^async def (test_\w+)", kit_examples(), re.M))
+@pytest.mark.parametrize("name", re.findall(r"^async def (test_\w+)", examples(), re.M))
 def test_each_example_repeats_exactly(tmp_path: Path, name: str) -> None:
     test = getattr(load_examples(tmp_path), name)
     runs = [run_once(tmp_path / f"run-{n}", test) for n in range(RUNS)]
@@ -72,17 +62,7 @@ def test_each_example_repeats_exactly(tmp_path: Path, name: str) -> None:
 
 @pytest.mark.e2e
 def test_the_runbook_scenarios_pass_with_plain_pytest_outside_the_project(tmp_path: Path) -> None:
-    (tmp_path / "test_runbook.py").write_text(RUNBOOK.read_text())
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PODCAST_"))}
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=0", "test_runbook.py"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
+    done = pytest_outside_the_project(tmp_path, RUNBOOK.read_text())
     assert done.returncode == 0, done.stdout + done.stderr
     assert "7 passed" in done.stdout, done.stdout
 
