@@ -467,22 +467,29 @@ class WatchView:
             self.out.line(f"-- {_now():%H:%M:%S}\n{text}")
 
 
-async def run_watch(api: Api, out: Output) -> int:
-    view = WatchView(out)
-    dirty = trio.Event()
+class WatchFollower:
+    """How ``jobs --watch`` keeps its table: the rows are read at each (re)connect, after events (a burst of them
+    makes one read) and every ``WATCH_REFRESH_S``; each event also goes to the last few shown under the table."""
 
-    async def read() -> None:
-        view.queue = await api.queue()
-        view.running = await api.running()
-        view.updated = _now()
-        if not out.live:
-            view.plain()
+    def __init__(self, api: Api, view: WatchView, out: Output) -> None:
+        self.api = api
+        self.view = view
+        self.out = out
+        self.dirty = trio.Event()
+        self.source = EventSource(api, on_state=self.on_state)
 
-    async def on_connected() -> bool:
-        await read()
+    async def read(self) -> None:
+        self.view.queue = await self.api.queue()
+        self.view.running = await self.api.running()
+        self.view.updated = _now()
+        if not self.out.live:
+            self.view.plain()
+
+    async def on_connected(self) -> bool:
+        await self.read()
         return False
 
-    async def on_message(message: Message) -> bool:
+    async def on_message(self, message: Message) -> bool:
         if message.event != GAP:
             body = message.json()
             job = body.get("job", {})
@@ -491,41 +498,42 @@ async def run_watch(api: Api, out: Output) -> int:
                 if message.event == "job.transition"
                 else message.event
             )
-            view.recent.append(f"{_now():%H:%M:%S}  {job.get('job_id')}  {job.get('kind')}  {what}")
-            del view.recent[:-EVENTS_SHOWN]
-        dirty.set()
+            self.view.recent.append(f"{_now():%H:%M:%S}  {job.get('job_id')}  {job.get('kind')}  {what}")
+            del self.view.recent[:-EVENTS_SHOWN]
+        self.dirty.set()
         return False
 
-    def on_state(state: str) -> None:
-        view.state = state
+    def on_state(self, state: str) -> None:
+        self.view.state = state
 
-    async def reread() -> None:
+    async def reread(self) -> None:
         """Re-read the rows after events (many events in a burst make one read) and every WATCH_REFRESH_S."""
-        nonlocal dirty
         while True:
             with trio.move_on_after(WATCH_REFRESH_S):
-                await dirty.wait()
-            dirty = trio.Event()
+                await self.dirty.wait()
+            self.dirty = trio.Event()
             try:
-                await read()
+                await self.read()
             except Exception:  # the stream's reconnects say when the server is gone; the rows stay as last read
                 pass
 
-    source = EventSource(api, on_state=on_state)
-
-    async def follow(live: Live | None) -> None:
+    async def follow(self, live: Live | None) -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(reread)
+            nursery.start_soon(self.reread)
             if live is not None:
-                nursery.start_soon(_redraw, live, view.render)
-            await source.run(on_message, on_connected)
+                nursery.start_soon(_redraw, live, self.view.render)
+            await self.source.run(self.on_message, self.on_connected)
             nursery.cancel_scope.cancel()
 
+
+async def run_watch(api: Api, out: Output) -> int:
+    view = WatchView(out)
+    follower = WatchFollower(api, view, out)
     if out.live:
         with Live(view.render(), console=out.console, auto_refresh=False, screen=False) as live:
-            await follow(live)
+            await follower.follow(live)
     else:
-        await follow(None)
+        await follower.follow(None)
     return 0
 
 
