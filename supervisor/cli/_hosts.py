@@ -27,22 +27,34 @@ def cmd_hosts(client: Client, args: argparse.Namespace, io: Io) -> int:
         io.error("--timeout is wait-drained's (supervisor hosts wait-drained HOST --timeout S)")
         return EXIT_USAGE
     if args.action == "forget":
-        answer = client.forget_host(args.host_id)
-        if args.json:
-            io.json(answer)
-        else:
-            io.print(f"forgot host {answer['host_id']}: {len(answer['jobs_ended'])} running job(s) ended")
-        return EXIT_OK
+        return _forget(client, args, io)
     if args.action in ("drain", "undrain"):
-        answer = client.drain_host(args.host_id) if args.action == "drain" else client.undrain_host(args.host_id)
-        if args.json:
-            io.json(answer)
-        else:
-            state = answer["drain"] or "not drained"
-            io.print(f"host {answer['host_id']}: {state}" + ("" if answer["changed"] else " (unchanged)"))
-        return EXIT_OK
+        return _drain_or_undrain(client, args, io)
     if args.action == "wait-drained":
         return _wait_drained(client, args, io)
+    return _list_hosts(client, args, io)
+
+
+def _forget(client: Client, args: argparse.Namespace, io: Io) -> int:
+    answer = client.forget_host(args.host_id)
+    if args.json:
+        io.json(answer)
+    else:
+        io.print(f"forgot host {answer['host_id']}: {len(answer['jobs_ended'])} running job(s) ended")
+    return EXIT_OK
+
+
+def _drain_or_undrain(client: Client, args: argparse.Namespace, io: Io) -> int:
+    answer = client.drain_host(args.host_id) if args.action == "drain" else client.undrain_host(args.host_id)
+    if args.json:
+        io.json(answer)
+    else:
+        state = answer["drain"] or "not drained"
+        io.print(f"host {answer['host_id']}: {state}" + ("" if answer["changed"] else " (unchanged)"))
+    return EXIT_OK
+
+
+def _list_hosts(client: Client, args: argparse.Namespace, io: Io) -> int:
     answer = client.hosts()
     if args.json:
         io.json(answer)
