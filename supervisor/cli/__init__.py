@@ -4,7 +4,9 @@
 (``_client.Client``); ``events``, ``wait`` and ``jobs --watch`` read its event stream on trio (``_stream``, ``_live``).
 """
 
-from ._cli import (
+from ._cli import main
+from ._client import Answer, ApiError, Client, NotTheApi, Unreachable, with_retries
+from ._command import (
     EXIT_CONFIG,
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -12,9 +14,7 @@ from ._cli import (
     EXIT_TEMPFAIL,
     EXIT_UNREACHABLE,
     EXIT_USAGE,
-    main,
 )
-from ._client import Answer, ApiError, Client, NotTheApi, Unreachable, with_retries
 from ._live import EXIT_CANCELLED, EXIT_FAILED, EXIT_STALE, EXIT_SUCCEEDED, EXIT_TIMEOUT
 
 __all__ = [

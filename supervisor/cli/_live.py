@@ -294,68 +294,92 @@ def wait_result(view: WaitView, timed_out: bool) -> tuple[int, list[dict[str, An
     return code, jobs
 
 
-async def run_wait(api: Api, out: Output, job_ids: Sequence[str], *, timeout_s: float | None, as_json: bool) -> int:
-    view = WaitView(job_ids, out)
+class WaitFollower:
+    """How ``wait`` learns its jobs' ends from the event stream: each event updates its job's row; at the start, after
+    each reconnect and after a gap, the pending rows are read again (a job may have ended while nobody listened); a
+    refresher keeps the progress on screen current."""
 
-    async def read_rows(ids: Sequence[str]) -> None:
+    def __init__(self, api: Api, view: WaitView, out: Output) -> None:
+        self.api = api
+        self.view = view
+        self.out = out
+        self.source = EventSource(api, jobs=view.order, on_state=self.on_state)
+
+    async def read_rows(self, ids: Sequence[str]) -> None:
         for job_id in ids:
-            view.update(await api.job(job_id))
+            self.view.update(await self.api.job(job_id))
 
-    async def on_connected() -> bool:
+    async def on_connected(self) -> bool:
         # Once at the start and after each reconnect: a job may have ended while nobody listened.
-        await read_rows(view.pending() if view.rows else view.order)
-        return view.done()
+        await self.read_rows(self.view.pending() if self.view.rows else self.view.order)
+        return self.view.done()
 
-    async def on_message(message: Message) -> bool:
+    async def on_message(self, message: Message) -> bool:
         if message.event == GAP:
-            await read_rows(view.pending())
+            await self.read_rows(self.view.pending())
         else:
             body = message.json()
             job = body.get("job", {})
-            view.update(job)
+            self.view.update(job)
             reason = str(body.get("reason") or "")
-            if reason.startswith(RESUBMITTED) and not out.live and not out.quiet:
-                out.line(f"{_now():%H:%M:%S}  {job.get('job_id')}  resubmitted, followed: {reason}")
-        return view.done()
+            if reason.startswith(RESUBMITTED) and not self.out.live and not self.out.quiet:
+                self.out.line(f"{_now():%H:%M:%S}  {job.get('job_id')}  resubmitted, followed: {reason}")
+        return self.view.done()
 
-    def on_state(state: str) -> None:
-        view.state = state
-        if not out.live and state.startswith(("reconnecting", "busy")):
-            print(f"supervisor wait: {state}", file=out.err, flush=True)
+    def on_state(self, state: str) -> None:
+        self.view.state = state
+        if not self.out.live and state.startswith(("reconnecting", "busy")):
+            print(f"supervisor wait: {state}", file=self.out.err, flush=True)
 
-    async def refresh_progress() -> None:
+    async def refresh_progress(self) -> None:
         """The progress on screen (units, stage, ages): display only, never how the outcome is learnt."""
-        interval = PROGRESS_REFRESH_S if out.live else PLAIN_PROGRESS_REFRESH_S
+        interval = PROGRESS_REFRESH_S if self.out.live else PLAIN_PROGRESS_REFRESH_S
         while True:
             await trio.sleep(interval)
-            for job_id in view.pending():
-                if view.rows.get(job_id, {}).get("status") == "running":
+            for job_id in self.view.pending():
+                if self.view.rows.get(job_id, {}).get("status") == "running":
                     try:
-                        view.update(await api.job(job_id), progress_only=True)
+                        self.view.update(await self.api.job(job_id), progress_only=True)
                     except Exception:  # a refresh that fails shows the older row; the stream decides the outcome
                         pass
 
-    source = EventSource(api, jobs=view.order, on_state=on_state)
-    timed_out = False
-
-    async def follow(live: Live | None) -> None:
-        nonlocal timed_out
+    async def follow(self, live: Live | None, timeout_s: float | None) -> bool:
+        """Follow the stream until every job has ended; True if ``timeout_s`` passed first."""
         with trio.move_on_after(timeout_s if timeout_s is not None else float("inf")) as scope:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(refresh_progress)
+                nursery.start_soon(self.refresh_progress)
                 if live is not None:
-                    nursery.start_soon(_redraw, live, view.render)
-                await source.run(on_message, on_connected)
+                    nursery.start_soon(_redraw, live, self.view.render)
+                await self.source.run(self.on_message, self.on_connected)
                 nursery.cancel_scope.cancel()
-        timed_out = scope.cancelled_caught
+        return scope.cancelled_caught
 
+
+async def run_wait(api: Api, out: Output, job_ids: Sequence[str], *, timeout_s: float | None, as_json: bool) -> int:
+    view = WaitView(job_ids, out)
+    follower = WaitFollower(api, view, out)
     if out.live and not as_json:
         with Live(view.render(), console=out.console, auto_refresh=False, transient=False) as live:
-            await follow(live)
+            timed_out = await follower.follow(live, timeout_s)
             live.update(view.render(), refresh=True)
     else:
-        await follow(None)
+        timed_out = await follower.follow(None, timeout_s)
     code, jobs = wait_result(view, timed_out)
+    _report_wait(out, view, code, jobs, timed_out=timed_out, timeout_s=timeout_s, as_json=as_json)
+    return code
+
+
+def _report_wait(
+    out: Output,
+    view: WaitView,
+    code: int,
+    jobs: list[dict[str, Any]],
+    *,
+    timed_out: bool,
+    timeout_s: float | None,
+    as_json: bool,
+) -> None:
+    """The wait's answer: with --json, every job's outcome and the exit code; on a timeout, the jobs still pending."""
     if as_json:
         out.line(json.dumps({"jobs": jobs, "exit_code": code, "timed_out": timed_out}, indent=2, sort_keys=True))
     if timed_out:
@@ -364,7 +388,6 @@ async def run_wait(api: Api, out: Output, job_ids: Sequence[str], *, timeout_s: 
             file=out.err,
             flush=True,
         )
-    return code
 
 
 async def _redraw(live: Live, render: Callable[[], RenderableType]) -> None:
@@ -444,22 +467,29 @@ class WatchView:
             self.out.line(f"-- {_now():%H:%M:%S}\n{text}")
 
 
-async def run_watch(api: Api, out: Output) -> int:
-    view = WatchView(out)
-    dirty = trio.Event()
+class WatchFollower:
+    """How ``jobs --watch`` keeps its table: the rows are read at each (re)connect, after events (a burst of them
+    makes one read) and every ``WATCH_REFRESH_S``; each event also goes to the last few shown under the table."""
 
-    async def read() -> None:
-        view.queue = await api.queue()
-        view.running = await api.running()
-        view.updated = _now()
-        if not out.live:
-            view.plain()
+    def __init__(self, api: Api, view: WatchView, out: Output) -> None:
+        self.api = api
+        self.view = view
+        self.out = out
+        self.dirty = trio.Event()
+        self.source = EventSource(api, on_state=self.on_state)
 
-    async def on_connected() -> bool:
-        await read()
+    async def read(self) -> None:
+        self.view.queue = await self.api.queue()
+        self.view.running = await self.api.running()
+        self.view.updated = _now()
+        if not self.out.live:
+            self.view.plain()
+
+    async def on_connected(self) -> bool:
+        await self.read()
         return False
 
-    async def on_message(message: Message) -> bool:
+    async def on_message(self, message: Message) -> bool:
         if message.event != GAP:
             body = message.json()
             job = body.get("job", {})
@@ -468,41 +498,42 @@ async def run_watch(api: Api, out: Output) -> int:
                 if message.event == "job.transition"
                 else message.event
             )
-            view.recent.append(f"{_now():%H:%M:%S}  {job.get('job_id')}  {job.get('kind')}  {what}")
-            del view.recent[:-EVENTS_SHOWN]
-        dirty.set()
+            self.view.recent.append(f"{_now():%H:%M:%S}  {job.get('job_id')}  {job.get('kind')}  {what}")
+            del self.view.recent[:-EVENTS_SHOWN]
+        self.dirty.set()
         return False
 
-    def on_state(state: str) -> None:
-        view.state = state
+    def on_state(self, state: str) -> None:
+        self.view.state = state
 
-    async def reread() -> None:
+    async def reread(self) -> None:
         """Re-read the rows after events (many events in a burst make one read) and every WATCH_REFRESH_S."""
-        nonlocal dirty
         while True:
             with trio.move_on_after(WATCH_REFRESH_S):
-                await dirty.wait()
-            dirty = trio.Event()
+                await self.dirty.wait()
+            self.dirty = trio.Event()
             try:
-                await read()
+                await self.read()
             except Exception:  # the stream's reconnects say when the server is gone; the rows stay as last read
                 pass
 
-    source = EventSource(api, on_state=on_state)
-
-    async def follow(live: Live | None) -> None:
+    async def follow(self, live: Live | None) -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(reread)
+            nursery.start_soon(self.reread)
             if live is not None:
-                nursery.start_soon(_redraw, live, view.render)
-            await source.run(on_message, on_connected)
+                nursery.start_soon(_redraw, live, self.view.render)
+            await self.source.run(self.on_message, self.on_connected)
             nursery.cancel_scope.cancel()
 
+
+async def run_watch(api: Api, out: Output) -> int:
+    view = WatchView(out)
+    follower = WatchFollower(api, view, out)
     if out.live:
         with Live(view.render(), console=out.console, auto_refresh=False, screen=False) as live:
-            await follow(live)
+            await follower.follow(live)
     else:
-        await follow(None)
+        await follower.follow(None)
     return 0
 
 

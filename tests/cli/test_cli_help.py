@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -15,6 +16,10 @@ from supervisor.cli import EXIT_OK, main
 from supervisor.domain import RELEASE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# Every help the command prints, word for word, at a fixed width: a change to a verb, a flag or a help text shows in
+# this file's diff. Written again by `python tests/cli/test_cli_help.py` after a change meant to show.
+HELP_TEXTS = Path(__file__).with_name("help_texts.txt")
+HELP_COLUMNS = "100"
 VERBS = [
     "serve",
     "check-config",
@@ -45,6 +50,41 @@ def run_main(*argv: str) -> tuple[int, str]:
     except SystemExit as exc:  # argparse's --help and --version
         code = int(exc.code or 0)
     return code, out.getvalue()
+
+
+def help_texts() -> str:
+    """``supervisor --help`` and each verb's ``--help``, in the order the command lists its verbs (COLUMNS set by the
+    caller), and the version of Python whose argparse laid them out."""
+    texts = [f"python {sys.version_info.major}.{sys.version_info.minor}\n"]
+    for argv in ([], *([verb] for verb in listed_verbs())):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+            main([*argv, "--help"], environ={})
+        texts.append(f"== supervisor {' '.join([*argv, '--help'])}\n{out.getvalue()}")
+    return "\n".join(texts)
+
+
+def listed_verbs() -> list[str]:
+    """The verbs ``supervisor --help`` lists, in its order."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        main(["--help"], environ={})
+    found = re.search(r"\{([a-z,-]+)\}", out.getvalue())
+    assert found is not None, out.getvalue()
+    return found.group(1).split(",")
+
+
+def test_every_verb_is_one_the_tests_know() -> None:
+    assert sorted(listed_verbs()) == sorted(VERBS)
+
+
+def test_every_help_reads_word_for_word_as_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    held = HELP_TEXTS.read_text()
+    written_with = held.split("\n", 1)[0]
+    if written_with != f"python {sys.version_info.major}.{sys.version_info.minor}":
+        pytest.skip(f"argparse lays help out differently in another Python release than {written_with}'s")
+    monkeypatch.setenv("COLUMNS", HELP_COLUMNS)
+    assert help_texts() == held
 
 
 @pytest.mark.parametrize("verb", VERBS)
@@ -144,3 +184,8 @@ def test_check_config_warns_of_an_own_kind_that_a_reboot_fails_or_nothing_would_
     warned = [line for line in done.stderr.splitlines() if line.startswith("warning: kind")]
     assert [line.split("'")[1] for line in warned] == ["fragile", "fragile", "half"]
     assert "max_attempts = 1" in warned[0] and "deadline_seconds" in warned[1] and "137 and 143" in warned[2]
+
+
+if __name__ == "__main__":
+    os.environ["COLUMNS"] = HELP_COLUMNS
+    HELP_TEXTS.write_text(help_texts())
