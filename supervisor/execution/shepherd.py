@@ -103,7 +103,7 @@ PR_SET_CHILD_SUBREAPER = 36
 class ShepherdProcess:
     """The shepherd itself: one selector loop over the supervisor's control socket, the children's output pipes and
     their exits (SIGCHLD), that starts, signals, reaps and records jobs (the module docstring). ``ShepherdClient``
-    (``subprocess.py``) is its other end."""
+    (``_shepherd_client.py``) is its other end."""
 
     def __init__(self, control: socket.socket) -> None:
         self.control: socket.socket | None = control
