@@ -4,6 +4,11 @@
 - ``docker``: containers on a Docker engine, found again by their labels;
 - ``memory``: Trio tasks, for tests of the core's rules (not an exec mode).
 
+Each mode's module is its executor; its parts sit beside it, private: ``_shepherd_client`` (this boot's shepherd, seen
+from the supervisor), ``_job_files`` (the shepherd's records, read) and ``_identity`` (a process's identity) for
+``subprocess``; ``_shepherd_jobs`` and ``_shepherd_files`` for the shepherd; ``_docker_container``, ``_docker_engine``
+and ``_docker_evidence`` for ``docker``.
+
 Each executor owns the identity record it writes into a job's row (``JobHandle.record``): a process's pid,
 start time and kernel boot, a container's id. The core stores and passes it, and never reads inside it.
 

@@ -1,7 +1,9 @@
 """The job shepherd: one small process per supervisor boot that owns the jobs' processes.
 
 Run as a script (``python -I shepherd.py --control-fd N``) by the subprocess executor; it imports nothing from the
-package on purpose (it starts in ~20 ms and holds ~10 MB whatever the number of jobs). It daemonizes at once
+package but its two siblings, which import only the standard library (it starts in ~20 ms and holds ~10 MB whatever
+the number of jobs): ``_shepherd_jobs`` (a job's spawn behind its gate, and the child it owns) and ``_shepherd_files``
+(what it writes: records, marker, trace). This module is its loop and its control protocol. It daemonizes at once
 (double fork, own session), so a supervisor crash never takes it or the jobs down, and nobody has to reap it.
 
 What it does (ADR 0004):
@@ -52,18 +54,45 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import json
 import os
 import resource
 import selectors
 import signal
 import socket
-import stat
 import sys
 import time
-from collections.abc import Mapping
-from datetime import UTC, datetime
+
+TYPE_CHECKING = False  # typing is not imported by the shepherd (its start time); mypy reads this name as typing's
+if TYPE_CHECKING or __package__:  # imported as part of the package (the executor's constants, the tests)
+    from ._shepherd_files import Marker, RecordKeeper, Records, Spares, Trace, now_iso, say
+    from ._shepherd_jobs import (
+        JOB_OOM_SCORE_ADJ,
+        Child,
+        Spawned,
+        StartRequest,
+        check_log_writable,
+        check_runnable,
+        kernel_boot_id,
+        spawn_behind_gate,
+        start_time_of,
+    )
+else:  # run as a script (python -I: its directory is not on the path); appended, so the standard library comes first
+    sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+    from _shepherd_files import Marker, RecordKeeper, Records, Spares, Trace, now_iso, say
+    from _shepherd_jobs import (
+        JOB_OOM_SCORE_ADJ,
+        Child,
+        Spawned,
+        StartRequest,
+        check_log_writable,
+        check_runnable,
+        kernel_boot_id,
+        spawn_behind_gate,
+        start_time_of,
+    )
+
+__all__ = ["JOB_OOM_SCORE_ADJ", "ShepherdProcess", "Spares", "main"]
 
 # After a job's process exits, how long its output pipe may stay open (a daemon it left holds it) before the exit is
 # reported anyway; the pipe is still drained to the end.
@@ -71,338 +100,10 @@ LOG_LINGER_S = 5.0
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def say(message: str) -> None:
-    """One diagnostic line on stderr (the shepherd's log file). Never raises: that file is most often on the disk
-    that just filled up, and a shepherd that died of its own complaint would leave every job unwatched."""
-    try:
-        os.write(2, message.encode(errors="replace") + b"\n")
-    except OSError:
-        pass
-
-
-def _now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds")
-
-
-def _start_time(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            text = fh.read().decode("ascii", "replace")
-        return int(text[text.rindex(")") + 2 :].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _kernel_boot_id() -> str | None:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as fh:
-            return fh.read().strip() or None
-    except OSError:
-        return None
-
-
-# The job's first program: a POSIX shell that waits on the gate (fd 3) until the shepherd has recorded its identity,
-# closes it, enters the job's directory and execs the job's program (PATH from the job's environment, as execvpe).
-GATE_SHELL = "/bin/sh"
-GATE_FD = 3
-# Every job is a likelier choice for the kernel's OOM killer than the supervisor and its shepherd (0): a runaway job
-# is the one killed, never the process that would record its end (the docker executor sets the same on containers).
-JOB_OOM_SCORE_ADJ = 500
-# $1: the job's directory; $2: its address-space bound in KiB ("-": none). Before the exec, in the process that becomes
-# the program (same pid): a likelier OOM victim than the shepherd (JOB_OOM_SCORE_ADJ; raising one's own is allowed),
-# and the kind's memory bound (ulimit -v: RLIMIT_AS, inherited by exec).
-GATE_SCRIPT = (
-    'IFS= read -r gate <&3; exec 3<&-; [ "$gate" = g ] || exit 125; '
-    f'{{ echo {JOB_OOM_SCORE_ADJ} >/proc/self/oom_score_adj; }} 2>/dev/null; '
-    '[ "$2" = - ] || ulimit -v "$2" || exit 124; cd -- "$1" || exit 126; shift 2; exec "$@"'
-)
-# Dispositions the shepherd changes for itself that a job must not inherit (an ignored signal survives exec).
-JOB_DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGCHLD)
-
-
-def _check_runnable(program: str, cwd: str, env: dict[str, str]) -> None:
-    """Raise what exec (or chdir) would raise for this job, so that a start fails with its reason (``spawn_failed``)
-    instead of a job that exits 127: the directory must exist, the program must be an executable file."""
-    if not os.path.isdir(cwd):
-        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), cwd)
-    if "/" in program:
-        candidates = [os.path.join(cwd, program)]
-    else:
-        path = env.get("PATH", os.defpath)
-        candidates = [os.path.join(os.path.join(cwd, d) if d else cwd, program) for d in path.split(os.pathsep)]
-    denied = None
-    for candidate in candidates:
-        if os.path.isfile(candidate):
-            if os.access(candidate, os.X_OK):
-                return
-            denied = candidate
-    if denied is not None:
-        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), denied)
-    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
-
-
-def check_log_writable(log_path: str) -> None:
-    """Raise an OSError naming the log's directory when the job's log could not be made there (gone, not a
-    directory, read-only, no permission). Two cheap calls, no file made: the log itself is made at the job's first
-    output, and a start must not wait on a metadata change (docs/performance.md)."""
-    directory = os.path.dirname(log_path) or "."
-    st = os.stat(directory)  # FileNotFoundError; NotADirectoryError when a parent is a file
-    if not stat.S_ISDIR(st.st_mode):
-        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), directory)
-    if not os.access(directory, os.W_OK | os.X_OK):
-        # access() says no without saying why: a read-only mount (which even root cannot write), or permissions.
-        readonly = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
-        code = errno.EROFS if readonly else errno.EACCES
-        raise OSError(code, os.strerror(code), directory)
-
-
-def write_atomically(path: str, payload: dict[str, object], spare: str | None = None) -> None:
-    """Write JSON to ``path`` so that a reader sees the old file or the whole new one, never a part.
-
-    ``spare``: an empty file of this shepherd's, made beforehand in the same directory, written and renamed instead of
-    a new temporary file (one metadata change on the way instead of two; see ``Spares``).
-    """
-    fd = None
-    if spare is not None:
-        # Made empty (O_EXCL) by this shepherd and never written but here: no O_TRUNC, which on ext4 marks the file
-        # for a data flush at close (the replace-by-truncate heuristic), three times slower here.
-        try:
-            tmp, fd = spare, os.open(spare, os.O_WRONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            pass  # removed by hand: make the temporary file after all
-    if fd is None:
-        tmp = f"{path}.tmp{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
-    try:
-        os.write(fd, json.dumps(payload, sort_keys=True).encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-
-
-class Spares:
-    """Empty files made ahead, while the shepherd is idle, in each directory where it writes state files.
-
-    A state file is written to a temporary file and renamed, so that a reader never sees a part of it; making that
-    temporary file is a metadata change as costly as the rename (on this project's VMs, from 20 us to nearly 1 ms
-    when the journal is busy), and both sat on the way from a job's exit to the next job's start (docs/performance.md:
-    promotion latency). A spare is made while nothing else waits; taking one costs nothing. When none is left (a
-    burst), the temporary file is made as before. A shepherd removes its spares when it exits; a killed one's are
-    removed, while idle, by the next shepherd that writes in the same directory.
-    """
-
-    PER_DIRECTORY = 4
-    PREFIX = ".shepherd-spare-"
-
-    def __init__(self) -> None:
-        self._ready: dict[str, list[str]] = {}
-        self._broken: set[str] = set()
-        self._unswept: set[str] = set()  # directories whose dead shepherds' spares are still to be removed
-        self._seq = 0
-
-    def take(self, path: str) -> str | None:
-        directory = os.path.dirname(path)
-        if directory not in self._ready:
-            self._ready[directory] = []
-            self._unswept.add(directory)  # swept while idle: the jobs' directory holds every past job's files
-        ready = self._ready[directory]
-        return ready.pop(0) if ready else None  # the oldest first
-
-    def wanted(self) -> bool:
-        return bool(self._unswept) or any(
-            len(r) < self.PER_DIRECTORY and d not in self._broken for d, r in self._ready.items()
-        )
-
-    def make_one(self) -> None:
-        """One step of idle work: sweep a directory, or make one missing spare (a failure is left for the write that
-        would have used it to meet)."""
-        if self._unswept:
-            self._sweep_dead(self._unswept.pop())
-            return
-        for directory, ready in self._ready.items():
-            if len(ready) < self.PER_DIRECTORY and directory not in self._broken:
-                self._seq += 1
-                path = os.path.join(directory, f"{self.PREFIX}{os.getpid()}-{self._seq}")
-                try:
-                    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640))
-                except OSError:
-                    # Cannot make files there (gone, full, read-only): no spares there; writes make their own.
-                    self._broken.add(directory)
-                    return
-                ready.append(path)
-                return
-
-    def remove_all(self) -> None:
-        for ready in self._ready.values():
-            for path in ready:
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
-        self._ready.clear()
-
-    def _sweep_dead(self, directory: str) -> None:
-        """Spares left by a shepherd that was killed (its pid no longer runs)."""
-        try:
-            names = [n for n in os.listdir(directory) if n.startswith(self.PREFIX)]
-        except OSError:
-            return
-        for name in names:
-            try:
-                pid = int(name[len(self.PREFIX) :].split("-", 1)[0])
-                os.kill(pid, 0)
-                continue  # alive (or another user's): not ours to remove
-            except ProcessLookupError:
-                pass
-            except (ValueError, PermissionError):
-                continue
-            try:
-                os.unlink(os.path.join(directory, name))
-            except OSError:
-                pass
-
-
-class Records:
-    """One job's two state records (``pid``: its identity; ``exit``: its true exit status) and where they are.
-
-    While a supervisor is connected, a record is written to the run directory (tmpfs: no journal, so microseconds,
-    where a create-and-rename in the jobs' directory on ext4 cost about 1 ms under load, twice per job;
-    docs/performance.md), and the supervisor says ``forget`` once the job's row is final: the registry then holds
-    everything they say, and the run copies go. When the supervisor goes away (or the shepherd is told to stop) every
-    record still in the run directory is first written next to the log (``ShepherdProcess.persist``), and from then on
-    records are written there directly: what a next boot reads is where it always was, and survives an orderly reboot.
-    Without a run directory (none configured, or it cannot be written) a record goes next to the log at once, as before.
-    """
-
-    __slots__ = ("durable", "in_run", "payload", "run")
-
-    def __init__(self, durable: dict[str, str], run: dict[str, str]) -> None:
-        self.durable = durable  # "pid"/"exit" -> the path next to the log
-        self.run = run  # "pid"/"exit" -> the path in the run directory (empty: none)
-        self.payload: dict[str, dict[str, object]] = {}
-        self.in_run: set[str] = set()  # which records exist only in the run directory
-
-
-class Child:
-    """One job this shepherd started and owns (its unreaped child): its pid and start time, its output pipe and log
-    file, its records, and its exit once reaped (``done_reported``: the supervisor has been told)."""
-
-    __slots__ = (
-        "cap",
-        "done_reported",
-        "exit",
-        "id",
-        "linger_until",
-        "log_fd",
-        "log_path",
-        "pid",
-        "pipe_fd",
-        "records",
-        "start_time",
-        "written",
-    )
-
-    def __init__(self, job_id: str, pid: int, pipe_fd: int, log_path: str, cap: int, records: Records) -> None:
-        self.id = job_id
-        self.records = records
-        self.start_time: int | None = None
-        self.pid = pid
-        self.pipe_fd: int | None = pipe_fd
-        self.log_path = log_path
-        self.log_fd: int | None = None  # opened at the job's first output: no file to make on the way to its start
-        self.cap = cap
-        self.written = 0
-        self.exit: dict[str, object] | None = None
-        self.linger_until: float | None = None
-        self.done_reported = False
-
-    def write_output(self, chunk: bytes) -> None:
-        if self.written >= self.cap:
-            return  # capped: keep reading, write nothing
-        if self.log_fd is None:
-            # Appended to, as before: whatever the file holds counts against the cap.
-            self.log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
-            self.written = os.fstat(self.log_fd).st_size
-            if self.written >= self.cap:
-                return
-        room = self.cap - self.written
-        data = chunk[:room]
-        os.write(self.log_fd, data)
-        self.written += len(data)
-        if self.written >= self.cap:
-            os.write(self.log_fd, f"\n[log capped at {self.cap} bytes; further output discarded]\n".encode())
-
-
-def write_run_record(path: str, payload: dict[str, object], spares: Spares) -> None:
-    """A state record in the run directory (made again, private, if it went)."""
-    try:
-        write_atomically(path, payload, spares.take(path))
-    except FileNotFoundError:
-        # The directory went: a shepherd of this data dir's previous boot removes it when it leaves, empty, and may
-        # have just done so. Its parents were checked by our supervisor; make it again, private.
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        write_atomically(path, payload)
-
-
-class Marker:
-    """The marker (see the module docstring): who this shepherd is, and whether its supervisor is connected. ``error``:
-    why it could not be written (no job starts without it)."""
-
-    def __init__(self, identity: Mapping[str, object], boot_id: str | None) -> None:
-        self.identity = identity
-        self.boot_id = boot_id
-        self.path: str | None = None  # where to keep it (the "env" request)
-        self.error: str | None = None
-
-    def write(self, control: str) -> None:
-        if self.path is None:
-            return
-        payload: dict[str, object] = {**self.identity, "kernel_boot_id": self.boot_id, "control": control}
-        try:
-            write_atomically(self.path, payload)
-        except OSError as exc:
-            self.error = f"cannot write the shepherd's marker {self.path}: {exc}"
-            say(f"shepherd: {self.error}")
-        else:
-            self.error = None
-
-    def remove(self) -> None:
-        if self.path is None:
-            return
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass  # a marker left behind names a dead shepherd: read the same as none
-
-
-class Trace:
-    """The optional trace (diagnostics: every start and exit as this shepherd saw them, on its clock)."""
-
-    def __init__(self) -> None:
-        self.fd: int | None = None
-
-    def open(self, path: str) -> None:
-        try:
-            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
-        except OSError as exc:
-            say(f"shepherd: cannot open the trace {path}: {exc}")
-
-    def write(self, event: dict[str, object]) -> None:
-        """One line of the trace."""
-        if self.fd is None:
-            return
-        try:
-            os.write(self.fd, json.dumps(event).encode() + b"\n")  # one write: lines never interleave
-        except OSError as exc:
-            say(f"shepherd: trace write failed, tracing stops: {exc}")
-            os.close(self.fd)
-            self.fd = None
-
-
 class ShepherdProcess:
     """The shepherd itself: one selector loop over the supervisor's control socket, the children's output pipes and
     their exits (SIGCHLD), that starts, signals, reaps and records jobs (the module docstring). ``ShepherdClient``
-    (``subprocess.py``) is its other end."""
+    (``_shepherd_client.py``) is its other end."""
 
     def __init__(self, control: socket.socket) -> None:
         self.control: socket.socket | None = control
@@ -413,13 +114,12 @@ class ShepherdProcess:
         self.by_pipe: dict[int, Child] = {}
         self.inbuf = b""
         self.outbuf = b""
-        self.boot_id = _kernel_boot_id()
+        self.boot_id = kernel_boot_id()
         self.spares = Spares()
+        self.keeper = RecordKeeper(self.spares)  # where each job's records are written, and which only in the run dir
         self.base_env: dict[str, str] = {}  # what every job's environment starts from (the "env" request)
-        self.records: dict[str, Records] = {}  # job id -> records that exist only in the run directory
-        self.run_dirs: set[str] = set()  # removed when this shepherd leaves, if empty
         self.tracer = Trace()  # the optional trace: one line per start and per exit
-        self.identity = {"pid": os.getpid(), "start_time": _start_time(os.getpid())}
+        self.identity = {"pid": os.getpid(), "start_time": start_time_of(os.getpid())}
         self.marker = Marker(self.identity, self.boot_id)
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
@@ -510,153 +210,96 @@ class ShepherdProcess:
     # -- state records -------------------------------------------------------------------------------
 
     def record(self, records: Records, which: str, payload: dict[str, object]) -> None:
-        """Write one state record where it belongs now (see ``Records``); raises OSError when it cannot be written."""
-        run_path = records.run.get(which) if self.control is not None else None
-        records.payload[which] = payload
-        if run_path:
-            try:
-                write_run_record(run_path, payload, self.spares)
-                self.run_dirs.add(os.path.dirname(run_path))
-            except OSError as exc:  # the run directory is unusable (full, say): the durable place is always right
-                say(f"shepherd: {run_path}: {exc}; writing next to the log")
-            else:
-                records.in_run.add(which)
-                self.records[str(payload["job_id"])] = records
-                return
-        path = records.durable[which]
-        write_atomically(path, payload, self.spares.take(path))
+        """Write one state record where it belongs now (``RecordKeeper``); raises OSError when it cannot be written."""
+        self.keeper.record(records, which, payload, connected=self.control is not None)
 
     def forget_records(self, job_id: str) -> None:
         """The supervisor has made the job's row final: its run-directory records are redundant."""
-        records = self.records.get(job_id)
         job = self.jobs.get(job_id)
-        if records is None or (job is not None and job.exit is None):
-            return  # none there, or still running: its identity is still evidence
-        del self.records[job_id]
-        for which in records.in_run:
-            try:
-                os.unlink(records.run[which])
-            except OSError:
-                pass
-        records.in_run.clear()
+        self.keeper.forget(job_id, running=job is not None and job.exit is None)
 
     def persist(self) -> None:
-        """Every record that only the run directory holds, written next to its log; then the run copy goes.
-
-        Written before it is removed, so that a reader who looks in the run directory first and then next to the log
-        always finds one of them.
-        """
-        for job_id, records in list(self.records.items()):
-            for which in sorted(records.in_run, reverse=True):  # the identity first
-                try:
-                    write_atomically(records.durable[which], records.payload[which])
-                except OSError as exc:  # the run copy stays: a next boot still reads it there (until a reboot)
-                    say(f"shepherd: job {job_id}: cannot persist its {which} record: {exc}")
-                    continue
-                records.in_run.discard(which)
-                try:
-                    os.unlink(records.run[which])
-                except OSError:
-                    pass
-            if not records.in_run:
-                del self.records[job_id]
-        sys.stderr.flush()
+        """Every record that only the run directory holds, written next to its log (``RecordKeeper.persist``)."""
+        self.keeper.persist()
 
     # -- jobs --------------------------------------------------------------------------------------
 
     def start(self, req: dict[str, object]) -> None:
-        job_id = str(req["id"])
-        log_path = str(req["log"])
-        argv = [str(a) for a in req["argv"]]  # type: ignore[attr-defined]
-        env = {**self.base_env, **{str(k): str(v) for k, v in req["env"].items()}}  # type: ignore[attr-defined]
+        start = StartRequest(req, self.base_env)
         records = Records(
             {"pid": str(req["pid_file"]), "exit": str(req["exit_file"])},
             {"pid": str(req.get("run_pid_file") or ""), "exit": str(req.get("run_exit_file") or "")},
         )
-        cwd = str(req["cwd"])
-        memory = req.get("memory_max_mb")
-        memory_kib = str(int(str(memory)) * 1024) if memory is not None else "-"
+        refusal = self.refusal(start)
+        if refusal is not None:
+            self.send({"ev": "start_failed", "id": start.job_id, "error": refusal[:1000]})
+            return
         try:
-            check_log_writable(log_path)
+            spawned = spawn_behind_gate(start)
+        except Exception as exc:  # cannot start the gate at all (or an argv/env the OS cannot take)
+            self.send({"ev": "start_failed", "id": start.job_id, "error": f"{type(exc).__name__}: {exc}"[:1000]})
+            return
+        start_time = start_time_of(spawned.pid)
+        start_record: dict[str, object] = {
+            "job_id": start.job_id,
+            "pid": spawned.pid,
+            "start_time": start_time,
+            "kernel_boot_id": self.boot_id,
+            "shepherd": self.identity,
+            "started_at": now_iso(),
+        }
+        if not self.record_identity_then_open_gate(start.job_id, spawned, records, start_record):
+            return
+        self.watch(Child(start.job_id, spawned.pid, spawned.out_fd, start.log_path, start.cap, records), start_time)
+        # The gate shell runs (posix_spawn returned after its exec), and its program was checked above; the exec
+        # into the program is not waited for: a program removed in between ends the job with the shell's 127.
+        self.send({"ev": "started", "id": start.job_id, "pid": spawned.pid, "start_time": start_time})
+        self.tracer.write({"ev": "started", **start_record})
+
+    def refusal(self, start: StartRequest) -> str | None:
+        """Why this job must not be spawned (its log, the marker, its program), as exec would say it; None: it may."""
+        try:
+            check_log_writable(start.log_path)
         except OSError as exc:
             # INV-NO-START-WITHOUT-LOG: a job whose output could not be kept is not started (spawn_failed, naming
             # the path); the shepherd and every other job go on.
-            error = f"cannot write the job's log {log_path}: {exc.strerror or exc} ({exc.filename})"
-            self.send({"ev": "start_failed", "id": job_id, "error": error[:1000]})
-            return
+            return f"cannot write the job's log {start.log_path}: {exc.strerror or exc} ({exc.filename})"
         if self.marker.error is not None:
             self.marker.write("connected")  # a full disk may have room again
         if self.marker.error is not None:
             # Without its marker a later boot could not tell this start from one that never happened.
-            self.send({"ev": "start_failed", "id": job_id, "error": self.marker.error[:1000]})
-            return
+            return self.marker.error
         try:
-            _check_runnable(argv[0], cwd, env)
+            check_runnable(start.argv[0], start.cwd, start.env)
         except Exception as exc:  # the program cannot be run: say why, as its exec would have
-            self.send({"ev": "start_failed", "id": job_id, "error": f"{type(exc).__name__}: {exc}"[:1000]})
-            return
-        out_r, out_w = os.pipe()
-        gate_r, gate_w = os.pipe()
-        if gate_r <= GATE_FD:  # file actions dup2 it onto GATE_FD: never onto itself (that would keep close-on-exec)
-            gate_r, low = fcntl.fcntl(gate_r, fcntl.F_DUPFD_CLOEXEC, GATE_FD + 1), gate_r
-            os.close(low)
-        try:
-            # posix_spawn (vfork + exec in glibc): no copy of this process's page tables and no copy-on-write
-            # faults, where fork() was most of the shepherd's time per job. The child is a POSIX shell that waits
-            # on the gate, then becomes the job's program by exec (same pid, same start time).
-            # INV-IDENTITY-BEFORE-PROGRAM: the .pid file exists before the program runs.
-            pid = os.posix_spawn(
-                GATE_SHELL,
-                [GATE_SHELL, "-c", GATE_SCRIPT, "podcast-job-gate", cwd, memory_kib, *argv],
-                env,
-                file_actions=[
-                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                    (os.POSIX_SPAWN_DUP2, out_w, 1),
-                    (os.POSIX_SPAWN_DUP2, out_w, 2),
-                    (os.POSIX_SPAWN_DUP2, gate_r, GATE_FD),
-                ],
-                setsid=True,
-                setsigdef=JOB_DEFAULT_SIGNALS,
-            )
-        except Exception as exc:  # cannot start the gate at all (or an argv/env the OS cannot take)
-            for fd in (out_r, out_w, gate_r, gate_w):
-                os.close(fd)
-            self.send({"ev": "start_failed", "id": job_id, "error": f"{type(exc).__name__}: {exc}"[:1000]})
-            return
-        os.close(out_w)
-        os.close(gate_r)
-        start_time = _start_time(pid)
-        start_record: dict[str, object] = {
-            "job_id": job_id,
-            "pid": pid,
-            "start_time": start_time,
-            "kernel_boot_id": self.boot_id,
-            "shepherd": self.identity,
-            "started_at": _now_iso(),
-        }
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+    def record_identity_then_open_gate(
+        self, job_id: str, spawned: Spawned, records: Records, start_record: dict[str, object]
+    ) -> bool:
+        """INV-IDENTITY-BEFORE-PROGRAM: the .pid record exists before the program runs. A job whose identity cannot
+        be recorded never runs: its shell is killed on the gate, and the start fails (False)."""
         try:
             self.record(records, "pid", start_record)
-            os.write(gate_w, b"g\n")
+            spawned.open_gate()
         except OSError as exc:
-            os.kill(pid, signal.SIGKILL)  # never let a job run whose identity is not on disk
-            os.close(gate_w)
-            os.close(out_r)
-            os.waitpid(pid, 0)
+            spawned.kill()  # never let a job run whose identity is not on disk
             self.forget_records(job_id)  # it never ran
             self.send({"ev": "start_failed", "id": job_id, "error": f"cannot record the job identity: {exc}"})
-            return
-        os.close(gate_w)
-        os.set_blocking(out_r, False)
-        job = Child(job_id, pid, out_r, log_path, int(str(req["cap"])), records)
+            return False
+        spawned.close_gate()
+        return True
+
+    def watch(self, job: Child, start_time: int | None) -> None:
+        """From now on the job's output is read into its log, and its exit is reaped and recorded."""
+        assert job.pipe_fd is not None
+        os.set_blocking(job.pipe_fd, False)
         job.start_time = start_time
-        self.jobs[job_id] = job
-        self.by_pid[pid] = job
-        self.by_pipe[out_r] = job
-        self.sel.register(out_r, selectors.EVENT_READ, "pipe")
-        # The gate shell runs (posix_spawn returned after its exec), and its program was checked above; the exec
-        # into the program is not waited for: a program removed in between ends the job with the shell's 127.
-        self.send({"ev": "started", "id": job_id, "pid": pid, "start_time": start_time})
-        self.tracer.write({"ev": "started", **start_record})
+        self.jobs[job.id] = job
+        self.by_pid[job.pid] = job
+        self.by_pipe[job.pipe_fd] = job
+        self.sel.register(job.pipe_fd, selectors.EVENT_READ, "pipe")
 
     def signal_job(self, job_id: str, signum: int) -> None:
         job = self.jobs.get(job_id)
@@ -721,7 +364,7 @@ class ShepherdProcess:
                 "kernel_boot_id": self.boot_id,
                 "exit_code": code if code >= 0 else None,
                 "signal": -code if code < 0 else None,
-                "ended_at": _now_iso(),
+                "ended_at": now_iso(),
             }
             self.tracer.write({"ev": "exited", **job.exit})
             try:
@@ -762,12 +405,7 @@ class ShepherdProcess:
                 self.step()
         finally:
             self.marker.remove()
-            self.spares.remove_all()
-            for directory in self.run_dirs:
-                try:
-                    os.rmdir(directory)  # only if empty: what a killed shepherd left is still read from there
-                except OSError:
-                    pass
+            self.keeper.close()  # its spares, and its run directories if empty
         return 0
 
     def step(self) -> None:
