@@ -33,16 +33,11 @@ from ..domain import (
     KindCatalog,
     ParamRule,
 )
-from ._route_table import ref
+from ._route_table import anchored, ref
 
 API_VERSION = "1"
 
 _STATUSES = [s.value for s in JobStatus]
-
-
-def anchored(pattern: str) -> str:
-    """A Python ``fullmatch`` pattern as a JSON Schema pattern (which matches anywhere unless anchored)."""
-    return f"^(?:{pattern})$"
 
 
 # A str param: no NUL, not starting with '-' (the empty string is a value too).
