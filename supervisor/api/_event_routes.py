@@ -15,6 +15,7 @@ from ._parse import bool_query
 from ._route_table import RouteTable, error, text_answer
 
 EVENT_ROUTES = RouteTable()
+
 # How long a browser's EventSource waits before it reconnects after a dropped connection.
 SSE_RETRY_MS = 2000
 # A keep-alive comment, padded: a reader that reads nothing (a CLI suspended with Ctrl-Z) is seen only once its

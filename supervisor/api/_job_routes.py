@@ -41,6 +41,7 @@ from ._parse import (
 from ._route_table import INVALID, NOT_FOUND, RouteTable, anchored, error, json_answer, ref
 
 JOB_ROUTES = RouteTable()
+
 _TIME = {"type": "string", "format": "date-time"}
 # The list's filters beside status, kind and the key (JobFilter); param.NAME (a declared param's value) as well.
 FILTER_PARAMETERS = (

@@ -13,6 +13,7 @@ from ._parse import bearer_token, int_query, json_body, parse_progress, query
 from ._route_table import INVALID, NOT_FOUND, RouteTable, error, text_answer
 
 LOG_HEARTBEAT_ROUTES = RouteTable()
+
 MISSING_JOB_TOKEN = "missing job token (Authorization: Bearer $PODCAST_JOB_TOKEN)"
 # A byte count in a query string: at most 12 ASCII digits (what the server parses).
 _BYTE_COUNT = {"type": "integer", "minimum": 0, "maximum": 10**12 - 1}

@@ -87,8 +87,8 @@ from ._param_values import ASCII_FLOAT, MAX_FLOAT, MAX_STR_PARAM_LEN
 from ._params import INT64_MAX, INT64_MIN, INT_TEXT, URL_PATTERN, ParamRule
 from ._release import RELEASE
 from ._schedule import SCHEDULE_PREFIX, SCHEDULE_QUERY, Schedule, parse_period, parse_tick
-from ._setting_readers import parse_bind, read_token_file, redacted_url
-from ._settings import EXEC_MODES, SETTINGS, STALL_ACTIONS, ExecMode, Setting, StallAction, settings_table
+from ._setting_readers import Setting, parse_bind, read_token_file, redacted_url
+from ._settings import EXEC_MODES, SETTINGS, STALL_ACTIONS, ExecMode, StallAction, settings_table
 from ._signing import WEBHOOK_SECRET_PREFIX, webhook_signing_key
 from ._tokens import (
     ANONYMOUS,

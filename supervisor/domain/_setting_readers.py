@@ -1,6 +1,7 @@
-"""How a setting's raw value (a string from the environment, or a TOML value) is read into ``Config`` fields: the
-readers the declarations of ``_settings`` name (``Num``, ``Choice``, ``Custom`` and the functions it wraps), and the
-``Loader`` that collects what they fall back from (a WARNING) and what has no fallback (one ``ConfigError``).
+"""How a setting is declared (``Setting``) and how its raw value (a string from the environment, or a TOML value) is
+read into ``Config`` fields: the readers the declarations of ``_settings`` name (``Num``, ``Choice``, ``Custom``
+and the functions it wraps), and the ``Loader`` that collects what they fall back from (a WARNING) and what has no
+fallback (one ``ConfigError``).
 
 Rules (ADR-0002, INV-MALFORMED-NEVER-UNBOUNDED): a malformed number falls back to its default with a WARNING naming
 the variable, never to "unbounded"; a value below its floor is raised to the floor, with a WARNING; a setting with
@@ -171,6 +172,29 @@ class Custom:
 
     def __call__(self, loader: Loader, where: str, raw: object, default: Any, values: dict[str, Any]) -> Any:
         return self.read(loader, where, raw, values)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: ``attr`` its ``Config`` field (``bind`` sets two), ``env`` its variable, ``read`` how its raw
+    value is read, ``default`` how the table shows its default, ``rule`` its fallback or error (None: the reader's),
+    ``help`` what it means."""
+
+    attr: str
+    env: str
+    read: Reader
+    default: str
+    help: str
+    rule: str | None = None
+
+    @property
+    def toml(self) -> str:
+        """Its key in a ``--config`` TOML file."""
+        return self.attr
+
+    @property
+    def rule_text(self) -> str:
+        return self.rule if self.rule is not None else self.read.rule
 
 
 def _plain(value: float) -> str:
