@@ -1,7 +1,9 @@
 """Write the tables of the docs that are generated from declarations in the code, so neither can drift:
 
-- the settings table of ``docs/settings.md``, from the settings' declarations (``supervisor/domain/_settings.py``);
-- the route table of ``docs/api.md``, from the routes' declarations (``supervisor/api/_routes.py``);
+- the settings table of ``docs/settings.md``, from the settings' declarations (``supervisor/domain/_settings.py``,
+  which joins those of ``_execution_fleet_settings.py``);
+- the route table of ``docs/api.md``, from the routes' declarations (each resource's module, joined in
+  ``supervisor/api/_routes.py``);
 - the log events of ``docs/log-events.md``, from their catalogue (``supervisor/observe/_log_events.py``).
 
 Usage: .venv/bin/python tools/doc_tables.py [--check]

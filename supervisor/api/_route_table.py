@@ -14,6 +14,7 @@ and 415; a route over the registry answers 503 with ``Retry-After`` when the reg
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,11 @@ from ..domain import SCOPES, Scope
 # or anyone (the probes). Every route says which: there is no default.
 Auth = Literal["read", "enqueue", "operator", "job", "public"]
 Handler = Callable[..., Awaitable[Any]]
+
+
+def anchored(pattern: str) -> str:
+    """A Python ``fullmatch`` pattern as a JSON Schema pattern (which matches anywhere unless anchored)."""
+    return f"^(?:{pattern})$"
 
 
 def ref(name: str) -> dict[str, str]:
@@ -125,6 +131,11 @@ class Route:
     def path_parameters(self) -> tuple[str, ...]:
         return tuple(_PARAM.findall(self.path))
 
+    def clashes_with(self, other: Route) -> bool:
+        """The two are one route declared twice: the same method and path, the same endpoint or operation id."""
+        same_route = (self.method, self.path) == (other.method, other.path)
+        return same_route or self.endpoint == other.endpoint or self.operation_id == other.operation_id
+
     def answers(self) -> dict[str, dict[str, Any]]:
         """Its responses, with those every route of its kind gives (see the module's docstring)."""
         out: dict[str, dict[str, Any]] = {}
@@ -171,6 +182,15 @@ class RouteTable:
     def __init__(self) -> None:
         self._routes: list[Route] = []
 
+    @classmethod
+    def joined(cls, *tables: RouteTable) -> RouteTable:
+        """One table of the routes of ``tables``, in their order (each resource's routes are declared in a module of
+        their own); a route declared in two of them is refused as within one."""
+        table = cls()
+        for route in itertools.chain.from_iterable(tables):
+            table._add(route)
+        return table
+
     def __iter__(self) -> Iterator[Route]:
         return iter(self._routes)
 
@@ -189,13 +209,15 @@ class RouteTable:
                 raise TypeError(f"{method} {path}: auth {route.auth!r} is not one of {get_args(Auth)}")
             if not route.summary or "\n" in route.summary:
                 raise TypeError(f"{handler.__name__}: a route's handler needs a one-line docstring (its summary)")
-            clash = [r for r in self._routes if (r.method, r.path) == (method, path) or r.endpoint == route.endpoint]
-            if clash or any(r.operation_id == operation_id for r in self._routes):
-                raise TypeError(f"{method} {path} ({operation_id}) is declared twice")
-            self._routes.append(route)
+            self._add(route)
             return handler
 
         return add
+
+    def _add(self, route: Route) -> None:
+        if any(route.clashes_with(r) for r in self._routes):
+            raise TypeError(f"{route.method} {route.path} ({route.operation_id}) is declared twice")
+        self._routes.append(route)
 
     def scopes(self) -> dict[str, Scope | None]:
         """Each endpoint's scope (None: it takes no API token: the probes, and the heartbeat, which takes the job's)."""

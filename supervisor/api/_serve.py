@@ -3,7 +3,9 @@ and port 0 works), and hypercorn's trio worker with the edge fixes (``_edge``) a
 
 from __future__ import annotations
 
+import functools
 import socket
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import hypercorn.trio.run
@@ -93,58 +95,76 @@ async def serve_http(
     supervisor.metrics.registry.register(edge)
     hconfig = hypercorn_config(limits, edge)
     app = create_app(supervisor, credentials, limits=limits, edge=edge)
-
-    async def serve_once(*, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        # A duplicate of the listening socket for each run: serve_listeners closes what it is given, and the socket
-        # (with its backlog) must outlive every run.
-        listener = sock.dup()
-        try:
-            await hypercorn.trio.run.worker_serve(
-                wrap_app(app, hconfig.wsgi_max_body_size, None),
-                hconfig,
-                sockets=Sockets(secure_sockets=[], insecure_sockets=[listener], quic_sockets=[]),
-                shutdown_trigger=shutdown.wait,
-                task_status=task_status,
-            )
-        finally:
-            listener.close()
-
-    started = False
-    delay_s = RESTART_MIN_S
     try:
-        while True:
-            began = trio.current_time()
-            failure: Exception | None = None
-            try:
-                async with trio.open_nursery() as nursery:
-                    await nursery.start(serve_once)
-                    if not started:
-                        task_status.started()
-                        started = True
-                    edge.serving = True
-            except Exception as exc:
-                if not started:
-                    raise
-                failure = exc
-            finally:
-                edge.serving = False
-            if shutdown.is_set():
-                return
-            if trio.current_time() - began >= RESTART_RESET_AFTER_S:
-                delay_s = RESTART_MIN_S
-            edge.restarted(failure)
-            log.error(
-                "http_server_restarted",
-                error=f"{type(failure).__name__}: {failure}" if failure is not None else "it returned",
-                restart_in_s=delay_s,
-                restarts=edge.server_restarts,
-                effect="requests wait in the socket's backlog meanwhile; every job stays watched",
-                exc_info=failure,
-            )
-            with trio.move_on_after(delay_s):
-                await shutdown.wait()  # a stop asked during the backoff ends it at once
-            if shutdown.is_set():
-                return
-            delay_s = min(delay_s * 2, RESTART_MAX_S)
+        await _serve_until_shutdown(
+            functools.partial(_serve_once, app, hconfig, sock, shutdown), edge, shutdown, task_status
+        )
     finally:
         done.set()
+
+
+async def _serve_once(
+    app: Any, hconfig: HypercornConfig, sock: socket.socket, shutdown: trio.Event, *, task_status: Any
+) -> None:
+    """One run of hypercorn's trio worker on ``sock``, until ``shutdown`` or until it ends by itself."""
+    # A duplicate of the listening socket for each run: serve_listeners closes what it is given, and the socket
+    # (with its backlog) must outlive every run.
+    listener = sock.dup()
+    try:
+        await hypercorn.trio.run.worker_serve(
+            wrap_app(app, hconfig.wsgi_max_body_size, None),
+            hconfig,
+            sockets=Sockets(secure_sockets=[], insecure_sockets=[listener], quic_sockets=[]),
+            shutdown_trigger=shutdown.wait,
+            task_status=task_status,
+        )
+    finally:
+        listener.close()
+
+
+async def _serve_until_shutdown(
+    serve_once: Callable[..., Awaitable[None]], edge: _edge.EdgeState, shutdown: trio.Event, task_status: Any
+) -> None:
+    """``serve_once`` run again and again until ``shutdown``: the supervised restart loop (``serve_http``'s error
+    boundary). ``task_status.started()`` once the first run listens; a failure before that is raised."""
+    started = False
+    delay_s = RESTART_MIN_S
+    while True:
+        began = trio.current_time()
+        failure: Exception | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(serve_once)
+                if not started:
+                    task_status.started()
+                    started = True
+                edge.serving = True
+        except Exception as exc:
+            if not started:
+                raise
+            failure = exc
+        finally:
+            edge.serving = False
+        if shutdown.is_set():
+            return
+        if trio.current_time() - began >= RESTART_RESET_AFTER_S:
+            delay_s = RESTART_MIN_S
+        _say_restarted(edge, failure, delay_s)
+        with trio.move_on_after(delay_s):
+            await shutdown.wait()  # a stop asked during the backoff ends it at once
+        if shutdown.is_set():
+            return
+        delay_s = min(delay_s * 2, RESTART_MAX_S)
+
+
+def _say_restarted(edge: _edge.EdgeState, failure: Exception | None, delay_s: float) -> None:
+    """The restart counted (``/api/health`` degraded for a while, the metric) and logged as an ERROR."""
+    edge.restarted(failure)
+    log.error(
+        "http_server_restarted",
+        error=f"{type(failure).__name__}: {failure}" if failure is not None else "it returned",
+        restart_in_s=delay_s,
+        restarts=edge.server_restarts,
+        effect="requests wait in the socket's backlog meanwhile; every job stays watched",
+        exc_info=failure,
+    )

@@ -46,20 +46,8 @@ from ._idempotency import (
     follow_up_key,
     key_problem,
 )
-from ._kinds import (
-    ASCII_FLOAT,
-    FEED_URL_MAX_LENGTH,
-    MAX_EPISODES,
-    MAX_FLOAT,
-    MAX_STR_PARAM_LEN,
-    JobKind,
-    KindCatalog,
-    builtin_kinds,
-    coalesce_key,
-    kind_warnings,
-    load_kinds,
-    parse_kind,
-)
+from ._kinds import JobKind, KindCatalog, coalesce_key
+from ._kinds_file import FEED_URL_MAX_LENGTH, MAX_EPISODES, builtin_kinds, kind_warnings, load_kinds, parse_kind
 from ._model import (
     MAX_BATCH,
     MAX_STAGE_LEN,
@@ -95,21 +83,12 @@ from ._page import (
     PageRequest,
     parse_filter_time,
 )
+from ._param_values import ASCII_FLOAT, MAX_FLOAT, MAX_STR_PARAM_LEN
 from ._params import INT64_MAX, INT64_MIN, INT_TEXT, URL_PATTERN, ParamRule
 from ._release import RELEASE
 from ._schedule import SCHEDULE_PREFIX, SCHEDULE_QUERY, Schedule, parse_period, parse_tick
-from ._settings import (
-    EXEC_MODES,
-    SETTINGS,
-    STALL_ACTIONS,
-    ExecMode,
-    Setting,
-    StallAction,
-    parse_bind,
-    read_token_file,
-    redacted_url,
-    settings_table,
-)
+from ._setting_readers import Setting, parse_bind, read_token_file, redacted_url
+from ._settings import EXEC_MODES, SETTINGS, STALL_ACTIONS, ExecMode, StallAction, settings_table
 from ._signing import WEBHOOK_SECRET_PREFIX, webhook_signing_key
 from ._tokens import (
     ANONYMOUS,

@@ -18,17 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import ConfigError
-from ._settings import (
-    SETTINGS,
-    TOML_KEYS,
-    ExecMode,
-    Loader,
-    StallAction,
-    read_settings,
-    read_token_file,
-    redacted_url,
-    unknown_env_names,
-)
+from ._setting_readers import Loader, read_token_file, redacted_url
+from ._settings import SETTINGS, TOML_KEYS, ExecMode, StallAction, read_settings, unknown_env_names
 
 DEFAULT_DOCKER_IMAGE = "podcast-job-supervisor:local"
 

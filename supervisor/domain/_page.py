@@ -15,8 +15,9 @@ from datetime import UTC, datetime
 
 from ._errors import ValidationError
 from ._idempotency import key_problem
-from ._kinds import KindCatalog, ParamValue
+from ._kinds import KindCatalog
 from ._model import JobStatus
+from ._param_values import ParamValue
 from ._params import INT64_MAX, INT64_MIN
 
 MAX_LIST_LIMIT = 1000

@@ -1,8 +1,9 @@
 """Every setting of the supervisor, declared once (``SETTINGS``): its ``Config`` field, its environment variable and
 TOML key, how a raw value is read (its type, unit, floor, ceiling, what junk falls back to, or that there is no safe
-fallback), how its default is shown, and what it means. Loading (``_config.load_config``), the TOML keys a file may
-hold, ``check-config`` and the settings table of ``docs/settings.md`` (``settings_table``; a test holds the page
-to it) all follow from this one table.
+fallback: a reader of ``_setting_readers``), how its default is shown, and what it means; the settings of where jobs
+run and of the fleet are declared in ``_execution_fleet_settings``, and joined here. Loading
+(``_config.load_config``), the TOML keys a file may hold, ``check-config`` and the settings table of
+``docs/settings.md`` (``settings_table``; a test holds the page to it) all follow from this one table.
 
 Rules (ADR-0002, INV-MALFORMED-NEVER-UNBOUNDED): a malformed number falls back to its default with a WARNING naming
 the variable, never to "unbounded"; a value below its floor is raised to the floor, with a WARNING; a setting with
@@ -12,347 +13,29 @@ no safe fallback is collected into one ``ConfigError`` that names every such set
 from __future__ import annotations
 
 import difflib
-import math
-import re
-import urllib.parse
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Literal, get_args
 
-from ._errors import ConfigError
-from ._signing import webhook_signing_key
+from ._execution_fleet_settings import EXECUTION_AND_FLEET_SETTINGS
+from ._setting_readers import (
+    BIND,
+    HTTP_URL,
+    KEEP,
+    PATH,
+    TEXT,
+    TOKEN_FILE,
+    WEBHOOK_SECRET,
+    Choice,
+    Loader,
+    Num,
+    Setting,
+)
 
 # The one list of exec modes (``execution.create_executor`` builds each; the OpenAPI document enumerates these).
 ExecMode = Literal["subprocess", "docker"]
 EXEC_MODES: tuple[ExecMode, ...] = get_args(ExecMode)
 StallAction = Literal["alert", "terminate"]
 STALL_ACTIONS: tuple[StallAction, ...] = get_args(StallAction)
-DATABASE_POOLERS = ("none", "transaction")
-DATABASE_URL_SCHEMES = ("postgresql://", "postgres://")
-_HOST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-# Docker object names: a network or a named volume.
-_DOCKER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-
-
-def redacted_url(url: str) -> str:
-    """``url`` without its password: what logs, errors and ``check-config`` may show."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return "(an unparsable URL)"
-    if password is None:
-        return url
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
-
-
-MAX_TOKEN_FILE_BYTES = 4096
-
-
-def read_token_file(path: Path) -> str:
-    """The operator token held in ``path`` (surrounding white space dropped). Blocking: call it off the loop.
-
-    An unreadable or empty file is a ``ConfigError``: never a silent fallback to "no token" (an open API).
-    """
-    try:
-        with path.open("rb") as fh:
-            data = fh.read(MAX_TOKEN_FILE_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError([f"cannot read the API token file {path}: {exc.strerror or exc}"]) from exc
-    if len(data) > MAX_TOKEN_FILE_BYTES:
-        raise ConfigError([f"the API token file {path} is larger than {MAX_TOKEN_FILE_BYTES} bytes"])
-    try:
-        token = data.decode("utf-8").strip()
-    except UnicodeDecodeError:
-        raise ConfigError([f"the API token file {path} is not UTF-8 text"]) from None
-    if not token:
-        raise ConfigError([f"the API token file {path} is empty"])
-    if any(ch.isspace() or not ch.isprintable() for ch in token):
-        raise ConfigError([f"the API token file {path} holds more than one printable word"])
-    return token
-
-
-def parse_bind(text: str) -> tuple[str, int]:
-    """Parse ``host:port`` (``[v6]:port`` for IPv6) into its parts."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host:
-        raise ValueError("expected HOST:PORT")
-    host = host.removeprefix("[").removesuffix("]")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ValueError(f"port {port_text!r} is not a number") from None
-    if not 0 <= port <= 65535:
-        raise ValueError(f"port {port} is out of range")
-    return host, port
-
-
-@dataclass
-class Loader:
-    """Collects WARNING-level fallbacks and hard errors while settings are read."""
-
-    warnings: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-
-
-class Reader(Protocol):
-    """How a raw value (a string from the environment, or a TOML value) becomes ``Config`` fields: ``where`` names
-    it in a message; ``values`` are the fields read so far (a setting may depend on an earlier one). ``KEEP`` keeps
-    the default (a fallback or a problem was recorded on the loader)."""
-
-    @property
-    def rule(self) -> str: ...
-
-    def __call__(self, loader: Loader, where: str, raw: object, default: Any, values: dict[str, Any]) -> Any: ...
-
-
-KEEP = object()  # a reader's answer: keep the default (a fallback or a problem was recorded)
-
-
-@dataclass(frozen=True)
-class Num:
-    """A number; ``off``: ``<= 0`` disables (None)."""
-
-    integer: bool = False
-    floor: float | None = None
-    ceiling: float | None = None
-    off: bool = False
-
-    @property
-    def rule(self) -> str:
-        limits = (("floor", self.floor), ("ceiling", self.ceiling))
-        bounds = ", ".join(f"{name} {_plain(value)}" for name, value in limits if value is not None)
-        return "; ".join(part for part in (bounds, "`<= 0` disables" if self.off else "", self._junk) if part)
-
-    @property
-    def _junk(self) -> str:
-        return "junk or not a whole number → default" if self.integer else "junk → default"
-
-    def __call__(self, loader: Loader, where: str, raw: object, default: Any, values: dict[str, Any]) -> Any:
-        try:
-            if isinstance(raw, bool) or not isinstance(raw, int | float | str):
-                raise ValueError("not a number")
-            value = float(raw)
-            if not math.isfinite(value) or (self.integer and value != int(value)):
-                raise ValueError("not a finite number of its kind")
-        except (TypeError, ValueError):
-            # INV-MALFORMED-NEVER-UNBOUNDED: junk means the default, never "no limit".
-            loader.warnings.append(f"{where}={raw!r} is not a valid number; using the default {default!r}")
-            return default
-        if self.off and value <= 0:
-            return None
-        if self.floor is not None and value < self.floor:
-            loader.warnings.append(f"{where}={raw!r} is below the floor {self.floor!r}; using {self.floor!r}")
-            value = self.floor
-        if self.ceiling is not None and value > self.ceiling:
-            loader.warnings.append(f"{where}={raw!r} is above the ceiling {self.ceiling!r}; using {self.ceiling!r}")
-            value = self.ceiling
-        return int(value) if self.integer else float(value)
-
-
-@dataclass(frozen=True)
-class Choice:
-    """One of a fixed set of words, case-insensitive. No fallback: guessing an exec mode would run jobs where the
-    operator did not choose, and a mistyped stall action must not quietly leave stalled jobs running."""
-
-    words: tuple[str, ...]
-
-    @property
-    def rule(self) -> str:
-        return f"not {'/'.join(f'`{w}`' for w in self.words)} → **error**"
-
-    def __call__(self, loader: Loader, where: str, raw: object, default: Any, values: dict[str, Any]) -> Any:
-        word = str(raw).lower()
-        if word in self.words:
-            return word
-        loader.problems.append(f"{where}={raw!r}: must be one of {', '.join(self.words)}")
-        return KEEP
-
-
-@dataclass(frozen=True)
-class Custom:
-    """A setting read by a function of its own; its rule (its fallback, or its error) is declared with it."""
-
-    read: Callable[[Loader, str, object, dict[str, Any]], Any]
-    rule: str = ""
-
-    def __call__(self, loader: Loader, where: str, raw: object, default: Any, values: dict[str, Any]) -> Any:
-        return self.read(loader, where, raw, values)
-
-
-def _plain(value: float) -> str:
-    return f"{value:g}"
-
-
-def _text(loader: Loader, where: str, raw: object, values: dict[str, Any]) -> str | None:
-    text = str(raw).strip()
-    return text or None
-
-
-def _path(loader: Loader, where: str, raw: object, values: dict[str, Any]) -> Path:
-    return Path(str(raw))
-
-
-TEXT = Custom(_text, "—")
-PATH = Custom(_path, "—")
-
-
-def _bind(loader: Loader, where: str, raw: object, values: dict[str, Any]) -> Any:
-    try:
-        values["bind_host"], values["bind_port"] = parse_bind(str(raw))
-    except ValueError as exc:
-        loader.problems.append(f"{where}={raw!r}: {exc}")
-    return KEEP
-
-
-def _token_file(loader: Loader, where: str, raw: object, values: dict[str, Any]) -> Any:
-    if values.get("api_token"):
-        # Two sources would leave an operator guessing which one the server uses.
-        loader.problems.append(f"{where}: set either PODCAST_JOB_API_TOKEN or PODCAST_JOB_API_TOKEN_FILE, not both")
-        return KEEP
-    path = Path(str(raw))
-    try:
-        values["api_token"] = read_token_file(path)
-    except ConfigError as exc:
-        loader.problems.extend(f"{where}: {problem}" for problem in exc.problems)
-        return KEEP
-    return path
-
-
-def _run_dir(loader: Loader, where: str, raw: object, values: dict[str, Any]) -> Any:
-    word = str(raw)
-    if word.lower() in ("auto", "off"):
-        return word.lower()
-    if Path(word).is_absolute():
-        return word
-    loader.problems.append(f"{where}={raw!r}: must be auto, off or an absolute path")
-    return KEEP
-
-
-def _postgres_url(loader: Loader, where: str, raw: object, why: str) -> Any:
-    url = str(raw)
-    if url.startswith(DATABASE_URL_SCHEMES):
-        return url
-    shown = redacted_url(url) if "://" in url else "(not a URL)"
-    loader.problems.append(f"{where}={shown!r}: must be a postgresql:// URL{why}")
-    return KEEP
-
-
-def _database_url(loader: Loader, where: str, raw: object, values: dict[str, Any]) -> Any:
-    # Guessing would put the queue somewhere the operator did not choose: SQLite is chosen by leaving it unset.
-    return _postgres_url(loader, where, raw, " (unset, the registry is SQLite in the data dir)")
-
-
-def _listen_url(loader: Loader, where: str, raw: object, values: dict[str, Any]) -> Any:
-    return _postgres_url(loader, where, raw, "")
-
-
-def _http_url(loader: Loader, where: str, raw: object, values: dict[str, Any]) -> Any:
-    url = str(raw).strip()
-    if url.startswith(("http://", "https://")):
-        return url
-    loader.problems.append(f"{where}={raw!r}: must be an http:// or https:// URL")
-    return KEEP
-
-
-def _webhook_secret(loader: Loader, where: str, raw: object, values: dict[str, Any]) -> Any:
-    secret = str(raw).strip()
-    try:
-        webhook_signing_key(secret)
-    except ValueError as exc:
-        # Never the value itself: the secret stays out of every message (check-config prints "(set)").
-        loader.problems.append(f"{where}: {exc}")
-        return KEEP
-    return secret or None
-
-
-def _heartbeat_url(loader: Loader, where: str, raw: object, values: dict[str, Any]) -> Any:
-    url = str(raw).strip()
-    if re.fullmatch(r"https?://[^/\s?#]+(/[^\s?#]*)?", url):
-        return url.rstrip("/")
-    loader.problems.append(
-        f"{where}={raw!r}: must be an http:// or https:// URL with a host, e.g. http://supervisor:8000"
-    )
-    return KEEP
-
-
-def _docker_image(loader: Loader, where: str, raw: object, values: dict[str, Any]) -> Any:
-    image = str(raw).strip()
-    if image and not any(ch.isspace() for ch in image):
-        return image
-    # An empty image name would make every docker job fail to start; a default image is no better a guess.
-    loader.problems.append(f"{where}={raw!r}: must be an image reference, e.g. name:tag")
-    return KEEP
-
-
-def _docker_network(loader: Loader, where: str, raw: object, values: dict[str, Any]) -> Any:
-    network = str(raw).strip()
-    if _DOCKER_NAME.fullmatch(network):
-        return network
-    loader.problems.append(f"{where}={raw!r}: must be a Docker network name")
-    return KEEP
-
-
-def _docker_volume(loader: Loader, where: str, raw: object, values: dict[str, Any]) -> Any:
-    volume = str(raw).strip()
-    if volume.startswith("/") or _DOCKER_NAME.fullmatch(volume):
-        return volume
-    loader.problems.append(f"{where}={raw!r}: must be a volume name or an absolute host path")
-    return KEEP
-
-
-def _boolean(loader: Loader, where: str, raw: object, values: dict[str, Any]) -> Any:
-    word = str(raw).lower()
-    if word in ("1", "true", "yes", "on"):
-        return True
-    if word in ("0", "false", "no", "off"):
-        return False
-    loader.problems.append(f"{where}={raw!r}: must be true or false")
-    return KEEP
-
-
-def _host_id(loader: Loader, where: str, raw: object, values: dict[str, Any]) -> Any:
-    word = str(raw)
-    if _HOST_ID.fullmatch(word):
-        return word
-    # No fallback: another host's name, or a made-up one, would judge or orphan the wrong jobs.
-    loader.problems.append(f"{where}={raw!r}: a host id is 1-64 letters, digits, '.', '_' or '-'")
-    return KEEP
-
-
-def _host_max_concurrent(loader: Loader, where: str, raw: object, values: dict[str, Any]) -> Any:
-    text = str(raw).strip()
-    if text.isdigit() and int(text) >= 1:
-        return int(text)
-    # No fallback: "no cap of its own" is not what an operator who set one meant.
-    loader.problems.append(f"{where}={raw!r}: must be a whole number of jobs, at least 1")
-    return KEEP
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One setting: ``attr`` its ``Config`` field (``bind`` sets two), ``env`` its variable, ``read`` how its raw
-    value is read, ``default`` how the table shows its default, ``rule`` its fallback or error (None: the reader's),
-    ``help`` what it means."""
-
-    attr: str
-    env: str
-    read: Reader
-    default: str
-    help: str
-    rule: str | None = None
-
-    @property
-    def toml(self) -> str:
-        """Its key in a ``--config`` TOML file."""
-        return self.attr
-
-    @property
-    def rule_text(self) -> str:
-        return self.rule if self.rule is not None else self.read.rule
-
 
 SETTINGS: tuple[Setting, ...] = (
     Setting(
@@ -365,7 +48,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "bind",
         "PODCAST_JOB_BIND",
-        Custom(_bind),
+        BIND,
         default="`127.0.0.1:8000`",
         rule="unparsable → **error**",
         help="HTTP listen address `HOST:PORT` (`[v6]:PORT`); port 0 picks a free port",
@@ -443,7 +126,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "api_token_file",
         "PODCAST_JOB_API_TOKEN_FILE",
-        Custom(_token_file),
+        TOKEN_FILE,
         default="unset",
         rule="unreadable, empty, several words or set together with `PODCAST_JOB_API_TOKEN` → **error**",
         help=(
@@ -474,7 +157,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "webhook_url",
         "PODCAST_JOB_WEBHOOK_URL",
-        Custom(_http_url),
+        HTTP_URL,
         default="unset (no webhooks, no outbox)",
         rule="not http(s) → **error**",
         help="where job events are POSTed ([Webhooks](api.md#webhooks))",
@@ -489,7 +172,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "webhook_secret",
         "PODCAST_JOB_WEBHOOK_SECRET",
-        Custom(_webhook_secret),
+        WEBHOOK_SECRET,
         default="unset (unsigned)",
         rule="`whsec_` not followed by the base64 of 24 to 64 bytes → **error**",
         help=(
@@ -628,197 +311,8 @@ SETTINGS: tuple[Setting, ...] = (
             "write](#when-the-registry-cannot-write)"
         ),
     ),
-    Setting(
-        "run_dir",
-        "PODCAST_JOB_RUN_DIR",
-        Custom(_run_dir),
-        default=(
-            "`auto`: `/dev/shm/podcast-supervisor-<uid>/<hash of the data dir>` (made `0700`); none where "
-            "`/dev/shm` is not a directory"
-        ),
-        rule=(
-            "not `auto`, `off` or an absolute path → **error**; a directory others can write to (or not this "
-            "user's) → each start fails `spawn_failed: cannot use the run directory … (PODCAST_JOB_RUN_DIR)`"
-        ),
-        help=(
-            "subprocess mode: where the shepherd keeps jobs' state records while the supervisor is connected "
-            "(tmpfs: no journal on the way from one job's exit to the next one's start). `off`: next to the logs "
-            'at once (slower, as before). `check-config` prints where it lands (`run_dir_path`). See "The '
-            'shepherd"'
-        ),
-    ),
-    Setting(
-        "shepherd_trace_file",
-        "PODCAST_JOB_SHEPHERD_TRACE_FILE",
-        PATH,
-        default="unset (no trace)",
-        help=(
-            "diagnostics: a file the shepherd appends one JSON line to at each job's start (`ev: started`, pid, "
-            "start time, `started_at`, its own identity) and exit (`ev: exited`, exit code or signal, "
-            "`ended_at`), on its clock. It grows without bound: for benchmarks and investigations, not for every "
-            "day (`make bench` sets it)"
-        ),
-    ),
-    Setting(
-        "cancel_grace_s",
-        "PODCAST_JOB_CANCEL_GRACE_SECONDS",
-        Num(floor=0.0),
-        default="`30`",
-        help="SIGTERM → SIGKILL grace on cancel",
-    ),
-    Setting(
-        "docker_image",
-        "PODCAST_JOB_DOCKER_IMAGE",
-        Custom(_docker_image),
-        default="`podcast-job-supervisor:local`",
-        rule="empty or with white space → **error**",
-        help=(
-            "docker mode: the image every job container runs (it must hold `python3` and this project; "
-            "`scripts/docker-engine.sh up` or `compose/Dockerfile` builds one). It must be on the engine: a "
-            "missing image fails the job `spawn_failed: image … is not on the Docker engine`; nothing is pulled"
-        ),
-    ),
-    Setting(
-        "docker_network",
-        "PODCAST_JOB_DOCKER_NETWORK",
-        Custom(_docker_network),
-        default="unset: the engine's default bridge",
-        rule="not a network name → **error**",
-        help=(
-            "docker mode: the network job containers join; the one on which they reach "
-            "`PODCAST_JOB_HEARTBEAT_BASE_URL` (compose: `podcast_jobs`; a supervisor on the host: `host`)"
-        ),
-    ),
-    Setting(
-        "docker_data_volume",
-        "PODCAST_JOB_DOCKER_DATA_VOLUME",
-        Custom(_docker_volume),
-        default="unset: the supervisor's data dir, bind-mounted",
-        rule="not a volume name nor an absolute path → **error**",
-        help=(
-            "docker mode: what is mounted in each job container at the supervisor's data dir path (also the job's"
-            " working directory). A supervisor on the host needs nothing; one in a container names its volume "
-            "(compose: `podcast_corpus`)"
-        ),
-    ),
-    Setting(
-        "docker_timeout_s",
-        "PODCAST_JOB_DOCKER_TIMEOUT_SECONDS",
-        Num(floor=0.5),
-        default="`10`",
-        help=(
-            "docker mode: how long any call to the engine waits for its answer (a `docker stop` adds its grace; a"
-            " wait for a container's exit is a slice of its own). An engine that accepts and never answers is "
-            "*unknown* after it, never a hang. Too short for your engine's `docker start` and a slow start fails "
-            "its job ([operations.md, Docker mode](operations.md#docker-mode))"
-        ),
-    ),
-    Setting(
-        "heartbeat_base_url",
-        "PODCAST_JOB_HEARTBEAT_BASE_URL",
-        Custom(_heartbeat_url),
-        default="unset: the address the server is bound to (`http://127.0.0.1:PORT` for a wildcard bind)",
-        rule=(
-            "not an http(s) URL with a host → **error**; unset in docker mode without "
-            "`PODCAST_JOB_DOCKER_NETWORK=host` → WARNING"
-        ),
-        help=(
-            "where jobs send heartbeats (`<url>/api/jobs/<id>/heartbeat`), in both modes. From a container, the "
-            "loopback address is the container's own: compose sets `http://supervisor:8000`; a supervisor on the "
-            "host with `PODCAST_JOB_DOCKER_NETWORK=host` can keep the default"
-        ),
-    ),
-    Setting(
-        "database_url",
-        "PODCAST_JOB_DATABASE_URL",
-        Custom(_database_url),
-        default="unset: the SQLite file `<data dir>/.viewer/jobs.sqlite3`",
-        rule="not `postgresql://` (or `postgres://`) → **error** naming it",
-        help=(
-            "the registry in a PostgreSQL database instead (see [The registry on "
-            "PostgreSQL](fleet.md#the-registry-on-postgresql)). Never printed with its password (`check-config` shows "
-            "`user:***@host`)"
-        ),
-    ),
-    Setting(
-        "database_timeout_s",
-        "PODCAST_JOB_DATABASE_TIMEOUT_SECONDS",
-        Num(floor=0.1),
-        default="`10`",
-        help=(
-            "PostgreSQL: the bound of every registry call, from waiting for a pooled connection to the commit. A "
-            "call past it answers as a registry fault (503 on the API, retried by the core), never a hang"
-        ),
-    ),
-    Setting(
-        "database_auto_migrate",
-        "PODCAST_JOB_DATABASE_AUTO_MIGRATE",
-        Custom(_boolean),
-        default="`true`",
-        rule="not true/false → **error**",
-        help=(
-            "PostgreSQL: apply this release's missing expand migrations at start (contracts wait for `supervisor"
-            " migrate`: [fleet.md](fleet.md#upgrading-a-fleet)). `false`: a supervisor refuses a schema that lacks"
-            " them, and the operator migrates (see below)"
-        ),
-    ),
-    Setting(
-        "database_pooler",
-        "PODCAST_JOB_DATABASE_POOLER",
-        Choice(DATABASE_POOLERS),
-        default="`none`",
-        help=(
-            "PostgreSQL: `transaction` when the URL names a pooler in transaction mode (pgbouncer's `pool_mode = "
-            "transaction`): statements unnamed, settings (the schema from the URL's `search_path` included) set "
-            "by each transaction, no LISTEN (the sweeps move the fleet). See [Behind a connection "
-            "pooler](fleet.md#several-hosts)"
-        ),
-    ),
-    Setting(
-        "database_listen_url",
-        "PODCAST_JOB_DATABASE_LISTEN_URL",
-        Custom(_listen_url),
-        default="unset: the wake-ups' session at `PODCAST_JOB_DATABASE_URL` (none behind a transaction pooler)",
-        rule="not `postgresql://` → **error**; set without `PODCAST_JOB_DATABASE_URL` → **error**",
-        help=(
-            "PostgreSQL: where the fleet's wake-ups are LISTENed to, when the registry's URL is a pooler in "
-            "transaction mode: PostgreSQL itself (or a pool in session mode). One session per host. Never printed"
-            " with its password"
-        ),
-    ),
-    Setting(
-        "host_id",
-        "PODCAST_JOB_HOST_ID",
-        Custom(_host_id),
-        default="the machine's hostname",
-        rule="not 1-64 letters, digits, `.`, `_`, `-` → **error** (another host's name would judge the wrong jobs)",
-        help=(
-            "this supervisor's name in a fleet on one registry ([ADR 0012](adr/0012-fleet.md)): recorded on every"
-            " row it promotes (`host_id`); only this host judges, stops or cancels those jobs' processes. A "
-            "restarted supervisor must keep its host id to adopt its jobs"
-        ),
-    ),
-    Setting(
-        "host_lease_s",
-        "PODCAST_JOB_HOST_LEASE_SECONDS",
-        Num(floor=3.0),
-        default="`15`",
-        help=(
-            "the host's lease on the registry, renewed every third of it. A host whose lease expired is "
-            "**silent**: its running jobs keep their slots (nobody else can see its processes) until it comes "
-            "back, the leader reads proof of their end, or an operator forgets it. The leader stops leading 20 % "
-            "of a lease after its last renewal unless it renews again, so a partitioned leader has let go before "
-            "anyone else may lead"
-        ),
-    ),
-    Setting(
-        "host_max_concurrent",
-        "PODCAST_JOB_HOST_MAX_CONCURRENT",
-        Custom(_host_max_concurrent),
-        default="unset: only the fleet-wide `PODCAST_JOB_MAX_CONCURRENT`",
-        rule='not a whole number ≥ 1 → **error** (never "no cap")',
-        help="this host's own cap on its running jobs, counted with the fleet's in the same atomic promotion",
-    ),
+    # Where jobs run and how they are reached, and where the registry and the fleet live.
+    *EXECUTION_AND_FLEET_SETTINGS,
 )
 
 TOML_KEYS = frozenset(setting.toml for setting in SETTINGS)

@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 import trio
 from api_support import Harness, Live, MakeLive, start_tokened, wait_log_line, wait_terminal
+from quart.wrappers import Request
 from quart_trio import QuartTrio
 from test_http_edge import EXCHANGE_S, HOST, Answer, connect
 
-from supervisor.api import MAX_BODY_BYTES, HttpLimits, _routes, create_app
+from supervisor.api import MAX_BODY_BYTES, HttpLimits, create_app
 from supervisor.domain import JobStatus
 from supervisor.registry import Ending, Outcome
 
@@ -206,17 +207,19 @@ async def test_an_unknown_job_and_an_ended_job_are_401_like_a_wrong_token(harnes
 
 
 async def test_without_the_token_the_body_is_never_parsed(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Quart takes the body off the connection as it comes; what matters is that the core asks for it (its parse,
-    # its limits, its validation) only after the token: a caller without it learns nothing from the answer.
+    # Quart takes the body off the connection as it comes; what matters is that the route asks Quart for it (then
+    # its parse, its limits, its validation) only after the token: a caller without it learns nothing from the answer.
     parsed: list[object] = []
-    real = _routes.json_body
+    request_class = harness.app.request_class
+    real = request_class.get_data
 
-    async def json_body(*args: Any) -> Any:
-        parsed.append(await real(*args))
-        return parsed[-1]
+    async def get_data(self: Request, *args: Any, **kwargs: Any) -> Any:
+        data = await real(self, *args, **kwargs)
+        parsed.append(json.loads(data))
+        return data
 
     job_id, token = await start_tokened(harness)
-    monkeypatch.setattr(_routes, "json_body", json_body)
+    monkeypatch.setattr(request_class, "get_data", get_data)
     path = f"/api/jobs/{job_id}/heartbeat"
     for headers in (json_headers(None), json_headers(token + "x"), json_headers("other")):
         answer = await asgi_post(harness.app, path, headers, body({"completed_units": 1}))
