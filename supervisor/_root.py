@@ -36,7 +36,7 @@ from typing import Any
 import trio
 
 from .api import HttpLimits, bind_socket, public_base_url, serve_http
-from .core import DataDirLock, Supervisor, start_tree
+from .core import DataDirLock, Supervisor
 from .domain import (
     ApiToken,
     Config,
@@ -252,7 +252,7 @@ async def _serve_boot(
     notifier = Notifier()  # systemd's notify socket, when run by systemd (Type=notify)
     try:
         async with trio.open_nursery() as root:
-            await start_tree(supervisor, root)  # the core's tasks, in order (core/_tree.py)
+            await supervisor.start(root)  # the core's tasks, in order (Supervisor.start)
             serve = functools.partial(serve_http, limits=limits)
             await root.start(serve, supervisor, credentials, sock, shutdown, http_done)
             log.info(
@@ -268,7 +268,7 @@ async def _serve_boot(
                 database_pooler=config.database_pooler if config.database_url else None,
                 database_listen=redacted_url(config.database_listen_url) if config.database_listen_url else None,
                 host_id=config.host_id,
-                leader=supervisor.fleet.leading,
+                leader=supervisor.leading,
             )
             if freeze_heap:
                 # Modules, the app and its routes, the kinds: they live as long as the process. Out of the

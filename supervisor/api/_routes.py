@@ -28,7 +28,6 @@ from ..domain import (
     Job,
     JobStatus,
     KindCatalog,
-    RequestError,
     Unauthorized,
     ValidationError,
     to_iso,
@@ -483,13 +482,12 @@ async def heartbeat(supervisor: Supervisor, job_id: str) -> Any:
     token = bearer_token()
     if token is None:
         raise Unauthorized(MISSING_JOB_TOKEN)
-    # The token is checked before the body is read (the core's first call), the beat taken after (ADR 0018).
-    admission = await supervisor.heartbeats.admit(job_id, token)
-    try:
-        progress = parse_progress(await json_body())
-    except RequestError as exc:
-        await supervisor.heartbeats.refuse(admission, exc)
-    supervisor.heartbeats.take(admission, progress)
+
+    async def progress() -> Any:
+        return parse_progress(await json_body())
+
+    # The token is checked before the body is read (the core's first step), the beat taken after (ADR 0018).
+    await supervisor.heartbeat(job_id, token, progress)
     return "", 204
 
 

@@ -39,8 +39,8 @@ from ..execution import Executor, JobHandle, Launch
 from ..observe import get_logger
 from ..registry import Ending, Expect, IdentityClaim, Outcome, PromoteRequest
 from ._boot import Boot, boundary, log_failure, until_recorded
-from ._ledger import Watched
 from ._pause import PauseFile
+from ._ports import MonitorStarts
 from ._rules import ENGINE_UNAVAILABLE
 
 log = get_logger()
@@ -52,25 +52,24 @@ HOLD_RETRY_MAX_S = 10.0
 LEASE_NOT_FRESH = "host_lease_not_fresh"  # a promotion undone: the lease went stale while it was under way
 PAUSE_FILE_APPEARED = "pause_file_appeared"  # a promotion undone: the pause file appeared while it was under way
 
-StartMonitor = Callable[[Watched, Job], Awaitable[None]]
-
 
 class Drainer:
     """See the module docstring. ``wanted``: the bell everyone who may free a slot or queue a job rings (``wake``),
-    the drainer alone waits on; ``start_monitor`` hands a started job to its monitor (``Monitors.start``);
-    ``heartbeat_base_url``: how jobs reach the HTTP API for their heartbeats (None: they are given no URL)."""
+    the drainer alone waits on; ``monitors`` watch a started job (``Monitors.start``); ``pause_file``: the
+    operator's, looked at before each promotion; ``heartbeat_base_url``: how jobs reach the HTTP API for their
+    heartbeats (None: they are given no URL)."""
 
     def __init__(
         self,
         boot: Boot,
         wanted: Doorbell,
-        start_monitor: StartMonitor,
+        monitors: MonitorStarts,
         pause_file: PauseFile,
         heartbeat_base_url: str | None = None,
     ) -> None:
         self.boot = boot
         self.pause_file = pause_file
-        self._start_monitor = start_monitor
+        self._monitors = monitors
         self._lock = trio.Lock()
         self._wanted = wanted
         self._engine = EngineHold(boot.executor)
@@ -333,7 +332,7 @@ class Drainer:
                     entry.request_cancel()  # a cancel that arrived in the spawn window is carried out now
                 fields = self._handle(job).log_fields()
                 log.info("job_spawned", job_id=job.job_id, kind=job.kind, boot_id=self.boot.boot_id, **fields)
-                await self._start_monitor(entry, job)
+                await self._monitors.start(entry, job)
                 handed.add(job.job_id)
             if deferred:
                 # The engine stopped answering between the probe and the start (or did not answer a start in time):

@@ -7,7 +7,6 @@ about (``Expect``). The verdicts come from ``_rules.judge``; this module carries
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
@@ -18,6 +17,7 @@ from ..observe import get_logger
 from ..registry import Expect, IdentityClaim, Outcome
 from ._boot import Boot
 from ._monitor import Monitors
+from ._ports import DrainBell
 from ._rules import STOP_DEADLINE, STOP_STALL, attempt_ended, judge, past_window
 
 log = get_logger()
@@ -41,10 +41,10 @@ class ReconcileReport:
 
 
 class Reconciler:
-    def __init__(self, boot: Boot, monitors: Monitors, wake_drainer: Callable[[], None]) -> None:
+    def __init__(self, boot: Boot, monitors: Monitors, drain_bell: DrainBell) -> None:
         self.boot = boot
         self.monitors = monitors
-        self._wake_drainer = wake_drainer
+        self._drain_bell = drain_bell
         self._lock = trio.Lock()
 
     async def reconcile(self, *, stale_marks_live_processes: bool) -> ReconcileReport:
@@ -177,7 +177,7 @@ class Reconciler:
             seen = liveness.value if liveness else None
             details.append(ReconcileDetail(job.job_id, action, decision.reason, seen, not this_boot, still_running))
         if updated:
-            self._wake_drainer()
+            self._drain_bell.ring()
         return ReconcileReport(updated, details)
 
     async def stop_stalled(self, job: Job) -> None:

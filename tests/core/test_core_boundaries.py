@@ -71,7 +71,7 @@ async def make_world(tmp_path: Path) -> AsyncIterator[Callable[..., World]]:
             )
             sup.attach(nursery)
             if drainer:
-                nursery.start_soon(sup.run_drainer)
+                nursery.start_soon(sup.drainer.run)
             return World(sup, machine, registry)
 
         yield make
@@ -458,7 +458,7 @@ async def test_a_bug_in_a_start_task_ends_the_supervisor(
             machine = MemoryExecutor(PROGRAMS, machines)
             sup = Supervisor(config, load_kinds(kinds), registry, executor=machine, standalone=True)
             sup.attach(nursery)
-            await nursery.start(sup.run_drainer)
+            await nursery.start(sup.drainer.run)
             await sup.enqueue("sleep", {"seconds": 5})
             await raised.wait()
             with trio.move_on_after(3600):  # the bug ends the tree before this ends (nothing waits on a thread)
@@ -534,7 +534,7 @@ async def test_the_lease_renews_on_its_own_clock_however_slow_the_leaders_other_
     with capture_logs() as logs:
         async with trio.open_nursery() as machines, trio.open_nursery() as nursery:
             sup = Supervisor(config, load_kinds(None), registry, executor=MemoryExecutor(PROGRAMS, machines))
-            await nursery.start(sup.run_fleet)
+            await nursery.start(sup.fleet.run)
             start = trio.current_time()
             samples = []
             for _ in range(200):  # 20 periods, looked at ten times a period

@@ -94,7 +94,7 @@ async def make_world(tmp_path: Path) -> AsyncIterator[Callable[..., World]]:
                 standalone=True,
             )
             sup.attach(nursery)
-            nursery.start_soon(sup.run_drainer)
+            nursery.start_soon(sup.drainer.run)
             return World(sup, step_s)
 
         yield make

@@ -52,7 +52,7 @@ async def test_drain_returns_while_its_job_still_runs(make_supervisor: Callable[
     job = started[0]
     # The drain contract: spawned and identity recorded when drain returns, and nobody waited for the job.
     assert job.status is JobStatus.RUNNING
-    assert job.identity is not None and job.identity.kind == 'process'
+    assert job.identity is not None and job.identity.kind == "process"
     await sup.cancel(job.job_id)
     ended = await wait_terminal(sup, job.job_id)
     assert (ended.status, ended.error_reason) == (JobStatus.CANCELLED, "cancelled")

@@ -151,9 +151,9 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Callable[..., Host]]:
                 standalone=not fleet_task,  # a host without its fleet task promotes without a lease
             )
             sup.attach(nursery)
-            nursery.start_soon(sup.run_drainer)
+            nursery.start_soon(sup.drainer.run)
             if fleet_task:
-                nursery.start_soon(sup.run_fleet)
+                nursery.start_soon(sup.fleet.run)
             return Host(sup, machine, view)
 
         yield make

@@ -376,7 +376,7 @@ async def test_a_start_the_engine_cannot_make_requeues_the_job_uncounted_holds_t
             )
             sup.events.subscribe(on_event)
             sup.attach(nursery)
-            await nursery.start(sup.run_drainer)  # no sweeper: the drainer alone must come back to the queue
+            await nursery.start(sup.drainer.run)  # no sweeper: the drainer alone must come back to the queue
             job = (await sup.enqueue("exit", {"code": 0})).job
             # No deadline around the waits: the autojumping clock jumps to a pending deadline while a worker thread
             # runs (the pause file's look), which would end a bound early. pytest-timeout is the backstop.
