@@ -153,20 +153,7 @@ class Fleet:
                     self.boot.host_id, self.boot.boot_id, lease_s=self._lease_s, lead=True, succeeds=self.succeeds
                 )
         except HostForgotten as exc:
-            # INV-FORGET-IS-FENCED: never a lease again for this boot, so never a promotion or a lead; its jobs' rows
-            # were ended by the operator's forget and may run elsewhere now.
-            if not self.forgotten:
-                self.forgotten = True
-                log.error(
-                    "host_forgotten_by_operator",
-                    host_id=self.boot.host_id,
-                    boot_id=self.boot.boot_id,
-                    error=str(exc),
-                    done="its running jobs are being stopped: their rows were ended (and resubmitted where attempts "
-                    "remain) and are not this boot's any more",
-                    fix="restart this supervisor to register a new boot; retry (kill-and-resubmit) what must run",
-                )
-                self._hosts.this_boot_forgotten()
+            self._forgotten(exc)
             return
         except trio.TooSlowError:
             # A hang (a partition): each failed renewal is a DEBUG line; host_lease_stale says the episode, on time.
@@ -189,7 +176,30 @@ class Fleet:
         self._note_drained(lease.drained)
         self._note_leading()
         self._note_fresh()
-        if first and lease.replaced is not None and lease.replaced.boot_id == self.succeeds:
+        if first:
+            self._say_whom_it_replaced(lease)
+
+    def _forgotten(self, exc: HostForgotten) -> None:
+        # INV-FORGET-IS-FENCED: never a lease again for this boot, so never a promotion or a lead; its jobs' rows
+        # were ended by the operator's forget and may run elsewhere now.
+        if self.forgotten:
+            return
+        self.forgotten = True
+        log.error(
+            "host_forgotten_by_operator",
+            host_id=self.boot.host_id,
+            boot_id=self.boot.boot_id,
+            error=str(exc),
+            done="its running jobs are being stopped: their rows were ended (and resubmitted where attempts "
+            "remain) and are not this boot's any more",
+            fix="restart this supervisor to register a new boot; retry (kill-and-resubmit) what must run",
+        )
+        self._hosts.this_boot_forgotten()
+
+    def _say_whom_it_replaced(self, lease: Lease) -> None:
+        """This boot's first lease, taken over from a previous boot of this host id: its own predecessor, or a live
+        one (a crash, or two supervisors with one host id)."""
+        if lease.replaced is not None and lease.replaced.boot_id == self.succeeds:
             log.info(
                 "host_restarted",
                 host_id=self.boot.host_id,
@@ -199,7 +209,7 @@ class Fleet:
                 why="its previous boot on this data dir is gone (the data dir's lock was free): its lease and lead "
                 "are taken at once",
             )
-        elif first and lease.replaced is not None and lease.replaced.live:
+        elif lease.replaced is not None and lease.replaced.live:
             # A restart after a crash looks the same as a second machine given this host id: say which it may be.
             log.warning(
                 "host_id_taken_over",
