@@ -146,8 +146,8 @@ class Supervisor:
 
     Its parts are public attributes too (``boot``, ``drainer``, ``monitors``, ``reconciler``, ``sweeper``, ``fleet``,
     ``heartbeats``, ``absence``, ``queue_watch``, ``pruner``, ``pause_file``, ``enqueuer``, ``webhooks``,
-    ``event_log``, ``metrics``): the seam of a test that drives the tree by hand (``attach``, then ``drain``,
-    ``sweep``, ``reconcile`` or a part's own verb), never of a client.
+    ``event_log``, ``metrics``): the seam of a test that drives the tree by hand (``attach``, then a part's own verb:
+    ``drainer.drain``, ``sweeper.sweep``, ``reconciler.reconcile``), never of a client.
     """
 
     def __init__(
@@ -387,9 +387,6 @@ class Supervisor:
 
     # -- the queue ----------------------------------------------------------------------------------------
 
-    async def drain(self) -> list[Job]:
-        return await self.drainer.drain()
-
     async def is_paused(self) -> bool:
         return (await self.boot.registry.pause_state()).paused
 
@@ -425,7 +422,7 @@ class Supervisor:
             return await work()
         return await self.boot.run_in_tree(work, step)
 
-    # -- cancel, reconcile, sweep ------------------------------------------------------------------------------
+    # -- cancel, bulk, the operator's reconcile, prune -----------------------------------------------------------
 
     async def cancel(self, job_id: str, *, by: By = None) -> Job:
         return await self.monitors.cancel(job_id, by)
@@ -434,22 +431,16 @@ class Supervisor:
         """An operator's dry run or bulk action (``Bulk``): cancel or retry every job a selection names."""
         return await self.bulk.run(request, by)
 
-    async def reconcile(self, *, stale_marks_live_processes: bool) -> ReconcileReport:
-        return await self.reconciler.reconcile(stale_marks_live_processes=stale_marks_live_processes)
-
     async def operator_reconcile(self) -> ReconcileReport:
         """The manual reconcile route: an operator may evict a live job past the wall-clock window. Then the drainer
         runs a round for the slots it freed. Both in the nursery tree (``_in_tree``)."""
 
         async def work() -> ReconcileReport:
-            report = await self.reconcile(stale_marks_live_processes=True)
+            report = await self.reconciler.reconcile(stale_marks_live_processes=True)
             await self.drainer.round()
             return report
 
         return await self._in_tree(work, "operator_reconcile_failed")
-
-    async def sweep(self) -> None:
-        await self.sweeper.sweep()
 
     async def prune(self, *, dry_run: bool, limit: int) -> list[PrunedJob]:
         """The operator's prune, now: up to ``limit`` finished jobs past the retention, oldest first, removed with
