@@ -402,6 +402,18 @@ async def test_the_event_bus_drawing_names_every_subscriber_of_a_boot(
     assert drawn == subscribed
 
 
+def test_the_core_s_wiring_names_every_protocol_a_part_takes() -> None:
+    """Each protocol of ``core/_ports.py`` (what one part offers another) is named in docs/architecture.md § The core's
+    wiring, and the section names none that is not there."""
+    ports = ast.parse((ROOT / "supervisor" / "core" / "_ports.py").read_text())
+    protocols = {node.name for node in ports.body if isinstance(node, ast.ClassDef)}
+    assert len(protocols) >= 8, protocols  # the protocols were found
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    section = page.split("### The core's wiring", 1)[1].split("\n#", 1)[0]
+    named = {name.split(".")[0] for name in re.findall(r"`([A-Z]\w*(?:\.\w+)?)`", section)}
+    assert protocols - named == set()
+
+
 class _RecordingRoot:
     """Stands for the root nursery given to ``Supervisor.start``: notes each task asked of it and starts none (the job
     nursery it asks for is a real one)."""

@@ -70,3 +70,41 @@ def test_the_check_fails_on_a_client_that_reaches_past_the_supervisor() -> None:
         "x.py:4: sets supervisor.start",
         "x.py:5: supervisor.fleet",
     ]
+
+
+def subscriptions_outside(root: Path, allowed: set[tuple[str, str]]) -> list[str]:
+    """Each subscription to an event bus (``events.subscribe(...)``, ``bus.subscribe(...)``) under ``root`` made by a
+    function whose (module, name) is not in ``allowed``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for function in ast.walk(tree):
+            if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(function):
+                called = node.func if isinstance(node, ast.Call) else None
+                subscribes = isinstance(called, ast.Attribute) and called.attr == "subscribe" and _a_bus(called.value)
+                if subscribes and (path.name, function.name) not in allowed:
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: {function.name}")
+    return found
+
+
+def _a_bus(node: ast.expr) -> bool:
+    name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+    return name in {"events", "bus"}
+
+
+def test_the_event_bus_listeners_are_declared_where_the_bus_is_built() -> None:
+    """No part subscribes itself (a constructor that does hides a call back into the core): one method of
+    ``Supervisor``, beside the bus's construction, declares them all (docs/architecture.md § The event seam)."""
+    assert subscriptions_outside(ROOT / "supervisor" / "core", {("_supervisor.py", "_subscribe")}) == []
+    assert subscriptions_outside(ROOT / "supervisor" / "core", set()) == ["_supervisor.py:" + _subscribe_line()]
+
+
+def _subscribe_line() -> str:
+    source = (ROOT / "supervisor" / "core" / "_supervisor.py").read_text()
+    for node in ast.walk(ast.parse(source)):
+        called = node.func if isinstance(node, ast.Call) else None
+        if isinstance(called, ast.Attribute) and called.attr == "subscribe" and _a_bus(called.value):
+            return f"{node.lineno}: _subscribe"
+    return "none"

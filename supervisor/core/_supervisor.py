@@ -74,7 +74,7 @@ from ._pause import PauseFile
 from ._prune import Pruner
 from ._queue_watch import QueueWatch
 from ._reconcile import Reconciler, ReconcileReport
-from ._scrape import RegistryReads, brought_up, read_registry
+from ._scrape import RegistryReads, brought_up
 from ._silent import SilentHostJobs
 from ._standing import Standing
 from ._status import Health, QueueState, health_of, queue_state_of
@@ -243,7 +243,7 @@ class Supervisor:
             boot, self.reconciler, self.absence, self.drainer, self.metrics, self.pause_file, self.pruner,
             self.queue_watch,
         )  # fmt: skip
-        self.registry_reads = RegistryReads(boot, lambda: read_registry(boot, self.queue_watch))
+        self.registry_reads = RegistryReads(boot, self.queue_watch)
 
     def _subscribe(self, extra: Sequence[Subscriber]) -> None:
         """Every listener of the boot's event bus, in the order each hears an event (docs/architecture.md § The event
