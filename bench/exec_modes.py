@@ -56,7 +56,7 @@ async def run(mode: str, jobs: int, slots: int) -> tuple[float, list[float], int
         with trio.fail_after(LIMIT_S):
             async with trio.open_nursery() as nursery:
                 sup.attach(nursery)
-                nursery.start_soon(sup.run_drainer)
+                nursery.start_soon(sup.drainer.run)
                 started = time.monotonic()
                 batch = await sup.enqueue_many([JobRequest("exit", {"code": 0})] * jobs)
                 while True:

@@ -36,7 +36,7 @@ from typing import Any
 import trio
 
 from .api import HttpLimits, bind_socket, public_base_url, serve_http
-from .core import DataDirLock, Supervisor, start_tree
+from .core import DataDirLock, Supervisor
 from .domain import (
     ApiToken,
     Config,
@@ -221,6 +221,34 @@ async def _run_with_registry(
         succession.release()
 
 
+def _say_started(supervisor: Supervisor, url: str) -> None:
+    config = supervisor.config
+    log.info(
+        "supervisor_started",
+        url=url,
+        heartbeat_base_url=supervisor.heartbeat_base_url,
+        boot_id=supervisor.boot_id,
+        exec_mode=supervisor.exec_mode,
+        data_dir=str(supervisor.data_dir),
+        max_concurrent=config.max_concurrent,
+        registry=redacted_url(config.database_url) if config.database_url else str(config.registry_path),
+        # Behind a transaction pooler there is no LISTEN (unless elsewhere): the fleet moves by its sweeps.
+        database_pooler=config.database_pooler if config.database_url else None,
+        database_listen=redacted_url(config.database_listen_url) if config.database_listen_url else None,
+        host_id=config.host_id,
+        leader=supervisor.leading,
+    )
+
+
+def _freeze_the_startup_heap() -> None:
+    """Modules, the app and its routes, the kinds: they live as long as the process. Out of the collector's sight, a
+    full collection scans only what came since; over the startup heap it was a 25-45 ms stop of the event loop every
+    few seconds under load (docs/performance.md: enqueue, promotion tails). Startup's garbage is collected first, or it
+    would be kept forever."""
+    gc.collect()
+    gc.freeze()
+
+
 async def _serve_boot(
     config: Config,
     kinds: KindCatalog,
@@ -252,31 +280,12 @@ async def _serve_boot(
     notifier = Notifier()  # systemd's notify socket, when run by systemd (Type=notify)
     try:
         async with trio.open_nursery() as root:
-            await start_tree(supervisor, root)  # the core's tasks, in order (core/_tree.py)
+            await supervisor.start(root)  # the core's tasks, in order (Supervisor.start)
             serve = functools.partial(serve_http, limits=limits)
             await root.start(serve, supervisor, credentials, sock, shutdown, http_done)
-            log.info(
-                "supervisor_started",
-                url=url,
-                heartbeat_base_url=supervisor.heartbeat_base_url,
-                boot_id=supervisor.boot_id,
-                exec_mode=supervisor.exec_mode,
-                data_dir=str(supervisor.data_dir),
-                max_concurrent=config.max_concurrent,
-                registry=redacted_url(config.database_url) if config.database_url else str(config.registry_path),
-                # Behind a transaction pooler there is no LISTEN (unless elsewhere): the fleet moves by its sweeps.
-                database_pooler=config.database_pooler if config.database_url else None,
-                database_listen=redacted_url(config.database_listen_url) if config.database_listen_url else None,
-                host_id=config.host_id,
-                leader=supervisor.fleet.leading,
-            )
+            _say_started(supervisor, url)
             if freeze_heap:
-                # Modules, the app and its routes, the kinds: they live as long as the process. Out of the
-                # collector's sight, a full collection scans only what came since; over the startup heap it was a
-                # 25-45 ms stop of the event loop every few seconds under load (docs/performance.md: enqueue, promotion
-                # tails). Startup's garbage is collected first, or it would be kept forever.
-                gc.collect()
-                gc.freeze()
+                _freeze_the_startup_heap()
             notifier.send(f"READY=1\nSTATUS=serving on {supervisor.heartbeat_base_url}")
             if notifier.watchdog_interval_s is not None:
                 await root.start(run_watchdog, notifier, lambda: supervisor.last_sweep_done, config.sweep_interval_s)

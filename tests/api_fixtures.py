@@ -63,7 +63,7 @@ def open_harness(nursery: trio.Nursery, tmp_path: Path, kinds_path: Path, kinds:
         try:
             sup = Supervisor(config, kinds, registry, standalone=True)  # no fleet task: the tests drive it
             sup.attach(nursery)
-            await nursery.start(sup.run_drainer)  # what run_supervisor starts in its root nursery
+            await nursery.start(sup.drainer.run)  # what run_supervisor starts in its root nursery
             await nursery.start(sup.heartbeats.run)
             credentials = Credentials.from_config(config)
             await trio.to_thread.run_sync(credentials.load)

@@ -105,7 +105,7 @@ def _maker(
         if attach is not False:
             nursery = job_nursery if attach is True else attach
             sup.attach(nursery)
-            nursery.start_soon(sup.run_drainer)  # what run_supervisor starts in its root nursery
+            nursery.start_soon(sup.drainer.run)  # what run_supervisor starts in its root nursery
         supervisors.append(sup)
         return sup
 

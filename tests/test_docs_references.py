@@ -13,7 +13,7 @@
   ``supervisor``; every name the page writes as code (``JobLedger.stop_for``, ``core._rules.judge``, ``hold``), and
   every ``Class.method`` its drawings write bare, is in the code; its event bus drawing names each subscriber a
   built boot's bus has, and no other; its nursery tree and ``Supervisor``'s docstring draw every task
-  ``core.start_tree`` starts, in its order; every private module its module map names is there;
+  ``Supervisor.start`` starts, in its order; every private module its module map names is there;
 - every ``supervisor.x`` / ``pipeline_runner.x`` name a page writes is in the code.
 Each check is shown to fail on a reference that does not exist.
 """
@@ -34,7 +34,7 @@ import trio
 
 import supervisor
 from supervisor import Config, KindCatalog, MemoryRegistry, Supervisor
-from supervisor.core import run_job_nursery, start_tree
+from supervisor.core import run_job_nursery
 from supervisor.execution.memory import MemoryExecutor
 from supervisor.observe import EventBus, Metrics
 
@@ -402,8 +402,20 @@ async def test_the_event_bus_drawing_names_every_subscriber_of_a_boot(
     assert drawn == subscribed
 
 
+def test_the_core_s_wiring_names_every_protocol_a_part_takes() -> None:
+    """Each protocol of ``core/_ports.py`` (what one part offers another) is named in docs/architecture.md § The core's
+    wiring, and the section names none that is not there."""
+    ports = ast.parse((ROOT / "supervisor" / "core" / "_ports.py").read_text())
+    protocols = {node.name for node in ports.body if isinstance(node, ast.ClassDef)}
+    assert len(protocols) >= 8, protocols  # the protocols were found
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    section = page.split("### The core's wiring", 1)[1].split("\n#", 1)[0]
+    named = {name.split(".")[0] for name in re.findall(r"`([A-Z]\w*(?:\.\w+)?)`", section)}
+    assert protocols - named == set()
+
+
 class _RecordingRoot:
-    """Stands for the root nursery given to ``start_tree``: notes each task asked of it and starts none (the job
+    """Stands for the root nursery given to ``Supervisor.start``: notes each task asked of it and starts none (the job
     nursery it asks for is a real one)."""
 
     def __init__(self, job_nursery: trio.Nursery) -> None:
@@ -415,11 +427,11 @@ class _RecordingRoot:
         return self.job_nursery if task is run_job_nursery else None
 
 
-def task_part(task: Any, supervisor: Supervisor) -> str:
-    """The class whose task it is (``Supervisor.run_fleet`` is its ``fleet``'s), or the function's own name."""
+def task_part(task: Any) -> str:
+    """The class whose task it is (``Fleet.run`` is the ``Fleet``'s: each part's task is its own method), or the
+    function's own name (``run_job_nursery``)."""
+    task = getattr(task, "func", task)  # a functools.partial: its function's
     owner = getattr(task, "__self__", None)
-    if isinstance(owner, Supervisor) and task.__name__.startswith("run_"):
-        owner = getattr(supervisor, task.__name__.removeprefix("run_"), owner)
     return type(owner).__name__ if owner is not None else task.__name__
 
 
@@ -431,16 +443,16 @@ def drawn_in_order(parts: list[str], drawing: str) -> list[str]:
     return missing + [f"{a} after {b}" for a, b in itertools.pairwise(named) if at[a] > at[b]]
 
 
-async def test_the_tasks_start_tree_starts_are_drawn_in_its_order(tmp_path: Path) -> None:
+async def test_the_tasks_a_boot_starts_are_drawn_in_its_order(tmp_path: Path) -> None:
     """The nursery tree of ``docs/architecture.md`` and the tree of ``Supervisor``'s docstring draw every task the
-    boot's tree starts (``core.start_tree``), in the order it starts them: neither can leave one out again."""
+    boot's tree starts (``Supervisor.start``), in the order it starts them: neither can leave one out again."""
     async with trio.open_nursery() as machine:
         config = Config(data_dir=tmp_path, bind_port=0)
         supervisor = Supervisor(config, KindCatalog({}), MemoryRegistry(), executor=MemoryExecutor({}, machine))
         root = _RecordingRoot(machine)
-        await start_tree(supervisor, root)  # type: ignore[arg-type]
+        await supervisor.start(root)  # type: ignore[arg-type]
         machine.cancel_scope.cancel()
-    parts = [task_part(task, supervisor) for task in root.tasks]
+    parts = [task_part(task) for task in root.tasks]
     assert len(parts) >= 8 and "Fleet" in parts, parts  # the tasks were seen
     page = (ROOT / "docs" / "architecture.md").read_text()
     tree = page.split("## The nursery tree", 1)[1].split("```", 2)[1]

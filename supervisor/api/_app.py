@@ -146,7 +146,7 @@ def _configured_app(supervisor: Supervisor, limits: HttpLimits, edge: HttpCondit
     app.config["RESPONSE_TIMEOUT"] = limits.response_timeout_s
     # Errors are answered by our handlers, never re-raised into the server (not even under TESTING).
     app.config["PROPAGATE_EXCEPTIONS"] = False
-    app.extensions["supervisor.metrics_registry"] = supervisor.metrics.registry
+    app.extensions["supervisor.metrics_registry"] = supervisor.metrics_registry
     # The HTTP server's own condition, which /api/health adds to the core's (None: served by hand, as in tests).
     app.extensions["supervisor.http_condition"] = edge
     # List pages built at once (HttpLimits.max_page_builds): many never keep a heartbeat or health behind them.

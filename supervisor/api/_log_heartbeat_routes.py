@@ -8,7 +8,7 @@ from typing import Any
 from quart import Response
 
 from ..core import Supervisor
-from ..domain import RequestError, Unauthorized, ValidationError
+from ..domain import Unauthorized, ValidationError
 from ._parse import bearer_token, int_query, json_body, parse_progress, query
 from ._route_table import INVALID, NOT_FOUND, RouteTable, error, text_answer
 
@@ -89,11 +89,10 @@ async def heartbeat(supervisor: Supervisor, job_id: str) -> Any:
     token = bearer_token()
     if token is None:
         raise Unauthorized(MISSING_JOB_TOKEN)
-    # The token is checked before the body is read (the core's first call), the beat taken after (ADR 0018).
-    admission = await supervisor.heartbeats.admit(job_id, token)
-    try:
-        progress = parse_progress(await json_body())
-    except RequestError as exc:
-        await supervisor.heartbeats.refuse(admission, exc)
-    supervisor.heartbeats.take(admission, progress)
+
+    async def progress() -> Any:
+        return parse_progress(await json_body())
+
+    # The token is checked before the body is read (the core's first step), the beat taken after (ADR 0018).
+    await supervisor.heartbeat(job_id, token, progress)
     return "", 204

@@ -92,7 +92,7 @@ async def serve_http(
     _edge.install()
     limits = limits if limits is not None else HttpLimits()
     edge = _edge.EdgeState(limits)
-    supervisor.metrics.registry.register(edge)
+    supervisor.metrics_registry.register(edge)
     hconfig = hypercorn_config(limits, edge)
     app = create_app(supervisor, credentials, limits=limits, edge=edge)
     try:

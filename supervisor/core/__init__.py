@@ -20,8 +20,10 @@ _hosts        the operator's view of the fleet's hosts, and forget
 _pause        the operator's pause file, mirrored into the registry's pause
 _prune        retention: finished jobs past it removed with their files, a batch at a time
 _succession   the data dir's lock: which previous boot of this host is proved gone
-_supervisor   Supervisor: the front door the HTTP layer and the CLI call; wires the above
-_tree         start_tree: the boot's tasks started in order, in a nursery given (run_supervisor's, a scenario's)
+_ports        what one part offers another: the small protocols the parts' constructors take
+_logs         a job's log as a read gets it: which bytes, then a chunk at a time
+_supervisor   Supervisor: the core's one surface; builds the above, subscribes the bus, starts the tasks in order
+_tree         run_job_nursery: the job nursery, the first task of a boot's tree
 """
 
 from ._absence import ABSENT_AFTER_S, CHECK_IN_S, AbsenceJudge, AbsenceTracker
@@ -38,6 +40,7 @@ from ._heartbeats import (
     merged,
 )
 from ._ledger import JobLedger, Watched
+from ._logs import LOG_CHUNK_BYTES, LogSlice
 from ._queue_watch import HOLD_REASONS, NOT_PROMOTED, ROOT_CAUSE_ORDER, KindLoad, QueueRule, QueueWatch, Stuck
 from ._reconcile import ReconcileDetail, ReconcileReport
 from ._rules import (
@@ -68,10 +71,11 @@ from ._rules import (
 )
 from ._scrape import SCRAPE_BUDGET_S, RegistryReads
 from ._standing import Standing
+from ._status import Health, QueueState
 from ._succession import DataDirLock
-from ._supervisor import LOG_CHUNK_BYTES, Health, LogSlice, QueueState, Supervisor
+from ._supervisor import Supervisor
 from ._sweeper import QuietSweeps, Sweeper, run_sweeper
-from ._tree import run_job_nursery, start_tree
+from ._tree import run_job_nursery
 from ._wakeups import WakeupListener
 
 __all__ = [
@@ -142,5 +146,4 @@ __all__ = [
     "past_window",
     "run_job_nursery",
     "run_sweeper",
-    "start_tree",
 ]

@@ -24,16 +24,17 @@ no fault of the job. Two rules keep that time out of every age:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
 import trio
 
-from ..domain import Config, Job, JobStatus, Liveness, utc_now
-from ..observe import EventBus, EventName, JobEvent, get_logger
-from ..registry import Registry
+from ..domain import Job, JobStatus, Liveness, utc_now
+from ..observe import EventName, JobEvent, get_logger
+from ._boot import Boot
+from ._ports import StallStops
 from ._rules import REASON_RECOVERED, REASON_SILENT, REASON_STALLED, Signals, Verdict, judge_absence
 
 log = get_logger()
@@ -182,9 +183,6 @@ class AbsenceTracker:
         )
 
 
-StopStalled = Callable[[Job], Awaitable[None]]
-
-
 class RunningRows(Protocol):
     async def running_jobs(self) -> list[Job]: ...
 
@@ -192,32 +190,19 @@ class RunningRows(Protocol):
 class AbsenceJudge:
     """Runs the absence rules over the running rows at each sweep, records changes, announces them."""
 
-    def __init__(
-        self,
-        config: Config,
-        registry: Registry,
-        events: EventBus,
-        boot_id: str,
-        stop_stalled: StopStalled,
-        tracker: AbsenceTracker | None = None,
-        *,
-        rows: RunningRows | None = None,
-    ) -> None:
-        """``rows``: where the running rows are read as of now, the beats taken included (``CurrentRows``; default:
-        the registry as it stands)."""
-        self.config = config
-        self.registry = registry
-        self.events = events
-        self.boot_id = boot_id
-        self.stop_stalled = stop_stalled
-        self.tracker = tracker or AbsenceTracker()
-        self.rows: RunningRows = rows if rows is not None else registry
-        events.subscribe(self.tracker.on_event)
+    def __init__(self, boot: Boot, reconciler: StallStops, tracker: AbsenceTracker, rows: RunningRows) -> None:
+        """``reconciler``: stops a stalled job (``stall_action = "terminate"``); ``tracker``: the ages it judges by
+        (told of promotions by the event bus: ``Supervisor`` subscribes it); ``rows``: where the running rows are read
+        as of now, the beats taken included (``CurrentRows``)."""
+        self.boot = boot
+        self._reconciler = reconciler
+        self.tracker = tracker
+        self.rows = rows
 
     async def judge(self, liveness: Mapping[str, Liveness | None]) -> None:
         """One pass over the running rows; ``liveness`` is this sweep's reconcile evidence, by job id."""
         # ADR 0012: another host's jobs beat to that host; their absence is that host's to judge.
-        host_id = self.config.host_id
+        host_id = self.boot.config.host_id
         # A freeze ended just now is seen before any age is (the check-in task may not have run since it ended).
         self.tracker.note_presence()
         rows = [job for job in await self.rows.running_jobs() if job.host_id in (None, host_id)]
@@ -226,15 +211,15 @@ class AbsenceJudge:
             signals = self.tracker.signals(job, liveness.get(job.job_id))
             verdict = judge_absence(
                 signals,
-                stale_after_s=self.config.progress_stale_after_s,
-                silent_after_s=self.config.silent_after_s,
-                action=self.config.stall_action,
+                stale_after_s=self.boot.config.progress_stale_after_s,
+                silent_after_s=self.boot.config.silent_after_s,
+                action=self.boot.config.stall_action,
             )
             if (verdict.stalled, verdict.silent) != (job.stalled, job.silent):
                 await self._record(job, verdict, signals)
             if verdict.terminate:
-                await self.stop_stalled(job)
-            elif verdict.stalled and self.config.stall_action == "terminate" and not signals.stalled:
+                await self._reconciler.stop_stalled(job)
+            elif verdict.stalled and self.boot.config.stall_action == "terminate" and not signals.stalled:
                 log.warning(
                     "stalled_job_not_terminated",
                     job_id=job.job_id,
@@ -246,7 +231,7 @@ class AbsenceJudge:
         reasons = {str(EventName.STALLED): REASON_STALLED, str(EventName.SILENT): REASON_SILENT}
         named = [(name, reasons.get(name, REASON_RECOVERED)) for name in verdict.events]
         # The row's flags and their outbox events commit together.
-        result = await self.registry.set_absence(
+        result = await self.boot.registry.set_absence(
             job.job_id, stalled=verdict.stalled, silent=verdict.silent, events=named
         )
         if not result.changed:
@@ -256,4 +241,5 @@ class AbsenceJudge:
             "heartbeat_age_s": None if signals.heartbeat_age_s is None else round(signals.heartbeat_age_s, 3),
         }
         for name, reason in named:
-            self.events.emit(JobEvent(EventName(name), result.job, str(JobStatus.RUNNING), reason, self.boot_id, extra))
+            event = JobEvent(EventName(name), result.job, str(JobStatus.RUNNING), reason, self.boot.boot_id, extra)
+            self.boot.events.emit(event)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import secrets
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -17,7 +16,6 @@ from ..domain import (
     SELECTION_TTL_S,
     BulkRequest,
     IdempotencyKey,
-    Job,
     JobNotFound,
     JobStatus,
     RequestError,
@@ -31,10 +29,9 @@ from ..domain import (
 from ..observe import get_logger
 from ._boot import Boot
 from ._enqueue import Enqueuer
+from ._ports import Cancels
 
 log = get_logger()
-
-Cancel = Callable[[str, str | None], Awaitable[Job]]
 
 
 @dataclass(frozen=True)
@@ -57,10 +54,10 @@ class BulkAnswer:
 class Bulk:
     """Dry runs and bulk actions over the registry's rows; ``cancel``: the supervisor's own cancel of one job."""
 
-    def __init__(self, boot: Boot, enqueuer: Enqueuer, cancel: Cancel) -> None:
+    def __init__(self, boot: Boot, enqueuer: Enqueuer, monitors: Cancels) -> None:
         self.boot = boot
         self.enqueuer = enqueuer
-        self.cancel = cancel
+        self.monitors = monitors
 
     async def run(self, request: BulkRequest, by: str | None) -> BulkAnswer:
         if request.dry_run:
@@ -113,7 +110,7 @@ class Bulk:
             before = await self.boot.registry.get(job_id)
             if before.status.is_terminal:
                 return "already_ended"
-            after = await self.cancel(job_id, by)
+            after = await self.monitors.cancel(job_id, by)
         except JobNotFound:
             return "refused: no such job (pruned?)"
         if after.status is JobStatus.CANCELLED:

@@ -39,8 +39,8 @@ from ..execution import Executor, JobHandle, Launch
 from ..observe import get_logger
 from ..registry import Ending, Expect, IdentityClaim, Outcome, PromoteRequest
 from ._boot import Boot, boundary, log_failure, until_recorded
-from ._ledger import Watched
 from ._pause import PauseFile
+from ._ports import MonitorStarts
 from ._rules import ENGINE_UNAVAILABLE
 
 log = get_logger()
@@ -52,25 +52,24 @@ HOLD_RETRY_MAX_S = 10.0
 LEASE_NOT_FRESH = "host_lease_not_fresh"  # a promotion undone: the lease went stale while it was under way
 PAUSE_FILE_APPEARED = "pause_file_appeared"  # a promotion undone: the pause file appeared while it was under way
 
-StartMonitor = Callable[[Watched, Job], Awaitable[None]]
-
 
 class Drainer:
     """See the module docstring. ``wanted``: the bell everyone who may free a slot or queue a job rings (``wake``),
-    the drainer alone waits on; ``start_monitor`` hands a started job to its monitor (``Monitors.start``);
-    ``heartbeat_base_url``: how jobs reach the HTTP API for their heartbeats (None: they are given no URL)."""
+    the drainer alone waits on; ``monitors`` watch a started job (``Monitors.start``); ``pause_file``: the
+    operator's, looked at before each promotion; ``heartbeat_base_url``: how jobs reach the HTTP API for their
+    heartbeats (None: they are given no URL)."""
 
     def __init__(
         self,
         boot: Boot,
         wanted: Doorbell,
-        start_monitor: StartMonitor,
+        monitors: MonitorStarts,
         pause_file: PauseFile,
         heartbeat_base_url: str | None = None,
     ) -> None:
         self.boot = boot
         self.pause_file = pause_file
-        self._start_monitor = start_monitor
+        self._monitors = monitors
         self._lock = trio.Lock()
         self._wanted = wanted
         self._engine = EngineHold(boot.executor)
@@ -144,52 +143,9 @@ class Drainer:
                 if await self.pause_file.look():
                     break
                 tokens = [secrets.token_urlsafe(32) for _ in range(min(self.boot.max_concurrent, PROMOTE_BATCH))]
-                request = PromoteRequest(
-                    self.boot.max_concurrent,
-                    self.boot.boot_id,
-                    [hash_token(token) for token in tokens],
-                    self.boot.log_dir,
-                    self.boot.host_id,
-                    self.boot.config.host_max_concurrent,
-                    self._kind_limits,
-                )
-                # INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING: from the promotion's commit until its rows are held in the
-                # ledger, reconcile must not take them for starts that nobody holds (JobLedger.promoting).
-                with self.boot.ledger.promoting():
-                    # INV-PROMOTION-NEVER-OVERSHOOTS: the registry counts and flips in one step; none while paused.
-                    promotion = await self.boot.registry.promote(request)
-                    self._next_at = promotion.next_at
-                    # A registry write completes even when cancelled meanwhile (its commit is someone's answer): take
-                    # a cancel here, before anything starts. The rows promoted and never started are judged by the
-                    # executor's evidence (none: back to the queue), by this boot's reconcile or the next boot's.
-                    await trio.lowlevel.checkpoint()
-                    jobs = list(promotion.jobs)
-                    if not jobs:
-                        break
-                    self.last_promotion_at = self.boot.wall_clock()
-                    # INV-NO-PROMOTION-WITHOUT-LEASE: the lease went stale while the promotion was under way (it was
-                    # asked while fresh). The pause file, looked at again: one that appeared between the look above
-                    # and the promotion's step, with a job enqueued after it, must not see that job run
-                    # (docs/operations.md § Pausing). Either way nothing of them has started, so back to the head of the
-                    # queue. Held (in the ledger) before the look's thread hop: a cancel that comes meanwhile is kept
-                    # (on the row and the entry), carried out once the job starts, or by the requeue if it never does.
-                    self.boot.ledger.hold(job.job_id for job in jobs)
-                    try:
-                        undone = LEASE_NOT_FRESH if not self._lease_fresh() else None
-                        if undone is None and await self.pause_file.look():
-                            undone = PAUSE_FILE_APPEARED
-                        if undone is not None:
-                            for job in jobs:
-                                self.boot.announce(job, "queued", "promoted")
-                                await self._defer(job, reason=undone)
-                    except BaseException:
-                        # Cancelled here: rows held but never started must not look watched; reconcile judges them
-                        # (no start record: back to the queue), as it does a promotion cancelled above.
-                        self.boot.ledger.release_each(job.job_id for job in jobs)
-                        raise
-                    if undone is not None:
-                        self.boot.ledger.release_each(job.job_id for job in jobs)
-                        break
+                jobs = await self._promote(tokens)
+                if not jobs:
+                    break
                 spawned = await start(jobs, tokens)
                 started.extend(spawned)
                 # Every free slot is now taken, or the queue is empty: another round would only read that again.
@@ -199,6 +155,61 @@ class Drainer:
                 if not capped and len(spawned) == len(jobs):
                     break
         return started
+
+    async def _promote(self, tokens: list[str]) -> list[Job]:
+        """One promotion step for up to ``len(tokens)`` rows, held in the ledger; none when nothing was promoted, or
+        when the lease went stale or the pause file appeared meanwhile (then the rows are back at the queue's head)."""
+        # INV-RUNNING-MEANS-SPAWNED-OR-SPAWNING: from the promotion's commit until its rows are held in the
+        # ledger, reconcile must not take them for starts that nobody holds (JobLedger.promoting).
+        with self.boot.ledger.promoting():
+            # INV-PROMOTION-NEVER-OVERSHOOTS: the registry counts and flips in one step; none while paused.
+            promotion = await self.boot.registry.promote(self._promote_request(tokens))
+            self._next_at = promotion.next_at
+            # A registry write completes even when cancelled meanwhile (its commit is someone's answer): take
+            # a cancel here, before anything starts. The rows promoted and never started are judged by the
+            # executor's evidence (none: back to the queue), by this boot's reconcile or the next boot's.
+            await trio.lowlevel.checkpoint()
+            jobs = list(promotion.jobs)
+            if not jobs:
+                return []
+            self.last_promotion_at = self.boot.wall_clock()
+            # INV-NO-PROMOTION-WITHOUT-LEASE: the lease went stale while the promotion was under way (it was
+            # asked while fresh). The pause file, looked at again: one that appeared between the look above
+            # and the promotion's step, with a job enqueued after it, must not see that job run
+            # (docs/operations.md § Pausing). Either way nothing of them has started, so back to the head of the
+            # queue. Held (in the ledger) before the look's thread hop: a cancel that comes meanwhile is kept
+            # (on the row and the entry), carried out once the job starts, or by the requeue if it never does.
+            self.boot.ledger.hold(job.job_id for job in jobs)
+            try:
+                undone = LEASE_NOT_FRESH if not self._lease_fresh() else None
+                if undone is None and await self.pause_file.look():
+                    undone = PAUSE_FILE_APPEARED
+                if undone is not None:
+                    for job in jobs:
+                        self.boot.announce(job, "queued", "promoted")
+                        await self._defer(job, reason=undone)
+            except BaseException:
+                # Cancelled here: rows held but never started must not look watched; reconcile judges them
+                # (no start record: back to the queue), as it does a promotion cancelled above.
+                self.boot.ledger.release_each(job.job_id for job in jobs)
+                raise
+            if undone is not None:
+                self.boot.ledger.release_each(job.job_id for job in jobs)
+                return []
+            return jobs
+
+    def _promote_request(self, tokens: list[str]) -> PromoteRequest:
+        """What the registry's promotion step is asked: the limits (fleet, host, kinds), and a token hash a row."""
+        boot = self.boot
+        return PromoteRequest(
+            boot.max_concurrent,
+            boot.boot_id,
+            [hash_token(token) for token in tokens],
+            boot.log_dir,
+            boot.host_id,
+            boot.config.host_max_concurrent,
+            self._kind_limits,
+        )
 
     async def _start_in_background(self, jobs: list[Job], tokens: list[str]) -> list[Job]:
         """Start the jobs in a task of their own (a failed start wakes the drainer: its slot is free again).
@@ -263,88 +274,19 @@ class Drainer:
 
     async def start_promoted(self, jobs: list[Job], tokens: list[str]) -> list[Job]:
         """Start freshly promoted jobs together, record their identities in one write, start their monitors."""
-        outcomes: dict[str, JobHandle | Exception] = {}
-        ledger = self.boot.ledger
-
-        async def start_one(job: Job, token: str) -> None:
-            try:
-                outcomes[job.job_id] = await self._start(job, token)
-            except Exception as exc:  # judged below, job by job
-                outcomes[job.job_id] = exc
-
         for job in jobs:
             self.boot.announce(job, "queued", "promoted")  # (the ledger holds them since the promotion)
         handed: set[str] = set()
         try:
-            if len(jobs) == 1:
-                await start_one(jobs[0], tokens[0])  # a lone start (the common case) needs no nursery of its own
-            else:
-                async with trio.open_nursery() as starts:
-                    for job, token in zip(jobs, tokens, strict=False):
-                        starts.start_soon(start_one, job, token)
+            outcomes = await self._start_together(jobs, tokens)
             spawned: list[Job] = []
             deferred: list[str] = []
             for job in jobs:
-                got = outcomes[job.job_id]
-                if isinstance(got, ExecutorUnavailable):
-                    deferred.append(str(got))
-                    await self._defer(job)
-                    continue
-                if isinstance(got, StartOutcomeUnknown):
-                    # Never recorded failed: it may yet run. Its start is no longer held here (the ledger), so the
-                    # next sweep judges the row on the executor's evidence: a start record or container is adopted;
-                    # one that provably never happened goes back to the queue; until then it keeps its slot
-                    # (INV-UNKNOWN-KEEPS-SLOT).
-                    ledger.release(job.job_id)
-                    deferred.append(str(got))
-                    log.warning(
-                        "job_start_unknown",
-                        job_id=job.job_id,
-                        why=str(got),
-                        kept="running with its liveness unknown until the executor's evidence says whether it started",
-                    )
-                    continue
-                if isinstance(got, Exception):
-                    # INV-SPAWN-FAILURE-FREES-SLOT: whatever goes wrong in one start (a SpawnError, or a defect such as
-                    # an argv the OS cannot take), the promoted row is finalized, never left holding a slot.
-                    ledger.release(job.job_id)
-                    if not isinstance(got, SpawnError):
-                        log.error("spawn_crashed", job_id=job.job_id, error=repr(got))
-                    reason = str(got) if isinstance(got, SpawnError) else f"{type(got).__name__}: {got}"
-                    await self._spawn_failed(job, f"spawn_failed: {reason}"[:500])
-                    continue
-                ledger.handed(job.job_id, got)
-                spawned.append(job)
-            if spawned:
-                claims = [IdentityClaim(job.job_id, self._handle(job).record) for job in spawned]
-                try:
-                    spawned = await self.boot.registry.record_identities(claims)
-                    await trio.lowlevel.checkpoint()  # a shutdown meanwhile: see _drain
-                except SupervisorError:
-                    # The jobs exist: they must still get their monitors (to be finalized, cancellable). What the
-                    # executor wrote before each program ran (a start file, a labelled container) lets a later boot
-                    # find them too, and the next sweep records it. A registry that cannot write now has said so once
-                    # itself: only a DEBUG line then (log_failure); anything else is an ERROR.
-                    log_failure("job_identity_not_recorded", job_ids=[c.job_id for c in claims])
-            for job in spawned:
-                entry = ledger.entry(job.job_id)
-                assert entry is not None  # held since the promotion, released only here or by its monitor
-                if job.cancel_requested:
-                    entry.request_cancel()  # a cancel that arrived in the spawn window is carried out now
-                fields = self._handle(job).log_fields()
-                log.info("job_spawned", job_id=job.job_id, kind=job.kind, boot_id=self.boot.boot_id, **fields)
-                await self._start_monitor(entry, job)
-                handed.add(job.job_id)
-            if deferred:
-                # The engine stopped answering between the probe and the start (or did not answer a start in time):
-                # hold the queue as a probe would have, and wake the drainer so that its next round waits for the
-                # retry instead of a wake.
-                self._engine.hold(deferred[0], by_start=True)
-                self.wake()
-            else:
-                self._engine.resume()  # every start was answered (made, or refused for the job's own sake)
-                if len(spawned) < len(jobs):
-                    self.wake()  # a failed start freed its slot
+                if await self._judge_start(job, outcomes[job.job_id], deferred):
+                    spawned.append(job)
+            spawned = await self._record_identities(spawned)
+            await self._hand_to_monitors(spawned, handed)
+            self._heed_the_engine(deferred, some_failed=len(spawned) < len(jobs))
             return spawned
         finally:
             # Cancelled or failed part way: an entry without a monitor must not look watched (nor held as a start).
@@ -353,7 +295,99 @@ class Drainer:
             # so), kept while its start may still happen, back to the queue once it provably never will.
             for job in jobs:
                 if job.job_id not in handed:
-                    ledger.release(job.job_id)
+                    self.boot.ledger.release(job.job_id)
+
+    async def _start_together(self, jobs: list[Job], tokens: list[str]) -> dict[str, JobHandle | Exception]:
+        """Each job's start, side by side: its handle, or what its start raised (judged job by job)."""
+        outcomes: dict[str, JobHandle | Exception] = {}
+
+        async def start_one(job: Job, token: str) -> None:
+            try:
+                outcomes[job.job_id] = await self._start(job, token)
+            except Exception as exc:  # judged by _judge_start, job by job
+                outcomes[job.job_id] = exc
+
+        if len(jobs) == 1:
+            await start_one(jobs[0], tokens[0])  # a lone start (the common case) needs no nursery of its own
+        else:
+            async with trio.open_nursery() as starts:
+                for job, token in zip(jobs, tokens, strict=False):
+                    starts.start_soon(start_one, job, token)
+        return outcomes
+
+    async def _judge_start(self, job: Job, got: JobHandle | Exception, deferred: list[str]) -> bool:
+        """Whether ``job`` started (its handle held in the ledger); else its row is carried to what its start's
+        failure means, and an engine that did not answer is noted in ``deferred``."""
+        ledger = self.boot.ledger
+        if isinstance(got, ExecutorUnavailable):
+            deferred.append(str(got))
+            await self._defer(job)
+            return False
+        if isinstance(got, StartOutcomeUnknown):
+            # Never recorded failed: it may yet run. Its start is no longer held here (the ledger), so the
+            # next sweep judges the row on the executor's evidence: a start record or container is adopted;
+            # one that provably never happened goes back to the queue; until then it keeps its slot
+            # (INV-UNKNOWN-KEEPS-SLOT).
+            ledger.release(job.job_id)
+            deferred.append(str(got))
+            log.warning(
+                "job_start_unknown",
+                job_id=job.job_id,
+                why=str(got),
+                kept="running with its liveness unknown until the executor's evidence says whether it started",
+            )
+            return False
+        if isinstance(got, Exception):
+            # INV-SPAWN-FAILURE-FREES-SLOT: whatever goes wrong in one start (a SpawnError, or a defect such as
+            # an argv the OS cannot take), the promoted row is finalized, never left holding a slot.
+            ledger.release(job.job_id)
+            if not isinstance(got, SpawnError):
+                log.error("spawn_crashed", job_id=job.job_id, error=repr(got))
+            reason = str(got) if isinstance(got, SpawnError) else f"{type(got).__name__}: {got}"
+            await self._spawn_failed(job, f"spawn_failed: {reason}"[:500])
+            return False
+        ledger.handed(job.job_id, got)
+        return True
+
+    async def _record_identities(self, spawned: list[Job]) -> list[Job]:
+        """The started jobs' identities, recorded in one write: their rows after it (as they were, if it failed)."""
+        if not spawned:
+            return spawned
+        claims = [IdentityClaim(job.job_id, self._handle(job).record) for job in spawned]
+        try:
+            spawned = await self.boot.registry.record_identities(claims)
+            await trio.lowlevel.checkpoint()  # a shutdown meanwhile: see _drain
+        except SupervisorError:
+            # The jobs exist: they must still get their monitors (to be finalized, cancellable). What the
+            # executor wrote before each program ran (a start file, a labelled container) lets a later boot
+            # find them too, and the next sweep records it. A registry that cannot write now has said so once
+            # itself: only a DEBUG line then (log_failure); anything else is an ERROR.
+            log_failure("job_identity_not_recorded", job_ids=[c.job_id for c in claims])
+        return spawned
+
+    async def _hand_to_monitors(self, spawned: list[Job], handed: set[str]) -> None:
+        """Each started job to its monitor (noted in ``handed``), with a cancel that came in its spawn window."""
+        for job in spawned:
+            entry = self.boot.ledger.entry(job.job_id)
+            assert entry is not None  # held since the promotion, released only here or by its monitor
+            if job.cancel_requested:
+                entry.request_cancel()  # a cancel that arrived in the spawn window is carried out now
+            fields = self._handle(job).log_fields()
+            log.info("job_spawned", job_id=job.job_id, kind=job.kind, boot_id=self.boot.boot_id, **fields)
+            await self._monitors.start(entry, job)
+            handed.add(job.job_id)
+
+    def _heed_the_engine(self, deferred: list[str], *, some_failed: bool) -> None:
+        if deferred:
+            # The engine stopped answering between the probe and the start (or did not answer a start in time):
+            # hold the queue as a probe would have, and wake the drainer so that its next round waits for the
+            # retry instead of a wake.
+            self._engine.hold(deferred[0], by_start=True)
+            self.wake()
+        else:
+            self._engine.resume()  # every start was answered (made, or refused for the job's own sake)
+            if some_failed:
+                self.wake()  # a failed start freed its slot
 
     def _handle(self, job: Job) -> JobHandle:
         entry = self.boot.ledger.entry(job.job_id)

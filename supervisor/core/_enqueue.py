@@ -5,7 +5,7 @@ spawn: the drainer starts what a free slot allows."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from ..domain import (
     SUPERVISOR,
@@ -25,17 +25,17 @@ from ..domain import (
 from ..observe import get_logger
 from ..registry import EnqueueResult, NewJob
 from ._boot import Boot
+from ._ports import DrainBell
 
 log = get_logger()
 
 
-
 class Enqueuer:
-    """Validates and stores job requests; ``wake_drainer`` once stored."""
+    """Validates and stores job requests; rings ``drain_bell`` once stored."""
 
-    def __init__(self, boot: Boot, wake_drainer: Callable[[], None]) -> None:
+    def __init__(self, boot: Boot, drain_bell: DrainBell) -> None:
         self.boot = boot
-        self.wake_drainer = wake_drainer
+        self.drain_bell = drain_bell
 
     def validate(self, kind_name: str, params: Mapping[str, object] | None, by: str | None = None) -> NewJob:
         """A job request checked against its kind (``ValidationError`` naming the field); ``by``: who asks."""
@@ -162,7 +162,7 @@ class Enqueuer:
                 log.info("job_coalesced", job_id=result.job.job_id, kind=result.job.kind)
             else:
                 self.boot.announce(result.job, None, "enqueued")
-        self.wake_drainer()
+        self.drain_bell.ring()
 
     def follow_up_of(self, parent: Job, then: str) -> tuple[NewJob, IdempotencyKey] | None:
         """The job a kind's ``then`` enqueues after ``parent`` succeeds (its params, those the follow-up takes), and

@@ -20,15 +20,16 @@ happen, not at the next renewal's failure.
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import trio
 
-from ..domain import Doorbell, HostForgotten, Job, SupervisorError, to_iso
+from ..domain import Doorbell, HostForgotten, SupervisorError, to_iso
 from ..observe import get_logger
 from ..registry import Host, Lease
 from ._boot import Boot, boundary, log_failure
+from ._ports import ForgetListener, LeaseListener, SilentHostJudge
 
 log = get_logger()
 
@@ -41,28 +42,23 @@ class Fleet:
         self,
         boot: Boot,
         *,
-        on_fresh: Callable[[], None],
-        on_forgotten: Callable[[], None],
-        end_by_proof: Callable[[list[Job], Callable[[], bool]], Awaitable[list[str]]],
+        drainer: LeaseListener,
+        hosts: ForgetListener,
+        silent_jobs: SilentHostJudge,
         succeeds: str | None = None,
     ) -> None:
-        """The fleet task of ``boot``: it alone writes ``boot.standing`` (a standalone boot runs none). ``on_fresh``:
-        called when the lease is fresh again after it was not (promotion may resume: the drainer's wake).
-        ``on_forgotten``: called once when the registry says an operator forgot this boot (its processes are to be
-        stopped). ``end_by_proof``: the leader's judge of silent hosts' rows on the ground truth this host can reach
-        (``_silent``). ``succeeds``: this host's previous boot, proved gone by the data dir's lock (``_succession``):
-        its lease and lead are taken at once."""
+        """The fleet task of ``boot``: it alone writes ``boot.standing`` (a standalone boot runs none). ``drainer``:
+        told when the lease is fresh again after it was not (promotion may resume: ``Drainer.lease_renewed``).
+        ``hosts``: told once when the registry says an operator forgot this boot (its processes are to be stopped:
+        ``HostAdmin.this_boot_forgotten``). ``silent_jobs``: the leader's judge of silent hosts' rows on the ground
+        truth this host can reach (``SilentHostJobs.end_by_proof``). ``succeeds``: this host's previous boot, proved
+        gone by the data dir's lock (``_succession``): its lease and lead are taken at once."""
         self.boot = boot
-        self.standing = boot.standing
         self.succeeds = succeeds
-        self.end_by_proof = end_by_proof
-        self.on_fresh = on_fresh
-        self.on_forgotten = on_forgotten
+        self._silent_hosts_judge = silent_jobs
+        self._drainer = drainer
+        self._hosts = hosts
         self.forgotten = False
-        self.registry = boot.registry
-        self.host_id = boot.host_id
-        self.boot_id = boot.boot_id
-        self.lease_s = boot.config.host_lease_s
         self._was_leading = False
         self._was_fresh = False
         self._went_stale = False  # said stale, not yet renewed since
@@ -73,24 +69,28 @@ class Fleet:
         self.lease: Lease | None = None
         self._lead_renewed = Doorbell()  # rung by a renewal that kept the lead: the silent-host round's turn
 
+    @property
+    def _lease_s(self) -> float:
+        return self.boot.config.host_lease_s
+
     def may_lead(self) -> bool:
         """Whether the fleet's once-only duties (the webhook sender, retention) may run here: when leading, or when
         standalone. Refused until the first renewal says so: a gate is never open by default."""
-        return self.standing.may_lead()
+        return self.boot.standing.may_lead()
 
     def may_promote(self) -> bool:
         """Whether this host may promote now: its lease is fresh enough that it cannot have expired
         (INV-NO-PROMOTION-WITHOUT-LEASE), or it is standalone. Refused until the first renewal."""
-        return self.standing.may_promote()
+        return self.boot.standing.may_promote()
 
     @property
     def fresh(self) -> bool:
-        return self.standing.fresh
+        return self.boot.standing.fresh
 
     @property
     def leading(self) -> bool:
         """This host leads now (INV-ONE-LEADER)."""
-        return self.standing.leading
+        return self.boot.standing.leading
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Renew at once (so that the first sweep knows whether it leads), report started, then renew every third of
@@ -105,9 +105,9 @@ class Fleet:
         Error boundary: a renewal that fails (the registry, a timeout) is logged and tried at the next tick; the
         freshness it would have given runs out, said by ``host_lease_stale``; the silent-host round is guarded the
         same way. A bug ends the supervisor."""
-        if self.standing.standalone:
+        if self.boot.standing.standalone:
             raise SupervisorError("a standalone supervisor runs no fleet task: it holds its registry alone")
-        period_s = self.lease_s / 3
+        period_s = self._lease_s / 3
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self._keep_time)
@@ -127,9 +127,9 @@ class Fleet:
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
                 try:
-                    await self.registry.release_lease(self.host_id, self.boot_id)
+                    await self.boot.registry.release_lease(self.boot.host_id, self.boot.boot_id)
                 except SupervisorError:
-                    log_failure("host_lease_not_released", host_id=self.host_id)
+                    log_failure("host_lease_not_released", host_id=self.boot.host_id)
 
     async def _silent_host_rounds(self, period_s: float, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """The leader's round over silent hosts, once after each renewal that kept the lead, each bounded by a
@@ -148,60 +148,72 @@ class Fleet:
     async def renew(self) -> None:
         asked = trio.current_time()
         try:
-            with trio.fail_after(self.lease_s / 3):
-                lease = await self.registry.renew_lease(
-                    self.host_id, self.boot_id, lease_s=self.lease_s, lead=True, succeeds=self.succeeds
+            with trio.fail_after(self._lease_s / 3):
+                lease = await self.boot.registry.renew_lease(
+                    self.boot.host_id, self.boot.boot_id, lease_s=self._lease_s, lead=True, succeeds=self.succeeds
                 )
         except HostForgotten as exc:
-            # INV-FORGET-IS-FENCED: never a lease again for this boot, so never a promotion or a lead; its jobs' rows
-            # were ended by the operator's forget and may run elsewhere now.
-            if not self.forgotten:
-                self.forgotten = True
-                log.error(
-                    "host_forgotten_by_operator",
-                    host_id=self.host_id,
-                    boot_id=self.boot_id,
-                    error=str(exc),
-                    done="its running jobs are being stopped: their rows were ended (and resubmitted where attempts "
-                    "remain) and are not this boot's any more",
-                    fix="restart this supervisor to register a new boot; retry (kill-and-resubmit) what must run",
-                )
-                self.on_forgotten()
+            self._forgotten(exc)
             return
         except trio.TooSlowError:
             # A hang (a partition): each failed renewal is a DEBUG line; host_lease_stale says the episode, on time.
-            log.debug("host_lease_not_renewed", host_id=self.host_id, why=f"no answer within {self.lease_s / 3:g} s")
+            log.debug(
+                "host_lease_not_renewed", host_id=self.boot.host_id, why=f"no answer within {self._lease_s / 3:g} s"
+            )
             return
         except SupervisorError:
-            log_failure("host_lease_not_renewed", host_id=self.host_id, leading_until_s=self._left())
+            log_failure("host_lease_not_renewed", host_id=self.boot.host_id, leading_until_s=self._left())
             return
         first = self.lease is None
         self.lease = lease
         if self._steady_since is None:
             self._steady_since = asked
         # INV-NO-PROMOTION-WITHOUT-LEASE, INV-ONE-LEADER: counted from the request, before the registry's commit.
-        self.standing.renewed(asked + self.lease_s * (1 - LEAD_MARGIN), leading=lease.leading)
+        self.boot.standing.renewed(asked + self._lease_s * (1 - LEAD_MARGIN), leading=lease.leading)
         if lease.leading:
             self._lead_renewed.ring()
         self._renewed.ring()
         self._note_drained(lease.drained)
         self._note_leading()
         self._note_fresh()
-        if first and lease.replaced is not None and lease.replaced.boot_id == self.succeeds:
+        if first:
+            self._say_whom_it_replaced(lease)
+
+    def _forgotten(self, exc: HostForgotten) -> None:
+        # INV-FORGET-IS-FENCED: never a lease again for this boot, so never a promotion or a lead; its jobs' rows
+        # were ended by the operator's forget and may run elsewhere now.
+        if self.forgotten:
+            return
+        self.forgotten = True
+        log.error(
+            "host_forgotten_by_operator",
+            host_id=self.boot.host_id,
+            boot_id=self.boot.boot_id,
+            error=str(exc),
+            done="its running jobs are being stopped: their rows were ended (and resubmitted where attempts "
+            "remain) and are not this boot's any more",
+            fix="restart this supervisor to register a new boot; retry (kill-and-resubmit) what must run",
+        )
+        self._hosts.this_boot_forgotten()
+
+    def _say_whom_it_replaced(self, lease: Lease) -> None:
+        """This boot's first lease, taken over from a previous boot of this host id: its own predecessor, or a live
+        one (a crash, or two supervisors with one host id)."""
+        if lease.replaced is not None and lease.replaced.boot_id == self.succeeds:
             log.info(
                 "host_restarted",
-                host_id=self.host_id,
-                boot_id=self.boot_id,
+                host_id=self.boot.host_id,
+                boot_id=self.boot.boot_id,
                 previous_boot_id=self.succeeds,
                 leading=lease.leading,
                 why="its previous boot on this data dir is gone (the data dir's lock was free): its lease and lead "
                 "are taken at once",
             )
-        elif first and lease.replaced is not None and lease.replaced.live:
+        elif lease.replaced is not None and lease.replaced.live:
             # A restart after a crash looks the same as a second machine given this host id: say which it may be.
             log.warning(
                 "host_id_taken_over",
-                host_id=self.host_id,
+                host_id=self.boot.host_id,
                 previous_boot_id=lease.replaced.boot_id,
                 why="its lease had not expired: a restart after a crash, or two supervisors with one host id",
             )
@@ -211,7 +223,7 @@ class Fleet:
         limit (``settle_max_concurrent``) and the kinds (``settle_kinds``). A host that starts while no other host's
         lease is live records its own (how an operator changes them: restart the fleet with the new ones)."""
         try:
-            alone = not any(h.live and h.host_id != self.host_id for h in await self.registry.hosts())
+            alone = not any(h.live and h.host_id != self.boot.host_id for h in await self.boot.registry.hosts())
         except SupervisorError:
             log_failure("fleet_setting_not_settled", setting="max_concurrent and kinds")
             return
@@ -224,7 +236,7 @@ class Fleet:
         fleet's says so loudly at start, and keeps its own (there is no fleet copy of a kinds file to use)."""
         mine = self.boot.kinds.fingerprint()
         try:
-            setting = await self.registry.record_setting("kinds", mine, self.host_id, replace=alone)
+            setting = await self.boot.registry.record_setting("kinds", mine, self.boot.host_id, replace=alone)
         except SupervisorError:
             log_failure("fleet_setting_not_settled", setting="kinds")
             return
@@ -246,7 +258,9 @@ class Fleet:
         and promotes under the fleet's."""
         mine = self.boot.config.max_concurrent
         try:
-            setting = await self.registry.record_setting("max_concurrent", str(mine), self.host_id, replace=alone)
+            setting = await self.boot.registry.record_setting(
+                "max_concurrent", str(mine), self.boot.host_id, replace=alone
+            )
         except SupervisorError:
             log_failure("fleet_setting_not_settled", setting="max_concurrent")
             return
@@ -262,12 +276,12 @@ class Fleet:
                 used=fleet,
                 fix="give every host the same value, or restart the whole fleet with the new one",
             )
-            self.standing.settle_limit(fleet)
+            self.boot.standing.settle_limit(fleet)
         else:
-            self.standing.settle_limit(None)
+            self.boot.standing.settle_limit(None)
 
     def _left(self) -> float:
-        lead_until = self.standing.lead_until
+        lead_until = self.boot.standing.lead_until
         return max(0.0, round(lead_until - trio.current_time(), 3)) if lead_until > -math.inf else 0.0
 
     async def _keep_time(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -275,7 +289,7 @@ class Fleet:
         task_status.started()
         while True:
             now = trio.current_time()
-            upcoming = [at for at in (self.standing.lead_until, self.standing.fresh_until) if at > now]
+            upcoming = [at for at in (self.boot.standing.lead_until, self.boot.standing.fresh_until) if at > now]
             with trio.move_on_at(min(upcoming, default=math.inf)):
                 await self._renewed.wait()
             self._note_leading()
@@ -286,41 +300,43 @@ class Fleet:
         if self._was_fresh and not now:
             log.warning(
                 "host_lease_stale",
-                host_id=self.host_id,
+                host_id=self.boot.host_id,
                 why="the lease could not be renewed in time: no job is promoted here until it is",
             )
             self._went_stale = True
             self._steady_since = None
         elif now and not self._was_fresh:
             if self._went_stale:
-                log.info("host_lease_renewed", host_id=self.host_id, promotion="resumed")
+                log.info("host_lease_renewed", host_id=self.boot.host_id, promotion="resumed")
                 self._went_stale = False
-            self.on_fresh()  # the queue may have waited for this host
+            self._drainer.lease_renewed()  # the queue may have waited for this host
         self._was_fresh = now
 
     def _note_drained(self, drained: bool) -> None:
         """An operator drained or undrained this host (docs/fleet.md § Draining a host): said once per change."""
-        if drained and not self.standing.drained:
+        if drained and not self.boot.standing.drained:
             log.warning(
                 "host_draining",
-                host_id=self.host_id,
+                host_id=self.boot.host_id,
                 running_jobs=len(self.boot.ledger.entries()),
                 why="an operator drained this host: nothing new starts here, its running jobs run to their end, the "
                 "lead goes to another host; supervisor hosts undrain ends it",
             )
-        elif self.standing.drained and not drained:
-            log.info("host_undrained", host_id=self.host_id, promotion="resumed")
-            self.on_fresh()  # the queue may have waited for this host
-        self.standing.drained = drained
+        elif self.boot.standing.drained and not drained:
+            log.info("host_undrained", host_id=self.boot.host_id, promotion="resumed")
+            self._drainer.lease_renewed()  # the queue may have waited for this host
+        self.boot.standing.drained = drained
 
     def _note_leading(self) -> None:
         now = self.leading
         if now and not self._was_leading:
-            log.info("fleet_leader", host_id=self.host_id, boot_id=self.boot_id, lease_s=self.lease_s)
-        elif self._was_leading and not now and self.standing.drained and self.fresh:
-            log.info("fleet_leader_handed_over", host_id=self.host_id, why="this host is drained")
+            log.info("fleet_leader", host_id=self.boot.host_id, boot_id=self.boot.boot_id, lease_s=self._lease_s)
+        elif self._was_leading and not now and self.boot.standing.drained and self.fresh:
+            log.info("fleet_leader_handed_over", host_id=self.boot.host_id, why="this host is drained")
         elif self._was_leading and not now:
-            log.warning("fleet_leader_stepped_down", host_id=self.host_id, why="the lease could not be renewed in time")
+            log.warning(
+                "fleet_leader_stepped_down", host_id=self.boot.host_id, why="the lease could not be renewed in time"
+            )
         self._was_leading = now
 
     async def sweep_silent_hosts(self) -> None:
@@ -330,15 +346,19 @@ class Fleet:
         the rest stay as they are, and each silent host is named once (``watch_silent_hosts``)."""
         if not self.leading:
             return
-        rows = await self.registry.running_jobs()
-        hosts = {host.host_id: host for host in await self.registry.hosts()}
+        rows = await self.boot.registry.running_jobs()
+        hosts = {host.host_id: host for host in await self.boot.registry.hosts()}
         silent = self._silent(hosts, {job.host_id for job in rows if job.host_id is not None})
         if silent and self.leading:
-            ended = set(await self.end_by_proof([job for job in rows if job.host_id in silent], lambda: self.leading))
+            ended = set(
+                await self._silent_hosts_judge.end_by_proof(
+                    [job for job in rows if job.host_id in silent], lambda: self.leading
+                )
+            )
             rows = [job for job in rows if job.job_id not in ended]
             # The proofs took their time (up to a renewal period): silence is named on a read made after them, so
             # that a host that renewed meanwhile is never called silent.
-            hosts = {host.host_id: host for host in await self.registry.hosts()}
+            hosts = {host.host_id: host for host in await self.boot.registry.hosts()}
         remaining: dict[str, int] = {}
         for job in rows:
             if job.host_id is not None:
@@ -352,7 +372,7 @@ class Fleet:
         return {
             host_id
             for host_id in running_host_ids
-            if host_id != self.host_id and (host_id not in hosts or not hosts[host_id].live)
+            if host_id != self.boot.host_id and (host_id not in hosts or not hosts[host_id].live)
         }
 
     async def watch_silent_hosts(self, running_host_ids: set[str], running: Mapping[str, int] | None = None) -> None:
@@ -361,7 +381,7 @@ class Fleet:
         or the operator forgets it; one ERROR per silence, naming the host (``running``: its running rows, by host)."""
         if not self.leading:
             return
-        self._name_silent({host.host_id: host for host in await self.registry.hosts()}, running_host_ids, running)
+        self._name_silent({host.host_id: host for host in await self.boot.registry.hosts()}, running_host_ids, running)
 
     def _name_silent(
         self, hosts: Mapping[str, Host], running_host_ids: set[str], running: Mapping[str, int] | None
@@ -369,7 +389,7 @@ class Fleet:
         # Only once this host has renewed without a break for a whole lease: after a database outage (or this boot's
         # start) the others' leases expired for the same reason this one's went stale, and each needs a renewal
         # period to renew. Judged sooner, every live host was named silent by the first to lead again.
-        if self._steady_since is None or trio.current_time() - self._steady_since < self.lease_s:
+        if self._steady_since is None or trio.current_time() - self._steady_since < self._lease_s:
             return
         silent = self._silent(hosts, running_host_ids)
         for host_id in sorted(silent - self._silent_hosts):

@@ -40,6 +40,7 @@ from ..domain import (
 )
 from ..observe import EventName, JobEvent, get_logger
 from ..registry import Beat, Registry
+from ._ports import BeatWitness
 
 log = get_logger()
 
@@ -129,15 +130,14 @@ class Admission:
 
 
 class Heartbeats:
-    """Takes heartbeats and writes them behind (``run``, a task of the root nursery); ``recorded`` sees each row
-    after its beat is written (the absence tracker's ``beat``)."""
+    """Takes heartbeats and writes them behind (``run``, a task of the root nursery); ``witness`` is told of each row
+    after its beat is written (``AbsenceTracker.beat``). Built on the registry and the clock alone, not a ``Boot``:
+    the interleaving tests drive it over a registry of their own."""
 
-    def __init__(
-        self, registry: Registry, recorded: Callable[[Job], None], wall_clock: Callable[[], datetime] = utc_now
-    ) -> None:
+    def __init__(self, registry: Registry, witness: BeatWitness, wall_clock: Callable[[], datetime] = utc_now) -> None:
         """``wall_clock``: the clock the registry stamps beats by (the boot's)."""
         self._registry = registry
-        self._recorded = recorded
+        self._witness = witness
         self._wall_clock = wall_clock
         self.tokens = JobTokens()
         self._seen: dict[str, Seen] = {}  # each running job's beats taken by this boot (``known``)
@@ -278,7 +278,7 @@ class Heartbeats:
             if isinstance(result, RequestError):
                 self.tokens.forget(beat.job_id)  # ended (perhaps by another process): the next beat asks the registry
             else:
-                self._recorded(result)
+                self._witness.beat(result)
 
 
 class CurrentRows:

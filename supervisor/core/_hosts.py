@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from ..domain import HostNotFound
@@ -10,6 +9,7 @@ from ..observe import get_logger
 from ._boot import Boot
 from ._fleet import host_view
 from ._monitor import Monitors
+from ._ports import DrainBell
 
 log = get_logger()
 
@@ -20,10 +20,10 @@ ORPHAN_HOST_FORGOTTEN = "orphan_host_forgotten"
 class HostAdmin:
     """``GET /api/hosts`` and ``POST /api/hosts/{id}/forget`` on the core's side, and this boot's own forgetting."""
 
-    def __init__(self, boot: Boot, monitors: Monitors, wake_drainer: Callable[[], None]) -> None:
+    def __init__(self, boot: Boot, monitors: Monitors, drain_bell: DrainBell) -> None:
         self.boot = boot
         self.monitors = monitors
-        self.wake_drainer = wake_drainer
+        self._drain_bell = drain_bell
 
     async def view(self) -> dict[str, Any]:
         """Every host of the fleet, live or silent, and which leads; each one's release, running jobs and drain."""
@@ -51,7 +51,7 @@ class HostAdmin:
             else:
                 log.warning("host_undrain_requested", host_id=host_id, by=by)
         if not drained:
-            self.wake_drainer()  # this host's own promotion, when it is the one undrained
+            self._drain_bell.ring()  # this host's own promotion, when it is the one undrained
         [host] = [h for h in (await self.view())["hosts"] if h["host_id"] == host_id] or [None]
         return {"host_id": host_id, "changed": changed, "drain": host["drain"] if host is not None else None}
 
@@ -80,7 +80,7 @@ class HostAdmin:
             boot_id=forgotten.boot_id if forgotten is not None else None,
             jobs_ended=len(ended),
         )
-        self.wake_drainer()
+        self._drain_bell.ring()
         return {"host_id": host_id, "jobs_ended": ended}
 
     def this_boot_forgotten(self) -> None:

@@ -16,50 +16,48 @@ from __future__ import annotations
 import dataclasses
 import functools
 import random
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
-from ..domain import RESUBMITTED, ExitStatus, IdempotencyKey, Job, JobStatus, Liveness, SupervisorError
+from ..domain import RESUBMITTED, ExitStatus, Job, JobStatus, Liveness, SupervisorError
 from ..execution import Evidence, JobHandle, Unwatchable
 from ..observe import EventName, JobEvent, get_logger
-from ..registry import Ending, EnqueueResult, Expect, IdentityClaim, NewJob, Outcome
+from ..registry import Ending, Expect, IdentityClaim, Outcome
 from ._boot import Boot, until_recorded
 from ._ledger import Watched
+from ._ports import BeatsWriter, DrainBell, FollowUps
 from ._rules import JITTER, RetryPolicy, ending
 
 log = get_logger()
 
-FollowUpOf = Callable[[Job, str], tuple[NewJob, IdempotencyKey] | None]
-AnnounceEnqueued = Callable[[list[EnqueueResult]], None]
 
 # A job's end that the registry could not write is written again after these waits (doubling).
 
 
 class Monitors:
-    """The monitors of the jobs this boot watches, and cancel. ``wake_drainer``: a slot was freed; ``follow_up_of``:
-    the job a kind's ``then`` enqueues after a success (with the success, in one registry step); ``announce_enqueued``:
-    tell the event bus of it; ``write_beats``: write the heartbeats taken and not yet written (``Heartbeats.flush``):
-    a row that ends takes no beat after, so its last ones are written first (ADR 0018). ``jitter``: the generator of
-    the draws that spread resubmissions apart (the scenario kit gives a seeded one, so that a scenario repeats)."""
+    """The monitors of the jobs this boot watches, and cancel. ``drain_bell``: rung when a slot was freed;
+    ``follow_ups``: the job a kind's ``then`` enqueues after a success (with the success, in one registry step), and
+    its announcement on the event bus (``Enqueuer``); ``beats``: the heartbeats taken and not yet written, written
+    (``Heartbeats.flush``): a row that ends takes no beat after, so its last ones are written first (ADR 0018).
+    ``jitter``: the generator of the draws that spread resubmissions apart (the scenario kit gives a seeded one, so
+    that a scenario repeats; default: a generator of its own, since the module's shared one belongs to whoever else
+    runs in this process, and a test's property-based generator notices another thread drawing from it)."""
 
     def __init__(
         self,
         boot: Boot,
-        wake_drainer: Callable[[], None],
-        follow_up_of: FollowUpOf,
-        announce_enqueued: AnnounceEnqueued,
-        write_beats: Callable[[], Awaitable[None]],
+        drain_bell: DrainBell,
+        follow_ups: FollowUps,
+        beats: BeatsWriter,
+        *,
+        jitter: random.Random | None = None,
     ) -> None:
         self.boot = boot
-        self._wake_drainer = wake_drainer
-        self._follow_up_of = follow_up_of
-        self._announce_enqueued = announce_enqueued
-        self._write_beats = write_beats
-        # Its own generator: the module's shared one belongs to whoever else runs in this process (a test's
-        # property-based generator notices another thread drawing from it).
-        self.jitter = random.Random()
+        self._drain_bell = drain_bell
+        self._follow_ups = follow_ups
+        self._beats = beats
+        self.jitter = jitter if jitter is not None else random.Random()
 
     async def evidence(self, rows: list[Job]) -> list[Evidence]:
         """The executor's evidence for ``rows`` (``Boot.evidence``), as reconcile and a cancel ask for it."""
@@ -100,7 +98,7 @@ class Monitors:
             log.exception("monitor_failed", job_id=job.job_id)
         finally:
             self.boot.ledger.release(job.job_id, watched)
-            self._wake_drainer()
+            self._drain_bell.ring()
 
     async def _finish_until_recorded(
         self, job: Job, status: ExitStatus | None, *, cancel_asked: bool, process: JobHandle
@@ -143,11 +141,11 @@ class Monitors:
             now=boot.wall_clock(),
             jitter=self.jitter.uniform(*JITTER),  # spreads retries of jobs that crashed together apart
         )
-        follow_up = self._follow_up_of(job, kind.then) if kind is not None and kind.then else None
+        follow_up = self._follow_ups.follow_up_of(job, kind.then) if kind is not None and kind.then else None
         if follow_up is not None:
             decided = dataclasses.replace(decided, then=follow_up[0], then_key=follow_up[1])
         guard = Expect(expect.identity, host_silent=host_silent) if expect is not None else None
-        await self._write_beats()  # its last beats before its end (ADR 0018)
+        await self._beats.flush()  # its last beats before its end (ADR 0018)
         change = await boot.registry.finalize(job.job_id, decided, expect=guard)
         boot.ledger.stop_done(job.job_id)
         if not change.changed:
@@ -168,7 +166,7 @@ class Monitors:
             return True
         boot.announce_end(final, change.previous, **ended)
         if change.follow_up is not None:
-            self._announce_enqueued([change.follow_up])  # it wakes the drainer
+            self._follow_ups.announce([change.follow_up])  # it wakes the drainer
             follow = change.follow_up
             log.info("follow_up_enqueued", job_id=job.job_id, follow_up=follow.job.job_id, coalesced=follow.coalesced)
         return True
@@ -176,7 +174,7 @@ class Monitors:
     async def finalize(self, job: Job, outcome: Outcome, *, expect: Job | None = None) -> bool:
         """End a RUNNING row with a decided outcome (reconcile's verdicts, a cancel of a job left alone)."""
         guard = Expect(expect.identity) if expect is not None else None
-        await self._write_beats()  # its last beats before its end (ADR 0018)
+        await self._beats.flush()  # its last beats before its end (ADR 0018)
         change = await self.boot.registry.finalize(job.job_id, Ending(outcome), expect=guard)
         if change.changed:
             self.boot.announce_end(change.job, change.previous)
@@ -303,4 +301,4 @@ class Monitors:
             )
         outcome = Outcome(JobStatus.CANCELLED, "cancelled_unverified_process_left_alone")
         await self.finalize(job, outcome, expect=job)
-        self._wake_drainer()
+        self._drain_bell.ring()

@@ -15,7 +15,7 @@ holds its own host exactly (its corpus is that host's: data dirs are never share
 moment the mirror commits, which is this host's next look (its next promotion round, or sweep), and read in each of
 their promotions' own registry step. The sweeper looks at every sweep too. A look is one ``stat`` in a worker thread
 (two thread hops per round that promotes: tens of microseconds each); the registry is written only when the file
-appeared or went since the last look. """
+appeared or went since the last look."""
 
 from __future__ import annotations
 
@@ -25,21 +25,25 @@ import trio
 
 from ..domain import Conflict, SupervisorError
 from ..observe import get_logger
-from ..registry import PAUSED_BY_FILE, Registry
-from ._boot import log_failure
+from ..registry import PAUSED_BY_FILE
+from ._boot import Boot, log_failure
 
 log = get_logger()
 
 
 class PauseFile:
-    def __init__(self, path: Path, registry: Registry, host_id: str | None = None) -> None:
-        self.path = path
-        self._registry = registry
+    def __init__(self, boot: Boot) -> None:
+        """The boot's config's ``pause_flag_path``, mirrored into its registry."""
+        self.boot = boot
         # A fleet shares the pause but not the data dir: the pause records whose file made it, and only that host's
         # file ends it (another host, starting without a file of its own, must not undo it). ADR 0012.
-        self.by = PAUSED_BY_FILE if host_id is None else f"{PAUSED_BY_FILE}:{host_id}"
+        self.by = f"{PAUSED_BY_FILE}:{boot.host_id}"
         self._seen: bool | None = None  # whether the file existed at the last look (None: not looked yet)
         self._lock = trio.Lock()
+
+    @property
+    def path(self) -> Path:
+        return self.boot.config.pause_flag_path
 
     async def look(self) -> bool:
         """Whether the file exists now, its appearance or removal mirrored into the registry. Its presence holds
@@ -60,14 +64,14 @@ class PauseFile:
             if exists == self._seen:
                 return
             if exists:
-                state = await self._registry.set_paused(True, by=self.by)
+                state = await self.boot.registry.set_paused(True, by=self.by)
                 if state.by == self.by:
                     log.warning("queue_paused", by=self.by, flag=str(self.path))
             else:
-                state = await self._registry.pause_state()
+                state = await self.boot.registry.pause_state()
                 # PAUSED_BY_FILE alone: a pause recorded before hosts were, which any host's file ended.
                 if state.paused and state.by in (self.by, PAUSED_BY_FILE):
-                    await self._registry.set_paused(False, by=self.by)
+                    await self.boot.registry.set_paused(False, by=self.by)
                     log.info("queue_resumed", by=self.by, flag=str(self.path))
             self._seen = exists
 

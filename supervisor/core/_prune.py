@@ -10,15 +10,16 @@ files with no row (the disk's loss, never a row that points at nothing it promis
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 
 import trio
 
-from ..domain import MAX_LIST_LIMIT, SELECTION_PREFIX, SELECTION_TTL_S, Config, ValidationError
+from ..domain import MAX_LIST_LIMIT, SELECTION_PREFIX, SELECTION_TTL_S, ValidationError
 from ..observe import get_logger
-from ..registry import PrunedJob, Registry, log_name
+from ..registry import PrunedJob, log_name
+from ._boot import Boot
 
 log = get_logger()
 
@@ -59,20 +60,12 @@ def remove_files(paths: Sequence[Path]) -> int:
 
 
 class Pruner:
-    """The retention rules of ``config`` applied to ``registry``: by the sweeper (``maybe_prune``), or by the operator
-    now (``prune``). ``may_lead``: whether this host does the fleet's once-only duties (one host prunes)."""
+    """The retention rules of the boot's config applied to its registry: by the sweeper (``maybe_prune``), or by the
+    operator now (``prune``). Only while this host does the fleet's once-only duties (``Standing.may_lead``: one host
+    prunes)."""
 
-    def __init__(
-        self,
-        config: Config,
-        registry: Registry,
-        wall_clock: Callable[[], datetime],
-        may_lead: Callable[[], bool],
-    ) -> None:
-        self.config = config
-        self.registry = registry
-        self.wall_clock = wall_clock
-        self.may_lead = may_lead
+    def __init__(self, boot: Boot) -> None:
+        self.boot = boot
         self.interval_s = PRUNE_INTERVAL_S
         self.batch_jobs = PRUNE_BATCH_JOBS
         self.batch_keys = EXPIRE_BATCH_KEYS
@@ -80,24 +73,24 @@ class Pruner:
 
     @property
     def enabled(self) -> bool:
-        return self.config.retention_days is not None or self.config.retention_max_jobs is not None
+        return self.boot.config.retention_days is not None or self.boot.config.retention_max_jobs is not None
 
     async def maybe_prune(self) -> list[PrunedJob]:
         """The sweeper's turn, unless another host leads or the last turn was less than ``interval_s`` ago: expired
         idempotency keys go (whatever the retention: keys never pile up), then one batch of jobs unless retention
         is off (a job a live key answered is kept until the key expires)."""
-        if not self.may_lead():
+        if not self.boot.standing.may_lead():
             return []
         now = trio.current_time()
         if self._last_at is not None and now - self._last_at < self.interval_s:
             return []
         self._last_at = now
-        expired = await self.registry.expire_keys(limit=self.batch_keys)
+        expired = await self.boot.registry.expire_keys(limit=self.batch_keys)
         if expired:
             log.info("idempotency_keys_expired", rows=expired)
         # Bulk selections past their time: their ids are no use to anybody now (a repeat makes a new dry run).
-        cutoff = self.wall_clock() - timedelta(seconds=SELECTION_TTL_S)
-        dropped = await self.registry.drop_settings(SELECTION_PREFIX, cutoff)
+        cutoff = self.boot.wall_clock() - timedelta(seconds=SELECTION_TTL_S)
+        dropped = await self.boot.registry.drop_settings(SELECTION_PREFIX, cutoff)
         if dropped:
             log.info("bulk_selections_expired", rows=dropped)
         if not self.enabled:
@@ -111,10 +104,10 @@ class Pruner:
             raise ValidationError(f"limit must be between 1 and {MAX_LIST_LIMIT}, not {limit}", field="limit")
         if not self.enabled:
             return []
-        days = self.config.retention_days
-        ended_before = self.wall_clock() - timedelta(days=days) if days is not None else None
-        gone = await self.registry.prune_jobs(
-            ended_before=ended_before, keep_latest=self.config.retention_max_jobs, limit=limit, dry_run=dry_run
+        days = self.boot.config.retention_days
+        ended_before = self.boot.wall_clock() - timedelta(days=days) if days is not None else None
+        gone = await self.boot.registry.prune_jobs(
+            ended_before=ended_before, keep_latest=self.boot.config.retention_max_jobs, limit=limit, dry_run=dry_run
         )
         if gone and not dry_run:
             files = [path for job in gone for path in job_files(job)]

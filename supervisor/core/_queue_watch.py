@@ -17,7 +17,7 @@ go looking. Each job's own progress is watched (stalled, silent); this watches t
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -28,6 +28,7 @@ from ..domain import SupervisorError, from_iso, to_iso
 from ..observe import QueueGauges, get_logger
 from ..registry import PAUSED_BY_OPERATOR, QUEUE_ANNOUNCED, SCHEDULE_TICK
 from ._boot import Boot
+from ._ports import OutboxSender, Promotions
 
 log = get_logger()
 
@@ -47,7 +48,12 @@ PAUSES = frozenset({"pause_operator", "pause_file", "host_drained"})  # held on 
 # A registry that cannot write is why a lease cannot be renewed (the renewal is a write), so a lock held elsewhere
 # names the registry, never the lease it starves; the engine is a fault of its own; a pause is held on purpose.
 ROOT_CAUSE_ORDER = (
-    "registry_unwritable", "lease_not_fresh", "engine_unreachable", "pause_operator", "pause_file", "host_drained"
+    "registry_unwritable",
+    "lease_not_fresh",
+    "engine_unreachable",
+    "pause_operator",
+    "pause_file",
+    "host_drained",
 )
 # A reason that follows from another while that other clears: a stuck queue keeps naming the cause (the lease is
 # renewed a moment after the registry writes again) rather than page anew for its echo.
@@ -169,20 +175,17 @@ class QueueWatch:
     def __init__(
         self,
         boot: Boot,
-        holds: Callable[[], set[str]],
-        last_promotion: Callable[[], datetime],
-        *,
-        stuck_after_s: float,
-        pause_warn_after_s: float,
-        wake_sender: Callable[[], None] = lambda: None,
+        drainer: Promotions,
+        sender: OutboxSender,
     ) -> None:
-        """``wake_sender``: the webhook sender's wake (queue.stuck / queue.moving go through the outbox)."""
+        """``drainer``: why promotion is held and this host's last promotion; ``sender``: the webhook sender, woken
+        when the watch writes an event (queue.stuck / queue.moving go through the outbox). The rule's thresholds are
+        the boot's config's (``queue_stuck_s``, ``pause_warn_s``)."""
         self.boot = boot
-        self.holds = holds
-        self.last_promotion = last_promotion
-        self.rule = QueueRule(stuck_after_s, pause_warn_after_s)
+        self._drainer = drainer
+        self._sender = sender
+        self.rule = QueueRule(boot.config.queue_stuck_s, boot.config.pause_warn_s)
         self.latest: QueueSignals | None = None
-        self.wake_sender = wake_sender
         self._restored = False  # the announced state read back (once per boot, at the first look)
         self._pending: tuple[str, Stuck] | None = None  # a start or end said, its webhook not yet written
         self._look = _Look()  # the queue as the registry last said it
@@ -190,7 +193,7 @@ class QueueWatch:
 
     def own_holds(self) -> set[str]:
         """The reasons this host knows without reading the registry: its drainer's holds and the registry's fault."""
-        out = set(self.holds())
+        out = set(self._drainer.holds())
         if self.boot.registry.fault() is not None:
             out.add("registry_unwritable")
         return out
@@ -259,7 +262,9 @@ class QueueWatch:
             moot = what == "moving" and self._pending is not None and self._pending[0] == "stuck"
             self._pending = None if moot else (what, stuck)
         # The signals first: they stand whether or not the webhook below can be written now.
-        self.latest = QueueSignals(max(0.0, waited), self.last_promotion(), self.rule.held_since(), self.rule.stuck)
+        self.latest = QueueSignals(
+            max(0.0, waited), self._drainer.last_promotion_at, self.rule.held_since(), self.rule.stuck
+        )
         if unread is not None:
             raise unread
         if self._pending is not None:
@@ -300,17 +305,14 @@ class QueueWatch:
                 "schedule.missed", host_id=self.boot.host_id, job_id=job_id, details=details,
                 reason="schedule_missed", announced=mark, setting=f"{SCHEDULE_MISSED}{name}",
             )  # fmt: skip
-            self.wake_sender()
+            self._sender.wake()
         self.schedules_missed = missed
 
     async def kinds(self) -> dict[str, KindLoad]:
         """Each kind with jobs running or queued fleet-wide, or with a limit of its own: what it runs, what waits."""
         limits = self.boot.kinds.running_limits()
         counts = await self.boot.registry.kind_counts()
-        return {
-            kind: KindLoad(*counts.get(kind, (0, 0)), limits.get(kind))
-            for kind in sorted({*counts, *limits})
-        }
+        return {kind: KindLoad(*counts.get(kind, (0, 0)), limits.get(kind)) for kind in sorted({*counts, *limits})}
 
     def gauges(self) -> QueueGauges | None:
         """The signals as ``/metrics`` shows them (None before the first sweep): one series per hold reason."""
@@ -349,7 +351,7 @@ class QueueWatch:
             reason=stuck.reason,
             announced=json.dumps(details, sort_keys=True) if what == "stuck" else "",
         )
-        self.wake_sender()
+        self._sender.wake()
 
 
 def _parse_stuck(text: str) -> Stuck | None:

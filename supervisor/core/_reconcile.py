@@ -7,18 +7,19 @@ about (``Expect``). The verdicts come from ``_rules.judge``; this module carries
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 
 import trio
 
-from ..domain import Job, JobNotFound, JobStatus, Liveness
-from ..execution import JobHandle
+from ..domain import ExitStatus, Job, JobNotFound, JobStatus, Liveness
+from ..execution import Evidence, JobHandle
 from ..observe import get_logger
 from ..registry import Expect, IdentityClaim, Outcome
 from ._boot import Boot
 from ._monitor import Monitors
-from ._rules import STOP_DEADLINE, STOP_STALL, attempt_ended, judge, past_window
+from ._ports import DrainBell
+from ._rules import STOP_DEADLINE, STOP_STALL, Decision, attempt_ended, judge, past_window
 
 log = get_logger()
 
@@ -40,11 +41,55 @@ class ReconcileReport:
     details: list[ReconcileDetail]
 
 
+@dataclass
+class _RowsRead:
+    """What reconcile read before gathering evidence: the rows to judge, the details of those left alone, and the
+    jobs watched as the read began."""
+
+    rows: list[Job] = field(default_factory=list)
+    details: list[ReconcileDetail] = field(default_factory=list)
+    watched_before: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class _Done:
+    """What carrying a verdict out did: the row's action for the report, whether the row changed, and whether its
+    process runs on (an operator's stale mark of a live process)."""
+
+    action: str
+    changed: bool
+    still_running: bool = False
+
+
+_UNTOUCHED = _Done("untouched", changed=False)  # the row was no longer the one the evidence was about
+
+
+@dataclass(frozen=True)
+class _Judged:
+    detail: ReconcileDetail
+    changed: bool
+
+
+def _say_slot_kept(job: Job, decision: Decision, found: Evidence, *, prior_boot: bool) -> None:
+    # An engine that does not answer is said once per episode by the executor (and shown by /api/health):
+    # the rows it keeps are no WARNING at every sweep.
+    (log.debug if found.outage else log.warning)(
+        "reconcile_kept_slot",
+        job_id=job.job_id,
+        reason=decision.reason,
+        liveness=found.liveness.value if found.liveness else None,
+        **(dict(job.identity.fields) if job.identity else {}),
+        detail=found.detail,
+        prior_boot=prior_boot,
+        started_at=str(job.started_at),
+    )
+
+
 class Reconciler:
-    def __init__(self, boot: Boot, monitors: Monitors, wake_drainer: Callable[[], None]) -> None:
+    def __init__(self, boot: Boot, monitors: Monitors, drain_bell: DrainBell) -> None:
         self.boot = boot
         self.monitors = monitors
-        self._wake_drainer = wake_drainer
+        self._drain_bell = drain_bell
         self._lock = trio.Lock()
 
     async def reconcile(self, *, stale_marks_live_processes: bool) -> ReconcileReport:
@@ -54,14 +99,28 @@ class Reconciler:
             return await self._reconcile(stale_marks_live_processes=stale_marks_live_processes)
 
     async def _reconcile(self, *, stale_marks_live_processes: bool) -> ReconcileReport:
-        boot = self.boot
-        details: list[ReconcileDetail] = []
-        rows: list[Job] = []
-        ledger = boot.ledger
+        read = await self._read_rows_to_judge()
+        evidence = await self.monitors.evidence(read.rows)
+        now = self.boot.wall_clock()
+        details, updated = read.details, 0
+        for job, found in zip(read.rows, evidence, strict=True):
+            judged = await self._reconcile_row(job, found, read.watched_before, now, stale_marks_live_processes)
+            if judged is not None:
+                details.append(judged.detail)
+                updated += judged.changed
+        if updated:
+            self._drain_bell.ring()
+        return ReconcileReport(updated, details)
+
+    async def _read_rows_to_judge(self) -> _RowsRead:
+        """This host's RUNNING rows to judge on the evidence, and a detail for each row left alone (its start under
+        way here, or watched though its identity could not be recorded)."""
+        boot, ledger = self.boot, self.boot.ledger
+        read = _RowsRead()
         mark = ledger.promotion_mark()
         # A monitor may end its job and let go of it while the rows are read and the evidence gathered: a row read
         # running and watched then is still its monitor's (the authority on what it watches), never adopted again.
-        watched_before = ledger.job_ids()
+        read.watched_before = ledger.job_ids()
         running = await boot.registry.running_jobs()
         # A promotion under way during the read may have put rows in it whose starts are not yet held in the ledger.
         overlapped = mark[0] > 0 or ledger.promotion_mark()[1] != mark[1]
@@ -76,109 +135,105 @@ class Reconciler:
                 # the monitor, which holds the row as it was (no identity), records its end. Recording the identity
                 # found here under it would make that end's guard refuse it.
                 reason = "spawn_window" if overlapped or ledger.being_started(job.job_id) else "watched_unrecorded"
-                details.append(ReconcileDetail(job.job_id, "untouched", reason, None, False))
+                read.details.append(ReconcileDetail(job.job_id, "untouched", reason, None, False))
                 continue
-            rows.append(job)
+            read.rows.append(job)
             watched = ledger.entry(job.job_id)
             if job.cancel_requested and watched is not None and not watched.cancel_requested:
                 watched.request_cancel()  # asked through another host: carried out here, where the job runs
-        evidence = await self.monitors.evidence(rows)
-        now = boot.wall_clock()
-        updated = 0
-        for job, found in zip(rows, evidence, strict=True):
-            this_boot = job.boot_id == boot.boot_id
-            still_running = False
-            liveness = found.liveness
-            if found.found is not None:
-                # A prior boot died between the start and recording the identity: what the executor wrote before the
-                # program ran (a start file, a labelled container) names it, so it is judged (and adopted) like any
-                # recorded one, never freed as a spawn window.
-                [job] = await boot.registry.record_identities([IdentityClaim(job.job_id, found.found)])
-                if job.status is not JobStatus.RUNNING:
-                    continue
-            decision = judge(
-                job,
-                this_boot=this_boot,
-                monitored=job.job_id in ledger or job.job_id in watched_before,
-                liveness=liveness,
-                past_window=past_window(job.started_at, now, boot.config.stale_after_s),
-                stale_marks_live_processes=stale_marks_live_processes,
-                exit_recorded=found.exit_status is not None,
-                exit_pending=found.exit_pending,
-                # Asked again after the evidence (no other task requeues a row nobody holds, so none can be promoted
-                # and held again meanwhile: this only keeps the rule's input whole).
-                starting=this_boot and ledger.being_started(job.job_id),
-                orphan_reason=boot.executor.orphan_reason,
+        return read
+
+    async def _reconcile_row(
+        self, job: Job, found: Evidence, watched_before: set[str], now: datetime, stale_marks_live_processes: bool
+    ) -> _Judged | None:
+        """Judge one row on its evidence and carry the verdict out: its detail and whether the row changed (None: it
+        ended meanwhile)."""
+        boot = self.boot
+        this_boot = job.boot_id == boot.boot_id
+        if found.found is not None:
+            # A prior boot died between the start and recording the identity: what the executor wrote before the
+            # program ran (a start file, a labelled container) names it, so it is judged (and adopted) like any
+            # recorded one, never freed as a spawn window.
+            [job] = await boot.registry.record_identities([IdentityClaim(job.job_id, found.found)])
+            if job.status is not JobStatus.RUNNING:
+                return None
+        decision = judge(
+            job,
+            this_boot=this_boot,
+            monitored=job.job_id in boot.ledger or job.job_id in watched_before,
+            liveness=found.liveness,
+            past_window=past_window(job.started_at, now, boot.config.stale_after_s),
+            stale_marks_live_processes=stale_marks_live_processes,
+            exit_recorded=found.exit_status is not None,
+            exit_pending=found.exit_pending,
+            # Asked again after the evidence (no other task requeues a row nobody holds, so none can be promoted
+            # and held again meanwhile: this only keeps the rule's input whole).
+            starting=this_boot and boot.ledger.being_started(job.job_id),
+            orphan_reason=boot.executor.orphan_reason,
+        )
+        done = await self._carry_out(job, decision, found)
+        if decision.adopt and found.handle is not None and boot.tree.attached:
+            await self.monitors.adopt(job, found.handle, cancel=job.cancel_requested)  # a cancel left pending
+        if decision.warn:
+            _say_slot_kept(job, decision, found, prior_boot=not this_boot)
+        seen = found.liveness.value if found.liveness else None
+        detail = ReconcileDetail(job.job_id, done.action, decision.reason, seen, not this_boot, done.still_running)
+        return _Judged(detail, done.changed)
+
+    async def _carry_out(self, job: Job, decision: Decision, found: Evidence) -> _Done:
+        """The verdict's write, only if the row is still the one the evidence was about (``expect``; else
+        ``untouched``); a verdict that asks no write (keep, adopt) is its own action."""
+        if decision.action == "finalize":
+            return await self._finalize(job, decision, found)
+        if decision.action == "finalize_lost":
+            # Gone with nothing recorded: an orphan, resubmitted while its kind allows more attempts.
+            return await self._finish(job, None, found)
+        if decision.action == "requeue":
+            return await self._requeue(job, decision, found)
+        if decision.action == "finalize_exit":
+            assert found.exit_status is not None and found.handle is not None
+            await self.boot.executor.collect(found.handle)
+            return await self._finish(job, found.exit_status, found)
+        return _Done(decision.action, changed=False)
+
+    async def _finalize(self, job: Job, decision: Decision, found: Evidence) -> _Done:
+        """The verdict's own status (stale, failed, ...), recorded as decided."""
+        assert decision.status is not None
+        # expect: the evidence was gathered before the write; only act if the row is still that process.
+        if not await self.monitors.finalize(job, Outcome(decision.status, decision.reason), expect=job):
+            return _UNTOUCHED
+        still_running = decision.status is JobStatus.STALE and found.liveness is Liveness.ALIVE
+        if still_running:
+            log.warning(
+                "job_marked_stale_while_running",
+                job_id=job.job_id,
+                **(dict(job.identity.fields) if job.identity else {}),
+                hint="its slot is free but its process runs on: stop it before any retry of this job",
             )
-            action: str = decision.action
-            if decision.action == "finalize":
-                assert decision.status is not None
-                # expect: the evidence was gathered before the write; only act if the row is still that process.
-                if await self.monitors.finalize(job, Outcome(decision.status, decision.reason), expect=job):
-                    updated += 1
-                    action = str(decision.status)
-                    if decision.status is JobStatus.STALE and liveness is Liveness.ALIVE:
-                        still_running = True
-                        log.warning(
-                            "job_marked_stale_while_running",
-                            job_id=job.job_id,
-                            **(dict(job.identity.fields) if job.identity else {}),
-                            hint="its slot is free but its process runs on: stop it before any retry of this job",
-                        )
-                    if found.handle is not None and liveness is not Liveness.ALIVE:
-                        await boot.executor.release(found.handle)  # a never-started container, say
-                else:
-                    action = "untouched"
-            elif decision.action == "finalize_lost":
-                # Gone with nothing recorded: an orphan, resubmitted while its kind allows more attempts.
-                if await self.monitors.finish(job, None, cancel_asked=False, expect=job):
-                    updated += 1
-                    action = str((await boot.registry.get(job.job_id)).status)
-                    if found.handle is not None:
-                        await boot.executor.release(found.handle)
-                else:
-                    action = "untouched"
-            elif decision.action == "requeue":
-                # INV-IDENTITY-BEFORE-PROGRAM: it provably never started; back to the head of the queue, the start
-                # not counted (ADR 0009), only if the row is still that unstarted attempt.
-                change = await boot.registry.requeue(job.job_id, expect=Expect(job.identity), reason=decision.reason)
-                if change.changed:
-                    updated += 1
-                    action = "requeued"
-                    boot.announce(change.job, str(change.previous), decision.reason)
-                    if found.handle is not None:
-                        await boot.executor.release(found.handle)  # a container created and never started, say
-                else:
-                    action = "untouched"
-            elif decision.action == "finalize_exit":
-                assert found.exit_status is not None and found.handle is not None
-                await boot.executor.collect(found.handle)
-                if await self.monitors.finish(job, found.exit_status, cancel_asked=False, expect=job):
-                    updated += 1
-                    action = str((await boot.registry.get(job.job_id)).status)
-                    await boot.executor.release(found.handle)
-                else:
-                    action = "untouched"
-            if decision.adopt and found.handle is not None and boot.tree.attached:
-                await self.monitors.adopt(job, found.handle, cancel=job.cancel_requested)  # a cancel left pending
-            if decision.warn:
-                # An engine that does not answer is said once per episode by the executor (and shown by /api/health):
-                # the rows it keeps are no WARNING at every sweep.
-                (log.debug if found.outage else log.warning)(
-                    "reconcile_kept_slot",
-                    job_id=job.job_id,
-                    reason=decision.reason,
-                    liveness=liveness.value if liveness else None,
-                    **(dict(job.identity.fields) if job.identity else {}),
-                    detail=found.detail,
-                    prior_boot=not this_boot,
-                    started_at=str(job.started_at),
-                )
-            seen = liveness.value if liveness else None
-            details.append(ReconcileDetail(job.job_id, action, decision.reason, seen, not this_boot, still_running))
-        if updated:
-            self._wake_drainer()
-        return ReconcileReport(updated, details)
+        if found.handle is not None and found.liveness is not Liveness.ALIVE:
+            await self.boot.executor.release(found.handle)  # a never-started container, say
+        return _Done(str(decision.status), changed=True, still_running=still_running)
+
+    async def _finish(self, job: Job, exit_status: ExitStatus | None, found: Evidence) -> _Done:
+        """A job's end by its recorded exit (or none: lost), as its monitor would have recorded it (``ending``)."""
+        if not await self.monitors.finish(job, exit_status, cancel_asked=False, expect=job):
+            return _UNTOUCHED
+        action = str((await self.boot.registry.get(job.job_id)).status)
+        if found.handle is not None:
+            await self.boot.executor.release(found.handle)
+        return _Done(action, changed=True)
+
+    async def _requeue(self, job: Job, decision: Decision, found: Evidence) -> _Done:
+        # INV-IDENTITY-BEFORE-PROGRAM: it provably never started; back to the head of the queue, the start
+        # not counted (ADR 0009), only if the row is still that unstarted attempt.
+        boot = self.boot
+        change = await boot.registry.requeue(job.job_id, expect=Expect(job.identity), reason=decision.reason)
+        if not change.changed:
+            return _UNTOUCHED
+        boot.announce(change.job, str(change.previous), decision.reason)
+        if found.handle is not None:
+            await boot.executor.release(found.handle)  # a container created and never started, say
+        return _Done("requeued", changed=True)
 
     async def stop_stalled(self, job: Job) -> None:
         """stall_action = terminate: stop a stalled job whose process is verified alive, as a cancel does; it ends

@@ -75,28 +75,10 @@ def judge(
         # is held only until the executor answers it or its start timeout passes (then its outcome is unknown).
         return Decision("untouched", reason="spawn_window")
     if not job.spawned:
-        # A prior boot's start, or one of this boot's whose outcome is unknown (it timed out; the drain that made it
-        # was cancelled): judged on the executor's evidence, never assumed either way.
-        if liveness is Liveness.UNKNOWN:
-            # INV-UNKNOWN-KEEPS-SLOT: the start may still happen (a shepherd that has not answered; an engine that
-            # could not be asked whether a container was ever made for it).
-            return Decision("keep", reason="liveness_unknown_kept", warn=True)
-        # INV-IDENTITY-BEFORE-PROGRAM: no start record, and no start still in flight, so the program provably never
-        # ran: it goes back to the head of the queue, its start not counted (ADR 0009).
-        if job.cancel_requested:
-            return Decision("finalize", JobStatus.CANCELLED, "cancelled_before_start")
-        return Decision("requeue", reason=NEVER_STARTED)
+        return _judge_unstarted(job, liveness)
     # This boot's monitor is the authority on what it watches: it finalizes with the real exit status.
     if liveness is Liveness.DEAD and not monitored:
-        if exit_recorded:
-            # INV-TRUE-OUTCOME: how it ended is on record (reaped by its shepherd, kept by the engine): that, not a
-            # guess, is the outcome.
-            return Decision("finalize_exit", reason="exit_recorded")
-        if exit_pending:
-            return Decision("keep", reason="exit_being_recorded", adopt=True)
-        if job.cancel_requested:
-            return Decision("finalize", JobStatus.CANCELLED, "cancelled")  # asked to stop, and it is gone
-        return Decision("finalize_lost", JobStatus.FAILED, orphan_reason)
+        return _judge_gone(job, exit_recorded=exit_recorded, exit_pending=exit_pending, orphan_reason=orphan_reason)
     adopt = liveness is Liveness.ALIVE and not monitored
     if past_window:
         if stale_marks_live_processes:
@@ -110,6 +92,33 @@ def judge(
     if adopt:
         return Decision("keep", reason="adopted", adopt=True)
     return Decision("keep", reason="alive")
+
+
+def _judge_unstarted(job: Job, liveness: Liveness | None) -> Decision:
+    """A row with no process recorded: a prior boot's start, or one of this boot's whose outcome is unknown (it timed
+    out; the drain that made it was cancelled): judged on the executor's evidence, never assumed either way."""
+    if liveness is Liveness.UNKNOWN:
+        # INV-UNKNOWN-KEEPS-SLOT: the start may still happen (a shepherd that has not answered; an engine that
+        # could not be asked whether a container was ever made for it).
+        return Decision("keep", reason="liveness_unknown_kept", warn=True)
+    # INV-IDENTITY-BEFORE-PROGRAM: no start record, and no start still in flight, so the program provably never
+    # ran: it goes back to the head of the queue, its start not counted (ADR 0009).
+    if job.cancel_requested:
+        return Decision("finalize", JobStatus.CANCELLED, "cancelled_before_start")
+    return Decision("requeue", reason=NEVER_STARTED)
+
+
+def _judge_gone(job: Job, *, exit_recorded: bool, exit_pending: bool, orphan_reason: str) -> Decision:
+    """A process verified dead that no monitor of this boot watches."""
+    if exit_recorded:
+        # INV-TRUE-OUTCOME: how it ended is on record (reaped by its shepherd, kept by the engine): that, not a
+        # guess, is the outcome.
+        return Decision("finalize_exit", reason="exit_recorded")
+    if exit_pending:
+        return Decision("keep", reason="exit_being_recorded", adopt=True)
+    if job.cancel_requested:
+        return Decision("finalize", JobStatus.CANCELLED, "cancelled")  # asked to stop, and it is gone
+    return Decision("finalize_lost", JobStatus.FAILED, orphan_reason)
 
 
 def outcome(

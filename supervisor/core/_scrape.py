@@ -11,7 +11,7 @@ the beats taken and not yet written are laid over the rows from memory (``Heartb
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import trio
 
@@ -30,9 +30,10 @@ class RegistryReads:
     boundary: a read that fails is the step ``metrics_read_failed`` (logged, counted); the scrape shows the last
     one meanwhile, older each time."""
 
-    def __init__(self, boot: Boot, read: Callable[[], Awaitable[RegistryView]], budget_s: float = SCRAPE_BUDGET_S):
+    def __init__(self, boot: Boot, queue_watch: QueueWatch, budget_s: float = SCRAPE_BUDGET_S):
+        """``queue_watch``: each kind's load, read with the registry's (``read_registry``)."""
         self.boot = boot
-        self.read = read
+        self._queue_watch = queue_watch
         self.budget_s = budget_s
         self.view: RegistryView | None = None
         self.read_at_s: float | None = None  # trio.current_time() when ``view``'s read started
@@ -63,7 +64,7 @@ class RegistryReads:
 
     async def _read(self) -> None:
         started = trio.current_time()
-        view = await self.read()
+        view = await read_registry(self.boot, self._queue_watch)
         self.view, self.read_at_s = view, started
 
 

@@ -28,15 +28,16 @@ from ..domain import Job
 from ..observe import get_logger
 from ._boot import Boot
 from ._monitor import Monitors
+from ._ports import DrainBell
 
 log = get_logger()
 
 
 class SilentHostJobs:
-    def __init__(self, boot: Boot, monitors: Monitors, wake_drainer: Callable[[], None]) -> None:
+    def __init__(self, boot: Boot, monitors: Monitors, drain_bell: DrainBell) -> None:
         self.boot = boot
         self.monitors = monitors
-        self._wake_drainer = wake_drainer
+        self._drain_bell = drain_bell
 
     async def end_by_proof(self, rows: list[Job], leading: Callable[[], bool]) -> list[str]:
         """``rows``: RUNNING rows of hosts whose lease has expired (the leader's read of this round). Each one whose
@@ -77,5 +78,5 @@ class SilentHostJobs:
             )
             ended.append(job.job_id)
         if ended:
-            self._wake_drainer()
+            self._drain_bell.ring()
         return ended

@@ -1,9 +1,9 @@
-"""``Supervisor``: the core's one front door. The HTTP layer and the CLI only translate into calls on it.
+"""``Supervisor``: the core's one surface. The HTTP layer and the CLI only translate into calls on it.
 
-It holds no rule itself (``_rules`` does) and runs no task itself: it wires one boot's parts and hands the root of
-the nursery tree the tasks to start:
+It holds no rule itself (``_rules`` does): it builds one boot's parts, each with the parts it calls (``_ports`` names
+what one offers another), declares the event bus's listeners, and starts its parts' tasks (``start``):
 
-    Supervisor              its tasks in the order ``_tree.start_tree`` starts them in the root nursery:
+    Supervisor              its tasks in the order ``Supervisor.start`` starts them in the root nursery:
     ├── fleet               this host's lease, the lead, the leader's silent-host rounds       _fleet.Fleet
     ├── drainer             promotes and starts jobs when woken                                _drain.Drainer
     ├── wake-ups            acts on other hosts' changes at once (LISTEN/NOTIFY)               _wakeups.WakeupListener
@@ -11,24 +11,25 @@ the nursery tree the tasks to start:
     ├── check-in            this process's presence: its own absence ages no job               _absence.AbsenceTracker
     ├── sweeper             reconcile -> absence -> drain -> the queue's watch, on a timer     _sweeper.Sweeper
     ├── heartbeat writer    the beats the API took, written behind (ADR 0018)                  _heartbeats.Heartbeats
-    └── job nursery         (handed in by ``attach``)
+    └── job nursery         (started first: ``_tree.run_job_nursery``)
         ├── one monitor per running job, and each cancel's stop task                           _monitor.Monitors
         └── whatever the executor runs there (the shepherd's reader)                           execution/
 """
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import os
+import random
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 import trio
+from prometheus_client import CollectorRegistry
 
 from ..domain import (
     FIRST_PAGE,
@@ -37,20 +38,28 @@ from ..domain import (
     Conflict,
     Doorbell,
     Job,
-    JobNotFound,
     JobRequest,
-    JobStatus,
     KindCatalog,
     PageRequest,
-    RegistryError,
+    Progress,
+    RequestError,
     RequestKey,
     Schedule,
-    to_iso,
     utc_now,
 )
 from ..execution import Executor, create_executor
-from ..observe import EventBus, EventLog, Metrics, Snapshot, Subscription, WebhookSender, get_logger, log_event
-from ..registry import PAUSED_BY_OPERATOR, EnqueueResult, PrunedJob, Registry, log_name
+from ..observe import (
+    EventBus,
+    EventLog,
+    JobEvent,
+    Metrics,
+    Snapshot,
+    Subscription,
+    WebhookSender,
+    get_logger,
+    log_event,
+)
+from ..registry import PAUSED_BY_OPERATOR, EnqueueResult, PrunedJob, Registry
 from ._absence import AbsenceJudge, AbsenceTracker
 from ._boot import Boot
 from ._bulk import Bulk, BulkAnswer
@@ -59,15 +68,18 @@ from ._enqueue import Enqueuer
 from ._fleet import Fleet
 from ._heartbeats import CurrentRows, Heartbeats
 from ._hosts import HostAdmin
+from ._logs import LogSlice, log_slice_of
 from ._monitor import Monitors
 from ._pause import PauseFile
 from ._prune import Pruner
 from ._queue_watch import QueueWatch
 from ._reconcile import Reconciler, ReconcileReport
-from ._scrape import RegistryReads, brought_up, read_registry
+from ._scrape import RegistryReads, brought_up
 from ._silent import SilentHostJobs
 from ._standing import Standing
-from ._sweeper import Sweeper, run_sweeper
+from ._status import Health, QueueState, health_of, queue_state_of
+from ._sweeper import QuietSweeps, Sweeper
+from ._tree import run_job_nursery
 from ._wakeups import WakeupListener
 
 log = get_logger()
@@ -78,6 +90,7 @@ By = str | None
 Sched = Schedule | None
 Params = Mapping[str, object] | None  # a JSON object's names and values (parsed at the edge: api.parse_job)
 Enqueued = EnqueueResult
+Subscriber = Callable[[JobEvent], None]  # a listener of the event bus (``observe.EventBus.subscribe``)
 T = TypeVar("T")
 
 # Environment variables the supervisor itself reads that a job must never inherit.
@@ -93,111 +106,48 @@ _PRIVATE_ENV = (
 )
 
 
-LOG_CHUNK_BYTES = 64 * 1024  # a log is read and sent this much at a time, however large
-
-
-@dataclass(frozen=True)
-class LogSlice:
-    """Bytes ``start`` to ``end`` of a job's log (``path`` None: it has none yet)."""
-
-    path: Path | None
-    start: int
-    end: int
-
-    async def chunks(self, chunk_bytes: int = LOG_CHUNK_BYTES) -> AsyncIterator[bytes]:
-        """The slice, ``chunk_bytes`` at a time. INV-LOG-READ-BOUNDED: a read holds one chunk in memory, never the
-        log; the file is opened for each chunk, so a reader that stops half way leaves nothing open."""
-        position = self.start
-        while self.path is not None and position < self.end:
-            data = await trio.to_thread.run_sync(_read_at, self.path, position, min(chunk_bytes, self.end - position))
-            if not data:
-                return  # shorter than it was (replaced by hand): what is there has been read
-            position += len(data)
-            yield data
-
-
-async def log_slice_of(
-    job: Job, tail_bytes: int | None, offset: int | None, attempt: int | None, executor: Executor | None = None
-) -> LogSlice:
-    """Which bytes of ``job``'s log a read gets: whole, its last ``tail_bytes``, or from byte ``offset`` on, up to its
-    size now; ``attempt``: that attempt's log (each attempt has its own; default the latest). A log file is
-    append-only (capped, never rotated), so an offset stays valid while it grows. An attempt the job never had is not
-    there (``JobNotFound`` naming it, a 404), before any byte is read."""
-    if attempt is not None and not 1 <= attempt <= max(job.attempts, 1):
-        raise JobNotFound(job.job_id, attempt=attempt, attempts=job.attempts)
-    if executor is not None and job.status is JobStatus.RUNNING and attempt in (None, job.attempts):
-        await executor.refresh_log(job)  # ``executor``: the job's own host's, which can read its process
-    if job.log_path is None:
-        return LogSlice(None, 0, 0)
-    path = Path(job.log_path)
-    if attempt is not None:
-        path = path.parent / log_name(job.job_id, attempt)
-
-    def size() -> int:
-        try:
-            return path.stat().st_size
-        except FileNotFoundError:
-            return 0
-
-    end = await trio.to_thread.run_sync(size)
-    start = max(0, end - tail_bytes) if tail_bytes is not None else min(offset or 0, end)
-    return LogSlice(path, start, end)
-
-
-def _read_at(path: Path, position: int, size: int) -> bytes:
-    try:
-        with path.open("rb") as fh:
-            fh.seek(position)
-            return fh.read(size)
-    except FileNotFoundError:
-        return b""
-
-
-@dataclass(frozen=True)
-class QueueState:
-    paused: bool
-    running: int
-    queued: int
-    max_concurrent: int
-    # The queue's watch as of the last sweep (docs/operations.md § The queue's watch; None/empty before the first): how
-    # long the oldest job ready to run has waited, this host's last promotion, each reason promotion is held and since
-    # when, and a stuck queue.
-    oldest_queued_age_s: float | None = None
-    last_promotion_at: str | None = None
-    held: dict[str, str] = field(default_factory=dict)
-    stuck: dict[str, str] | None = None
-    # Each kind's running and queued jobs (fleet-wide) and its max_running (None: no limit of its own).
-    kinds: dict[str, dict[str, int | None]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Health:
-    """What the health route says: ``degraded`` names each part that does not work fully now (``registry``: its
-    writes fail, so nothing new is acknowledged; reads, running jobs and their slots go on; ``engine``: the executor's
-    engine does not answer, so nothing is started and running jobs' liveness is unknown; they keep their slots;
-    ``queue``: the queue is stuck, docs/operations.md § The queue's watch)."""
-
-    boot_id: str
-    exec_mode: str
-    paused: bool | None  # None: the registry could not be read
-    degraded: dict[str, str]
-    host_id: str = ""
-    leader: bool = False  # this host leads the fleet (ADR 0012)
-
-    @property
-    def status(self) -> str:
-        return "degraded" if self.degraded else "ok"
+def _boot_of(
+    config: Config,
+    kinds: KindCatalog,
+    registry: Registry,
+    events: EventBus,
+    boot_id: str | None,
+    base_env: Mapping[str, str] | None,
+    executor: Executor | None,
+    wall_clock: Callable[[], datetime] | None,
+    standalone: bool,
+) -> Boot:
+    """The one place a boot's shared state is put together (``Boot``: every part takes it first)."""
+    env = dict(base_env if base_env is not None else os.environ)
+    for name in _PRIVATE_ENV:
+        env.pop(name, None)
+    return Boot(
+        config=config,
+        kinds=kinds,
+        registry=registry,
+        # The exec mode is chosen here, once per boot: nothing else branches on it.
+        executor=executor if executor is not None else create_executor(config, base_env=env),
+        events=events,
+        boot_id=boot_id or secrets.token_hex(16),
+        data_dir=config.data_dir.resolve(),
+        log_dir=config.jobs_log_dir.resolve(),
+        # What the fleet lets this host do (written by the fleet task alone): INV-NO-PROMOTION-WITHOUT-LEASE.
+        standing=Standing(config.max_concurrent, standalone=standalone),
+        wall_clock=wall_clock or utc_now,
+    )
 
 
 class Supervisor:
-    """One boot of the supervisor over ``registry``. ``executor``: how jobs run (default: the exec mode's).
+    """One boot of the supervisor over ``registry``: the core's one surface. The HTTP layer, the CLI, ``supervisor
+    serve``'s root and the scenario kit call its verbs and read its properties, and nothing past them
+    (``tests/test_front_door.py`` holds them to that): ``start`` (the boot's tasks, in order), the client's verbs
+    (``enqueue``, ``cancel``, ``pause``, ``resume``, ``list_jobs``, ``heartbeat``, ``subscribe_events``, ...), and what
+    a boot is (``config``, ``boot_id``, ``leading``, ``settled``, ...).
 
-    Its verbs (``enqueue``, ``cancel``, ``list_jobs``, ``drain``, ``sweep``, ...) are what the HTTP layer and an
-    embedder call. Its parts are public attributes, and the documented seam for a test or an embedder that drives
-    the tree by hand: ``boot`` (the frozen wiring: config, registry, executor, ``ledger``, ``standing``), ``drainer``,
-    ``monitors``, ``reconciler``, ``sweeper``, ``fleet``, ``heartbeats``, ``absence``, ``queue_watch``, ``pruner``,
-    ``pause_file``, ``enqueuer``, ``webhooks``, ``event_log``, ``metrics``; each one's public verbs are its contract,
-    and nothing private of theirs is (``tests/test_public_surface.py`` holds the tests to that).
+    Its parts are public attributes too (``boot``, ``drainer``, ``monitors``, ``reconciler``, ``sweeper``, ``fleet``,
+    ``heartbeats``, ``absence``, ``queue_watch``, ``pruner``, ``pause_file``, ``enqueuer``, ``webhooks``,
+    ``event_log``, ``metrics``): the seam of a test that drives the tree by hand (``attach``, then a part's own verb:
+    ``drainer.drain``, ``sweeper.sweep``, ``reconciler.reconcile``), never of a client.
     """
 
     def __init__(
@@ -214,113 +164,130 @@ class Supervisor:
         succeeds: str | None = None,
         heartbeat_base_url: str | None = None,
         webhook_transport: httpx.AsyncBaseTransport | None = None,
+        webhook_poll_s: float | None = None,
+        jitter: random.Random | None = None,
+        subscribers: Sequence[Subscriber] = (),
     ) -> None:
-        """``wall_clock``: the time this boot stamps and judges by; ``supervisor serve`` gives the registry's own
-        ``SteadyWallClock`` (steps of the system clock move neither). Default: the system's wall clock.
-        ``standalone``: this boot runs no fleet task (``run_fleet``) and holds its registry alone, so it promotes and
-        leads without a lease (an embedder, a test). Otherwise nothing is promoted and no leader's duty runs until
-        the fleet task's first renewal opens those gates (``run_supervisor`` starts it first). ``succeeds``: this
-        host's previous boot on this data dir, proved gone (``_succession.DataDirLock``). ``heartbeat_base_url``: how
-        jobs reach the HTTP API for their heartbeats (``run_supervisor`` binds its socket first; default: the
-        config's, else no URL). ``webhook_transport``: httpx's seam for where webhooks go (default: the network; the
-        scenario kit records them instead)."""
-        env = dict(base_env if base_env is not None else os.environ)
-        for name in _PRIVATE_ENV:
-            env.pop(name, None)
+        """``wall_clock``: the time this boot stamps and judges by (default: the system's). ``standalone``: no fleet
+        task runs; the boot promotes and leads without a lease (else not until the fleet task's first renewal).
+        ``succeeds``: this host's previous boot, proved gone (``DataDirLock``). ``heartbeat_base_url``: how jobs reach
+        the API (default: the config's). The scenario kit's seams: ``webhook_transport`` (httpx's), ``webhook_poll_s``
+        (the sender's look at the outbox unwoken; default the sweep interval), ``jitter`` (the draws that spread
+        resubmissions apart), ``subscribers`` (more listeners on the event bus)."""
         self.events = EventBus()
-        self.events.subscribe(log_event)
-        # The one place the boot is put together: every part gets what it uses in its constructor, in an order with
-        # no cycle (the drainer and the monitors meet through the drainer's bell, not each other).
-        self.boot = Boot(
-            config=config,
-            kinds=kinds,
-            registry=registry,
-            # The exec mode is chosen here, once per boot: nothing else branches on it.
-            executor=executor if executor is not None else create_executor(config, base_env=env),
-            events=self.events,
-            boot_id=boot_id or secrets.token_hex(16),
-            data_dir=config.data_dir.resolve(),
-            log_dir=config.jobs_log_dir.resolve(),
-            # What the fleet lets this host do (written by the fleet task alone): INV-NO-PROMOTION-WITHOUT-LEASE.
-            standing=Standing(config.max_concurrent, standalone=standalone),
-            wall_clock=wall_clock or utc_now,
-        )
+        self.boot = _boot_of(config, kinds, registry, self.events, boot_id, base_env, executor, wall_clock, standalone)
         # Rung by whatever may free a slot or queue a job (an enqueue, a job's end, a cancel, a resume, a sweep),
         # waited on by the drainer alone: many rings make one drain.
         self.drain_bell = Doorbell()
-        wake = self.drain_bell.ring
-        tracker = AbsenceTracker(wall_clock=self.boot.wall_clock)
-        self.heartbeats = Heartbeats(registry, tracker.beat, self.boot.wall_clock)
+        self.tracker = AbsenceTracker(wall_clock=self.boot.wall_clock)
+        self._build_the_queue(heartbeat_base_url or config.heartbeat_base_url, jitter)
+        self._build_the_fleet(succeeds)
+        self._build_the_observers(webhook_transport, webhook_poll_s)
+        self._build_the_sweep()
+        self._subscribe(subscribers)
+
+    def _build_the_queue(self, heartbeat_base_url: str | None, jitter: random.Random | None) -> None:
+        """The parts a job passes through, from its enqueue to its end: each built with the parts it calls (the
+        drainer and the monitors meet through the drain bell, not each other: no cycle)."""
+        boot, bell = self.boot, self.drain_bell
+        self.heartbeats = Heartbeats(boot.registry, self.tracker, boot.wall_clock)
         # Every read that judges or shows progress goes through here: it sees every beat taken before it (ADR 0018).
-        self.rows = CurrentRows(registry, self.heartbeats)
-        self.enqueuer = Enqueuer(self.boot, wake)
-        self.monitors = Monitors(
-            self.boot, wake, self.enqueuer.follow_up_of, self.enqueuer.announce, self.heartbeats.flush
-        )
-        self.bulk = Bulk(self.boot, self.enqueuer, self.monitors.cancel)
-        self.pause_file = PauseFile(config.pause_flag_path, registry, config.host_id)
-        base_url = heartbeat_base_url or config.heartbeat_base_url
-        self.drainer = Drainer(self.boot, self.drain_bell, self.monitors.start, self.pause_file, base_url)
-        self.reconciler = Reconciler(self.boot, self.monitors, wake)
-        # The leader's judge of a silent host's jobs: only by proof of their end that this host can read (ADR 0012).
-        self.silent_hosts = SilentHostJobs(self.boot, self.monitors, wake)
-        self.host_admin = HostAdmin(self.boot, self.monitors, wake)
-        self.hosts = self.host_admin.view  # every host of the fleet, live or silent, and which leads
-        self.drain_host = self.host_admin.drain  # drain or undrain any host of the fleet, this one too
-        self.metrics = Metrics()
-        self.events.subscribe(self.metrics.on_event)
+        self.rows = CurrentRows(boot.registry, self.heartbeats)
+        self.enqueuer = Enqueuer(boot, bell)
+        self.monitors = Monitors(boot, bell, self.enqueuer, self.heartbeats, jitter=jitter)
+        self.bulk = Bulk(boot, self.enqueuer, self.monitors)
+        self.pause_file = PauseFile(boot)
+        self.drainer = Drainer(boot, bell, self.monitors, self.pause_file, heartbeat_base_url)
+        self.reconciler = Reconciler(boot, self.monitors, bell)
+
+    def _build_the_fleet(self, succeeds: str | None) -> None:
+        """This host among others (ADR 0012): its lease and lead, the operator's view of the hosts, and the leader's
+        judge of a silent host's jobs (only by proof of their end that this host can read)."""
+        boot, bell = self.boot, self.drain_bell
+        self.silent_hosts = SilentHostJobs(boot, self.monitors, bell)
+        self.host_admin = HostAdmin(boot, self.monitors, bell)
         self.fleet = Fleet(
-            self.boot,
-            on_fresh=self.drainer.lease_renewed,
-            on_forgotten=self.host_admin.this_boot_forgotten,
-            end_by_proof=self.silent_hosts.end_by_proof,
-            succeeds=succeeds,
+            boot, drainer=self.drainer, hosts=self.host_admin, silent_jobs=self.silent_hosts, succeeds=succeeds
         )
+        # What other hosts change (an enqueue, a cancel of a job here, the pause), heard at once; the sweep is the
+        # guarantee (INV-NOTIFY-IS-A-HINT).
+        self.wakeups = WakeupListener(boot, bell, self.monitors)
+
+    def _build_the_observers(self, transport: httpx.AsyncBaseTransport | None, poll_s: float | None) -> None:
+        """What reports: the metrics, the webhook sender, the event stream's readers."""
+        boot, config = self.boot, self.boot.config
+        self.metrics = Metrics()
         # The durable copy of each event is the registry's outbox row, written in the change's own transaction; the
         # sender (a root-nursery task) delivers it and is woken by the bus. INV-ONE-LEADER: one sender for the fleet
         # keeps delivery in order.
-        self.webhooks = WebhookSender(
-            config, registry, may_send=self.boot.standing.may_lead, transport=webhook_transport
-        )
-        self.events.subscribe(self.webhooks.wake)
+        may_send = boot.standing.may_lead
+        self.webhooks = WebhookSender(config, boot.registry, may_send=may_send, poll_s=poll_s, transport=transport)
         # The event stream's readers (GET /api/events): numbered, kept for resume, each with its own bounded queue.
         self.event_log = EventLog(
-            self.boot.boot_id,
-            self.boot.wall_clock,
+            boot.boot_id,
+            boot.wall_clock,
             replay_events=config.events_replay_events,
             client_buffer_events=config.events_client_buffer_events,
             max_clients=config.events_max_clients,
         )
-        self.events.subscribe(self.event_log.on_event)
-        stop = self.reconciler.stop_stalled
-        self.absence = AbsenceJudge(config, registry, self.events, self.boot.boot_id, stop, tracker, rows=self.rows)
-        # History past its retention goes a batch at a time; one host of a fleet prunes (INV-ONE-LEADER's duties).
-        self.pruner = Pruner(config, registry, self.boot.wall_clock, self.boot.standing.may_lead)
-        self.queue_watch = QueueWatch(
-            self.boot,
-            self.drainer.holds,
-            lambda: self.drainer.last_promotion_at,
-            stuck_after_s=config.queue_stuck_s,
-            pause_warn_after_s=config.pause_warn_s,
-            wake_sender=self.webhooks.wake,  # queue.stuck / queue.moving go through the outbox
-        )
-        self.sweeper = Sweeper(
-            self.boot,
-            self.reconciler,
-            self.absence,
-            self.drainer,
-            self.metrics,
-            self.pause_file,
-            self.pruner,
-            self.queue_watch,
-        )
-        # What other hosts change (an enqueue, a cancel of a job here, the pause), heard at once; the sweep is the
-        # guarantee (INV-NOTIFY-IS-A-HINT).
-        self.wakeups = WakeupListener(self.boot, wake, self.monitors)
-        self.registry_reads = RegistryReads(self.boot, lambda: read_registry(self.boot, self.queue_watch))
-        self.events.subscribe(self.heartbeats.on_event)
 
-    # -- what the root of the nursery tree and the HTTP layer read -------------------------------------------
+    def _build_the_sweep(self) -> None:
+        """The sweep's steps (``Sweeper``, in its order) and what only they use."""
+        boot = self.boot
+        self.absence = AbsenceJudge(boot, self.reconciler, self.tracker, self.rows)
+        # History past its retention goes a batch at a time; one host of a fleet prunes (INV-ONE-LEADER's duties).
+        self.pruner = Pruner(boot)
+        # queue.stuck / queue.moving go through the outbox: the watch wakes the sender.
+        self.queue_watch = QueueWatch(boot, self.drainer, self.webhooks)
+        self.sweeper = Sweeper(
+            boot, self.reconciler, self.absence, self.drainer, self.metrics, self.pause_file, self.pruner,
+            self.queue_watch,
+        )  # fmt: skip
+        self.registry_reads = RegistryReads(boot, self.queue_watch)
+
+    def _subscribe(self, extra: Sequence[Subscriber]) -> None:
+        """Every listener of the boot's event bus, in the order each hears an event (docs/architecture.md § The event
+        seam draws them): the log line, the metrics, the webhook sender's wake, the event stream, the absence
+        tracker (a promotion starts a job's clocks), the heartbeats (a job's tokens and latest beats), then
+        ``extra``."""
+        listeners = (
+            log_event,
+            self.metrics.on_event,
+            self.webhooks.wake,
+            self.event_log.on_event,
+            self.tracker.on_event,
+            self.heartbeats.on_event,
+            *extra,
+        )
+        for listener in listeners:
+            self.events.subscribe(listener)
+
+    async def start(
+        self, root: trio.Nursery, *, virtual_time: bool = False, quiet_sweeps: QuietSweeps | None = None
+    ) -> None:
+        """Start this boot's tasks in ``root``, each part's own task with ``root.start`` (it returns once each is
+        ready), in this order; cancelling ``root`` ends the boot, and its jobs run on (they are the executor's).
+
+        ``virtual_time``: the boot runs on ``trio.testing.MockClock`` (the scenario kit), where time moves only when
+        every task waits, so this process can never be frozen while time passes: the check-in that notices such a
+        freeze is not started (INV-OWN-ABSENCE-NOT-THE-JOBS holds without it). ``quiet_sweeps`` (virtual time only):
+        says when the sweeps have nothing to act on, so that the sweeper sleeps through those ticks."""
+        self.attach(await root.start(run_job_nursery))
+        # This host's lease, the fleet's lead and its limit (ADR 0012): settled before anything promotes.
+        await root.start(self.fleet.run)
+        await root.start(self.drainer.run)
+        # Listening before the startup sweep: a change made after this is heard, one made before is swept.
+        await root.start(self.wakeups.run)
+        # Started before the first sweep, so that events left undelivered by a previous boot go out first.
+        await root.start(self.webhooks.run)
+        # This process's own presence, noted every half second: an absence (a freeze) is not the jobs'.
+        if not virtual_time:
+            await root.start(self.tracker.keep_checking_in)
+        # The startup sweep runs before serving; it never waits on a job, so /api/health is not delayed.
+        await root.start(functools.partial(self.sweeper.run, quiet=quiet_sweeps))
+        await root.start(self.heartbeats.run)  # the beats the API takes, written behind (ADR 0018)
+
+    # -- what a boot is ------------------------------------------------------------------------------------
 
     @property
     def config(self) -> Config:
@@ -360,21 +327,36 @@ class Supervisor:
 
     @property
     def last_sweep_done(self) -> float | None:
+        """``trio.current_time()`` of the last sweep's end (the watchdog's sign of life)."""
         return self.sweeper.last_sweep_done
+
+    @property
+    def leading(self) -> bool:
+        """This host leads the fleet now (ADR 0012)."""
+        return self.fleet.leading
+
+    @property
+    def settled(self) -> bool:
+        """This boot watches and starts no job, and what a previous boot left unreleased is released."""
+        return self.sweeper.leftovers_released and not len(self.boot.ledger)
+
+    @property
+    def metrics_registry(self) -> CollectorRegistry:
+        """The Prometheus registry of this boot's metrics (the HTTP server adds its own collector to it)."""
+        return self.metrics.registry
 
     def attach(self, job_nursery: trio.Nursery) -> None:
         """Give the supervisor the nursery that owns every monitor (and any task its executor runs)."""
         self.boot.tree.attach(job_nursery)
         self.boot.executor.attach(job_nursery)
 
-    async def run_drainer(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        await self.drainer.run(task_status=task_status)
+    async def hosts(self) -> dict[str, Any]:
+        """Every host of the fleet, live or silent, and which leads (``HostAdmin.view``)."""
+        return await self.host_admin.view()
 
-    async def run_fleet(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        await self.fleet.run(task_status=task_status)
-
-    async def run_wakeups(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        await self.wakeups.run(task_status=task_status)
+    async def drain_host(self, host_id: str, drained: bool, by: By = None) -> dict[str, Any]:
+        """Drain or undrain any host of the fleet, this one too (``HostAdmin.drain``)."""
+        return await self.host_admin.drain(host_id, drained, by)
 
     async def forget_host(self, host_id: str) -> dict[str, Any]:
         """The operator says host ``host_id`` will never come back (``HostAdmin.forget``), in a task of the tree.
@@ -382,11 +364,6 @@ class Supervisor:
         if host_id == self.boot.host_id:
             raise Conflict(f"host {host_id} is this supervisor: it cannot forget itself")
         return await self._in_tree(lambda: self.host_admin.forget(host_id), "host_forget_failed")
-
-    async def run_sweeper(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        await run_sweeper(
-            self.sweeper, self.boot.config.sweep_interval_s, tally=self.boot.tally, task_status=task_status
-        )
 
     # -- enqueue ------------------------------------------------------------------------------------------
 
@@ -410,57 +387,15 @@ class Supervisor:
 
     # -- the queue ----------------------------------------------------------------------------------------
 
-    def wake_drainer(self) -> None:
-        self.drainer.wake()
-
-    async def drain(self) -> list[Job]:
-        return await self.drainer.drain()
-
     async def is_paused(self) -> bool:
         return (await self.boot.registry.pause_state()).paused
 
     async def health(self) -> Health:
         """Always answers (a health check must not fail with what it reports): what works, and what does not."""
-        degraded: dict[str, str] = {}
-        fault = self.boot.registry.fault()
-        if fault is not None:
-            degraded["registry"] = (
-                f"writes failing since {fault.since.isoformat()} ({fault.failed_writes} failed): {fault.reason}"
-            )
-        trouble = self.boot.executor.fault()
-        if trouble is not None:
-            degraded["engine"] = (
-                f"not answering since {trouble.since.isoformat()} ({trouble.failed_calls} failed calls; jobs are not "
-                f"started, running ones keep their slots): {trouble.reason}"
-            )
-        stuck = self.queue_watch.rule.stuck
-        # A stuck queue is still 200: a supervisor waiting for its engine must not be killed for it.
-        if stuck is not None:
-            degraded["queue"] = f"stuck since {stuck.since.isoformat()}: {stuck.reason}"
-        paused: bool | None = None
-        try:
-            paused = await self.is_paused()
-        except RegistryError as exc:
-            degraded["registry_reads"] = str(exc)
-        return Health(self.boot.boot_id, self.exec_mode, paused, degraded, self.boot.host_id, self.fleet.may_lead())
+        return await health_of(self.boot, self.queue_watch)
 
     async def queue_state(self) -> QueueState:
-        counts = await self.boot.registry.counts()
-        paused = await self.is_paused()
-        signals = self.queue_watch.latest
-        return QueueState(
-            paused,
-            counts["running"],
-            counts["queued"],
-            self.boot.max_concurrent,
-            signals.oldest_queued_age_s if signals else None,
-            to_iso(signals.last_promotion_at) if signals else None,
-            {reason: to_iso(since) for reason, since in signals.held.items()} if signals else {},
-            {"reason": signals.stuck.reason, "since": to_iso(signals.stuck.since)}
-            if signals and signals.stuck
-            else None,
-            {kind: dataclasses.asdict(load) for kind, load in (await self.queue_watch.kinds()).items()},
-        )
+        return await queue_state_of(self.boot, self.queue_watch)
 
     async def pause(self) -> QueueState:
         await self.boot.registry.set_paused(True, by=PAUSED_BY_OPERATOR)
@@ -487,7 +422,7 @@ class Supervisor:
             return await work()
         return await self.boot.run_in_tree(work, step)
 
-    # -- cancel, reconcile, sweep ------------------------------------------------------------------------------
+    # -- cancel, bulk, the operator's reconcile, prune -----------------------------------------------------------
 
     async def cancel(self, job_id: str, *, by: By = None) -> Job:
         return await self.monitors.cancel(job_id, by)
@@ -496,22 +431,16 @@ class Supervisor:
         """An operator's dry run or bulk action (``Bulk``): cancel or retry every job a selection names."""
         return await self.bulk.run(request, by)
 
-    async def reconcile(self, *, stale_marks_live_processes: bool) -> ReconcileReport:
-        return await self.reconciler.reconcile(stale_marks_live_processes=stale_marks_live_processes)
-
     async def operator_reconcile(self) -> ReconcileReport:
         """The manual reconcile route: an operator may evict a live job past the wall-clock window. Then the drainer
         runs a round for the slots it freed. Both in the nursery tree (``_in_tree``)."""
 
         async def work() -> ReconcileReport:
-            report = await self.reconcile(stale_marks_live_processes=True)
+            report = await self.reconciler.reconcile(stale_marks_live_processes=True)
             await self.drainer.round()
             return report
 
         return await self._in_tree(work, "operator_reconcile_failed")
-
-    async def sweep(self) -> None:
-        await self.sweeper.sweep()
 
     async def prune(self, *, dry_run: bool, limit: int) -> list[PrunedJob]:
         """The operator's prune, now: up to ``limit`` finished jobs past the retention, oldest first, removed with
@@ -525,14 +454,9 @@ class Supervisor:
     # -- the event stream -----------------------------------------------------------------------------------
 
     def subscribe_events(
-        self,
-        *,
-        last_event_id: str | None = None,
-        jobs: Sequence[str] = (),
-        kinds: Sequence[str] = (),
-        backlog: bool = False,
-        follow: bool = True,
-    ) -> Subscription:
+        self, *, last_event_id: str | None = None, jobs: Sequence[str] = (), kinds: Sequence[str] = (),
+        backlog: bool = False, follow: bool = True,
+    ) -> Subscription:  # fmt: skip
         """A reader of the event stream (see ``observe.EventLog.subscribe``); the caller closes it."""
         return self.event_log.subscribe(
             last_event_id=last_event_id, jobs=jobs, kinds=kinds, backlog=backlog, follow=follow
@@ -541,6 +465,21 @@ class Supervisor:
     def end_event_streams(self) -> None:
         """Shutdown: every event stream ends (its reader gets what is queued, then the end); none is opened after."""
         self.event_log.close()
+
+    async def heartbeat(self, job_id: str, token: str, progress: Callable[[], Awaitable[Progress]]) -> None:
+        """A running job's heartbeat: ``token`` is checked first (401 unless it is ``job_id``'s), then ``progress()``
+        reads the body (the edge's parse; its ``RequestError`` answered as it is, unless the token no longer works),
+        then the beat is taken, to be written behind (ADR 0018)."""
+        admission = await self.heartbeats.admit(job_id, token)
+        try:
+            beat = await progress()
+        except RequestError as exc:
+            await self.heartbeats.refuse(admission, exc)
+        self.heartbeats.take(admission, beat)
+
+    def deliver_webhooks(self) -> None:
+        """Wake the webhook sender: what the outbox holds goes out now (a registry that answers again)."""
+        self.webhooks.wake()
 
     # -- reads, heartbeats, logs, metrics -------------------------------------------------------------------
 

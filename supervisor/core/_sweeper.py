@@ -103,20 +103,25 @@ class Sweeper:
         self.metrics = metrics
         self.pause_file = pause_file
         self.last_sweep_done: float | None = None
-        self.wall_clock = boot.wall_clock
+        self.boot = boot
         self.pruner = pruner
-        self.tally = boot.tally
         self.queue_watch = queue_watch
         self._warned_step_s = 0.0  # the step of the system clock last said (0: none)
         # What a dead boot recorded as ended and never released is looked for once per boot, at the first sweep
         # whose executor can tell (a boot that is alive releases each job itself once its row is final).
         self.leftovers_released = False
 
+    async def run(self, *, quiet: QuietSweeps | None = None, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """The sweeper task (``run_sweeper``): the startup sweep, then one every ``sweep_interval_s``; ``quiet``
+        (virtual time only): says when the sweeps have nothing to act on, so that it sleeps through those ticks."""
+        every_s = self.boot.config.sweep_interval_s
+        await run_sweeper(self, every_s, tally=self.boot.tally, quiet=quiet, task_status=task_status)
+
     async def sweep(self) -> None:
         """One pass. Each step has its own error boundary (``boundary``): a condition in one still lets the next run;
         a bug ends the supervisor."""
         started = trio.current_time()
-        tally = self.tally
+        tally = self.boot.tally
         self._check_clock()
         with boundary("pause_file_not_mirrored", tally, path=str(self.pause_file.path)):
             await self.pause_file.mirror()
@@ -150,7 +155,7 @@ class Sweeper:
         """Say once when the system clock has stepped away from this boot's (and once when it is back): nothing is
         judged by the new time (INV-MONOTONIC-DURATIONS), but the operator should know that this boot's timestamps
         now differ from the system's, until a restart."""
-        step_of = getattr(self.wall_clock, "step_s", None)
+        step_of = getattr(self.boot.wall_clock, "step_s", None)
         if step_of is None:
             return
         step_s = step_of()

@@ -21,7 +21,6 @@ meanwhile is looked at once. The supervisor never stops for it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -31,6 +30,7 @@ from ..observe import get_logger
 from ..registry import WAKE_CANCEL, WAKE_FREED, WAKE_PAUSE, WAKE_QUEUED, Wakeup, WakeupFeed
 from ._boot import Boot, log_failure
 from ._monitor import Monitors
+from ._ports import DrainBell
 
 log = get_logger()
 
@@ -43,19 +43,19 @@ MAX_BATCH = 256  # wake-ups acted on together (coalesced: one drainer wake, one 
 
 
 class WakeupListener:
-    """See the module docstring. ``wake_drainer``: ask for a promotion round; ``monitors``: how a cancel is carried
+    """See the module docstring. ``drain_bell``: ask for a promotion round; ``monitors``: how a cancel is carried
     out."""
 
     def __init__(
         self,
         boot: Boot,
-        wake_drainer: Callable[[], None],
+        drain_bell: DrainBell,
         monitors: Monitors,
         *,
         check_every_s: float = CHECK_EVERY_S,
     ) -> None:
         self.boot = boot
-        self._wake_drainer = wake_drainer
+        self._drain_bell = drain_bell
         self.monitors = monitors
         self.check_every_s = check_every_s
         self.listening = False  # a session is open now (False too for a registry that has nothing to hear)
@@ -122,10 +122,10 @@ class WakeupListener:
         does the same (never a lost session: that is the feed's to say)."""
         kinds = {wake.kind for wake in batch}
         if kinds & {WAKE_QUEUED, WAKE_FREED}:
-            self._wake_drainer()
+            self._drain_bell.ring()
         try:
             if WAKE_PAUSE in kinds and not (await self.boot.registry.pause_state()).paused:
-                self._wake_drainer()  # resumed: another host's resume wakes this host's drainer too
+                self._drain_bell.ring()  # resumed: another host's resume wakes this host's drainer too
             mine = {
                 wake.job_id
                 for wake in batch
@@ -144,7 +144,7 @@ class WakeupListener:
 
     async def _catch_up(self) -> None:
         """After a lost session: whatever was queued meanwhile (a drain), and the cancels asked of this host's jobs."""
-        self._wake_drainer()
+        self._drain_bell.ring()
         try:
             for job in await self.boot.registry.running_jobs():
                 if job.cancel_requested and self.boot.owns(job):

@@ -1,7 +1,7 @@
 """Scenarios against the real supervisor in virtual time: for the people who write job kinds, alert rules and
 runbooks, and for this project's own tests (``docs/testing.md``).
 
-A scenario runs the production core (``core.start_tree``: the same ``Supervisor``, drainer, monitors, sweeper, absence
+A scenario runs the production core (``Supervisor.start``: the same ``Supervisor``, drainer, monitors, sweeper, absence
 judge, queue watch, heartbeat writer and webhook outbox) on the in-memory registry and a scripted executor, under
 ``trio.testing.MockClock``: hours of it take well under a second. Its kinds are read from a kinds file by the loader
 ``supervisor serve`` uses; the operator's verbs are the calls the API makes. With ``supervisor`` and ``pytest-trio``

@@ -102,7 +102,7 @@ class QuietGate:
         self._moved.discard()  # what rang before this look is seen by it
         now = trio.current_time()
         supervisor, registry = self._supervisor, self._supervisor.registry
-        if self._bulk_used() or not supervisor.sweeper.leftovers_released or len(supervisor.boot.ledger):
+        if self._bulk_used() or not supervisor.settled:
             return now  # (a job this boot watches: no registry read needed to know)
         try:
             if any((await registry.counts()).values()) or (await registry.pause_state()).paused:

@@ -1,6 +1,6 @@
 """A scenario: the production core on the in-memory registry and the scripted executor, in virtual time.
 
-What runs is the tree ``run_supervisor`` starts (``core.start_tree``: the fleet task, drainer, monitors, sweeper,
+What runs is the tree ``run_supervisor`` starts (``Supervisor.start``: the fleet task, drainer, monitors, sweeper,
 queue watch, heartbeat writer, webhook sender), but the HTTP server: no socket, no subprocess, no real sleep. The
 kinds are read from a kinds file by the loader ``supervisor serve`` uses. The operator's verbs are the ``Supervisor``
 calls the API makes. Time is the test's ``MockClock``, jumping whenever every task waits; blocking calls (a log
@@ -24,7 +24,7 @@ import httpx
 import trio
 import trio.testing
 
-from ..core import BulkAnswer, ReconcileReport, Supervisor, start_tree
+from ..core import BulkAnswer, ReconcileReport, Supervisor
 from ..domain import (
     SETTINGS,
     BulkRequest,
@@ -333,7 +333,7 @@ class Scenario:
         elif what == "registry":
             self._started_backend().mend()
             if self.supervisor is not None:
-                self.supervisor.webhooks.wake()  # what the outage held in the outbox goes out
+                self.supervisor.deliver_webhooks()  # what the outage held in the outbox goes out
         else:
             raise ValueError(f"what must be 'engine' or 'registry', not {what!r}")
         self._record.ring()
@@ -370,12 +370,12 @@ class Scenario:
         supervisor = Supervisor(
             self._config, self._kinds, registry, boot_id=boot_id, executor=self._started_machine(),
             wall_clock=self.now, succeeds=succeeds, webhook_transport=httpx.MockTransport(self._received),
+            # The sender looks at the outbox every sweep interval for events another process wrote: in a scenario
+            # only this boot writes them, and each wakes it (an outage's held events go out as the registry answers).
+            webhook_poll_s=math.inf,
+            jitter=self._draws.jitter,  # one seeded generator across boots: the scenario repeats
+            subscribers=[self._record.on_event],
         )  # fmt: skip
-        supervisor.monitors.jitter = self._draws.jitter  # one seeded generator across boots: the scenario repeats
-        supervisor.events.subscribe(self._record.on_event)
-        # The sender looks at the outbox every sweep interval for events another process wrote: in a scenario only
-        # this boot writes them, and each wakes it (an outage's held events go out as the registry answers again).
-        supervisor.webhooks.poll_s = math.inf
         ended = trio.Event()
         quiet = QuietGate(supervisor, self._record.moved, bulk_used=lambda: self._bulk_used)
         self._boot = (await self._nursery.start(self._run_boot, supervisor, ended, quiet), ended)
@@ -391,7 +391,7 @@ class Scenario:
     ) -> None:
         try:
             async with trio.open_nursery() as root:
-                await start_tree(supervisor, root, virtual_time=True, quiet_sweeps=quiet)
+                await supervisor.start(root, virtual_time=True, quiet_sweeps=quiet)
                 task_status.started(root.cancel_scope)
                 await trio.sleep_forever()
         finally:
@@ -408,8 +408,12 @@ class Scenario:
         supervisor = self.supervisor
         if supervisor is None:
             return
+
+        async def given() -> Progress:
+            return progress
+
         with suppress(RequestError, RegistryError):
-            supervisor.heartbeats.take(await supervisor.heartbeats.admit(job_id, token), progress)
+            await supervisor.heartbeat(job_id, token, given)
         self._record.changed.ring()
 
     async def _params_of(self, job_id: str) -> Mapping[str, Any]:

@@ -27,14 +27,14 @@ async def test_an_api_pause_made_while_the_file_paused_is_not_lifted_by_the_file
     flag = _flag(live)
     async with httpx.AsyncClient(base_url=live.url, headers=AUTH, timeout=WAIT_S) as client:
         flag.touch()  # a repair script pauses with the file
-        await live.supervisor.sweep()  # the file is mirrored at the next look (a sweep, or a promotion round)
+        await live.supervisor.sweeper.sweep()  # the file is mirrored at the next look (a sweep, or a promotion round)
         assert (await _queue(client))["paused"] is True
         assert (await client.post("/api/queue/pause", timeout=WAIT_S)).status_code == 200  # the operator pauses too
         flag.unlink()  # the script is done
-        await live.supervisor.sweep()
+        await live.supervisor.sweeper.sweep()
         assert (await _queue(client))["paused"] is True  # still the operator's
         job = (await client.post("/api/jobs", json={"kind": "sleep", "params": {"seconds": 0}}, timeout=WAIT_S)).json()
-        await live.supervisor.sweep()
+        await live.supervisor.sweeper.sweep()
         assert (await client.get(f"/api/jobs/{job['job_id']}", timeout=WAIT_S)).json()["status"] == "queued"
         assert (await client.post("/api/queue/resume", timeout=WAIT_S)).status_code == 200  # only this ends it
 
@@ -53,14 +53,14 @@ async def test_a_pause_flag_that_is_a_directory_is_a_409_naming_it_and_the_queue
     flag.mkdir()
     try:
         async with httpx.AsyncClient(base_url=live.url, headers=AUTH, timeout=WAIT_S) as client:
-            await live.supervisor.sweep()
+            await live.supervisor.sweeper.sweep()
             resumed = await client.post("/api/queue/resume", timeout=WAIT_S)
             assert resumed.status_code == 409, resumed.text
             error = resumed.json()["error"]
             assert error["code"] == "conflict" and str(flag) in error["message"]
             state = await _queue(client)
             assert state["paused"] is True
-            await live.supervisor.sweep()
+            await live.supervisor.sweeper.sweep()
             assert "pause_file" in dict((await _queue(client))["held"])  # type: ignore[arg-type]
     finally:
         flag.rmdir()

@@ -497,7 +497,7 @@ async def test_metrics_carry_per_job_series_while_the_job_runs_and_not_after(har
         "POST", f"/api/jobs/{job_id}/heartbeat", json={"completed_units": 4}, headers=bearer(token)
     )
     assert code == 204
-    await harness.supervisor.sweep()
+    await harness.supervisor.sweeper.sweep()
     row = await harness.supervisor.get(job_id)
     assert row.last_progress_at is not None and row.last_heartbeat_at is not None
     series = _per_job(await _scrape(harness), job_id)

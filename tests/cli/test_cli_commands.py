@@ -352,7 +352,7 @@ async def test_enqueue_sends_its_request_again_after_a_lost_answer_and_makes_one
 
 async def test_queue_says_what_holds_the_queue_as_of_the_last_sweep(live: Live) -> None:
     await cli(live.url, "pause")
-    await live.supervisor.sweep()  # the queue's watch looks at every sweep
+    await live.supervisor.sweeper.sweep()  # the queue's watch looks at every sweep
     await live.supervisor.enqueue("sleep", {"seconds": 1})
     shown = await cli(live.url, "queue")
     assert shown.code == EXIT_OK

@@ -287,7 +287,7 @@ async def test_rising_progress_clears_a_stall_and_a_beat_without_progress_does_n
         if t == 370:
             await _beat(sup, job, 1)  # progress
         if t % SWEEP_S == 0:
-            await sup.sweep()
+            await sup.sweeper.sweep()
         await trio.sleep(10)
     assert seen.at(EventName.STALLED)[0] == 330.0
     assert seen.at(EventName.RECOVERED) == [390.0]  # the first sweep after the watermark rose, not after the beat
@@ -311,7 +311,7 @@ async def test_heartbeats_that_stop_while_the_process_lives_are_silent_not_stall
         if t <= 100 or t >= 200:
             await _beat(sup, job, min(t, 100) // 10)  # beats stop at 100 s (so does progress), resume at 200 s
         if t % SWEEP_S == 0:
-            await sup.sweep()
+            await sup.sweeper.sweep()
         await trio.sleep(10)
     # Last beat at 100 s: 60 s of silence is not past the threshold at the sweep at 150, it is at 180.
     assert seen.at(EventName.SILENT) == [180.0]
@@ -344,7 +344,7 @@ async def test_terminate_frees_the_slot_only_once_the_process_is_gone(
 
     sup.events.subscribe(on_end)
     while (await sup.get(job.job_id)).status is JobStatus.RUNNING and trio.current_time() - seen.start < 600:
-        await sup.sweep()
+        await sup.sweeper.sweep()
         await trio.sleep(SWEEP_S)
     # By now SIGKILL has been sent (a virtual-time timer); the real process dies in real time, which a loaded machine
     # stretches while the autojumping clock races on. Wait for it on a clock that runs as the wall clock does.
@@ -375,7 +375,7 @@ async def test_terminate_never_stops_a_job_whose_liveness_is_unknown(
     frozen_wall(sup, job)
     seen = Recorder(sup)
     for _ in range(20):
-        await sup.sweep()
+        await sup.sweeper.sweep()
         await trio.sleep(SWEEP_S)
     row = await sup.get(job.job_id)
     assert (row.status, row.stalled) == (JobStatus.RUNNING, True)  # flagged, and keeps its slot

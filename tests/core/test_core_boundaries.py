@@ -71,7 +71,7 @@ async def make_world(tmp_path: Path) -> AsyncIterator[Callable[..., World]]:
             )
             sup.attach(nursery)
             if drainer:
-                nursery.start_soon(sup.run_drainer)
+                nursery.start_soon(sup.drainer.run)
             return World(sup, machine, registry)
 
         yield make
@@ -121,13 +121,14 @@ async def _until_all_ended(world: World, ids: list[str], *, sweeps: int = 120) -
         rows = [await world.sup.get(job_id) for job_id in ids]
         if all(row.status.is_terminal for row in rows):
             return
-        await world.sup.sweep()
+        await world.sup.sweeper.sweep()
         await trio.sleep(1)
     raise AssertionError(f"not ended after {sweeps} sweeps: {rows}")
 
 
 async def _drain_cancelled_at(sup: Supervisor, step: int) -> bool:
-    """``sup.drain()``, cancelled right after its ``step``-th step (its own tasks' steps counted); whether it was."""
+    """``sup.drainer.drain()``, cancelled right after its ``step``-th step (its own tasks' steps counted); whether it
+    was."""
     scope = trio.CancelScope()
     instrument = CancelAtStep(scope, step)
 
@@ -135,7 +136,7 @@ async def _drain_cancelled_at(sup: Supervisor, step: int) -> bool:
         instrument.root = trio.lowlevel.current_task()
         task_status.started()
         with scope:
-            await sup.drain()
+            await sup.drainer.drain()
 
     trio.lowlevel.add_instrument(instrument)
     try:
@@ -217,7 +218,7 @@ async def test_a_cancel_during_the_pause_files_second_look_is_carried_out_never_
     held = SecondLookHeld(sup, appear=appear)
     sup.drainer.pause_file.look = held  # type: ignore[method-assign]
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(sup.drain)
+        nursery.start_soon(sup.drainer.drain)
         await held.reached.wait()
         asked = await sup.cancel(job.job_id)
         assert (asked.status, asked.cancel_requested) == (JobStatus.RUNNING, True)  # kept: its start is under way
@@ -255,7 +256,7 @@ async def test_a_cancel_between_the_promotions_commit_and_its_rows_being_held_is
 
     monkeypatch.setattr(world.registry, "promote", promote_then_wait)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(sup.drain)
+        nursery.start_soon(sup.drainer.drain)
         await committed.wait()
         assert not sup.boot.ledger.being_started(job.job_id)  # not held yet
         asked = await sup.cancel(job.job_id)
@@ -293,7 +294,7 @@ async def test_a_job_its_monitor_ends_while_reconcile_reads_the_rows_is_left_to_
 
     monkeypatch.setattr(sup.monitors, "evidence", evidence_then_the_job_ends)
     with capture_logs() as logs:
-        report = await sup.reconcile(stale_marks_live_processes=False)
+        report = await sup.reconciler.reconcile(stale_marks_live_processes=False)
     assert [e for e in logs if e["event"] == "job_adopted"] == []
     assert [(d.job_id, d.action, d.reason) for d in report.details] == [(job.job_id, "keep", "alive")]
     final = await sup.get(job.job_id)
@@ -344,9 +345,9 @@ async def test_a_start_whose_outcome_is_unknown_is_kept_not_failed_and_adopted_o
     assert not sup.boot.ledger.being_started(job.job_id)  # nobody holds it: reconcile's to judge
     judged = []
     for _ in range(5):  # INV-UNKNOWN-KEEPS-SLOT: sweeps keep it, and the job behind it waits
-        report = await sup.reconcile(stale_marks_live_processes=False)
+        report = await sup.reconciler.reconcile(stale_marks_live_processes=False)
         judged += [(d.action, d.reason) for d in report.details]
-        await sup.sweep()
+        await sup.sweeper.sweep()
         await trio.sleep(10)
     # (A reconcile whose read overlapped one of the drainer's trial promotions leaves it for the next one.)
     assert set(judged) <= {("keep", "liveness_unknown_kept"), ("untouched", "spawn_window")}, judged
@@ -376,7 +377,7 @@ async def test_a_start_whose_outcome_was_unknown_and_never_happened_goes_back_to
     assert (await sup.get(job.job_id)).status is JobStatus.RUNNING  # unknown: never failed
     machine.drop_starts()
     machine.release_starts()
-    report = await sup.reconcile(stale_marks_live_processes=False)
+    report = await sup.reconciler.reconcile(stale_marks_live_processes=False)
     assert [(d.action, d.reason) for d in report.details] == [("requeued", "never_started")]
     await _until_all_ended(world, [job.job_id])
     final = await sup.get(job.job_id)
@@ -458,7 +459,7 @@ async def test_a_bug_in_a_start_task_ends_the_supervisor(
             machine = MemoryExecutor(PROGRAMS, machines)
             sup = Supervisor(config, load_kinds(kinds), registry, executor=machine, standalone=True)
             sup.attach(nursery)
-            await nursery.start(sup.run_drainer)
+            await nursery.start(sup.drainer.run)
             await sup.enqueue("sleep", {"seconds": 5})
             await raised.wait()
             with trio.move_on_after(3600):  # the bug ends the tree before this ends (nothing waits on a thread)
@@ -534,7 +535,7 @@ async def test_the_lease_renews_on_its_own_clock_however_slow_the_leaders_other_
     with capture_logs() as logs:
         async with trio.open_nursery() as machines, trio.open_nursery() as nursery:
             sup = Supervisor(config, load_kinds(None), registry, executor=MemoryExecutor(PROGRAMS, machines))
-            await nursery.start(sup.run_fleet)
+            await nursery.start(sup.fleet.run)
             start = trio.current_time()
             samples = []
             for _ in range(200):  # 20 periods, looked at ten times a period

@@ -67,7 +67,7 @@ async def test_cancel_in_the_spawn_window_is_carried_out_when_spawn_completes(
     argv = sup.kinds.get("sleep").render_argv({"seconds": 60.0})
     queued = (await enqueue_raw(sup, "sleep", {"seconds": 60.0}, argv))
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(sup.drain)
+        nursery.start_soon(sup.drainer.drain)
         await in_spawn.wait()
         row = await sup.cancel(queued.job_id)
         assert (row.status, row.cancel_requested, pid_of(row)) == (JobStatus.RUNNING, True, None)

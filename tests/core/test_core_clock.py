@@ -94,7 +94,7 @@ async def make_world(tmp_path: Path) -> AsyncIterator[Callable[..., World]]:
                 standalone=True,
             )
             sup.attach(nursery)
-            nursery.start_soon(sup.run_drainer)
+            nursery.start_soon(sup.drainer.run)
             return World(sup, step_s)
 
         yield make
@@ -133,13 +133,13 @@ async def test_INV_MONOTONIC_DURATIONS_a_stepped_clock_fires_no_stall_and_no_wal
     world = make_world()
     sup = world.sup
     job = (await sup.enqueue("sleep", {"seconds": 3 * HOUR_S})).job
-    await sup.drain()
+    await sup.drainer.drain()
     assert (await sup.get(job.job_id)).status is JobStatus.RUNNING
     await trio.sleep(60)
     world.step(step_s)
     with structlog.testing.capture_logs() as logs:
         for _ in range(10):  # five minutes of sweeps
-            await sup.sweep()
+            await sup.sweeper.sweep()
             await trio.sleep(30)
         # The operator's reconcile marks a live job stale once past stale_after_s by this boot's clock: not yet.
         report = await sup.operator_reconcile()
@@ -151,8 +151,8 @@ async def test_INV_MONOTONIC_DURATIONS_a_stepped_clock_fires_no_stall_and_no_wal
     # Back in agreement (NTP stepped it back): said once too.
     world.step(-step_s)
     with structlog.testing.capture_logs() as logs:
-        await sup.sweep()
-        await sup.sweep()
+        await sup.sweeper.sweep()
+        await sup.sweeper.sweep()
     assert [e["event"] for e in logs if e["event"].startswith("wall_clock")] == ["wall_clock_agrees"]
 
 
@@ -163,7 +163,7 @@ async def test_without_the_steady_clock_the_same_step_forward_would_mark_a_live_
     world = make_world(steady=False)
     sup = world.sup
     job = (await sup.enqueue("sleep", {"seconds": 3 * HOUR_S})).job
-    await sup.drain()
+    await sup.drainer.drain()
     world.step(HOUR_S)
     report = await sup.operator_reconcile()
     row = await sup.get(job.job_id)

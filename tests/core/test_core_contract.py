@@ -108,7 +108,7 @@ async def test_a_prior_boots_running_job_is_adopted_and_finalized_with_its_true_
     gate = probe.data_dir / "gate"  # in the data dir: a container sees it at the same path
     job = await _boot_dies_while(factory, "gated", {"gate": str(gate), "code": 7})
     sup_new = factory(boot_id="new")
-    report = await sup_new.reconcile(stale_marks_live_processes=False)
+    report = await sup_new.reconciler.reconcile(stale_marks_live_processes=False)
     [detail] = report.details
     assert (detail.action, detail.reason, detail.liveness, detail.prior_boot) == ("keep", "adopted", "alive", True)
     # Its slot is held: nothing else starts, and it is not started a second time.
@@ -139,7 +139,7 @@ async def test_a_job_that_ended_while_no_supervisor_ran_gets_its_true_outcome_at
     await poll(ended)  # it ended, and nobody has judged it yet
     assert (await probe.get(job.job_id)).status is JobStatus.RUNNING
     new = make(boot_id="new")
-    report = await new.reconcile(stale_marks_live_processes=False)
+    report = await new.reconciler.reconcile(stale_marks_live_processes=False)
     assert report.updated == 1
     row = await new.get(job.job_id)
     # INV-TRUE-OUTCOME: the recorded exit, not an orphan guess; attempts=1: it never ran twice.
@@ -175,7 +175,7 @@ async def test_a_prior_boots_job_lost_with_its_record_is_the_modes_orphan_never_
         return await world.agone(job) or None
 
     await poll(gone)
-    report = await new.reconcile(stale_marks_live_processes=False)
+    report = await new.reconciler.reconcile(stale_marks_live_processes=False)
     [detail] = report.details
     assert (detail.liveness, detail.prior_boot) == ("dead", True)
     ended = await new.get(job.job_id)
@@ -205,7 +205,7 @@ async def test_a_boot_killed_between_start_and_recording_the_identity_is_adopted
     assert (row.status, row.spawned) == (JobStatus.RUNNING, False)
 
     new = make(boot_id="new", max_concurrent=1)
-    [detail] = (await new.reconcile(stale_marks_live_processes=False)).details
+    [detail] = (await new.reconciler.reconcile(stale_marks_live_processes=False)).details
     assert (detail.action, detail.reason, detail.liveness) == ("keep", "adopted", "alive")
     adopted = await new.get(job.job_id)
     assert (adopted.status, adopted.spawned, adopted.attempts) == (JobStatus.RUNNING, True, 1)
@@ -226,7 +226,8 @@ async def test_stall_action_terminate_stops_a_stalled_job_through_its_executor(
     job = await wait_running(sup, (await sup.enqueue("sleep", {"seconds": 60})).job.job_id)
 
     async def ended() -> Job | None:
-        await sup.sweep()  # the sweeper's judgement, run by hand: the stall is noticed by a sweep, never by the job
+        # The sweeper's judgement, run by hand: the stall is noticed by a sweep, never by the job.
+        await sup.sweeper.sweep()
         row = await sup.get(job.job_id)
         return row if row.status.is_terminal else None
 
@@ -321,7 +322,7 @@ async def test_a_prior_boots_start_that_never_happened_runs_at_the_next_boot_unc
     [promoted] = (await old.registry.promote(PromoteRequest(1, "old", [hash_token("t")], old.log_dir))).jobs
     assert (promoted.job_id, promoted.status, promoted.spawned) == (queued.job_id, JobStatus.RUNNING, False)
     new = make(boot_id="new", max_concurrent=1)
-    [detail] = (await new.reconcile(stale_marks_live_processes=False)).details
+    [detail] = (await new.reconciler.reconcile(stale_marks_live_processes=False)).details
     assert (detail.action, detail.reason) == ("requeued", "never_started")
     done = await wait_terminal(new, queued.job_id)
     assert (done.status, done.attempts, done.history, done.boot_id) == (JobStatus.SUCCEEDED, 1, (), "new")

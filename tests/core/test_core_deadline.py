@@ -58,7 +58,7 @@ async def test_a_real_process_past_its_deadline_is_stopped(
     job_id = (await sup.enqueue("slow", {"seconds": 30})).job.job_id
     with trio.fail_after(20):
         while (await sup.get(job_id)).status is not JobStatus.FAILED:
-            await sup.sweep()  # the sweeper's step, driven here (this test runs no sweeper task)
+            await sup.sweeper.sweep()  # the sweeper's step, driven here (this test runs no sweeper task)
             await trio.sleep(0.5)
     job = await wait_terminal(sup, job_id)
     assert (job.error_reason, job.exit_code) == ("deadline_exceeded", -15)

@@ -47,12 +47,12 @@ async def test_drain_returns_while_its_job_still_runs(make_supervisor: Callable[
     # Enqueued through the registry, as another process would: the row waits for a drain.
     queued = await enqueue_raw(sup, "sleep", {"seconds": 30.0}, argv)
     with trio.fail_after(5):
-        started = await sup.drain()
+        started = await sup.drainer.drain()
     assert [j.job_id for j in started] == [queued.job_id]
     job = started[0]
     # The drain contract: spawned and identity recorded when drain returns, and nobody waited for the job.
     assert job.status is JobStatus.RUNNING
-    assert job.identity is not None and job.identity.kind == 'process'
+    assert job.identity is not None and job.identity.kind == "process"
     await sup.cancel(job.job_id)
     ended = await wait_terminal(sup, job.job_id)
     assert (ended.status, ended.error_reason) == (JobStatus.CANCELLED, "cancelled")
@@ -80,7 +80,7 @@ async def test_spawn_failure_fails_the_row_and_drains_on(
     sup = make_supervisor(max_concurrent=1)
     missing = await enqueue_raw(sup, "sleep", {}, [str(tmp_path / "no-such-binary")])
     good = await enqueue_raw(sup, "exit", {"code": 0}, sup.kinds.get("exit").render_argv({"code": 0}))
-    await sup.drain()
+    await sup.drainer.drain()
     failed = await wait_terminal(sup, missing.job_id)
     assert failed.status is JobStatus.FAILED
     assert failed.error_reason is not None and failed.error_reason.startswith("spawn_failed: FileNotFoundError")
@@ -163,7 +163,7 @@ async def test_any_spawn_failure_finalizes_the_row_and_the_queue_moves_on_INV_SP
     bad = await enqueue_raw(sup, "exit", {"code": 0}, [sys.executable, "-c", "pass", "\ud800"])
     good = await enqueue_raw(sup, "exit", {"code": 0}, sup.kinds.get("exit").render_argv({"code": 0}))
     with trio.fail_after(10):
-        await sup.drain()
+        await sup.drainer.drain()
     failed = await sup.get(bad.job_id)
     assert failed.status is JobStatus.FAILED
     assert failed.error_reason is not None and failed.error_reason.startswith("spawn_failed: UnicodeEncodeError")
@@ -302,7 +302,7 @@ async def test_a_job_enqueued_while_paused_stays_queued(
     await sup.pause()
     rounds = count_promote_rounds(sup, monkeypatch)
     job = (await sup.enqueue("exit", {"code": 0})).job
-    assert await sup.drain() == []  # the pause is read inside the promotion's own registry step
+    assert await sup.drainer.drain() == []  # the pause is read inside the promotion's own registry step
     assert (await sup.get(job.job_id)).status is JobStatus.QUEUED
     # The enqueue's own wake of the drainer may make a round too, before or after this drain's: each promotes none.
     assert rounds and set(rounds) == {0}
@@ -319,13 +319,13 @@ async def test_the_pause_file_holds_promotion_and_its_removal_resumes(
     await trio.to_thread.run_sync(lambda: flag.parent.mkdir(parents=True, exist_ok=True))
     await trio.to_thread.run_sync(flag.touch)
     job = (await sup.enqueue("exit", {"code": 0})).job  # wakes the drainer: its round looks at the file first
-    assert await sup.drain() == []
+    assert await sup.drainer.drain() == []
     assert (await sup.get(job.job_id)).status is JobStatus.QUEUED
     state = await sup.registry.pause_state()
     assert (state.paused, state.by) == (True, f"pause_file:{sup.config.host_id}")  # whose file: ADR 0012
     assert (await sup.queue_state()).paused
     await trio.to_thread.run_sync(flag.unlink)
-    await sup.sweep()  # the sweeper mirrors too (and drains)
+    await sup.sweeper.sweep()  # the sweeper mirrors too (and drains)
     assert not (await sup.registry.pause_state()).paused
     assert (await wait_terminal(sup, job.job_id)).status is JobStatus.SUCCEEDED
 
@@ -345,12 +345,12 @@ async def test_the_pause_file_holds_every_promotion_that_begins_after_it_exists(
             await trio.to_thread.run_sync(flag.touch)
         job = (await sup.enqueue("sleep", {"seconds": 30})).job
         (after if n >= 10 else before).append(job.job_id)
-        promoted = await sup.drain()
+        promoted = await sup.drainer.drain()
         assert n < 10 or promoted == [], f"round {n}: promoted after the file appeared"
     assert {(await sup.get(job_id)).status for job_id in before} == {JobStatus.RUNNING}
     assert {(await sup.get(job_id)).status for job_id in after} == {JobStatus.QUEUED}
     await trio.to_thread.run_sync(flag.unlink)
-    await sup.sweep()  # the file gone: the pause it made ends, and the queue moves
+    await sup.sweeper.sweep()  # the file gone: the pause it made ends, and the queue moves
     assert {(await sup.get(job_id)).status for job_id in after} == {JobStatus.RUNNING}
 
 
@@ -362,9 +362,9 @@ async def test_removing_the_pause_file_never_ends_a_pause_made_through_the_api(
     flag = sup.config.pause_flag_path
     await trio.to_thread.run_sync(lambda: flag.parent.mkdir(parents=True, exist_ok=True))
     await trio.to_thread.run_sync(flag.touch)
-    await sup.sweep()
+    await sup.sweeper.sweep()
     await trio.to_thread.run_sync(flag.unlink)
-    await sup.sweep()
+    await sup.sweeper.sweep()
     state = await sup.registry.pause_state()
     assert (state.paused, state.by) == (True, "operator")
 
@@ -394,7 +394,7 @@ async def test_a_job_whose_identity_the_registry_could_not_record_is_ended_by_it
         while (entry := sup.boot.ledger.entry(job.job_id)) is None or entry.handle is None:  # noqa: ASYNC110
             await trio.sleep(0.01)  # its monitor starts just after the failed write
     for _ in range(2):
-        report = await sup.reconcile(stale_marks_live_processes=False)
+        report = await sup.reconciler.reconcile(stale_marks_live_processes=False)
         assert [(d.action, d.reason) for d in report.details if d.job_id == job.job_id] == [
             ("untouched", "watched_unrecorded")
         ]
@@ -402,7 +402,7 @@ async def test_a_job_whose_identity_the_registry_could_not_record_is_ended_by_it
     await trio.to_thread.run_sync(gate.write_text, "open")
 
     async def ended() -> Job | None:
-        await sup.sweep()
+        await sup.sweeper.sweep()
         row = await sup.get(job.job_id)
         return row if row.status.is_terminal else None
 

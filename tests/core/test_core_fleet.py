@@ -151,9 +151,9 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Callable[..., Host]]:
                 standalone=not fleet_task,  # a host without its fleet task promotes without a lease
             )
             sup.attach(nursery)
-            nursery.start_soon(sup.run_drainer)
+            nursery.start_soon(sup.drainer.run)
             if fleet_task:
-                nursery.start_soon(sup.run_fleet)
+                nursery.start_soon(sup.fleet.run)
             return Host(sup, machine, view)
 
         yield make
@@ -176,7 +176,7 @@ async def test_no_host_judges_a_process_it_cannot_see(
     assert row.host_id == "a" and job.job_id in a.machine.jobs and job.job_id not in b.machine.jobs
     # b's machine has no such process: judged by b, it would be a dead orphan. b leaves it alone.
     for _ in range(3):
-        await b.sup.sweep()
+        await b.sup.sweeper.sweep()
         await b.sup.operator_reconcile()
     assert (await b.sup.get(job.job_id)).status is JobStatus.RUNNING
     # Its own host sees it end and records the true outcome.
@@ -242,7 +242,7 @@ async def test_INV_NO_PROMOTION_WITHOUT_LEASE_a_host_that_cannot_renew_stops_pro
             "host_lease_stale",
         ]
         second = (await a.sup.enqueue("sleep", {"seconds": 3600})).job
-        assert await a.sup.drain() == []
+        assert await a.sup.drainer.drain() == []
         await trio.sleep(LEASE_S)  # its lease expired long ago, its drainer was woken: the job still waits
         assert (await a.sup.get(second.job_id)).status is JobStatus.QUEUED
         assert [e["why"] for e in logs if e["event"] == "drain_held"] == [
@@ -336,7 +336,7 @@ async def test_a_cancel_through_another_host_is_carried_out_by_the_owner(
     # Asked through b: recorded; the job still runs (b cannot see it, and never signals blindly).
     assert (row.status, row.cancel_requested) == (JobStatus.RUNNING, True)
     assert a.machine.jobs[job.job_id].status is None
-    await a.sup.sweep()  # the owner's next sweep (or, on PostgreSQL, its NOTIFY wake)
+    await a.sup.sweeper.sweep()  # the owner's next sweep (or, on PostgreSQL, its NOTIFY wake)
     while (await a.sup.get(job.job_id)).status is JobStatus.RUNNING:  # noqa: ASYNC110 - virtual time
         await trio.sleep(0.1)
     final = await a.sup.get(job.job_id)
@@ -350,12 +350,12 @@ async def test_a_pause_file_on_one_host_is_ended_only_by_that_hosts_file(
     flag = trio.Path(a.sup.pause_file.path)
     await flag.parent.mkdir(parents=True, exist_ok=True)
     await flag.touch()
-    await a.sup.sweep()
+    await a.sup.sweeper.sweep()
     assert await a.sup.is_paused()
-    await b.sup.sweep()  # b has no pause file of its own: the fleet's pause is not b's to end
+    await b.sup.sweeper.sweep()  # b has no pause file of its own: the fleet's pause is not b's to end
     assert await b.sup.is_paused()
     await flag.unlink()
-    await a.sup.sweep()
+    await a.sup.sweeper.sweep()
     assert not await b.sup.is_paused()
 
 
@@ -372,7 +372,7 @@ async def test_a_host_that_disagrees_on_the_fleet_limit_says_so_and_promotes_und
     assert b.sup.boot.max_concurrent == 4 and a.sup.boot.max_concurrent == 4
     for _ in range(6):
         await b.sup.enqueue("sleep", {"seconds": 3600})
-    await b.sup.drain()
+    await b.sup.drainer.drain()
     assert (await b.sup.queue_state()).running == 4  # the fleet's limit, not b's 9
 
 

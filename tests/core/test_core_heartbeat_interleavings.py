@@ -83,6 +83,18 @@ class FakeRegistry:
         return dataclasses.replace(TEMPLATE, job_id=job_id, completed_units=self.units[job_id])
 
 
+class _Tracker:
+    """Stands for the absence tracker: what it was told, per job."""
+
+    def __init__(self, told: dict[str, int]) -> None:
+        self.told = told
+
+    def beat(self, job: Job) -> None:
+        # INV-PROGRESS-NOT-LIVENESS: the tracker never sees a watermark go back.
+        assert job.completed_units >= self.told.get(job.job_id, 0), "the tracker was told an older watermark"
+        self.told[job.job_id] = job.completed_units
+
+
 class HeartbeatWriterMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -90,7 +102,7 @@ class HeartbeatWriterMachine(RuleBasedStateMachine):
         self.portal = Portal(clock=self.clock).__enter__()
         self.registry = FakeRegistry()
         self.told: dict[str, int] = {}  # what the absence tracker was told, per job
-        self.beats = Heartbeats(self.registry, self._recorded)  # type: ignore[arg-type]
+        self.beats = Heartbeats(self.registry, _Tracker(self.told))  # type: ignore[arg-type]
         self.rows = CurrentRows(self.registry, self.beats)  # type: ignore[arg-type]
         for job in JOBS:  # as this boot's promotion would have: no registry read before a beat is taken
             self.beats.tokens.remember(job, "t", self.beats.tokens.generation)
@@ -116,11 +128,6 @@ class HeartbeatWriterMachine(RuleBasedStateMachine):
                 self.clock.autojump_threshold = float("inf")  # and stands still between rules
 
         return self.portal.run(in_virtual_time)
-
-    def _recorded(self, job: Job) -> None:
-        # INV-PROGRESS-NOT-LIVENESS: the tracker never sees a watermark go back.
-        assert job.completed_units >= self.told.get(job.job_id, 0), "the tracker was told an older watermark"
-        self.told[job.job_id] = job.completed_units
 
     async def _start_writer(self) -> None:
         self.writer_done = done = trio.Event()
@@ -230,6 +237,11 @@ TestHeartbeatWriter = HeartbeatWriterMachine.TestCase
 TestHeartbeatWriter.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 
 
+class _NoWitness:
+    def beat(self, job: Job) -> None:
+        """No absence tracker hears the beats here."""
+
+
 @pytest.mark.parametrize("after_read", [True, False])
 async def test_a_beat_taken_after_a_read_is_written_by_the_writer_alone(
     autojump_clock: trio.testing.MockClock, after_read: bool
@@ -237,7 +249,7 @@ async def test_a_beat_taken_after_a_read_is_written_by_the_writer_alone(
     """The defect ADR 0019 names, as it was met: once a read had written the pending beats while the writer waited, no
     beat was written again until the next read (the read replaced the writer's wake-up ``Event``)."""
     registry = FakeRegistry()
-    beats = Heartbeats(registry, lambda job: None)  # type: ignore[arg-type]
+    beats = Heartbeats(registry, _NoWitness())  # type: ignore[arg-type]
     rows = CurrentRows(registry, beats)  # type: ignore[arg-type]
     beats.tokens.remember("a", "t", beats.tokens.generation)
 

@@ -51,9 +51,9 @@ async def test_an_unreachable_engine_keeps_slots_holds_the_queue_and_fails_nothi
     machine.unreachable()
     queued = (await sup.enqueue("exit", {"code": 0})).job
     with capture_logs() as logs:
-        report = await sup.reconcile(stale_marks_live_processes=False)
+        report = await sup.reconciler.reconcile(stale_marks_live_processes=False)
         for _ in range(3):
-            await sup.drain()
+            await sup.drainer.drain()
     [detail] = report.details
     # This boot's monitor watches it: reconcile leaves it to the monitor (which waits for the engine).
     assert (detail.action, detail.liveness) == ("keep", "unknown")
@@ -89,7 +89,7 @@ async def test_a_prior_boots_row_is_kept_while_the_engine_cannot_be_asked(
     await sup.registry.record_identities([IdentityClaim(recorded.job_id, record)])
     machine.unreachable()
     with capture_logs() as logs:
-        report = await sup.reconcile(stale_marks_live_processes=False)
+        report = await sup.reconciler.reconcile(stale_marks_live_processes=False)
     # INV-UNKNOWN-KEEPS-SLOT: not even a row with no container recorded is freed when the engine cannot say
     # whether one was made for it.
     kept = ("keep", "liveness_unknown_kept", "unknown")
@@ -97,7 +97,7 @@ async def test_a_prior_boots_row_is_kept_while_the_engine_cannot_be_asked(
     warnings = [e for e in logs if e["event"] == "reconcile_kept_slot"]
     assert len(warnings) == 2 and warnings[0]["detail"] == "engine unreachable"
     machine.reachable()
-    await sup.reconcile(stale_marks_live_processes=False)
+    await sup.reconciler.reconcile(stale_marks_live_processes=False)
     assert (await sup.get(never_recorded.job_id)).status is JobStatus.QUEUED  # it never started: queued again
     assert (await sup.get(recorded.job_id)).error_reason == "orphan_reconciled_dead_pid"
 
@@ -186,7 +186,7 @@ async def test_a_drain_cancelled_mid_start_leaves_no_job_looking_watched(
     monkeypatch.setattr(sup.drainer, "_start", stuck_start)
     job = (await sup.enqueue("sleep", {"seconds": 60})).job
     async with trio.open_nursery() as shutdown:
-        shutdown.start_soon(sup.drain)
+        shutdown.start_soon(sup.drainer.drain)
         await entered.wait()
         shutdown.cancel_scope.cancel()
     assert (await sup.get(job.job_id)).status is JobStatus.RUNNING  # promoted, never started
@@ -212,13 +212,13 @@ async def test_cancel_of_a_prior_boots_job_waits_for_the_engine_and_never_frees_
     [warning] = [e for e in logs if e["event"] == "cancel_pending_engine_unreachable"]
     assert warning["log_level"] == "warning"
     queued = (await new.enqueue("exit", {"code": 0})).job
-    await new.sweep()
+    await new.sweeper.sweep()
     # The slot is still the running job's: nothing else was started past max_concurrent.
     assert (await new.get(queued.job_id)).status is JobStatus.QUEUED
     assert machine.started == [job.job_id]
 
     machine.reachable()
-    await new.sweep()  # adopts the job with its pending cancel, and stops it
+    await new.sweeper.sweep()  # adopts the job with its pending cancel, and stops it
     ended = await wait_terminal(new, job.job_id)
     assert (ended.status, ended.error_reason) == (JobStatus.CANCELLED, "cancelled")
     assert machine.jobs[job.job_id].terminated.is_set()
@@ -235,7 +235,7 @@ async def test_a_drain_that_fills_the_free_slots_reads_the_queue_once(
     calls = count_promote_rounds(sup, monkeypatch)
     sleep_argv = sup.kinds.get("sleep").render_argv({"seconds": 60})
     ids = [(await enqueue_raw(sup, "sleep", {"i": i}, sleep_argv)).job_id for i in range(3)]
-    started = await sup.drain()
+    started = await sup.drainer.drain()
     assert [j.job_id for j in started] == ids[:2]
     assert calls == [2]  # two slots, two rows: full, and no round that only reads that again
 
@@ -247,7 +247,7 @@ async def test_a_drain_that_fills_the_free_slots_reads_the_queue_once(
     # A start that fails (no program for the kind) frees its slot at once: the same drain promotes again.
     broken = await enqueue_raw(sup, "no_such_program", {}, ["x"])
     good = [(await enqueue_raw(sup, "sleep", {"j": j}, sleep_argv)).job_id for j in (1, 2)]
-    started = await sup.drain()
+    started = await sup.drainer.drain()
     assert [j.job_id for j in started] == good
     assert (await sup.get(broken.job_id)).status is JobStatus.FAILED
     assert calls == [2, 1]
@@ -352,12 +352,12 @@ async def test_the_pause_file_holds_promotion_within_a_second_of_its_creation(
     a second ago holds every promotion after it. Virtual time: the look's timing is exact."""
     sup = make(max_concurrent=2, attach=False)
     sup.attach(nursery)  # no drainer task: only the drains below
-    assert await sup.drain() == []  # a first look: no file
+    assert await sup.drainer.drain() == []  # a first look: no file
     flag = sup.config.pause_flag_path
     await trio.to_thread.run_sync(lambda: flag.parent.mkdir(parents=True, exist_ok=True))
     await trio.to_thread.run_sync(flag.touch)
     await trio.sleep(1.0)
     job = (await sup.enqueue("exit", {"code": 0})).job
-    assert await sup.drain() == []
+    assert await sup.drainer.drain() == []
     assert (await sup.get(job.job_id)).status is JobStatus.QUEUED
     assert (await sup.registry.pause_state()).by == f"pause_file:{sup.config.host_id}"  # whose file (ADR 0012)

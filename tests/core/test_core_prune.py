@@ -79,12 +79,12 @@ async def test_the_sweeper_prunes_finished_jobs_past_the_retention_a_batch_a_min
     bystander = sup.log_dir / "not-a-job.log"
     await trio.to_thread.run_sync(bystander.write_text, "x")
 
-    await sup.sweep()  # within the retention: nothing goes
+    await sup.sweeper.sweep()  # within the retention: nothing goes
     assert (await registry.counts())["failed"] == 5
     await trio.sleep(DAY_S + 60)
 
     with capture_logs() as logs:
-        await sup.sweep()
+        await sup.sweeper.sweep()
     [pruned] = [e for e in logs if e["event"] == "jobs_pruned"]
     assert (pruned["jobs"], pruned["files_removed"]) == (2, 6)
     for job_id, files in jobs[:2]:  # the oldest first
@@ -93,13 +93,13 @@ async def test_the_sweeper_prunes_finished_jobs_past_the_retention_a_batch_a_min
         assert exists(files) == [False] * 3
     assert all(all(exists(files)) for _, files in jobs[2:])
 
-    await sup.sweep()  # less than a minute later: no batch
+    await sup.sweeper.sweep()  # less than a minute later: no batch
     assert (await registry.counts())["failed"] == 3
     await trio.sleep(60)
-    await sup.sweep()
+    await sup.sweeper.sweep()
     assert (await registry.counts())["failed"] == 1
     await trio.sleep(60)
-    await sup.sweep()
+    await sup.sweeper.sweep()
     assert (await registry.counts())["failed"] == 0
     assert exists(jobs[4][1]) == [False] * 6  # every attempt's log and records
     assert (await registry.get(queued.job.job_id)).status is JobStatus.QUEUED  # never a queued job
@@ -117,7 +117,7 @@ async def test_retention_off_prunes_nothing(
     sup.log_dir.mkdir(parents=True)
     job_id, files = await finish(registry, sup.log_dir, 0)
     await trio.sleep(365 * DAY_S)
-    await sup.sweep()
+    await sup.sweeper.sweep()
     assert await sup.prune(dry_run=False, limit=10) == []
     assert (await registry.get(job_id)).status is JobStatus.FAILED
     assert all(exists(files))
@@ -139,7 +139,7 @@ async def test_the_count_rule_keeps_the_newest_finished_jobs(
     would = await sup.prune(dry_run=True, limit=10)
     assert [job.job_id for job in would] == [jobs[0][0]]
     assert all(exists(jobs[0][1]))  # a dry run removes nothing
-    await sup.sweep()
+    await sup.sweeper.sweep()
     assert exists(jobs[0][1]) == [False] * 3
     assert [(await registry.get(job_id)).job_id for job_id, _ in jobs[1:]] == [jobs[1][0], jobs[2][0]]
 
@@ -167,7 +167,7 @@ async def test_the_sweeper_expires_idempotency_keys_and_a_keyed_job_outlives_the
         await finish(registry, sup.log_dir, n)
     await trio.sleep(DAY_S)
     with capture_logs() as logs:
-        await sup.sweep()
+        await sup.sweeper.sweep()
     assert [e for e in logs if e["event"] == "idempotency_keys_expired"] == []
     assert (await registry.get(keyed.job.job_id)).status is JobStatus.CANCELLED  # kept: its key is live
     assert (
@@ -175,10 +175,10 @@ async def test_the_sweeper_expires_idempotency_keys_and_a_keyed_job_outlives_the
     ).replayed is not None
     await trio.sleep(DAY_S + 60)
     with capture_logs() as logs:
-        await sup.sweep()
+        await sup.sweeper.sweep()
     assert [e["rows"] for e in logs if e["event"] == "idempotency_keys_expired"] == [1]
     await trio.sleep(60)
-    await sup.sweep()
+    await sup.sweeper.sweep()
     with pytest.raises(JobNotFound):  # its key gone, retention takes it
         await registry.get(keyed.job.job_id)
     fresh = await sup.enqueue("pipeline", {"feed": "https://example.org/feed"}, idempotency_key=RequestKey("k-1"))
@@ -197,6 +197,6 @@ async def test_keys_expire_with_retention_off(
     first = await sup.enqueue("pipeline", {"feed": "https://example.org/feed"}, idempotency_key=RequestKey("k-1"))
     await trio.sleep(config.idempotency_ttl_s)
     with capture_logs() as logs:
-        await sup.sweep()
+        await sup.sweeper.sweep()
     assert [e["rows"] for e in logs if e["event"] == "idempotency_keys_expired"] == [1]
     assert (await registry.get(first.job.job_id)).idempotency_key == "k-1"  # the row keeps its key; it stays

@@ -128,9 +128,9 @@ async def test_a_queue_paused_too_long_is_said_stuck_in_the_log_metrics_health_a
     job = (await sup.enqueue("pipeline", {"feed": "https://example.org/feed"})).job
     with capture_logs() as logs:
         for _ in range(3):
-            await sup.sweep()
+            await sup.sweeper.sweep()
             await trio.sleep(1800)  # sweeps every half hour: an hour and a half behind the pause
-        await sup.sweep()
+        await sup.sweeper.sweep()
     stuck = [e for e in logs if e["event"] == "queue_stuck"]
     assert [(e["reason"], e["oldest_job_id"]) for e in stuck] == [("pause_operator", job.job_id)]
     assert (await sup.health()).degraded["queue"].endswith("pause_operator")
@@ -143,8 +143,8 @@ async def test_a_queue_paused_too_long_is_said_stuck_in_the_log_metrics_health_a
     assert 'podcast_queue_held{reason="engine_unreachable"} 0.0' in metrics
     with capture_logs() as logs:
         await sup.resume()  # the job is promoted: the queue moves
-        await sup.sweep()
-        await sup.sweep()
+        await sup.sweeper.sweep()
+        await sup.sweeper.sweep()
     assert [e["reason"] for e in logs if e["event"] == "queue_moving"] == ["pause_operator"]
     assert "queue" not in (await sup.health()).degraded
 
@@ -165,7 +165,7 @@ async def test_queue_stuck_and_moving_go_through_the_outbox_once_each_and_a_rest
     await first.pause()
     job = (await first.enqueue("pipeline", {"feed": "https://example.org/feed"})).job
     for _ in range(4):
-        await first.sweep()
+        await first.sweeper.sweep()
         await trio.sleep(1800)
     [stuck] = await queue_events()
     assert (stuck.event, stuck.job_id, stuck.reason) == ("queue.stuck", job.job_id, "pause_operator")
@@ -177,13 +177,13 @@ async def test_queue_stuck_and_moving_go_through_the_outbox_once_each_and_a_rest
     # A restart: the pause still holds, the stuck queue was announced by the boot before.
     second = boot(nursery, config, registry)
     for _ in range(3):
-        await second.sweep()
+        await second.sweeper.sweep()
         await trio.sleep(1800)
     assert [e.event for e in await queue_events()] == ["queue.stuck"]  # not twice
     assert (await second.health()).degraded["queue"].endswith("pause_operator")
     await second.resume()
-    await second.sweep()
-    await second.sweep()
+    await second.sweeper.sweep()
+    await second.sweeper.sweep()
     assert [e.event for e in await queue_events()] == ["queue.stuck", "queue.moving"]
 
 
@@ -197,7 +197,7 @@ async def test_a_webhook_the_registry_cannot_take_now_is_written_at_a_later_swee
     sup = boot(nursery, config, registry)
     await sup.pause()
     await sup.enqueue("pipeline", {"feed": "https://example.org/feed"})
-    await sup.sweep()
+    await sup.sweeper.sweep()
     await trio.sleep(120)
     real = registry.record_queue_event
 
@@ -206,15 +206,15 @@ async def test_a_webhook_the_registry_cannot_take_now_is_written_at_a_later_swee
 
     monkeypatch.setattr(registry, "record_queue_event", full)
     with capture_logs() as logs:
-        await sup.sweep()  # the step fails as a condition: the sweep goes on
-        await sup.sweep()
+        await sup.sweeper.sweep()  # the step fails as a condition: the sweep goes on
+        await sup.sweeper.sweep()
     assert [e["event"] for e in logs if e["event"] == "queue_stuck"] == ["queue_stuck"]  # said once, at once
     assert (await sup.queue_state()).stuck is not None
     assert "pause_operator" in (await sup.health()).degraded["queue"]
     assert [e for e in await registry.outbox_pending(100) if e.event.startswith("queue.")] == []
     monkeypatch.setattr(registry, "record_queue_event", real)
-    await sup.sweep()
-    await sup.sweep()
+    await sup.sweeper.sweep()
+    await sup.sweeper.sweep()
     assert [e.event for e in await registry.outbox_pending(100) if e.event.startswith("queue.")] == ["queue.stuck"]
 
 
@@ -229,7 +229,8 @@ async def test_a_host_cut_off_from_its_registry_still_says_its_stale_lease_holds
     sup = boot(nursery, config, registry)
     await sup.pause()
     waiting = (await sup.enqueue("pipeline", {"feed": "https://example.org/feed"})).job
-    await sup.sweep()  # read once: a job waits (behind a pause: a reason held on purpose, with its own threshold)
+    # Read once: a job waits (behind a pause: a reason held on purpose, with its own threshold).
+    await sup.sweeper.sweep()
 
     async def unreachable(*args: object, **kwargs: object) -> None:
         raise RegistryUnavailable("no connection to the database")
@@ -239,7 +240,7 @@ async def test_a_host_cut_off_from_its_registry_still_says_its_stale_lease_holds
     monkeypatch.setattr(sup.boot.standing, "standalone", False)  # a fleet host whose lease went stale: no promotion
     with capture_logs() as logs:
         for _ in range(4):
-            await sup.sweep()
+            await sup.sweeper.sweep()
             await trio.sleep(30)
     stuck = [e for e in logs if e["event"] == "queue_stuck"]
     assert [(e["reason"], e["oldest_job_id"]) for e in stuck] == [("lease_not_fresh", waiting.job_id)]

@@ -30,7 +30,7 @@ async def test_prior_boot_live_identity_keeps_its_slot(
     sup = make_supervisor(boot_id="new", attach=False)
     identity = identify(bystander.pid)
     job = await insert_running(sup, boot_id="old", identity=identity)
-    report = await sup.reconcile(stale_marks_live_processes=False)
+    report = await sup.reconciler.reconcile(stale_marks_live_processes=False)
     assert report.updated == 0
     assert report.details[0].liveness == "alive"
     assert (await sup.get(job.job_id)).status is JobStatus.RUNNING
@@ -39,7 +39,7 @@ async def test_prior_boot_live_identity_keeps_its_slot(
 async def test_prior_boot_dead_identity_is_failed_dead_pid(make_supervisor: Callable[..., Supervisor]) -> None:
     sup = make_supervisor(boot_id="new", attach=False)
     job = await insert_running(sup, boot_id="old", identity=await dead_identity())
-    report = await sup.reconcile(stale_marks_live_processes=False)
+    report = await sup.reconciler.reconcile(stale_marks_live_processes=False)
     assert report.updated == 1
     row = await sup.get(job.job_id)
     assert (row.status, row.error_reason) == (JobStatus.FAILED, "orphan_reconciled_dead_pid")
@@ -50,7 +50,7 @@ async def test_this_boot_dead_identity_without_monitor_is_failed_dead_pid(
 ) -> None:
     sup = make_supervisor(boot_id="me", attach=False)
     job = await insert_running(sup, boot_id="me", identity=await dead_identity())
-    await sup.reconcile(stale_marks_live_processes=False)
+    await sup.reconciler.reconcile(stale_marks_live_processes=False)
     assert (await sup.get(job.job_id)).error_reason == "orphan_reconciled_dead_pid"
 
 
@@ -65,7 +65,7 @@ async def test_recycled_pid_counts_as_dead_INV_PID_NEEDS_BOOT_AND_IDENTITY(
         ProcessIdentity(real.pid, real.start_time, "another-kernel-boot"),  # recorded before a reboot
     ):
         job = await insert_running(sup, boot_id="old", identity=other)
-        await sup.reconcile(stale_marks_live_processes=False)
+        await sup.reconciler.reconcile(stale_marks_live_processes=False)
         assert (await sup.get(job.job_id)).error_reason == "orphan_reconciled_dead_pid"
     assert bystander.poll() is None  # reconcile never signals anything
 
@@ -77,7 +77,7 @@ async def test_a_prior_boots_start_that_never_happened_goes_back_to_the_queue_at
     # start it (none ever ran, so no marker). The job provably never ran: back to the queue, the start not counted.
     sup = make_supervisor(boot_id="new", attach=False)
     job = await insert_running(sup, boot_id="old", spawned=False)
-    report = await sup.reconcile(stale_marks_live_processes=False)
+    report = await sup.reconciler.reconcile(stale_marks_live_processes=False)
     assert (report.updated, report.details[0].action, report.details[0].reason) == (1, "requeued", NEVER_STARTED)
     row = await sup.get(job.job_id)
     assert (row.status, row.attempts, row.boot_id, row.history) == (JobStatus.QUEUED, 0, None, ())
@@ -93,7 +93,7 @@ async def test_a_prior_boots_shepherd_that_closed_its_control_has_started_all_it
     shepherd = identify(bystander.pid)
     assert shepherd is not None
     await trio.to_thread.run_sync(lambda: write_shepherd_marker(sup, "old", shepherd, connected=False))
-    await sup.reconcile(stale_marks_live_processes=False)
+    await sup.reconciler.reconcile(stale_marks_live_processes=False)
     assert (await sup.get(job.job_id)).status is JobStatus.QUEUED
 
 
@@ -103,7 +103,7 @@ async def test_a_prior_boots_dead_shepherd_can_start_nothing(make_supervisor: Ca
     job = await insert_running(sup, boot_id="old", spawned=False)
     gone = await dead_identity()
     await trio.to_thread.run_sync(lambda: write_shepherd_marker(sup, "old", gone, connected=True))
-    await sup.reconcile(stale_marks_live_processes=False)
+    await sup.reconciler.reconcile(stale_marks_live_processes=False)
     assert (await sup.get(job.job_id)).status is JobStatus.QUEUED
 
 
@@ -119,7 +119,7 @@ async def test_a_prior_boots_start_that_may_still_be_under_way_keeps_its_slot_IN
     assert identity is not None
     await trio.to_thread.run_sync(lambda: write_shepherd_marker(sup, "old", identity, connected=True))
     with capture_logs() as logs:
-        report = await sup.reconcile(stale_marks_live_processes=False)
+        report = await sup.reconciler.reconcile(stale_marks_live_processes=False)
     assert (report.details[0].action, report.details[0].liveness) == ("keep", "unknown")
     assert (await sup.get(job.job_id)).status is JobStatus.RUNNING
     assert any(e["event"] == "reconcile_kept_slot" for e in logs)
@@ -132,7 +132,7 @@ async def test_a_prior_boots_start_that_may_still_be_under_way_keeps_its_slot_IN
         files.pid.write_text(json.dumps(record))
 
     await trio.to_thread.run_sync(write_record)
-    await sup.reconcile(stale_marks_live_processes=False)
+    await sup.reconciler.reconcile(stale_marks_live_processes=False)
     row = await sup.get(job.job_id)
     assert (row.status, row.identity) == (JobStatus.RUNNING, identity.to_record())
 
@@ -151,7 +151,7 @@ async def test_a_cancel_of_a_start_that_may_be_under_way_waits_then_ends_cancell
     assert any(e["event"] == "cancel_pending_start_unconfirmed" for e in logs)
     # The shepherd reads its socket to the end with no start in it: the job provably never started.
     await trio.to_thread.run_sync(lambda: write_shepherd_marker(sup, "old", shepherd, connected=False))
-    await sup.reconcile(stale_marks_live_processes=False)
+    await sup.reconciler.reconcile(stale_marks_live_processes=False)
     row = await sup.get(job.job_id)
     assert (row.status, row.error_reason) == (JobStatus.CANCELLED, "cancelled_before_start")
 
@@ -164,14 +164,14 @@ async def test_this_boot_spawn_window_is_untouched_INV_RUNNING_MEANS_SPAWNED_OR_
     _age(sup, job.job_id, 3600)
     # This boot holds its start (the drainer's entry, no handle yet): nothing to ask the executor, however old.
     sup.boot.ledger.hold([job.job_id])
-    report = await sup.reconcile(stale_marks_live_processes=True)
+    report = await sup.reconciler.reconcile(stale_marks_live_processes=True)
     assert (report.details[0].action, report.details[0].reason) == ("untouched", "spawn_window")
     assert (await sup.get(job.job_id)).status is JobStatus.RUNNING
     # While a promotion is under way (committed, its rows not yet held), every unspawned row of this boot that a read
     # overlapping it shows may be one of its rows.
     sup.boot.ledger.release(job.job_id)
     with sup.boot.ledger.promoting():
-        report = await sup.reconcile(stale_marks_live_processes=True)
+        report = await sup.reconciler.reconcile(stale_marks_live_processes=True)
     assert (report.details[0].action, report.details[0].reason) == ("untouched", "spawn_window")
 
 
@@ -183,7 +183,7 @@ async def test_this_boot_start_that_nobody_holds_and_never_happened_goes_back_to
     shepherd and none is recorded, so it provably never ran: back to the queue, the start not counted."""
     sup = make_supervisor(boot_id="me", attach=False)
     job = await insert_running(sup, boot_id="me", spawned=False)
-    report = await sup.reconcile(stale_marks_live_processes=False)
+    report = await sup.reconciler.reconcile(stale_marks_live_processes=False)
     assert (report.details[0].action, report.details[0].reason) == ("requeued", NEVER_STARTED)
     row = await sup.get(job.job_id)
     assert (row.status, row.attempts) == (JobStatus.QUEUED, 0)
@@ -195,7 +195,7 @@ async def test_unknown_liveness_keeps_the_slot_and_warns_INV_UNKNOWN_KEEPS_SLOT(
     sup = make_supervisor(boot_id="new", attach=False)
     job = await insert_running(sup, boot_id="old", pid=bystander.pid)  # a bare pid is no evidence either way
     with capture_logs() as logs:
-        report = await sup.reconcile(stale_marks_live_processes=False)
+        report = await sup.reconciler.reconcile(stale_marks_live_processes=False)
     assert report.details[0].liveness == "unknown"
     assert (await sup.get(job.job_id)).status is JobStatus.RUNNING
     assert any(e["event"] == "reconcile_kept_slot" and e["log_level"] == "warning" for e in logs)
@@ -208,7 +208,7 @@ async def test_sweeper_mode_never_evicts_a_live_job_past_the_window_INV_SWEEP_NE
     job = await insert_running(sup, boot_id="old", identity=identify(bystander.pid))
     _age(sup, job.job_id, 3600)
     with capture_logs() as logs:
-        report = await sup.reconcile(stale_marks_live_processes=False)
+        report = await sup.reconciler.reconcile(stale_marks_live_processes=False)
     assert report.updated == 0
     assert (await sup.get(job.job_id)).status is JobStatus.RUNNING
     assert any(e.get("reason") == "wall_clock_exceeded_kept_alive" for e in logs)
@@ -220,7 +220,7 @@ async def test_operator_mode_marks_a_live_job_past_the_window_stale(
     sup = make_supervisor(boot_id="new", attach=False, stale_after_s=60)
     job = await insert_running(sup, boot_id="old", identity=identify(bystander.pid))
     _age(sup, job.job_id, 3600)
-    report = await sup.reconcile(stale_marks_live_processes=True)
+    report = await sup.reconciler.reconcile(stale_marks_live_processes=True)
     assert report.updated == 1
     row = await sup.get(job.job_id)
     assert (row.status, row.error_reason) == (JobStatus.STALE, "wall_clock_stale")
@@ -233,7 +233,7 @@ async def test_a_disabled_window_never_marks_stale(
     sup = make_supervisor(boot_id="new", attach=False, stale_after_s=None)
     job = await insert_running(sup, boot_id="old", identity=identify(bystander.pid))
     _age(sup, job.job_id, 10 * 86400)
-    assert (await sup.reconcile(stale_marks_live_processes=True)).updated == 0
+    assert (await sup.reconciler.reconcile(stale_marks_live_processes=True)).updated == 0
     assert (await sup.get(job.job_id)).status is JobStatus.RUNNING
 
 

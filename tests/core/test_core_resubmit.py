@@ -206,7 +206,7 @@ async def virtual_supervisor(tmp_path: Path) -> AsyncIterator[Callable[[], Super
             wall_clock=wall,
         )
         sup.attach(nursery)
-        await nursery.start(sup.run_drainer)  # the only task that starts jobs; no sweeper to wake it
+        await nursery.start(sup.drainer.run)  # the only task that starts jobs; no sweeper to wake it
         yield lambda: sup
         nursery.cancel_scope.cancel()
 

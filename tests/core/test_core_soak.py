@@ -45,11 +45,11 @@ async def one_round(sup: Supervisor) -> None:
     ended = await wait_terminal(sup, job.job_id)
     assert ended.status is JobStatus.SUCCEEDED
     await wait_idle(sup)
-    await sup.sweep()
+    await sup.sweeper.sweep()
     await sup.list_jobs(PageRequest.parse(limit=10))
     await sup.read_log(job.job_id, tail_bytes=10)
     await sup.pause()
-    await sup.sweep()
+    await sup.sweeper.sweep()
     await sup.resume()
     await sup.queue_state()
 

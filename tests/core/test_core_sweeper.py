@@ -88,10 +88,10 @@ async def test_sweep_order_is_reconcile_then_drain_and_reconcile_failure_still_d
 
     monkeypatch.setattr(sup.reconciler, "reconcile", reconcile)
     monkeypatch.setattr(sup.drainer, "drain", drain)
-    await sup.sweep()
+    await sup.sweeper.sweep()
     assert calls == ["reconcile(stale_marks_live_processes=False)", "drain"]
     calls[:] = ["fail"]
-    await sup.sweep()
+    await sup.sweeper.sweep()
     assert calls[-1] == "drain"
 
 
@@ -101,7 +101,7 @@ async def test_pause_holds_promotion_but_not_reconcile(make_supervisor: Callable
     ghost = await insert_running(sup, boot_id="old", identity=dead)
     await sup.pause()
     waiting = (await sup.enqueue("exit", {"code": 0})).job
-    await sup.sweep()
+    await sup.sweeper.sweep()
     assert (await sup.get(ghost.job_id)).error_reason == "orphan_reconciled_dead_pid"
     assert (await sup.get(waiting.job_id)).status is JobStatus.QUEUED
     await sup.resume()

@@ -127,8 +127,8 @@ async def host(tmp_path: Path) -> AsyncIterator[Callable[[], Any]]:
             config, load_kinds(kinds), registry, boot_id="boot-a", executor=machine, wall_clock=clock, standalone=True
         )
         sup.attach(nursery)
-        await nursery.start(sup.run_drainer)
-        await nursery.start(sup.run_wakeups)
+        await nursery.start(sup.drainer.run)
+        await nursery.start(sup.wakeups.run)
         yield lambda: (sup, registry)
         nursery.cancel_scope.cancel()
         machines.cancel_scope.cancel()

@@ -188,11 +188,11 @@ async def test_dockerd_stopped_while_a_job_runs_keeps_its_slot_and_fails_nothing
     try:
         await trio.to_thread.run_sync(_engine_script, "down")
         with capture_logs() as logs:
-            report = await sup.reconcile(stale_marks_live_processes=False)
-            await sup.drain()
+            report = await sup.reconciler.reconcile(stale_marks_live_processes=False)
+            await sup.drainer.drain()
             # A prior boot's view of the same row (nobody watching it): the probe itself says UNKNOWN.
             other = make(boot_id="other-boot", attach=False, max_concurrent=1)
-            [seen] = (await other.reconcile(stale_marks_live_processes=False)).details
+            [seen] = (await other.reconciler.reconcile(stale_marks_live_processes=False)).details
         [detail] = report.details
         assert (detail.action, detail.liveness) == ("keep", "unknown")
         assert (seen.action, seen.reason, seen.liveness) == ("keep", "liveness_unknown_kept", "unknown")
@@ -221,7 +221,7 @@ async def test_dockerd_stopped_while_a_job_runs_keeps_its_slot_and_fails_nothing
         4,
         1,
     )
-    await sup.drain()  # the sweeper's (or the monitor's) next drain
+    await sup.drainer.drain()  # the sweeper's (or the monitor's) next drain
     assert (await wait_terminal(sup, queued.job_id)).status is JobStatus.SUCCEEDED
 
 
@@ -356,7 +356,7 @@ async def test_containers_a_dead_boot_recorded_as_ended_but_never_removed_are_re
     foreign = await trio.to_thread.run_sync(foreign_container)
     try:
         new = make(boot_id="new")
-        await new.sweep()  # the startup sweep: reconcile (adopts the running attempt), drain, leftovers
+        await new.sweeper.sweep()  # the startup sweep: reconcile (adopts the running attempt), drain, leftovers
         assert not await trio.to_thread.run_sync(world.containers, done)
         kept = [c["Id"] for c in await trio.to_thread.run_sync(world.containers, again)]
         assert kept == [container_of(again)]

@@ -140,7 +140,7 @@ async def test_engine_trouble_keeps_slots_fails_nothing_holds_the_queue_and_warn
         queued = (await sup.enqueue("exit", {"code": 0})).job
         for _ in range(3):  # three sweeps' worth: one WARNING, not one per probe
             began = trio.current_time()
-            report = await sup.reconcile(stale_marks_live_processes=False)
+            report = await sup.reconciler.reconcile(stale_marks_live_processes=False)
             took = trio.current_time() - began
             # Every engine call runs under the configured timeout: a hung engine is UNKNOWN after it, not later.
             assert took < TIMEOUT_S + SLACK_S
@@ -148,7 +148,7 @@ async def test_engine_trouble_keeps_slots_fails_nothing_holds_the_queue_and_warn
                 assert took >= TIMEOUT_S * 0.9  # it did wait for an answer, and gave up at the timeout
             [detail] = report.details
             assert (detail.action, detail.reason, detail.liveness) == ("keep", "liveness_unknown_kept", "unknown")
-            await sup.drain()
+            await sup.drainer.drain()
         health = await sup.health()
     # INV-UNKNOWN-KEEPS-SLOT: the prior boot's job still holds its slot; the queued job was never promoted.
     assert (await sup.get(prior.job_id)).status is JobStatus.RUNNING
@@ -228,8 +228,8 @@ async def _trouble_then_resume(
         queued = (await sup.enqueue("exit", {"code": 0})).job
         with trio.fail_after(30):
             for _ in range(2):
-                await sup.reconcile(stale_marks_live_processes=False)
-                await sup.drain()
+                await sup.reconciler.reconcile(stale_marks_live_processes=False)
+                await sup.drainer.drain()
         # The engine is named once a call of it fails: at once where it answers 500 or refuses, but list_then_hang's
         # only failures are calls that time out (the trial start's, and the monitor's wait if it asked after the
         # flip), and the rounds above may end before either has.
@@ -307,7 +307,7 @@ async def test_a_start_the_engine_never_answers_is_not_failed_and_is_judged_once
         await engine.set_mode("proxy")
 
         async def ended() -> Job | None:
-            await sup.sweep()  # the sweeper's turn: the row is judged on what the engine says now
+            await sup.sweeper.sweep()  # the sweeper's turn: the row is judged on what the engine says now
             final = await sup.get(job.job_id)
             return final if final.status.is_terminal else None
 
@@ -376,7 +376,7 @@ async def test_a_start_the_engine_cannot_make_requeues_the_job_uncounted_holds_t
             )
             sup.events.subscribe(on_event)
             sup.attach(nursery)
-            await nursery.start(sup.run_drainer)  # no sweeper: the drainer alone must come back to the queue
+            await nursery.start(sup.drainer.run)  # no sweeper: the drainer alone must come back to the queue
             job = (await sup.enqueue("exit", {"code": 0})).job
             # No deadline around the waits: the autojumping clock jumps to a pending deadline while a worker thread
             # runs (the pause file's look), which would end a bound early. pytest-timeout is the backstop.

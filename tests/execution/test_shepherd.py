@@ -189,7 +189,7 @@ async def test_a_prior_boots_job_never_started_goes_back_to_the_queue(
 
     sup = make_supervisor(boot_id="new", attach=False)
     job = await insert_running(sup, boot_id="old", spawned=False)  # no start file, no shepherd: it never ran
-    report = await sup.reconcile(stale_marks_live_processes=False)
+    report = await sup.reconciler.reconcile(stale_marks_live_processes=False)
     assert report.details[0].action == "requeued"
     assert (await sup.get(job.job_id)).status is JobStatus.QUEUED
 
@@ -219,7 +219,7 @@ async def test_a_boot_killed_after_a_promotion_has_that_job_run_by_the_next_at_o
 
     await poll(closed)  # the shepherd has read the end of its socket (it lives on: its job runs)
     new = make_supervisor(boot_id="new", max_concurrent=2)
-    details = {d.job_id: d for d in (await new.reconcile(stale_marks_live_processes=False)).details}
+    details = {d.job_id: d for d in (await new.reconciler.reconcile(stale_marks_live_processes=False)).details}
     assert (details[queued.job_id].action, details[queued.job_id].reason) == ("requeued", "never_started")
     assert details[busy.job_id].action == "keep"  # the live one is adopted, never started twice
     done = await wait_terminal(new, queued.job_id)
@@ -247,7 +247,7 @@ async def test_the_program_finds_its_identity_on_disk_when_it_starts_INV_IDENTIT
     check = 'cat "$1/$PODCAST_JOB_ID.pid"; echo; echo "self $$"'
     argv = ["/bin/sh", "-c", check, "check", str(shepherd_of(sup).run_dir)]
     job = await enqueue_raw(sup, "exit", {}, argv)
-    await sup.drain()
+    await sup.drainer.drain()
     ended = await wait_terminal(sup, job.job_id)
     assert ended.status is JobStatus.SUCCEEDED
     recorded, own = (await sup.read_log(job.job_id)).decode().strip().splitlines()
@@ -263,7 +263,7 @@ async def test_a_program_that_cannot_run_fails_its_start_with_execs_reason(
     not_executable.write_text("#!/bin/sh\nexit 0\n")
     denied = await enqueue_raw(sup, "exit", {}, [str(not_executable)])
     unknown = await enqueue_raw(sup, "exit", {}, ["no-such-program-anywhere"])
-    await sup.drain()
+    await sup.drainer.drain()
     reasons = [(await wait_terminal(sup, r.job_id)).error_reason or "" for r in (denied, unknown)]
     assert reasons[0].startswith("spawn_failed: PermissionError")
     assert reasons[1].startswith("spawn_failed: FileNotFoundError") and "no-such-program-anywhere" in reasons[1]
@@ -275,7 +275,7 @@ async def test_a_job_does_not_inherit_the_signals_the_shepherd_ignores(
     """The shepherd ignores SIGINT and SIGHUP for itself; an ignored signal would survive exec into every job."""
     sup = make_supervisor()
     job = await enqueue_raw(sup, "exit", {}, ["grep", "^SigIgn", "/proc/self/status"])
-    await sup.drain()
+    await sup.drainer.drain()
     assert (await wait_terminal(sup, job.job_id)).status is JobStatus.SUCCEEDED
     mask = int((await sup.read_log(job.job_id)).decode().split()[-1], 16)
     for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
@@ -370,7 +370,7 @@ async def test_a_killed_shepherds_records_are_read_from_the_run_directory_by_the
     assert not await trio.Path(files.pid).exists() and await trio.Path(files.run_pid).exists()  # type: ignore[arg-type]
 
     new = make_supervisor(boot_id="new")
-    [detail] = (await new.reconcile(stale_marks_live_processes=False)).details
+    [detail] = (await new.reconciler.reconcile(stale_marks_live_processes=False)).details
     assert (detail.action, detail.reason, detail.liveness) == ("keep", "adopted", "alive")
     adopted = await new.get(job.job_id)
     assert adopted.identity == start.identity.to_record()

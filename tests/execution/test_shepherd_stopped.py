@@ -57,16 +57,16 @@ async def test_a_start_the_stopped_shepherd_makes_late_is_adopted_and_recorded_a
         behind = (await sup.enqueue("exit", {"code": 0})).job
         # INV-UNKNOWN-KEEPS-SLOT: the sweeps keep it (its start may still happen) and the job behind it waits.
         for _ in range(2):
-            report = await sup.reconcile(stale_marks_live_processes=False)
+            report = await sup.reconciler.reconcile(stale_marks_live_processes=False)
             [detail] = [d for d in report.details if d.job_id == row.job_id]
             assert (detail.action, detail.reason, detail.liveness) == ("keep", "liveness_unknown_kept", "unknown")
-        await sup.sweep()
+        await sup.sweeper.sweep()
         assert (await sup.get(behind.job_id)).status is JobStatus.QUEUED
     finally:
         os.kill(shepherd, signal.SIGCONT)  # the shepherd starts the program it held
 
     async def ended() -> Job | None:
-        await sup.sweep()  # what the sweeper does every sweep_interval_s: the late start is found and judged
+        await sup.sweeper.sweep()  # what the sweeper does every sweep_interval_s: the late start is found and judged
         job = await sup.get(row.job_id)
         return job if job.status.is_terminal else None
 
@@ -85,7 +85,7 @@ async def test_a_start_the_stopped_shepherd_never_makes_goes_back_to_the_queue_a
     os.kill(shepherd, signal.SIGKILL)  # it never reads the start it was sent: the start provably never happens
 
     async def ended() -> Job | None:
-        await sup.sweep()
+        await sup.sweeper.sweep()
         job = await sup.get(row.job_id)
         return job if job.status.is_terminal else None
 
