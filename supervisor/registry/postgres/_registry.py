@@ -32,9 +32,8 @@ import trio
 import trio_asyncio
 
 from ...domain import RELEASE, RegistryError, RegistryUnavailable, SupervisorError, redacted_url, utc_now
-from .._engine import Step
 from .._health import RegistryFault, WriteHealth
-from .._registry import Registry
+from .._registry import Registry, Step
 from .._sql import refuse_contracted, require_expanded
 from .._vocabulary import WakeupFeed
 from ._listen import listening
@@ -430,4 +429,3 @@ class PostgresRegistry(Registry):
         """Apply this release's missing migrations now (``contracts``: its contract migrations too, each once no host
         holds it back: ``supervisor migrate``); the schema's version after."""
         return await self.postgres.migrate(contracts=contracts)
-

@@ -25,9 +25,8 @@ from typing import Any, TypeVar
 import trio
 
 from ...domain import RegistryError, utc_now
-from .._engine import Independent, Step, run_now
 from .._health import RegistryFault, WriteHealth
-from .._registry import Registry
+from .._registry import Independent, Registry, Step, run_now
 from .._vocabulary import WakeupFeed
 from ._coalesce import Coalescer
 from ._file import BUSY_TIMEOUT_MS, DEFAULT_CONNECTIONS, SqliteFile, StandAlone
@@ -68,6 +67,7 @@ class SqliteBackend:
     async def write(self, step: Step[T]) -> T:
         """One step, in a thread hop and a transaction shared with the steps queued meanwhile (group commit)."""
         self._check_open()
+
         def change(conn: Any) -> T:
             return run_now(step(self._store(conn)))
 
@@ -124,9 +124,7 @@ class SqliteRegistry(Registry):
         max_connections: int = DEFAULT_CONNECTIONS,
         busy_timeout_ms: int = BUSY_TIMEOUT_MS,
     ) -> None:
-        self.sqlite = SqliteBackend(
-            path, clock=clock, max_connections=max_connections, busy_timeout_ms=busy_timeout_ms
-        )
+        self.sqlite = SqliteBackend(path, clock=clock, max_connections=max_connections, busy_timeout_ms=busy_timeout_ms)
         super().__init__(self.sqlite, boot_id=boot_id, outbox=outbox)
         self.file = self.sqlite.file
         self.path = self.sqlite.path

@@ -14,9 +14,8 @@ from datetime import datetime
 from typing import Any
 
 from ...domain import from_iso, to_iso
-from .._engine import LocalStore
 from .._sql import SqlStore
-from .._tables import BOOLEANS, EVERY, JOBS, TIMESTAMPS, Read, Where
+from .._tables import BOOLEANS, EVERY, JOBS, TIMESTAMPS, LocalStore, Read, Where
 
 # A time filter of the job list (its column, and the index that holds it in time order, migrations 7 and 14). The
 # list is read newest first by seq, and SQLite keeps no statistics of a range: with the index in reach its planner
@@ -82,7 +81,7 @@ class SqliteStore(LocalStore, SqlStore):
         args: list[object] = []
         inner = f"SELECT seq FROM {JOBS} INDEXED BY jobs_created WHERE {self.where(until, args)} LIMIT ?"
         [[count, last]] = await self.fetch(f"SELECT COUNT(*), MAX(seq) FROM ({inner})", [*args, WALK_BOUND_ROWS + 1])
-        return ((("seq", "<=", last),) if count <= WALK_BOUND_ROWS and last is not None else ())
+        return (("seq", "<=", last),) if count <= WALK_BOUND_ROWS and last is not None else ()
 
     def _holds(self, stored: str, cond: tuple[str, str, Any]) -> bool:
         bound = self.encode(cond[0], cond[2])
