@@ -59,7 +59,7 @@ from ._vocabulary import (
 # -- rows ------------------------------------------------------------------------------------------------------
 
 
-async def job(store: Store, job_id: str, *, lock: bool = False, position: bool = False) -> Job | None:
+async def read_job(store: Store, job_id: str, *, lock: bool = False, position: bool = False) -> Job | None:
     """A row (None: none), a queued one with its queue ``position`` when asked; ``lock``: held to the end of the
     transaction where the backend locks rows."""
     rows = await store.select(tables.JOBS, (("job_id", "=", job_id),), tables.Read(lock=lock))
@@ -78,7 +78,7 @@ async def get(store: Store, job_id: str) -> Job:
 
 async def found(store: Store, job_id: str, *, lock: bool) -> Job:
     """``get``, the row held where a change is to follow (``lock``)."""
-    found = await job(store, job_id, lock=lock, position=True)
+    found = await read_job(store, job_id, lock=lock, position=True)
     if found is None:
         raise JobNotFound(job_id)
     return found
@@ -104,7 +104,7 @@ async def job_event(
     """One outbox event, with the row as of the change, in the change's own transaction (the transactional outbox:
     a committed change always has its event, a rolled-back one never)."""
     if author.outbox:
-        row = await job(store, job_id)
+        row = await read_job(store, job_id)
         assert row is not None
         await add_event(store, author, row.job_id, row.public(), event, previous, reason)
 
@@ -224,32 +224,32 @@ async def add(store: Store, author: Author, new: NewJob) -> tuple[str, bool]:
     return job_id, False
 
 
-async def enqueue(store: Store, author: Author, new: NewJob, *, key: IdempotencyKey | None = None) -> EnqueueResult:
+async def enqueue(store: Store, author: Author, job: NewJob, *, key: IdempotencyKey | None = None) -> EnqueueResult:
     """Add a queued row (or, with a coalescing key, return the identical queued one): ``EnqueueResult.job`` is
     the row as enqueued (queued, with its position). Promotion is a step of its own (``promote``: the drainer's
     alone). With ``key``: a key that already answered this request answers it again (``EnqueueResult.replayed``)
     and nothing is written; one that answered another request raises ``IdempotencyKeyReused``; else the answer
     is kept under the key, in the same step."""
-    if new.schedule is not None:
+    if job.schedule is not None:
         # INV-EVERY-TICK-COUNTS: every tick the timer made is recorded, whatever it makes below (a job, a skip, a
         # coalesce, a replay of its key): the missed-run judge counts ticks, not jobs.
-        tick = FleetSetting(f"{SCHEDULE_TICK}{new.schedule.name}", key.key if key else "", "", store.now())
+        tick = FleetSetting(f"{SCHEDULE_TICK}{job.schedule.name}", key.key if key else "", "", store.now())
         await put_setting(store, tick)
     if key is not None:
         replayed = await replay(store, key)
         if replayed is not None:
             return replayed[0]  # INV-KEY-ONCE: a key's request never makes a second row
-        new = replace(new, idempotency_key=key.key)
-    if new.schedule is not None and new.schedule.if_idle:
+        job = replace(job, idempotency_key=key.key)
+    if job.schedule is not None and job.schedule.if_idle:
         # Ticks of one schedule take turns: two at once would both find it idle, and both enqueue.
-        await store.lock(tables.COALESCE_LOCK, f"{SCHEDULE_PREFIX}{new.schedule.name}")
-        busy = await schedule_busy(store, new.schedule.name)
+        await store.lock(tables.COALESCE_LOCK, f"{SCHEDULE_PREFIX}{job.schedule.name}")
+        busy = await schedule_busy(store, job.schedule.name)
         if busy is not None:
             # Skipped, and kept under no key: the same tick asked again is judged again.
-            why = f"schedule {new.schedule.name}: job {busy.job_id} is {busy.status}"
+            why = f"schedule {job.schedule.name}: job {busy.job_id} is {busy.status}"
             await job_event(store, author, busy.job_id, "schedule.skipped", str(busy.status), why)
             return EnqueueResult(busy, coalesced=False, skipped=True)
-    job_id, coalesced = await add(store, author, new)
+    job_id, coalesced = await add(store, author, job)
     if not coalesced:
         await store.notify(Wakeup(WAKE_QUEUED))
     result = EnqueueResult(await get(store, job_id), coalesced=coalesced)

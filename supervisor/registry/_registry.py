@@ -30,6 +30,7 @@ The rules every backend keeps, because they are written once (named in the decis
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Coroutine, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
@@ -122,7 +123,7 @@ def write_by(rule: Callable[Concatenate[Store, Author, P], Coroutine[Any, Any, T
 
         return await self.backend.write(step)
 
-    return _named(operation, rule)
+    return _named(operation, rule, author=True)
 
 
 def read(rule: Callable[Concatenate[Store, P], Coroutine[Any, Any, T]]) -> Operation[P, T]:
@@ -137,11 +138,17 @@ def read(rule: Callable[Concatenate[Store, P], Coroutine[Any, Any, T]]) -> Opera
     return _named(operation, rule)
 
 
-def _named(operation: Operation[P, T], rule: Callable[..., Any]) -> Operation[P, T]:
-    """The operation under its rule's name and docstring (``help(Registry.enqueue)`` reads the rule's)."""
+def _named(operation: Operation[P, T], rule: Callable[..., Any], *, author: bool = False) -> Operation[P, T]:
+    """The operation under its rule's name, docstring and signature but the store (and the ``author``), so that
+    ``help(Registry.enqueue)`` and ``inspect.signature`` read the operation's own."""
+    signature = inspect.signature(rule, eval_str=True)
+    params = list(signature.parameters.values())[2 if author else 1 :]
+    this = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
     operation.__name__ = rule.__name__
     operation.__qualname__ = f"Registry.{rule.__name__}"
     operation.__doc__ = rule.__doc__
+    operation.__signature__ = signature.replace(parameters=[this, *params])  # type: ignore[attr-defined]
+    operation.__annotations__ = {p.name: p.annotation for p in params} | {"return": signature.return_annotation}
     return operation
 
 
