@@ -345,7 +345,7 @@ def test_every_name_the_architecture_page_draws_is_in_the_code() -> None:
 
 
 def module_map_names(page: str) -> dict[str, set[str]]:
-    """Each package of the module map of ``docs/architecture.md`` and the private modules (``_engine``) its entry
+    """Each package of the module map of ``docs/architecture.md`` and the private modules (``_registry``) its entry
     names."""
     block = page.split("## Module map", 1)[1].split("```", 2)[1]
     entries = re.findall(r"^  (\w+)/ +(.*(?:\n {4,}.*)*)", block, re.M)

@@ -5,7 +5,7 @@ in its ``__all__``, and no test imports a private module (``supervisor.core._dra
 its public module, so that the parts stay free to rearrange their insides. The same rule holds inside
 ``supervisor``: a module imports another package's names from that package (``from ..domain import Job``), never
 from its private modules; only a package's own modules (and its subpackages': ``registry.sqlite`` uses
-``registry._engine``) use its private ones, and only the top's own modules use ``supervisor._root``.
+``registry._registry``) use its private ones, and only the top's own modules use ``supervisor._root``.
 """
 
 from __future__ import annotations

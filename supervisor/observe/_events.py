@@ -9,7 +9,7 @@ route knows and the latest beats (``core._heartbeats.Heartbeats.on_event``) and 
 never undo it or stop the others hearing of it.
 
 The durable copy of each event is not written here: the registry writes it to its outbox table in the same
-transaction as the change itself (``registry._engine.Rules.event``), so a crash can neither lose the event of a
+transaction as the change itself (``registry._jobs.job_event``), so a crash can neither lose the event of a
 committed change nor send one for a change that was rolled back. The bus is what the running process hears at once;
 the outbox is what a receiver is eventually told.
 """

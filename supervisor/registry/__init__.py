@@ -1,5 +1,5 @@
-"""The registry: the single source of truth for every job row (``Registry``: its rules, written once in ``_engine``,
-over a ``Backend``).
+"""The registry: the single source of truth for every job row (``Registry``: each operation its rule, written once
+for every backend, and its transaction in a ``Backend``; ``_registry`` lists them and the invariants they keep).
 
 - ``sqlite``: one SQLite file, the embedded default (``SqliteRegistry``);
 - ``postgres``: a PostgreSQL database (``PostgresRegistry``), chosen by ``PODCAST_JOB_DATABASE_URL``;

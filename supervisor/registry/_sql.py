@@ -230,8 +230,11 @@ def require_expanded(schema: SchemaPlan, where: str) -> None:
     and after them). An expand behind a pending contract waits for that contract: ``supervisor migrate``."""
     missing = [m.name for m in schema.pending if m.phase == EXPAND]
     if missing:
-        waiting = [m.name for m in schema.pending if m.phase == CONTRACT and m.version < max(
-            m2.version for m2 in schema.pending if m2.phase == EXPAND)]
+        waiting = [
+            m.name
+            for m in schema.pending
+            if m.phase == CONTRACT and m.version < max(m2.version for m2 in schema.pending if m2.phase == EXPAND)
+        ]
         why = f" (behind the contract {', '.join(waiting)})" if waiting else ""
         raise RegistryError(
             f"registry {where} lacks this release's migrations {', '.join(missing)}{why}: run `supervisor migrate`"

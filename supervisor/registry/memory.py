@@ -23,10 +23,9 @@ from typing import Any
 import trio
 
 from ..domain import RegistryError, utc_now
-from ._engine import LocalStore, Step, run_now
 from ._health import RegistryFault
-from ._registry import Registry, T
-from ._tables import AUTO_SEQ, COLUMNS, EVERY, JSON_COLUMNS, QUEUE, Either, Read, Where
+from ._registry import Registry, Step, T, run_now
+from ._tables import AUTO_SEQ, COLUMNS, EVERY, JSON_COLUMNS, QUEUE, Either, LocalStore, Read, Where
 from ._vocabulary import WakeupFeed
 
 _COMPARE: Mapping[str, Callable[[Any, Any], bool]] = {

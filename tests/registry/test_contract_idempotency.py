@@ -6,6 +6,7 @@ pruned. INV-KEY-ONCE is the name the engine's code gives the rule."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 import trio
@@ -100,19 +101,26 @@ async def test_a_batch_key_covers_the_batch_in_order(registry: Registry) -> None
     assert sorted(j.job_id for j in found) == sorted(r.job.job_id for r in first)
 
 
-async def test_a_rolled_back_request_leaves_its_key_free(registry: Registry) -> None:
+async def test_a_rolled_back_request_leaves_its_key_free(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
     job = new_job(1)
     key = keyed("k", job)
 
     class Boom(Exception):
         pass
 
-    async def fails_after_the_insert(store: object) -> None:
-        await registry.rules.enqueue(store, job, key)  # type: ignore[arg-type]
-        raise Boom
+    write = registry.backend.write
 
+    async def write_then_fail(step: Any) -> Any:
+        async def fails_after_the_insert(store: Any) -> None:
+            await step(store)
+            raise Boom
+
+        return await write(fails_after_the_insert)
+
+    monkeypatch.setattr(registry.backend, "write", write_then_fail)  # the enqueue's own step, then a failure
     with pytest.raises(Boom):
-        await registry.backend.write(fails_after_the_insert)
+        await registry.enqueue(job, key=key)
+    monkeypatch.undo()
     assert await rows(registry) == 0
     result = await registry.enqueue(job, key=key)
     assert result.replayed is None and await rows(registry) == 1

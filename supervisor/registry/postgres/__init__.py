@@ -1,11 +1,13 @@
 """The registry in a PostgreSQL database (``PostgresRegistry``), chosen by ``PODCAST_JOB_DATABASE_URL``.
 
-Split as the SQLite registry is: ``_schema`` (migrations as SQL files), ``_rows`` (the rules' store as SQL: a row's
-stored forms, the locks, the wake-ups), ``_registry`` (the rules over them: the pool, the transactions, the boundary
-between Trio and asyncpg), ``_listen`` (the session that hears other hosts' wake-ups).
+Split as the SQLite registry is: ``_backend`` (the transactions a ``Registry`` operation runs in: the pool, the
+boundary between Trio and asyncpg; the store port as PostgreSQL's SQL: a row's stored forms, the locks),
+``_listen`` (the wake-ups, and the session that hears other hosts'), ``_schema`` (migrations as SQL files),
+``_registry`` (``PostgresRegistry``: opening it, migrating it).
 """
 
-from ._registry import DEFAULT_CONNECTIONS, DEFAULT_TIMEOUT_S, PostgresRegistry, redacted
+from ._backend import DEFAULT_CONNECTIONS, DEFAULT_TIMEOUT_S, redacted
+from ._registry import PostgresRegistry
 from ._schema import CONTRACT_LEVEL, SCHEMA_VERSION, migrations
 
 __all__ = [

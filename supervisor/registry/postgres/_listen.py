@@ -1,6 +1,6 @@
-"""The PostgreSQL registry's wake-ups: one dedicated session that LISTENs on the schema's channel
-(``PostgresStore.notify`` sends on it), outside the pool, so that no registry call ever borrows it and no call's
-failure closes it.
+"""The PostgreSQL registry's wake-ups: their channel and their payload (``wakeup_channel``, ``encode_wakeup``), and
+one dedicated session that LISTENs on the schema's channel (``PostgresStore.notify`` sends on it), outside the pool,
+so that no registry call ever borrows it and no call's failure closes it.
 
 asyncpg calls the notification callback on the asyncio loop (trio-asyncio's, in the Trio thread); the callback hands
 each wake-up to a bounded Trio memory channel with ``send_nowait``, never waiting. A reader that falls behind loses
@@ -17,6 +17,8 @@ session in ``pg_stat_activity`` by its ``application_name`` and its last query, 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,8 +28,42 @@ import trio
 import trio_asyncio
 
 from ...domain import RegistryUnavailable
-from .._vocabulary import Wakeup, WakeupFeed
-from ._store import decode_wakeup
+from .._vocabulary import WAKE_KINDS, Wakeup, WakeupFeed
+
+# A channel name is an identifier: at most 63 bytes (NAMEDATALEN - 1); pg_notify refuses a longer one.
+_CHANNEL_PREFIX = "podcast_jobs."
+_MAX_CHANNEL_BYTES = 63
+
+
+def wakeup_channel(schema: str) -> str:
+    """The wake-up channel of the registry in ``schema``: one per schema (registries in different schemas of one
+    database never wake each other), named after it when the name fits, else after a hash of it."""
+    name = _CHANNEL_PREFIX + schema
+    if len(name.encode()) <= _MAX_CHANNEL_BYTES:
+        return name
+    return f"{_CHANNEL_PREFIX}{hashlib.sha256(schema.encode()).hexdigest()[:32]}"
+
+
+def encode_wakeup(wake: Wakeup) -> str:
+    """A wake-up's payload: small JSON (its kind and ids only, never a row), far under the server's 8,000 bytes."""
+    fields = {"kind": wake.kind, "job_id": wake.job_id, "host_id": wake.host_id}
+    return json.dumps({k: v for k, v in fields.items() if v is not None}, separators=(",", ":"))
+
+
+def decode_wakeup(payload: str) -> Wakeup | None:
+    """A wake-up from its payload; None for one this version does not know (a newer host's: ignored, polling covers
+    it)."""
+    try:
+        fields = json.loads(payload)
+    except ValueError:
+        return None
+    if not isinstance(fields, dict) or fields.get("kind") not in WAKE_KINDS:
+        return None
+    job_id, host_id = fields.get("job_id"), fields.get("host_id")
+    if not isinstance(job_id, str | None) or not isinstance(host_id, str | None):
+        return None
+    return Wakeup(fields["kind"], job_id=job_id, host_id=host_id)
+
 
 # How a listening session shows in pg_stat_activity (the pool's sessions are "podcast-job-supervisor").
 LISTEN_APPLICATION_NAME = "podcast-job-supervisor-listen"

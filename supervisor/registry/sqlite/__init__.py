@@ -1,12 +1,12 @@
 """The embedded default registry: one SQLite file in WAL mode (``SqliteRegistry``).
 
-Split by concern: ``_schema`` (migrations as SQL files), ``_store`` (connections, transactions, group commit),
-``_rows`` (the rules' store as SQL: a row's text forms), ``_registry`` (the rules over them, in worker threads),
-``_coalesce`` (concurrent writes share a thread hop).
+Split by concern: ``_backend`` (the transactions a ``Registry`` operation runs in: the thread hop shared by
+concurrent writes, the group commit, the store port as SQLite's SQL), ``_file`` (the file's checks at open, its
+connection pool), ``_schema`` (migrations as SQL files), ``_registry`` (``SqliteRegistry``: opening it).
 """
 
-from ._coalesce import Coalescer
-from ._file import BUSY_TIMEOUT_MS, SqliteFile, StandAlone
+from ._backend import Coalescer, SqliteFile, StandAlone
+from ._file import BUSY_TIMEOUT_MS
 from ._registry import SqliteRegistry
 from ._schema import CONTRACT_LEVEL, SCHEMA_VERSION, migrate_file, migrations, statements
 

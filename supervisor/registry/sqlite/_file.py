@@ -1,11 +1,7 @@
-"""The SQLite registry's transaction layer: a bounded connection pool, one writer at a time per process, and group
-commit. Blocking code, called from worker threads (``_registry.SqliteRegistry`` hops there); it knows nothing of
-jobs: the rules' steps (``_registry.SqliteBackend``) are changes handed to it.
-
-Every write is one ``BEGIN IMMEDIATE`` transaction, which takes SQLite's write lock up front: that lock is the
-cross-process lock that lets a CLI or a second process enqueue safely beside a running supervisor, and the lock
-under which a promotion counts and flips (INV-PROMOTION-NEVER-OVERSHOOTS). ``synchronous = FULL`` in WAL mode: a
-write is durable when its caller returns.
+"""The SQLite registry's file: what is checked before it is opened (a damaged file is refused untouched), how a
+failed SQLite call is told (``failure``), the bounded pool of connections it lends (WAL, ``synchronous = FULL``)
+and this process's one writer at a time. Blocking code, called from worker threads. The transactions run on these
+connections are ``_backend``'s (``SqliteFile``).
 """
 
 from __future__ import annotations
@@ -14,22 +10,18 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ...domain import RegistryDamaged, RegistryError, RegistryLocked, RegistryUnavailable
-from ._schema import migrate
 
 BUSY_TIMEOUT_MS = 10_000
 # How long an empty registry file may stay empty before it is judged damaged (see ``check_existing_file``).
 EMPTY_FILE_GRACE_S = 2.0
 # WAL lets readers run beside the one writer; a few connections serve every thread that calls the registry.
 DEFAULT_CONNECTIONS = 4
-# At most this many concurrent changes share one group commit (bounds one transaction's length).
-MAX_GROUP = 64
 
 T = TypeVar("T")
 
@@ -122,7 +114,7 @@ def _remove_made(existed: dict[Path, bool]) -> None:
                 pass
 
 
-def _not_a_directory(path: Path) -> str | None:
+def not_a_directory(path: Path) -> str | None:
     """The first of ``path`` and its parents that is there and is no directory (a file where a directory goes)."""
     for at in (path, *path.parents):
         if at.exists() and not at.is_dir():
@@ -130,7 +122,7 @@ def _not_a_directory(path: Path) -> str | None:
     return None
 
 
-def _file_identity(path: Path) -> tuple[int, int] | None:
+def file_identity(path: Path) -> tuple[int, int] | None:
     """The file system's name for the file at ``path`` (device, inode); None when there is none."""
     try:
         st = os.stat(path)
@@ -139,15 +131,7 @@ def _file_identity(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _rollback(conn: sqlite3.Connection) -> None:
-    """Roll back, best effort: a connection whose rollback fails stays in a transaction and the pool drops it."""
-    try:
-        conn.execute("ROLLBACK")
-    except sqlite3.Error:
-        pass
-
-
-class _ConnectionPool:
+class ConnectionPool:
     """At most ``size`` SQLite connections, owned by the registry, lent to one thread at a time.
 
     Connections belong to the pool, never to a thread: the Trio thread cache retires idle worker threads after
@@ -272,17 +256,6 @@ class _ConnectionPool:
             self._cond.notify_all()
 
 
-@dataclass(frozen=True)
-class StandAlone:
-    """A change for the group commit that needs no savepoint of its own: its writes each stand alone, so a failure
-    partway leaves nothing to undo (``_engine.Independent``: a heartbeat). Any other change gets one."""
-
-    run: ConnectionChange
-
-    def __call__(self, conn: sqlite3.Connection) -> Any:
-        return self.run(conn)
-
-
 class _FileWriters:
     """This process's writers of one registry file: one at a time (``lock``: a second handle on the same file, as
     the CLI and tests open, waits here and is woken at once, not in SQLite's busy handler, which sleeps and polls:
@@ -300,219 +273,8 @@ _WRITERS: dict[str, _FileWriters] = {}
 _WRITERS_GUARD = threading.Lock()
 
 
-def _process_writers(path: Path) -> _FileWriters:
+def process_writers(path: Path) -> _FileWriters:
     """The one ``_FileWriters`` of this process for the registry file at ``path``, shared by every handle on it."""
     key = str(path.resolve())
     with _WRITERS_GUARD:
         return _WRITERS.setdefault(key, _FileWriters())
-
-
-class SqliteFile:
-    """One SQLite file (WAL mode): its pool of connections, its schema brought up to date at open, and the
-    transactions every operation runs in. Safe to use from many threads and many processes."""
-
-    def __init__(
-        self, path: Path, *, max_connections: int = DEFAULT_CONNECTIONS, busy_timeout_ms: int = BUSY_TIMEOUT_MS
-    ) -> None:
-        self.path = Path(path)
-        self.busy_timeout_ms = busy_timeout_ms
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise RegistryError(
-                f"cannot open registry {self.path}: its directory cannot be made ({exc.strerror or exc}: "
-                f"{_not_a_directory(self.path.parent) or exc.filename}); PODCAST_JOB_DATA_DIR must be a directory "
-                "this user can write, or one it can make"
-            ) from exc
-        check_existing_file(self.path)  # a damaged file is refused untouched, never replaced by an empty one
-        if not self.path.exists():
-            try:
-                sqlite3.connect(self.path).close()  # a first start: the file is made here, and only here
-            except sqlite3.Error as exc:
-                raise failure(exc, f"cannot open registry {self.path}") from exc
-        self._pool = _ConnectionPool(self.path, max_connections, busy_timeout_ms)
-        # One writer of this process at a time on this file (``_FileWriters``, shared by every handle on it); readers
-        # never wait here (WAL).
-        self._writes = _process_writers(self.path)
-        with self._writes.lock, self._pool.borrow() as conn:
-            try:
-                self.schema_version = migrate(conn, self.path)
-            except sqlite3.Error as exc:
-                raise failure(exc, f"cannot open registry {self.path}") from exc
-        try:
-            self._pool.fill()
-        except BaseException:
-            self._pool.close()  # the connections opened so far are not left to the garbage collector
-            raise
-        self._file = _file_identity(self.path)
-
-    def check_file(self) -> None:
-        """Refuse to write when the registry's file is no longer the one opened (removed, or replaced by another):
-        SQLite would go on writing into the removed inode, and what it acknowledged would be lost at the next start."""
-        if _file_identity(self.path) != self._file:
-            raise RegistryUnavailable(
-                f"registry {self.path} was removed or replaced while the supervisor ran: no write is made into a "
-                "file that nobody will read again; put it back, or restart the supervisor (which opens what is there)"
-            )
-
-    @property
-    def max_connections(self) -> int:
-        return self._pool.size
-
-    @property
-    def open_connections(self) -> int:
-        """Connections open right now (idle or lent): never more than ``max_connections``."""
-        return self._pool.open_connections
-
-    @contextmanager
-    def tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction of its own, under this process's write lock (a test's or a script's raw write)."""
-        with self._locked(), self.locked_tx() as conn:
-            yield conn
-
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        """This process's write lock of the file, bounded by the busy timeout."""
-        if not self._writes.lock.acquire(timeout=self.busy_timeout_ms / 1000):
-            raise RegistryUnavailable(
-                f"registry lock not acquired within {self.busy_timeout_ms} ms (this process's writers)"
-            )
-        try:
-            yield
-        finally:
-            self._writes.lock.release()
-
-    @contextmanager
-    def locked_tx(self) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` ... ``COMMIT`` on a pooled connection; the caller holds the write lock."""
-        self.check_file()
-        with self._pool.borrow() as conn:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise failure(exc, "registry lock not acquired") from exc
-            try:
-                yield conn
-            except sqlite3.Error as exc:
-                _rollback(conn)
-                raise failure(exc, "registry write failed") from exc
-            except BaseException:
-                _rollback(conn)
-                raise
-            else:
-                try:
-                    conn.execute("COMMIT")
-                except sqlite3.Error as exc:
-                    _rollback(conn)
-                    raise failure(exc, "registry commit failed") from exc
-
-    def write(self, change: Callable[[sqlite3.Connection], T]) -> T:
-        """Run one change in a write transaction of its own (see ``write_group``)."""
-        [(result, error)] = self.write_group([change])
-        if error is not None:
-            raise error
-        return result
-
-    def write_group(
-        self, changes: Sequence[Callable[[sqlite3.Connection], Any]]
-    ) -> list[tuple[Any, BaseException | None]]:
-        """Run several changes in one ``BEGIN IMMEDIATE`` ... ``COMMIT`` (at most ``MAX_GROUP`` a transaction), each
-        inside its own savepoint unless it stands alone: the changes that arrive together (``Coalescer``, one thread
-        hop) pay one fsync instead of one each. Each change's (result, error), in order. For each change:
-        - it sees the writes of the changes before it and commits with them: its checks (a promotion's count of
-          running rows, a finalize's decision) run inside the transaction that commits it;
-        - its outbox event is written by the change itself, so it commits or rolls back with its change;
-        - an error rolls back that change alone (to its savepoint) and is its own result; the others commit;
-        - this returns only once the transaction holding it has committed (``synchronous = FULL``): an acknowledged
-          change is durable. A failed COMMIT fails every change of the group.
-        """
-        try:
-            with self._locked():
-                return [
-                    out
-                    for at in range(0, len(changes), MAX_GROUP)
-                    for out in self._run_group(changes[at : at + MAX_GROUP])
-                ]
-        except RegistryUnavailable as exc:  # the lock not in time: nothing was written
-            return [(None, RegistryUnavailable(str(exc))) for _ in changes]
-
-    def _run_group(
-        self, group: Sequence[Callable[[sqlite3.Connection], Any]]
-    ) -> list[tuple[Any, BaseException | None]]:
-        """Run ``group`` in one transaction; each change's outcome. The caller holds the write lock."""
-        results: list[tuple[Any, BaseException | None]] = []
-        try:
-            with self.locked_tx() as conn:
-                changes_before = conn.total_changes
-                for change in group:
-                    savepoint = not isinstance(change, StandAlone)
-                    if savepoint:
-                        conn.execute("SAVEPOINT change")
-                    error: BaseException | None = None
-                    try:
-                        result = change(conn)
-                    except sqlite3.Error as exc:
-                        if isinstance(failure(exc, ""), RegistryUnavailable):
-                            # The storage refused (full, read-only, I/O): the whole group fails, and the connection
-                            # is replaced (one opened while the file was read-only stays read-only for good).
-                            raise
-                        result, error = None, failure(exc, "registry write failed")
-                        error.__cause__ = exc
-                    except Exception as exc:  # the change's own verdict (not found, conflict...): its caller's
-                        result, error = None, exc
-                    if savepoint:
-                        if error is not None:
-                            conn.execute("ROLLBACK TO change")
-                        conn.execute("RELEASE change")
-                    results.append((result, error))
-                wrote = conn.total_changes != changes_before
-        except Exception as exc:
-            self._writes.failing = True
-            why = str(exc) if isinstance(exc, RegistryError) else f"registry write failed: {exc!r}"
-            kind = type(exc) if isinstance(exc, RegistryError) else RegistryError
-            out: list[tuple[Any, BaseException | None]] = []
-            for _ in group:  # each caller gets its own exception object (raised in its own task)
-                error = kind(why)
-                error.__cause__ = exc
-                out.append((None, error))
-            return out
-        if wrote:
-            self._writes.commits_that_wrote += 1  # under the write lock
-            if self._writes.failing:
-                # The fault is over: connections opened during it (read-only, say) are not kept, and the pool is
-                # full again for the next fault (see ``_ConnectionPool.fill``).
-                self._writes.failing = False
-                self._pool.drop_idle()
-                try:
-                    self._pool.fill()
-                except RegistryError:
-                    pass  # opened again on demand, as after any failed connection
-        return results
-
-    @property
-    def commits_that_wrote(self) -> int:
-        """How many commits of this process on this file wrote a row so far (see ``_FileWriters``)."""
-        return self._writes.commits_that_wrote
-
-    def read(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        with self._pool.borrow() as conn:
-            try:
-                return conn.execute(sql, args).fetchall()
-            except sqlite3.Error as exc:
-                raise failure(exc, "registry read failed") from exc
-
-    def close(self) -> None:
-        self._pool.close()
-
-    @contextmanager
-    def read_tx(self) -> Iterator[sqlite3.Connection]:
-        """A consistent snapshot for reads that take more than one statement."""
-        with self._pool.borrow() as conn:
-            try:
-                conn.execute("BEGIN")
-                try:
-                    yield conn
-                finally:
-                    conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                raise failure(exc, "registry read failed") from exc

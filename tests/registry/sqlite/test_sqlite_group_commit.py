@@ -115,7 +115,7 @@ def test_a_failed_commit_fails_every_change_of_the_group(path: Path, store: Sqli
 def test_a_change_whose_writes_stand_alone_gets_no_savepoint_and_the_others_keep_theirs(
     path: Path, store: SqliteFile
 ) -> None:
-    """A heartbeat's step (``_engine.Independent``) needs no savepoint: two statements of its four. Its error still
+    """A heartbeat's step (``_registry.Independent``) needs no savepoint: two statements of its four. Its error still
     reaches its own caller only, and what it wrote before failing stays: its writes each stand alone."""
     statements: list[str] = []
 
