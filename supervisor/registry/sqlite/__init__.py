@@ -8,7 +8,8 @@ Split by concern: ``_schema`` (migrations as SQL files), ``_store`` (connections
 from ._coalesce import Coalescer
 from ._file import BUSY_TIMEOUT_MS, SqliteFile, StandAlone
 from ._registry import SqliteRegistry
-from ._schema import CONTRACT_LEVEL, SCHEMA_VERSION, migrate_file, migrations, statements
+from ._schema import CONTRACT_LEVEL, SCHEMA_VERSION, migrate, migrate_file, migrations, statements
+from ._store import SqliteStore
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
@@ -17,7 +18,9 @@ __all__ = [
     "Coalescer",
     "SqliteFile",
     "SqliteRegistry",
+    "SqliteStore",
     "StandAlone",
+    "migrate",
     "migrate_file",
     "migrations",
     "statements",
