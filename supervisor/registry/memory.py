@@ -26,7 +26,7 @@ from pathlib import Path
 import trio
 
 from ..domain import RegistryError, utc_now
-from ._engine import Step, run_now
+from ._engine import Independent, Step, run_now
 from ._health import RegistryFault
 from ._registry import Registry, T
 from ._vocabulary import WakeupFeed
@@ -54,9 +54,7 @@ class _Schema:
 def _connect() -> sqlite3.Connection:
     # Autocommit (``isolation_level=None``): each step says where its transaction begins and ends. Not bound to its
     # thread: a test may make the registry before the loop that uses it; one step at a time uses it all the same.
-    conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
-    conn.row_factory = sqlite3.Row
-    return conn
+    return sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
 
 
 class MemoryBackend:
@@ -73,25 +71,26 @@ class MemoryBackend:
 
     async def write(self, step: Step[T]) -> T:
         await self._enter()
-        conn = self.conn
-        conn.execute("BEGIN")
+        if isinstance(step, Independent):  # its writes each stand alone (a beat's): nothing to undo, no transaction
+            return self._run(step, "write")
+        self.conn.execute("BEGIN")
         try:
-            result = run_now(step(SqliteStore(conn, clock=self.clock)))
-        except sqlite3.Error as exc:  # the rules' SQL refused (a bug, not a storage fault: there is no storage)
-            conn.execute("ROLLBACK")
-            raise RegistryError(f"registry write failed: {exc}") from exc
+            result = self._run(step, "write")
         except BaseException:
-            conn.execute("ROLLBACK")
+            self.conn.execute("ROLLBACK")  # a step that raises leaves nothing
             raise
-        conn.execute("COMMIT")
+        self.conn.execute("COMMIT")
         return result
 
     async def read(self, step: Step[T]) -> T:
         await self._enter()
+        return self._run(step, "read")
+
+    def _run(self, step: Step[T], what: str) -> T:
         try:
             return run_now(step(SqliteStore(self.conn, clock=self.clock)))
-        except sqlite3.Error as exc:
-            raise RegistryError(f"registry read failed: {exc}") from exc
+        except sqlite3.Error as exc:  # the rules' SQL refused (a bug, not a storage fault: there is no storage)
+            raise RegistryError(f"registry {what} failed: {exc}") from exc
 
     async def _enter(self) -> None:
         await trio.lowlevel.checkpoint()
