@@ -7,11 +7,13 @@ restarted process opens the same file); its schema is the SQLite migrations' (``
 process and copied into each new database (SQLite's backup: a tenth of a millisecond, against the migrations' eight).
 
 Each step runs inline, on the calling task's thread (``_engine.run_now``), in a transaction of its own: one that
-raises is rolled back and leaves nothing. That is no blocking call on the event loop (ADR-0015's "blocking calls never
-run on the event loop" is about waiting): an in-memory database does no I/O and, with one connection in one thread,
-never waits for a lock, so a step is CPU work bounded by its rows, as the match over dicts it replaced was. Never
-suspending within a step, it is atomic on the loop: no other task sees it half done. Its clock is the given one (the
-scenario kit's virtual clock: virtual time works unchanged). Nothing survives the process.
+raises is rolled back and leaves nothing (a step whose writes each stand alone, ``_engine.Independent``, a beat's,
+needs none, as the SQLite group commit gives it no savepoint). That is no blocking call on the event loop: a blocking
+call is one that waits (for a disk, a socket, another process's lock), and an in-memory database does no I/O and,
+with one connection used by one step at a time, never waits for a lock. A step is CPU work bounded by its rows, as
+the match over dicts it replaced was, and a worker thread would only add a hop. Never suspending within a step, it is
+atomic on the loop: no other task sees it half done. Its clock is the given one (the scenario kit's virtual clock:
+virtual time works unchanged). Nothing survives the process.
 """
 
 from __future__ import annotations
