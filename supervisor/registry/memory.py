@@ -79,7 +79,8 @@ class MemoryBackend:
         try:
             result = self._run(step, "write")
         except BaseException:
-            self.conn.execute("ROLLBACK")  # a step that raises leaves nothing
+            if self.conn.in_transaction:  # (an error SQLite rolled back itself left none)
+                self.conn.execute("ROLLBACK")  # a step that raises leaves nothing
             raise
         self.conn.execute("COMMIT")
         return result
