@@ -166,11 +166,6 @@ class Registry:
         self.author = Author(boot_id, outbox)
 
     @property
-    def rules(self) -> Author:
-        """The author under the name the scenario kit reads (``rules.boot_id``)."""
-        return self.author
-
-    @property
     def where(self) -> str:
         return self.backend.where
 

@@ -5,7 +5,7 @@ statement: the rules (``_jobs``, ``_beats``, ``_fleet``, ``_upkeep``, ``_reads``
 A store is asked only in these terms: a table, a ``Where`` (conditions over its columns, in domain values), the
 columns, an order, a limit; it answers rows as dicts of domain values (aware datetimes, booleans, decoded JSON).
 It decides nothing and knows no job (procrastinate's connectors, River's drivers): SQLite and PostgreSQL turn the
-terms into one SQL text (``_sql.SqlStore``), memory into a match over dicts (``memory.py``).
+terms into one SQL text (``_sql.SqlStore``); memory is SQLite's store on an in-memory database (``memory.py``).
 """
 
 from __future__ import annotations

@@ -258,7 +258,7 @@ class Scenario:
         finds what the last boot left (it succeeds that boot at once: its data dir's lock proves it gone)."""
         if self.supervisor is not None:
             raise ScenarioError("a boot is running: crash() it first")
-        previous = self._registry.rules.boot_id if self._registry is not None else None
+        previous = self._registry.author.boot_id if self._registry is not None else None
         await self._start_boot(succeeds=previous)
 
     # -- the operator's verbs: the calls the API makes ---------------------------------------------------------

@@ -5,10 +5,10 @@ concurrent writes, the group commit, the store port as SQLite's SQL), ``_file`` 
 connection pool), ``_schema`` (migrations as SQL files), ``_registry`` (``SqliteRegistry``: opening it).
 """
 
-from ._backend import Coalescer, SqliteFile, StandAlone
+from ._backend import Coalescer, SqliteFile, SqliteStore, StandAlone
 from ._file import BUSY_TIMEOUT_MS
 from ._registry import SqliteRegistry
-from ._schema import CONTRACT_LEVEL, SCHEMA_VERSION, migrate_file, migrations, statements
+from ._schema import CONTRACT_LEVEL, SCHEMA_VERSION, migrate, migrate_file, migrations, statements
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
@@ -17,7 +17,9 @@ __all__ = [
     "Coalescer",
     "SqliteFile",
     "SqliteRegistry",
+    "SqliteStore",
     "StandAlone",
+    "migrate",
     "migrate_file",
     "migrations",
     "statements",
