@@ -220,8 +220,7 @@ class Supervisor:
         # The durable copy of each event is the registry's outbox row, written in the change's own transaction; the
         # sender (a root-nursery task) delivers it and is woken by the bus. INV-ONE-LEADER: one sender for the fleet
         # keeps delivery in order.
-        may_send = boot.standing.may_lead
-        self.webhooks = WebhookSender(config, boot.registry, may_send=may_send, poll_s=poll_s, transport=transport)
+        self.webhooks = WebhookSender(config, boot.registry, lead=boot.standing, poll_s=poll_s, transport=transport)
         # The event stream's readers (GET /api/events): numbered, kept for resume, each with its own bounded queue.
         self.event_log = EventLog(
             boot.boot_id,

@@ -34,8 +34,7 @@ import json
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import trio
@@ -104,6 +103,13 @@ def backoff_s(failures: int, *, first_s: float = BACKOFF_FIRST_S, cap_s: float =
     return float(min(cap_s, first_s * 2 ** min(64, max(0, failures - 1))))
 
 
+class Lead(Protocol):
+    """Whether this process holds the fleet's once-only duties now (the core's ``Standing``: a fleet's leader, or a
+    standalone boot): the outbox is sent by one process only."""
+
+    def may_lead(self) -> bool: ...
+
+
 class WebhookSender:
     """Delivers the outbox. ``outcomes`` counts attempts by outcome: delivered, failed, dropped."""
 
@@ -114,13 +120,13 @@ class WebhookSender:
         *,
         poll_s: float | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
-        may_send: Callable[[], bool],
+        lead: Lead,
     ) -> None:
-        """``may_send``: whether this process sends now (a fleet's leader does; the others leave the outbox to it).
+        """``lead``: whether this process sends now (a fleet's leader does; the others leave the outbox to it).
         No default: a gate is opened by whoever knows, never by omission."""
         self.config = config
         self.registry = registry
-        self.may_send = may_send
+        self._lead = lead
         # Another process may write events (an enqueue straight into the registry): look at least this often.
         self.poll_s = poll_s if poll_s is not None else config.sweep_interval_s
         self._transport = transport
@@ -180,7 +186,7 @@ class WebhookSender:
             # (Looking at every wake cost a registry call per job change: 6 % of the CPU under the enqueue load of
             # docs/performance.md.)
             while True:
-                if self.may_send():  # only the fleet's leader drops what nothing will send
+                if self._lead.may_lead():  # only the fleet's leader drops what nothing will send
                     try:
                         await self._prune(max_events=0, why="no PODCAST_JOB_WEBHOOK_URL is set")
                     except RegistryError as exc:
@@ -196,7 +202,7 @@ class WebhookSender:
         ) as client:
             task_status.started()
             while True:
-                if not self.may_send():
+                if not self._lead.may_lead():
                     # INV-ONE-LEADER: another host sends (in order); look again when woken or after a poll.
                     self._stood_down()
                     await self._wait(self.poll_s)

@@ -21,9 +21,17 @@ from supervisor.observe import BACKOFF_MAX_S, WebhookSender, backoff_s, sign
 from supervisor.registry import Ending, NewJob, Outcome, PromoteRequest
 
 
-def ALONE() -> bool:
-    """The sender's gate held open: the one process that sends (no fleet)."""
-    return True
+class _Lead:
+    """The sender's gate: ``leading`` open (the one process that sends, or a fleet's leader) or shut."""
+
+    def __init__(self, leading: bool = True) -> None:
+        self.leading = leading
+
+    def may_lead(self) -> bool:
+        return self.leading
+
+
+ALONE = _Lead()  # the gate held open: the one process that sends (no fleet)
 
 
 @pytest.fixture
@@ -71,7 +79,7 @@ async def test_failures_back_off_exponentially_and_events_go_out_in_order(
         return httpx.Response({"500": 500, "307": 307, "ok": 204}[answer], headers={"Location": "http://x/"})
 
     config = Config(webhook_url="http://receiver.invalid/hook", webhook_timeout_s=0.5, webhook_secret="s")
-    sender = WebhookSender(config, reg, may_send=ALONE, poll_s=3600, transport=httpx.MockTransport(handler))
+    sender = WebhookSender(config, reg, lead=ALONE, poll_s=3600, transport=httpx.MockTransport(handler))
     async with trio.open_nursery() as nursery:
         await nursery.start(sender.run)
         await done.wait()
@@ -112,7 +120,7 @@ async def test_the_outbox_is_bounded_and_what_is_dropped_is_counted_and_logged(
             return httpx.Response(200)
 
         config = Config(webhook_url="http://receiver.invalid/hook", webhook_outbox_max_events=3)
-        sender = WebhookSender(config, reg, may_send=ALONE, poll_s=3600, transport=httpx.MockTransport(handler))
+        sender = WebhookSender(config, reg, lead=ALONE, poll_s=3600, transport=httpx.MockTransport(handler))
         with capture_logs() as logs:
             async with trio.open_nursery() as nursery:
                 await nursery.start(sender.run)
@@ -130,7 +138,7 @@ async def test_without_a_webhook_url_stray_events_are_dropped_and_counted(
     autojump_clock: trio.testing.MockClock, reg: _CountingRegistry
 ) -> None:
     await _enqueue(reg, "x")  # another process cannot know that no webhook is configured
-    sender = WebhookSender(Config(), reg, may_send=ALONE, poll_s=10)
+    sender = WebhookSender(Config(), reg, lead=ALONE, poll_s=10)
     async with trio.open_nursery() as nursery:
         await nursery.start(sender.run)
         nursery.cancel_scope.cancel()
@@ -164,7 +172,7 @@ async def test_without_a_webhook_url_the_buses_wakes_cost_no_registry_call(
     # Every job change wakes the sender; with no URL this process writes no event, so only the clock makes it look
     # (for events other processes wrote). A prune per job change was 6 % of the CPU under load.
     registry = reg
-    sender = WebhookSender(Config(), registry, may_send=ALONE, poll_s=10)
+    sender = WebhookSender(Config(), registry, lead=ALONE, poll_s=10)
     async with trio.open_nursery() as nursery:
         first = registry.pruned
         await nursery.start(sender.run)
@@ -198,7 +206,7 @@ async def test_with_a_webhook_url_the_bounds_are_applied_at_most_once_a_second(
 
     registry = reg
     config = Config(webhook_url="http://receiver.invalid/hook")
-    sender = WebhookSender(config, registry, may_send=ALONE, poll_s=3600, transport=httpx.MockTransport(handler))
+    sender = WebhookSender(config, registry, lead=ALONE, poll_s=3600, transport=httpx.MockTransport(handler))
     async with trio.open_nursery() as nursery:
         await nursery.start(sender.run)
         for _ in range(30):  # a job change at a time: each wakes the sender, and each is delivered
@@ -250,7 +258,7 @@ async def test_an_answers_body_is_read_only_when_its_framing_bounds_it(
         return httpx.Response(200, headers=headers, stream=body)
 
     config = Config(webhook_url="http://receiver.invalid/hook")
-    sender = WebhookSender(config, reg, may_send=ALONE, poll_s=3600, transport=httpx.MockTransport(handler))
+    sender = WebhookSender(config, reg, lead=ALONE, poll_s=3600, transport=httpx.MockTransport(handler))
     async with trio.open_nursery() as nursery:
         await nursery.start(sender.run)
         await done.wait()
@@ -280,7 +288,7 @@ async def test_the_outbox_bounds_hold_while_the_sender_backs_off_from_a_failing_
 
     await _enqueue(reg, "first")
     config = Config(webhook_url="http://receiver.invalid/hook", webhook_outbox_max_events=3)
-    sender = WebhookSender(config, reg, may_send=ALONE, poll_s=3600, transport=httpx.MockTransport(handler))
+    sender = WebhookSender(config, reg, lead=ALONE, poll_s=3600, transport=httpx.MockTransport(handler))
     async with trio.open_nursery() as nursery:
         await nursery.start(sender.run)
         while len(attempts) < 9:  # noqa: ASYNC110 - virtual time: the ninth failure starts a 256 s backoff
@@ -342,7 +350,7 @@ async def test_an_unreachable_registry_never_ends_the_sender_and_what_waited_goe
         return httpx.Response(204)
 
     sender = WebhookSender(
-        Config(webhook_url=webhook_url), registry, may_send=ALONE, poll_s=1, transport=httpx.MockTransport(handler)
+        Config(webhook_url=webhook_url), registry, lead=ALONE, poll_s=1, transport=httpx.MockTransport(handler)
     )
     job_id = await _enqueue(registry, "x")
     try:
@@ -375,13 +383,13 @@ async def test_a_sender_that_loses_the_lead_while_the_registry_is_unreachable_en
     # Found by the PostgreSQL restart test (ADR 0012): the leader said webhook_outbox_unreachable, lost the lead
     # while the database was down (every lease expired), and never said anything more -- its episode never ended.
     registry = _UnreachableRegistry(tmp_path / "jobs.sqlite3")
-    leading = True
+    lead = _Lead()
     sender = WebhookSender(
         Config(webhook_url=webhook_url),
         registry,
         poll_s=1,
         transport=httpx.MockTransport(lambda request: httpx.Response(204)),
-        may_send=lambda: leading,
+        lead=lead,
     )
     try:
         with capture_logs() as logs:
@@ -389,10 +397,10 @@ async def test_a_sender_that_loses_the_lead_while_the_registry_is_unreachable_en
                 await nursery.start(sender.run)
                 await trio.sleep(3)
                 assert registry.failed_calls >= 2
-                leading = False  # another host leads once the database is back
+                lead.leading = False  # another host leads once the database is back
                 registry.down = False
                 await trio.sleep(5)
-                leading = True  # and this one again, later: nothing was left open to close
+                lead.leading = True  # and this one again, later: nothing was left open to close
                 await trio.sleep(5)
                 nursery.cancel_scope.cancel()
     finally:

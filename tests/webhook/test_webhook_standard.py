@@ -203,7 +203,14 @@ async def test_a_replayed_or_altered_delivery_is_refused_by_the_library(
         verify(secret, original.body, original.headers)
 
 
+class _Alone:
+    """The sender's gate held open: the one process that sends (no fleet)."""
+
+    def may_lead(self) -> bool:
+        return True
+
+
 def test_an_embedders_config_with_a_bad_whsec_secret_is_refused_when_the_sender_is_built() -> None:
     config = Config(webhook_url="http://receiver.invalid/hook", webhook_secret="whsec_c2hvcnQ=")
     with pytest.raises(ConfigError, match="webhook_secret: a whsec_ secret encodes a key of 24 to 64 bytes"):
-        WebhookSender(config, SqliteRegistry(Path("/nonexistent/never-opened.sqlite3")), may_send=lambda: True)
+        WebhookSender(config, SqliteRegistry(Path("/nonexistent/never-opened.sqlite3")), lead=_Alone())
