@@ -36,15 +36,20 @@ class SqlStore:
             return json.loads(value)
         return value
 
+    # How a statement runs: here, on a DB-API connection (``conn``: sqlite3's, whose calls answer at once, in the
+    # SQLite backend's worker thread or the memory registry's caller); PostgreSQL's store awaits asyncpg instead. Here
+    # and not in the SQLite backend, so that the memory registry's step passes its own backend and this module only.
+    conn: Any
+
     async def fetch(self, sql: str, args: Sequence[object]) -> Sequence[Sequence[Any]]:
-        raise NotImplementedError
+        return self.conn.execute(sql, args).fetchall()
 
     async def execute(self, sql: str, args: Sequence[object]) -> int:
         """Run one statement; how many rows it changed."""
-        raise NotImplementedError
+        return self.conn.execute(sql, args).rowcount
 
     async def execute_many(self, sql: str, rows: Sequence[Sequence[object]]) -> None:
-        raise NotImplementedError
+        self.conn.executemany(sql, rows)
 
     def locking(self, skip_locked: bool) -> str:
         """What a select that locks its rows ends with (nothing where the transaction holds them all)."""
@@ -88,7 +93,14 @@ class SqlStore:
         return f"{head} WHERE {cond}" if cond else head
 
     async def select(self, table: str, where: Where = (), read: Read = EVERY) -> list[dict[str, Any]]:
-        return await self.select_from(table, table, where, read)
+        source, where = await self.narrowed(table, where, read)
+        return await self.select_from(table, source, where, read)
+
+    async def narrowed(self, table: str, where: Where, read: Read) -> tuple[str, Where]:
+        """Where a select reads (``table``, or ``table`` with a backend's hint of the index to read) and its
+        conditions (a backend may add one that bounds the walk): asked before the select runs, so that the backend
+        is not on the select's own way to the driver."""
+        return table, where
 
     async def select_from(self, table: str, source: str, where: Where, read: Read) -> list[dict[str, Any]]:
         """``select`` from ``source``: ``table``, or ``table`` with a backend's hint of the index to read."""

@@ -35,7 +35,7 @@ from ...domain import RegistryError, RegistryUnavailable, from_iso, to_iso
 from .._health import RegistryFault, WriteHealth
 from .._registry import Independent, Step, run_now
 from .._sql import SqlStore
-from .._tables import BOOLEANS, EVERY, JOBS, TIMESTAMPS, LocalStore, Read, Where
+from .._tables import BOOLEANS, JOBS, TIMESTAMPS, LocalStore, Read, Where
 from .._vocabulary import WakeupFeed
 from ._file import (
     BUSY_TIMEOUT_MS,
@@ -419,14 +419,14 @@ class SqliteStore(LocalStore, SqlStore):
             return bool(value)
         return super().decode(column, value)
 
-    async def select(self, table: str, where: Where = (), read: Read = EVERY) -> list[dict[str, Any]]:
+    async def narrowed(self, table: str, where: Where, read: Read) -> tuple[str, Where]:
         if table != JOBS or read.order != ("-seq",) or not any(_time_bound(c) for c in where):
-            return await self.select_from(table, table, where, read)
+            return table, where
         index = await self._narrow_time_index(where)
         if index is not None:
-            return await self.select_from(table, f"{table} INDEXED BY {index}", where, read)
+            return f"{table} INDEXED BY {index}", where
         walked = tuple(("+" + c[0], *c[1:]) if _time_bound(c) else c for c in where)
-        return await self.select_from(table, table, walked + await self._walk_from(where), read)
+        return table, walked + await self._walk_from(where)
 
     async def _walk_from(self, where: Where) -> Where:
         """Where a walk down seq may begin: a range that ends before the newest row's creation begins at its own
@@ -467,15 +467,6 @@ class SqliteStore(LocalStore, SqlStore):
         assert column == "params", column
         args += [key, int(value) if isinstance(value, bool) else value]
         return "seq IN (SELECT seq FROM job_params WHERE name = ? AND value = ?)"
-
-    async def fetch(self, sql: str, args: Sequence[object]) -> list[sqlite3.Row]:
-        return self.conn.execute(sql, args).fetchall()
-
-    async def execute(self, sql: str, args: Sequence[object]) -> int:
-        return self.conn.execute(sql, args).rowcount
-
-    async def execute_many(self, sql: str, rows: Sequence[Sequence[object]]) -> None:
-        self.conn.executemany(sql, rows)
 
 
 # -- the rules' transactions, from the event loop ----------------------------------------------------------------
