@@ -34,7 +34,7 @@ import trio
 from ...domain import RegistryError, RegistryUnavailable, from_iso, to_iso
 from .._health import RegistryFault, WriteHealth
 from .._registry import Independent, Step, run_now
-from .._sql import SqlStore
+from .._sql import Reader, SqlStore
 from .._tables import BOOLEANS, JOBS, TIMESTAMPS, LocalStore, Read, Where
 from .._vocabulary import WakeupFeed
 from ._file import (
@@ -391,6 +391,10 @@ WALK_BOUND_ROWS = 200_000
 _RANGE = ("<", "<=", ">", ">=")
 
 
+def _timestamp(value: str | None) -> datetime | None:
+    return None if value is None else from_iso(value)
+
+
 def _time_bound(cond: object) -> bool:
     return isinstance(cond, tuple) and cond[0] in TIME_INDEXES and cond[1] in _RANGE and cond[2] is not None
 
@@ -412,12 +416,12 @@ class SqliteStore(LocalStore, SqlStore):
             return int(value)
         return super().encode(column, value)
 
-    def decode(self, column: str, value: Any) -> Any:
-        if value is not None and column in TIMESTAMPS:
-            return from_iso(value)
+    def reader(self, column: str) -> Reader | None:
+        if column in TIMESTAMPS:
+            return _timestamp
         if column in BOOLEANS:
-            return bool(value)
-        return super().decode(column, value)
+            return bool
+        return super().reader(column)
 
     async def narrowed(self, table: str, where: Where, read: Read) -> tuple[str, Where]:
         if table != JOBS or read.order != ("-seq",) or not any(_time_bound(c) for c in where):
