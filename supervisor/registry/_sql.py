@@ -40,8 +40,10 @@ def json_value(value: Any) -> Any:
 def _literal_statuses(op: str, value: object) -> str | None:
     """A status condition as literals of ``JobStatus`` (see ``_STATUS_LITERALS``); None: not one (another value,
     or an operator this does not write), written with parameters as any other."""
-    values = value if op in ("in", "not in") and isinstance(value, tuple) else (value,)
-    if op not in ("=", "!=", "in", "not in") or not values or any(v not in _STATUS_LITERALS for v in values):
+    values = tuple(value) if op in ("in", "not in") and isinstance(value, (tuple, list)) else (value,)
+    if op not in ("=", "!=", "in", "not in") or not values:
+        return None
+    if not all(isinstance(v, str) and v in _STATUS_LITERALS for v in values):
         return None
     literals = ", ".join(_STATUS_LITERALS[str(v)] for v in values)
     return f"status {op} {literals}" if op in ("=", "!=") else f"status {op.upper()} ({literals})"
