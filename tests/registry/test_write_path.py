@@ -1,8 +1,10 @@
 """How many modules a registry write passes, from the ``Registry`` call to the driver (docs/architecture.md § The
 registry): at most four, on every backend (the memory registry's driver is sqlite3 too, run on the caller's thread),
-for every operation of ``Registry`` (listed from the class: one without an example call here fails), and in detail
-for an enqueue and a finalize (with the end's follow-up job, and the silent host's check: every branch that reads
-another table), a promotion and a heartbeat.
+for every operation of ``Registry`` (listed from the class: one without an example call here fails; the reads too,
+by their example call), and in detail for an enqueue and a finalize (with the end's follow-up job, and the silent
+host's check: every branch that reads another table), a promotion and a heartbeat. Not held: a list read bounded in
+time on the memory registry passes five (SQLite's probe of its time indexes, ``SqliteStore.narrowed``, runs its own
+counts from the SQLite backend's module; on a file that module is the backend already).
 
 Counted from the call stacks themselves: each ``supervisor.*`` module on the stack at the moment the driver runs a
 statement (sqlite3's trace callback, in the worker thread that runs it; asyncpg's connection methods, on the asyncio
