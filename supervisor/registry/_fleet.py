@@ -1,5 +1,6 @@
 """The fleet's rules (ADR 0012), written once over the store port: each host's lease, the fleet's lead, drains,
-forget, the fleet's settings; and the reads of them. Leases are written and judged at the registry's lease clock
+forget, the fleet's settings, the pause of promotion (fleet-wide: one row, which a promotion reads); and the reads of
+them. Leases are written and judged at the registry's lease clock
 (``Store.lease_now``), read once the leases' lock is held (INV-LEASE-ON-REGISTRY-CLOCK).
 """
 
@@ -11,7 +12,17 @@ from datetime import datetime, timedelta
 from ..domain import Conflict, HostForgotten, HostNotFound, to_iso
 from . import _tables as tables
 from ._tables import Store, host_of
-from ._vocabulary import WAKE_FREED, WAKE_QUEUED, FleetSetting, Host, Lease, Wakeup
+from ._vocabulary import (
+    PAUSED_BY_OPERATOR,
+    WAKE_FREED,
+    WAKE_PAUSE,
+    WAKE_QUEUED,
+    FleetSetting,
+    Host,
+    Lease,
+    PauseState,
+    Wakeup,
+)
 
 
 async def renew_lease(
@@ -147,6 +158,36 @@ async def drop_settings(store: Store, prefix: str, recorded_before: datetime) ->
     end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
     span = (("name", ">=", prefix), ("name", "<", end), ("recorded_at", "<", recorded_before))
     return await store.delete(tables.SETTINGS, span)
+
+
+# -- the pause of promotion, fleet-wide ---------------------------------------------------------------------
+
+
+async def pause_state(store: Store) -> PauseState:
+    """Whether promotion is paused, by whom and since when."""
+    return await pause(store, lock=False)
+
+
+async def pause(store: Store, *, lock: bool) -> PauseState:
+    """``pause_state``, the queue's row held where a change is to follow (``lock``)."""
+    return tables.pause_of(await store.select(tables.QUEUE, (), tables.Read(lock=lock)))
+
+
+async def set_paused(store: Store, paused: bool, *, by: str) -> PauseState:
+    """Pause or resume promotion (``by``: who asked); the state after it."""
+    current = await pause(store, lock=True)
+    # The operator's pause outranks a file's: paused already by a file, an operator's pause takes it over (since
+    # when kept), so that only a resume ends it, never the file's removal (docs/operations.md, "Pausing").
+    takes_over = paused and current.paused and by == PAUSED_BY_OPERATOR and current.by != PAUSED_BY_OPERATOR
+    if current.paused == paused and not takes_over:
+        return current
+    if takes_over:
+        state = PauseState(True, by, current.since)
+    else:
+        state = PauseState(True, by, store.now()) if paused else PauseState(False)
+    await store.update(tables.QUEUE, (), {"paused": state.paused, "paused_by": state.by, "paused_at": state.since})
+    await store.notify(Wakeup(WAKE_PAUSE))
+    return state
 
 
 # -- the reads ---------------------------------------------------------------------------------------------------

@@ -1,8 +1,11 @@
 """The rules of a job's row, written once for every backend over the store port (``_tables.Store``): enqueue and
 coalescing, idempotency keys, promotion into free slots under the fleet-wide, per-host and per-kind limits and the
-pause, identity records, the end of a job (its resubmission, its follow-up), requeue, cancel, stop; what a running
-job says (heartbeats and progress) and what the sweeper judges (absence flags, events); and the one place a status
-changes, with its event (the transactional outbox). The reads these rules make are here beside them.
+pause (which ``_fleet`` sets), identity records, the end of a job (its resubmission, its follow-up), requeue,
+cancel, stop; what the sweeper judges about a running job (absence flags, events) and the queue's watch's
+announcements; and the one place a status changes, and the one place a job's event is written (the transactional
+outbox). Every rule that changes a row or writes an event is here, beside those row helpers (``found``,
+``update_job``, ``set_status``, ``job_event``): a write passes this module only, then the store
+(``tests/registry/test_write_path.py``). The reads these rules make are here beside them.
 
 Each public function is one operation of ``Registry`` (``_registry.py`` says which transaction it runs in), its
 docstring the operation's; ``author`` (``_tables.Author``): the boot whose changes these are, named in each event.
@@ -35,10 +38,9 @@ from . import _tables as tables
 from ._tables import Author, Store, Where
 from ._vocabulary import (
     BACK_IN_QUEUE,
-    PAUSED_BY_OPERATOR,
+    QUEUE_ANNOUNCED,
     SCHEDULE_TICK,
     WAKE_CANCEL,
-    WAKE_PAUSE,
     WAKE_QUEUED,
     Change,
     Ending,
@@ -48,7 +50,6 @@ from ._vocabulary import (
     IdentityClaim,
     NewJob,
     Outcome,
-    PauseState,
     PromoteRequest,
     Promotion,
     Receipt,
@@ -293,7 +294,7 @@ async def promote(store: Store, author: Author, request: PromoteRequest) -> Prom
     (INV-PROMOTION-NEVER-OVERSHOOTS), each with this boot's id, ``started_at``, a token hash, ``attempts + 1`` and
     its log path; none while paused. ``Promotion.next_at``: when a row still waiting out its backoff may run, if
     this promotion left a slot free that it could have filled (None when it filled every one)."""
-    if (await pause(store, lock=False)).paused:
+    if tables.pause_of(await store.select(tables.QUEUE, ())).paused:
         return Promotion(paused=True)
     promoted, slot_left = await promote_rows(store, author, request)
     # The backoff scan reads every queued row: only a promotion that left a slot it could fill needs to say when
@@ -404,34 +405,6 @@ async def next_backoff_end(store: Store, now: datetime) -> datetime | None:
         tables.JOBS, waiting, tables.Read(columns=("not_before",), order=("not_before",), limit=1)
     )
     return rows[0]["not_before"] if rows else None
-
-
-async def pause_state(store: Store) -> PauseState:
-    """Whether promotion is paused, by whom and since when."""
-    return await pause(store, lock=False)
-
-
-async def pause(store: Store, *, lock: bool) -> PauseState:
-    """``pause_state``, the queue's row held where a change is to follow (``lock``)."""
-    [row] = await store.select(tables.QUEUE, (), tables.Read(lock=lock))
-    return PauseState(True, row["paused_by"], row["paused_at"]) if row["paused"] else PauseState(False)
-
-
-async def set_paused(store: Store, paused: bool, *, by: str) -> PauseState:
-    """Pause or resume promotion (``by``: who asked); the state after it."""
-    current = await pause(store, lock=True)
-    # The operator's pause outranks a file's: paused already by a file, an operator's pause takes it over (since
-    # when kept), so that only a resume ends it, never the file's removal (docs/operations.md, "Pausing").
-    takes_over = paused and current.paused and by == PAUSED_BY_OPERATOR and current.by != PAUSED_BY_OPERATOR
-    if current.paused == paused and not takes_over:
-        return current
-    if takes_over:
-        state = PauseState(True, by, current.since)
-    else:
-        state = PauseState(True, by, store.now()) if paused else PauseState(False)
-    await store.update(tables.QUEUE, (), {"paused": state.paused, "paused_by": state.by, "paused_at": state.since})
-    await store.notify(Wakeup(WAKE_PAUSE))
-    return state
 
 
 async def record_identities(store: Store, claims: Sequence[IdentityClaim]) -> list[Job]:
@@ -558,3 +531,55 @@ async def request_stop(store: Store, job_id: str, why: str, *, expect: Expect) -
         return Change(row, changed=False)  # the first stop's reason stands
     await update_job(store, job_id, {"stop_reason": why}, status=JobStatus.RUNNING)
     return Change(replace(row, stop_reason=why), changed=True)
+
+
+# -- what the sweeper judges about a running job, and the queue's watch -----------------------------------------
+
+
+async def set_absence(
+    store: Store, author: Author, job_id: str, *, stalled: bool, silent: bool, events: Sequence[tuple[str, str]] = ()
+) -> Change:
+    """Record the sweeper's absence flags on a RUNNING row with ``events`` ((name, reason) pairs);
+    ``stalled_since`` is set when ``stalled`` turns on. A judgement that changes nothing writes nothing."""
+    row = await found(store, job_id, lock=True)
+    if row.status is not JobStatus.RUNNING or (row.stalled, row.silent) == (stalled, silent):
+        return Change(row, changed=False)
+    since = row.stalled_since if row.stalled and stalled else (store.now() if stalled else None)
+    fields = {"stalled": stalled, "stalled_since": since, "silent": silent}
+    await update_job(store, job_id, fields, status=JobStatus.RUNNING)
+    for event, reason in events:
+        await job_event(store, author, job_id, event, str(row.status), reason)
+    return Change(replace(row, **fields), changed=True)  # type: ignore[arg-type]
+
+
+async def record_event(store: Store, author: Author, job_id: str, event: str, reason: str | None) -> Job:
+    """Write an event about a change the row does not show (this boot adopted the job); none for a finished row
+    (its end is its last event). The row as it is."""
+    row = await found(store, job_id, lock=True)
+    if not row.status.is_terminal:
+        # A finished row's last event is its end: nothing said about its process (an adoption) comes after it.
+        await job_event(store, author, job_id, event, str(row.status), reason)
+    return row
+
+
+async def record_queue_event(
+    store: Store,
+    author: Author,
+    event: str,
+    *,
+    host_id: str,
+    job_id: str,
+    details: Mapping[str, Any],
+    reason: str,
+    announced: str,
+    setting: str | None = None,
+) -> None:
+    """The queue's watch (docs/operations.md § The queue's watch): ``event`` (``queue.stuck``, ``queue.moving``)
+    about this host's queue, its ``details`` the body receivers get, into the outbox (when events are written), and
+    ``announced`` recorded as this host's announced state (``queue_stuck/<host>``: the stuck queue announced, empty
+    once it moved), in one step: a boot after a restart does not say a condition that still holds twice.
+    ``setting``: where else the announcement is recorded (a missed schedule's ``schedule_missed/<name>``)."""
+    if author.outbox:
+        await add_event(store, author, job_id, details, event, None, reason)
+    where = setting if setting is not None else f"{QUEUE_ANNOUNCED}{host_id}"
+    await put_setting(store, FleetSetting(where, announced, host_id, store.now()))

@@ -6,8 +6,9 @@ registry's backend, its events written by this registry's author; ``get = read(_
 The rule's docstring is the operation's. The few operations that are more than one step (``prune_jobs``'s read
 before its write, ``outbox_prune``'s, ``outbox_delete`` of nothing, ``renew_lease`` with this release) are small
 methods. The rules are plain functions over a store (``_tables.Store``), by topic: ``_jobs`` (a job's row: enqueue,
-keys, promotion and the pause, ends), ``_beats`` (heartbeats, the sweeper's judgements), ``_fleet`` (leases, the
-lead, drains, settings, forget), ``_upkeep`` (retention, keys, the outbox), ``_reads`` (the list and the counts).
+keys, promotion, ends, the sweeper's judgements: every rule that writes a job's event), ``_beats`` (heartbeats, the
+job's token), ``_fleet`` (leases, the lead, drains, settings, the pause, forget), ``_upkeep`` (retention, keys, the
+outbox), ``_reads`` (the list and the counts).
 
 A ``Backend`` is where the rows are kept and how a transaction is made there: SQLite (``sqlite``, the embedded
 default), PostgreSQL (``postgres``, a fleet's) and a process's memory (``memory``, for fast tests); each of
@@ -169,7 +170,7 @@ class Registry:
     def where(self) -> str:
         return self.backend.where
 
-    # -- a job's row: enqueue, keys, promotion and the pause, its end (``_jobs``) -----------------------------------
+    # -- a job's row: enqueue, keys, promotion, its end, the sweeper's judgements (``_jobs``) --------------------------
 
     enqueue = write_by(_jobs.enqueue)
     enqueue_many = write_by(_jobs.enqueue_many)
@@ -180,20 +181,18 @@ class Registry:
     requeue = write_by(_jobs.requeue)
     request_cancel = write_by(_jobs.request_cancel)
     request_stop = write(_jobs.request_stop)
-    set_paused = write(_jobs.set_paused)
-    pause_state = read(_jobs.pause_state)
     get = read(_jobs.get)
     oldest_waiting = read(_jobs.oldest_waiting)
+    set_absence = write_by(_jobs.set_absence)
+    record_event = write_by(_jobs.record_event)
+    record_queue_event = write_by(_jobs.record_queue_event)
 
-    # -- what a running job says, and what the sweeper judges (``_beats``) ------------------------------------------
+    # -- what a running job says (``_beats``) --------------------------------------------------------------------------
 
     record_heartbeats = write(_beats.record_heartbeats, independent=True)
     check_job_token = read(_beats.check_job_token)
-    set_absence = write_by(_beats.set_absence)
-    record_event = write_by(_beats.record_event)
-    record_queue_event = write_by(_beats.record_queue_event)
 
-    # -- reads (``_reads``) -------------------------------------------------------------------------------------
+    # -- reads (``_reads``) --------------------------------------------------------------------------------------------
 
     running_jobs = read(_reads.running_jobs)
     list_jobs = read(_reads.list_jobs)
@@ -203,7 +202,7 @@ class Registry:
     newest_of_schedules = read(_reads.newest_of_schedules)
     retries_of = read(_reads.retries_of)
 
-    # -- retention, keys, the outbox (``_upkeep``) --------------------------------------------------------------
+    # -- retention, keys, the outbox (``_upkeep``) ---------------------------------------------------------------------
 
     expire_keys = write(_upkeep.expire_keys)
     outbox_pending = read(_upkeep.outbox_pending)
@@ -243,7 +242,7 @@ class Registry:
             lambda store: _upkeep.prune_jobs(store, ended_before, keep_latest, limit, remove=True)
         )
 
-    # -- the fleet (ADR 0012; ``_fleet``) ----------------------------------------------------------------------------
+    # -- the fleet (ADR 0012; ``_fleet``) ------------------------------------------------------------------------------
 
     async def renew_lease(
         self, host_id: str, boot_id: str, *, lease_s: float, lead: bool, succeeds: str | None = None
@@ -265,8 +264,10 @@ class Registry:
     record_setting = write(_fleet.record_setting)
     setting = read(_fleet.setting)
     drop_settings = write(_fleet.drop_settings)
+    set_paused = write(_fleet.set_paused)
+    pause_state = read(_fleet.pause_state)
 
-    # -- the backend's own -------------------------------------------------------------------------------------
+    # -- the backend's own ---------------------------------------------------------------------------------------------
 
     def listen(self) -> AbstractAsyncContextManager[WakeupFeed | None]:
         """A session that hears other processes' changes (``Wakeup``), open while the context is: entering connects

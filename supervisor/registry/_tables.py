@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from ..domain import TERMINAL, Attempt, IdentityRecord, Job, JobStatus
-from ._vocabulary import Host, Wakeup
+from ._vocabulary import Host, PauseState, Wakeup
 
 JOBS, OUTBOX, KEYS, QUEUE = "jobs", "outbox", "idempotency_keys", "queue_state"
 HOSTS, LEADER, SETTINGS, FORGOTTEN = "hosts", "leader", "fleet_settings", "forgotten_hosts"
@@ -132,6 +132,12 @@ def stored(fields: Mapping[str, object]) -> dict[str, object]:
             value = value.value
         out["not_before" if name == "next_attempt_at" else name] = value
     return out
+
+
+def pause_of(rows: Sequence[Mapping[str, Any]]) -> PauseState:
+    """The queue's one row as the pause of promotion (read by a promotion, and by the pause's own rules)."""
+    [row] = rows
+    return PauseState(True, row["paused_by"], row["paused_at"]) if row["paused"] else PauseState(False)
 
 
 def host_of(row: Mapping[str, Any], now: datetime) -> Host:

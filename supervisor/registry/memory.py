@@ -13,7 +13,8 @@ call is one that waits (for a disk, a socket, another process's lock), and an in
 with one connection used by one step at a time, never waits for a lock. A step is CPU work bounded by its rows, as
 the match over dicts it replaced was, and a worker thread would only add a hop. Never suspending within a step, it is
 atomic on the loop: no other task sees it half done. Its clock is the given one (the scenario kit's virtual clock:
-virtual time works unchanged). Nothing survives the process.
+virtual time works unchanged). Nothing survives the process. A write passes four modules, as on a file: ``_registry``,
+this one, the rule's and ``_sql`` (whose store runs the statement on the connection), then sqlite3.
 """
 
 from __future__ import annotations

@@ -47,8 +47,8 @@ import trio_asyncio
 from ...domain import RELEASE, RegistryError, RegistryUnavailable, SupervisorError, redacted_url, utc_now
 from .._health import RegistryFault, WriteHealth
 from .._registry import Step
-from .._sql import SqlStore, refuse_contracted, require_expanded
-from .._tables import COALESCE_LOCK, KEY_LOCK, LEASES, PROMOTION
+from .._sql import Reader, SqlStore, refuse_contracted, require_expanded
+from .._tables import COALESCE_LOCK, KEY_LOCK, LEASES, PROMOTION, TIMESTAMPS
 from .._vocabulary import Wakeup, WakeupFeed
 from ._listen import encode_wakeup, listening, wakeup_channel
 from ._schema import COALESCE_LOCK as COALESCE_ADVISORY_LOCK
@@ -480,10 +480,8 @@ class PostgresStore(SqlStore):
     def mark(self, n: int) -> str:
         return f"${n}"
 
-    def decode(self, column: str, value: Any) -> Any:
-        if isinstance(value, datetime):
-            return value.astimezone(UTC)
-        return super().decode(column, value)
+    def reader(self, column: str) -> Reader | None:
+        return _utc if column in TIMESTAMPS else super().reader(column)
 
     def json_equals(self, column: str, key: str, value: object, args: list[object]) -> str:
         # Containment compares as jsonb does: a number as a number (1e-05 is 0.00001, 2 is 2.0, whatever spelling
@@ -509,6 +507,10 @@ class PostgresStore(SqlStore):
         rolls back (the same one sent twice in one transaction is delivered once: the server folds them)."""
         if self.channel is not None:
             await self.conn.execute("SELECT pg_notify($1, $2)", self.channel, encode_wakeup(wake))
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    return None if value is None else value.astimezone(UTC)
 
 
 def _utc_of(now: datetime, which: str) -> datetime:

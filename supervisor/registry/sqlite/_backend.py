@@ -34,8 +34,8 @@ import trio
 from ...domain import RegistryError, RegistryUnavailable, from_iso, to_iso
 from .._health import RegistryFault, WriteHealth
 from .._registry import Independent, Step, run_now
-from .._sql import SqlStore
-from .._tables import BOOLEANS, EVERY, JOBS, TIMESTAMPS, LocalStore, Read, Where
+from .._sql import Reader, SqlStore
+from .._tables import BOOLEANS, JOBS, TIMESTAMPS, LocalStore, Read, Where
 from .._vocabulary import WakeupFeed
 from ._file import (
     BUSY_TIMEOUT_MS,
@@ -391,6 +391,10 @@ WALK_BOUND_ROWS = 200_000
 _RANGE = ("<", "<=", ">", ">=")
 
 
+def _timestamp(value: str | None) -> datetime | None:
+    return None if value is None else from_iso(value)
+
+
 def _time_bound(cond: object) -> bool:
     return isinstance(cond, tuple) and cond[0] in TIME_INDEXES and cond[1] in _RANGE and cond[2] is not None
 
@@ -412,21 +416,21 @@ class SqliteStore(LocalStore, SqlStore):
             return int(value)
         return super().encode(column, value)
 
-    def decode(self, column: str, value: Any) -> Any:
-        if value is not None and column in TIMESTAMPS:
-            return from_iso(value)
+    def reader(self, column: str) -> Reader | None:
+        if column in TIMESTAMPS:
+            return _timestamp
         if column in BOOLEANS:
-            return bool(value)
-        return super().decode(column, value)
+            return bool
+        return super().reader(column)
 
-    async def select(self, table: str, where: Where = (), read: Read = EVERY) -> list[dict[str, Any]]:
+    async def narrowed(self, table: str, where: Where, read: Read) -> tuple[str, Where]:
         if table != JOBS or read.order != ("-seq",) or not any(_time_bound(c) for c in where):
-            return await self.select_from(table, table, where, read)
+            return table, where
         index = await self._narrow_time_index(where)
         if index is not None:
-            return await self.select_from(table, f"{table} INDEXED BY {index}", where, read)
+            return f"{table} INDEXED BY {index}", where
         walked = tuple(("+" + c[0], *c[1:]) if _time_bound(c) else c for c in where)
-        return await self.select_from(table, table, walked + await self._walk_from(where), read)
+        return table, walked + await self._walk_from(where)
 
     async def _walk_from(self, where: Where) -> Where:
         """Where a walk down seq may begin: a range that ends before the newest row's creation begins at its own
@@ -467,15 +471,6 @@ class SqliteStore(LocalStore, SqlStore):
         assert column == "params", column
         args += [key, int(value) if isinstance(value, bool) else value]
         return "seq IN (SELECT seq FROM job_params WHERE name = ? AND value = ?)"
-
-    async def fetch(self, sql: str, args: Sequence[object]) -> list[sqlite3.Row]:
-        return self.conn.execute(sql, args).fetchall()
-
-    async def execute(self, sql: str, args: Sequence[object]) -> int:
-        return self.conn.execute(sql, args).rowcount
-
-    async def execute_many(self, sql: str, rows: Sequence[Sequence[object]]) -> None:
-        self.conn.executemany(sql, rows)
 
 
 # -- the rules' transactions, from the event loop ----------------------------------------------------------------
