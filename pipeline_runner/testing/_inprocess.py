@@ -20,6 +20,7 @@ import trio
 
 from .. import _fs
 from .._cli import ENV_DATA_DIR, ENV_HEARTBEAT_URL, ENV_JOB_ID, ENV_TOKEN, _parser, amain, build_config
+from .._config import RunnerConfig
 from .._corpus import Corpus
 from .._errors import ConfigError
 from .._events import EventSink
@@ -128,13 +129,7 @@ async def run_in_process(
     ``sigterm_at_s``: the run receives SIGTERM that many virtual seconds after it starts. Run it on a
     ``trio.testing.MockClock`` (autojump): hours of deadlines then take milliseconds.
     """
-    environ = {
-        ENV_DATA_DIR: str(data_dir),
-        ENV_JOB_ID: job_id,
-        ENV_HEARTBEAT_URL: HEARTBEAT_URL,
-        ENV_TOKEN: "scripted-token",
-        **(env or {}),
-    }
+    environ = _job_environ(data_dir, job_id, env)
     origin = trio.current_time()
     try:
         parsed = _parser().parse_args(list(args))
@@ -145,23 +140,9 @@ async def run_in_process(
         return _nothing_ran(EXIT_USAGE, exc)
     events = _TimedEvents(config.job_id, origin)
     recording = _Recording(transport, origin)
-    stop = StopSignal()
-    error: Exception | None = None
-    reason: str | None = None
-    exit_code = EXIT_CRASH
     with _fs.blocking_inline():
-        async with trio.open_nursery() as nursery:
-            if sigterm_at_s is not None:
-                nursery.start_soon(_sigterm_at, stop, origin + sigterm_at_s)
-            try:
-                outcome = await amain(
-                    parsed.command, config, events=events, transport=recording, stop=stop, watch_signals=False
-                )
-            except Exception as exc:  # the process would log it and exit 1 (pipeline_runner._cli.main)
-                error = exc
-            else:
-                reason, exit_code = outcome.reason, outcome.exit_code
-            nursery.cancel_scope.cancel()
+        sigterm_at = None if sigterm_at_s is None else origin + sigterm_at_s
+        reason, exit_code, error = await _run(parsed.command, config, events, recording, sigterm_at)
         elapsed_s = trio.current_time() - origin
         corpus = Corpus(config.corpus_dir)
         complete = await corpus.complete_episodes()
@@ -178,6 +159,35 @@ async def run_in_process(
         corpus={meta["guid"]: meta for meta in complete},
         error=error,
     )
+
+
+def _job_environ(data_dir: Path, job_id: str, env: Mapping[str, str] | None) -> dict[str, str]:
+    """The job contract's variables, ``env`` over them; never the test process's own environment."""
+    return {
+        ENV_DATA_DIR: str(data_dir),
+        ENV_JOB_ID: job_id,
+        ENV_HEARTBEAT_URL: HEARTBEAT_URL,
+        ENV_TOKEN: "scripted-token",
+        **(env or {}),
+    }
+
+
+async def _run(
+    command: str, config: RunnerConfig, events: _TimedEvents, recording: _Recording, sigterm_at: float | None
+) -> tuple[str | None, int, Exception | None]:
+    """The runner's own ``amain``, with SIGTERM delivered at ``sigterm_at`` (virtual time) if given: its reason, its
+    exit code, and the exception it raised (the process would log it and exit 1: ``pipeline_runner._cli.main``)."""
+    stop = StopSignal()
+    async with trio.open_nursery() as nursery:
+        if sigterm_at is not None:
+            nursery.start_soon(_sigterm_at, stop, sigterm_at)
+        try:
+            outcome = await amain(command, config, events=events, transport=recording, stop=stop, watch_signals=False)
+        except Exception as exc:
+            return None, EXIT_CRASH, exc
+        finally:
+            nursery.cancel_scope.cancel()
+    return outcome.reason, outcome.exit_code, None
 
 
 def _nothing_ran(exit_code: int, error: Exception | None) -> InProcessRun:
