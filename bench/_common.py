@@ -713,6 +713,24 @@ def build_revision(python: str) -> str:
     return out.stdout.strip() or "?"
 
 
+def child_figures(python: str, script: str, *args: str) -> dict[str, float]:
+    """Run ``script --child *args`` under another build's interpreter (``python``: its venv's) and return the figures
+    it prints as its last line (JSON). Run from the temporary directory: never this tree's supervisor for the other
+    build."""
+    done = subprocess.run(
+        [python, str(Path(script).resolve()), "--child", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+        cwd=tempfile.gettempdir(),
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{python}: exit {done.returncode}\n{done.stderr[-2000:]}")
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
 def write_side_by_side(kind: str, label: str, builds: dict[str, str], what: str, **data: Any) -> Path:
     """A side-by-side run's results (``bench/results/<UTC date>-<kind>-<label>.json``): its header, what was
     measured, each build's revision (``builds``: name -> the build's interpreter), ``data``, and this checkout's."""

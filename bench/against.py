@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import write_side_by_side
+from _common import child_figures, write_side_by_side
 
 
 def child(n: int) -> int:
@@ -40,17 +39,7 @@ def child(n: int) -> int:
 
 
 def one(python: str, n: int) -> dict[str, float]:
-    done = subprocess.run(
-        [python, str(Path(__file__).resolve()), "--child", "--n", str(n)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=900,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"{python}: exit {done.returncode}\n{done.stderr[-2000:]}")
-    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    return child_figures(python, __file__, "--n", str(n))
 
 
 def main() -> int:

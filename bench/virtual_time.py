@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import write_side_by_side
+from _common import child_figures, write_side_by_side
 
 DAY_S = 86_400.0
 SCENARIOS = ("quiet", "beating")
@@ -60,18 +59,7 @@ def child(scenario: str) -> int:
 
 
 def one(python: str, scenario: str) -> dict[str, float]:
-    done = subprocess.run(
-        [python, str(Path(__file__).resolve()), "--child", scenario],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=900,
-        cwd=tempfile.gettempdir(),  # never this tree's supervisor for the other build
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"{python}: exit {done.returncode}\n{done.stderr[-2000:]}")
-    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    return child_figures(python, __file__, scenario)
 
 
 def main() -> int:
